@@ -1,0 +1,63 @@
+# mnnvl-pipelines — `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch is installed first so nothing pulls a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+RUN_ID ?= demo-run
+NAMESPACE ?= default
+NODES ?= 2
+GPUS_PER_NODE ?= 4
+
+.DEFAULT_GOAL := help
+.PHONY: help install run test lint typecheck unit compile check-compiled render bench test-gpu schemas clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[kfp,argo,runtime,dev]"
+	touch $@
+
+install: $(VENV)/.installed ## create .venv and install the package with all extras
+
+run: install ## the whole KFP pipeline on the embedded simulated cluster (kfp.local)
+	$(PY) -m mnnvl.pipelines.local_run
+
+test: install lint typecheck ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
+	$(PY) -m pytest -q
+
+lint: install ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: install ## mypy
+	$(VENV)/bin/mypy mnnvl components pipelines
+
+compile: install ## regenerate the compiled KFP/Argo YAML in pipelines/compiled and components/
+	$(PY) -m mnnvl.pipelines.compile
+
+check-compiled: install ## fail when the committed compiled YAML differs from a fresh compile
+	$(PY) -m mnnvl.pipelines.compile --check
+
+render: install ## print every object a run would create (no cluster needed)
+	$(PY) -m mnnvl render --run-id $(RUN_ID) --namespace $(NAMESPACE) --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE)
+
+bench: install ## CPU benchmarks (simulator API requests, concurrency, make run, compile)
+	$(PY) bench/bench_api_requests.py
+	$(PY) bench/bench_concurrent_runs.py
+	$(PY) bench/bench_compile.py
+	$(PY) bench/bench_make_run.py
+
+test-gpu: ## GPU tests (run on a machine with >= 2 NVIDIA GPUs and torch installed)
+	$(PYTHON) -m pytest -q -m gpu tests/gpu
+
+schemas: ## fetch the upstream schemas the tests validate against into ./schemas
+	bash scripts/fetch-schemas.sh schemas
+
+clean: ## remove build outputs and local run outputs
+	rm -rf build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache out local_outputs

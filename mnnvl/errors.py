@@ -1,0 +1,57 @@
+"""One error family for the whole product; each class carries the CLI exit code.
+
+Exit codes: 0 ok, 2 bad input, 3 timeout, 4 workload or verification failed,
+5 cluster/API unavailable or CRD missing, 1 unexpected.
+"""
+
+from __future__ import annotations
+
+
+class MnnvlError(Exception):
+    """Base of every error this product raises on purpose."""
+
+    exit_code = 1
+
+
+class SpecError(MnnvlError, ValueError):
+    """Bad input, found before anything was created. The message names the field."""
+
+    exit_code = 2
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class ConflictError(MnnvlError):
+    """An object with our name exists but does not belong to this run."""
+
+    exit_code = 2
+
+
+class WaitTimeout(MnnvlError):
+    """A wait ran past its deadline; the message holds the last observed state."""
+
+    exit_code = 3
+
+
+class WorkloadFailed(MnnvlError):
+    """A workload pod or Job failed (fail-fast), or its result was unusable."""
+
+    exit_code = 4
+
+
+class VerificationFailed(WorkloadFailed):
+    """NVLink/NCCL verification returned FAIL; the message carries the numbers."""
+
+    exit_code = 4
+
+
+class ClusterUnavailable(MnnvlError):
+    """The Kubernetes API cannot be reached, refused us, or lacks a needed CRD."""
+
+    exit_code = 5
+
+
+class CrdMissing(ClusterUnavailable):
+    """The ComputeDomain CRD (NVIDIA DRA driver) is not installed."""

@@ -1,0 +1,89 @@
+"""Run id -> object names and labels. The one place names are made.
+
+Names are deterministic (every step, including an exit handler that cannot read other
+steps' outputs, derives the same names from the run id), DNS-1123 labels of at most
+63 characters, and distinct for distinct run ids (a hash of the exact run id is part of
+every name, so ids differing only in case or punctuation do not collide).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from mnnvl.spec import PURPOSES, SpecError, check_run_id
+
+MANAGED_BY = "mnnvl-pipelines"
+PART_OF = "mnnvl-pipelines"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_RUN_ID = "mnnvl.io/run-id"
+PREFIX = "mnnvl"
+_BASE_MAX = 40  # leaves room for "-verify-post" and the pod index in hostnames
+
+
+def _slug(text: str, max_len: int) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return slug[:max_len].rstrip("-")
+
+
+@dataclass(frozen=True)
+class RunNames:
+    """Every name a run uses, derived from its run id."""
+
+    run_id: str
+    base: str
+
+    @classmethod
+    def for_run(cls, run_id: str) -> RunNames:
+        check_run_id(run_id)
+        digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+        room = _BASE_MAX - len(PREFIX) - len(digest) - 2
+        slug = _slug(run_id, room)
+        base = f"{PREFIX}-{slug}-{digest}" if slug else f"{PREFIX}-{digest}"
+        return cls(run_id=run_id, base=base)
+
+    @property
+    def domain(self) -> str:
+        """The ComputeDomain."""
+        return self.base
+
+    @property
+    def channel_template(self) -> str:
+        """The workload ResourceClaimTemplate the DRA controller creates for this domain."""
+        return f"{self.base}-channel"
+
+    @property
+    def gpu_template(self) -> str:
+        """The optional ``gpu.nvidia.com`` ResourceClaimTemplate (``gpu_mode='claim'``)."""
+        return f"{self.base}-gpus"
+
+    def job(self, purpose: str) -> str:
+        """The Indexed Job (and its headless Service) for one purpose, e.g. ``train``."""
+        if purpose not in PURPOSES:
+            raise SpecError("purpose", f"{purpose!r} is not one of {', '.join(PURPOSES)}")
+        return f"{self.base}-{purpose}"
+
+    def service(self, purpose: str) -> str:
+        return self.job(purpose)
+
+    def labels(self, component: str = "") -> dict[str, str]:
+        """Labels on every object of the run; ``component`` says which part it is."""
+        labels = {
+            LABEL_MANAGED_BY: MANAGED_BY,
+            LABEL_PART_OF: PART_OF,
+            LABEL_RUN_ID: self.run_id,
+        }
+        if component:
+            labels[LABEL_COMPONENT] = component
+        return labels
+
+    @property
+    def selector(self) -> str:
+        """Label selector matching every object of this run."""
+        return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_RUN_ID}={self.run_id}"
+
+
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Fetch the upstream schemas the tests validate against, in the layout MNNVL_SCHEMA_DIR expects:
+#   <dir>/nvidia-dra-driver/crds/               ComputeDomain CRDs, NVIDIA DRA driver v25.12.0
+#   <dir>/nvidia-dra-driver/v0.4.0/crds/        the same CRDs at v0.4.0 (kubernetes-sigs line)
+#   <dir>/argo-workflows/schema.json            Argo Workflows JSON schema, v4.1.2
+#   <dir>/argo-workflows/schema-v4.0.10.json    Argo Workflows JSON schema, v4.0.10
+# Usage: scripts/fetch-schemas.sh [dir]   then   export MNNVL_SCHEMA_DIR=<dir>
+set -euo pipefail
+dir="${1:-schemas}"
+gh="https://raw.githubusercontent.com"
+fetch() { mkdir -p "$(dirname "$2")"; echo "fetch $1"; curl -fsSL --retry 3 -o "$2" "$1"; }
+
+for crd in computedomains computedomaincliques; do
+  fetch "$gh/NVIDIA/k8s-dra-driver-gpu/v25.12.0/deployments/helm/nvidia-dra-driver-gpu/crds/resource.nvidia.com_${crd}.yaml" \
+        "$dir/nvidia-dra-driver/crds/resource.nvidia.com_${crd}.yaml"
+  fetch "$gh/kubernetes-sigs/dra-driver-nvidia-gpu/v0.4.0/deployments/helm/dra-driver-nvidia-gpu/crds/resource.nvidia.com_${crd}.yaml" \
+        "$dir/nvidia-dra-driver/v0.4.0/crds/resource.nvidia.com_${crd}.yaml"
+done
+fetch "$gh/argoproj/argo-workflows/v4.1.2/api/jsonschema/schema.json" "$dir/argo-workflows/schema.json"
+fetch "$gh/argoproj/argo-workflows/v4.0.10/api/jsonschema/schema.json" "$dir/argo-workflows/schema-v4.0.10.json"
+echo "done: export MNNVL_SCHEMA_DIR=$(cd "$dir" && pwd)"
