@@ -24,7 +24,8 @@ DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?"
+_HOST_PART = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_IMAGE_DOMAIN = rf"{_HOST_PART}(?:\.{_HOST_PART})*(?::[0-9]+)?"
 IMAGE_REF = re.compile(
     rf"^(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
@@ -43,6 +44,18 @@ DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
 
 # Values that silently disable MNNVL; refused wherever a user can pass environment.
 FORBIDDEN_ENV = {"NCCL_CUMEM_ENABLE": "0"}
+# Set on the GPU hosts to keep NVLink multicast off; nothing we ship may override them.
+PINNED_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+# Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
+JOB_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NNODES",
+    "NPROC_PER_NODE",
+    "MNNVL_RUN_ID",
+    "JOB_COMPLETION_INDEX",
+    "MNNVL_NCCL_PROFILE",
+)
 
 
 def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
@@ -60,7 +73,9 @@ def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
 
 def check_run_id(value: str) -> None:
     if not isinstance(value, str) or not value:
-        raise SpecError("run_id", "must be a non-empty string (e.g. the KFP job id or Argo workflow uid)")
+        raise SpecError(
+            "run_id", "must be a non-empty string (e.g. the KFP job id or Argo workflow uid)"
+        )
     if len(value) > 63 or not LABEL_VALUE.match(value):
         raise SpecError(
             "run_id",
@@ -69,7 +84,9 @@ def check_run_id(value: str) -> None:
         )
 
 
-def check_range(field_name: str, value: float, lo: float, hi: float, *, integer: bool = False) -> None:
+def check_range(
+    field_name: str, value: float, lo: float, hi: float, *, integer: bool = False
+) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(field_name, f"must be a number, got {value!r}")
     if integer and not isinstance(value, int):
@@ -85,7 +102,9 @@ def check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:
 
 def check_image(field_name: str, value: str) -> None:
     if not isinstance(value, str) or not value:
-        raise SpecError(field_name, "must name a container image, e.g. registry.example.com/team/trainer:1.0")
+        raise SpecError(
+            field_name, "must name a container image, e.g. registry.example.com/team/trainer:1.0"
+        )
     if len(value) > 512 or not IMAGE_REF.match(value):
         raise SpecError(
             field_name,
@@ -103,7 +122,8 @@ def check_env(field_name: str, env: dict[str, str]) -> None:
         if FORBIDDEN_ENV.get(name) == val.strip():
             raise SpecError(
                 f"{field_name}.{name}",
-                f"{name}={val} silently disables MNNVL (NCCL needs cuMem for fabric memory); remove it",
+                f"{name}={val} silently disables MNNVL "
+                "(NCCL needs cuMem for fabric memory); remove it",
             )
 
 
@@ -198,9 +218,16 @@ class WorkloadSpec:
         check_image("image", self.image)
         check_choice("gpu_mode", self.gpu_mode, GPU_MODES)
         if not DNS1123_SUBDOMAIN.match(self.gpu_device_class) or len(self.gpu_device_class) > 253:
-            raise SpecError("gpu_device_class", f"{self.gpu_device_class!r} is not a DeviceClass name")
+            raise SpecError(
+                "gpu_device_class", f"{self.gpu_device_class!r} is not a DeviceClass name"
+            )
         check_choice("nccl_profile", self.nccl_profile, NCCL_PROFILES)
         check_env("env", self.env)
+        for name in self.env:
+            if name in JOB_ENV:
+                raise SpecError(f"env.{name}", "is set by the Job itself; remove it")
+            if name in PINNED_ENV:
+                raise SpecError(f"env.{name}", "is pinned by the machine and must not be set")
         check_range("rdzv_port", self.rdzv_port, 1024, 65535, integer=True)
         if self.service_account:
             check_dns_label("service_account", self.service_account, max_len=253)
@@ -210,7 +237,9 @@ class WorkloadSpec:
         check_range("job_timeout_s", self.job_timeout_s, 1, 7 * 86400)
         check_range("ttl_after_finished_s", self.ttl_after_finished_s, 0, 30 * 86400, integer=True)
         check_range("backoff_limit_per_index", self.backoff_limit_per_index, 0, 10, integer=True)
-        check_choice("image_pull_policy", self.image_pull_policy, ("Always", "IfNotPresent", "Never"))
+        check_choice(
+            "image_pull_policy", self.image_pull_policy, ("Always", "IfNotPresent", "Never")
+        )
 
     @property
     def procs_per_node(self) -> int:
@@ -287,7 +316,9 @@ class VerifyConfig:
         check_range("min_bytes", self.min_bytes, 0, 1 << 36, integer=True)
         check_range("max_bytes", self.max_bytes, 0, 1 << 36, integer=True)
         if self.min_bytes and self.max_bytes and self.min_bytes > self.max_bytes:
-            raise SpecError("min_bytes", f"{self.min_bytes} is larger than max_bytes {self.max_bytes}")
+            raise SpecError(
+                "min_bytes", f"{self.min_bytes} is larger than max_bytes {self.max_bytes}"
+            )
         check_range("iters", self.iters, 0, 100_000, integer=True)
         check_range("warmup_iters", self.warmup_iters, 0, 100_000, integer=True)
         check_range("min_busbw_gbps", self.min_busbw_gbps, 0.0, 100_000.0)
@@ -313,7 +344,9 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
+) -> None:
     """Add one ``--flag`` per scalar field of ``cls`` (defaults left to the dataclass)."""
     for f in dataclasses.fields(cls):
         if f.name in skip:

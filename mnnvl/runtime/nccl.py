@@ -20,10 +20,11 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 from mnnvl.errors import SpecError
+from mnnvl.spec import PINNED_ENV
 
 logger = logging.getLogger(__name__)
 
-PINNED = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+PINNED = PINNED_ENV
 PROFILE_ENV = "MNNVL_NCCL_PROFILE"
 
 

@@ -1,0 +1,41 @@
+"""Pure builders for the Kubernetes objects of a run: plain dicts, no I/O, stdlib only.
+
+``render_run`` lists everything a run creates, in creation order; ``to_yaml`` writes it.
+"""
+
+from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
+from mnnvl.manifests.domain import compute_domain, object_meta, owner_references
+from mnnvl.manifests.render import render_run, step_workload, to_yaml
+from mnnvl.manifests.workload import (
+    CHANNEL_CLAIM,
+    CLIQUE_LABEL,
+    CONTAINER,
+    GPU_CLAIM,
+    JOB_NAME_LABEL,
+    TRAIN_MODULE,
+    VERIFY_MODULE,
+    headless_service,
+    indexed_job,
+    master_addr,
+)
+
+__all__ = [
+    "CHANNEL_CLAIM",
+    "CLIQUE_LABEL",
+    "CONTAINER",
+    "GPU_CLAIM",
+    "JOB_NAME_LABEL",
+    "TRAIN_MODULE",
+    "VERIFY_MODULE",
+    "compute_domain",
+    "gpu_claim_template",
+    "headless_service",
+    "indexed_job",
+    "master_addr",
+    "object_meta",
+    "owner_references",
+    "render_run",
+    "step_workload",
+    "to_yaml",
+    "wants_gpu_claim",
+]

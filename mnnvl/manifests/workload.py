@@ -1,0 +1,288 @@
+"""The multi-node workload: a headless Service and an Indexed Job, one pod per node.
+
+Pod ``<job>-<index>`` gets the stable DNS name ``<job>-<index>.<service>.<ns>.svc.cluster.local``
+because the pod's ``subdomain`` is the headless Service's name; pod 0 hosts the torchrun
+rendezvous. Every pod holds the run's IMEX channel claim (from the template the DRA controller
+made for the ComputeDomain) plus its GPUs, either as ``nvidia.com/gpu`` limits or as a
+``gpu.nvidia.com`` claim, never both.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mnnvl.errors import SpecError
+from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
+from mnnvl.manifests.domain import object_meta
+from mnnvl.names import RunNames
+from mnnvl.runtime import nccl
+from mnnvl.spec import JOB_ENV, WorkloadSpec
+
+CONTAINER = "worker"
+CHANNEL_CLAIM = "imex-channel"
+GPU_CLAIM = GPU_REQUEST
+RDZV_PORT_NAME = "rdzv"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+GPU_RESOURCE = "nvidia.com/gpu"
+SHM_VOLUME = "dshm"
+TRAIN_MODULE = "mnnvl.runtime.train"
+VERIFY_MODULE = "mnnvl.runtime.verify"
+
+# Set by the Job itself; a user value would break the rendezvous or the node rank.
+RESERVED_ENV = JOB_ENV
+
+# Exit codes whose cause a retry cannot change: 2 is a usage error (torchrun's or the entry
+# point's argparse, or a SpecError), 4 a failed verification verdict, 126/127 an image that
+# cannot run python3. torchrun reports any worker failure as 1; 1 stays retriable (within
+# backoff_limit_per_index) because a rank dying makes every rank exit 1 and a restart of all
+# indexes re-forms the rendezvous and can resume from a checkpoint.
+NON_RETRIABLE_EXIT_CODES = (2, 4, 126, 127)
+
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _check_workload(workload: object) -> WorkloadSpec:
+    if not isinstance(workload, WorkloadSpec):
+        raise SpecError("workload", f"expected a WorkloadSpec, got {type(workload).__name__}")
+    return workload
+
+
+def master_addr(workload: WorkloadSpec) -> str:
+    """DNS name of pod index 0, where torchrun's c10d store listens."""
+    names = RunNames.for_run(workload.run_id)
+    job = names.job(workload.purpose)
+    svc = names.service(workload.purpose)
+    return f"{job}-0.{svc}.{workload.namespace}.svc.cluster.local"
+
+
+def headless_service(workload: WorkloadSpec) -> dict[str, Any]:
+    """Headless Service giving each pod of the Job a DNS name (rendezvous on pod 0).
+
+    ``publishNotReadyAddresses`` is on because the workers rendezvous before any readiness
+    (they have no probes, and pod 0's address must resolve while the others start).
+    """
+    workload = _check_workload(workload)
+    names = RunNames.for_run(workload.run_id)
+    job = names.job(workload.purpose)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(
+            names.service(workload.purpose),
+            workload.namespace,
+            names.labels(workload.purpose),
+            workload.owner,
+        ),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_NAME_LABEL: job},
+            "ports": [
+                {
+                    "name": RDZV_PORT_NAME,
+                    "port": workload.rdzv_port,
+                    "targetPort": workload.rdzv_port,
+                    "protocol": "TCP",
+                }
+            ],
+            "publishNotReadyAddresses": True,
+        },
+    }
+
+
+def pod_env(workload: WorkloadSpec) -> list[dict[str, str]]:
+    """Container env: rendezvous, run id, the NCCL profile, then the user's variables.
+
+    The user's values beat a profile's defaults but not its required values (the worker
+    applies the same rule at start-up). Machine-pinned variables are refused, not dropped,
+    so nobody believes they changed them.
+    """
+    workload = _check_workload(workload)
+    for name in workload.env:
+        if name in RESERVED_ENV:
+            raise SpecError(f"env.{name}", "is set by the Job itself; remove it")
+        if name in nccl.PINNED:
+            raise SpecError(
+                f"env.{name}", "is pinned by the machine and must not be set; remove it"
+            )
+    env = {
+        "MASTER_ADDR": master_addr(workload),
+        "MASTER_PORT": str(workload.rdzv_port),
+        "NNODES": str(workload.nodes),
+        "NPROC_PER_NODE": str(workload.procs_per_node),
+        "MNNVL_RUN_ID": workload.run_id,
+    }
+    profile_env = nccl.pod_env(workload.nccl_profile)
+    required = nccl.get_profile(workload.nccl_profile).required
+    env.update(profile_env)
+    env.update({k: v for k, v in workload.env.items() if k not in required})
+    return [{"name": k, "value": v} for k, v in env.items() if k not in nccl.PINNED]
+
+
+def command(module: str, args: list[str]) -> list[str]:
+    """torchrun over the entry module; ``$(VAR)`` is expanded by the kubelet from the env."""
+    if not isinstance(module, str) or not _MODULE.match(module):
+        raise SpecError("module", f"{module!r} is not a Python module name like {TRAIN_MODULE}")
+    if not all(isinstance(a, str) for a in args):
+        raise SpecError("args", "every argument must be a string")
+    return [
+        "python3",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=$(NNODES)",
+        "--nproc-per-node=$(NPROC_PER_NODE)",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        "-m",
+        module,
+        # "$$" is the kubelet's escape for "$": user arguments reach the program verbatim.
+        *(a.replace("$", "$$") for a in args),
+    ]
+
+
+def affinity(workload: WorkloadSpec, job: str) -> dict[str, Any]:
+    """One pod per node always; with ``clique_affinity`` all pods in one NVLink clique.
+
+    Anti-affinity on the hostname is not optional: a node has one IMEX channel device,
+    which one pod's claim holds. The required pod affinity on ``nvidia.com/gpu.clique``
+    does not deadlock the first pod: the scheduler lets a pod through when no pod matches
+    its term yet and the pod matches its own term, so the first pod picks the clique and
+    the rest follow. Without gang scheduling a clique with too few free nodes leaves the
+    later pods Pending; the launcher's wait reports that as Unschedulable.
+    """
+    same_job = {"matchLabels": {JOB_NAME_LABEL: job}}
+    result: dict[str, Any] = {}
+    if workload.clique_affinity:
+        clique_exists = {"key": CLIQUE_LABEL, "operator": "Exists"}
+        result["nodeAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [clique_exists]}]
+            }
+        }
+        result["podAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": same_job, "topologyKey": CLIQUE_LABEL}
+            ]
+        }
+    result["podAntiAffinity"] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": same_job, "topologyKey": HOSTNAME_LABEL}
+        ]
+    }
+    return result
+
+
+def container(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, Any]:
+    """The ``worker`` container.
+
+    No privilege: device access comes from CDI injection of the claimed devices, not from
+    capabilities (NVIDIA's own MNNVL examples run their workers as uid 1000). ``runAsNonRoot``
+    is not forced because common CUDA/PyTorch images run as root and would then not start.
+    """
+    claims = [{"name": CHANNEL_CLAIM}]
+    resources: dict[str, Any] = {"claims": claims}
+    if wants_gpu_claim(workload):
+        claims.append({"name": GPU_CLAIM})
+    elif workload.gpu_mode == "limits" and workload.gpus_per_node > 0:
+        resources["limits"] = {GPU_RESOURCE: str(workload.gpus_per_node)}
+    return {
+        "name": CONTAINER,
+        "image": workload.image,
+        "imagePullPolicy": workload.image_pull_policy,
+        "command": command(module, args),
+        "env": pod_env(workload),
+        "resources": resources,
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "securityContext": {
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """Disruptions (eviction, preemption, node drain) are not the workload's fault and do not
+    use up retries; exit codes a retry cannot fix fail the whole Job at once."""
+    return {
+        "rules": [
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": list(NON_RETRIABLE_EXIT_CODES),
+                },
+            },
+        ]
+    }
+
+
+def pod_spec(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, Any]:
+    names = RunNames.for_run(workload.run_id)
+    job = names.job(workload.purpose)
+    claims = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": names.channel_template}]
+    if wants_gpu_claim(workload):
+        claims.append({"name": GPU_CLAIM, "resourceClaimTemplateName": names.gpu_template})
+    spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": names.service(workload.purpose)}
+    if workload.service_account:
+        spec["serviceAccountName"] = workload.service_account
+    spec |= {
+        # Workers never call the API; mount a token only for an account the user chose.
+        "automountServiceAccountToken": bool(workload.service_account),
+        # Workers need no per-Service variables; a busy namespace would add hundreds.
+        "enableServiceLinks": False,
+        "resourceClaims": claims,
+        "containers": [container(workload, module, args)],
+        "volumes": [
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}}
+        ],
+        "affinity": affinity(workload, job),
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    return spec
+
+
+def indexed_job(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, Any]:
+    """The Indexed Job running ``module`` under torchrun on ``nodes`` pods.
+
+    ``maxFailedIndexes: 0`` makes any index that runs out of retries fail the Job and stop
+    the other pods (a collective cannot finish without every rank). ``podReplacementPolicy:
+    Failed`` keeps a replacement pod from starting before the old one is gone, so the two
+    never race for the node's single IMEX channel or the index's hostname.
+    """
+    workload = _check_workload(workload)
+    names = RunNames.for_run(workload.run_id)
+    job = names.job(workload.purpose)
+    pod_labels = {**names.labels(workload.purpose), JOB_NAME_LABEL: job}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": object_meta(
+            job, workload.namespace, names.labels(workload.purpose), workload.owner
+        ),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": workload.nodes,
+            "parallelism": workload.nodes,
+            "backoffLimitPerIndex": workload.backoff_limit_per_index,
+            "maxFailedIndexes": 0,
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": pod_failure_policy(),
+            "activeDeadlineSeconds": int(workload.job_timeout_s),
+            "ttlSecondsAfterFinished": workload.ttl_after_finished_s,
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": pod_spec(workload, module, args),
+            },
+        },
+    }

@@ -1,0 +1,550 @@
+"""Builders: valid against the real schemas (both ComputeDomain CRDs, Kubernetes 1.34 strict)
+and shaped the way MNNVL needs (channel claim, one pod per node, one clique, safe NCCL env)."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import dataclasses
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from mnnvl import manifests
+from mnnvl.errors import SpecError
+from mnnvl.manifests import (
+    CHANNEL_CLAIM,
+    CLIQUE_LABEL,
+    GPU_CLAIM,
+    JOB_NAME_LABEL,
+    compute_domain,
+    gpu_claim_template,
+    headless_service,
+    indexed_job,
+    render_run,
+    step_workload,
+    to_yaml,
+)
+from mnnvl.names import RunNames
+from mnnvl.runtime import nccl
+from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
+
+K8S = "1.34.0"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CRD_PATHS = {
+    "v25.12.0": "nvidia-dra-driver/crds/resource.nvidia.com_computedomains.yaml",
+    "v0.4.0": "nvidia-dra-driver/v0.4.0/crds/resource.nvidia.com_computedomains.yaml",
+}
+OWNER = OwnerRef(api_version="argoproj.io/v1alpha1", kind="Workflow", name="wf", uid="u-1")
+RUN = "Run_42.nightly"
+
+WORKLOADS = {
+    "limits": WorkloadSpec(run_id=RUN),
+    "claim": WorkloadSpec(run_id=RUN, gpu_mode="claim", gpus_per_node=8, owner=OWNER),
+    "cpu-only": WorkloadSpec(run_id=RUN, gpus_per_node=0, nodes=1, clique_affinity=False),
+    "claim-no-gpus": WorkloadSpec(run_id=RUN, gpu_mode="claim", gpus_per_node=0),
+    "full-rack": WorkloadSpec(
+        run_id="r" * 63,
+        namespace="n" * 63,
+        purpose="verify-post",
+        nodes=18,
+        gpus_per_node=4,
+        nccl_profile="verify-strict",
+        service_account="mnnvl-worker",
+        env={"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN"},
+        backoff_limit_per_index=3,
+        job_timeout_s=90.7,
+    ),
+}
+
+
+def strict_crd_schema(schema: Any) -> Any:
+    """The CRD schema with unknown fields refused, like the API server's strict validation."""
+    schema = copy.deepcopy(schema)
+
+    def tighten(node: Any) -> None:
+        if isinstance(node, dict):
+            if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node.setdefault("additionalProperties", False)
+            for value in node.values():
+                tighten(value)
+        elif isinstance(node, list):
+            for value in node:
+                tighten(value)
+
+    tighten(schema)
+    return schema
+
+
+@pytest.fixture(scope="module")
+def crd_validators(schema_dir: Path) -> dict[str, jsonschema.protocols.Validator]:
+    validators = {}
+    for version, rel in CRD_PATHS.items():
+        crd = yaml.safe_load((schema_dir / rel).read_text())
+        assert crd["spec"]["names"]["kind"] == "ComputeDomain"
+        (served,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta1"]
+        schema = strict_crd_schema(served["schema"]["openAPIV3Schema"])
+        jsonschema.Draft7Validator.check_schema(schema)
+        validators[version] = jsonschema.Draft7Validator(schema)
+    return validators
+
+
+def crd_errors(validator: jsonschema.protocols.Validator, obj: dict[str, Any]) -> list[str]:
+    return [e.message for e in validator.iter_errors(obj)]
+
+
+def k8s_valid(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, K8S, strict=True)
+
+
+def pod_spec(job: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = job["spec"]["template"]["spec"]
+    return spec
+
+
+def worker(job: dict[str, Any]) -> dict[str, Any]:
+    (ctr,) = pod_spec(job)["containers"]
+    assert ctr["name"] == "worker"
+    return dict(ctr)
+
+
+def env_of(job: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in worker(job)["env"]}
+
+
+def train_job(workload: WorkloadSpec, cfg: TrainConfig | None = None) -> dict[str, Any]:
+    from mnnvl.spec import to_args
+
+    return indexed_job(workload, manifests.TRAIN_MODULE, to_args(cfg or TrainConfig()))
+
+
+# ---- ComputeDomain against both CRDs ---------------------------------------------------
+
+
+@pytest.mark.parametrize("crd", list(CRD_PATHS))
+@pytest.mark.parametrize("mode", ["Single", "All"])
+@pytest.mark.parametrize("owner", [None, OWNER])
+def test_compute_domain_validates_against_both_crds(
+    crd_validators: dict[str, Any], crd: str, mode: str, owner: OwnerRef | None
+) -> None:
+    cd = compute_domain(DomainSpec(run_id=RUN, namespace="team", allocation_mode=mode, owner=owner))
+    assert crd_errors(crd_validators[crd], cd) == []
+    assert cd["apiVersion"] == "resource.nvidia.com/v1beta1" and cd["kind"] == "ComputeDomain"
+
+
+def test_compute_domain_names_the_runs_channel_template_with_num_nodes_zero() -> None:
+    names = RunNames.for_run(RUN)
+    cd = compute_domain(DomainSpec(run_id=RUN, namespace="team"))
+    assert cd["metadata"]["name"] == names.domain
+    assert cd["metadata"]["namespace"] == "team"
+    assert cd["metadata"]["labels"] == names.labels("compute-domain")
+    assert "ownerReferences" not in cd["metadata"]
+    assert cd["spec"] == {
+        "numNodes": 0,
+        "channel": {
+            "resourceClaimTemplate": {"name": names.channel_template},
+            "allocationMode": "Single",
+        },
+    }
+
+
+def test_compute_domain_owner_reference_neither_controls_nor_blocks_deletion() -> None:
+    cd = compute_domain(DomainSpec(run_id=RUN, owner=OWNER))
+    assert cd["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": OWNER.api_version,
+            "kind": OWNER.kind,
+            "name": OWNER.name,
+            "uid": OWNER.uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+    ]
+
+
+def test_both_crds_are_really_used_numnodes_is_required_only_by_v25_12(
+    crd_validators: dict[str, Any],
+) -> None:
+    cd = compute_domain(DomainSpec(run_id=RUN))
+    del cd["spec"]["numNodes"]
+    assert any("numNodes" in m for m in crd_errors(crd_validators["v25.12.0"], cd))
+    assert crd_errors(crd_validators["v0.4.0"], cd) == []
+
+
+@pytest.mark.parametrize("crd", list(CRD_PATHS))
+def test_crd_validation_checks_enums_required_fields_and_unknown_fields(
+    crd_validators: dict[str, Any], crd: str
+) -> None:
+    cd = compute_domain(DomainSpec(run_id=RUN))
+    bad_enum = copy.deepcopy(cd)
+    bad_enum["spec"]["channel"]["allocationMode"] = "single"
+    assert crd_errors(crd_validators[crd], bad_enum)
+    no_name = copy.deepcopy(cd)
+    del no_name["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    assert crd_errors(crd_validators[crd], no_name)
+    unknown = copy.deepcopy(cd)
+    unknown["spec"]["channel"]["deviceClassName"] = "nvidia.com/compute-domain"
+    assert crd_errors(crd_validators[crd], unknown)
+
+
+# ---- Kubernetes 1.34 strict schemas ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_job_and_service_validate_strictly_against_kubernetes_1_34(name: str) -> None:
+    workload = WORKLOADS[name]
+    k8s_valid(headless_service(workload))
+    k8s_valid(train_job(workload))
+    k8s_valid(indexed_job(workload, manifests.VERIFY_MODULE, ["--iters", "5"]))
+
+
+def test_gpu_claim_template_validates_strictly_and_requests_exact_count() -> None:
+    rct = gpu_claim_template(WORKLOADS["claim"])
+    k8s_valid(rct)
+    names = RunNames.for_run(RUN)
+    assert rct["metadata"]["name"] == names.gpu_template
+    (request,) = rct["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"] == {
+        "deviceClassName": "gpu.nvidia.com",
+        "allocationMode": "ExactCount",
+        "count": 8,
+    }
+    assert rct["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+
+
+@pytest.mark.parametrize("name", ["limits", "claim-no-gpus"])
+def test_gpu_claim_template_is_refused_without_claimed_gpus(name: str) -> None:
+    with pytest.raises(SpecError, match=r"^gpu_mode: "):
+        gpu_claim_template(WORKLOADS[name])
+
+
+def test_validator_is_strict_the_pre_1_31_claim_shape_fails() -> None:
+    job = train_job(WORKLOADS["limits"])
+    template = RunNames.for_run(RUN).channel_template
+    pod_spec(job)["resourceClaims"] = [
+        {"name": CHANNEL_CLAIM, "source": {"resourceClaimTemplateName": template}}
+    ]
+    with pytest.raises(kubernetes_validate.ValidationError) as info:
+        k8s_valid(job)
+    assert "source" in info.value.message
+    assert list(info.value.path)[-2:] == ["resourceClaims", 0]
+
+
+def test_validator_is_strict_an_unknown_container_field_fails() -> None:
+    job = train_job(WORKLOADS["limits"])
+    pod_spec(job)["containers"][0]["gpus"] = 4
+    with pytest.raises(kubernetes_validate.ValidationError):
+        k8s_valid(job)
+
+
+# ---- behaviour -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_pod_references_the_channel_template_and_container_claims_match(name: str) -> None:
+    workload = WORKLOADS[name]
+    names = RunNames.for_run(workload.run_id)
+    spec = pod_spec(train_job(workload))
+    claims = {c["name"]: c for c in spec["resourceClaims"]}
+    assert claims[CHANNEL_CLAIM] == {
+        "name": CHANNEL_CLAIM,
+        "resourceClaimTemplateName": names.channel_template,
+    }
+    used = [c["name"] for c in spec["containers"][0]["resources"]["claims"]]
+    assert sorted(used) == sorted(claims)
+    if workload.gpu_mode == "claim" and workload.gpus_per_node:
+        assert claims[GPU_CLAIM]["resourceClaimTemplateName"] == names.gpu_template
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_gpus_come_from_limits_or_a_claim_never_both(name: str) -> None:
+    workload = WORKLOADS[name]
+    ctr = worker(train_job(workload))
+    limits = ctr["resources"].get("limits", {})
+    has_claim = GPU_CLAIM in {c["name"] for c in ctr["resources"]["claims"]}
+    assert not (has_claim and "nvidia.com/gpu" in limits)
+    if workload.gpus_per_node == 0:
+        assert not has_claim and "nvidia.com/gpu" not in limits
+    elif workload.gpu_mode == "limits":
+        assert limits == {"nvidia.com/gpu": str(workload.gpus_per_node)}
+    else:
+        assert has_claim and not limits
+
+
+def test_one_pod_per_node_and_all_pods_in_one_clique() -> None:
+    job = train_job(WORKLOADS["limits"])
+    name = job["metadata"]["name"]
+    aff = pod_spec(job)["affinity"]
+    same_job = {"matchLabels": {JOB_NAME_LABEL: name}}
+    assert aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
+        {"labelSelector": same_job, "topologyKey": "kubernetes.io/hostname"}
+    ]
+    assert aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
+        {"labelSelector": same_job, "topologyKey": CLIQUE_LABEL}
+    ]
+    terms = aff["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms == {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": CLIQUE_LABEL, "operator": "Exists"}]}]
+    }
+    # The first pod may schedule only because it matches its own affinity term.
+    assert job["spec"]["template"]["metadata"]["labels"][JOB_NAME_LABEL] == name
+
+
+def test_without_clique_affinity_pods_still_spread_one_per_node() -> None:
+    aff = pod_spec(train_job(WORKLOADS["cpu-only"]))["affinity"]
+    assert set(aff) == {"podAntiAffinity"}
+
+
+def test_job_is_indexed_one_pod_per_node_and_fails_fast() -> None:
+    workload = WORKLOADS["full-rack"]
+    spec = train_job(workload)["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 18
+    assert spec["backoffLimitPerIndex"] == 3
+    assert spec["maxFailedIndexes"] == 0
+    assert spec["activeDeadlineSeconds"] == 90
+    assert spec["ttlSecondsAfterFinished"] == workload.ttl_after_finished_s
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    rules = spec["podFailurePolicy"]["rules"]
+    assert rules[0] == {
+        "action": "Ignore",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
+    assert rules[1]["action"] == "FailJob"
+    assert rules[1]["onExitCodes"]["containerName"] == "worker"
+    assert 0 not in rules[1]["onExitCodes"]["values"]
+    assert 2 in rules[1]["onExitCodes"]["values"]
+
+
+def test_service_is_headless_selects_the_jobs_pods_and_is_the_pods_subdomain() -> None:
+    workload = WORKLOADS["limits"]
+    svc, job = headless_service(workload), train_job(workload)
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["ports"] == [
+        {"name": "rdzv", "port": 29500, "targetPort": 29500, "protocol": "TCP"}
+    ]
+    pod_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert pod_spec(job)["subdomain"] == svc["metadata"]["name"] == job["metadata"]["name"]
+    assert pod_labels.items() >= RunNames.for_run(RUN).labels("train").items()
+
+
+def test_container_command_and_env_follow_the_contract() -> None:
+    workload = WORKLOADS["full-rack"]
+    job = indexed_job(workload, "mnnvl.runtime.verify", ["--iters", "5"])
+    names = RunNames.for_run(workload.run_id)
+    host = names.job("verify-post")
+    assert worker(job)["command"] == [
+        "python3",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=$(NNODES)",
+        "--nproc-per-node=$(NPROC_PER_NODE)",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)",
+        "-m",
+        "mnnvl.runtime.verify",
+        "--iters",
+        "5",
+    ]
+    env = env_of(job)
+    assert list(env)[:5] == [
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NNODES",
+        "NPROC_PER_NODE",
+        "MNNVL_RUN_ID",
+    ]
+    assert env["MASTER_ADDR"] == f"{host}-0.{host}.{workload.namespace}.svc.cluster.local"
+    assert (env["MASTER_PORT"], env["NNODES"], env["NPROC_PER_NODE"]) == ("29500", "18", "4")
+    assert env["MNNVL_RUN_ID"] == workload.run_id
+    assert env[nccl.PROFILE_ENV] == "verify-strict"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_DEBUG"] == "WARN"  # the user's value beats a profile default
+    assert len(worker(job)["env"]) == len(env)  # no duplicate names
+
+
+def test_cpu_only_pods_run_one_process_each() -> None:
+    assert env_of(train_job(WORKLOADS["cpu-only"]))["NPROC_PER_NODE"] == "1"
+
+
+def test_profile_required_values_beat_the_users() -> None:
+    workload = WorkloadSpec(run_id=RUN, nccl_profile="single-host", env={"NCCL_MNNVL_ENABLE": "1"})
+    assert env_of(train_job(workload))["NCCL_MNNVL_ENABLE"] == "0"
+
+
+@pytest.mark.parametrize("profile", ["production", "verify-strict", "single-host"])
+def test_machine_pinned_nccl_variables_never_reach_pod_env(profile: str) -> None:
+    env = env_of(train_job(WorkloadSpec(run_id=RUN, nccl_profile=profile)))
+    assert not set(nccl.PINNED) & set(env)
+    assert env[nccl.PROFILE_ENV] == profile
+
+
+@pytest.mark.parametrize("name", [*nccl.PINNED, "MASTER_ADDR", "MNNVL_NCCL_PROFILE", "NNODES"])
+def test_user_env_may_not_set_pinned_or_job_owned_variables(name: str) -> None:
+    with pytest.raises(SpecError) as info:
+        WorkloadSpec(run_id=RUN, env={name: "1"})
+    assert info.value.field == f"env.{name}"
+
+
+def test_dollar_in_user_arguments_is_escaped_for_the_kubelet() -> None:
+    cfg = TrainConfig(checkpoint_dir="/ckpt/$(HOME)/$x", checkpoint_every=1)
+    command = worker(train_job(WORKLOADS["limits"], cfg))["command"]
+    assert "/ckpt/$$(HOME)/$$x" in command
+
+
+@pytest.mark.parametrize("module", ["", "a b", "mnnvl.runtime.train;rm", "1abc"])
+def test_module_must_be_a_python_module_name(module: str) -> None:
+    with pytest.raises(SpecError, match=r"^module: "):
+        indexed_job(WORKLOADS["limits"], module, [])
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_worker_runs_without_privilege(name: str) -> None:
+    job = train_job(WORKLOADS[name])
+    ctx = worker(job)["securityContext"]
+    assert ctx["privileged"] is False
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "add" not in ctx["capabilities"]
+    assert pod_spec(job).get("hostNetwork") is None and pod_spec(job).get("hostIPC") is None
+
+
+def test_shm_gpu_toleration_and_service_account() -> None:
+    workload = WORKLOADS["full-rack"]
+    spec = pod_spec(train_job(workload))
+    assert spec["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}}
+    ]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    assert spec["serviceAccountName"] == "mnnvl-worker"
+    assert "serviceAccountName" not in pod_spec(train_job(WORKLOADS["limits"]))
+
+
+# ---- render_run, YAML, examples --------------------------------------------------------
+
+
+def kinds(objs: list[dict[str, Any]]) -> list[str]:
+    return [o["kind"] for o in objs]
+
+
+def test_render_run_creates_domain_then_gpu_template_then_service_before_each_job() -> None:
+    workload = WORKLOADS["claim"]
+    objs = render_run(DomainSpec(run_id=RUN), workload, TrainConfig(), VerifyConfig())
+    assert kinds(objs) == [
+        "ComputeDomain",
+        "ResourceClaimTemplate",
+        "Service",
+        "Job",
+        "Service",
+        "Job",
+    ]
+    names = RunNames.for_run(RUN)
+    assert [o["metadata"]["name"] for o in objs[2:]] == [
+        names.job("train"),
+        names.job("train"),
+        names.job("verify"),
+        names.job("verify"),
+    ]
+    assert env_of(objs[3])[nccl.PROFILE_ENV] == "production"
+    assert env_of(objs[5])[nccl.PROFILE_ENV] == "verify-strict"
+    assert worker(objs[3])["command"][9] == "mnnvl.runtime.train"
+    assert worker(objs[5])["command"][9] == "mnnvl.runtime.verify"
+
+
+def test_render_run_with_limits_and_one_step_has_no_gpu_template() -> None:
+    objs = render_run(DomainSpec(run_id=RUN), WORKLOADS["limits"], None, VerifyConfig())
+    assert kinds(objs) == ["ComputeDomain", "Service", "Job"]
+    assert kinds(render_run(DomainSpec(run_id=RUN), WORKLOADS["claim"], None, None)) == [
+        "ComputeDomain"
+    ]
+
+
+def test_render_run_objects_all_validate(crd_validators: dict[str, Any]) -> None:
+    objs = render_run(DomainSpec(run_id=RUN), WORKLOADS["claim"], TrainConfig(), VerifyConfig())
+    for validator in crd_validators.values():
+        assert crd_errors(validator, objs[0]) == []
+    for obj in objs[1:]:
+        k8s_valid(obj)
+    assert all(o["metadata"]["labels"]["mnnvl.io/run-id"] == RUN for o in objs)
+
+
+def test_verify_step_keeps_single_host_profile_and_verify_purpose() -> None:
+    workload = dataclasses.replace(WORKLOADS["limits"], nccl_profile="single-host")
+    assert step_workload(workload, "verify").nccl_profile == "single-host"
+    post = dataclasses.replace(workload, purpose="verify-post")
+    assert step_workload(post, "verify").purpose == "verify-post"
+    assert step_workload(post, "train").purpose == "train"
+
+
+@pytest.mark.parametrize(
+    ("domain", "field"),
+    [(DomainSpec(run_id="other"), "run_id"), (DomainSpec(run_id=RUN, namespace="x"), "namespace")],
+)
+def test_render_run_refuses_a_domain_of_another_run_or_namespace(
+    domain: DomainSpec, field: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        render_run(domain, WORKLOADS["limits"], TrainConfig(), None)
+    assert info.value.field == field
+
+
+def test_to_yaml_round_trips_through_a_yaml_parser() -> None:
+    workload = WorkloadSpec(
+        run_id=RUN,
+        env={"A": "yes", "B": "0x1F", "C": "a: b # c", "D": "", "E": "-1", "F": "'\"\n\t"},
+    )
+    objs = render_run(DomainSpec(run_id=RUN), workload, TrainConfig(), VerifyConfig())
+    text = to_yaml(objs)
+    assert text.count("---\n") == len(objs)
+    assert list(yaml.safe_load_all(text)) == objs
+
+
+def test_builders_are_pure_same_input_same_output_and_no_shared_state() -> None:
+    workload = WORKLOADS["claim"]
+    first, second = train_job(workload), train_job(workload)
+    assert first == second
+    first["spec"]["template"]["metadata"]["labels"]["x"] = "y"
+    pod_spec(first)["affinity"]["podAntiAffinity"].clear()
+    assert train_job(workload) == second
+
+
+def test_manifest_modules_import_only_stdlib_and_mnnvl() -> None:
+    allowed = {"__future__", "dataclasses", "json", "re", "typing", "mnnvl"}
+    for path in Path(manifests.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots = {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                roots = {(node.module or "").split(".")[0]}
+            else:
+                continue
+            assert roots <= allowed, (path.name, roots)
+
+
+def test_checked_in_examples_match_what_render_run_produces() -> None:
+    script = REPO_ROOT / "manifests" / "render_examples.py"
+    spec = importlib.util.spec_from_file_location("render_examples", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, text in module.examples().items():
+        path = REPO_ROOT / "manifests" / "examples" / name
+        assert path.read_text() == module.HEADER + text, (
+            f"{name} is stale: run python manifests/render_examples.py"
+        )
+        for obj in yaml.safe_load_all(text):
+            if obj["kind"] != "ComputeDomain":
+                k8s_valid(obj)

@@ -1,0 +1,285 @@
+"""Bad input stops in spec.py with a one-line message naming the field; flags round-trip."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+from mnnvl.errors import SpecError
+from mnnvl.spec import (
+    DomainSpec,
+    OwnerRef,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+    add_arguments,
+    from_namespace,
+    parse_bytes,
+    parse_env,
+    to_args,
+)
+
+RUN = "run-1"
+
+# (constructor, kwargs, field named in the error, phrase in the message)
+BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
+    (DomainSpec, {"run_id": ""}, "run_id", "non-empty"),
+    (DomainSpec, {"run_id": "a" * 64}, "run_id", "at most 63 characters"),
+    (DomainSpec, {"run_id": "-leading-dash"}, "run_id", "valid label value"),
+    (DomainSpec, {"run_id": "has space"}, "run_id", "valid label value"),
+    (DomainSpec, {"run_id": "slash/in/id"}, "run_id", "valid label value"),
+    (DomainSpec, {"run_id": RUN, "namespace": "Default"}, "namespace", "DNS-1123 label"),
+    (DomainSpec, {"run_id": RUN, "namespace": "ns_1"}, "namespace", "DNS-1123 label"),
+    (DomainSpec, {"run_id": RUN, "namespace": "n" * 64}, "namespace", "at most 63"),
+    (DomainSpec, {"run_id": RUN, "namespace": ""}, "namespace", "non-empty"),
+    (DomainSpec, {"run_id": RUN, "allocation_mode": "single"}, "allocation_mode", "not one of"),
+    (DomainSpec, {"run_id": RUN, "rct_timeout_s": 0}, "rct_timeout_s", "out of range"),
+    (DomainSpec, {"run_id": RUN, "delete_timeout_s": -1}, "delete_timeout_s", "out of range"),
+    (DomainSpec, {"run_id": RUN, "rct_timeout_s": float("nan")}, "rct_timeout_s", "out of range"),
+    (DomainSpec, {"run_id": RUN, "rct_timeout_s": "60"}, "rct_timeout_s", "must be a number"),
+    (WorkloadSpec, {"run_id": RUN, "nodes": 0}, "nodes", "out of range"),
+    (WorkloadSpec, {"run_id": RUN, "nodes": 19}, "nodes", "out of range"),
+    (WorkloadSpec, {"run_id": RUN, "nodes": 2.0}, "nodes", "whole number"),
+    (WorkloadSpec, {"run_id": RUN, "nodes": True}, "nodes", "must be a number"),
+    (WorkloadSpec, {"run_id": RUN, "gpus_per_node": 9}, "gpus_per_node", "out of range"),
+    (WorkloadSpec, {"run_id": RUN, "gpus_per_node": -1}, "gpus_per_node", "out of range"),
+    (WorkloadSpec, {"run_id": RUN, "purpose": "bench"}, "purpose", "not one of"),
+    (WorkloadSpec, {"run_id": RUN, "image": ""}, "image", "must name a container image"),
+    (WorkloadSpec, {"run_id": RUN, "image": "Registry/Trainer:1"}, "image", "not a valid image"),
+    (WorkloadSpec, {"run_id": RUN, "image": "repo/img:bad tag"}, "image", "not a valid image"),
+    (WorkloadSpec, {"run_id": RUN, "image": "img@sha256:abc"}, "image", "not a valid image"),
+    (WorkloadSpec, {"run_id": RUN, "gpu_mode": "both"}, "gpu_mode", "not one of"),
+    (WorkloadSpec, {"run_id": RUN, "gpu_device_class": "GPU!"}, "gpu_device_class", "DeviceClass"),
+    (WorkloadSpec, {"run_id": RUN, "nccl_profile": "fast"}, "nccl_profile", "not one of"),
+    (WorkloadSpec, {"run_id": RUN, "env": {"1BAD": "x"}}, "env.1BAD", "not a valid environment"),
+    (WorkloadSpec, {"run_id": RUN, "env": {"A-B": "x"}}, "env.A-B", "not a valid environment"),
+    (WorkloadSpec, {"run_id": RUN, "env": {"A": 1}}, "env.A", "must be a string"),
+    (
+        WorkloadSpec,
+        {"run_id": RUN, "env": {"NCCL_CUMEM_ENABLE": "0"}},
+        "env.NCCL_CUMEM_ENABLE",
+        "silently disables MNNVL",
+    ),
+    (
+        WorkloadSpec,
+        {"run_id": RUN, "env": {"NCCL_CUMEM_ENABLE": " 0 "}},
+        "env.NCCL_CUMEM_ENABLE",
+        "silently disables MNNVL",
+    ),
+    (WorkloadSpec, {"run_id": RUN, "rdzv_port": 80}, "rdzv_port", "out of range"),
+    (WorkloadSpec, {"run_id": RUN, "rdzv_port": 70000}, "rdzv_port", "out of range"),
+    (WorkloadSpec, {"run_id": RUN, "service_account": "Bad_SA"}, "service_account", "DNS-1123"),
+    (WorkloadSpec, {"run_id": RUN, "shm_size": "16G"}, "shm_size", "512Mi or 16Gi"),
+    (WorkloadSpec, {"run_id": RUN, "shm_size": "1Ti"}, "shm_size", "512Mi or 16Gi"),
+    (WorkloadSpec, {"run_id": RUN, "job_timeout_s": 0}, "job_timeout_s", "out of range"),
+    (WorkloadSpec, {"run_id": RUN, "job_timeout_s": 8 * 86400}, "job_timeout_s", "out of range"),
+    (
+        WorkloadSpec,
+        {"run_id": RUN, "pods_running_timeout_s": 0.5},
+        "pods_running_timeout_s",
+        "out of range",
+    ),
+    (WorkloadSpec, {"run_id": RUN, "ttl_after_finished_s": -1}, "ttl_after_finished_s", "range"),
+    (
+        WorkloadSpec,
+        {"run_id": RUN, "backoff_limit_per_index": 11},
+        "backoff_limit_per_index",
+        "out of range",
+    ),
+    (WorkloadSpec, {"run_id": RUN, "image_pull_policy": "always"}, "image_pull_policy", "one of"),
+    (TrainConfig, {"model": "70b"}, "model", "not one of"),
+    (TrainConfig, {"steps": 0}, "steps", "out of range"),
+    (TrainConfig, {"batch_size": 0}, "batch_size", "out of range"),
+    (TrainConfig, {"lr": 0.0}, "lr", "out of range"),
+    (TrainConfig, {"lr": 2.0}, "lr", "out of range"),
+    (TrainConfig, {"min_lr_ratio": 1.5}, "min_lr_ratio", "out of range"),
+    (TrainConfig, {"dtype": "fp16"}, "dtype", "not one of"),
+    (TrainConfig, {"data": ""}, "data", "synthetic"),
+    (TrainConfig, {"seq_len": 200000}, "seq_len", "out of range"),
+    (TrainConfig, {"checkpoint_every": 10}, "checkpoint_every", "needs checkpoint_dir"),
+    (TrainConfig, {"log_every": 0}, "log_every", "out of range"),
+    (VerifyConfig, {"min_bytes": 1 << 20, "max_bytes": 1024}, "min_bytes", "larger than max_bytes"),
+    (VerifyConfig, {"max_bytes": 1 << 37}, "max_bytes", "out of range"),
+    (VerifyConfig, {"min_busbw_gbps": -1.0}, "min_busbw_gbps", "out of range"),
+    (VerifyConfig, {"efficiency": 0.0}, "efficiency", "out of range"),
+    (VerifyConfig, {"efficiency": 1.5}, "efficiency", "out of range"),
+    (VerifyConfig, {"judge_min_bytes": 0}, "judge_min_bytes", "out of range"),
+    (VerifyConfig, {"iters": -1}, "iters", "out of range"),
+    (OwnerRef, {"api_version": "v1", "kind": "Pod", "name": "p", "uid": ""}, "owner.uid", "empty"),
+]
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "field", "phrase"),
+    BAD_INPUTS,
+    ids=[f"{c.__name__}-{f}-{i}" for i, (c, _, f, _) in enumerate(BAD_INPUTS)],
+)
+def test_bad_input_is_refused_with_a_one_line_message_naming_the_field(
+    cls: type, kwargs: dict[str, Any], field: str, phrase: str
+) -> None:
+    with pytest.raises(SpecError) as info:
+        cls(**kwargs)
+    err = info.value
+    assert err.field == field
+    message = str(err)
+    assert message.startswith(f"{field}: ")
+    assert phrase in message
+    assert "\n" not in message
+    assert err.exit_code == 2
+
+
+def test_enough_distinct_bad_inputs_are_covered() -> None:
+    assert len(BAD_INPUTS) >= 25
+    assert len({f for _, _, f, _ in BAD_INPUTS}) >= 25
+
+
+def test_spec_error_is_also_a_value_error() -> None:
+    with pytest.raises(ValueError, match="nodes"):
+        WorkloadSpec(run_id=RUN, nodes=0)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1M", 1 << 20), ("64MiB", 64 << 20), ("4G", 4 << 30), ("1048576", 1 << 20), ("2k", 2048)],
+)
+def test_parse_bytes_reads_binary_units(text: str, expected: int) -> None:
+    assert parse_bytes("max_bytes", text) == expected
+
+
+def test_parse_bytes_names_the_field_on_garbage() -> None:
+    with pytest.raises(SpecError, match=r"^max_bytes: .*not a size"):
+        parse_bytes("max_bytes", "lots")
+
+
+def test_parse_env_accepts_lists_and_comma_strings_and_keeps_equals_in_values() -> None:
+    assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    assert parse_env("A=1, B=2,") == {"A": "1", "B": "2"}
+    with pytest.raises(SpecError, match=r"^env: .*NAME=value"):
+        parse_env(["NOEQUALS"])
+
+
+def test_valid_inputs_are_accepted() -> None:
+    DomainSpec(run_id="Run_1.x", namespace="team-a", allocation_mode="All")
+    WorkloadSpec(
+        run_id="f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
+        image="registry.example.com:5000/team/trainer:1.0@sha256:" + "a" * 64,
+        gpus_per_node=0,
+        env={"NCCL_CUMEM_ENABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"},
+        shm_size="512Mi",
+    )
+    TrainConfig(checkpoint_dir="/ckpt", checkpoint_every=5)
+    VerifyConfig(min_bytes=1024, max_bytes=1024)
+
+
+def _round_trip(cls: type, cfg: Any, **extra: Any) -> Any:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, cls, skip=tuple(extra))
+    first: Any = from_namespace(cls, parser.parse_args(to_args(cfg)), **extra)
+    argv = to_args(first)
+    return first, from_namespace(cls, parser.parse_args(argv), **extra)
+
+
+ROUND_TRIPS: list[tuple[type, Any]] = [
+    (TrainConfig, TrainConfig()),
+    (
+        TrainConfig,
+        TrainConfig(
+            model="1b",
+            steps=123,
+            seq_len=2048,
+            batch_size=8,
+            lr=1.5e-4,
+            warmup_steps=0,
+            min_lr_ratio=0.0,
+            dtype="bf16",
+            compile=True,
+            activation_checkpointing=True,
+            data="/data/tokens.bin",
+            seed=7,
+            checkpoint_dir="/ckpt/run 1",
+            checkpoint_every=50,
+            log_every=1,
+        ),
+    ),
+    (VerifyConfig, VerifyConfig()),
+    (
+        VerifyConfig,
+        VerifyConfig(
+            min_bytes=1024,
+            max_bytes=1 << 30,
+            iters=20,
+            warmup_iters=5,
+            min_busbw_gbps=300.5,
+            efficiency=0.5,
+            judge_min_bytes=1 << 20,
+            cuda_graphs=False,
+            output_dir="/out",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(("cls", "cfg"), ROUND_TRIPS)
+def test_config_flags_round_trip_to_an_equal_dataclass(cls: type, cfg: Any) -> None:
+    first, second = _round_trip(cls, cfg)
+    assert first == cfg
+    assert second == cfg
+
+
+def test_workload_flags_round_trip_including_env_and_booleans() -> None:
+    owner = OwnerRef(api_version="v1", kind="Pod", name="launcher", uid="u-1")
+    cfg = WorkloadSpec(
+        run_id="Run_7",
+        namespace="team-a",
+        purpose="verify-post",
+        nodes=18,
+        gpus_per_node=8,
+        image="registry.example.com/t/img:2",
+        gpu_mode="claim",
+        gpu_device_class="gpu.example.com",
+        clique_affinity=False,
+        nccl_profile="verify-strict",
+        env={"NCCL_SOCKET_IFNAME": "eth0", "X": "a=b"},
+        rdzv_port=29400,
+        service_account="worker",
+        shm_size="512Mi",
+        pods_running_timeout_s=60.0,
+        job_timeout_s=600.5,
+        ttl_after_finished_s=0,
+        backoff_limit_per_index=2,
+        image_pull_policy="Always",
+        owner=owner,
+    )
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, WorkloadSpec)
+    argv = to_args(cfg) + [f"--env={k}={v}" for k, v in cfg.env.items()]
+    first = from_namespace(WorkloadSpec, parser.parse_args(argv), owner=owner)
+    assert first == cfg
+    argv = to_args(first) + [f"--env={k}={v}" for k, v in first.env.items()]
+    assert from_namespace(WorkloadSpec, parser.parse_args(argv), owner=owner) == cfg
+
+
+def test_unset_flags_keep_the_dataclass_defaults() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, WorkloadSpec)
+    assert from_namespace(WorkloadSpec, parser.parse_args([]), run_id=RUN) == WorkloadSpec(
+        run_id=RUN
+    )
+
+
+def test_size_flags_accept_units() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, VerifyConfig)
+    cfg = from_namespace(
+        VerifyConfig, parser.parse_args(["--min-bytes", "1K", "--max-bytes", "4G"])
+    )
+    assert (cfg.min_bytes, cfg.max_bytes) == (1024, 4 << 30)
+
+
+def test_bad_flag_value_fails_in_validation_not_later() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, TrainConfig)
+    with pytest.raises(SpecError, match=r"^checkpoint_every: "):
+        from_namespace(TrainConfig, parser.parse_args(["--checkpoint-every", "5"]))
