@@ -1,0 +1,125 @@
+"""What the KFP component bodies share once a step has returned: metrics, reports, results.
+
+Imported inside component bodies (in the launcher image), so it stays free of kfp at import
+time: the artifact arguments are duck-typed (``.path`` and ``.log_metric``) and everything
+heavy is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class PathArtifact(Protocol):
+    """A KFP output artifact: a local path the launcher uploads after the task."""
+
+    path: str
+
+
+class MetricsArtifact(PathArtifact, Protocol):
+    def log_metric(self, metric: str, value: float) -> None: ...
+
+
+def kubeconfig() -> str | None:
+    """The kubeconfig to use: ``KUBECONFIG`` when set (local runs), else in-cluster config."""
+    return os.environ.get("KUBECONFIG") or None
+
+
+def size_label(num_bytes: int) -> str:
+    """``1048576`` -> ``1MiB``; metric names stay short and sort by unit."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:g}{unit}"
+        value /= 1024
+    return f"{num_bytes}B"
+
+
+def _log_numbers(metrics: MetricsArtifact, values: dict[str, Any]) -> None:
+    # KFP Metrics values must be numbers; a null (e.g. MFU on CPU) is left out, not faked as 0.
+    for name, value in values.items():
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, (int, float)):
+            metrics.log_metric(name, float(value))
+
+
+def write_result(artifact: PathArtifact, run_id: str, purpose: str, result: dict[str, Any]) -> None:
+    """Write the step's full result (``to_dict()``) as JSON, tagged with run id and purpose."""
+    os.makedirs(os.path.dirname(artifact.path) or ".", exist_ok=True)
+    doc = {"run_id": run_id, "purpose": purpose, **result}
+    with open(artifact.path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=True, default=str)
+
+
+def _copy_html(files: dict[str, str], html: PathArtifact) -> None:
+    os.makedirs(os.path.dirname(html.path) or ".", exist_ok=True)
+    shutil.copyfile(files["html"], html.path)
+
+
+def publish_train(
+    run_id: str,
+    result: Any,
+    metrics: MetricsArtifact,
+    html: PathArtifact,
+    result_artifact: PathArtifact,
+) -> None:
+    """Log training metrics, write the training report (loss curve) and the raw result."""
+    from mnnvl import report
+
+    raw = dict(result.raw or {})
+    _log_numbers(
+        metrics,
+        {
+            "tokens_per_s": result.tokens_per_s,
+            "tokens_per_s_per_gpu": raw.get("tokens_per_s_per_gpu"),
+            "mfu": result.mfu,
+            "final_loss": result.final_loss,
+            "steps": result.steps,
+            "peak_mem_gib": result.peak_mem_gib,
+            "world_size": raw.get("world_size"),
+            "wall_s": raw.get("wall_s"),
+        },
+    )
+    with tempfile.TemporaryDirectory(prefix="mnnvl-train-report-") as tmp:
+        _copy_html(report.write_train_report(raw, tmp), html)
+    write_result(result_artifact, run_id, "train", result.to_dict())
+    log.info(
+        "train: loss %s, %s tokens/s, MFU %s", result.final_loss, result.tokens_per_s, result.mfu
+    )
+
+
+def publish_verify(
+    run_id: str,
+    result: Any,
+    purpose: str,
+    metrics: MetricsArtifact,
+    html: PathArtifact,
+    result_artifact: PathArtifact,
+) -> None:
+    """Log busbw metrics (peak, judged, per size, verdict 1/0) and write the verify report."""
+    from mnnvl import report
+
+    raw = dict(result.raw or {})
+    values: dict[str, Any] = {
+        "verdict_pass": 1 if result.verdict == "PASS" else 0,
+        "peak_busbw_gbps": result.peak_busbw_gbps,
+        "judged_busbw_gbps": result.judged_busbw_gbps,
+        "threshold_gbps": result.threshold_gbps,
+        "world_size": raw.get("world_size"),
+    }
+    for row in result.sizes or []:
+        values[f"busbw_gbps_{size_label(int(row['bytes']))}"] = row.get("busbw_gbps")
+    _log_numbers(metrics, values)
+    with tempfile.TemporaryDirectory(prefix="mnnvl-verify-report-") as tmp:
+        _copy_html(report.write_verify_report(raw, tmp), html)
+    write_result(result_artifact, run_id, purpose, result.to_dict())
+    # The table goes to the task log, where a failed verdict is read first.
+    log.info("%s: verdict %s\n%s", purpose, result.verdict, report.verify_table(raw))

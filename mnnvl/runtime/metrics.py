@@ -1,0 +1,111 @@
+"""Throughput, MFU and memory for the training step.
+
+MFU = flops_per_token x tokens/s per GPU / device peak, with dense bf16 peaks as torchtitan
+uses them (no 2:4 sparsity figures): H100 SXM and H200 989 TFLOP/s, B200 2.25 PFLOP/s,
+GB200 2.5 PFLOP/s, A100 312 TFLOP/s. An unknown device gives MFU None, with a logged note.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Order matters: the first substring found in the device name wins ("GB200" before "B200").
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("GB300", 2.5e15),
+    ("GB200", 2.5e15),
+    ("B200", 2.25e15),
+    ("H200", 989e12),
+    ("H100 NVL", 835e12),
+    ("H100 PCIE", 756e12),
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("H20", 148e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+)
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of one device by its CUDA name, or None when unknown."""
+    upper = device_name.upper()
+    for key, peak in PEAK_BF16_FLOPS:
+        if key in upper:
+            return peak
+    return None
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    peak = peak_bf16_flops(name)
+    if peak is None:
+        logger.warning("no bf16 peak known for %r; MFU will be reported as null", name)
+    return peak
+
+
+def mfu(flops_per_token: int, tokens_per_s_per_gpu: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation as a fraction 0..1 (None without a known peak)."""
+    if peak is None or tokens_per_s_per_gpu <= 0:
+        return None
+    return flops_per_token * tokens_per_s_per_gpu / peak
+
+
+def peak_mem_gib(device: torch.device) -> float:
+    """Peak allocated GPU memory; on CPU the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+class Throughput:
+    """Tokens/s between sync points; call ``start`` before the first step and ``mark`` only
+    right after a device sync. The first window (compilation, allocator warm-up) is excluded
+    from ``overall`` unless it is the only one.
+    """
+
+    def __init__(self) -> None:
+        self.t_start = self.t_first = self.t_last = 0.0
+        self.first_tokens = self.tokens_after_first = 0
+        self.marks = 0
+        self.paused_s = self.paused_total_s = 0.0
+
+    def start(self) -> None:
+        self.t_start = time.perf_counter()
+
+    def exclude(self, seconds: float) -> None:
+        """Leave time spent outside training steps (checkpoint saves) out of the rates."""
+        self.paused_s += seconds
+
+    def mark(self, tokens_since_last: int) -> float:
+        """Record a sync point; return tokens/s since the previous one."""
+        now = time.perf_counter()
+        prev = self.t_last if self.marks else self.t_start
+        elapsed = now - prev - self.paused_s
+        if self.marks == 0:
+            self.t_first, self.first_tokens = now, tokens_since_last
+        else:
+            self.tokens_after_first += tokens_since_last
+            self.paused_total_s += self.paused_s
+        self.paused_s = 0.0
+        self.t_last = now
+        self.marks += 1
+        return tokens_since_last / max(elapsed, 1e-9)
+
+    def overall(self) -> float:
+        if self.marks > 1:
+            elapsed = self.t_last - self.t_first - self.paused_total_s
+            return self.tokens_after_first / max(elapsed, 1e-9)
+        if self.marks == 1:
+            return self.first_tokens / max(self.t_first - self.t_start, 1e-9)
+        return 0.0

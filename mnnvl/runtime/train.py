@@ -1,0 +1,229 @@
+"""Sharded training step: ``python -m mnnvl.runtime.train [TrainConfig flags]`` under torchrun.
+
+FSDP2 over all ranks, bf16 compute with fp32 master weights and reductions on GPU (fp32 on
+CPU/gloo), fused AdamW, linear warm-up then cosine decay to ``min_lr_ratio``, gradient
+clipping, periodic sharded checkpoints with automatic resume. Rank 0 logs metrics to stderr
+and ends with one ``RESULT {json}`` line on stdout.
+
+Non-finite loss or gradient norm: a device-side flag is accumulated every step without a
+host sync and checked (all-reduced) at every log step and before every checkpoint, so a
+NaN fails the run on all ranks within ``log_every`` steps and never reaches a checkpoint.
+Exit code 4 (WorkloadFailed).
+
+Test hook: ``MNNVL_TEST_INJECT_NAN_STEP=<n>`` multiplies the loss of step ``n`` by NaN on
+every rank, to exercise that path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from mnnvl import spec
+from mnnvl.errors import MnnvlError, WorkloadFailed
+from mnnvl.runtime import metrics
+from mnnvl.runtime.checkpoint import Checkpointer
+from mnnvl.runtime.data import build_batches
+from mnnvl.runtime.model import Transformer, flops_per_token, preset
+from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distributed
+
+logger = logging.getLogger("mnnvl.runtime.train")
+INJECT_NAN_ENV = "MNNVL_TEST_INJECT_NAN_STEP"
+
+
+def lr_factor(cfg: spec.TrainConfig, k: int) -> float:
+    """LR multiplier for optimiser step ``k`` (0-based): linear warm-up, then cosine."""
+    if k < cfg.warmup_steps:
+        return (k + 1) / cfg.warmup_steps
+    progress = min(1.0, (k - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: Transformer, cfg: spec.TrainConfig, info: DistInfo):
+    # No weight decay on norms (1-D); fused kernel on CUDA saves a launch per parameter.
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=info.is_cuda)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(cfg, k))
+    return opt, sched
+
+
+class Trainer:
+    def __init__(self, cfg: spec.TrainConfig, info: DistInfo) -> None:
+        self.cfg, self.info = cfg, info
+        self.mcfg = preset(cfg.model, seq_len=cfg.seq_len)
+        bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and info.is_cuda)
+        torch.manual_seed(cfg.seed)  # same on every rank: identical (sharded) initial weights
+        self.model = build_sharded_model(
+            self.mcfg,
+            dist_info=info,
+            param_dtype=torch.bfloat16 if bf16 else torch.float32,
+            activation_checkpointing=cfg.activation_checkpointing,
+            compile=cfg.compile,
+        )
+        self.opt, self.sched = build_optimizer(self.model, cfg, info)
+        self.data = build_batches(
+            cfg.data,
+            vocab_size=self.mcfg.vocab_size,
+            seq_len=self.mcfg.seq_len,
+            batch_size=cfg.batch_size,
+            seed=cfg.seed,
+            rank=info.rank,
+            world=info.world_size,
+        )
+        self.ckpt = Checkpointer(cfg.checkpoint_dir, rank=info.rank) if cfg.checkpoint_dir else None
+        self.finite = torch.ones((), dtype=torch.bool, device=info.device)
+        self.losses: list[list[float]] = []
+        self.last_loss, self.checkpoint, self.start_step = float("nan"), "", 0
+        self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
+
+    def resume(self) -> None:
+        path = self.ckpt.latest() if self.ckpt else None
+        if self.ckpt is None or path is None:
+            return
+        extra = self.ckpt.load(path, self.model, self.opt)
+        self.sched.load_state_dict(extra["scheduler"])
+        self.start_step, self.last_loss, self.checkpoint = extra["step"], extra["loss"], str(path)
+
+    def step(self, step: int) -> torch.Tensor:
+        inputs, targets = (t.to(self.info.device, non_blocking=True) for t in self.data.batch(step))
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+        if step == self.inject_nan:
+            loss = loss * float("nan")
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.grad_clip or math.inf
+        )
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.finite &= torch.isfinite(loss.detach()) & torch.isfinite(norm)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def sync(self, step: int, loss: torch.Tensor) -> float:
+        """All-reduce loss and the finite flag (a host sync); raise on all ranks if non-finite."""
+        stats = torch.stack([loss.float(), (~self.finite).float()])
+        dist.all_reduce(stats)
+        mean_loss, bad = (stats / self.info.world_size).tolist()
+        if bad > 0 or not math.isfinite(mean_loss):
+            raise WorkloadFailed(
+                f"non-finite loss or gradient norm by step {step} (checked every "
+                f"{self.cfg.log_every} steps and before checkpoints); lower --lr, check --data "
+                "or try --dtype fp32"
+            )
+        self.last_loss = mean_loss
+        return mean_loss
+
+    def run(self) -> float:
+        cfg, first = self.cfg, self.start_step + 1
+        tokens_per_step = cfg.batch_size * self.mcfg.seq_len * self.info.world_size
+        flops = flops_per_token(self.mcfg, self.mcfg.seq_len)
+        peak = metrics.device_peak_flops(self.info.device)
+        thr, marked = metrics.Throughput(), self.start_step
+        thr.start()
+        for step in range(first, cfg.steps + 1):
+            loss = self.step(step)
+            is_log = step in (first, cfg.steps) or step % cfg.log_every == 0
+            save = self.ckpt is not None and (
+                step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+            )
+            if is_log or save:
+                mean_loss = self.sync(step, loss)
+            if is_log:
+                rate = thr.mark(tokens_per_step * (step - marked))
+                marked = step
+                self.losses.append([step, mean_loss])
+                per_gpu = rate / self.info.world_size
+                mfu = metrics.mfu(flops, per_gpu, peak)
+                logger.info(
+                    "step %d loss %.4f lr %.3g tok/s %.0f (%.0f/gpu) mfu %s mem %.2f GiB",
+                    step,
+                    mean_loss,
+                    self.sched.get_last_lr()[0],
+                    rate,
+                    per_gpu,
+                    "n/a" if mfu is None else f"{mfu:.1%}",
+                    metrics.peak_mem_gib(self.info.device),
+                )
+            if save and self.ckpt is not None:
+                extra = {"scheduler": self.sched.state_dict(), "loss": mean_loss}
+                t_save = time.perf_counter()
+                self.checkpoint = str(self.ckpt.save(step, self.model, self.opt, extra))
+                thr.exclude(time.perf_counter() - t_save)
+        return thr.overall()
+
+    def result(self, tokens_per_s: float, wall_s: float) -> dict[str, Any]:
+        per_gpu = tokens_per_s / self.info.world_size
+        peak = metrics.device_peak_flops(self.info.device)
+        return {
+            "kind": "train",
+            "final_loss": self.last_loss if math.isfinite(self.last_loss) else None,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_gpu": per_gpu,
+            "mfu": metrics.mfu(flops_per_token(self.mcfg, self.mcfg.seq_len), per_gpu, peak),
+            "steps": self.cfg.steps,
+            "start_step": self.start_step,
+            "checkpoint": self.checkpoint,
+            "peak_mem_gib": metrics.peak_mem_gib(self.info.device),
+            "world_size": self.info.world_size,
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "model": self.cfg.model,
+            "device": self.info.device.type,
+            "wall_s": wall_s,
+            "losses": self.losses,
+        }
+
+
+def parse_config(argv: list[str] | None) -> spec.TrainConfig:
+    parser = argparse.ArgumentParser(prog="python -m mnnvl.runtime.train", description=__doc__)
+    spec.add_arguments(parser, spec.TrainConfig)
+    return spec.from_namespace(spec.TrainConfig, parser.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        stream=sys.stderr,
+        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        cfg = parse_config(argv)
+    except MnnvlError as e:
+        logger.error("%s", e)
+        return e.exit_code
+    t0 = time.perf_counter()
+    info = init_distributed()
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        trainer = Trainer(cfg, info)
+        trainer.resume()
+        tokens_per_s = trainer.run()
+        if info.rank == 0:
+            result = trainer.result(tokens_per_s, time.perf_counter() - t0)
+            print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    except MnnvlError as e:
+        logger.error("training failed: %s", e)
+        return e.exit_code
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

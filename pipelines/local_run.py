@@ -1,0 +1,248 @@
+"""``make run``: the ``mnnvl-training`` KFP pipeline end to end on this machine.
+
+A simulated cluster (``mnnvl.sim.SimCluster``) serves the Kubernetes API and runs worker
+pods as local processes; ``kfp.local`` runs the pipeline's components in this Python
+environment against it. Stage lines go to stderr while it runs; a summary (objects the run
+created, training metrics, the verification table and verdict, report files, and proof
+that teardown left nothing) goes to stdout. Exit status: 0 when the pipeline succeeded
+and teardown left nothing, 1 otherwise (a failed verification still tears down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mnnvl.pipelines.local_progress import ANSI, KfpLogTap, ObjectWatcher
+
+log = logging.getLogger(__name__)
+
+DEFAULT_OUT = Path("out") / "local-run"
+LOCAL_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"  # any valid ref: the sim runs it locally
+
+
+def local_gpu_count() -> int:
+    """GPUs on this machine (``nvidia-smi -L``), 0 when there is no driver."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("nvidia-smi -L failed (%s); running on CPU", e)
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def pipeline_arguments(args: argparse.Namespace, gpus_per_node: int) -> dict[str, Any]:
+    """CPU-friendly parameters for the local run (tiny model, short sweep)."""
+    arguments: dict[str, Any] = {
+        "namespace": "default",
+        "nodes": args.nodes,
+        "gpus_per_node": gpus_per_node,
+        "image": LOCAL_IMAGE,
+        "model": "tiny",
+        "steps": args.steps,
+        "log_every": max(1, args.steps // 4),
+        "min_busbw_gbps": args.min_busbw_gbps,
+        "rct_timeout_s": 60.0,
+        "delete_timeout_s": 60.0,
+        "pods_running_timeout_s": 120.0,
+        "train_timeout_s": 600.0,
+        "verify_timeout_s": 300.0,
+        "shm_size": "1Gi",
+    }
+    if gpus_per_node == 0:
+        arguments["clique_affinity"] = False
+    return arguments
+
+
+@dataclass
+class RunOutcome:
+    succeeded: bool
+    error: str
+    wall_s: float
+    run_dir: Path | None
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reports: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def collect_outputs(
+    run_dir: Path | None, reports_dir: Path
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Step results (by purpose) from a kfp.local run directory; HTML reports copied out.
+
+    kfp.local names an artifact file after its output (``report``); the copies get a
+    ``.html`` suffix so a browser opens them.
+    """
+    results: dict[str, dict[str, Any]] = {}
+    reports: dict[str, str] = {}
+    if run_dir is None:
+        return results, reports
+    for path in sorted(run_dir.glob("*/result")):
+        doc = json.loads(path.read_text())
+        purpose = str(doc.get("purpose", path.parent.name))
+        results[purpose] = doc
+        html = path.parent / "report"
+        if html.is_file():
+            reports_dir.mkdir(parents=True, exist_ok=True)
+            copy = reports_dir / f"{purpose}.html"
+            shutil.copyfile(html, copy)
+            reports[purpose] = str(copy)
+    return results, reports
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+def run_pipeline(
+    arguments: dict[str, Any], out: Path, *, start: float, verbose: bool
+) -> RunOutcome:
+    """Run ``mnnvl-training`` under kfp.local; KUBECONFIG must point at the cluster."""
+    from kfp import local
+    from mnnvl.pipelines.kfp_pipeline import TRAINING_PIPELINE_NAME, training_pipeline
+
+    pipeline_root = out / "kfp"
+    pipeline_root.mkdir(parents=True, exist_ok=True)
+    before = set(pipeline_root.glob(f"{TRAINING_PIPELINE_NAME}-*"))
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    error = ""
+    log_path = out / "kfp-local.log"
+    with open(log_path, "w", encoding="utf-8") as log_file:
+        tap = KfpLogTap(log_file, echo=sys.stdout if verbose else None, start=start)
+        # kfp.local prints every task's log to stdout, and warns that the launcher image and
+        # display names mean nothing locally (true, and expected here).
+        with contextlib.redirect_stdout(tap), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"kfp\.local\..*")
+            try:
+                training_pipeline(**arguments)
+            except RuntimeError as e:  # kfp.local's way of saying the pipeline failed
+                error = ANSI.sub("", str(e).splitlines()[0] if str(e) else type(e).__name__)
+    wall_s = time.monotonic() - start
+    new_dirs = sorted(set(pipeline_root.glob(f"{TRAINING_PIPELINE_NAME}-*")) - before)
+    run_dir = new_dirs[-1] if new_dirs else None
+    results, reports = collect_outputs(run_dir, out / "reports")
+    return RunOutcome(not error, error, wall_s, run_dir, results, reports, dict(tap.task_errors))
+
+
+def _num(value: Any, digits: int) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "n/a"
+
+
+def _emit(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+def _summary(outcome: RunOutcome, created: list[str], leftover: list[str], log_path: Path) -> None:
+    from mnnvl.report import verify_table
+
+    state = "SUCCEEDED" if outcome.succeeded else f"FAILED ({outcome.error})"
+    _emit(f"\nmnnvl-training: {state} in {outcome.wall_s:.1f} s")
+    for stage, message in outcome.errors.items():
+        _emit(f"  {stage} failed: {message}")
+    _emit(f"\nObjects the run created ({len(created)}):")
+    for line in created:
+        _emit(f"  {line}")
+    train = outcome.results.get("train")
+    if train:
+        raw = train.get("raw") or {}
+        _emit("\nTraining:")
+        _emit(
+            f"  model {raw.get('model')} on {raw.get('world_size')} ranks ({raw.get('device')}): "
+            f"{train.get('steps')} steps, final loss {_num(train.get('final_loss'), 4)}, "
+            f"{_num(train.get('tokens_per_s'), 0)} tokens/s, MFU {_num(train.get('mfu'), 3)}, "
+            f"{_num(raw.get('wall_s'), 1)} s"
+        )
+    for purpose in ("verify-pre", "verify-post", "verify"):
+        result = outcome.results.get(purpose)
+        if result:
+            _emit(f"\nVerification ({purpose}): {result.get('verdict')}")
+            _emit(verify_table(result.get("raw") or {}))
+    _emit("\nReports:")
+    for purpose, path in outcome.reports.items():
+        _emit(f"  {purpose}: {path}")
+    if outcome.run_dir is not None:
+        _emit(f"  KFP artifacts: {outcome.run_dir}")
+    _emit(f"  kfp.local log: {log_path}")
+    if leftover:
+        _emit(f"\nTeardown LEFT {len(leftover)} object(s): {', '.join(leftover)}")
+    else:
+        _emit("\nTeardown: nothing of the run is left in the cluster.")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m mnnvl.pipelines.local_run", description=__doc__
+    )
+    parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=None, help="default: local GPUs / nodes, else 0"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
+    parser.add_argument(
+        "--min-busbw-gbps",
+        type=float,
+        default=0.0,
+        help="verification threshold in GB/s (0 = derived; 1e5 forces a FAIL verdict)",
+    )
+    parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    parser.add_argument("--verbose", action="store_true", help="show kfp.local's task logs")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from mnnvl.sim import SimCluster
+
+    gpus = args.gpus_per_node
+    if gpus is None:
+        gpus = local_gpu_count() // max(1, args.nodes)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log.info("starting a simulated cluster: %d nodes x %d GPUs", args.nodes, gpus)
+    sim = SimCluster(nodes=args.nodes, gpus_per_node=gpus).start()
+    start = time.monotonic()
+    try:
+        with (
+            _environ("KUBECONFIG", str(sim.kubeconfig_path)),
+            ObjectWatcher(sim, start=start) as watcher,
+        ):
+            arguments = pipeline_arguments(args, gpus)
+            outcome = run_pipeline(arguments, args.out, start=start, verbose=args.verbose)
+        run_ids = {str(r["run_id"]) for r in outcome.results.values() if r.get("run_id")}
+        leftover = [f"{k} {ns}/{n}" for k, ns, n in sim.objects()]
+        for run_id in sorted(run_ids):
+            selector = f"mnnvl.io/run-id={run_id}"
+            leftover += [f"{k} {ns}/{n}" for k, ns, n in sim.objects(label_selector=selector)]
+        _summary(outcome, watcher.created(), sorted(set(leftover)), args.out / "kfp-local.log")
+    finally:
+        sim.stop()
+    return 0 if outcome.succeeded and not leftover else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

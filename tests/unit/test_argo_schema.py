@@ -1,0 +1,185 @@
+"""The Argo WorkflowTemplate and Workflow validate STRICTLY against Argo's published schemas."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from mnnvl.pipelines import argo_workflow as aw
+
+SCHEMAS = ["schema.json", "schema-v4.0.10.json"]
+COMPILED = Path(aw.__file__).resolve().parent / "compiled"
+
+
+def strict_copy(schema: dict[str, Any]) -> dict[str, Any]:
+    """Copy of the schema where every object definition with ``properties`` rejects extras.
+
+    Definitions that already say something about ``additionalProperties`` (maps) or carry
+    ``x-kubernetes-preserve-unknown-fields`` (open objects) are left as they are.
+    """
+    strict = copy.deepcopy(schema)
+    for definition in strict["definitions"].values():
+        if "properties" not in definition or "additionalProperties" in definition:
+            continue
+        if definition.get("x-kubernetes-preserve-unknown-fields"):
+            continue
+        definition["additionalProperties"] = False
+    return strict
+
+
+@pytest.fixture(scope="module", params=SCHEMAS)
+def strict_validator(request: pytest.FixtureRequest, schema_dir: Path) -> Any:
+    schema = json.loads((schema_dir / "argo-workflows" / request.param).read_text())
+    return jsonschema.Draft202012Validator(strict_copy(schema))
+
+
+def _errors(validator: Any, doc: dict[str, Any]) -> list[str]:
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def test_workflow_template_validates_strictly(strict_validator: Any) -> None:
+    assert _errors(strict_validator, aw.workflow_template_manifest()) == []
+
+
+def test_workflow_validates_strictly(strict_validator: Any) -> None:
+    assert _errors(strict_validator, aw.workflow_manifest()) == []
+
+
+def test_compiled_argo_files_validate_strictly(strict_validator: Any) -> None:
+    for name in ("mnnvl-training.workflowtemplate.yaml", "mnnvl-training.workflow.yaml"):
+        doc = yaml.safe_load((COMPILED / name).read_text())
+        assert _errors(strict_validator, doc) == [], name
+
+
+def test_strict_schema_rejects_unknown_template_field(strict_validator: Any) -> None:
+    doc = aw.workflow_template_manifest()
+    doc["spec"]["templates"][0]["retryStrategyy"] = {"limit": "2"}
+    errors = _errors(strict_validator, doc)
+    assert errors, "a misspelled template field must be rejected"
+
+
+def test_strict_schema_rejects_unknown_container_field(strict_validator: Any) -> None:
+    doc = aw.workflow_template_manifest()
+    train = next(t for t in doc["spec"]["templates"] if t["name"] == "train")
+    train["container"]["imagePullPolcy"] = "Always"
+    assert _errors(strict_validator, doc)
+
+
+def test_strict_schema_still_accepts_maps(strict_validator: Any) -> None:
+    doc = aw.workflow_template_manifest()
+    doc["metadata"]["labels"]["example.com/any-key"] = "any-value"
+    assert _errors(strict_validator, doc) == []
+
+
+def test_plain_schema_misses_unknown_fields(schema_dir: Path) -> None:
+    # Why the strict copy exists: the published schema accepts typos.
+    schema = json.loads((schema_dir / "argo-workflows" / "schema.json").read_text())
+    doc = aw.workflow_template_manifest()
+    doc["spec"]["templates"][0]["retryStrategyy"] = {"limit": "2"}
+    assert _errors(jsonschema.Draft202012Validator(schema), doc) == []
+
+
+def test_retry_limits_are_strings_and_only_on_idempotent_steps() -> None:
+    templates = {t["name"]: t for t in aw.workflow_template_manifest()["spec"]["templates"]}
+    retried = {name for name, t in templates.items() if "retryStrategy" in t}
+    assert retried == {"provision", "teardown"}
+    for name in retried:
+        assert templates[name]["retryStrategy"]["limit"] == "2"
+        assert isinstance(templates[name]["retryStrategy"]["backoff"]["factor"], str)
+
+
+def test_exit_handler_tears_down() -> None:
+    spec = aw.workflow_template_manifest()["spec"]
+    assert spec["onExit"] == aw.EXIT_HANDLER
+    exit_dag = next(t for t in spec["templates"] if t["name"] == spec["onExit"])
+    assert [task["template"] for task in exit_dag["dag"]["tasks"]] == ["teardown"]
+
+
+def test_dag_runs_provision_verify_train_verify_in_order() -> None:
+    spec = aw.workflow_template_manifest()["spec"]
+    main = next(t for t in spec["templates"] if t["name"] == spec["entrypoint"])
+    tasks = {task["name"]: task for task in main["dag"]["tasks"]}
+    assert "depends" not in tasks["provision"]
+    assert tasks["verify-pre"]["depends"] == "provision"
+    assert tasks["train"]["depends"] == "verify-pre"
+    assert tasks["verify-post"]["depends"] == "train"
+    purposes = {
+        name: {p["name"]: p["value"] for p in tasks[name]["arguments"]["parameters"]}["purpose"]
+        for name in ("verify-pre", "verify-post")
+    }
+    assert purposes == {"verify-pre": "verify-pre", "verify-post": "verify-post"}
+
+
+def test_every_step_uses_workflow_uid_as_run_id_and_writes_result() -> None:
+    templates = aw.workflow_template_manifest()["spec"]["templates"]
+    containers = [t for t in templates if "container" in t]
+    assert {t["name"] for t in containers} == {"provision", "train", "verify", "teardown"}
+    for template in containers:
+        args = template["container"]["args"]
+        assert args[0] == template["name"]
+        assert args[args.index("--run-id") + 1] == "{{workflow.uid}}"
+        assert args[args.index("--result-path") + 1] == "/tmp/result.json"
+        (result,) = template["outputs"]["parameters"]
+        assert result["valueFrom"]["path"] == "/tmp/result.json"
+
+
+def test_long_steps_have_deadlines_and_service_account_is_a_parameter() -> None:
+    spec = aw.workflow_template_manifest()["spec"]
+    templates = {t["name"]: t for t in spec["templates"]}
+    for name in ("train", "verify"):
+        assert templates[name]["activeDeadlineSeconds"] == "{{inputs.parameters.deadline-s}}"
+    assert spec["serviceAccountName"] == "{{workflow.parameters.service-account}}"
+    params = {p["name"] for p in spec["arguments"]["parameters"]}
+    assert "service-account" in params
+
+
+def test_every_task_argument_names_a_template_input_or_workflow_parameter() -> None:
+    spec = aw.workflow_template_manifest()["spec"]
+    templates = {t["name"]: t for t in spec["templates"]}
+    params = {p["name"] for p in spec["arguments"]["parameters"]}
+    for dag in (t for t in spec["templates"] if "dag" in t):
+        for task in dag["dag"]["tasks"]:
+            inputs = {p["name"] for p in templates[task["template"]]["inputs"]["parameters"]}
+            for arg in task["arguments"]["parameters"]:
+                assert arg["name"] in inputs, (task["name"], arg["name"])
+                value = arg["value"]
+                if value.startswith("{{workflow.parameters."):
+                    assert value[len("{{workflow.parameters.") : -2] in params
+
+
+def test_workflow_references_the_template() -> None:
+    doc = aw.workflow_manifest()
+    assert doc["kind"] == "Workflow"
+    assert doc["spec"]["workflowTemplateRef"] == {"name": "mnnvl-training"}
+    assert doc["metadata"]["generateName"] == "mnnvl-training-"
+
+
+def _resolve(arg: str, defaults: dict[str, str]) -> str:
+    """Substitute what Argo would, using the template inputs' defaults."""
+    if arg.startswith("{{="):
+        name = arg.split("'")[1]
+        return f"--{name}" if defaults[name] == "true" else f"--no-{name}"
+    arg = arg.replace("{{workflow.uid}}", "0b7c0f4e-6d5c-4f7a-9d55-6f0e1f3c2a11")
+    for name, value in defaults.items():
+        arg = arg.replace(f"{{{{inputs.parameters.{name}}}}}", value)
+    return arg
+
+
+def test_template_commands_parse_with_the_cli() -> None:
+    from mnnvl.cli import build_parser
+
+    parser = build_parser()
+    for template in aw.workflow_template_manifest()["spec"]["templates"]:
+        if "container" not in template:
+            continue
+        defaults = {p["name"]: p.get("default", "") for p in template["inputs"]["parameters"]}
+        args = [_resolve(a, defaults) for a in template["container"]["args"]]
+        assert not any("{{" in a for a in args), args
+        ns = parser.parse_args(args)
+        assert ns.run_id == "0b7c0f4e-6d5c-4f7a-9d55-6f0e1f3c2a11"
+        assert ns.result_path == "/tmp/result.json"

@@ -1,0 +1,194 @@
+"""KFP components and pipelines: compile, round-trip through YAML, and carry the right wiring."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kfp import compiler, components, dsl
+from mnnvl.components import kfp_components as kc
+from mnnvl.pipelines import kfp_pipeline as kp
+
+from mnnvl import spec
+
+RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
+EXPECTED_OUTPUTS = {
+    "provision_domain": ({"Output"}, set()),
+    "train_sharded": (set(), {"metrics", "report", "result"}),
+    "verify_nvlink": (set(), {"metrics", "report", "result"}),
+    "teardown_domain": (set(), set()),
+}
+
+
+def _compile(func: Any, path: Path) -> list[dict[str, Any]]:
+    compiler.Compiler().compile(func, str(path))
+    return list(yaml.safe_load_all(path.read_text()))
+
+
+@pytest.fixture(scope="module")
+def training_ir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _compile(kp.training_pipeline, tmp_path_factory.mktemp("ir") / "t.yaml")[0]
+
+
+@pytest.fixture(scope="module")
+def verify_only_ir(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _compile(kp.verify_only_pipeline, tmp_path_factory.mktemp("ir") / "v.yaml")[0]
+
+
+def _all_tasks(ir: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    tasks = dict(ir["root"]["dag"]["tasks"])
+    for comp in ir["components"].values():
+        tasks.update(comp.get("dag", {}).get("tasks", {}))
+    return {name: t for name, t in tasks.items() if not name.startswith("exit-handler")}
+
+
+@pytest.mark.parametrize("name", sorted(kc.COMPONENTS))
+def test_component_round_trips_through_yaml(name: str, tmp_path: Path) -> None:
+    path = tmp_path / f"{name}.yaml"
+    compiler.Compiler().compile(kc.COMPONENTS[name], str(path))
+    loaded = components.load_component_from_file(str(path))
+    original = kc.COMPONENTS[name].component_spec
+    assert loaded.name == name.replace("_", "-")
+    assert set(loaded.component_spec.inputs or {}) == set(original.inputs or {})
+    params, artifacts = EXPECTED_OUTPUTS[name]
+    outputs = loaded.component_spec.outputs or {}
+    assert set(outputs) == params | artifacts
+    assert "run_id" in (loaded.component_spec.inputs or {})
+
+
+@pytest.mark.parametrize("name", sorted(kc.COMPONENTS))
+def test_checked_in_component_yaml_loads(name: str) -> None:
+    path = Path(kc.__file__).resolve().parent / f"{name}.yaml"
+    loaded = components.load_component_from_file(str(path))
+    assert loaded.name == name.replace("_", "-")
+
+
+@pytest.mark.parametrize("name", sorted(kc.COMPONENTS))
+def test_component_runs_in_launcher_image_without_pip(name: str, tmp_path: Path) -> None:
+    (ir,) = _compile(kc.COMPONENTS[name], tmp_path / "c.yaml")
+    (executor,) = ir["deploymentSpec"]["executors"].values()
+    container = executor["container"]
+    assert container["image"] == spec.DEFAULT_LAUNCHER_IMAGE
+    script = " ".join(container["command"])
+    assert "pip install" not in script
+    assert "from mnnvl import" in script
+
+
+def test_metrics_and_report_artifact_types(tmp_path: Path) -> None:
+    for name in ("train_sharded", "verify_nvlink"):
+        (ir,) = _compile(kc.COMPONENTS[name], tmp_path / f"{name}.yaml")
+        (comp,) = ir["components"].values()
+        artifacts = comp["outputDefinitions"]["artifacts"]
+        assert artifacts["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
+        assert artifacts["report"]["artifactType"]["schemaTitle"] == "system.HTML"
+
+
+def test_component_defaults_match_spec_defaults() -> None:
+    # Component defaults are literals (KFP embeds the source); keep them equal to spec's.
+    checks = [
+        (kc.train_sharded, spec.WorkloadSpec, spec.TrainConfig),
+        (kc.verify_nvlink, spec.WorkloadSpec, spec.VerifyConfig),
+    ]
+    for component, *classes in checks:
+        params = inspect.signature(component.python_func).parameters
+        for cls in classes:
+            defaults = {f.name: f for f in dataclasses.fields(cls)}
+            for pname, param in params.items():
+                field = defaults.get(pname)
+                if field is None or param.default is inspect.Parameter.empty:
+                    continue
+                if pname in {"nccl_profile", "job_timeout_s", "env", "purpose"}:
+                    continue  # deliberately step-specific, or a different representation
+                assert param.default == field.default, (component.name, pname)
+
+
+def test_caching_is_off_for_every_task(training_ir: dict[str, Any]) -> None:
+    tasks = _all_tasks(training_ir)
+    assert len(tasks) == 5
+    for name, task in tasks.items():
+        assert task["cachingOptions"] == {}, name
+
+
+def test_exit_handler_runs_teardown_after_everything(training_ir: dict[str, Any]) -> None:
+    root = training_ir["root"]["dag"]["tasks"]
+    teardown = root["teardown-domain"]
+    assert teardown["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert teardown["dependentTasks"] == ["exit-handler-1"]
+    assert root["exit-handler-1"]["taskInfo"]["name"] == "mnnvl-run"
+
+
+def test_run_id_placeholder_is_wired_into_every_task(training_ir: dict[str, Any]) -> None:
+    for name, task in _all_tasks(training_ir).items():
+        run_id = task["inputs"]["parameters"]["run_id"]
+        assert run_id["runtimeValue"]["constant"] == RUN_ID_PLACEHOLDER, name
+    assert dsl.PIPELINE_JOB_ID_PLACEHOLDER == RUN_ID_PLACEHOLDER
+
+
+def test_training_order_and_purposes(training_ir: dict[str, Any]) -> None:
+    tasks = _all_tasks(training_ir)
+    assert "dependentTasks" not in tasks["provision-domain"]
+    assert tasks["verify-nvlink"]["dependentTasks"] == ["provision-domain"]
+    assert tasks["train-sharded"]["dependentTasks"] == ["verify-nvlink"]
+    assert tasks["verify-nvlink-2"]["dependentTasks"] == ["train-sharded"]
+    purposes = {
+        tasks[n]["inputs"]["parameters"]["purpose"]["runtimeValue"]["constant"]
+        for n in ("verify-nvlink", "verify-nvlink-2")
+    }
+    assert purposes == {"verify-pre", "verify-post"}
+    names = {n: t["taskInfo"]["name"] for n, t in tasks.items()}
+    assert names["verify-nvlink"] == "verify-pre" and names["verify-nvlink-2"] == "verify-post"
+
+
+def test_only_idempotent_steps_retry(training_ir: dict[str, Any]) -> None:
+    retried = {n for n, t in _all_tasks(training_ir).items() if "retryPolicy" in t}
+    assert retried == {"provision-domain", "teardown-domain"}
+
+
+def test_pipeline_parameters_reach_the_tasks(training_ir: dict[str, Any]) -> None:
+    tasks = _all_tasks(training_ir)
+    inputs = training_ir["root"]["inputDefinitions"]["parameters"]
+    for param in (
+        "namespace",
+        "nodes",
+        "gpus_per_node",
+        "image",
+        "gpu_mode",
+        "model",
+        "steps",
+        "min_busbw_gbps",
+        "allocation_mode",
+        "train_timeout_s",
+        "checkpoint_dir",
+    ):
+        assert param in inputs, param
+
+    def source(task: str, name: str) -> str:
+        return tasks[task]["inputs"]["parameters"][name]["componentInputParameter"]
+
+    assert source("train-sharded", "model") == "pipelinechannel--model"
+    assert source("train-sharded", "job_timeout_s") == "pipelinechannel--train_timeout_s"
+    assert source("verify-nvlink", "min_busbw_gbps") == "pipelinechannel--min_busbw_gbps"
+    assert source("verify-nvlink-2", "job_timeout_s") == "pipelinechannel--verify_timeout_s"
+    assert source("provision-domain", "allocation_mode") == "pipelinechannel--allocation_mode"
+    assert tasks["teardown-domain"]["inputs"]["parameters"]["namespace"] == {
+        "componentInputParameter": "namespace"
+    }
+
+
+def test_exit_task_consumes_no_task_outputs(training_ir: dict[str, Any]) -> None:
+    params = training_ir["root"]["dag"]["tasks"]["teardown-domain"]["inputs"]["parameters"]
+    for value in params.values():
+        assert "taskOutputParameter" not in value
+
+
+def test_verify_only_pipeline_shape(verify_only_ir: dict[str, Any]) -> None:
+    tasks = _all_tasks(verify_only_ir)
+    assert set(tasks) == {"provision-domain", "verify-nvlink", "teardown-domain"}
+    root = verify_only_ir["root"]["dag"]["tasks"]
+    assert root["teardown-domain"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert all(t["cachingOptions"] == {} for t in tasks.values())
+    assert verify_only_ir["pipelineInfo"]["name"] == "mnnvl-verify-only"

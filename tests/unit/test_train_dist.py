@@ -1,0 +1,93 @@
+"""Two gloo processes under torchrun: learning, checkpoint/resume, and NaN fail-fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mnnvl.runtime.train import INJECT_NAN_ENV, main
+
+TINY = ["--model", "tiny", "--log-every", "2", "--lr", "3e-3", "--warmup-steps", "2"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(args: list[str], extra_env: dict[str, str] | None = None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(extra_env or {})}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        f"--master-port={_free_port()}", "-m", "mnnvl.runtime.train", *TINY, *args,
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, check=False)
+
+
+def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 1, proc.stdout
+    result: dict[str, Any] = json.loads(lines[0][len("RESULT ") :])
+    return result
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path]:
+    """Run 6 steps with checkpoints every 3, then the same directory again with 12 steps."""
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    flags = ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "3"]
+    first = _result(_torchrun(["--steps", "6", *flags]))
+    second = _result(_torchrun(["--steps", "12", *flags]))
+    return first, second, ckpt
+
+
+def test_two_rank_run_reports_the_contract_keys(two_runs) -> None:
+    first, _, ckpt = two_runs
+    assert first["kind"] == "train"
+    assert first["world_size"] == 2
+    assert first["device"] == "cpu"
+    assert first["mfu"] is None
+    assert first["steps"] == 6 and first["start_step"] == 0
+    assert first["params"] == 164160
+    assert first["tokens_per_s"] > 0
+    assert first["tokens_per_s_per_gpu"] == pytest.approx(first["tokens_per_s"] / 2)
+    assert first["checkpoint"] == str(ckpt / "step-6")
+    assert [s for s, _ in first["losses"]] == [1, 2, 4, 6]
+
+
+def test_loss_decreases_across_the_run_and_its_resume(two_runs) -> None:
+    first, second, _ = two_runs
+    losses = [loss for _, loss in first["losses"] + second["losses"]]
+    assert losses[-1] < losses[0] - 1.0
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    assert second["final_loss"] == losses[-1]
+
+
+def test_resume_starts_from_the_latest_checkpoint_and_keeps_two(two_runs) -> None:
+    _, second, ckpt = two_runs
+    assert second["start_step"] == 6
+    assert second["steps"] == 12
+    assert [s for s, _ in second["losses"]] == [7, 8, 10, 12]
+    assert second["checkpoint"] == str(ckpt / "step-12")
+    assert (ckpt / "latest").read_text().strip() == "step-12"
+    assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == ["step-12", "step-9"]
+
+
+def test_injected_nan_fails_every_rank_with_a_clear_message() -> None:
+    proc = _torchrun(["--steps", "8"], {INJECT_NAN_ENV: "3"})
+    assert proc.returncode != 0
+    assert "non-finite loss or gradient norm by step 4" in proc.stderr
+    assert "RESULT" not in proc.stdout
+
+
+def test_bad_flag_value_exits_with_the_input_error_code() -> None:
+    assert main(["--model", "huge"]) == 2
