@@ -1,0 +1,370 @@
+"""The HTTP front of the simulated cluster: Kubernetes REST paths, verbs, watches and Status errors.
+
+Served with the stdlib ``ThreadingHTTPServer`` on 127.0.0.1 (HTTP/1.1 keep-alive, chunked
+streams for watches and followed logs) so the unmodified ``kubernetes`` client works against it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from mnnvl.sim.admission import CD, DISCOVERY, default_on_create, validate
+from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
+from mnnvl.sim.store import RESOURCES, ApiError, Obj, Store, not_found
+
+log = logging.getLogger(__name__)
+
+
+class LogSource(Protocol):
+    def log_stream(
+        self,
+        ns: str,
+        name: str,
+        container: str | None,
+        follow: bool,
+        tail_lines: int | None,
+        stop: threading.Event,
+    ) -> Iterator[bytes]: ...
+
+
+class FaultHooks(Protocol):
+    def request_error(self, method: str, path: str) -> int | None: ...
+    def take_watch_expiry(self) -> bool: ...
+
+
+class ApiServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 512
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        store: Store,
+        faults: FaultHooks,
+        logs: LogSource | None = None,
+        crd_installed: Callable[[], bool] = lambda: True,
+    ) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.store, self.faults, self.logs, self.crd_installed = store, faults, logs, crd_installed
+        self.request_count = 0
+        self.counters: Counter[tuple[str, str]] = Counter()
+        self.stopping = threading.Event()
+        self._count_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def count(self, verb: str, resource: str) -> None:
+        with self._count_lock:
+            self.request_count += 1
+            self.counters[(verb, resource)] += 1
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ApiServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    # ----- plumbing --------------------------------------------------------------------
+    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, code: int, obj: Any) -> None:
+        self._send(code, json.dumps(obj).encode())
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise ApiError(400, "BadRequest", f"invalid JSON body: {e}") from e
+
+    def _handle(self, method: str) -> None:
+        url = urlsplit(self.path)
+        q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        parts = [p for p in url.path.split("/") if p]
+        try:
+            body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
+            code = self.server.faults.request_error(method, self.path)
+            if code is not None:
+                self.server.count(method, "fault")
+                reason = {
+                    409: "Conflict",
+                    429: "TooManyRequests",
+                    500: "InternalError",
+                    503: "ServiceUnavailable",
+                    404: "NotFound",
+                    403: "Forbidden",
+                }
+                raise ApiError(code, reason.get(code, "InternalError"), "injected fault")
+            self._route(method, parts, q, body)
+        except ApiError as e:
+            self._json(e.code, e.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _route(self, method: str, parts: list[str], q: dict[str, str], body: Any) -> None:
+        if parts in (["api"], ["apis"], ["version"]) or (
+            len(parts) in (2, 3)
+            and parts[0] in ("api", "apis")
+            and method == "GET"
+            and (len(parts) == 2) == (parts[0] == "api")
+        ):
+            self.server.count("GET", "discovery")
+            return self._json(200, self._discovery(parts))
+        if not parts or parts[0] not in ("api", "apis") or len(parts) < 3:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        group, version, rest = (
+            ("", parts[1], parts[2:]) if parts[0] == "api" else (parts[1], parts[2], parts[3:])
+        )
+        ns = ""
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in RESOURCES:
+            ns, rest = rest[1], rest[2:]
+        plural, name, sub = rest[0], (rest[1:2] or [""])[0], (rest[2:3] or [""])[0]
+        rt = RESOURCES.get(plural)
+        if (
+            rt is None
+            or (rt.group, rt.version) != (group, version)
+            or len(rest) > 3
+            or (plural == CD and not self.server.crd_installed())
+        ):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        label = f"{plural}/{sub}" if sub else plural
+        if method == "GET" and not name:
+            verb = "WATCH" if q.get("watch", "").lower() in ("true", "1") else "LIST"
+        else:
+            verb = "GET" if method == "GET" else method
+        self.server.count(verb, label)
+        if sub == "log" and plural == "pods" and method == "GET":
+            return self._logs(ns, name, q)
+        if sub and sub != "status":
+            raise ApiError(404, "NotFound", f"unknown subresource {sub}")
+        self._verb(verb, plural, ns, name, sub or None, q, body)
+
+    def _verb(
+        self,
+        verb: str,
+        plural: str,
+        ns: str,
+        name: str,
+        sub: str | None,
+        q: dict[str, str],
+        body: Any,
+    ) -> None:
+        store = self.server.store
+        if verb == "WATCH":
+            return self._watch(plural, ns or None, q)
+        if verb == "LIST":
+            match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"))
+            items, rv = store.list(plural, ns or None, match)
+            rt = RESOURCES[plural]
+            return self._json(
+                200,
+                {
+                    "kind": f"{rt.kind}List",
+                    "apiVersion": rt.api_version,
+                    "metadata": {"resourceVersion": str(rv)},
+                    "items": items,
+                },
+            )
+        if verb == "GET":
+            return self._json(200, store.get(plural, ns, name))
+        if verb == "POST":
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "body must be a JSON object")
+            body.setdefault("metadata", {})
+            if ns:
+                body["metadata"]["namespace"] = ns
+            default_on_create(plural, body)
+            validate(plural, body, None)
+            return self._json(201, store.create(plural, body))
+        if verb == "DELETE":
+            if not name:
+                return self._delete_collection(plural, ns, q)
+            policy = (body or {}).get("propagationPolicy") or q.get("propagationPolicy")
+            if (body or {}).get("orphanDependents") is True:
+                policy = "Orphan"
+            return self._json(200, store.delete(plural, ns, name, policy))
+        self._write(verb, plural, ns, name, sub, body)
+
+    def _write(
+        self, verb: str, plural: str, ns: str, name: str, sub: str | None, body: Any
+    ) -> None:
+        store = self.server.store
+        with store.lock:  # read-modify-write of one object must not interleave
+            old = store.get(plural, ns, name)
+            if verb == "PUT":
+                new = body if isinstance(body, dict) else {}
+            else:
+                ctype = (self.headers.get("Content-Type") or "").split(";")[0]
+                if ctype == "application/json-patch+json":
+                    new = json_patch(old, body or [])
+                else:
+                    new = merge_patch(old, body or {})
+            new.setdefault("metadata", {}).update(name=name)
+            if ns:
+                new["metadata"]["namespace"] = ns
+            if sub is None:
+                validate(plural, new, old)
+            result = store.update(plural, ns, name, new, sub)
+        self._json(200, result)
+
+    def _delete_collection(self, plural: str, ns: str, q: dict[str, str]) -> None:
+        store = self.server.store
+        match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"))
+        items, _ = store.list(plural, ns or None, match)
+        for obj in items:
+            meta = obj["metadata"]
+            store.delete(
+                plural, meta.get("namespace", ""), meta["name"], q.get("propagationPolicy")
+            )
+        rt = RESOURCES[plural]
+        self._json(
+            200,
+            {
+                "kind": f"{rt.kind}List",
+                "apiVersion": rt.api_version,
+                "metadata": {},
+                "items": items,
+            },
+        )
+
+    def _discovery(self, parts: list[str]) -> Obj:
+        if parts == ["version"]:
+            return {
+                "major": "1",
+                "minor": "34",
+                "gitVersion": "v1.34.0-mnnvl-sim",
+                "platform": "linux/amd64",
+            }
+        if parts == ["api"]:
+            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+        gvs = {
+            gv
+            for gv in DISCOVERY
+            if gv[0] and (gv[0] != "resource.nvidia.com" or self.server.crd_installed())
+        }
+        if parts == ["apis"]:
+            groups = [
+                {
+                    "name": g,
+                    "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                    "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
+                }
+                for g, v in sorted(gvs)
+            ]
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+        gv = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+        if gv not in DISCOVERY or (gv[0] and gv not in gvs):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": "/".join(p for p in gv if p),
+            "resources": DISCOVERY[gv],
+        }
+
+    # ----- streams ---------------------------------------------------------------------
+    def _start_stream(self, ctype: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _watch(self, plural: str, ns: str | None, q: dict[str, str]) -> None:
+        store = self.server.store
+        match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"))
+        timeout = float(q.get("timeoutSeconds") or 1800)
+        self._start_stream("application/json")
+        try:
+            if self.server.faults.take_watch_expiry():
+                raise ApiError(410, "Expired", "too old resource version (injected fault)")
+            sub = store.subscribe([plural], ns, q.get("resourceVersion"), match)
+        except ApiError as e:
+            self._chunk(json.dumps({"type": "ERROR", "object": e.status()}).encode() + b"\n")
+            self._chunk(b"")
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            while not self.server.stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    ev = sub.queue.get(timeout=min(left, 1.0))
+                except queue.Empty:
+                    continue
+                if ev is None:
+                    break
+                if match(ev.obj):
+                    line = json.dumps({"type": ev.type, "object": ev.obj}).encode() + b"\n"
+                    self._chunk(line)
+            self._chunk(b"")
+        finally:
+            store.unsubscribe(sub)
+
+    def _logs(self, ns: str, name: str, q: dict[str, str]) -> None:
+        pod = self.server.store.get("pods", ns, name)
+        if self.server.logs is None:
+            raise not_found("pods", name)
+        tail = int(q["tailLines"]) if q.get("tailLines") else None
+        stop = threading.Event()
+        stream = self.server.logs.log_stream(
+            ns,
+            pod["metadata"]["name"],
+            q.get("container"),
+            q.get("follow", "").lower() in ("true", "1"),
+            tail,
+            stop,
+        )
+        first = next(stream, None)  # errors (container not started) surface before headers
+        self._start_stream("text/plain")
+        try:
+            if first:
+                self._chunk(first)
+            for data in stream:
+                if self.server.stopping.is_set():
+                    break
+                if data:
+                    self._chunk(data)
+            self._chunk(b"")
+        finally:
+            stop.set()

@@ -1,0 +1,291 @@
+"""``SimCluster``: the store, API server, controllers and kubelet wired together, plus ``serve``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+import uuid
+from collections import Counter
+from types import FrameType, TracebackType
+from typing import Any
+
+from mnnvl.sim.apiserver import ApiServer
+from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
+from mnnvl.sim.faults import Faults
+from mnnvl.sim.jobs import JobController
+from mnnvl.sim.kubelet import Kubelet
+from mnnvl.sim.placement import GPU
+from mnnvl.sim.podenv import local_gpu_ids
+from mnnvl.sim.scheduler import Scheduler
+from mnnvl.sim.selectors import label_matcher
+from mnnvl.sim.store import Obj, Store
+
+log = logging.getLogger(__name__)
+CRD_NAME = "computedomains.resource.nvidia.com"
+OUR_KINDS = (
+    "computedomains",
+    "resourceclaimtemplates",
+    "resourceclaims",
+    "jobs",
+    "pods",
+    "services",
+)
+
+
+class SimCluster:
+    """A simulated Kubernetes cluster on 127.0.0.1 for the official ``kubernetes`` client."""
+
+    def __init__(
+        self,
+        nodes: int = 2,
+        gpus_per_node: int = 0,
+        cliques: int = 1,
+        imex_delay_s: float = 0.2,
+        local_gpus: list[Any] | None = None,
+        crd_installed: bool = True,
+        namespaces: tuple[str, ...] | list[str] = ("default",),
+        kubeconfig_path: str | None = None,
+    ) -> None:
+        if nodes < 1 or cliques < 1 or gpus_per_node < 0:
+            raise ValueError("need nodes >= 1, cliques >= 1, gpus_per_node >= 0")
+        self.nodes, self.gpus_per_node, self.cliques = nodes, gpus_per_node, cliques
+        self.crd_installed = crd_installed
+        self.namespaces = tuple(namespaces)
+        self.cluster_uuid = str(uuid.uuid4())
+        self.local_gpus = [str(g) for g in (local_gpu_ids() if local_gpus is None else local_gpus)]
+        self._own_kubeconfig = kubeconfig_path is None
+        self.kubeconfig_path = kubeconfig_path or os.path.join(
+            tempfile.mkdtemp(prefix="mnnvl-sim-"), "kubeconfig"
+        )
+        self.store = Store()
+        self.faults = Faults(imex_delay_s)
+        self.store.sticky = self.faults.is_sticky
+        self._server: ApiServer | None = None
+        self._parts: list[Any] = []
+        self._started = self._stopped = False
+
+    # ----- lifecycle -------------------------------------------------------------------
+    def start(self) -> SimCluster:
+        if self._started:
+            return self
+        self._started = True
+        self._seed()
+        driver = ComputeDomainDriver(self.store, self.faults)
+        kubelet = Kubelet(self.store, self.faults, driver, self.gpus_per_node, self.local_gpus)
+        self._kubelet = kubelet
+        self._parts = [
+            driver,
+            Scheduler(self.store, self.faults),
+            JobController(self.store),
+            kubelet,
+        ]
+        for part in self._parts:
+            part.start()
+        self._server = ApiServer(self.store, self.faults, kubelet, lambda: self.crd_installed)
+        threading.Thread(
+            target=self._server.serve_forever, name="sim-apiserver", daemon=True
+        ).start()
+        self._write_kubeconfig()
+        log.info("simulated cluster up at %s (%d nodes)", self.url, self.nodes)
+        return self
+
+    def stop(self) -> None:
+        """Kill pod processes, stop controllers and the server; safe to call twice."""
+        if not self._started or self._stopped:
+            return
+        self._stopped = True
+        if self._server is not None:
+            self._server.stopping.set()
+            self._server.shutdown()
+        for part in reversed(self._parts):
+            part.stop()
+        self.store.close()
+        if self._server is not None:
+            self._server.server_close()
+        if self._own_kubeconfig:
+            try:
+                os.remove(self.kubeconfig_path)
+                os.rmdir(os.path.dirname(self.kubeconfig_path))
+            except OSError as e:
+                log.debug("kubeconfig cleanup: %s", e)
+
+    def __enter__(self) -> SimCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _seed(self) -> None:
+        for ns in dict.fromkeys((*self.namespaces, "kube-system")):
+            self.store.create(
+                "namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}}
+            )
+        for i in range(self.nodes):
+            clique = f"{self.cluster_uuid}.{i * self.cliques // self.nodes}"
+            name = f"sim-node-{i}"
+            gpus = str(self.gpus_per_node)
+            self.store.create(
+                "nodes",
+                {
+                    "metadata": {
+                        "name": name,
+                        "labels": {
+                            "kubernetes.io/hostname": name,
+                            "kubernetes.io/os": "linux",
+                            LABEL_CLIQUE: clique,
+                            "nvidia.com/gpu.present": "true",
+                        },
+                    },
+                    "spec": {},
+                    "status": {
+                        "capacity": {GPU: gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
+                        "allocatable": {GPU: gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
+                        "conditions": [
+                            {"type": "Ready", "status": "True", "reason": "KubeletReady"}
+                        ],
+                        "addresses": [
+                            {"type": "InternalIP", "address": "127.0.0.1"},
+                            {"type": "Hostname", "address": name},
+                        ],
+                    },
+                },
+            )
+        if self.crd_installed:
+            self.store.create("customresourcedefinitions", _crd())
+
+    def _write_kubeconfig(self) -> None:
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "mnnvl-sim",
+            "clusters": [{"name": "mnnvl-sim", "cluster": {"server": self.url}}],
+            "users": [{"name": "mnnvl-sim", "user": {"token": "mnnvl-sim-token"}}],
+            "contexts": [
+                {
+                    "name": "mnnvl-sim",
+                    "context": {
+                        "cluster": "mnnvl-sim",
+                        "user": "mnnvl-sim",
+                        "namespace": self.namespaces[0],
+                    },
+                }
+            ],
+        }
+        tmp = self.kubeconfig_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(cfg, f, indent=1)  # JSON is valid YAML
+        os.replace(tmp, self.kubeconfig_path)
+
+    # ----- observation -----------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("SimCluster not started")
+        return self._server.url
+
+    @property
+    def request_count(self) -> int:
+        return self._server.request_count if self._server else 0
+
+    @property
+    def request_counts(self) -> Counter[tuple[str, str]]:
+        """Requests served per (verb, resource); verbs GET LIST WATCH POST PUT PATCH DELETE."""
+        return Counter(self._server.counters) if self._server else Counter()
+
+    def objects(self, label_selector: str | None = None) -> list[tuple[str, str, str]]:
+        """(kind, namespace, name) of every workload-side object that exists now."""
+        match = label_matcher(label_selector)
+        out = []
+        for plural in OUR_KINDS:
+            for o in self.store.list(plural)[0]:
+                if match(o["metadata"].get("labels") or {}):
+                    out.append(
+                        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+                    )
+        return out
+
+    @property
+    def events(self) -> list[Obj]:
+        return self.store.list("events")[0]
+
+    def pod_log(self, namespace: str, name: str) -> str:
+        """The captured output of a pod ("" before it started)."""
+        worker = self._kubelet.workers.get((namespace, name))
+        if worker is None or not os.path.exists(worker.log_path):
+            return ""
+        with open(worker.log_path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+
+def _crd() -> Obj:
+    return {
+        "metadata": {"name": CRD_NAME},
+        "spec": {
+            "group": "resource.nvidia.com",
+            "scope": "Namespaced",
+            "names": {
+                "plural": "computedomains",
+                "singular": "computedomain",
+                "kind": "ComputeDomain",
+                "listKind": "ComputeDomainList",
+            },
+            "versions": [
+                {"name": "v1beta1", "served": True, "storage": True, "subresources": {"status": {}}}
+            ],
+        },
+        "status": {
+            "conditions": [
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}
+            ],
+            "acceptedNames": {"plural": "computedomains", "kind": "ComputeDomain"},
+            "storedVersions": ["v1beta1"],
+        },
+    }
+
+
+def serve(
+    nodes: int = 2,
+    gpus_per_node: int = 0,
+    kubeconfig_path: str | None = None,
+    imex_delay_s: float = 0.2,
+) -> None:
+    """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line."""
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with SimCluster(
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            imex_delay_s=imex_delay_s,
+            kubeconfig_path=kubeconfig_path,
+        ) as sim:
+            print(sim.kubeconfig_path, flush=True)
+            print(
+                json.dumps(
+                    {
+                        "kubeconfig": sim.kubeconfig_path,
+                        "server": sim.url,
+                        "nodes": nodes,
+                        "gpus_per_node": gpus_per_node,
+                        "local_gpus": sim.local_gpus,
+                    }
+                ),
+                flush=True,
+            )
+            done.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

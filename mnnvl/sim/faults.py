@@ -1,0 +1,104 @@
+"""Fault injection for the simulated cluster (``SimCluster.faults``).
+
+Every fault is explicit and counted: request faults and watch expiries are consumed as they fire;
+pod faults ``Failed`` and ``CrashLoop`` hit the first pod of that Job index that starts, while
+``ImagePullBackOff`` and ``Unschedulable`` hold every pod of that index.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from mnnvl.sim.model import resolve_kind
+
+POD_MODES = ("Failed", "ImagePullBackOff", "Unschedulable", "CrashLoop")
+
+
+@dataclass
+class PodFault:
+    job_name: str
+    index: int
+    mode: str
+    exit_code: int
+
+
+class Faults:
+    def __init__(self, imex_delay_s: float = 0.2) -> None:
+        self._lock = threading.Lock()
+        self._requests: list[list] = []  # [method, path_substring, status, remaining]
+        self._watch_expiries = 0
+        self._pods: list[PodFault] = []
+        self._sticky: set[tuple[str, str]] = set()
+        self._no_rct: set[str] = set()
+        self.imex_delay_s = imex_delay_s
+
+    # ----- API requests ----------------------------------------------------------------
+    def fail_requests(self, method: str, path_substring: str, status: int, count: int = 1) -> None:
+        """The next ``count`` requests with this HTTP method whose path contains the substring
+        get ``status`` with a Status body."""
+        with self._lock:
+            self._requests.append([method.upper(), path_substring, int(status), int(count)])
+
+    def request_error(self, method: str, path: str) -> int | None:
+        with self._lock:
+            for rule in self._requests:
+                if rule[3] > 0 and rule[0] in (method, "*") and rule[1] in path:
+                    rule[3] -= 1
+                    return int(rule[2])
+        return None
+
+    def expire_watches(self, count: int = 1) -> None:
+        """The next ``count`` watch streams deliver one ERROR 410 Expired event and end."""
+        with self._lock:
+            self._watch_expiries += count
+
+    def take_watch_expiry(self) -> bool:
+        with self._lock:
+            if self._watch_expiries > 0:
+                self._watch_expiries -= 1
+                return True
+        return False
+
+    # ----- pods ------------------------------------------------------------------------
+    def fail_pod(
+        self, job_name: str, index: int = 0, mode: str = "Failed", exit_code: int = 1
+    ) -> None:
+        if mode not in POD_MODES:
+            raise ValueError(f"mode must be one of {POD_MODES}, got {mode!r}")
+        with self._lock:
+            self._pods.append(PodFault(job_name, index, mode, exit_code))
+
+    def pod_fault(
+        self, job_name: str | None, index: int | None, *modes: str, consume: bool = False
+    ) -> PodFault | None:
+        if job_name is None or index is None:
+            return None
+        with self._lock:
+            for f in self._pods:
+                if (f.job_name, f.index) == (job_name, index) and f.mode in modes:
+                    if consume:
+                        self._pods.remove(f)
+                    return f
+        return None
+
+    # ----- controller faults -----------------------------------------------------------
+    def stick_finalizer(self, kind: str, name: str) -> None:
+        """The object (kind "ComputeDomain" or a plural, and name) never loses its finalizers."""
+        with self._lock:
+            self._sticky.add((resolve_kind(kind), name))
+
+    def unstick_finalizer(self, kind: str, name: str) -> None:
+        with self._lock:
+            self._sticky.discard((resolve_kind(kind), name))
+
+    def is_sticky(self, resource: str, namespace: str, name: str) -> bool:
+        return (resource, name) in self._sticky
+
+    def no_rct(self, domain_name: str) -> None:
+        """The ComputeDomain controller never creates the channel template of this domain."""
+        with self._lock:
+            self._no_rct.add(domain_name)
+
+    def blocks_rct(self, domain_name: str) -> bool:
+        return domain_name in self._no_rct

@@ -1,0 +1,409 @@
+"""Simulated kubelet: runs each bound pod's first container as a local process.
+
+A pod stays Pending/ContainerCreating until its claims are prepared (a channel claim waits for
+the node's IMEX daemon, like the real plugin); then the container's command runs with
+``$(VAR)`` expansion, the current interpreter for ``python``/``python3``, cluster DNS names mapped
+to 127.0.0.1, ``MASTER_PORT`` set to a free local port per Service, and ``CUDA_VISIBLE_DEVICES``
+from the node's share of local GPUs. stdout+stderr go to a per-pod log file served by ``/log``.
+Deleting the pod kills its process group (SIGTERM, then SIGKILL after the grace period).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+from mnnvl.sim.dra import ComputeDomainDriver, PrepareError
+from mnnvl.sim.faults import Faults
+from mnnvl.sim.placement import GPU_CLASS, TERMINAL, claim_gpus, pod_gpus
+from mnnvl.sim.podenv import DNS_RE, expand, field_ref
+from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL
+from mnnvl.sim.store import ApiError, Obj, Store, now_iso, record_event
+
+log = logging.getLogger(__name__)
+MAX_GRACE_S = 5.0  # the simulator caps terminationGracePeriodSeconds to keep teardown quick
+
+
+class PodWorker:
+    """One pod's lifecycle on its node; its thread ends when the container has ended."""
+
+    def __init__(self, kubelet: Kubelet, pod: Obj) -> None:
+        self.k, self.pod = kubelet, pod
+        self.ns, self.name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        self.node = pod["spec"]["nodeName"]
+        self.container = (pod["spec"].get("containers") or [{}])[0]
+        self.cancel = threading.Event()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.workdir = tempfile.mkdtemp(prefix=f"sim-{self.name}-")
+        self.log_path = os.path.join(self.workdir, "container.log")
+        self.started = threading.Event()
+        self.finished = threading.Event()
+        self.claims: list[Obj] = []
+        self.restarts = 0
+        labels = pod["metadata"].get("labels") or {}
+        self.job, idx = labels.get(JOB_LABEL), labels.get(INDEX_LABEL)
+        self.index = int(idx) if idx is not None else None
+        self.thread = threading.Thread(target=self._run, name=f"sim-pod-{self.name}", daemon=True)
+
+    # ----- status helpers --------------------------------------------------------------
+    def _status(self, phase: str, state: Obj, ready: bool, last: Obj | None = None) -> None:
+        now = now_iso()
+        c = self.container
+        cs = {
+            "name": c.get("name", "main"),
+            "image": c.get("image", "sim"),
+            "imageID": f"sim://{c.get('image', 'sim')}",
+            "ready": ready,
+            "restartCount": self.restarts,
+            "started": "running" in state,
+            "state": state,
+            "lastState": last or {},
+        }
+        flags = {
+            "Initialized": True,
+            "ContainersReady": ready,
+            "Ready": ready,
+            "PodScheduled": True,
+        }
+
+        def write(o: Obj) -> None:
+            st = o.setdefault("status", {})
+            st.update(
+                phase=phase,
+                hostIP="127.0.0.1",
+                podIP="127.0.0.1",
+                podIPs=[{"ip": "127.0.0.1"}],
+                containerStatuses=[cs],
+            )
+            st.setdefault("startTime", now)
+            old = {x["type"]: x for x in st.get("conditions") or []}
+            conds = []
+            for t, v in flags.items():
+                prev = old.get(t)
+                val = "True" if v else "False"
+                if prev is not None and prev.get("status") == val:
+                    conds.append(prev)
+                else:
+                    conds.append(
+                        {"type": t, "status": val, "lastTransitionTime": now, "lastProbeTime": None}
+                    )
+            st["conditions"] = conds
+
+        self.k.store.mutate("pods", self.ns, self.name, write)
+
+    def _event(self, type_: str, reason: str, message: str) -> None:
+        record_event(self.k.store, self.pod, type_, reason, message, "kubelet")
+
+    # ----- lifecycle -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._lifecycle()
+        except Exception:
+            log.exception("kubelet: pod %s/%s failed", self.ns, self.name)
+        finally:
+            self.finished.set()
+            self._unprepare()
+
+    def _lifecycle(self) -> None:
+        waiting = {"waiting": {"reason": "ContainerCreating"}}
+        self._status("Pending", waiting, False)
+        image = self.container.get("image", "")
+        if self.k.faults.pod_fault(self.job, self.index, "ImagePullBackOff"):
+            self._event("Normal", "Pulling", f'Pulling image "{image}"')
+            self._event("Warning", "Failed", f'Failed to pull image "{image}": simulated fault')
+            self._status(
+                "Pending",
+                {
+                    "waiting": {
+                        "reason": "ImagePullBackOff",
+                        "message": f'Back-off pulling image "{image}"',
+                    }
+                },
+                False,
+            )
+            self.cancel.wait()
+            return
+        if not self._prepare():
+            return
+        self._event("Normal", "Pulled", f'Container image "{image}" already present on machine')
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        while not self.cancel.is_set():
+            code, started = self._run_container()
+            if code is None:
+                return
+            term = {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": started,
+                    "finishedAt": now_iso(),
+                }
+            }
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                self._unprepare()
+                self._status("Succeeded" if code == 0 else "Failed", term, False)
+                return
+            self.restarts += 1
+            backoff = min(0.2 * 2 ** (self.restarts - 1), 2.0)
+            self._event("Warning", "BackOff", "Back-off restarting failed container")
+            self._status("Running", {"waiting": {"reason": "CrashLoopBackOff"}}, False, term)
+            self.cancel.wait(backoff)
+
+    def _prepare(self) -> bool:
+        statuses = {
+            s["name"]: s.get("resourceClaimName")
+            for s in (self.pod.get("status") or {}).get("resourceClaimStatuses") or []
+        }
+        for entry in self.pod["spec"].get("resourceClaims") or []:
+            cname = statuses.get(entry["name"]) or entry.get("resourceClaimName")
+            claim = self.k.store.find("resourceclaims", self.ns, cname or "")
+            if claim is None:
+                self._event(
+                    "Warning", "FailedPrepareDynamicResources", f"resource claim {cname} not found"
+                )
+                return False
+            while True:
+                if claim not in self.claims:
+                    # recorded before prepare: a half-done prepare (node labelled, channel
+                    # taken) must be undone when the pod goes away while it waits for IMEX
+                    self.claims.append(claim)
+                try:
+                    self.k.driver.prepare(self.node, claim, self.cancel)
+                    break
+                except PrepareError as e:
+                    if self.cancel.is_set():
+                        return False
+                    self._event(
+                        "Warning",
+                        "FailedPrepareDynamicResources",
+                        f"Failed to prepare dynamic resources: {e}",
+                    )
+                    if self.cancel.wait(0.5):  # the real kubelet retries with back-off
+                        return False
+        return not self.cancel.is_set()
+
+    def _unprepare(self) -> None:
+        while self.claims:
+            self.k.driver.unprepare(self.node, self.claims.pop())
+
+    def _run_container(self) -> tuple[int | None, str]:
+        """Start the container once; return (exit code or None when cancelled, startedAt)."""
+        name = self.container.get("name", "main")
+        self._event("Normal", "Created", f"Created container {name}")
+        started = now_iso()
+        fault = self.k.faults.pod_fault(self.job, self.index, "Failed", "CrashLoop")
+        if fault is not None:
+            # "Failed" hits one attempt; "CrashLoop" keeps crashing every restart.
+            self.k.faults.pod_fault(self.job, self.index, "Failed", consume=True)
+            self._event("Normal", "Started", f"Started container {name}")
+            with open(self.log_path, "ab") as f:
+                f.write(f"simulated {fault.mode} fault: exit code {fault.exit_code}\n".encode())
+            self.started.set()
+            return fault.exit_code, started
+        try:
+            cmd, env = self.k.command_and_env(self.pod, self.container)
+            with open(self.log_path, "ab") as logf:
+                self.proc = subprocess.Popen(
+                    cmd,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=self.workdir,
+                    start_new_session=True,
+                )
+        except OSError as e:
+            self._event("Warning", "Failed", f"Error: failed to start container {name}: {e}")
+            with open(self.log_path, "ab") as f:
+                f.write(f"failed to start: {e}\n".encode())
+            self.started.set()
+            return 128, started
+        self.started.set()
+        self._event("Normal", "Started", f"Started container {name}")
+        self._status("Running", {"running": {"startedAt": started}}, True)
+        code = self.proc.wait()
+        if self.cancel.is_set():
+            return None, started
+        return (128 - code if code < 0 else code), started
+
+    def kill(self) -> None:
+        self.cancel.set()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        grace = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE_S)
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+class Kubelet:
+    def __init__(
+        self,
+        store: Store,
+        faults: Faults,
+        driver: ComputeDomainDriver,
+        gpus_per_node: int,
+        local_gpus: list[str],
+    ) -> None:
+        self.store, self.faults, self.driver = store, faults, driver
+        self.gpus_per_node, self.local_gpus = gpus_per_node, local_gpus
+        self.workers: dict[tuple[str, str], PodWorker] = {}
+        self._ports: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+        self._sub = store.subscribe(["pods"])
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sim-kubelet", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.store.unsubscribe(self._sub)
+        if self._thread:
+            self._thread.join(timeout=5)
+        with self._lock:
+            workers = list(self.workers.values())
+        killers = [threading.Thread(target=w.kill, daemon=True) for w in workers]
+        for t in killers:
+            t.start()
+        for t in killers:
+            t.join(timeout=MAX_GRACE_S + 6)
+        for w in workers:
+            shutil.rmtree(w.workdir, ignore_errors=True)
+
+    def _run(self) -> None:
+        while (ev := self._sub.queue.get()) is not None:
+            key = (ev.namespace, ev.obj["metadata"]["name"])
+            with self._lock:
+                worker = self.workers.get(key)
+                if (
+                    worker is not None
+                    and worker.pod["metadata"]["uid"] != ev.obj["metadata"]["uid"]
+                ):
+                    worker = None  # an older pod of the same name
+                if ev.type == "DELETED" or ev.obj["metadata"].get("deletionTimestamp"):
+                    if worker is not None:
+                        threading.Thread(
+                            target=self._remove, args=(key, worker), daemon=True
+                        ).start()
+                    continue
+                node = ev.obj["spec"].get("nodeName")
+                phase = (ev.obj.get("status") or {}).get("phase")
+                if worker is None and node and phase not in TERMINAL:
+                    worker = self.workers[key] = PodWorker(self, ev.obj)
+                    worker.thread.start()
+
+    def _remove(self, key: tuple[str, str], worker: PodWorker) -> None:
+        worker.kill()
+        worker.finished.wait(MAX_GRACE_S + 6)
+        with self._lock:
+            if self.workers.get(key) is worker:
+                del self.workers[key]
+        shutil.rmtree(worker.workdir, ignore_errors=True)
+
+    # ----- process environment ---------------------------------------------------------
+    def service_port(self, ns: str, service: str) -> int:
+        """A free local port, allocated once per Service (rendezvous of all its pods)."""
+        with self._lock:
+            if (ns, service) not in self._ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    self._ports[(ns, service)] = s.getsockname()[1]
+            return self._ports[(ns, service)]
+
+    def gpus_for(self, pod: Obj) -> str:
+        node = pod["spec"]["nodeName"]
+        suffix = node.rsplit("-", 1)[-1]
+        i, g = (int(suffix) if suffix.isdigit() else 0), self.gpus_per_node
+        want = pod_gpus(pod)
+        for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+            claim = self.store.find(
+                "resourceclaims", pod["metadata"]["namespace"], entry.get("resourceClaimName") or ""
+            )
+            want += claim_gpus(claim) if claim and GPU_CLASS in str(claim.get("spec")) else 0
+        if g <= 0 or want <= 0 or len(self.local_gpus) < (i + 1) * g:
+            return ""
+        return ",".join(self.local_gpus[i * g : (i + 1) * g][:want])
+
+    def command_and_env(self, pod: Obj, container: Obj) -> tuple[list[str], dict[str, str]]:
+        pod_env: dict[str, str] = {}
+        for e in container.get("env") or []:
+            ref = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+            pod_env[e["name"]] = (
+                field_ref(pod, ref) if ref else expand(str(e.get("value", "")), pod_env)
+            )
+        host = pod_env.get("MASTER_ADDR", "")
+        if host.endswith(".svc.cluster.local"):
+            parts = host.split(".")
+            if len(parts) >= 6:  # <pod-host>.<service>.<namespace>.svc.cluster.local
+                pod_env["MASTER_PORT"] = str(self.service_port(parts[-4], parts[-5]))
+        if "MASTER_ADDR" in pod_env:
+            pod_env["MASTER_ADDR"] = "127.0.0.1"
+        pod_env = {k: DNS_RE.sub("127.0.0.1", v) for k, v in pod_env.items()}
+        pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
+        pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
+        cmd = [
+            expand(str(a), pod_env)
+            for a in (container.get("command") or []) + (container.get("args") or [])
+        ]
+        if cmd and re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(cmd[0])):
+            cmd[0] = sys.executable
+        if not cmd:
+            raise OSError("container has no command (the simulator has no images)")
+        return cmd, {**os.environ, **pod_env}
+
+    # ----- logs ------------------------------------------------------------------------
+    def log_stream(
+        self,
+        ns: str,
+        name: str,
+        container: str | None,
+        follow: bool,
+        tail_lines: int | None,
+        stop: threading.Event,
+    ) -> Iterator[bytes]:
+        with self._lock:
+            worker = self.workers.get((ns, name))
+        if worker is None or not worker.started.is_set():
+            cname = container or "main"
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'container "{cname}" in pod "{name}" is waiting to start: ContainerCreating',
+            )
+        if container and container != worker.container.get("name"):
+            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
+        with open(worker.log_path, "rb") as f:
+            data = f.read()
+            if tail_lines is not None:
+                lines = data.splitlines(keepends=True)
+                data = b"".join(lines[-tail_lines:]) if tail_lines > 0 else b""
+            yield data
+            while follow and not stop.is_set():
+                more = f.read()
+                if more:
+                    yield more
+                elif worker.finished.is_set() or (
+                    worker.proc is not None and worker.proc.poll() is not None
+                ):
+                    yield f.read()
+                    return
+                else:
+                    time.sleep(0.05)  # file tail on the server side; clients never poll

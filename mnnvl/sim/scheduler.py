@@ -1,0 +1,290 @@
+"""Pod scheduler and ResourceClaim controller of the simulated cluster.
+
+Claims: each ``pod.spec.resourceClaims[].resourceClaimTemplateName`` becomes a ResourceClaim
+``<pod>-<claim>-<5 chars>`` owned by the pod (a missing template leaves the pod Pending with a
+``FailedResourceClaimCreation`` Event). Scheduling filters: nodeSelector, required node affinity,
+``nvidia.com/gpu`` limits (and ``gpu.nvidia.com`` claim counts) against allocatable, one
+``channel-0`` per node, required pod (anti-)affinity by topologyKey. The first fitting node in
+name order wins. Event-driven: a pending pod is retried whenever pods, nodes or templates change.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import string
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mnnvl.sim.dra import channel_domain
+from mnnvl.sim.faults import Faults
+from mnnvl.sim.placement import GPU_CLASS, TERMINAL, Context
+from mnnvl.sim.store import ApiError, Obj, Store, clone, now_iso, record_event
+
+log = logging.getLogger(__name__)
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+JOB_LABEL = "batch.kubernetes.io/job-name"
+
+
+def rand5() -> str:
+    return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
+
+
+class Scheduler:
+    def __init__(self, store: Store, faults: Faults) -> None:
+        self.store, self.faults = store, faults
+        self._sub = store.subscribe(["pods", "nodes", "resourceclaimtemplates"])
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sim-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.store.unsubscribe(self._sub)
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while (ev := self._sub.queue.get()) is not None:
+            released = ev.resource == "pods" and (
+                ev.type == "DELETED" or (ev.obj.get("status") or {}).get("phase") in TERMINAL
+            )
+            while not self._sub.queue.empty():  # batch a burst of events into one pass
+                nxt = self._sub.queue.get()
+                if nxt is None:
+                    return
+                released = released or (
+                    nxt.resource == "pods"
+                    and (
+                        nxt.type == "DELETED"
+                        or (nxt.obj.get("status") or {}).get("phase") in TERMINAL
+                    )
+                )
+            try:
+                if released:
+                    self._release_claims()
+                self._schedule_pending()
+            except Exception:
+                log.exception("scheduler pass failed")
+
+    # ----- claims ----------------------------------------------------------------------
+    def _release_claims(self) -> None:
+        """Deallocate claims whose consuming pods have ended or gone (frees channel-0)."""
+        live = {
+            p["metadata"]["uid"]
+            for p in self.store.list("pods")[0]
+            if (p.get("status") or {}).get("phase") not in TERMINAL
+        }
+        for claim in self.store.list("resourceclaims")[0]:
+            st = claim.get("status") or {}
+            users = [r for r in st.get("reservedFor") or [] if r.get("uid") in live]
+            if st.get("allocation") and not users:
+                self.store.mutate(
+                    "resourceclaims",
+                    claim["metadata"]["namespace"],
+                    claim["metadata"]["name"],
+                    lambda o: o.__setitem__("status", {}),
+                )
+
+    def _ensure_claims(self, pod: Obj) -> list[Obj] | None:
+        """Create the pod's claims from templates; None while some template is missing."""
+        ns, pname = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        statuses = {
+            s["name"]: s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        }
+        claims: list[Obj] = []
+        for entry in pod["spec"].get("resourceClaims") or []:
+            cname = statuses.get(entry["name"]) or entry.get("resourceClaimName")
+            if cname is None and entry.get("resourceClaimTemplateName"):
+                cname = self._claim_from_template(pod, entry)
+                if cname is None:
+                    return None
+                statuses[entry["name"]] = cname
+                new_statuses = [{"name": k, "resourceClaimName": v} for k, v in statuses.items()]
+                self.store.mutate(
+                    "pods", ns, pname, _setter("status", new_statuses, "resourceClaimStatuses")
+                )
+            claim = self.store.find("resourceclaims", ns, cname or "")
+            if claim is None:
+                return None
+            claims.append(claim)
+        return claims
+
+    def _claim_from_template(self, pod: Obj, entry: Obj) -> str | None:
+        ns, tname = pod["metadata"]["namespace"], entry["resourceClaimTemplateName"]
+        rct = self.store.find("resourceclaimtemplates", ns, tname)
+        if rct is None or rct["metadata"].get("deletionTimestamp"):
+            record_event(
+                self.store,
+                pod,
+                "Warning",
+                "FailedResourceClaimCreation",
+                f"PodResourceClaim {entry['name']}: resource claim template "
+                f'"{tname}": resourceclaimtemplate.resource.k8s.io "{tname}" not found',
+                "resource_claim",
+            )
+            return None
+        tspec = rct.get("spec") or {}
+        name = f"{pod['metadata']['name']}-{entry['name']}-{rand5()}"
+        tmeta = tspec.get("metadata") or {}
+        self.store.create(
+            "resourceclaims",
+            {
+                "metadata": {
+                    "name": name,
+                    "namespace": ns,
+                    "labels": tmeta.get("labels") or {},
+                    "annotations": {
+                        **(tmeta.get("annotations") or {}),
+                        "resource.kubernetes.io/pod-claim-name": entry["name"],
+                    },
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": pod["metadata"]["name"],
+                            "uid": pod["metadata"]["uid"],
+                            "controller": True,
+                            "blockOwnerDeletion": True,
+                        }
+                    ],
+                },
+                "spec": clone(tspec.get("spec") or {}),
+            },
+        )
+        return name
+
+    # ----- scheduling ------------------------------------------------------------------
+    def _schedule_pending(self) -> None:
+        pods, _ = self.store.list(
+            "pods",
+            None,
+            lambda o: not o["spec"].get("nodeName") and not o["metadata"].get("deletionTimestamp"),
+        )
+        for pod in pods:
+            claims = self._ensure_claims(pod)
+            if claims is not None:
+                self._schedule(pod, claims)
+
+    def _schedule(self, pod: Obj, claims: list[Obj]) -> None:
+        nodes = sorted(
+            self.store.list("nodes")[0], key=lambda n: _node_order(n["metadata"]["name"])
+        )
+        labels = pod["metadata"].get("labels") or {}
+        index = labels.get(INDEX_LABEL)
+        fault = self.faults.pod_fault(
+            labels.get(JOB_LABEL), int(index) if index else None, "Unschedulable"
+        )
+        reasons: dict[str, int] = {}
+        chosen = None
+        if fault is not None:
+            reasons["node(s) were unschedulable (simulated fault)"] = len(nodes)
+        else:
+            ctx = Context(self.store, pod, claims, nodes)
+            for node in nodes:
+                why = ctx.misfit(node)
+                if why is None:
+                    chosen = node
+                    break
+                reasons[why] = reasons.get(why, 0) + 1
+        if chosen is not None:
+            self._bind(pod, claims, chosen["metadata"]["name"])
+            return
+        msg = (
+            f"0/{len(nodes)} nodes are available: "
+            + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+            + "."
+        )
+        cond = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": msg,
+            "lastTransitionTime": now_iso(),
+            "lastProbeTime": None,
+        }
+        _set_condition_on(self.store, pod, cond)
+        record_event(self.store, pod, "Warning", "FailedScheduling", msg, "default-scheduler")
+
+    def _bind(self, pod: Obj, claims: list[Obj], node: str) -> None:
+        ns, name, uid = (
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            pod["metadata"]["uid"],
+        )
+        for claim in claims:
+            device = "channel-0" if channel_domain(claim) is not None else "gpu"
+            driver = "compute-domain.nvidia.com" if device == "channel-0" else GPU_CLASS
+            status = {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {"request": r["name"], "driver": driver, "pool": node, "device": device}
+                            for r in (claim.get("spec") or {}).get("devices", {}).get("requests")
+                            or []
+                        ]
+                    }
+                },
+                "reservedFor": [{"resource": "pods", "name": name, "uid": uid}],
+            }
+            self.store.mutate(
+                "resourceclaims", ns, claim["metadata"]["name"], _setter("status", status)
+            )
+        try:
+            bound = self.store.mutate(
+                "pods", ns, name, lambda o: o["spec"].__setitem__("nodeName", node)
+            )
+        except ApiError as e:
+            log.debug("bind %s failed: %s", name, e)
+            return
+        if bound is None:
+            return
+        cond = {
+            "type": "PodScheduled",
+            "status": "True",
+            "lastTransitionTime": now_iso(),
+            "lastProbeTime": None,
+        }
+        _set_condition_on(self.store, bound, cond)
+        record_event(
+            self.store,
+            bound,
+            "Normal",
+            "Scheduled",
+            f"Successfully assigned {ns}/{name} to {node}",
+            "default-scheduler",
+        )
+
+
+def _setter(key: str, value: Any, sub: str | None = None) -> Callable[[Obj], None]:
+    """A mutate function setting o[key] = value, or o[key][sub] = value."""
+
+    def fn(o: Obj) -> None:
+        if sub is None:
+            o[key] = value
+        else:
+            o.setdefault(key, {})[sub] = value
+
+    return fn
+
+
+def _node_order(name: str) -> tuple[str, int]:
+    base, _, num = name.rpartition("-")
+    return (base, int(num)) if num.isdigit() else (name, 0)
+
+
+def _set_condition_on(store: Store, pod: Obj, cond: Obj) -> None:
+    def write(o: Obj) -> bool:
+        conds = o.setdefault("status", {}).setdefault("conditions", [])
+        old = next((c for c in conds if c["type"] == cond["type"]), None)
+        if old is not None and all(
+            old.get(k) == cond.get(k) for k in ("status", "reason", "message")
+        ):
+            return False
+        o["status"]["conditions"] = [c for c in conds if c["type"] != cond["type"]] + [cond]
+        return True
+
+    store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], write)

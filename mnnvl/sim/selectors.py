@@ -1,0 +1,128 @@
+"""Label and field selectors, JSON merge patch and JSON patch, as the API server applies them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from mnnvl.sim.store import ApiError, Obj, clone
+
+_SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_terms(text: str) -> list[str]:
+    """Split on commas that are not inside parentheses."""
+    terms: list[str] = []
+    depth, cur = 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            terms.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    terms.append(cur)
+    return [t.strip() for t in terms if t.strip()]
+
+
+Labels = dict[str, str]
+
+
+def _label_check(term: str) -> Callable[[Labels], bool]:
+    m = _SET_RE.match(term)
+    if m:
+        key, vals = m.group(1), {v.strip() for v in m.group(3).split(",")}
+        positive = m.group(2) == "in"
+        return lambda lb: (lb.get(key) in vals) == positive
+    if "!=" in term:
+        key, val = (x.strip() for x in term.split("!=", 1))
+        return lambda lb: lb.get(key) != val
+    if "=" in term:
+        key, val = (x.strip() for x in term.replace("==", "=").split("=", 1))
+        return lambda lb: lb.get(key) == val
+    if term.startswith("!"):
+        absent = term[1:].strip()
+        return lambda lb: absent not in lb
+    if re.fullmatch(r"[A-Za-z0-9./_-]+", term):
+        return lambda lb: term in lb
+    raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
+
+
+def label_matcher(selector: str | None) -> Callable[[Labels], bool]:
+    """Parse ``a=b,c!=d,e in (x,y),f notin (z),g,!h`` into a predicate over a label dict."""
+    checks = [_label_check(t) for t in _split_terms(selector or "")]
+    return lambda labels: all(c(labels) for c in checks)
+
+
+def _field(obj: Obj, path: str) -> str:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return "" if cur is None else str(cur)
+
+
+def field_matcher(selector: str | None) -> Callable[[Obj], bool]:
+    """``metadata.name=x,status.phase!=Running`` (any dotted path, = / == / !=)."""
+    checks = [_field_check(t) for t in _split_terms(selector or "")]
+    return lambda obj: all(c(obj) for c in checks)
+
+
+def _field_check(term: str) -> Callable[[Obj], bool]:
+    neg = "!=" in term
+    path, sep, val = term.replace("!=", "=").replace("==", "=").partition("=")
+    if not sep:
+        raise ApiError(400, "BadRequest", f"invalid field selector: {term!r}")
+    p, v = path.strip(), val.strip()
+    return lambda o: (_field(o, p) == v) != neg
+
+
+def object_matcher(label_selector: str | None, field_selector: str | None) -> Callable[[Obj], bool]:
+    lm, fm = label_matcher(label_selector), field_matcher(field_selector)
+    return lambda o: lm(o.get("metadata", {}).get("labels") or {}) and fm(o)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (also used for strategic merge patches: lists replace)."""
+    if not isinstance(patch, dict):
+        return clone(patch)
+    result = clone(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = merge_patch(result.get(k), v)
+    return result
+
+
+def json_patch(target: Obj, ops: list[Obj]) -> Obj:
+    """RFC 6902 subset: add, remove, replace, test."""
+    doc = clone(target)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent: Any = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        last = parts[-1]
+        kind = op["op"]
+        try:
+            if isinstance(parent, list):
+                idx = len(parent) if last == "-" else int(last)
+                if kind == "add":
+                    parent.insert(idx, op["value"])
+                elif kind == "remove":
+                    parent.pop(idx)
+                elif kind == "replace":
+                    parent[idx] = op["value"]
+                elif kind == "test" and parent[idx] != op["value"]:
+                    raise ApiError(422, "Invalid", f"test failed at {op['path']}")
+            elif kind in ("add", "replace"):
+                parent[last] = op["value"]
+            elif kind == "remove":
+                del parent[last]
+            elif kind == "test" and parent.get(last) != op["value"]:
+                raise ApiError(422, "Invalid", f"test failed at {op['path']}")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ApiError(422, "Invalid", f"json patch {kind} {op['path']}: {e}") from e
+    return doc

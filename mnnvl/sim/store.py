@@ -1,0 +1,390 @@
+"""In-memory object store of the simulated cluster: resourceVersion, finalizers, GC, watch fan-out.
+
+One lock guards everything; every change gets the next global resourceVersion, is kept in a
+bounded history (so watches can resume from a resourceVersion, or get 410 Expired when it is
+older than the history) and is pushed to every subscribed queue. Controllers and HTTP watches
+both consume these queues, so nothing in the simulator polls the store.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import queue
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mnnvl.sim.model import RESOURCES, ApiError, Key, Obj, clone, not_found, now_iso
+
+__all__ = ["RESOURCES", "ApiError", "Obj", "Store", "clone", "not_found", "now_iso", "record_event"]
+
+
+@dataclass
+class WatchEvent:
+    rv: int
+    resource: str
+    namespace: str
+    type: str  # ADDED | MODIFIED | DELETED
+    obj: Obj  # never mutated after the event is made
+
+
+@dataclass
+class Subscription:
+    resources: frozenset[str]
+    namespace: str | None
+    queue: queue.SimpleQueue[WatchEvent | None] = field(default_factory=queue.SimpleQueue)
+
+    def wants(self, ev: WatchEvent) -> bool:
+        return ev.resource in self.resources and self.namespace in (None, ev.namespace)
+
+
+class Store:
+    """Objects keyed by (plural, namespace, name); all methods are thread-safe."""
+
+    def __init__(self, history: int = 10000) -> None:
+        self.lock = threading.RLock()
+        self._objs: dict[Key, Obj] = {}
+        self._uids: dict[str, Key] = {}
+        self._rv = 0
+        self._history: deque[WatchEvent] = deque()
+        self._history_max = history
+        self._floor = 0  # events with rv <= floor are no longer retained
+        self._subs: list[Subscription] = []
+        self.sticky: Callable[[str, str, str], bool] = lambda resource, ns, name: False
+        self.closed = False
+
+    # ----- reads -------------------------------------------------------------------------
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def get(self, resource: str, ns: str, name: str) -> Obj:
+        with self.lock:
+            obj = self._objs.get((resource, ns, name))
+            if obj is None:
+                raise not_found(resource, name)
+            return clone(obj)
+
+    def find(self, resource: str, ns: str, name: str) -> Obj | None:
+        try:
+            return self.get(resource, ns, name)
+        except ApiError:
+            return None
+
+    def list(
+        self, resource: str, ns: str | None = None, match: Callable[[Obj], bool] | None = None
+    ) -> tuple[builtins.list[Obj], int]:
+        with self.lock:
+            items = [
+                clone(o)
+                for (r, n, _), o in sorted(self._objs.items())
+                if r == resource and ns in (None, n) and (match is None or match(o))
+            ]
+            return items, self._rv
+
+    def exists_uid(self, uid: str) -> bool:
+        with self.lock:
+            return uid in self._uids
+
+    # ----- writes ------------------------------------------------------------------------
+    def create(self, resource: str, obj: Obj) -> Obj:
+        rt = RESOURCES[resource]
+        obj = clone(obj)
+        meta = obj.setdefault("metadata", {})
+        ns = meta.get("namespace", "") if rt.namespaced else ""
+        with self.lock:
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            name = meta.get("name")
+            if not name:
+                raise ApiError(
+                    422, "Invalid", f"{rt.kind} is invalid: metadata.name: Required value"
+                )
+            if rt.namespaced:
+                meta["namespace"] = ns = ns or "default"
+                if ("namespaces", "", ns) not in self._objs:
+                    raise not_found("namespaces", ns)
+            key = (resource, ns, name)
+            if key in self._objs:
+                raise ApiError(
+                    409,
+                    "AlreadyExists",
+                    f'{resource} "{name}" already exists',
+                    {"name": name, "group": rt.group, "kind": resource},
+                )
+            obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
+            for k in ("deletionTimestamp", "resourceVersion"):
+                meta.pop(k, None)
+            self._objs[key] = obj
+            self._uids[meta["uid"]] = key
+            self._emit("ADDED", key, obj)
+            return clone(obj)
+
+    def update(
+        self, resource: str, ns: str, name: str, new: Obj, subresource: str | None = None
+    ) -> Obj:
+        """PUT semantics: server-owned metadata is kept; status only through ``/status``."""
+        with self.lock:
+            key = (resource, ns, name)
+            old = self._objs.get(key)
+            if old is None:
+                raise not_found(resource, name)
+            want_rv = new.get("metadata", {}).get("resourceVersion")
+            check_rv = True
+            if check_rv and want_rv and want_rv != old["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f"Operation cannot be fulfilled on {resource} "
+                    f'"{key[2]}": the object has been modified; please apply your '
+                    "changes to the latest version and try again",
+                )
+            return self._replace(key, old, clone(new), subresource)
+
+    def mutate(
+        self,
+        resource: str,
+        ns: str,
+        name: str,
+        fn: Callable[[Obj], Any],
+        subresource: str | None = "all",
+    ) -> Obj | None:
+        """Controller read-modify-write under the lock; returns None when the object is gone."""
+        with self.lock:
+            key = (resource, ns, name)
+            old = self._objs.get(key)
+            if old is None:
+                return None
+            new = clone(old)
+            if fn(new) is False:
+                return clone(old)
+            return self._replace(key, old, new, subresource)
+
+    def _replace(self, key: Key, old: Obj, new: Obj, subresource: str | None) -> Obj:
+        rt = RESOURCES[key[0]]
+        if subresource == "status":
+            merged = clone(old)
+            if "status" in new:
+                merged["status"] = new["status"]
+            new = merged
+        elif subresource is None and rt.status_subresource:
+            new.pop("status", None)
+            if "status" in old:
+                new["status"] = clone(old["status"])
+        meta, old_meta = new.setdefault("metadata", {}), old["metadata"]
+        for k in (
+            "uid",
+            "creationTimestamp",
+            "namespace",
+            "name",
+            "deletionTimestamp",
+            "generation",
+        ):
+            if k in old_meta:
+                meta[k] = old_meta[k]
+            else:
+                meta.pop(k, None)
+        new["apiVersion"], new["kind"] = rt.api_version, rt.kind
+        if self.sticky(key[0], key[1], key[2]):
+            # A stuck finalizer (fault injection) can never be removed.
+            meta["finalizers"] = list(
+                dict.fromkeys((meta.get("finalizers") or []) + (old_meta.get("finalizers") or []))
+            )
+        if not meta.get("finalizers"):
+            meta.pop("finalizers", None)
+        strip = ("metadata", "status", "apiVersion", "kind")
+        if {k: v for k, v in new.items() if k not in strip} != {
+            k: v for k, v in old.items() if k not in strip
+        }:
+            meta["generation"] = old_meta.get("generation", 1) + 1
+        meta.pop("resourceVersion", None)
+        if new == {
+            **old,
+            "metadata": {k: v for k, v in old_meta.items() if k != "resourceVersion"},
+        }:
+            return clone(old)  # no-op writes do not bump the resourceVersion
+        self._objs[key] = new
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._remove(key)
+        else:
+            self._emit("MODIFIED", key, new)
+        return clone(new)
+
+    def delete(self, resource: str, ns: str, name: str, propagation: str | None = None) -> Obj:
+        with self.lock:
+            key = (resource, ns, name)
+            obj = self._objs.get(key)
+            if obj is None:
+                raise not_found(resource, name)
+            # batch/v1 Jobs orphan their pods unless asked otherwise, like the real API server.
+            policy = propagation or ("Orphan" if resource == "jobs" else "Background")
+            uid = obj["metadata"]["uid"]
+            if policy == "Orphan":
+                self._orphan(uid)
+            elif policy == "Foreground":
+                for dep in self._dependents(uid):
+                    if dep in self._objs:
+                        self.delete(dep[0], dep[1], dep[2], "Foreground")
+            if resource == "namespaces":
+                for dep in [k for k in self._objs if k[1] == name and k[0] != "namespaces"]:
+                    if dep in self._objs:
+                        self._remove(dep)
+            if obj["metadata"].get("finalizers"):
+                if not obj["metadata"].get("deletionTimestamp"):
+                    obj = clone(obj)
+                    obj["metadata"]["deletionTimestamp"] = now_iso()
+                    obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                    self._objs[key] = obj
+                    self._emit("MODIFIED", key, obj)
+                return clone(obj)
+            self._remove(key)
+            return clone(obj)
+
+    def _remove(self, key: Key) -> None:
+        obj = self._objs.pop(key)
+        self._uids.pop(obj["metadata"]["uid"], None)
+        self._emit("DELETED", key, obj)
+        self._collect(obj["metadata"]["uid"])
+
+    def _dependents(self, uid: str) -> builtins.list[Key]:
+        return [
+            k
+            for k, o in self._objs.items()
+            if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
+        ]
+
+    def _collect(self, uid: str) -> None:
+        """Garbage collection: delete dependents whose owners are all gone."""
+        for dep in self._dependents(uid):
+            if dep not in self._objs:
+                continue
+            refs = self._objs[dep]["metadata"].get("ownerReferences") or []
+            if not any(r.get("uid") in self._uids for r in refs):
+                self.delete(dep[0], dep[1], dep[2], "Background")
+
+    def _orphan(self, uid: str) -> None:
+        for dep in self._dependents(uid):
+            self.mutate(
+                dep[0],
+                dep[1],
+                dep[2],
+                lambda o: o["metadata"].__setitem__(
+                    "ownerReferences",
+                    [r for r in o["metadata"]["ownerReferences"] if r.get("uid") != uid],
+                ),
+            )
+
+    # ----- watch -------------------------------------------------------------------------
+    def _emit(self, type_: str, key: Key, obj: Obj) -> None:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        ev = WatchEvent(self._rv, key[0], key[1], type_, clone(obj))
+        self._history.append(ev)
+        while len(self._history) > self._history_max:
+            self._floor = self._history.popleft().rv
+        for sub in self._subs:
+            if sub.wants(ev):
+                sub.queue.put(ev)
+
+    def subscribe(
+        self,
+        resources: Iterable[str],
+        namespace: str | None = None,
+        since: str | None = None,
+        match: Callable[[Obj], bool] | None = None,
+    ) -> Subscription:
+        """Start a watch. ``since`` "" or "0" (or None) replays current objects as ADDED;
+        a resourceVersion replays retained history after it, or raises 410 Expired."""
+        sub = Subscription(frozenset(resources), namespace)
+        with self.lock:
+            if since not in (None, "", "0"):
+                try:
+                    start = int(str(since))
+                except ValueError as e:
+                    raise ApiError(400, "BadRequest", f"invalid resourceVersion {since}") from e
+                if start < self._floor:
+                    raise ApiError(
+                        410, "Expired", f"too old resource version: {start} ({self._floor + 1})"
+                    )
+                for ev in self._history:
+                    if ev.rv > start and sub.wants(ev):
+                        sub.queue.put(ev)
+            else:
+                for key, obj in sorted(self._objs.items()):
+                    if (
+                        key[0] in sub.resources
+                        and namespace in (None, key[1])
+                        and (match is None or match(obj))
+                    ):
+                        rv = int(obj["metadata"]["resourceVersion"])
+                        sub.queue.put(WatchEvent(rv, key[0], key[1], "ADDED", clone(obj)))
+            self._subs.append(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self.lock:
+            if sub in self._subs:
+                self._subs.remove(sub)
+        sub.queue.put(None)
+
+    def compact(self) -> None:
+        """Drop the watch history, like an etcd compaction: older resourceVersions expire."""
+        with self.lock:
+            self._history.clear()
+            self._floor = self._rv
+
+    def close(self) -> None:
+        """Wake every watcher with None so its thread ends."""
+        with self.lock:
+            self.closed = True
+            subs, self._subs = self._subs, []
+        for sub in subs:
+            sub.queue.put(None)
+
+
+def record_event(
+    store: Store, obj: Obj, type_: str, reason: str, message: str, component: str
+) -> None:
+    """Write a core/v1 Event about ``obj``; repeats of the same event bump its count."""
+    meta = obj.get("metadata", {})
+    ns = meta.get("namespace") or "default"
+    digest = uuid.uuid5(uuid.NAMESPACE_OID, meta.get("uid", "") + reason + message).hex[:16]
+    name = f"{meta.get('name', 'unknown')}.{digest}"
+    now = now_iso()
+
+    def bump(ev: Obj) -> None:
+        ev["count"] = ev.get("count", 1) + 1
+        ev["lastTimestamp"] = now
+
+    with store.lock:
+        if store.mutate("events", ns, name, bump) is not None:
+            return
+        try:
+            store.create(
+                "events",
+                {
+                    "metadata": {"name": name, "namespace": ns},
+                    "involvedObject": {
+                        "kind": obj.get("kind"),
+                        "apiVersion": obj.get("apiVersion"),
+                        "name": meta.get("name"),
+                        "namespace": ns,
+                        "uid": meta.get("uid"),
+                    },
+                    "type": type_,
+                    "reason": reason,
+                    "message": message,
+                    "count": 1,
+                    "firstTimestamp": now,
+                    "lastTimestamp": now,
+                    "source": {"component": component},
+                    "reportingComponent": component,
+                },
+            )
+        except ApiError as e:  # namespace deleted under us: the event has nowhere to go
+            logging.getLogger(__name__).debug("event %s dropped: %s", reason, e)
