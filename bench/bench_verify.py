@@ -1,0 +1,135 @@
+"""Benchmark ``python -m mnnvl.runtime.verify`` on this machine's GPUs against nccl-tests.
+
+Runs the verification through torchrun on all local GPUs (one process per GPU) with a
+1 MiB..4 GiB sweep, prints busbw per size with the ratio to the reference
+``all_reduce_perf`` numbers measured on 2 x H200 (NV18), and the whole wall time from
+process start to verdict. ``--degraded`` runs with ``NCCL_P2P_DISABLE=1`` (traffic through
+shared memory) and expects FAIL. The last stdout line is one JSON object.
+
+    python bench/bench_verify.py [--degraded] [--nproc N] [--max-bytes 4G] [--json-out F]
+
+Exit code 0 when the verdict is the expected one, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+# nccl-tests all_reduce_perf busbw (GB/s), float32 sum, 2 x H200 on one host (NV18).
+REFERENCE_BUSBW_GBPS = {1 << 20: 48.9, 64 << 20: 269.0, 1 << 30: 328.7, 4 << 30: 346.7}
+WALL_GOAL_S = 20.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def run_verify(nproc: int, max_bytes: str, degraded: bool, out_dir: str) -> dict[str, Any]:
+    env = dict(os.environ)
+    if degraded:
+        env["NCCL_P2P_DISABLE"] = "1"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        f"--master-port={_free_port()}",
+        "-m",
+        "mnnvl.runtime.verify",
+        "--max-bytes",
+        max_bytes,
+        "--output-dir",
+        out_dir,
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - started
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        sys.stderr.write(proc.stderr[-6000:])
+        raise SystemExit(f"no RESULT line (exit code {proc.returncode})")
+    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return {"result": result, "wall_s": round(wall, 2), "returncode": proc.returncode}
+
+
+def compare(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for row in result["sizes"]:
+        ref = REFERENCE_BUSBW_GBPS.get(row["bytes"])
+        rows.append(
+            {
+                "bytes": row["bytes"],
+                "time_us": row["time_us"],
+                "busbw_gbps": row["busbw_gbps"],
+                "reference_gbps": ref,
+                "ratio": round(row["busbw_gbps"] / ref, 3) if ref else None,
+                "correct": row["correct"],
+            }
+        )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=0, help="GPUs to use (0 = all local)")
+    parser.add_argument("--max-bytes", default="4G")
+    parser.add_argument("--degraded", action="store_true", help="NCCL_P2P_DISABLE=1; expect FAIL")
+    parser.add_argument("--json-out", default="", help="also write the JSON summary here")
+    parser.add_argument("--output-dir", default="", help="keep the report files here")
+    args = parser.parse_args()
+    nproc = args.nproc or _gpu_count()
+    if nproc < 2:
+        raise SystemExit("needs at least 2 CUDA GPUs")
+    with tempfile.TemporaryDirectory() as tmp:
+        run = run_verify(nproc, args.max_bytes, args.degraded, args.output_dir or tmp)
+    result = run["result"]
+    rows = compare(result)
+    sys.stderr.write(f"{'bytes':>12} {'time_us':>10} {'busbw':>8} {'ref':>7} {'ratio':>6}\n")
+    for r in rows:
+        ref = f"{r['reference_gbps']:.1f}" if r["reference_gbps"] else "-"
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] else "-"
+        sys.stderr.write(
+            f"{r['bytes']:>12} {r['time_us']:>10.1f} {r['busbw_gbps']:>8.1f} {ref:>7} {ratio:>6}\n"
+        )
+    expected = "FAIL" if args.degraded else "PASS"
+    summary = {
+        "mode": "degraded" if args.degraded else "healthy",
+        "nproc": nproc,
+        "verdict": result["verdict"],
+        "expected": expected,
+        "reasons": result["reasons"],
+        "threshold_gbps": result["threshold_gbps"],
+        "threshold_source": result["threshold_source"],
+        "judged_busbw_gbps": result["judged_busbw_gbps"],
+        "wall_s": run["wall_s"],
+        "wall_goal_s": WALL_GOAL_S,
+        "in_process_wall_s": result["wall_s"],
+        "returncode": run["returncode"],
+        "sizes": rows,
+        "topology": result["topology"],
+    }
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+    print(json.dumps(summary))
+    return 0 if result["verdict"] == expected else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Report files for verify and train RESULT dicts: JSON, Markdown, a PNG plot and an HTML page.
+
+Standard library only, plus matplotlib when installed (imported lazily, Agg backend, so it
+works without a display). Without matplotlib the PNG is skipped and the HTML has no plot.
+The launcher side calls these from the RESULT dict; KFP and Argo publish the files as
+artifacts.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _size_rows(result: dict[str, Any]) -> list[list[str]]:
+    return [
+        [
+            human_bytes(int(row["bytes"])),
+            _fmt(float(row["time_us"]), 2),
+            _fmt(float(row["algbw_gbps"]), 2),
+            _fmt(float(row["busbw_gbps"]), 2),
+            "yes" if row["correct"] else "NO",
+        ]
+        for row in result.get("sizes", [])
+    ]
+
+
+_SIZE_HEADER = ["size", "time µs", "algbw GB/s", "busbw GB/s", "correct"]
+
+
+def _threshold_line(result: dict[str, Any]) -> str:
+    threshold = result.get("threshold_gbps")
+    source = result.get("threshold_source", "none")
+    if threshold is None:
+        return "threshold: none (bandwidth not judged)"
+    return f"threshold: {threshold:.1f} GB/s ({source})"
+
+
+def verify_table(result: dict[str, Any]) -> str:
+    """A plain-text table of the sweep and the verdict, for terminals and logs."""
+    rows = [_SIZE_HEADER, *_size_rows(result)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_SIZE_HEADER))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines += [
+        "",
+        _threshold_line(result),
+        f"judged busbw: {_fmt(result.get('judged_busbw_gbps'))} GB/s, "
+        f"peak {_fmt(result.get('peak_busbw_gbps'))} GB/s, "
+        f"world size {result.get('world_size')}, backend {result.get('backend')}",
+        f"verdict: {result.get('verdict')}",
+        *(f"  - {reason}" for reason in result.get("reasons", [])),
+    ]
+    return "\n".join(lines)
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def verify_markdown(result: dict[str, Any]) -> str:
+    topo = result.get("topology") or {}
+    lines = [
+        f"# NVLink verification: {result.get('verdict')}",
+        "",
+        f"- world size {result.get('world_size')}, backend {result.get('backend')}, "
+        f"wall {_fmt(result.get('wall_s'))} s",
+        f"- {_threshold_line(result)}",
+        f"- judged busbw {_fmt(result.get('judged_busbw_gbps'))} GB/s, "
+        f"peak {_fmt(result.get('peak_busbw_gbps'))} GB/s",
+        f"- NVLink: {topo.get('active_links', 0)} active links x "
+        f"{_fmt(topo.get('link_speed_gbps'), 3)} GB/s (NVLink {_fmt(topo.get('nvlink_version'))}), "
+        f"link limit {_fmt(topo.get('link_limit_gbps'))} GB/s",
+        f"- fabric: {json.dumps(topo.get('fabric'))}",
+        "",
+        _md_table(_SIZE_HEADER, _size_rows(result)),
+        "",
+        "## Reasons",
+        "",
+        *([f"- {r}" for r in result.get("reasons", [])] or ["- none"]),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _plot(
+    path: str,
+    title: str,
+    series: Sequence[tuple[str, list[float], list[float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    log2_x: bool = False,
+    hline: float | None = None,
+) -> bool:
+    """Draw line series to a PNG; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("matplotlib not installed: %s not drawn", os.path.basename(path))
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for label, xs, ys in series:
+        ax.plot(xs, ys, marker="o", label=label)
+    if log2_x:
+        ax.set_xscale("log", base=2)
+    if hline is not None:
+        ax.axhline(hline, color="red", linestyle="--", label=f"threshold {hline:.1f}")
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return True
+
+
+def _html(title: str, body_md: str, png: str | None) -> str:
+    img = ""
+    if png:
+        with open(png, "rb") as f:
+            data = base64.b64encode(f.read()).decode("ascii")
+        img = f'<img alt="plot" src="data:image/png;base64,{data}">'
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"</head><body><h1>{html.escape(title)}</h1>{img}<pre>{html.escape(body_md)}</pre>"
+        "</body></html>\n"
+    )
+
+
+def _write(path: str, text: str) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
+    """Write verify.json, verify.md, busbw.png and verify.html; return their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    files = {"json": _write(os.path.join(out_dir, "verify.json"), json.dumps(result, indent=2))}
+    markdown = verify_markdown(result)
+    files["markdown"] = _write(os.path.join(out_dir, "verify.md"), markdown)
+    sizes = result.get("sizes", [])
+    png = os.path.join(out_dir, "busbw.png")
+    drawn = _plot(
+        png,
+        f"all_reduce busbw ({result.get('world_size')} ranks): {result.get('verdict')}",
+        [("busbw", [r["bytes"] for r in sizes], [r["busbw_gbps"] for r in sizes])],
+        xlabel="bytes per rank",
+        ylabel="GB/s",
+        log2_x=True,
+        hline=result.get("threshold_gbps"),
+    )
+    if drawn:
+        files["png"] = png
+    title = f"NVLink verification: {result.get('verdict')}"
+    files["html"] = _write(
+        os.path.join(out_dir, "verify.html"), _html(title, markdown, png if drawn else None)
+    )
+    return files
+
+
+def train_markdown(result: dict[str, Any]) -> str:
+    keys = (
+        "model",
+        "steps",
+        "start_step",
+        "final_loss",
+        "tokens_per_s",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "peak_mem_gib",
+        "world_size",
+        "params",
+        "device",
+        "wall_s",
+        "checkpoint",
+    )
+    rows = [[k, _fmt(result.get(k), 4)] for k in keys if k in result]
+    return "\n".join(["# Training run", "", _md_table(["metric", "value"], rows), ""])
+
+
+def write_train_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
+    """Write train.json, train.md, loss.png and train.html; return their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    files = {"json": _write(os.path.join(out_dir, "train.json"), json.dumps(result, indent=2))}
+    markdown = train_markdown(result)
+    files["markdown"] = _write(os.path.join(out_dir, "train.md"), markdown)
+    losses = result.get("losses") or []
+    png = os.path.join(out_dir, "loss.png")
+    drawn = bool(losses) and _plot(
+        png,
+        f"training loss ({result.get('model', '')})",
+        [("loss", [float(p[0]) for p in losses], [float(p[1]) for p in losses])],
+        xlabel="step",
+        ylabel="loss",
+    )
+    if drawn:
+        files["png"] = png
+    files["html"] = _write(
+        os.path.join(out_dir, "train.html"), _html("Training run", markdown, png if drawn else None)
+    )
+    return files

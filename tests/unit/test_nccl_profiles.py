@@ -1,0 +1,87 @@
+"""NCCL profiles: pinned variables, refused values, logged overrides, fabric dependence."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from mnnvl.errors import SpecError
+from mnnvl.runtime import nccl
+
+PINNED_VALUES = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+@pytest.fixture
+def greedy_profile(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A profile that tries to set every machine-pinned variable, as default and required."""
+    profile = nccl.Profile(
+        "greedy",
+        "sets what it must not",
+        defaults={"NCCL_NVLS_ENABLE": "1", "NCCL_DEBUG": "WARN"},
+        required={"TORCH_SYMM_MEM_DISABLE_MULTICAST": "0", "NCCL_MNNVL_ENABLE": "1"},
+        fabric_required={"NVSHMEM_DISABLE_NVLS": "0"},
+    )
+    monkeypatch.setitem(nccl.PROFILES, "greedy", profile)
+    return "greedy"
+
+
+def test_pinned_variables_survive_a_profile_that_sets_them(greedy_profile: str) -> None:
+    env = dict(PINNED_VALUES)
+    changed = nccl.apply_profile(greedy_profile, fabric_present=True, environ=env)
+    assert {k: env[k] for k in PINNED_VALUES} == PINNED_VALUES
+    assert not set(changed) & set(nccl.PINNED)
+    assert changed == {"NCCL_DEBUG": "WARN", "NCCL_MNNVL_ENABLE": "1"}
+
+
+def test_pinned_variables_are_not_added_when_absent(greedy_profile: str) -> None:
+    env: dict[str, str] = {}
+    nccl.apply_profile(greedy_profile, fabric_present=True, environ=env)
+    assert not set(env) & set(nccl.PINNED)
+
+
+def test_pod_env_never_carries_pinned_variables(greedy_profile: str) -> None:
+    assert not set(nccl.pod_env(greedy_profile)) & set(nccl.PINNED)
+
+
+def test_cumem_disable_is_refused() -> None:
+    with pytest.raises(SpecError, match="NCCL_CUMEM_ENABLE"):
+        nccl.apply_profile("production", fabric_present=False, environ={"NCCL_CUMEM_ENABLE": "0"})
+
+
+def test_required_override_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"NCCL_MNNVL_ENABLE": "1"}
+    with caplog.at_level(logging.INFO, logger="mnnvl.runtime.nccl"):
+        changed = nccl.apply_profile("single-host", fabric_present=False, environ=env)
+    assert env["NCCL_MNNVL_ENABLE"] == "0" and changed == {"NCCL_MNNVL_ENABLE": "0"}
+    assert any(
+        r.levelno == logging.WARNING and "overriding NCCL_MNNVL_ENABLE=1 with 0" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_user_values_win_over_profile_defaults(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"NCCL_DEBUG": "WARN"}
+    with caplog.at_level(logging.INFO, logger="mnnvl.runtime.nccl"):
+        changed = nccl.apply_profile("verify-strict", fabric_present=False, environ=env)
+    assert env["NCCL_DEBUG"] == "WARN"
+    assert changed == {"NCCL_DEBUG_SUBSYS": "INIT,ENV"}
+    assert any("set NCCL_DEBUG_SUBSYS=INIT,ENV" in r.getMessage() for r in caplog.records)
+
+
+def test_verify_strict_forces_mnnvl_only_with_fabric() -> None:
+    without: dict[str, str] = {}
+    nccl.apply_profile("verify-strict", fabric_present=False, environ=without)
+    assert "NCCL_MNNVL_ENABLE" not in without
+    with_fabric = {"NCCL_MNNVL_ENABLE": "2"}
+    nccl.apply_profile("verify-strict", fabric_present=True, environ=with_fabric)
+    assert with_fabric["NCCL_MNNVL_ENABLE"] == "1"
+
+
+def test_unknown_profile_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match="nccl_profile"):
+        nccl.apply_profile("turbo", fabric_present=False, environ={})

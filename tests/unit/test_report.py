@@ -1,0 +1,117 @@
+"""Report files from RESULT dicts: contents a reader relies on, and a real embedded PNG."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mnnvl import report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def verify_result(verdict: str = "PASS") -> dict[str, Any]:
+    return {
+        "kind": "verify",
+        "verdict": verdict,
+        "reasons": ["busbw 27.0 GB/s is below the derived threshold 296.4 GB/s"]
+        if verdict == "FAIL"
+        else [],
+        "threshold_gbps": 296.432,
+        "threshold_source": "derived",
+        "judged_busbw_gbps": 339.1,
+        "peak_busbw_gbps": 339.1,
+        "world_size": 2,
+        "backend": "nccl",
+        "sizes": [
+            {
+                "bytes": 1 << 20,
+                "time_us": 29.9,
+                "algbw_gbps": 35.1,
+                "busbw_gbps": 35.1,
+                "correct": True,
+            },
+            {
+                "bytes": 4 << 30,
+                "time_us": 12665.6,
+                "algbw_gbps": 339.1,
+                "busbw_gbps": 339.1,
+                "correct": True,
+            },
+        ],
+        "topology": {
+            "gpus_per_rank": 1,
+            "active_links": 18,
+            "link_speed_gbps": 26.562,
+            "link_limit_gbps": 478.116,
+            "nvlink_version": 4,
+            "fabric": None,
+        },
+        "nodes": [],
+        "wall_s": 12.5,
+    }
+
+
+def test_verify_report_writes_all_four_files(tmp_path: Path) -> None:
+    files = report.write_verify_report(verify_result(), str(tmp_path / "out"))
+    assert set(files) == {"json", "markdown", "png", "html"}
+    assert json.loads(Path(files["json"]).read_text())["verdict"] == "PASS"
+    assert Path(files["png"]).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_markdown_has_the_size_table_threshold_and_reasons(tmp_path: Path) -> None:
+    files = report.write_verify_report(verify_result("FAIL"), str(tmp_path))
+    md = Path(files["markdown"]).read_text()
+    assert "| size | time µs | algbw GB/s | busbw GB/s | correct |" in md
+    assert "| 4 GiB | 12665.60 | 339.10 | 339.10 | yes |" in md
+    assert "threshold: 296.4 GB/s (derived)" in md
+    assert "NVLink verification: FAIL" in md
+    assert "- busbw 27.0 GB/s is below the derived threshold" in md
+
+
+def test_html_embeds_the_png_itself(tmp_path: Path) -> None:
+    files = report.write_verify_report(verify_result(), str(tmp_path))
+    page = Path(files["html"]).read_text()
+    match = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert match is not None
+    assert base64.b64decode(match.group(1)) == Path(files["png"]).read_bytes()
+
+
+def test_verify_table_for_terminals() -> None:
+    table = report.verify_table(verify_result())
+    assert "1 MiB" in table and "4 GiB" in table and "verdict: PASS" in table
+    no_threshold = {**verify_result(), "threshold_gbps": None, "threshold_source": "none"}
+    assert "threshold: none (bandwidth not judged)" in report.verify_table(no_threshold)
+
+
+def test_report_works_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    files = report.write_verify_report(verify_result(), str(tmp_path))
+    assert "png" not in files and Path(files["html"]).exists()
+
+
+def test_train_report(tmp_path: Path) -> None:
+    result = {
+        "kind": "train",
+        "model": "tiny",
+        "final_loss": 2.5,
+        "tokens_per_s": 1000.0,
+        "mfu": None,
+        "steps": 20,
+        "losses": [[0, 10.0], [10, 5.0], [20, 2.5]],
+    }
+    files = report.write_train_report(result, str(tmp_path))
+    assert set(files) == {"json", "markdown", "png", "html"}
+    assert Path(files["png"]).read_bytes().startswith(PNG_MAGIC)
+    assert "| final_loss | 2.5000 |" in Path(files["markdown"]).read_text()
+
+
+def test_report_module_does_not_import_torch() -> None:
+    source = Path(report.__file__).read_text()
+    assert "import torch" not in source
