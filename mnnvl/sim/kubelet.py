@@ -10,6 +10,7 @@ Deleting the pod kills its process group (SIGTERM, then SIGKILL after the grace 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from mnnvl.sim.dra import ComputeDomainDriver, PrepareError
 from mnnvl.sim.faults import Faults
@@ -240,17 +242,40 @@ class PodWorker:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
+        # torchrun starts its workers in sessions of their own; a container's cgroup would
+        # take them down with it, so remember the whole tree and SIGKILL what outlives it.
+        tree = _descendants(proc.pid)
         grace = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE_S)
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
-                return
+                break
             try:
                 proc.wait(timeout=wait)
-                return
+                break
             except subprocess.TimeoutExpired:
                 continue
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, read from /proc (empty where /proc is absent)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 class Kubelet:

@@ -1,0 +1,8 @@
+"""``python -m mnnvl``: the same CLI as the ``mnnvl`` command."""
+
+import sys
+
+from mnnvl.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

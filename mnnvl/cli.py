@@ -1,0 +1,434 @@
+"""``mnnvl <command>``: the steps from a shell (Argo templates and people use this).
+
+Every command validates its input before any API call (bad input exits 2), logs progress to
+stderr, and ends with exactly one JSON line on stdout: ``{"ok": true, "command": ...,
+...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. Exit codes come from the
+error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification failed, 5 cluster or
+CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
+
+from mnnvl import spec as specs
+from mnnvl import steps
+from mnnvl.errors import MnnvlError, SpecError
+from mnnvl.manifests import indexed_job, render_run, to_yaml
+from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+
+logger = logging.getLogger("mnnvl.cli")
+
+COMMANDS = ("provision", "launch", "train", "verify", "teardown", "run", "render", "reap", "sim")
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived; raised in the main thread so ``finally`` blocks run."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+class _StderrHandler(logging.StreamHandler[Any]):
+    """Writes to whatever ``sys.stderr`` is at the time (tests swap it)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def setup_logging(verbose: int) -> None:
+    root = logging.getLogger("mnnvl")
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not any(isinstance(h, _StderrHandler) for h in root.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-5s %(message)s", "%H:%M:%S")
+        )
+        root.addHandler(handler)
+
+
+# ---- parser -------------------------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig path (default: in-cluster, $KUBECONFIG)"
+    )
+    p.add_argument("--result-path", default=None, help="also write the result JSON to this file")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
+
+
+def _domain_flags(p: argparse.ArgumentParser) -> None:
+    specs.add_arguments(p, DomainSpec)
+
+
+def _workload_flags(p: argparse.ArgumentParser, *, with_domain: bool) -> None:
+    skip = ("run_id", "namespace") if with_domain else ()
+    specs.add_arguments(p, WorkloadSpec, skip=skip)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mnnvl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("provision", help="create or adopt the run's ComputeDomain")
+    _domain_flags(p)
+    p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
+    p = sub.add_parser("launch", help="run a Python module on the domain's nodes")
+    _workload_flags(p, with_domain=False)
+    p.add_argument("--module", required=True, help="entry module, e.g. mnnvl.runtime.verify")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the module (after --)")
+    for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
+        p = sub.add_parser(name, help=f"{name} on the domain's nodes")
+        _workload_flags(p, with_domain=False)
+        specs.add_arguments(p, cfg)
+        p.add_argument("--report-dir", default=None, help="write report files here")
+        if name == "verify":
+            p.add_argument("--fail-on-fail", action=argparse.BooleanOptionalAction, default=True)
+    p = sub.add_parser("teardown", help="delete the run's workload, then its domain")
+    _domain_flags(p)
+    for name in ("run", "render"):
+        p = sub.add_parser(
+            name,
+            help="provision, verify, train, verify, teardown"
+            if name == "run"
+            else "print every object of a run as YAML",
+        )
+        _domain_flags(p)
+        _workload_flags(p, with_domain=True)
+        specs.add_arguments(p, TrainConfig)
+        specs.add_arguments(p, VerifyConfig)
+        if name == "run":
+            p.add_argument("--report-dir", default=None)
+            p.add_argument(
+                "--sim", action="store_true", help="run against an embedded simulated cluster"
+            )
+            p.add_argument("--skip-verify", action="store_true", help="train only")
+    p = sub.add_parser("reap", help="delete objects of runs that are gone")
+    p.add_argument("--namespace", default="default")
+    p.add_argument("--live-run-ids", default=None, help="comma-separated run ids still running")
+    p.add_argument("--older-than-s", type=float, default=0.0)
+    p = sub.add_parser("sim", help="the embedded simulated cluster")
+    p.add_argument("action", choices=("up",))
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--gpus-per-node", type=int, default=0)
+    p.add_argument("--imex-delay-s", type=float, default=0.2)
+    for p in sub.choices.values():
+        _common(p)
+    return parser
+
+
+# ---- commands -------------------------------------------------------------------------------
+
+
+def _require_run_id(ns: argparse.Namespace) -> None:
+    if not getattr(ns, "run_id", None):
+        raise SpecError(
+            "run_id", "is required (--run-id, e.g. the KFP job id or Argo workflow uid)"
+        )
+
+
+def _domain(ns: argparse.Namespace) -> DomainSpec:
+    _require_run_id(ns)
+    return specs.from_namespace(DomainSpec, ns)
+
+
+def _workload(ns: argparse.Namespace) -> WorkloadSpec:
+    _require_run_id(ns)
+    return specs.from_namespace(WorkloadSpec, ns)
+
+
+def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
+    return steps.provision(_domain(ns), kubeconfig=ns.kubeconfig, owner_pod=ns.owner_pod).to_dict()
+
+
+def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
+    args = ns.args[1:] if ns.args[:1] == ["--"] else list(ns.args)
+    workload = _workload(ns)
+    indexed_job(workload, ns.module, args)  # bad module names or env stop here
+    return steps.launch(workload, ns.module, args, kubeconfig=ns.kubeconfig).to_dict()
+
+
+def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
+    workload, config = _workload(ns), specs.from_namespace(TrainConfig, ns)
+    _validate_objects(workload, train=config)
+    return steps.train(
+        workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
+    ).to_dict()
+
+
+def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
+    workload, config = _workload(ns), specs.from_namespace(VerifyConfig, ns)
+    _validate_objects(workload, verify=config)
+    result = steps.verify(
+        workload,
+        config,
+        kubeconfig=ns.kubeconfig,
+        report_dir=ns.report_dir,
+        fail_on_fail=ns.fail_on_fail,
+    )
+    return result.to_dict()
+
+
+def cmd_teardown(ns: argparse.Namespace) -> dict[str, Any]:
+    return steps.teardown(_domain(ns), kubeconfig=ns.kubeconfig).to_dict()
+
+
+def _validate_objects(
+    workload: WorkloadSpec, *, train: TrainConfig | None = None, verify: VerifyConfig | None = None
+) -> None:
+    """Build every object the step will create, so bad input fails before any API call."""
+    domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
+    render_run(domain, workload, train, verify)
+
+
+def _run_specs(
+    ns: argparse.Namespace,
+) -> tuple[DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig]:
+    domain = _domain(ns)
+    workload = specs.from_namespace(
+        WorkloadSpec, ns, run_id=domain.run_id, namespace=domain.namespace
+    )
+    return (
+        domain,
+        workload,
+        specs.from_namespace(TrainConfig, ns),
+        specs.from_namespace(VerifyConfig, ns),
+    )
+
+
+def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
+    domain, workload, train, verify = _run_specs(ns)
+    objs = render_run(domain, workload, train, verify)
+    sys.stdout.write(to_yaml(objs))
+    return {
+        "run_id": domain.run_id,
+        "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs],
+    }
+
+
+def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
+    specs.check_dns_label("namespace", ns.namespace)
+    specs.check_range("older_than_s", ns.older_than_s, 0, 10 * 365 * 86400)
+    live = None if ns.live_run_ids is None else {r for r in ns.live_run_ids.split(",") if r}
+    return steps.reap(
+        ns.namespace, live_run_ids=live, older_than_s=ns.older_than_s, kubeconfig=ns.kubeconfig
+    ).to_dict()
+
+
+def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
+    if not ns.run_id:
+        ns.run_id = f"run-{uuid.uuid4().hex[:12]}"
+    domain, workload, train_cfg, verify_cfg = _run_specs(ns)
+    render_run(domain, workload, train_cfg, verify_cfg)  # every object builds before any call
+    if not ns.sim:
+        return run_pipeline(domain, workload, train_cfg, verify_cfg, ns)
+    from mnnvl.sim import SimCluster
+
+    with SimCluster(
+        nodes=workload.nodes, gpus_per_node=workload.gpus_per_node, namespaces=(domain.namespace,)
+    ) as sim:
+        logger.info("simulated cluster up at %s (kubeconfig %s)", sim.url, sim.kubeconfig_path)
+        ns.kubeconfig = sim.kubeconfig_path
+        result = run_pipeline(domain, workload, train_cfg, verify_cfg, ns)
+        result["sim"] = {
+            "url": sim.url,
+            "requests": sim.request_count,
+            "leftover": [list(o) for o in sim.objects()],
+        }
+    return result
+
+
+def run_pipeline(
+    domain: DomainSpec,
+    workload: WorkloadSpec,
+    train_cfg: TrainConfig,
+    verify_cfg: VerifyConfig,
+    ns: argparse.Namespace,
+) -> dict[str, Any]:
+    """provision -> verify-pre -> train -> verify-post, with teardown always (also on signals)."""
+    out: dict[str, Any] = {"run_id": domain.run_id}
+    kube, reports = ns.kubeconfig, ns.report_dir
+
+    def report_dir(name: str) -> str | None:
+        return f"{reports}/{name}" if reports else None
+
+    try:
+        out["provision"] = steps.provision(domain, kubeconfig=kube).to_dict()
+        if not ns.skip_verify:
+            pre = dataclasses.replace(workload, purpose="verify-pre")
+            out["verify_pre"] = steps.verify(
+                pre, verify_cfg, kubeconfig=kube, report_dir=report_dir("verify-pre")
+            ).to_dict()
+        out["train"] = steps.train(
+            workload, train_cfg, kubeconfig=kube, report_dir=report_dir("train")
+        ).to_dict()
+        if not ns.skip_verify:
+            post = dataclasses.replace(workload, purpose="verify-post")
+            out["verify_post"] = steps.verify(
+                post, verify_cfg, kubeconfig=kube, report_dir=report_dir("verify-post")
+            ).to_dict()
+    finally:
+        try:
+            out["teardown"] = steps.teardown(domain, kubeconfig=kube).to_dict()
+        except MnnvlError as e:
+            if sys.exc_info()[0] is None:
+                raise
+            logger.error("teardown after failure also failed: %s", e)
+    _log_summary(out)
+    return out
+
+
+def _log_summary(out: dict[str, Any]) -> None:
+    train = out.get("train") or {}
+    logger.info("run %s summary:", out["run_id"])
+    for key in ("verify_pre", "verify_post"):
+        if key in out:
+            v = out[key]
+            logger.info(
+                "  %-12s %s judged %s GB/s (threshold %s)",
+                key,
+                v["verdict"],
+                v["judged_busbw_gbps"],
+                v["threshold_gbps"],
+            )
+    if train:
+        logger.info(
+            "  %-12s loss %s, %s tokens/s, %s steps",
+            "train",
+            train["final_loss"],
+            train["tokens_per_s"],
+            train["steps"],
+        )
+    logger.info(
+        "  %-12s deleted %d objects",
+        "teardown",
+        len((out.get("teardown") or {}).get("deleted", [])),
+    )
+    last_verify = out.get("verify_post") or out.get("verify_pre")
+    if last_verify:
+        from mnnvl.report import verify_table
+
+        for line in verify_table(last_verify["raw"]).splitlines():
+            logger.info("  %s", line)
+
+
+def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
+    specs.check_range("nodes", ns.nodes, 1, 1024, integer=True)
+    specs.check_range("gpus_per_node", ns.gpus_per_node, 0, specs.MAX_GPUS_PER_NODE, integer=True)
+    specs.check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
+    from mnnvl.sim import serve
+
+    # The simulator announces itself on stdout; stdout is reserved for our one result line.
+    with contextlib.redirect_stdout(sys.stderr):
+        serve(
+            nodes=ns.nodes,
+            gpus_per_node=ns.gpus_per_node,
+            kubeconfig_path=ns.kubeconfig,
+            imex_delay_s=ns.imex_delay_s,
+        )
+    return {"kubeconfig": ns.kubeconfig, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node}
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "provision": cmd_provision,
+    "launch": cmd_launch,
+    "train": cmd_train,
+    "verify": cmd_verify,
+    "teardown": cmd_teardown,
+    "run": cmd_run,
+    "render": cmd_render,
+    "reap": cmd_reap,
+    "sim": cmd_sim,
+}
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGINT raise ``Interrupted`` in the main thread, so teardown in ``finally`` runs."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _emit(payload: dict[str, Any], result_path: str | None) -> None:
+    line = json.dumps(payload, default=str)
+    if result_path:
+        with open(result_path, "w", encoding="utf-8") as f:
+            f.write(line + "\n")
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already explained
+        code = int(e.code or 0)
+        if code:
+            _emit(
+                {"ok": False, "error": "invalid command line (see usage above)", "exit_code": 2},
+                None,
+            )
+        return code
+    setup_logging(ns.verbose)
+    command = ns.command if ns.command != "sim" else f"sim {ns.action}"
+    try:
+        with _signals_raise():
+            result = HANDLERS[ns.command](ns)
+    except MnnvlError as e:
+        logger.error("%s failed: %s", command, e)
+        _emit(
+            {"ok": False, "command": command, "error": str(e), "exit_code": e.exit_code},
+            ns.result_path,
+        )
+        return e.exit_code
+    except Interrupted as e:
+        logger.error("%s interrupted by %s", command, e)
+        _emit(
+            {
+                "ok": False,
+                "command": command,
+                "error": f"interrupted by {e}",
+                "exit_code": e.exit_code,
+            },
+            ns.result_path,
+        )
+        return e.exit_code
+    except Exception as e:
+        logger.exception("%s failed unexpectedly", command)
+        _emit(
+            {"ok": False, "command": command, "error": f"{type(e).__name__}: {e}", "exit_code": 1},
+            ns.result_path,
+        )
+        return 1
+    _emit({"ok": True, "command": command, **result}, ns.result_path)
+    return 0

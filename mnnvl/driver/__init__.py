@@ -1,0 +1,46 @@
+"""The domain driver: the only code that talks to the Kubernetes API.
+
+Plain dict bodies, the official client, one retry helper (:meth:`Api.call`) and one wait
+helper (:func:`wait_for`). Steps compose these; nothing here knows about pipelines.
+"""
+
+from mnnvl.driver.api import Api, Kind, create_or_adopt
+from mnnvl.driver.domain import (
+    Domain,
+    delete_domain,
+    ensure_domain,
+    launcher_owner,
+    wait_for_channel_template,
+)
+from mnnvl.driver.reaper import reap_namespace
+from mnnvl.driver.wait import Deadline, wait_for
+from mnnvl.driver.workload import (
+    LogFollower,
+    create_workload,
+    delete_workload,
+    parse_result,
+    rank0_pod,
+    wait_for_job_done,
+    wait_for_pods_running,
+)
+
+__all__ = [
+    "Api",
+    "Deadline",
+    "Domain",
+    "Kind",
+    "LogFollower",
+    "create_or_adopt",
+    "create_workload",
+    "delete_domain",
+    "delete_workload",
+    "ensure_domain",
+    "launcher_owner",
+    "parse_result",
+    "rank0_pod",
+    "reap_namespace",
+    "wait_for",
+    "wait_for_channel_template",
+    "wait_for_job_done",
+    "wait_for_pods_running",
+]

@@ -1,0 +1,412 @@
+"""Client construction, the one retry helper, and generic dict-in/dict-out calls.
+
+Every request goes through :meth:`Api.call`: it retries only what a retry can fix
+(429, 500, 502, 503, 504 and connection errors; ``Retry-After`` honoured; bounded, jittered
+backoff) and maps everything else to the error family once. Bodies are plain dicts and
+responses are decoded JSON: kubernetes 30.1's typed models predate ``resource.k8s.io/v1``
+and would drop fields such as ``resourceClaimTemplateName``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.watch.watch import iter_resp_lines
+
+from mnnvl.driver.errors import (
+    AlreadyExists,
+    ClusterUnavailable,
+    ConflictError,
+    NotFound,
+    WatchExpired,
+    from_api_exception,
+)
+from mnnvl.names import LABEL_MANAGED_BY, LABEL_RUN_ID, MANAGED_BY
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+MAX_ATTEMPTS = 6
+BACKOFF_BASE_S = 0.1
+BACKOFF_MAX_S = 5.0
+RETRY_AFTER_MAX_S = 30.0
+CONNECT_TIMEOUT_S = 10.0
+_VERBS = {"GET": "get", "POST": "create", "DELETE": "delete"}
+REQUEST_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Kind:
+    """REST coordinates of one namespaced resource type."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def custom(self) -> bool:
+        """Served by a CRD (goes through ``CustomObjectsApi``)."""
+        return self.group.endswith("nvidia.com")
+
+    def path(self, namespace: str, name: str = "", sub: str = "") -> str:
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        if name:
+            path += f"/{name}"
+        if sub:
+            path += f"/{sub}"
+        return path
+
+    def describe(self, namespace: str, name: str = "") -> str:
+        return f"{self.plural} {namespace}/{name}" if name else f"{self.plural} in {namespace}"
+
+
+COMPUTE_DOMAIN = Kind("ComputeDomain", "resource.nvidia.com", "v1beta1", "computedomains")
+RESOURCE_CLAIM_TEMPLATE = Kind(
+    "ResourceClaimTemplate", "resource.k8s.io", "v1", "resourceclaimtemplates"
+)
+RESOURCE_CLAIM = Kind("ResourceClaim", "resource.k8s.io", "v1", "resourceclaims")
+JOB = Kind("Job", "batch", "v1", "jobs")
+POD = Kind("Pod", "", "v1", "pods")
+SERVICE = Kind("Service", "", "v1", "services")
+EVENT = Kind("Event", "", "v1", "events")
+
+
+def _retry_after_s(e: ApiException) -> float | None:
+    headers = e.headers or {}
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        return min(float(value), RETRY_AFTER_MAX_S) if value is not None else None
+    except ValueError:  # an HTTP date instead of seconds: fall back to our own backoff
+        return None
+
+
+def _backoff_s(attempt: int) -> float:
+    return random.uniform(0.5, 1.0) * min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)
+
+
+def _load_configuration(kubeconfig: str | None) -> client.Configuration:
+    """Explicit kubeconfig, else in-cluster, else $KUBECONFIG, else ~/.kube/config."""
+    cfg = client.Configuration()
+    tried: list[str] = []
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+            return cfg
+        except ConfigException as e:
+            tried.append(f"in-cluster config ({e})")
+    else:
+        tried.append("in-cluster config (KUBERNETES_SERVICE_HOST not set)")
+    env_path = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
+    path = kubeconfig or env_path or os.path.expanduser("~/.kube/config")
+    try:
+        config.load_kube_config(config_file=path, client_configuration=cfg)
+        return cfg
+    except (ConfigException, OSError, TypeError, ValueError) as e:
+        tried.append(f"kubeconfig {path} ({e})")
+    raise ClusterUnavailable(
+        "no Kubernetes configuration found: tried "
+        + "; ".join(tried)
+        + ". Run inside a cluster, pass --kubeconfig PATH, or set KUBECONFIG"
+    )
+
+
+class Api:
+    """One connection to an API server. Thread-safe for concurrent calls."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.apiext = client.ApiextensionsV1Api(api_client)
+        self.resource = self  # resource.k8s.io/v1 goes through the generic calls below
+        self.host = api_client.configuration.host
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None) -> Api:
+        cfg = _load_configuration(kubeconfig)
+        # urllib3's own retries are off: :meth:`call` is the one place that retries.
+        cfg.retries = 0
+        return cls(client.ApiClient(configuration=cfg))
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the retry helper -----------------------------------------------------------
+
+    def call(
+        self, fn: Callable[..., T], *args: Any, what: str = "", verb: str = "", **kw: Any
+    ) -> T:
+        """Call ``fn`` retrying transient failures; map the rest to the error family."""
+        label = what or getattr(fn, "__name__", "request")
+        for attempt in range(MAX_ATTEMPTS):
+            last = attempt == MAX_ATTEMPTS - 1
+            try:
+                return fn(*args, **kw)
+            except ApiException as e:
+                if e.status not in TRANSIENT_STATUS or last:
+                    raise from_api_exception(e, verb or "request", label) from e
+                delay = _retry_after_s(e)
+                delay = _backoff_s(attempt) if delay is None else delay
+                logger.debug("%s %s: %s, retrying in %.2f s", verb, label, e.status, delay)
+            except (urllib3.exceptions.HTTPError, ConnectionError) as e:
+                if last:
+                    raise ClusterUnavailable(
+                        f"cannot reach the Kubernetes API at {self.host} ({verb} {label}): {e}; "
+                        "check that the cluster is up and the kubeconfig points at it"
+                    ) from e
+                delay = _backoff_s(attempt)
+                logger.debug("%s %s: %s, retrying in %.2f s", verb, label, e, delay)
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    # ---- generic dict calls ---------------------------------------------------------
+
+    def _raw(self, method: str, kind: Kind, namespace: str, name: str = "", **kw: Any) -> Any:
+        """One HTTP request; returns the urllib3 response (body not yet read)."""
+        query = [(k, v) for k, v in kw.pop("query", {}).items() if v is not None]
+        timeout = kw.pop("timeout", (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S))
+        body = kw.pop("body", None)
+        if kind.custom:
+            return self._raw_custom(method, kind, namespace, name, query, body, timeout)
+        resp, _, _ = self.client.call_api(
+            kind.path(namespace, name, kw.pop("sub", "")),
+            method,
+            query_params=query,
+            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+        return resp
+
+    def _raw_custom(
+        self,
+        method: str,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        query: list[tuple[str, Any]],
+        body: Any,
+        timeout: Any,
+    ) -> Any:
+        coords = (kind.group, kind.version, namespace, kind.plural)
+        opts = {"_preload_content": False, "_request_timeout": timeout, **_snake(query)}
+        if method == "GET" and name:
+            return self.custom.get_namespaced_custom_object(*coords, name, **opts)
+        if method == "GET":
+            return self.custom.list_namespaced_custom_object(*coords, **opts)
+        if method == "POST":
+            return self.custom.create_namespaced_custom_object(*coords, body, **opts)
+        if method == "DELETE":
+            return self.custom.delete_namespaced_custom_object(*coords, name, body=body, **opts)
+        raise ValueError(f"unsupported method {method} for {kind.plural}")
+
+    def _json(
+        self, method: str, kind: Kind, namespace: str, name: str = "", *, about: str = "", **kw: Any
+    ) -> Any:
+        """One request decoded as JSON; ``about`` names the object in errors (POSTs have none)."""
+
+        def once() -> Any:
+            resp = self._raw(method, kind, namespace, name, **kw)
+            try:
+                return json.loads(resp.data or b"null")
+            finally:
+                resp.release_conn()
+
+        what = kind.describe(namespace, name or about)
+        return self.call(once, what=what, verb=_VERBS.get(method, method.lower()))
+
+    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
+        """The object; raises ``NotFound`` when there is none."""
+        obj: dict[str, Any] = self._json("GET", kind, namespace, name)
+        return obj
+
+    def list(
+        self,
+        kind: Kind,
+        namespace: str,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> dict[str, Any]:
+        """The List object (``items`` and ``metadata.resourceVersion``)."""
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        lst: dict[str, Any] = self._json("GET", kind, namespace, query=query)
+        lst["items"] = lst.get("items") or []
+        return lst
+
+    def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create from a dict body; raises ``AlreadyExists`` on 409."""
+        name = str(body.get("metadata", {}).get("name", ""))
+        obj: dict[str, Any] = self._json("POST", kind, namespace, about=name, body=body)
+        return obj
+
+    def delete(
+        self, kind: Kind, namespace: str, name: str, *, propagation: str | None = None
+    ) -> bool:
+        """Delete one object; False when it was already gone (404 counts as success)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if propagation:
+            body["propagationPolicy"] = propagation
+        try:
+            self._json("DELETE", kind, namespace, name, body=body)
+        except NotFound:
+            return False
+        return True
+
+    def watch(
+        self,
+        kind: Kind,
+        namespace: str,
+        *,
+        resource_version: str,
+        timeout_s: float,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Events ``(type, object)`` from ``resource_version`` until the server ends the watch.
+
+        The server-side ``timeoutSeconds`` and the client read timeout both come from
+        ``timeout_s``, so a watch never outlives the caller's deadline. Raises
+        ``WatchExpired`` on 410 Gone.
+        """
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": max(1, int(timeout_s)),
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+        }
+        what = kind.describe(namespace)
+        resp = self.call(
+            self._raw,
+            "GET",
+            kind,
+            namespace,
+            query=query,
+            timeout=(CONNECT_TIMEOUT_S, max(0.05, timeout_s)),
+            what=what,
+            verb="watch",
+        )
+        try:
+            for line in iter_resp_lines(resp):
+                event = json.loads(line)
+                etype, obj = event.get("type", ""), event.get("object") or {}
+                if etype == "BOOKMARK":
+                    continue
+                if etype == "ERROR":
+                    code = int(obj.get("code") or 0)
+                    message = f"watch {what}: {obj.get('reason')}: {obj.get('message')}"
+                    if code == 410:
+                        raise WatchExpired(message, status=410, reason="Gone")
+                    raise from_api_exception(
+                        ApiException(status=code, reason=str(obj.get("reason"))), "watch", what
+                    )
+                yield etype, obj
+        except (urllib3.exceptions.HTTPError, ConnectionError) as e:
+            # A read timeout or a dropped stream ends this watch; the caller re-watches or
+            # stops at its deadline.
+            logger.debug("watch %s ended: %s", what, e)
+        finally:
+            resp.release_conn()
+
+    def pod_log(self, namespace: str, pod: str, *, container: str = "worker") -> str:
+        """The whole log of one container (empty when the pod has no log yet)."""
+        resp = self.call(
+            self.core.read_namespaced_pod_log,
+            pod,
+            namespace,
+            container=container,
+            _preload_content=False,
+            what=f"pods/log {namespace}/{pod}",
+            verb="get",
+        )
+        try:
+            return bytes(resp.data or b"").decode("utf-8", errors="replace")
+        finally:
+            resp.release_conn()
+
+    def follow_log(self, namespace: str, pod: str, *, container: str = "worker") -> Iterator[str]:
+        """Lines of one container's log as they are written, until the container ends."""
+        resp = self.call(
+            self.core.read_namespaced_pod_log,
+            pod,
+            namespace,
+            container=container,
+            follow=True,
+            _preload_content=False,
+            _request_timeout=(CONNECT_TIMEOUT_S, None),
+            what=f"pods/log {namespace}/{pod}",
+            verb="follow",
+        )
+        try:
+            yield from iter_resp_lines(resp)
+        finally:
+            resp.release_conn()
+
+
+def _snake(query: list[tuple[str, Any]]) -> dict[str, Any]:
+    mapping = {
+        "labelSelector": "label_selector",
+        "fieldSelector": "field_selector",
+        "resourceVersion": "resource_version",
+        "timeoutSeconds": "timeout_seconds",
+        "allowWatchBookmarks": "allow_watch_bookmarks",
+        "watch": "watch",
+    }
+    out: dict[str, Any] = {}
+    for k, v in query:
+        key = mapping[k]
+        out[key] = v == "true" if key in ("watch", "allow_watch_bookmarks") else v
+    return out
+
+
+def create_or_adopt(api: Api, kind: Kind, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Create ``body``; on 409 adopt the existing object if it carries the same run label.
+
+    Returns ``(object, adopted)``. A retried step therefore resumes instead of failing, and
+    an object of another run or of a person raises ``ConflictError`` naming its owner.
+    """
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    run_id = meta.get("labels", {}).get(LABEL_RUN_ID, "")
+    try:
+        return api.create(kind, namespace, body), False
+    except AlreadyExists as e:
+        existing = api.get(kind, namespace, name)
+        labels = existing.get("metadata", {}).get("labels") or {}
+        if labels.get(LABEL_RUN_ID) == run_id and labels.get(LABEL_MANAGED_BY) == MANAGED_BY:
+            return existing, True
+        owner = {k: v for k, v in labels.items() if k in (LABEL_RUN_ID, LABEL_MANAGED_BY)}
+        raise ConflictError(
+            f"{kind.kind} {namespace}/{name} already exists and is not part of run {run_id!r} "
+            f"(its labels: {owner or 'none of ours'}); delete it if it is stale "
+            f"(kubectl delete {kind.plural} -n {namespace} {name}) or use another run id"
+        ) from e

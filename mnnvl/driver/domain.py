@@ -1,0 +1,206 @@
+"""The ComputeDomain: create or adopt it, wait for its channel template, delete it and wait gone.
+
+Provisioning never waits for ``status.status == Ready``: IMEX daemons start only where
+workload pods are being prepared, so Ready before pods deadlocks (``numNodes > 0``) or
+proves nothing (``numNodes = 0``). The gate is the controller-generated ResourceClaimTemplate.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from mnnvl.driver.api import (
+    COMPUTE_DOMAIN,
+    POD,
+    RESOURCE_CLAIM_TEMPLATE,
+    Api,
+    create_or_adopt,
+)
+from mnnvl.driver.errors import ConflictError, MnnvlError, NotFound, crd_missing
+from mnnvl.driver.wait import Deadline, Objects, wait_for
+from mnnvl.manifests import compute_domain
+from mnnvl.names import RunNames
+from mnnvl.spec import DomainSpec, OwnerRef
+
+logger = logging.getLogger(__name__)
+
+DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
+FINALIZER = "resource.nvidia.com/computeDomain"
+CONTROLLER_LOGS = "kubectl logs -n <driver-ns> -l nvidia-dra-driver-gpu-component=controller"
+KUBELET_PLUGIN_LOGS = (
+    "kubectl logs -n <driver-ns> -l nvidia-dra-driver-gpu-component=kubelet-plugin"
+)
+
+
+@dataclass(frozen=True)
+class Domain:
+    """What provisioning learned about the domain."""
+
+    name: str
+    namespace: str
+    uid: str
+    channel_template: str
+    adopted: bool
+
+
+def ensure_domain(api: Api, spec: DomainSpec) -> Domain:
+    """Create the run's ComputeDomain, or adopt it when this run already made it."""
+    names = RunNames.for_run(spec.run_id)
+    body = compute_domain(spec)
+    try:
+        cd, adopted = create_or_adopt(api, COMPUTE_DOMAIN, body)
+    except NotFound as e:
+        if e.details_kind == "namespaces":
+            raise ConflictError(
+                f"namespace {spec.namespace} does not exist; create it or pass --namespace"
+            ) from e
+        # The only other 404 for a POST to the collection: the resource type is unknown.
+        raise crd_missing(spec.namespace) from e
+    meta = cd["metadata"]
+    if meta.get("deletionTimestamp"):
+        raise ConflictError(
+            f"ComputeDomain {spec.namespace}/{names.domain} of run {spec.run_id} is being deleted "
+            "(a teardown is in progress); wait for it to finish, then provision again"
+        )
+    wanted_channel = body["spec"]["channel"]
+    have_channel = cd.get("spec", {}).get("channel", {})
+    if adopted and have_channel.get("allocationMode", "Single") != wanted_channel["allocationMode"]:
+        raise ConflictError(
+            f"ComputeDomain {spec.namespace}/{names.domain} exists with allocationMode "
+            f"{have_channel.get('allocationMode')!r}, not {spec.allocation_mode!r}; a domain's "
+            "spec is immutable: tear the run down first"
+        )
+    logger.info(
+        "%s ComputeDomain %s/%s (uid %s)",
+        "adopted" if adopted else "created",
+        spec.namespace,
+        names.domain,
+        meta.get("uid"),
+    )
+    return Domain(
+        name=names.domain,
+        namespace=spec.namespace,
+        uid=str(meta.get("uid", "")),
+        channel_template=names.channel_template,
+        adopted=adopted,
+    )
+
+
+def wait_for_channel_template(api: Api, domain: Domain, deadline: Deadline) -> dict[str, Any]:
+    """Block until the DRA controller has created the domain's ResourceClaimTemplate."""
+    name = domain.channel_template
+
+    def owner_uid(objects: Objects) -> str | None:
+        rct = objects.get(name)
+        if rct is None:
+            return None
+        return str((rct["metadata"].get("labels") or {}).get(DOMAIN_LABEL, ""))
+
+    def fail(objects: Objects) -> None:
+        uid = owner_uid(objects)
+        if uid is not None and uid != domain.uid:
+            raise ConflictError(
+                f"an RCT named {domain.namespace}/{name} already exists; the DRA controller "
+                "cannot create the domain's channel template (that one is labelled "
+                f"{DOMAIN_LABEL}={uid or '<unset>'}, the domain's uid is {domain.uid}): "
+                "delete that ResourceClaimTemplate or use another run id"
+            )
+
+    def describe(objects: Objects) -> str:
+        return f"ResourceClaimTemplate {name} absent; {domain_state(api, domain)}"
+
+    objects = wait_for(
+        api,
+        RESOURCE_CLAIM_TEMPLATE,
+        domain.namespace,
+        name=name,
+        what=f"ResourceClaimTemplate {domain.namespace}/{name} (made by the DRA controller)",
+        done=lambda objects: owner_uid(objects) == domain.uid,
+        fail=fail,
+        describe=describe,
+        deadline=deadline,
+        hint=f"is the DRA driver's controller running? check {CONTROLLER_LOGS}",
+    )
+    logger.info("ResourceClaimTemplate %s ready after %.1f s", name, deadline.elapsed())
+    return objects[name]
+
+
+def delete_domain(api: Api, namespace: str, name: str, deadline: Deadline) -> bool:
+    """Delete a ComputeDomain and wait until it is gone (404); False if it already was.
+
+    Gone means the controller removed its finalizer after cleaning up, so the nodes' IMEX
+    state is released; only then may a new domain take those nodes.
+    """
+    if not api.delete(COMPUTE_DOMAIN, namespace, name):
+        return False
+    logger.info("deleting ComputeDomain %s/%s", namespace, name)
+    wait_for(
+        api,
+        COMPUTE_DOMAIN,
+        namespace,
+        name=name,
+        what=f"ComputeDomain {namespace}/{name} to be deleted",
+        done=lambda objects: not objects,
+        deadline=deadline,
+        hint=f"finalizer {FINALIZER} still present; "
+        f"check the DRA controller logs: {CONTROLLER_LOGS}",
+    )
+    logger.info("ComputeDomain %s/%s gone after %.1f s", namespace, name, deadline.elapsed())
+    return True
+
+
+def domain_state(api: Api, domain: Domain | str, namespace: str = "") -> str:
+    """A one-line summary of the domain's status for error messages (diagnostics only)."""
+    return domain_nodes(api, domain, namespace)[0]
+
+
+def domain_nodes(api: Api, domain: Domain | str, namespace: str = "") -> tuple[str, dict[str, str]]:
+    """``(summary, {node: IMEX status})`` from the domain's ``status.nodes`` (never raises)."""
+    name = domain.name if isinstance(domain, Domain) else domain
+    namespace = domain.namespace if isinstance(domain, Domain) else namespace
+    try:
+        cd = api.get(COMPUTE_DOMAIN, namespace, name)
+    except MnnvlError as e:
+        return f"ComputeDomain {namespace}/{name} unreadable ({e})", {}
+    status = cd.get("status") or {}
+    nodes = {str(n.get("name")): str(n.get("status", "?")) for n in status.get("nodes") or []}
+    node_text = ", ".join(f"{k}={v}" for k, v in nodes.items()) or "none"
+    summary = (
+        f"ComputeDomain {namespace}/{name} status {status.get('status', '<unset>')}, "
+        f"status.nodes: {node_text}"
+    )
+    return summary, nodes
+
+
+def launcher_owner(api: Api, namespace: str) -> OwnerRef | None:
+    """An owner reference to the pod this process runs in, when that pod is in ``namespace``.
+
+    The pod is found from ``POD_NAME``/``POD_NAMESPACE`` (downward API) or, in a cluster,
+    ``HOSTNAME`` and the service account's namespace file.
+    """
+    pod_name = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME", "")
+    pod_ns = os.environ.get("POD_NAMESPACE") or _service_account_namespace()
+    if not pod_name or not pod_ns:
+        logger.warning("--owner-pod: not running in a pod (POD_NAME/POD_NAMESPACE unset); no owner")
+        return None
+    if pod_ns != namespace:
+        logger.warning(
+            "--owner-pod: launcher pod is in %s, objects in %s; owners must share a namespace",
+            pod_ns,
+            namespace,
+        )
+        return None
+    pod = api.get(POD, pod_ns, pod_name)
+    return OwnerRef(api_version="v1", kind="Pod", name=pod_name, uid=pod["metadata"]["uid"])
+
+
+def _service_account_namespace() -> str:
+    path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,317 @@
+"""The steps of a run: provision, launch (train, verify), teardown, reap.
+
+Plain functions over validated specs, returning frozen, JSON-able results. KFP components,
+Argo templates and the CLI all call these; the Kubernetes work lives in ``mnnvl.driver``.
+Progress goes to logging (stderr); nothing here prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from mnnvl.driver import (
+    Api,
+    Deadline,
+    LogFollower,
+    create_workload,
+    delete_domain,
+    delete_workload,
+    ensure_domain,
+    launcher_owner,
+    parse_result,
+    rank0_pod,
+    reap_namespace,
+    wait_for_channel_template,
+    wait_for_job_done,
+    wait_for_pods_running,
+)
+from mnnvl.errors import VerificationFailed, WorkloadFailed
+from mnnvl.manifests import CONTAINER, TRAIN_MODULE, VERIFY_MODULE, step_workload
+from mnnvl.names import RunNames
+from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec, to_args
+
+logger = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 20
+LOG_DRAIN_S = 10.0  # how long to let the rank-0 log stream finish after the Job completed
+REAP_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Result:
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ProvisionResult(Result):
+    run_id: str
+    namespace: str
+    domain: str
+    channel_template: str
+    uid: str
+    adopted: bool
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class LaunchResult(Result):
+    job: str
+    pods: list[str]
+    result: dict[str, Any] | None
+    log_tail: str
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class TrainResult(Result):
+    job: str
+    final_loss: float | None
+    tokens_per_s: float | None
+    mfu: float | None
+    steps: int | None
+    checkpoint: str
+    peak_mem_gib: float | None
+    report_files: dict[str, str]
+    raw: dict[str, Any]
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class VerifyResult(Result):
+    job: str
+    verdict: str
+    threshold_gbps: float | None
+    peak_busbw_gbps: float | None
+    judged_busbw_gbps: float | None
+    sizes: list[dict[str, Any]]
+    report_files: dict[str, str]
+    raw: dict[str, Any]
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class TeardownResult(Result):
+    run_id: str
+    deleted: list[str]
+    already_gone: bool
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class ReapResult(Result):
+    namespace: str
+    runs: list[str]
+    deleted: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+
+@contextmanager
+def _api(kubeconfig: str | None) -> Iterator[Api]:
+    api = Api.connect(kubeconfig)
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+def _since(start: float) -> float:
+    return round(time.monotonic() - start, 3)
+
+
+def provision(
+    spec: DomainSpec, *, kubeconfig: str | None = None, owner_pod: bool = False
+) -> ProvisionResult:
+    """Create (or adopt) the run's ComputeDomain and wait for its channel template.
+
+    Never waits for the domain to be Ready: that needs workload pods (see the README).
+    ``owner_pod`` makes the launcher pod this runs in the domain's owner (off by default:
+    a KFP launcher pod ends before the exit handler's teardown would run).
+    """
+    start = time.monotonic()
+    with _api(kubeconfig) as api:
+        if owner_pod and spec.owner is None:
+            spec = dataclasses.replace(spec, owner=launcher_owner(api, spec.namespace))
+        domain = ensure_domain(api, spec)
+        wait_for_channel_template(api, domain, Deadline(spec.rct_timeout_s))
+    return ProvisionResult(
+        run_id=spec.run_id,
+        namespace=spec.namespace,
+        domain=domain.name,
+        channel_template=domain.channel_template,
+        uid=domain.uid,
+        adopted=domain.adopted,
+        elapsed_s=_since(start),
+    )
+
+
+def launch(
+    workload: WorkloadSpec, module: str, args: list[str], *, kubeconfig: str | None = None
+) -> LaunchResult:
+    """Run ``module`` on the workload's nodes; return rank 0's RESULT (None if it printed none).
+
+    Completed Jobs stay until teardown, so their logs remain inspectable.
+    """
+    start = time.monotonic()
+    with _api(kubeconfig) as api:
+        job = create_workload(api, workload, module, args)
+        pods = wait_for_pods_running(api, workload, job, Deadline(workload.pods_running_timeout_s))
+        rank0 = rank0_pod(pods)
+        follower = LogFollower(api, workload.namespace, rank0).start()
+        wait_for_job_done(api, workload, job, Deadline(workload.job_timeout_s))
+        text = follower.text if follower.join(LOG_DRAIN_S) else ""
+        result = parse_result(text)
+        if result is None:
+            # The stream was cut or not finished: the stored log is the record.
+            text = api.pod_log(workload.namespace, rank0, container=CONTAINER)
+            result = parse_result(text)
+    return LaunchResult(
+        job=job,
+        pods=sorted(pods),
+        result=result,
+        log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
+        elapsed_s=_since(start),
+    )
+
+
+def _require_result(launched: LaunchResult, kind: str) -> dict[str, Any]:
+    raw = launched.result
+    if raw is None or raw.get("kind") != kind:
+        raise WorkloadFailed(
+            f"Job {launched.job} completed but rank 0 printed no {kind} RESULT line; "
+            f"last log lines:\n{launched.log_tail}"
+        )
+    return raw
+
+
+def train(
+    workload: WorkloadSpec,
+    config: TrainConfig,
+    *,
+    kubeconfig: str | None = None,
+    report_dir: str | None = None,
+) -> TrainResult:
+    """Sharded training on the domain's nodes; metrics from rank 0's RESULT line."""
+    start = time.monotonic()
+    launched = launch(
+        step_workload(workload, "train"), TRAIN_MODULE, to_args(config), kubeconfig=kubeconfig
+    )
+    raw = _require_result(launched, "train")
+    files: dict[str, str] = {}
+    if report_dir:
+        from mnnvl.report import write_train_report
+
+        files = write_train_report(raw, report_dir)
+    logger.info(
+        "train: final loss %s, %s tokens/s, mfu %s",
+        raw.get("final_loss"),
+        raw.get("tokens_per_s"),
+        raw.get("mfu"),
+    )
+    return TrainResult(
+        job=launched.job,
+        final_loss=raw.get("final_loss"),
+        tokens_per_s=raw.get("tokens_per_s"),
+        mfu=raw.get("mfu"),
+        steps=raw.get("steps"),
+        checkpoint=str(raw.get("checkpoint") or ""),
+        peak_mem_gib=raw.get("peak_mem_gib"),
+        report_files=files,
+        raw=raw,
+        elapsed_s=_since(start),
+    )
+
+
+def verify(
+    workload: WorkloadSpec,
+    config: VerifyConfig,
+    *,
+    kubeconfig: str | None = None,
+    report_dir: str | None = None,
+    fail_on_fail: bool = True,
+) -> VerifyResult:
+    """NVLink/NCCL verification on the domain's nodes; raises ``VerificationFailed`` on FAIL."""
+    start = time.monotonic()
+    launched = launch(
+        step_workload(workload, "verify"), VERIFY_MODULE, to_args(config), kubeconfig=kubeconfig
+    )
+    raw = _require_result(launched, "verify")
+    files: dict[str, str] = {}
+    if report_dir:
+        from mnnvl.report import write_verify_report
+
+        files = write_verify_report(raw, report_dir)
+    result = VerifyResult(
+        job=launched.job,
+        verdict=str(raw.get("verdict")),
+        threshold_gbps=raw.get("threshold_gbps"),
+        peak_busbw_gbps=raw.get("peak_busbw_gbps"),
+        judged_busbw_gbps=raw.get("judged_busbw_gbps"),
+        sizes=list(raw.get("sizes") or []),
+        report_files=files,
+        raw=raw,
+        elapsed_s=_since(start),
+    )
+    logger.info(
+        "verify %s: %s (judged busbw %s GB/s, threshold %s GB/s)",
+        launched.job,
+        result.verdict,
+        result.judged_busbw_gbps,
+        result.threshold_gbps,
+    )
+    if result.verdict != "PASS" and fail_on_fail:
+        raise VerificationFailed(
+            f"verification {result.verdict} (Job {launched.job}): judged busbw "
+            f"{result.judged_busbw_gbps} GB/s vs threshold {result.threshold_gbps} GB/s "
+            f"({raw.get('threshold_source')}), peak {result.peak_busbw_gbps} GB/s, "
+            f"world size {raw.get('world_size')}, backend {raw.get('backend')}; reasons: "
+            f"{'; '.join(raw.get('reasons') or []) or 'none given'}"
+            + (f"; report: {files.get('markdown')}" if files else "")
+        )
+    return result
+
+
+def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResult:
+    """Delete the run's workload (and wait for its pods), then the domain (and wait for 404).
+
+    Idempotent: a second call finds nothing and returns ``already_gone=True``.
+    """
+    start = time.monotonic()
+    names = RunNames.for_run(spec.run_id)
+    deadline = Deadline(spec.delete_timeout_s)
+    with _api(kubeconfig) as api:
+        deleted = delete_workload(api, spec.namespace, names.selector, deadline)
+        if delete_domain(api, spec.namespace, names.domain, deadline):
+            deleted.append(f"ComputeDomain {spec.namespace}/{names.domain}")
+    if not deleted:
+        logger.info("run %s: nothing left to delete", spec.run_id)
+    return TeardownResult(
+        run_id=spec.run_id, deleted=deleted, already_gone=not deleted, elapsed_s=_since(start)
+    )
+
+
+def reap(
+    namespace: str | None,
+    *,
+    live_run_ids: set[str] | None,
+    older_than_s: float,
+    kubeconfig: str | None = None,
+    timeout_s: float = REAP_TIMEOUT_S,
+) -> ReapResult:
+    """Delete objects of runs that are not live (or older than ``older_than_s``).
+
+    ``namespace`` None means ``default``. ``live_run_ids`` None means "judge by age only".
+    """
+    start = time.monotonic()
+    ns = namespace or "default"
+    with _api(kubeconfig) as api:
+        runs, deleted = reap_namespace(
+            api, ns, live_run_ids=live_run_ids, older_than_s=older_than_s, timeout_s=timeout_s
+        )
+    return ReapResult(namespace=ns, runs=runs, deleted=deleted, elapsed_s=_since(start))

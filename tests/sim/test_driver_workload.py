@@ -1,0 +1,183 @@
+"""Workload Jobs over HTTP against the simulated cluster: rank env, logs, fail-fast, teardown."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from mnnvl import steps
+from mnnvl.errors import WaitTimeout, WorkloadFailed
+from mnnvl.names import RunNames
+from mnnvl.sim import SimCluster
+from mnnvl.spec import DomainSpec, WorkloadSpec
+
+RANK_CHECK = textwrap.dedent(
+    """
+    import json, os, sys
+    index = os.environ["JOB_COMPLETION_INDEX"]
+    nnodes = os.environ["NNODES"]
+    ok = (
+        os.environ["GROUP_RANK"] == index  # torchrun's --node-rank came from the Job index
+        and os.environ["RANK"] == index  # one process per pod on CPU
+        and os.environ["WORLD_SIZE"] == nnodes
+        and bool(os.environ["MASTER_ADDR"])
+    )
+    print(f"rank check index={index} nnodes={nnodes} ok={ok}", flush=True)
+    if index == "0":
+        result = {"kind": "rankcheck", "index": index, "nnodes": nnodes, "ok": ok,
+                  "master_addr": os.environ["MASTER_ADDR"], "run": os.environ["MNNVL_RUN_ID"]}
+        print("RESULT " + json.dumps(result), flush=True)
+    sys.exit(0 if ok else 7)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimCluster(nodes=2) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("workers")
+    (path / "rank_check.py").write_text(RANK_CHECK)
+    (path / "quiet.py").write_text('print("nothing to report")\n')
+    return str(path)
+
+
+@pytest.fixture
+def run(sim, module_dir):
+    """A provisioned domain and a matching workload; torn down afterwards, whatever happened."""
+    run_id = f"w-{uuid.uuid4().hex[:10]}"
+    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
+    workload = WorkloadSpec(
+        run_id=run_id,
+        purpose="job",
+        nodes=2,
+        gpus_per_node=0,
+        env={"PYTHONPATH": module_dir},
+        pods_running_timeout_s=60,
+        job_timeout_s=60,
+    )
+    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+    yield domain, workload
+    steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+
+
+def test_two_node_job_sees_its_rank_env_and_teardown_leaves_nothing(sim, run, capfd):
+    domain, workload = run
+    names = RunNames.for_run(domain.run_id)
+    result = steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
+    assert result.job == names.job("job")
+    assert len(result.pods) == 2
+    assert result.result == {
+        "kind": "rankcheck",
+        "index": "0",
+        "nnodes": "2",
+        "ok": True,
+        "master_addr": "127.0.0.1",
+        "run": domain.run_id,
+    }
+    assert "rank check index=0 nnodes=2 ok=True" in result.log_tail
+    rank0 = next(p for p in result.pods if p.startswith(f"{names.job('job')}-0-"))
+    assert f"[{rank0}] rank check index=0" in capfd.readouterr().err  # streamed to stderr
+    assert "rank check index=1" in sim.pod_log("default", result.pods[1])
+
+    down = steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+    assert f"Job default/{names.job('job')}" in down.deleted
+    assert f"ComputeDomain default/{names.domain}" in down.deleted
+    assert sim.objects(names.selector) == []
+    leftover = [
+        o
+        for o in sim.objects()
+        if o[0] in ("ResourceClaimTemplate", "ResourceClaim", "Pod") and names.base in o[2]
+    ]
+    assert leftover == []
+
+
+def test_relaunch_adopts_the_completed_job(sim, run):
+    _, workload = run
+    first = steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
+    before = sim.request_count
+    again = steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
+    assert again.job == first.job and again.result == first.result
+    assert sim.request_count - before < 20
+
+
+def test_failed_pod_fails_fast_with_exit_code_and_events(sim, run):
+    domain, workload = run
+    job = RunNames.for_run(domain.run_id).job("job")
+    sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=3)
+    start = time.monotonic()
+    with pytest.raises(WorkloadFailed) as info:
+        steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
+    assert time.monotonic() - start < 20  # the deadlines are 60 s each
+    message = str(info.value)
+    assert f"{job}-1" in message
+    assert "code 3" in message
+    assert "events:" in message and "no events" not in message
+
+
+def test_image_pull_backoff_fails_fast_naming_the_reason(sim, run):
+    domain, workload = run
+    job = RunNames.for_run(domain.run_id).job("job")
+    sim.faults.fail_pod(job, index=0, mode="ImagePullBackOff")
+    start = time.monotonic()
+    with pytest.raises(WorkloadFailed) as info:
+        steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
+    assert time.monotonic() - start < 15
+    message = str(info.value)
+    assert "ImagePullBackOff" in message or "ErrImagePull" in message
+    assert "Failed to pull image" in message  # the pod's event
+    assert "check the image name" in message
+
+
+def test_unschedulable_pod_fails_fast(sim, run):
+    domain, workload = run
+    job = RunNames.for_run(domain.run_id).job("job")
+    sim.faults.fail_pod(job, index=1, mode="Unschedulable")
+    with pytest.raises(WorkloadFailed, match="Unschedulable") as info:
+        steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
+    assert "FailedScheduling" in str(info.value)
+
+
+def test_job_without_result_line_returns_none_and_the_log_tail(sim, run):
+    _, workload = run
+    result = steps.launch(workload, "quiet", [], kubeconfig=sim.kubeconfig_path)
+    assert result.result is None
+    assert "nothing to report" in result.log_tail
+
+
+def test_pods_stuck_container_creating_time_out_naming_node_and_imex(module_dir):
+    # Its own cluster: IMEX daemons that never become ready are not left to the other tests.
+    with SimCluster(nodes=2, imex_delay_s=60) as cluster:
+        domain = DomainSpec(run_id="stuck-pods", delete_timeout_s=30)
+        workload = WorkloadSpec(
+            run_id="stuck-pods",
+            purpose="job",
+            nodes=2,
+            gpus_per_node=0,
+            env={"PYTHONPATH": module_dir},
+            pods_running_timeout_s=1.5,
+        )
+        steps.provision(domain, kubeconfig=cluster.kubeconfig_path)
+        with pytest.raises(WaitTimeout) as info:
+            steps.launch(workload, "rank_check", [], kubeconfig=cluster.kubeconfig_path)
+        steps.teardown(domain, kubeconfig=cluster.kubeconfig_path)
+    message = str(info.value)
+    assert "stuck ContainerCreating" in message
+    assert "IMEX daemon on node sim-node-" in message and "not ready" in message
+    assert "status.nodes" in message
+    assert "kubectl get computedomain" in message and "kubelet-plugin" in message
+
+
+def test_pod_wait_survives_watch_expiry(sim, run):
+    _, workload = run
+    sim.faults.expire_watches(2)
+    result = steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
+    assert result.result is not None and result.result["ok"] is True
+    assert sim.faults.take_watch_expiry() is False

@@ -1,0 +1,143 @@
+"""The command line: render without a cluster, bad input before any request, one JSON line last."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from mnnvl import cli
+from mnnvl.names import LABEL_RUN_ID, RunNames
+from mnnvl.sim import SimCluster
+from mnnvl.spec import DNS1123_LABEL
+
+RENDER = ["render", "--run-id", "demo-run", "--namespace", "team-a", "--nodes", "2"]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, list[str], str]:
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err
+
+
+def last_json(lines: list[str]) -> dict:
+    assert lines, "nothing on stdout"
+    return json.loads(lines[-1])
+
+
+def test_render_prints_every_object_as_yaml_with_valid_names(capsys):
+    code, lines, _ = run_cli(capsys, [*RENDER, "--gpus-per-node", "4"])
+    assert code == 0
+    docs = [d for d in yaml.safe_load_all("\n".join(lines[:-1])) if d]
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["ComputeDomain", "Service", "Job", "Service", "Job"]
+    names = RunNames.for_run("demo-run")
+    assert docs[0]["metadata"]["name"] == names.domain
+    assert {d["metadata"]["name"] for d in docs[3:]} == {names.job("verify")}
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        assert len(name) <= 63 and DNS1123_LABEL.match(name), name
+        assert doc["metadata"]["namespace"] == "team-a"
+        assert doc["metadata"]["labels"][LABEL_RUN_ID] == "demo-run"
+    job = docs[2]
+    assert job["spec"]["completions"] == 2
+    claims = job["spec"]["template"]["spec"]["resourceClaims"]
+    assert claims[0]["resourceClaimTemplateName"] == names.channel_template
+    result = last_json(lines)
+    assert result["ok"] is True and result["command"] == "render"
+
+
+def test_render_with_gpu_claims_adds_the_gpu_template(capsys):
+    code, lines, _ = run_cli(capsys, [*RENDER, "--gpus-per-node", "4", "--gpu-mode", "claim"])
+    assert code == 0
+    kinds = [d["kind"] for d in yaml.safe_load_all("\n".join(lines[:-1])) if d]
+    assert kinds[:2] == ["ComputeDomain", "ResourceClaimTemplate"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["render", "--run-id", "r1", "--nodes", "40"], "nodes"),
+        (["render", "--run-id", "r1", "--namespace", "Bad_NS"], "namespace"),
+        (["render", "--run-id", "bad id!"], "run_id"),
+        (["provision", "--namespace", "default"], "run_id"),
+        (["train", "--run-id", "r1", "--env", "NCCL_CUMEM_ENABLE=0"], "env.NCCL_CUMEM_ENABLE"),
+        (["verify", "--run-id", "r1", "--min-bytes", "4G", "--max-bytes", "1M"], "min_bytes"),
+    ],
+)
+def test_bad_input_exits_2_with_a_one_line_message(capsys, argv, field):
+    code, lines, err = run_cli(capsys, argv)
+    assert code == 2
+    result = last_json(lines)
+    assert result == {"ok": False, "command": argv[0], "error": result["error"], "exit_code": 2}
+    assert result["error"].startswith(field + ":")
+    assert "\n" not in result["error"]
+    assert "Traceback" not in err
+
+
+def test_unknown_flag_is_a_usage_error_with_a_json_line(capsys):
+    code, lines, _ = run_cli(capsys, ["provision", "--run-id", "r1", "--no-such-flag"])
+    assert code == 2
+    assert last_json(lines)["exit_code"] == 2
+
+
+def test_unreachable_cluster_exits_5(capsys, tmp_path):
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n"
+    )
+    code, lines, _ = run_cli(
+        capsys, ["teardown", "--run-id", "r1", "--kubeconfig", str(kubeconfig)]
+    )
+    assert code == 5
+    result = last_json(lines)
+    assert "cannot reach the Kubernetes API" in result["error"]
+
+
+def test_missing_kubeconfig_exits_5_naming_what_was_tried(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    missing = tmp_path / "nope"
+    code, lines, _ = run_cli(capsys, ["teardown", "--run-id", "r1", "--kubeconfig", str(missing)])
+    assert code == 5
+    assert str(missing) in last_json(lines)["error"]
+
+
+def test_result_path_gets_the_same_json(capsys, tmp_path):
+    path = tmp_path / "result.json"
+    code, lines, _ = run_cli(capsys, [*RENDER, "--result-path", str(path)])
+    assert code == 0
+    assert json.loads(path.read_text()) == last_json(lines)
+
+
+def test_python_dash_m_mnnvl_ends_with_one_json_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "mnnvl", *RENDER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.splitlines()[-1]
+    assert json.loads(last)["ok"] is True
+    assert sum(1 for line in proc.stdout.splitlines() if line.startswith("{")) == 1
+
+
+def test_bad_input_exits_2_before_any_request_to_the_cluster(capsys):
+    with SimCluster(nodes=1) as sim:
+        before = sim.request_count
+        for argv in (
+            ["train", "--run-id", "r1", "--nodes", "0"],
+            ["provision", "--run-id", "r1", "--allocation-mode", "Many"],
+            ["run", "--run-id", "r1", "--gpus-per-node", "9"],
+            ["train", "--run-id", "r1", "--env", "MASTER_ADDR=elsewhere"],
+            ["launch", "--run-id", "r1", "--module", "not a module"],
+        ):
+            code, lines, _ = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
+            assert code == 2 and last_json(lines)["exit_code"] == 2
+        assert sim.request_count == before
