@@ -35,9 +35,8 @@ def provision_domain(
     Returns:
         The ComputeDomain name.
     """
-    from mnnvl.components.artifacts import kubeconfig
-
     from mnnvl import spec, steps
+    from mnnvl.components.artifacts import kubeconfig
 
     domain = spec.DomainSpec(
         run_id=run_id,
@@ -116,10 +115,9 @@ def train_sharded(
         pods_running_timeout_s: Deadline for all worker pods to be Running.
         job_timeout_s: Deadline for the Job to complete.
     """
-    from mnnvl.components.artifacts import kubeconfig, publish_train
-
     from mnnvl import spec
     from mnnvl import steps as mnnvl_steps
+    from mnnvl.components.artifacts import kubeconfig, publish_train
 
     workload = spec.WorkloadSpec(
         run_id=run_id,
@@ -220,9 +218,8 @@ def verify_nvlink(
         pods_running_timeout_s: Deadline for all worker pods to be Running.
         job_timeout_s: Deadline for the Job to complete.
     """
-    from mnnvl.components.artifacts import kubeconfig, publish_verify
-
     from mnnvl import spec, steps
+    from mnnvl.components.artifacts import kubeconfig, publish_verify
     from mnnvl.errors import VerificationFailed
 
     workload = spec.WorkloadSpec(
@@ -276,9 +273,8 @@ def teardown_domain(
         namespace: Namespace of the run.
         delete_timeout_s: How long to wait until each object is gone (GET returns 404).
     """
-    from mnnvl.components.artifacts import kubeconfig
-
     from mnnvl import spec, steps
+    from mnnvl.components.artifacts import kubeconfig
 
     domain = spec.DomainSpec(run_id=run_id, namespace=namespace, delete_timeout_s=delete_timeout_s)
     steps.teardown(domain, kubeconfig=kubeconfig())

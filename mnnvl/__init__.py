@@ -1,3 +1,3 @@
-"""mnnvl-pipelines: ComputeDomain provisioning, MNNVL-tuned training, NVLink verification, teardown."""
+"""mnnvl-pipelines: ComputeDomains, MNNVL-tuned training, NVLink verification, teardown."""
 
 __version__ = "0.1.0"

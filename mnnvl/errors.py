@@ -6,6 +6,8 @@ Exit codes: 0 ok, 2 bad input, 3 timeout, 4 workload or verification failed,
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MnnvlError(Exception):
     """Base of every error this product raises on purpose."""
@@ -36,9 +38,17 @@ class WaitTimeout(MnnvlError):
 
 
 class WorkloadFailed(MnnvlError):
-    """A workload pod or Job failed (fail-fast), or its result was unusable."""
+    """A workload pod or Job failed (fail-fast), or its result was unusable.
+
+    ``result`` holds rank 0's RESULT line when the worker printed one before failing
+    (the verification worker does so for a FAIL verdict), so callers keep the numbers.
+    """
 
     exit_code = 4
+
+    def __init__(self, message: str, *, result: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class VerificationFailed(WorkloadFailed):

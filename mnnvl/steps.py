@@ -27,6 +27,7 @@ from mnnvl.driver import (
     parse_result,
     rank0_pod,
     reap_namespace,
+    result_of_failed_job,
     wait_for_channel_template,
     wait_for_job_done,
     wait_for_pods_running,
@@ -161,10 +162,19 @@ def launch(
     start = time.monotonic()
     with _api(kubeconfig) as api:
         job = create_workload(api, workload, module, args)
-        pods = wait_for_pods_running(api, workload, job, Deadline(workload.pods_running_timeout_s))
-        rank0 = rank0_pod(pods)
-        follower = LogFollower(api, workload.namespace, rank0).start()
-        wait_for_job_done(api, workload, job, Deadline(workload.job_timeout_s))
+        follower: LogFollower | None = None
+        try:
+            pods = wait_for_pods_running(
+                api, workload, job, Deadline(workload.pods_running_timeout_s)
+            )
+            rank0 = rank0_pod(pods)
+            follower = LogFollower(api, workload.namespace, rank0).start()
+            wait_for_job_done(api, workload, job, Deadline(workload.job_timeout_s))
+        except WorkloadFailed as err:
+            err.result = err.result or result_of_failed_job(
+                api, workload, job, follower, drain_s=LOG_DRAIN_S
+            )
+            raise
         text = follower.text if follower.join(LOG_DRAIN_S) else ""
         result = parse_result(text)
         if result is None:
@@ -238,9 +248,18 @@ def verify(
 ) -> VerifyResult:
     """NVLink/NCCL verification on the domain's nodes; raises ``VerificationFailed`` on FAIL."""
     start = time.monotonic()
-    launched = launch(
-        step_workload(workload, "verify"), VERIFY_MODULE, to_args(config), kubeconfig=kubeconfig
-    )
+    verify_workload = step_workload(workload, "verify")
+    try:
+        launched = launch(verify_workload, VERIFY_MODULE, to_args(config), kubeconfig=kubeconfig)
+    except WorkloadFailed as err:
+        # The worker exits non-zero on a FAIL verdict after printing its RESULT: keep the
+        # numbers and report them; anything else (no RESULT) is a real workload failure.
+        if not (err.result and err.result.get("kind") == "verify"):
+            raise
+        job = RunNames.for_run(workload.run_id).job(verify_workload.purpose)
+        launched = LaunchResult(
+            job=job, pods=[], result=err.result, log_tail=str(err), elapsed_s=_since(start)
+        )
     raw = _require_result(launched, "verify")
     files: dict[str, str] = {}
     if report_dir:

@@ -17,8 +17,8 @@ from typing import Any
 
 from hera.workflows import DAG, Container, Parameter, Task, Workflow, WorkflowTemplate
 from hera.workflows import models as m
-from mnnvl.components import argo_templates as t
 
+from mnnvl.components import argo_templates as t
 from mnnvl.spec import DEFAULT_IMAGE
 
 TEMPLATE_NAME = "mnnvl-training"

@@ -14,6 +14,7 @@ teardown) retry.
 from typing import Any
 
 from kfp import dsl
+
 from mnnvl.components.kfp_components import (
     provision_domain,
     teardown_domain,

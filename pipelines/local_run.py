@@ -124,6 +124,7 @@ def run_pipeline(
 ) -> RunOutcome:
     """Run ``mnnvl-training`` under kfp.local; KUBECONFIG must point at the cluster."""
     from kfp import local
+
     from mnnvl.pipelines.kfp_pipeline import TRAINING_PIPELINE_NAME, training_pipeline
 
     pipeline_root = out / "kfp"

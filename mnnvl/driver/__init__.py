@@ -20,6 +20,7 @@ from mnnvl.driver.workload import (
     delete_workload,
     parse_result,
     rank0_pod,
+    result_of_failed_job,
     wait_for_job_done,
     wait_for_pods_running,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "parse_result",
     "rank0_pod",
     "reap_namespace",
+    "result_of_failed_job",
     "wait_for",
     "wait_for_channel_template",
     "wait_for_job_done",

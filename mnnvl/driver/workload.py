@@ -354,6 +354,34 @@ def parse_result(log_text: str) -> dict[str, Any] | None:
     return None
 
 
+def result_of_failed_job(
+    api: Api,
+    workload: WorkloadSpec,
+    job: str,
+    follower: LogFollower | None,
+    *,
+    drain_s: float = 5.0,
+) -> dict[str, Any] | None:
+    """Rank 0's RESULT from a failed Job's log, if it printed one before exiting."""
+    if follower is not None and follower.join(drain_s):
+        found = parse_result(follower.text)
+        if found is not None:
+            return found
+    pods = api.list(POD, workload.namespace, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
+    for pod in pods:
+        if pod_index(pod) != "0":
+            continue
+        try:
+            text = api.pod_log(workload.namespace, pod["metadata"]["name"], container=CONTAINER)
+        except MnnvlError as e:
+            logger.warning("could not read the log of %s: %s", pod["metadata"]["name"], e)
+            continue
+        found = parse_result(text)
+        if found is not None:
+            return found
+    return None
+
+
 def rank0_pod(pods: Objects) -> str:
     for name, pod in sorted(
         pods.items(), key=lambda item: str(item[1]["metadata"].get("creationTimestamp"))

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mnnvl.pipelines import local_run
 
+from mnnvl.pipelines import local_run
 from mnnvl.sim import SimCluster
 
 pytestmark = pytest.mark.slow

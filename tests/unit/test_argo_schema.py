@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+
 from mnnvl.pipelines import argo_workflow as aw
 
 SCHEMAS = ["schema.json", "schema-v4.0.10.json"]

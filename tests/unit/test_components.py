@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 from kfp import compiler, components, dsl
-from mnnvl.components import kfp_components as kc
-from mnnvl.pipelines import kfp_pipeline as kp
 
 from mnnvl import spec
+from mnnvl.components import kfp_components as kc
+from mnnvl.pipelines import kfp_pipeline as kp
 
 RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
 EXPECTED_OUTPUTS = {

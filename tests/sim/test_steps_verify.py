@@ -1,0 +1,61 @@
+"""The verify step end to end on the simulated cluster: real workers (gloo), verdicts, reports."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from mnnvl import steps
+from mnnvl.errors import VerificationFailed
+from mnnvl.names import RunNames
+from mnnvl.sim import SimCluster
+from mnnvl.spec import DomainSpec, VerifyConfig, WorkloadSpec
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimCluster(nodes=2) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def run(sim):
+    run_id = f"v-{uuid.uuid4().hex[:10]}"
+    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
+    workload = WorkloadSpec(
+        run_id=run_id, purpose="verify-pre", nodes=2, gpus_per_node=0, job_timeout_s=120
+    )
+    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+    yield workload
+    steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+    assert sim.objects(RunNames.for_run(run_id).selector) == []
+
+
+def test_verify_pass_returns_numbers_and_writes_reports(sim, run, tmp_path):
+    config = VerifyConfig(max_bytes=64 << 10, min_busbw_gbps=1e-6)
+    result = steps.verify(run, config, kubeconfig=sim.kubeconfig_path, report_dir=str(tmp_path))
+    assert result.verdict == "PASS"
+    assert result.raw["world_size"] == 2 and result.raw["backend"] == "gloo"
+    assert all(size["correct"] for size in result.sizes)
+    assert {"json", "markdown", "html"} <= set(result.report_files)
+
+
+def test_verify_fail_keeps_the_numbers_when_not_gating(sim, run, tmp_path):
+    config = VerifyConfig(max_bytes=64 << 10, min_busbw_gbps=90_000)
+    result = steps.verify(
+        run, config, kubeconfig=sim.kubeconfig_path, report_dir=str(tmp_path), fail_on_fail=False
+    )
+    assert result.verdict == "FAIL"
+    assert result.threshold_gbps == 90_000
+    assert result.judged_busbw_gbps is not None and result.judged_busbw_gbps < 90_000
+    assert (tmp_path / "verify.md").read_text().count("FAIL") >= 1
+
+
+def test_verify_fail_gates_with_the_measured_bandwidth_in_the_message(sim, run):
+    config = VerifyConfig(max_bytes=64 << 10, min_busbw_gbps=90_000)
+    with pytest.raises(VerificationFailed) as info:
+        steps.verify(run, config, kubeconfig=sim.kubeconfig_path)
+    message = str(info.value)
+    assert "judged busbw" in message and "90000" in message
+    assert info.value.exit_code == 4
