@@ -203,6 +203,7 @@ class WorkloadSpec:
     service_account: str = ""
     shm_size: str = "16Gi"
     pods_running_timeout_s: float = 900.0
+    unschedulable_grace_s: float = 60.0
     job_timeout_s: float = 7200.0
     ttl_after_finished_s: int = 3600
     backoff_limit_per_index: int = 0
@@ -234,6 +235,7 @@ class WorkloadSpec:
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
         check_range("pods_running_timeout_s", self.pods_running_timeout_s, 1, 86400)
+        check_range("unschedulable_grace_s", self.unschedulable_grace_s, 0, 86400)
         check_range("job_timeout_s", self.job_timeout_s, 1, 7 * 86400)
         check_range("ttl_after_finished_s", self.ttl_after_finished_s, 0, 30 * 86400, integer=True)
         check_range("backoff_limit_per_index", self.backoff_limit_per_index, 0, 10, integer=True)

@@ -56,12 +56,15 @@ def wait_for(
     fail: Callable[[Objects], None] | None = None,
     describe: Callable[[Objects], str] | None = None,
     hint: str = "",
+    recheck_in: Callable[[Objects], float | None] | None = None,
 ) -> Objects:
     """Block until ``done(objects)`` is true; return the objects seen at that moment.
 
     ``what`` names the goal for messages ("ResourceClaimTemplate x to exist"). ``fail``
     raises to stop early. On the deadline raises ``WaitTimeout`` with ``describe(objects)``
-    (the last observed state) and ``hint`` (what to check next).
+    (the last observed state) and ``hint`` (what to check next). ``recheck_in`` may name
+    seconds after which ``fail``/``done`` must run again even without an event (a state
+    that becomes fatal only after a grace period); the watch then ends at that time.
     """
     field_selector = f"metadata.name={name}" if name else None
     objects: Objects = {}
@@ -78,11 +81,12 @@ def wait_for(
                 remaining = deadline.remaining()
                 if remaining <= 0:
                     raise _timeout(what, deadline, objects, describe, hint)
+                soon = recheck_in(objects) if recheck_in else None
                 for etype, obj in api.watch(
                     kind,
                     namespace,
                     resource_version=version,
-                    timeout_s=remaining,
+                    timeout_s=remaining if soon is None else max(1.0, min(remaining, soon)),
                     label_selector=label_selector,
                     field_selector=field_selector,
                 ):
@@ -94,6 +98,8 @@ def wait_for(
                         objects[meta.get("name", "")] = obj
                     if _check(objects, done, fail):
                         return objects
+                if soon is not None and _check(objects, done, fail):
+                    return objects
         except WatchExpired:
             logger.debug("watch of %s expired (410); re-listing", kind.plural)
 

@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -153,13 +154,34 @@ def wait_for_pods_running(
             logger.info("pods %d/%d Running", n, workload.nodes)
         return n >= workload.nodes
 
+    # Unschedulable is often transient (claims being allocated, a previous Job's pods still
+    # releasing their nodes' channel, an autoscaler adding nodes): fatal only once it lasted.
+    unschedulable_since: dict[str, float] = {}
+
+    def still_unschedulable(pod: dict[str, Any]) -> float | None:
+        name = pod["metadata"]["name"]
+        if not _unschedulable(pod):
+            unschedulable_since.pop(name, None)
+            return None
+        since = unschedulable_since.setdefault(name, time.monotonic())
+        return workload.unschedulable_grace_s - (time.monotonic() - since)
+
     def fail(objects: Objects) -> None:
         for pod in objects.values():
-            problem = _pod_problem(pod, retries=workload.backoff_limit_per_index > 0)
+            left = still_unschedulable(pod)
+            problem = _pod_problem(
+                pod,
+                retries=workload.backoff_limit_per_index > 0,
+                unschedulable_fatal=left is not None and left <= 0,
+            )
             if problem:
                 raise WorkloadFailed(
                     _failure_message(api, workload.namespace, names.domain, pod, problem)
                 )
+
+    def recheck_in(objects: Objects) -> float | None:
+        left = [t for t in map(still_unschedulable, objects.values()) if t is not None]
+        return max(0.0, min(left)) if left else None
 
     return wait_for(
         api,
@@ -171,6 +193,7 @@ def wait_for_pods_running(
         fail=fail,
         describe=lambda objects: _describe_pods(api, workload, job, objects, deadline),
         deadline=deadline,
+        recheck_in=recheck_in,
         hint=(
             f"check `kubectl get computedomain {names.domain} -n {workload.namespace} -o yaml` "
             f"and the driver's kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})"
@@ -204,7 +227,7 @@ def _describe_pods(
     return f"{', '.join(states)}{detail}; {summary}"
 
 
-def _pod_problem(pod: dict[str, Any], *, retries: bool) -> str:
+def _pod_problem(pod: dict[str, Any], *, retries: bool, unschedulable_fatal: bool) -> str:
     """Why this pod will not get to Running by itself, or "" when it still may."""
     phase = (pod.get("status") or {}).get("phase")
     if phase == "Failed" and not retries:
@@ -213,7 +236,7 @@ def _pod_problem(pod: dict[str, Any], *, retries: bool) -> str:
     if reason in FATAL_WAITING:
         return reason
     unschedulable = _unschedulable(pod)
-    if unschedulable:
+    if unschedulable and unschedulable_fatal:
         return f"Unschedulable: {unschedulable}"
     return ""
 

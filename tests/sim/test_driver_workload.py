@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 import time
 import uuid
@@ -136,12 +137,18 @@ def test_image_pull_backoff_fails_fast_naming_the_reason(sim, run):
     assert "check the image name" in message
 
 
-def test_unschedulable_pod_fails_fast(sim, run):
+def test_unschedulable_pod_fails_once_its_grace_period_is_over(sim, run):
     domain, workload = run
+    workload = dataclasses.replace(workload, unschedulable_grace_s=2.0)
     job = RunNames.for_run(domain.run_id).job("job")
     sim.faults.fail_pod(job, index=1, mode="Unschedulable")
+    start = time.monotonic()
     with pytest.raises(WorkloadFailed, match="Unschedulable") as info:
         steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
+    elapsed = time.monotonic() - start
+    # No event arrives after the pod turned Unschedulable: the wait re-checks on its own
+    # when the grace period ends, well before the 60 s deadline.
+    assert 2.0 <= elapsed < 15
     assert "FailedScheduling" in str(info.value)
 
 
