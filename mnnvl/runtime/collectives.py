@@ -7,11 +7,13 @@ time is the median loop's mean, taken across ranks as the slowest rank's (a coll
 is only as fast as its slowest member).
 
 On CUDA each loop is timed with CUDA events around ``k`` calls issued straight on the
-process group. Below ~150 µs per call, with ``cuda_graphs``, the same loop captured as one
-CUDA graph is timed too (like ``all_reduce_perf -G``) and the faster of the two counts:
-graphs remove the per-call launch cost of a Python loop, but torch 2.11 with NCCL 2.28
-measured slower in graphs on 2 x H200, so neither is assumed. On CPU (gloo) the loop is timed
-with ``time.perf_counter``.
+process group. Below ~150 µs per call the same loop is also timed as one captured CUDA graph
+(like ``all_reduce_perf -G``) and through a second communicator driven by NCCL's C API
+(``nccl_direct``, like nccl-tests), and the fastest counts: at 1 MiB torch's own per-call
+host work (~9 µs on 2 x H200, torch 2.11 + NCCL 2.28) exceeds what the GPUs need, and
+graph-captured torch collectives keep their cross-stream events, so only the direct path
+shows the fabric's small-message latency. On CPU (gloo) the loop is timed with
+``time.perf_counter``.
 
 Every size is checked once before timing: rank ``r`` fills even elements with ``r + 1`` and
 odd ones with ``r + 2``; the sum must be exact (small integers are exact in float32).
@@ -30,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mnnvl.runtime.nccl_direct import DirectComm
+
 logger = logging.getLogger(__name__)
 
 ELEMENT_BYTES = 4  # float32
@@ -47,6 +51,7 @@ class SweepPlan:
     reps: int = 5
     target_s: float = 0.08
     cuda_graphs: bool = True
+    direct_nccl: bool = True
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -93,20 +98,27 @@ def run_sweep(plan: SweepPlan, device: torch.device) -> list[dict[str, Any]]:
     """Run the sweep on the default process group; every rank returns the same rows."""
     rank, world = dist.get_rank(), dist.get_world_size()
     buf = torch.empty(max(plan.sizes) // ELEMENT_BYTES, dtype=torch.float32, device=device)
-    timer = _time_cuda if device.type == "cuda" else _time_cpu
     times: list[float] = []
     checks: list[torch.Tensor] = []
     # Like nccl-tests, warm up at the largest size first: clocks, NCCL buffers and
     # connections are then in their steady state when the small sizes are timed.
     for _ in range(plan.warmup_iters or 5):
         dist.all_reduce(buf)
-    for size in plan.sizes:
-        view = buf[: size // ELEMENT_BYTES]
-        fill_pattern(view, rank)
-        dist.all_reduce(view)
-        checks.append(pattern_ok(view, world))
-        times.append(timer(view, plan))
-        logger.debug("all_reduce %d bytes: %.2f us", size, times[-1] * 1e6)
+    direct = _direct_comm(plan, device)
+    try:
+        for size in plan.sizes:
+            view = buf[: size // ELEMENT_BYTES]
+            fill_pattern(view, rank)
+            dist.all_reduce(view)
+            checks.append(pattern_ok(view, world))
+            if device.type == "cuda":
+                times.append(_time_cuda(view, plan, direct))
+            else:
+                times.append(_time_cpu(view, plan))
+            logger.debug("all_reduce %d bytes: %.2f us", size, times[-1] * 1e6)
+    finally:
+        if direct is not None:
+            direct.close()
     # The slowest rank's time per size, and correct only where every rank saw the exact sum.
     summary = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(summary, op=dist.ReduceOp.MAX)
@@ -161,7 +173,13 @@ def _time_cpu(view: torch.Tensor, plan: SweepPlan) -> float:
     return _median_loop(loops, calls, loop)
 
 
-def _time_cuda(view: torch.Tensor, plan: SweepPlan) -> float:
+def _direct_comm(plan: SweepPlan, device: torch.device) -> DirectComm | None:
+    if device.type != "cuda" or not plan.direct_nccl or not plan.cuda_graphs:
+        return None
+    return DirectComm.create(device)
+
+
+def _time_cuda(view: torch.Tensor, plan: SweepPlan, direct: DirectComm | None = None) -> float:
     for _ in range(plan.warmup_iters or 5):
         dist.all_reduce(view)
     probe = 3
@@ -175,6 +193,8 @@ def _time_cuda(view: torch.Tensor, plan: SweepPlan) -> float:
     launchers = [_eager(view, calls)]
     if plan.cuda_graphs and est < GRAPH_BELOW_S:
         launchers.append(_capture(view, calls))
+        if direct is not None:
+            launchers.append(direct.launcher(view, calls))
     # Both ways are timed where graphs may help and the faster one counts: which one wins
     # depends on the torch/NCCL pair (graph-captured NCCL adds per-call host nodes).
     return min(_time_launcher(launch, calls, loops) for launch in launchers)
