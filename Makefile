@@ -3,15 +3,22 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch is installed first so nothing pulls a multi-GB CUDA build.
+# torch is installed before the extras so the extras' range (torch>=2.6) is already met.
+# Where PyPI would serve a CUDA build, point pip at the CPU wheels, e.g.
+#   make install TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+# Upstream schemas the tests validate against; fetched by `make schemas` when absent.
+SCHEMA_DIR ?= $(or $(MNNVL_SCHEMA_DIR),schemas)
+export MNNVL_SCHEMA_DIR := $(abspath $(SCHEMA_DIR))
+SCHEMA_STAMP := $(SCHEMA_DIR)/nvidia-dra-driver/crds/resource.nvidia.com_computedomains.yaml
 RUN_ID ?= demo-run
 NAMESPACE ?= default
 NODES ?= 2
 GPUS_PER_NODE ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint typecheck unit compile check-compiled render bench test-gpu schemas clean
+.PHONY: help install run test lint typecheck compile check-compiled render bench test-gpu schemas clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -19,7 +26,7 @@ help: ## list the targets
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[kfp,argo,runtime,dev]"
 	touch $@
 
@@ -28,7 +35,7 @@ install: $(VENV)/.installed ## create .venv and install the package with all ext
 run: install ## the whole KFP pipeline on the embedded simulated cluster (kfp.local)
 	$(PY) -m mnnvl.pipelines.local_run
 
-test: install lint typecheck ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
+test: install lint typecheck $(SCHEMA_STAMP) ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
 	$(PY) -m pytest -q
 
 lint: install ## ruff lint and format check
@@ -56,8 +63,10 @@ bench: install ## CPU benchmarks (simulator API requests, concurrency, make run,
 test-gpu: ## GPU tests (run on a machine with >= 2 NVIDIA GPUs and torch installed)
 	$(PYTHON) -m pytest -q -m gpu tests/gpu
 
-schemas: ## fetch the upstream schemas the tests validate against into ./schemas
-	bash scripts/fetch-schemas.sh schemas
+schemas: $(SCHEMA_STAMP) ## fetch the upstream schemas the tests validate against (into ./schemas)
+
+$(SCHEMA_STAMP):
+	bash scripts/fetch-schemas.sh $(SCHEMA_DIR)
 
 clean: ## remove build outputs and local run outputs
 	rm -rf build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache out local_outputs

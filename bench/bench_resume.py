@@ -49,8 +49,7 @@ def run_and_kill(cmd: list[str], kill_after: int) -> dict[int, float]:
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    assert proc.stderr is not None
-    for line in proc.stderr:
+    for line in proc.stderr or ():
         sys.stderr.write("run1| " + line)
         m = STEP_LINE.search(line)
         if m:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import logging
 import signal
@@ -25,6 +24,7 @@ from mnnvl import spec as specs
 from mnnvl import steps
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run, to_yaml
+from mnnvl.run import run_all
 from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 logger = logging.getLogger("mnnvl.cli")
@@ -66,10 +66,13 @@ def setup_logging(verbose: int) -> None:
 # ---- parser -------------------------------------------------------------------------------
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig path (default: in-cluster, $KUBECONFIG)"
+def _common(p: argparse.ArgumentParser, *, writes_kubeconfig: bool = False) -> None:
+    help_text = (
+        "where to write the simulator's kubeconfig (default: a temporary file)"
+        if writes_kubeconfig
+        else "kubeconfig path (default: in-cluster, $KUBECONFIG)"
     )
+    p.add_argument("--kubeconfig", default=None, help=help_text)
     p.add_argument("--result-path", default=None, help="also write the result JSON to this file")
     p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
 
@@ -128,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--gpus-per-node", type=int, default=0)
     p.add_argument("--imex-delay-s", type=float, default=0.2)
-    for p in sub.choices.values():
-        _common(p)
+    for name, p in sub.choices.items():
+        _common(p, writes_kubeconfig=name == "sim")
     return parser
 
 
@@ -237,7 +240,7 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     domain, workload, train_cfg, verify_cfg = _run_specs(ns)
     render_run(domain, workload, train_cfg, verify_cfg)  # every object builds before any call
     if not ns.sim:
-        return run_pipeline(domain, workload, train_cfg, verify_cfg, ns)
+        return _run_all(domain, workload, train_cfg, verify_cfg, ns)
     from mnnvl.sim import SimCluster
 
     with SimCluster(
@@ -245,7 +248,7 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     ) as sim:
         logger.info("simulated cluster up at %s (kubeconfig %s)", sim.url, sim.kubeconfig_path)
         ns.kubeconfig = sim.kubeconfig_path
-        result = run_pipeline(domain, workload, train_cfg, verify_cfg, ns)
+        result = _run_all(domain, workload, train_cfg, verify_cfg, ns)
         result["sim"] = {
             "url": sim.url,
             "requests": sim.request_count,
@@ -254,78 +257,22 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def run_pipeline(
+def _run_all(
     domain: DomainSpec,
     workload: WorkloadSpec,
     train_cfg: TrainConfig,
     verify_cfg: VerifyConfig,
     ns: argparse.Namespace,
 ) -> dict[str, Any]:
-    """provision -> verify-pre -> train -> verify-post, with teardown always (also on signals)."""
-    out: dict[str, Any] = {"run_id": domain.run_id}
-    kube, reports = ns.kubeconfig, ns.report_dir
-
-    def report_dir(name: str) -> str | None:
-        return f"{reports}/{name}" if reports else None
-
-    try:
-        out["provision"] = steps.provision(domain, kubeconfig=kube).to_dict()
-        if not ns.skip_verify:
-            pre = dataclasses.replace(workload, purpose="verify-pre")
-            out["verify_pre"] = steps.verify(
-                pre, verify_cfg, kubeconfig=kube, report_dir=report_dir("verify-pre")
-            ).to_dict()
-        out["train"] = steps.train(
-            workload, train_cfg, kubeconfig=kube, report_dir=report_dir("train")
-        ).to_dict()
-        if not ns.skip_verify:
-            post = dataclasses.replace(workload, purpose="verify-post")
-            out["verify_post"] = steps.verify(
-                post, verify_cfg, kubeconfig=kube, report_dir=report_dir("verify-post")
-            ).to_dict()
-    finally:
-        try:
-            out["teardown"] = steps.teardown(domain, kubeconfig=kube).to_dict()
-        except MnnvlError as e:
-            if sys.exc_info()[0] is None:
-                raise
-            logger.error("teardown after failure also failed: %s", e)
-    _log_summary(out)
-    return out
-
-
-def _log_summary(out: dict[str, Any]) -> None:
-    train = out.get("train") or {}
-    logger.info("run %s summary:", out["run_id"])
-    for key in ("verify_pre", "verify_post"):
-        if key in out:
-            v = out[key]
-            logger.info(
-                "  %-12s %s judged %s GB/s (threshold %s)",
-                key,
-                v["verdict"],
-                v["judged_busbw_gbps"],
-                v["threshold_gbps"],
-            )
-    if train:
-        logger.info(
-            "  %-12s loss %s, %s tokens/s, %s steps",
-            "train",
-            train["final_loss"],
-            train["tokens_per_s"],
-            train["steps"],
-        )
-    logger.info(
-        "  %-12s deleted %d objects",
-        "teardown",
-        len((out.get("teardown") or {}).get("deleted", [])),
+    return run_all(
+        domain,
+        workload,
+        train_cfg,
+        verify_cfg,
+        kubeconfig=ns.kubeconfig,
+        report_dir=ns.report_dir,
+        skip_verify=ns.skip_verify,
     )
-    last_verify = out.get("verify_post") or out.get("verify_pre")
-    if last_verify:
-        from mnnvl.report import verify_table
-
-        for line in verify_table(last_verify["raw"]).splitlines():
-            logger.info("  %s", line)
 
 
 def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
@@ -336,13 +283,13 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
 
     # The simulator announces itself on stdout; stdout is reserved for our one result line.
     with contextlib.redirect_stdout(sys.stderr):
-        serve(
+        served = serve(
             nodes=ns.nodes,
             gpus_per_node=ns.gpus_per_node,
             kubeconfig_path=ns.kubeconfig,
             imex_delay_s=ns.imex_delay_s,
         )
-    return {"kubeconfig": ns.kubeconfig, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node}
+    return {"kubeconfig": served, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node}
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
@@ -366,11 +313,10 @@ def _signals_raise() -> Iterator[None]:
         raise Interrupted(signum)
 
     previous: dict[signal.Signals, Any] = {}
-    try:
+    # Outside the main thread signal.signal raises ValueError: leave signals alone there.
+    with contextlib.suppress(ValueError):
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        pass
     try:
         yield
     finally:

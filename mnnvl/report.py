@@ -131,6 +131,8 @@ def _plot(
         ax.plot(xs, ys, marker="o", label=label)
     if log2_x:
         ax.set_xscale("log", base=2)
+        # Message sizes read better as 1 MiB, 64 MiB, 4 GiB than as powers of two.
+        ax.xaxis.set_major_formatter(lambda x, _pos: human_bytes(int(x)) if x >= 1 else "")
     if hline is not None:
         ax.axhline(hline, color="red", linestyle="--", label=f"threshold {hline:.1f}")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)

@@ -56,6 +56,8 @@ def pipeline_arguments(args: argparse.Namespace, gpus_per_node: int) -> dict[str
         "image": LOCAL_IMAGE,
         "model": "tiny",
         "steps": args.steps,
+        "batch_size": 2,
+        "compile": False,
         "log_every": max(1, args.steps // 4),
         "min_busbw_gbps": args.min_busbw_gbps,
         "rct_timeout_s": 60.0,

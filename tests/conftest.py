@@ -1,8 +1,8 @@
 """Shared fixtures: where the upstream schemas live.
 
 The schemas (NVIDIA DRA driver CRDs, Argo Workflows JSON schema) are read from
-``MNNVL_SCHEMA_DIR``; by default from ``../shared/schemas`` beside the repository, and
-``make schemas`` documents how to fetch the same files elsewhere.
+``MNNVL_SCHEMA_DIR``, else from ``./schemas``; ``make schemas`` (``scripts/fetch-schemas.sh``)
+fetches them from the upstream repositories, and ``make test`` does so when they are absent.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def find_schema_dir() -> Path:
     configured = os.environ.get("MNNVL_SCHEMA_DIR")
     candidates = [Path(configured)] if configured else []
-    candidates += [REPO_ROOT.parent / "shared" / "schemas", REPO_ROOT / "schemas"]
+    candidates.append(REPO_ROOT / "schemas")
     for path in candidates:
         if (path / "nvidia-dra-driver" / "crds").is_dir():
             return path
     raise FileNotFoundError(
-        "upstream schemas not found: set MNNVL_SCHEMA_DIR (see README, 'Schemas used by the tests')"
+        "upstream schemas not found: run `make schemas` or set MNNVL_SCHEMA_DIR "
+        "(README, 'Schemas used by the tests')"
     )
 
 

@@ -4,7 +4,8 @@ Every request goes through :meth:`Api.call`: it retries only what a retry can fi
 (429, 500, 502, 503, 504 and connection errors; ``Retry-After`` honoured; bounded, jittered
 backoff) and maps everything else to the error family once. Bodies are plain dicts and
 responses are decoded JSON: kubernetes 30.1's typed models predate ``resource.k8s.io/v1``
-and would drop fields such as ``resourceClaimTemplateName``.
+and would drop fields such as ``resourceClaimTemplateName``. Streamed responses (watches,
+followed logs) are opened here and read by :mod:`mnnvl.driver.stream`.
 """
 
 from __future__ import annotations
@@ -22,16 +23,15 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
-from kubernetes.watch.watch import iter_resp_lines
 
 from mnnvl.driver.errors import (
     AlreadyExists,
     ClusterUnavailable,
     ConflictError,
     NotFound,
-    WatchExpired,
     from_api_exception,
 )
+from mnnvl.driver.stream import log_lines, watch_events
 from mnnvl.names import LABEL_MANAGED_BY, LABEL_RUN_ID, MANAGED_BY
 
 logger = logging.getLogger(__name__)
@@ -315,27 +315,7 @@ class Api:
             what=what,
             verb="watch",
         )
-        try:
-            for line in iter_resp_lines(resp):
-                event = json.loads(line)
-                etype, obj = event.get("type", ""), event.get("object") or {}
-                if etype == "BOOKMARK":
-                    continue
-                if etype == "ERROR":
-                    code = int(obj.get("code") or 0)
-                    message = f"watch {what}: {obj.get('reason')}: {obj.get('message')}"
-                    if code == 410:
-                        raise WatchExpired(message, status=410, reason="Gone")
-                    raise from_api_exception(
-                        ApiException(status=code, reason=str(obj.get("reason"))), "watch", what
-                    )
-                yield etype, obj
-        except (urllib3.exceptions.HTTPError, ConnectionError) as e:
-            # A read timeout or a dropped stream ends this watch; the caller re-watches or
-            # stops at its deadline.
-            logger.debug("watch %s ended: %s", what, e)
-        finally:
-            resp.release_conn()
+        yield from watch_events(resp, what)
 
     def pod_log(self, namespace: str, pod: str, *, container: str = "worker") -> str:
         """The whole log of one container (empty when the pod has no log yet)."""
@@ -366,10 +346,7 @@ class Api:
             what=f"pods/log {namespace}/{pod}",
             verb="follow",
         )
-        try:
-            yield from iter_resp_lines(resp)
-        finally:
-            resp.release_conn()
+        yield from log_lines(resp)
 
 
 def _snake(query: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The multi-node workload: create Service + Indexed Job, wait for pods and completion, delete.
 
 Waits fail fast with the pod's recent events, the ComputeDomain's ``status.nodes`` and the next
-thing to check, instead of sitting out a deadline on something that will not recover.
+thing to check, instead of sitting out a deadline on something that will not recover; that
+evidence is gathered by :mod:`mnnvl.driver.diagnose`.
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ import json
 import logging
 import sys
 import threading
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from mnnvl.driver.api import (
-    EVENT,
     JOB,
     POD,
     RESOURCE_CLAIM_TEMPLATE,
@@ -25,7 +24,14 @@ from mnnvl.driver.api import (
     Kind,
     create_or_adopt,
 )
-from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS, domain_nodes, domain_state
+from mnnvl.driver.diagnose import (
+    UnschedulableGrace,
+    describe_pods,
+    job_failure,
+    pod_index,
+    raise_on_stuck_pod,
+)
+from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.errors import MnnvlError, WorkloadFailed
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.manifests import (
@@ -41,15 +47,7 @@ from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)
 
-INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-FATAL_WAITING = (
-    "ImagePullBackOff",
-    "ErrImagePull",
-    "CrashLoopBackOff",
-    "CreateContainerConfigError",
-)
 RESULT_PREFIX = "RESULT "
-LOG_TAIL_LINES = 20
 
 
 def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> str:
@@ -73,115 +71,20 @@ def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[st
     return str(job["metadata"]["name"])
 
 
-def pod_index(pod: dict[str, Any]) -> str:
-    meta = pod.get("metadata", {})
-    return str(
-        (meta.get("annotations") or {}).get(INDEX_ANNOTATION)
-        or (meta.get("labels") or {}).get(INDEX_ANNOTATION, "")
-    )
-
-
-def _waiting_reason(pod: dict[str, Any]) -> str:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        waiting = (cs.get("state") or {}).get("waiting")
-        if waiting:
-            return str(waiting.get("reason") or "")
-    return ""
-
-
-def _unschedulable(pod: dict[str, Any]) -> str:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        scheduled = cond.get("type") == "PodScheduled" and cond.get("status") == "False"
-        if scheduled and cond.get("reason") == "Unschedulable":
-            return str(cond.get("message") or "Unschedulable")
-    return ""
-
-
-def _exit_code(pod: dict[str, Any]) -> int | None:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if term is not None:
-            return int(term.get("exitCode", 0))
-    return None
-
-
-def pod_events(api: Api, namespace: str, pod: str, limit: int = 5) -> str:
-    """The pod's most recent events as one line (diagnostics; never raises)."""
-    try:
-        lst = api.list(EVENT, namespace, field_selector=f"involvedObject.name={pod}")
-    except MnnvlError as e:
-        return f"events unreadable ({e})"
-    events = sorted(lst["items"], key=_event_order)[-limit:]
-    if not events:
-        return "no events"
-    return "; ".join(f"{e.get('reason')}: {e.get('message')}" for e in events)
-
-
-def _event_order(event: dict[str, Any]) -> tuple[str, int]:
-    stamp = str(event.get("lastTimestamp") or event.get("eventTime") or "")
-    version = str(event.get("metadata", {}).get("resourceVersion") or "0")
-    return stamp, int(version) if version.isdigit() else 0
-
-
-def _pod_state(pod: dict[str, Any]) -> str:
-    status = pod.get("status") or {}
-    phase = status.get("phase", "Pending")
-    reason = _waiting_reason(pod) or (_unschedulable(pod) and "Unschedulable")
-    node = (pod.get("spec") or {}).get("nodeName") or "unscheduled"
-    return f"{pod['metadata']['name']} {phase}{'/' + reason if reason else ''} on {node}"
-
-
 def wait_for_pods_running(
     api: Api, workload: WorkloadSpec, job: str, deadline: Deadline
 ) -> Objects:
     """Block until every index of ``job`` has a pod Running (or already Succeeded)."""
     names = RunNames.for_run(workload.run_id)
-    seen = {"n": -1}
-
-    def ready(objects: Objects) -> int:
-        return len(
-            {
-                pod_index(p)
-                for p in objects.values()
-                if p.get("status", {}).get("phase") in ("Running", "Succeeded")
-            }
-        )
+    grace = UnschedulableGrace(workload.unschedulable_grace_s)
+    last_logged = {"running": -1}
 
     def done(objects: Objects) -> bool:
-        n = ready(objects)
-        if n != seen["n"]:
-            seen["n"] = n
-            logger.info("pods %d/%d Running", n, workload.nodes)
-        return n >= workload.nodes
-
-    # Unschedulable is often transient (claims being allocated, a previous Job's pods still
-    # releasing their nodes' channel, an autoscaler adding nodes): fatal only once it lasted.
-    unschedulable_since: dict[str, float] = {}
-
-    def still_unschedulable(pod: dict[str, Any]) -> float | None:
-        name = pod["metadata"]["name"]
-        if not _unschedulable(pod):
-            unschedulable_since.pop(name, None)
-            return None
-        since = unschedulable_since.setdefault(name, time.monotonic())
-        return workload.unschedulable_grace_s - (time.monotonic() - since)
-
-    def fail(objects: Objects) -> None:
-        for pod in objects.values():
-            left = still_unschedulable(pod)
-            problem = _pod_problem(
-                pod,
-                retries=workload.backoff_limit_per_index > 0,
-                unschedulable_fatal=left is not None and left <= 0,
-            )
-            if problem:
-                raise WorkloadFailed(
-                    _failure_message(api, workload.namespace, names.domain, pod, problem)
-                )
-
-    def recheck_in(objects: Objects) -> float | None:
-        left = [t for t in map(still_unschedulable, objects.values()) if t is not None]
-        return max(0.0, min(left)) if left else None
+        running = _running_indexes(objects)
+        if running != last_logged["running"]:  # log progress once per change, not per event
+            last_logged["running"] = running
+            logger.info("pods %d/%d Running", running, workload.nodes)
+        return running >= workload.nodes
 
     return wait_for(
         api,
@@ -190,10 +93,10 @@ def wait_for_pods_running(
         label_selector=f"{JOB_NAME_LABEL}={job}",
         what=f"{workload.nodes} pods of Job {workload.namespace}/{job} to be Running",
         done=done,
-        fail=fail,
-        describe=lambda objects: _describe_pods(api, workload, job, objects, deadline),
+        fail=lambda objects: raise_on_stuck_pod(api, workload, objects, grace),
+        describe=lambda objects: describe_pods(api, workload, job, objects, deadline),
         deadline=deadline,
-        recheck_in=recheck_in,
+        recheck_in=lambda objects: grace.recheck_in_s(objects.values()),
         hint=(
             f"check `kubectl get computedomain {names.domain} -n {workload.namespace} -o yaml` "
             f"and the driver's kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})"
@@ -201,77 +104,15 @@ def wait_for_pods_running(
     )
 
 
-def _describe_pods(
-    api: Api, workload: WorkloadSpec, job: str, objects: Objects, deadline: Deadline
-) -> str:
-    """Each pod's phase and node; for a pod stuck ContainerCreating, why (IMEX) and its events."""
-    ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
-    if not objects:
-        return f"no pods of Job {job} ({pod_events(api, ns, job)})"
-    states = [_pod_state(p) for p in sorted(objects.values(), key=pod_index)]
-    summary, imex = domain_nodes(api, domain, ns)
-    stuck = [p for p in objects.values() if _waiting_reason(p) == "ContainerCreating"]
-    detail = ""
-    if stuck:
-        pod = sorted(stuck, key=pod_index)[0]
-        name, node = pod["metadata"]["name"], pod["spec"].get("nodeName")
-        why = (
-            f"IMEX daemon on node {node} not ready ({imex.get(node, 'not in status.nodes')})"
-            if imex.get(node) != "Ready"
-            else "its claims are still being prepared"
-        )
-        detail = (
-            f"; pod {name} stuck ContainerCreating {deadline.elapsed():.0f} s: {why}; "
-            f"events: {pod_events(api, ns, name)}"
-        )
-    return f"{', '.join(states)}{detail}; {summary}"
-
-
-def _pod_problem(pod: dict[str, Any], *, retries: bool, unschedulable_fatal: bool) -> str:
-    """Why this pod will not get to Running by itself, or "" when it still may."""
-    phase = (pod.get("status") or {}).get("phase")
-    if phase == "Failed" and not retries:
-        return f"Failed with exit code {_exit_code(pod)}"
-    reason = _waiting_reason(pod)
-    if reason in FATAL_WAITING:
-        return reason
-    unschedulable = _unschedulable(pod)
-    if unschedulable and unschedulable_fatal:
-        return f"Unschedulable: {unschedulable}"
-    return ""
-
-
-def _failure_message(
-    api: Api, namespace: str, domain: str, pod: dict[str, Any], problem: str
-) -> str:
-    name = pod["metadata"]["name"]
-    node = (pod.get("spec") or {}).get("nodeName") or "no node"
-    hint = {
-        "ImagePullBackOff": "check the image name and the pull secret",
-        "ErrImagePull": "check the image name and the pull secret",
-        "CrashLoopBackOff": f"check `kubectl logs -n {namespace} {name}`",
-        "CreateContainerConfigError": "check the pod's env, secrets and config maps",
-    }.get(problem.split(":")[0], f"check `kubectl logs -n {namespace} {name}`")
-    if problem.startswith("Unschedulable"):
-        hint = (
-            "check free GPUs and channel devices per node (one pod per node per domain) and "
-            "the nvidia.com/gpu.clique labels"
-        )
-    message = (
-        f"pod {namespace}/{name} on {node}: {problem}; events: {pod_events(api, namespace, name)}; "
-        f"{domain_state(api, domain, namespace)}; {hint}"
+def _running_indexes(objects: Objects) -> int:
+    """How many distinct completion indexes have a pod Running or already Succeeded."""
+    return len(
+        {
+            pod_index(p)
+            for p in objects.values()
+            if p.get("status", {}).get("phase") in ("Running", "Succeeded")
+        }
     )
-    if (pod.get("status") or {}).get("phase") == "Failed":
-        message += f"; last log lines:\n{_log_tail(api, namespace, name)}"
-    return message
-
-
-def _log_tail(api: Api, namespace: str, pod: str) -> str:
-    try:
-        lines = api.pod_log(namespace, pod, container=CONTAINER).splitlines()
-    except MnnvlError as e:
-        return f"(log unreadable: {e})"
-    return "\n".join(lines[-LOG_TAIL_LINES:]) or "(empty log)"
 
 
 class LogFollower:
@@ -325,7 +166,7 @@ def wait_for_job_done(
     def fail(objects: Objects) -> None:
         failed = condition(objects, "Failed")
         if failed is not None:
-            raise WorkloadFailed(_job_failure(api, workload, job, names.domain, failed))
+            raise WorkloadFailed(job_failure(api, workload, job, names.domain, failed))
 
     objects = wait_for(
         api,
@@ -342,24 +183,6 @@ def wait_for_job_done(
     )
     logger.info("Job %s/%s complete after %.1f s", workload.namespace, job, deadline.elapsed())
     return objects[job]
-
-
-def _job_failure(
-    api: Api, workload: WorkloadSpec, job: str, domain: str, failed: dict[str, Any]
-) -> str:
-    ns = workload.namespace
-    pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
-    bad = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
-    message = f"Job {ns}/{job} failed ({failed.get('reason')}: {failed.get('message')})"
-    if not bad:
-        return f"{message}; no failed pod left to inspect; {domain_state(api, domain, ns)}"
-    pod = sorted(bad, key=pod_index)[0]
-    name = pod["metadata"]["name"]
-    tail = _log_tail(api, ns, name)
-    return (
-        f"{message}; pod {name} (index {pod_index(pod)}) exited with code {_exit_code(pod)}; "
-        f"events: {pod_events(api, ns, name)}; last log lines:\n{tail}"
-    )
 
 
 def parse_result(log_text: str) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -86,8 +87,8 @@ def apply_activation_checkpointing(model: Transformer) -> None:
 
 def apply_compile(model: Transformer) -> None:
     for name, block in list(model.layers.items()):
-        compiled = torch.compile(block, fullgraph=True)
-        assert isinstance(compiled, nn.Module)  # torch.compile of a Module returns a Module
+        # torch.compile of a Module returns a Module (an OptimizedModule wrapping it).
+        compiled = cast(nn.Module, torch.compile(block, fullgraph=True))
         model.layers.register_module(name, compiled)
 
 

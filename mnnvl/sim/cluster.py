@@ -257,8 +257,11 @@ def serve(
     gpus_per_node: int = 0,
     kubeconfig_path: str | None = None,
     imex_delay_s: float = 0.2,
-) -> None:
-    """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line."""
+) -> str:
+    """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
+
+    Returns the kubeconfig path it served (a temporary file unless ``kubeconfig_path``).
+    """
     done = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -286,6 +289,7 @@ def serve(
                 flush=True,
             )
             done.wait()
+            return sim.kubeconfig_path
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -14,6 +14,8 @@ import calendar
 import logging
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL, TERMINAL, rand5
 from mnnvl.sim.store import Obj, Store, WatchEvent, clone, now_iso, record_event
@@ -124,83 +126,55 @@ class JobController:
         job = self.store.find("jobs", ns, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
             return
-        uid, spec = job["metadata"]["uid"], job["spec"]
         status = job.get("status") or {}
         if _finished(status):
             self._ttl(job, status)
             return
-        pods = self.store.list(
+        progress = _progress(job, self._owned_pods(job))
+        start = status.get("startTime") or now_iso()
+        # A limit verdict wins over the deadline, which is only checked (and armed) without one.
+        fail = _limit_failure(job, progress) or self._deadline_failure(job, status, start)
+        if fail is None and not progress.indexed and progress.succeeded >= progress.completions:
+            progress.done = set(range(progress.completions))
+        fail = fail or _failed_indexes_failure(progress)
+        active = self._reconcile_pods(job, progress, fail)
+        self._write_status(job, start, progress, active, fail)
+
+    def _owned_pods(self, job: Obj) -> list[Obj]:
+        uid = job["metadata"]["uid"]
+        return self.store.list(
             "pods",
-            ns,
+            job["metadata"]["namespace"],
             lambda o: any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or []),
         )[0]
-        indexed = spec.get("completionMode") == "Indexed"
-        completions = int(spec.get("completions") or 1)
-        per_index = spec.get("backoffLimitPerIndex")
-        limit = int(spec.get("backoffLimit", 6 if per_index is None else 2**31 - 1))
-        active = [
-            p
-            for p in pods
-            if _phase(p) not in TERMINAL and not p["metadata"].get("deletionTimestamp")
-        ]
-        done = {_index(p) for p in pods if _phase(p) == "Succeeded"}
-        failed_pods = [p for p in pods if _phase(p) == "Failed"]
-        actions = [(p, failure_action(job, p)) for p in failed_pods]
-        counted = [(p, a) for p, a in actions if a != "Ignore"]
-        per_count: dict[int, int] = {}
-        failed_idx: set[int] = set()
-        for p, a in counted:
-            i = _index(p)
-            per_count[i] = per_count.get(i, 0) + 1
-            if per_index is not None and (a == "FailIndex" or per_count[i] > int(per_index)):
-                failed_idx.add(i)
-        start = status.get("startTime") or now_iso()
-        fail: tuple[str, str] | None = None
-        if any(a == "FailJob" for _, a in counted):
-            fail = (
-                "PodFailurePolicy",
-                "Container failed with an exit code matched by a FailJob rule",
+
+    def _deadline_failure(self, job: Obj, status: Obj, start: str) -> tuple[str, str] | None:
+        """DeadlineExceeded once activeDeadlineSeconds passed; on the first sync, a wake-up."""
+        deadline_s = job["spec"].get("activeDeadlineSeconds")
+        if deadline_s is None:
+            return None
+        left_s = _ts(start) + float(deadline_s) - time.time()
+        if left_s <= 0:
+            return ("DeadlineExceeded", "Job was active longer than specified deadline")
+        if "startTime" not in status:
+            self._later(left_s + 0.05, job["metadata"]["namespace"], job["metadata"]["name"])
+        return None
+
+    def _reconcile_pods(
+        self, job: Obj, progress: _Progress, fail: tuple[str, str] | None
+    ) -> list[Obj]:
+        """The pods active after creating the missing ones, or deleting all once the Job failed."""
+        if fail is None and len(progress.done) < progress.completions:
+            skip = progress.done | progress.failed_idx
+            created = self._create_pods(
+                job, progress.active, skip, progress.indexed, progress.completions
             )
-        elif len(counted) > limit:
-            fail = ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-        deadline = spec.get("activeDeadlineSeconds")
-        if fail is None and deadline is not None:
-            left = _ts(start) + float(deadline) - time.time()
-            if left <= 0:
-                fail = ("DeadlineExceeded", "Job was active longer than specified deadline")
-            elif "startTime" not in status:
-                self._later(left + 0.05, ns, name)
-        succeeded = len(done) if indexed else len([p for p in pods if _phase(p) == "Succeeded"])
-        if fail is None and not indexed and succeeded >= completions:
-            done = set(range(completions))
-        if (
-            fail is None
-            and indexed
-            and per_index is not None
-            and failed_idx
-            and len(done | failed_idx) >= completions
-            and not active
-        ):
-            fail = ("FailedIndexes", "Job has failed indexes")
-        if fail is None and len(done) < completions:
-            active += self._create_pods(job, active, done | failed_idx, indexed, completions)
-        elif fail is not None:
-            for p in active:
-                self.store.delete("pods", ns, p["metadata"]["name"])
-            active = []
-        self._write_status(
-            job,
-            start,
-            active,
-            done,
-            succeeded,
-            counted,
-            failed_idx,
-            fail,
-            indexed,
-            completions,
-            per_index is not None,
-        )
+            return progress.active + created
+        if fail is not None:
+            for p in progress.active:
+                self.store.delete("pods", job["metadata"]["namespace"], p["metadata"]["name"])
+            return []
+        return progress.active
 
     def _create_pods(
         self, job: Obj, active: list[Obj], skip: set[int], indexed: bool, completions: int
@@ -262,58 +236,35 @@ class JobController:
         self,
         job: Obj,
         start: str,
+        progress: _Progress,
         active: list[Obj],
-        done: set[int],
-        succeeded: int,
-        counted: list,
-        failed_idx: set[int],
         fail: tuple[str, str] | None,
-        indexed: bool,
-        completions: int,
-        per_index: bool,
     ) -> None:
-        now = now_iso()
-        st: Obj = {
-            "startTime": start,
-            "active": len(active),
-            "succeeded": succeeded,
-            "failed": len(counted),
-            "terminating": 0,
-            "uncountedTerminatedPods": {},
-            "ready": len([p for p in active if _ready(p)]),
-        }
-        if indexed:
-            st["completedIndexes"] = compress_indexes(done)
-        if per_index:
-            st["failedIndexes"] = compress_indexes(failed_idx)
-        if fail is not None:
-            st["conditions"] = [_cond("FailureTarget", fail, now), _cond("Failed", fail, now)]
-        elif len(done) >= completions:
-            st["conditions"] = [
-                _cond("SuccessCriteriaMet", None, now),
-                _cond("Complete", None, now),
-            ]
-            st["completionTime"] = now
+        st = _status(start, progress, active, fail, now_iso())
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
 
         def write(o: Obj) -> None:
             old = o.get("status") or {}
+            # Conditions are only ever added: a sync that decides nothing keeps the old ones.
             if "conditions" not in st and old.get("conditions"):
                 st["conditions"] = old["conditions"]
             o["status"] = st
 
         self.store.mutate("jobs", ns, name, write)
-        if fail is not None or len(done) >= completions:
-            reason = "Completed" if fail is None else fail[0]
-            record_event(
-                self.store,
-                job,
-                "Normal" if fail is None else "Warning",
-                reason,
-                "Job completed" if fail is None else fail[1],
-                "job-controller",
-            )
+        if fail is not None or len(progress.done) >= progress.completions:
+            self._record_end(job, fail)
             self._ttl(job, st)
+
+    def _record_end(self, job: Obj, fail: tuple[str, str] | None) -> None:
+        reason = "Completed" if fail is None else fail[0]
+        record_event(
+            self.store,
+            job,
+            "Normal" if fail is None else "Warning",
+            reason,
+            "Job completed" if fail is None else fail[1],
+            "job-controller",
+        )
 
     def _ttl(self, job: Obj, status: Obj) -> None:
         ttl = job["spec"].get("ttlSecondsAfterFinished")
@@ -331,6 +282,107 @@ class JobController:
                 self._later(left + 0.05, ns, name)
         elif self.store.find("jobs", ns, name) is not None:
             self.store.delete("jobs", ns, name, "Background")
+
+
+@dataclass
+class _Progress:
+    """What a Job's pods say, counted the way the real Job controller counts them."""
+
+    indexed: bool
+    completions: int
+    per_index: Any  # spec.backoffLimitPerIndex (None when the Job has no per-index limit)
+    active: list[Obj]  # neither terminal nor being deleted
+    done: set[int]  # completed indexes
+    succeeded: int  # completed indexes (Indexed) or Succeeded pods (NonIndexed)
+    counted: list[tuple[Obj, str]]  # failed pods not Ignored by podFailurePolicy, with action
+    failed_idx: set[int]  # indexes out of retries (backoffLimitPerIndex or FailIndex)
+
+
+def _progress(job: Obj, pods: list[Obj]) -> _Progress:
+    spec = job["spec"]
+    indexed = spec.get("completionMode") == "Indexed"
+    per_index = spec.get("backoffLimitPerIndex")
+    active = [
+        p for p in pods if _phase(p) not in TERMINAL and not p["metadata"].get("deletionTimestamp")
+    ]
+    done = {_index(p) for p in pods if _phase(p) == "Succeeded"}
+    failed_pods = [p for p in pods if _phase(p) == "Failed"]
+    actions = [(p, failure_action(job, p)) for p in failed_pods]
+    counted = [(p, a) for p, a in actions if a != "Ignore"]
+    succeeded = len(done) if indexed else len([p for p in pods if _phase(p) == "Succeeded"])
+    return _Progress(
+        indexed=indexed,
+        completions=int(spec.get("completions") or 1),
+        per_index=per_index,
+        active=active,
+        done=done,
+        succeeded=succeeded,
+        counted=counted,
+        failed_idx=_failed_indexes(counted, per_index),
+    )
+
+
+def _failed_indexes(counted: list[tuple[Obj, str]], per_index: Any) -> set[int]:
+    per_count: dict[int, int] = {}
+    failed_idx: set[int] = set()
+    for p, a in counted:
+        i = _index(p)
+        per_count[i] = per_count.get(i, 0) + 1
+        if per_index is not None and (a == "FailIndex" or per_count[i] > int(per_index)):
+            failed_idx.add(i)
+    return failed_idx
+
+
+def _limit_failure(job: Obj, progress: _Progress) -> tuple[str, str] | None:
+    """A FailJob verdict, else BackoffLimitExceeded once more pods failed than allowed."""
+    per_index = progress.per_index
+    limit = int(job["spec"].get("backoffLimit", 6 if per_index is None else 2**31 - 1))
+    if any(a == "FailJob" for _, a in progress.counted):
+        return ("PodFailurePolicy", "Container failed with an exit code matched by a FailJob rule")
+    if len(progress.counted) > limit:
+        return ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    return None
+
+
+def _failed_indexes_failure(progress: _Progress) -> tuple[str, str] | None:
+    """FailedIndexes once every index is done or out of retries and no pod is left running."""
+    if (
+        progress.indexed
+        and progress.per_index is not None
+        and progress.failed_idx
+        and len(progress.done | progress.failed_idx) >= progress.completions
+        and not progress.active
+    ):
+        return ("FailedIndexes", "Job has failed indexes")
+    return None
+
+
+def _status(
+    start: str, progress: _Progress, active: list[Obj], fail: tuple[str, str] | None, now: str
+) -> Obj:
+    """The Job's new status (conditions only when this sync decided the Job's end)."""
+    st: Obj = {
+        "startTime": start,
+        "active": len(active),
+        "succeeded": progress.succeeded,
+        "failed": len(progress.counted),
+        "terminating": 0,
+        "uncountedTerminatedPods": {},
+        "ready": len([p for p in active if _ready(p)]),
+    }
+    if progress.indexed:
+        st["completedIndexes"] = compress_indexes(progress.done)
+    if progress.per_index is not None:
+        st["failedIndexes"] = compress_indexes(progress.failed_idx)
+    if fail is not None:
+        st["conditions"] = [_cond("FailureTarget", fail, now), _cond("Failed", fail, now)]
+    elif len(progress.done) >= progress.completions:
+        st["conditions"] = [
+            _cond("SuccessCriteriaMet", None, now),
+            _cond("Complete", None, now),
+        ]
+        st["completionTime"] = now
+    return st
 
 
 def _cond(type_: str, fail: tuple[str, str] | None, now: str) -> Obj:

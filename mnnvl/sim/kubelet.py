@@ -5,17 +5,16 @@ the node's IMEX daemon, like the real plugin); then the container's command runs
 ``$(VAR)`` expansion, the current interpreter for ``python``/``python3``, cluster DNS names mapped
 to 127.0.0.1, ``MASTER_PORT`` set to a free local port per Service, and ``CUDA_VISIBLE_DEVICES``
 from the node's share of local GPUs. stdout+stderr go to a per-pod log file served by ``/log``.
-Deleting the pod kills its process group (SIGTERM, then SIGKILL after the grace period).
+Deleting the pod kills its process tree (SIGTERM, then SIGKILL after the grace period; see
+:mod:`mnnvl.sim.procs`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,12 +22,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from mnnvl.sim.dra import ComputeDomainDriver, PrepareError
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.placement import GPU_CLASS, TERMINAL, claim_gpus, pod_gpus
 from mnnvl.sim.podenv import DNS_RE, expand, field_ref
+from mnnvl.sim.procs import kill_process_tree, start_process
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL
 from mnnvl.sim.store import ApiError, Obj, Store, now_iso, record_event
 
@@ -214,15 +213,7 @@ class PodWorker:
             return fault.exit_code, started
         try:
             cmd, env = self.k.command_and_env(self.pod, self.container)
-            with open(self.log_path, "ab") as logf:
-                self.proc = subprocess.Popen(
-                    cmd,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=self.workdir,
-                    start_new_session=True,
-                )
+            self.proc = start_process(cmd, env, self.workdir, self.log_path)
         except OSError as e:
             self._event("Warning", "Failed", f"Error: failed to start container {name}: {e}")
             with open(self.log_path, "ab") as f:
@@ -242,40 +233,8 @@ class PodWorker:
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        # torchrun starts its workers in sessions of their own; a container's cgroup would
-        # take them down with it, so remember the whole tree and SIGKILL what outlives it.
-        tree = _descendants(proc.pid)
-        grace = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE_S)
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, read from /proc (empty where /proc is absent)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+        grace_s = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE_S)
+        kill_process_tree(proc, grace_s)
 
 
 class Kubelet:

@@ -50,3 +50,35 @@ def test_sigterm_during_run_still_tears_down_and_reports(tmp_path):
         assert "SIGTERM" in result["error"]
         assert sim.objects(RunNames.for_run(run_id).selector) == []
         assert "gone after" in err  # teardown waited for the domain's 404
+
+
+def test_run_that_succeeds_but_cannot_tear_down_fails_with_the_teardown_error(capsys):
+    from mnnvl import cli
+
+    run_id = "stuck-teardown"
+    domain = RunNames.for_run(run_id).domain
+    with SimCluster(nodes=2) as sim:
+        sim.faults.stick_finalizer("ComputeDomain", domain)
+        code = cli.main(
+            [
+                "run",
+                "--run-id",
+                run_id,
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "0",
+                "--skip-verify",
+                "--steps",
+                "2",
+                "--delete-timeout-s",
+                "2",
+                "--kubeconfig",
+                sim.kubeconfig_path,
+            ]
+        )
+        result = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert code == 3, result  # the teardown's timeout, not success
+        assert result["ok"] is False
+        assert "resource.nvidia.com/computeDomain" in result["error"]
+        sim.faults.unstick_finalizer("ComputeDomain", domain)

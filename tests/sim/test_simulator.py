@@ -438,7 +438,7 @@ def test_owner_reference_garbage_collection(k: Clients) -> None:
         NS, {"metadata": {"name": "dependent", "ownerReferences": [ref]}, "spec": {}}
     )
     k.core.delete_namespaced_service("owner", NS)
-    wait_for(lambda: missing(lambda: k.core.read_namespaced_service("dependent", NS)))
+    assert wait_for(lambda: missing(lambda: k.core.read_namespaced_service("dependent", NS)))
 
 
 def test_injected_request_fault_returns_status(sim: SimCluster, k: Clients) -> None:

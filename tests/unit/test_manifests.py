@@ -335,7 +335,7 @@ def test_service_is_headless_selects_the_jobs_pods_and_is_the_pods_subdomain() -
     assert pod_labels.items() >= RunNames.for_run(RUN).labels("train").items()
 
 
-def test_container_command_and_env_follow_the_contract() -> None:
+def test_container_command_and_env_match_what_the_worker_reads() -> None:
     workload = WORKLOADS["full-rack"]
     job = indexed_job(workload, "mnnvl.runtime.verify", ["--iters", "5"])
     names = RunNames.for_run(workload.run_id)

@@ -161,16 +161,18 @@ def test_parse_env_accepts_lists_and_comma_strings_and_keeps_equals_in_values() 
 
 
 def test_valid_inputs_are_accepted() -> None:
-    DomainSpec(run_id="Run_1.x", namespace="team-a", allocation_mode="All")
-    WorkloadSpec(
+    domain = DomainSpec(run_id="Run_1.x", namespace="team-a", allocation_mode="All")
+    assert domain.allocation_mode == "All" and domain.namespace == "team-a"
+    workload = WorkloadSpec(
         run_id="f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
         image="registry.example.com:5000/team/trainer:1.0@sha256:" + "a" * 64,
         gpus_per_node=0,
         env={"NCCL_CUMEM_ENABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"},
         shm_size="512Mi",
     )
-    TrainConfig(checkpoint_dir="/ckpt", checkpoint_every=5)
-    VerifyConfig(min_bytes=1024, max_bytes=1024)
+    assert workload.procs_per_node == 1 and workload.world_size == 2  # CPU: one process a pod
+    assert TrainConfig(checkpoint_dir="/ckpt", checkpoint_every=5).checkpoint_every == 5
+    assert VerifyConfig(min_bytes=1024, max_bytes=1024).max_bytes == 1024
 
 
 def _round_trip(cls: type, cfg: Any, **extra: Any) -> Any:

@@ -50,7 +50,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Path
     return first, second, ckpt
 
 
-def test_two_rank_run_reports_the_contract_keys(two_runs) -> None:
+def test_two_rank_run_reports_every_result_key(two_runs) -> None:
     first, _, ckpt = two_runs
     assert first["kind"] == "train"
     assert first["world_size"] == 2

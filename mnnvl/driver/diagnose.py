@@ -1,0 +1,236 @@
+"""Why a workload's pods are stuck or failed: the evidence a fail-fast wait raises with.
+
+Reads pod status, the pod's recent events, the ComputeDomain's ``status.nodes`` and the tail
+of a failed container's log, and names the next thing to check. Everything here only reads;
+the waits that decide when to call it live in :mod:`mnnvl.driver.workload`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from mnnvl.driver.api import EVENT, POD, Api
+from mnnvl.driver.domain import domain_nodes, domain_state
+from mnnvl.driver.errors import MnnvlError, WorkloadFailed
+from mnnvl.driver.wait import Deadline, Objects
+from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL
+from mnnvl.names import RunNames
+from mnnvl.spec import WorkloadSpec
+
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+FATAL_WAITING = (
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+)
+LOG_TAIL_LINES = 20
+
+
+def pod_index(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata", {})
+    return str(
+        (meta.get("annotations") or {}).get(INDEX_ANNOTATION)
+        or (meta.get("labels") or {}).get(INDEX_ANNOTATION, "")
+    )
+
+
+# ---- one pod's status -----------------------------------------------------------------------
+
+
+def _waiting_reason(pod: dict[str, Any]) -> str:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting:
+            return str(waiting.get("reason") or "")
+    return ""
+
+
+def _unschedulable(pod: dict[str, Any]) -> str:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        scheduled = cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+        if scheduled and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message") or "Unschedulable")
+    return ""
+
+
+def _exit_code(pod: dict[str, Any]) -> int | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None:
+            return int(term.get("exitCode", 0))
+    return None
+
+
+def _pod_state(pod: dict[str, Any]) -> str:
+    status = pod.get("status") or {}
+    phase = status.get("phase", "Pending")
+    reason = _waiting_reason(pod) or (_unschedulable(pod) and "Unschedulable")
+    node = (pod.get("spec") or {}).get("nodeName") or "unscheduled"
+    return f"{pod['metadata']['name']} {phase}{'/' + reason if reason else ''} on {node}"
+
+
+# ---- evidence read from the API (never raises) ----------------------------------------------
+
+
+def pod_events(api: Api, namespace: str, pod: str, limit: int = 5) -> str:
+    """The pod's most recent events as one line (diagnostics; never raises)."""
+    try:
+        lst = api.list(EVENT, namespace, field_selector=f"involvedObject.name={pod}")
+    except MnnvlError as e:
+        return f"events unreadable ({e})"
+    events = sorted(lst["items"], key=_event_order)[-limit:]
+    if not events:
+        return "no events"
+    return "; ".join(f"{e.get('reason')}: {e.get('message')}" for e in events)
+
+
+def _event_order(event: dict[str, Any]) -> tuple[str, int]:
+    stamp = str(event.get("lastTimestamp") or event.get("eventTime") or "")
+    version = str(event.get("metadata", {}).get("resourceVersion") or "0")
+    return stamp, int(version) if version.isdigit() else 0
+
+
+def _log_tail(api: Api, namespace: str, pod: str) -> str:
+    try:
+        lines = api.pod_log(namespace, pod, container=CONTAINER).splitlines()
+    except MnnvlError as e:
+        return f"(log unreadable: {e})"
+    return "\n".join(lines[-LOG_TAIL_LINES:]) or "(empty log)"
+
+
+# ---- pods that will not get to Running --------------------------------------------------------
+
+
+class UnschedulableGrace:
+    """How long each pod has been Unschedulable, measured against a grace period in seconds.
+
+    Unschedulable is often transient (claims being allocated, a previous Job's pods still
+    releasing their nodes' channel, an autoscaler adding nodes): fatal only once it lasted.
+    """
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self._since_monotonic: dict[str, float] = {}
+
+    def left_s(self, pod: dict[str, Any]) -> float | None:
+        """Seconds of grace left (<= 0 when over), or None when the pod is not Unschedulable."""
+        name = pod["metadata"]["name"]
+        if not _unschedulable(pod):
+            self._since_monotonic.pop(name, None)
+            return None
+        since = self._since_monotonic.setdefault(name, time.monotonic())
+        return self.grace_s - (time.monotonic() - since)
+
+    def expired(self, pod: dict[str, Any]) -> bool:
+        left = self.left_s(pod)
+        return left is not None and left <= 0
+
+    def recheck_in_s(self, pods: Iterable[dict[str, Any]]) -> float | None:
+        """When the first grace period ends, so a wait re-checks without a new event."""
+        left = [t for t in map(self.left_s, pods) if t is not None]
+        return max(0.0, min(left)) if left else None
+
+
+def raise_on_stuck_pod(
+    api: Api, workload: WorkloadSpec, objects: Objects, grace: UnschedulableGrace
+) -> None:
+    """Raise ``WorkloadFailed`` with the evidence for the first pod that will not recover."""
+    domain = RunNames.for_run(workload.run_id).domain
+    for pod in objects.values():
+        problem = _pod_problem(
+            pod,
+            retries=workload.backoff_limit_per_index > 0,
+            unschedulable_fatal=grace.expired(pod),
+        )
+        if problem:
+            raise WorkloadFailed(_failure_message(api, workload.namespace, domain, pod, problem))
+
+
+def _pod_problem(pod: dict[str, Any], *, retries: bool, unschedulable_fatal: bool) -> str:
+    """Why this pod will not get to Running by itself, or "" when it still may."""
+    phase = (pod.get("status") or {}).get("phase")
+    if phase == "Failed" and not retries:
+        return f"Failed with exit code {_exit_code(pod)}"
+    reason = _waiting_reason(pod)
+    if reason in FATAL_WAITING:
+        return reason
+    unschedulable = _unschedulable(pod)
+    if unschedulable and unschedulable_fatal:
+        return f"Unschedulable: {unschedulable}"
+    return ""
+
+
+def _failure_message(
+    api: Api, namespace: str, domain: str, pod: dict[str, Any], problem: str
+) -> str:
+    name = pod["metadata"]["name"]
+    node = (pod.get("spec") or {}).get("nodeName") or "no node"
+    hint = {
+        "ImagePullBackOff": "check the image name and the pull secret",
+        "ErrImagePull": "check the image name and the pull secret",
+        "CrashLoopBackOff": f"check `kubectl logs -n {namespace} {name}`",
+        "CreateContainerConfigError": "check the pod's env, secrets and config maps",
+    }.get(problem.split(":")[0], f"check `kubectl logs -n {namespace} {name}`")
+    if problem.startswith("Unschedulable"):
+        hint = (
+            "check free GPUs and channel devices per node (one pod per node per domain) and "
+            "the nvidia.com/gpu.clique labels"
+        )
+    message = (
+        f"pod {namespace}/{name} on {node}: {problem}; events: {pod_events(api, namespace, name)}; "
+        f"{domain_state(api, domain, namespace)}; {hint}"
+    )
+    if (pod.get("status") or {}).get("phase") == "Failed":
+        message += f"; last log lines:\n{_log_tail(api, namespace, name)}"
+    return message
+
+
+def describe_pods(
+    api: Api, workload: WorkloadSpec, job: str, objects: Objects, deadline: Deadline
+) -> str:
+    """Each pod's phase and node; for a pod stuck ContainerCreating, why (IMEX) and its events."""
+    ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
+    if not objects:
+        return f"no pods of Job {job} ({pod_events(api, ns, job)})"
+    states = [_pod_state(p) for p in sorted(objects.values(), key=pod_index)]
+    summary, imex = domain_nodes(api, domain, ns)
+    stuck = [p for p in objects.values() if _waiting_reason(p) == "ContainerCreating"]
+    detail = ""
+    if stuck:
+        pod = sorted(stuck, key=pod_index)[0]
+        name, node = pod["metadata"]["name"], pod["spec"].get("nodeName")
+        why = (
+            f"IMEX daemon on node {node} not ready ({imex.get(node, 'not in status.nodes')})"
+            if imex.get(node) != "Ready"
+            else "its claims are still being prepared"
+        )
+        detail = (
+            f"; pod {name} stuck ContainerCreating {deadline.elapsed():.0f} s: {why}; "
+            f"events: {pod_events(api, ns, name)}"
+        )
+    return f"{', '.join(states)}{detail}; {summary}"
+
+
+# ---- a failed Job ------------------------------------------------------------------------------
+
+
+def job_failure(
+    api: Api, workload: WorkloadSpec, job: str, domain: str, failed: dict[str, Any]
+) -> str:
+    """The Job's Failed condition plus the first failed pod's exit code, events and log tail."""
+    ns = workload.namespace
+    pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
+    bad = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
+    message = f"Job {ns}/{job} failed ({failed.get('reason')}: {failed.get('message')})"
+    if not bad:
+        return f"{message}; no failed pod left to inspect; {domain_state(api, domain, ns)}"
+    pod = sorted(bad, key=pod_index)[0]
+    name = pod["metadata"]["name"]
+    tail = _log_tail(api, ns, name)
+    return (
+        f"{message}; pod {name} (index {pod_index(pod)}) exited with code {_exit_code(pod)}; "
+        f"events: {pod_events(api, ns, name)}; last log lines:\n{tail}"
+    )
