@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from mnnvl.errors import SpecError
+from mnnvl.flag_help import FIELD_HELP
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -353,17 +354,21 @@ def add_arguments(
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        hint = _field_type(cls, f)
+        hint, text = _field_type(cls, f), FIELD_HELP.get(f.name)
         if hint is bool:
             parser.add_argument(
-                _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None
+                _flag(f.name),
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=text,
             )
         elif hint in (int, float, str):
             kind = str if f.name in _SIZE_FIELDS else hint
-            parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None)
+            parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None, help=text)
         elif f.name == "env":
             parser.add_argument(
-                "--env", dest="env", action="append", default=None, metavar="NAME=VALUE"
+                "--env", dest="env", action="append", default=None, metavar="NAME=VALUE", help=text
             )
 
 

@@ -14,10 +14,17 @@ import calendar
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
 
-from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL, TERMINAL, rand5
+from mnnvl.sim.jobstatus import (
+    Progress,
+    count_progress,
+    failed_indexes_failure,
+    finished,
+    job_status,
+    limit_failure,
+    pod_index,
+)
+from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL, rand5
 from mnnvl.sim.store import Obj, Store, WatchEvent, clone, now_iso, record_event
 
 log = logging.getLogger(__name__)
@@ -26,48 +33,6 @@ UID_LABEL = "batch.kubernetes.io/controller-uid"
 
 def _ts(iso: str) -> float:
     return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
-
-
-def compress_indexes(indexes: set[int]) -> str:
-    """{0,1,2,5} -> "0-2,5" (the format of status.completedIndexes)."""
-    out: list[str] = []
-    run: list[int] = []
-    for i in sorted(indexes):
-        if run and i != run[-1] + 1:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(i)
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
-
-
-def failure_action(job: Obj, pod: Obj) -> str:
-    """podFailurePolicy verdict for a failed pod: FailJob | FailIndex | Ignore | Count."""
-    rules = ((job["spec"].get("podFailurePolicy") or {}).get("rules")) or []
-    st = pod.get("status") or {}
-    codes = {
-        (cs.get("name"), ((cs.get("state") or {}).get("terminated") or {}).get("exitCode"))
-        for cs in st.get("containerStatuses") or []
-    }
-    conds = {(c.get("type"), c.get("status")) for c in st.get("conditions") or []}
-    for rule in rules:
-        on_codes = rule.get("onExitCodes")
-        if on_codes:
-            vals, op = set(on_codes.get("values") or []), on_codes.get("operator", "In")
-            hit = any(
-                code is not None
-                and code != 0
-                and (code in vals) == (op == "In")
-                and on_codes.get("containerName") in (None, name)
-                for name, code in codes
-            )
-            if hit:
-                return str(rule["action"])
-        for pat in rule.get("onPodConditions") or []:
-            if (pat.get("type"), pat.get("status", "True")) in conds:
-                return str(rule["action"])
-    return "Count"
 
 
 class JobController:
@@ -127,16 +92,16 @@ class JobController:
         if job is None or job["metadata"].get("deletionTimestamp"):
             return
         status = job.get("status") or {}
-        if _finished(status):
+        if finished(status):
             self._ttl(job, status)
             return
-        progress = _progress(job, self._owned_pods(job))
+        progress = count_progress(job, self._owned_pods(job))
         start = status.get("startTime") or now_iso()
         # A limit verdict wins over the deadline, which is only checked (and armed) without one.
-        fail = _limit_failure(job, progress) or self._deadline_failure(job, status, start)
+        fail = limit_failure(job, progress) or self._deadline_failure(job, status, start)
         if fail is None and not progress.indexed and progress.succeeded >= progress.completions:
             progress.done = set(range(progress.completions))
-        fail = fail or _failed_indexes_failure(progress)
+        fail = fail or failed_indexes_failure(progress)
         active = self._reconcile_pods(job, progress, fail)
         self._write_status(job, start, progress, active, fail)
 
@@ -161,7 +126,7 @@ class JobController:
         return None
 
     def _reconcile_pods(
-        self, job: Obj, progress: _Progress, fail: tuple[str, str] | None
+        self, job: Obj, progress: Progress, fail: tuple[str, str] | None
     ) -> list[Obj]:
         """The pods active after creating the missing ones, or deleting all once the Job failed."""
         if fail is None and len(progress.done) < progress.completions:
@@ -180,7 +145,7 @@ class JobController:
         self, job: Obj, active: list[Obj], skip: set[int], indexed: bool, completions: int
     ) -> list[Obj]:
         parallelism = int(job["spec"].get("parallelism", 1))
-        busy = {_index(p) for p in active}
+        busy = {pod_index(p) for p in active}
         want = [i for i in range(completions) if i not in skip and i not in busy]
         if not indexed:
             want = list(range(max(0, min(completions - len(skip), parallelism) - len(active))))
@@ -236,11 +201,11 @@ class JobController:
         self,
         job: Obj,
         start: str,
-        progress: _Progress,
+        progress: Progress,
         active: list[Obj],
         fail: tuple[str, str] | None,
     ) -> None:
-        st = _status(start, progress, active, fail, now_iso())
+        st = job_status(start, progress, active, fail, now_iso())
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
 
         def write(o: Obj) -> None:
@@ -282,133 +247,3 @@ class JobController:
                 self._later(left + 0.05, ns, name)
         elif self.store.find("jobs", ns, name) is not None:
             self.store.delete("jobs", ns, name, "Background")
-
-
-@dataclass
-class _Progress:
-    """What a Job's pods say, counted the way the real Job controller counts them."""
-
-    indexed: bool
-    completions: int
-    per_index: Any  # spec.backoffLimitPerIndex (None when the Job has no per-index limit)
-    active: list[Obj]  # neither terminal nor being deleted
-    done: set[int]  # completed indexes
-    succeeded: int  # completed indexes (Indexed) or Succeeded pods (NonIndexed)
-    counted: list[tuple[Obj, str]]  # failed pods not Ignored by podFailurePolicy, with action
-    failed_idx: set[int]  # indexes out of retries (backoffLimitPerIndex or FailIndex)
-
-
-def _progress(job: Obj, pods: list[Obj]) -> _Progress:
-    spec = job["spec"]
-    indexed = spec.get("completionMode") == "Indexed"
-    per_index = spec.get("backoffLimitPerIndex")
-    active = [
-        p for p in pods if _phase(p) not in TERMINAL and not p["metadata"].get("deletionTimestamp")
-    ]
-    done = {_index(p) for p in pods if _phase(p) == "Succeeded"}
-    failed_pods = [p for p in pods if _phase(p) == "Failed"]
-    actions = [(p, failure_action(job, p)) for p in failed_pods]
-    counted = [(p, a) for p, a in actions if a != "Ignore"]
-    succeeded = len(done) if indexed else len([p for p in pods if _phase(p) == "Succeeded"])
-    return _Progress(
-        indexed=indexed,
-        completions=int(spec.get("completions") or 1),
-        per_index=per_index,
-        active=active,
-        done=done,
-        succeeded=succeeded,
-        counted=counted,
-        failed_idx=_failed_indexes(counted, per_index),
-    )
-
-
-def _failed_indexes(counted: list[tuple[Obj, str]], per_index: Any) -> set[int]:
-    per_count: dict[int, int] = {}
-    failed_idx: set[int] = set()
-    for p, a in counted:
-        i = _index(p)
-        per_count[i] = per_count.get(i, 0) + 1
-        if per_index is not None and (a == "FailIndex" or per_count[i] > int(per_index)):
-            failed_idx.add(i)
-    return failed_idx
-
-
-def _limit_failure(job: Obj, progress: _Progress) -> tuple[str, str] | None:
-    """A FailJob verdict, else BackoffLimitExceeded once more pods failed than allowed."""
-    per_index = progress.per_index
-    limit = int(job["spec"].get("backoffLimit", 6 if per_index is None else 2**31 - 1))
-    if any(a == "FailJob" for _, a in progress.counted):
-        return ("PodFailurePolicy", "Container failed with an exit code matched by a FailJob rule")
-    if len(progress.counted) > limit:
-        return ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-    return None
-
-
-def _failed_indexes_failure(progress: _Progress) -> tuple[str, str] | None:
-    """FailedIndexes once every index is done or out of retries and no pod is left running."""
-    if (
-        progress.indexed
-        and progress.per_index is not None
-        and progress.failed_idx
-        and len(progress.done | progress.failed_idx) >= progress.completions
-        and not progress.active
-    ):
-        return ("FailedIndexes", "Job has failed indexes")
-    return None
-
-
-def _status(
-    start: str, progress: _Progress, active: list[Obj], fail: tuple[str, str] | None, now: str
-) -> Obj:
-    """The Job's new status (conditions only when this sync decided the Job's end)."""
-    st: Obj = {
-        "startTime": start,
-        "active": len(active),
-        "succeeded": progress.succeeded,
-        "failed": len(progress.counted),
-        "terminating": 0,
-        "uncountedTerminatedPods": {},
-        "ready": len([p for p in active if _ready(p)]),
-    }
-    if progress.indexed:
-        st["completedIndexes"] = compress_indexes(progress.done)
-    if progress.per_index is not None:
-        st["failedIndexes"] = compress_indexes(progress.failed_idx)
-    if fail is not None:
-        st["conditions"] = [_cond("FailureTarget", fail, now), _cond("Failed", fail, now)]
-    elif len(progress.done) >= progress.completions:
-        st["conditions"] = [
-            _cond("SuccessCriteriaMet", None, now),
-            _cond("Complete", None, now),
-        ]
-        st["completionTime"] = now
-    return st
-
-
-def _cond(type_: str, fail: tuple[str, str] | None, now: str) -> Obj:
-    c: Obj = {"type": type_, "status": "True", "lastProbeTime": now, "lastTransitionTime": now}
-    if fail is not None:
-        c["reason"], c["message"] = fail
-    return c
-
-
-def _finished(status: Obj) -> bool:
-    return any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-        for c in status.get("conditions") or []
-    )
-
-
-def _index(pod: Obj) -> int:
-    return int((pod["metadata"].get("labels") or {}).get(INDEX_LABEL, -1))
-
-
-def _phase(pod: Obj) -> str:
-    return str((pod.get("status") or {}).get("phase", ""))
-
-
-def _ready(pod: Obj) -> bool:
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )

@@ -128,7 +128,8 @@ def test_eighteen_node_run_needs_few_requests_with_watches() -> None:
         for ev in w.stream(
             batch.list_namespaced_job, NS, field_selector="metadata.name=big", timeout_seconds=60
         ):
-            if any(c.type == "Complete" for c in ev["object"].status.conditions or []):
+            status = ev["object"].status  # None until the controller first writes it
+            if any(c.type == "Complete" for c in (status and status.conditions) or []):
                 w.stop()
         pods = core.list_namespaced_pod(NS, label_selector="job-name=big").items
         assert len({p.spec.node_name for p in pods}) == 18

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 import pytest
@@ -285,3 +286,15 @@ def test_bad_flag_value_fails_in_validation_not_later() -> None:
     add_arguments(parser, TrainConfig)
     with pytest.raises(SpecError, match=r"^checkpoint_every: "):
         from_namespace(TrainConfig, parser.parse_args(["--checkpoint-every", "5"]))
+
+
+def test_every_input_field_has_help_text_for_the_cli() -> None:
+    from mnnvl.flag_help import FIELD_HELP
+
+    fields = {
+        f.name
+        for cls in (DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig)
+        for f in dataclasses.fields(cls)
+        if f.name != "owner"
+    }
+    assert fields <= set(FIELD_HELP), sorted(fields - set(FIELD_HELP))
