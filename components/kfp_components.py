@@ -62,6 +62,10 @@ def train_sharded(
     nccl_profile: str = "production",
     env: str = "",
     service_account: str = "",
+    node_selector: str = "",
+    tolerations: str = "",
+    priority_class: str = "",
+    queue_name: str = "",
     shm_size: str = "16Gi",
     model: str = "tiny",
     steps: int = 20,
@@ -97,6 +101,10 @@ def train_sharded(
         nccl_profile: NCCL profile, normally ``production``.
         env: Extra worker environment as ``NAME=value,NAME2=value2``.
         service_account: Service account of the worker pods ("" = namespace default).
+        node_selector: Extra node selector of the worker pods, ``key=value,key2=value2``.
+        tolerations: Extra tolerations of the worker pods, ``key[=value]:Effect,...``.
+        priority_class: PriorityClass of the worker pods.
+        queue_name: Kueue LocalQueue for the worker Job (label kueue.x-k8s.io/queue-name).
         shm_size: Size of the worker's /dev/shm.
         model: Model preset (tiny, small, 125m, 350m, 1b, 3b, 8b).
         steps: Optimizer steps.
@@ -131,6 +139,10 @@ def train_sharded(
         nccl_profile=nccl_profile,
         env=spec.parse_env(env),
         service_account=service_account,
+        node_selector=spec.parse_env(node_selector, "node_selector"),
+        tolerations=spec.parse_list(tolerations),
+        priority_class=priority_class,
+        queue_name=queue_name,
         shm_size=shm_size,
         pods_running_timeout_s=pods_running_timeout_s,
         job_timeout_s=job_timeout_s,
@@ -172,6 +184,10 @@ def verify_nvlink(
     nccl_profile: str = "verify-strict",
     env: str = "",
     service_account: str = "",
+    node_selector: str = "",
+    tolerations: str = "",
+    priority_class: str = "",
+    queue_name: str = "",
     shm_size: str = "16Gi",
     min_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
@@ -206,6 +222,10 @@ def verify_nvlink(
         nccl_profile: NCCL profile, normally ``verify-strict`` (MNNVL forced on).
         env: Extra worker environment as ``NAME=value,NAME2=value2``.
         service_account: Service account of the worker pods ("" = namespace default).
+        node_selector: Extra node selector of the worker pods, ``key=value,key2=value2``.
+        tolerations: Extra tolerations of the worker pods, ``key[=value]:Effect,...``.
+        priority_class: PriorityClass of the worker pods.
+        queue_name: Kueue LocalQueue for the worker Job (label kueue.x-k8s.io/queue-name).
         shm_size: Size of the worker's /dev/shm.
         min_busbw_gbps: Pass threshold in GB/s (0 = derive from the detected topology).
         efficiency: Fraction of the link limit a derived threshold asks for.
@@ -234,6 +254,10 @@ def verify_nvlink(
         nccl_profile=nccl_profile,
         env=spec.parse_env(env),
         service_account=service_account,
+        node_selector=spec.parse_env(node_selector, "node_selector"),
+        tolerations=spec.parse_list(tolerations),
+        priority_class=priority_class,
+        queue_name=queue_name,
         shm_size=shm_size,
         pods_running_timeout_s=pods_running_timeout_s,
         job_timeout_s=job_timeout_s,

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
+from mnnvl import flags, steps
 from mnnvl import spec as specs
-from mnnvl import steps
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run, to_yaml
 from mnnvl.run import run_all
@@ -78,12 +78,12 @@ def _common(p: argparse.ArgumentParser, *, writes_kubeconfig: bool = False) -> N
 
 
 def _domain_flags(p: argparse.ArgumentParser) -> None:
-    specs.add_arguments(p, DomainSpec)
+    flags.add_arguments(p, DomainSpec)
 
 
 def _workload_flags(p: argparse.ArgumentParser, *, with_domain: bool) -> None:
     skip = ("run_id", "namespace") if with_domain else ()
-    specs.add_arguments(p, WorkloadSpec, skip=skip)
+    flags.add_arguments(p, WorkloadSpec, skip=skip)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
         p = sub.add_parser(name, help=f"{name} on the domain's nodes")
         _workload_flags(p, with_domain=False)
-        specs.add_arguments(p, cfg)
+        flags.add_arguments(p, cfg)
         p.add_argument("--report-dir", default=None, help="write report files here")
         if name == "verify":
             p.add_argument("--fail-on-fail", action=argparse.BooleanOptionalAction, default=True)
@@ -114,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         )
         _domain_flags(p)
         _workload_flags(p, with_domain=True)
-        specs.add_arguments(p, TrainConfig)
-        specs.add_arguments(p, VerifyConfig)
+        flags.add_arguments(p, TrainConfig)
+        flags.add_arguments(p, VerifyConfig)
         if name == "run":
             p.add_argument("--report-dir", default=None)
             p.add_argument(
@@ -148,12 +148,12 @@ def _require_run_id(ns: argparse.Namespace) -> None:
 
 def _domain(ns: argparse.Namespace) -> DomainSpec:
     _require_run_id(ns)
-    return specs.from_namespace(DomainSpec, ns)
+    return flags.from_namespace(DomainSpec, ns)
 
 
 def _workload(ns: argparse.Namespace) -> WorkloadSpec:
     _require_run_id(ns)
-    return specs.from_namespace(WorkloadSpec, ns)
+    return flags.from_namespace(WorkloadSpec, ns)
 
 
 def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
-    workload, config = _workload(ns), specs.from_namespace(TrainConfig, ns)
+    workload, config = _workload(ns), flags.from_namespace(TrainConfig, ns)
     _validate_objects(workload, train=config)
     return steps.train(
         workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
@@ -176,7 +176,7 @@ def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
-    workload, config = _workload(ns), specs.from_namespace(VerifyConfig, ns)
+    workload, config = _workload(ns), flags.from_namespace(VerifyConfig, ns)
     _validate_objects(workload, verify=config)
     result = steps.verify(
         workload,
@@ -204,14 +204,14 @@ def _run_specs(
     ns: argparse.Namespace,
 ) -> tuple[DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig]:
     domain = _domain(ns)
-    workload = specs.from_namespace(
+    workload = flags.from_namespace(
         WorkloadSpec, ns, run_id=domain.run_id, namespace=domain.namespace
     )
     return (
         domain,
         workload,
-        specs.from_namespace(TrainConfig, ns),
-        specs.from_namespace(VerifyConfig, ns),
+        flags.from_namespace(TrainConfig, ns),
+        flags.from_namespace(VerifyConfig, ns),
     )
 
 

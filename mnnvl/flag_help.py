@@ -21,6 +21,10 @@ FIELD_HELP: dict[str, str] = {
     "env": "extra worker environment, NAME=VALUE (repeatable)",
     "rdzv_port": "torchrun rendezvous port on pod 0 (default: 29500)",
     "service_account": "service account of the worker pods (default: the namespace's default)",
+    "node_selector": "extra node selector for worker pods, KEY=VALUE (repeatable)",
+    "tolerations": "extra toleration for worker pods, key[=value]:Effect (repeatable)",
+    "priority_class": "PriorityClass of the worker pods",
+    "queue_name": "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name=<name>",
     "shm_size": "size of the workers' /dev/shm, e.g. 16Gi (default: 16Gi)",
     "pods_running_timeout_s": "deadline for all worker pods to run, s; IMEX start-up can take "
     "minutes (default: 900)",

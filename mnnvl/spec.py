@@ -8,17 +8,11 @@ components share one definition of every input.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import math
 import re
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from mnnvl.errors import SpecError
-from mnnvl.flag_help import FIELD_HELP
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -128,17 +122,57 @@ def check_env(field_name: str, env: dict[str, str]) -> None:
             )
 
 
-def parse_env(items: list[str] | tuple[str, ...] | str) -> dict[str, str]:
-    """Parse ``NAME=value`` items (a list, or one comma-separated string)."""
+def parse_env(items: list[str] | tuple[str, ...] | str, field: str = "env") -> dict[str, str]:
+    """Parse ``NAME=value`` items (a list, or one comma-separated string); blanks are skipped."""
     if isinstance(items, str):
-        items = [p for p in items.split(",") if p.strip()]
+        items = items.split(",")
     env: dict[str, str] = {}
-    for item in items:
+    for item in (i for i in items if i.strip()):
         if "=" not in item:
-            raise SpecError("env", f"{item!r} must look like NAME=value")
+            raise SpecError(field, f"{item!r} must look like NAME=value")
         name, val = item.split("=", 1)
         env[name.strip()] = val
     return env
+
+
+def parse_list(items: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
+    """A list flag's items, or one comma-separated string, without blanks."""
+    if isinstance(items, str):
+        items = items.split(",")
+    return tuple(i.strip() for i in items if i.strip())
+
+
+def check_label_key(field_name: str, key: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    ok = bool(name) and len(name) <= 63 and bool(LABEL_VALUE.match(name))
+    if prefix:
+        ok = ok and len(prefix) <= 253 and bool(DNS1123_SUBDOMAIN.match(prefix))
+    if not ok:
+        raise SpecError(field_name, f"{key!r} is not a label key ([prefix/]name, name <= 63 chars)")
+
+
+def check_label_value(field_name: str, value: str) -> None:
+    if value and (len(value) > 63 or not LABEL_VALUE.match(value)):
+        raise SpecError(
+            field_name, f"{value!r} is not a label value (<= 63 chars, alphanumeric ends)"
+        )
+
+
+TOLERATION = re.compile(r"^(?P<key>[^=:]+)(?:=(?P<value>[^:]*))?:(?P<effect>[A-Za-z]+)$")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def parse_toleration(item: str) -> dict[str, str]:
+    """``key[=value]:Effect`` -> a pod toleration (Equal with a value, else Exists)."""
+    m = TOLERATION.match(item)
+    if not m:
+        raise SpecError("tolerations", f"{item!r} must look like key[=value]:Effect")
+    check_label_key("tolerations", m["key"])
+    check_choice("tolerations", m["effect"], TAINT_EFFECTS)
+    if m["value"] is None:
+        return {"key": m["key"], "operator": "Exists", "effect": m["effect"]}
+    check_label_value("tolerations", m["value"])
+    return {"key": m["key"], "operator": "Equal", "value": m["value"], "effect": m["effect"]}
 
 
 def parse_bytes(field_name: str, value: str | int) -> int:
@@ -202,6 +236,10 @@ class WorkloadSpec:
     env: dict[str, str] = field(default_factory=dict)
     rdzv_port: int = 29500
     service_account: str = ""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[str, ...] = ()
+    priority_class: str = ""
+    queue_name: str = ""
     shm_size: str = "16Gi"
     pods_running_timeout_s: float = 900.0
     unschedulable_grace_s: float = 60.0
@@ -233,6 +271,7 @@ class WorkloadSpec:
         check_range("rdzv_port", self.rdzv_port, 1024, 65535, integer=True)
         if self.service_account:
             check_dns_label("service_account", self.service_account, max_len=253)
+        self._check_scheduling()
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
         check_range("pods_running_timeout_s", self.pods_running_timeout_s, 1, 86400)
@@ -243,6 +282,19 @@ class WorkloadSpec:
         check_choice(
             "image_pull_policy", self.image_pull_policy, ("Always", "IfNotPresent", "Never")
         )
+
+    def _check_scheduling(self) -> None:
+        for key, value in self.node_selector.items():
+            check_label_key("node_selector", key)
+            check_label_value("node_selector", value)
+        for item in self.tolerations:
+            parse_toleration(item)
+        if self.priority_class and not DNS1123_SUBDOMAIN.match(self.priority_class):
+            raise SpecError(
+                "priority_class", f"{self.priority_class!r} is not a PriorityClass name"
+            )
+        if self.queue_name:
+            check_dns_label("queue_name", self.queue_name)
 
     @property
     def procs_per_node(self) -> int:
@@ -327,77 +379,3 @@ class VerifyConfig:
         check_range("min_busbw_gbps", self.min_busbw_gbps, 0.0, 100_000.0)
         check_range("efficiency", self.efficiency, 0.01, 1.0)
         check_range("judge_min_bytes", self.judge_min_bytes, 1, 1 << 36, integer=True)
-
-
-# ---- flags <-> dataclasses -------------------------------------------------------------
-
-T = TypeVar("T")
-_SIZE_FIELDS = {"min_bytes", "max_bytes", "judge_min_bytes"}
-
-
-def _field_type(cls: type, f: dataclasses.Field[Any]) -> Any:
-    hint = typing.get_type_hints(cls)[f.name]
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        hint = args[0]
-    return hint
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def add_arguments(
-    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
-) -> None:
-    """Add one ``--flag`` per scalar field of ``cls`` (defaults left to the dataclass)."""
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        hint, text = _field_type(cls, f), FIELD_HELP.get(f.name)
-        if hint is bool:
-            parser.add_argument(
-                _flag(f.name),
-                dest=f.name,
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=text,
-            )
-        elif hint in (int, float, str):
-            kind = str if f.name in _SIZE_FIELDS else hint
-            parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None, help=text)
-        elif f.name == "env":
-            parser.add_argument(
-                "--env", dest="env", action="append", default=None, metavar="NAME=VALUE", help=text
-            )
-
-
-def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
-    """Build ``cls`` from parsed flags; unset flags keep the dataclass default."""
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        val = getattr(ns, f.name, None)
-        if val is None:
-            continue
-        if f.name in _SIZE_FIELDS:
-            val = parse_bytes(f.name, val)
-        elif f.name == "env":
-            val = parse_env(val)
-        kwargs[f.name] = val
-    kwargs.update(extra)
-    return cls(**kwargs)
-
-
-def to_args(cfg: Any) -> list[str]:
-    """Flags that reproduce the non-default scalar fields of a config dataclass."""
-    args: list[str] = []
-    for f in dataclasses.fields(cfg):
-        val = getattr(cfg, f.name)
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if val == default or isinstance(val, (dict, OwnerRef)) or val is None:
-            continue
-        if isinstance(val, bool):
-            args.append(_flag(f.name) if val else "--no-" + f.name.replace("_", "-"))
-        else:
-            args += [_flag(f.name), str(val)]
-    return args

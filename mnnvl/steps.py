@@ -33,9 +33,10 @@ from mnnvl.driver import (
     wait_for_pods_running,
 )
 from mnnvl.errors import VerificationFailed, WorkloadFailed
+from mnnvl.flags import to_args
 from mnnvl.manifests import CONTAINER, TRAIN_MODULE, VERIFY_MODULE, step_workload
 from mnnvl.names import RunNames
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec, to_args
+from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 logger = logging.getLogger(__name__)
 

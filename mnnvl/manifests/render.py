@@ -13,10 +13,11 @@ import re
 from typing import Any
 
 from mnnvl.errors import SpecError
+from mnnvl.flags import to_args
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.domain import compute_domain
 from mnnvl.manifests.workload import TRAIN_MODULE, VERIFY_MODULE, headless_service, indexed_job
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec, to_args
+from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 VERIFY_PURPOSES = ("verify", "verify-pre", "verify-post")
 VERIFY_PROFILE = "verify-strict"

@@ -17,7 +17,7 @@ from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
 from mnnvl.names import RunNames
 from mnnvl.runtime import nccl
-from mnnvl.spec import JOB_ENV, WorkloadSpec
+from mnnvl.spec import JOB_ENV, WorkloadSpec, parse_toleration
 
 CONTAINER = "worker"
 CHANNEL_CLAIM = "imex-channel"
@@ -32,6 +32,7 @@ TRAIN_MODULE = "mnnvl.runtime.train"
 VERIFY_MODULE = "mnnvl.runtime.verify"
 
 # Set by the Job itself; a user value would break the rendezvous or the node rank.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 RESERVED_ENV = JOB_ENV
 
 # Exit codes whose cause a retry cannot change: 2 is a usage error (torchrun's or the entry
@@ -246,9 +247,16 @@ def pod_spec(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, 
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}}
         ],
         "affinity": affinity(workload, job),
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [
+            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+            *(parse_toleration(item) for item in workload.tolerations),
+        ],
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
     }
+    if workload.node_selector:
+        spec["nodeSelector"] = dict(workload.node_selector)
+    if workload.priority_class:
+        spec["priorityClassName"] = workload.priority_class
     return spec
 
 
@@ -264,12 +272,14 @@ def indexed_job(workload: WorkloadSpec, module: str, args: list[str]) -> dict[st
     names = RunNames.for_run(workload.run_id)
     job = names.job(workload.purpose)
     pod_labels = {**names.labels(workload.purpose), JOB_NAME_LABEL: job}
+    job_labels = names.labels(workload.purpose)
+    if workload.queue_name:
+        # Kueue admits the Job (and suspends it until then) through this label.
+        job_labels[KUEUE_QUEUE_LABEL] = workload.queue_name
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": object_meta(
-            job, workload.namespace, names.labels(workload.purpose), workload.owner
-        ),
+        "metadata": object_meta(job, workload.namespace, job_labels, workload.owner),
         "spec": {
             "completionMode": "Indexed",
             "completions": workload.nodes,

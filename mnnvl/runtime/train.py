@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mnnvl import spec
+from mnnvl import flags, spec
 from mnnvl.errors import MnnvlError, WorkloadFailed
 from mnnvl.runtime import metrics
 from mnnvl.runtime.checkpoint import Checkpointer
@@ -191,8 +191,8 @@ class Trainer:
 
 def parse_config(argv: list[str] | None) -> spec.TrainConfig:
     parser = argparse.ArgumentParser(prog="python -m mnnvl.runtime.train", description=__doc__)
-    spec.add_arguments(parser, spec.TrainConfig)
-    return spec.from_namespace(spec.TrainConfig, parser.parse_args(argv))
+    flags.add_arguments(parser, spec.TrainConfig)
+    return flags.from_namespace(spec.TrainConfig, parser.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> int:

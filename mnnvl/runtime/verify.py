@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mnnvl import report, spec
+from mnnvl import flags, report
 from mnnvl.errors import SpecError, VerificationFailed
 from mnnvl.runtime import collectives, nccl, nvml
 from mnnvl.spec import VerifyConfig
@@ -125,8 +125,8 @@ def _notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
 
 def parse_config(argv: Sequence[str] | None) -> VerifyConfig:
     parser = argparse.ArgumentParser(prog="python -m mnnvl.runtime.verify", description=__doc__)
-    spec.add_arguments(parser, VerifyConfig)
-    return spec.from_namespace(VerifyConfig, parser.parse_args(argv))
+    flags.add_arguments(parser, VerifyConfig)
+    return flags.from_namespace(VerifyConfig, parser.parse_args(argv))
 
 
 def _dist_env() -> tuple[int, int, int]:

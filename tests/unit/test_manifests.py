@@ -118,7 +118,7 @@ def env_of(job: dict[str, Any]) -> dict[str, str]:
 
 
 def train_job(workload: WorkloadSpec, cfg: TrainConfig | None = None) -> dict[str, Any]:
-    from mnnvl.spec import to_args
+    from mnnvl.flags import to_args
 
     return indexed_job(workload, manifests.TRAIN_MODULE, to_args(cfg or TrainConfig()))
 
@@ -548,3 +548,26 @@ def test_checked_in_examples_match_what_render_run_produces() -> None:
         for obj in yaml.safe_load_all(text):
             if obj["kind"] != "ComputeDomain":
                 k8s_valid(obj)
+
+
+def test_scheduling_options_reach_the_pod_and_job_and_stay_valid() -> None:
+    workload = WorkloadSpec(
+        run_id=RUN,
+        node_selector={"pool": "gb200"},
+        tolerations=("dedicated=ml:NoSchedule", "maintenance:NoExecute"),
+        priority_class="training-high",
+        queue_name="team-a",
+    )
+    job = train_job(workload)
+    k8s_valid(job)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "gb200"}
+    assert pod["priorityClassName"] == "training-high"
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in (
+        pod["tolerations"]
+    )
+    assert {"key": "maintenance", "operator": "Exists", "effect": "NoExecute"} in pod["tolerations"]
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert (
+        "kueue.x-k8s.io/queue-name" not in train_job(WorkloadSpec(run_id=RUN))["metadata"]["labels"]
+    )

@@ -9,17 +9,15 @@ from typing import Any
 import pytest
 
 from mnnvl.errors import SpecError
+from mnnvl.flags import add_arguments, from_namespace, to_args
 from mnnvl.spec import (
     DomainSpec,
     OwnerRef,
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
-    add_arguments,
-    from_namespace,
     parse_bytes,
     parse_env,
-    to_args,
 )
 
 RUN = "run-1"
@@ -109,6 +107,27 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
     (VerifyConfig, {"judge_min_bytes": 0}, "judge_min_bytes", "out of range"),
     (VerifyConfig, {"iters": -1}, "iters", "out of range"),
     (OwnerRef, {"api_version": "v1", "kind": "Pod", "name": "p", "uid": ""}, "owner.uid", "empty"),
+    (
+        WorkloadSpec,
+        {"run_id": RUN, "node_selector": {"bad key!": "x"}},
+        "node_selector",
+        "label key",
+    ),
+    (
+        WorkloadSpec,
+        {"run_id": RUN, "node_selector": {"pool": "-x"}},
+        "node_selector",
+        "label value",
+    ),
+    (WorkloadSpec, {"run_id": RUN, "tolerations": ("gpu",)}, "tolerations", "key[=value]:Effect"),
+    (WorkloadSpec, {"run_id": RUN, "tolerations": ("gpu:Never",)}, "tolerations", "not one of"),
+    (
+        WorkloadSpec,
+        {"run_id": RUN, "priority_class": "High_Prio"},
+        "priority_class",
+        "PriorityClass",
+    ),
+    (WorkloadSpec, {"run_id": RUN, "queue_name": "Team Queue"}, "queue_name", "DNS-1123"),
 ]
 
 
@@ -298,3 +317,15 @@ def test_every_input_field_has_help_text_for_the_cli() -> None:
         if f.name != "owner"
     }
     assert fields <= set(FIELD_HELP), sorted(fields - set(FIELD_HELP))
+
+
+def test_scheduling_flags_parse_into_the_workload() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, WorkloadSpec)
+    argv = ["--node-selector", "pool=gb200", "--node-selector", "zone=", "--tolerations",
+            "dedicated=ml:NoSchedule", "--tolerations", "", "--priority-class", "training-high",
+            "--queue-name", "team-a"]  # fmt: skip
+    workload = from_namespace(WorkloadSpec, parser.parse_args(argv), run_id=RUN)
+    assert workload.node_selector == {"pool": "gb200", "zone": ""}
+    assert workload.tolerations == ("dedicated=ml:NoSchedule",)  # blank items are dropped
+    assert (workload.priority_class, workload.queue_name) == ("training-high", "team-a")
