@@ -29,7 +29,18 @@ from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 logger = logging.getLogger("mnnvl.cli")
 
-COMMANDS = ("provision", "launch", "train", "verify", "teardown", "run", "render", "reap", "sim")
+COMMANDS = (
+    "provision",
+    "launch",
+    "train",
+    "verify",
+    "teardown",
+    "status",
+    "run",
+    "render",
+    "reap",
+    "sim",
+)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -104,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "verify":
             p.add_argument("--fail-on-fail", action=argparse.BooleanOptionalAction, default=True)
     p = sub.add_parser("teardown", help="delete the run's workload, then its domain")
+    _domain_flags(p)
+    p = sub.add_parser("status", help="show the run's domain, Jobs and pods (read-only)")
     _domain_flags(p)
     for name in ("run", "render"):
         p = sub.add_parser(
@@ -190,6 +203,22 @@ def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_teardown(ns: argparse.Namespace) -> dict[str, Any]:
     return steps.teardown(_domain(ns), kubeconfig=ns.kubeconfig).to_dict()
+
+
+def cmd_status(ns: argparse.Namespace) -> dict[str, Any]:
+    found = steps.status(_domain(ns), kubeconfig=ns.kubeconfig)
+    domain = found.domain
+    logger.info(
+        "ComputeDomain %s: %s; channel template %s",
+        domain["name"] if domain else "-",
+        f"status {domain['status']}, nodes {domain['nodes']}" if domain else "absent",
+        "present" if found.channel_template else "absent",
+    )
+    for job in found.jobs:
+        logger.info("Job %s: %s", job["name"], job)
+    for pod in found.pods:
+        logger.info("Pod %s: %s on %s", pod["name"], pod["reason"] or pod["phase"], pod["node"])
+    return found.to_dict()
 
 
 def _validate_objects(
@@ -298,6 +327,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "train": cmd_train,
     "verify": cmd_verify,
     "teardown": cmd_teardown,
+    "status": cmd_status,
     "run": cmd_run,
     "render": cmd_render,
     "reap": cmd_reap,

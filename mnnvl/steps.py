@@ -32,6 +32,7 @@ from mnnvl.driver import (
     wait_for_job_done,
     wait_for_pods_running,
 )
+from mnnvl.driver.inspect import run_status
 from mnnvl.errors import VerificationFailed, WorkloadFailed
 from mnnvl.flags import to_args
 from mnnvl.manifests import CONTAINER, TRAIN_MODULE, VERIFY_MODULE, step_workload
@@ -104,6 +105,17 @@ class TeardownResult(Result):
     deleted: list[str]
     already_gone: bool
     elapsed_s: float
+
+
+@dataclass(frozen=True)
+class StatusResult(Result):
+    run_id: str
+    namespace: str
+    domain: dict[str, Any] | None
+    channel_template: bool
+    jobs: list[dict[str, Any]]
+    pods: list[dict[str, Any]]
+    services: list[str]
 
 
 @dataclass(frozen=True)
@@ -335,3 +347,11 @@ def reap(
             api, ns, live_run_ids=live_run_ids, older_than_s=older_than_s, timeout_s=timeout_s
         )
     return ReapResult(namespace=ns, runs=runs, deleted=deleted, elapsed_s=_since(start))
+
+
+def status(spec: DomainSpec, *, kubeconfig: str | None = None) -> StatusResult:
+    """What the run has in the cluster now (read-only): domain and its nodes, Jobs, pods."""
+    names = RunNames.for_run(spec.run_id)
+    with _api(kubeconfig) as api:
+        found = run_status(api, spec.namespace, names)
+    return StatusResult(run_id=spec.run_id, namespace=spec.namespace, **found)

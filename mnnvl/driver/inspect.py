@@ -1,0 +1,83 @@
+"""What a run has in the cluster right now, for `mnnvl status` (read-only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api
+from mnnvl.driver.diagnose import pod_index
+from mnnvl.driver.errors import NotFound
+from mnnvl.names import RunNames
+
+
+def run_status(api: Api, namespace: str, names: RunNames) -> dict[str, Any]:
+    """The run's ComputeDomain (status and nodes), channel template, Jobs, pods and Services."""
+    return {
+        "domain": _domain(api, namespace, names.domain),
+        "channel_template": _exists(api, namespace, names.channel_template),
+        "jobs": [_job(j) for j in _items(api, JOB, namespace, names.selector)],
+        "pods": [_pod(p) for p in _items(api, POD, namespace, names.selector)],
+        "services": [
+            s["metadata"]["name"] for s in _items(api, SERVICE, namespace, names.selector)
+        ],
+    }
+
+
+def _items(api: Api, kind: Any, namespace: str, selector: str) -> list[dict[str, Any]]:
+    items = api.list(kind, namespace, label_selector=selector)["items"]
+    return sorted(items, key=lambda o: str(o["metadata"]["name"]))
+
+
+def _domain(api: Api, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        cd = api.get(COMPUTE_DOMAIN, namespace, name)
+    except NotFound:
+        return None
+    status = cd.get("status") or {}
+    return {
+        "name": name,
+        "uid": cd["metadata"].get("uid"),
+        "deleting": bool(cd["metadata"].get("deletionTimestamp")),
+        # Diagnostics only: Ready needs scheduled workload pods and is never waited for.
+        "status": status.get("status"),
+        "nodes": [
+            {k: n.get(k) for k in ("name", "cliqueID", "index", "status")}
+            for n in status.get("nodes") or []
+        ],
+    }
+
+
+def _exists(api: Api, namespace: str, name: str) -> bool:
+    try:
+        api.get(RESOURCE_CLAIM_TEMPLATE, namespace, name)
+    except NotFound:
+        return False
+    return True
+
+
+def _job(job: dict[str, Any]) -> dict[str, Any]:
+    status = job.get("status") or {}
+    done = [c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"]
+    return {
+        "name": job["metadata"]["name"],
+        "active": status.get("active", 0),
+        "succeeded": status.get("succeeded", 0),
+        "failed": status.get("failed", 0),
+        "conditions": done,
+    }
+
+
+def _pod(pod: dict[str, Any]) -> dict[str, Any]:
+    status = pod.get("status") or {}
+    waiting = [
+        (cs.get("state") or {}).get("waiting", {}).get("reason")
+        for cs in status.get("containerStatuses") or []
+        if (cs.get("state") or {}).get("waiting")
+    ]
+    return {
+        "name": pod["metadata"]["name"],
+        "index": pod_index(pod),
+        "phase": status.get("phase"),
+        "reason": waiting[0] if waiting else None,
+        "node": (pod.get("spec") or {}).get("nodeName"),
+    }

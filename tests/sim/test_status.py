@@ -1,0 +1,31 @@
+"""`mnnvl status`: what a run has in the cluster, before and after teardown."""
+
+from __future__ import annotations
+
+import json
+
+from mnnvl import cli, steps
+from mnnvl.sim import SimCluster
+from mnnvl.spec import DomainSpec, WorkloadSpec
+
+
+def test_status_shows_the_domain_and_job_then_nothing_after_teardown(capsys):
+    domain = DomainSpec(run_id="status-run", delete_timeout_s=30)
+    with SimCluster(nodes=2) as sim:
+        kube = sim.kubeconfig_path
+        steps.provision(domain, kubeconfig=kube)
+        workload = WorkloadSpec(run_id=domain.run_id, purpose="job", nodes=2, gpus_per_node=0)
+        steps.launch(workload, "json.tool", ["--help"], kubeconfig=kube)
+
+        assert cli.main(["status", "--run-id", domain.run_id, "--kubeconfig", kube]) == 0
+        found = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert found["ok"] is True and found["domain"]["name"].startswith("mnnvl-status-run")
+        assert found["channel_template"] is True
+        assert [j["succeeded"] for j in found["jobs"]] == [2]
+        assert sorted(p["index"] for p in found["pods"]) == ["0", "1"]
+        assert {p["phase"] for p in found["pods"]} == {"Succeeded"}
+
+        steps.teardown(domain, kubeconfig=kube)
+        after = steps.status(domain, kubeconfig=kube)
+        assert after.domain is None and after.channel_template is False
+        assert (after.jobs, after.pods, after.services) == ([], [], [])
