@@ -61,7 +61,7 @@ bench: install ## CPU benchmarks (simulator API requests, concurrency, make run,
 	$(PY) bench/bench_make_run.py
 
 test-gpu: ## GPU tests (run on a machine with >= 2 NVIDIA GPUs and torch installed)
-	$(PYTHON) -m pytest -q -m gpu tests/gpu
+	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests/gpu
 
 schemas: $(SCHEMA_STAMP) ## fetch the upstream schemas the tests validate against (into ./schemas)
 
