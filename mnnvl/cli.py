@@ -29,19 +29,6 @@ from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 logger = logging.getLogger("mnnvl.cli")
 
-COMMANDS = (
-    "provision",
-    "launch",
-    "train",
-    "verify",
-    "teardown",
-    "status",
-    "run",
-    "render",
-    "reap",
-    "sim",
-)
-
 
 class Interrupted(KeyboardInterrupt):
     """SIGTERM or SIGINT arrived; raised in the main thread so ``finally`` blocks run."""
