@@ -17,30 +17,24 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from mnnvl.runtime.result import parse_result, torchrun_command
+from mnnvl.sim.procs import descendants
+
 STEP_LINE = re.compile(r"step (\d+) loss ([0-9.]+)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _command(args: argparse.Namespace, ckpt: str) -> list[str]:
-    return [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}",
-        f"--master-port={_free_port()}", "-m", "mnnvl.runtime.train",
+    return torchrun_command("mnnvl.runtime.train", [
         "--model", args.preset, "--steps", str(args.steps), "--batch-size", str(args.batch),
         "--checkpoint-dir", ckpt, "--checkpoint-every", str(args.every),
         "--log-every", str(args.log_every), "--compile" if args.compile else "--no-compile",
-    ]  # fmt: skip
+    ], args.nproc)  # fmt: skip
 
 
 def run_and_kill(cmd: list[str], kill_after: int) -> dict[int, float]:
@@ -61,15 +55,9 @@ def run_and_kill(cmd: list[str], kill_after: int) -> dict[int, float]:
     return losses
 
 
-def _descendants(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
-    children = [int(p) for p in out.stdout.split()]
-    return children + [d for c in children for d in _descendants(c)]
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL torchrun and every worker (workers may run in sessions of their own)."""
-    for victim in [pid, *_descendants(pid)]:
+    for victim in [pid, *descendants(pid)]:
         try:
             os.kill(victim, signal.SIGKILL)
         except ProcessLookupError:
@@ -79,10 +67,9 @@ def kill_tree(pid: int) -> None:
 def run_to_end(cmd: list[str]) -> dict[str, Any]:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     sys.stderr.write("".join("run2| " + ln + "\n" for ln in proc.stderr.splitlines()))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
+    result = parse_result(proc.stdout)
+    if proc.returncode != 0 or result is None:
         raise SystemExit(f"resumed run failed with exit code {proc.returncode}")
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
     return result
 
 

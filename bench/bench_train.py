@@ -15,20 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
+from mnnvl.runtime.result import parse_result, torchrun_command
+
 MFU_GOAL = 0.45
 TORCHTITAN_MFU = (0.33, 0.39)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _gpu_count() -> int:
@@ -38,23 +33,20 @@ def _gpu_count() -> int:
 
 
 def run_train(args: argparse.Namespace, nproc: int) -> dict[str, Any]:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-        f"--master-port={_free_port()}", "-m", "mnnvl.runtime.train",
+    cmd = torchrun_command("mnnvl.runtime.train", [
         "--model", args.preset, "--batch-size", str(args.batch), "--seq-len", str(args.seq),
         "--steps", str(args.steps), "--log-every", str(args.log_every),
         "--warmup-steps", "2", "--compile" if args.compile else "--no-compile",
         "--activation-checkpointing" if args.ac else "--no-activation-checkpointing",
-    ]  # fmt: skip
+    ], nproc)  # fmt: skip
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=dict(os.environ))
     wall = time.monotonic() - started
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
+    result = parse_result(proc.stdout)
+    if result is None:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-8000:])
         raise SystemExit(f"no RESULT line (exit code {proc.returncode})")
     sys.stderr.write("".join(ln + "\n" for ln in proc.stderr.splitlines() if " step " in ln))
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
     return {"result": result, "wall_s": round(wall, 1)}
 
 

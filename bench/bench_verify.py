@@ -16,22 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
+from mnnvl.runtime.result import parse_result, torchrun_command
+
 # nccl-tests all_reduce_perf busbw (GB/s), float32 sum, 2 x H200 on one host (NV18).
 REFERENCE_BUSBW_GBPS = {1 << 20: 48.9, 64 << 20: 269.0, 1 << 30: 328.7, 4 << 30: 346.7}
 WALL_GOAL_S = 20.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _gpu_count() -> int:
@@ -44,27 +39,16 @@ def run_verify(nproc: int, max_bytes: str, degraded: bool, out_dir: str) -> dict
     env = dict(os.environ)
     if degraded:
         env["NCCL_P2P_DISABLE"] = "1"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={nproc}",
-        f"--master-port={_free_port()}",
-        "-m",
-        "mnnvl.runtime.verify",
-        "--max-bytes",
-        max_bytes,
-        "--output-dir",
-        out_dir,
-    ]
+    cmd = torchrun_command(
+        "mnnvl.runtime.verify", ["--max-bytes", max_bytes, "--output-dir", out_dir], nproc
+    )
     started = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
+    result = parse_result(proc.stdout)
+    if result is None:
         sys.stderr.write(proc.stderr[-6000:])
         raise SystemExit(f"no RESULT line (exit code {proc.returncode})")
-    result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
     return {"result": result, "wall_s": round(wall, 2), "returncode": proc.returncode}
 
 

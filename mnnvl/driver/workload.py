@@ -43,11 +43,10 @@ from mnnvl.manifests import (
     wants_gpu_claim,
 )
 from mnnvl.names import RunNames
+from mnnvl.runtime.result import parse_result as worker_result
 from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)
-
-RESULT_PREFIX = "RESULT "
 
 
 def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> str:
@@ -187,17 +186,10 @@ def wait_for_job_done(
 
 def parse_result(log_text: str) -> dict[str, Any] | None:
     """The last ``RESULT {json}`` line of a log, or None when there is none."""
-    for line in reversed(log_text.splitlines()):
-        line = line.strip()
-        if line.startswith(RESULT_PREFIX):
-            try:
-                result = json.loads(line[len(RESULT_PREFIX) :])
-            except ValueError as e:
-                raise WorkloadFailed(
-                    f"the RESULT line is not valid JSON ({e}): {line[:200]}"
-                ) from e
-            return result if isinstance(result, dict) else {"value": result}
-    return None
+    try:
+        return worker_result(log_text)
+    except ValueError as e:
+        raise WorkloadFailed(str(e)) from e
 
 
 def result_of_failed_job(

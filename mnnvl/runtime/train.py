@@ -17,7 +17,6 @@ every rank, to exercise that path.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -36,6 +35,7 @@ from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.data import build_batches
 from mnnvl.runtime.model import Transformer, flops_per_token, preset
 from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distributed
+from mnnvl.runtime.result import emit_result
 
 logger = logging.getLogger("mnnvl.runtime.train")
 INJECT_NAN_ENV = "MNNVL_TEST_INJECT_NAN_STEP"
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         tokens_per_s = trainer.run()
         if info.rank == 0:
             result = trainer.result(tokens_per_s, time.perf_counter() - t0)
-            print("RESULT " + json.dumps(result), flush=True)
+            emit_result(result)
         return 0
     except MnnvlError as e:
         logger.error("training failed: %s", e)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import os
 import socket
@@ -35,6 +34,7 @@ import torch.distributed as dist
 from mnnvl import flags, report
 from mnnvl.errors import SpecError, VerificationFailed
 from mnnvl.runtime import collectives, nccl, nvml
+from mnnvl.runtime.result import emit_result, free_port
 from mnnvl.spec import VerifyConfig
 
 logger = logging.getLogger("mnnvl.runtime.verify")
@@ -132,11 +132,12 @@ def parse_config(argv: Sequence[str] | None) -> VerifyConfig:
 def _dist_env() -> tuple[int, int, int]:
     """(rank, world_size, local_rank); a bare ``python -m`` run is a one-rank job."""
     if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         os.environ.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+            RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
         )
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
 
@@ -208,7 +209,7 @@ def _publish(result: dict[str, Any], output_dir: str) -> None:
         except OSError as e:
             logger.error("could not write the report to %s: %s", output_dir, e)
     logger.info("\n%s", report.verify_table(result))
-    print("RESULT " + json.dumps(result, separators=(",", ":")), flush=True)
+    emit_result(result)
 
 
 def _failed_result(reason: str, started: float) -> dict[str, Any]:
@@ -242,14 +243,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         logger.error("%s", e)
         if os.environ.get("RANK", "0") == "0":
-            print("RESULT " + json.dumps(_failed_result(str(e), started)), flush=True)
+            emit_result(_failed_result(str(e), started))
         return SpecError.exit_code
     except (RuntimeError, OSError) as e:
         # NCCL init or a collective broke (e.g. NCCL_MNNVL_ENABLE=1 on a broken IMEX
         # domain): that is a verification failure, and the launcher still gets a RESULT.
         logger.exception("verification aborted")
         if os.environ.get("RANK", "0") == "0":
-            print("RESULT " + json.dumps(_failed_result(f"aborted: {e}", started)), flush=True)
+            emit_result(_failed_result(f"aborted: {e}", started))
         return VerificationFailed.exit_code
     if result["verdict"] != "PASS":
         logger.error("verification FAILED: %s", "; ".join(result["reasons"]))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
-import sys
 
 import pytest
+
+from mnnvl.runtime.result import torchrun_command
 
 torch = pytest.importorskip("torch")
 
@@ -19,19 +19,11 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_twenty_steps_on_two_gpus_learn_and_report_mfu() -> None:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-        f"--master-port={_free_port()}", "-m", "mnnvl.runtime.train",
+    cmd = torchrun_command("mnnvl.runtime.train", [
         "--model", "small", "--steps", "20", "--log-every", "5", "--batch-size", "8",
         "--lr", "3e-3", "--warmup-steps", "3",
-    ]  # fmt: skip
+    ], nproc=2)  # fmt: skip
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=300, check=False, env=dict(os.environ)
     )

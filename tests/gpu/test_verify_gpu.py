@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from typing import Any
 
 import pytest
+
+from mnnvl.runtime.result import torchrun_command
 
 torch = pytest.importorskip("torch")
 
@@ -23,19 +23,7 @@ pytestmark = [
 
 
 def run_verify(extra_env: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={torch.cuda.device_count()}",
-        f"--master-port={port}",
-        "-m",
-        "mnnvl.runtime.verify",
-        *args,
-    ]
+    cmd = torchrun_command("mnnvl.runtime.verify", list(args), torch.cuda.device_count())
     env = {**os.environ, **extra_env}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

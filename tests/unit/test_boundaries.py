@@ -17,6 +17,7 @@ HEAVY = ("torch", "kfp", "hera", "kubernetes", "pynvml", "matplotlib")
 CASES = {
     # modules: libraries that must NOT be loaded
     "mnnvl.errors mnnvl.spec mnnvl.flags mnnvl.names mnnvl.manifests mnnvl.runtime.nccl": HEAVY,
+    "mnnvl.runtime.result": HEAVY,
     "mnnvl.sim": HEAVY,
     "mnnvl.report": ("torch", "kfp", "hera", "kubernetes"),
     "mnnvl.driver mnnvl.steps mnnvl.run mnnvl.cli": ("torch", "kfp", "hera", "pynvml"),

@@ -4,31 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mnnvl.runtime.result import torchrun_command
 from mnnvl.runtime.train import INJECT_NAN_ENV, main
 
 TINY = ["--model", "tiny", "--log-every", "2", "--lr", "3e-3", "--warmup-steps", "2"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _torchrun(args: list[str], extra_env: dict[str, str] | None = None):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(extra_env or {})}
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-        f"--master-port={_free_port()}", "-m", "mnnvl.runtime.train", *TINY, *args,
-    ]  # fmt: skip
+    cmd = torchrun_command("mnnvl.runtime.train", [*TINY, *args], nproc=2)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, check=False)
 
 

@@ -4,38 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mnnvl.runtime.result import torchrun_command
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_verify(*args: str) -> tuple[int, dict[str, Any], str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("MNNVL_NCCL_PROFILE", None)
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node=2",
-        f"--master-port={free_port()}",
-        "-m",
-        "mnnvl.runtime.verify",
-        "--max-bytes",
-        "256K",
-        *args,
-    ]
+    cmd = torchrun_command("mnnvl.runtime.verify", ["--max-bytes", "256K", *args], nproc=2)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout + proc.stderr[-3000:]
