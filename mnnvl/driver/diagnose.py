@@ -40,7 +40,7 @@ def pod_index(pod: dict[str, Any]) -> str:
 # ---- one pod's status -----------------------------------------------------------------------
 
 
-def _waiting_reason(pod: dict[str, Any]) -> str:
+def waiting_reason(pod: dict[str, Any]) -> str:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting")
         if waiting:
@@ -67,7 +67,7 @@ def _exit_code(pod: dict[str, Any]) -> int | None:
 def _pod_state(pod: dict[str, Any]) -> str:
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
-    reason = _waiting_reason(pod) or (_unschedulable(pod) and "Unschedulable")
+    reason = waiting_reason(pod) or (_unschedulable(pod) and "Unschedulable")
     node = (pod.get("spec") or {}).get("nodeName") or "unscheduled"
     return f"{pod['metadata']['name']} {phase}{'/' + reason if reason else ''} on {node}"
 
@@ -154,7 +154,7 @@ def _pod_problem(pod: dict[str, Any], *, retries: bool, unschedulable_fatal: boo
     phase = (pod.get("status") or {}).get("phase")
     if phase == "Failed" and not retries:
         return f"Failed with exit code {_exit_code(pod)}"
-    reason = _waiting_reason(pod)
+    reason = waiting_reason(pod)
     if reason in FATAL_WAITING:
         return reason
     unschedulable = _unschedulable(pod)
@@ -197,7 +197,7 @@ def describe_pods(
         return f"no pods of Job {job} ({pod_events(api, ns, job)})"
     states = [_pod_state(p) for p in sorted(objects.values(), key=pod_index)]
     summary, imex = domain_nodes(api, domain, ns)
-    stuck = [p for p in objects.values() if _waiting_reason(p) == "ContainerCreating"]
+    stuck = [p for p in objects.values() if waiting_reason(p) == "ContainerCreating"]
     detail = ""
     if stuck:
         pod = sorted(stuck, key=pod_index)[0]

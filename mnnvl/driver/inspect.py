@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api
-from mnnvl.driver.diagnose import pod_index
+from mnnvl.driver.diagnose import pod_index, waiting_reason
 from mnnvl.driver.errors import NotFound
 from mnnvl.names import RunNames
 
@@ -68,16 +68,10 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _pod(pod: dict[str, Any]) -> dict[str, Any]:
-    status = pod.get("status") or {}
-    waiting = [
-        (cs.get("state") or {}).get("waiting", {}).get("reason")
-        for cs in status.get("containerStatuses") or []
-        if (cs.get("state") or {}).get("waiting")
-    ]
     return {
         "name": pod["metadata"]["name"],
         "index": pod_index(pod),
-        "phase": status.get("phase"),
-        "reason": waiting[0] if waiting else None,
+        "phase": (pod.get("status") or {}).get("phase"),
+        "reason": waiting_reason(pod) or None,
         "node": (pod.get("spec") or {}).get("nodeName"),
     }

@@ -17,7 +17,7 @@ from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
 from mnnvl.names import RunNames
 from mnnvl.runtime import nccl
-from mnnvl.spec import JOB_ENV, WorkloadSpec, parse_toleration
+from mnnvl.spec import WorkloadSpec, parse_toleration
 
 CONTAINER = "worker"
 CHANNEL_CLAIM = "imex-channel"
@@ -33,7 +33,6 @@ VERIFY_MODULE = "mnnvl.runtime.verify"
 
 # Set by the Job itself; a user value would break the rendezvous or the node rank.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-RESERVED_ENV = JOB_ENV
 
 # Exit codes whose cause a retry cannot change: 2 is a usage error (torchrun's or the entry
 # point's argparse, or a SpecError), 4 a failed verification verdict, 126/127 an image that
@@ -97,17 +96,10 @@ def pod_env(workload: WorkloadSpec) -> list[dict[str, str]]:
     """Container env: rendezvous, run id, the NCCL profile, then the user's variables.
 
     The user's values beat a profile's defaults but not its required values (the worker
-    applies the same rule at start-up). Machine-pinned variables are refused, not dropped,
-    so nobody believes they changed them.
+    applies the same rule at start-up). Machine-pinned and Job-owned names never get here:
+    ``WorkloadSpec`` refuses them, so nobody believes they changed them.
     """
     workload = _check_workload(workload)
-    for name in workload.env:
-        if name in RESERVED_ENV:
-            raise SpecError(f"env.{name}", "is set by the Job itself; remove it")
-        if name in nccl.PINNED:
-            raise SpecError(
-                f"env.{name}", "is pinned by the machine and must not be set; remove it"
-            )
     env = {
         "MASTER_ADDR": master_addr(workload),
         "MASTER_PORT": str(workload.rdzv_port),
