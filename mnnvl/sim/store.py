@@ -86,10 +86,6 @@ class Store:
             ]
             return items, self._rv
 
-    def exists_uid(self, uid: str) -> bool:
-        with self.lock:
-            return uid in self._uids
-
     # ----- writes ------------------------------------------------------------------------
     def create(self, resource: str, obj: Obj) -> Obj:
         rt = RESOURCES[resource]
