@@ -12,7 +12,6 @@ workflow parameter ``service-account`` (RBAC: ``components/README.md``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from hera.workflows import DAG, Container, Parameter, Task, Workflow, WorkflowTemplate
@@ -28,12 +27,8 @@ DEFAULT_SERVICE_ACCOUNT = "mnnvl-runner"  # manifests/base/rbac.yaml
 LABELS = {"app.kubernetes.io/part-of": "mnnvl-pipelines", "app.kubernetes.io/name": TEMPLATE_NAME}
 
 
-@dataclass(frozen=True)
-class WfParam:
-    name: str
-    default: str
-    description: str
-    boolean: bool = False
+# A workflow parameter has the same shape as a template input: name, default, description.
+WfParam = t.Input
 
 
 WORKFLOW_PARAMETERS = [
