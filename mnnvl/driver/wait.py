@@ -103,13 +103,15 @@ def watch_until(
     *,
     deadline: Deadline,
     on_timeout: Callable[[View], MnnvlError],
-    progress_every_s: float = PROGRESS_EVERY_S,
+    progress_every_s: float | None = None,
 ) -> Any:
     """Run ``check`` on every change of ``sources`` until it returns a value (returned here).
 
     Raises what ``check`` raises, a watch thread's API error, or ``on_timeout(view)`` at the
-    deadline. Logs ``check.progress(view)`` at least every ``progress_every_s``.
+    deadline. Logs ``check.progress(view)`` at least every ``progress_every_s`` (default
+    ``PROGRESS_EVERY_S``).
     """
+    progress_every_s = progress_every_s or PROGRESS_EVERY_S
     events: queue.Queue[tuple[str, str, Any]] = queue.Queue()
     stop = threading.Event()
     watchers = [

@@ -100,6 +100,9 @@ def _invalid(kind: str, name: str, msg: str) -> ApiError:
     )
 
 
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
 def default_on_create(resource: str, obj: Obj) -> None:
     """Status is not accepted on create for resources with a status subresource."""
     if RESOURCES[resource].status_subresource:
@@ -108,6 +111,10 @@ def default_on_create(resource: str, obj: Obj) -> None:
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
     elif resource == "namespaces":
         obj["status"] = {"phase": "Active"}
+    elif resource == "jobs" and KUEUE_QUEUE_LABEL in (obj["metadata"].get("labels") or {}):
+        # Kueue's webhook: a Job for a LocalQueue starts suspended until Kueue admits it
+        # (here: until someone sets spec.suspend to false, as Kueue's controller would).
+        obj.setdefault("spec", {})["suspend"] = True
     elif resource == "services":
         spec = obj.setdefault("spec", {})
         spec.setdefault("clusterIP", "10.96.0.10")

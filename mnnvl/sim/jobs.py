@@ -95,6 +95,9 @@ class JobController:
         if finished(status):
             self._ttl(job, status)
             return
+        if job["spec"].get("suspend"):
+            self._suspend(job)
+            return
         progress = count_progress(job, self._owned_pods(job))
         start = status.get("startTime") or now_iso()
         # A limit verdict wins over the deadline, which is only checked (and armed) without one.
@@ -104,6 +107,23 @@ class JobController:
         fail = fail or failed_indexes_failure(progress)
         active = self._reconcile_pods(job, progress, fail)
         self._write_status(job, start, progress, active, fail)
+
+    def _suspend(self, job: Obj) -> None:
+        """A suspended Job (e.g. held by Kueue) has no pods; startTime restarts on resume."""
+        ns = job["metadata"]["namespace"]
+        for pod in self._owned_pods(job):
+            if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                self.store.delete("pods", ns, pod["metadata"]["name"])
+
+        def write(o: Obj) -> bool:
+            st = o.setdefault("status", {})
+            if "startTime" not in st and st.get("active") == 0:
+                return False  # nothing changes: no event, no new sync
+            st.pop("startTime", None)
+            st["active"] = 0
+            return True
+
+        self.store.mutate("jobs", ns, job["metadata"]["name"], write)
 
     def _owned_pods(self, job: Obj) -> list[Obj]:
         uid = job["metadata"]["uid"]

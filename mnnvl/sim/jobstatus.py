@@ -109,6 +109,12 @@ def limit_failure(job: Obj, progress: Progress) -> tuple[str, str] | None:
         return ("PodFailurePolicy", "Container failed with an exit code matched by a FailJob rule")
     if len(progress.counted) > limit:
         return ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    max_failed = job["spec"].get("maxFailedIndexes")
+    if per_index is not None and max_failed is not None and len(progress.failed_idx) > max_failed:
+        return (
+            "MaxFailedIndexesExceeded",
+            "Job has exceeded the specified maximal number of failed indexes",
+        )
     return None
 
 
