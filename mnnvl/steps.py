@@ -77,6 +77,7 @@ class TrainResult(Result):
     tokens_per_s: float | None
     mfu: float | None
     steps: int | None
+    start_step: int
     checkpoint: str
     peak_mem_gib: float | None
     report_files: dict[str, str]
@@ -212,6 +213,8 @@ def train(
         from mnnvl.report import write_train_report
 
         files = write_train_report(raw, report_dir)
+    if raw.get("start_step"):
+        logger.info("train: resumed from step %s (%s)", raw["start_step"], raw.get("resumed_from"))
     logger.info(
         "train: final loss %s, %s tokens/s, mfu %s",
         raw.get("final_loss"),
@@ -224,6 +227,7 @@ def train(
         tokens_per_s=raw.get("tokens_per_s"),
         mfu=raw.get("mfu"),
         steps=raw.get("steps"),
+        start_step=int(raw.get("start_step") or 0),
         checkpoint=str(raw.get("checkpoint") or ""),
         peak_mem_gib=raw.get("peak_mem_gib"),
         report_files=files,

@@ -217,6 +217,10 @@ class SimCluster:
     def events(self) -> list[Obj]:
         return self.store.list("events")[0]
 
+    def pvc_dir(self, namespace: str, claim: str) -> str:
+        """The host directory the kubelet mounts for a PersistentVolumeClaim."""
+        return self._kubelet.claim_dir(namespace, claim)
+
     def pod_log(self, namespace: str, name: str) -> str:
         """The captured output of a pod ("" before it started)."""
         worker = self._kubelet.workers.get((namespace, name))

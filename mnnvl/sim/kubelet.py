@@ -3,10 +3,11 @@
 A pod stays Pending/ContainerCreating until its claims are prepared (a channel claim waits for
 the node's IMEX daemon, like the real plugin); then the container's command runs with
 ``$(VAR)`` expansion, the current interpreter for ``python``/``python3``, cluster DNS names mapped
-to 127.0.0.1, ``MASTER_PORT`` set to a free local port per Service, and ``CUDA_VISIBLE_DEVICES``
-from the node's share of local GPUs. stdout+stderr go to a per-pod log file served by ``/log``.
-Deleting the pod kills its process tree (SIGTERM, then SIGKILL after the grace period; see
-:mod:`mnnvl.sim.procs`).
+to 127.0.0.1, ``MASTER_PORT`` set to a free local port per Service, ``CUDA_VISIBLE_DEVICES``
+from the node's share of local GPUs, and paths under a PersistentVolumeClaim's mountPath moved to
+that claim's host directory (one per claim, kept for the cluster's lifetime). stdout+stderr go
+to a per-pod log file served by ``/log``. Deleting the pod kills its process tree (SIGTERM, then
+SIGKILL after the grace period; see :mod:`mnnvl.sim.procs`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ from mnnvl.sim.store import ApiError, Obj, Store, now_iso, record_event
 
 log = logging.getLogger(__name__)
 MAX_GRACE_S = 5.0  # the simulator caps terminationGracePeriodSeconds to keep teardown quick
+
+
+def _at_host(value: str, mounts: dict[str, str]) -> str:
+    """A value naming a path under a PVC mount (alone or after ``=``), moved to the claim's
+    host directory: processes share this machine's filesystem, not the pod's."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        host = mounts[mount].replace("\\", "\\\\")
+        value = re.sub(rf"(^|=){re.escape(mount)}(?=/|$)", rf"\g<1>{host}", value)
+    return value
 
 
 class PodWorker:
@@ -253,6 +263,7 @@ class Kubelet:
         self._lock = threading.Lock()
         self._sub = store.subscribe(["pods"])
         self._thread: threading.Thread | None = None
+        self.volumes_root = tempfile.mkdtemp(prefix="sim-volumes-")
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="sim-kubelet", daemon=True)
@@ -271,6 +282,7 @@ class Kubelet:
             t.join(timeout=MAX_GRACE_S + 6)
         for w in workers:
             shutil.rmtree(w.workdir, ignore_errors=True)
+        shutil.rmtree(self.volumes_root, ignore_errors=True)
 
     def _run(self) -> None:
         while (ev := self._sub.queue.get()) is not None:
@@ -340,11 +352,12 @@ class Kubelet:
                 pod_env["MASTER_PORT"] = str(self.service_port(parts[-4], parts[-5]))
         if "MASTER_ADDR" in pod_env:
             pod_env["MASTER_ADDR"] = "127.0.0.1"
-        pod_env = {k: DNS_RE.sub("127.0.0.1", v) for k, v in pod_env.items()}
+        mounts = self.claim_mounts(pod, container)
+        pod_env = {k: _at_host(DNS_RE.sub("127.0.0.1", v), mounts) for k, v in pod_env.items()}
         pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
         pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
         cmd = [
-            expand(str(a), pod_env)
+            _at_host(expand(str(a), pod_env), mounts)
             for a in (container.get("command") or []) + (container.get("args") or [])
         ]
         if cmd and re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(cmd[0])):
@@ -352,6 +365,28 @@ class Kubelet:
         if not cmd:
             raise OSError("container has no command (the simulator has no images)")
         return cmd, {**os.environ, **pod_env}
+
+    # ----- volumes ---------------------------------------------------------------------
+    def claim_dir(self, ns: str, claim: str) -> str:
+        """The host directory standing in for a PersistentVolumeClaim (one per claim; it
+        outlives pods and Jobs, like the volume would)."""
+        path = os.path.join(self.volumes_root, ns, claim)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def claim_mounts(self, pod: Obj, container: Obj) -> dict[str, str]:
+        """The container's PVC mount paths -> their claims' host directories."""
+        ns = pod["metadata"]["namespace"]
+        claims = {
+            v["name"]: v["persistentVolumeClaim"]["claimName"]
+            for v in pod["spec"].get("volumes") or []
+            if v.get("persistentVolumeClaim")
+        }
+        return {
+            str(m["mountPath"]).rstrip("/"): self.claim_dir(ns, claims[m["name"]])
+            for m in container.get("volumeMounts") or []
+            if m.get("name") in claims
+        }
 
     # ----- logs ------------------------------------------------------------------------
     def log_stream(

@@ -197,3 +197,30 @@ def test_workload_steps_without_a_domain_fail_in_seconds_asking_to_provision(
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "does not exist; provision first" in out["error"]
     assert [o for o in sim.objects() if run_id in o[2]] == []
+
+
+def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
+    module_dir, caplog, monkeypatch
+):
+    monkeypatch.setattr(wait, "PROGRESS_EVERY_S", 0.4)
+    caplog.set_level(logging.INFO, logger="mnnvl")
+    # Its own cluster: IMEX daemons that never become ready are not left to the other tests.
+    with SimCluster(nodes=2, imex_delay_s=60) as cluster:
+        domain = DomainSpec(run_id="slow-imex", delete_timeout_s=30)
+        workload = WorkloadSpec(
+            run_id="slow-imex",
+            purpose="job",
+            nodes=2,
+            gpus_per_node=0,
+            env={"PYTHONPATH": module_dir},
+            pods_running_timeout_s=2.5,
+        )
+        steps.provision(domain, kubeconfig=cluster.kubeconfig_path)
+        with pytest.raises(WaitTimeout, match="stuck ContainerCreating"):
+            steps.launch(workload, "quick", [], kubeconfig=cluster.kubeconfig_path)
+        steps.teardown(domain, kubeconfig=cluster.kubeconfig_path)
+        assert cluster.objects(RunNames.for_run("slow-imex").selector) == []
+    lines = [m for m in caplog.messages if "pods Running 0/2; slowest:" in m]
+    assert len(lines) >= 3
+    assert "ContainerCreating (IMEX daemon on sim-node-" in lines[-1]
+    assert "status.nodes:" in lines[-1]
