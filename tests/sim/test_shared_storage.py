@@ -115,3 +115,12 @@ def test_killed_training_resumes_from_the_last_checkpoint_on_the_same_claim(sim)
     assert result.raw["resumed_from"].endswith(f"llama/step-{result.start_step}")
     assert result.steps == 120 and result.raw["losses"][0][0] == result.start_step + 1
     assert _left(sim, first) == [] and _left(sim, second) == []
+
+
+def test_run_with_a_local_checkpoint_dir_stops_before_provisioning(sim, capsys):
+    run_id = f"pr-{uuid.uuid4().hex[:8]}"
+    argv = ["run", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0"]
+    argv += ["--checkpoint-dir", "/tmp/ckpt", "--kubeconfig", sim.kubeconfig_path]
+    assert cli.main(argv) == 2
+    assert "checkpoint_dir: /tmp/ckpt is not under a mounted PVC" in capsys.readouterr().out
+    assert _left(sim, run_id) == []
