@@ -31,8 +31,8 @@ FIELD_HELP: dict[str, str] = {
     "shm_size": "size of the workers' /dev/shm, e.g. 16Gi (default: 16Gi)",
     "pods_running_timeout_s": "deadline for all worker pods to run, s; IMEX start-up can take "
     "minutes (default: 900)",
-    "unschedulable_grace_s": "how long a pod may stay Unschedulable before the step fails, s "
-    "(default: 60)",
+    "unschedulable_grace_s": "how long a pod may stay Unschedulable (or its node held by another "
+    "ComputeDomain) before the step fails, s (default: 60)",
     "job_timeout_s": "deadline for the Job to complete, s; also its activeDeadlineSeconds",
     "ttl_after_finished_s": "ttlSecondsAfterFinished of the Job (default: 3600)",
     "backoff_limit_per_index": "retries per pod index before the Job fails (default: 0)",

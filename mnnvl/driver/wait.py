@@ -188,7 +188,7 @@ class _Watcher(threading.Thread):
                     self._watch(version)
                 except WatchExpired:
                     logger.debug("watch of %s expired (410); re-listing", self.source.kind.plural)
-        except MnnvlError as e:
+        except Exception as e:  # handed to the waiting thread, which raises it
             self.events.put((self.key, "ERROR", e))
 
     def _list(self) -> str:
