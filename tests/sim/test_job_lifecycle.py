@@ -101,6 +101,7 @@ def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, r
     assert "exited with code 4" in message  # the container's code, not torchrun's 1
     assert "index 1 giving up with 4" in message  # the failing pod's log tail
     assert _pods_created(sim, job) == 2  # one pod per index: no retry of a FAIL
+    assert info.value.exit_code == 4
 
 
 def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, run):
@@ -114,6 +115,7 @@ def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, 
     assert time.monotonic() - start < 20  # not the 60 s pods-running deadline
     assert f"Job default/{job} failed (MaxFailedIndexesExceeded" in str(info.value)
     assert "simulated CrashLoop fault: exit code 1" in str(info.value)
+    assert info.value.exit_code == 4
 
 
 def _launch_in_thread(workload, module, kubeconfig):
@@ -159,8 +161,11 @@ def test_queued_job_fails_after_its_admission_timeout(sim, run):
     _, workload = run
     workload = dataclasses.replace(workload, queue_name="team-q", admission_timeout_s=1.5)
     start = time.monotonic()
-    with pytest.raises(WaitTimeout, match="queued in LocalQueue team-q \\(Kueue\\) for more than"):
+    with pytest.raises(
+        WaitTimeout, match="queued in LocalQueue team-q \\(Kueue\\) for more than"
+    ) as info:
         steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
+    assert info.value.exit_code == 3
     assert 1.5 <= time.monotonic() - start < 15
 
 
@@ -180,6 +185,7 @@ def test_pod_turning_unschedulable_during_the_wait_fails_after_the_grace(sim, ru
     assert isinstance(box.get("error"), WorkloadFailed), box
     assert 2.0 <= time.monotonic() - admitted < 15
     assert "Unschedulable for more than 2 s" in str(box["error"])
+    assert box["error"].exit_code == 4
 
 
 @pytest.mark.parametrize("command", ["launch", "train", "verify"])
@@ -224,3 +230,24 @@ def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
     assert len(lines) >= 3
     assert "ContainerCreating (IMEX daemon on sim-node-" in lines[-1]
     assert "status.nodes:" in lines[-1]
+
+
+def test_node_still_labelled_for_another_domain_fails_after_the_grace(sim, run):
+    _, workload = run
+    workload = dataclasses.replace(workload, unschedulable_grace_s=2.0)
+    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
+    stale = {"metadata": {"labels": {"resource.nvidia.com/computeDomain": "uid-of-another-cd"}}}
+    core.patch_node("sim-node-1", stale)
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkloadFailed) as info:
+            steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
+        assert 2.0 <= time.monotonic() - start < 20
+    finally:
+        core.patch_node(
+            "sim-node-1", {"metadata": {"labels": {"resource.nvidia.com/computeDomain": None}}}
+        )
+    message = str(info.value)
+    assert "FailedPrepareDynamicResources for more than 2 s" in message
+    assert "label already exists for a different ComputeDomain" in message
+    assert info.value.exit_code == 4
