@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from mnnvl.errors import SpecError
+from mnnvl.storage import parse_pvc
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -185,48 +186,6 @@ def parse_bytes(field_name: str, value: str | int) -> int:
     return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
 
 
-PVC_ITEM = re.compile(r"^(?P<claim>[^:]+):(?P<path>/[^:]*)(?P<ro>:ro)?$")
-RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/")
-
-
-@dataclass(frozen=True)
-class PvcMount:
-    """One ``CLAIM:/mount/path[:ro]`` item of ``--pvc``."""
-
-    claim: str
-    path: str
-    read_only: bool
-
-
-def parse_pvc(items: tuple[str, ...]) -> list[PvcMount]:
-    """Parse ``--pvc`` items (each may hold several, comma-separated); the field named in errors."""
-    mounts: list[PvcMount] = []
-    for item in (i.strip() for entry in items for i in entry.split(",")):
-        if not item:
-            continue
-        m = PVC_ITEM.match(item)
-        if not m:
-            raise SpecError("pvc", f"{item!r} must look like CLAIM:/mount/path or CLAIM:/path:ro")
-        claim, path = m["claim"], m["path"].rstrip("/") or "/"
-        if len(claim) > 253 or not DNS1123_SUBDOMAIN.match(claim):
-            raise SpecError("pvc", f"{claim!r} is not a PersistentVolumeClaim name")
-        if path in RESERVED_MOUNTS or "/../" in path + "/" or "//" in path:
-            raise SpecError("pvc", f"{item!r}: {path!r} cannot be a mount path")
-        if any(path == o.path for o in mounts):
-            raise SpecError("pvc", f"two claims are mounted at {path}")
-        mounts.append(PvcMount(claim=claim, path=path, read_only=bool(m["ro"])))
-    return mounts
-
-
-def mount_of(path: str, mounts: list[PvcMount]) -> PvcMount | None:
-    """The mount ``path`` lies under, or None."""
-    norm = path.rstrip("/")
-    for mount in mounts:
-        if norm == mount.path or norm.startswith(mount.path + "/"):
-            return mount
-    return None
-
-
 @dataclass(frozen=True, kw_only=True)
 class OwnerRef:
     """An owner for created objects (the launcher pod or Argo Workflow), so GC backs up teardown."""
@@ -393,42 +352,6 @@ class TrainConfig:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise SpecError("checkpoint_every", "needs checkpoint_dir to be set")
         check_range("log_every", self.log_every, 1, 10_000_000, integer=True)
-
-
-def check_shared_storage(workload: WorkloadSpec, config: TrainConfig) -> None:
-    """``checkpoint_dir`` and a file ``data`` must lie under a PVC mounted in every worker.
-
-    A path outside every mount would be a different directory in each pod: checkpoints
-    could not be resumed and ranks would read different data. ``allow_local_checkpoint``
-    accepts local paths for single-node runs (one pod, one filesystem).
-    """
-    mounts = parse_pvc(workload.pvc)
-    local_ok = config.allow_local_checkpoint
-    if local_ok and workload.nodes > 1:
-        raise SpecError(
-            "allow_local_checkpoint",
-            f"only for single-node runs; with {workload.nodes} nodes mount a shared volume "
-            "(--pvc CLAIM:/mount/path)",
-        )
-    paths = {"checkpoint_dir": config.checkpoint_dir}
-    if config.data != "synthetic":
-        paths["data"] = config.data
-    for name, path in paths.items():
-        if not path or local_ok:
-            continue
-        if not path.startswith("/"):
-            raise SpecError(name, f"{path!r} must be an absolute path under a --pvc mount")
-        mount = mount_of(path, mounts)
-        if mount is None:
-            where = ", ".join(m.path for m in mounts) or "none"
-            single = ", or --allow-local-checkpoint (single node)" if workload.nodes == 1 else ""
-            raise SpecError(
-                name,
-                f"{path} is not under a mounted PVC (mounts: {where}); every worker pod must "
-                f"see it: add --pvc CLAIM:/mount/path{single}",
-            )
-        if name == "checkpoint_dir" and mount.read_only:
-            raise SpecError(name, f"{path} is under {mount.claim}, which is mounted read-only")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,8 +36,8 @@ from mnnvl.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
-    check_shared_storage,
 )
+from mnnvl.storage import check_shared_storage
 
 logger = logging.getLogger(__name__)
 

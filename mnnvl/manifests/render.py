@@ -22,8 +22,8 @@ from mnnvl.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
-    check_shared_storage,
 )
+from mnnvl.storage import check_shared_storage
 
 VERIFY_PURPOSES = ("verify", "verify-pre", "verify-post")
 VERIFY_PROFILE = "verify-strict"

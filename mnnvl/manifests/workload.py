@@ -18,7 +18,8 @@ from mnnvl.manifests.domain import object_meta
 from mnnvl.names import RunNames
 from mnnvl.runtime import nccl
 from mnnvl.runtime.result import NON_RETRIABLE_EXIT_CODES
-from mnnvl.spec import WorkloadSpec, parse_pvc, parse_toleration
+from mnnvl.spec import WorkloadSpec, parse_toleration
+from mnnvl.storage import parse_pvc
 
 CONTAINER = "worker"
 CHANNEL_CLAIM = "imex-channel"

@@ -27,22 +27,13 @@ from collections.abc import Iterator
 from mnnvl.sim.dra import ComputeDomainDriver, PrepareError
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.placement import GPU_CLASS, TERMINAL, claim_gpus, pod_gpus
-from mnnvl.sim.podenv import DNS_RE, expand, field_ref
+from mnnvl.sim.podenv import DNS_RE, at_host, claim_mounts, expand, field_ref
 from mnnvl.sim.procs import kill_process_tree, start_process
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL
 from mnnvl.sim.store import ApiError, Obj, Store, now_iso, record_event
 
 log = logging.getLogger(__name__)
 MAX_GRACE_S = 5.0  # the simulator caps terminationGracePeriodSeconds to keep teardown quick
-
-
-def _at_host(value: str, mounts: dict[str, str]) -> str:
-    """A value naming a path under a PVC mount (alone or after ``=``), moved to the claim's
-    host directory: processes share this machine's filesystem, not the pod's."""
-    for mount in sorted(mounts, key=len, reverse=True):
-        host = mounts[mount].replace("\\", "\\\\")
-        value = re.sub(rf"(^|=){re.escape(mount)}(?=/|$)", rf"\g<1>{host}", value)
-    return value
 
 
 class PodWorker:
@@ -352,12 +343,12 @@ class Kubelet:
                 pod_env["MASTER_PORT"] = str(self.service_port(parts[-4], parts[-5]))
         if "MASTER_ADDR" in pod_env:
             pod_env["MASTER_ADDR"] = "127.0.0.1"
-        mounts = self.claim_mounts(pod, container)
-        pod_env = {k: _at_host(DNS_RE.sub("127.0.0.1", v), mounts) for k, v in pod_env.items()}
+        mounts = claim_mounts(pod, container, self.claim_dir)
+        pod_env = {k: at_host(DNS_RE.sub("127.0.0.1", v), mounts) for k, v in pod_env.items()}
         pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
         pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
         cmd = [
-            _at_host(expand(str(a), pod_env), mounts)
+            at_host(expand(str(a), pod_env), mounts)
             for a in (container.get("command") or []) + (container.get("args") or [])
         ]
         if cmd and re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(cmd[0])):
@@ -373,20 +364,6 @@ class Kubelet:
         path = os.path.join(self.volumes_root, ns, claim)
         os.makedirs(path, exist_ok=True)
         return path
-
-    def claim_mounts(self, pod: Obj, container: Obj) -> dict[str, str]:
-        """The container's PVC mount paths -> their claims' host directories."""
-        ns = pod["metadata"]["namespace"]
-        claims = {
-            v["name"]: v["persistentVolumeClaim"]["claimName"]
-            for v in pod["spec"].get("volumes") or []
-            if v.get("persistentVolumeClaim")
-        }
-        return {
-            str(m["mountPath"]).rstrip("/"): self.claim_dir(ns, claims[m["name"]])
-            for m in container.get("volumeMounts") or []
-            if m.get("name") in claims
-        }
 
     # ----- logs ------------------------------------------------------------------------
     def log_stream(

@@ -1,4 +1,5 @@
-"""Container environment rules of the simulated kubelet: $(VAR) expansion, fieldRefs, GPUs."""
+"""Container environment rules of the simulated kubelet: $(VAR) expansion, fieldRefs, GPUs,
+PersistentVolumeClaim mount paths."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import logging
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 
 from mnnvl.sim.model import Obj
 
@@ -53,3 +55,27 @@ def local_gpu_ids() -> list[str]:
         log.debug("nvidia-smi -L failed: %s", e)
         return []
     return [m.group(1) for m in re.finditer(r"^GPU (\d+):", out, re.M)]
+
+
+def claim_mounts(pod: Obj, container: Obj, claim_dir: Callable[[str, str], str]) -> dict[str, str]:
+    """The container's PVC mount paths -> their claims' host directories (``claim_dir``)."""
+    ns = pod["metadata"]["namespace"]
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"].get("volumes") or []
+        if v.get("persistentVolumeClaim")
+    }
+    return {
+        str(m["mountPath"]).rstrip("/"): claim_dir(ns, claims[m["name"]])
+        for m in container.get("volumeMounts") or []
+        if m.get("name") in claims
+    }
+
+
+def at_host(value: str, mounts: dict[str, str]) -> str:
+    """A value naming a path under a PVC mount (alone or after ``=``), moved to the claim's
+    host directory: processes share this machine's filesystem, not the pod's."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        host = mounts[mount].replace("\\", "\\\\")
+        value = re.sub(rf"(^|=){re.escape(mount)}(?=/|$)", rf"\g<1>{host}", value)
+    return value
