@@ -24,7 +24,7 @@ class PodFault:
 
 
 class Faults:
-    def __init__(self, imex_delay_s: float = 0.2) -> None:
+    def __init__(self, imex_delay_s: float = 0.2, schedule_delay_s: float = 0.25) -> None:
         self._lock = threading.Lock()
         self._requests: list[list] = []  # [method, path_substring, status, remaining]
         self._watch_expiries = 0
@@ -32,6 +32,9 @@ class Faults:
         self._sticky: set[tuple[str, str]] = set()
         self._no_rct: set[str] = set()
         self.imex_delay_s = imex_delay_s
+        # How long after its creation the scheduler first looks at a pod (the real one
+        # binds or marks Unschedulable asynchronously, a moment after the pod was listed).
+        self.schedule_delay_s = schedule_delay_s
 
     # ----- API requests ----------------------------------------------------------------
     def fail_requests(self, method: str, path_substring: str, status: int, count: int = 1) -> None:

@@ -21,18 +21,31 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from mnnvl.sim.dra import ComputeDomainDriver, PrepareError
+from mnnvl.sim.dra import ComputeDomainDriver, PrepareError, channel_domain
+from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.placement import GPU_CLASS, TERMINAL, claim_gpus, pod_gpus
 from mnnvl.sim.podenv import DNS_RE, expand, field_ref
 from mnnvl.sim.procs import kill_process_tree, start_process
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL
-from mnnvl.sim.store import ApiError, Obj, Store, now_iso, record_event
+from mnnvl.sim.store import ApiError, Obj, Store, now_iso
 
 log = logging.getLogger(__name__)
 MAX_GRACE_S = 5.0  # the simulator caps terminationGracePeriodSeconds to keep teardown quick
+
+
+def prepare_failure(claim: Obj, err: Exception) -> str:
+    """The kubelet's FailedPrepareDynamicResources message, wrapped as the driver wraps it."""
+    meta = claim["metadata"]
+    return (
+        "Failed to prepare dynamic resources: prepare dynamic resources: NodePrepareResources "
+        f"failed for ResourceClaim {meta['name']}: error preparing devices for claim "
+        f"{meta['namespace']}/{meta['name']}:{meta['uid']}: prepare devices failed: "
+        f"error applying config: {err}"
+    )
 
 
 class PodWorker:
@@ -51,6 +64,8 @@ class PodWorker:
         self.finished = threading.Event()
         self.claims: list[Obj] = []
         self.restarts = 0
+        self.lost: str | None = None  # why the IMEX domain went away under the container
+        self.terminating = False
         labels = pod["metadata"].get("labels") or {}
         self.job, idx = labels.get(JOB_LABEL), labels.get(INDEX_LABEL)
         self.index = int(idx) if idx is not None else None
@@ -142,6 +157,9 @@ class PodWorker:
             code, started = self._run_container()
             if code is None:
                 return
+            if self.lost is not None:
+                self._imex_lost(code, started)
+                return
             term = {
                 "terminated": {
                     "exitCode": code,
@@ -159,6 +177,36 @@ class PodWorker:
             self._event("Warning", "BackOff", "Back-off restarting failed container")
             self._status("Running", {"waiting": {"reason": "CrashLoopBackOff"}}, False, term)
             self.cancel.wait(backoff)
+
+    def _imex_lost(self, code: int, started: str) -> None:
+        """The container died because its node's IMEX daemon went away: the pod fails."""
+        self._unprepare()
+        msg = str(self.lost)
+        term = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Error",
+                "message": msg,
+                "startedAt": started,
+                "finishedAt": now_iso(),
+            }
+        }
+        self._event("Warning", "IMEXDomainLost", msg)
+        self._status("Failed", term, False)
+        self.k.store.mutate(
+            "pods",
+            self.ns,
+            self.name,
+            lambda o: o["status"].update(reason="IMEXDomainLost", message=msg),
+        )
+
+    def lose_imex(self, message: str) -> None:
+        """Kill a running container whose IMEX domain was torn down (as on real hardware)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None or self.cancel.is_set():
+            return
+        self.lost = message
+        kill_process_tree(proc, 0.0)
 
     def _prepare(self) -> bool:
         statuses = {
@@ -187,7 +235,7 @@ class PodWorker:
                     self._event(
                         "Warning",
                         "FailedPrepareDynamicResources",
-                        f"Failed to prepare dynamic resources: {e}",
+                        prepare_failure(claim, e),
                     )
                     if self.cancel.wait(0.5):  # the real kubelet retries with back-off
                         return False
@@ -224,17 +272,19 @@ class PodWorker:
         self._event("Normal", "Started", f"Started container {name}")
         self._status("Running", {"running": {"startedAt": started}}, True)
         code = self.proc.wait()
-        if self.cancel.is_set():
+        if self.cancel.is_set() and self.lost is None:
             return None, started
         return (128 - code if code < 0 else code), started
 
-    def kill(self) -> None:
+    def kill(self, grace_s: float | None = None) -> None:
+        """SIGTERM the container, SIGKILL it after the grace period (capped at MAX_GRACE_S)."""
         self.cancel.set()
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        grace_s = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE_S)
-        kill_process_tree(proc, grace_s)
+        if grace_s is None:
+            grace_s = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+        kill_process_tree(proc, min(grace_s, MAX_GRACE_S))
 
 
 class Kubelet:
@@ -282,11 +332,17 @@ class Kubelet:
                     and worker.pod["metadata"]["uid"] != ev.obj["metadata"]["uid"]
                 ):
                     worker = None  # an older pod of the same name
-                if ev.type == "DELETED" or ev.obj["metadata"].get("deletionTimestamp"):
+                if ev.type == "DELETED":
                     if worker is not None:
-                        threading.Thread(
-                            target=self._remove, args=(key, worker), daemon=True
-                        ).start()
+                        self._spawn(self._remove, key, worker, 0.0)
+                    continue
+                if ev.obj["metadata"].get("deletionTimestamp"):
+                    grace = float(ev.obj["metadata"].get("deletionGracePeriodSeconds") or 0)
+                    if worker is None:
+                        self._spawn(self._finish_delete, ev.obj)
+                    elif not worker.terminating:
+                        worker.terminating = True
+                        self._spawn(self._terminate, key, worker, grace)
                     continue
                 node = ev.obj["spec"].get("nodeName")
                 phase = (ev.obj.get("status") or {}).get("phase")
@@ -294,8 +350,42 @@ class Kubelet:
                     worker = self.workers[key] = PodWorker(self, ev.obj)
                     worker.thread.start()
 
-    def _remove(self, key: tuple[str, str], worker: PodWorker) -> None:
-        worker.kill()
+    @staticmethod
+    def _spawn(fn: Callable[..., None], *args: Any) -> None:
+        threading.Thread(target=fn, args=args, daemon=True).start()
+
+    def _terminate(self, key: tuple[str, str], worker: PodWorker, grace_s: float) -> None:
+        """A Terminating pod: stop its container, then delete it for good (it 404s)."""
+        self._remove(key, worker, grace_s)
+        self._finish_delete(worker.pod)
+
+    def _finish_delete(self, pod: Obj) -> None:
+        ns, name, uid = (
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            pod["metadata"]["uid"],
+        )
+        current = self.store.find("pods", ns, name)
+        if current is not None and current["metadata"]["uid"] == uid:
+            try:
+                self.store.delete("pods", ns, name, grace_s=0)
+            except ApiError as e:  # deleted meanwhile
+                log.debug("final delete of pod %s: %s", name, e)
+
+    def imex_lost(self, domain_uid: str, nodes: set[str] | None, message: str) -> None:
+        """The IMEX daemons of a domain stopped (on ``nodes``, or all): fail its running pods."""
+        with self._lock:
+            workers = list(self.workers.values())
+        for w in workers:
+            if (nodes is None or w.node in nodes) and any(
+                channel_domain(c) == domain_uid for c in w.claims
+            ):
+                w.lose_imex(message)
+
+    def _remove(
+        self, key: tuple[str, str], worker: PodWorker, grace_s: float | None = None
+    ) -> None:
+        worker.kill(grace_s)
         worker.finished.wait(MAX_GRACE_S + 6)
         with self._lock:
             if self.workers.get(key) is worker:

@@ -9,7 +9,6 @@ both consume these queues, so nothing in the simulator polls the store.
 from __future__ import annotations
 
 import builtins
-import logging
 import queue
 import threading
 import uuid
@@ -18,9 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mnnvl.sim.model import RESOURCES, ApiError, Key, Obj, clone, not_found, now_iso
+from mnnvl.sim.model import RESOURCES, ApiError, Key, Obj, clone, iso_after, not_found, now_iso
 
-__all__ = ["RESOURCES", "ApiError", "Obj", "Store", "clone", "not_found", "now_iso", "record_event"]
+__all__ = ["RESOURCES", "ApiError", "Obj", "Store", "clone", "not_found", "now_iso"]
 
 
 @dataclass
@@ -40,6 +39,9 @@ class Subscription:
 
     def wants(self, ev: WatchEvent) -> bool:
         return ev.resource in self.resources and self.namespace in (None, ev.namespace)
+
+
+FOREGROUND = "foregroundDeletion"
 
 
 class Store:
@@ -102,8 +104,17 @@ class Store:
                 )
             if rt.namespaced:
                 meta["namespace"] = ns = ns or "default"
-                if ("namespaces", "", ns) not in self._objs:
+                nsobj = self._objs.get(("namespaces", "", ns))
+                if nsobj is None:
                     raise not_found("namespaces", ns)
+                if nsobj["metadata"].get("deletionTimestamp"):
+                    raise ApiError(
+                        403,
+                        "Forbidden",
+                        f'{resource} "{name}" is forbidden: unable to create new content in '
+                        f"namespace {ns} because it is being terminated",
+                        {"name": name, "group": rt.group, "kind": resource},
+                    )
             key = (resource, ns, name)
             if key in self._objs:
                 raise ApiError(
@@ -179,6 +190,7 @@ class Store:
             "namespace",
             "name",
             "deletionTimestamp",
+            "deletionGracePeriodSeconds",
             "generation",
         ):
             if k in old_meta:
@@ -205,13 +217,29 @@ class Store:
         }:
             return clone(old)  # no-op writes do not bump the resourceVersion
         self._objs[key] = new
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if (
+            meta.get("deletionTimestamp")
+            and not meta.get("finalizers")
+            and not meta.get("deletionGracePeriodSeconds")
+        ):
             self._remove(key)
         else:
             self._emit("MODIFIED", key, new)
         return clone(new)
 
-    def delete(self, resource: str, ns: str, name: str, propagation: str | None = None) -> Obj:
+    def delete(
+        self,
+        resource: str,
+        ns: str,
+        name: str,
+        propagation: str | None = None,
+        grace_s: float | None = None,
+    ) -> Obj:
+        """DELETE semantics: finalizers, graceful pod termination, propagation, namespaces.
+
+        A pod bound to a node only gets ``deletionTimestamp`` (now + grace period) and stays
+        Terminating until its kubelet has stopped it and deletes it again with ``grace_s=0``.
+        """
         with self.lock:
             key = (resource, ns, name)
             obj = self._objs.get(key)
@@ -222,30 +250,97 @@ class Store:
             uid = obj["metadata"]["uid"]
             if policy == "Orphan":
                 self._orphan(uid)
-            elif policy == "Foreground":
-                for dep in self._dependents(uid):
-                    if dep in self._objs:
-                        self.delete(dep[0], dep[1], dep[2], "Foreground")
+            finalizers = list(obj["metadata"].get("finalizers") or [])
+            if policy == "Foreground" and self._dependents(uid):
+                finalizers = list(dict.fromkeys([*finalizers, FOREGROUND]))
             if resource == "namespaces":
-                for dep in [k for k in self._objs if k[1] == name and k[0] != "namespaces"]:
-                    if dep in self._objs:
-                        self._remove(dep)
-            if obj["metadata"].get("finalizers"):
-                if not obj["metadata"].get("deletionTimestamp"):
+                return self._delete_namespace(key, obj)
+            if resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName"):
+                return self._terminate_pod(key, obj, grace_s)
+            if finalizers:
+                if not obj["metadata"].get("deletionTimestamp") or finalizers != (
+                    obj["metadata"].get("finalizers") or []
+                ):
                     obj = clone(obj)
-                    obj["metadata"]["deletionTimestamp"] = now_iso()
-                    obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                    obj["metadata"].setdefault("deletionTimestamp", now_iso())
+                    obj["metadata"].setdefault("deletionGracePeriodSeconds", 0)
+                    obj["metadata"]["finalizers"] = finalizers
                     self._objs[key] = obj
                     self._emit("MODIFIED", key, obj)
-                return clone(obj)
+                if FOREGROUND in finalizers:
+                    for dep in self._dependents(uid):
+                        if dep in self._objs:
+                            self.delete(dep[0], dep[1], dep[2], "Foreground")
+                    self._finish_foreground(uid)
+                return clone(self._objs.get(key, obj))
             self._remove(key)
             return clone(obj)
+
+    def _terminate_pod(self, key: Key, obj: Obj, grace_s: float | None) -> Obj:
+        if obj["metadata"].get("deletionTimestamp"):
+            return clone(obj)
+        grace = grace_s if grace_s is not None else obj["spec"].get("terminationGracePeriodSeconds")
+        grace = 30 if grace is None else max(int(grace), 0)
+        obj = clone(obj)
+        obj["metadata"]["deletionTimestamp"] = iso_after(grace)
+        obj["metadata"]["deletionGracePeriodSeconds"] = grace
+        self._objs[key] = obj
+        self._emit("MODIFIED", key, obj)
+        return clone(obj)
+
+    def _delete_namespace(self, key: Key, obj: Obj) -> Obj:
+        """Terminating until every object in it is gone (finalizers included), then 404."""
+        name = key[2]
+        if not obj["metadata"].get("deletionTimestamp"):
+            obj = clone(obj)
+            obj["metadata"]["deletionTimestamp"] = now_iso()
+            obj["spec"] = {"finalizers": ["kubernetes"]}
+            obj["status"] = {"phase": "Terminating"}
+            self._objs[key] = obj
+            self._emit("MODIFIED", key, obj)
+        for dep in sorted(k for k in self._objs if k[1] == name and k[0] != "namespaces"):
+            if dep in self._objs and not self._objs[dep]["metadata"].get("deletionTimestamp"):
+                self.delete(dep[0], dep[1], dep[2], "Background")
+        self._finish_namespace(name)
+        return clone(self._objs.get(key, obj))
+
+    def _finish_namespace(self, ns: str) -> None:
+        nskey = ("namespaces", "", ns)
+        nsobj = self._objs.get(nskey)
+        if nsobj is None or not nsobj["metadata"].get("deletionTimestamp"):
+            return
+        if not any(k[1] == ns for k in self._objs if k[0] != "namespaces"):
+            self._remove(nskey)
+
+    def _finish_foreground(self, owner_uid: str) -> None:
+        """Drop ``foregroundDeletion`` once no dependent blocks the owner's deletion any more."""
+        key = self._uids.get(owner_uid)
+        if key is None or FOREGROUND not in (self._objs[key]["metadata"].get("finalizers") or []):
+            return
+        if any(
+            r.get("uid") == owner_uid and r.get("blockOwnerDeletion")
+            for dep in self._dependents(owner_uid)
+            for r in self._objs[dep]["metadata"].get("ownerReferences") or []
+        ):
+            return
+        self.mutate(
+            key[0],
+            key[1],
+            key[2],
+            lambda o: o["metadata"].__setitem__(
+                "finalizers", [f for f in o["metadata"]["finalizers"] if f != FOREGROUND]
+            ),
+        )
 
     def _remove(self, key: Key) -> None:
         obj = self._objs.pop(key)
         self._uids.pop(obj["metadata"]["uid"], None)
         self._emit("DELETED", key, obj)
         self._collect(obj["metadata"]["uid"])
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            self._finish_foreground(str(ref.get("uid")))
+        if key[1] and key[0] != "namespaces":
+            self._finish_namespace(key[1])
 
     def _dependents(self, uid: str) -> builtins.list[Key]:
         return [
@@ -341,46 +436,3 @@ class Store:
             subs, self._subs = self._subs, []
         for sub in subs:
             sub.queue.put(None)
-
-
-def record_event(
-    store: Store, obj: Obj, type_: str, reason: str, message: str, component: str
-) -> None:
-    """Write a core/v1 Event about ``obj``; repeats of the same event bump its count."""
-    meta = obj.get("metadata", {})
-    ns = meta.get("namespace") or "default"
-    digest = uuid.uuid5(uuid.NAMESPACE_OID, meta.get("uid", "") + reason + message).hex[:16]
-    name = f"{meta.get('name', 'unknown')}.{digest}"
-    now = now_iso()
-
-    def bump(ev: Obj) -> None:
-        ev["count"] = ev.get("count", 1) + 1
-        ev["lastTimestamp"] = now
-
-    with store.lock:
-        if store.mutate("events", ns, name, bump) is not None:
-            return
-        try:
-            store.create(
-                "events",
-                {
-                    "metadata": {"name": name, "namespace": ns},
-                    "involvedObject": {
-                        "kind": obj.get("kind"),
-                        "apiVersion": obj.get("apiVersion"),
-                        "name": meta.get("name"),
-                        "namespace": ns,
-                        "uid": meta.get("uid"),
-                    },
-                    "type": type_,
-                    "reason": reason,
-                    "message": message,
-                    "count": 1,
-                    "firstTimestamp": now,
-                    "lastTimestamp": now,
-                    "source": {"component": component},
-                    "reportingComponent": component,
-                },
-            )
-        except ApiError as e:  # namespace deleted under us: the event has nowhere to go
-            logging.getLogger(__name__).debug("event %s dropped: %s", reason, e)
