@@ -206,7 +206,7 @@ class PodWorker:
         if proc is None or proc.poll() is not None or self.cancel.is_set():
             return
         self.lost = message
-        kill_process_tree(proc, 0.0)
+        kill_process_tree(proc, None)
 
     def _prepare(self) -> bool:
         statuses = {
