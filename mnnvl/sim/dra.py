@@ -60,6 +60,17 @@ class Daemon:
     timer: threading.Timer | None = None
 
 
+def prepare_failure(claim: Obj, err: Exception) -> str:
+    """The kubelet's FailedPrepareDynamicResources message, wrapped as the driver wraps it."""
+    meta = claim["metadata"]
+    return (
+        "Failed to prepare dynamic resources: prepare dynamic resources: NodePrepareResources "
+        f"failed for ResourceClaim {meta['name']}: error preparing devices for claim "
+        f"{meta['namespace']}/{meta['name']}:{meta['uid']}: prepare devices failed: "
+        f"error applying config: {err}"
+    )
+
+
 def channel_template_spec(uid: str, allocation_mode: str) -> Obj:
     """The workload claim template spec the real controller generates."""
     return {

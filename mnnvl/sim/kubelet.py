@@ -13,39 +13,25 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mnnvl.sim.dra import ComputeDomainDriver, PrepareError, channel_domain
+from mnnvl.sim.dra import ComputeDomainDriver, PrepareError, channel_domain, prepare_failure
 from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
-from mnnvl.sim.placement import GPU_CLASS, TERMINAL, claim_gpus, pod_gpus
-from mnnvl.sim.podenv import DNS_RE, expand, field_ref
+from mnnvl.sim.placement import TERMINAL
+from mnnvl.sim.podenv import ProcessEnv
+from mnnvl.sim.podlogs import follow_log
 from mnnvl.sim.procs import kill_process_tree, start_process
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL
 from mnnvl.sim.store import ApiError, Obj, Store, now_iso
 
 log = logging.getLogger(__name__)
 MAX_GRACE_S = 5.0  # the simulator caps terminationGracePeriodSeconds to keep teardown quick
-
-
-def prepare_failure(claim: Obj, err: Exception) -> str:
-    """The kubelet's FailedPrepareDynamicResources message, wrapped as the driver wraps it."""
-    meta = claim["metadata"]
-    return (
-        "Failed to prepare dynamic resources: prepare dynamic resources: NodePrepareResources "
-        f"failed for ResourceClaim {meta['name']}: error preparing devices for claim "
-        f"{meta['namespace']}/{meta['name']}:{meta['uid']}: prepare devices failed: "
-        f"error applying config: {err}"
-    )
 
 
 class PodWorker:
@@ -260,7 +246,7 @@ class PodWorker:
             self.started.set()
             return fault.exit_code, started
         try:
-            cmd, env = self.k.command_and_env(self.pod, self.container)
+            cmd, env = self.k.env.command_and_env(self.pod, self.container)
             self.proc = start_process(cmd, env, self.workdir, self.log_path)
         except OSError as e:
             self._event("Warning", "Failed", f"Error: failed to start container {name}: {e}")
@@ -297,9 +283,8 @@ class Kubelet:
         local_gpus: list[str],
     ) -> None:
         self.store, self.faults, self.driver = store, faults, driver
-        self.gpus_per_node, self.local_gpus = gpus_per_node, local_gpus
+        self.env = ProcessEnv(store, gpus_per_node, local_gpus)
         self.workers: dict[tuple[str, str], PodWorker] = {}
-        self._ports: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self._sub = store.subscribe(["pods"])
         self._thread: threading.Thread | None = None
@@ -392,57 +377,6 @@ class Kubelet:
                 del self.workers[key]
         shutil.rmtree(worker.workdir, ignore_errors=True)
 
-    # ----- process environment ---------------------------------------------------------
-    def service_port(self, ns: str, service: str) -> int:
-        """A free local port, allocated once per Service (rendezvous of all its pods)."""
-        with self._lock:
-            if (ns, service) not in self._ports:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    self._ports[(ns, service)] = s.getsockname()[1]
-            return self._ports[(ns, service)]
-
-    def gpus_for(self, pod: Obj) -> str:
-        node = pod["spec"]["nodeName"]
-        suffix = node.rsplit("-", 1)[-1]
-        i, g = (int(suffix) if suffix.isdigit() else 0), self.gpus_per_node
-        want = pod_gpus(pod)
-        for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-            claim = self.store.find(
-                "resourceclaims", pod["metadata"]["namespace"], entry.get("resourceClaimName") or ""
-            )
-            want += claim_gpus(claim) if claim and GPU_CLASS in str(claim.get("spec")) else 0
-        if g <= 0 or want <= 0 or len(self.local_gpus) < (i + 1) * g:
-            return ""
-        return ",".join(self.local_gpus[i * g : (i + 1) * g][:want])
-
-    def command_and_env(self, pod: Obj, container: Obj) -> tuple[list[str], dict[str, str]]:
-        pod_env: dict[str, str] = {}
-        for e in container.get("env") or []:
-            ref = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
-            pod_env[e["name"]] = (
-                field_ref(pod, ref) if ref else expand(str(e.get("value", "")), pod_env)
-            )
-        host = pod_env.get("MASTER_ADDR", "")
-        if host.endswith(".svc.cluster.local"):
-            parts = host.split(".")
-            if len(parts) >= 6:  # <pod-host>.<service>.<namespace>.svc.cluster.local
-                pod_env["MASTER_PORT"] = str(self.service_port(parts[-4], parts[-5]))
-        if "MASTER_ADDR" in pod_env:
-            pod_env["MASTER_ADDR"] = "127.0.0.1"
-        pod_env = {k: DNS_RE.sub("127.0.0.1", v) for k, v in pod_env.items()}
-        pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
-        pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
-        cmd = [
-            expand(str(a), pod_env)
-            for a in (container.get("command") or []) + (container.get("args") or [])
-        ]
-        if cmd and re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(cmd[0])):
-            cmd[0] = sys.executable
-        if not cmd:
-            raise OSError("container has no command (the simulator has no images)")
-        return cmd, {**os.environ, **pod_env}
-
     # ----- logs ------------------------------------------------------------------------
     def log_stream(
         self,
@@ -453,6 +387,7 @@ class Kubelet:
         tail_lines: int | None,
         stop: threading.Event,
     ) -> Iterator[bytes]:
+        """The container's log (raises before the first byte when it has not started)."""
         with self._lock:
             worker = self.workers.get((ns, name))
         if worker is None or not worker.started.is_set():
@@ -462,22 +397,4 @@ class Kubelet:
                 "BadRequest",
                 f'container "{cname}" in pod "{name}" is waiting to start: ContainerCreating',
             )
-        if container and container != worker.container.get("name"):
-            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
-        with open(worker.log_path, "rb") as f:
-            data = f.read()
-            if tail_lines is not None:
-                lines = data.splitlines(keepends=True)
-                data = b"".join(lines[-tail_lines:]) if tail_lines > 0 else b""
-            yield data
-            while follow and not stop.is_set():
-                more = f.read()
-                if more:
-                    yield more
-                elif worker.finished.is_set() or (
-                    worker.proc is not None and worker.proc.poll() is not None
-                ):
-                    yield f.read()
-                    return
-                else:
-                    time.sleep(0.05)  # file tail on the server side; clients never poll
+        return follow_log(worker, container, follow, tail_lines, stop)

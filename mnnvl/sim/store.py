@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mnnvl.sim.model import RESOURCES, ApiError, Key, Obj, clone, iso_after, not_found, now_iso
+from mnnvl.sim.deletion import FOREGROUND, Deletion
+from mnnvl.sim.model import RESOURCES, ApiError, Key, Obj, clone, not_found, now_iso
 
 __all__ = ["RESOURCES", "ApiError", "Obj", "Store", "clone", "not_found", "now_iso"]
 
@@ -41,10 +42,7 @@ class Subscription:
         return ev.resource in self.resources and self.namespace in (None, ev.namespace)
 
 
-FOREGROUND = "foregroundDeletion"
-
-
-class Store:
+class Store(Deletion):
     """Objects keyed by (plural, namespace, name); all methods are thread-safe."""
 
     def __init__(self, history: int = 10000) -> None:
@@ -276,62 +274,6 @@ class Store:
             self._remove(key)
             return clone(obj)
 
-    def _terminate_pod(self, key: Key, obj: Obj, grace_s: float | None) -> Obj:
-        if obj["metadata"].get("deletionTimestamp"):
-            return clone(obj)
-        grace = grace_s if grace_s is not None else obj["spec"].get("terminationGracePeriodSeconds")
-        grace = 30 if grace is None else max(int(grace), 0)
-        obj = clone(obj)
-        obj["metadata"]["deletionTimestamp"] = iso_after(grace)
-        obj["metadata"]["deletionGracePeriodSeconds"] = grace
-        self._objs[key] = obj
-        self._emit("MODIFIED", key, obj)
-        return clone(obj)
-
-    def _delete_namespace(self, key: Key, obj: Obj) -> Obj:
-        """Terminating until every object in it is gone (finalizers included), then 404."""
-        name = key[2]
-        if not obj["metadata"].get("deletionTimestamp"):
-            obj = clone(obj)
-            obj["metadata"]["deletionTimestamp"] = now_iso()
-            obj["spec"] = {"finalizers": ["kubernetes"]}
-            obj["status"] = {"phase": "Terminating"}
-            self._objs[key] = obj
-            self._emit("MODIFIED", key, obj)
-        for dep in sorted(k for k in self._objs if k[1] == name and k[0] != "namespaces"):
-            if dep in self._objs and not self._objs[dep]["metadata"].get("deletionTimestamp"):
-                self.delete(dep[0], dep[1], dep[2], "Background")
-        self._finish_namespace(name)
-        return clone(self._objs.get(key, obj))
-
-    def _finish_namespace(self, ns: str) -> None:
-        nskey = ("namespaces", "", ns)
-        nsobj = self._objs.get(nskey)
-        if nsobj is None or not nsobj["metadata"].get("deletionTimestamp"):
-            return
-        if not any(k[1] == ns for k in self._objs if k[0] != "namespaces"):
-            self._remove(nskey)
-
-    def _finish_foreground(self, owner_uid: str) -> None:
-        """Drop ``foregroundDeletion`` once no dependent blocks the owner's deletion any more."""
-        key = self._uids.get(owner_uid)
-        if key is None or FOREGROUND not in (self._objs[key]["metadata"].get("finalizers") or []):
-            return
-        if any(
-            r.get("uid") == owner_uid and r.get("blockOwnerDeletion")
-            for dep in self._dependents(owner_uid)
-            for r in self._objs[dep]["metadata"].get("ownerReferences") or []
-        ):
-            return
-        self.mutate(
-            key[0],
-            key[1],
-            key[2],
-            lambda o: o["metadata"].__setitem__(
-                "finalizers", [f for f in o["metadata"]["finalizers"] if f != FOREGROUND]
-            ),
-        )
-
     def _remove(self, key: Key) -> None:
         obj = self._objs.pop(key)
         self._uids.pop(obj["metadata"]["uid"], None)
@@ -341,34 +283,6 @@ class Store:
             self._finish_foreground(str(ref.get("uid")))
         if key[1] and key[0] != "namespaces":
             self._finish_namespace(key[1])
-
-    def _dependents(self, uid: str) -> builtins.list[Key]:
-        return [
-            k
-            for k, o in self._objs.items()
-            if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
-        ]
-
-    def _collect(self, uid: str) -> None:
-        """Garbage collection: delete dependents whose owners are all gone."""
-        for dep in self._dependents(uid):
-            if dep not in self._objs:
-                continue
-            refs = self._objs[dep]["metadata"].get("ownerReferences") or []
-            if not any(r.get("uid") in self._uids for r in refs):
-                self.delete(dep[0], dep[1], dep[2], "Background")
-
-    def _orphan(self, uid: str) -> None:
-        for dep in self._dependents(uid):
-            self.mutate(
-                dep[0],
-                dep[1],
-                dep[2],
-                lambda o: o["metadata"].__setitem__(
-                    "ownerReferences",
-                    [r for r in o["metadata"]["ownerReferences"] if r.get("uid") != uid],
-                ),
-            )
 
     # ----- watch -------------------------------------------------------------------------
     def _emit(self, type_: str, key: Key, obj: Obj) -> None:
