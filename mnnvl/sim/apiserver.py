@@ -100,6 +100,8 @@ class Handler(BaseHTTPRequestHandler):
     # ----- plumbing --------------------------------------------------------------------
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
+        if code == 429:  # what a real API server's priority and fairness answers
+            self.send_header("Retry-After", "1")
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
