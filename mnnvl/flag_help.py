@@ -61,5 +61,7 @@ FIELD_HELP: dict[str, str] = {
     "efficiency": "fraction of the NVLink limit a derived threshold asks for (default: 0.62)",
     "judge_min_bytes": "sizes from this one up are judged against the threshold (default: 1G)",
     "cuda_graphs": "also time small sizes as CUDA graphs and direct NCCL calls (default: on)",
+    "allow_unjudged": "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as "
+    "success (default: off; a gate then fails)",
     "output_dir": "write verify.json/.md/.html and busbw.png here (rank 0)",
 }
