@@ -189,7 +189,8 @@ def run_sweep(
     del buf
     factor = bus_factor(world)
     rows = []
-    for i, (size, t, good) in enumerate(zip(plan.sizes, summary.tolist(), ok_all.tolist(), strict=True)):
+    table = zip(plan.sizes, summary.tolist(), ok_all.tolist(), strict=True)
+    for i, (size, t, good) in enumerate(table):
         algbw = size / t / 1e9 if t > 0 else 0.0
         rows.append(
             {

@@ -321,7 +321,7 @@ class GpusMissing(VerificationFailed):
     """The pod asked for GPUs and this worker sees none."""
 
 
-def _failed_result(reason: str, started: float) -> dict[str, Any]:
+def _failed_result(reason: str, started: float, backend: str | None = None) -> dict[str, Any]:
     return {
         "kind": "verify",
         "verdict": FAIL,
@@ -331,7 +331,7 @@ def _failed_result(reason: str, started: float) -> dict[str, Any]:
         "judged_busbw_gbps": 0.0,
         "peak_busbw_gbps": 0.0,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-        "backend": "nccl" if torch.cuda.is_available() else "gloo",
+        "backend": backend or ("nccl" if torch.cuda.is_available() else "gloo"),
         "nccl": {"version": _nccl_version(), "transport": "unknown", "mnnvl": False},
         "sizes": [],
         "topology": None,
@@ -360,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every pod's first worker says so: the launcher reads the failing pod's log.
         logger.error("%s", e)
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            emit_result(_failed_result(str(e), _STARTED))
+            emit_result(_failed_result(str(e), _STARTED, backend="none"))
         return e.exit_code
     except (RuntimeError, OSError) as e:
         # NCCL init or a collective broke (e.g. NCCL_MNNVL_ENABLE=1 on a broken IMEX
