@@ -305,6 +305,8 @@ def _publish(result: dict[str, Any], output_dir: str, phases: Phases) -> None:
     """The verdict first (RESULT line), then the table and the report files with the plot."""
     result["timings_s"] = dict(phases.seconds)
     result["wall_s"] = phases.total()
+    # Wall-clock time of the worker's start, so a launcher can tell its own start-up apart.
+    result["started_unix"] = round(time.time() - result["wall_s"], 3)
     emit_result(result)
     logger.info("\n%s", report.verify_table(result))
     if output_dir:
