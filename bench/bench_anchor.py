@@ -3,11 +3,12 @@
 Builds ``all_reduce_perf`` from an nccl-tests checkout (``--nccl-tests-src``; fetch
 github.com/NVIDIA/nccl-tests yourself, it is not part of this repository) against the NCCL
 library torch loads, so both sides use one library; then runs ``python -m
-mnnvl.runtime.verify`` (torchrun, one process per GPU) and ``all_reduce_perf -g N`` one after
-the other, ``--runs`` times each, and prints per size the median busbw of each side and
-their ratio, plus time to verdict (process start to the RESULT line) against the whole
-nccl-tests process, and verify's own phase breakdown. Both sides: float32 sum, in place,
-the same sizes (1 MiB..4 GiB, factor 2).
+mnnvl.runtime.verify`` (one process per GPU, started by torchrun and by
+``mnnvl.runtime.forkrun``) and ``all_reduce_perf -g N`` one after the other, ``--runs``
+times each, and prints per size the median busbw of each side and their ratio, plus time
+to verdict (process start to the RESULT line) per launcher against the whole nccl-tests
+process, verify's own phase breakdown and each size's share of the sweep. Both sides:
+float32 sum, in place, the same sizes (1 MiB..4 GiB, factor 2).
 
     python bench/bench_anchor.py --nccl-tests-src ../nccl-tests [--runs 2] [--json-out F]
 
@@ -117,11 +118,18 @@ def run_nccl_tests(binary: str, lib: str, gpus: int, max_bytes: str) -> dict[str
     }
 
 
-def run_verify(gpus: int, max_bytes: str, extra: list[str]) -> dict[str, Any]:
+def launch_command(launcher: str, args: list[str], gpus: int) -> list[str]:
+    if launcher == "torchrun":
+        return torchrun_command("mnnvl.runtime.verify", args, gpus)
+    return [sys.executable, "-m", "mnnvl.runtime.forkrun", f"--nproc-per-node={gpus}",
+            "-m", "mnnvl.runtime.verify", *args]  # fmt: skip
+
+
+def run_verify(gpus: int, max_bytes: str, extra: list[str], launcher: str) -> dict[str, Any]:
     """Run the verification; time to the RESULT line and to process exit."""
     args = ["--max-bytes", max_bytes, "--min-busbw-gbps", "1", *extra]
     with tempfile.TemporaryDirectory() as out:
-        cmd = torchrun_command("mnnvl.runtime.verify", [*args, "--output-dir", out], gpus)
+        cmd = launch_command(launcher, [*args, "--output-dir", out], gpus)
         launched_unix, started = time.time(), time.monotonic()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         seen: dict[str, float] = {}
@@ -145,6 +153,7 @@ def run_verify(gpus: int, max_bytes: str, extra: list[str]) -> dict[str, Any]:
         round(worker_start - launched_unix, 3) if worker_start else 0.0
     )
     return {
+        "launcher": launcher,
         "wall_s": round(wall, 2),
         "to_verdict_s": round(seen.get("verdict", wall), 2),
         "result": result,
@@ -191,11 +200,33 @@ def print_report(summary: dict[str, Any]) -> None:
         theirs = "/".join(f"{v:.1f}" for v in r["nccl_tests_busbw"])
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         w(f"{r['bytes']:>12} {ours:>26} {theirs:>26} {ratio:>6}  {','.join(r['paths'])}\n")
-    t = summary["time"]
-    w(f"time to verdict (runs) {t['verify_to_verdict_s']} s, whole verify process "
-      f"{t['verify_wall_s']} s; nccl-tests sweep process {t['nccl_tests_wall_s']} s; "
-      f"ratio {t['ratio']} (goal <= {GOAL_VERDICT_RATIO})\n")  # fmt: skip
-    w(f"verify phases (s, median over runs): {json.dumps(summary['phases'])}\n")
+    anchor = summary["nccl_tests_wall_s"]
+    w(f"nccl-tests sweep, whole process (runs): {anchor} s\n")
+    for name, t in summary["time"].items():
+        w(f"verify via {name}: time to verdict (runs) {t['to_verdict_s']} s, whole process "
+          f"{t['wall_s']} s; ratio to nccl-tests {t['ratio']} (goal <= {GOAL_VERDICT_RATIO})\n"
+          f"  phases (s, median): {json.dumps(t['phases'])}\n")  # fmt: skip
+    w(f"sweep per size (ms, median): {json.dumps(summary['size_wall_ms'])}\n")
+
+
+def size_walls(verifies: list[dict[str, Any]]) -> dict[str, float]:
+    walls: dict[str, list[float]] = {}
+    for v in verifies:
+        for row in v["result"]["sizes"]:
+            walls.setdefault(str(row["bytes"]), []).append(row["wall_ms"])
+    return {size: _median(values) for size, values in walls.items()}
+
+
+def timing(verifies: list[dict[str, Any]], launcher: str, anchor_wall: list[float]) -> dict:
+    mine = [v for v in verifies if v["launcher"] == launcher]
+    to_verdict = [v["to_verdict_s"] for v in mine]
+    names = mine[0]["result"].get("timings_s", {})
+    return {
+        "to_verdict_s": to_verdict,
+        "wall_s": [v["wall_s"] for v in mine],
+        "ratio": round(_median(to_verdict) / _median(anchor_wall), 2),
+        "phases": {k: _median([v["result"]["timings_s"].get(k, 0.0) for v in mine]) for k in names},
+    }
 
 
 def main() -> int:
@@ -205,39 +236,36 @@ def main() -> int:
     parser.add_argument("--max-bytes", default="4G")
     parser.add_argument("--gpus", type=int, default=0, help="0 = every local GPU")
     parser.add_argument("--json-out", default="")
+    parser.add_argument("--launchers", default="torchrun,forkrun")
     parser.add_argument("--verify-args", default="", help="extra verify flags, space-separated")
     args = parser.parse_args()
     import torch
 
     gpus = args.gpus or torch.cuda.device_count()
+    launchers = args.launchers.split(",")
     with tempfile.TemporaryDirectory() as work:
         binary, lib, build_s = build(os.path.abspath(args.nccl_tests_src), work)
         verifies, anchors = [], []
         for _ in range(args.runs):  # alternately, so drift hits both sides alike
-            verifies.append(run_verify(gpus, args.max_bytes, args.verify_args.split()))
+            for launcher in launchers:
+                verifies.append(
+                    run_verify(gpus, args.max_bytes, args.verify_args.split(), launcher)
+                )
             anchors.append(run_nccl_tests(binary, lib, gpus, args.max_bytes))
-    to_verdict = [v["to_verdict_s"] for v in verifies]
     anchor_wall = [a["wall_s"] for a in anchors]
-    phase_names = verifies[0]["result"].get("timings_s", {})
+    first = verifies[0]["result"]
     summary = {
         "bench": "anchor",
         "gpus": gpus,
         "libnccl": lib,
         "build_s": build_s,
-        "verify_nccl": (verifies[0]["result"].get("nccl") or {}).get("version"),
-        "transport": (verifies[0]["result"].get("nccl") or {}).get("transport"),
+        "verify_nccl": (first.get("nccl") or {}).get("version"),
+        "transport": (first.get("nccl") or {}).get("transport"),
         "anchor_nccl": anchors[0]["nccl"],
         "sizes": size_table(verifies, anchors),
-        "time": {
-            "verify_to_verdict_s": to_verdict,
-            "verify_wall_s": [v["wall_s"] for v in verifies],
-            "nccl_tests_wall_s": anchor_wall,
-            "ratio": round(_median(to_verdict) / _median(anchor_wall), 2),
-        },
-        "phases": {
-            k: _median([v["result"].get("timings_s", {}).get(k, 0.0) for v in verifies])
-            for k in phase_names
-        },
+        "nccl_tests_wall_s": anchor_wall,
+        "time": {name: timing(verifies, name, anchor_wall) for name in launchers},
+        "size_wall_ms": size_walls(verifies),
         "verdicts": [v["result"]["verdict"] for v in verifies],
     }
     print_report(summary)

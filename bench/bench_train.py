@@ -8,8 +8,8 @@ other; each phase includes the communication its stream waited for).
 
 ``--variant`` (repeatable) runs several configurations one after the other and prints one
 table: MFU and its change against the first variant, the split, peak memory, and the
-largest relative loss difference against the first variant of the same preset and batch
-(same seed, so a lever that changes the math shows up there). A variant is
+largest relative loss difference against the first variant of the same preset, batch and
+GPU count (same seed and data order, so a lever that changes the math shows up there). A variant is
 ``label;key=value;...`` with keys ``preset``, ``batch``, ``seq``, ``compile``, ``ac``
 (0/1), ``nproc`` and ``tuning`` (the ``MNNVL_TRAIN_TUNING`` value, ``,``-separated). Where
 a 1-GPU variant of the same preset and batch ran, exposed communication is estimated as
@@ -152,9 +152,8 @@ def compare(rows: list[dict[str, Any]]) -> None:
     ok = [r for r in rows if "error" not in r]
     for r in ok:
         first = next(o for o in ok if o["preset"] == r["preset"])
-        same = next(
-            o for o in ok if (o["preset"], o["batch_per_gpu"]) == (r["preset"], r["batch_per_gpu"])
-        )
+        key = (r["preset"], r["batch_per_gpu"], r["gpus"])  # same data order: same seed, GPUs
+        same = next(o for o in ok if (o["preset"], o["batch_per_gpu"], o["gpus"]) == key)
         if r["mfu"] is not None and first["mfu"] is not None:
             r["dmfu"] = round(r["mfu"] - first["mfu"], 4)
         r["loss_gap"] = loss_gap(same["losses"], r["losses"]) if same is not r else None

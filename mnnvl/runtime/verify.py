@@ -191,7 +191,7 @@ def _sweep_plan(cfg: VerifyConfig, cuda: bool) -> collectives.SweepPlan:
         sizes=collectives.sweep_sizes(min_bytes, max_bytes),
         warmup_iters=cfg.warmup_iters,
         iters=cfg.iters,
-        target_s=0.08 if cuda else 0.01,
+        target_s=0.05 if cuda else 0.01,
         reps=5 if cuda else 3,
         cuda_graphs=cfg.cuda_graphs and cuda,
     )

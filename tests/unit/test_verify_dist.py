@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mnnvl.runtime.result import torchrun_command
+from mnnvl.runtime.result import parse_result, torchrun_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -97,3 +98,22 @@ def test_pod_that_asked_for_gpus_and_sees_none_fails_naming_the_pod() -> None:
     assert reason.startswith("pod run-verify-pre-0-abcde requested 4 GPU(s) but the worker sees")
     assert result["sizes"] == []  # never a silent gloo sweep
     assert code != 0 and "exitcode  : 4" in stderr
+
+
+def run_forkrun(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("MNNVL_NCCL_PROFILE", None)
+    cmd = [sys.executable, "-m", "mnnvl.runtime.forkrun", "--nproc-per-node", "2", "-m"]
+    cmd += ["mnnvl.runtime.verify", "--max-bytes", "64K", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_forkrun_starts_two_ranks_from_one_import_and_keeps_the_exit_code() -> None:
+    ok = run_forkrun("--allow-unjudged")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    result = parse_result(ok.stdout)
+    assert result is not None and result["world_size"] == 2
+    assert result["verdict"] == "NOT_JUDGED"
+    gated = run_forkrun()  # NOT_JUDGED without --allow-unjudged: the container exits 4
+    assert gated.returncode == 4
+    assert "local rank 0 exited with 4" in gated.stderr
