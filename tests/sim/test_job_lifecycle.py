@@ -8,7 +8,6 @@ import dataclasses
 import json
 import logging
 import textwrap
-import threading
 import time
 import uuid
 
@@ -40,9 +39,12 @@ QUICK = textwrap.dedent(
 )
 
 
+ADMISSION_DELAY_S = 6.0  # the Kueue stand-in admits a queued Job this long after it was made
+
+
 @pytest.fixture(scope="module")
 def sim():
-    with SimCluster(nodes=2) as cluster:
+    with SimCluster(nodes=2, kueue=True, kueue_admission_delay_s=ADMISSION_DELAY_S) as cluster:
         yield cluster
 
 
@@ -74,10 +76,6 @@ def run(sim, module_dir):
     names = RunNames.for_run(run_id)
     assert sim.objects(names.selector) == []
     assert [o for o in sim.objects() if names.base in o[2]] == []
-
-
-def _batch(sim) -> client.BatchV1Api:
-    return client.BatchV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
 
 
 def _pods_created(sim, job: str) -> int:
@@ -118,46 +116,25 @@ def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, 
     assert info.value.exit_code == 4
 
 
-def _launch_in_thread(workload, module, kubeconfig):
-    box: dict[str, object] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = steps.launch(workload, module, [], kubeconfig=kubeconfig)
-        except Exception as e:  # handed to the test thread, which asserts on it
-            box["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, box
-
-
-def _admit(sim, job: str) -> None:
-    """What Kueue does when the queue has quota: unsuspend the Job."""
-    _batch(sim).patch_namespaced_job(job, "default", {"spec": {"suspend": False}})
-
-
 def test_queued_job_reports_its_queue_and_pods_deadline_starts_at_admission(
     sim, run, caplog, monkeypatch
 ):
     domain, workload = run
     monkeypatch.setattr(wait, "PROGRESS_EVERY_S", 0.5)
-    workload = dataclasses.replace(workload, queue_name="team-q", pods_running_timeout_s=6)
+    # Queued longer than the pods-running deadline: that deadline must start at admission.
+    workload = dataclasses.replace(workload, queue_name="team-q", pods_running_timeout_s=4)
     job = RunNames.for_run(domain.run_id).job("job")
     caplog.set_level(logging.INFO, logger="mnnvl")
-    thread, box = _launch_in_thread(workload, "quick", sim.kubeconfig_path)
-    time.sleep(8)  # queued longer than the pods-running deadline
-    assert "error" not in box and "result" not in box
-    queued = [r for r in caplog.messages if f"{job} queued in LocalQueue team-q (Kueue)" in r]
+    start = time.monotonic()
+    result = steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
+    assert time.monotonic() - start >= ADMISSION_DELAY_S
+    assert result.result == {"kind": "quick", "ok": True}
+    queued = [m for m in caplog.messages if f"{job} queued in LocalQueue team-q (Kueue)" in m]
     assert len(queued) >= 5  # progress lines while queued
-    _admit(sim, job)
-    thread.join(60)
-    assert "error" not in box, box.get("error")
-    assert box["result"].result == {"kind": "quick", "ok": True}
     assert any("admitted after" in m for m in caplog.messages)
 
 
-def test_queued_job_fails_after_its_admission_timeout(sim, run):
+def test_queued_job_fails_after_its_admission_timeout(sim, run):  # admission takes 6 s
     _, workload = run
     workload = dataclasses.replace(workload, queue_name="team-q", admission_timeout_s=1.5)
     start = time.monotonic()
@@ -177,15 +154,12 @@ def test_pod_turning_unschedulable_during_the_wait_fails_after_the_grace(sim, ru
     workload = dataclasses.replace(workload, queue_name="team-q", unschedulable_grace_s=2.0)
     job = RunNames.for_run(domain.run_id).job("job")
     sim.faults.fail_pod(job, index=1, mode="Unschedulable")
-    thread, box = _launch_in_thread(workload, "quick", sim.kubeconfig_path)
-    time.sleep(2)
-    admitted = time.monotonic()
-    _admit(sim, job)
-    thread.join(40)
-    assert isinstance(box.get("error"), WorkloadFailed), box
-    assert 2.0 <= time.monotonic() - admitted < 15
-    assert "Unschedulable for more than 2 s" in str(box["error"])
-    assert box["error"].exit_code == 4
+    start = time.monotonic()
+    with pytest.raises(WorkloadFailed) as info:
+        steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
+    assert ADMISSION_DELAY_S + 2.0 <= time.monotonic() - start < ADMISSION_DELAY_S + 15
+    assert "Unschedulable for more than 2 s" in str(info.value)
+    assert info.value.exit_code == 4
 
 
 @pytest.mark.parametrize("command", ["launch", "train", "verify"])
