@@ -46,6 +46,11 @@ class Faults:
         with self._lock:
             self._requests.append([method.upper(), path_substring, int(status), int(count)])
 
+    def clear_requests(self) -> None:
+        """Drop every pending request fault (``fail_requests`` rules)."""
+        with self._lock:
+            self._requests.clear()
+
     def random_errors(
         self,
         rate: float,

@@ -255,6 +255,10 @@ class PodWorker:
             self.started.set()
             return 128, started
         self.started.set()
+        if self.cancel.is_set():  # deleted while starting: kill() may have missed the process
+            kill_process_tree(self.proc, 0.0)
+            self.proc.wait()
+            return None, started
         self._event("Normal", "Started", f"Started container {name}")
         self._status("Running", {"running": {"startedAt": started}}, True)
         code = self.proc.wait()
