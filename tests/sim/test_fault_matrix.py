@@ -2,8 +2,10 @@
 
 Each row asserts the step's exit code, that the message names the object and what to check
 next, and that nothing of the run remains after teardown. Rows the driver does not handle yet
-(Unschedulable beyond its grace period, a second run competing for the same nodes, SIGTERM of
-the launcher with a re-run) are not here; see the fidelity table in ``mnnvl/sim/README.md``.
+are not here: Unschedulable beyond its grace period and a second run competing for the same
+nodes (the grace timer is only armed when a watch starts), an invalid image name (the pod waits
+in InvalidImageName until the pods-running deadline instead of failing fast), SIGTERM of the
+launcher with a re-run, and the verification/training verdict rows (they need torch workers).
 """
 
 from __future__ import annotations
@@ -182,6 +184,29 @@ def test_pod_failed_without_retries_exits_4_with_its_exit_code(
     assert "kubectl logs" in str(err)
 
 
+def test_pod_oom_killed_without_retries_exits_4_naming_the_pod(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run()
+    sim.faults.fail_pod(r.names.job("job"), index=1, mode="OOMKilled", exit_code=137)
+    r.provision()
+    err = failure(lambda: r.launch("done"))
+    assert err.exit_code == 4
+    assert "exit code 137" in str(err) and f"{r.names.job('job')}-1-" in str(err)
+    assert "kubectl logs" in str(err)
+
+
+def test_pod_oom_killed_with_a_retry_left_is_replaced_and_the_step_succeeds(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run(backoff_limit_per_index=1)
+    sim.faults.fail_pod(r.names.job("job"), index=1, mode="OOMKilled", exit_code=137)
+    r.provision()
+    assert r.launch("done").result == {"ok": True}
+    job = Raw(sim).get(f"/apis/batch/v1/namespaces/default/jobs/{r.names.job('job')}")
+    assert job["status"]["failed"] == 1 and job["status"]["succeeded"] == 2
+
+
 def test_domain_deleted_under_a_running_workload_exits_4_naming_the_imex_domain(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -224,6 +249,21 @@ def test_watch_410_during_the_wait_is_survived(sim: SimCluster, run: Callable[..
     r = run()
     sim.faults.expire_watches(3)
     assert r.provision().channel_template == r.names.channel_template
+
+
+def test_api_unreachable_during_a_wait_exits_5_naming_the_request(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run()
+    sim.faults.no_rct(r.names.domain)  # provision has to wait for the template ...
+    sim.faults.fail_requests("GET", "/resourceclaimtemplates", 503, count=10_000)
+    try:
+        err = failure(r.provision)  # ... and the API answers 503 while it does
+    finally:
+        sim.faults.clear_requests()
+    assert err.exit_code == 5
+    assert "resourceclaimtemplates in default" in str(err)
+    assert "check the API server" in str(err)
 
 
 def test_provision_rerun_adopts_instead_of_duplicating(
