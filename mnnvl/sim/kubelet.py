@@ -349,9 +349,12 @@ class Kubelet:
         threading.Thread(target=fn, args=args, daemon=True).start()
 
     def _terminate(self, key: tuple[str, str], worker: PodWorker, grace_s: float) -> None:
-        """A Terminating pod: stop its container, then delete it for good (it 404s)."""
-        self._remove(key, worker, grace_s)
+        """A Terminating pod: stop its container, delete it for good (it 404s), then drop
+        its log (readable while the pod is Terminating, as on a real node)."""
+        worker.kill(grace_s)
+        worker.finished.wait(MAX_GRACE_S + 6)
         self._finish_delete(worker.pod)
+        self._remove(key, worker)
 
     def _finish_delete(self, pod: Obj) -> None:
         ns, name, uid = (
