@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from mnnvl import flags, steps
+from mnnvl import __version__, flags, steps
 from mnnvl import spec as specs
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run, to_yaml
@@ -86,6 +86,7 @@ def _workload_flags(p: argparse.ArgumentParser, *, with_domain: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnnvl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("provision", help="create or adopt the run's ComputeDomain")
     _domain_flags(p)
@@ -130,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("up",))
     p.add_argument("--nodes", type=int, default=2)
     p.add_argument("--gpus-per-node", type=int, default=0)
+    p.add_argument(
+        "--cliques", type=int, default=1, help="NVLink cliques (nvidia.com/gpu.clique values)"
+    )
     p.add_argument("--imex-delay-s", type=float, default=0.2)
     for name, p in sub.choices.items():
         _common(p, writes_kubeconfig=name == "sim")
@@ -295,6 +299,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     specs.check_range("nodes", ns.nodes, 1, 1024, integer=True)
     specs.check_range("gpus_per_node", ns.gpus_per_node, 0, specs.MAX_GPUS_PER_NODE, integer=True)
     specs.check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
+    specs.check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
     from mnnvl.sim import serve
 
     # The simulator announces itself on stdout; stdout is reserved for our one result line.
@@ -304,8 +309,14 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             gpus_per_node=ns.gpus_per_node,
             kubeconfig_path=ns.kubeconfig,
             imex_delay_s=ns.imex_delay_s,
+            cliques=ns.cliques,
         )
-    return {"kubeconfig": served, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node}
+    return {
+        "kubeconfig": served,
+        "nodes": ns.nodes,
+        "gpus_per_node": ns.gpus_per_node,
+        "cliques": ns.cliques,
+    }
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
