@@ -1,12 +1,12 @@
 """Load on one simulated cluster, through the product's driver, with random API errors.
 
 Part 1, ``--runs`` (100) concurrent runs, each provision → launch → teardown: provision and
-teardown are ``mnnvl.steps``; launch creates the run's headless Service and 2-pod Indexed Job with
-the product's builders and waits with the driver's waits, the Job's torchrun command swapped for
-a trivial one (a torchrun start costs seconds and ~300 MB per pod). Meanwhile ``--error-rate``
-(5 %) of API requests fail with 500 or 429 (``Retry-After: 1``) and the same share of watches is
-answered 410 Gone. Prints completed runs, leaked objects (goal 0), p50/p99 latency per step and
-API requests per run.
+teardown are ``mnnvl.steps``; launch is the driver's Job lifecycle (``run_job``: Service, 2-pod
+Indexed Job, Job/pod/queue-aware waits, rank-0 RESULT) over the product's Job with its torchrun
+command swapped for a trivial one (a torchrun start costs seconds and ~300 MB per pod).
+Meanwhile ``--error-rate`` (5 %) of API requests fail with 500 or 429 (``Retry-After: 1``) and
+the same share of watches is answered 410 Gone. Prints completed runs, leaked objects (goal 0),
+p50/p99 latency per step and API requests per run.
 
 Part 2, ``--pairs`` (1000) concurrent provision+teardown pairs without injected errors: wall time,
 peak RSS of the simulator, leaked objects (goal 0).
@@ -30,14 +30,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from mnnvl import steps
-from mnnvl.driver.api import JOB, SERVICE, Api, create_or_adopt
-from mnnvl.driver.wait import Deadline
-from mnnvl.driver.workload import wait_for_job_done, wait_for_pods_running
-from mnnvl.manifests import headless_service, indexed_job
+from mnnvl.driver.api import JOB, Api, create_or_adopt
+from mnnvl.driver.lifecycle import run_job
+from mnnvl.manifests import indexed_job
 from mnnvl.spec import DomainSpec, WorkloadSpec
 
 TRIVIAL = ["python3", "-c", "print('RESULT {\"ok\": true}')"]
 STEPS = ("provision", "launch", "teardown")
+MODULE = "mnnvl.runtime.train"
 
 
 def simulator(conn: Connection, nodes: int, error_rate: float) -> None:
@@ -70,15 +70,17 @@ def peak_rss_mib() -> float:
 
 
 def launch(workload: WorkloadSpec, kubeconfig: str) -> None:
+    """The product's Job lifecycle (``run_job``) over a Job whose command is trivial: the Job
+    is created first with that command and ``run_job`` adopts it."""
     api = Api.connect(kubeconfig)
     try:
-        job = indexed_job(workload, "mnnvl.runtime.train", [])
+        job = indexed_job(workload, MODULE, [])
         job["spec"]["template"]["spec"]["containers"][0]["command"] = TRIVIAL
-        create_or_adopt(api, SERVICE, headless_service(workload))
+        job["spec"]["template"]["spec"]["containers"][0].pop("args", None)
         create_or_adopt(api, JOB, job)
-        name = job["metadata"]["name"]
-        wait_for_pods_running(api, workload, name, Deadline(workload.pods_running_timeout_s))
-        wait_for_job_done(api, workload, name, Deadline(workload.job_timeout_s))
+        outcome = run_job(api, workload, MODULE, [])
+        if outcome.result != {"ok": True}:
+            raise RuntimeError(f"unexpected result {outcome.result!r}")
     finally:
         api.close()
 
