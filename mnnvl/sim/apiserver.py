@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import Counter
@@ -64,6 +65,13 @@ class ApiServer(ThreadingHTTPServer):
         self.counters: Counter[tuple[str, str]] = Counter()
         self.stopping = threading.Event()
         self._count_lock = threading.Lock()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that drops its keep-alive connection is normal, not a server error."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("client %s closed its connection", client_address)
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
