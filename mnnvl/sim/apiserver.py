@@ -45,7 +45,7 @@ class FaultHooks(Protocol):
 
 class ApiServer(ThreadingHTTPServer):
     daemon_threads = True
-    request_queue_size = 512
+    request_queue_size = 4096  # many clients connect at once under load; none is refused
     allow_reuse_address = True
 
     def __init__(
