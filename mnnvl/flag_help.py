@@ -60,7 +60,7 @@ FIELD_HELP: dict[str, str] = {
     # VerifyConfig
     "min_bytes": "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU",
     "max_bytes": "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU",
-    "iters": "timed all-reduces per size; 0 = adaptive (stops once the mean is known to 1 %)",
+    "iters": "timed all-reduces per size; 0 = adaptive (until the mean is known within 1 percent)",
     "warmup_iters": "untimed all-reduces before each size; 0 = automatic",
     "min_busbw_gbps": "pass threshold in GB/s; 0 = active links x link speed x efficiency",
     "efficiency": "fraction of the NVLink limit a derived threshold asks for (default: 0.62)",

@@ -297,6 +297,7 @@ def serve(
     kubeconfig_path: str | None = None,
     imex_delay_s: float = 0.2,
     cliques: int = 1,
+    kueue: bool = False,
 ) -> str:
     """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
 
@@ -313,6 +314,7 @@ def serve(
             nodes=nodes,
             gpus_per_node=gpus_per_node,
             cliques=cliques,
+            kueue=kueue,
             imex_delay_s=imex_delay_s,
             kubeconfig_path=kubeconfig_path,
         ) as sim:

@@ -34,6 +34,24 @@ def expand(text: str, env: dict[str, str]) -> str:
     return VAR_RE.sub(sub, text)
 
 
+_NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_RE = re.compile(
+    rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_NAME}(?:/{_NAME})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+
+
+def image_problem(image: str) -> tuple[str, str] | None:
+    """("InvalidImageName", message) for a reference the kubelet cannot parse, else None."""
+    if IMAGE_RE.match(image):
+        return None
+    return (
+        "InvalidImageName",
+        f'Failed to apply default image tag "{image}": couldn\'t parse image name '
+        f'"{image}": invalid reference format',
+    )
+
+
 def field_ref(pod: Obj, path: str) -> str:
     meta = pod["metadata"]
     m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
