@@ -201,6 +201,11 @@ class SimCluster:
         """Requests served per (verb, resource); verbs GET LIST WATCH POST PUT PATCH DELETE."""
         return Counter(self._server.counters) if self._server else Counter()
 
+    @property
+    def rbac_requests(self) -> set[tuple[str, str, str]]:
+        """Every (RBAC verb, API group, resource) requested so far, as an audit log lists them."""
+        return set(self._server.rbac_requests) if self._server else set()
+
     def objects(self, label_selector: str | None = None) -> list[tuple[str, str, str]]:
         """(kind, namespace, name) of every workload-side object that exists now."""
         match = label_matcher(label_selector)
