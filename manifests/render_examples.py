@@ -14,7 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
-from mnnvl.manifests import render_run, to_yaml
+from mnnvl.manifests import render_run
+from mnnvl.yaml_stream import to_yaml
 from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
 
 logger = logging.getLogger(__name__)

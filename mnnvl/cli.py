@@ -2,7 +2,8 @@
 
 Every command validates its input before any API call (bad input exits 2), logs progress to
 stderr, and ends with exactly one JSON line on stdout: ``{"ok": true, "command": ...,
-...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. Exit codes come from the
+...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` writes that line
+to stderr instead, so its stdout is pure YAML (``mnnvl render … | kubectl apply -f -``). Exit codes come from the
 error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification failed, 5 cluster or
 CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
 """
@@ -23,9 +24,10 @@ from typing import Any
 from mnnvl import __version__, flags, steps
 from mnnvl import spec as specs
 from mnnvl.errors import MnnvlError, SpecError
-from mnnvl.manifests import indexed_job, render_run, to_yaml
+from mnnvl.manifests import indexed_job, render_run
 from mnnvl.run import run_all
 from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
 
@@ -342,13 +344,18 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+# Commands whose stdout is data for another program: their result line goes to stderr.
+RESULT_ON_STDERR = frozenset({"render"})
+
+
 def _emit(payload: dict[str, Any], result_path: str | None) -> None:
     line = json.dumps(payload, default=str)
     if result_path:
         with open(result_path, "w", encoding="utf-8") as f:
             f.write(line + "\n")
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    stream = sys.stderr if payload.get("command") in RESULT_ON_STDERR else sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
