@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from mnnvl.manifests import render_run
-from mnnvl.yaml_stream import to_yaml
 from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger(__name__)
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"

@@ -3,9 +3,9 @@
 Every command validates its input before any API call (bad input exits 2), logs progress to
 stderr, and ends with exactly one JSON line on stdout: ``{"ok": true, "command": ...,
 ...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` writes that line
-to stderr instead, so its stdout is pure YAML (``mnnvl render … | kubectl apply -f -``). Exit codes come from the
-error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification failed, 5 cluster or
-CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
+to stderr instead, so its stdout is pure YAML (``mnnvl render … | kubectl apply -f -``).
+Exit codes come from the error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification
+failed, 5 cluster or CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
