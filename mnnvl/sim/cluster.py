@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 import uuid
@@ -292,6 +293,16 @@ def _crd() -> Obj:
     }
 
 
+def _usage(kubeconfig: str, url: str, nodes: int) -> str:
+    return (
+        f"simulated cluster with {nodes} node(s) serving at {url}; in another shell:\n"
+        f"  export KUBECONFIG={kubeconfig}\n"
+        "  kubectl get nodes\n"
+        "  mnnvl run --run-id demo --nodes 2 --gpus-per-node 0\n"
+        "Ctrl-C (or SIGTERM) stops it and every pod process it started."
+    )
+
+
 def serve(
     nodes: int = 2,
     gpus_per_node: int = 0,
@@ -331,6 +342,7 @@ def serve(
                 ),
                 flush=True,
             )
+            print(_usage(sim.kubeconfig_path, sim.url, nodes), file=sys.stderr, flush=True)
             done.wait()
             return sim.kubeconfig_path
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -150,3 +151,14 @@ def test_bad_input_exits_2_before_any_request_to_the_cluster(capsys):
             code, lines, _ = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
             assert code == 2 and last_json(lines)["exit_code"] == 2
         assert sim.request_count == before
+
+
+def test_every_subcommand_has_a_description_an_example_and_help_for_every_option():
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) == set(cli.COMMANDS)
+    for name, p in sub.choices.items():
+        assert p.description and f"example:\n  mnnvl {name}" in (p.epilog or ""), name
+        for action in p._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"mnnvl {name} {action.option_strings or action.dest}"
