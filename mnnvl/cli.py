@@ -163,6 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.2,
         help="how long each node's simulated IMEX daemon takes to get ready",
     )
+    p.add_argument(
+        "--kueue",
+        action="store_true",
+        help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
+    )
     for name, p in sub.choices.items():
         _common(p, writes_kubeconfig=name == "sim")
     return parser
@@ -338,6 +343,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             kubeconfig_path=ns.kubeconfig,
             imex_delay_s=ns.imex_delay_s,
             cliques=ns.cliques,
+            kueue=ns.kueue,
         )
     return {
         "kubeconfig": served,
