@@ -164,9 +164,14 @@ def reap_cron_manifest() -> dict[str, Any]:
         "container": {
             "image": DEFAULT_LAUNCHER_IMAGE,
             "command": ["mnnvl"],
-            "args": ["reap", "--namespace", "{{workflow.namespace}}",
-                     "--older-than-s", "{{inputs.parameters.older-than-s}}"],
-        },  # fmt: skip
+            "args": [
+                "reap",
+                "--namespace",
+                "{{workflow.namespace}}",
+                "--older-than-s",
+                "{{inputs.parameters.older-than-s}}",
+            ],
+        },
         "retryStrategy": {"limit": t.RETRY_LIMIT, "retryPolicy": "Always"},
     }
     spec = {
