@@ -218,7 +218,8 @@ class Handler(BaseHTTPRequestHandler):
             policy = (body or {}).get("propagationPolicy") or q.get("propagationPolicy")
             if (body or {}).get("orphanDependents") is True:
                 policy = "Orphan"
-            return self._json(200, store.delete(plural, ns, name, policy))
+            uid = ((body or {}).get("preconditions") or {}).get("uid")
+            return self._json(200, store.delete(plural, ns, name, policy, uid))
         self._write(verb, plural, ns, name, sub, body)
 
     def _write(

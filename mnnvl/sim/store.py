@@ -211,12 +211,26 @@ class Store:
             self._emit("MODIFIED", key, new)
         return clone(new)
 
-    def delete(self, resource: str, ns: str, name: str, propagation: str | None = None) -> Obj:
+    def delete(
+        self,
+        resource: str,
+        ns: str,
+        name: str,
+        propagation: str | None = None,
+        uid: str | None = None,
+    ) -> Obj:
         with self.lock:
             key = (resource, ns, name)
             obj = self._objs.get(key)
             if obj is None:
                 raise not_found(resource, name)
+            if uid and obj["metadata"]["uid"] != uid:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {resource} "{name}": Precondition failed: '
+                    f"UID in precondition: {uid}, UID in object meta: {obj['metadata']['uid']}",
+                )
             # batch/v1 Jobs orphan their pods unless asked otherwise, like the real API server.
             policy = propagation or ("Orphan" if resource == "jobs" else "Background")
             uid = obj["metadata"]["uid"]
