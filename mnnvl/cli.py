@@ -168,14 +168,19 @@ def _require_run_id(ns: argparse.Namespace) -> None:
         )
 
 
+def _own_namespace(ns: argparse.Namespace) -> dict[str, str]:
+    """No --namespace: "" (the pod's own namespace, else default; see spec.resolve_namespace)."""
+    return {"namespace": ""} if getattr(ns, "namespace", None) is None else {}
+
+
 def _domain(ns: argparse.Namespace) -> DomainSpec:
     _require_run_id(ns)
-    return flags.from_namespace(DomainSpec, ns)
+    return flags.from_namespace(DomainSpec, ns, **_own_namespace(ns))
 
 
 def _workload(ns: argparse.Namespace) -> WorkloadSpec:
     _require_run_id(ns)
-    return flags.from_namespace(WorkloadSpec, ns)
+    return flags.from_namespace(WorkloadSpec, ns, **_own_namespace(ns))
 
 
 def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:

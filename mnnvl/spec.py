@@ -229,7 +229,7 @@ class DomainSpec:
     """What provision and teardown need: which run, where, and how the channel is allocated."""
 
     run_id: str
-    namespace: str = ""  # "": the launcher pod's own namespace, else "default"
+    namespace: str = "default"  # "": the launcher pod's own namespace, else "default"
     allocation_mode: str = "Single"
     rct_timeout_s: float = 120.0
     delete_timeout_s: float = 300.0
@@ -249,7 +249,7 @@ class WorkloadSpec:
     """The multi-node Indexed Job: shape, image, placement, NCCL profile and deadlines."""
 
     run_id: str
-    namespace: str = ""  # "": the launcher pod's own namespace, else "default"
+    namespace: str = "default"  # "": the launcher pod's own namespace, else "default"
     purpose: str = "train"
     nodes: int = 2
     gpus_per_node: int = 4

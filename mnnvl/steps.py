@@ -189,9 +189,7 @@ def launch(
     """
     start = time.monotonic()
     with _api(kubeconfig) as api:
-        job = create_workload(
-            api, workload, module, args, Deadline(workload.pods_running_timeout_s)
-        )
+        job = create_workload(api, workload, module, args)
         follower: LogFollower | None = None
         try:
             pods = wait_for_pods_running(

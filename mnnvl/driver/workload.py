@@ -24,7 +24,7 @@ from mnnvl.driver.diagnose import (
 )
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.errors import ConflictError, MnnvlError, WorkloadFailed
-from mnnvl.driver.ownership import Deletions, StaleObject, create_or_adopt
+from mnnvl.driver.ownership import Deletions, StaleObject, create_or_adopt, failed_reason
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.manifests import (
     CONTAINER,
@@ -42,13 +42,18 @@ logger = logging.getLogger(__name__)
 
 
 def create_workload(
-    api: Api, workload: WorkloadSpec, module: str, args: list[str], deadline: Deadline
+    api: Api,
+    workload: WorkloadSpec,
+    module: str,
+    args: list[str],
+    deadline: Deadline | None = None,
 ) -> str:
     """Create (or adopt, when a step is retried) GPU template, Service and Job; return the Job.
 
     A Job this step made earlier with the same spec that has Failed is deleted (with its
-    pods, waited gone within ``deadline``) and created again: that is a retried step. Any
-    other object in the way is a ``ConflictError`` naming it (see ``create_or_adopt``).
+    pods, waited gone within ``deadline``, by default the pods-running timeout) and created
+    again: that is a retried step. Any other object in the way is a ``ConflictError`` naming
+    it (see ``create_or_adopt``).
     """
     bodies: list[tuple[Kind, dict[str, Any]]] = []
     if wants_gpu_claim(workload):
@@ -62,7 +67,9 @@ def create_workload(
         except StaleObject as stale:
             if kind is not JOB:
                 raise
-            _replace_failed_job(api, workload, stale, deadline)
+            _replace_failed_job(
+                api, workload, stale, deadline or Deadline(workload.pods_running_timeout_s)
+            )
             _, adopted = create_or_adopt(api, kind, body)
         meta = body["metadata"]
         logger.info(
@@ -81,7 +88,12 @@ def _replace_failed_job(
     """Delete a Failed Job of this step (uid precondition) and wait until it and its pods are
     gone, so the new pods never meet the old ones on a node's IMEX channel or hostname."""
     job = str(stale.existing["metadata"]["name"])
-    logger.info("Job %s/%s failed earlier (%s); replacing it", workload.namespace, job, stale)
+    logger.info(
+        "Job %s/%s of this step failed earlier (%s); deleting it and creating it again",
+        workload.namespace,
+        job,
+        failed_reason(stale.existing),
+    )
     gone = Deletions(workload.run_id)
     if not gone.delete(api, JOB, stale.existing, propagation="Background") and gone.skipped:
         raise ConflictError(f"cannot replace the failed Job: {gone.skipped[0]}") from stale

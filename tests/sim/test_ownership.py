@@ -7,6 +7,7 @@ ends by checking that nothing of the run is left.
 from __future__ import annotations
 
 import json
+import socket
 import textwrap
 import time
 import uuid
@@ -46,6 +47,26 @@ def module_dir(tmp_path_factory):
     (path / "result_one.py").write_text(RESULT_ONE)
     (path / "result_two.py").write_text(RESULT_TWO)
     return str(path)
+
+
+def free_port() -> int:
+    """A port nobody listens on now: pods share 127.0.0.1 with whatever else runs here."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def job_workload(run_id: str, module_dir: str) -> WorkloadSpec:
+    return WorkloadSpec(
+        run_id=run_id,
+        purpose="job",
+        nodes=2,
+        gpus_per_node=0,
+        env={"PYTHONPATH": module_dir},
+        rdzv_port=free_port(),
+        pods_running_timeout_s=180,
+        job_timeout_s=180,
+    )
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict[str, Any]]:
@@ -103,9 +124,7 @@ def test_teardown_leaves_a_foreign_domain_with_the_runs_name_alone(sim, capsys):
 def test_every_created_object_carries_its_spec_hash(sim, module_dir):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = WorkloadSpec(
-        run_id=run_id, purpose="job", nodes=2, gpus_per_node=0, env={"PYTHONPATH": module_dir}
-    )
+    workload = job_workload(run_id, module_dir)
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
     names = RunNames.for_run(run_id)
@@ -124,9 +143,7 @@ def test_every_created_object_carries_its_spec_hash(sim, module_dir):
 def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, module_dir, capsys):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = WorkloadSpec(
-        run_id=run_id, purpose="job", nodes=2, gpus_per_node=0, env={"PYTHONPATH": module_dir}
-    )
+    workload = job_workload(run_id, module_dir)
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     first = steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
     assert first.result == {"kind": "one"}
@@ -134,11 +151,16 @@ def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, module
     job = RunNames.for_run(run_id).job("job")
     argv = ["launch", "--run-id", run_id, "--purpose", "job", "--nodes", "2"]
     argv += ["--gpus-per-node", "0", "--env", f"PYTHONPATH={module_dir}"]
-    argv += ["--module", "result_two", "--kubeconfig", sim.kubeconfig_path]
+    argv += ["--rdzv-port", str(workload.rdzv_port), "--job-timeout-s", "180"]
+    argv += ["--pods-running-timeout-s", "180", "--kubeconfig", sim.kubeconfig_path]
+    same_module = [*argv, "--module", "result_one"]
+    argv += ["--module", "result_two"]
     code, result = run_cli(capsys, argv)
     assert code == 2 and result["exit_code"] == 2, result
     assert f"Job default/{job} of run {run_id} exists with a different spec" in result["error"]
     assert f"mnnvl teardown --run-id {run_id}" in result["error"]
+    code, result = run_cli(capsys, same_module)  # the same launch again adopts its Job
+    assert code == 0 and result["result"] == {"kind": "one"}, result
 
     code, result = run_cli(
         capsys, ["teardown", "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
@@ -150,15 +172,7 @@ def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, module
 def test_a_retried_step_replaces_its_failed_job(sim, module_dir):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = WorkloadSpec(
-        run_id=run_id,
-        purpose="job",
-        nodes=2,
-        gpus_per_node=0,
-        env={"PYTHONPATH": module_dir},
-        pods_running_timeout_s=60,
-        job_timeout_s=60,
-    )
+    workload = job_workload(run_id, module_dir)
     job = RunNames.for_run(run_id).job("job")
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=1)  # maxFailedIndexes: 0

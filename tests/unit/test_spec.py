@@ -188,11 +188,12 @@ def test_namespace_left_empty_is_the_pods_own_else_default(
 ) -> None:
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(tmp_path / "absent"))
-    assert DomainSpec(run_id=RUN).namespace == "default"
+    assert DomainSpec(run_id=RUN, namespace="").namespace == "default"
     sa_file = tmp_path / "namespace"
     sa_file.write_text("team-b\n")
     monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
-    assert DomainSpec(run_id=RUN).namespace == "team-b"
+    assert DomainSpec(run_id=RUN, namespace="").namespace == "team-b"
+    assert DomainSpec(run_id=RUN).namespace == "default"  # the field's default is explicit
     assert WorkloadSpec(run_id=RUN, namespace="").namespace == "team-b"
     assert DomainSpec(run_id=RUN, namespace="team-a").namespace == "team-a"
 
