@@ -73,16 +73,23 @@ def create_or_adopt(api: Api, kind: Kind, body: dict[str, Any]) -> tuple[dict[st
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     run_id = str(meta.get("labels", {}).get(LABEL_RUN_ID, ""))
-    try:
-        return api.create(kind, namespace, body), False
-    except NotFound as e:
-        if e.details_kind == "namespaces":
-            raise missing_namespace(namespace) from e
-        raise
-    except AlreadyExists as e:
-        existing = api.get(kind, namespace, name)
-        _check_adoptable(kind, existing, body, run_id, e)
-    return existing, True
+    for attempt in range(2):
+        try:
+            return api.create(kind, namespace, body), False
+        except NotFound as e:
+            if e.details_kind == "namespaces":
+                raise missing_namespace(namespace) from e
+            raise
+        except AlreadyExists as e:
+            try:
+                existing = api.get(kind, namespace, name)
+            except NotFound:
+                if attempt:
+                    raise
+                continue  # deleted between the create and the read: create again
+            _check_adoptable(kind, existing, body, run_id, e)
+            return existing, True
+    raise AssertionError("unreachable")
 
 
 def _check_adoptable(
