@@ -99,6 +99,7 @@ VERIFY_INPUTS = [
     Input("efficiency", "0.62", "Fraction of the link limit a derived threshold asks for"),
     Input("max-bytes", "0", "Largest all-reduce size (0 = pick for the device)"),
     Input("iters", "0", "Timed iterations per size (0 = pick for the device)"),
+    Input("allow-unjudged", "false", "Accept NOT_JUDGED (no threshold applied)", boolean=True),
 ]
 DEADLINE_INPUT = "deadline-s"
 

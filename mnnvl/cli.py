@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from mnnvl import flags, steps
+from mnnvl import __version__, flags, steps
 from mnnvl import spec as specs
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run, to_yaml
@@ -107,6 +107,7 @@ def _reap_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnnvl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("provision", help="create or adopt the run's ComputeDomain")
     _domain_flags(p)

@@ -55,11 +55,13 @@ FIELD_HELP: dict[str, str] = {
     # VerifyConfig
     "min_bytes": "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU",
     "max_bytes": "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU",
-    "iters": "timed all-reduces per size; 0 = enough for ~80 ms of work",
+    "iters": "timed all-reduces per size; 0 = adaptive (stops once the mean is known to 1 %)",
     "warmup_iters": "untimed all-reduces before each size; 0 = automatic",
     "min_busbw_gbps": "pass threshold in GB/s; 0 = active links x link speed x efficiency",
     "efficiency": "fraction of the NVLink limit a derived threshold asks for (default: 0.62)",
     "judge_min_bytes": "sizes from this one up are judged against the threshold (default: 1G)",
     "cuda_graphs": "also time small sizes as CUDA graphs and direct NCCL calls (default: on)",
+    "allow_unjudged": "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as "
+    "success (default: off; a gate then fails)",
     "output_dir": "write verify.json/.md/.html and busbw.png here (rank 0)",
 }

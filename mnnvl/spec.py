@@ -53,6 +53,7 @@ JOB_ENV = (
     "MNNVL_RUN_ID",
     "JOB_COMPLETION_INDEX",
     "MNNVL_NCCL_PROFILE",
+    "MNNVL_GPUS_PER_NODE",
 )
 
 
@@ -386,7 +387,8 @@ class VerifyConfig:
 
     Sizes of 0 mean "pick for the device": 1 MiB..4 GiB on GPUs, 1 KiB..1 MiB on CPU.
     ``min_busbw_gbps`` of 0 means "derive the threshold from the detected topology"
-    (active links x per-link speed x ``efficiency``).
+    (active links x per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
+    NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.
     """
 
     min_bytes: int = 0
@@ -397,6 +399,7 @@ class VerifyConfig:
     efficiency: float = 0.62
     judge_min_bytes: int = 1 << 30
     cuda_graphs: bool = True
+    allow_unjudged: bool = False
     output_dir: str = ""
 
     def __post_init__(self) -> None:

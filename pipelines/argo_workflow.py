@@ -64,6 +64,9 @@ WORKFLOW_PARAMETERS = [
     WfParam("efficiency", "0.62", "Fraction of the link limit a derived threshold asks for"),
     WfParam("verify-max-bytes", "0", "Largest all-reduce size (0 = pick for the device)"),
     WfParam("verify-iters", "0", "Timed iterations per size (0 = pick for the device)"),
+    WfParam(
+        "allow-unjudged", "false", "Accept a NOT_JUDGED verification (no threshold)", boolean=True
+    ),
     WfParam("rct-timeout-s", "120", "Wait for the DRA controller's claim template (s)"),
     WfParam("delete-timeout-s", "300", "Wait until each object is gone (s)"),
     WfParam("pods-running-timeout-s", "900", "Deadline for worker pods to be Running (s)"),

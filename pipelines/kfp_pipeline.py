@@ -81,6 +81,7 @@ def training_pipeline(
     efficiency: float = 0.62,
     verify_max_bytes: int = 0,
     verify_iters: int = 0,
+    allow_unjudged: bool = False,
     rct_timeout_s: float = 120.0,
     delete_timeout_s: float = 300.0,
     pods_running_timeout_s: float = 900.0,
@@ -115,6 +116,7 @@ def training_pipeline(
         "efficiency": efficiency,
         "max_bytes": verify_max_bytes,
         "iters": verify_iters,
+        "allow_unjudged": allow_unjudged,
         "job_timeout_s": verify_timeout_s,
     }
     with dsl.ExitHandler(teardown, name="mnnvl-run"):
@@ -177,6 +179,7 @@ def verify_only_pipeline(
     efficiency: float = 0.62,
     verify_max_bytes: int = 0,
     verify_iters: int = 0,
+    allow_unjudged: bool = False,
     rct_timeout_s: float = 120.0,
     delete_timeout_s: float = 300.0,
     pods_running_timeout_s: float = 900.0,
@@ -217,6 +220,7 @@ def verify_only_pipeline(
                 efficiency=efficiency,
                 max_bytes=verify_max_bytes,
                 iters=verify_iters,
+                allow_unjudged=allow_unjudged,
                 pods_running_timeout_s=pods_running_timeout_s,
                 job_timeout_s=verify_timeout_s,
             ),

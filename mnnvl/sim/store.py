@@ -140,8 +140,7 @@ class Store(Deletion):
             if old is None:
                 raise not_found(resource, name)
             want_rv = new.get("metadata", {}).get("resourceVersion")
-            check_rv = True
-            if check_rv and want_rv and want_rv != old["metadata"]["resourceVersion"]:
+            if want_rv and want_rv != old["metadata"]["resourceVersion"]:
                 raise ApiError(
                     409,
                     "Conflict",

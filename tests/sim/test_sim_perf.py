@@ -99,7 +99,7 @@ def test_eighteen_node_run_needs_few_requests_with_watches() -> None:
             "name": "worker",
             "image": "sim",
             "command": ["python3", "-c", "print('RESULT {}')"],
-            "resources": {"limits": {"nvidia.com/gpu": 1}, "claims": [{"name": "ch"}]},
+            "resources": {"limits": {"nvidia.com/gpu": "1"}, "claims": [{"name": "ch"}]},
         }
         batch.create_namespaced_job(
             NS,
