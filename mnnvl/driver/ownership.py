@@ -5,8 +5,9 @@ Every object a run creates carries ``app.kubernetes.io/managed-by=mnnvl-pipeline
 An object with our name that lacks those labels belongs to someone else: a create refuses it
 (exit 2), a teardown or reap leaves it alone and names it. A create that meets an object of
 its own run adopts it only when it was made from the same spec and is neither terminating
-nor Failed. Every delete works from an object as read and sends ``preconditions.uid``, so an
-object replaced between the read and the delete is never removed.
+nor Failed (a Failed Job of the step is replaced instead). Every delete works from an object
+as read and sends ``preconditions.uid``, so an object replaced between the read and the
+delete is never removed.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def missing_namespace(namespace: str) -> SpecError:
 
 
 class StaleObject(ConflictError):
-    """An object of this run, made from this very spec, that failed: the step may replace it."""
+    """An object of this run that failed (a Job): the step may replace it."""
 
     def __init__(self, message: str, existing: dict[str, Any]) -> None:
         super().__init__(message)
@@ -66,8 +67,8 @@ def create_or_adopt(api: Api, kind: Kind, body: dict[str, Any]) -> tuple[dict[st
     this run's, made from the same spec, and neither terminating nor Failed.
 
     Returns ``(object, adopted)``. Raises ``SpecError`` when the namespace does not exist,
-    ``StaleObject`` for a Failed object of the same spec (the caller may delete and recreate
-    it) and ``ConflictError`` (exit 2) for anything else that is in the way.
+    ``StaleObject`` for a Failed object of the run (the caller may delete and recreate it)
+    and ``ConflictError`` (exit 2) for anything else that is in the way.
     """
     body = with_spec_hash(body)
     meta = body["metadata"]
@@ -112,17 +113,19 @@ def _check_adoptable(
             f"{what} of run {run_id} is being deleted (a teardown is in progress); "
             "wait for it to finish, then try again"
         ) from cause
+    reason = failed_reason(existing)
+    if reason:
+        # Only evidence is left of a Failed Job (its pods are done): the step, retried or run
+        # again with other input, may replace it. Its result is never taken as this step's.
+        raise StaleObject(
+            f"{what} of run {run_id} failed earlier ({reason}) and cannot be adopted; {teardown}",
+            existing,
+        ) from cause
     have, want = hash_of(existing), hash_of(body)
     if have != want:
         raise ConflictError(
             f"{what} of run {run_id} exists with a different spec (spec-hash {have or 'none'}, "
             f"this step's {want}): another command or step made it with this run id; {teardown}"
-        ) from cause
-    reason = failed_reason(existing)
-    if reason:
-        raise StaleObject(
-            f"{what} of run {run_id} failed earlier ({reason}) and cannot be adopted; {teardown}",
-            existing,
         ) from cause
 
 

@@ -50,10 +50,10 @@ def create_workload(
 ) -> str:
     """Create (or adopt, when a step is retried) GPU template, Service and Job; return the Job.
 
-    A Job this step made earlier with the same spec that has Failed is deleted (with its
-    pods, waited gone within ``deadline``, by default the pods-running timeout) and created
-    again: that is a retried step. Any other object in the way is a ``ConflictError`` naming
-    it (see ``create_or_adopt``).
+    A Job of this step that has Failed is deleted (with its pods, waited gone within
+    ``deadline``, by default the pods-running timeout) and created again: the step is
+    retried or run again. Any other object in the way is a ``ConflictError`` naming it (see
+    ``create_or_adopt``).
     """
     bodies: list[tuple[Kind, dict[str, Any]]] = []
     if wants_gpu_claim(workload):
