@@ -12,6 +12,13 @@ from mnnvl.driver.domain import (
     launcher_owner,
     wait_for_channel_template,
 )
+from mnnvl.driver.lifecycle import (
+    JobOutcome,
+    require_domain,
+    run_job,
+    wait_for_job,
+    wait_for_pods_running,
+)
 from mnnvl.driver.ownership import Deletions, create_or_adopt
 from mnnvl.driver.reaper import Verdict, reap_namespace
 from mnnvl.driver.wait import Deadline, wait_for
@@ -22,8 +29,6 @@ from mnnvl.driver.workload import (
     parse_result,
     rank0_pod,
     result_of_failed_job,
-    wait_for_job_done,
-    wait_for_pods_running,
 )
 
 __all__ = [
@@ -31,6 +36,7 @@ __all__ = [
     "Deadline",
     "Deletions",
     "Domain",
+    "JobOutcome",
     "Kind",
     "LogFollower",
     "Verdict",
@@ -43,9 +49,11 @@ __all__ = [
     "parse_result",
     "rank0_pod",
     "reap_namespace",
+    "require_domain",
     "result_of_failed_job",
+    "run_job",
     "wait_for",
     "wait_for_channel_template",
-    "wait_for_job_done",
+    "wait_for_job",
     "wait_for_pods_running",
 ]

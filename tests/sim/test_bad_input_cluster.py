@@ -77,10 +77,15 @@ def test_step_in_a_missing_namespace_exits_2_without_reading_namespaces(sim, cap
     before = sim.request_counts
     code, result = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
     assert code == 2 and result["exit_code"] == 2, result
-    assert result["error"].startswith("namespace: 'no-such-ns' does not exist")
-    assert "kubectl create namespace no-such-ns" in result["error"]
     seen = sim.request_counts - before
-    assert seen[("POST", "services" if step == "verify" else "computedomains")] == 1
+    if step == "verify":  # a workload step first reads the run's domain there
+        assert result["error"].startswith("ComputeDomain no-such-ns/")
+        assert "provision first (`mnnvl provision" in result["error"]
+        assert seen[("POST", "services")] == seen[("POST", "jobs")] == 0
+    else:  # provision learns it from its create's 404
+        assert result["error"].startswith("namespace: 'no-such-ns' does not exist")
+        assert "kubectl create namespace no-such-ns" in result["error"]
+        assert seen[("POST", "computedomains")] == 1
     assert not any(resource == "namespaces" for _, resource in seen)
     assert left_of(sim, run_id) == []
 
