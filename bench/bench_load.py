@@ -1,9 +1,9 @@
 """Load on one simulated cluster, through the product's driver, with random API errors.
 
 Part 1, ``--runs`` (100) concurrent runs, each provision → launch → teardown: provision and
-teardown are ``mnnvl.steps``; launch is the driver's Job lifecycle (``run_job``: Service, 2-pod
-Indexed Job, Job/pod/queue-aware waits, rank-0 RESULT) over the product's Job with its torchrun
-command swapped for a trivial one (a torchrun start costs seconds and ~300 MB per pod).
+teardown are ``mnnvl.steps``; launch creates the product's Service and 2-pod Indexed Job, its
+torchrun command swapped for a trivial one, and waits with the driver's Job lifecycle
+(``wait_for_job``: Job/pod/queue-aware) (a torchrun start costs seconds and ~300 MB per pod).
 Meanwhile ``--error-rate`` (5 %) of API requests fail with 500 or 429 (``Retry-After: 1``) and
 the same share of watches is answered 410 Gone. Prints completed runs, leaked objects (goal 0),
 p50/p99 latency per step and API requests per run.
@@ -30,9 +30,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from mnnvl import steps
-from mnnvl.driver.api import JOB, Api, create_or_adopt
-from mnnvl.driver.lifecycle import run_job
-from mnnvl.manifests import indexed_job
+from mnnvl.driver.api import JOB, SERVICE, Api
+from mnnvl.driver.lifecycle import wait_for_job
+from mnnvl.driver.ownership import create_or_adopt
+from mnnvl.manifests import headless_service, indexed_job
 from mnnvl.spec import DomainSpec, WorkloadSpec
 
 TRIVIAL = ["python3", "-c", "print('RESULT {\"ok\": true}')"]
@@ -70,17 +71,16 @@ def peak_rss_mib() -> float:
 
 
 def launch(workload: WorkloadSpec, kubeconfig: str) -> None:
-    """The product's Job lifecycle (``run_job``) over a Job whose command is trivial: the Job
-    is created first with that command and ``run_job`` adopts it."""
+    """The product's Service and Job (its command swapped for a trivial one), then the
+    driver's Job lifecycle wait for callers that create their own Job (``wait_for_job``)."""
     api = Api.connect(kubeconfig)
     try:
         job = indexed_job(workload, MODULE, [])
         job["spec"]["template"]["spec"]["containers"][0]["command"] = TRIVIAL
         job["spec"]["template"]["spec"]["containers"][0].pop("args", None)
+        create_or_adopt(api, SERVICE, headless_service(workload))
         create_or_adopt(api, JOB, job)
-        outcome = run_job(api, workload, MODULE, [])
-        if outcome.result != {"ok": True}:
-            raise RuntimeError(f"unexpected result {outcome.result!r}")
+        wait_for_job(api, workload, job["metadata"]["name"])
     finally:
         api.close()
 

@@ -8,7 +8,6 @@ cluster would show at that moment (see the fidelity table in ``mnnvl/sim/README.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -389,6 +388,9 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
     """The driver's teardown order, judged by the stricter simulator: deleting the domain
     first would fail the running pods with IMEXDomainLost (previous test)."""
     from mnnvl import steps
+    from mnnvl.driver.api import Api
+    from mnnvl.driver.lifecycle import wait_for_pods_running
+    from mnnvl.driver.workload import create_workload
     from mnnvl.spec import DomainSpec, WorkloadSpec
 
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
@@ -399,36 +401,15 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
             env={"PYTHONPATH": str(tmp_path)},
         )  # fmt: skip
         steps.provision(domain, kubeconfig=sim.kubeconfig_path)
-        launch = threading.Thread(  # ends with an error once teardown removes its Job
-            target=lambda: _ignore_errors(
-                lambda: steps.launch(workload, "sleeper", [], kubeconfig=sim.kubeconfig_path)
-            ),
-            daemon=True,
-        )
-        launch.start()
-        raw = Raw(sim)
-        wait_for(
-            lambda: (
-                sum(
-                    p["status"].get("phase") == "Running"
-                    for p in raw.get("/api/v1/namespaces/default/pods")["items"]
-                )
-                == 2
-            ),
-            timeout=60,
-            what="workload Running",
-        )
+        api = Api.connect(sim.kubeconfig_path)
+        try:
+            job = create_workload(api, workload, "sleeper", [])
+            wait_for_pods_running(api, workload, job)
+        finally:
+            api.close()
         result = steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
-        launch.join(timeout=60)
         assert result.deleted and not sim.objects()
         assert not [e for e in sim.events if e["reason"] == "IMEXDomainLost"]
-
-
-def _ignore_errors(fn: Any) -> None:
-    try:
-        fn()
-    except Exception as e:  # the launch is expected to fail when its Job is torn down
-        print(f"launch ended: {e}")
 
 
 def test_invalid_image_reference_holds_the_pod_in_invalid_image_name(
