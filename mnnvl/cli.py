@@ -20,12 +20,13 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from mnnvl import flags, steps
+from mnnvl import flags, steps, surface
 from mnnvl import spec as specs
+from mnnvl.cli_parser import build_parser
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run, to_yaml
 from mnnvl.run import run_all
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 logger = logging.getLogger("mnnvl.cli")
 
@@ -61,81 +62,6 @@ def setup_logging(verbose: int) -> None:
         root.addHandler(handler)
 
 
-# ---- parser -------------------------------------------------------------------------------
-
-
-def _common(p: argparse.ArgumentParser, *, writes_kubeconfig: bool = False) -> None:
-    help_text = (
-        "where to write the simulator's kubeconfig (default: a temporary file)"
-        if writes_kubeconfig
-        else "kubeconfig path (default: in-cluster, $KUBECONFIG)"
-    )
-    p.add_argument("--kubeconfig", default=None, help=help_text)
-    p.add_argument("--result-path", default=None, help="also write the result JSON to this file")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
-
-
-def _domain_flags(p: argparse.ArgumentParser) -> None:
-    flags.add_arguments(p, DomainSpec)
-
-
-def _workload_flags(p: argparse.ArgumentParser, *, with_domain: bool) -> None:
-    skip = ("run_id", "namespace") if with_domain else ()
-    flags.add_arguments(p, WorkloadSpec, skip=skip)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mnnvl", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("provision", help="create or adopt the run's ComputeDomain")
-    _domain_flags(p)
-    p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
-    p = sub.add_parser("launch", help="run a Python module on the domain's nodes")
-    _workload_flags(p, with_domain=False)
-    p.add_argument("--module", required=True, help="entry module, e.g. mnnvl.runtime.verify")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the module (after --)")
-    for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
-        p = sub.add_parser(name, help=f"{name} on the domain's nodes")
-        _workload_flags(p, with_domain=False)
-        flags.add_arguments(p, cfg)
-        p.add_argument("--report-dir", default=None, help="write report files here")
-        if name == "verify":
-            p.add_argument("--fail-on-fail", action=argparse.BooleanOptionalAction, default=True)
-    p = sub.add_parser("teardown", help="delete the run's workload, then its domain")
-    _domain_flags(p)
-    p = sub.add_parser("status", help="show the run's domain, Jobs and pods (read-only)")
-    _domain_flags(p)
-    for name in ("run", "render"):
-        p = sub.add_parser(
-            name,
-            help="provision, verify, train, verify, teardown"
-            if name == "run"
-            else "print every object of a run as YAML",
-        )
-        _domain_flags(p)
-        _workload_flags(p, with_domain=True)
-        flags.add_arguments(p, TrainConfig)
-        flags.add_arguments(p, VerifyConfig)
-        if name == "run":
-            p.add_argument("--report-dir", default=None)
-            p.add_argument(
-                "--sim", action="store_true", help="run against an embedded simulated cluster"
-            )
-            p.add_argument("--skip-verify", action="store_true", help="train only")
-    p = sub.add_parser("reap", help="delete objects of runs that are gone")
-    p.add_argument("--namespace", default="default")
-    p.add_argument("--live-run-ids", default=None, help="comma-separated run ids still running")
-    p.add_argument("--older-than-s", type=float, default=0.0)
-    p = sub.add_parser("sim", help="the embedded simulated cluster")
-    p.add_argument("action", choices=("up",))
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--gpus-per-node", type=int, default=0)
-    p.add_argument("--imex-delay-s", type=float, default=0.2)
-    for name, p in sub.choices.items():
-        _common(p, writes_kubeconfig=name == "sim")
-    return parser
-
-
 # ---- commands -------------------------------------------------------------------------------
 
 
@@ -157,14 +83,31 @@ def _workload(ns: argparse.Namespace) -> WorkloadSpec:
 
 
 def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
-    return steps.provision(_domain(ns), kubeconfig=ns.kubeconfig, owner_pod=ns.owner_pod).to_dict()
+    domain = _domain(ns)
+    if ns.pipeline:  # the pipeline's first task: all of its parameters, before any object
+        surface.check_pipeline(ns.pipeline, ns.pipeline_parameters)
+    return steps.provision(domain, kubeconfig=ns.kubeconfig, owner_pod=ns.owner_pod).to_dict()
+
+
+def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
+    words = ns.command[1:] if ns.command[:1] == ["--"] else list(ns.command)
+    if ns.command_json is not None:
+        if words:
+            raise SpecError("command", "give the command after -- or as --command-json, not both")
+        words = list(specs.parse_list(ns.command_json or "[]", "command"))
+    module = ns.module or ""
+    if ns.as_command and module:
+        raise SpecError("module", "give --module or --command, not both")
+    if not ns.as_command and not module and ns.command_json is None:
+        raise SpecError("module", "is required: --module pkg.entry, or --command -- CMD ARGS")
+    return LaunchSpec(module=module, command=tuple(words))
 
 
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
-    args = ns.args[1:] if ns.args[:1] == ["--"] else list(ns.args)
-    workload = _workload(ns)
-    indexed_job(workload, ns.module, args)  # bad module names or env stop here
-    return steps.launch(workload, ns.module, args, kubeconfig=ns.kubeconfig).to_dict()
+    workload, launch = _workload(ns), _launch_spec(ns)
+    args = list(launch.command)
+    indexed_job(workload, launch.module, args)  # bad module names or env stop here
+    return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
 
 
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
@@ -363,10 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         return code
     setup_logging(ns.verbose)
-    command = ns.command if ns.command != "sim" else f"sim {ns.action}"
+    command = ns.command_name if ns.command_name != "sim" else f"sim {ns.action}"
     try:
         with _signals_raise():
-            result = HANDLERS[ns.command](ns)
+            result = HANDLERS[ns.command_name](ns)
     except MnnvlError as e:
         logger.error("%s failed: %s", command, e)
         _emit(

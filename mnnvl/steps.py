@@ -65,11 +65,17 @@ class ProvisionResult(Result):
 
 @dataclass(frozen=True)
 class LaunchResult(Result):
+    """A finished workload: rank 0's RESULT (None when it printed none) and its log tail.
+
+    ``exit_code`` is 0: a workload that exits otherwise raises ``WorkloadFailed`` instead.
+    """
+
     job: str
     pods: list[str]
     result: dict[str, Any] | None
     log_tail: str
     elapsed_s: float
+    exit_code: int = 0
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,7 @@ def launch(
 ) -> LaunchResult:
     """Run ``module`` on the workload's nodes; return rank 0's RESULT (None if it printed none).
 
+    ``module`` empty runs ``args`` as the command itself (it gets the rendezvous env).
     Completed Jobs stay until teardown, so their logs remain inspectable.
     """
     start = time.monotonic()

@@ -1,9 +1,14 @@
 """Regenerate the compiled YAML that GitOps applies: ``python -m mnnvl.pipelines.compile``.
 
-Writes ``pipelines/compiled/`` (KFP IR, KFP Kubernetes-native manifests, Argo
-WorkflowTemplate and Workflow) and the component YAMLs beside ``components/``. The output is
-byte-for-byte deterministic: same sources, same bytes. ``--check`` compiles into a scratch
-directory and exits 1 listing every file that differs from the checked-in one.
+Writes the generated KFP component module (``components/kfp_components.py``), the component
+YAMLs beside it, and ``pipelines/compiled/`` (KFP IR, KFP Kubernetes-native manifests, Argo
+WorkflowTemplates and a Workflow). The output is byte-for-byte deterministic: same sources,
+same bytes. ``--check`` compiles into a scratch directory and exits 1 listing every file that
+differs from the checked-in one.
+
+KFP fixes images at compile time, so ``--launcher-image REG/launcher:TAG --runtime-image
+REG/runtime:TAG --out DIR`` writes the whole set with your images instead of the defaults
+(Argo users can also set the ``launcher-image`` and ``image`` workflow parameters).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import yaml
 
 import mnnvl
 from mnnvl import components as components_pkg
+from mnnvl.errors import SpecError
+from mnnvl.spec import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE, check_image
 
 log = logging.getLogger(__name__)
 
@@ -64,22 +71,49 @@ def _yaml_doc(make: Callable[[], dict[str, Any]]) -> Callable[[Path], None]:
     return write
 
 
+def _text(make: Callable[[], str]) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        path.write_text(make(), encoding="utf-8")
+
+    return write
+
+
+def _retag(node: Any, images: dict[str, str]) -> Any:
+    """Every string equal to a default image, replaced by the user's."""
+    if isinstance(node, dict):
+        return {k: _retag(v, images) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_retag(v, images) for v in node]
+    return images.get(node, node) if isinstance(node, str) else node
+
+
+def retag_file(path: Path, images: dict[str, str]) -> None:
+    """Rewrite a compiled YAML file with ``images`` (default image -> user image) applied."""
+    docs = [_retag(d, images) for d in yaml.safe_load_all(path.read_text(encoding="utf-8"))]
+    text = yaml.safe_dump_all(docs, sort_keys=False, width=100, allow_unicode=True)
+    path.write_text(HEADER + text, encoding="utf-8")
+
+
 def targets() -> dict[str, Callable[[Path], None]]:
     """Relative output path (from the repository root) -> writer."""
+    from mnnvl.components import kfp_codegen
     from mnnvl.components.kfp_components import COMPONENTS
     from mnnvl.pipelines import argo_workflow as argo
     from mnnvl.pipelines import kfp_pipeline as kp
 
-    out: dict[str, Callable[[Path], None]] = {}
+    out: dict[str, Callable[[Path], None]] = {
+        "components/kfp_components.py": _text(kfp_codegen.render_module)
+    }
     for name, component in COMPONENTS.items():
         out[f"components/{name}.yaml"] = _kfp_pipeline(component)
     for name, func in kp.PIPELINES.items():
         out[f"pipelines/compiled/{name}.kfp.yaml"] = _kfp_pipeline(func)
     training = kp.TRAINING_PIPELINE_NAME
     out[f"pipelines/compiled/{training}.k8s.yaml"] = _kfp_k8s(kp.training_pipeline, training)
-    out[f"pipelines/compiled/{argo.TEMPLATE_NAME}.workflowtemplate.yaml"] = _yaml_doc(
-        argo.workflow_template_manifest
-    )
+    for name in argo.WORKFLOW_TEMPLATES:
+        out[f"pipelines/compiled/{name}.workflowtemplate.yaml"] = _yaml_doc(
+            lambda name=name: argo.workflow_template_manifest(name)  # type: ignore[misc]
+        )
     out[f"pipelines/compiled/{argo.TEMPLATE_NAME}.workflow.yaml"] = _yaml_doc(
         argo.workflow_manifest
     )
@@ -96,16 +130,35 @@ def default_paths() -> dict[str, Path]:
     }
 
 
-def compile_all(root: Path | None = None) -> dict[str, Path]:
-    """Compile everything; under ``root`` (mirroring the repo layout) or in place."""
+def compile_all(root: Path | None = None, images: dict[str, str] | None = None) -> dict[str, Path]:
+    """Compile everything; under ``root`` (mirroring the repo layout) or in place.
+
+    ``images`` maps default image -> user image in every YAML written (needs ``root``).
+    """
+    if images and root is None:
+        raise ValueError("custom images are written under --out, never over the shipped set")
     paths = default_paths()
     written: dict[str, Path] = {}
     for rel, write in targets().items():
         path = root / rel if root is not None else paths[rel]
         path.parent.mkdir(parents=True, exist_ok=True)
         write(path)
+        if images and path.suffix == ".yaml":
+            retag_file(path, images)
         written[rel] = path
     return written
+
+
+def image_map(launcher_image: str | None, runtime_image: str | None) -> dict[str, str]:
+    """Default image -> user image, for the images given (each checked as a reference)."""
+    images: dict[str, str] = {}
+    if launcher_image:
+        check_image("launcher_image", launcher_image)
+        images[DEFAULT_LAUNCHER_IMAGE] = launcher_image
+    if runtime_image:
+        check_image("runtime_image", runtime_image)
+        images[DEFAULT_IMAGE] = runtime_image
+    return images
 
 
 def stale_files() -> list[str]:
@@ -124,8 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mnnvl.pipelines.compile", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if compiled files are stale")
     parser.add_argument("--out", type=Path, default=None, help="write under this root instead")
+    parser.add_argument("--launcher-image", default=None, help="image of the step (task) pods")
+    parser.add_argument("--runtime-image", default=None, help="default worker image")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        images = image_map(args.launcher_image, args.runtime_image)
+    except SpecError as e:
+        parser.error(str(e))
+    if images and args.out is None:
+        parser.error("--launcher-image/--runtime-image need --out DIR")
     if args.check:
         stale = stale_files()
         for rel in stale:
@@ -135,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         log.info("compiled files are up to date")
         return 0
-    for rel, path in compile_all(args.out).items():
+    for rel, path in compile_all(args.out, images).items():
         log.info("wrote %s", path if args.out else rel)
     return 0
 

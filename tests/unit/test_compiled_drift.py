@@ -33,6 +33,12 @@ def test_compile_is_deterministic(fresh: dict[str, Path], tmp_path: Path) -> Non
 
 def test_every_expected_file_is_produced(fresh: dict[str, Path]) -> None:
     assert set(fresh) == {
+        "components/kfp_components.py",
+        "components/launch_workload.yaml",
+        "pipelines/compiled/mnnvl-custom.kfp.yaml",
+        "pipelines/compiled/mnnvl-custom.workflowtemplate.yaml",
+        "pipelines/compiled/mnnvl-launch.workflowtemplate.yaml",
+        "pipelines/compiled/mnnvl-verify-only.workflowtemplate.yaml",
         "components/provision_domain.yaml",
         "components/train_sharded.yaml",
         "components/verify_nvlink.yaml",

@@ -1,0 +1,129 @@
+"""The ``mnnvl`` command line: subcommands and their flags (the flags come from the specs)."""
+
+from __future__ import annotations
+
+import argparse
+
+from mnnvl import flags, surface
+from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
+
+DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
+
+
+def _common(p: argparse.ArgumentParser, *, writes_kubeconfig: bool = False) -> None:
+    help_text = (
+        "where to write the simulator's kubeconfig (default: a temporary file)"
+        if writes_kubeconfig
+        else "kubeconfig path (default: in-cluster, $KUBECONFIG)"
+    )
+    p.add_argument("--kubeconfig", default=None, help=help_text)
+    p.add_argument("--result-path", default=None, help="also write the result JSON to this file")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
+
+
+def _domain_flags(p: argparse.ArgumentParser) -> None:
+    flags.add_arguments(p, DomainSpec)
+
+
+def _workload_flags(p: argparse.ArgumentParser, *, step: str | None) -> None:
+    """Workload flags; ``step`` None means the whole run (run id and namespace come first)."""
+    skip = ("run_id", "namespace") if step is None else ()
+    overrides = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step or "", {}).items()}
+    flags.add_arguments(p, WorkloadSpec, skip=skip, defaults=overrides)
+
+
+def _launch_flags(p: argparse.ArgumentParser) -> None:
+    _workload_flags(p, step="launch")
+    flags.add_arguments(p, LaunchSpec)
+    p.add_argument(
+        "--command",
+        dest="as_command",
+        action="store_true",
+        help="the words after -- are a program and its arguments, not a module's arguments",
+    )
+    p.add_argument(
+        "--command-json",
+        default=None,
+        metavar="JSON",
+        help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
+    )
+    p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
+
+
+def _pipeline_check_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pipeline",
+        default=None,
+        choices=sorted(surface.PIPELINES),
+        help="validate this pipeline's parameters first (what its first task does)",
+    )
+    p.add_argument(
+        "--pipeline-parameters",
+        default="{}",
+        metavar="JSON",
+        help="the pipeline's parameters: a JSON object or Argo's {{workflow.parameters.json}}",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mnnvl", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command_name", required=True)
+    p = sub.add_parser("provision", help="create or adopt the run's ComputeDomain")
+    _domain_flags(p)
+    p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
+    _pipeline_check_flags(p)
+    p = sub.add_parser(
+        "launch",
+        help="run your module or command on the domain's nodes",
+        description="mnnvl launch --run-id R --module pkg.train -- --lr 1e-4\n"
+        "mnnvl launch --run-id R --image REG/trainer:1 --command -- python3 train.py --x 1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _launch_flags(p)
+    for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
+        p = sub.add_parser(name, help=f"{name} on the domain's nodes")
+        _workload_flags(p, step=name)
+        flags.add_arguments(p, cfg)
+        p.add_argument("--report-dir", default=None, help="write report files here")
+        if name == "verify":
+            p.add_argument(
+                "--fail-on-fail",
+                action=argparse.BooleanOptionalAction,
+                default=True,
+                help="exit 4 on a FAIL verdict (default: on)",
+            )
+    p = sub.add_parser("teardown", help="delete the run's workload, then its domain")
+    _domain_flags(p)
+    p = sub.add_parser("status", help="show the run's domain, Jobs and pods (read-only)")
+    _domain_flags(p)
+    for name in ("run", "render"):
+        p = sub.add_parser(
+            name,
+            help="provision, verify, train, verify, teardown"
+            if name == "run"
+            else "print every object of a run as YAML",
+        )
+        _domain_flags(p)
+        _workload_flags(p, step=None)
+        flags.add_arguments(p, TrainConfig)
+        flags.add_arguments(p, VerifyConfig)
+        if name == "run":
+            p.add_argument("--report-dir", default=None, help="write report files here")
+            p.add_argument(
+                "--sim", action="store_true", help="run against an embedded simulated cluster"
+            )
+            p.add_argument("--skip-verify", action="store_true", help="train only")
+    p = sub.add_parser("reap", help="delete objects of runs that are gone")
+    p.add_argument("--namespace", default="default", help="namespace to clean up")
+    p.add_argument("--live-run-ids", default=None, help="comma-separated run ids still running")
+    p.add_argument("--older-than-s", type=float, default=0.0, help="only runs older than this, s")
+    p = sub.add_parser("sim", help="the embedded simulated cluster")
+    p.add_argument("action", choices=("up",))
+    p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="simulated GPUs per node")
+    p.add_argument(
+        "--imex-delay-s", type=float, default=0.2, help="simulated IMEX daemon start-up, s"
+    )
+    for name, p in sub.choices.items():
+        _common(p, writes_kubeconfig=name == "sim")
+    return parser
