@@ -79,12 +79,15 @@ def _text(make: Callable[[], str]) -> Callable[[Path], None]:
 
 
 def _retag(node: Any, images: dict[str, str]) -> Any:
-    """Every string equal to a default image, replaced by the user's."""
+    """Every default image in every string (embedded component sources too) -> the user's."""
     if isinstance(node, dict):
         return {k: _retag(v, images) for k, v in node.items()}
     if isinstance(node, list):
         return [_retag(v, images) for v in node]
-    return images.get(node, node) if isinstance(node, str) else node
+    if isinstance(node, str):
+        for default, user in images.items():
+            node = node.replace(default, user)
+    return node
 
 
 def retag_file(path: Path, images: dict[str, str]) -> None:
@@ -145,6 +148,11 @@ def compile_all(root: Path | None = None, images: dict[str, str] | None = None) 
         write(path)
         if images and path.suffix == ".yaml":
             retag_file(path, images)
+        elif images:  # the generated component module: its image defaults are literals
+            text = path.read_text(encoding="utf-8")
+            for default, user in images.items():
+                text = text.replace(repr(default), repr(user))
+            path.write_text(text, encoding="utf-8")
         written[rel] = path
     return written
 

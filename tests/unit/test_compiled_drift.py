@@ -71,3 +71,37 @@ def test_kubernetes_manifests_hold_pipeline_and_version(fresh: dict[str, Path]) 
     ]
     assert docs[1]["spec"]["pipelineName"] == "mnnvl-training"
     assert docs[1]["spec"]["pipelineSpec"]["pipelineInfo"]["name"] == "mnnvl-training"
+
+
+def test_compile_with_user_images_leaves_no_default_image(tmp_path: Path) -> None:
+    import yaml
+    from kfp import components
+
+    from mnnvl.spec import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE
+
+    launcher, runtime = "reg.example.com/team/launcher:1.2", "reg.example.com/team/runtime:1.2"
+    argv = ["--launcher-image", launcher, "--runtime-image", runtime, "--out", str(tmp_path)]
+    assert mc.main(argv) == 0
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) == len(mc.targets())
+    for path in files:
+        text = path.read_text()
+        assert DEFAULT_LAUNCHER_IMAGE not in text and DEFAULT_IMAGE not in text, path
+    ir = yaml.safe_load((tmp_path / "pipelines/compiled/mnnvl-custom.kfp.yaml").read_text())
+    images = {e["container"]["image"] for e in ir["deploymentSpec"]["executors"].values()}
+    assert images == {launcher}
+    assert ir["root"]["inputDefinitions"]["parameters"]["image"]["defaultValue"] == runtime
+    wt = yaml.safe_load(
+        (tmp_path / "pipelines/compiled/mnnvl-training.workflowtemplate.yaml").read_text()
+    )
+    params = {p["name"]: p["value"] for p in wt["spec"]["arguments"]["parameters"]}
+    assert (params["launcher-image"], params["image"]) == (launcher, runtime)
+    loaded = components.load_component_from_file(str(tmp_path / "components/launch_workload.yaml"))
+    assert loaded.component_spec.implementation.container.image == launcher
+
+
+def test_compile_refuses_a_bad_image_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as err:
+        mc.main(["--launcher-image", "Not An Image", "--out", "unused"])
+    assert err.value.code == 2
+    assert "launcher_image" in capsys.readouterr().err
