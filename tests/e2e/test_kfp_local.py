@@ -104,9 +104,7 @@ def test_bad_parameters_fail_in_the_first_task_before_any_object_exists(
     assert sim.request_count > before
 
 
-def test_custom_pipeline_runs_a_user_program_outside_the_package(
-    sim: Any, tmp_path: Path
-) -> None:
+def test_custom_pipeline_runs_a_user_program_outside_the_package(sim: Any, tmp_path: Path) -> None:
     outcome = local_run.run_pipeline(
         _arguments(pipeline="custom"),
         tmp_path,

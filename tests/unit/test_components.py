@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 from pathlib import Path
 from typing import Any
 
