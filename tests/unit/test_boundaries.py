@@ -17,12 +17,14 @@ HEAVY = ("torch", "kfp", "hera", "kubernetes", "pynvml", "matplotlib")
 CASES = {
     # modules: libraries that must NOT be loaded
     "mnnvl.errors mnnvl.spec mnnvl.flags mnnvl.names mnnvl.manifests mnnvl.runtime.nccl": HEAVY,
+    "mnnvl.checks mnnvl.surface mnnvl.cli_parser mnnvl.components.kfp_codegen": HEAVY,
     "mnnvl.runtime.result": HEAVY,
     "mnnvl.sim": HEAVY,
     "mnnvl.report": ("torch", "kfp", "hera", "kubernetes"),
     "mnnvl.driver mnnvl.steps mnnvl.run mnnvl.cli": ("torch", "kfp", "hera", "pynvml"),
     "mnnvl.runtime.train mnnvl.runtime.verify": ("kfp", "hera", "kubernetes"),
     "mnnvl.components.artifacts mnnvl.components": ("torch", "kubernetes"),
+    "mnnvl.components.bodies": ("torch", "kfp", "hera"),
 }
 
 
