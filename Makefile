@@ -12,6 +12,9 @@ TORCH_PIP_ARGS ?=
 SCHEMA_DIR ?= $(or $(MNNVL_SCHEMA_DIR),schemas)
 export MNNVL_SCHEMA_DIR := $(abspath $(SCHEMA_DIR))
 SCHEMA_STAMP := $(SCHEMA_DIR)/nvidia-dra-driver/crds/resource.nvidia.com_computedomains.yaml
+# The newest kubernetes client the driver supports; the main venv has the oldest (kfp's pin).
+K8S_CLIENT_NEWEST ?= kubernetes>=37,<38
+CLIENT_VENV ?= .venv-client-newest
 RUN_ID ?= demo-run
 NAMESPACE ?= default
 NODES ?= 2
@@ -19,7 +22,7 @@ GPUS_PER_NODE ?= 4
 PIPELINE ?= training
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint typecheck compile check-compiled render bench test-gpu schemas clean
+.PHONY: help install run test test-client-newest lint typecheck compile check-compiled render bench test-gpu schemas clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -38,6 +41,19 @@ run: install ## the whole KFP pipeline on the embedded simulated cluster (PIPELI
 
 test: install lint typecheck $(SCHEMA_STAMP) ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
 	$(PY) -m pytest -q
+
+# A second small venv: only the newest kubernetes client (and what it needs) of its own,
+# layered over .venv for everything else (torch, pytest, the package itself).
+$(CLIENT_VENV)/.installed: $(VENV)/.installed
+	$(PYTHON) -m venv $(CLIENT_VENV)
+	$(CLIENT_VENV)/bin/python -m pip install -q "$(K8S_CLIENT_NEWEST)"
+	$(PY) -c 'import site; print("import site; site.addsitedir(" + repr(site.getsitepackages()[0]) + ")")' \
+		> "$$($(CLIENT_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz-base-venv.pth"
+	touch $@
+
+test-client-newest: $(CLIENT_VENV)/.installed $(SCHEMA_STAMP) ## driver and simulator tests with the newest kubernetes client
+	$(CLIENT_VENV)/bin/python -c 'import kubernetes; print("kubernetes client", kubernetes.__version__)'
+	$(CLIENT_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/sim
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check .
@@ -58,6 +74,7 @@ render: install ## print every object a run would create (no cluster needed)
 bench: install ## CPU benchmarks (simulator API requests, concurrency, make run, compile)
 	$(PY) bench/bench_api_requests.py
 	$(PY) bench/bench_concurrent_runs.py
+	$(PY) bench/bench_load.py
 	$(PY) bench/bench_compile.py
 	$(PY) bench/bench_make_run.py
 

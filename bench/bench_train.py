@@ -1,13 +1,25 @@
-"""Benchmark ``python -m mnnvl.runtime.train`` on this machine's GPUs: tokens/s and MFU.
+"""Benchmark ``python -m mnnvl.runtime.train`` on this machine's GPUs: tokens/s, MFU, memory.
 
 Runs torchrun with one process per local GPU on synthetic data, then prints tokens/s,
-tokens/s per GPU, MFU, and MFU as a ratio to the 45 % goal and to torchtitan's published
-33-39 % bf16 anchor (Llama 3.1 8B, FSDP, H100). The last stdout line is one JSON object;
-``--json-out F`` also appends it to F.
+tokens/s per GPU, MFU (and as a ratio to the 45 % goal and to torchtitan's published
+33-39 % bf16 anchor for Llama 3.1 8B on 8 x H100: not like for like, a different model
+size, GPU count and GPU), peak memory and the step time split (forward, backward, optimizer,
+other; each phase includes the communication its stream waited for).
+
+``--variant`` (repeatable) runs several configurations one after the other and prints one
+table: MFU and its change against the first variant, the split, peak memory, and the
+largest relative loss difference against the first variant of the same preset, batch and
+GPU count (same seed and data order, so a lever that changes the math shows up there). A variant is
+``label;key=value;...`` with keys ``preset``, ``batch``, ``seq``, ``compile``, ``ac``
+(0/1), ``nproc`` and ``tuning`` (the ``MNNVL_TRAIN_TUNING`` value, ``,``-separated). Where
+a 1-GPU variant of the same preset and batch ran, exposed communication is estimated as
+the step time difference.
 
     python bench/bench_train.py --preset 1b --batch 4 --seq 2048 --compile --steps 30
+    python bench/bench_train.py --steps 20 --variant "base;preset=1b;batch=8" \
+        --variant "foreach;preset=1b;batch=8;tuning=optim=foreach"
 
-Exit code 0 when the run produced a RESULT line, 1 otherwise.
+Exit code 0 when every run produced a RESULT line, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -32,20 +44,21 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def run_train(args: argparse.Namespace, nproc: int) -> dict[str, Any]:
+def run_train(args: argparse.Namespace, nproc: int, tuning: str = "") -> dict[str, Any]:
     cmd = torchrun_command("mnnvl.runtime.train", [
         "--model", args.preset, "--batch-size", str(args.batch), "--seq-len", str(args.seq),
         "--steps", str(args.steps), "--log-every", str(args.log_every),
         "--warmup-steps", "2", "--compile" if args.compile else "--no-compile",
         "--activation-checkpointing" if args.ac else "--no-activation-checkpointing",
     ], nproc)  # fmt: skip
+    env = dict(os.environ, MNNVL_TRAIN_TUNING=tuning)
     started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=dict(os.environ))
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     wall = time.monotonic() - started
     result = parse_result(proc.stdout)
     if result is None:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-8000:])
-        raise SystemExit(f"no RESULT line (exit code {proc.returncode})")
+        return {"error": f"no RESULT line (exit code {proc.returncode})", "wall_s": round(wall, 1)}
     sys.stderr.write("".join(ln + "\n" for ln in proc.stderr.splitlines() if " step " in ln))
     return {"result": result, "wall_s": round(wall, 1)}
 
@@ -61,19 +74,108 @@ def summarize(args: argparse.Namespace, nproc: int, run: dict[str, Any]) -> dict
         "seq_len": args.seq,
         "compile": args.compile,
         "activation_checkpointing": args.ac,
+        "tuning": res.get("tuning"),
         "steps": args.steps,
         "tokens_per_s": round(res["tokens_per_s"], 1),
         "tokens_per_s_per_gpu": round(res["tokens_per_s_per_gpu"], 1),
         "mfu": None if mfu is None else round(mfu, 4),
         "mfu_vs_goal": None if mfu is None else round(mfu / MFU_GOAL, 3),
-        "mfu_vs_torchtitan": None
+        "mfu_vs_torchtitan_not_like_for_like": None
         if mfu is None
         else [round(mfu / TORCHTITAN_MFU[1], 3), round(mfu / TORCHTITAN_MFU[0], 3)],
         "final_loss": res["final_loss"],
+        "losses": res.get("losses"),
         "peak_mem_gib": round(res["peak_mem_gib"], 2),
+        "step_split_ms": res.get("step_split_ms"),
         "params": res["params"],
         "wall_s": run["wall_s"],
     }
+
+
+def parse_variant(text: str, base: argparse.Namespace) -> tuple[str, argparse.Namespace, str]:
+    label, *items = text.split(";")
+    ns = argparse.Namespace(**vars(base))
+    tuning = ""
+    for item in items:
+        key, _, value = item.partition("=")
+        if key == "tuning":
+            tuning = value
+        elif key in ("preset",):
+            ns.preset = value
+        elif key in ("batch", "seq", "nproc"):
+            setattr(ns, key, int(value))
+        elif key in ("compile", "ac"):
+            setattr(ns, key, value not in ("0", "false", "no"))
+        else:
+            raise SystemExit(f"--variant {text!r}: unknown key {key!r}")
+    return label, ns, tuning
+
+
+def loss_gap(a: list[list[float]] | None, b: list[list[float]] | None) -> float | None:
+    """Largest relative difference of the losses logged at the same steps."""
+    if not a or not b:
+        return None
+    other = {int(s): loss for s, loss in b}
+    gaps = [abs(loss - other[int(s)]) / abs(loss) for s, loss in a if int(s) in other and loss]
+    return round(max(gaps), 5) if gaps else None
+
+
+def _split_text(split: dict[str, Any] | None) -> str:
+    if not split:
+        return "-"
+    return "/".join(f"{split[k]:.0f}" for k in ("forward", "backward", "optimizer", "other"))
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    w = sys.stdout.write
+    w(f"{'variant':<16} {'preset':>6} {'gpus':>4} {'batch':>5} {'MFU':>7} {'dMFU':>7} "
+      f"{'tok/s/GPU':>10} {'peak GiB':>8} {'step ms':>8} {'fwd/bwd/opt/other ms':>22} "
+      f"{'loss gap':>9} {'exposed comm ms':>15}\n")  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            w(f"{r['label']:<16} {r['error']}\n")
+            continue
+        mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        delta = "-" if r.get("dmfu") is None else f"{r['dmfu']:+.1%}"
+        step = (r.get("step_split_ms") or {}).get("step", 0.0)
+        gap = "-" if r.get("loss_gap") is None else f"{r['loss_gap']:.1e}"
+        exposed = "-" if r.get("exposed_comm_ms") is None else f"{r['exposed_comm_ms']:.0f}"
+        split = _split_text(r.get("step_split_ms"))
+        w(f"{r['label']:<16} {r['preset']:>6} {r['gpus']:>4} {r['batch_per_gpu']:>5} {mfu:>7} "
+          f"{delta:>7} {r['tokens_per_s_per_gpu']:>10.0f} {r['peak_mem_gib']:>8.1f} "
+          f"{step:>8.0f} {split:>22} {gap:>9} {exposed:>15}\n")  # fmt: skip
+
+
+def compare(rows: list[dict[str, Any]]) -> None:
+    """dMFU vs the first row, loss gap vs the first row of the same preset and batch, and
+    exposed communication against a 1-GPU row of the same preset and batch."""
+    ok = [r for r in rows if "error" not in r]
+    for r in ok:
+        first = next(o for o in ok if o["preset"] == r["preset"])
+        key = (r["preset"], r["batch_per_gpu"], r["gpus"])  # same data order: same seed, GPUs
+        same = next(o for o in ok if (o["preset"], o["batch_per_gpu"], o["gpus"]) == key)
+        if r["mfu"] is not None and first["mfu"] is not None:
+            r["dmfu"] = round(r["mfu"] - first["mfu"], 4)
+        r["loss_gap"] = loss_gap(same["losses"], r["losses"]) if same is not r else None
+        single = next(
+            (
+                o
+                for o in ok
+                if o["gpus"] == 1
+                and (o["preset"], o["batch_per_gpu"], o["tuning"], o["activation_checkpointing"])
+                == (r["preset"], r["batch_per_gpu"], r["tuning"], r["activation_checkpointing"])
+            ),
+            None,
+        )
+        if (
+            single is not None
+            and r["gpus"] > 1
+            and r.get("step_split_ms")
+            and single.get("step_split_ms")
+        ):
+            r["exposed_comm_ms"] = round(
+                r["step_split_ms"]["step"] - single["step_split_ms"]["step"], 1
+            )
 
 
 def main() -> int:
@@ -86,26 +188,28 @@ def main() -> int:
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--ac", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--nproc", type=int, default=0, help="GPUs to use (0 = all)")
+    parser.add_argument("--variant", action="append", default=[], help="see the docstring")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
-    nproc = args.nproc or _gpu_count()
-    if nproc < 1:
+    args.nproc = args.nproc or _gpu_count()
+    if args.nproc < 1:
         print("no CUDA GPUs found", file=sys.stderr)
         return 1
-    summary = summarize(args, nproc, run_train(args, nproc))
-    mfu = summary["mfu"]
-    print(
-        f"{args.preset} on {nproc} GPU(s): {summary['tokens_per_s']:.0f} tok/s, "
-        f"{summary['tokens_per_s_per_gpu']:.0f} tok/s/GPU, MFU "
-        + ("n/a" if mfu is None else f"{mfu:.1%} ({summary['mfu_vs_goal']:.2f}x the 45% goal)"),
-        file=sys.stderr,
-    )
-    line = json.dumps(summary)
-    if args.json_out:
-        with open(args.json_out, "a") as fh:
-            fh.write(line + "\n")
-    print(line)
-    return 0
+    rows = []
+    for text in args.variant or ["run"]:
+        label, ns, tuning = parse_variant(text, args)
+        run = run_train(ns, ns.nproc, tuning)
+        row = {"label": label, "error": run["error"]} if "error" in run else {
+            "label": label, **summarize(ns, ns.nproc, run)
+        }  # fmt: skip
+        rows.append(row)
+        if args.json_out:
+            with open(args.json_out, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+    compare(rows)
+    print_table(rows)
+    print(json.dumps([{k: v for k, v in r.items() if k != "losses"} for r in rows]))
+    return 0 if all("error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":

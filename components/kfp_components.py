@@ -181,6 +181,7 @@ def verify_nvlink(
     efficiency: float = 0.62,
     judge_min_bytes: int = 1073741824,
     cuda_graphs: bool = True,
+    allow_unjudged: bool = False,
 ):
     """Check NVLink/IMEX health and all-reduce bus bandwidth across the run's nodes; the
     metrics and report are written before a FAIL verdict fails the task.
@@ -222,6 +223,8 @@ def verify_nvlink(
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         judge_min_bytes: sizes from this one up are judged against the threshold.
         cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
+        allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
+            success.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -354,6 +357,7 @@ def provision_training(
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
     verify_cuda_graphs: bool = True,
+    allow_unjudged: bool = False,
     train_timeout_s: float = 7200.0,
     model: str = '1b',
     steps: int = 100,
@@ -412,6 +416,8 @@ def provision_training(
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
+        allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
+            success.
         train_timeout_s: deadline for the Job to complete, s (activeDeadline).
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
@@ -476,6 +482,7 @@ def provision_verify_only(
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
     verify_cuda_graphs: bool = True,
+    allow_unjudged: bool = False,
     delete_timeout_s: float = 300.0,
 ) -> str:
     """First task of mnnvl-verify-only: validate every pipeline parameter, then provision
@@ -516,6 +523,8 @@ def provision_verify_only(
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
+        allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
+            success.
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
 
     Returns:
@@ -562,6 +571,7 @@ def provision_custom(
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
     verify_cuda_graphs: bool = True,
+    allow_unjudged: bool = False,
     launch_timeout_s: float = 7200.0,
     module: str = '',
     command: List[str] = [],
@@ -605,6 +615,8 @@ def provision_custom(
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
+        allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
+            success.
         launch_timeout_s: deadline for the Job to complete, s (activeDeadline).
         module: Python module to run under torchrun; '' = run `command` as it is.
         command: with a module: its arguments; without: the program and its arguments (a list).

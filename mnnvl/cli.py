@@ -238,6 +238,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     specs.check_range("nodes", ns.nodes, 1, 1024, integer=True)
     specs.check_range("gpus_per_node", ns.gpus_per_node, 0, specs.MAX_GPUS_PER_NODE, integer=True)
     specs.check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
+    specs.check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
     from mnnvl.sim import serve
 
     # The simulator announces itself on stdout; stdout is reserved for our one result line.
@@ -247,8 +248,14 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             gpus_per_node=ns.gpus_per_node,
             kubeconfig_path=ns.kubeconfig,
             imex_delay_s=ns.imex_delay_s,
+            cliques=ns.cliques,
         )
-    return {"kubeconfig": served, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node}
+    return {
+        "kubeconfig": served,
+        "nodes": ns.nodes,
+        "gpus_per_node": ns.gpus_per_node,
+        "cliques": ns.cliques,
+    }
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

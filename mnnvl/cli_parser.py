@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from mnnvl import flags, surface
+from mnnvl import __version__, flags, surface
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
@@ -67,6 +67,7 @@ def _pipeline_check_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnnvl", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command_name", required=True)
     p = sub.add_parser("provision", help="create or adopt the run's ComputeDomain")
     _domain_flags(p)
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=("up",))
     p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
     p.add_argument("--gpus-per-node", type=int, default=0, help="simulated GPUs per node")
+    p.add_argument(
+        "--cliques", type=int, default=1, help="NVLink cliques (nvidia.com/gpu.clique values)"
+    )
     p.add_argument(
         "--imex-delay-s", type=float, default=0.2, help="simulated IMEX daemon start-up, s"
     )

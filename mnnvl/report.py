@@ -58,12 +58,22 @@ def _threshold_line(result: dict[str, Any]) -> str:
     return f"threshold: {threshold:.1f} GB/s ({source})"
 
 
+def nccl_line(result: dict[str, Any]) -> str:
+    """Which NCCL carried the measured communicator, and over which transport."""
+    nccl = result.get("nccl") or {}
+    if result.get("backend") == "gloo":
+        return "transport: gloo on CPU (no NCCL, no NVLink)"
+    version = nccl.get("version") or "unknown"
+    return f"transport: NCCL {version} over {nccl.get('transport') or 'unknown'}"
+
+
 def verify_table(result: dict[str, Any]) -> str:
     """A plain-text table of the sweep and the verdict, for terminals and logs."""
     rows = [_SIZE_HEADER, *_size_rows(result)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_SIZE_HEADER))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    lines[:0] = [f"verdict: {result.get('verdict')} · {nccl_line(result)}", ""]
     lines += [
         "",
         _threshold_line(result),
@@ -87,6 +97,7 @@ def verify_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# NVLink verification: {result.get('verdict')}",
         "",
+        f"- {nccl_line(result)}",
         f"- world size {result.get('world_size')}, backend {result.get('backend')}, "
         f"wall {_fmt(result.get('wall_s'))} s",
         f"- {_threshold_line(result)}",

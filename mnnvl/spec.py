@@ -293,7 +293,8 @@ class VerifyConfig:
 
     Sizes of 0 mean "pick for the device": 1 MiB..4 GiB on GPUs, 1 KiB..1 MiB on CPU.
     ``min_busbw_gbps`` of 0 means "derive the threshold from the detected topology"
-    (active links x per-link speed x ``efficiency``).
+    (active links x per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
+    NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.
     """
 
     min_bytes: int = opt(0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU")
@@ -304,6 +305,9 @@ class VerifyConfig:
     efficiency: float = opt(0.62, "fraction of the NVLink limit a derived threshold asks for")
     judge_min_bytes: int = opt(1 << 30, "sizes from this one up are judged against the threshold")
     cuda_graphs: bool = opt(True, "also time small sizes as CUDA graphs and direct NCCL calls")
+    allow_unjudged: bool = opt(
+        False, "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success"
+    )
     output_dir: str = opt(
         "",
         "write verify.json/.md/.html and busbw.png here (rank 0)",

@@ -258,6 +258,11 @@ def train(
     )
 
 
+def verdict_accepted(verdict: str, allow_unjudged: bool) -> bool:
+    """PASS always; NOT_JUDGED (no threshold could be applied) only where the caller allowed it."""
+    return verdict == "PASS" or (verdict == "NOT_JUDGED" and allow_unjudged)
+
+
 def verify(
     workload: WorkloadSpec,
     config: VerifyConfig,
@@ -266,7 +271,11 @@ def verify(
     report_dir: str | None = None,
     fail_on_fail: bool = True,
 ) -> VerifyResult:
-    """NVLink/NCCL verification on the domain's nodes; raises ``VerificationFailed`` on FAIL."""
+    """NVLink/NCCL verification on the domain's nodes.
+
+    Raises ``VerificationFailed`` (when ``fail_on_fail``) on FAIL, and on NOT_JUDGED unless
+    ``config.allow_unjudged``: a verification that judged no bandwidth is no PASS.
+    """
     start = time.monotonic()
     verify_workload = step_workload(workload, "verify")
     try:
@@ -297,20 +306,24 @@ def verify(
         raw=raw,
         elapsed_s=_since(start),
     )
+    nccl = raw.get("nccl") or {}
     logger.info(
-        "verify %s: %s (judged busbw %s GB/s, threshold %s GB/s)",
+        "verify %s: %s (judged busbw %s GB/s, threshold %s GB/s; NCCL %s over %s)",
         launched.job,
         result.verdict,
         result.judged_busbw_gbps,
         result.threshold_gbps,
+        nccl.get("version"),
+        nccl.get("transport"),
     )
-    if result.verdict != "PASS" and fail_on_fail:
+    if fail_on_fail and not verdict_accepted(result.verdict, config.allow_unjudged):
         raise VerificationFailed(
             f"verification {result.verdict} (Job {launched.job}): judged busbw "
             f"{result.judged_busbw_gbps} GB/s vs threshold {result.threshold_gbps} GB/s "
             f"({raw.get('threshold_source')}), peak {result.peak_busbw_gbps} GB/s, "
             f"world size {raw.get('world_size')}, backend {raw.get('backend')}; reasons: "
             f"{'; '.join(raw.get('reasons') or []) or 'none given'}"
+            + ("; pass --allow-unjudged to accept it" if result.verdict == "NOT_JUDGED" else "")
             + (f"; report: {files.get('markdown')}" if files else "")
         )
     return result

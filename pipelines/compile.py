@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -157,6 +158,18 @@ def compile_all(root: Path | None = None, images: dict[str, str] | None = None) 
     return written
 
 
+def refresh_component_module() -> bool:
+    """Write the generated component module when its declarations changed; True if written."""
+    from mnnvl.components import kfp_codegen
+
+    path = COMPONENTS_DIR / "kfp_components.py"
+    text = kfp_codegen.render_module()
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return False
+    path.write_text(text, encoding="utf-8")
+    return True
+
+
 def image_map(launcher_image: str | None, runtime_image: str | None) -> dict[str, str]:
     """Default image -> user image, for the images given (each checked as a reference)."""
     images: dict[str, str] = {}
@@ -204,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         log.info("compiled files are up to date")
         return 0
+    if args.out is None and refresh_component_module():
+        # The pipelines import the component module: compile again in a fresh interpreter.
+        log.info("wrote components/kfp_components.py; compiling with it")
+        return subprocess.call([sys.executable, "-m", "mnnvl.pipelines.compile"])
     for rel, path in compile_all(args.out, images).items():
         log.info("wrote %s", path if args.out else rel)
     return 0

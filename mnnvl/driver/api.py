@@ -23,6 +23,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
+from kubernetes.dynamic import DynamicClient
 
 from mnnvl.driver.errors import (
     AlreadyExists,
@@ -60,11 +61,6 @@ class Kind:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    @property
-    def custom(self) -> bool:
-        """Served by a CRD (goes through ``CustomObjectsApi``)."""
-        return self.group.endswith("nvidia.com")
-
     def path(self, namespace: str, name: str = "", sub: str = "") -> str:
         root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         path = f"{root}/namespaces/{namespace}/{self.plural}"
@@ -82,7 +78,6 @@ COMPUTE_DOMAIN = Kind("ComputeDomain", "resource.nvidia.com", "v1beta1", "comput
 RESOURCE_CLAIM_TEMPLATE = Kind(
     "ResourceClaimTemplate", "resource.k8s.io", "v1", "resourceclaimtemplates"
 )
-RESOURCE_CLAIM = Kind("ResourceClaim", "resource.k8s.io", "v1", "resourceclaims")
 JOB = Kind("Job", "batch", "v1", "jobs")
 POD = Kind("Pod", "", "v1", "pods")
 SERVICE = Kind("Service", "", "v1", "services")
@@ -133,11 +128,9 @@ class Api:
 
     def __init__(self, api_client: client.ApiClient) -> None:
         self.client = api_client
-        self.core = client.CoreV1Api(api_client)
-        self.batch = client.BatchV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
-        self.apiext = client.ApiextensionsV1Api(api_client)
-        self.resource = self  # resource.k8s.io/v1 goes through the generic calls below
+        # Paths are built here, so the discovery a DynamicClient would do (extra requests
+        # and a cache file under /tmp) is skipped.
+        self._dynamic = DynamicClient(api_client, discoverer=_NoDiscovery)
         self.host = api_client.configuration.host
 
     @classmethod
@@ -184,48 +177,40 @@ class Api:
             time.sleep(delay)
         raise AssertionError("unreachable")
 
-    # ---- generic dict calls ---------------------------------------------------------
+    # ---- the one request path ---------------------------------------------------------
 
-    def _raw(self, method: str, kind: Kind, namespace: str, name: str = "", **kw: Any) -> Any:
-        """One HTTP request; returns the urllib3 response (body not yet read)."""
-        query = [(k, v) for k, v in kw.pop("query", {}).items() if v is not None]
-        timeout = kw.pop("timeout", (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S))
-        body = kw.pop("body", None)
-        if kind.custom:
-            return self._raw_custom(method, kind, namespace, name, query, body, timeout)
-        resp, _, _ = self.client.call_api(
-            kind.path(namespace, name, kw.pop("sub", "")),
-            method,
-            query_params=query,
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout,
-        )
-        return resp
-
-    def _raw_custom(
+    def _raw(
         self,
         method: str,
         kind: Kind,
         namespace: str,
-        name: str,
-        query: list[tuple[str, Any]],
-        body: Any,
-        timeout: Any,
+        name: str = "",
+        *,
+        sub: str = "",
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        timeout: Any = (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
     ) -> Any:
-        coords = (kind.group, kind.version, namespace, kind.plural)
-        opts = {"_preload_content": False, "_request_timeout": timeout, **_snake(query)}
-        if method == "GET" and name:
-            return self.custom.get_namespaced_custom_object(*coords, name, **opts)
-        if method == "GET":
-            return self.custom.list_namespaced_custom_object(*coords, **opts)
-        if method == "POST":
-            return self.custom.create_namespaced_custom_object(*coords, body, **opts)
-        if method == "DELETE":
-            return self.custom.delete_namespaced_custom_object(*coords, name, body=body, **opts)
-        raise ValueError(f"unsupported method {method} for {kind.plural}")
+        """One HTTP request; returns the urllib3 response (body not yet read).
+
+        Every resource, built-in or custom, goes through here by its REST path.
+        ``DynamicClient.request`` is the client's generic call on every release from 30
+        to 37 (``ApiClient.call_api`` changed its signature in 36 and 37); it adds the
+        bearer token, sends the body as JSON and raises an ``ApiException`` subclass on
+        non-2xx. ``serialize=False`` keeps the raw response: bodies stay plain dicts and
+        watches and followed logs can be streamed.
+        """
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        return self._dynamic.request(
+            method,
+            kind.path(namespace, name, sub),
+            body=body,
+            query_params=params,
+            header_params={"Accept": "application/json"},
+            content_type="application/json",
+            serialize=False,
+            _request_timeout=timeout,
+        )
 
     def _json(
         self, method: str, kind: Kind, namespace: str, name: str = "", *, about: str = "", **kw: Any
@@ -320,11 +305,13 @@ class Api:
     def pod_log(self, namespace: str, pod: str, *, container: str = "worker") -> str:
         """The whole log of one container (empty when the pod has no log yet)."""
         resp = self.call(
-            self.core.read_namespaced_pod_log,
-            pod,
+            self._raw,
+            "GET",
+            POD,
             namespace,
-            container=container,
-            _preload_content=False,
+            pod,
+            sub="log",
+            query={"container": container},
             what=f"pods/log {namespace}/{pod}",
             verb="get",
         )
@@ -336,33 +323,25 @@ class Api:
     def follow_log(self, namespace: str, pod: str, *, container: str = "worker") -> Iterator[str]:
         """Lines of one container's log as they are written, until the container ends."""
         resp = self.call(
-            self.core.read_namespaced_pod_log,
-            pod,
+            self._raw,
+            "GET",
+            POD,
             namespace,
-            container=container,
-            follow=True,
-            _preload_content=False,
-            _request_timeout=(CONNECT_TIMEOUT_S, None),
+            pod,
+            sub="log",
+            query={"container": container, "follow": "true"},
+            timeout=(CONNECT_TIMEOUT_S, None),
             what=f"pods/log {namespace}/{pod}",
             verb="follow",
         )
         yield from log_lines(resp)
 
 
-def _snake(query: list[tuple[str, Any]]) -> dict[str, Any]:
-    mapping = {
-        "labelSelector": "label_selector",
-        "fieldSelector": "field_selector",
-        "resourceVersion": "resource_version",
-        "timeoutSeconds": "timeout_seconds",
-        "allowWatchBookmarks": "allow_watch_bookmarks",
-        "watch": "watch",
-    }
-    out: dict[str, Any] = {}
-    for k, v in query:
-        key = mapping[k]
-        out[key] = v == "true" if key in ("watch", "allow_watch_bookmarks") else v
-    return out
+class _NoDiscovery:
+    """A ``DynamicClient`` discoverer that discovers nothing: the driver knows its paths."""
+
+    def __init__(self, client: Any, cache_file: Any = None) -> None:
+        del client, cache_file
 
 
 def create_or_adopt(api: Api, kind: Kind, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:

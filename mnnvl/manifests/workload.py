@@ -108,6 +108,8 @@ def pod_env(workload: WorkloadSpec) -> list[dict[str, Any]]:
         "NPROC_PER_NODE": str(workload.procs_per_node),
         "WORLD_SIZE": str(workload.world_size),
         "MNNVL_RUN_ID": workload.run_id,
+        # The worker fails naming its pod when it asked for GPUs and sees none.
+        "MNNVL_GPUS_PER_NODE": str(workload.gpus_per_node),
     }
     profile_env = nccl.pod_env(workload.nccl_profile)
     required = nccl.get_profile(workload.nccl_profile).required

@@ -7,17 +7,24 @@ time is the median loop's mean, taken across ranks as the slowest rank's (a coll
 is only as fast as its slowest member).
 
 On CUDA each loop is timed with CUDA events around ``k`` calls issued straight on the
-process group. Below ~150 µs per call the same loop is also timed as one captured CUDA graph
-(like ``all_reduce_perf -G``) and through a second communicator driven by NCCL's C API
-(``nccl_direct``, like nccl-tests), and the fastest counts: at 1 MiB torch's own per-call
-host work (~9 µs on 2 x H200, torch 2.11 + NCCL 2.28) exceeds what the GPUs need, and
-graph-captured torch collectives keep their cross-stream events, so only the direct path
-shows the fabric's small-message latency. On CPU (gloo) the loop is timed with
-``time.perf_counter``.
+process group. Below ~150 µs per call the same loop is also timed through a second
+communicator driven by NCCL's C API (``nccl_direct``, like nccl-tests), or, where that is
+unavailable, as one captured CUDA graph (like ``all_reduce_perf -G``), and the fastest
+counts: at 1 MiB torch's own per-call host work (~9 µs on 2 x H200, torch 2.11 + NCCL 2.28)
+exceeds what the GPUs need, so only the direct path shows the fabric's small-message
+latency. On CPU (gloo) the loop is timed with ``time.perf_counter``.
 
-Every size is checked once before timing: rank ``r`` fills even elements with ``r + 1`` and
-odd ones with ``r + 2``; the sum must be exact (small integers are exact in float32).
-One buffer of the largest size is allocated; smaller sizes are views of it.
+Adaptive iteration counts: unless ``iters`` is given, each size runs at least
+``min_reps`` loops and stops as soon as the 95 % confidence interval of the mean loop time
+is within ``rel_ci`` of the mean (at most ``reps`` loops); large sizes, which are steady,
+stop after the minimum. The whole sweep warms up once at the largest size (like
+nccl-tests); each size adds one warm-up call from 64 MiB up and five below.
+
+Every size is checked once before timing, on every path that is timed: rank ``r`` fills
+even elements with ``r + 1`` and odd ones with ``r + 2``; the sum must be exact (small
+integers are exact in float32). A path that returns a wrong sum is not timed and marks
+the size incorrect, so a fast wrong path never wins. One buffer of the largest size is
+allocated; smaller sizes are views of it.
 """
 
 from __future__ import annotations
@@ -43,15 +50,23 @@ MAX_LOOP = 2000  # all-reduce calls in one loop (graph size bound)
 GRAPH_BELOW_S = 150e-6
 
 
+# From this size up a size needs only one warm-up call (the sweep's first warm-up at the
+# largest size already brought clocks and NCCL buffers to their steady state).
+LARGE_BYTES = 64 << 20
+T95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}
+
+
 @dataclass(frozen=True)
 class SweepPlan:
     sizes: list[int]
-    warmup_iters: int = 0  # 0 = auto
-    iters: int = 0  # 0 = auto: enough calls for ``target_s`` of timed work per size
-    reps: int = 5
-    target_s: float = 0.08
+    warmup_iters: int = 0  # 0 = auto (see the module docstring)
+    iters: int = 0  # 0 = adaptive: loops until the mean is known within ``rel_ci``
+    reps: int = 5  # most loops per size (exactly this many when ``iters`` is given)
+    target_s: float = 0.08  # timed work per size at most (``reps`` loops)
     cuda_graphs: bool = True
     direct_nccl: bool = True
+    min_reps: int = 3
+    rel_ci: float = 0.01
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -72,13 +87,40 @@ def bus_factor(world_size: int) -> float:
 
 
 def loop_shape(plan: SweepPlan, est_s: float) -> tuple[int, int]:
-    """(calls per loop, loops) for one size, given an estimate of one call's time."""
+    """(calls per loop, most loops) for one size, given an estimate of one call's time."""
     reps = max(1, plan.reps)
     if plan.iters:
         reps = min(reps, plan.iters)
         return max(1, plan.iters // reps), reps
     calls = plan.target_s / max(est_s, 1e-7) / reps
     return int(min(MAX_LOOP, max(1, calls))), reps
+
+
+def ci_tight(samples: list[float], rel_ci: float) -> bool:
+    """True when the 95 % confidence half-width of the samples' mean is <= rel_ci x mean."""
+    n = len(samples)
+    if n < 2:
+        return False
+    mean = statistics.fmean(samples)
+    half = T95.get(n, 2.0) * statistics.stdev(samples) / n**0.5
+    return mean > 0 and half <= rel_ci * mean
+
+
+def adaptive_median(run_loop: Callable[[], float], plan: SweepPlan, loops: int) -> float:
+    """Median of per-loop times: ``loops`` of them when ``iters`` is fixed, else as few as
+    the confidence interval allows (at least ``min_reps``, at most ``loops``)."""
+    samples: list[float] = []
+    for _ in range(loops):
+        samples.append(run_loop())
+        if not plan.iters and len(samples) >= plan.min_reps and ci_tight(samples, plan.rel_ci):
+            break
+    return statistics.median(samples)
+
+
+def warmup_calls(plan: SweepPlan, size: int) -> int:
+    if plan.warmup_iters:
+        return plan.warmup_iters
+    return 1 if size >= LARGE_BYTES else 5
 
 
 def fill_pattern(view: torch.Tensor, rank: int) -> None:
@@ -94,40 +136,61 @@ def pattern_ok(view: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.logical_and(even, odd)
 
 
-def run_sweep(plan: SweepPlan, device: torch.device) -> list[dict[str, Any]]:
-    """Run the sweep on the default process group; every rank returns the same rows."""
+def run_sweep(
+    plan: SweepPlan, device: torch.device, timings: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """Run the sweep on the default process group; every rank returns the same rows.
+
+    ``timings`` (when given) receives the seconds of the first warm-up and of setting up
+    the direct NCCL communicator; each row has its own ``wall_ms``.
+    """
+    timings = {} if timings is None else timings
     rank, world = dist.get_rank(), dist.get_world_size()
     buf = torch.empty(max(plan.sizes) // ELEMENT_BYTES, dtype=torch.float32, device=device)
     times: list[float] = []
     checks: list[torch.Tensor] = []
+    paths: list[str] = []
+    walls: list[float] = []
+    t0 = time.perf_counter()
     # Like nccl-tests, warm up at the largest size first: clocks, NCCL buffers and
     # connections are then in their steady state when the small sizes are timed.
     for _ in range(plan.warmup_iters or 5):
         dist.all_reduce(buf)
+    _sync(device)
+    timings["warmup"] = round(time.perf_counter() - t0, 3)
+    t0 = time.perf_counter()
     direct = _direct_comm(plan, device)
+    timings["direct_init"] = round(time.perf_counter() - t0, 3)
     try:
         for size in plan.sizes:
+            t0 = time.perf_counter()
             view = buf[: size // ELEMENT_BYTES]
             fill_pattern(view, rank)
             dist.all_reduce(view)
-            checks.append(pattern_ok(view, world))
+            ok = pattern_ok(view, world)
             if device.type == "cuda":
-                times.append(_time_cuda(view, plan, direct))
+                seconds, path, path_ok = _time_cuda(view, plan, direct)
+                ok = torch.logical_and(ok, torch.tensor(path_ok, device=device))
             else:
-                times.append(_time_cpu(view, plan))
-            logger.debug("all_reduce %d bytes: %.2f us", size, times[-1] * 1e6)
+                seconds, path = _time_cpu(view, plan), "eager"
+            times.append(seconds)
+            checks.append(ok)
+            paths.append(path)
+            walls.append(time.perf_counter() - t0)
+            logger.debug("all_reduce %d bytes: %.2f us (%s)", size, seconds * 1e6, path)
     finally:
         if direct is not None:
             direct.close()
     # The slowest rank's time per size, and correct only where every rank saw the exact sum.
     summary = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(summary, op=dist.ReduceOp.MAX)
-    ok = torch.stack(checks).to(torch.int32)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    ok_all = torch.stack(checks).to(torch.int32)
+    dist.all_reduce(ok_all, op=dist.ReduceOp.MIN)
     del buf
     factor = bus_factor(world)
     rows = []
-    for size, t, good in zip(plan.sizes, summary.tolist(), ok.tolist(), strict=True):
+    table = zip(plan.sizes, summary.tolist(), ok_all.tolist(), strict=True)
+    for i, (size, t, good) in enumerate(table):
         algbw = size / t / 1e9 if t > 0 else 0.0
         rows.append(
             {
@@ -136,9 +199,16 @@ def run_sweep(plan: SweepPlan, device: torch.device) -> list[dict[str, Any]]:
                 "algbw_gbps": _sig(algbw),
                 "busbw_gbps": _sig(algbw * factor),
                 "correct": bool(good),
+                "path": paths[i],
+                "wall_ms": round(walls[i] * 1e3, 2),
             }
         )
     return rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _sig(value: float) -> float:
@@ -153,10 +223,6 @@ def _agreed(seconds: float, device: torch.device) -> float:
     return float(est.item())
 
 
-def _median_loop(loops: int, calls: int, run_loop: Callable[[], float]) -> float:
-    return statistics.median(run_loop() / calls for _ in range(loops))
-
-
 def _time_cpu(view: torch.Tensor, plan: SweepPlan) -> float:
     for _ in range(plan.warmup_iters or 2):
         dist.all_reduce(view)
@@ -168,9 +234,11 @@ def _time_cpu(view: torch.Tensor, plan: SweepPlan) -> float:
         t0 = time.perf_counter()
         for _ in range(calls):
             dist.all_reduce(view)
-        return time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        # Every rank must stop after the same loop: agree on the slowest rank's time.
+        return _agreed(elapsed, view.device) / calls
 
-    return _median_loop(loops, calls, loop)
+    return adaptive_median(loop, plan, loops)
 
 
 def _direct_comm(plan: SweepPlan, device: torch.device) -> DirectComm | None:
@@ -179,39 +247,68 @@ def _direct_comm(plan: SweepPlan, device: torch.device) -> DirectComm | None:
     return DirectComm.create(device)
 
 
-def _time_cuda(view: torch.Tensor, plan: SweepPlan, direct: DirectComm | None = None) -> float:
-    for _ in range(plan.warmup_iters or 5):
+def _time_cuda(
+    view: torch.Tensor, plan: SweepPlan, direct: DirectComm | None = None
+) -> tuple[float, str, bool]:
+    """(seconds per call on the fastest correct path, that path, every path correct)."""
+    for _ in range(warmup_calls(plan, view.numel() * ELEMENT_BYTES)):
         dist.all_reduce(view)
     probe = 3
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     _eager(view, probe)()
     end.record()
-    end.synchronize()  # the only host syncs per size (here and below) size the timed loop
+    end.synchronize()
     est = _agreed(start.elapsed_time(end) / 1e3 / probe, view.device)
     calls, loops = loop_shape(plan, est)
-    launchers = [_eager(view, calls)]
+    launchers = {"eager": _eager(view, calls)}
+    all_ok = True
     if plan.cuda_graphs and est < GRAPH_BELOW_S:
-        launchers.append(_capture(view, calls))
         if direct is not None:
-            launchers.append(direct.launcher(view, calls))
-    # Both ways are timed where graphs may help and the faster one counts: which one wins
-    # depends on the torch/NCCL pair (graph-captured NCCL adds per-call host nodes).
-    return min(_time_launcher(launch, calls, loops) for launch in launchers)
+            # Checked once before it is timed: a fast wrong path must never win.
+            if path_correct(view, direct.launcher(view, 1)):
+                launchers["direct"] = direct.launcher(view, calls)
+            else:
+                all_ok = False
+                logger.error("direct NCCL all_reduce of %d bytes: wrong sum", view.numel() * 4)
+        else:
+            # Graph-captured torch collectives lose to the direct path everywhere measured
+            # (they keep per-call cross-stream events); they are the fallback without it.
+            launchers["graph"] = _capture(view, calls)
+    timed = {
+        name: _time_launcher(launch, calls, loops, plan, view.device)
+        for name, launch in launchers.items()
+    }
+    best = min(timed, key=lambda name: timed[name])
+    return timed[best], best, all_ok
 
 
-def _time_launcher(launch: Callable[[], None], calls: int, loops: int) -> float:
+def path_correct(view: torch.Tensor, launch_once: Callable[[], None]) -> bool:
+    """Run one all-reduce of the check pattern through ``launch_once``; True when every rank
+    got the exact sum (agreed over the default group, so all ranks take the same branch)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    fill_pattern(view, rank)
+    launch_once()
+    ok = pattern_ok(view, world).to(torch.int32).reshape(1)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item())
+
+
+def _time_launcher(
+    launch: Callable[[], None], calls: int, loops: int, plan: SweepPlan, device: torch.device
+) -> float:
     launch()  # the first replay uploads a graph; keep it out of the timings
-    pairs = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(loops)
-    ]
-    for a, b in pairs:
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def loop() -> float:
         a.record()
         launch()
         b.record()
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(b) / 1e3 / calls for a, b in pairs)
+        b.synchronize()
+        # Every rank must stop after the same loop: agree on the slowest rank's time.
+        return _agreed(a.elapsed_time(b) / 1e3 / calls, device)
+
+    return adaptive_median(loop, plan, loops)
 
 
 def _eager(view: torch.Tensor, calls: int) -> Callable[[], None]:

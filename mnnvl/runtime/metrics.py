@@ -11,6 +11,7 @@ import logging
 import resource
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -109,3 +110,58 @@ class Throughput:
         if self.marks == 1:
             return self.first_tokens / max(self.t_first - self.t_start, 1e-9)
         return 0.0
+
+
+class StepSplit:
+    """Where a training step's time goes: forward, backward, optimizer.
+
+    CUDA events on the compute stream (no host sync here; ``collect`` reads them after the
+    trainer's own sync), the host clock on CPU. A phase's time includes the communication
+    the compute stream had to wait for; ``other`` is the rest of the measured step time
+    (host work, data). Steps before ``skip_until`` (compilation, warm-up) are left out.
+    """
+
+    PHASES = ("forward", "backward", "optimizer")
+
+    def __init__(self, device: torch.device, skip_until: int = 3) -> None:
+        self.cuda = device.type == "cuda"
+        self.skip_until = skip_until
+        self.pending: list[list[Any]] = []
+        self.totals = dict.fromkeys(self.PHASES, 0.0)
+        self.steps = 0
+        self.current: list[Any] | None = None
+
+    def _now(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def begin(self, step: int) -> None:
+        self.current = [self._now()] if step >= self.skip_until else None
+        if self.current is not None:
+            self.pending.append(self.current)
+
+    def mark(self, phase: str) -> None:
+        if self.current is not None:
+            self.current.append(self._now())
+
+    def collect(self) -> None:
+        for marks in self.pending:
+            if len(marks) != len(self.PHASES) + 1:
+                continue
+            for name, a, b in zip(self.PHASES, marks, marks[1:], strict=False):
+                self.totals[name] += a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+            self.steps += 1
+        self.pending.clear()
+
+    def summary(self, step_ms: float) -> dict[str, float] | None:
+        """Mean ms per step by phase, with ``step`` (from the throughput) and ``other``."""
+        if not self.steps:
+            return None
+        out = {name: round(total / self.steps, 2) for name, total in self.totals.items()}
+        out["step"] = round(step_ms, 2)
+        out["other"] = round(max(0.0, step_ms - sum(out[n] for n in self.PHASES)), 2)
+        out["steps_measured"] = self.steps
+        return out

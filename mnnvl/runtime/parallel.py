@@ -2,6 +2,14 @@
 
 Order follows torchtitan: activation checkpointing, then ``torch.compile`` per block, then
 ``fully_shard`` per block, then the root. FSDP1 is not used.
+
+Performance levers measured in ``bench/bench_train.py`` are read from
+``MNNVL_TRAIN_TUNING`` (comma-separated ``key=value``; empty = the defaults below):
+``ac=every2`` checkpoints every second block only (selective activation checkpointing,
+needs ``--activation-checkpointing``), ``reshard=0`` keeps every block's weights gathered
+between forward and backward (more memory, one all-gather less per block),
+``prefetch=N`` prefetches the next N blocks' all-gathers explicitly in forward and backward,
+``optim=foreach`` uses the foreach AdamW instead of the fused one.
 """
 
 from __future__ import annotations
@@ -17,10 +25,25 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from mnnvl.runtime import nccl
+from mnnvl.errors import SpecError, WorkloadFailed
+from mnnvl.runtime import devices, nccl
 from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 
 logger = logging.getLogger(__name__)
+TUNING_ENV = "MNNVL_TRAIN_TUNING"
+TUNING_DEFAULTS = {"ac": "all", "reshard": "1", "prefetch": "0", "optim": "fused"}
+
+
+def tuning(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The levers of ``MNNVL_TRAIN_TUNING`` over their defaults; unknown keys are bad input."""
+    text = (os.environ if environ is None else environ).get(TUNING_ENV, "")
+    found = dict(TUNING_DEFAULTS)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        if key not in TUNING_DEFAULTS or not value:
+            raise SpecError(TUNING_ENV, f"{item!r}: use {', '.join(TUNING_DEFAULTS)} as key=value")
+        found[key] = value
+    return found
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +87,11 @@ def init_distributed() -> DistInfo:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    use_cuda = torch.cuda.is_available()
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    problem = devices.missing_gpus_problem(visible)
+    if problem:
+        raise WorkloadFailed(problem)
+    use_cuda = visible > 0
     profile = os.environ.get(nccl.PROFILE_ENV, "production")
     nccl.apply_profile(profile, fabric_present=use_cuda and fabric_present(local_rank))
     if use_cuda:
@@ -78,11 +105,13 @@ def init_distributed() -> DistInfo:
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
 
-def apply_activation_checkpointing(model: Transformer) -> None:
+def apply_activation_checkpointing(model: Transformer, every: int = 1) -> None:
+    """Recompute the activations of every ``every``-th block (1 = all blocks)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    for name, block in list(model.layers.items()):
-        model.layers.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
+    for i, (name, block) in enumerate(list(model.layers.items())):
+        if i % every == 0:
+            model.layers.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
 def apply_compile(model: Transformer) -> None:
@@ -92,15 +121,31 @@ def apply_compile(model: Transformer) -> None:
         model.layers.register_module(name, compiled)
 
 
-def apply_fsdp(model: Transformer, *, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
+def apply_fsdp(
+    model: Transformer,
+    *,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    reshard: bool = True,
+    prefetch: int = 0,
+) -> None:
     """Shard each block, then the root (embeddings, final norm, head)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
         # The last block's weights are needed again first in backward: keep them gathered.
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+        last = i == len(blocks) - 1
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and not last)
     # The root holds the head, used last in forward and first in backward.
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+    if prefetch > 0:
+        for i, block in enumerate(blocks):
+            ahead = blocks[i + 1 : i + 1 + prefetch]
+            behind = blocks[max(0, i - prefetch) : i][::-1]
+            if ahead:
+                block.set_modules_to_forward_prefetch(ahead)  # type: ignore[operator]
+            if behind:
+                block.set_modules_to_backward_prefetch(behind)  # type: ignore[operator]
 
 
 def build_sharded_model(
@@ -113,23 +158,31 @@ def build_sharded_model(
 ) -> Transformer:
     """Build, wrap and shard the model; on CUDA it is built on meta and initialised sharded."""
     on_meta = dist_info.is_cuda
+    levers = tuning()
     model = build_model(cfg, device="meta" if on_meta else dist_info.device)
     if activation_checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, every=2 if levers["ac"] == "every2" else 1)
     if compile:
         apply_compile(model)
     mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
-    apply_fsdp(model, mesh=mesh, param_dtype=param_dtype)
+    apply_fsdp(
+        model,
+        mesh=mesh,
+        param_dtype=param_dtype,
+        reshard=levers["reshard"] != "0",
+        prefetch=int(levers["prefetch"]),
+    )
     if on_meta:
         # to_empty swaps tensors in place, so a tied head stays tied to the embedding.
         model.to_empty(device=dist_info.device)
         model.init_weights()
     logger.info(
-        "sharded %s parameters over %s ranks (param dtype %s, AC %s, compile %s)",
+        "sharded %s parameters over %s ranks (param dtype %s, AC %s, compile %s, tuning %s)",
         f"{sum(p.numel() for p in model.parameters()):,}",
         dist_info.world_size,
         param_dtype,
         activation_checkpointing,
         compile,
+        levers,
     )
     return model

@@ -34,7 +34,7 @@ from mnnvl.runtime import metrics
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.data import build_batches
 from mnnvl.runtime.model import Transformer, flops_per_token, preset
-from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distributed
+from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distributed, tuning
 from mnnvl.runtime.result import emit_result
 
 logger = logging.getLogger("mnnvl.runtime.train")
@@ -56,7 +56,10 @@ def build_optimizer(model: Transformer, cfg: spec.TrainConfig, info: DistInfo):
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=info.is_cuda)
+    fused = info.is_cuda and tuning()["optim"] != "foreach"
+    opt = torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=(0.9, 0.95), fused=fused, foreach=None if fused else True
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: lr_factor(cfg, k))
     return opt, sched
 
@@ -89,6 +92,9 @@ class Trainer:
         self.losses: list[list[float]] = []
         self.last_loss, self.checkpoint, self.start_step = float("nan"), "", 0
         self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
+        # The first two timed steps compile and warm the allocator: left out of the split.
+        self.tokens_per_step = cfg.batch_size * self.mcfg.seq_len * info.world_size
+        self.split = metrics.StepSplit(info.device, skip_until=self.start_step + 3)
 
     def resume(self) -> None:
         path = self.ckpt.latest() if self.ckpt else None
@@ -99,12 +105,16 @@ class Trainer:
         self.start_step, self.last_loss, self.checkpoint = extra["step"], extra["loss"], str(path)
 
     def step(self, step: int) -> torch.Tensor:
+        split = self.split
+        split.begin(step)
         inputs, targets = (t.to(self.info.device, non_blocking=True) for t in self.data.batch(step))
         logits = self.model(inputs)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
         if step == self.inject_nan:
             loss = loss * float("nan")
+        split.mark("forward")
         loss.backward()
+        split.mark("backward")
         norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.cfg.grad_clip or math.inf
         )
@@ -113,6 +123,7 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
+        split.mark("optimizer")
         return loss.detach()
 
     def sync(self, step: int, loss: torch.Tensor) -> float:
@@ -131,7 +142,7 @@ class Trainer:
 
     def run(self) -> float:
         cfg, first = self.cfg, self.start_step + 1
-        tokens_per_step = cfg.batch_size * self.mcfg.seq_len * self.info.world_size
+        tokens_per_step = self.tokens_per_step
         flops = flops_per_token(self.mcfg, self.mcfg.seq_len)
         peak = metrics.device_peak_flops(self.info.device)
         thr, marked = metrics.Throughput(), self.start_step
@@ -144,6 +155,7 @@ class Trainer:
             )
             if is_log or save:
                 mean_loss = self.sync(step, loss)
+                self.split.collect()  # events are complete after the sync
             if is_log:
                 rate = thr.mark(tokens_per_step * (step - marked))
                 marked = step
@@ -185,6 +197,10 @@ class Trainer:
             "model": self.cfg.model,
             "device": self.info.device.type,
             "wall_s": wall_s,
+            "step_split_ms": self.split.summary(
+                1e3 * self.tokens_per_step / tokens_per_s if tokens_per_s > 0 else 0.0
+            ),
+            "tuning": tuning(),
             "losses": self.losses,
         }
 
@@ -208,7 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s", e)
         return e.exit_code
     t0 = time.perf_counter()
-    info = init_distributed()
+    try:
+        tuning()  # bad levers are bad input, found before the process group exists
+        info = init_distributed()
+    except MnnvlError as e:  # e.g. GPUs requested but none visible: fail naming the pod
+        logger.error("%s", e)
+        return e.exit_code
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
         trainer = Trainer(cfg, info)

@@ -8,12 +8,21 @@ the others, judges, writes the report files and prints ``RESULT {json}``.
 
 Verdict: FAIL on an inactive NVLink link of a GPU that has NVLink, a fabric that is not
 ready or differs across ranks, a COMPLETED fabric without an IMEX channel, a wrong
-all-reduce sum, or bus bandwidth under the threshold. NVLink error counters are reported
+all-reduce sum, bus bandwidth under the threshold, or a pod that asked for GPUs and sees
+none. PASS only when a bandwidth threshold was applied and met. NOT_JUDGED when nothing
+failed but no bandwidth could be judged (one rank, no NVLink detected and no
+``--min-busbw-gbps``, NVML missing, CPU/gloo): it is no PASS. NVLink error counters are reported
 but never fail the run: NVML counts them since the driver loaded, replays and recoveries
 are corrected by the link layer, and a link that degrades enough to matter shows up as an
 inactive link or low bandwidth, which are judged.
 
-Exit code 0 on PASS, 4 on FAIL, 2 on bad input; the RESULT line is printed either way.
+RESULT also records which transport NCCL used for the measured communicator (MNNVL,
+NVLink P2P, PCIe P2P, SHM or network, read from NCCL's INFO log) and the NCCL version, and
+the time each phase took (``timings_s``).
+
+Exit code 0 on PASS (and on NOT_JUDGED with ``--allow-unjudged``), 4 on FAIL or on
+NOT_JUDGED without it, 2 on bad input; the RESULT line is printed either way, before the
+report files and the plot are written.
 """
 
 from __future__ import annotations
@@ -22,26 +31,28 @@ import argparse
 import datetime
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-import torch.distributed as dist
+_STARTED = time.monotonic()  # before the heavy imports, so the breakdown counts them
 
-from mnnvl import flags, report
-from mnnvl.errors import SpecError, VerificationFailed
-from mnnvl.runtime import collectives, nccl, nvml
-from mnnvl.runtime.result import emit_result, free_port
-from mnnvl.spec import VerifyConfig
+import torch  # noqa: E402  (after the clock above on purpose)
+import torch.distributed as dist  # noqa: E402
+
+from mnnvl import flags, report  # noqa: E402
+from mnnvl.errors import SpecError, VerificationFailed  # noqa: E402
+from mnnvl.runtime import collectives, devices, nccl, nccl_log, nvml  # noqa: E402
+from mnnvl.runtime.result import emit_result, free_port  # noqa: E402
+from mnnvl.spec import VerifyConfig  # noqa: E402
 
 logger = logging.getLogger("mnnvl.runtime.verify")
 
 DEFAULT_PROFILE = "verify-strict"
 GPU_SIZES = (1 << 20, 4 << 30)
 CPU_SIZES = (1 << 10, 1 << 20)
+PASS, FAIL, NOT_JUDGED = "PASS", "FAIL", "NOT_JUDGED"
 
 
 def judge(
@@ -49,6 +60,7 @@ def judge(
     summaries: Sequence[dict[str, Any]],
     sizes: Sequence[dict[str, Any]],
     world_size: int,
+    backend: str = "nccl",
 ) -> dict[str, Any]:
     """The verdict part of RESULT: verdict, reasons, threshold and judged bandwidth."""
     reasons: list[str] = []
@@ -60,24 +72,26 @@ def judge(
         for row in sizes
         if not row["correct"]
     ]
-    failed = bool(reasons)
     topo = nvml.topology(summaries)
     threshold, source = threshold_gbps(cfg, topo)
     judged = judged_busbw(sizes, cfg.judge_min_bytes)
     notes = _notes(summaries)
+    unjudged = None
     if world_size < 2:
         threshold, source = None, "none"
-        notes.append("one rank: bus bandwidth is 0 by definition, so bandwidth was not judged")
+        unjudged = "one rank: bus bandwidth is 0 by definition"
     elif threshold is None:
-        notes.append("no NVLink detected and no --min-busbw-gbps given: bandwidth not judged")
+        unjudged = _why_unjudged(summaries, backend)
     elif judged < threshold:
-        failed = True
         reasons.append(
             f"busbw {judged:.1f} GB/s is below the {source} threshold {threshold:.1f} GB/s"
             + (f" (link limit {topo['link_limit_gbps']} GB/s)" if topo["link_limit_gbps"] else "")
         )
+    verdict = FAIL if reasons else NOT_JUDGED if unjudged else PASS
+    if unjudged:
+        notes.insert(0, f"NOT_JUDGED: {unjudged}; bandwidth was not judged")
     return {
-        "verdict": "FAIL" if failed else "PASS",
+        "verdict": verdict,
         "reasons": reasons + notes,
         "threshold_gbps": threshold,
         "threshold_source": source,
@@ -85,6 +99,22 @@ def judge(
         "peak_busbw_gbps": max((row["busbw_gbps"] for row in sizes), default=0.0),
         "topology": topo,
     }
+
+
+def _why_unjudged(summaries: Sequence[dict[str, Any]], backend: str) -> str:
+    if backend == "gloo":
+        return "no NVLink (CPU/gloo run) and no --min-busbw-gbps given"
+    missing = [r for r, s in enumerate(summaries) if not str(s["nvml"]).startswith("ok")]
+    if missing:
+        return f"NVML unavailable on ranks {missing}, so no NVLink detected"
+    return "no NVLink detected and no --min-busbw-gbps given"
+
+
+def exit_code(verdict: str, allow_unjudged: bool) -> int:
+    """0 on PASS, and on NOT_JUDGED where the caller allowed it; 4 otherwise."""
+    if verdict == PASS or (verdict == NOT_JUDGED and allow_unjudged):
+        return 0
+    return VerificationFailed.exit_code
 
 
 def threshold_gbps(cfg: VerifyConfig, topo: dict[str, Any]) -> tuple[float | None, str]:
@@ -161,68 +191,150 @@ def _sweep_plan(cfg: VerifyConfig, cuda: bool) -> collectives.SweepPlan:
         sizes=collectives.sweep_sizes(min_bytes, max_bytes),
         warmup_iters=cfg.warmup_iters,
         iters=cfg.iters,
-        target_s=0.08 if cuda else 0.01,
+        target_s=0.05 if cuda else 0.01,
         reps=5 if cuda else 3,
         cuda_graphs=cfg.cuda_graphs and cuda,
     )
 
 
-def run(cfg: VerifyConfig, started: float) -> dict[str, Any]:
+class Phases:
+    """Seconds spent in each phase since process start (``timings_s`` in RESULT)."""
+
+    def __init__(self, started: float) -> None:
+        self.started = self.last = started
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(now - self.last, 3)
+        self.last = now
+
+    def total(self) -> float:
+        return round(time.monotonic() - self.started, 3)
+
+
+def _nccl_version() -> str | None:
+    try:
+        version = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+
+
+def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     """Run on this rank; return the full RESULT dict (identical verdict on every rank)."""
-    rank, world, local_rank = _dist_env()
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    device = torch.device("cuda", local_rank % torch.cuda.device_count()) if cuda else None
+    rank, _, local_rank = _dist_env()
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    problem = devices.missing_gpus_problem(visible)
+    if problem:
+        raise GpusMissing(problem)
+    cuda = visible > 0
+    device = torch.device("cuda", local_rank % visible) if cuda else None
     if device is not None:
         torch.cuda.set_device(device)
+    phases.mark("cuda_setup")
     summary = nvml.check_gpus(_nvml_id(device) if device is not None else [])
-    summary.update(rank=rank, local_rank=local_rank, host=socket.gethostname())
+    summary.update(rank=rank, local_rank=local_rank, host=devices.pod_name())
+    phases.mark("nvml")
     # The profile must see the fabric state before NCCL initialises: it sets
     # NCCL_MNNVL_ENABLE=1 only on fabric GPUs so a broken IMEX domain fails loudly.
     profile = os.environ.get(nccl.PROFILE_ENV, DEFAULT_PROFILE)
     nccl.apply_profile(profile, fabric_present=nvml.fabric_present(summary))
+    ncclog = nccl_log.NcclLog().start() if cuda else None
     backend = "nccl" if cuda else "gloo"
-    dist.init_process_group(backend, device_id=device, timeout=datetime.timedelta(seconds=300))
     try:
-        summaries: list[Any] = [None] * world
-        dist.all_gather_object(summaries, summary)
-        plan = _sweep_plan(cfg, cuda)
-        sizes = collectives.run_sweep(plan, device or torch.device("cpu"))
-        result: dict[str, Any] = {"kind": "verify"}
-        result.update(judge(cfg, summaries, sizes, world))
-        result.update(world_size=world, backend=backend, sizes=sizes, nodes=summaries)
-        result["wall_s"] = round(time.monotonic() - started, 3)
-        if rank == 0:
-            _publish(result, cfg.output_dir)
-        # Other ranks wait here so that a non-zero exit cannot get rank 0 killed by
-        # torchrun before the RESULT line is out.
-        dist.barrier()
+        dist.init_process_group(backend, device_id=device, timeout=datetime.timedelta(seconds=300))
+        try:
+            result = _measure(cfg, phases, summary, device, ncclog)
+            if rank == 0:
+                _publish(result, cfg.output_dir, phases)
+            # Other ranks wait here so that a non-zero exit cannot get rank 0 killed by
+            # torchrun before the RESULT line is out.
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
     finally:
-        dist.destroy_process_group()
+        if ncclog is not None and ncclog.active:
+            ncclog.finish()  # NCCL's lines reach the pod log also when something broke
     return result
 
 
-def _publish(result: dict[str, Any], output_dir: str) -> None:
+def _measure(
+    cfg: VerifyConfig,
+    phases: Phases,
+    summary: dict[str, Any],
+    device: torch.device | None,
+    ncclog: nccl_log.NcclLog | None,
+) -> dict[str, Any]:
+    world = dist.get_world_size()
+    summaries: list[Any] = [None] * world
+    dist.all_gather_object(summaries, summary)  # the first collective: NCCL is set up here
+    phases.mark("process_group")
+    plan = _sweep_plan(cfg, device is not None)
+    timings: dict[str, float] = {}
+    sizes = collectives.run_sweep(plan, device or torch.device("cpu"), timings)
+    phases.seconds.update({f"sweep_{k}": v for k, v in timings.items()})
+    phases.mark("sweep")
+    backend = "nccl" if device is not None else "gloo"
+    result: dict[str, Any] = {"kind": "verify"}
+    result.update(judge(cfg, summaries, sizes, world, backend))
+    result["nccl"] = _transport(ncclog, summary, world)
+    result.update(world_size=world, backend=backend, sizes=sizes, nodes=summaries)
+    result["allow_unjudged"] = cfg.allow_unjudged
+    phases.mark("judge")
+    return result
+
+
+def _transport(
+    ncclog: nccl_log.NcclLog | None, summary: dict[str, Any], world: int
+) -> dict[str, Any]:
+    """Every rank's transport, from its own NCCL log; gathered so rank 0 sees them all."""
+    if ncclog is None:
+        return {"version": None, "transport": "none (gloo, no NCCL)", "mnnvl": False}
+    if not ncclog.active:
+        mine: dict[str, Any] = {"transport": "unknown"}  # the user's NCCL_DEBUG_FILE
+    else:
+        nvlink = any(g["nvlink"]["active"] for g in summary.get("gpus", []))
+        mine = nccl_log.classify(ncclog.lines(), nvlink_active=nvlink)
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    return nccl_log.summarize(everyone, _nccl_version())
+
+
+def _publish(result: dict[str, Any], output_dir: str, phases: Phases) -> None:
+    """The verdict first (RESULT line), then the table and the report files with the plot."""
+    result["timings_s"] = dict(phases.seconds)
+    result["wall_s"] = phases.total()
+    # Wall-clock time of the worker's start, so a launcher can tell its own start-up apart.
+    result["started_unix"] = round(time.time() - result["wall_s"], 3)
+    emit_result(result)
+    logger.info("\n%s", report.verify_table(result))
     if output_dir:
         try:
             files = report.write_verify_report(result, output_dir)
             logger.info("report files: %s", files)
         except OSError as e:
             logger.error("could not write the report to %s: %s", output_dir, e)
-    logger.info("\n%s", report.verify_table(result))
-    emit_result(result)
+    phases.mark("report")
+    logger.info("after the verdict: report and plot took %.2f s", phases.seconds["report"])
 
 
-def _failed_result(reason: str, started: float) -> dict[str, Any]:
+class GpusMissing(VerificationFailed):
+    """The pod asked for GPUs and this worker sees none."""
+
+
+def _failed_result(reason: str, started: float, backend: str | None = None) -> dict[str, Any]:
     return {
         "kind": "verify",
-        "verdict": "FAIL",
+        "verdict": FAIL,
         "reasons": [reason],
         "threshold_gbps": None,
         "threshold_source": "none",
         "judged_busbw_gbps": 0.0,
         "peak_busbw_gbps": 0.0,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-        "backend": "nccl" if torch.cuda.is_available() else "gloo",
+        "backend": backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+        "nccl": {"version": _nccl_version(), "transport": "unknown", "mnnvl": False},
         "sizes": [],
         "topology": None,
         "nodes": [],
@@ -231,31 +343,44 @@ def _failed_result(reason: str, started: float) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    started = time.monotonic()
+    phases = Phases(_STARTED)
     logging.basicConfig(
         level=os.environ.get("MNNVL_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    phases.mark("imports")
     try:
         cfg = parse_config(argv)
-        result = run(cfg, started)
+        result = run(cfg, phases)
     except SpecError as e:
         logger.error("%s", e)
         if os.environ.get("RANK", "0") == "0":
-            emit_result(_failed_result(str(e), started))
+            emit_result(_failed_result(str(e), _STARTED))
         return SpecError.exit_code
+    except GpusMissing as e:
+        # Every pod's first worker says so: the launcher reads the failing pod's log.
+        logger.error("%s", e)
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            emit_result(_failed_result(str(e), _STARTED, backend="none"))
+        return e.exit_code
     except (RuntimeError, OSError) as e:
         # NCCL init or a collective broke (e.g. NCCL_MNNVL_ENABLE=1 on a broken IMEX
         # domain): that is a verification failure, and the launcher still gets a RESULT.
         logger.exception("verification aborted")
         if os.environ.get("RANK", "0") == "0":
-            emit_result(_failed_result(f"aborted: {e}", started))
+            emit_result(_failed_result(f"aborted: {e}", _STARTED))
         return VerificationFailed.exit_code
-    if result["verdict"] != "PASS":
+    code = exit_code(result["verdict"], cfg.allow_unjudged)
+    if result["verdict"] == FAIL:
         logger.error("verification FAILED: %s", "; ".join(result["reasons"]))
-        return VerificationFailed.exit_code
-    return 0
+    elif code:
+        logger.error(
+            "verification NOT_JUDGED (no bandwidth threshold was applied) and "
+            "--allow-unjudged was not given: %s",
+            "; ".join(result["reasons"]),
+        )
+    return code
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from mnnvl.sim.admission import CD, DISCOVERY, default_on_create, validate
+from mnnvl.sim.admission import CD, default_on_create, discovery, validate
+from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
 from mnnvl.sim.store import RESOURCES, ApiError, Obj, Store, not_found
 
@@ -55,6 +56,10 @@ class ApiServer(ThreadingHTTPServer):
     ) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.store, self.faults, self.logs, self.crd_installed = store, faults, logs, crd_installed
+        self.schemas: SchemaAdmission | None = None
+        # Mutating admission (e.g. the Kueue stand-in suspending queued Jobs on create).
+        self.mutators: list[Callable[[str, Obj], None]] = []
+        self.bookmark_interval_s = 1.0
         self.request_count = 0
         self.counters: Counter[tuple[str, str]] = Counter()
         self.stopping = threading.Event()
@@ -95,6 +100,8 @@ class Handler(BaseHTTPRequestHandler):
     # ----- plumbing --------------------------------------------------------------------
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
+        if code == 429:  # what a real API server's priority and fairness answers
+            self.send_header("Retry-After", "1")
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -145,7 +152,7 @@ class Handler(BaseHTTPRequestHandler):
             and (len(parts) == 2) == (parts[0] == "api")
         ):
             self.server.count("GET", "discovery")
-            return self._json(200, self._discovery(parts))
+            return self._json(200, discovery(parts, self.server.crd_installed()))
         if not parts or parts[0] not in ("api", "apis") or len(parts) < 3:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         group, version, rest = (
@@ -189,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
         if verb == "WATCH":
             return self._watch(plural, ns or None, q)
         if verb == "LIST":
-            match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"))
+            match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
             items, rv = store.list(plural, ns or None, match)
             rt = RESOURCES[plural]
             return self._json(
@@ -210,15 +217,20 @@ class Handler(BaseHTTPRequestHandler):
             if ns:
                 body["metadata"]["namespace"] = ns
             default_on_create(plural, body)
-            validate(plural, body, None)
+            for admit in self.server.mutators:
+                admit(plural, body)
+            validate(plural, body, None, self.server.schemas)
             return self._json(201, store.create(plural, body))
         if verb == "DELETE":
             if not name:
                 return self._delete_collection(plural, ns, q)
-            policy = (body or {}).get("propagationPolicy") or q.get("propagationPolicy")
-            if (body or {}).get("orphanDependents") is True:
+            opts = body or {}
+            policy = opts.get("propagationPolicy") or q.get("propagationPolicy")
+            if opts.get("orphanDependents") is True:
                 policy = "Orphan"
-            return self._json(200, store.delete(plural, ns, name, policy))
+            grace = opts.get("gracePeriodSeconds", q.get("gracePeriodSeconds"))
+            grace_s = None if grace is None else float(grace)
+            return self._json(200, store.delete(plural, ns, name, policy, grace_s))
         self._write(verb, plural, ns, name, sub, body)
 
     def _write(
@@ -239,13 +251,13 @@ class Handler(BaseHTTPRequestHandler):
             if ns:
                 new["metadata"]["namespace"] = ns
             if sub is None:
-                validate(plural, new, old)
+                validate(plural, new, old, self.server.schemas)
             result = store.update(plural, ns, name, new, sub)
         self._json(200, result)
 
     def _delete_collection(self, plural: str, ns: str, q: dict[str, str]) -> None:
         store = self.server.store
-        match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"))
+        match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
         items, _ = store.list(plural, ns or None, match)
         for obj in items:
             meta = obj["metadata"]
@@ -263,41 +275,6 @@ class Handler(BaseHTTPRequestHandler):
             },
         )
 
-    def _discovery(self, parts: list[str]) -> Obj:
-        if parts == ["version"]:
-            return {
-                "major": "1",
-                "minor": "34",
-                "gitVersion": "v1.34.0-mnnvl-sim",
-                "platform": "linux/amd64",
-            }
-        if parts == ["api"]:
-            return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
-        gvs = {
-            gv
-            for gv in DISCOVERY
-            if gv[0] and (gv[0] != "resource.nvidia.com" or self.server.crd_installed())
-        }
-        if parts == ["apis"]:
-            groups = [
-                {
-                    "name": g,
-                    "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
-                    "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
-                }
-                for g, v in sorted(gvs)
-            ]
-            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
-        gv = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
-        if gv not in DISCOVERY or (gv[0] and gv not in gvs):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        return {
-            "kind": "APIResourceList",
-            "apiVersion": "v1",
-            "groupVersion": "/".join(p for p in gv if p),
-            "resources": DISCOVERY[gv],
-        }
-
     # ----- streams ---------------------------------------------------------------------
     def _start_stream(self, ctype: str) -> None:
         self.send_response(200)
@@ -311,7 +288,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _watch(self, plural: str, ns: str | None, q: dict[str, str]) -> None:
         store = self.server.store
-        match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"))
+        match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
         timeout = float(q.get("timeoutSeconds") or 1800)
         self._start_stream("application/json")
         try:
@@ -323,14 +300,18 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
             return
         deadline = time.monotonic() + timeout
+        bookmarks = q.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        every = self.server.bookmark_interval_s
         try:
             while not self.server.stopping.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 try:
-                    ev = sub.queue.get(timeout=min(left, 1.0))
+                    ev = sub.queue.get(timeout=min(left, every if bookmarks else 1.0))
                 except queue.Empty:
+                    if bookmarks:
+                        self._chunk(_bookmark(plural, store.resource_version))
                     continue
                 if ev is None:
                     break
@@ -368,3 +349,11 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
         finally:
             stop.set()
+
+
+def _bookmark(plural: str, rv: int) -> bytes:
+    """A BOOKMARK event: only apiVersion, kind and metadata.resourceVersion (the watch's
+    progress; a client resumes from it without replaying anything)."""
+    rt = RESOURCES[plural]
+    obj = {"apiVersion": rt.api_version, "kind": rt.kind, "metadata": {"resourceVersion": str(rv)}}
+    return json.dumps({"type": "BOOKMARK", "object": obj}).encode() + b"\n"

@@ -18,9 +18,11 @@ from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.jobs import JobController
 from mnnvl.sim.kubelet import Kubelet
+from mnnvl.sim.kueue import KueueStandIn
 from mnnvl.sim.placement import GPU
 from mnnvl.sim.podenv import local_gpu_ids
 from mnnvl.sim.scheduler import Scheduler
+from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.selectors import label_matcher
 from mnnvl.sim.store import Obj, Store
 
@@ -49,9 +51,19 @@ class SimCluster:
         crd_installed: bool = True,
         namespaces: tuple[str, ...] | list[str] = ("default",),
         kubeconfig_path: str | None = None,
+        *,
+        schedule_delay_s: float = 0.25,
+        driver_version: str = "v25.12.0",
+        schema_dir: str | None = None,
+        watch_history: int = 10000,
+        kueue: bool = False,
+        kueue_admission_delay_s: float = 0.5,
     ) -> None:
-        if nodes < 1 or cliques < 1 or gpus_per_node < 0:
-            raise ValueError("need nodes >= 1, cliques >= 1, gpus_per_node >= 0")
+        """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
+        "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
+        ``watch_history`` events are kept for watches to resume from (older: 410 Gone)."""
+        if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
+            raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
         self.nodes, self.gpus_per_node, self.cliques = nodes, gpus_per_node, cliques
         self.crd_installed = crd_installed
         self.namespaces = tuple(namespaces)
@@ -61,8 +73,10 @@ class SimCluster:
         self.kubeconfig_path = kubeconfig_path or os.path.join(
             tempfile.mkdtemp(prefix="mnnvl-sim-"), "kubeconfig"
         )
-        self.store = Store()
-        self.faults = Faults(imex_delay_s)
+        self.store = Store(history=watch_history)
+        self.faults = Faults(imex_delay_s, schedule_delay_s)
+        self.schemas = SchemaAdmission(schema_dir, driver_version)
+        self.kueue = KueueStandIn(self.store, kueue_admission_delay_s) if kueue else None
         self.store.sticky = self.faults.is_sticky
         self._server: ApiServer | None = None
         self._parts: list[Any] = []
@@ -77,15 +91,21 @@ class SimCluster:
         driver = ComputeDomainDriver(self.store, self.faults)
         kubelet = Kubelet(self.store, self.faults, driver, self.gpus_per_node, self.local_gpus)
         self._kubelet = kubelet
+        driver.on_imex_lost = kubelet.imex_lost
+        self._driver = driver
         self._parts = [
             driver,
             Scheduler(self.store, self.faults),
             JobController(self.store),
             kubelet,
+            *([self.kueue] if self.kueue else []),
         ]
         for part in self._parts:
             part.start()
         self._server = ApiServer(self.store, self.faults, kubelet, lambda: self.crd_installed)
+        self._server.schemas = self.schemas
+        if self.kueue is not None:
+            self._server.mutators.append(self.kueue.mutate)
         threading.Thread(
             target=self._server.serve_forever, name="sim-apiserver", daemon=True
         ).start()
@@ -185,6 +205,21 @@ class SimCluster:
             json.dump(cfg, f, indent=1)  # JSON is valid YAML
         os.replace(tmp, self.kubeconfig_path)
 
+    def lose_node(self, name: str) -> None:
+        """The node goes away (NotReady, unreachable): its IMEX daemon stops and the pods of
+        ComputeDomains running there fail, as when a node drops out of an NVLink rack."""
+
+        def not_ready(o: Obj) -> None:
+            o["spec"]["unschedulable"] = True
+            o["spec"]["taints"] = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]
+            o["status"]["conditions"] = [
+                {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
+            ]
+
+        if self.store.mutate("nodes", "", name, not_ready) is None:
+            raise ValueError(f"no node {name}")
+        self._driver.node_lost(name)
+
     # ----- observation -----------------------------------------------------------------
     @property
     def url(self) -> str:
@@ -257,6 +292,7 @@ def serve(
     gpus_per_node: int = 0,
     kubeconfig_path: str | None = None,
     imex_delay_s: float = 0.2,
+    cliques: int = 1,
 ) -> str:
     """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
 
@@ -272,6 +308,7 @@ def serve(
         with SimCluster(
             nodes=nodes,
             gpus_per_node=gpus_per_node,
+            cliques=cliques,
             imex_delay_s=imex_delay_s,
             kubeconfig_path=kubeconfig_path,
         ) as sim:
@@ -283,6 +320,7 @@ def serve(
                         "server": sim.url,
                         "nodes": nodes,
                         "gpus_per_node": gpus_per_node,
+                        "cliques": cliques,
                         "local_gpus": sim.local_gpus,
                     }
                 ),

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
-from mnnvl.sim.store import Obj, Store, record_event
+from mnnvl.sim.store import Obj, Store
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,15 @@ COMPONENT = "compute-domain-controller"
 
 
 class PrepareError(Exception):
-    """NodePrepareResources failed; the kubelet retries (the pod stays ContainerCreating)."""
+    """NodePrepareResources failed; the kubelet retries (the pod stays ContainerCreating).
+
+    The message is what the driver's ``applyComputeDomainChannelConfig`` returns; ``permanent``
+    marks the errors the driver wraps as permanent (the kubelet still retries the pod).
+    """
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass
@@ -48,6 +58,17 @@ class Daemon:
     ready: threading.Event = field(default_factory=threading.Event)
     stopped: threading.Event = field(default_factory=threading.Event)
     timer: threading.Timer | None = None
+
+
+def prepare_failure(claim: Obj, err: Exception) -> str:
+    """The kubelet's FailedPrepareDynamicResources message, wrapped as the driver wraps it."""
+    meta = claim["metadata"]
+    return (
+        "Failed to prepare dynamic resources: prepare dynamic resources: NodePrepareResources "
+        f"failed for ResourceClaim {meta['name']}: error preparing devices for claim "
+        f"{meta['namespace']}/{meta['name']}:{meta['uid']}: prepare devices failed: "
+        f"error applying config: {err}"
+    )
 
 
 def channel_template_spec(uid: str, allocation_mode: str) -> Obj:
@@ -99,6 +120,8 @@ class ComputeDomainDriver:
         self._warned: set[str] = set()
         self._thread: threading.Thread | None = None
         self._sub = store.subscribe([CD, RCT], since=None)
+        # Set by the kubelet: kill running containers of a domain (on some nodes, or all).
+        self.on_imex_lost: Callable[[str, set[str] | None, str], None] = lambda u, n, m: None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="sim-cd-controller", daemon=True)
@@ -218,10 +241,16 @@ class ComputeDomainDriver:
             self.store.delete(RCT, ns, tname)
             self.store.mutate(RCT, ns, tname, _drop_finalizer)
         with self._lock:
-            for node, d in list(self._daemons.items()):
-                if d.uid == uid:
-                    self._stop_daemon(d)
-                    del self._daemons[node]
+            lost = {node for node, d in self._daemons.items() if d.uid == uid}
+            for node in lost:
+                self._stop_daemon(self._daemons.pop(node))
+        if lost:
+            self.on_imex_lost(
+                uid,
+                lost,
+                f"IMEX domain of ComputeDomain {ns}/{name} (uid {uid}) was torn down under the "
+                "running container: the ComputeDomain was deleted before its workload",
+            )
         nodes, _ = self.store.list(
             "nodes", None, lambda o: (o["metadata"].get("labels") or {}).get(LABEL_CD) == uid
         )
@@ -234,6 +263,22 @@ class ComputeDomainDriver:
             )
         self.store.mutate(CD, ns, name, _drop_finalizer)
 
+    def node_lost(self, node: str) -> None:
+        """A node left the cluster: its IMEX daemon is gone, the domain's pods there fail."""
+        with self._lock:
+            daemon = self._daemons.pop(node, None)
+            if daemon is not None:
+                self._stop_daemon(daemon)
+        if daemon is None:
+            return
+        self._write_status(daemon.namespace, daemon.name, daemon.uid)
+        self.on_imex_lost(
+            daemon.uid,
+            {node},
+            f"node {node} left the IMEX domain of ComputeDomain {daemon.namespace}/{daemon.name} "
+            f"(uid {daemon.uid}): node lost",
+        )
+
     # ----- kubelet plugin --------------------------------------------------------------
     def prepare(self, node: str, claim: Obj, cancel: threading.Event) -> None:
         """NodePrepareResources for a channel claim; returns once the node's IMEX daemon is
@@ -243,16 +288,25 @@ class ComputeDomainDriver:
             return
         ns, claim_uid = claim["metadata"]["namespace"], claim["metadata"]["uid"]
         with self._lock:
-            domains, _ = self.store.list(CD, ns, lambda o: o["metadata"]["uid"] == uid)
+            domains, _ = self.store.list(CD, None, lambda o: o["metadata"]["uid"] == uid)
             if not domains or domains[0]["metadata"].get("deletionTimestamp"):
-                raise PrepareError(f"ComputeDomain with UID {uid} not found in namespace {ns}")
+                raise PrepareError(
+                    f"error asserting ComputeDomain's namespace: ComputeDomain not found: {uid}"
+                )
+            if domains[0]["metadata"]["namespace"] != ns:
+                raise PrepareError(
+                    "error asserting ComputeDomain's namespace: the ResourceClaim's namespace "
+                    "is different than the ComputeDomain's namespace",
+                    permanent=True,
+                )
             holder = self._channels.get(node)
             if holder not in (None, claim_uid):
                 raise PrepareError(f"channel 0 on node {node} already prepared for another claim")
             labels = self.store.get("nodes", "", node)["metadata"].get("labels") or {}
             if labels.get(LABEL_CD) not in (None, uid):
                 raise PrepareError(
-                    "error labeling node: label already exists for a different ComputeDomain"
+                    "error adding Node label for ComputeDomain: "
+                    "label already exists for a different ComputeDomain"
                 )
             self.store.mutate(
                 "nodes",

@@ -7,6 +7,7 @@ pod faults ``Failed`` and ``CrashLoop`` hit the first pod of that Job index that
 
 from __future__ import annotations
 
+import random
 import threading
 from dataclasses import dataclass
 
@@ -24,14 +25,19 @@ class PodFault:
 
 
 class Faults:
-    def __init__(self, imex_delay_s: float = 0.2) -> None:
+    def __init__(self, imex_delay_s: float = 0.2, schedule_delay_s: float = 0.25) -> None:
         self._lock = threading.Lock()
         self._requests: list[list] = []  # [method, path_substring, status, remaining]
         self._watch_expiries = 0
+        self._random: tuple[float, tuple[int, ...], float] | None = None
+        self._rng = random.Random(0)
         self._pods: list[PodFault] = []
         self._sticky: set[tuple[str, str]] = set()
         self._no_rct: set[str] = set()
         self.imex_delay_s = imex_delay_s
+        # How long after its creation the scheduler first looks at a pod (the real one
+        # binds or marks Unschedulable asynchronously, a moment after the pod was listed).
+        self.schedule_delay_s = schedule_delay_s
 
     # ----- API requests ----------------------------------------------------------------
     def fail_requests(self, method: str, path_substring: str, status: int, count: int = 1) -> None:
@@ -40,12 +46,27 @@ class Faults:
         with self._lock:
             self._requests.append([method.upper(), path_substring, int(status), int(count)])
 
+    def random_errors(
+        self,
+        rate: float,
+        codes: tuple[int, ...] = (500, 429),
+        watch_expiry_rate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        """From now on each request fails with probability ``rate`` (a code drawn from
+        ``codes``) and each watch is answered 410 Expired with ``watch_expiry_rate``."""
+        with self._lock:
+            self._random = (rate, tuple(codes), watch_expiry_rate)
+            self._rng = random.Random(seed)
+
     def request_error(self, method: str, path: str) -> int | None:
         with self._lock:
             for rule in self._requests:
                 if rule[3] > 0 and rule[0] in (method, "*") and rule[1] in path:
                     rule[3] -= 1
                     return int(rule[2])
+            if self._random is not None and self._rng.random() < self._random[0]:
+                return self._rng.choice(self._random[1])
         return None
 
     def expire_watches(self, count: int = 1) -> None:
@@ -58,7 +79,7 @@ class Faults:
             if self._watch_expiries > 0:
                 self._watch_expiries -= 1
                 return True
-        return False
+            return self._random is not None and self._rng.random() < self._random[2]
 
     # ----- pods ------------------------------------------------------------------------
     def fail_pod(

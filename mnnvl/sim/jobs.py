@@ -15,17 +15,20 @@ import logging
 import threading
 import time
 
+from mnnvl.sim.events import record_event
 from mnnvl.sim.jobstatus import (
     Progress,
+    condition,
     count_progress,
     failed_indexes_failure,
     finished,
     job_status,
     limit_failure,
     pod_index,
+    target_failure,
 )
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL, rand5
-from mnnvl.sim.store import Obj, Store, WatchEvent, clone, now_iso, record_event
+from mnnvl.sim.store import Obj, Store, WatchEvent, clone, now_iso
 
 log = logging.getLogger(__name__)
 UID_LABEL = "batch.kubernetes.io/controller-uid"
@@ -95,15 +98,66 @@ class JobController:
         if finished(status):
             self._ttl(job, status)
             return
-        progress = count_progress(job, self._owned_pods(job))
-        start = status.get("startTime") or now_iso()
+        pods = self._owned_pods(job)
+        progress = count_progress(job, pods)
+        if job["spec"].get("suspend") and target_failure(status) is None:
+            self._suspend(job, progress)
+            return
+        start = self._resume(job, status)
+        fail = target_failure(status)
         # A limit verdict wins over the deadline, which is only checked (and armed) without one.
-        fail = limit_failure(job, progress) or self._deadline_failure(job, status, start)
+        fail = fail or limit_failure(job, progress) or self._deadline_failure(job, status, start)
         if fail is None and not progress.indexed and progress.succeeded >= progress.completions:
             progress.done = set(range(progress.completions))
         fail = fail or failed_indexes_failure(progress)
         active = self._reconcile_pods(job, progress, fail)
+        if fail is not None:
+            progress = count_progress(job, self._owned_pods(job))
         self._write_status(job, start, progress, active, fail)
+
+    def _suspend(self, job: Obj, progress: Progress) -> None:
+        """spec.suspend: no pods run; active ones are deleted; the clock stops."""
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        for p in progress.active:
+            self.store.delete("pods", ns, p["metadata"]["name"])
+        conds = (job.get("status") or {}).get("conditions") or []
+        if not any(c["type"] == "Suspended" and c["status"] == "True" for c in conds):
+            record_event(self.store, job, "Normal", "Suspended", "Job suspended", "job-controller")
+        progress = count_progress(job, self._owned_pods(job))
+
+        def write(o: Obj) -> None:
+            st = o.get("status") or {}
+            cs = [c for c in st.get("conditions") or [] if c["type"] != "Suspended"]
+            old = next((c for c in st.get("conditions") or [] if c["type"] == "Suspended"), None)
+            if old is not None and old["status"] == "True":
+                cs.append(old)
+            else:
+                cs.append(condition("Suspended", ("JobSuspended", "Job suspended"), now_iso()))
+            st.pop("startTime", None)
+            st.update(active=0, ready=0, terminating=progress.terminating, conditions=cs)
+            o["status"] = st
+
+        self.store.mutate("jobs", ns, name, write)
+
+    def _resume(self, job: Obj, status: Obj) -> str:
+        """The Job's startTime; a Job leaving suspension gets Suspended=False and a new one."""
+        suspended = next(
+            (c for c in status.get("conditions") or [] if c["type"] == "Suspended"), None
+        )
+        if suspended is None or suspended["status"] != "True":
+            return str(status.get("startTime") or now_iso())
+        now = now_iso()
+        record_event(self.store, job, "Normal", "Resumed", "Job resumed", "job-controller")
+
+        def write(o: Obj) -> None:
+            st = o.setdefault("status", {})
+            st["conditions"] = [
+                c for c in st.get("conditions") or [] if c["type"] != "Suspended"
+            ] + [condition("Suspended", ("JobResumed", "Job resumed"), now, status="False")]
+            st["startTime"] = now
+
+        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], write)
+        return now
 
     def _owned_pods(self, job: Obj) -> list[Obj]:
         uid = job["metadata"]["uid"]
@@ -205,20 +259,19 @@ class JobController:
         active: list[Obj],
         fail: tuple[str, str] | None,
     ) -> None:
-        st = job_status(start, progress, active, fail, now_iso())
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        result: Obj = {}
 
         def write(o: Obj) -> None:
-            old = o.get("status") or {}
-            # Conditions are only ever added: a sync that decides nothing keeps the old ones.
-            if "conditions" not in st and old.get("conditions"):
-                st["conditions"] = old["conditions"]
-            o["status"] = st
+            result.update(
+                job_status(start, progress, active, fail, o.get("status") or {}, now_iso())
+            )
+            o["status"] = result
 
         self.store.mutate("jobs", ns, name, write)
-        if fail is not None or len(progress.done) >= progress.completions:
+        if finished(result) and not finished(job.get("status") or {}):
             self._record_end(job, fail)
-            self._ttl(job, st)
+            self._ttl(job, result)
 
     def _record_end(self, job: Obj, fail: tuple[str, str] | None) -> None:
         reason = "Completed" if fail is None else fail[0]

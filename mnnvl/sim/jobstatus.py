@@ -26,30 +26,44 @@ def compress_indexes(indexes: set[int]) -> str:
 
 def failure_action(job: Obj, pod: Obj) -> str:
     """podFailurePolicy verdict for a failed pod: FailJob | FailIndex | Ignore | Count."""
+    hit = matching_rule(job, pod)
+    return "Count" if hit is None else hit[1]
+
+
+def matching_rule(job: Obj, pod: Obj) -> tuple[int, str, str] | None:
+    """(rule index, action, why) of the first podFailurePolicy rule that matches a failed pod."""
     rules = ((job["spec"].get("podFailurePolicy") or {}).get("rules")) or []
     st = pod.get("status") or {}
-    codes = {
+    codes = [
         (cs.get("name"), ((cs.get("state") or {}).get("terminated") or {}).get("exitCode"))
         for cs in st.get("containerStatuses") or []
-    }
+    ]
     conds = {(c.get("type"), c.get("status")) for c in st.get("conditions") or []}
-    for rule in rules:
+    meta = pod["metadata"]
+    for i, rule in enumerate(rules):
         on_codes = rule.get("onExitCodes")
         if on_codes:
             vals, op = set(on_codes.get("values") or []), on_codes.get("operator", "In")
-            hit = any(
-                code is not None
-                and code != 0
-                and (code in vals) == (op == "In")
-                and on_codes.get("containerName") in (None, name)
-                for name, code in codes
-            )
-            if hit:
-                return str(rule["action"])
+            for name, code in codes:
+                if (
+                    code is not None
+                    and code != 0
+                    and (code in vals) == (op == "In")
+                    and on_codes.get("containerName") in (None, name)
+                ):
+                    why = (
+                        f"Container {name} for pod {meta.get('namespace')}/{meta['name']} "
+                        f"failed with exit code {code} matching {rule['action']} rule at index {i}"
+                    )
+                    return i, str(rule["action"]), why
         for pat in rule.get("onPodConditions") or []:
             if (pat.get("type"), pat.get("status", "True")) in conds:
-                return str(rule["action"])
-    return "Count"
+                why = (
+                    f"Pod {meta.get('namespace')}/{meta['name']} has condition {pat.get('type')} "
+                    f"matching {rule['action']} rule at index {i}"
+                )
+                return i, str(rule["action"]), why
+    return None
 
 
 @dataclass
@@ -64,6 +78,7 @@ class Progress:
     succeeded: int  # completed indexes (Indexed) or Succeeded pods (NonIndexed)
     counted: list[tuple[Obj, str]]  # failed pods not Ignored by podFailurePolicy, with action
     failed_idx: set[int]  # indexes out of retries (backoffLimitPerIndex or FailIndex)
+    terminating: int = 0  # pods being deleted that have not reached a terminal phase
 
 
 def count_progress(job: Obj, pods: list[Obj]) -> Progress:
@@ -87,6 +102,9 @@ def count_progress(job: Obj, pods: list[Obj]) -> Progress:
         succeeded=succeeded,
         counted=counted,
         failed_idx=failed_indexes(counted, per_index),
+        terminating=len(
+            [p for p in pods if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL]
+        ),
     )
 
 
@@ -105,10 +123,22 @@ def limit_failure(job: Obj, progress: Progress) -> tuple[str, str] | None:
     """A FailJob verdict, else BackoffLimitExceeded once more pods failed than allowed."""
     per_index = progress.per_index
     limit = int(job["spec"].get("backoffLimit", 6 if per_index is None else 2**31 - 1))
-    if any(a == "FailJob" for _, a in progress.counted):
-        return ("PodFailurePolicy", "Container failed with an exit code matched by a FailJob rule")
+    for pod, action in progress.counted:
+        hit = matching_rule(job, pod)
+        if action == "FailJob" and hit is not None:
+            return ("PodFailurePolicy", hit[2])
     if len(progress.counted) > limit:
         return ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    max_failed = job["spec"].get("maxFailedIndexes")
+    if (
+        per_index is not None
+        and max_failed is not None
+        and (len(progress.failed_idx) > int(max_failed))
+    ):
+        return (
+            "MaxFailedIndexesExceeded",
+            "Job has exceeded the specified maximal number of failed indexes",
+        )
     return None
 
 
@@ -126,38 +156,67 @@ def failed_indexes_failure(progress: Progress) -> tuple[str, str] | None:
 
 
 def job_status(
-    start: str, progress: Progress, active: list[Obj], fail: tuple[str, str] | None, now: str
+    start: str | None,
+    progress: Progress,
+    active: list[Obj],
+    fail: tuple[str, str] | None,
+    old: Obj,
+    now: str,
 ) -> Obj:
-    """The Job's new status (conditions only when this sync decided the Job's end)."""
+    """The Job's new status. As in batch/v1 since 1.31, FailureTarget / SuccessCriteriaMet come
+    first and Failed / Complete only once no pod of the Job is terminating any more."""
     st: Obj = {
-        "startTime": start,
         "active": len(active),
         "succeeded": progress.succeeded,
         "failed": len(progress.counted),
-        "terminating": 0,
+        "terminating": progress.terminating,
         "uncountedTerminatedPods": {},
         "ready": len([p for p in active if ready(p)]),
     }
+    if start is not None:
+        st["startTime"] = start
     if progress.indexed:
         st["completedIndexes"] = compress_indexes(progress.done)
     if progress.per_index is not None:
         st["failedIndexes"] = compress_indexes(progress.failed_idx)
+    conds = list(old.get("conditions") or [])
+    settled = progress.terminating == 0 and not active
     if fail is not None:
-        st["conditions"] = [condition("FailureTarget", fail, now), condition("Failed", fail, now)]
+        add_condition(conds, "FailureTarget", fail, now)
+        if settled:
+            add_condition(conds, "Failed", fail, now)
     elif len(progress.done) >= progress.completions:
-        st["conditions"] = [
-            condition("SuccessCriteriaMet", None, now),
-            condition("Complete", None, now),
-        ]
-        st["completionTime"] = now
+        done = ("CompletionsReached", "Reached expected number of succeeded pods")
+        add_condition(conds, "SuccessCriteriaMet", done, now)
+        if settled:
+            add_condition(conds, "Complete", done, now)
+            st["completionTime"] = old.get("completionTime") or now
+    if conds:
+        st["conditions"] = conds
     return st
 
 
-def condition(type_: str, fail: tuple[str, str] | None, now: str) -> Obj:
-    c: Obj = {"type": type_, "status": "True", "lastProbeTime": now, "lastTransitionTime": now}
-    if fail is not None:
-        c["reason"], c["message"] = fail
+def add_condition(conds: list[Obj], type_: str, why: tuple[str, str] | None, now: str) -> None:
+    """Set condition ``type_`` to True (kept as it is when it already is True)."""
+    if any(c.get("type") == type_ and c.get("status") == "True" for c in conds):
+        return
+    conds[:] = [c for c in conds if c.get("type") != type_]
+    conds.append(condition(type_, why, now))
+
+
+def condition(type_: str, why: tuple[str, str] | None, now: str, status: str = "True") -> Obj:
+    c: Obj = {"type": type_, "status": status, "lastProbeTime": now, "lastTransitionTime": now}
+    if why is not None:
+        c["reason"], c["message"] = why
     return c
+
+
+def target_failure(status: Obj) -> tuple[str, str] | None:
+    """The verdict of a Job already marked FailureTarget (it never changes afterwards)."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "FailureTarget" and c.get("status") == "True":
+            return str(c.get("reason", "")), str(c.get("message", ""))
+    return None
 
 
 def finished(status: Obj) -> bool:

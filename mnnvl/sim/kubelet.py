@@ -13,23 +13,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from mnnvl.sim.dra import ComputeDomainDriver, PrepareError
+from mnnvl.sim.dra import ComputeDomainDriver, PrepareError, channel_domain, prepare_failure
+from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
-from mnnvl.sim.placement import GPU_CLASS, TERMINAL, claim_gpus, pod_gpus
-from mnnvl.sim.podenv import DNS_RE, expand, field_ref
+from mnnvl.sim.placement import TERMINAL
+from mnnvl.sim.podenv import ProcessEnv
+from mnnvl.sim.podlogs import follow_log
 from mnnvl.sim.procs import kill_process_tree, start_process
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL
-from mnnvl.sim.store import ApiError, Obj, Store, now_iso, record_event
+from mnnvl.sim.store import ApiError, Obj, Store, now_iso
 
 log = logging.getLogger(__name__)
 MAX_GRACE_S = 5.0  # the simulator caps terminationGracePeriodSeconds to keep teardown quick
@@ -51,6 +50,8 @@ class PodWorker:
         self.finished = threading.Event()
         self.claims: list[Obj] = []
         self.restarts = 0
+        self.lost: str | None = None  # why the IMEX domain went away under the container
+        self.terminating = False
         labels = pod["metadata"].get("labels") or {}
         self.job, idx = labels.get(JOB_LABEL), labels.get(INDEX_LABEL)
         self.index = int(idx) if idx is not None else None
@@ -142,6 +143,9 @@ class PodWorker:
             code, started = self._run_container()
             if code is None:
                 return
+            if self.lost is not None:
+                self._imex_lost(code, started)
+                return
             term = {
                 "terminated": {
                     "exitCode": code,
@@ -159,6 +163,36 @@ class PodWorker:
             self._event("Warning", "BackOff", "Back-off restarting failed container")
             self._status("Running", {"waiting": {"reason": "CrashLoopBackOff"}}, False, term)
             self.cancel.wait(backoff)
+
+    def _imex_lost(self, code: int, started: str) -> None:
+        """The container died because its node's IMEX daemon went away: the pod fails."""
+        self._unprepare()
+        msg = str(self.lost)
+        term = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Error",
+                "message": msg,
+                "startedAt": started,
+                "finishedAt": now_iso(),
+            }
+        }
+        self._event("Warning", "IMEXDomainLost", msg)
+        self._status("Failed", term, False)
+        self.k.store.mutate(
+            "pods",
+            self.ns,
+            self.name,
+            lambda o: o["status"].update(reason="IMEXDomainLost", message=msg),
+        )
+
+    def lose_imex(self, message: str) -> None:
+        """Kill a running container whose IMEX domain was torn down (as on real hardware)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None or self.cancel.is_set():
+            return
+        self.lost = message
+        kill_process_tree(proc, None)
 
     def _prepare(self) -> bool:
         statuses = {
@@ -187,7 +221,7 @@ class PodWorker:
                     self._event(
                         "Warning",
                         "FailedPrepareDynamicResources",
-                        f"Failed to prepare dynamic resources: {e}",
+                        prepare_failure(claim, e),
                     )
                     if self.cancel.wait(0.5):  # the real kubelet retries with back-off
                         return False
@@ -212,7 +246,7 @@ class PodWorker:
             self.started.set()
             return fault.exit_code, started
         try:
-            cmd, env = self.k.command_and_env(self.pod, self.container)
+            cmd, env = self.k.env.command_and_env(self.pod, self.container)
             self.proc = start_process(cmd, env, self.workdir, self.log_path)
         except OSError as e:
             self._event("Warning", "Failed", f"Error: failed to start container {name}: {e}")
@@ -224,17 +258,19 @@ class PodWorker:
         self._event("Normal", "Started", f"Started container {name}")
         self._status("Running", {"running": {"startedAt": started}}, True)
         code = self.proc.wait()
-        if self.cancel.is_set():
+        if self.cancel.is_set() and self.lost is None:
             return None, started
         return (128 - code if code < 0 else code), started
 
-    def kill(self) -> None:
+    def kill(self, grace_s: float | None = None) -> None:
+        """SIGTERM the container, SIGKILL it after the grace period (capped at MAX_GRACE_S)."""
         self.cancel.set()
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
-        grace_s = min(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)), MAX_GRACE_S)
-        kill_process_tree(proc, grace_s)
+        if grace_s is None:
+            grace_s = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+        kill_process_tree(proc, min(grace_s, MAX_GRACE_S))
 
 
 class Kubelet:
@@ -247,9 +283,8 @@ class Kubelet:
         local_gpus: list[str],
     ) -> None:
         self.store, self.faults, self.driver = store, faults, driver
-        self.gpus_per_node, self.local_gpus = gpus_per_node, local_gpus
+        self.env = ProcessEnv(store, gpus_per_node, local_gpus)
         self.workers: dict[tuple[str, str], PodWorker] = {}
-        self._ports: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self._sub = store.subscribe(["pods"])
         self._thread: threading.Thread | None = None
@@ -282,11 +317,17 @@ class Kubelet:
                     and worker.pod["metadata"]["uid"] != ev.obj["metadata"]["uid"]
                 ):
                     worker = None  # an older pod of the same name
-                if ev.type == "DELETED" or ev.obj["metadata"].get("deletionTimestamp"):
+                if ev.type == "DELETED":
                     if worker is not None:
-                        threading.Thread(
-                            target=self._remove, args=(key, worker), daemon=True
-                        ).start()
+                        self._spawn(self._remove, key, worker, 0.0)
+                    continue
+                if ev.obj["metadata"].get("deletionTimestamp"):
+                    grace = float(ev.obj["metadata"].get("deletionGracePeriodSeconds") or 0)
+                    if worker is None:
+                        self._spawn(self._finish_delete, ev.obj)
+                    elif not worker.terminating:
+                        worker.terminating = True
+                        self._spawn(self._terminate, key, worker, grace)
                     continue
                 node = ev.obj["spec"].get("nodeName")
                 phase = (ev.obj.get("status") or {}).get("phase")
@@ -294,64 +335,47 @@ class Kubelet:
                     worker = self.workers[key] = PodWorker(self, ev.obj)
                     worker.thread.start()
 
-    def _remove(self, key: tuple[str, str], worker: PodWorker) -> None:
-        worker.kill()
+    @staticmethod
+    def _spawn(fn: Callable[..., None], *args: Any) -> None:
+        threading.Thread(target=fn, args=args, daemon=True).start()
+
+    def _terminate(self, key: tuple[str, str], worker: PodWorker, grace_s: float) -> None:
+        """A Terminating pod: stop its container, then delete it for good (it 404s)."""
+        self._remove(key, worker, grace_s)
+        self._finish_delete(worker.pod)
+
+    def _finish_delete(self, pod: Obj) -> None:
+        ns, name, uid = (
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            pod["metadata"]["uid"],
+        )
+        current = self.store.find("pods", ns, name)
+        if current is not None and current["metadata"]["uid"] == uid:
+            try:
+                self.store.delete("pods", ns, name, grace_s=0)
+            except ApiError as e:  # deleted meanwhile
+                log.debug("final delete of pod %s: %s", name, e)
+
+    def imex_lost(self, domain_uid: str, nodes: set[str] | None, message: str) -> None:
+        """The IMEX daemons of a domain stopped (on ``nodes``, or all): fail its running pods."""
+        with self._lock:
+            workers = list(self.workers.values())
+        for w in workers:
+            if (nodes is None or w.node in nodes) and any(
+                channel_domain(c) == domain_uid for c in w.claims
+            ):
+                w.lose_imex(message)
+
+    def _remove(
+        self, key: tuple[str, str], worker: PodWorker, grace_s: float | None = None
+    ) -> None:
+        worker.kill(grace_s)
         worker.finished.wait(MAX_GRACE_S + 6)
         with self._lock:
             if self.workers.get(key) is worker:
                 del self.workers[key]
         shutil.rmtree(worker.workdir, ignore_errors=True)
-
-    # ----- process environment ---------------------------------------------------------
-    def service_port(self, ns: str, service: str) -> int:
-        """A free local port, allocated once per Service (rendezvous of all its pods)."""
-        with self._lock:
-            if (ns, service) not in self._ports:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    self._ports[(ns, service)] = s.getsockname()[1]
-            return self._ports[(ns, service)]
-
-    def gpus_for(self, pod: Obj) -> str:
-        node = pod["spec"]["nodeName"]
-        suffix = node.rsplit("-", 1)[-1]
-        i, g = (int(suffix) if suffix.isdigit() else 0), self.gpus_per_node
-        want = pod_gpus(pod)
-        for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-            claim = self.store.find(
-                "resourceclaims", pod["metadata"]["namespace"], entry.get("resourceClaimName") or ""
-            )
-            want += claim_gpus(claim) if claim and GPU_CLASS in str(claim.get("spec")) else 0
-        if g <= 0 or want <= 0 or len(self.local_gpus) < (i + 1) * g:
-            return ""
-        return ",".join(self.local_gpus[i * g : (i + 1) * g][:want])
-
-    def command_and_env(self, pod: Obj, container: Obj) -> tuple[list[str], dict[str, str]]:
-        pod_env: dict[str, str] = {}
-        for e in container.get("env") or []:
-            ref = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
-            pod_env[e["name"]] = (
-                field_ref(pod, ref) if ref else expand(str(e.get("value", "")), pod_env)
-            )
-        host = pod_env.get("MASTER_ADDR", "")
-        if host.endswith(".svc.cluster.local"):
-            parts = host.split(".")
-            if len(parts) >= 6:  # <pod-host>.<service>.<namespace>.svc.cluster.local
-                pod_env["MASTER_PORT"] = str(self.service_port(parts[-4], parts[-5]))
-        if "MASTER_ADDR" in pod_env:
-            pod_env["MASTER_ADDR"] = "127.0.0.1"
-        pod_env = {k: DNS_RE.sub("127.0.0.1", v) for k, v in pod_env.items()}
-        pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
-        pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
-        cmd = [
-            expand(str(a), pod_env)
-            for a in (container.get("command") or []) + (container.get("args") or [])
-        ]
-        if cmd and re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(cmd[0])):
-            cmd[0] = sys.executable
-        if not cmd:
-            raise OSError("container has no command (the simulator has no images)")
-        return cmd, {**os.environ, **pod_env}
 
     # ----- logs ------------------------------------------------------------------------
     def log_stream(
@@ -363,6 +387,7 @@ class Kubelet:
         tail_lines: int | None,
         stop: threading.Event,
     ) -> Iterator[bytes]:
+        """The container's log (raises before the first byte when it has not started)."""
         with self._lock:
             worker = self.workers.get((ns, name))
         if worker is None or not worker.started.is_set():
@@ -372,22 +397,4 @@ class Kubelet:
                 "BadRequest",
                 f'container "{cname}" in pod "{name}" is waiting to start: ContainerCreating',
             )
-        if container and container != worker.container.get("name"):
-            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
-        with open(worker.log_path, "rb") as f:
-            data = f.read()
-            if tail_lines is not None:
-                lines = data.splitlines(keepends=True)
-                data = b"".join(lines[-tail_lines:]) if tail_lines > 0 else b""
-            yield data
-            while follow and not stop.is_set():
-                more = f.read()
-                if more:
-                    yield more
-                elif worker.finished.is_set() or (
-                    worker.proc is not None and worker.proc.poll() is not None
-                ):
-                    yield f.read()
-                    return
-                else:
-                    time.sleep(0.05)  # file tail on the server side; clients never poll
+        return follow_log(worker, container, follow, tail_lines, stop)

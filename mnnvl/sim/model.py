@@ -85,6 +85,10 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def iso_after(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
+
+
 def clone(obj: Any) -> Any:
     # JSON round trip: objects are plain JSON and this is faster than copy.deepcopy.
     return json.loads(json.dumps(obj))

@@ -98,6 +98,8 @@ class Context:
 
     def misfit(self, node: Obj) -> str | None:
         name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
+        if node.get("spec", {}).get("unschedulable"):
+            return "node(s) had untolerated taint {node.kubernetes.io/unreachable: }"
         if not node_affinity_ok(self.pod, labels):
             return "node(s) didn't match Pod's node affinity/selector"
         alloc = int((node.get("status") or {}).get("allocatable", {}).get(GPU) or 0)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
+import threading
 
 from mnnvl.sim.model import Obj
+from mnnvl.sim.placement import GPU_CLASS, claim_gpus, pod_gpus
+from mnnvl.sim.store import Store
 
 log = logging.getLogger(__name__)
 DNS_RE = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.svc\.cluster\.local")
@@ -53,3 +59,62 @@ def local_gpu_ids() -> list[str]:
         log.debug("nvidia-smi -L failed: %s", e)
         return []
     return [m.group(1) for m in re.finditer(r"^GPU (\d+):", out, re.M)]
+
+
+class ProcessEnv:
+    """Command line and environment of a pod's container process on this machine."""
+
+    def __init__(self, store: Store, gpus_per_node: int, local_gpus: list[str]) -> None:
+        self.store, self.gpus_per_node, self.local_gpus = store, gpus_per_node, local_gpus
+        self._ports: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def service_port(self, ns: str, service: str) -> int:
+        """A free local port, allocated once per Service (rendezvous of all its pods)."""
+        with self._lock:
+            if (ns, service) not in self._ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    self._ports[(ns, service)] = s.getsockname()[1]
+            return self._ports[(ns, service)]
+
+    def gpus_for(self, pod: Obj) -> str:
+        node = pod["spec"]["nodeName"]
+        suffix = node.rsplit("-", 1)[-1]
+        i, g = (int(suffix) if suffix.isdigit() else 0), self.gpus_per_node
+        want = pod_gpus(pod)
+        for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+            claim = self.store.find(
+                "resourceclaims", pod["metadata"]["namespace"], entry.get("resourceClaimName") or ""
+            )
+            want += claim_gpus(claim) if claim and GPU_CLASS in str(claim.get("spec")) else 0
+        if g <= 0 or want <= 0 or len(self.local_gpus) < (i + 1) * g:
+            return ""
+        return ",".join(self.local_gpus[i * g : (i + 1) * g][:want])
+
+    def command_and_env(self, pod: Obj, container: Obj) -> tuple[list[str], dict[str, str]]:
+        pod_env: dict[str, str] = {}
+        for e in container.get("env") or []:
+            ref = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+            pod_env[e["name"]] = (
+                field_ref(pod, ref) if ref else expand(str(e.get("value", "")), pod_env)
+            )
+        host = pod_env.get("MASTER_ADDR", "")
+        if host.endswith(".svc.cluster.local"):
+            parts = host.split(".")
+            if len(parts) >= 6:  # <pod-host>.<service>.<namespace>.svc.cluster.local
+                pod_env["MASTER_PORT"] = str(self.service_port(parts[-4], parts[-5]))
+        if "MASTER_ADDR" in pod_env:
+            pod_env["MASTER_ADDR"] = "127.0.0.1"
+        pod_env = {k: DNS_RE.sub("127.0.0.1", v) for k, v in pod_env.items()}
+        pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
+        pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
+        cmd = [
+            expand(str(a), pod_env)
+            for a in (container.get("command") or []) + (container.get("args") or [])
+        ]
+        if cmd and re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(cmd[0])):
+            cmd[0] = sys.executable
+        if not cmd:
+            raise OSError("container has no command (the simulator has no images)")
+        return cmd, {**os.environ, **pod_env}

@@ -32,12 +32,16 @@ def start_process(
         )
 
 
-def kill_process_tree(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the process group, SIGKILL it after ``grace_s``, then SIGKILL any survivor."""
+def kill_process_tree(proc: subprocess.Popen[bytes], grace_s: float | None) -> None:
+    """SIGTERM the process group, SIGKILL it after ``grace_s``, then SIGKILL any survivor;
+    ``grace_s=None``: SIGKILL at once (what a process sees when the hardware goes away)."""
     # Remembered before signalling: once a parent dies its children are re-parented and
     # can no longer be found from ``proc.pid``.
     tree = descendants(proc.pid)
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
+    steps = [(signal.SIGKILL, KILL_WAIT_S)]
+    if grace_s is not None:
+        steps.insert(0, (signal.SIGTERM, grace_s))
+    for sig, wait_s in steps:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

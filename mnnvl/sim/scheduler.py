@@ -14,17 +14,27 @@ import logging
 import secrets
 import string
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from mnnvl.sim.dra import channel_domain
+from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.placement import GPU_CLASS, TERMINAL, Context
-from mnnvl.sim.store import ApiError, Obj, Store, clone, now_iso, record_event
+from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent, clone, now_iso
 
 log = logging.getLogger(__name__)
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 JOB_LABEL = "batch.kubernetes.io/job-name"
+
+
+# Filter verdicts preemption cannot fix (kube-scheduler's UnschedulableAndUnresolvable).
+UNRESOLVABLE = (
+    "node(s) didn't match Pod's node affinity/selector",
+    "node(s) didn't match pod affinity rules",
+    "node(s) had untolerated taint {node.kubernetes.io/unreachable: }",
+)
 
 
 def rand5() -> str:
@@ -36,6 +46,8 @@ class Scheduler:
         self.store, self.faults = store, faults
         self._sub = store.subscribe(["pods", "nodes", "resourceclaimtemplates"])
         self._thread: threading.Thread | None = None
+        self._first_seen: dict[str, float] = {}  # pod uid -> monotonic time first seen
+        self._wake_at = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="sim-scheduler", daemon=True)
@@ -164,10 +176,28 @@ class Scheduler:
             None,
             lambda o: not o["spec"].get("nodeName") and not o["metadata"].get("deletionTimestamp"),
         )
+        now = time.monotonic()
+        seen = {p["metadata"]["uid"] for p in pods}
+        self._first_seen = {u: t for u, t in self._first_seen.items() if u in seen}
         for pod in pods:
             claims = self._ensure_claims(pod)
-            if claims is not None:
+            due = self._first_seen.setdefault(pod["metadata"]["uid"], now) + (
+                self.faults.schedule_delay_s
+            )
+            if due > now:
+                self._wake(due)
+            elif claims is not None:
                 self._schedule(pod, claims)
+
+    def _wake(self, at: float) -> None:
+        """Run a pass at monotonic time ``at`` (one timer for the earliest pending pod)."""
+        if self._wake_at > time.monotonic() and self._wake_at <= at:
+            return
+        self._wake_at = at
+        ev = WatchEvent(0, "pods", "", "SYNC", {"metadata": {"name": ""}})
+        timer = threading.Timer(max(at - time.monotonic(), 0.0) + 0.005, self._sub.queue.put, (ev,))
+        timer.daemon = True
+        timer.start()
 
     def _schedule(self, pod: Obj, claims: list[Obj]) -> None:
         nodes = sorted(
@@ -193,11 +223,7 @@ class Scheduler:
         if chosen is not None:
             self._bind(pod, claims, chosen["metadata"]["name"])
             return
-        msg = (
-            f"0/{len(nodes)} nodes are available: "
-            + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
-            + "."
-        )
+        msg = unschedulable_message(len(nodes), reasons)
         cond = {
             "type": "PodScheduled",
             "status": "False",
@@ -257,6 +283,27 @@ class Scheduler:
             f"Successfully assigned {ns}/{name} to {node}",
             "default-scheduler",
         )
+
+
+def unschedulable_message(total: int, reasons: dict[str, int]) -> str:
+    """kube-scheduler's FailedScheduling text, preemption post-filter included."""
+    hopeless = sum(n for r, n in reasons.items() if r in UNRESOLVABLE)
+    victims = total - hopeless
+    preemption = ", ".join(
+        f"{n} {r}"
+        for r, n in sorted(
+            {
+                "No preemption victims found for incoming pod": victims,
+                "Preemption is not helpful for scheduling": hopeless,
+            }.items()
+        )
+        if n
+    )
+    return (
+        f"0/{total} nodes are available: "
+        + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+        + f". preemption: 0/{total} nodes are available: {preemption}."
+    )
 
 
 def _setter(key: str, value: Any, sub: str | None = None) -> Callable[[Obj], None]:

@@ -63,23 +63,65 @@ def _field(obj: Obj, path: str) -> str:
     return "" if cur is None else str(cur)
 
 
-def field_matcher(selector: str | None) -> Callable[[Obj], bool]:
-    """``metadata.name=x,status.phase!=Running`` (any dotted path, = / == / !=)."""
-    checks = [_field_check(t) for t in _split_terms(selector or "")]
+# Field selectors a real API server accepts per resource (besides metadata.name and, for
+# namespaced kinds, metadata.namespace), mapped to the object path they read.
+FIELD_LABELS: dict[str, dict[str, str]] = {
+    "pods": {
+        "spec.nodeName": "spec.nodeName",
+        "spec.restartPolicy": "spec.restartPolicy",
+        "spec.schedulerName": "spec.schedulerName",
+        "spec.serviceAccountName": "spec.serviceAccountName",
+        "spec.hostNetwork": "spec.hostNetwork",
+        "status.phase": "status.phase",
+        "status.podIP": "status.podIP",
+        "status.nominatedNodeName": "status.nominatedNodeName",
+    },
+    "events": {
+        **{
+            f"involvedObject.{k}": f"involvedObject.{k}"
+            for k in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion")
+        },
+        "involvedObject.fieldPath": "involvedObject.fieldPath",
+        "reason": "reason",
+        "reportingComponent": "reportingComponent",
+        "source": "source.component",
+        "type": "type",
+    },
+    "nodes": {"spec.unschedulable": "spec.unschedulable"},
+    "namespaces": {"status.phase": "status.phase"},
+    "services": {"spec.clusterIP": "spec.clusterIP", "spec.type": "spec.type"},
+    "jobs": {"status.successful": "status.succeeded"},
+}
+COMMON_FIELDS = {"metadata.name": "metadata.name", "metadata.namespace": "metadata.namespace"}
+
+
+def field_matcher(selector: str | None, resource: str | None = None) -> Callable[[Obj], bool]:
+    """``metadata.name=x,status.phase!=Running`` (= / == / !=). With ``resource``, only the
+    field labels the real API server supports for it; others are a 400."""
+    checks = [_field_check(t, resource) for t in _split_terms(selector or "")]
     return lambda obj: all(c(obj) for c in checks)
 
 
-def _field_check(term: str) -> Callable[[Obj], bool]:
+def _field_check(term: str, resource: str | None) -> Callable[[Obj], bool]:
     neg = "!=" in term
     path, sep, val = term.replace("!=", "=").replace("==", "=").partition("=")
     if not sep:
         raise ApiError(400, "BadRequest", f"invalid field selector: {term!r}")
     p, v = path.strip(), val.strip()
+    if resource is not None:
+        known = {**COMMON_FIELDS, **FIELD_LABELS.get(resource, {})}
+        if p not in known:
+            raise ApiError(400, "BadRequest", f"field label not supported: {p}")
+        p = known[p]
+    if p == "spec.hostNetwork" or p == "spec.unschedulable":
+        return lambda o: ((_field(o, p).lower() == "true") == (v == "true")) != neg
     return lambda o: (_field(o, p) == v) != neg
 
 
-def object_matcher(label_selector: str | None, field_selector: str | None) -> Callable[[Obj], bool]:
-    lm, fm = label_matcher(label_selector), field_matcher(field_selector)
+def object_matcher(
+    label_selector: str | None, field_selector: str | None, resource: str | None = None
+) -> Callable[[Obj], bool]:
+    lm, fm = label_matcher(label_selector), field_matcher(field_selector, resource)
     return lambda o: lm(o.get("metadata", {}).get("labels") or {}) and fm(o)
 
 

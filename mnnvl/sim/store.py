@@ -9,7 +9,6 @@ both consume these queues, so nothing in the simulator polls the store.
 from __future__ import annotations
 
 import builtins
-import logging
 import queue
 import threading
 import uuid
@@ -18,9 +17,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnnvl.sim.deletion import FOREGROUND, Deletion
 from mnnvl.sim.model import RESOURCES, ApiError, Key, Obj, clone, not_found, now_iso
 
-__all__ = ["RESOURCES", "ApiError", "Obj", "Store", "clone", "not_found", "now_iso", "record_event"]
+__all__ = ["RESOURCES", "ApiError", "Obj", "Store", "clone", "not_found", "now_iso"]
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Subscription:
         return ev.resource in self.resources and self.namespace in (None, ev.namespace)
 
 
-class Store:
+class Store(Deletion):
     """Objects keyed by (plural, namespace, name); all methods are thread-safe."""
 
     def __init__(self, history: int = 10000) -> None:
@@ -102,8 +102,17 @@ class Store:
                 )
             if rt.namespaced:
                 meta["namespace"] = ns = ns or "default"
-                if ("namespaces", "", ns) not in self._objs:
+                nsobj = self._objs.get(("namespaces", "", ns))
+                if nsobj is None:
                     raise not_found("namespaces", ns)
+                if nsobj["metadata"].get("deletionTimestamp"):
+                    raise ApiError(
+                        403,
+                        "Forbidden",
+                        f'{resource} "{name}" is forbidden: unable to create new content in '
+                        f"namespace {ns} because it is being terminated",
+                        {"name": name, "group": rt.group, "kind": resource},
+                    )
             key = (resource, ns, name)
             if key in self._objs:
                 raise ApiError(
@@ -131,8 +140,7 @@ class Store:
             if old is None:
                 raise not_found(resource, name)
             want_rv = new.get("metadata", {}).get("resourceVersion")
-            check_rv = True
-            if check_rv and want_rv and want_rv != old["metadata"]["resourceVersion"]:
+            if want_rv and want_rv != old["metadata"]["resourceVersion"]:
                 raise ApiError(
                     409,
                     "Conflict",
@@ -179,6 +187,7 @@ class Store:
             "namespace",
             "name",
             "deletionTimestamp",
+            "deletionGracePeriodSeconds",
             "generation",
         ):
             if k in old_meta:
@@ -205,13 +214,29 @@ class Store:
         }:
             return clone(old)  # no-op writes do not bump the resourceVersion
         self._objs[key] = new
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if (
+            meta.get("deletionTimestamp")
+            and not meta.get("finalizers")
+            and not meta.get("deletionGracePeriodSeconds")
+        ):
             self._remove(key)
         else:
             self._emit("MODIFIED", key, new)
         return clone(new)
 
-    def delete(self, resource: str, ns: str, name: str, propagation: str | None = None) -> Obj:
+    def delete(
+        self,
+        resource: str,
+        ns: str,
+        name: str,
+        propagation: str | None = None,
+        grace_s: float | None = None,
+    ) -> Obj:
+        """DELETE semantics: finalizers, graceful pod termination, propagation, namespaces.
+
+        A pod bound to a node only gets ``deletionTimestamp`` (now + grace period) and stays
+        Terminating until its kubelet has stopped it and deletes it again with ``grace_s=0``.
+        """
         with self.lock:
             key = (resource, ns, name)
             obj = self._objs.get(key)
@@ -222,22 +247,29 @@ class Store:
             uid = obj["metadata"]["uid"]
             if policy == "Orphan":
                 self._orphan(uid)
-            elif policy == "Foreground":
-                for dep in self._dependents(uid):
-                    if dep in self._objs:
-                        self.delete(dep[0], dep[1], dep[2], "Foreground")
+            finalizers = list(obj["metadata"].get("finalizers") or [])
+            if policy == "Foreground" and self._dependents(uid):
+                finalizers = list(dict.fromkeys([*finalizers, FOREGROUND]))
             if resource == "namespaces":
-                for dep in [k for k in self._objs if k[1] == name and k[0] != "namespaces"]:
-                    if dep in self._objs:
-                        self._remove(dep)
-            if obj["metadata"].get("finalizers"):
-                if not obj["metadata"].get("deletionTimestamp"):
+                return self._delete_namespace(key, obj)
+            if resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName"):
+                return self._terminate_pod(key, obj, grace_s)
+            if finalizers:
+                if not obj["metadata"].get("deletionTimestamp") or finalizers != (
+                    obj["metadata"].get("finalizers") or []
+                ):
                     obj = clone(obj)
-                    obj["metadata"]["deletionTimestamp"] = now_iso()
-                    obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                    obj["metadata"].setdefault("deletionTimestamp", now_iso())
+                    obj["metadata"].setdefault("deletionGracePeriodSeconds", 0)
+                    obj["metadata"]["finalizers"] = finalizers
                     self._objs[key] = obj
                     self._emit("MODIFIED", key, obj)
-                return clone(obj)
+                if FOREGROUND in finalizers:
+                    for dep in self._dependents(uid):
+                        if dep in self._objs:
+                            self.delete(dep[0], dep[1], dep[2], "Foreground")
+                    self._finish_foreground(uid)
+                return clone(self._objs.get(key, obj))
             self._remove(key)
             return clone(obj)
 
@@ -246,34 +278,10 @@ class Store:
         self._uids.pop(obj["metadata"]["uid"], None)
         self._emit("DELETED", key, obj)
         self._collect(obj["metadata"]["uid"])
-
-    def _dependents(self, uid: str) -> builtins.list[Key]:
-        return [
-            k
-            for k, o in self._objs.items()
-            if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
-        ]
-
-    def _collect(self, uid: str) -> None:
-        """Garbage collection: delete dependents whose owners are all gone."""
-        for dep in self._dependents(uid):
-            if dep not in self._objs:
-                continue
-            refs = self._objs[dep]["metadata"].get("ownerReferences") or []
-            if not any(r.get("uid") in self._uids for r in refs):
-                self.delete(dep[0], dep[1], dep[2], "Background")
-
-    def _orphan(self, uid: str) -> None:
-        for dep in self._dependents(uid):
-            self.mutate(
-                dep[0],
-                dep[1],
-                dep[2],
-                lambda o: o["metadata"].__setitem__(
-                    "ownerReferences",
-                    [r for r in o["metadata"]["ownerReferences"] if r.get("uid") != uid],
-                ),
-            )
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            self._finish_foreground(str(ref.get("uid")))
+        if key[1] and key[0] != "namespaces":
+            self._finish_namespace(key[1])
 
     # ----- watch -------------------------------------------------------------------------
     def _emit(self, type_: str, key: Key, obj: Obj) -> None:
@@ -341,46 +349,3 @@ class Store:
             subs, self._subs = self._subs, []
         for sub in subs:
             sub.queue.put(None)
-
-
-def record_event(
-    store: Store, obj: Obj, type_: str, reason: str, message: str, component: str
-) -> None:
-    """Write a core/v1 Event about ``obj``; repeats of the same event bump its count."""
-    meta = obj.get("metadata", {})
-    ns = meta.get("namespace") or "default"
-    digest = uuid.uuid5(uuid.NAMESPACE_OID, meta.get("uid", "") + reason + message).hex[:16]
-    name = f"{meta.get('name', 'unknown')}.{digest}"
-    now = now_iso()
-
-    def bump(ev: Obj) -> None:
-        ev["count"] = ev.get("count", 1) + 1
-        ev["lastTimestamp"] = now
-
-    with store.lock:
-        if store.mutate("events", ns, name, bump) is not None:
-            return
-        try:
-            store.create(
-                "events",
-                {
-                    "metadata": {"name": name, "namespace": ns},
-                    "involvedObject": {
-                        "kind": obj.get("kind"),
-                        "apiVersion": obj.get("apiVersion"),
-                        "name": meta.get("name"),
-                        "namespace": ns,
-                        "uid": meta.get("uid"),
-                    },
-                    "type": type_,
-                    "reason": reason,
-                    "message": message,
-                    "count": 1,
-                    "firstTimestamp": now,
-                    "lastTimestamp": now,
-                    "source": {"component": component},
-                    "reportingComponent": component,
-                },
-            )
-        except ApiError as e:  # namespace deleted under us: the event has nowhere to go
-            logging.getLogger(__name__).debug("event %s dropped: %s", reason, e)

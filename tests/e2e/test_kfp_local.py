@@ -54,7 +54,8 @@ def test_training_pipeline_succeeds_and_teardown_leaves_nothing(sim: Any, tmp_pa
     assert train["steps"] == 10 and train["tokens_per_s"] > 0 and "final_loss" in train
     for task in ("verify-nvlink", "verify-nvlink-2"):
         verify = _metrics(outcome.run_dir, task)
-        assert verify["verdict_pass"] == 1.0
+        # CPU/gloo: no NVLink to judge; make run allows NOT_JUDGED, which is no PASS.
+        assert verify["verdict_pass"] == 0.0 and verify["verdict_not_judged"] == 1.0
         assert verify["peak_busbw_gbps"] > 0
         assert any(name.startswith("busbw_gbps_") for name in verify)
     (run_id,) = _run_ids(outcome)

@@ -13,17 +13,16 @@ from mnnvl.runtime.result import torchrun_command
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-        reason="needs at least 2 CUDA GPUs",
-    ),
-]
+pytestmark = [pytest.mark.gpu]
+two_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="needs at least 2 CUDA GPUs",
+)
+one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def run_verify(extra_env: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
-    cmd = torchrun_command("mnnvl.runtime.verify", list(args), torch.cuda.device_count())
+def run_verify(extra_env: dict[str, str], *args: str, nproc: int = 0) -> tuple[int, dict[str, Any]]:
+    cmd = torchrun_command("mnnvl.runtime.verify", list(args), nproc or torch.cuda.device_count())
     env = {**os.environ, **extra_env}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -31,6 +30,7 @@ def run_verify(extra_env: dict[str, str], *args: str) -> tuple[int, dict[str, An
     return proc.returncode, json.loads(lines[-1][len("RESULT ") :])
 
 
+@two_gpus
 def test_healthy_nvlink_passes_the_derived_threshold() -> None:
     code, result = run_verify({}, "--max-bytes", "1G")
     assert result["verdict"] == "PASS", result["reasons"]
@@ -41,6 +41,7 @@ def test_healthy_nvlink_passes_the_derived_threshold() -> None:
         assert result["threshold_source"] == "derived"
 
 
+@two_gpus
 def test_peer_to_peer_disabled_fails() -> None:
     code, result = run_verify({"NCCL_P2P_DISABLE": "1"}, "--max-bytes", "1G")
     if not result["topology"]["active_links"]:
@@ -48,3 +49,29 @@ def test_peer_to_peer_disabled_fails() -> None:
     assert result["verdict"] == "FAIL"
     assert code != 0
     assert any("below the derived threshold" in r for r in result["reasons"])
+
+
+@two_gpus
+def test_nvlink_transport_and_nccl_version_are_recorded() -> None:
+    code, result = run_verify({}, "--max-bytes", "16M", "--min-busbw-gbps", "1")
+    assert code == 0 and result["verdict"] == "PASS"
+    nccl = result["nccl"]
+    assert nccl["version"] == ".".join(map(str, torch.cuda.nccl.version()))
+    expected = "NVLink P2P" if result["topology"]["active_links"] else "PCIe P2P"
+    assert nccl["transport"] in (expected, "MNNVL"), nccl
+    small = result["sizes"][0]
+    assert small["correct"] and small["path"] in ("eager", "direct")
+
+
+@two_gpus
+def test_shared_memory_transport_is_named_when_peer_to_peer_is_off() -> None:
+    _, result = run_verify({"NCCL_P2P_DISABLE": "1"}, "--max-bytes", "4M", "--min-busbw-gbps", "1")
+    assert result["nccl"]["transport"] == "SHM", result["nccl"]
+
+
+@one_gpu
+def test_one_gpu_is_not_judged_and_exits_4() -> None:
+    code, result = run_verify({}, "--max-bytes", "4M", nproc=1)
+    assert result["verdict"] == "NOT_JUDGED" and code != 0
+    assert result["reasons"][0].startswith("NOT_JUDGED: one rank")
+    assert result["nccl"]["transport"] == "none"

@@ -144,3 +144,22 @@ def test_pod_deleted_while_waiting_for_imex_releases_the_node(env: Any) -> None:
     batch.delete_namespaced_job("slow", NS, propagation_policy="Background")
     _wait(lambda: label not in (core.read_node("sim-node-0").metadata.labels or {}))
     sim.faults.imex_delay_s = 0.2
+
+
+def test_cli_sim_up_with_two_cliques_labels_half_the_nodes_each(tmp_path: Any) -> None:
+    kc = tmp_path / "kubeconfig"
+    cmd = [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "8", "--cliques", "2"]
+    proc = subprocess.Popen([*cmd, "--kubeconfig", str(kc)], stderr=subprocess.DEVNULL)
+    try:
+        _wait(kc.exists, timeout=60)
+        api = kubernetes.config.new_client_from_config(config_file=str(kc))
+        nodes = kubernetes.client.CoreV1Api(api).list_node().items
+        cliques = [n.metadata.labels["nvidia.com/gpu.clique"] for n in nodes]
+        assert len(nodes) == 8 and len(set(cliques)) == 2
+        assert sorted(cliques.count(c) for c in set(cliques)) == [4, 4]
+        assert {c.rsplit(".", 1)[1] for c in cliques} == {"0", "1"}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

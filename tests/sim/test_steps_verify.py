@@ -59,3 +59,44 @@ def test_verify_fail_gates_with_the_measured_bandwidth_in_the_message(sim, run):
     message = str(info.value)
     assert "judged busbw" in message and "90000" in message
     assert info.value.exit_code == 4
+
+
+def test_verify_not_judged_gates_unless_the_caller_allows_it(sim, run):
+    config = VerifyConfig(max_bytes=64 << 10)  # gloo, no threshold: nothing to judge
+    with pytest.raises(VerificationFailed) as info:
+        steps.verify(run, config, kubeconfig=sim.kubeconfig_path)
+    message = str(info.value)
+    assert "verification NOT_JUDGED" in message and "NOT_JUDGED: no NVLink" in message
+    assert "--allow-unjudged" in message and info.value.exit_code == 4
+
+    allowed = VerifyConfig(max_bytes=64 << 10, allow_unjudged=True)
+    result = steps.verify(run, allowed, kubeconfig=sim.kubeconfig_path)
+    assert result.verdict == "NOT_JUDGED" and result.threshold_gbps is None
+    assert result.raw["nccl"]["transport"].startswith("none (gloo")
+
+
+def test_pods_that_asked_for_gpus_and_see_none_fail_naming_the_pod():
+    # Simulated nodes with GPUs, but this machine has none to hand to the pods.
+    with SimCluster(nodes=2, gpus_per_node=1) as cluster:
+        run_id = f"g-{uuid.uuid4().hex[:10]}"
+        domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
+        workload = WorkloadSpec(
+            run_id=run_id,
+            purpose="verify-pre",
+            nodes=2,
+            gpus_per_node=1,
+            clique_affinity=False,
+            job_timeout_s=120,
+        )
+        steps.provision(domain, kubeconfig=cluster.kubeconfig_path)
+        try:
+            config = VerifyConfig(max_bytes=64 << 10, allow_unjudged=True)
+            with pytest.raises(VerificationFailed) as info:
+                steps.verify(workload, config, kubeconfig=cluster.kubeconfig_path)
+        finally:
+            steps.teardown(domain, kubeconfig=cluster.kubeconfig_path)
+        message = str(info.value)
+        pod = RunNames.for_run(run_id).job("verify-pre")
+        assert f"pod {pod}" in message and "requested 1 GPU(s) but the worker sees none" in message
+        assert "backend gloo" not in message
+        assert cluster.objects(RunNames.for_run(run_id).selector) == []

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mnnvl.runtime import nvml
-from mnnvl.runtime.verify import judge, judged_busbw, threshold_gbps
+from mnnvl.runtime.verify import exit_code, judge, judged_busbw, threshold_gbps
 from mnnvl.spec import VerifyConfig
 from tests.unit.fake_pynvml import (
     CLUSTER_B,
@@ -67,13 +67,44 @@ def test_fabric_call_not_supported_reads_as_no_fabric() -> None:
     assert fabric["state"] == "NOT_SUPPORTED" and fabric["cluster_uuid"] == "0" * 32
 
 
-def test_missing_pynvml_is_reported_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_pynvml_is_reported_and_the_verdict_is_not_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(nvml, "load_nvml", lambda: None)
     summary = nvml.check_gpus([0])
     assert summary["nvml"].startswith("unavailable") and summary["gpus"] == []
     verdict = judge(VerifyConfig(), [summary, summary], sweep(300.0), 2)
-    assert verdict["verdict"] == "PASS" and verdict["threshold_source"] == "none"
-    assert any("NVML unavailable" in r for r in verdict["reasons"])
+    # Nothing detected, nothing judged: never a PASS.
+    assert verdict["verdict"] == "NOT_JUDGED" and verdict["threshold_source"] == "none"
+    assert verdict["reasons"][0].startswith("NOT_JUDGED: NVML unavailable on ranks [0, 1]")
+
+
+def test_missing_nvml_with_a_user_threshold_is_judged(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvml, "load_nvml", lambda: None)
+    summary = nvml.check_gpus([0])
+    verdict = judge(VerifyConfig(min_busbw_gbps=200.0), [summary, summary], sweep(300.0), 2)
+    assert verdict["verdict"] == "PASS" and verdict["threshold_source"] == "user"
+
+
+def test_one_rank_is_not_judged_even_with_a_threshold(imex: str) -> None:
+    summaries = summaries_for([h200("GPU-a")], imex)
+    verdict = judge(VerifyConfig(min_busbw_gbps=1.0), summaries, sweep(300.0), 1)
+    assert verdict["verdict"] == "NOT_JUDGED" and verdict["threshold_gbps"] is None
+    assert verdict["reasons"][0].startswith("NOT_JUDGED: one rank")
+
+
+def test_gloo_without_a_threshold_states_no_nvlink() -> None:
+    empty = {"nvml": "not checked: no GPU", "gpus": []}
+    verdict = judge(VerifyConfig(), [empty, empty], sweep(1.0), 2, "gloo")
+    assert verdict["verdict"] == "NOT_JUDGED"
+    assert verdict["reasons"][0].startswith("NOT_JUDGED: no NVLink")
+
+
+def test_not_judged_exits_4_unless_allowed() -> None:
+    assert exit_code("PASS", allow_unjudged=False) == 0
+    assert exit_code("NOT_JUDGED", allow_unjudged=False) == 4
+    assert exit_code("NOT_JUDGED", allow_unjudged=True) == 0
+    assert exit_code("FAIL", allow_unjudged=True) == 4
 
 
 def test_healthy_h200_pair_passes_with_derived_threshold(imex: str) -> None:

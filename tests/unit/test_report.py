@@ -29,6 +29,7 @@ def verify_result(verdict: str = "PASS") -> dict[str, Any]:
         "peak_busbw_gbps": 339.1,
         "world_size": 2,
         "backend": "nccl",
+        "nccl": {"version": "2.28.9", "transport": "NVLink P2P", "mnnvl": False},
         "sizes": [
             {
                 "bytes": 1 << 20,
@@ -88,6 +89,16 @@ def test_verify_table_for_terminals() -> None:
     assert "1 MiB" in table and "4 GiB" in table and "verdict: PASS" in table
     no_threshold = {**verify_result(), "threshold_gbps": None, "threshold_source": "none"}
     assert "threshold: none (bandwidth not judged)" in report.verify_table(no_threshold)
+
+
+def test_transport_and_nccl_version_lead_the_table_and_the_markdown(tmp_path: Path) -> None:
+    first = report.verify_table(verify_result()).splitlines()[0]
+    assert first == "verdict: PASS · transport: NCCL 2.28.9 over NVLink P2P"
+    report.write_verify_report(verify_result(), str(tmp_path))
+    head = (tmp_path / "verify.md").read_text().splitlines()[:3]
+    assert head[2] == "- transport: NCCL 2.28.9 over NVLink P2P"
+    gloo = {**verify_result("NOT_JUDGED"), "backend": "gloo", "nccl": None}
+    assert "gloo on CPU (no NCCL, no NVLink)" in report.verify_table(gloo).splitlines()[0]
 
 
 def test_report_works_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,20 +5,23 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mnnvl.runtime.result import torchrun_command
+from mnnvl.runtime.result import parse_result, torchrun_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_verify(*args: str) -> tuple[int, dict[str, Any], str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+def run_verify(
+    *args: str, env_extra: dict[str, str] | None = None, nproc: int = 2
+) -> tuple[int, dict[str, Any], str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **(env_extra or {})}
     env.pop("MNNVL_NCCL_PROFILE", None)
-    cmd = torchrun_command("mnnvl.runtime.verify", ["--max-bytes", "256K", *args], nproc=2)
+    cmd = torchrun_command("mnnvl.runtime.verify", ["--max-bytes", "256K", *args], nproc=nproc)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout + proc.stderr[-3000:]
@@ -61,3 +64,56 @@ def test_unreachable_threshold_fails_with_exit_code_4_and_still_prints_result() 
     assert any("below the user threshold" in r for r in result["reasons"])
     # torchrun turns a failed worker into its own exit code 1 and names the worker's code.
     assert code != 0 and "exitcode  : 4" in stderr
+
+
+def test_gloo_without_a_threshold_is_not_judged_and_exits_4() -> None:
+    code, result, stderr = run_verify()
+    assert result["verdict"] == "NOT_JUDGED"
+    assert result["reasons"][0].startswith("NOT_JUDGED: no NVLink (CPU/gloo run)")
+    assert result["nccl"]["transport"].startswith("none (gloo")
+    assert code != 0 and "exitcode  : 4" in stderr
+    assert "--allow-unjudged was not given" in stderr
+
+
+def test_allow_unjudged_accepts_not_judged_with_exit_0() -> None:
+    code, result, _ = run_verify("--allow-unjudged")
+    assert code == 0 and result["verdict"] == "NOT_JUDGED" and result["allow_unjudged"]
+
+
+def test_result_carries_the_time_breakdown_and_comes_before_the_plot() -> None:
+    code, result, stderr = run_verify("--min-busbw-gbps", "0.000001")
+    assert code == 0
+    phases = result["timings_s"]
+    assert {"imports", "nvml", "process_group", "sweep", "judge"} <= set(phases)
+    assert all(row["wall_ms"] > 0 and row["path"] == "eager" for row in result["sizes"])
+    assert "report" not in phases  # written after the verdict went out
+    assert "after the verdict: report and plot took" in stderr
+
+
+def test_pod_that_asked_for_gpus_and_sees_none_fails_naming_the_pod() -> None:
+    env = {"MNNVL_GPUS_PER_NODE": "4", "HOSTNAME": "run-verify-pre-0-abcde"}
+    code, result, stderr = run_verify("--allow-unjudged", env_extra=env)
+    assert result["verdict"] == "FAIL"
+    (reason,) = result["reasons"]
+    assert reason.startswith("pod run-verify-pre-0-abcde requested 4 GPU(s) but the worker sees")
+    assert result["sizes"] == []  # never a silent gloo sweep
+    assert code != 0 and "exitcode  : 4" in stderr
+
+
+def run_forkrun(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("MNNVL_NCCL_PROFILE", None)
+    cmd = [sys.executable, "-m", "mnnvl.runtime.forkrun", "--nproc-per-node", "2", "-m"]
+    cmd += ["mnnvl.runtime.verify", "--max-bytes", "64K", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_forkrun_starts_two_ranks_from_one_import_and_keeps_the_exit_code() -> None:
+    ok = run_forkrun("--allow-unjudged")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    result = parse_result(ok.stdout)
+    assert result is not None and result["world_size"] == 2
+    assert result["verdict"] == "NOT_JUDGED"
+    gated = run_forkrun()  # NOT_JUDGED without --allow-unjudged: the container exits 4
+    assert gated.returncode == 4
+    assert "local rank 0 exited with 4" in gated.stderr

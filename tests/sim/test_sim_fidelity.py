@@ -1,0 +1,412 @@
+"""The simulator behaves like the real components where order and timing matter: the
+scheduler, graceful deletion, IMEX loss, namespaces, cliques and DRA prepare errors.
+
+Each test drives the unmodified ``kubernetes`` client over HTTP and asserts what a real
+cluster would show at that moment (see the fidelity table in ``mnnvl/sim/README.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+from kubernetes.client import ApiException
+
+from mnnvl.sim import SimCluster
+from tests.sim.test_simulator import wait_for
+
+NS = "default"
+CD_PATH = "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains"
+
+
+class Raw:
+    """Dict-in, dict-out calls through the official client (its typed models drop fields)."""
+
+    def __init__(self, sim: SimCluster) -> None:
+        self.api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+
+    def call(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
+        return self.api.call_api(
+            path,
+            method,
+            query_params=list(query.items()),
+            body=body,
+            response_type="object",
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+        )
+
+    def get(self, path: str) -> Any:
+        return self.call("GET", path)
+
+    def gone(self, path: str) -> bool:
+        try:
+            self.get(path)
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    def pod(self, name: str, ns: str = NS) -> Any:
+        return self.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+
+    def create_pod(self, body: dict[str, Any], ns: str = NS) -> Any:
+        return self.call("POST", f"/api/v1/namespaces/{ns}/pods", body)
+
+    def create_cd(self, name: str, ns: str = NS) -> Any:
+        body = {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomain",
+            "metadata": {"name": name},
+            "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": f"{name}-ch"}}},
+        }
+        cd = self.call("POST", CD_PATH.format(ns=ns), body)
+        wait_for(
+            lambda: (
+                not self.gone(
+                    f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{name}-ch"
+                )
+            ),
+            what="channel template",
+        )
+        return cd
+
+
+def pod_body(
+    name: str,
+    code: str = "import time; time.sleep(60)",
+    gpus: int = 0,
+    claim_template: str | None = None,
+    node: str | None = None,
+    grace_s: int | None = None,
+) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": "sim", "command": ["python3", "-c", code]}
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    if claim_template:
+        spec["resourceClaims"] = [{"name": "imex", "resourceClaimTemplateName": claim_template}]
+        container.setdefault("resources", {})["claims"] = [{"name": "imex"}]
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if grace_s is not None:
+        spec["terminationGracePeriodSeconds"] = grace_s
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def phase(raw: Raw, name: str, ns: str = NS) -> str:
+    return str(raw.pod(name, ns).get("status", {}).get("phase"))
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimCluster]:
+    with SimCluster(
+        nodes=2, gpus_per_node=2, local_gpus=[], imex_delay_s=0.1, namespaces=("default", "other")
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def raw(sim: SimCluster) -> Raw:
+    return Raw(sim)
+
+
+# ---- scheduler ------------------------------------------------------------------------------
+
+
+def test_new_pod_is_pending_without_conditions_and_bound_a_moment_later(raw: Raw) -> None:
+    created = raw.create_pod(pod_body("sched-later"))
+    assert created["status"] == {"phase": "Pending", "qosClass": "BestEffort"}
+    assert "nodeName" not in created["spec"]
+    assert not raw.pod("sched-later")["status"].get("conditions")  # not at once
+    pod = wait_for(
+        lambda: raw.pod("sched-later")["spec"].get("nodeName") and raw.pod("sched-later")
+    )
+    scheduled = next(c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled")
+    assert scheduled["status"] == "True"
+    raw.call("DELETE", "/api/v1/namespaces/default/pods/sched-later", gracePeriodSeconds=0)
+
+
+def test_unschedulable_is_marked_asynchronously_with_the_schedulers_message(raw: Raw) -> None:
+    raw.create_pod(pod_body("too-big", gpus=3))
+    assert not raw.pod("too-big")["status"].get("conditions")
+    cond = wait_for(
+        lambda: next(iter(raw.pod("too-big")["status"].get("conditions") or []), None),
+        what="PodScheduled condition",
+    )
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        "PodScheduled",
+        "False",
+        "Unschedulable",
+    )
+    assert cond["message"] == (
+        "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 nodes are "
+        "available: 2 No preemption victims found for incoming pod."
+    )
+    raw.call("DELETE", "/api/v1/namespaces/default/pods/too-big")
+    assert raw.gone("/api/v1/namespaces/default/pods/too-big")  # never bound: deleted at once
+
+
+def test_unschedulable_pod_is_bound_once_capacity_frees(raw: Raw) -> None:
+    for name in ("fill-0", "fill-1", "waiter"):
+        raw.create_pod(pod_body(name, gpus=2))
+    wait_for(
+        lambda: any(
+            c.get("reason") == "Unschedulable"
+            for c in raw.pod("waiter")["status"].get("conditions") or []
+        ),
+        what="waiter Unschedulable",
+    )
+    raw.call("DELETE", "/api/v1/namespaces/default/pods/fill-0", gracePeriodSeconds=0)
+    wait_for(lambda: raw.pod("waiter")["spec"].get("nodeName"), what="waiter bound")
+    for name in ("fill-1", "waiter"):
+        raw.call("DELETE", f"/api/v1/namespaces/default/pods/{name}", gracePeriodSeconds=0)
+
+
+# ---- deletion -------------------------------------------------------------------------------
+
+TRAP_TERM = (
+    "import os, signal, sys, time\n"
+    "out = sys.argv[1]\n"
+    "def term(*_):\n"
+    "    open(out, 'a').write('TERM\\n')\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "open(out, 'a').write(f'PID {os.getpid()}\\n')\n"
+    "while True:\n"
+    "    time.sleep(0.05)\n"
+)
+
+
+def trap_pod(name: str, out: Path, grace_s: int) -> dict[str, Any]:
+    body = pod_body(name, TRAP_TERM, grace_s=grace_s)
+    body["spec"]["containers"][0]["command"] += [str(out)]
+    return body
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as dead)."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return state != "Z"
+
+
+def test_deleted_pod_is_terminating_for_its_grace_period_then_sigkilled_and_404(
+    raw: Raw, tmp_path: Path
+) -> None:
+    out = tmp_path / "signals"
+    raw.create_pod(trap_pod("graceful", out, grace_s=1))
+    wait_for(lambda: phase(raw, "graceful") == "Running" and out.exists(), what="Running")
+    pid = int(out.read_text().split()[1])
+    start = time.monotonic()
+    raw.call("DELETE", "/api/v1/namespaces/default/pods/graceful")
+    terminating = raw.pod("graceful")
+    assert terminating["metadata"]["deletionTimestamp"]
+    assert terminating["metadata"]["deletionGracePeriodSeconds"] == 1
+    wait_for(lambda: "TERM" in out.read_text(), what="SIGTERM")
+    assert not raw.gone("/api/v1/namespaces/default/pods/graceful")  # still Terminating
+    wait_for(lambda: raw.gone("/api/v1/namespaces/default/pods/graceful"), what="404")
+    assert time.monotonic() - start >= 0.9  # the whole grace period
+    assert not alive(pid)  # ignored SIGTERM, so SIGKILL
+
+
+def test_foreground_job_deletion_keeps_the_job_until_its_pods_are_gone(
+    raw: Raw, tmp_path: Path
+) -> None:
+    out = tmp_path / "signals"
+    tmpl = trap_pod("ignored", out, grace_s=1)
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "fg"},
+        "spec": {"backoffLimit": 0, "template": {"spec": tmpl["spec"]}},
+    }
+    jobs = "/apis/batch/v1/namespaces/default/jobs"
+    raw.call("POST", jobs, job)
+    pods = "/api/v1/namespaces/default/pods"
+    wait_for(
+        lambda: (
+            [p for p in raw.call("GET", pods, labelSelector="job-name=fg")["items"]]
+            and out.exists()
+        ),
+        what="pod started",
+    )
+    raw.call("DELETE", f"{jobs}/fg", {"propagationPolicy": "Foreground"})
+    held = raw.get(f"{jobs}/fg")
+    assert held["metadata"]["deletionTimestamp"]
+    assert "foregroundDeletion" in held["metadata"]["finalizers"]
+    wait_for(lambda: raw.gone(f"{jobs}/fg"), what="Job gone")
+    assert raw.call("GET", pods, labelSelector="job-name=fg")["items"] == []
+    assert "TERM" in out.read_text()
+
+
+def test_namespace_deletion_waits_for_a_stuck_domain_finalizer(sim: SimCluster) -> None:
+    raw = Raw(sim)
+    raw.call("POST", "/api/v1/namespaces", {"metadata": {"name": "doomed"}})
+    raw.create_cd("stuck", ns="doomed")
+    sim.faults.stick_finalizer("ComputeDomain", "stuck")
+    raw.call("DELETE", "/api/v1/namespaces/doomed")
+    ns = raw.get("/api/v1/namespaces/doomed")
+    assert ns["status"]["phase"] == "Terminating"
+    time.sleep(0.5)
+    assert not raw.gone("/api/v1/namespaces/doomed")
+    with pytest.raises(ApiException) as forbidden:
+        raw.create_pod(pod_body("late"), ns="doomed")
+    assert forbidden.value.status == 403
+    assert "being terminated" in forbidden.value.body
+    sim.faults.unstick_finalizer("ComputeDomain", "stuck")
+    raw.call(  # any change wakes the controller, which now drops its finalizer
+        "PATCH",
+        CD_PATH.format(ns="doomed") + "/stuck",
+        {"metadata": {"labels": {"poke": "1"}}},
+    )
+    wait_for(lambda: raw.gone("/api/v1/namespaces/doomed"), what="namespace gone")
+
+
+# ---- IMEX loss ------------------------------------------------------------------------------
+
+
+def test_deleting_a_domain_under_running_pods_kills_them_and_fails_them_naming_it(
+    raw: Raw, sim: SimCluster
+) -> None:
+    raw.create_cd("early")
+    raw.create_pod(pod_body("imex-user", claim_template="early-ch"))
+    wait_for(lambda: phase(raw, "imex-user") == "Running", what="Running")
+    raw.call("DELETE", CD_PATH.format(ns=NS) + "/early")
+    pod = wait_for(
+        lambda: phase(raw, "imex-user") == "Failed" and raw.pod("imex-user"), what="Failed"
+    )
+    assert pod["status"]["reason"] == "IMEXDomainLost"
+    assert "ComputeDomain default/early" in pod["status"]["message"]
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 137 and "IMEX domain" in term["message"]
+    reasons = [e["reason"] for e in sim.events if e["involvedObject"]["name"] == "imex-user"]
+    assert "IMEXDomainLost" in reasons
+    raw.call("DELETE", "/api/v1/namespaces/default/pods/imex-user")
+    wait_for(lambda: raw.gone(CD_PATH.format(ns=NS) + "/early"), what="domain gone")
+
+
+def test_node_lost_under_a_running_pod_fails_it_naming_the_imex_domain() -> None:
+    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as sim:
+        raw = Raw(sim)
+        raw.create_cd("rack")
+        raw.create_pod(pod_body("on-lost", claim_template="rack-ch", node="sim-node-1"))
+        wait_for(lambda: phase(raw, "on-lost") == "Running", what="Running")
+        sim.lose_node("sim-node-1")
+        pod = wait_for(lambda: phase(raw, "on-lost") == "Failed" and raw.pod("on-lost"))
+        assert (
+            "node sim-node-1 left the IMEX domain of ComputeDomain default/rack"
+            in (pod["status"]["message"])
+        )
+        raw.create_pod(pod_body("after", node="sim-node-1"))
+        cond = wait_for(lambda: (raw.pod("after")["status"].get("conditions") or [None])[0])
+        assert "untolerated taint" in cond["message"]
+
+
+# ---- cliques and DRA prepare errors ---------------------------------------------------------
+
+
+def test_cliques_label_nodes_and_report_per_node_clique_ids() -> None:
+    with SimCluster(nodes=4, cliques=2, local_gpus=[], imex_delay_s=0.1) as sim:
+        raw = Raw(sim)
+        nodes = raw.get("/api/v1/nodes")["items"]
+        cliques = [n["metadata"]["labels"]["nvidia.com/gpu.clique"] for n in nodes]
+        assert len(set(cliques)) == 2 and cliques.count(cliques[0]) == 2
+        cd = raw.create_cd("wide")
+        for i, node in ((0, "sim-node-0"), (2, "sim-node-2")):
+            raw.create_pod(pod_body(f"w{i}", claim_template="wide-ch", node=node))
+        path = CD_PATH.format(ns=NS) + "/wide"
+        status = wait_for(
+            lambda: (
+                len((raw.get(path).get("status") or {}).get("nodes") or []) == 2
+                and raw.get(path)["status"]
+            )
+        )
+        by_node = {e["name"]: e for e in status["nodes"]}
+        assert by_node["sim-node-0"]["cliqueID"] == f"{sim.cluster_uuid}.0"
+        assert by_node["sim-node-2"]["cliqueID"] == f"{sim.cluster_uuid}.1"
+        assert by_node["sim-node-0"]["index"] == by_node["sim-node-2"]["index"] == 0
+        assert cd["metadata"]["uid"]
+
+
+def prepare_events(sim: SimCluster, pod: str) -> list[str]:
+    return [
+        e["message"]
+        for e in sim.events
+        if e["involvedObject"]["name"] == pod and e["reason"] == "FailedPrepareDynamicResources"
+    ]
+
+
+def test_claim_in_another_namespace_than_its_domain_fails_prepare_as_the_driver_words_it(
+    raw: Raw, sim: SimCluster
+) -> None:
+    raw.create_cd("home")
+    rct = raw.get("/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates/home-ch")
+    copy = {"metadata": {"name": "borrowed"}, "spec": rct["spec"]}
+    raw.call("POST", "/apis/resource.k8s.io/v1/namespaces/other/resourceclaimtemplates", copy)
+    raw.create_pod(pod_body("stranger", claim_template="borrowed"), ns="other")
+    message = wait_for(lambda: prepare_events(sim, "stranger"), what="event")[0]
+    assert message.startswith("Failed to prepare dynamic resources: prepare dynamic resources: ")
+    assert message.endswith(
+        "error applying config: error asserting ComputeDomain's namespace: "
+        "the ResourceClaim's namespace is different than the ComputeDomain's namespace"
+    )
+    assert phase(raw, "stranger", "other") == "Pending"
+    raw.call("DELETE", "/api/v1/namespaces/other/pods/stranger", gracePeriodSeconds=0)
+
+
+def test_node_labelled_for_another_domain_fails_prepare_with_the_drivers_words(
+    raw: Raw, sim: SimCluster
+) -> None:
+    raw.create_cd("second")
+    raw.call(
+        "PATCH",
+        "/api/v1/nodes/sim-node-1",
+        {"metadata": {"labels": {"resource.nvidia.com/computeDomain": "another-uid"}}},
+    )
+    raw.create_pod(pod_body("blocked", claim_template="second-ch", node="sim-node-1"))
+    message = wait_for(lambda: prepare_events(sim, "blocked"), what="event")[0]
+    assert message.endswith(
+        "error adding Node label for ComputeDomain: "
+        "label already exists for a different ComputeDomain"
+    )
+    raw.call("DELETE", "/api/v1/namespaces/default/pods/blocked", gracePeriodSeconds=0)
+    raw.call(
+        "PATCH",
+        "/api/v1/nodes/sim-node-1",
+        {"metadata": {"labels": {"resource.nvidia.com/computeDomain": None}}},
+    )
+
+
+def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: Path) -> None:
+    """The driver's teardown order, judged by the stricter simulator: deleting the domain
+    first would fail the running pods with IMEXDomainLost (previous test)."""
+    from mnnvl import steps
+    from mnnvl.driver.api import Api
+    from mnnvl.driver.wait import Deadline
+    from mnnvl.driver.workload import create_workload, wait_for_pods_running
+    from mnnvl.spec import DomainSpec, WorkloadSpec
+
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
+    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as sim:
+        domain = DomainSpec(run_id="order", delete_timeout_s=30)
+        workload = WorkloadSpec(
+            run_id="order", purpose="job", nodes=2, gpus_per_node=0,
+            env={"PYTHONPATH": str(tmp_path)},
+        )  # fmt: skip
+        steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+        api = Api.connect(sim.kubeconfig_path)
+        try:
+            job = create_workload(api, workload, "sleeper", [])
+            wait_for_pods_running(api, workload, job, Deadline(60))
+        finally:
+            api.close()
+        result = steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+        assert result.deleted and not sim.objects()
+        assert not [e for e in sim.events if e["reason"] == "IMEXDomainLost"]
