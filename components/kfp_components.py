@@ -65,6 +65,8 @@ def train_sharded(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    admission_timeout_s: float = 0.0,
+    pvc: List[str] = [],
     shm_size: str = '16Gi',
     pods_running_timeout_s: float = 900.0,
     unschedulable_grace_s: float = 60.0,
@@ -88,6 +90,7 @@ def train_sharded(
     seed: int = 0,
     checkpoint_dir: str = '',
     checkpoint_every: int = 0,
+    allow_local_checkpoint: bool = False,
     log_every: int = 10,
 ):
     """Run FSDP2 training as a multi-node Indexed Job inside the run's ComputeDomain.
@@ -112,10 +115,14 @@ def train_sharded(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
+            no limit.
+        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
         shm_size: size of the workers' /dev/shm, e.g. 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
-        unschedulable_grace_s: how long a pod may stay Unschedulable before the step fails, s.
+        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
+            another ComputeDomain) before the step fails, s.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
@@ -132,10 +139,12 @@ def train_sharded(
         dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32.
         compile: torch.compile each block.
         activation_checkpointing: recompute activations in the backward pass.
-        data: synthetic, or a token file every worker can read (.bin).
+        data: synthetic, or a token file under a --pvc mount (.bin).
         seed: random seed for weights and synthetic data.
-        checkpoint_dir: shared directory for checkpoints; a restarted run resumes.
+        checkpoint_dir: checkpoint directory under a --pvc mount; a rerun resumes.
         checkpoint_every: steps between checkpoints; 0 = only at the end.
+        allow_local_checkpoint: accept checkpoint_dir/data outside a --pvc mount (single-node
+            runs only).
         log_every: steps between logged metrics.
     """
     params = dict(locals())
@@ -166,6 +175,8 @@ def verify_nvlink(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    admission_timeout_s: float = 0.0,
+    pvc: List[str] = [],
     shm_size: str = '16Gi',
     pods_running_timeout_s: float = 900.0,
     unschedulable_grace_s: float = 60.0,
@@ -207,17 +218,21 @@ def verify_nvlink(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
+            no limit.
+        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
         shm_size: size of the workers' /dev/shm, e.g. 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
-        unschedulable_grace_s: how long a pod may stay Unschedulable before the step fails, s.
+        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
+            another ComputeDomain) before the step fails, s.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
         image_pull_policy: Always, IfNotPresent or Never.
         min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
-        iters: timed all-reduces per size; 0 = enough for ~80 ms of work.
+        iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         warmup_iters: untimed all-reduces before each size; 0 = automatic.
         min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
@@ -253,6 +268,8 @@ def launch_workload(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    admission_timeout_s: float = 0.0,
+    pvc: List[str] = [],
     shm_size: str = '16Gi',
     pods_running_timeout_s: float = 900.0,
     unschedulable_grace_s: float = 60.0,
@@ -286,10 +303,14 @@ def launch_workload(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
+            no limit.
+        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
         shm_size: size of the workers' /dev/shm, e.g. 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
-        unschedulable_grace_s: how long a pod may stay Unschedulable before the step fails, s.
+        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
+            another ComputeDomain) before the step fails, s.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
@@ -342,6 +363,8 @@ def provision_training(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    admission_timeout_s: float = 0.0,
+    pvc: List[str] = [],
     shm_size: str = '16Gi',
     pods_running_timeout_s: float = 900.0,
     unschedulable_grace_s: float = 60.0,
@@ -375,6 +398,7 @@ def provision_training(
     seed: int = 0,
     checkpoint_dir: str = '',
     checkpoint_every: int = 0,
+    allow_local_checkpoint: bool = False,
     log_every: int = 10,
     delete_timeout_s: float = 300.0,
 ) -> str:
@@ -400,17 +424,21 @@ def provision_training(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
+            no limit.
+        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
         shm_size: size of the workers' /dev/shm, e.g. 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
-        unschedulable_grace_s: how long a pod may stay Unschedulable before the step fails, s.
+        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
+            another ComputeDomain) before the step fails, s.
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
-        verify_iters: timed all-reduces per size; 0 = enough for ~80 ms of work.
+        verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
         min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
@@ -431,10 +459,12 @@ def provision_training(
         dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32.
         compile: torch.compile each block.
         activation_checkpointing: recompute activations in the backward pass.
-        data: synthetic, or a token file every worker can read (.bin).
+        data: synthetic, or a token file under a --pvc mount (.bin).
         seed: random seed for weights and synthetic data.
-        checkpoint_dir: shared directory for checkpoints; a restarted run resumes.
+        checkpoint_dir: checkpoint directory under a --pvc mount; a rerun resumes.
         checkpoint_every: steps between checkpoints; 0 = only at the end.
+        allow_local_checkpoint: accept checkpoint_dir/data outside a --pvc mount (single-node
+            runs only).
         log_every: steps between logged metrics.
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
 
@@ -467,6 +497,8 @@ def provision_verify_only(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    admission_timeout_s: float = 0.0,
+    pvc: List[str] = [],
     shm_size: str = '16Gi',
     pods_running_timeout_s: float = 900.0,
     unschedulable_grace_s: float = 60.0,
@@ -507,17 +539,21 @@ def provision_verify_only(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
+            no limit.
+        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
         shm_size: size of the workers' /dev/shm, e.g. 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
-        unschedulable_grace_s: how long a pod may stay Unschedulable before the step fails, s.
+        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
+            another ComputeDomain) before the step fails, s.
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
-        verify_iters: timed all-reduces per size; 0 = enough for ~80 ms of work.
+        verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
         min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
@@ -556,6 +592,8 @@ def provision_custom(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    admission_timeout_s: float = 0.0,
+    pvc: List[str] = [],
     shm_size: str = '16Gi',
     pods_running_timeout_s: float = 900.0,
     unschedulable_grace_s: float = 60.0,
@@ -599,17 +637,21 @@ def provision_custom(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
+            no limit.
+        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
         shm_size: size of the workers' /dev/shm, e.g. 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
-        unschedulable_grace_s: how long a pod may stay Unschedulable before the step fails, s.
+        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
+            another ComputeDomain) before the step fails, s.
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
-        verify_iters: timed all-reduces per size; 0 = enough for ~80 ms of work.
+        verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
         min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
         efficiency: fraction of the NVLink limit a derived threshold asks for.

@@ -249,6 +249,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             kubeconfig_path=ns.kubeconfig,
             imex_delay_s=ns.imex_delay_s,
             cliques=ns.cliques,
+            kueue=ns.kueue,
         )
     return {
         "kubeconfig": served,

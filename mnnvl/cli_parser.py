@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--imex-delay-s", type=float, default=0.2, help="simulated IMEX daemon start-up, s"
     )
+    p.add_argument(
+        "--kueue",
+        action="store_true",
+        help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
+    )
     for name, p in sub.choices.items():
         _common(p, writes_kubeconfig=name == "sim")
     return parser

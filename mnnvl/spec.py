@@ -45,6 +45,7 @@ from mnnvl.checks import (
     parse_toleration,
 )
 from mnnvl.errors import SpecError
+from mnnvl.storage import parse_pvc
 
 __all__ = [
     "ALLOCATION_MODES",
@@ -175,12 +176,20 @@ class WorkloadSpec:
     )
     priority_class: str = opt("", "PriorityClass of the worker pods")
     queue_name: str = opt("", "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name")
+    admission_timeout_s: float = opt(
+        0.0, "how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 = no limit"
+    )
+    pvc: tuple[str, ...] = opt(
+        (), "PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable)"
+    )
     shm_size: str = opt("16Gi", "size of the workers' /dev/shm, e.g. 16Gi")
     pods_running_timeout_s: float = opt(
         900.0, "deadline for all worker pods to run, s; IMEX start-up can take minutes"
     )
     unschedulable_grace_s: float = opt(
-        60.0, "how long a pod may stay Unschedulable before the step fails, s"
+        60.0,
+        "how long a pod may stay Unschedulable (or its node held by another ComputeDomain) "
+        "before the step fails, s",
     )
     job_timeout_s: float = opt(7200.0, "deadline for the Job to complete, s (activeDeadline)")
     ttl_after_finished_s: int = opt(3600, "ttlSecondsAfterFinished of the Job")
@@ -213,6 +222,8 @@ class WorkloadSpec:
         self._check_scheduling()
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
+        parse_pvc(self.pvc)
+        check_range("admission_timeout_s", self.admission_timeout_s, 0, 30 * 86400)
         check_range("pods_running_timeout_s", self.pods_running_timeout_s, 1, 86400)
         check_range("unschedulable_grace_s", self.unschedulable_grace_s, 0, 86400)
         check_range("job_timeout_s", self.job_timeout_s, 1, 7 * 86400)
@@ -261,10 +272,13 @@ class TrainConfig:
     dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32")
     compile: bool = opt(False, "torch.compile each block")
     activation_checkpointing: bool = opt(False, "recompute activations in the backward pass")
-    data: str = opt("synthetic", "synthetic, or a token file every worker can read (.bin)")
+    data: str = opt("synthetic", "synthetic, or a token file under a --pvc mount (.bin)")
     seed: int = opt(0, "random seed for weights and synthetic data")
-    checkpoint_dir: str = opt("", "shared directory for checkpoints; a restarted run resumes")
+    checkpoint_dir: str = opt("", "checkpoint directory under a --pvc mount; a rerun resumes")
     checkpoint_every: int = opt(0, "steps between checkpoints; 0 = only at the end")
+    allow_local_checkpoint: bool = opt(
+        False, "accept checkpoint_dir/data outside a --pvc mount (single-node runs only)"
+    )
     log_every: int = opt(10, "steps between logged metrics")
 
     def __post_init__(self) -> None:
@@ -299,7 +313,7 @@ class VerifyConfig:
 
     min_bytes: int = opt(0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU")
     max_bytes: int = opt(0, "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU")
-    iters: int = opt(0, "timed all-reduces per size; 0 = enough for ~80 ms of work")
+    iters: int = opt(0, "timed all-reduces per size; 0 = adaptive (mean known within 1 percent)")
     warmup_iters: int = opt(0, "untimed all-reduces before each size; 0 = automatic")
     min_busbw_gbps: float = opt(0.0, "pass threshold, GB/s; 0 = active links x speed x efficiency")
     efficiency: float = opt(0.62, "fraction of the NVLink limit a derived threshold asks for")

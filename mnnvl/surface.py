@@ -35,6 +35,7 @@ from mnnvl.spec import (
     parse_env,
     parse_list,
 )
+from mnnvl.storage import check_shared_storage
 
 EVERY = EVERY_SURFACE
 SIZE_FIELDS = frozenset({"min_bytes", "max_bytes", "judge_min_bytes"})
@@ -196,6 +197,8 @@ def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
             out.append(build(cls, full, run_id=run_id))
         else:
             out.append(build(cls, full))
+    if step == "train":
+        check_shared_storage(*out)
     return out
 
 

@@ -17,7 +17,9 @@ from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
 from mnnvl.names import RunNames
 from mnnvl.runtime import nccl
+from mnnvl.runtime.result import NON_RETRIABLE_EXIT_CODES
 from mnnvl.spec import WorkloadSpec, parse_toleration
+from mnnvl.storage import parse_pvc
 
 CONTAINER = "worker"
 CHANNEL_CLAIM = "imex-channel"
@@ -29,18 +31,13 @@ CLIQUE_LABEL = "nvidia.com/gpu.clique"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
+PVC_VOLUME = "pvc"  # volumes pvc-0, pvc-1, ... in --pvc order
+LAUNCH_MODULE = "mnnvl.runtime.launch"
 TRAIN_MODULE = "mnnvl.runtime.train"
 VERIFY_MODULE = "mnnvl.runtime.verify"
 
 # Set by the Job itself; a user value would break the rendezvous or the node rank.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-# Exit codes whose cause a retry cannot change: 2 is a usage error (torchrun's or the entry
-# point's argparse, or a SpecError), 4 a failed verification verdict, 126/127 an image that
-# cannot run python3. torchrun reports any worker failure as 1; 1 stays retriable (within
-# backoff_limit_per_index) because a rank dying makes every rank exit 1 and a restart of all
-# indexes re-forms the rendezvous and can resume from a checkpoint.
-NON_RETRIABLE_EXIT_CODES = (2, 4, 126, 127)
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -125,7 +122,9 @@ def pod_env(workload: WorkloadSpec) -> list[dict[str, Any]]:
 
 
 def command(module: str, args: list[str]) -> list[str]:
-    """torchrun over the entry module; ``$(VAR)`` is expanded by the kubelet from the env.
+    """torchrun over the entry module, through ``mnnvl.runtime.launch`` so that the worst
+    worker exit code (not torchrun's blanket 1) becomes the container's; ``$(VAR)`` is
+    expanded by the kubelet from the env.
 
     ``module`` empty: ``args`` is the whole command, run as given (once per pod); it reads the
     rendezvous from the env (MASTER_ADDR, WORLD_SIZE, NODE_RANK, ...).
@@ -140,7 +139,7 @@ def command(module: str, args: list[str]) -> list[str]:
     return [
         "python3",
         "-m",
-        "torch.distributed.run",
+        LAUNCH_MODULE,
         "--nnodes=$(NNODES)",
         "--nproc-per-node=$(NPROC_PER_NODE)",
         "--node-rank=$(JOB_COMPLETION_INDEX)",
@@ -205,7 +204,13 @@ def container(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str,
         "command": command(module, args),
         "env": pod_env(workload),
         "resources": resources,
-        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            *(
+                {"name": f"{PVC_VOLUME}-{i}", "mountPath": m.path, "readOnly": m.read_only}
+                for i, m in enumerate(parse_pvc(workload.pvc))
+            ),
+        ],
         "securityContext": {
             "privileged": False,
             "allowPrivilegeEscalation": False,
@@ -253,7 +258,14 @@ def pod_spec(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, 
         "resourceClaims": claims,
         "containers": [container(workload, module, args)],
         "volumes": [
-            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}}
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}},
+            *(
+                {
+                    "name": f"{PVC_VOLUME}-{i}",
+                    "persistentVolumeClaim": {"claimName": m.claim, "readOnly": m.read_only},
+                }
+                for i, m in enumerate(parse_pvc(workload.pvc))
+            ),
         ],
         "affinity": affinity(workload, job),
         "tolerations": [

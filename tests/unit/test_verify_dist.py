@@ -117,3 +117,12 @@ def test_forkrun_starts_two_ranks_from_one_import_and_keeps_the_exit_code() -> N
     gated = run_forkrun()  # NOT_JUDGED without --allow-unjudged: the container exits 4
     assert gated.returncode == 4
     assert "local rank 0 exited with 4" in gated.stderr
+
+
+def test_worker_help_renders_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from mnnvl.runtime.verify import parse_config
+
+    with pytest.raises(SystemExit) as info:
+        parse_config(["--help"])
+    assert info.value.code == 0
+    assert "--allow-unjudged" in capsys.readouterr().out
