@@ -23,6 +23,7 @@ from typing import Any
 from mnnvl import flags, steps, surface
 from mnnvl import spec as specs
 from mnnvl.cli_parser import build_parser
+from mnnvl.contract import exit_codes
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run, to_yaml
 from mnnvl.run import run_all
@@ -36,7 +37,7 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
-        self.exit_code = 128 + signum
+        self.exit_code = exit_codes.INTERRUPTED_BASE + signum
 
 
 class _StderrHandler(logging.StreamHandler[Any]):

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnnvl.contract.result import NOT_JUDGED, PASS, schema_problems
 from mnnvl.driver import (
     Api,
     Deadline,
@@ -198,6 +199,13 @@ def _require_result(launched: LaunchResult, kind: str) -> dict[str, Any]:
             f"Job {launched.job} completed but rank 0 printed no {kind} RESULT line; "
             f"last log lines:\n{launched.log_tail}"
         )
+    problems = schema_problems(raw)
+    if problems:
+        raise WorkloadFailed(
+            f"Job {launched.job}: rank 0's {kind} RESULT does not match the report schema "
+            f"({'; '.join(problems)}); is the worker image's mnnvl-pipelines the launcher's?",
+            result=raw,
+        )
     return raw
 
 
@@ -245,7 +253,7 @@ def train(
 
 def verdict_accepted(verdict: str, allow_unjudged: bool) -> bool:
     """PASS always; NOT_JUDGED (no threshold could be applied) only where the caller allowed it."""
-    return verdict == "PASS" or (verdict == "NOT_JUDGED" and allow_unjudged)
+    return verdict == PASS or (verdict == NOT_JUDGED and allow_unjudged)
 
 
 def verify(
@@ -308,7 +316,7 @@ def verify(
             f"({raw.get('threshold_source')}), peak {result.peak_busbw_gbps} GB/s, "
             f"world size {raw.get('world_size')}, backend {raw.get('backend')}; reasons: "
             f"{'; '.join(raw.get('reasons') or []) or 'none given'}"
-            + ("; pass --allow-unjudged to accept it" if result.verdict == "NOT_JUDGED" else "")
+            + ("; pass --allow-unjudged to accept it" if result.verdict == NOT_JUDGED else "")
             + (f"; report: {files.get('markdown')}" if files else "")
         )
     return result

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import (
     JOB,
     POD,
@@ -31,7 +32,6 @@ from mnnvl.manifests import (
     indexed_job,
     wants_gpu_claim,
 )
-from mnnvl.runtime.result import parse_result as worker_result
 from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from mnnvl.contract import nccl
+from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.errors import SpecError
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
 from mnnvl.names import RunNames
-from mnnvl.runtime import nccl
-from mnnvl.runtime.result import NON_RETRIABLE_EXIT_CODES
 from mnnvl.spec import WorkloadSpec, parse_toleration
 from mnnvl.storage import parse_pvc
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from mnnvl import manifests
+from mnnvl.contract import nccl
 from mnnvl.errors import SpecError
 from mnnvl.manifests import (
     CHANNEL_CLAIM,
@@ -31,7 +32,6 @@ from mnnvl.manifests import (
     to_yaml,
 )
 from mnnvl.names import RunNames
-from mnnvl.runtime import nccl
 from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
 
 K8S = "1.34.0"

@@ -53,3 +53,19 @@ def test_wheel_metadata_has_license_classifiers_urls_and_the_package_version(bui
 def test_version_flag_prints_the_package_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"mnnvl {mnnvl.__version__}"
+
+
+def test_wheel_carries_the_contract_package_and_the_generated_components(built_wheel):
+    wheel, _ = built_wheel
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    for path in (
+        "mnnvl/contract/result.py",
+        "mnnvl/contract/nccl.py",
+        "mnnvl/contract/exit_codes.py",
+        "mnnvl/surface.py",
+        "mnnvl/components/kfp_components.py",
+        "mnnvl/components/launch_workload.yaml",
+        "mnnvl/pipelines/compiled/mnnvl-custom.kfp.yaml",
+    ):
+        assert path in names, path
