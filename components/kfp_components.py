@@ -31,7 +31,7 @@ def provision_domain(
 
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
-        namespace: namespace of the ComputeDomain and the worker Jobs.
+        namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
 
@@ -100,7 +100,7 @@ def train_sharded(
         metrics: numbers from the step's result.
         report: HTML report.
         result: JSON of the step's result.
-        namespace: namespace of the ComputeDomain and the worker Jobs.
+        namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         nodes: worker pods, one per node, at most 18 (one NVLink rack).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
@@ -202,7 +202,7 @@ def verify_nvlink(
         metrics: numbers from the step's result.
         report: HTML report.
         result: JSON of the step's result.
-        namespace: namespace of the ComputeDomain and the worker Jobs.
+        namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
         nodes: worker pods, one per node, at most 18 (one NVLink rack).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
@@ -287,7 +287,7 @@ def launch_workload(
         run_id: run id every object name and label derives from (the KFP job id).
         metrics: numbers from the step's result.
         result: JSON of the step's result.
-        namespace: namespace of the ComputeDomain and the worker Jobs.
+        namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
         nodes: worker pods, one per node, at most 18 (one NVLink rack).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
@@ -334,7 +334,7 @@ def teardown_domain(
 
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
-        namespace: namespace of the ComputeDomain and the worker Jobs.
+        namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
     """
     params = dict(locals())
@@ -407,7 +407,7 @@ def provision_training(
 
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
-        namespace: namespace of the ComputeDomain and the worker Jobs.
+        namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
         nodes: worker pods, one per node, at most 18 (one NVLink rack).
@@ -522,7 +522,7 @@ def provision_verify_only(
 
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
-        namespace: namespace of the ComputeDomain and the worker Jobs.
+        namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
         nodes: worker pods, one per node, at most 18 (one NVLink rack).
@@ -620,7 +620,7 @@ def provision_custom(
 
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
-        namespace: namespace of the ComputeDomain and the worker Jobs.
+        namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
         nodes: worker pods, one per node, at most 18 (one NVLink rack).

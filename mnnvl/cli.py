@@ -2,9 +2,10 @@
 
 Every command validates its input before any API call (bad input exits 2), logs progress to
 stderr, and ends with exactly one JSON line on stdout: ``{"ok": true, "command": ...,
-...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. Exit codes come from the
-error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification failed, 5 cluster or
-CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
+...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` writes that line
+to stderr instead, so its stdout is pure YAML (``mnnvl render … | kubectl apply -f -``).
+Exit codes come from the error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification
+failed, 5 cluster or CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import uuid
@@ -25,9 +27,10 @@ from mnnvl import spec as specs
 from mnnvl.cli_parser import build_parser
 from mnnvl.contract import exit_codes
 from mnnvl.errors import MnnvlError, SpecError
-from mnnvl.manifests import indexed_job, render_run, to_yaml
+from mnnvl.manifests import indexed_job, render_run
 from mnnvl.run import run_all
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
 
@@ -73,14 +76,19 @@ def _require_run_id(ns: argparse.Namespace) -> None:
         )
 
 
+def _own_namespace(ns: argparse.Namespace) -> dict[str, str]:
+    """No --namespace: "" (the pod's own namespace, else default; see spec.resolve_namespace)."""
+    return {"namespace": ""} if getattr(ns, "namespace", None) is None else {}
+
+
 def _domain(ns: argparse.Namespace) -> DomainSpec:
     _require_run_id(ns)
-    return flags.from_namespace(DomainSpec, ns)
+    return flags.from_namespace(DomainSpec, ns, **_own_namespace(ns))
 
 
 def _workload(ns: argparse.Namespace) -> WorkloadSpec:
     _require_run_id(ns)
-    return flags.from_namespace(WorkloadSpec, ns)
+    return flags.from_namespace(WorkloadSpec, ns, **_own_namespace(ns))
 
 
 def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
@@ -185,12 +193,19 @@ def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
-    specs.check_dns_label("namespace", ns.namespace)
-    specs.check_range("older_than_s", ns.older_than_s, 0, 10 * 365 * 86400)
-    live = None if ns.live_run_ids is None else {r for r in ns.live_run_ids.split(",") if r}
+    live = None if ns.live_run_ids is None else set(_comma_list(ns.live_run_ids))
     return steps.reap(
-        ns.namespace, live_run_ids=live, older_than_s=ns.older_than_s, kubeconfig=ns.kubeconfig
+        ns.namespace,
+        live_run_ids=live,
+        older_than_s=ns.older_than_s,
+        all_dead=ns.all_dead,
+        dry_run=ns.dry_run,
+        kubeconfig=ns.kubeconfig,
     ).to_dict()
 
 
@@ -293,13 +308,32 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def _result_path_problem(path: str | None) -> str:
+    """Why the result could not be written to ``path`` ("" when it can), checked first."""
+    if not path:
+        return ""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"result_path: {path!r} is a directory; name a file in it"
+    if not os.path.isdir(folder):
+        return f"result_path: directory {folder!r} does not exist; create it or pick another path"
+    if not os.access(folder, os.W_OK):
+        return f"result_path: directory {folder!r} is not writable"
+    return ""
+
+
+# Commands whose stdout is data for another program: their result line goes to stderr.
+RESULT_ON_STDERR = frozenset({"render"})
+
+
 def _emit(payload: dict[str, Any], result_path: str | None) -> None:
     line = json.dumps(payload, default=str)
     if result_path:
         with open(result_path, "w", encoding="utf-8") as f:
             f.write(line + "\n")
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    stream = sys.stderr if payload.get("command") in RESULT_ON_STDERR else sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,6 +350,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     setup_logging(ns.verbose)
     command = ns.command_name if ns.command_name != "sim" else f"sim {ns.action}"
+    bad_path = _result_path_problem(ns.result_path)
+    if bad_path:
+        logger.error("%s failed: %s", command, bad_path)
+        _emit({"ok": False, "command": command, "error": bad_path, "exit_code": 2}, None)
+        return 2
     try:
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from mnnvl import __version__, flags, surface
+from mnnvl.cli_help import COMMANDS
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
@@ -50,6 +52,38 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
 
 
+def _reap_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--namespace", default=None, help="where to look (default: the pod's own, else default)"
+    )
+    p.add_argument(
+        "--live-run-ids",
+        default=None,
+        help="comma-separated run ids still running; every other run is dead "
+        "(an empty list needs --all-dead or --older-than-s)",
+    )
+    p.add_argument(
+        "--older-than-s",
+        type=float,
+        default=0.0,
+        help="only runs idle this long: no new object or pod transition, no pod Running",
+    )
+    p.add_argument("--all-dead", action="store_true", help="treat every run as dead")
+    p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
+
+
+def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
+    help_text, what, example = COMMANDS[name]
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help_text,
+        description=what,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
 def _pipeline_check_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pipeline",
@@ -69,20 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnnvl", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command_name", required=True)
-    p = sub.add_parser("provision", help="create or adopt the run's ComputeDomain")
+    p = _subcommand(sub, "provision")
     _domain_flags(p)
     p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
     _pipeline_check_flags(p)
-    p = sub.add_parser(
-        "launch",
-        help="run your module or command on the domain's nodes",
-        description="mnnvl launch --run-id R --module pkg.train -- --lr 1e-4\n"
-        "mnnvl launch --run-id R --image REG/trainer:1 --command -- python3 train.py --x 1",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = _subcommand(sub, "launch")
     _launch_flags(p)
     for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
-        p = sub.add_parser(name, help=f"{name} on the domain's nodes")
+        p = _subcommand(sub, name)
         _workload_flags(p, step=name)
         flags.add_arguments(p, cfg)
         p.add_argument("--report-dir", default=None, help="write report files here")
@@ -91,42 +119,42 @@ def build_parser() -> argparse.ArgumentParser:
                 "--fail-on-fail",
                 action=argparse.BooleanOptionalAction,
                 default=True,
-                help="exit 4 on a FAIL verdict (default: on)",
+                help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
             )
-    p = sub.add_parser("teardown", help="delete the run's workload, then its domain")
+    p = _subcommand(sub, "teardown")
     _domain_flags(p)
-    p = sub.add_parser("status", help="show the run's domain, Jobs and pods (read-only)")
+    p = _subcommand(sub, "status")
     _domain_flags(p)
     for name in ("run", "render"):
-        p = sub.add_parser(
-            name,
-            help="provision, verify, train, verify, teardown"
-            if name == "run"
-            else "print every object of a run as YAML",
-        )
+        p = _subcommand(sub, name)
         _domain_flags(p)
         _workload_flags(p, step=None)
         flags.add_arguments(p, TrainConfig)
         flags.add_arguments(p, VerifyConfig)
         if name == "run":
-            p.add_argument("--report-dir", default=None, help="write report files here")
+            p.add_argument(
+                "--report-dir", default=None, help="write the train and verify reports here"
+            )
             p.add_argument(
                 "--sim", action="store_true", help="run against an embedded simulated cluster"
             )
             p.add_argument("--skip-verify", action="store_true", help="train only")
-    p = sub.add_parser("reap", help="delete objects of runs that are gone")
-    p.add_argument("--namespace", default="default", help="namespace to clean up")
-    p.add_argument("--live-run-ids", default=None, help="comma-separated run ids still running")
-    p.add_argument("--older-than-s", type=float, default=0.0, help="only runs older than this, s")
-    p = sub.add_parser("sim", help="the embedded simulated cluster")
-    p.add_argument("action", choices=("up",))
+    p = _subcommand(sub, "reap")
+    _reap_flags(p)
+    p = _subcommand(sub, "sim")
+    p.add_argument("action", choices=("up",), help="up: serve until Ctrl-C or SIGTERM")
     p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
-    p.add_argument("--gpus-per-node", type=int, default=0, help="simulated GPUs per node")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=0, help="simulated GPUs per node (0 = CPU workers)"
+    )
     p.add_argument(
         "--cliques", type=int, default=1, help="NVLink cliques (nvidia.com/gpu.clique values)"
     )
     p.add_argument(
-        "--imex-delay-s", type=float, default=0.2, help="simulated IMEX daemon start-up, s"
+        "--imex-delay-s",
+        type=float,
+        default=0.2,
+        help="how long each node's simulated IMEX daemon takes to get ready",
     )
     p.add_argument(
         "--kueue",

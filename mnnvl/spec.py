@@ -43,6 +43,8 @@ from mnnvl.checks import (
     parse_env,
     parse_list,
     parse_toleration,
+    pod_namespace,
+    resolve_namespace,
 )
 from mnnvl.errors import SpecError
 from mnnvl.storage import parse_pvc
@@ -85,6 +87,8 @@ __all__ = [
     "parse_env",
     "parse_list",
     "parse_toleration",
+    "pod_namespace",
+    "resolve_namespace",
 ]
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
@@ -133,7 +137,9 @@ class DomainSpec:
     """What provision and teardown need: which run, where, and how the channel is allocated."""
 
     run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
-    namespace: str = opt("default", "namespace of the ComputeDomain and the worker Jobs")
+    namespace: str = opt(
+        "default", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
+    )
     allocation_mode: str = opt("Single", "IMEX channels per pod: Single (channel0) or All")
     rct_timeout_s: float = opt(120.0, "wait for the DRA controller's channel claim template, s")
     delete_timeout_s: float = opt(300.0, "wait until each deleted object is gone (GET 404), s")
@@ -141,6 +147,7 @@ class DomainSpec:
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
+        object.__setattr__(self, "namespace", resolve_namespace(self.namespace))
         check_dns_label("namespace", self.namespace)
         check_choice("allocation_mode", self.allocation_mode, ALLOCATION_MODES)
         check_range("rct_timeout_s", self.rct_timeout_s, 0.1, 86400)
@@ -152,7 +159,9 @@ class WorkloadSpec:
     """The multi-node Indexed Job: shape, image, placement, NCCL profile and deadlines."""
 
     run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
-    namespace: str = opt("default", "namespace of the ComputeDomain and the worker Jobs")
+    namespace: str = opt(
+        "default", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
+    )
     purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
     nodes: int = opt(2, "worker pods, one per node, at most 18 (one NVLink rack)")
     gpus_per_node: int = opt(4, "GPUs per worker pod; 0 = one CPU process per pod (gloo)")
@@ -199,6 +208,7 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
+        object.__setattr__(self, "namespace", resolve_namespace(self.namespace))
         check_dns_label("namespace", self.namespace)
         check_choice("purpose", self.purpose, PURPOSES)
         check_range("nodes", self.nodes, 1, MAX_NODES, integer=True)
@@ -288,6 +298,12 @@ class TrainConfig:
         check_range("batch_size", self.batch_size, 1, 4096, integer=True)
         check_range("lr", self.lr, 1e-8, 1.0)
         check_range("warmup_steps", self.warmup_steps, 0, 10_000_000, integer=True)
+        if self.warmup_steps > self.steps:
+            raise SpecError(
+                "warmup_steps",
+                f"{self.warmup_steps} is more than steps {self.steps} (the learning rate would "
+                f"never reach its peak); pass --warmup-steps {self.steps} or fewer (default 5)",
+            )
         check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_range("weight_decay", self.weight_decay, 0.0, 10.0)
         check_range("grad_clip", self.grad_clip, 0.0, 1e6)

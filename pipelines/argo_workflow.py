@@ -32,6 +32,7 @@ ENTRYPOINT = "main"
 EXIT_HANDLER = "exit-handler"
 DEFAULT_SERVICE_ACCOUNT = "mnnvl-runner"  # manifests/base/rbac.yaml
 WORKFLOW_TEMPLATES = (*surface.PIPELINES, LAUNCH_TEMPLATE_NAME)
+LABELS = {"app.kubernetes.io/part-of": "mnnvl-pipelines", "app.kubernetes.io/name": TEMPLATE_NAME}
 
 # Workflow parameters with no KFP twin, and why.
 ARGO_ONLY: dict[str, tuple[str, str]] = {

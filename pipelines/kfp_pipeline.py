@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
 from mnnvl import surface
 from mnnvl.components import kfp_components as kc
@@ -38,10 +38,20 @@ STEP_COMPONENTS = {
     "teardown": kc.teardown_domain,
 }
 _TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool, "list": list[str]}
+LAUNCHER_UID = 65532  # the launcher image's USER
+
+
+def _launcher_pod(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """Non-root (KFP's compiler already drops capabilities and privilege escalation) and
+    small resource requests: the launcher only waits on the API server."""
+    kubernetes.set_security_context(
+        task, run_as_user=LAUNCHER_UID, run_as_group=LAUNCHER_UID, run_as_non_root=True
+    )
+    return task.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("1Gi")
 
 
 def _idempotent(task: dsl.PipelineTask, display_name: str) -> dsl.PipelineTask:
-    task.set_caching_options(False)
+    _launcher_pod(task).set_caching_options(False)
     task.set_retry(num_retries=RETRIES, backoff_duration=RETRY_BACKOFF, backoff_factor=2.0)
     return task.set_display_name(display_name)
 
@@ -49,7 +59,7 @@ def _idempotent(task: dsl.PipelineTask, display_name: str) -> dsl.PipelineTask:
 def _once(task: dsl.PipelineTask, display_name: str) -> dsl.PipelineTask:
     # Training, verification and launches create Jobs that cost GPU hours; a retry is a user
     # decision.
-    task.set_caching_options(False)
+    _launcher_pod(task).set_caching_options(False)
     return task.set_display_name(display_name)
 
 

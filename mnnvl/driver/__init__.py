@@ -4,7 +4,7 @@ Plain dict bodies, the official client, one retry helper (:meth:`Api.call`) and 
 helper (:func:`wait_for`). Steps compose these; nothing here knows about pipelines.
 """
 
-from mnnvl.driver.api import Api, Kind, create_or_adopt
+from mnnvl.driver.api import Api, Kind
 from mnnvl.driver.domain import (
     Domain,
     delete_domain,
@@ -12,8 +12,15 @@ from mnnvl.driver.domain import (
     launcher_owner,
     wait_for_channel_template,
 )
-from mnnvl.driver.lifecycle import JobOutcome, require_domain, run_job
-from mnnvl.driver.reaper import reap_namespace
+from mnnvl.driver.lifecycle import (
+    JobOutcome,
+    require_domain,
+    run_job,
+    wait_for_job,
+    wait_for_pods_running,
+)
+from mnnvl.driver.ownership import Deletions, create_or_adopt
+from mnnvl.driver.reaper import Verdict, reap_namespace
 from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.driver.workload import (
     LogFollower,
@@ -27,10 +34,12 @@ from mnnvl.driver.workload import (
 __all__ = [
     "Api",
     "Deadline",
+    "Deletions",
     "Domain",
     "JobOutcome",
     "Kind",
     "LogFollower",
+    "Verdict",
     "create_or_adopt",
     "create_workload",
     "delete_domain",
@@ -45,4 +54,6 @@ __all__ = [
     "run_job",
     "wait_for",
     "wait_for_channel_template",
+    "wait_for_job",
+    "wait_for_pods_running",
 ]

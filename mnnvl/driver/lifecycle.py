@@ -105,6 +105,16 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     )
 
 
+def wait_for_job(api: Api, workload: WorkloadSpec, job: str) -> Objects:
+    """The lifecycle's waits for an existing Job, until it is complete; returns its pods."""
+    return JobWatch(api, workload, job, on_running=lambda rank0: None).run()
+
+
+def wait_for_pods_running(api: Api, workload: WorkloadSpec, job: str) -> Objects:
+    """The lifecycle's waits up to every index having a pod Running (or the Job complete)."""
+    return JobWatch(api, workload, job, on_running=lambda rank0: None, until_running=True).run()
+
+
 def require_domain(api: Api, workload: WorkloadSpec) -> None:
     """Fail in seconds, before creating anything, when the run's ComputeDomain is missing."""
     names = RunNames.for_run(workload.run_id)
@@ -143,10 +153,16 @@ class JobWatch(Check):
     """The lifecycle's check over ``job`` (the Job), ``pods`` and ``events`` (prepare errors)."""
 
     def __init__(
-        self, api: Api, workload: WorkloadSpec, job: str, *, on_running: Callable[[str], None]
+        self,
+        api: Api,
+        workload: WorkloadSpec,
+        job: str,
+        *,
+        on_running: Callable[[str], None],
+        until_running: bool = False,
     ) -> None:
         self.api, self.workload, self.job = api, workload, job
-        self.on_running = on_running
+        self.on_running, self.until_running = on_running, until_running
         self.grace = Grace(workload.unschedulable_grace_s)
         self.admission = Deadline(workload.admission_timeout_s)
         self.pods_deadline: Deadline | None = None  # from admission
@@ -164,7 +180,8 @@ class JobWatch(Check):
         pods: Objects = watch_until(
             self.api, ns, sources, self, deadline=Deadline(0), on_timeout=self._never
         )
-        logger.info("Job %s/%s complete", ns, self.job)
+        if not self.until_running:
+            logger.info("Job %s/%s complete", ns, self.job)
         return pods
 
     @staticmethod
@@ -181,7 +198,8 @@ class JobWatch(Check):
                 f"Job {ns}/{self.job} was deleted while the step waited for it (a teardown, "
                 f"a reaper or a person); check `kubectl get events -n {ns}`"
             )
-        failed = _condition(job, "Failed")
+        # FailureTarget (Kubernetes >= 1.31) comes first; Failed only once the pods are gone.
+        failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
         if failed is not None:
             domain = RunNames.for_run(self.workload.run_id).domain
             raise WorkloadFailed(job_failure(self.api, self.workload, self.job, domain, failed))
@@ -197,6 +215,8 @@ class JobWatch(Check):
             self.pods_deadline = Deadline(self.workload.pods_running_timeout_s)
         if self.job_deadline is None:
             self._starting(view)
+            if self.until_running and self.job_deadline is not None:
+                return dict(view["pods"])
         elif self.job_deadline.expired:
             raise timeout_error(
                 f"Job {ns}/{self.job} to complete",

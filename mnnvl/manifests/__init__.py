@@ -1,11 +1,12 @@
 """Pure builders for the Kubernetes objects of a run: plain dicts, no I/O, stdlib only.
 
-``render_run`` lists everything a run creates, in creation order; ``to_yaml`` writes it.
+``render_run`` lists everything a run creates, in creation order.
 """
 
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.domain import compute_domain, object_meta, owner_references
-from mnnvl.manifests.render import render_run, step_workload, to_yaml
+from mnnvl.manifests.render import render_run, step_workload
+from mnnvl.manifests.spec_hash import SPEC_HASH_ANNOTATION, hash_of, spec_hash, with_spec_hash
 from mnnvl.manifests.workload import (
     CHANNEL_CLAIM,
     CLIQUE_LABEL,
@@ -27,17 +28,20 @@ __all__ = [
     "GPU_CLAIM",
     "JOB_NAME_LABEL",
     "KUEUE_QUEUE_LABEL",
+    "SPEC_HASH_ANNOTATION",
     "TRAIN_MODULE",
     "VERIFY_MODULE",
     "compute_domain",
     "gpu_claim_template",
+    "hash_of",
     "headless_service",
     "indexed_job",
     "master_addr",
     "object_meta",
     "owner_references",
     "render_run",
+    "spec_hash",
     "step_workload",
-    "to_yaml",
     "wants_gpu_claim",
+    "with_spec_hash",
 ]

@@ -138,3 +138,12 @@ def test_result_schema_names_what_a_result_lacks() -> None:
     assert "missing threshold_gbps" in problems
     assert any("verdict 'MAYBE'" in p for p in problems)
     assert "sizes[0] missing busbw_gbps" in problems
+
+
+def test_numbers_in_logs_are_rounded_and_missing_ones_say_so():
+    from mnnvl.report import num
+
+    assert num(2653.522360730127, 0) == "2654"
+    assert num(0.123456, 3) == "0.123"
+    assert num(None) == "n/a"
+    assert num(20) == "20"
