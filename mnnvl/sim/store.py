@@ -39,9 +39,14 @@ class Subscription:
     resources: frozenset[str]
     namespace: str | None
     queue: queue.SimpleQueue[WatchEvent | None] = field(default_factory=queue.SimpleQueue)
+    name: str | None = None  # a watch of one object (fieldSelector metadata.name=...)
 
     def wants(self, ev: WatchEvent) -> bool:
-        return ev.resource in self.resources and self.namespace in (None, ev.namespace)
+        return (
+            ev.resource in self.resources
+            and self.namespace in (None, ev.namespace)
+            and self.name in (None, ev.obj["metadata"].get("name"))
+        )
 
 
 class Store(Deletion):
@@ -314,10 +319,13 @@ class Store(Deletion):
         namespace: str | None = None,
         since: str | None = None,
         match: Callable[[Obj], bool] | None = None,
+        name: str | None = None,
     ) -> Subscription:
         """Start a watch. ``since`` "" or "0" (or None) replays current objects as ADDED;
-        a resourceVersion replays retained history after it, or raises 410 Expired."""
-        sub = Subscription(frozenset(resources), namespace)
+        a resourceVersion replays retained history after it, or raises 410 Expired. With
+        ``name`` only that object's events are queued (a thousand single-object watches
+        would otherwise each be woken by every event of their resource)."""
+        sub = Subscription(frozenset(resources), namespace, name=name)
         with self.lock:
             if since not in (None, "", "0"):
                 try:
