@@ -43,7 +43,7 @@ FIELD_HELP: dict[str, str] = {
     "seq_len": "sequence length; 0 = the preset's (default: 0)",
     "batch_size": "sequences per rank per step (default: 2)",
     "lr": "peak learning rate (default: 3e-4)",
-    "warmup_steps": "linear warm-up steps before the cosine decay (default: 5)",
+    "warmup_steps": "linear warm-up steps before the cosine decay (default: 5, capped at steps)",
     "min_lr_ratio": "final learning rate as a fraction of the peak (default: 0.1)",
     "weight_decay": "AdamW weight decay (default: 0.1)",
     "grad_clip": "gradient norm clip; 0 = off (default: 1.0)",

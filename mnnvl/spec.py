@@ -38,6 +38,7 @@ MAX_NODES = 18  # one IMEX domain (NVL72 rack: 18 compute trays); MNNVL never sp
 MAX_GPUS_PER_NODE = 8
 SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 FALLBACK_NAMESPACE = "default"
+DEFAULT_WARMUP_STEPS = 5
 DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
 
@@ -347,7 +348,7 @@ class TrainConfig:
     seq_len: int = 0
     batch_size: int = 2
     lr: float = 3e-4
-    warmup_steps: int = 5
+    warmup_steps: int = DEFAULT_WARMUP_STEPS
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
@@ -369,11 +370,14 @@ class TrainConfig:
         check_range("lr", self.lr, 1e-8, 1.0)
         check_range("warmup_steps", self.warmup_steps, 0, 10_000_000, integer=True)
         if self.warmup_steps > self.steps:
-            raise SpecError(
-                "warmup_steps",
-                f"{self.warmup_steps} is more than steps {self.steps} (the learning rate would "
-                f"never reach its peak); pass --warmup-steps {self.steps} or fewer (default 5)",
-            )
+            if self.warmup_steps != DEFAULT_WARMUP_STEPS:
+                raise SpecError(
+                    "warmup_steps",
+                    f"{self.warmup_steps} is more than steps {self.steps} (the learning rate "
+                    f"would never reach its peak); pass --warmup-steps {self.steps} or fewer",
+                )
+            # The default warm-up on a run shorter than it: the whole run warms up.
+            object.__setattr__(self, "warmup_steps", self.steps)
         check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_range("weight_decay", self.weight_decay, 0.0, 10.0)
         check_range("grad_clip", self.grad_clip, 0.0, 1e6)

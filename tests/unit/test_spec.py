@@ -89,7 +89,7 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
         "out of range",
     ),
     (WorkloadSpec, {"run_id": RUN, "image_pull_policy": "always"}, "image_pull_policy", "one of"),
-    (TrainConfig, {"steps": 3}, "warmup_steps", "5 is more than steps 3"),
+    (TrainConfig, {"steps": 3, "warmup_steps": 4}, "warmup_steps", "4 is more than steps 3"),
     (TrainConfig, {"steps": 10, "warmup_steps": 11}, "warmup_steps", "--warmup-steps 10"),
     (TrainConfig, {"model": "70b"}, "model", "not one of"),
     (TrainConfig, {"steps": 0}, "steps", "out of range"),
@@ -196,6 +196,11 @@ def test_namespace_left_empty_is_the_pods_own_else_default(
     assert DomainSpec(run_id=RUN).namespace == "default"  # the field's default is explicit
     assert WorkloadSpec(run_id=RUN, namespace="").namespace == "team-b"
     assert DomainSpec(run_id=RUN, namespace="team-a").namespace == "team-a"
+
+
+def test_the_default_warmup_is_capped_at_a_shorter_run() -> None:
+    assert TrainConfig(steps=2).warmup_steps == 2
+    assert TrainConfig(steps=20).warmup_steps == 5
 
 
 def test_valid_inputs_are_accepted() -> None:
