@@ -198,7 +198,8 @@ class JobWatch(Check):
                 f"Job {ns}/{self.job} was deleted while the step waited for it (a teardown, "
                 f"a reaper or a person); check `kubectl get events -n {ns}`"
             )
-        failed = _condition(job, "Failed")
+        # FailureTarget (Kubernetes >= 1.31) comes first; Failed only once the pods are gone.
+        failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
         if failed is not None:
             domain = RunNames.for_run(self.workload.run_id).domain
             raise WorkloadFailed(job_failure(self.api, self.workload, self.job, domain, failed))

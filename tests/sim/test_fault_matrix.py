@@ -1,11 +1,11 @@
 """Fault matrix: one test per fault, on the strict simulator.
 
 Each row asserts the step's exit code, that the message names the object and what to check
-next, and that nothing of the run remains after teardown. Rows the driver does not handle yet
-are not here: Unschedulable beyond its grace period and a second run competing for the same
-nodes (the grace timer is only armed when a watch starts), an invalid image name (the pod waits
-in InvalidImageName until the pods-running deadline instead of failing fast), SIGTERM of the
-launcher with a re-run, and the verification/training verdict rows (they need torch workers).
+next, and that nothing of the run remains after teardown. Not here: SIGTERM of the launcher
+with a re-run, and the verification/training verdict rows (they need torch workers); the
+Job- and queue-aware wait rows (a Failed Job, a queued Job, Unschedulable after the first list,
+a second run competing for the same nodes, a node held by another domain, no domain) are in
+``test_job_lifecycle.py``.
 """
 
 from __future__ import annotations
@@ -46,10 +46,12 @@ def sim() -> Iterator[SimCluster]:
 class Run:
     """One run's specs; ``close`` tears it down and checks that nothing of it is left."""
 
-    def __init__(self, sim: SimCluster, workers: str, **workload: Any) -> None:
+    def __init__(
+        self, sim: SimCluster, workers: str, rct_timeout_s: float = 2, **workload: Any
+    ) -> None:
         self.sim, self.id = sim, f"fm-{uuid.uuid4().hex[:8]}"
         self.names = RunNames.for_run(self.id)
-        self.domain = DomainSpec(run_id=self.id, rct_timeout_s=2, delete_timeout_s=10)
+        self.domain = DomainSpec(run_id=self.id, rct_timeout_s=rct_timeout_s, delete_timeout_s=10)
         self.workload = WorkloadSpec(
             run_id=self.id,
             purpose="job",
@@ -254,7 +256,7 @@ def test_watch_410_during_the_wait_is_survived(sim: SimCluster, run: Callable[..
 def test_api_unreachable_during_a_wait_exits_5_naming_the_request(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
-    r = run()
+    r = run(rct_timeout_s=60)  # the API stays down longer than the retries last
     sim.faults.no_rct(r.names.domain)  # provision has to wait for the template ...
     sim.faults.fail_requests("GET", "/resourceclaimtemplates", 503, count=10_000)
     try:
