@@ -15,9 +15,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnnvl.contract.result import NOT_JUDGED, PASS, schema_problems
 from mnnvl.driver import (
     Api,
     Deadline,
+    Deletions,
+    Verdict,
     delete_domain,
     delete_workload,
     ensure_domain,
@@ -37,6 +40,8 @@ from mnnvl.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
+    check_dns_label,
+    resolve_namespace,
 )
 from mnnvl.storage import check_shared_storage
 
@@ -64,11 +69,17 @@ class ProvisionResult(Result):
 
 @dataclass(frozen=True)
 class LaunchResult(Result):
+    """A finished workload: rank 0's RESULT (None when it printed none) and its log tail.
+
+    ``exit_code`` is 0: a workload that exits otherwise raises ``WorkloadFailed`` instead.
+    """
+
     job: str
     pods: list[str]
     result: dict[str, Any] | None
     log_tail: str
     elapsed_s: float
+    exit_code: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,8 @@ class TeardownResult(Result):
     deleted: list[str]
     already_gone: bool
     elapsed_s: float
+    skipped: list[str] = field(default_factory=list)  # objects with our names, not ours
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,6 +137,10 @@ class ReapResult(Result):
     runs: list[str]
     deleted: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    skipped: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    would_delete: list[str] = field(default_factory=list)
+    idle_s: dict[str, float] = field(default_factory=dict)
 
 
 @contextmanager
@@ -170,6 +187,7 @@ def launch(
 ) -> LaunchResult:
     """Run ``module`` on the workload's nodes; return rank 0's RESULT (None if it printed none).
 
+    ``module`` empty runs ``args`` as the command itself (it gets the rendezvous env).
     The whole Job lifecycle (domain check, create, queue/pod/Job-aware waits, rank-0 log,
     RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown.
     """
@@ -191,6 +209,13 @@ def _require_result(launched: LaunchResult, kind: str) -> dict[str, Any]:
         raise WorkloadFailed(
             f"Job {launched.job} completed but rank 0 printed no {kind} RESULT line; "
             f"last log lines:\n{launched.log_tail}"
+        )
+    problems = schema_problems(raw)
+    if problems:
+        raise WorkloadFailed(
+            f"Job {launched.job}: rank 0's {kind} RESULT does not match the report schema "
+            f"({'; '.join(problems)}); is the worker image's mnnvl-pipelines the launcher's?",
+            result=raw,
         )
     return raw
 
@@ -239,7 +264,7 @@ def train(
 
 def verdict_accepted(verdict: str, allow_unjudged: bool) -> bool:
     """PASS always; NOT_JUDGED (no threshold could be applied) only where the caller allowed it."""
-    return verdict == "PASS" or (verdict == "NOT_JUDGED" and allow_unjudged)
+    return verdict == PASS or (verdict == NOT_JUDGED and allow_unjudged)
 
 
 def verify(
@@ -302,7 +327,7 @@ def verify(
             f"({raw.get('threshold_source')}), peak {num(result.peak_busbw_gbps)} GB/s, "
             f"world size {raw.get('world_size')}, backend {raw.get('backend')}; reasons: "
             f"{'; '.join(raw.get('reasons') or []) or 'none given'}"
-            + ("; pass --allow-unjudged to accept it" if result.verdict == "NOT_JUDGED" else "")
+            + ("; pass --allow-unjudged to accept it" if result.verdict == NOT_JUDGED else "")
             + (f"; report: {files.get('markdown')}" if files else "")
         )
     return result
@@ -311,19 +336,31 @@ def verify(
 def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResult:
     """Delete the run's workload (and wait for its pods), then the domain (and wait for 404).
 
-    Idempotent: a second call finds nothing and returns ``already_gone=True``.
+    Only objects labelled as this run's are deleted, each with a uid precondition; an object
+    with the run's names that is someone else's is left alone and named in ``skipped`` (not
+    an error: the teardown did all it may). Idempotent: a second call finds nothing and
+    returns ``already_gone=True``.
     """
     start = time.monotonic()
     names = RunNames.for_run(spec.run_id)
     deadline = Deadline(spec.delete_timeout_s)
+    gone = Deletions(spec.run_id)
     with _api(kubeconfig) as api:
-        deleted = delete_workload(api, spec.namespace, names.selector, deadline)
-        if delete_domain(api, spec.namespace, names.domain, deadline):
-            deleted.append(f"ComputeDomain {spec.namespace}/{names.domain}")
-    if not deleted:
-        logger.info("run %s: nothing left to delete", spec.run_id)
+        delete_workload(api, spec.namespace, gone, deadline)
+        delete_domain(api, spec.namespace, names.domain, deadline, gone)
+    message = f"deleted {len(gone.deleted)} objects of run {spec.run_id}"
+    if gone.skipped:
+        message += f"; left alone (not this run's): {'; '.join(gone.skipped)}"
+    elif not gone.deleted:
+        message = f"run {spec.run_id}: nothing left to delete"
+    logger.info("%s", message)
     return TeardownResult(
-        run_id=spec.run_id, deleted=deleted, already_gone=not deleted, elapsed_s=_since(start)
+        run_id=spec.run_id,
+        deleted=gone.deleted,
+        already_gone=not gone.deleted,
+        elapsed_s=_since(start),
+        skipped=gone.skipped,
+        message=message,
     )
 
 
@@ -332,20 +369,34 @@ def reap(
     *,
     live_run_ids: set[str] | None,
     older_than_s: float,
+    all_dead: bool = False,
+    dry_run: bool = False,
     kubeconfig: str | None = None,
     timeout_s: float = REAP_TIMEOUT_S,
 ) -> ReapResult:
-    """Delete objects of runs that are not live (or older than ``older_than_s``).
+    """Delete objects of dead runs: not in ``live_run_ids`` (or every run with ``all_dead``),
+    and idle at least ``older_than_s`` when that is > 0. ``dry_run`` deletes nothing.
 
-    ``namespace`` None means ``default``. ``live_run_ids`` None means "judge by age only".
+    ``namespace`` None means the pod's own namespace, else ``default``. An empty or missing
+    live list without ``all_dead`` or an age bound is refused (``SpecError``) before any call.
     """
     start = time.monotonic()
-    ns = namespace or "default"
+    live = None if live_run_ids is None else frozenset(live_run_ids)
+    verdict = Verdict(live_run_ids=live, all_dead=all_dead, older_than_s=older_than_s)
+    ns = resolve_namespace(namespace or "")
+    check_dns_label("namespace", ns)
     with _api(kubeconfig) as api:
-        runs, deleted = reap_namespace(
-            api, ns, live_run_ids=live_run_ids, older_than_s=older_than_s, timeout_s=timeout_s
-        )
-    return ReapResult(namespace=ns, runs=runs, deleted=deleted, elapsed_s=_since(start))
+        out = reap_namespace(api, ns, verdict, timeout_s=timeout_s, dry_run=dry_run)
+    return ReapResult(
+        namespace=ns,
+        runs=out.runs,
+        deleted=out.deleted,
+        elapsed_s=_since(start),
+        skipped=out.skipped,
+        dry_run=dry_run,
+        would_delete=out.would_delete,
+        idle_s=out.idle_s,
+    )
 
 
 def status(spec: DomainSpec, *, kubeconfig: str | None = None) -> StatusResult:

@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-from mnnvl.runtime.result import NON_RETRIABLE_EXIT_CODES
+from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 
 logger = logging.getLogger("mnnvl.runtime.launch")
 

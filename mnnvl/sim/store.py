@@ -9,6 +9,7 @@ both consume these queues, so nothing in the simulator polls the store.
 from __future__ import annotations
 
 import builtins
+import itertools
 import queue
 import threading
 import uuid
@@ -79,11 +80,11 @@ class Store(Deletion):
         self, resource: str, ns: str | None = None, match: Callable[[Obj], bool] | None = None
     ) -> tuple[builtins.list[Obj], int]:
         with self.lock:
-            items = [
-                clone(o)
-                for (r, n, _), o in sorted(self._objs.items())
-                if r == resource and ns in (None, n) and (match is None or match(o))
-            ]
+            # Filter before sorting and cloning: lists are frequent and the store is shared
+            # by every kind.
+            keys = sorted(k for k in self._objs if k[0] == resource and ns in (None, k[1]))
+            objs = (self._objs[k] for k in keys)
+            items = [clone(o) for o in objs if match is None or match(o)]
             return items, self._rv
 
     # ----- writes ------------------------------------------------------------------------
@@ -231,17 +232,28 @@ class Store(Deletion):
         name: str,
         propagation: str | None = None,
         grace_s: float | None = None,
+        *,
+        precondition_uid: str | None = None,
     ) -> Obj:
         """DELETE semantics: finalizers, graceful pod termination, propagation, namespaces.
 
         A pod bound to a node only gets ``deletionTimestamp`` (now + grace period) and stays
         Terminating until its kubelet has stopped it and deletes it again with ``grace_s=0``.
+        ``precondition_uid`` (``preconditions.uid``) that is not the object's → 409 Conflict.
         """
         with self.lock:
             key = (resource, ns, name)
             obj = self._objs.get(key)
             if obj is None:
                 raise not_found(resource, name)
+            if precondition_uid and obj["metadata"]["uid"] != precondition_uid:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {resource} "{name}": Precondition failed: '
+                    f"UID in precondition: {precondition_uid}, "
+                    f"UID in object meta: {obj['metadata']['uid']}",
+                )
             # batch/v1 Jobs orphan their pods unless asked otherwise, like the real API server.
             policy = propagation or ("Orphan" if resource == "jobs" else "Background")
             uid = obj["metadata"]["uid"]
@@ -315,8 +327,10 @@ class Store(Deletion):
                     raise ApiError(
                         410, "Expired", f"too old resource version: {start} ({self._floor + 1})"
                     )
-                for ev in self._history:
-                    if ev.rv > start and sub.wants(ev):
+                # Retained events have consecutive resourceVersions: skip straight to start.
+                first = self._history[0].rv if self._history else start + 1
+                for ev in itertools.islice(self._history, max(start + 1 - first, 0), None):
+                    if sub.wants(ev):
                         sub.queue.put(ev)
             else:
                 for key, obj in sorted(self._objs.items()):

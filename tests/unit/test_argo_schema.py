@@ -43,8 +43,9 @@ def _errors(validator: Any, doc: dict[str, Any]) -> list[str]:
     return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
 
 
-def test_workflow_template_validates_strictly(strict_validator: Any) -> None:
-    assert _errors(strict_validator, aw.workflow_template_manifest()) == []
+@pytest.mark.parametrize("name", aw.WORKFLOW_TEMPLATES)
+def test_workflow_templates_validate_strictly(strict_validator: Any, name: str) -> None:
+    assert _errors(strict_validator, aw.workflow_template_manifest(name)) == []
 
 
 def test_workflow_validates_strictly(strict_validator: Any) -> None:
@@ -52,7 +53,8 @@ def test_workflow_validates_strictly(strict_validator: Any) -> None:
 
 
 def test_compiled_argo_files_validate_strictly(strict_validator: Any) -> None:
-    for name in ("mnnvl-training.workflowtemplate.yaml", "mnnvl-training.workflow.yaml"):
+    names = [f"{n}.workflowtemplate.yaml" for n in aw.WORKFLOW_TEMPLATES]
+    for name in [*names, "mnnvl-training.workflow.yaml"]:
         doc = yaml.safe_load((COMPILED / name).read_text())
         assert _errors(strict_validator, doc) == [], name
 
@@ -119,7 +121,7 @@ def test_dag_runs_provision_verify_train_verify_in_order() -> None:
 def test_every_step_uses_workflow_uid_as_run_id_and_writes_result() -> None:
     templates = aw.workflow_template_manifest()["spec"]["templates"]
     containers = [t for t in templates if "container" in t]
-    assert {t["name"] for t in containers} == {"provision", "train", "verify", "teardown"}
+    assert {t["name"] for t in containers} == {"provision", "train", "verify", "launch", "teardown"}
     for template in containers:
         args = template["container"]["args"]
         assert args[0] == template["name"]
@@ -132,7 +134,7 @@ def test_every_step_uses_workflow_uid_as_run_id_and_writes_result() -> None:
 def test_long_steps_have_deadlines_and_service_account_is_a_parameter() -> None:
     spec = aw.workflow_template_manifest()["spec"]
     templates = {t["name"]: t for t in spec["templates"]}
-    for name in ("train", "verify"):
+    for name in ("train", "verify", "launch"):
         assert templates[name]["activeDeadlineSeconds"] == "{{inputs.parameters.deadline-s}}"
     assert spec["serviceAccountName"] == "{{workflow.parameters.service-account}}"
     params = {p["name"] for p in spec["arguments"]["parameters"]}
@@ -150,7 +152,7 @@ def test_every_task_argument_names_a_template_input_or_workflow_parameter() -> N
                 assert arg["name"] in inputs, (task["name"], arg["name"])
                 value = arg["value"]
                 if value.startswith("{{workflow.parameters."):
-                    assert value[len("{{workflow.parameters.") : -2] in params
+                    assert value[len("{{workflow.parameters.") : -2] in params | {"json"}
 
 
 def test_workflow_references_the_template() -> None:
@@ -179,8 +181,79 @@ def test_template_commands_parse_with_the_cli() -> None:
         if "container" not in template:
             continue
         defaults = {p["name"]: p.get("default", "") for p in template["inputs"]["parameters"]}
+        defaults["pipeline"] = "mnnvl-training"
         args = [_resolve(a, defaults) for a in template["container"]["args"]]
         assert not any("{{" in a for a in args), args
         ns = parser.parse_args(args)
         assert ns.run_id == "0b7c0f4e-6d5c-4f7a-9d55-6f0e1f3c2a11"
         assert ns.result_path == "/tmp/result.json"
+
+
+GITOPS = Path(aw.__file__).resolve().parent / "gitops" / "argo"
+
+
+def _gitops_docs() -> dict[str, dict[str, Any]]:
+    return {p.name: yaml.safe_load(p.read_text()) for p in sorted(GITOPS.glob("mnnvl-*.yaml"))}
+
+
+def test_gitops_argo_files_validate_strictly_and_name_no_namespace(strict_validator: Any) -> None:
+    docs = _gitops_docs()
+    assert {d["kind"] for d in docs.values()} == {"WorkflowTemplate", "CronWorkflow"}
+    for name, doc in docs.items():
+        assert _errors(strict_validator, doc) == [], name
+        assert "namespace" not in doc["metadata"], name
+
+
+def _workflow_specs() -> dict[str, dict[str, Any]]:
+    specs = {}
+    for name, doc in _gitops_docs().items():
+        specs[name] = doc["spec"]["workflowSpec"] if doc["kind"] == "CronWorkflow" else doc["spec"]
+    specs["compiled"] = yaml.safe_load(
+        (COMPILED / "mnnvl-training.workflowtemplate.yaml").read_text()
+    )["spec"]
+    return specs
+
+
+def test_every_launcher_pod_is_non_root_read_only_and_requests_resources() -> None:
+    for name, spec in _workflow_specs().items():
+        if "workflowTemplateRef" in spec:
+            continue  # runs a template checked here
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["podGC"] == {"strategy": "OnPodSuccess"} and spec["ttlStrategy"], name
+        tmp = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+        for template in spec["templates"]:
+            container = template.get("container")
+            if container is None:
+                continue
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, (name, template["name"])
+            assert security["readOnlyRootFilesystem"] is True
+            assert {m["mountPath"] for m in container["volumeMounts"] if m["name"] in tmp} == {
+                "/tmp"
+            }, "the result file and matplotlib's cache need a writable /tmp"
+            assert container["resources"]["requests"]["cpu"]
+
+
+def test_retries_only_happen_for_exit_codes_a_retry_can_fix() -> None:
+    retried = 0
+    for name, spec in _workflow_specs().items():
+        for template in spec.get("templates", []):
+            retry = template.get("retryStrategy")
+            if retry:
+                retried += 1
+                assert retry["expression"] == "!(lastRetry.exitCode in ['2', '4'])", name
+    assert retried >= 3  # provision and teardown, reap
+
+
+def test_cron_workflows_run_the_fabric_check_nightly_and_reap_in_their_own_namespace() -> None:
+    docs = _gitops_docs()
+    check = docs["mnnvl-nightly-fabric-check.cronworkflow.yaml"]["spec"]
+    assert check["workflowSpec"]["workflowTemplateRef"] == {"name": "mnnvl-verify-only"}
+    assert check["concurrencyPolicy"] == "Forbid" and check["schedules"]
+    reap = docs["mnnvl-reap.cronworkflow.yaml"]["spec"]["workflowSpec"]["templates"][0]
+    args = reap["container"]["args"]
+    assert args[:3] == ["reap", "--namespace", "{{workflow.namespace}}"]
+    verify_only = docs["mnnvl-verify-only.workflowtemplate.yaml"]["spec"]
+    (main,) = [t for t in verify_only["templates"] if t["name"] == verify_only["entrypoint"]]
+    tasks = [t["name"] for t in main["dag"]["tasks"]]
+    assert tasks == ["provision", "verify"] and verify_only["onExit"] == "exit-handler"

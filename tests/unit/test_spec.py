@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mnnvl import spec
 from mnnvl.errors import SpecError
 from mnnvl.flags import add_arguments, from_namespace, to_args
 from mnnvl.spec import (
@@ -32,7 +34,6 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
     (DomainSpec, {"run_id": RUN, "namespace": "Default"}, "namespace", "DNS-1123 label"),
     (DomainSpec, {"run_id": RUN, "namespace": "ns_1"}, "namespace", "DNS-1123 label"),
     (DomainSpec, {"run_id": RUN, "namespace": "n" * 64}, "namespace", "at most 63"),
-    (DomainSpec, {"run_id": RUN, "namespace": ""}, "namespace", "non-empty"),
     (DomainSpec, {"run_id": RUN, "allocation_mode": "single"}, "allocation_mode", "not one of"),
     (DomainSpec, {"run_id": RUN, "rct_timeout_s": 0}, "rct_timeout_s", "out of range"),
     (DomainSpec, {"run_id": RUN, "delete_timeout_s": -1}, "delete_timeout_s", "out of range"),
@@ -88,6 +89,8 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
         "out of range",
     ),
     (WorkloadSpec, {"run_id": RUN, "image_pull_policy": "always"}, "image_pull_policy", "one of"),
+    (TrainConfig, {"steps": 3}, "warmup_steps", "5 is more than steps 3"),
+    (TrainConfig, {"steps": 10, "warmup_steps": 11}, "warmup_steps", "--warmup-steps 10"),
     (TrainConfig, {"model": "70b"}, "model", "not one of"),
     (TrainConfig, {"steps": 0}, "steps", "out of range"),
     (TrainConfig, {"batch_size": 0}, "batch_size", "out of range"),
@@ -173,11 +176,32 @@ def test_parse_bytes_names_the_field_on_garbage() -> None:
         parse_bytes("max_bytes", "lots")
 
 
-def test_parse_env_accepts_lists_and_comma_strings_and_keeps_equals_in_values() -> None:
-    assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
-    assert parse_env("A=1, B=2,") == {"A": "1", "B": "2"}
+def test_env_values_keep_commas_and_equals_on_every_surface() -> None:
+    # CLI: repeated flags; KFP: a list; Argo: one JSON list string.
+    expected = {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_DEBUG_SUBSYS": "INIT,ENV", "B": "x=y"}
+    items = ["NCCL_IB_HCA=mlx5_0,mlx5_1", "NCCL_DEBUG_SUBSYS=INIT,ENV", "B=x=y"]
+    assert parse_env(items) == expected
+    assert parse_env(json.dumps(items)) == expected
+    assert parse_env([json.dumps(items[:1]), items[1], "", items[2]]) == expected
+    with pytest.raises(SpecError, match=r"^env: .*JSON list"):
+        parse_env('["A=1"')
     with pytest.raises(SpecError, match=r"^env: .*NAME=value"):
         parse_env(["NOEQUALS"])
+
+
+def test_namespace_left_empty_is_the_pods_own_else_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(tmp_path / "absent"))
+    assert DomainSpec(run_id=RUN, namespace="").namespace == "default"
+    sa_file = tmp_path / "namespace"
+    sa_file.write_text("team-b\n")
+    monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
+    assert DomainSpec(run_id=RUN, namespace="").namespace == "team-b"
+    assert DomainSpec(run_id=RUN).namespace == "default"  # the field's default is explicit
+    assert WorkloadSpec(run_id=RUN, namespace="").namespace == "team-b"
+    assert DomainSpec(run_id=RUN, namespace="team-a").namespace == "team-a"
 
 
 def test_valid_inputs_are_accepted() -> None:
@@ -308,15 +332,12 @@ def test_bad_flag_value_fails_in_validation_not_later() -> None:
 
 
 def test_every_input_field_has_help_text_for_the_cli() -> None:
-    from mnnvl.flag_help import FIELD_HELP
+    from mnnvl.surface import SPEC_CLASSES, class_inputs
 
-    fields = {
-        f.name
-        for cls in (DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig)
-        for f in dataclasses.fields(cls)
-        if f.name != "owner"
-    }
-    assert fields <= set(FIELD_HELP), sorted(fields - set(FIELD_HELP))
+    missing = [
+        i.name for cls in SPEC_CLASSES for i in class_inputs(cls) if i.surfaces and not i.help
+    ]
+    assert missing == []
 
 
 def test_scheduling_flags_parse_into_the_workload() -> None:
