@@ -51,7 +51,16 @@ JOB_ENV = (
     "JOB_COMPLETION_INDEX",
     "MNNVL_NCCL_PROFILE",
     "MNNVL_GPUS_PER_NODE",
+    "MNNVL_NUM_GROUPS",
+    "MNNVL_GROUP_INDEX",
+    "MNNVL_NODES_PER_GROUP",
+    "MNNVL_NODE_RANK_BASE",
 )
+# Placement across NVLink cliques, set on every worker by the Job builder (one Job per group).
+NUM_GROUPS_ENV = "MNNVL_NUM_GROUPS"
+GROUP_INDEX_ENV = "MNNVL_GROUP_INDEX"
+NODES_PER_GROUP_ENV = "MNNVL_NODES_PER_GROUP"
+NODE_RANK_BASE_ENV = "MNNVL_NODE_RANK_BASE"
 
 
 def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
@@ -357,6 +366,8 @@ class VerifyConfig:
     ``min_busbw_gbps`` of 0 means "derive the threshold from the detected topology"
     (active links x per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
     NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.
+    With several clique groups, ``min_inter_clique_busbw_gbps`` judges the sweeps that cross
+    cliques (0: those parts are NOT_JUDGED); each clique is judged like a single-clique run.
     """
 
     min_bytes: int = 0
@@ -364,6 +375,7 @@ class VerifyConfig:
     iters: int = 0
     warmup_iters: int = 0
     min_busbw_gbps: float = 0.0
+    min_inter_clique_busbw_gbps: float = 0.0
     efficiency: float = 0.62
     judge_min_bytes: int = 1 << 30
     cuda_graphs: bool = True
@@ -380,5 +392,6 @@ class VerifyConfig:
         check_range("iters", self.iters, 0, 100_000, integer=True)
         check_range("warmup_iters", self.warmup_iters, 0, 100_000, integer=True)
         check_range("min_busbw_gbps", self.min_busbw_gbps, 0.0, 100_000.0)
+        check_range("min_inter_clique_busbw_gbps", self.min_inter_clique_busbw_gbps, 0.0, 100_000.0)
         check_range("efficiency", self.efficiency, 0.01, 1.0)
         check_range("judge_min_bytes", self.judge_min_bytes, 1, 1 << 36, integer=True)
