@@ -58,6 +58,8 @@ FIELD_HELP: dict[str, str] = {
     "iters": "timed all-reduces per size; 0 = adaptive (stops once the mean is known to 1 %)",
     "warmup_iters": "untimed all-reduces before each size; 0 = automatic",
     "min_busbw_gbps": "pass threshold in GB/s; 0 = active links x link speed x efficiency",
+    "min_inter_clique_busbw_gbps": "pass threshold in GB/s for the sweeps across cliques; "
+    "0 = not judged",
     "efficiency": "fraction of the NVLink limit a derived threshold asks for (default: 0.62)",
     "judge_min_bytes": "sizes from this one up are judged against the threshold (default: 1G)",
     "cuda_graphs": "also time small sizes as CUDA graphs and direct NCCL calls (default: on)",
