@@ -11,12 +11,17 @@ FIELD_HELP: dict[str, str] = {
     "delete_timeout_s": "wait until each deleted object is gone (GET 404), s (default: 300)",
     # WorkloadSpec
     "purpose": "Job name suffix: train, verify-pre, verify-post, verify or job",
-    "nodes": "worker pods, one per node, at most 18 (one NVLink rack) (default: 2)",
+    "nodes": "worker pods, one per node; more than one clique needs --nodes-per-clique "
+    "(default: 2)",
+    "nodes_per_clique": "nodes in each NVLink clique group (one Job each; HSDP and per-clique "
+    "verify); --nodes must be a multiple (default: 0 = all nodes in one clique)",
+    "max_nodes_per_clique": "most nodes one NVLink clique holds (default: 18, an NVL72 rack)",
     "gpus_per_node": "GPUs per worker pod; 0 = one CPU process per pod (gloo) (default: 4)",
     "image": "worker (runtime) image with torch, NCCL >= 2.25.2 and mnnvl-pipelines",
     "gpu_mode": "limits (device plugin nvidia.com/gpu) or claim (DRA gpu.nvidia.com)",
     "gpu_device_class": "DeviceClass for --gpu-mode claim (default: gpu.nvidia.com)",
-    "clique_affinity": "keep every pod inside one nvidia.com/gpu.clique (default: on)",
+    "clique_affinity": "keep each clique group's pods inside one nvidia.com/gpu.clique "
+    "(default: on)",
     "nccl_profile": "production, verify-strict or single-host (see README, NCCL profiles)",
     "env": "extra worker environment, NAME=VALUE (repeatable)",
     "rdzv_port": "torchrun rendezvous port on pod 0 (default: 29500)",
@@ -25,6 +30,8 @@ FIELD_HELP: dict[str, str] = {
     "tolerations": "extra toleration for worker pods, key[=value]:Effect (repeatable)",
     "priority_class": "PriorityClass of the worker pods",
     "queue_name": "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name=<name>",
+    "topology_aware": "with --queue-name: ask Kueue topology-aware scheduling for each group "
+    "inside one nvidia.com/gpu.clique (default: off)",
     "shm_size": "size of the workers' /dev/shm, e.g. 16Gi (default: 16Gi)",
     "pods_running_timeout_s": "deadline for all worker pods to run, s; IMEX start-up can take "
     "minutes (default: 900)",

@@ -33,6 +33,7 @@ PURPOSES = ("train", "verify-pre", "verify-post", "verify", "job")
 MODEL_PRESETS = ("tiny", "small", "125m", "350m", "1b", "3b", "8b")
 DTYPES = ("auto", "bf16", "fp32")
 MAX_NODES = 18  # one IMEX domain (NVL72 rack: 18 compute trays); MNNVL never spans cliques
+MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-character hostnames)
 MAX_GPUS_PER_NODE = 8
 DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
@@ -237,6 +238,8 @@ class WorkloadSpec:
     namespace: str = "default"
     purpose: str = "train"
     nodes: int = 2
+    nodes_per_clique: int = 0  # 0: all nodes in one clique
+    max_nodes_per_clique: int = MAX_NODES
     gpus_per_node: int = 4
     image: str = DEFAULT_IMAGE
     gpu_mode: str = "limits"
@@ -250,6 +253,7 @@ class WorkloadSpec:
     tolerations: tuple[str, ...] = ()
     priority_class: str = ""
     queue_name: str = ""
+    topology_aware: bool = False
     shm_size: str = "16Gi"
     pods_running_timeout_s: float = 900.0
     unschedulable_grace_s: float = 60.0
@@ -263,7 +267,7 @@ class WorkloadSpec:
         check_run_id(self.run_id)
         check_dns_label("namespace", self.namespace)
         check_choice("purpose", self.purpose, PURPOSES)
-        check_range("nodes", self.nodes, 1, MAX_NODES, integer=True)
+        self._check_cliques()
         check_range("gpus_per_node", self.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
         check_image("image", self.image)
         check_choice("gpu_mode", self.gpu_mode, GPU_MODES)
@@ -293,6 +297,25 @@ class WorkloadSpec:
             "image_pull_policy", self.image_pull_policy, ("Always", "IfNotPresent", "Never")
         )
 
+    def _check_cliques(self) -> None:
+        check_range("max_nodes_per_clique", self.max_nodes_per_clique, 1, 99, integer=True)
+        per = self.max_nodes_per_clique
+        check_range("nodes_per_clique", self.nodes_per_clique, 0, per, integer=True)
+        check_range("nodes", self.nodes, 1, MAX_GROUPS * per, integer=True)
+        if not self.nodes_per_clique and self.nodes > per:
+            raise SpecError(
+                "nodes",
+                f"{self.nodes} nodes do not fit one NVLink clique of at most {per}; set "
+                "nodes_per_clique to place them as several clique groups",
+            )
+        if self.nodes_per_clique and self.nodes % self.nodes_per_clique:
+            raise SpecError(
+                "nodes",
+                f"{self.nodes} is not a multiple of nodes_per_clique {self.nodes_per_clique}",
+            )
+        if self.topology_aware and not self.queue_name:
+            raise SpecError("topology_aware", "needs queue_name (Kueue admits the groups)")
+
     def _check_scheduling(self) -> None:
         for key, value in self.node_selector.items():
             check_label_key("node_selector", key)
@@ -314,6 +337,16 @@ class WorkloadSpec:
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    @property
+    def group_nodes(self) -> int:
+        """Nodes in each clique group (all of them with one group)."""
+        return self.nodes_per_clique or self.nodes
+
+    @property
+    def groups(self) -> int:
+        """Clique groups: one Indexed Job each, all in one rendezvous."""
+        return self.nodes // self.group_nodes
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ from mnnvl.manifests.workload import (
     VERIFY_MODULE,
     headless_service,
     indexed_job,
+    indexed_jobs,
     master_addr,
 )
 
@@ -31,6 +32,7 @@ __all__ = [
     "gpu_claim_template",
     "headless_service",
     "indexed_job",
+    "indexed_jobs",
     "master_addr",
     "object_meta",
     "owner_references",
