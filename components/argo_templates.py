@@ -68,6 +68,7 @@ WORKLOAD_INPUTS = [
     Input("tolerations", "", "Extra tolerations of the workers: key[=value]:Effect,..."),
     Input("priority-class", "", "PriorityClass of the worker pods"),
     Input("queue-name", "", "Kueue LocalQueue of the worker Job"),
+    Input("pvc", "", "PersistentVolumeClaims in every worker: CLAIM:/path[:ro],..."),
     Input("shm-size", "16Gi", "Size of the workers' /dev/shm"),
     Input("pods-running-timeout-s", "900", "Deadline for all worker pods to be Running (s)"),
 ]

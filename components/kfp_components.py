@@ -66,6 +66,7 @@ def train_sharded(
     tolerations: str = "",
     priority_class: str = "",
     queue_name: str = "",
+    pvc: str = "",
     shm_size: str = "16Gi",
     model: str = "tiny",
     steps: int = 20,
@@ -105,6 +106,7 @@ def train_sharded(
         tolerations: Extra tolerations of the worker pods, ``key[=value]:Effect,...``.
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue for the worker Job (label kueue.x-k8s.io/queue-name).
+        pvc: PersistentVolumeClaims mounted in every worker, ``CLAIM:/path[:ro],...``.
         shm_size: Size of the worker's /dev/shm.
         model: Model preset (tiny, small, 125m, 350m, 1b, 3b, 8b).
         steps: Optimizer steps.
@@ -143,6 +145,7 @@ def train_sharded(
         tolerations=spec.parse_list(tolerations),
         priority_class=priority_class,
         queue_name=queue_name,
+        pvc=spec.parse_list(pvc),
         shm_size=shm_size,
         pods_running_timeout_s=pods_running_timeout_s,
         job_timeout_s=job_timeout_s,
@@ -188,6 +191,7 @@ def verify_nvlink(
     tolerations: str = "",
     priority_class: str = "",
     queue_name: str = "",
+    pvc: str = "",
     shm_size: str = "16Gi",
     min_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
@@ -227,6 +231,7 @@ def verify_nvlink(
         tolerations: Extra tolerations of the worker pods, ``key[=value]:Effect,...``.
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue for the worker Job (label kueue.x-k8s.io/queue-name).
+        pvc: PersistentVolumeClaims mounted in every worker, ``CLAIM:/path[:ro],...``.
         shm_size: Size of the worker's /dev/shm.
         min_busbw_gbps: Pass threshold in GB/s (0 = derive from the detected topology).
         efficiency: Fraction of the link limit a derived threshold asks for.
@@ -261,6 +266,7 @@ def verify_nvlink(
         tolerations=spec.parse_list(tolerations),
         priority_class=priority_class,
         queue_name=queue_name,
+        pvc=spec.parse_list(pvc),
         shm_size=shm_size,
         pods_running_timeout_s=pods_running_timeout_s,
         job_timeout_s=job_timeout_s,

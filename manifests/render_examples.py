@@ -28,7 +28,13 @@ def examples() -> dict[str, str]:
     """File name -> YAML text of every example."""
     run_id = "3f6c1a52-9d0e-4b7f-a1c2-5e8d9b0f4a61"
     owner = OwnerRef(api_version="v1", kind="Pod", name="train-launcher-x7k2p", uid="0b1c2d3e-4f50")
-    limits = WorkloadSpec(run_id=run_id, namespace="ml-team", nodes=2, gpus_per_node=4)
+    limits = WorkloadSpec(
+        run_id=run_id,
+        namespace="ml-team",
+        nodes=2,
+        gpus_per_node=4,
+        pvc=("ml-team-checkpoints:/ckpt",),
+    )
     claim = WorkloadSpec(
         run_id="nightly-gb200-rack7",
         namespace="ml-team",

@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cliques", type=int, default=1, help="NVLink cliques (nvidia.com/gpu.clique values)"
     )
     p.add_argument("--imex-delay-s", type=float, default=0.2)
+    p.add_argument(
+        "--kueue",
+        action="store_true",
+        help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
+    )
     for name, p in sub.choices.items():
         _common(p, writes_kubeconfig=name == "sim")
     return parser
@@ -310,6 +315,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             kubeconfig_path=ns.kubeconfig,
             imex_delay_s=ns.imex_delay_s,
             cliques=ns.cliques,
+            kueue=ns.kueue,
         )
     return {
         "kubeconfig": served,

@@ -31,6 +31,12 @@ class ConflictError(MnnvlError):
     exit_code = 2
 
 
+class NotProvisioned(MnnvlError):
+    """A workload step found no ComputeDomain for its run (never provisioned, or torn down)."""
+
+    exit_code = 2
+
+
 class WaitTimeout(MnnvlError):
     """A wait ran past its deadline; the message holds the last observed state."""
 

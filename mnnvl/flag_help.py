@@ -32,11 +32,14 @@ FIELD_HELP: dict[str, str] = {
     "queue_name": "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name=<name>",
     "topology_aware": "with --queue-name: ask Kueue topology-aware scheduling for each group "
     "inside one nvidia.com/gpu.clique (default: off)",
+    "admission_timeout_s": "how long the Job may stay queued (suspended, e.g. by Kueue) before "
+    "the step fails, s; 0 = no limit (default: 0)",
+    "pvc": "PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable)",
     "shm_size": "size of the workers' /dev/shm, e.g. 16Gi (default: 16Gi)",
     "pods_running_timeout_s": "deadline for all worker pods to run, s; IMEX start-up can take "
     "minutes (default: 900)",
-    "unschedulable_grace_s": "how long a pod may stay Unschedulable before the step fails, s "
-    "(default: 60)",
+    "unschedulable_grace_s": "how long a pod may stay Unschedulable (or its node held by another "
+    "ComputeDomain) before the step fails, s (default: 60)",
     "job_timeout_s": "deadline for the Job to complete, s; also its activeDeadlineSeconds",
     "ttl_after_finished_s": "ttlSecondsAfterFinished of the Job (default: 3600)",
     "backoff_limit_per_index": "retries per pod index before the Job fails (default: 0)",
@@ -54,15 +57,17 @@ FIELD_HELP: dict[str, str] = {
     "dtype": "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "compile": "torch.compile each block (default: off)",
     "activation_checkpointing": "recompute activations in the backward pass (default: off)",
-    "data": "synthetic, or a token file every worker can read (.bin uint16, .u32.bin uint32)",
+    "data": "synthetic, or a token file under a --pvc mount (.bin uint16, .u32.bin uint32)",
     "seed": "random seed for weights and synthetic data (default: 0)",
-    "checkpoint_dir": "shared directory for checkpoints; a restarted run resumes from it",
+    "checkpoint_dir": "checkpoint directory under a --pvc mount; a restarted run resumes from it",
     "checkpoint_every": "steps between checkpoints; 0 = only at the end (default: 0)",
+    "allow_local_checkpoint": "accept --checkpoint-dir/--data outside a --pvc mount "
+    "(single-node runs only)",
     "log_every": "steps between logged metrics (default: 10)",
     # VerifyConfig
     "min_bytes": "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU",
     "max_bytes": "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU",
-    "iters": "timed all-reduces per size; 0 = adaptive (stops once the mean is known to 1 %)",
+    "iters": "timed all-reduces per size; 0 = adaptive (until the mean is known within 1 percent)",
     "warmup_iters": "untimed all-reduces before each size; 0 = automatic",
     "min_busbw_gbps": "pass threshold in GB/s; 0 = active links x link speed x efficiency",
     "min_inter_clique_busbw_gbps": "pass threshold in GB/s for the sweeps across cliques; "

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from mnnvl.errors import SpecError
+from mnnvl.storage import parse_pvc
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -254,6 +255,8 @@ class WorkloadSpec:
     priority_class: str = ""
     queue_name: str = ""
     topology_aware: bool = False
+    admission_timeout_s: float = 0.0
+    pvc: tuple[str, ...] = ()
     shm_size: str = "16Gi"
     pods_running_timeout_s: float = 900.0
     unschedulable_grace_s: float = 60.0
@@ -288,6 +291,8 @@ class WorkloadSpec:
         self._check_scheduling()
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
+        parse_pvc(self.pvc)
+        check_range("admission_timeout_s", self.admission_timeout_s, 0, 30 * 86400)
         check_range("pods_running_timeout_s", self.pods_running_timeout_s, 1, 86400)
         check_range("unschedulable_grace_s", self.unschedulable_grace_s, 0, 86400)
         check_range("job_timeout_s", self.job_timeout_s, 1, 7 * 86400)
@@ -369,6 +374,7 @@ class TrainConfig:
     seed: int = 0
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
+    allow_local_checkpoint: bool = False
     log_every: int = 10
 
     def __post_init__(self) -> None:

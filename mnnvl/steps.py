@@ -18,31 +18,29 @@ from typing import Any
 from mnnvl.driver import (
     Api,
     Deadline,
-    LogFollower,
-    create_workload,
     delete_domain,
     delete_workload,
     ensure_domain,
     launcher_owner,
-    parse_result,
-    rank0_pod,
     reap_namespace,
-    result_of_failed_job,
+    run_job,
     wait_for_channel_template,
-    wait_for_job_done,
-    wait_for_pods_running,
 )
 from mnnvl.driver.inspect import run_status
 from mnnvl.errors import VerificationFailed, WorkloadFailed
 from mnnvl.flags import to_args
-from mnnvl.manifests import CONTAINER, TRAIN_MODULE, VERIFY_MODULE, step_workload
+from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
 from mnnvl.names import RunNames
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.spec import (
+    DomainSpec,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+)
+from mnnvl.storage import check_shared_storage
 
 logger = logging.getLogger(__name__)
 
-LOG_TAIL_LINES = 20
-LOG_DRAIN_S = 10.0  # how long to let the rank-0 log stream finish after the Job completed
 REAP_TIMEOUT_S = 300.0
 
 
@@ -79,6 +77,7 @@ class TrainResult(Result):
     tokens_per_s: float | None
     mfu: float | None
     steps: int | None
+    start_step: int
     checkpoint: str
     peak_mem_gib: float | None
     report_files: dict[str, str]
@@ -170,35 +169,17 @@ def launch(
 ) -> LaunchResult:
     """Run ``module`` on the workload's nodes; return rank 0's RESULT (None if it printed none).
 
-    Completed Jobs stay until teardown, so their logs remain inspectable.
+    The whole Job lifecycle (domain check, create, queue/pod/Job-aware waits, rank-0 log,
+    RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown.
     """
     start = time.monotonic()
     with _api(kubeconfig) as api:
-        job = create_workload(api, workload, module, args)
-        follower: LogFollower | None = None
-        try:
-            pods = wait_for_pods_running(
-                api, workload, job, Deadline(workload.pods_running_timeout_s)
-            )
-            rank0 = rank0_pod(pods)
-            follower = LogFollower(api, workload.namespace, rank0).start()
-            wait_for_job_done(api, workload, job, Deadline(workload.job_timeout_s))
-        except WorkloadFailed as err:
-            err.result = err.result or result_of_failed_job(
-                api, workload, job, follower, drain_s=LOG_DRAIN_S
-            )
-            raise
-        text = follower.text if follower.join(LOG_DRAIN_S) else ""
-        result = parse_result(text)
-        if result is None:
-            # The stream was cut or not finished: the stored log is the record.
-            text = api.pod_log(workload.namespace, rank0, container=CONTAINER)
-            result = parse_result(text)
+        outcome = run_job(api, workload, module, args)
     return LaunchResult(
-        job=job,
-        pods=sorted(pods),
-        result=result,
-        log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
+        job=outcome.job,
+        pods=outcome.pods,
+        result=outcome.result,
+        log_tail=outcome.log_tail,
         elapsed_s=_since(start),
     )
 
@@ -222,6 +203,7 @@ def train(
 ) -> TrainResult:
     """Sharded training on the domain's nodes; metrics from rank 0's RESULT line."""
     start = time.monotonic()
+    check_shared_storage(workload, config)
     launched = launch(
         step_workload(workload, "train"), TRAIN_MODULE, to_args(config), kubeconfig=kubeconfig
     )
@@ -231,6 +213,8 @@ def train(
         from mnnvl.report import write_train_report
 
         files = write_train_report(raw, report_dir)
+    if raw.get("start_step"):
+        logger.info("train: resumed from step %s (%s)", raw["start_step"], raw.get("resumed_from"))
     logger.info(
         "train: final loss %s, %s tokens/s, mfu %s",
         raw.get("final_loss"),
@@ -243,6 +227,7 @@ def train(
         tokens_per_s=raw.get("tokens_per_s"),
         mfu=raw.get("mfu"),
         steps=raw.get("steps"),
+        start_step=int(raw.get("start_step") or 0),
         checkpoint=str(raw.get("checkpoint") or ""),
         peak_mem_gib=raw.get("peak_mem_gib"),
         report_files=files,

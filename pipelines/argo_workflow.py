@@ -45,6 +45,7 @@ WORKFLOW_PARAMETERS = [
     WfParam("tolerations", "", "Extra tolerations of the workers: key[=value]:Effect,..."),
     WfParam("priority-class", "", "PriorityClass of the worker pods"),
     WfParam("queue-name", "", "Kueue LocalQueue of the worker Jobs"),
+    WfParam("pvc", "", "PersistentVolumeClaims in every worker: CLAIM:/path[:ro],..."),
     WfParam("shm-size", "16Gi", "Size of the workers' /dev/shm"),
     WfParam("model", "1b", "Model preset: tiny, small, 125m, 350m, 1b, 3b, 8b"),
     WfParam("steps", "100", "Optimizer steps"),

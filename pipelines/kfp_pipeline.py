@@ -62,6 +62,7 @@ def training_pipeline(
     tolerations: str = "",
     priority_class: str = "",
     queue_name: str = "",
+    pvc: str = "",
     shm_size: str = "16Gi",
     model: str = "1b",
     steps: int = 100,
@@ -107,6 +108,7 @@ def training_pipeline(
         "tolerations": tolerations,
         "priority_class": priority_class,
         "queue_name": queue_name,
+        "pvc": pvc,
         "shm_size": shm_size,
         "pods_running_timeout_s": pods_running_timeout_s,
     }

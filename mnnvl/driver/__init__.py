@@ -12,6 +12,7 @@ from mnnvl.driver.domain import (
     launcher_owner,
     wait_for_channel_template,
 )
+from mnnvl.driver.lifecycle import JobOutcome, require_domain, run_job
 from mnnvl.driver.reaper import reap_namespace
 from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.driver.workload import (
@@ -21,14 +22,13 @@ from mnnvl.driver.workload import (
     parse_result,
     rank0_pod,
     result_of_failed_job,
-    wait_for_job_done,
-    wait_for_pods_running,
 )
 
 __all__ = [
     "Api",
     "Deadline",
     "Domain",
+    "JobOutcome",
     "Kind",
     "LogFollower",
     "create_or_adopt",
@@ -40,9 +40,9 @@ __all__ = [
     "parse_result",
     "rank0_pod",
     "reap_namespace",
+    "require_domain",
     "result_of_failed_job",
+    "run_job",
     "wait_for",
     "wait_for_channel_template",
-    "wait_for_job_done",
-    "wait_for_pods_running",
 ]

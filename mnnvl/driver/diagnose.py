@@ -7,6 +7,7 @@ the waits that decide when to call it live in :mod:`mnnvl.driver.workload`.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -20,12 +21,22 @@ from mnnvl.names import RunNames
 from mnnvl.spec import WorkloadSpec
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# Waiting reasons a pod does not recover from by itself (the kubelet keeps retrying, but
+# nothing changes until a person fixes the image, the pull secret or the pod's config).
 FATAL_WAITING = (
     "ImagePullBackOff",
     "ErrImagePull",
+    "ErrImageNeverPull",
+    "InvalidImageName",
     "CrashLoopBackOff",
     "CreateContainerConfigError",
 )
+PREPARE_FAILED = "FailedPrepareDynamicResources"
+# Messages of the compute-domain kubelet plugin's NodePrepareResources that no retry fixes:
+# the claim is in another namespace than its ComputeDomain (fatal at once), or the node still
+# belongs to another domain (fatal only after a grace: that domain's pods may be leaving).
+PREPARE_NAMESPACE = re.compile(r"namespace.*(mismatch|does not match|differ)", re.IGNORECASE)
+PREPARE_OTHER_DOMAIN = "label already exists for a different ComputeDomain"
 LOG_TAIL_LINES = 20
 
 
@@ -104,53 +115,72 @@ def _log_tail(api: Api, namespace: str, pod: str) -> str:
 # ---- pods that will not get to Running --------------------------------------------------------
 
 
-class UnschedulableGrace:
-    """How long each pod has been Unschedulable, measured against a grace period in seconds.
+class Grace:
+    """How long each pod has been in a state that is fatal only once it lasted.
 
     Unschedulable is often transient (claims being allocated, a previous Job's pods still
-    releasing their nodes' channel, an autoscaler adding nodes): fatal only once it lasted.
+    releasing their nodes' channel, an autoscaler adding nodes), and so is a node that still
+    carries another domain's label while that domain's pods leave. Keys are
+    ``<what>/<pod>``; a key no longer observed is forgotten.
     """
 
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
-        self._since_monotonic: dict[str, float] = {}
+        self._since: dict[str, float] = {}
 
-    def left_s(self, pod: dict[str, Any]) -> float | None:
-        """Seconds of grace left (<= 0 when over), or None when the pod is not Unschedulable."""
-        name = pod["metadata"]["name"]
-        if not _unschedulable(pod):
-            self._since_monotonic.pop(name, None)
+    def left_s(self, key: str, bad: bool) -> float | None:
+        """Seconds of grace left (<= 0 when over), or None when ``key`` is not in a bad state."""
+        if not bad:
+            self._since.pop(key, None)
             return None
-        since = self._since_monotonic.setdefault(name, time.monotonic())
+        since = self._since.setdefault(key, time.monotonic())
         return self.grace_s - (time.monotonic() - since)
 
-    def expired(self, pod: dict[str, Any]) -> bool:
-        left = self.left_s(pod)
-        return left is not None and left <= 0
+    def retain(self, pods: Iterable[str]) -> None:
+        alive = set(pods)
+        for key in [k for k in self._since if k.split("/", 1)[1] not in alive]:
+            del self._since[key]
 
-    def recheck_in_s(self, pods: Iterable[dict[str, Any]]) -> float | None:
+    def recheck_in_s(self) -> float | None:
         """When the first grace period ends, so a wait re-checks without a new event."""
-        left = [t for t in map(self.left_s, pods) if t is not None]
-        return max(0.0, min(left)) if left else None
+        if not self._since:
+            return None
+        now = time.monotonic()
+        return max(0.0, min(self.grace_s - (now - since) for since in self._since.values()))
+
+
+def prepare_events(events: Objects) -> dict[str, dict[str, Any]]:
+    """The latest FailedPrepareDynamicResources event per pod name."""
+    latest: dict[str, dict[str, Any]] = {}
+    for event in sorted(events.values(), key=_event_order):
+        if event.get("reason") == PREPARE_FAILED:
+            latest[str((event.get("involvedObject") or {}).get("name", ""))] = event
+    return latest
 
 
 def raise_on_stuck_pod(
-    api: Api, workload: WorkloadSpec, objects: Objects, grace: UnschedulableGrace
+    api: Api, workload: WorkloadSpec, pods: Objects, events: Objects, grace: Grace
 ) -> None:
     """Raise ``WorkloadFailed`` with the evidence for the first pod that will not recover."""
     domain = RunNames.for_run(workload.run_id).domain
-    for pod in objects.values():
-        problem = _pod_problem(
+    grace.retain(pods)
+    prepare = prepare_events(events)
+    for pod in sorted(pods.values(), key=pod_index):
+        problem = pod_problem(
             pod,
+            prepare.get(pod["metadata"]["name"]),
             retries=workload.backoff_limit_per_index > 0,
-            unschedulable_fatal=grace.expired(pod),
+            grace=grace,
         )
         if problem:
             raise WorkloadFailed(_failure_message(api, workload.namespace, domain, pod, problem))
 
 
-def _pod_problem(pod: dict[str, Any], *, retries: bool, unschedulable_fatal: bool) -> str:
+def pod_problem(
+    pod: dict[str, Any], prepare: dict[str, Any] | None, *, retries: bool, grace: Grace
+) -> str:
     """Why this pod will not get to Running by itself, or "" when it still may."""
+    name = pod["metadata"]["name"]
     phase = (pod.get("status") or {}).get("phase")
     if phase == "Failed" and not retries:
         return f"Failed with exit code {_exit_code(pod)}"
@@ -158,8 +188,15 @@ def _pod_problem(pod: dict[str, Any], *, retries: bool, unschedulable_fatal: boo
     if reason in FATAL_WAITING:
         return reason
     unschedulable = _unschedulable(pod)
-    if unschedulable and unschedulable_fatal:
-        return f"Unschedulable: {unschedulable}"
+    left = grace.left_s(f"unschedulable/{name}", bool(unschedulable))
+    if left is not None and left <= 0:
+        return f"Unschedulable for more than {grace.grace_s:g} s: {unschedulable}"
+    message = str((prepare or {}).get("message") or "") if phase == "Pending" else ""
+    if PREPARE_NAMESPACE.search(message):
+        return f"{PREPARE_FAILED}: {message}"
+    left = grace.left_s(f"prepare/{name}", PREPARE_OTHER_DOMAIN in message)
+    if left is not None and left <= 0:
+        return f"{PREPARE_FAILED} for more than {grace.grace_s:g} s: {message}"
     return ""
 
 
@@ -171,9 +208,14 @@ def _failure_message(
     hint = {
         "ImagePullBackOff": "check the image name and the pull secret",
         "ErrImagePull": "check the image name and the pull secret",
+        "ErrImageNeverPull": "imagePullPolicy is Never and the image is not on the node",
+        "InvalidImageName": "check the image reference",
         "CrashLoopBackOff": f"check `kubectl logs -n {namespace} {name}`",
         "CreateContainerConfigError": "check the pod's env, secrets and config maps",
-    }.get(problem.split(":")[0], f"check `kubectl logs -n {namespace} {name}`")
+        PREPARE_FAILED: "the node's IMEX channel cannot be prepared for this domain; check "
+        f"`kubectl describe node {node}` (label resource.nvidia.com/computeDomain) and the "
+        "driver's kubelet-plugin logs",
+    }.get(problem.split(":")[0].split(" for ")[0], f"check `kubectl logs -n {namespace} {name}`")
     if problem.startswith("Unschedulable"):
         hint = (
             "check free GPUs and channel devices per node (one pod per node per domain) and "
@@ -234,3 +276,25 @@ def job_failure(
         f"{message}; pod {name} (index {pod_index(pod)}) exited with code {_exit_code(pod)}; "
         f"events: {pod_events(api, ns, name)}; last log lines:\n{tail}"
     )
+
+
+def pods_progress(api: Api, workload: WorkloadSpec, objects: Objects, running: int) -> str:
+    """One progress line: pods Running x/N, the slowest pod and why, the domain's nodes."""
+    ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
+    summary, imex = domain_nodes(api, domain, ns)
+    waiting = [
+        p
+        for p in sorted(objects.values(), key=pod_index)
+        if (p.get("status") or {}).get("phase") not in ("Running", "Succeeded")
+    ]
+    line = f"pods Running {running}/{workload.nodes}"
+    if waiting:
+        pod = waiting[0]
+        node = (pod.get("spec") or {}).get("nodeName")
+        why = _unschedulable(pod) or waiting_reason(pod) or "waiting to be scheduled"
+        if why == "ContainerCreating" and node:
+            why += f" (IMEX daemon on {node}: {imex.get(node, 'not in status.nodes')})"
+        line += f"; slowest: {_pod_state(pod)}: {why}"
+    elif not objects:
+        line += "; no pods created yet"
+    return f"{line}; {summary}"

@@ -1,36 +1,52 @@
-"""The one wait helper: list, check, then watch from that resourceVersion, under one deadline.
+"""The one wait helper: list, check, then watch from that resourceVersion, under a deadline.
 
-A wait tracks the set of objects a selector matches (one object for a ``metadata.name``
-field selector, or e.g. a Job's pods for a label selector). On every change it calls
-``fail`` (which raises a typed error to end the wait early) and then ``done``. A 410 Gone
-re-lists and carries on; a watch the server ends before the deadline is resumed from the
-last resourceVersion seen. There is no polling: between events the thread blocks on the
-watch stream, and every watch asks the server to end by the deadline.
+A wait tracks one or more *sources*: the set of objects a selector matches (one object for a
+``metadata.name`` field selector, or e.g. a Job's pods for a label selector). Each source is
+listed and then watched from the list's resourceVersion in its own thread; events reach the
+waiting thread through one queue. On every change the waiting thread runs the wait's check,
+which raises a typed error to end the wait early or returns a value to finish it.
+
+The waiting thread also wakes up on its own, independent of events: at the deadline, when the
+check asked to be re-run (a state that becomes fatal only after a grace period, e.g. a pod
+Unschedulable for longer than allowed, which no further event announces), and every
+``PROGRESS_EVERY_S`` to log a progress line naming what it waits for. A 410 Gone re-lists and
+carries on; a watch the server ends is resumed from the last resourceVersion seen. Nothing
+polls: between events and timers the threads block on watch streams and on the queue.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from mnnvl.driver.api import Api, Kind
-from mnnvl.driver.errors import WaitTimeout, WatchExpired
+from mnnvl.driver.errors import MnnvlError, WaitTimeout, WatchExpired
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Objects = dict[str, dict[str, Any]]
-"""Objects the wait's selector matches, by name (empty when none exist)."""
+"""Objects a source's selector matches, by name (empty when none exist)."""
+View = dict[str, Objects]
+"""Every source's objects, by source key."""
+
+PROGRESS_EVERY_S = 15.0
+# A watch is re-opened at least this often, so a watch thread ends soon after its wait did.
+WATCH_CHUNK_S = 30.0
 
 
 class Deadline:
-    """A point on the monotonic clock; waits that share one never outlast it."""
+    """A point on the monotonic clock; ``timeout_s`` of 0 or less means no limit."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.start = time.monotonic()
-        self.at = self.start + timeout_s
+        self.at = self.start + timeout_s if timeout_s > 0 else float("inf")
 
     def remaining(self) -> float:
         return self.at - time.monotonic()
@@ -41,6 +57,190 @@ class Deadline:
     @property
     def expired(self) -> bool:
         return self.remaining() <= 0
+
+    @property
+    def unlimited(self) -> bool:
+        return self.at == float("inf")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One watched set of objects: a kind in the wait's namespace plus selectors."""
+
+    kind: Kind
+    name: str | None = None
+    label_selector: str | None = None
+    field_selector: str | None = None
+
+    @property
+    def fields(self) -> str | None:
+        parts = [f"metadata.name={self.name}"] if self.name else []
+        parts += [self.field_selector] if self.field_selector else []
+        return ",".join(parts) or None
+
+
+class Check:
+    """What a wait does with the objects it sees; subclasses or instances override these."""
+
+    def __call__(self, view: View) -> Any:
+        """Raise to fail, return non-None to finish the wait with that value."""
+        raise NotImplementedError
+
+    def recheck_in(self, view: View) -> float | None:
+        """Seconds after which the check must run again even without an event, or None."""
+        return None
+
+    def progress(self, view: View) -> str:
+        """One line naming what the wait waits for and how far it got."""
+        return ""
+
+
+def watch_until(
+    api: Api,
+    namespace: str,
+    sources: dict[str, Source],
+    check: Check,
+    *,
+    deadline: Deadline,
+    on_timeout: Callable[[View], MnnvlError],
+    progress_every_s: float | None = None,
+) -> Any:
+    """Run ``check`` on every change of ``sources`` until it returns a value (returned here).
+
+    Raises what ``check`` raises, a watch thread's API error, or ``on_timeout(view)`` at the
+    deadline. Logs ``check.progress(view)`` at least every ``progress_every_s`` (default
+    ``PROGRESS_EVERY_S``).
+    """
+    progress_every_s = progress_every_s or PROGRESS_EVERY_S
+    events: queue.Queue[tuple[str, str, Any]] = queue.Queue()
+    stop = threading.Event()
+    watchers = [
+        _Watcher(api, namespace, key, source, events, stop, deadline)
+        for key, source in sources.items()
+    ]
+    view: View = {}
+    next_progress = time.monotonic() + progress_every_s
+    try:
+        for w in watchers:
+            w.start()
+        while True:
+            now = time.monotonic()
+            synced = len(view) == len(sources)
+            wake = [deadline.remaining(), next_progress - now]
+            soon = check.recheck_in(view) if synced else None
+            if soon is not None:
+                wake.append(soon)
+            try:
+                key, etype, payload = events.get(timeout=max(0.0, min(wake)))
+                _apply(view, key, etype, payload)
+            except queue.Empty:
+                pass
+            if len(view) == len(sources):
+                found = check(view)
+                if found is not None:
+                    return found
+            if deadline.expired:
+                raise on_timeout(view)
+            if time.monotonic() >= next_progress:
+                next_progress = time.monotonic() + progress_every_s
+                line = check.progress(view) if len(view) == len(sources) else "listing"
+                logger.info("waiting %.0f s: %s", deadline.elapsed(), line)
+    finally:
+        stop.set()
+
+
+def _apply(view: View, key: str, etype: str, payload: Any) -> None:
+    if etype == "ERROR":
+        raise payload
+    if etype == "SYNC":
+        view[key] = payload
+        return
+    meta = payload.get("metadata", {})
+    objects = view.setdefault(key, {})
+    if etype == "DELETED":
+        objects.pop(meta.get("name", ""), None)
+    else:
+        objects[meta.get("name", "")] = payload
+
+
+class _Watcher(threading.Thread):
+    """Lists one source, then watches it, feeding ``events`` until ``stop`` is set."""
+
+    def __init__(
+        self,
+        api: Api,
+        namespace: str,
+        key: str,
+        source: Source,
+        events: queue.Queue[tuple[str, str, Any]],
+        stop: threading.Event,
+        deadline: Deadline,
+    ) -> None:
+        super().__init__(name=f"watch-{source.kind.plural}-{key}", daemon=True)
+        self.api, self.namespace, self.key, self.source = api, namespace, key, source
+        self.events, self.stop, self.deadline = events, stop, deadline
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                version = self._list()
+                try:
+                    self._watch(version)
+                except WatchExpired:
+                    logger.debug("watch of %s expired (410); re-listing", self.source.kind.plural)
+        except Exception as e:  # handed to the waiting thread, which raises it
+            self.events.put((self.key, "ERROR", e))
+
+    def _list(self) -> str:
+        src = self.source
+        lst = self.api.list(
+            src.kind, self.namespace, label_selector=src.label_selector, field_selector=src.fields
+        )
+        self.events.put((self.key, "SYNC", {o["metadata"]["name"]: o for o in lst["items"]}))
+        return str(lst.get("metadata", {}).get("resourceVersion") or "")
+
+    def _watch(self, version: str) -> None:
+        src = self.source
+        while not self.stop.is_set():
+            chunk = max(1.0, min(WATCH_CHUNK_S, self.deadline.remaining()))
+            for etype, obj in self.api.watch(
+                src.kind,
+                self.namespace,
+                resource_version=version,
+                timeout_s=chunk,
+                label_selector=src.label_selector,
+                field_selector=src.fields,
+            ):
+                if self.stop.is_set():
+                    return
+                version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                self.events.put((self.key, etype, obj))
+
+
+# ---- the common case: one source, a done predicate, an optional fail predicate -----------------
+
+
+class _Predicates(Check):
+    def __init__(
+        self,
+        done: Callable[[Objects], bool],
+        fail: Callable[[Objects], None] | None,
+        recheck_in: Callable[[Objects], float | None] | None,
+        progress: Callable[[Objects], str],
+    ) -> None:
+        self.done, self.fail, self._recheck_in, self._progress = done, fail, recheck_in, progress
+
+    def __call__(self, view: View) -> Objects | None:
+        objects = view["it"]
+        if self.fail is not None:
+            self.fail(objects)
+        return dict(objects) if self.done(objects) else None
+
+    def recheck_in(self, view: View) -> float | None:
+        return self._recheck_in(view["it"]) if self._recheck_in else None
+
+    def progress(self, view: View) -> str:
+        return self._progress(view["it"])
 
 
 def wait_for(
@@ -63,63 +263,26 @@ def wait_for(
     ``what`` names the goal for messages ("ResourceClaimTemplate x to exist"). ``fail``
     raises to stop early. On the deadline raises ``WaitTimeout`` with ``describe(objects)``
     (the last observed state) and ``hint`` (what to check next). ``recheck_in`` may name
-    seconds after which ``fail``/``done`` must run again even without an event (a state
-    that becomes fatal only after a grace period); the watch then ends at that time.
+    seconds after which ``fail``/``done`` must run again even without an event.
     """
-    field_selector = f"metadata.name={name}" if name else None
-    objects: Objects = {}
-    while True:
-        lst = api.list(
-            kind, namespace, label_selector=label_selector, field_selector=field_selector
-        )
-        objects = {o["metadata"]["name"]: o for o in lst["items"]}
-        version = str(lst.get("metadata", {}).get("resourceVersion") or "")
-        if _check(objects, done, fail):
-            return objects
-        try:
-            while True:
-                remaining = deadline.remaining()
-                if remaining <= 0:
-                    raise _timeout(what, deadline, objects, describe, hint)
-                soon = recheck_in(objects) if recheck_in else None
-                for etype, obj in api.watch(
-                    kind,
-                    namespace,
-                    resource_version=version,
-                    timeout_s=remaining if soon is None else max(1.0, min(remaining, soon)),
-                    label_selector=label_selector,
-                    field_selector=field_selector,
-                ):
-                    meta = obj.get("metadata", {})
-                    version = str(meta.get("resourceVersion") or version)
-                    if etype == "DELETED":
-                        objects.pop(meta.get("name", ""), None)
-                    else:
-                        objects[meta.get("name", "")] = obj
-                    if _check(objects, done, fail):
-                        return objects
-                if soon is not None and _check(objects, done, fail):
-                    return objects
-        except WatchExpired:
-            logger.debug("watch of %s expired (410); re-listing", kind.plural)
+    state = describe or _default_state
+
+    def on_timeout(view: View) -> MnnvlError:
+        return timeout_error(what, deadline, state(view.get("it", {})), hint)
+
+    check = _Predicates(done, fail, recheck_in, lambda objects: f"{what}; now: {state(objects)}")
+    found: Objects = watch_until(
+        api,
+        namespace,
+        {"it": Source(kind, name=name, label_selector=label_selector)},
+        check,
+        deadline=deadline,
+        on_timeout=on_timeout,
+    )
+    return found
 
 
-def _check(
-    objects: Objects, done: Callable[[Objects], bool], fail: Callable[[Objects], None] | None
-) -> bool:
-    if fail is not None:
-        fail(objects)
-    return done(objects)
-
-
-def _timeout(
-    what: str,
-    deadline: Deadline,
-    objects: Objects,
-    describe: Callable[[Objects], str] | None,
-    hint: str,
-) -> WaitTimeout:
-    state = describe(objects) if describe else _default_state(objects)
+def timeout_error(what: str, deadline: Deadline, state: str, hint: str) -> WaitTimeout:
     message = f"timed out after {deadline.timeout_s:g} s waiting for {what}; last observed: {state}"
     return WaitTimeout(f"{message}; {hint}" if hint else message)
 

@@ -1,13 +1,9 @@
-"""The multi-node workload: create Service + Indexed Job, wait for pods and completion, delete.
-
-Waits fail fast with the pod's recent events, the ComputeDomain's ``status.nodes`` and the next
-thing to check, instead of sitting out a deadline on something that will not recover; that
-evidence is gathered by :mod:`mnnvl.driver.diagnose`.
+"""The multi-node workload's parts: create Service + Indexed Job, follow rank 0's log, read
+its RESULT, delete. :mod:`mnnvl.driver.lifecycle` puts them together with the waits.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import threading
@@ -24,14 +20,7 @@ from mnnvl.driver.api import (
     Kind,
     create_or_adopt,
 )
-from mnnvl.driver.diagnose import (
-    UnschedulableGrace,
-    describe_pods,
-    job_failure,
-    pod_index,
-    raise_on_stuck_pod,
-)
-from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
+from mnnvl.driver.diagnose import pod_index
 from mnnvl.driver.errors import MnnvlError, WorkloadFailed
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.manifests import (
@@ -42,7 +31,6 @@ from mnnvl.manifests import (
     indexed_job,
     wants_gpu_claim,
 )
-from mnnvl.names import RunNames
 from mnnvl.runtime.result import parse_result as worker_result
 from mnnvl.spec import WorkloadSpec
 
@@ -68,50 +56,6 @@ def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[st
             meta["name"],
         )
     return str(job["metadata"]["name"])
-
-
-def wait_for_pods_running(
-    api: Api, workload: WorkloadSpec, job: str, deadline: Deadline
-) -> Objects:
-    """Block until every index of ``job`` has a pod Running (or already Succeeded)."""
-    names = RunNames.for_run(workload.run_id)
-    grace = UnschedulableGrace(workload.unschedulable_grace_s)
-    last_logged = {"running": -1}
-
-    def done(objects: Objects) -> bool:
-        running = _running_indexes(objects)
-        if running != last_logged["running"]:  # log progress once per change, not per event
-            last_logged["running"] = running
-            logger.info("pods %d/%d Running", running, workload.nodes)
-        return running >= workload.nodes
-
-    return wait_for(
-        api,
-        POD,
-        workload.namespace,
-        label_selector=f"{JOB_NAME_LABEL}={job}",
-        what=f"{workload.nodes} pods of Job {workload.namespace}/{job} to be Running",
-        done=done,
-        fail=lambda objects: raise_on_stuck_pod(api, workload, objects, grace),
-        describe=lambda objects: describe_pods(api, workload, job, objects, deadline),
-        deadline=deadline,
-        recheck_in=lambda objects: grace.recheck_in_s(objects.values()),
-        hint=(
-            f"check `kubectl get computedomain {names.domain} -n {workload.namespace} -o yaml` "
-            f"and the driver's kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})"
-        ),
-    )
-
-
-def _running_indexes(objects: Objects) -> int:
-    """How many distinct completion indexes have a pod Running or already Succeeded."""
-    return len(
-        {
-            pod_index(p)
-            for p in objects.values()
-            if p.get("status", {}).get("phase") in ("Running", "Succeeded")
-        }
-    )
 
 
 class LogFollower:
@@ -148,40 +92,6 @@ class LogFollower:
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
-
-
-def wait_for_job_done(
-    api: Api, workload: WorkloadSpec, job: str, deadline: Deadline
-) -> dict[str, Any]:
-    """Block until the Job is Complete; raise ``WorkloadFailed`` (with the evidence) if it fails."""
-    names = RunNames.for_run(workload.run_id)
-
-    def condition(objects: Objects, kind: str) -> dict[str, Any] | None:
-        for cond in (objects.get(job, {}).get("status") or {}).get("conditions") or []:
-            if cond.get("type") == kind and cond.get("status") == "True":
-                return dict(cond)
-        return None
-
-    def fail(objects: Objects) -> None:
-        failed = condition(objects, "Failed")
-        if failed is not None:
-            raise WorkloadFailed(job_failure(api, workload, job, names.domain, failed))
-
-    objects = wait_for(
-        api,
-        JOB,
-        workload.namespace,
-        name=job,
-        what=f"Job {workload.namespace}/{job} to complete",
-        done=lambda objects: condition(objects, "Complete") is not None,
-        fail=fail,
-        deadline=deadline,
-        describe=lambda objects: json.dumps((objects.get(job) or {}).get("status") or "absent"),
-        hint=f"raise --job-timeout-s or check "
-        f"`kubectl logs -n {workload.namespace} -l {JOB_NAME_LABEL}={job}`",
-    )
-    logger.info("Job %s/%s complete after %.1f s", workload.namespace, job, deadline.elapsed())
-    return objects[job]
 
 
 def parse_result(log_text: str) -> dict[str, Any] | None:

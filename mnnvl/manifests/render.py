@@ -18,7 +18,13 @@ from mnnvl.flags import to_args
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.domain import compute_domain
 from mnnvl.manifests.workload import TRAIN_MODULE, VERIFY_MODULE, headless_service, indexed_jobs
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.spec import (
+    DomainSpec,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+)
+from mnnvl.storage import check_shared_storage
 
 VERIFY_PURPOSES = ("verify", "verify-pre", "verify-post")
 VERIFY_PROFILE = "verify-strict"
@@ -62,6 +68,7 @@ def render_run(
     objs = [compute_domain(domain)]
     steps: list[tuple[WorkloadSpec, str, list[str]]] = []
     if train is not None:
+        check_shared_storage(workload, train)
         steps.append((step_workload(workload, "train"), TRAIN_MODULE, to_args(train)))
     if verify is not None:
         steps.append((step_workload(workload, "verify"), VERIFY_MODULE, to_args(verify)))

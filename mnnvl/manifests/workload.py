@@ -17,6 +17,7 @@ from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
 from mnnvl.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
 from mnnvl.runtime import nccl
+from mnnvl.runtime.result import NON_RETRIABLE_EXIT_CODES
 from mnnvl.spec import (
     GROUP_INDEX_ENV,
     NODE_RANK_BASE_ENV,
@@ -25,6 +26,7 @@ from mnnvl.spec import (
     WorkloadSpec,
     parse_toleration,
 )
+from mnnvl.storage import parse_pvc
 
 CONTAINER = "worker"
 CHANNEL_CLAIM = "imex-channel"
@@ -35,9 +37,10 @@ CLIQUE_LABEL = "nvidia.com/gpu.clique"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
+PVC_VOLUME = "pvc"  # volumes pvc-0, pvc-1, ... in --pvc order
+LAUNCH_MODULE = "mnnvl.runtime.launch"
 TRAIN_MODULE = "mnnvl.runtime.train"
 VERIFY_MODULE = "mnnvl.runtime.verify"
-GROUP_LAUNCHER = "mnnvl.runtime.grouprun"
 # Kueue topology-aware scheduling (annotation since Kueue v0.9; TAS is beta and on by default
 # from v0.14, which the docs assume): all pods of the pod set (one group's Job) in one
 # domain of this topology level.
@@ -45,13 +48,6 @@ KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 
 # Set by the Job itself; a user value would break the rendezvous or the node rank.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-# Exit codes whose cause a retry cannot change: 2 is a usage error (torchrun's or the entry
-# point's argparse, or a SpecError), 4 a failed verification verdict, 126/127 an image that
-# cannot run python3. torchrun reports any worker failure as 1; 1 stays retriable (within
-# backoff_limit_per_index) because a rank dying makes every rank exit 1 and a restart of all
-# indexes re-forms the rendezvous and can resume from a checkpoint.
-NON_RETRIABLE_EXIT_CODES = (2, 4, 126, 127)
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -149,20 +145,20 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
 
 
 def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
-    """torchrun over the entry module; ``$(VAR)`` is expanded by the kubelet from the env.
-
-    A clique group's pods start torchrun through ``mnnvl.runtime.grouprun``, which adds the
-    group's first node rank to the Job's completion index (the kubelet cannot add).
-    """
+    """torchrun over the entry module, through ``mnnvl.runtime.launch`` so that the worst
+    worker exit code (not torchrun's blanket 1) becomes the container's; ``$(VAR)`` is
+    expanded by the kubelet from the env. A clique group's pods leave the node rank to the
+    launcher: the group's first node rank plus the Job's completion index (the kubelet
+    cannot add)."""
     if not isinstance(module, str) or not _MODULE.match(module):
         raise SpecError("module", f"{module!r} is not a Python module name like {TRAIN_MODULE}")
     if not all(isinstance(a, str) for a in args):
         raise SpecError("args", "every argument must be a string")
-    launcher = ["-m", GROUP_LAUNCHER] if grouped else ["-m", "torch.distributed.run"]
     rank = [] if grouped else ["--node-rank=$(JOB_COMPLETION_INDEX)"]
     return [
         "python3",
-        *launcher,
+        "-m",
+        LAUNCH_MODULE,
         "--nnodes=$(NNODES)",
         "--nproc-per-node=$(NPROC_PER_NODE)",
         *rank,
@@ -232,7 +228,13 @@ def container(
         "command": command(module, args, grouped=group is not None),
         "env": pod_env(workload, group),
         "resources": resources,
-        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            *(
+                {"name": f"{PVC_VOLUME}-{i}", "mountPath": m.path, "readOnly": m.read_only}
+                for i, m in enumerate(parse_pvc(workload.pvc))
+            ),
+        ],
         "securityContext": {
             "privileged": False,
             "allowPrivilegeEscalation": False,
@@ -282,7 +284,14 @@ def pod_spec(
         "resourceClaims": claims,
         "containers": [container(workload, module, args, group)],
         "volumes": [
-            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}}
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}},
+            *(
+                {
+                    "name": f"{PVC_VOLUME}-{i}",
+                    "persistentVolumeClaim": {"claimName": m.claim, "readOnly": m.read_only},
+                }
+                for i, m in enumerate(parse_pvc(workload.pvc))
+            ),
         ],
         "affinity": affinity(workload, job),
         "tolerations": [

@@ -14,6 +14,14 @@ from typing import Any
 
 RESULT_PREFIX = "RESULT "
 
+# Exit codes of a worker pod whose cause a retry cannot change: 2 bad input (argparse or a
+# SpecError), 4 a failed verification or training (non-finite loss), 126/127 an image that
+# cannot run python3. The Job's podFailurePolicy fails the whole Job on them at once; any
+# other code (1: a crash, a rank lost, a rendezvous error) is retried within
+# backoff_limit_per_index. ``python -m mnnvl.runtime.launch`` keeps these codes intact
+# through torchrun, which on its own reports every worker failure as 1.
+NON_RETRIABLE_EXIT_CODES = (2, 4, 126, 127)
+
 
 def emit_result(result: dict[str, Any]) -> None:
     """Print the result line (one line of compact JSON) and flush it."""

@@ -91,6 +91,7 @@ class Trainer:
         self.finite = torch.ones((), dtype=torch.bool, device=info.device)
         self.losses: list[list[float]] = []
         self.last_loss, self.checkpoint, self.start_step = float("nan"), "", 0
+        self.resumed_from = ""  # the checkpoint this run continued from
         self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
         # The first two timed steps compile and warm the allocator: left out of the split.
         self.tokens_per_step = cfg.batch_size * self.mcfg.seq_len * info.world_size
@@ -103,6 +104,7 @@ class Trainer:
         extra = self.ckpt.load(path, self.model, self.opt)
         self.sched.load_state_dict(extra["scheduler"])
         self.start_step, self.last_loss, self.checkpoint = extra["step"], extra["loss"], str(path)
+        self.resumed_from = str(path)
 
     def step(self, step: int) -> torch.Tensor:
         split = self.split
@@ -201,6 +203,7 @@ class Trainer:
             "mfu": metrics.mfu(flops_per_token(self.mcfg, self.mcfg.seq_len), per_gpu, peak),
             "steps": self.cfg.steps,
             "start_step": self.start_step,
+            "resumed_from": self.resumed_from,
             "checkpoint": self.checkpoint,
             "peak_mem_gib": metrics.peak_mem_gib(self.info.device),
             "world_size": self.info.world_size,

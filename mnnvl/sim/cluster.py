@@ -252,6 +252,10 @@ class SimCluster:
     def events(self) -> list[Obj]:
         return self.store.list("events")[0]
 
+    def pvc_dir(self, namespace: str, claim: str) -> str:
+        """The host directory the kubelet mounts for a PersistentVolumeClaim."""
+        return self._kubelet.env.claim_dir(namespace, claim)
+
     def pod_log(self, namespace: str, name: str) -> str:
         """The captured output of a pod ("" before it started)."""
         worker = self._kubelet.workers.get((namespace, name))
@@ -293,6 +297,7 @@ def serve(
     kubeconfig_path: str | None = None,
     imex_delay_s: float = 0.2,
     cliques: int = 1,
+    kueue: bool = False,
 ) -> str:
     """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
 
@@ -309,6 +314,7 @@ def serve(
             nodes=nodes,
             gpus_per_node=gpus_per_node,
             cliques=cliques,
+            kueue=kueue,
             imex_delay_s=imex_delay_s,
             kubeconfig_path=kubeconfig_path,
         ) as sim:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
-from mnnvl.sim.store import Obj, Store
+from mnnvl.sim.store import Obj, Store, WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,15 @@ class ComputeDomainDriver:
                 n["metadata"]["name"],
                 lambda o: o["metadata"]["labels"].pop(LABEL_CD, None),
             )
-        self.store.mutate(CD, ns, name, _drop_finalizer)
+        left = self.store.mutate(CD, ns, name, _drop_finalizer)
+        if left is not None and FINALIZER in (left["metadata"].get("finalizers") or []):
+            self._requeue(ns, name, 0.5)  # the real controller retries with back-off
+
+    def _requeue(self, ns: str, name: str, delay_s: float) -> None:
+        ev = WatchEvent(0, CD, ns, "SYNC", {"metadata": {"name": name}})
+        timer = threading.Timer(delay_s, self._sub.queue.put, (ev,))
+        timer.daemon = True
+        timer.start()
 
     def node_lost(self, node: str) -> None:
         """A node left the cluster: its IMEX daemon is gone, the domain's pods there fail."""

@@ -1,8 +1,9 @@
 """Fault injection for the simulated cluster (``SimCluster.faults``).
 
-Every fault is explicit and counted: request faults and watch expiries are consumed as they fire;
-pod faults ``Failed`` and ``CrashLoop`` hit the first pod of that Job index that starts, while
-``ImagePullBackOff`` and ``Unschedulable`` hold every pod of that index.
+Every fault is explicit and counted: request faults and watch expiries are consumed as they fire
+(``random_errors`` draws them with a seeded generator instead); pod faults ``Failed``,
+``OOMKilled`` (exit code 137, reason OOMKilled) and ``CrashLoop`` hit the first pod of that Job
+index that starts, while ``ImagePullBackOff`` and ``Unschedulable`` hold every pod of that index.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from mnnvl.sim.model import resolve_kind
 
-POD_MODES = ("Failed", "ImagePullBackOff", "Unschedulable", "CrashLoop")
+POD_MODES = ("Failed", "OOMKilled", "ImagePullBackOff", "Unschedulable", "CrashLoop")
 
 
 @dataclass
@@ -45,6 +46,11 @@ class Faults:
         get ``status`` with a Status body."""
         with self._lock:
             self._requests.append([method.upper(), path_substring, int(status), int(count)])
+
+    def clear_requests(self) -> None:
+        """Drop every pending request fault (``fail_requests`` rules)."""
+        with self._lock:
+            self._requests.clear()
 
     def random_errors(
         self,

@@ -24,7 +24,7 @@ from mnnvl.sim.dra import ComputeDomainDriver, PrepareError, channel_domain, pre
 from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.placement import TERMINAL
-from mnnvl.sim.podenv import ProcessEnv
+from mnnvl.sim.podenv import ProcessEnv, image_problem
 from mnnvl.sim.podlogs import follow_log
 from mnnvl.sim.procs import kill_process_tree, start_process
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL
@@ -52,6 +52,7 @@ class PodWorker:
         self.restarts = 0
         self.lost: str | None = None  # why the IMEX domain went away under the container
         self.terminating = False
+        self.oom = False  # the last attempt was OOM-killed (fault injection)
         labels = pod["metadata"].get("labels") or {}
         self.job, idx = labels.get(JOB_LABEL), labels.get(INDEX_LABEL)
         self.index = int(idx) if idx is not None else None
@@ -119,25 +120,9 @@ class PodWorker:
     def _lifecycle(self) -> None:
         waiting = {"waiting": {"reason": "ContainerCreating"}}
         self._status("Pending", waiting, False)
-        image = self.container.get("image", "")
-        if self.k.faults.pod_fault(self.job, self.index, "ImagePullBackOff"):
-            self._event("Normal", "Pulling", f'Pulling image "{image}"')
-            self._event("Warning", "Failed", f'Failed to pull image "{image}": simulated fault')
-            self._status(
-                "Pending",
-                {
-                    "waiting": {
-                        "reason": "ImagePullBackOff",
-                        "message": f'Back-off pulling image "{image}"',
-                    }
-                },
-                False,
-            )
-            self.cancel.wait()
+        # As the real kubelet: claims are prepared first, then the image is pulled.
+        if not self._prepare() or not self._pull():
             return
-        if not self._prepare():
-            return
-        self._event("Normal", "Pulled", f'Container image "{image}" already present on machine')
         policy = self.pod["spec"].get("restartPolicy", "Always")
         while not self.cancel.is_set():
             code, started = self._run_container()
@@ -149,7 +134,7 @@ class PodWorker:
             term = {
                 "terminated": {
                     "exitCode": code,
-                    "reason": "Completed" if code == 0 else "Error",
+                    "reason": "Completed" if code == 0 else "OOMKilled" if self.oom else "Error",
                     "startedAt": started,
                     "finishedAt": now_iso(),
                 }
@@ -163,6 +148,25 @@ class PodWorker:
             self._event("Warning", "BackOff", "Back-off restarting failed container")
             self._status("Running", {"waiting": {"reason": "CrashLoopBackOff"}}, False, term)
             self.cancel.wait(backoff)
+
+    def _pull(self) -> bool:
+        """The image "pull": an invalid reference or an injected pull failure holds the pod."""
+        image = self.container.get("image", "")
+        problem = image_problem(image)
+        if problem is None and self.k.faults.pod_fault(self.job, self.index, "ImagePullBackOff"):
+            self._event("Normal", "Pulling", f'Pulling image "{image}"')
+            self._event("Warning", "Failed", f'Failed to pull image "{image}": simulated fault')
+            problem = ("ImagePullBackOff", f'Back-off pulling image "{image}"')
+        if problem is None:
+            self._event("Normal", "Pulled", f'Container image "{image}" already present on machine')
+            return True
+        if problem[0] == "InvalidImageName":
+            self._event("Warning", "InspectFailed", problem[1])
+            self._event("Warning", "Failed", "Error: InvalidImageName")
+        waiting = {"waiting": {"reason": problem[0], "message": problem[1]}}
+        self._status("Pending", waiting, False)
+        self.cancel.wait()
+        return False
 
     def _imex_lost(self, code: int, started: str) -> None:
         """The container died because its node's IMEX daemon went away: the pod fails."""
@@ -236,10 +240,11 @@ class PodWorker:
         name = self.container.get("name", "main")
         self._event("Normal", "Created", f"Created container {name}")
         started = now_iso()
-        fault = self.k.faults.pod_fault(self.job, self.index, "Failed", "CrashLoop")
+        fault = self.k.faults.pod_fault(self.job, self.index, "Failed", "OOMKilled", "CrashLoop")
         if fault is not None:
-            # "Failed" hits one attempt; "CrashLoop" keeps crashing every restart.
-            self.k.faults.pod_fault(self.job, self.index, "Failed", consume=True)
+            # "Failed"/"OOMKilled" hit one attempt; "CrashLoop" keeps crashing every restart.
+            self.k.faults.pod_fault(self.job, self.index, "Failed", "OOMKilled", consume=True)
+            self.oom = fault.mode == "OOMKilled"
             self._event("Normal", "Started", f"Started container {name}")
             with open(self.log_path, "ab") as f:
                 f.write(f"simulated {fault.mode} fault: exit code {fault.exit_code}\n".encode())
@@ -255,6 +260,10 @@ class PodWorker:
             self.started.set()
             return 128, started
         self.started.set()
+        if self.cancel.is_set():  # deleted while starting: kill() may have missed the process
+            kill_process_tree(self.proc, 0.0)
+            self.proc.wait()
+            return None, started
         self._event("Normal", "Started", f"Started container {name}")
         self._status("Running", {"running": {"startedAt": started}}, True)
         code = self.proc.wait()
@@ -306,6 +315,7 @@ class Kubelet:
             t.join(timeout=MAX_GRACE_S + 6)
         for w in workers:
             shutil.rmtree(w.workdir, ignore_errors=True)
+        self.env.close()
 
     def _run(self) -> None:
         while (ev := self._sub.queue.get()) is not None:
@@ -340,9 +350,12 @@ class Kubelet:
         threading.Thread(target=fn, args=args, daemon=True).start()
 
     def _terminate(self, key: tuple[str, str], worker: PodWorker, grace_s: float) -> None:
-        """A Terminating pod: stop its container, then delete it for good (it 404s)."""
-        self._remove(key, worker, grace_s)
+        """A Terminating pod: stop its container, delete it for good (it 404s), then drop
+        its log (readable while the pod is Terminating, as on a real node)."""
+        worker.kill(grace_s)
+        worker.finished.wait(MAX_GRACE_S + 6)
         self._finish_delete(worker.pod)
+        self._remove(key, worker)
 
     def _finish_delete(self, pod: Obj) -> None:
         ns, name, uid = (

@@ -1,4 +1,5 @@
-"""Container environment rules of the simulated kubelet: $(VAR) expansion, fieldRefs, GPUs."""
+"""Container environment rules of the simulated kubelet: $(VAR) expansion, fieldRefs, GPUs,
+PersistentVolumeClaim mount paths."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Callable
 
 from mnnvl.sim.model import Obj
 from mnnvl.sim.placement import GPU_CLASS, claim_gpus, pod_gpus
@@ -29,6 +32,24 @@ def expand(text: str, env: dict[str, str]) -> str:
         return env.get(m.group(1), m.group(0))
 
     return VAR_RE.sub(sub, text)
+
+
+_NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_RE = re.compile(
+    rf"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?{_NAME}(?:/{_NAME})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+
+
+def image_problem(image: str) -> tuple[str, str] | None:
+    """("InvalidImageName", message) for a reference the kubelet cannot parse, else None."""
+    if IMAGE_RE.match(image):
+        return None
+    return (
+        "InvalidImageName",
+        f'Failed to apply default image tag "{image}": couldn\'t parse image name '
+        f'"{image}": invalid reference format',
+    )
 
 
 def field_ref(pod: Obj, path: str) -> str:
@@ -68,6 +89,17 @@ class ProcessEnv:
         self.store, self.gpus_per_node, self.local_gpus = store, gpus_per_node, local_gpus
         self._ports: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
+        self.volumes_root = tempfile.mkdtemp(prefix="sim-volumes-")
+
+    def close(self) -> None:
+        shutil.rmtree(self.volumes_root, ignore_errors=True)
+
+    def claim_dir(self, ns: str, claim: str) -> str:
+        """The host directory standing in for a PersistentVolumeClaim (one per claim; it
+        outlives pods and Jobs, like the volume would)."""
+        path = os.path.join(self.volumes_root, ns, claim)
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def service_port(self, ns: str, service: str) -> int:
         """A free local port, allocated once per Service (rendezvous of all its pods)."""
@@ -106,11 +138,12 @@ class ProcessEnv:
                 pod_env["MASTER_PORT"] = str(self.service_port(parts[-4], parts[-5]))
         if "MASTER_ADDR" in pod_env:
             pod_env["MASTER_ADDR"] = "127.0.0.1"
-        pod_env = {k: DNS_RE.sub("127.0.0.1", v) for k, v in pod_env.items()}
+        mounts = claim_mounts(pod, container, self.claim_dir)
+        pod_env = {k: at_host(DNS_RE.sub("127.0.0.1", v), mounts) for k, v in pod_env.items()}
         pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
         pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
         cmd = [
-            expand(str(a), pod_env)
+            at_host(expand(str(a), pod_env), mounts)
             for a in (container.get("command") or []) + (container.get("args") or [])
         ]
         if cmd and re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(cmd[0])):
@@ -118,3 +151,27 @@ class ProcessEnv:
         if not cmd:
             raise OSError("container has no command (the simulator has no images)")
         return cmd, {**os.environ, **pod_env}
+
+
+def claim_mounts(pod: Obj, container: Obj, claim_dir: Callable[[str, str], str]) -> dict[str, str]:
+    """The container's PVC mount paths -> their claims' host directories (``claim_dir``)."""
+    ns = pod["metadata"]["namespace"]
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"].get("volumes") or []
+        if v.get("persistentVolumeClaim")
+    }
+    return {
+        str(m["mountPath"]).rstrip("/"): claim_dir(ns, claims[m["name"]])
+        for m in container.get("volumeMounts") or []
+        if m.get("name") in claims
+    }
+
+
+def at_host(value: str, mounts: dict[str, str]) -> str:
+    """A value naming a path under a PVC mount (alone or after ``=``), moved to the claim's
+    host directory: processes share this machine's filesystem, not the pod's."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        host = mounts[mount].replace("\\", "\\\\")
+        value = re.sub(rf"(^|=){re.escape(mount)}(?=/|$)", rf"\g<1>{host}", value)
+    return value

@@ -410,3 +410,26 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
         result = steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
         assert result.deleted and not sim.objects()
         assert not [e for e in sim.events if e["reason"] == "IMEXDomainLost"]
+
+
+def test_invalid_image_reference_holds_the_pod_in_invalid_image_name(
+    raw: Raw, sim: SimCluster
+) -> None:
+    body = pod_body("bad-image")
+    body["spec"]["containers"][0]["image"] = "Registry Host/My Image"
+    raw.create_pod(body)
+    waiting = wait_for(
+        lambda: (
+            (raw.pod("bad-image")["status"].get("containerStatuses") or [{}])[0]
+            .get("state", {})
+            .get("waiting", {})
+            .get("reason")
+            == "InvalidImageName"
+            and raw.pod("bad-image")["status"]["containerStatuses"][0]["state"]["waiting"]
+        ),
+        what="InvalidImageName",
+    )
+    assert "invalid reference format" in waiting["message"]
+    assert phase(raw, "bad-image") == "Pending"
+    raw.call("DELETE", "/api/v1/namespaces/default/pods/bad-image")
+    wait_for(lambda: raw.gone("/api/v1/namespaces/default/pods/bad-image"), what="404")

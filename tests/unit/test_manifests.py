@@ -343,7 +343,7 @@ def test_container_command_and_env_match_what_the_worker_reads() -> None:
     assert worker(job)["command"] == [
         "python3",
         "-m",
-        "torch.distributed.run",
+        "mnnvl.runtime.launch",
         "--nnodes=$(NNODES)",
         "--nproc-per-node=$(NPROC_PER_NODE)",
         "--node-rank=$(JOB_COMPLETION_INDEX)",

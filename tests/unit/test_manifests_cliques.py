@@ -12,7 +12,7 @@ import yaml
 from mnnvl.errors import SpecError
 from mnnvl.manifests import TRAIN_MODULE, headless_service, indexed_jobs, render_run
 from mnnvl.names import RunNames
-from mnnvl.runtime.grouprun import torchrun_argv
+from mnnvl.runtime.launch import with_node_rank
 from mnnvl.spec import MAX_GROUPS, DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from tests.unit.test_manifests import crd_errors, crd_validators, k8s_valid  # noqa: F401
 
@@ -38,7 +38,7 @@ def test_one_job_per_group_each_with_its_share_of_the_nodes_and_one_rendezvous()
         assert env["MNNVL_NODES_PER_GROUP"] == "2" and env["MNNVL_NODE_RANK_BASE"] == str(2 * g)
         assert job["metadata"]["labels"]["mnnvl.io/clique-group"] == str(g)
         (ctr,) = job["spec"]["template"]["spec"]["containers"]
-        assert ctr["command"][:3] == ["python3", "-m", "mnnvl.runtime.grouprun"]
+        assert ctr["command"][:3] == ["python3", "-m", "mnnvl.runtime.launch"]
         assert not any(a.startswith("--node-rank") for a in ctr["command"])
 
 
@@ -120,7 +120,13 @@ def test_topology_aware_asks_kueue_for_one_clique_per_group() -> None:
 
 
 def test_group_launcher_adds_the_groups_first_node_rank_to_the_index() -> None:
-    argv = torchrun_argv(
-        ["--nnodes=6", "-m", "x"], {"MNNVL_NODE_RANK_BASE": "4", "JOB_COMPLETION_INDEX": "1"}
-    )
-    assert argv[1:5] == ["-m", "torch.distributed.run", "--node-rank=5", "--nnodes=6"]
+    env = {"MNNVL_NODE_RANK_BASE": "4", "JOB_COMPLETION_INDEX": "1"}
+    assert with_node_rank(["--nnodes=6", "-m", "x"], env) == [
+        "--node-rank=5",
+        "--nnodes=6",
+        "-m",
+        "x",
+    ]
+    assert with_node_rank(["--node-rank=0", "-m", "x"], {}) == ["--node-rank=0", "-m", "x"]
+    with pytest.raises(SpecError, match="JOB_COMPLETION_INDEX"):
+        with_node_rank(["-m", "x"], {"MNNVL_NODE_RANK_BASE": "4"})

@@ -161,3 +161,12 @@ def test_inter_clique_threshold_judges_the_sweeps_across_cliques() -> None:
     assert [c["verdict"] for c in result["cliques"]] == ["PASS", "PASS"]
     assert result["inter_clique"]["spanning"]["verdict"] == "FAIL"
     assert any("all ranks across cliques: busbw" in r for r in result["reasons"])
+
+
+def test_worker_help_renders_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from mnnvl.runtime.verify import parse_config
+
+    with pytest.raises(SystemExit) as info:
+        parse_config(["--help"])
+    assert info.value.code == 0
+    assert "--allow-unjudged" in capsys.readouterr().out

@@ -1,0 +1,275 @@
+"""The Job lifecycle: one function that runs a workload from creation to its RESULT.
+
+``run_job`` checks that the run's ComputeDomain exists, creates the Service and Indexed Job,
+then watches the Job, its pods and their DRA prepare events together (one watch each) until
+the Job is complete, following rank 0's log once its pods run. Phases:
+
+1. **queued**: the Job is suspended (Kueue holds it until it is admitted): progress lines
+   name the LocalQueue; only ``admission_timeout_s`` (0 = no limit) bounds this phase.
+2. **starting**: admitted; every index needs a pod Running within ``pods_running_timeout_s``
+   counted from admission. Pods that cannot recover fail the wait at once (image errors,
+   permanent prepare errors) or after ``unschedulable_grace_s`` (Unschedulable, a node
+   held by another domain), re-checked on a timer because no event announces it.
+3. **running**: rank 0's log is followed; the Job must complete within ``job_timeout_s``.
+
+In every phase a Job that turns Failed ends the wait at once with the Job's reason and the
+failing pod's exit code, events and log tail; a Job that disappears ends it too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, JOB, POD, Api
+from mnnvl.driver.diagnose import (
+    PREPARE_FAILED,
+    Grace,
+    describe_pods,
+    job_failure,
+    pod_index,
+    pods_progress,
+    raise_on_stuck_pod,
+)
+from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
+from mnnvl.driver.errors import MnnvlError, NotFound, WaitTimeout, WorkloadFailed
+from mnnvl.driver.wait import Check, Deadline, Objects, Source, View, timeout_error, watch_until
+from mnnvl.driver.workload import (
+    LogFollower,
+    create_workload,
+    parse_result,
+    rank0_pod,
+    result_of_failed_job,
+)
+from mnnvl.errors import NotProvisioned
+from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL, KUEUE_QUEUE_LABEL
+from mnnvl.names import RunNames
+from mnnvl.spec import WorkloadSpec
+
+logger = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 20
+PREPARE_EVENTS = f"involvedObject.kind=Pod,reason={PREPARE_FAILED}"
+LOG_DRAIN_S = 10.0  # how long the rank-0 log stream may take to finish after the Job completed
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A completed Job: its name, pods, rank 0's RESULT (None if it printed none), log tail."""
+
+    job: str
+    pods: list[str]
+    result: dict[str, Any] | None
+    log_tail: str
+
+
+def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> JobOutcome:
+    """Create the workload, wait for it (Job-, queue- and pod-aware), return rank 0's RESULT.
+
+    Raises ``NotProvisioned`` (exit 2) before creating anything when the run has no domain,
+    ``WorkloadFailed`` (with any RESULT rank 0 printed) when the Job fails or cannot start,
+    ``WaitTimeout`` when a phase outlives its deadline. Completed Jobs stay until teardown,
+    so their logs remain inspectable.
+    """
+    require_domain(api, workload)
+    job = create_workload(api, workload, module, args)
+    follower: LogFollower | None = None
+
+    def follow(rank0: str) -> None:
+        nonlocal follower
+        follower = LogFollower(api, workload.namespace, rank0).start()
+
+    watch = JobWatch(api, workload, job, on_running=follow)
+    try:
+        pods = watch.run()
+    except WorkloadFailed as err:
+        err.result = err.result or result_of_failed_job(
+            api, workload, job, follower, drain_s=LOG_DRAIN_S
+        )
+        raise
+    rank0 = rank0_pod(pods)
+    text = follower.text if follower is not None and follower.join(LOG_DRAIN_S) else ""
+    result = parse_result(text)
+    if result is None:
+        # The stream was cut or not finished (or the Job completed before it started):
+        # the stored log is the record.
+        text = api.pod_log(workload.namespace, rank0, container=CONTAINER)
+        result = parse_result(text)
+    return JobOutcome(
+        job=job,
+        pods=sorted(pods),
+        result=result,
+        log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
+    )
+
+
+def require_domain(api: Api, workload: WorkloadSpec) -> None:
+    """Fail in seconds, before creating anything, when the run's ComputeDomain is missing."""
+    names = RunNames.for_run(workload.run_id)
+    where = f"ComputeDomain {workload.namespace}/{names.domain} of run {workload.run_id}"
+    provision = f"`mnnvl provision --run-id {workload.run_id} --namespace {workload.namespace}`"
+    try:
+        cd = api.get(COMPUTE_DOMAIN, workload.namespace, names.domain)
+    except NotFound as e:
+        raise NotProvisioned(f"{where} does not exist; provision first ({provision})") from e
+    if cd.get("metadata", {}).get("deletionTimestamp"):
+        raise NotProvisioned(
+            f"{where} is being deleted (a teardown is running); wait for it to finish, then "
+            f"provision first ({provision})"
+        )
+
+
+def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def running_indexes(pods: Objects) -> int:
+    """How many distinct completion indexes have a pod Running or already Succeeded."""
+    return len(
+        {
+            pod_index(p)
+            for p in pods.values()
+            if (p.get("status") or {}).get("phase") in ("Running", "Succeeded")
+        }
+    )
+
+
+class JobWatch(Check):
+    """The lifecycle's check over ``job`` (the Job), ``pods`` and ``events`` (prepare errors)."""
+
+    def __init__(
+        self, api: Api, workload: WorkloadSpec, job: str, *, on_running: Callable[[str], None]
+    ) -> None:
+        self.api, self.workload, self.job = api, workload, job
+        self.on_running = on_running
+        self.grace = Grace(workload.unschedulable_grace_s)
+        self.admission = Deadline(workload.admission_timeout_s)
+        self.pods_deadline: Deadline | None = None  # from admission
+        self.job_deadline: Deadline | None = None  # from all pods Running
+        self.queued_logged = False
+        self.running_logged = -1
+
+    def run(self) -> Objects:
+        ns = self.workload.namespace
+        sources = {
+            "job": Source(JOB, name=self.job),
+            "pods": Source(POD, label_selector=f"{JOB_NAME_LABEL}={self.job}"),
+            "events": Source(EVENT, field_selector=PREPARE_EVENTS),
+        }
+        pods: Objects = watch_until(
+            self.api, ns, sources, self, deadline=Deadline(0), on_timeout=self._never
+        )
+        logger.info("Job %s/%s complete", ns, self.job)
+        return pods
+
+    @staticmethod
+    def _never(view: View) -> MnnvlError:
+        return MnnvlError("the lifecycle wait has no overall deadline")
+
+    # ---- the check -------------------------------------------------------------------
+
+    def __call__(self, view: View) -> Objects | None:
+        ns = self.workload.namespace
+        job = view["job"].get(self.job)
+        if job is None:
+            raise WorkloadFailed(
+                f"Job {ns}/{self.job} was deleted while the step waited for it (a teardown, "
+                f"a reaper or a person); check `kubectl get events -n {ns}`"
+            )
+        failed = _condition(job, "Failed")
+        if failed is not None:
+            domain = RunNames.for_run(self.workload.run_id).domain
+            raise WorkloadFailed(job_failure(self.api, self.workload, self.job, domain, failed))
+        if _condition(job, "Complete") is not None:
+            return dict(view["pods"])
+        if (job.get("spec") or {}).get("suspend"):
+            self._queued(job)
+            return None
+        if self.pods_deadline is None:
+            if self.queued_logged:
+                waited = self.admission.elapsed()
+                logger.info("Job %s/%s admitted after %.0f s", ns, self.job, waited)
+            self.pods_deadline = Deadline(self.workload.pods_running_timeout_s)
+        if self.job_deadline is None:
+            self._starting(view)
+        elif self.job_deadline.expired:
+            raise timeout_error(
+                f"Job {ns}/{self.job} to complete",
+                self.job_deadline,
+                f"Job status {(job.get('status') or {})}",
+                f"raise --job-timeout-s or check "
+                f"`kubectl logs -n {ns} -l {JOB_NAME_LABEL}={self.job}`",
+            )
+        return None
+
+    def _queued(self, job: dict[str, Any]) -> None:
+        if self.pods_deadline is not None:
+            # Suspended again after admission (Kueue preempted it): start over.
+            logger.warning("Job %s was suspended again; waiting for re-admission", self.job)
+            self.pods_deadline = self.job_deadline = None
+            self.admission = Deadline(self.workload.admission_timeout_s)
+        if not self.queued_logged:
+            self.queued_logged = True
+            logger.info("%s", self._queue_text(job))
+        if self.admission.expired:
+            raise WaitTimeout(
+                f"{self._queue_text(job)} for more than {self.admission.timeout_s:g} s "
+                "(--admission-timeout-s); check `kubectl get workloads -n "
+                f"{self.workload.namespace}` and the queue's ClusterQueue quota"
+            )
+
+    def _queue_text(self, job: dict[str, Any]) -> str:
+        queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+        where = f"in LocalQueue {queue} (Kueue)" if queue else "(spec.suspend is true)"
+        return f"Job {self.workload.namespace}/{self.job} queued {where}"
+
+    def _starting(self, view: View) -> None:
+        pods, workload = view["pods"], self.workload
+        raise_on_stuck_pod(self.api, workload, pods, view["events"], self.grace)
+        running = running_indexes(pods)
+        if running != self.running_logged:  # once per change, not per event
+            self.running_logged = running
+            logger.info("pods %d/%d Running", running, workload.nodes)
+        if running >= workload.nodes:
+            self.job_deadline = Deadline(workload.job_timeout_s)
+            self.on_running(rank0_pod(pods))
+            return
+        if self.pods_deadline is not None and self.pods_deadline.expired:
+            names = RunNames.for_run(workload.run_id)
+            raise timeout_error(
+                f"{workload.nodes} pods of Job {workload.namespace}/{self.job} to be Running",
+                self.pods_deadline,
+                describe_pods(self.api, workload, self.job, pods, self.pods_deadline),
+                f"check `kubectl get computedomain {names.domain} -n {workload.namespace} -o "
+                f"yaml` and the driver's kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})",
+            )
+
+    # ---- timers and progress -----------------------------------------------------------
+
+    def recheck_in(self, view: View) -> float | None:
+        job = view["job"].get(self.job) or {}
+        if (job.get("spec") or {}).get("suspend"):
+            return None if self.admission.unlimited else max(0.0, self.admission.remaining())
+        times = [self.grace.recheck_in_s()]
+        for deadline in (self.job_deadline or self.pods_deadline,):
+            if deadline is not None:
+                times.append(max(0.0, deadline.remaining()))
+        found = [t for t in times if t is not None]
+        return min(found) if found else None
+
+    def progress(self, view: View) -> str:
+        job = view["job"].get(self.job) or {}
+        if (job.get("spec") or {}).get("suspend"):
+            return f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s"
+        if self.job_deadline is not None:
+            return (
+                f"Job {self.workload.namespace}/{self.job} running for "
+                f"{self.job_deadline.elapsed():.0f} s of at most {self.job_deadline.timeout_s:g} s"
+            )
+        pods = view["pods"]
+        return pods_progress(self.api, self.workload, pods, running_indexes(pods))

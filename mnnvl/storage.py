@@ -1,0 +1,95 @@
+"""Shared storage for the workers: ``--pvc CLAIM:/mount/path[:ro]`` and where paths may lie.
+
+Checkpoints and a token file must be visible to every worker pod, so they must lie under a
+PersistentVolumeClaim the Job mounts in each pod. Standard library only; ``mnnvl.spec``
+validates ``WorkloadSpec.pvc`` with :func:`parse_pvc`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mnnvl.errors import SpecError
+
+if TYPE_CHECKING:
+    from mnnvl.spec import TrainConfig, WorkloadSpec
+
+CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+PVC_ITEM = re.compile(r"^(?P<claim>[^:]+):(?P<path>/[^:]*)(?P<ro>:ro)?$")
+RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/")
+
+
+@dataclass(frozen=True)
+class PvcMount:
+    """One ``CLAIM:/mount/path[:ro]`` item of ``--pvc``."""
+
+    claim: str
+    path: str
+    read_only: bool
+
+
+def parse_pvc(items: tuple[str, ...]) -> list[PvcMount]:
+    """Parse ``--pvc`` items (each may hold several, comma-separated); the field named in errors."""
+    mounts: list[PvcMount] = []
+    for item in (i.strip() for entry in items for i in entry.split(",")):
+        if not item:
+            continue
+        m = PVC_ITEM.match(item)
+        if not m:
+            raise SpecError("pvc", f"{item!r} must look like CLAIM:/mount/path or CLAIM:/path:ro")
+        claim, path = m["claim"], m["path"].rstrip("/") or "/"
+        if len(claim) > 253 or not CLAIM_NAME.match(claim):
+            raise SpecError("pvc", f"{claim!r} is not a PersistentVolumeClaim name")
+        if path in RESERVED_MOUNTS or "/../" in path + "/" or "//" in path:
+            raise SpecError("pvc", f"{item!r}: {path!r} cannot be a mount path")
+        if any(path == o.path for o in mounts):
+            raise SpecError("pvc", f"two claims are mounted at {path}")
+        mounts.append(PvcMount(claim=claim, path=path, read_only=bool(m["ro"])))
+    return mounts
+
+
+def mount_of(path: str, mounts: list[PvcMount]) -> PvcMount | None:
+    """The mount ``path`` lies under, or None."""
+    norm = path.rstrip("/")
+    for mount in mounts:
+        if norm == mount.path or norm.startswith(mount.path + "/"):
+            return mount
+    return None
+
+
+def check_shared_storage(workload: WorkloadSpec, config: TrainConfig) -> None:
+    """``checkpoint_dir`` and a file ``data`` must lie under a PVC mounted in every worker.
+
+    A path outside every mount would be a different directory in each pod: checkpoints
+    could not be resumed and ranks would read different data. ``allow_local_checkpoint``
+    accepts local paths for single-node runs (one pod, one filesystem).
+    """
+    mounts = parse_pvc(workload.pvc)
+    local_ok = config.allow_local_checkpoint
+    if local_ok and workload.nodes > 1:
+        raise SpecError(
+            "allow_local_checkpoint",
+            f"only for single-node runs; with {workload.nodes} nodes mount a shared volume "
+            "(--pvc CLAIM:/mount/path)",
+        )
+    paths = {"checkpoint_dir": config.checkpoint_dir}
+    if config.data != "synthetic":
+        paths["data"] = config.data
+    for name, path in paths.items():
+        if not path or local_ok:
+            continue
+        if not path.startswith("/"):
+            raise SpecError(name, f"{path!r} must be an absolute path under a --pvc mount")
+        mount = mount_of(path, mounts)
+        if mount is None:
+            where = ", ".join(m.path for m in mounts) or "none"
+            single = ", or --allow-local-checkpoint (single node)" if workload.nodes == 1 else ""
+            raise SpecError(
+                name,
+                f"{path} is not under a mounted PVC (mounts: {where}); every worker pod must "
+                f"see it: add --pvc CLAIM:/mount/path{single}",
+            )
+        if name == "checkpoint_dir" and mount.read_only:
+            raise SpecError(name, f"{path} is under {mount.claim}, which is mounted read-only")

@@ -1,0 +1,227 @@
+"""The Job lifecycle against the simulated cluster: exit codes through torchrun, Job-aware,
+queue-aware and timer-driven waits, a missing domain. Each case ends with nothing of the run
+left in the cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import textwrap
+import time
+import uuid
+
+import pytest
+from kubernetes import client, config
+
+from mnnvl import cli, steps
+from mnnvl.driver import wait
+from mnnvl.errors import WaitTimeout, WorkloadFailed
+from mnnvl.names import RunNames
+from mnnvl.sim import SimCluster
+from mnnvl.spec import DomainSpec, WorkloadSpec
+
+EXIT_ON_INDEX_1 = textwrap.dedent(
+    """
+    import os, sys, time
+    if os.environ["JOB_COMPLETION_INDEX"] == "1":
+        print("index 1 giving up with", sys.argv[1], flush=True)
+        sys.exit(int(sys.argv[1]))
+    time.sleep(30)
+    """
+)
+QUICK = textwrap.dedent(
+    """
+    import os
+    if os.environ["JOB_COMPLETION_INDEX"] == "0":
+        print('RESULT {"kind": "quick", "ok": true}', flush=True)
+    """
+)
+
+
+ADMISSION_DELAY_S = 6.0  # the Kueue stand-in admits a queued Job this long after it was made
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimCluster(nodes=2, kueue=True, kueue_admission_delay_s=ADMISSION_DELAY_S) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lifecycle")
+    (path / "exit_on_index_1.py").write_text(EXIT_ON_INDEX_1)
+    (path / "quick.py").write_text(QUICK)
+    return str(path)
+
+
+@pytest.fixture
+def run(sim, module_dir):
+    """A provisioned run; afterwards: teardown, and nothing of the run may be left."""
+    run_id = f"l-{uuid.uuid4().hex[:10]}"
+    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
+    workload = WorkloadSpec(
+        run_id=run_id,
+        purpose="job",
+        nodes=2,
+        gpus_per_node=0,
+        env={"PYTHONPATH": module_dir},
+        pods_running_timeout_s=60,
+        job_timeout_s=120,
+    )
+    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+    yield domain, workload
+    steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+    names = RunNames.for_run(run_id)
+    assert sim.objects(names.selector) == []
+    assert [o for o in sim.objects() if names.base in o[2]] == []
+
+
+def _pods_created(sim, job: str) -> int:
+    return sum(
+        1
+        for e in sim.events
+        if e.get("reason") == "SuccessfulCreate" and e["involvedObject"]["name"] == job
+    )
+
+
+def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, run):
+    domain, workload = run
+    workload = dataclasses.replace(workload, backoff_limit_per_index=2)
+    job = RunNames.for_run(domain.run_id).job("job")
+    start = time.monotonic()
+    with pytest.raises(WorkloadFailed) as info:
+        steps.launch(workload, "exit_on_index_1", ["4"], kubeconfig=sim.kubeconfig_path)
+    assert time.monotonic() - start < 30
+    message = str(info.value)
+    assert f"Job default/{job} failed (PodFailurePolicy" in message
+    assert "exited with code 4" in message  # the container's code, not torchrun's 1
+    assert "index 1 giving up with 4" in message  # the failing pod's log tail
+    assert _pods_created(sim, job) == 2  # one pod per index: no retry of a FAIL
+    assert info.value.exit_code == 4
+
+
+def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, run):
+    domain, workload = run
+    workload = dataclasses.replace(workload, backoff_limit_per_index=1)
+    job = RunNames.for_run(domain.run_id).job("job")
+    sim.faults.fail_pod(job, index=1, mode="CrashLoop", exit_code=1)
+    start = time.monotonic()
+    with pytest.raises(WorkloadFailed) as info:
+        steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
+    assert time.monotonic() - start < 20  # not the 60 s pods-running deadline
+    assert f"Job default/{job} failed (MaxFailedIndexesExceeded" in str(info.value)
+    assert "simulated CrashLoop fault: exit code 1" in str(info.value)
+    assert info.value.exit_code == 4
+
+
+def test_queued_job_reports_its_queue_and_pods_deadline_starts_at_admission(
+    sim, run, caplog, monkeypatch
+):
+    domain, workload = run
+    monkeypatch.setattr(wait, "PROGRESS_EVERY_S", 0.5)
+    # Queued longer than the pods-running deadline: that deadline must start at admission.
+    workload = dataclasses.replace(workload, queue_name="team-q", pods_running_timeout_s=4)
+    job = RunNames.for_run(domain.run_id).job("job")
+    caplog.set_level(logging.INFO, logger="mnnvl")
+    start = time.monotonic()
+    result = steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
+    assert time.monotonic() - start >= ADMISSION_DELAY_S
+    assert result.result == {"kind": "quick", "ok": True}
+    queued = [m for m in caplog.messages if f"{job} queued in LocalQueue team-q (Kueue)" in m]
+    assert len(queued) >= 5  # progress lines while queued
+    assert any("admitted after" in m for m in caplog.messages)
+
+
+def test_queued_job_fails_after_its_admission_timeout(sim, run):  # admission takes 6 s
+    _, workload = run
+    workload = dataclasses.replace(workload, queue_name="team-q", admission_timeout_s=1.5)
+    start = time.monotonic()
+    with pytest.raises(
+        WaitTimeout, match="queued in LocalQueue team-q \\(Kueue\\) for more than"
+    ) as info:
+        steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
+    assert info.value.exit_code == 3
+    assert 1.5 <= time.monotonic() - start < 15
+
+
+def test_pod_turning_unschedulable_during_the_wait_fails_after_the_grace(sim, run):
+    # The pods appear and turn Unschedulable only after the wait listed and began to watch
+    # (here: at admission), as with a real scheduler; nothing else happens afterwards, so
+    # only the wait's own timer can end it.
+    domain, workload = run
+    workload = dataclasses.replace(workload, queue_name="team-q", unschedulable_grace_s=2.0)
+    job = RunNames.for_run(domain.run_id).job("job")
+    sim.faults.fail_pod(job, index=1, mode="Unschedulable")
+    start = time.monotonic()
+    with pytest.raises(WorkloadFailed) as info:
+        steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
+    assert ADMISSION_DELAY_S + 2.0 <= time.monotonic() - start < ADMISSION_DELAY_S + 15
+    assert "Unschedulable for more than 2 s" in str(info.value)
+    assert info.value.exit_code == 4
+
+
+@pytest.mark.parametrize("command", ["launch", "train", "verify"])
+def test_workload_steps_without_a_domain_fail_in_seconds_asking_to_provision(
+    sim, module_dir, capsys, command
+):
+    run_id = f"np-{uuid.uuid4().hex[:8]}"
+    argv = [command, "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
+    argv += ["--nodes", "2", "--gpus-per-node", "0", "--pods-running-timeout-s", "900"]
+    if command == "launch":
+        argv += ["--module", "quick"]
+    start = time.monotonic()
+    assert cli.main(argv) == 2
+    assert time.monotonic() - start < 10
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "does not exist; provision first" in out["error"]
+    assert [o for o in sim.objects() if run_id in o[2]] == []
+
+
+def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
+    module_dir, caplog, monkeypatch
+):
+    monkeypatch.setattr(wait, "PROGRESS_EVERY_S", 0.4)
+    caplog.set_level(logging.INFO, logger="mnnvl")
+    # Its own cluster: IMEX daemons that never become ready are not left to the other tests.
+    with SimCluster(nodes=2, imex_delay_s=60) as cluster:
+        domain = DomainSpec(run_id="slow-imex", delete_timeout_s=30)
+        workload = WorkloadSpec(
+            run_id="slow-imex",
+            purpose="job",
+            nodes=2,
+            gpus_per_node=0,
+            env={"PYTHONPATH": module_dir},
+            pods_running_timeout_s=2.5,
+        )
+        steps.provision(domain, kubeconfig=cluster.kubeconfig_path)
+        with pytest.raises(WaitTimeout, match="stuck ContainerCreating"):
+            steps.launch(workload, "quick", [], kubeconfig=cluster.kubeconfig_path)
+        steps.teardown(domain, kubeconfig=cluster.kubeconfig_path)
+        assert cluster.objects(RunNames.for_run("slow-imex").selector) == []
+    lines = [m for m in caplog.messages if "pods Running 0/2; slowest:" in m]
+    assert len(lines) >= 3
+    assert "ContainerCreating (IMEX daemon on sim-node-" in lines[-1]
+    assert "status.nodes:" in lines[-1]
+
+
+def test_node_still_labelled_for_another_domain_fails_after_the_grace(sim, run):
+    _, workload = run
+    workload = dataclasses.replace(workload, unschedulable_grace_s=2.0)
+    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
+    stale = {"metadata": {"labels": {"resource.nvidia.com/computeDomain": "uid-of-another-cd"}}}
+    core.patch_node("sim-node-1", stale)
+    try:
+        start = time.monotonic()
+        with pytest.raises(WorkloadFailed) as info:
+            steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
+        assert 2.0 <= time.monotonic() - start < 20
+    finally:
+        core.patch_node(
+            "sim-node-1", {"metadata": {"labels": {"resource.nvidia.com/computeDomain": None}}}
+        )
+    message = str(info.value)
+    assert "FailedPrepareDynamicResources for more than 2 s" in message
+    assert "label already exists for a different ComputeDomain" in message
+    assert info.value.exit_code == 4
