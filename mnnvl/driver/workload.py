@@ -28,7 +28,7 @@ from mnnvl.manifests import (
     JOB_NAME_LABEL,
     gpu_claim_template,
     headless_service,
-    indexed_job,
+    indexed_jobs,
     wants_gpu_claim,
 )
 from mnnvl.runtime.result import parse_result as worker_result
@@ -37,14 +37,15 @@ from mnnvl.spec import WorkloadSpec
 logger = logging.getLogger(__name__)
 
 
-def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> str:
-    """Create (or adopt, when a step is retried) GPU template, Service and Job; return the Job."""
+def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> list[str]:
+    """Create (or adopt, when a step is retried) GPU template, Service and the Job (one per
+    clique group); return the Jobs' names, rank 0's Job first."""
     bodies: list[tuple[Kind, dict[str, Any]]] = []
     if wants_gpu_claim(workload):
         bodies.append((RESOURCE_CLAIM_TEMPLATE, gpu_claim_template(workload)))
     bodies.append((SERVICE, headless_service(workload)))
-    job = indexed_job(workload, module, args)
-    bodies.append((JOB, job))
+    jobs = indexed_jobs(workload, module, args)
+    bodies += [(JOB, job) for job in jobs]
     for kind, body in bodies:
         _, adopted = create_or_adopt(api, kind, body)
         meta = body["metadata"]
@@ -55,7 +56,7 @@ def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[st
             meta["namespace"],
             meta["name"],
         )
-    return str(job["metadata"]["name"])
+    return [str(job["metadata"]["name"]) for job in jobs]
 
 
 class LogFollower:
@@ -130,10 +131,13 @@ def result_of_failed_job(
     return None
 
 
-def rank0_pod(pods: Objects) -> str:
+def rank0_pod(pods: Objects, job: str | None = None) -> str:
+    """The running pod with index 0 (of ``job``, rank 0's Job, when the step has several)."""
     for name, pod in sorted(
         pods.items(), key=lambda item: str(item[1]["metadata"].get("creationTimestamp"))
     ):
+        if job is not None and pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL) != job:
+            continue
         if pod_index(pod) == "0" and pod.get("status", {}).get("phase") in ("Running", "Succeeded"):
             return name
     raise WorkloadFailed(f"no running pod with index 0 among {sorted(pods)}")

@@ -19,6 +19,7 @@ from mnnvl.manifests.workload import (
     indexed_job,
     indexed_jobs,
     master_addr,
+    step_selector,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "object_meta",
     "owner_references",
     "render_run",
+    "step_selector",
     "step_workload",
     "to_yaml",
     "wants_gpu_claim",
