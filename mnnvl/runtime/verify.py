@@ -84,7 +84,7 @@ def judge(
         unjudged = _why_unjudged(summaries, backend)
     elif judged < threshold:
         reasons.append(
-            f"busbw {judged:.1f} GB/s is below the {source} threshold {threshold:.1f} GB/s"
+            f"busbw {_gbps(judged)} GB/s is below the {source} threshold {_gbps(threshold)} GB/s"
             + (f" (link limit {topo['link_limit_gbps']} GB/s)" if topo["link_limit_gbps"] else "")
         )
     verdict = FAIL if reasons else NOT_JUDGED if unjudged else PASS
@@ -99,6 +99,11 @@ def judge(
         "peak_busbw_gbps": max((row["busbw_gbps"] for row in sizes), default=0.0),
         "topology": topo,
     }
+
+
+def _gbps(value: float) -> str:
+    """One decimal for NVLink figures, three significant digits for small (CPU) ones."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
 def _why_unjudged(summaries: Sequence[dict[str, Any]], backend: str) -> str:
