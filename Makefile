@@ -15,13 +15,17 @@ SCHEMA_STAMP := $(SCHEMA_DIR)/nvidia-dra-driver/crds/resource.nvidia.com_compute
 # The newest kubernetes client the driver supports; the main venv has the oldest (kfp's pin).
 K8S_CLIENT_NEWEST ?= kubernetes>=37,<38
 CLIENT_VENV ?= .venv-client-newest
+# Images: `make images REGISTRY=ghcr.io/you TAG=0.2.0 [PUSH=1]` (TAG defaults to the version).
+REGISTRY ?= ghcr.io/mnnvl-pipelines
+TAG ?=
+PUSH ?= 0
 RUN_ID ?= demo-run
 NAMESPACE ?= default
 NODES ?= 2
 GPUS_PER_NODE ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-client-newest lint typecheck compile check-compiled render bench test-gpu schemas clean
+.PHONY: help install run test test-client-newest images lint typecheck compile check-compiled render bench test-gpu schemas clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -79,6 +83,9 @@ bench: install ## CPU benchmarks (simulator API requests, concurrency, make run,
 
 test-gpu: ## GPU tests (run on a machine with >= 2 NVIDIA GPUs and torch installed)
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests/gpu
+
+images: ## build the launcher and runtime images (REGISTRY=…, TAG=…, PUSH=1; docker buildx when present)
+	REGISTRY="$(REGISTRY)" TAG="$(TAG)" PUSH="$(PUSH)" bash scripts/build-images.sh
 
 schemas: $(SCHEMA_STAMP) ## fetch the upstream schemas the tests validate against (into ./schemas)
 

@@ -31,8 +31,7 @@ from typing import Any
 
 from mnnvl import steps
 from mnnvl.driver.api import JOB, SERVICE, Api, create_or_adopt
-from mnnvl.driver.wait import Deadline
-from mnnvl.driver.workload import wait_for_job_done, wait_for_pods_running
+from mnnvl.driver.lifecycle import wait_for_job
 from mnnvl.manifests import headless_service, indexed_job
 from mnnvl.spec import DomainSpec, WorkloadSpec
 
@@ -77,8 +76,7 @@ def launch(workload: WorkloadSpec, kubeconfig: str) -> None:
         create_or_adopt(api, SERVICE, headless_service(workload))
         create_or_adopt(api, JOB, job)
         name = job["metadata"]["name"]
-        wait_for_pods_running(api, workload, name, Deadline(workload.pods_running_timeout_s))
-        wait_for_job_done(api, workload, name, Deadline(workload.job_timeout_s))
+        wait_for_job(api, workload, name)
     finally:
         api.close()
 

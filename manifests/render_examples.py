@@ -14,8 +14,9 @@ import logging
 import sys
 from pathlib import Path
 
-from mnnvl.manifests import render_run, to_yaml
+from mnnvl.manifests import render_run
 from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger(__name__)
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"

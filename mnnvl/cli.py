@@ -2,9 +2,10 @@
 
 Every command validates its input before any API call (bad input exits 2), logs progress to
 stderr, and ends with exactly one JSON line on stdout: ``{"ok": true, "command": ...,
-...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. Exit codes come from the
-error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification failed, 5 cluster or
-CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
+...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` writes that line
+to stderr instead, so its stdout is pure YAML (``mnnvl render … | kubectl apply -f -``).
+Exit codes come from the error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification
+failed, 5 cluster or CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from typing import Any
 
 from mnnvl import __version__, flags, steps
 from mnnvl import spec as specs
+from mnnvl.cli_help import COMMANDS
 from mnnvl.errors import MnnvlError, SpecError
-from mnnvl.manifests import indexed_job, render_run, to_yaml
+from mnnvl.manifests import indexed_job, render_run
 from mnnvl.run import run_all
 from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
 
@@ -84,57 +87,82 @@ def _workload_flags(p: argparse.ArgumentParser, *, with_domain: bool) -> None:
     flags.add_arguments(p, WorkloadSpec, skip=skip)
 
 
+def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
+    help_text, what, example = COMMANDS[name]
+    return sub.add_parser(
+        name,
+        help=help_text,
+        description=what,
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnnvl", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("provision", help="create or adopt the run's ComputeDomain")
+    p = _subcommand(sub, "provision")
     _domain_flags(p)
     p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
-    p = sub.add_parser("launch", help="run a Python module on the domain's nodes")
+    p = _subcommand(sub, "launch")
     _workload_flags(p, with_domain=False)
     p.add_argument("--module", required=True, help="entry module, e.g. mnnvl.runtime.verify")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the module (after --)")
     for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
-        p = sub.add_parser(name, help=f"{name} on the domain's nodes")
+        p = _subcommand(sub, name)
         _workload_flags(p, with_domain=False)
         flags.add_arguments(p, cfg)
         p.add_argument("--report-dir", default=None, help="write report files here")
         if name == "verify":
-            p.add_argument("--fail-on-fail", action=argparse.BooleanOptionalAction, default=True)
-    p = sub.add_parser("teardown", help="delete the run's workload, then its domain")
+            p.add_argument(
+                "--fail-on-fail",
+                action=argparse.BooleanOptionalAction,
+                default=True,
+                help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
+            )
+    p = _subcommand(sub, "teardown")
     _domain_flags(p)
-    p = sub.add_parser("status", help="show the run's domain, Jobs and pods (read-only)")
+    p = _subcommand(sub, "status")
     _domain_flags(p)
     for name in ("run", "render"):
-        p = sub.add_parser(
-            name,
-            help="provision, verify, train, verify, teardown"
-            if name == "run"
-            else "print every object of a run as YAML",
-        )
+        p = _subcommand(sub, name)
         _domain_flags(p)
         _workload_flags(p, with_domain=True)
         flags.add_arguments(p, TrainConfig)
         flags.add_arguments(p, VerifyConfig)
         if name == "run":
-            p.add_argument("--report-dir", default=None)
+            p.add_argument(
+                "--report-dir", default=None, help="write the train and verify reports here"
+            )
             p.add_argument(
                 "--sim", action="store_true", help="run against an embedded simulated cluster"
             )
             p.add_argument("--skip-verify", action="store_true", help="train only")
-    p = sub.add_parser("reap", help="delete objects of runs that are gone")
-    p.add_argument("--namespace", default="default")
+    p = _subcommand(sub, "reap")
+    p.add_argument("--namespace", default="default", help="namespace to clean up")
     p.add_argument("--live-run-ids", default=None, help="comma-separated run ids still running")
-    p.add_argument("--older-than-s", type=float, default=0.0)
-    p = sub.add_parser("sim", help="the embedded simulated cluster")
-    p.add_argument("action", choices=("up",))
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--gpus-per-node", type=int, default=0)
+    p.add_argument(
+        "--older-than-s",
+        type=float,
+        default=0.0,
+        help="only runs whose objects are older than this many seconds (0 = any age)",
+    )
+    p = _subcommand(sub, "sim")
+    p.add_argument("action", choices=("up",), help="up: serve until Ctrl-C or SIGTERM")
+    p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=0, help="simulated GPUs per node (0 = CPU workers)"
+    )
     p.add_argument(
         "--cliques", type=int, default=1, help="NVLink cliques (nvidia.com/gpu.clique values)"
     )
-    p.add_argument("--imex-delay-s", type=float, default=0.2)
+    p.add_argument(
+        "--imex-delay-s",
+        type=float,
+        default=0.2,
+        help="how long each node's simulated IMEX daemon takes to get ready",
+    )
     p.add_argument(
         "--kueue",
         action="store_true",
@@ -361,13 +389,18 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+# Commands whose stdout is data for another program: their result line goes to stderr.
+RESULT_ON_STDERR = frozenset({"render"})
+
+
 def _emit(payload: dict[str, Any], result_path: str | None) -> None:
     line = json.dumps(payload, default=str)
     if result_path:
         with open(result_path, "w", encoding="utf-8") as f:
             f.write(line + "\n")
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+    stream = sys.stderr if payload.get("command") in RESULT_ON_STDERR else sys.stdout
+    stream.write(line + "\n")
+    stream.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

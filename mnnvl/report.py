@@ -26,6 +26,13 @@ def human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def num(value: Any, digits: int = 1) -> str:
+    """A number for logs and messages: ``2653.52236`` -> ``2653.5``; ``None`` -> ``n/a``."""
+    if value is None:
+        return "n/a"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
 def _fmt(value: Any, digits: int = 1) -> str:
     if value is None:
         return "-"

@@ -12,6 +12,7 @@ from typing import Any
 
 from mnnvl import steps
 from mnnvl.errors import MnnvlError
+from mnnvl.report import num
 from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 logger = logging.getLogger(__name__)
@@ -73,19 +74,19 @@ def _log_summary(out: dict[str, Any]) -> None:
         if key in out:
             v = out[key]
             logger.info(
-                "  %-12s %s judged %s GB/s (threshold %s)",
+                "  %-12s %s judged %s GB/s (threshold %s GB/s)",
                 key,
                 v["verdict"],
-                v["judged_busbw_gbps"],
-                v["threshold_gbps"],
+                num(v["judged_busbw_gbps"]),
+                num(v["threshold_gbps"]),
             )
     if train:
         logger.info(
             "  %-12s loss %s, %s tokens/s, %s steps",
             "train",
-            train["final_loss"],
-            train["tokens_per_s"],
-            train["steps"],
+            num(train["final_loss"], 4),
+            num(train["tokens_per_s"], 0),
+            num(train["steps"]),
         )
     logger.info(
         "  %-12s deleted %d objects",

@@ -31,6 +31,7 @@ from mnnvl.errors import VerificationFailed, WorkloadFailed
 from mnnvl.flags import to_args
 from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
 from mnnvl.names import RunNames
+from mnnvl.report import num
 from mnnvl.spec import (
     DomainSpec,
     TrainConfig,
@@ -216,10 +217,10 @@ def train(
     if raw.get("start_step"):
         logger.info("train: resumed from step %s (%s)", raw["start_step"], raw.get("resumed_from"))
     logger.info(
-        "train: final loss %s, %s tokens/s, mfu %s",
-        raw.get("final_loss"),
-        raw.get("tokens_per_s"),
-        raw.get("mfu"),
+        "train: final loss %s, %s tokens/s, MFU %s",
+        num(raw.get("final_loss"), 4),
+        num(raw.get("tokens_per_s"), 0),
+        num(raw.get("mfu"), 3),
     )
     return TrainResult(
         job=launched.job,
@@ -289,16 +290,16 @@ def verify(
         "verify %s: %s (judged busbw %s GB/s, threshold %s GB/s; NCCL %s over %s)",
         launched.job,
         result.verdict,
-        result.judged_busbw_gbps,
-        result.threshold_gbps,
+        num(result.judged_busbw_gbps),
+        num(result.threshold_gbps),
         nccl.get("version"),
         nccl.get("transport"),
     )
     if fail_on_fail and not verdict_accepted(result.verdict, config.allow_unjudged):
         raise VerificationFailed(
             f"verification {result.verdict} (Job {launched.job}): judged busbw "
-            f"{result.judged_busbw_gbps} GB/s vs threshold {result.threshold_gbps} GB/s "
-            f"({raw.get('threshold_source')}), peak {result.peak_busbw_gbps} GB/s, "
+            f"{num(result.judged_busbw_gbps)} GB/s vs threshold {num(result.threshold_gbps)} GB/s "
+            f"({raw.get('threshold_source')}), peak {num(result.peak_busbw_gbps)} GB/s, "
             f"world size {raw.get('world_size')}, backend {raw.get('backend')}; reasons: "
             f"{'; '.join(raw.get('reasons') or []) or 'none given'}"
             + ("; pass --allow-unjudged to accept it" if result.verdict == "NOT_JUDGED" else "")

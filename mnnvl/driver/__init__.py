@@ -12,7 +12,13 @@ from mnnvl.driver.domain import (
     launcher_owner,
     wait_for_channel_template,
 )
-from mnnvl.driver.lifecycle import JobOutcome, require_domain, run_job
+from mnnvl.driver.lifecycle import (
+    JobOutcome,
+    require_domain,
+    run_job,
+    wait_for_job,
+    wait_for_pods_running,
+)
 from mnnvl.driver.reaper import reap_namespace
 from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.driver.workload import (
@@ -45,4 +51,6 @@ __all__ = [
     "run_job",
     "wait_for",
     "wait_for_channel_template",
+    "wait_for_job",
+    "wait_for_pods_running",
 ]

@@ -44,8 +44,8 @@ __all__ = [
 ]
 
 RBAC_HINT = (
-    "grant the launcher's service account the Role in manifests/base/rbac.yaml "
-    "(kubectl apply -n <namespace> -f manifests/base/rbac.yaml)"
+    "grant the launcher's service account the mnnvl-runner Role of manifests/base/rbac.yaml "
+    "(kubectl apply -n <namespace> -k manifests/overlays/kfp, or manifests/overlays/argo)"
 )
 DRA_INSTALL_HINT = (
     "install the NVIDIA DRA driver (chart nvidia/nvidia-dra-driver-gpu or "

@@ -106,6 +106,16 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     )
 
 
+def wait_for_job(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:
+    """The lifecycle's waits for an existing Job, until it is complete; returns its pods."""
+    return JobWatch(api, workload, job, on_running=lambda rank0: None).run()
+
+
+def wait_for_pods_running(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:
+    """The lifecycle's waits up to every index having a pod Running (or the Job complete)."""
+    return JobWatch(api, workload, job, on_running=lambda rank0: None, until_running=True).run()
+
+
 def require_domain(api: Api, workload: WorkloadSpec) -> None:
     """Fail in seconds, before creating anything, when the run's ComputeDomain is missing."""
     names = RunNames.for_run(workload.run_id)
@@ -151,10 +161,11 @@ class JobWatch(Check):
         jobs: str | list[str],
         *,
         on_running: Callable[[str], None],
+        until_running: bool = False,
     ) -> None:
         self.jobs = [jobs] if isinstance(jobs, str) else list(jobs)
         self.api, self.workload, self.job = api, workload, self.jobs[0]
-        self.on_running = on_running
+        self.on_running, self.until_running = on_running, until_running
         self.grace = Grace(workload.unschedulable_grace_s)
         self.admission = Deadline(workload.admission_timeout_s)
         self.pods_deadline: Deadline | None = None  # from admission
@@ -175,7 +186,8 @@ class JobWatch(Check):
         pods: Objects = watch_until(
             self.api, ns, sources, self, deadline=Deadline(0), on_timeout=self._never
         )
-        logger.info("Job %s/%s complete", ns, self.job)
+        if not self.until_running:
+            logger.info("Job %s/%s complete", ns, self.job)
         return pods
 
     @staticmethod
@@ -212,6 +224,8 @@ class JobWatch(Check):
             self.pods_deadline = Deadline(self.workload.pods_running_timeout_s)
         if self.job_deadline is None:
             self._starting(view)
+            if self.until_running and self.job_deadline is not None:
+                return dict(view["pods"])
         elif self.job_deadline.expired:
             raise timeout_error(
                 f"Job {ns}/{self.job} to complete",

@@ -1,11 +1,11 @@
 """Pure builders for the Kubernetes objects of a run: plain dicts, no I/O, stdlib only.
 
-``render_run`` lists everything a run creates, in creation order; ``to_yaml`` writes it.
+``render_run`` lists everything a run creates, in creation order.
 """
 
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.domain import compute_domain, object_meta, owner_references
-from mnnvl.manifests.render import render_run, step_workload, to_yaml
+from mnnvl.manifests.render import render_run, step_workload
 from mnnvl.manifests.workload import (
     CHANNEL_CLAIM,
     CLIQUE_LABEL,
@@ -42,6 +42,5 @@ __all__ = [
     "render_run",
     "step_selector",
     "step_workload",
-    "to_yaml",
     "wants_gpu_claim",
 ]

@@ -1,4 +1,4 @@
-"""Everything one run creates, in creation order, and a dependency-free YAML writer.
+"""Everything one run creates, in creation order (``mnnvl.yaml_stream`` writes it as YAML).
 
 Order: ComputeDomain (provision), the GPU claim template when GPUs come from a claim, then
 for each step its headless Service before its Job (pod 0's DNS name must resolve as soon as
@@ -9,8 +9,6 @@ pipelines run them.
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 from typing import Any
 
 from mnnvl.errors import SpecError
@@ -78,70 +76,3 @@ def render_run(
         objs.append(headless_service(step))
         objs += indexed_jobs(step, module, args)
     return objs
-
-
-# ---- YAML ----------------------------------------------------------------------------
-
-# Plain (unquoted) only for strings that cannot read as anything else: no spaces, no
-# indicator first, no trailing ':'; everything else is quoted.
-_PLAIN = re.compile(r"^(?:[A-Za-z_/.]|--?(?=[A-Za-z]))[A-Za-z0-9_./@:=$()-]*(?<!:)$")
-_AMBIGUOUS = re.compile(
-    r"^(?:y|Y|yes|Yes|YES|n|N|no|No|NO|true|True|TRUE|false|False|FALSE|on|On|ON|off|Off|OFF"
-    r"|null|Null|NULL|~|[-+]?\.?[0-9].*|\.(?:inf|Inf|INF|nan|NaN|NAN))$"
-)
-
-
-def _scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return json.dumps(value)
-    if isinstance(value, str):
-        if _PLAIN.match(value) and not _AMBIGUOUS.match(value):
-            return value
-        # A JSON string is a valid YAML double-quoted scalar.
-        return json.dumps(value)
-    raise TypeError(f"cannot write {type(value).__name__} as YAML")
-
-
-def _lines(value: Any, indent: int) -> list[str]:
-    pad = " " * indent
-    out: list[str] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            head = f"{pad}{_scalar(str(key))}:"
-            if isinstance(item, (dict, list)) and item:
-                out.append(head)
-                # Lists sit at the key's indent, as kubectl writes them.
-                out += _lines(item, indent if isinstance(item, list) else indent + 2)
-            else:
-                out.append(f"{head} {_inline(item)}")
-    elif isinstance(value, list):
-        for item in value:
-            if isinstance(item, (dict, list)) and item:
-                nested = _lines(item, indent + 2)
-                out.append(f"{pad}- {nested[0][indent + 2 :]}")
-                out += nested[1:]
-            else:
-                out.append(f"{pad}- {_inline(item)}")
-    else:
-        out.append(pad + _scalar(value))
-    return out
-
-
-def _inline(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{}"
-    if isinstance(value, list):
-        return "[]"
-    return _scalar(value)
-
-
-def to_yaml(objs: list[dict[str, Any]]) -> str:
-    """A multi-document YAML stream (``---`` before each object)."""
-    docs = ["---\n" + "\n".join(_lines(obj, 0)) + "\n" for obj in objs]
-    return "".join(docs)

@@ -50,10 +50,16 @@ DISCOVERY = _discovery_groups()
 def discovery(parts: list[str], crd_installed: bool) -> Obj:
     """The discovery documents (/version, /api, /apis, /api/v1, /apis/<group>/<version>)."""
     if parts == ["version"]:
+        # Every field a real kube-apiserver's /version has (clients' models require them).
         return {
             "major": "1",
             "minor": "34",
             "gitVersion": "v1.34.0-mnnvl-sim",
+            "gitCommit": "0000000000000000000000000000000000000000",
+            "gitTreeState": "clean",
+            "buildDate": "2025-08-27T00:00:00Z",
+            "goVersion": "go1.24.6",
+            "compiler": "gc",
             "platform": "linux/amd64",
         }
     if parts == ["api"]:

@@ -23,6 +23,15 @@ from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
 from mnnvl.sim.store import RESOURCES, ApiError, Obj, Store, not_found
 
 log = logging.getLogger(__name__)
+RBAC_VERBS = {
+    "GET": "get",
+    "LIST": "list",
+    "WATCH": "watch",
+    "POST": "create",
+    "PUT": "update",
+    "PATCH": "patch",
+    "DELETE": "delete",
+}
 
 
 class LogSource(Protocol):
@@ -62,6 +71,8 @@ class ApiServer(ThreadingHTTPServer):
         self.bookmark_interval_s = 1.0
         self.request_count = 0
         self.counters: Counter[tuple[str, str]] = Counter()
+        # What an RBAC audit would see: (verb, API group, resource[/subresource]) per request.
+        self.rbac_requests: set[tuple[str, str, str]] = set()
         self.stopping = threading.Event()
         self._count_lock = threading.Lock()
 
@@ -69,10 +80,13 @@ class ApiServer(ThreadingHTTPServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def count(self, verb: str, resource: str) -> None:
+    def count(self, verb: str, resource: str, group: str = "", named: bool = True) -> None:
         with self._count_lock:
             self.request_count += 1
             self.counters[(verb, resource)] += 1
+            if resource not in ("fault", "discovery"):
+                rbac_verb = RBAC_VERBS[verb] if named or verb != "DELETE" else "deletecollection"
+                self.rbac_requests.add((rbac_verb, group, resource))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -175,7 +189,7 @@ class Handler(BaseHTTPRequestHandler):
             verb = "WATCH" if q.get("watch", "").lower() in ("true", "1") else "LIST"
         else:
             verb = "GET" if method == "GET" else method
-        self.server.count(verb, label)
+        self.server.count(verb, label, group, bool(name))
         if sub == "log" and plural == "pods" and method == "GET":
             return self._logs(ns, name, q)
         if sub and sub != "status":

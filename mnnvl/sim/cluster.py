@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 import uuid
@@ -236,6 +237,11 @@ class SimCluster:
         """Requests served per (verb, resource); verbs GET LIST WATCH POST PUT PATCH DELETE."""
         return Counter(self._server.counters) if self._server else Counter()
 
+    @property
+    def rbac_requests(self) -> set[tuple[str, str, str]]:
+        """Every (RBAC verb, API group, resource) requested so far, as an audit log lists them."""
+        return set(self._server.rbac_requests) if self._server else set()
+
     def objects(self, label_selector: str | None = None) -> list[tuple[str, str, str]]:
         """(kind, namespace, name) of every workload-side object that exists now."""
         match = label_matcher(label_selector)
@@ -291,6 +297,16 @@ def _crd() -> Obj:
     }
 
 
+def _usage(kubeconfig: str, url: str, nodes: int) -> str:
+    return (
+        f"simulated cluster with {nodes} node(s) serving at {url}; in another shell:\n"
+        f"  export KUBECONFIG={kubeconfig}\n"
+        "  kubectl get nodes\n"
+        "  mnnvl run --run-id demo --nodes 2 --gpus-per-node 0\n"
+        "Ctrl-C (or SIGTERM) stops it and every pod process it started."
+    )
+
+
 def serve(
     nodes: int = 2,
     gpus_per_node: int = 0,
@@ -332,6 +348,7 @@ def serve(
                 ),
                 flush=True,
             )
+            print(_usage(sim.kubeconfig_path, sim.url, nodes), file=sys.stderr, flush=True)
             done.wait()
             return sim.kubeconfig_path
     finally:

@@ -389,8 +389,8 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
     first would fail the running pods with IMEXDomainLost (previous test)."""
     from mnnvl import steps
     from mnnvl.driver.api import Api
-    from mnnvl.driver.wait import Deadline
-    from mnnvl.driver.workload import create_workload, wait_for_pods_running
+    from mnnvl.driver.lifecycle import wait_for_pods_running
+    from mnnvl.driver.workload import create_workload
     from mnnvl.spec import DomainSpec, WorkloadSpec
 
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
@@ -404,7 +404,7 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
         api = Api.connect(sim.kubeconfig_path)
         try:
             job = create_workload(api, workload, "sleeper", [])
-            wait_for_pods_running(api, workload, job, Deadline(60))
+            wait_for_pods_running(api, workload, job)
         finally:
             api.close()
         result = steps.teardown(domain, kubeconfig=sim.kubeconfig_path)

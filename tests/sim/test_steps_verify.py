@@ -61,7 +61,7 @@ def test_verify_fail_gates_with_the_measured_bandwidth_in_the_message(sim, run):
     assert info.value.exit_code == 4
 
 
-def test_verify_not_judged_gates_unless_the_caller_allows_it(sim, run):
+def test_verify_not_judged_fails_the_gate_without_allow_unjudged(sim, run):
     config = VerifyConfig(max_bytes=64 << 10)  # gloo, no threshold: nothing to judge
     with pytest.raises(VerificationFailed) as info:
         steps.verify(run, config, kubeconfig=sim.kubeconfig_path)
@@ -69,6 +69,8 @@ def test_verify_not_judged_gates_unless_the_caller_allows_it(sim, run):
     assert "verification NOT_JUDGED" in message and "NOT_JUDGED: no NVLink" in message
     assert "--allow-unjudged" in message and info.value.exit_code == 4
 
+
+def test_verify_not_judged_passes_where_the_caller_allows_it(sim, run):
     allowed = VerifyConfig(max_bytes=64 << 10, allow_unjudged=True)
     result = steps.verify(run, allowed, kubeconfig=sim.kubeconfig_path)
     assert result.verdict == "NOT_JUDGED" and result.threshold_gbps is None

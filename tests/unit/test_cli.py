@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -29,9 +30,9 @@ def last_json(lines: list[str]) -> dict:
 
 
 def test_render_prints_every_object_as_yaml_with_valid_names(capsys):
-    code, lines, _ = run_cli(capsys, [*RENDER, "--gpus-per-node", "4"])
+    code, lines, err = run_cli(capsys, [*RENDER, "--gpus-per-node", "4"])
     assert code == 0
-    docs = [d for d in yaml.safe_load_all("\n".join(lines[:-1])) if d]
+    docs = list(yaml.safe_load_all("\n".join(lines)))
     kinds = [d["kind"] for d in docs]
     assert kinds == ["ComputeDomain", "Service", "Job", "Service", "Job"]
     names = RunNames.for_run("demo-run")
@@ -46,14 +47,14 @@ def test_render_prints_every_object_as_yaml_with_valid_names(capsys):
     assert job["spec"]["completions"] == 2
     claims = job["spec"]["template"]["spec"]["resourceClaims"]
     assert claims[0]["resourceClaimTemplateName"] == names.channel_template
-    result = last_json(lines)
+    result = last_json(err.splitlines())
     assert result["ok"] is True and result["command"] == "render"
 
 
 def test_render_with_gpu_claims_adds_the_gpu_template(capsys):
     code, lines, _ = run_cli(capsys, [*RENDER, "--gpus-per-node", "4", "--gpu-mode", "claim"])
     assert code == 0
-    kinds = [d["kind"] for d in yaml.safe_load_all("\n".join(lines[:-1])) if d]
+    kinds = [d["kind"] for d in yaml.safe_load_all("\n".join(lines))]
     assert kinds[:2] == ["ComputeDomain", "ResourceClaimTemplate"]
 
 
@@ -71,7 +72,7 @@ def test_render_with_gpu_claims_adds_the_gpu_template(capsys):
 def test_bad_input_exits_2_with_a_one_line_message(capsys, argv, field):
     code, lines, err = run_cli(capsys, argv)
     assert code == 2
-    result = last_json(lines)
+    result = last_json(err.splitlines() if argv[0] == "render" else lines)
     assert result == {"ok": False, "command": argv[0], "error": result["error"], "exit_code": 2}
     assert result["error"].startswith(field + ":")
     assert "\n" not in result["error"]
@@ -109,22 +110,31 @@ def test_missing_kubeconfig_exits_5_naming_what_was_tried(capsys, tmp_path, monk
 
 def test_result_path_gets_the_same_json(capsys, tmp_path):
     path = tmp_path / "result.json"
-    code, lines, _ = run_cli(capsys, [*RENDER, "--result-path", str(path)])
+    code, _, err = run_cli(capsys, [*RENDER, "--result-path", str(path)])
     assert code == 0
-    assert json.loads(path.read_text()) == last_json(lines)
+    assert json.loads(path.read_text()) == last_json(err.splitlines())
 
 
 def test_python_dash_m_mnnvl_ends_with_one_json_line():
     proc = subprocess.run(
-        [sys.executable, "-m", "mnnvl", *RENDER],
+        [
+            sys.executable,
+            "-m",
+            "mnnvl",
+            "teardown",
+            "--run-id",
+            "r1",
+            "--kubeconfig",
+            "/nonexistent",
+        ],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 5, proc.stderr
     last = proc.stdout.splitlines()[-1]
-    assert json.loads(last)["ok"] is True
+    assert json.loads(last)["exit_code"] == 5
     assert sum(1 for line in proc.stdout.splitlines() if line.startswith("{")) == 1
 
 
@@ -141,3 +151,14 @@ def test_bad_input_exits_2_before_any_request_to_the_cluster(capsys):
             code, lines, _ = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
             assert code == 2 and last_json(lines)["exit_code"] == 2
         assert sim.request_count == before
+
+
+def test_every_subcommand_has_a_description_an_example_and_help_for_every_option():
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) == set(cli.COMMANDS)
+    for name, p in sub.choices.items():
+        assert p.description and f"example:\n  mnnvl {name}" in (p.epilog or ""), name
+        for action in p._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"mnnvl {name} {action.option_strings or action.dest}"

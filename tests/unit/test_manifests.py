@@ -7,6 +7,9 @@ import ast
 import copy
 import dataclasses
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +31,11 @@ from mnnvl.manifests import (
     indexed_job,
     render_run,
     step_workload,
-    to_yaml,
 )
 from mnnvl.names import RunNames
 from mnnvl.runtime import nccl
 from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.yaml_stream import to_yaml
 
 K8S = "1.34.0"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -571,3 +574,27 @@ def test_scheduling_options_reach_the_pod_and_job_and_stay_valid() -> None:
     assert (
         "kueue.x-k8s.io/queue-name" not in train_job(WorkloadSpec(run_id=RUN))["metadata"]["labels"]
     )
+
+
+@pytest.mark.parametrize("gpu_mode", ["limits", "claim"])
+def test_render_stdout_pipes_into_a_yaml_parser_and_strict_validators(
+    crd_validators: dict[str, Any], gpu_mode: str, tmp_path: Path
+) -> None:
+    """`mnnvl render … | kubectl apply -f -`: stdout holds YAML only, the result goes aside."""
+    result_path = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mnnvl", "render", "--run-id", RUN, "--namespace", "team-a",
+         "--gpus-per-node", "4", "--gpu-mode", gpu_mode, "--result-path", str(result_path)],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    docs = list(yaml.safe_load_all(proc.stdout))
+    assert all(isinstance(d, dict) and d.get("kind") for d in docs), "non-object in stdout"
+    for doc in docs:
+        if doc["kind"] == "ComputeDomain":
+            for validator in crd_validators.values():
+                assert crd_errors(validator, doc) == []
+        else:
+            k8s_valid(doc)
+    result = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert result["ok"] is True and len(result["objects"]) == len(docs)
+    assert json.loads(result_path.read_text()) == result

@@ -126,3 +126,12 @@ def test_train_report(tmp_path: Path) -> None:
 def test_report_module_does_not_import_torch() -> None:
     source = Path(report.__file__).read_text()
     assert "import torch" not in source
+
+
+def test_numbers_in_logs_are_rounded_and_missing_ones_say_so():
+    from mnnvl.report import num
+
+    assert num(2653.522360730127, 0) == "2654"
+    assert num(0.123456, 3) == "0.123"
+    assert num(None) == "n/a"
+    assert num(20) == "20"

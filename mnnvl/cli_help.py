@@ -1,0 +1,66 @@
+"""What each ``mnnvl`` subcommand does, for ``mnnvl <command> --help``."""
+
+from __future__ import annotations
+
+# Subcommand -> (one-line help, what it does, an example).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "provision": (
+        "create or adopt the run's ComputeDomain",
+        "Create the run's ComputeDomain (or adopt it when this run already made it) and wait "
+        "until the DRA driver has created its IMEX channel claim template. Never waits for "
+        "Ready: that needs the workload's pods.",
+        "mnnvl provision --run-id demo --namespace team-a",
+    ),
+    "launch": (
+        "run a Python module on the domain's nodes",
+        "Run a Python module under torchrun on every node of the run's domain (one pod per "
+        "node, rendezvous on pod 0) and print its RESULT line.",
+        "mnnvl launch --run-id demo --nodes 2 --gpus-per-node 4 --module my_pkg.train -- --lr 3e-4",
+    ),
+    "train": (
+        "train on the domain's nodes",
+        "Sharded (FSDP2) training of a Llama-style model on the run's nodes; prints loss, "
+        "tokens/s and MFU.",
+        "mnnvl train --run-id demo --nodes 2 --gpus-per-node 4 --model 125m --steps 200",
+    ),
+    "verify": (
+        "verify NVLink on the domain's nodes",
+        "NVML checks and an all-reduce bus-bandwidth sweep on the run's nodes, judged against "
+        "a threshold from the detected topology (or --min-busbw-gbps).",
+        "mnnvl verify --run-id demo --nodes 2 --gpus-per-node 4 --report-dir out/",
+    ),
+    "teardown": (
+        "delete the run's workload, then its domain",
+        "Delete the run's Jobs and Services (and wait for their pods), then its ComputeDomain "
+        "(and wait until it is gone). Idempotent.",
+        "mnnvl teardown --run-id demo --namespace team-a",
+    ),
+    "status": (
+        "show the run's domain, Jobs and pods (read-only)",
+        "What the run has in the cluster now: its ComputeDomain and nodes, Jobs, pods, Services.",
+        "mnnvl status --run-id demo --namespace team-a",
+    ),
+    "run": (
+        "provision, verify, train, verify, teardown",
+        "The whole run in one process; teardown runs whatever happened before it.",
+        "mnnvl run --sim --run-id demo --nodes 2 --gpus-per-node 0",
+    ),
+    "render": (
+        "print every object of a run as YAML",
+        "Print every object a run would create as YAML on stdout (the result line goes to "
+        "stderr); needs no cluster.",
+        "mnnvl render --run-id demo --namespace team-a | kubectl apply --dry-run=server -f -",
+    ),
+    "reap": (
+        "delete objects of runs that are gone",
+        "Delete the objects of runs that are not live any more, a backstop for exit handlers "
+        "that KFP Terminate or argo terminate skipped.",
+        "mnnvl reap --namespace team-a --older-than-s 86400",
+    ),
+    "sim": (
+        "the embedded simulated cluster",
+        "Serve a simulated cluster (API server, DRA driver, Jobs, kubelet running pods as local "
+        "processes) until Ctrl-C; other shells use it through the kubeconfig it prints.",
+        "mnnvl sim up --nodes 4 --gpus-per-node 0 --kubeconfig /tmp/sim.kubeconfig",
+    ),
+}

@@ -1,0 +1,183 @@
+"""Argo objects for GitOps: hardened templates, a verify-only WorkflowTemplate, CronWorkflows.
+
+Every WorkflowTemplate this project ships goes through :func:`harden`: launcher pods run as
+non-root with a read-only root file system (``/tmp`` is an ``emptyDir``: the result file and
+matplotlib's cache live there), no privilege escalation and no capabilities; finished
+workflows are deleted after a while (``ttlStrategy``) and succeeded pods at once (``podGC``;
+failed ones stay for ``kubectl logs``); a retry happens only for exit codes a retry can fix
+(never 2, bad input or a conflict, nor 4, a failed workload or verdict).
+
+The CronWorkflows reference WorkflowTemplates by name and name no namespace: kustomize (or
+``kubectl apply -n``) places them, and ``{{workflow.namespace}}`` is where they run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+from hera.workflows import DAG, Task, WorkflowTemplate
+
+from mnnvl.components import argo_templates as t
+from mnnvl.pipelines import argo_workflow as aw
+from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
+
+API_VERSION = "argoproj.io/v1alpha1"
+VERIFY_ONLY_NAME = "mnnvl-verify-only"
+FABRIC_CHECK_NAME = "mnnvl-nightly-fabric-check"
+REAP_NAME = "mnnvl-reap"
+LAUNCHER_UID = 65532  # the launcher image's USER
+# Exit codes (README): 2 bad input/conflict and 4 workload/verification failed never change on
+# a retry; 1, 3, 5 and a killed pod may.
+RETRY_EXPRESSION = "!(lastRetry.exitCode in ['2', '4'])"
+TTL_STRATEGY = {"secondsAfterSuccess": 86400, "secondsAfterFailure": 7 * 86400}
+POD_GC = {"strategy": "OnPodSuccess"}
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": LAUNCHER_UID,
+    "runAsGroup": LAUNCHER_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+TMP_VOLUME = {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}
+TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
+LAUNCHER_RESOURCES = {
+    "requests": {"cpu": "100m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
+
+
+def harden(doc: dict[str, Any]) -> dict[str, Any]:
+    """The WorkflowTemplate/Workflow spec (or CronWorkflow workflowSpec) made safe to run."""
+    doc = copy.deepcopy(doc)
+    spec = doc["spec"]["workflowSpec"] if doc["kind"] == "CronWorkflow" else doc["spec"]
+    spec.setdefault("ttlStrategy", TTL_STRATEGY)
+    spec.setdefault("podGC", POD_GC)
+    spec.setdefault("securityContext", POD_SECURITY)
+    spec["volumes"] = [*spec.get("volumes", []), TMP_VOLUME]
+    for template in spec.get("templates", []):
+        container = template.get("container")
+        if container is not None:
+            container["securityContext"] = CONTAINER_SECURITY
+            container["volumeMounts"] = [*container.get("volumeMounts", []), TMP_MOUNT]
+            container.setdefault("resources", LAUNCHER_RESOURCES)
+        if "retryStrategy" in template:
+            template["retryStrategy"]["expression"] = RETRY_EXPRESSION
+    return doc
+
+
+def _used_parameters_only(doc: dict[str, Any]) -> dict[str, Any]:
+    """Keep the workflow parameters something references (plus the service account)."""
+    text = json.dumps(doc["spec"]["templates"]) + doc["spec"].get("serviceAccountName", "")
+    used = set(re.findall(r"workflow\.parameters\.([a-z0-9-]+)", text))
+    params = doc["spec"]["arguments"]["parameters"]
+    doc["spec"]["arguments"]["parameters"] = [p for p in params if p["name"] in used]
+    return doc
+
+
+def build_verify_only_template() -> WorkflowTemplate:
+    """provision -> verify, teardown on exit: a fabric health check without training."""
+    with WorkflowTemplate(
+        name=VERIFY_ONLY_NAME,
+        labels={**aw.LABELS, "app.kubernetes.io/name": VERIFY_ONLY_NAME},
+        annotations={
+            "workflows.argoproj.io/description": "ComputeDomain -> NVLink verification; "
+            "teardown on exit."
+        },
+        entrypoint=aw.ENTRYPOINT,
+        on_exit=aw.EXIT_HANDLER,
+        service_account_name="{{workflow.parameters.service-account}}",
+        arguments=aw._workflow_parameters(),
+    ) as wt:
+        provision = t.provision_template()
+        verify = t.verify_template()
+        teardown = t.teardown_template()
+        with DAG(name=aw.ENTRYPOINT):
+            p = Task(name="provision", template=provision, arguments=aw._arguments(provision))
+            v = Task(
+                name="verify",
+                template=verify,
+                arguments=aw._arguments(verify, aw.VERIFY_RENAMES, purpose="verify"),
+            )
+            p >> v
+        with DAG(name=aw.EXIT_HANDLER):
+            Task(name="teardown", template=teardown, arguments=aw._arguments(teardown))
+    return wt
+
+
+def verify_only_template_manifest() -> dict[str, Any]:
+    doc = aw._int_or_string_as_strings(build_verify_only_template().to_dict())
+    return harden(_used_parameters_only(doc))
+
+
+def training_template_manifest() -> dict[str, Any]:
+    return harden(aw.workflow_template_manifest())
+
+
+def _cron(name: str, schedule: str, description: str, workflow_spec: dict[str, Any]) -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "CronWorkflow",
+        "metadata": {
+            "name": name,
+            "labels": {**aw.LABELS, "app.kubernetes.io/name": name},
+            "annotations": {"workflows.argoproj.io/description": description},
+        },
+        "spec": {
+            "schedules": [schedule],
+            "timezone": "UTC",
+            "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": 3600,
+            "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 7,
+            "workflowSpec": workflow_spec,
+        },
+    }
+
+
+def fabric_check_cron_manifest() -> dict[str, Any]:
+    """Every night: the verify-only template with its defaults (patch them with kustomize)."""
+    spec = {
+        "workflowTemplateRef": {"name": VERIFY_ONLY_NAME},
+        "ttlStrategy": TTL_STRATEGY,
+        "podGC": POD_GC,
+    }
+    return _cron(
+        FABRIC_CHECK_NAME, "0 2 * * *", "Nightly NVLink fabric check (mnnvl-verify-only).", spec
+    )
+
+
+def reap_cron_manifest() -> dict[str, Any]:
+    """Every hour: ``mnnvl reap`` of runs older than two days whose exit handler never ran.
+
+    Two days exceeds the longest run the templates allow (train 8 h, verifies 1 h each).
+    """
+    reap = {
+        "name": "reap",
+        "inputs": {"parameters": [{"name": "older-than-s", "value": "172800"}]},
+        "container": {
+            "image": DEFAULT_LAUNCHER_IMAGE,
+            "command": ["mnnvl"],
+            "args": [
+                "reap",
+                "--namespace",
+                "{{workflow.namespace}}",
+                "--older-than-s",
+                "{{inputs.parameters.older-than-s}}",
+            ],
+        },
+        "retryStrategy": {"limit": t.RETRY_LIMIT, "retryPolicy": "Always"},
+    }
+    spec = {
+        "entrypoint": "reap",
+        "serviceAccountName": aw.DEFAULT_SERVICE_ACCOUNT,
+        "templates": [reap],
+    }
+    cron = _cron(REAP_NAME, "17 * * * *", "Hourly clean-up of orphaned runs (mnnvl reap).", spec)
+    return harden(cron)

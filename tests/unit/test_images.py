@@ -1,0 +1,189 @@
+"""The images hold what their code needs at run time (no container engine: rebuilt as venvs).
+
+The launcher test installs the Python environment exactly as ``images/launcher.Dockerfile``
+does (its COPY lines and its pip command, read from the file) into a fresh venv, then runs
+what a KFP task pod runs: ``mnnvl --help`` and each compiled component's own command with a
+real executor input. Provision, verify and teardown run for real against a simulated cluster,
+whose workers stand in for the runtime image; the verify report must come with its plot.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mnnvl.sim import SimCluster
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "images" / "launcher.Dockerfile"
+RUNTIME = REPO / "images" / "runtime.Dockerfile"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def copy_as_dockerfile(path: Path, dest: Path) -> None:
+    """Lay out ``dest`` as the Dockerfile's COPY lines do (relative to its last WORKDIR)."""
+    workdir = Path("/")
+    for word, rest in dockerfile_instructions(path):
+        if word == "WORKDIR":
+            workdir = Path(rest)
+        if word != "COPY":
+            continue
+        *sources, target = [a for a in shlex.split(rest) if not a.startswith("--")]
+        target_dir = dest / (workdir / target).relative_to("/")
+        for source in sources:
+            src = REPO / source
+            if src.is_dir():
+                shutil.copytree(src, target_dir, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                into_dir = target.endswith("/") or len(sources) > 1
+                target_path = target_dir / src.name if into_dir else target_dir
+                target_path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, target_path)
+
+
+def pip_install_args(path: Path) -> list[str]:
+    """The arguments of the Dockerfile's ``pip install`` (first command of its RUN line)."""
+    (run,) = [rest for word, rest in dockerfile_instructions(path) if word == "RUN"]
+    first = run.split("&&")[0]
+    args = shlex.split(first)
+    assert args[:2] == ["pip", "install"], first
+    return args[2:]
+
+
+def test_launcher_dockerfile_installs_the_package_with_kfp_argo_and_the_report_plots():
+    args = pip_install_args(LAUNCHER)
+    (target,) = [a for a in args if not a.startswith("-")]
+    assert re.fullmatch(r"\.\[(.*)\]", target)
+    extras = set(target[2:-1].split(","))
+    assert extras == {"kfp", "argo", "report"}, "torch stays out of the launcher"
+
+
+def test_runtime_image_files_alone_import_the_worker_entry_points(tmp_path):
+    copy_as_dockerfile(RUNTIME, tmp_path)
+    root = tmp_path / "opt" / "mnnvl"
+    code = (
+        "import json, sys; import mnnvl.runtime.train, mnnvl.runtime.verify, "
+        "mnnvl.runtime.forkrun, mnnvl;"
+        "print(json.dumps([mnnvl.__file__, sorted(m for m in ('kubernetes', 'kfp', 'hera', "
+        "'yaml') if m in sys.modules)]))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    where, clients = json.loads(proc.stdout.splitlines()[-1])
+    assert where.startswith(str(root)) and clients == []
+
+
+@pytest.fixture(scope="module")
+def launcher_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the launcher image's Python environment; returns its bin directory."""
+    root = tmp_path_factory.mktemp("launcher-image")
+    copy_as_dockerfile(LAUNCHER, root)
+    env_dir = root / "venv"
+    venv.create(env_dir, with_pip=True)
+    # Same command and extras as the image; only --no-cache-dir goes, so the pip cache is reused.
+    args = [a for a in pip_install_args(LAUNCHER) if a != "--no-cache-dir"]
+    proc = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", *args],
+        cwd=root / "src", capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return env_dir / "bin"
+
+
+def executors() -> dict[str, tuple[list[str], str]]:
+    """Component name -> (its container command, the function it executes)."""
+    out = {}
+    for path in sorted((REPO / "components").glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())
+        (container,) = [e["container"] for e in spec["deploymentSpec"]["executors"].values()]
+        args = container["args"]
+        out[path.stem] = (container["command"], args[args.index("--function_to_execute") + 1])
+    return out
+
+
+def run_component(
+    bin_dir: Path, name: str, params: dict[str, Any], outdir: Path, kubeconfig: str
+) -> subprocess.CompletedProcess[str]:
+    """Run one compiled component's command as its KFP task pod would, in the launcher env."""
+    command, function = executors()[name]
+    spec = yaml.safe_load((REPO / "components" / f"{name}.yaml").read_text())
+    artifacts = spec["components"][f"comp-{name.replace('_', '-')}"].get("outputDefinitions", {})
+    outputs = {
+        key: {"artifacts": [{"name": key, "type": d["artifactType"], "uri": str(outdir / key),
+                             "metadata": {}}]}
+        for key, d in artifacts.get("artifacts", {}).items()
+    }  # fmt: skip
+    executor_input = {
+        "inputs": {"parameterValues": params},
+        "outputs": {"artifacts": outputs, "outputFile": str(outdir / "executor_output.json")},
+    }
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "KUBECONFIG": kubeconfig, "MPLCONFIGDIR": str(outdir / "mpl")}  # fmt: skip
+    env.pop("PYTHONPATH", None)
+    argv = [*command, "--executor_input", json.dumps(executor_input)]
+    argv += ["--function_to_execute", function]
+    outdir.mkdir(parents=True, exist_ok=True)
+    # The image's WORKDIR is /tmp: never the checkout, whose ./mnnvl would shadow the install.
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, cwd=outdir)
+
+
+@pytest.mark.slow
+def test_launcher_image_env_runs_help_every_component_and_a_report_with_a_plot(
+    launcher_env: Path, tmp_path: Path
+) -> None:
+    help_proc = subprocess.run(
+        [str(launcher_env / "mnnvl"), "--help"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert help_proc.returncode == 0 and "provision" in help_proc.stdout
+    assert set(executors()) == {"provision_domain", "train_sharded", "verify_nvlink",
+                                "teardown_domain"}  # fmt: skip
+    run_id = "image-check"
+    with SimCluster(nodes=2) as sim:
+        kube = sim.kubeconfig_path
+        done = run_component(launcher_env, "provision_domain", {"run_id": run_id},
+                             tmp_path / "p", kube)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        # train's body imports everything it needs, then refuses the bad input before any call
+        bad = run_component(launcher_env, "train_sharded", {"run_id": run_id, "nodes": 0},
+                            tmp_path / "t", kube)  # fmt: skip
+        assert bad.returncode != 0 and "nodes: 0 is out of range" in bad.stderr, bad.stderr
+        verify_params = {"run_id": run_id, "nodes": 2, "gpus_per_node": 0,
+                         "max_bytes": 64 << 10, "min_busbw_gbps": 1e-6}  # fmt: skip
+        done = run_component(launcher_env, "verify_nvlink", verify_params, tmp_path / "v", kube)
+        assert done.returncode == 0, done.stderr[-3000:]
+        done = run_component(launcher_env, "teardown_domain", {"run_id": run_id},
+                             tmp_path / "d", kube)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    html = (tmp_path / "v" / "report").read_text()
+    match = re.search(r'src="data:image/png;base64,([^"]+)"', html)
+    assert match, "the verify report has no plot"
+    assert base64.b64decode(match.group(1)).startswith(PNG_MAGIC)
