@@ -3,8 +3,9 @@
 Builds ``all_reduce_perf`` from an nccl-tests checkout (``--nccl-tests-src``; fetch
 github.com/NVIDIA/nccl-tests yourself, it is not part of this repository) against the NCCL
 library torch loads, so both sides use one library; then runs ``python -m
-mnnvl.runtime.verify`` (one process per GPU, started by torchrun and by
-``mnnvl.runtime.forkrun``) and ``all_reduce_perf -g N`` one after the other, ``--runs``
+mnnvl.runtime.verify`` (one process per GPU, started by the pods' entry
+``mnnvl.runtime.launch`` (torchrun in-process) and by ``mnnvl.runtime.forkrun``) and
+``all_reduce_perf -g N`` one after the other, ``--runs``
 times each, and prints per size the median busbw of each side and their ratio, plus time
 to verdict (process start to the RESULT line) per launcher against the whole nccl-tests
 process, verify's own phase breakdown and each size's share of the sweep. Both sides:
@@ -32,7 +33,7 @@ import threading
 import time
 from typing import Any
 
-from mnnvl.runtime.result import RESULT_PREFIX, parse_result, torchrun_command
+from mnnvl.runtime.result import RESULT_PREFIX, free_port, parse_result, torchrun_command
 
 GOAL_VERDICT_RATIO = 2.0  # time to verdict <= 2 x the nccl-tests sweep
 ACCURACY_FROM = 64 << 20  # sizes judged for the +-2 % accuracy goal
@@ -119,9 +120,13 @@ def run_nccl_tests(binary: str, lib: str, gpus: int, max_bytes: str) -> dict[str
 
 
 def launch_command(launcher: str, args: list[str], gpus: int) -> list[str]:
+    """``torchrun``; ``launch`` (the worker pods' entry: torchrun in-process, exit codes
+    kept); ``forkrun`` (workers forked from one torch import)."""
     if launcher == "torchrun":
         return torchrun_command("mnnvl.runtime.verify", args, gpus)
-    return [sys.executable, "-m", "mnnvl.runtime.forkrun", f"--nproc-per-node={gpus}",
+    module = {"launch": "mnnvl.runtime.launch", "forkrun": "mnnvl.runtime.forkrun"}[launcher]
+    port = [] if launcher == "forkrun" else [f"--master-port={free_port()}"]
+    return [sys.executable, "-m", module, f"--nproc-per-node={gpus}", *port,
             "-m", "mnnvl.runtime.verify", *args]  # fmt: skip
 
 
@@ -236,7 +241,7 @@ def main() -> int:
     parser.add_argument("--max-bytes", default="4G")
     parser.add_argument("--gpus", type=int, default=0, help="0 = every local GPU")
     parser.add_argument("--json-out", default="")
-    parser.add_argument("--launchers", default="torchrun,forkrun")
+    parser.add_argument("--launchers", default="launch,forkrun", help="of torchrun,launch,forkrun")
     parser.add_argument("--verify-args", default="", help="extra verify flags, space-separated")
     args = parser.parse_args()
     import torch

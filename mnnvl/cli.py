@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import uuid
@@ -87,6 +88,26 @@ def _workload_flags(p: argparse.ArgumentParser, *, with_domain: bool) -> None:
     flags.add_arguments(p, WorkloadSpec, skip=skip)
 
 
+def _reap_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--namespace", default=None, help="where to look (default: the pod's own, else default)"
+    )
+    p.add_argument(
+        "--live-run-ids",
+        default=None,
+        help="comma-separated run ids still running; every other run is dead "
+        "(an empty list needs --all-dead or --older-than-s)",
+    )
+    p.add_argument(
+        "--older-than-s",
+        type=float,
+        default=0.0,
+        help="only runs idle this long: no new object or pod transition, no pod Running",
+    )
+    p.add_argument("--all-dead", action="store_true", help="treat every run as dead")
+    p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
+
+
 def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
     help_text, what, example = COMMANDS[name]
     return sub.add_parser(
@@ -140,14 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
             )
             p.add_argument("--skip-verify", action="store_true", help="train only")
     p = _subcommand(sub, "reap")
-    p.add_argument("--namespace", default="default", help="namespace to clean up")
-    p.add_argument("--live-run-ids", default=None, help="comma-separated run ids still running")
-    p.add_argument(
-        "--older-than-s",
-        type=float,
-        default=0.0,
-        help="only runs whose objects are older than this many seconds (0 = any age)",
-    )
+    _reap_flags(p)
     p = _subcommand(sub, "sim")
     p.add_argument("action", choices=("up",), help="up: serve until Ctrl-C or SIGTERM")
     p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
@@ -183,14 +197,19 @@ def _require_run_id(ns: argparse.Namespace) -> None:
         )
 
 
+def _own_namespace(ns: argparse.Namespace) -> dict[str, str]:
+    """No --namespace: "" (the pod's own namespace, else default; see spec.resolve_namespace)."""
+    return {"namespace": ""} if getattr(ns, "namespace", None) is None else {}
+
+
 def _domain(ns: argparse.Namespace) -> DomainSpec:
     _require_run_id(ns)
-    return flags.from_namespace(DomainSpec, ns)
+    return flags.from_namespace(DomainSpec, ns, **_own_namespace(ns))
 
 
 def _workload(ns: argparse.Namespace) -> WorkloadSpec:
     _require_run_id(ns)
-    return flags.from_namespace(WorkloadSpec, ns)
+    return flags.from_namespace(WorkloadSpec, ns, **_own_namespace(ns))
 
 
 def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
@@ -279,11 +298,14 @@ def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
-    specs.check_dns_label("namespace", ns.namespace)
-    specs.check_range("older_than_s", ns.older_than_s, 0, 10 * 365 * 86400)
-    live = None if ns.live_run_ids is None else {r for r in ns.live_run_ids.split(",") if r}
+    live = None if ns.live_run_ids is None else set(specs.parse_list(ns.live_run_ids))
     return steps.reap(
-        ns.namespace, live_run_ids=live, older_than_s=ns.older_than_s, kubeconfig=ns.kubeconfig
+        ns.namespace,
+        live_run_ids=live,
+        older_than_s=ns.older_than_s,
+        all_dead=ns.all_dead,
+        dry_run=ns.dry_run,
+        kubeconfig=ns.kubeconfig,
     ).to_dict()
 
 
@@ -389,6 +411,20 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def _result_path_problem(path: str | None) -> str:
+    """Why the result could not be written to ``path`` ("" when it can), checked first."""
+    if not path:
+        return ""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"result_path: {path!r} is a directory; name a file in it"
+    if not os.path.isdir(folder):
+        return f"result_path: directory {folder!r} does not exist; create it or pick another path"
+    if not os.access(folder, os.W_OK):
+        return f"result_path: directory {folder!r} is not writable"
+    return ""
+
+
 # Commands whose stdout is data for another program: their result line goes to stderr.
 RESULT_ON_STDERR = frozenset({"render"})
 
@@ -417,6 +453,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     setup_logging(ns.verbose)
     command = ns.command if ns.command != "sim" else f"sim {ns.action}"
+    bad_path = _result_path_problem(ns.result_path)
+    if bad_path:
+        logger.error("%s failed: %s", command, bad_path)
+        _emit({"ok": False, "command": command, "error": bad_path, "exit_code": 2}, None)
+        return 2
     try:
         with _signals_raise():
             result = HANDLERS[ns.command](ns)

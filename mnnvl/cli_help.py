@@ -54,8 +54,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "reap": (
         "delete objects of runs that are gone",
         "Delete the objects of runs that are not live any more, a backstop for exit handlers "
-        "that KFP Terminate or argo terminate skipped.",
-        "mnnvl reap --namespace team-a --older-than-s 86400",
+        "that KFP Terminate or argo terminate skipped. Dead: not in --live-run-ids (or every "
+        "run with --all-dead), and idle for --older-than-s when given; --dry-run only lists.",
+        "mnnvl reap --namespace team-a --older-than-s 86400 --dry-run",
     ),
     "sim": (
         "the embedded simulated cluster",

@@ -5,7 +5,7 @@ from __future__ import annotations
 FIELD_HELP: dict[str, str] = {
     # DomainSpec
     "run_id": "run id every name and label derives from (KFP job id, Argo workflow uid)",
-    "namespace": "namespace of the ComputeDomain and the worker Jobs (default: default)",
+    "namespace": "namespace of the ComputeDomain and Jobs (default: the pod's own, else default)",
     "allocation_mode": "IMEX channels per pod: Single (channel0) or All (default: Single)",
     "rct_timeout_s": "wait for the DRA controller's channel claim template, s (default: 120)",
     "delete_timeout_s": "wait until each deleted object is gone (GET 404), s (default: 300)",

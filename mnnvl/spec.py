@@ -9,6 +9,7 @@ components share one definition of every input.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -36,6 +37,8 @@ DTYPES = ("auto", "bf16", "fp32")
 MAX_NODES = 18  # one IMEX domain (NVL72 rack: 18 compute trays); MNNVL never spans cliques
 MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-character hostnames)
 MAX_GPUS_PER_NODE = 8
+SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+FALLBACK_NAMESPACE = "default"
 DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
 
@@ -63,6 +66,27 @@ NUM_GROUPS_ENV = "MNNVL_NUM_GROUPS"
 GROUP_INDEX_ENV = "MNNVL_GROUP_INDEX"
 NODES_PER_GROUP_ENV = "MNNVL_NODES_PER_GROUP"
 NODE_RANK_BASE_ENV = "MNNVL_NODE_RANK_BASE"
+
+
+def pod_namespace() -> str:
+    """The namespace of the pod this process runs in, or "" outside a pod.
+
+    ``POD_NAMESPACE`` (downward API) wins; else the service account's namespace file, which
+    every pod with a mounted token has. Read locally: a namespace-scoped account may not GET
+    namespaces.
+    """
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"].strip()
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE_FILE, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def resolve_namespace(value: str) -> str:
+    """``value``, or when it is empty the pod's own namespace, else ``default``."""
+    return value or pod_namespace() or FALLBACK_NAMESPACE
 
 
 def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
@@ -217,7 +241,7 @@ class DomainSpec:
     """What provision and teardown need: which run, where, and how the channel is allocated."""
 
     run_id: str
-    namespace: str = "default"
+    namespace: str = "default"  # "": the launcher pod's own namespace, else "default"
     allocation_mode: str = "Single"
     rct_timeout_s: float = 120.0
     delete_timeout_s: float = 300.0
@@ -225,6 +249,7 @@ class DomainSpec:
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
+        object.__setattr__(self, "namespace", resolve_namespace(self.namespace))
         check_dns_label("namespace", self.namespace)
         check_choice("allocation_mode", self.allocation_mode, ALLOCATION_MODES)
         check_range("rct_timeout_s", self.rct_timeout_s, 0.1, 86400)
@@ -236,7 +261,7 @@ class WorkloadSpec:
     """The multi-node Indexed Job: shape, image, placement, NCCL profile and deadlines."""
 
     run_id: str
-    namespace: str = "default"
+    namespace: str = "default"  # "": the launcher pod's own namespace, else "default"
     purpose: str = "train"
     nodes: int = 2
     nodes_per_clique: int = 0  # 0: all nodes in one clique
@@ -268,6 +293,7 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
+        object.__setattr__(self, "namespace", resolve_namespace(self.namespace))
         check_dns_label("namespace", self.namespace)
         check_choice("purpose", self.purpose, PURPOSES)
         self._check_cliques()
@@ -384,6 +410,12 @@ class TrainConfig:
         check_range("batch_size", self.batch_size, 1, 4096, integer=True)
         check_range("lr", self.lr, 1e-8, 1.0)
         check_range("warmup_steps", self.warmup_steps, 0, 10_000_000, integer=True)
+        if self.warmup_steps > self.steps:
+            raise SpecError(
+                "warmup_steps",
+                f"{self.warmup_steps} is more than steps {self.steps} (the learning rate would "
+                f"never reach its peak); pass --warmup-steps {self.steps} or fewer (default 5)",
+            )
         check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_range("weight_decay", self.weight_decay, 0.0, 10.0)
         check_range("grad_clip", self.grad_clip, 0.0, 1e6)

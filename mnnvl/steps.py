@@ -18,6 +18,8 @@ from typing import Any
 from mnnvl.driver import (
     Api,
     Deadline,
+    Deletions,
+    Verdict,
     delete_domain,
     delete_workload,
     ensure_domain,
@@ -37,6 +39,8 @@ from mnnvl.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
+    check_dns_label,
+    resolve_namespace,
 )
 from mnnvl.storage import check_shared_storage
 
@@ -105,6 +109,8 @@ class TeardownResult(Result):
     deleted: list[str]
     already_gone: bool
     elapsed_s: float
+    skipped: list[str] = field(default_factory=list)  # objects with our names, not ours
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,10 @@ class ReapResult(Result):
     runs: list[str]
     deleted: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    skipped: list[str] = field(default_factory=list)
+    dry_run: bool = False
+    would_delete: list[str] = field(default_factory=list)
+    idle_s: dict[str, float] = field(default_factory=dict)
 
 
 @contextmanager
@@ -311,19 +321,31 @@ def verify(
 def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResult:
     """Delete the run's workload (and wait for its pods), then the domain (and wait for 404).
 
-    Idempotent: a second call finds nothing and returns ``already_gone=True``.
+    Only objects labelled as this run's are deleted, each with a uid precondition; an object
+    with the run's names that is someone else's is left alone and named in ``skipped`` (not
+    an error: the teardown did all it may). Idempotent: a second call finds nothing and
+    returns ``already_gone=True``.
     """
     start = time.monotonic()
     names = RunNames.for_run(spec.run_id)
     deadline = Deadline(spec.delete_timeout_s)
+    gone = Deletions(spec.run_id)
     with _api(kubeconfig) as api:
-        deleted = delete_workload(api, spec.namespace, names.selector, deadline)
-        if delete_domain(api, spec.namespace, names.domain, deadline):
-            deleted.append(f"ComputeDomain {spec.namespace}/{names.domain}")
-    if not deleted:
-        logger.info("run %s: nothing left to delete", spec.run_id)
+        delete_workload(api, spec.namespace, gone, deadline)
+        delete_domain(api, spec.namespace, names.domain, deadline, gone)
+    message = f"deleted {len(gone.deleted)} objects of run {spec.run_id}"
+    if gone.skipped:
+        message += f"; left alone (not this run's): {'; '.join(gone.skipped)}"
+    elif not gone.deleted:
+        message = f"run {spec.run_id}: nothing left to delete"
+    logger.info("%s", message)
     return TeardownResult(
-        run_id=spec.run_id, deleted=deleted, already_gone=not deleted, elapsed_s=_since(start)
+        run_id=spec.run_id,
+        deleted=gone.deleted,
+        already_gone=not gone.deleted,
+        elapsed_s=_since(start),
+        skipped=gone.skipped,
+        message=message,
     )
 
 
@@ -332,20 +354,34 @@ def reap(
     *,
     live_run_ids: set[str] | None,
     older_than_s: float,
+    all_dead: bool = False,
+    dry_run: bool = False,
     kubeconfig: str | None = None,
     timeout_s: float = REAP_TIMEOUT_S,
 ) -> ReapResult:
-    """Delete objects of runs that are not live (or older than ``older_than_s``).
+    """Delete objects of dead runs: not in ``live_run_ids`` (or every run with ``all_dead``),
+    and idle at least ``older_than_s`` when that is > 0. ``dry_run`` deletes nothing.
 
-    ``namespace`` None means ``default``. ``live_run_ids`` None means "judge by age only".
+    ``namespace`` None means the pod's own namespace, else ``default``. An empty or missing
+    live list without ``all_dead`` or an age bound is refused (``SpecError``) before any call.
     """
     start = time.monotonic()
-    ns = namespace or "default"
+    live = None if live_run_ids is None else frozenset(live_run_ids)
+    verdict = Verdict(live_run_ids=live, all_dead=all_dead, older_than_s=older_than_s)
+    ns = resolve_namespace(namespace or "")
+    check_dns_label("namespace", ns)
     with _api(kubeconfig) as api:
-        runs, deleted = reap_namespace(
-            api, ns, live_run_ids=live_run_ids, older_than_s=older_than_s, timeout_s=timeout_s
-        )
-    return ReapResult(namespace=ns, runs=runs, deleted=deleted, elapsed_s=_since(start))
+        out = reap_namespace(api, ns, verdict, timeout_s=timeout_s, dry_run=dry_run)
+    return ReapResult(
+        namespace=ns,
+        runs=out.runs,
+        deleted=out.deleted,
+        elapsed_s=_since(start),
+        skipped=out.skipped,
+        dry_run=dry_run,
+        would_delete=out.would_delete,
+        idle_s=out.idle_s,
+    )
 
 
 def status(spec: DomainSpec, *, kubeconfig: str | None = None) -> StatusResult:

@@ -57,16 +57,17 @@ def harden(doc: dict[str, Any]) -> dict[str, Any]:
     """The WorkflowTemplate/Workflow spec (or CronWorkflow workflowSpec) made safe to run."""
     doc = copy.deepcopy(doc)
     spec = doc["spec"]["workflowSpec"] if doc["kind"] == "CronWorkflow" else doc["spec"]
-    spec.setdefault("ttlStrategy", TTL_STRATEGY)
-    spec.setdefault("podGC", POD_GC)
-    spec.setdefault("securityContext", POD_SECURITY)
-    spec["volumes"] = [*spec.get("volumes", []), TMP_VOLUME]
+    fresh = copy.deepcopy  # every use its own copy: no YAML anchors in the output
+    spec.setdefault("ttlStrategy", fresh(TTL_STRATEGY))
+    spec.setdefault("podGC", fresh(POD_GC))
+    spec.setdefault("securityContext", fresh(POD_SECURITY))
+    spec["volumes"] = [*spec.get("volumes", []), fresh(TMP_VOLUME)]
     for template in spec.get("templates", []):
         container = template.get("container")
         if container is not None:
-            container["securityContext"] = CONTAINER_SECURITY
-            container["volumeMounts"] = [*container.get("volumeMounts", []), TMP_MOUNT]
-            container.setdefault("resources", LAUNCHER_RESOURCES)
+            container["securityContext"] = fresh(CONTAINER_SECURITY)
+            container["volumeMounts"] = [*container.get("volumeMounts", []), fresh(TMP_MOUNT)]
+            container.setdefault("resources", fresh(LAUNCHER_RESOURCES))
         if "retryStrategy" in template:
             template["retryStrategy"]["expression"] = RETRY_EXPRESSION
     return doc
@@ -145,8 +146,8 @@ def fabric_check_cron_manifest() -> dict[str, Any]:
     """Every night: the verify-only template with its defaults (patch them with kustomize)."""
     spec = {
         "workflowTemplateRef": {"name": VERIFY_ONLY_NAME},
-        "ttlStrategy": TTL_STRATEGY,
-        "podGC": POD_GC,
+        "ttlStrategy": copy.deepcopy(TTL_STRATEGY),
+        "podGC": copy.deepcopy(POD_GC),
     }
     return _cron(
         FABRIC_CHECK_NAME, "0 2 * * *", "Nightly NVLink fabric check (mnnvl-verify-only).", spec

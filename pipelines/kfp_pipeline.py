@@ -13,7 +13,7 @@ teardown) retry.
 
 from typing import Any
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
 from mnnvl.components.kfp_components import (
     provision_domain,
@@ -27,17 +27,27 @@ VERIFY_ONLY_PIPELINE_NAME = "mnnvl-verify-only"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 RETRIES = 2
 RETRY_BACKOFF = "15s"
+LAUNCHER_UID = 65532  # the launcher image's USER
+
+
+def _launcher_pod(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """Non-root (KFP's compiler already drops capabilities and privilege escalation) and
+    small resource requests: the launcher only waits on the API server."""
+    kubernetes.set_security_context(
+        task, run_as_user=LAUNCHER_UID, run_as_group=LAUNCHER_UID, run_as_non_root=True
+    )
+    return task.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("1Gi")
 
 
 def _idempotent(task: dsl.PipelineTask, display_name: str) -> dsl.PipelineTask:
-    task.set_caching_options(False)
+    _launcher_pod(task).set_caching_options(False)
     task.set_retry(num_retries=RETRIES, backoff_duration=RETRY_BACKOFF, backoff_factor=2.0)
     return task.set_display_name(display_name)
 
 
 def _once(task: dsl.PipelineTask, display_name: str) -> dsl.PipelineTask:
     # Training and verification create Jobs that cost GPU hours; a retry is a user decision.
-    task.set_caching_options(False)
+    _launcher_pod(task).set_caching_options(False)
     return task.set_display_name(display_name)
 
 

@@ -4,7 +4,7 @@ Plain dict bodies, the official client, one retry helper (:meth:`Api.call`) and 
 helper (:func:`wait_for`). Steps compose these; nothing here knows about pipelines.
 """
 
-from mnnvl.driver.api import Api, Kind, create_or_adopt
+from mnnvl.driver.api import Api, Kind
 from mnnvl.driver.domain import (
     Domain,
     delete_domain,
@@ -19,7 +19,8 @@ from mnnvl.driver.lifecycle import (
     wait_for_job,
     wait_for_pods_running,
 )
-from mnnvl.driver.reaper import reap_namespace
+from mnnvl.driver.ownership import Deletions, create_or_adopt
+from mnnvl.driver.reaper import Verdict, reap_namespace
 from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.driver.workload import (
     LogFollower,
@@ -33,10 +34,12 @@ from mnnvl.driver.workload import (
 __all__ = [
     "Api",
     "Deadline",
+    "Deletions",
     "Domain",
     "JobOutcome",
     "Kind",
     "LogFollower",
+    "Verdict",
     "create_or_adopt",
     "create_workload",
     "delete_domain",

@@ -20,20 +20,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
 
-from mnnvl.driver.errors import (
-    AlreadyExists,
-    ClusterUnavailable,
-    ConflictError,
-    NotFound,
-    from_api_exception,
-)
+from mnnvl.driver.errors import ClusterUnavailable, NotFound, from_api_exception
 from mnnvl.driver.stream import log_lines, watch_events
-from mnnvl.names import LABEL_MANAGED_BY, LABEL_RUN_ID, MANAGED_BY
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +105,7 @@ def _load_configuration(kubeconfig: str | None) -> client.Configuration:
         tried.append("in-cluster config (KUBERNETES_SERVICE_HOST not set)")
     env_path = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
     path = kubeconfig or env_path or os.path.expanduser("~/.kube/config")
+    _check_kubeconfig_yaml(path)
     try:
         config.load_kube_config(config_file=path, client_configuration=cfg)
         return cfg
@@ -121,6 +116,29 @@ def _load_configuration(kubeconfig: str | None) -> client.Configuration:
         + "; ".join(tried)
         + ". Run inside a cluster, pass --kubeconfig PATH, or set KUBECONFIG"
     )
+
+
+def _check_kubeconfig_yaml(path: str) -> None:
+    """A kubeconfig that exists but is not a YAML mapping is named, not a traceback."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError:
+        return  # missing or unreadable: the client's own message says so below
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ClusterUnavailable(
+            f"kubeconfig {path} is not valid YAML ({problem}{where}); "
+            "fix the file or pass --kubeconfig with a working one"
+        ) from e
+    if not isinstance(doc, dict):
+        found = "an empty file" if doc is None else f"a YAML {type(doc).__name__}"
+        raise ClusterUnavailable(
+            f"kubeconfig {path} is not a kubeconfig (a YAML mapping with clusters, contexts "
+            f"and users; found {found}); pass --kubeconfig with a working one"
+        )
 
 
 class Api:
@@ -253,12 +271,24 @@ class Api:
         return obj
 
     def delete(
-        self, kind: Kind, namespace: str, name: str, *, propagation: str | None = None
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        *,
+        propagation: str | None = None,
+        uid: str | None = None,
     ) -> bool:
-        """Delete one object; False when it was already gone (404 counts as success)."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        """Delete one object; False when it was already gone (404 counts as success).
+
+        With ``uid`` the server deletes only that very object (``preconditions.uid``) and
+        answers 409 (``Conflict``) when the name now belongs to another one.
+        """
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if propagation:
             body["propagationPolicy"] = propagation
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
             self._json("DELETE", kind, namespace, name, body=body)
         except NotFound:
@@ -342,27 +372,3 @@ class _NoDiscovery:
 
     def __init__(self, client: Any, cache_file: Any = None) -> None:
         del client, cache_file
-
-
-def create_or_adopt(api: Api, kind: Kind, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """Create ``body``; on 409 adopt the existing object if it carries the same run label.
-
-    Returns ``(object, adopted)``. A retried step therefore resumes instead of failing, and
-    an object of another run or of a person raises ``ConflictError`` naming its owner.
-    """
-    meta = body["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
-    run_id = meta.get("labels", {}).get(LABEL_RUN_ID, "")
-    try:
-        return api.create(kind, namespace, body), False
-    except AlreadyExists as e:
-        existing = api.get(kind, namespace, name)
-        labels = existing.get("metadata", {}).get("labels") or {}
-        if labels.get(LABEL_RUN_ID) == run_id and labels.get(LABEL_MANAGED_BY) == MANAGED_BY:
-            return existing, True
-        owner = {k: v for k, v in labels.items() if k in (LABEL_RUN_ID, LABEL_MANAGED_BY)}
-        raise ConflictError(
-            f"{kind.kind} {namespace}/{name} already exists and is not part of run {run_id!r} "
-            f"(its labels: {owner or 'none of ours'}); delete it if it is stale "
-            f"(kubectl delete {kind.plural} -n {namespace} {name}) or use another run id"
-        ) from e

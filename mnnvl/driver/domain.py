@@ -12,18 +12,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from mnnvl.driver.api import (
-    COMPUTE_DOMAIN,
-    POD,
-    RESOURCE_CLAIM_TEMPLATE,
-    Api,
-    create_or_adopt,
-)
+from mnnvl.driver.api import COMPUTE_DOMAIN, POD, RESOURCE_CLAIM_TEMPLATE, Api
 from mnnvl.driver.errors import ConflictError, MnnvlError, NotFound, crd_missing
+from mnnvl.driver.ownership import Deletions, create_or_adopt
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.manifests import compute_domain
 from mnnvl.names import RunNames
-from mnnvl.spec import DomainSpec, OwnerRef
+from mnnvl.spec import DomainSpec, OwnerRef, pod_namespace
 
 logger = logging.getLogger(__name__)
 
@@ -47,32 +42,19 @@ class Domain:
 
 
 def ensure_domain(api: Api, spec: DomainSpec) -> Domain:
-    """Create the run's ComputeDomain, or adopt it when this run already made it."""
+    """Create the run's ComputeDomain, or adopt it when this run already made it.
+
+    Adoption needs the same spec (allocation mode, channel template): a domain's spec is
+    immutable, so a different one is a conflict (exit 2) that names the way out.
+    """
     names = RunNames.for_run(spec.run_id)
-    body = compute_domain(spec)
     try:
-        cd, adopted = create_or_adopt(api, COMPUTE_DOMAIN, body)
+        cd, adopted = create_or_adopt(api, COMPUTE_DOMAIN, compute_domain(spec))
     except NotFound as e:
-        if e.details_kind == "namespaces":
-            raise ConflictError(
-                f"namespace {spec.namespace} does not exist; create it or pass --namespace"
-            ) from e
-        # The only other 404 for a POST to the collection: the resource type is unknown.
+        # The namespace 404 is handled by create_or_adopt; the only other 404 for a POST
+        # to the collection: the resource type is unknown.
         raise crd_missing(spec.namespace) from e
     meta = cd["metadata"]
-    if meta.get("deletionTimestamp"):
-        raise ConflictError(
-            f"ComputeDomain {spec.namespace}/{names.domain} of run {spec.run_id} is being deleted "
-            "(a teardown is in progress); wait for it to finish, then provision again"
-        )
-    wanted_channel = body["spec"]["channel"]
-    have_channel = cd.get("spec", {}).get("channel", {})
-    if adopted and have_channel.get("allocationMode", "Single") != wanted_channel["allocationMode"]:
-        raise ConflictError(
-            f"ComputeDomain {spec.namespace}/{names.domain} exists with allocationMode "
-            f"{have_channel.get('allocationMode')!r}, not {spec.allocation_mode!r}; a domain's "
-            "spec is immutable: tear the run down first"
-        )
     logger.info(
         "%s ComputeDomain %s/%s (uid %s)",
         "adopted" if adopted else "created",
@@ -128,15 +110,16 @@ def wait_for_channel_template(api: Api, domain: Domain, deadline: Deadline) -> d
     return objects[name]
 
 
-def delete_domain(api: Api, namespace: str, name: str, deadline: Deadline) -> bool:
-    """Delete a ComputeDomain and wait until it is gone (404); False if it already was.
+def delete_domain(api: Api, namespace: str, name: str, deadline: Deadline, gone: Deletions) -> bool:
+    """Delete the run's ComputeDomain and wait until it is gone (404).
 
-    Gone means the controller removed its finalizer after cleaning up, so the nodes' IMEX
-    state is released; only then may a new domain take those nodes.
+    False when it already was, or when the object of that name is not the run's (then it
+    is left alone and listed in ``gone.skipped``). Gone means the controller removed its
+    finalizer after cleaning up, so the nodes' IMEX state is released; only then may a new
+    domain take those nodes.
     """
-    if not api.delete(COMPUTE_DOMAIN, namespace, name):
+    if not gone.delete_named(api, COMPUTE_DOMAIN, namespace, name):
         return False
-    logger.info("deleting ComputeDomain %s/%s", namespace, name)
     wait_for(
         api,
         COMPUTE_DOMAIN,
@@ -182,7 +165,7 @@ def launcher_owner(api: Api, namespace: str) -> OwnerRef | None:
     ``HOSTNAME`` and the service account's namespace file.
     """
     pod_name = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME", "")
-    pod_ns = os.environ.get("POD_NAMESPACE") or _service_account_namespace()
+    pod_ns = pod_namespace()
     if not pod_name or not pod_ns:
         logger.warning("--owner-pod: not running in a pod (POD_NAME/POD_NAMESPACE unset); no owner")
         return None
@@ -195,12 +178,3 @@ def launcher_owner(api: Api, namespace: str) -> OwnerRef | None:
         return None
     pod = api.get(POD, pod_ns, pod_name)
     return OwnerRef(api_version="v1", kind="Pod", name=pod_name, uid=pod["metadata"]["uid"])
-
-
-def _service_account_namespace() -> str:
-    path = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""

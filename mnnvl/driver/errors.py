@@ -2,8 +2,9 @@
 
 ``ApiException`` from the official client is turned into a family member exactly once, in
 :func:`from_api_exception` (called by the retry helper), and chained with ``raise ... from e``.
-``NotFound``, ``AlreadyExists`` and ``WatchExpired`` are signals the driver handles itself
-(404 on delete is success, 409 on create means adopt-or-conflict, 410 means re-list); they
+``NotFound``, ``AlreadyExists``, ``Conflict`` and ``WatchExpired`` are signals the driver
+handles itself (404 on delete is success, 409 on create means adopt-or-conflict, 409 on a
+delete with a uid precondition means the object was replaced, 410 means re-list); they
 only reach a user when something unexpected happened, and then they still say what failed.
 """
 
@@ -30,6 +31,7 @@ __all__ = [
     "AlreadyExists",
     "ApiError",
     "ClusterUnavailable",
+    "Conflict",
     "ConflictError",
     "CrdMissing",
     "MnnvlError",
@@ -76,7 +78,11 @@ class NotFound(ApiError):
         self.details_name = details_name
 
 
-class AlreadyExists(ApiError):
+class Conflict(ApiError):
+    """409 on a write other than create: a precondition (uid, resourceVersion) did not hold."""
+
+
+class AlreadyExists(Conflict):
     """409 on create: an object with that name exists."""
 
 
@@ -118,7 +124,8 @@ def from_api_exception(e: ApiException, verb: str, what: str) -> MnnvlError:
             details_name=str(details.get("name") or ""),
         )
     if status == 409:
-        return AlreadyExists(f"{verb} {what}: {message}", status=status, reason=reason)
+        conflict = AlreadyExists if verb == "create" else Conflict
+        return conflict(f"{verb} {what}: {message}", status=status, reason=reason)
     if status == 410:
         return WatchExpired(f"{verb} {what}: {message}", status=status, reason=reason)
     if status in (429, 500, 502, 503, 504):

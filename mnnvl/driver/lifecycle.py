@@ -205,7 +205,8 @@ class JobWatch(Check):
                     f"Job {ns}/{name} was deleted while the step waited for it (a teardown, "
                     f"a reaper or a person); check `kubectl get events -n {ns}`"
                 )
-            failed = _condition(found, "Failed")
+            # FailureTarget (Kubernetes >= 1.31) comes first; Failed only once the pods are gone.
+            failed = _condition(found, "Failed") or _condition(found, "FailureTarget")
             if failed is not None:
                 domain = RunNames.for_run(self.workload.run_id).domain
                 raise WorkloadFailed(job_failure(self.api, self.workload, name, domain, failed))

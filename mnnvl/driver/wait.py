@@ -38,6 +38,8 @@ View = dict[str, Objects]
 PROGRESS_EVERY_S = 15.0
 # A watch is re-opened at least this often, so a watch thread ends soon after its wait did.
 WATCH_CHUNK_S = 30.0
+# How long past its deadline a wait lets a first list finish its retries (see Api.call).
+LISTING_GRACE_S = 60.0
 
 
 class Deadline:
@@ -140,6 +142,7 @@ def watch_until(
                 if found is not None:
                     return found
             if deadline.expired:
+                _settle_listing(events, view, sources)
                 raise on_timeout(view)
             if time.monotonic() >= next_progress:
                 next_progress = time.monotonic() + progress_every_s
@@ -147,6 +150,20 @@ def watch_until(
                 logger.info("waiting %.0f s: %s", deadline.elapsed(), line)
     finally:
         stop.set()
+
+
+def _settle_listing(
+    events: queue.Queue[tuple[str, str, Any]], view: View, sources: dict[str, Source]
+) -> None:
+    """At the deadline, let a source that never listed finish its (retried) list first: an
+    API that keeps failing is then reported as such (exit 5), not as a timeout."""
+    limit = time.monotonic() + LISTING_GRACE_S
+    while len(view) < len(sources) and time.monotonic() < limit:
+        try:
+            key, etype, payload = events.get(timeout=max(0.0, limit - time.monotonic()))
+        except queue.Empty:
+            return
+        _apply(view, key, etype, payload)
 
 
 def _apply(view: View, key: str, etype: str, payload: Any) -> None:

@@ -8,20 +8,12 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
-from mnnvl.driver.api import (
-    JOB,
-    POD,
-    RESOURCE_CLAIM_TEMPLATE,
-    SERVICE,
-    Api,
-    Kind,
-    create_or_adopt,
-)
+from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import pod_index
-from mnnvl.driver.errors import MnnvlError, WorkloadFailed
+from mnnvl.driver.errors import ConflictError, MnnvlError, WorkloadFailed
+from mnnvl.driver.ownership import Deletions, StaleObject, create_or_adopt, failed_reason
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.manifests import (
     CONTAINER,
@@ -31,15 +23,28 @@ from mnnvl.manifests import (
     indexed_jobs,
     wants_gpu_claim,
 )
+from mnnvl.names import RunNames
 from mnnvl.runtime.result import parse_result as worker_result
 from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)
 
 
-def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> list[str]:
+def create_workload(
+    api: Api,
+    workload: WorkloadSpec,
+    module: str,
+    args: list[str],
+    deadline: Deadline | None = None,
+) -> list[str]:
     """Create (or adopt, when a step is retried) GPU template, Service and the Job (one per
-    clique group); return the Jobs' names, rank 0's Job first."""
+    clique group); return the Jobs' names, rank 0's Job first.
+
+    A Job of this step that has Failed is deleted (with its pods, waited gone within
+    ``deadline``, by default the pods-running timeout) and created again: the step is
+    retried or run again. Any other object in the way is a ``ConflictError`` naming it (see
+    ``create_or_adopt``).
+    """
     bodies: list[tuple[Kind, dict[str, Any]]] = []
     if wants_gpu_claim(workload):
         bodies.append((RESOURCE_CLAIM_TEMPLATE, gpu_claim_template(workload)))
@@ -47,7 +52,15 @@ def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[st
     jobs = indexed_jobs(workload, module, args)
     bodies += [(JOB, job) for job in jobs]
     for kind, body in bodies:
-        _, adopted = create_or_adopt(api, kind, body)
+        try:
+            _, adopted = create_or_adopt(api, kind, body)
+        except StaleObject as stale:
+            if kind is not JOB:
+                raise
+            _replace_failed_job(
+                api, workload, stale, deadline or Deadline(workload.pods_running_timeout_s)
+            )
+            _, adopted = create_or_adopt(api, kind, body)
         meta = body["metadata"]
         logger.info(
             "%s %s %s/%s",
@@ -57,6 +70,35 @@ def create_workload(api: Api, workload: WorkloadSpec, module: str, args: list[st
             meta["name"],
         )
     return [str(job["metadata"]["name"]) for job in jobs]
+
+
+def _replace_failed_job(
+    api: Api, workload: WorkloadSpec, stale: StaleObject, deadline: Deadline
+) -> None:
+    """Delete a Failed Job of this step (uid precondition) and wait until it and its pods are
+    gone, so the new pods never meet the old ones on a node's IMEX channel or hostname."""
+    job = str(stale.existing["metadata"]["name"])
+    logger.info(
+        "Job %s/%s of this step failed earlier (%s); deleting it and creating it again",
+        workload.namespace,
+        job,
+        failed_reason(stale.existing),
+    )
+    gone = Deletions(workload.run_id)
+    if not gone.delete(api, JOB, stale.existing, propagation="Background") and gone.skipped:
+        raise ConflictError(f"cannot replace the failed Job: {gone.skipped[0]}") from stale
+    for kind, selector in ((POD, f"{JOB_NAME_LABEL}={job}"), (JOB, None)):
+        wait_for(
+            api,
+            kind,
+            workload.namespace,
+            name=job if kind is JOB else None,
+            label_selector=selector,
+            what=f"the failed Job {workload.namespace}/{job} and its pods to be gone",
+            done=lambda objects: not objects,
+            deadline=deadline,
+            hint="check the pods' finalizers and the kubelet on their nodes",
+        )
 
 
 class LogFollower:
@@ -143,20 +185,17 @@ def rank0_pod(pods: Objects, job: str | None = None) -> str:
     raise WorkloadFailed(f"no running pod with index 0 among {sorted(pods)}")
 
 
-def delete_workload(api: Api, namespace: str, selector: str, deadline: Deadline) -> list[str]:
-    """Delete the Jobs (with their pods), Services and GPU templates matching ``selector``.
+def delete_workload(api: Api, namespace: str, gone: Deletions, deadline: Deadline) -> None:
+    """Delete the run's Jobs (with their pods), Services and GPU templates.
 
-    Waits until every pod of the selector is gone, so the domain can be deleted after
-    without pulling IMEX from under a running process.
+    Each object is deleted as listed, with a uid precondition; results go to ``gone``.
+    Waits until every pod of the run is gone, so the domain can be deleted after without
+    pulling IMEX from under a running process.
     """
-    deleted: list[str] = []
+    selector = RunNames.for_run(gone.run_id).selector
     for kind in (JOB, SERVICE, RESOURCE_CLAIM_TEMPLATE):
         for obj in api.list(kind, namespace, label_selector=selector)["items"]:
-            name = obj["metadata"]["name"]
-            policy = "Background" if kind is JOB else None
-            if api.delete(kind, namespace, name, propagation=policy):
-                deleted.append(f"{kind.kind} {namespace}/{name}")
-                logger.info("deleted %s %s/%s", kind.kind, namespace, name)
+            gone.delete(api, kind, obj, propagation="Background" if kind is JOB else None)
     wait_for(
         api,
         POD,
@@ -167,13 +206,3 @@ def delete_workload(api: Api, namespace: str, selector: str, deadline: Deadline)
         deadline=deadline,
         hint="check the pods' finalizers and the kubelet on their nodes",
     )
-    return deleted
-
-
-def age_s(obj: dict[str, Any], now: datetime | None = None) -> float:
-    """Seconds since the object was created (0 when the server did not say)."""
-    stamp = obj.get("metadata", {}).get("creationTimestamp")
-    if not stamp:
-        return 0.0
-    created = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-    return ((now or datetime.now(UTC)) - created).total_seconds()

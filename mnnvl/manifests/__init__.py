@@ -6,6 +6,7 @@
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.domain import compute_domain, object_meta, owner_references
 from mnnvl.manifests.render import render_run, step_workload
+from mnnvl.manifests.spec_hash import SPEC_HASH_ANNOTATION, hash_of, spec_hash, with_spec_hash
 from mnnvl.manifests.workload import (
     CHANNEL_CLAIM,
     CLIQUE_LABEL,
@@ -29,10 +30,12 @@ __all__ = [
     "GPU_CLAIM",
     "JOB_NAME_LABEL",
     "KUEUE_QUEUE_LABEL",
+    "SPEC_HASH_ANNOTATION",
     "TRAIN_MODULE",
     "VERIFY_MODULE",
     "compute_domain",
     "gpu_claim_template",
+    "hash_of",
     "headless_service",
     "indexed_job",
     "indexed_jobs",
@@ -40,7 +43,9 @@ __all__ = [
     "object_meta",
     "owner_references",
     "render_run",
+    "spec_hash",
     "step_selector",
     "step_workload",
     "wants_gpu_claim",
+    "with_spec_hash",
 ]

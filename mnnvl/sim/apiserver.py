@@ -244,7 +244,10 @@ class Handler(BaseHTTPRequestHandler):
                 policy = "Orphan"
             grace = opts.get("gracePeriodSeconds", q.get("gracePeriodSeconds"))
             grace_s = None if grace is None else float(grace)
-            return self._json(200, store.delete(plural, ns, name, policy, grace_s))
+            uid = (opts.get("preconditions") or {}).get("uid")
+            return self._json(
+                200, store.delete(plural, ns, name, policy, grace_s, precondition_uid=uid)
+            )
         self._write(verb, plural, ns, name, sub, body)
 
     def _write(

@@ -231,17 +231,28 @@ class Store(Deletion):
         name: str,
         propagation: str | None = None,
         grace_s: float | None = None,
+        *,
+        precondition_uid: str | None = None,
     ) -> Obj:
         """DELETE semantics: finalizers, graceful pod termination, propagation, namespaces.
 
         A pod bound to a node only gets ``deletionTimestamp`` (now + grace period) and stays
         Terminating until its kubelet has stopped it and deletes it again with ``grace_s=0``.
+        ``precondition_uid`` (``preconditions.uid``) that is not the object's → 409 Conflict.
         """
         with self.lock:
             key = (resource, ns, name)
             obj = self._objs.get(key)
             if obj is None:
                 raise not_found(resource, name)
+            if precondition_uid and obj["metadata"]["uid"] != precondition_uid:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {resource} "{name}": Precondition failed: '
+                    f"UID in precondition: {precondition_uid}, "
+                    f"UID in object meta: {obj['metadata']['uid']}",
+                )
             # batch/v1 Jobs orphan their pods unless asked otherwise, like the real API server.
             policy = propagation or ("Orphan" if resource == "jobs" else "Background")
             uid = obj["metadata"]["uid"]

@@ -71,6 +71,8 @@ def test_run_that_succeeds_but_cannot_tear_down_fails_with_the_teardown_error(ca
                 "--skip-verify",
                 "--steps",
                 "2",
+                "--warmup-steps",
+                "1",
                 "--delete-timeout-s",
                 "2",
                 "--kubeconfig",

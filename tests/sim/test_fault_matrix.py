@@ -1,11 +1,11 @@
 """Fault matrix: one test per fault, on the strict simulator.
 
 Each row asserts the step's exit code, that the message names the object and what to check
-next, and that nothing of the run remains after teardown. Rows the driver does not handle yet
-are not here: Unschedulable beyond its grace period and a second run competing for the same
-nodes (the grace timer is only armed when a watch starts), an invalid image name (the pod waits
-in InvalidImageName until the pods-running deadline instead of failing fast), SIGTERM of the
-launcher with a re-run, and the verification/training verdict rows (they need torch workers).
+next, and that nothing of the run remains after teardown. Not here: SIGTERM of the launcher
+with a re-run, and the verification/training verdict rows (they need torch workers); the
+Job- and queue-aware wait rows (a Failed Job, a queued Job, Unschedulable after the first list,
+a second run competing for the same nodes, a node held by another domain, no domain) are in
+``test_job_lifecycle.py``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import textwrap
+import threading
 import time
 import uuid
 
@@ -53,6 +54,7 @@ def module_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("lifecycle")
     (path / "exit_on_index_1.py").write_text(EXIT_ON_INDEX_1)
     (path / "quick.py").write_text(QUICK)
+    (path / "sleeper.py").write_text("import time\ntime.sleep(300)\n")
     return str(path)
 
 
@@ -225,3 +227,47 @@ def test_node_still_labelled_for_another_domain_fails_after_the_grace(sim, run):
     assert "FailedPrepareDynamicResources for more than 2 s" in message
     assert "label already exists for a different ComputeDomain" in message
     assert info.value.exit_code == 4
+
+
+def test_second_run_competing_for_the_same_nodes_fails_after_the_grace(sim, run, module_dir):
+    # The first run holds both nodes' IMEX channel; the scheduler marks the second run's pods
+    # Unschedulable a moment after they are created, after the wait's first list.
+    _, workload = run
+    holder = f"h-{uuid.uuid4().hex[:8]}"
+    holder_domain = DomainSpec(run_id=holder, delete_timeout_s=30)
+    steps.provision(holder_domain, kubeconfig=sim.kubeconfig_path)
+    holder_workload = dataclasses.replace(workload, run_id=holder)
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            steps.launch(holder_workload, "sleeper", [], kubeconfig=sim.kubeconfig_path)
+        except BaseException as e:  # ends when its Job is torn down; checked below
+            errors.append(e)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    try:
+        holder_job = RunNames.for_run(holder).job("job")
+        deadline = time.monotonic() + 60
+        while sum(1 for o in sim.objects() if o[0] == "Pod" and holder_job in o[2]) < 2:
+            assert time.monotonic() < deadline, "the first run's pods never appeared"
+            time.sleep(0.2)
+        time.sleep(2)  # both of them bound and running
+        start = time.monotonic()
+        with pytest.raises(WorkloadFailed) as info:
+            steps.launch(
+                dataclasses.replace(workload, unschedulable_grace_s=2.0),
+                "quick",
+                [],
+                kubeconfig=sim.kubeconfig_path,
+            )
+        assert 2.0 <= time.monotonic() - start < 20  # not the 60 s pods-running deadline
+        assert "Unschedulable for more than 2 s" in str(info.value)
+        assert "0/2 nodes are available" in str(info.value)
+        assert info.value.exit_code == 4
+    finally:
+        steps.teardown(holder_domain, kubeconfig=sim.kubeconfig_path)
+        thread.join(30)
+    assert [type(e).__name__ for e in errors] == ["WorkloadFailed"]  # its Job was deleted
+    assert [o for o in sim.objects() if RunNames.for_run(holder).base in o[2]] == []

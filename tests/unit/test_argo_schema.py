@@ -184,3 +184,73 @@ def test_template_commands_parse_with_the_cli() -> None:
         ns = parser.parse_args(args)
         assert ns.run_id == "0b7c0f4e-6d5c-4f7a-9d55-6f0e1f3c2a11"
         assert ns.result_path == "/tmp/result.json"
+
+
+GITOPS = Path(aw.__file__).resolve().parent / "gitops" / "argo"
+
+
+def _gitops_docs() -> dict[str, dict[str, Any]]:
+    return {p.name: yaml.safe_load(p.read_text()) for p in sorted(GITOPS.glob("mnnvl-*.yaml"))}
+
+
+def test_gitops_argo_files_validate_strictly_and_name_no_namespace(strict_validator: Any) -> None:
+    docs = _gitops_docs()
+    assert {d["kind"] for d in docs.values()} == {"WorkflowTemplate", "CronWorkflow"}
+    for name, doc in docs.items():
+        assert _errors(strict_validator, doc) == [], name
+        assert "namespace" not in doc["metadata"], name
+
+
+def _workflow_specs() -> dict[str, dict[str, Any]]:
+    specs = {}
+    for name, doc in _gitops_docs().items():
+        specs[name] = doc["spec"]["workflowSpec"] if doc["kind"] == "CronWorkflow" else doc["spec"]
+    specs["compiled"] = yaml.safe_load(
+        (COMPILED / "mnnvl-training.workflowtemplate.yaml").read_text()
+    )["spec"]
+    return specs
+
+
+def test_every_launcher_pod_is_non_root_read_only_and_requests_resources() -> None:
+    for name, spec in _workflow_specs().items():
+        if "workflowTemplateRef" in spec:
+            continue  # runs a template checked here
+        assert spec["securityContext"]["runAsNonRoot"] is True, name
+        assert spec["podGC"] == {"strategy": "OnPodSuccess"} and spec["ttlStrategy"], name
+        tmp = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+        for template in spec["templates"]:
+            container = template.get("container")
+            if container is None:
+                continue
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, (name, template["name"])
+            assert security["readOnlyRootFilesystem"] is True
+            assert {m["mountPath"] for m in container["volumeMounts"] if m["name"] in tmp} == {
+                "/tmp"
+            }, "the result file and matplotlib's cache need a writable /tmp"
+            assert container["resources"]["requests"]["cpu"]
+
+
+def test_retries_only_happen_for_exit_codes_a_retry_can_fix() -> None:
+    retried = 0
+    for name, spec in _workflow_specs().items():
+        for template in spec.get("templates", []):
+            retry = template.get("retryStrategy")
+            if retry:
+                retried += 1
+                assert retry["expression"] == "!(lastRetry.exitCode in ['2', '4'])", name
+    assert retried >= 3  # provision and teardown, reap
+
+
+def test_cron_workflows_run_the_fabric_check_nightly_and_reap_in_their_own_namespace() -> None:
+    docs = _gitops_docs()
+    check = docs["mnnvl-nightly-fabric-check.cronworkflow.yaml"]["spec"]
+    assert check["workflowSpec"]["workflowTemplateRef"] == {"name": "mnnvl-verify-only"}
+    assert check["concurrencyPolicy"] == "Forbid" and check["schedules"]
+    reap = docs["mnnvl-reap.cronworkflow.yaml"]["spec"]["workflowSpec"]["templates"][0]
+    args = reap["container"]["args"]
+    assert args[:3] == ["reap", "--namespace", "{{workflow.namespace}}"]
+    verify_only = docs["mnnvl-verify-only.workflowtemplate.yaml"]["spec"]
+    (main,) = [t for t in verify_only["templates"] if t["name"] == verify_only["entrypoint"]]
+    tasks = [t["name"] for t in main["dag"]["tasks"]]
+    assert tasks == ["provision", "verify"] and verify_only["onExit"] == "exit-handler"

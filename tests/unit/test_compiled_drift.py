@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -39,9 +40,16 @@ def test_every_expected_file_is_produced(fresh: dict[str, Path]) -> None:
         "components/teardown_domain.yaml",
         "pipelines/compiled/mnnvl-training.kfp.yaml",
         "pipelines/compiled/mnnvl-verify-only.kfp.yaml",
-        "pipelines/compiled/mnnvl-training.k8s.yaml",
         "pipelines/compiled/mnnvl-training.workflowtemplate.yaml",
         "pipelines/compiled/mnnvl-training.workflow.yaml",
+        "pipelines/gitops/kfp/kustomization.yaml",
+        "pipelines/gitops/kfp/mnnvl-training.k8s.yaml",
+        "pipelines/gitops/kfp/mnnvl-verify-only.k8s.yaml",
+        "pipelines/gitops/argo/kustomization.yaml",
+        "pipelines/gitops/argo/mnnvl-training.workflowtemplate.yaml",
+        "pipelines/gitops/argo/mnnvl-verify-only.workflowtemplate.yaml",
+        "pipelines/gitops/argo/mnnvl-nightly-fabric-check.cronworkflow.yaml",
+        "pipelines/gitops/argo/mnnvl-reap.cronworkflow.yaml",
     }
 
 
@@ -54,14 +62,39 @@ def test_check_mode_reports_a_stale_file(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert mc.main(["--check"]) == 0
 
 
-def test_kubernetes_manifests_hold_pipeline_and_version(fresh: dict[str, Path]) -> None:
+@pytest.mark.parametrize("name", ["mnnvl-training", "mnnvl-verify-only"])
+def test_kubernetes_manifests_hold_pipeline_and_a_version_named_by_content(
+    fresh: dict[str, Path], name: str
+) -> None:
     import yaml
 
-    docs = list(yaml.safe_load_all(fresh["pipelines/compiled/mnnvl-training.k8s.yaml"].read_text()))
-    kinds = [(d["kind"], d["metadata"]["name"], d["metadata"]["namespace"]) for d in docs]
-    assert kinds == [
-        ("Pipeline", "mnnvl-training", "kubeflow"),
-        ("PipelineVersion", mc.version_name("mnnvl-training"), "kubeflow"),
-    ]
-    assert docs[1]["spec"]["pipelineName"] == "mnnvl-training"
-    assert docs[1]["spec"]["pipelineSpec"]["pipelineInfo"]["name"] == "mnnvl-training"
+    from mnnvl.pipelines import kfp_pipeline as kp
+
+    docs = list(yaml.safe_load_all(fresh[f"pipelines/gitops/kfp/{name}.k8s.yaml"].read_text()))
+    assert [d["kind"] for d in docs] == ["Pipeline", "PipelineVersion"]
+    assert all("namespace" not in d["metadata"] for d in docs), "kustomize sets the namespace"
+    version = docs[1]["metadata"]["name"]
+    assert version == mc.version_name(name, mc.pipeline_spec(kp.PIPELINES[name]))
+    assert version.startswith(f"{name}-v") and len(version) <= 63
+    assert docs[1]["spec"]["pipelineName"] == name
+    assert docs[1]["spec"]["pipelineSpec"]["pipelineInfo"]["name"] == name
+
+
+def test_a_changed_pipeline_spec_gets_a_new_version_name() -> None:
+    from mnnvl.pipelines import kfp_pipeline as kp
+
+    spec = mc.pipeline_spec(kp.verify_only_pipeline)
+    assert mc.version_name("p", spec) == mc.version_name("p", copy.deepcopy(spec))
+    changed = copy.deepcopy(spec)
+    changed[0]["root"]["inputDefinitions"]["parameters"]["nodes"]["defaultValue"] = 4
+    assert mc.version_name("p", changed) != mc.version_name("p", spec)
+
+
+def test_gitops_kustomizations_list_every_file_beside_them(fresh: dict[str, Path]) -> None:
+    import yaml
+
+    for engine in ("kfp", "argo"):
+        rel = f"pipelines/gitops/{engine}/kustomization.yaml"
+        listed = yaml.safe_load(fresh[rel].read_text())["resources"]
+        beside = [Path(r).name for r in fresh if r.startswith(f"pipelines/gitops/{engine}/")]
+        assert sorted(listed) == sorted(n for n in beside if n != "kustomization.yaml")

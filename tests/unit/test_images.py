@@ -187,3 +187,56 @@ def test_launcher_image_env_runs_help_every_component_and_a_report_with_a_plot(
     match = re.search(r'src="data:image/png;base64,([^"]+)"', html)
     assert match, "the verify report has no plot"
     assert base64.b64decode(match.group(1)).startswith(PNG_MAGIC)
+
+
+FAKE_DOCKER = """#!/usr/bin/env bash
+echo "$*" >> "$DOCKER_LOG"
+case "$1 $2" in
+  "buildx version") [ "$FAKE_BUILDX" = 1 ] || exit 1 ;;
+  "buildx imagetools") echo '"sha256:'"$(printf '1%.0s' {1..64})"'"' ;;
+  "image inspect") echo "$3@sha256:$(printf '2%.0s' {1..64})" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("buildx", [True, False])
+def test_make_images_tags_both_images_and_pins_each_base_by_digest(tmp_path, buildx):
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    fake.write_text(FAKE_DOCKER)
+    fake.chmod(0o755)
+    log = tmp_path / "docker.log"
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+           "DOCKER_LOG": str(log), "FAKE_BUILDX": "1" if buildx else "0"}  # fmt: skip
+    proc = subprocess.run(
+        ["make", "-s", "images", "REGISTRY=registry.example.com/ml", "TAG=9.9.9", "PUSH=1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    builds = [line for line in log.read_text().splitlines() if " build " in f" {line} "]
+    assert len(builds) == 2
+    digest = "sha256:" + ("1" if buildx else "2") * 64
+    for name, line in zip(("launcher", "runtime"), builds, strict=True):
+        assert f"-f images/{name}.Dockerfile -t registry.example.com/ml/{name}:9.9.9" in line
+        assert f"BASE_DIGEST={digest}" in line and "VERSION=" in line
+        assert line.startswith("buildx build") == buildx
+        assert ("--push" in line) == buildx
+    if not buildx:
+        pushes = [line for line in log.read_text().splitlines() if line.startswith("push ")]
+        assert pushes == [
+            f"push registry.example.com/ml/{n}:9.9.9" for n in ("launcher", "runtime")
+        ]
+
+
+def test_dockerfiles_pin_their_base_by_tag_and_digest_argument_and_carry_oci_labels():
+    for path in (LAUNCHER, RUNTIME):
+        steps = dockerfile_instructions(path)
+        args = {rest.split("=")[0] for word, rest in steps if word == "ARG"}
+        assert {"BASE_IMAGE", "BASE_TAG", "BASE_DIGEST"} <= args, path.name
+        (base,) = [rest for word, rest in steps if word == "FROM"]
+        assert base == "${BASE_IMAGE}:${BASE_TAG}${BASE_DIGEST:+@${BASE_DIGEST}}"
+        labels = " ".join(rest for word, rest in steps if word == "LABEL")
+        for key in ("source", "licenses", "version", "revision", "base.digest"):
+            assert f"org.opencontainers.image.{key}=" in labels, (path.name, key)
+        user = [rest for word, rest in steps if word == "USER"]
+        assert user and not user[-1].startswith("0"), f"{path.name} must not run as root"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -53,3 +55,50 @@ def test_wheel_metadata_has_license_classifiers_urls_and_the_package_version(bui
 def test_version_flag_prints_the_package_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"mnnvl {mnnvl.__version__}"
+
+
+@pytest.mark.slow
+def test_plain_pip_install_provisions_and_tears_down_against_sim_up(tmp_path):
+    """`pip install mnnvl-pipelines` alone (newest kubernetes client, no extras) works."""
+    import json
+    import signal
+    import venv
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    for name in ("mnnvl", "components", "pipelines"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    venv.create(tmp_path / "venv", with_pip=True)
+    bin_dir = tmp_path / "venv" / "bin"
+    pip = subprocess.run([bin_dir / "python", "-m", "pip", "install", "-q", str(src)],
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    kc = tmp_path / "kubeconfig"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KUBECONFIG")}
+    sim = subprocess.Popen([bin_dir / "mnnvl", "sim", "up", "--kubeconfig", str(kc)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           cwd=tmp_path, env=env)  # fmt: skip
+    try:
+        assert sim.stderr is not None
+        for line in sim.stderr:
+            if "Ctrl-C" in line:
+                break
+        results = []
+        for step in ("provision", "teardown"):
+            proc = subprocess.run(
+                [bin_dir / "mnnvl", step, "--run-id", "plain", "--kubeconfig", str(kc)],
+                capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
+            )  # fmt: skip
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            results.append(json.loads(proc.stdout.splitlines()[-1]))
+        assert results[0]["ok"] and results[1]["deleted"]
+        version = subprocess.run(
+            [bin_dir / "python", "-c", "import kubernetes; print(kubernetes.__version__)"],
+            capture_output=True, text=True, check=True, cwd=tmp_path, env=env,
+        ).stdout  # fmt: skip
+        assert int(version.split(".")[0]) >= 31, "pip should pick the newest client"
+    finally:
+        sim.send_signal(signal.SIGTERM)
+        sim.wait(timeout=30)

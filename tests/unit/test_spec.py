@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mnnvl import spec
 from mnnvl.errors import SpecError
 from mnnvl.flags import add_arguments, from_namespace, to_args
 from mnnvl.spec import (
@@ -32,7 +34,6 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
     (DomainSpec, {"run_id": RUN, "namespace": "Default"}, "namespace", "DNS-1123 label"),
     (DomainSpec, {"run_id": RUN, "namespace": "ns_1"}, "namespace", "DNS-1123 label"),
     (DomainSpec, {"run_id": RUN, "namespace": "n" * 64}, "namespace", "at most 63"),
-    (DomainSpec, {"run_id": RUN, "namespace": ""}, "namespace", "non-empty"),
     (DomainSpec, {"run_id": RUN, "allocation_mode": "single"}, "allocation_mode", "not one of"),
     (DomainSpec, {"run_id": RUN, "rct_timeout_s": 0}, "rct_timeout_s", "out of range"),
     (DomainSpec, {"run_id": RUN, "delete_timeout_s": -1}, "delete_timeout_s", "out of range"),
@@ -97,6 +98,8 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
         "out of range",
     ),
     (WorkloadSpec, {"run_id": RUN, "image_pull_policy": "always"}, "image_pull_policy", "one of"),
+    (TrainConfig, {"steps": 3}, "warmup_steps", "5 is more than steps 3"),
+    (TrainConfig, {"steps": 10, "warmup_steps": 11}, "warmup_steps", "--warmup-steps 10"),
     (TrainConfig, {"model": "70b"}, "model", "not one of"),
     (TrainConfig, {"steps": 0}, "steps", "out of range"),
     (TrainConfig, {"batch_size": 0}, "batch_size", "out of range"),
@@ -187,6 +190,21 @@ def test_parse_env_accepts_lists_and_comma_strings_and_keeps_equals_in_values() 
     assert parse_env("A=1, B=2,") == {"A": "1", "B": "2"}
     with pytest.raises(SpecError, match=r"^env: .*NAME=value"):
         parse_env(["NOEQUALS"])
+
+
+def test_namespace_left_empty_is_the_pods_own_else_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(tmp_path / "absent"))
+    assert DomainSpec(run_id=RUN, namespace="").namespace == "default"
+    sa_file = tmp_path / "namespace"
+    sa_file.write_text("team-b\n")
+    monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
+    assert DomainSpec(run_id=RUN, namespace="").namespace == "team-b"
+    assert DomainSpec(run_id=RUN).namespace == "default"  # the field's default is explicit
+    assert WorkloadSpec(run_id=RUN, namespace="").namespace == "team-b"
+    assert DomainSpec(run_id=RUN, namespace="team-a").namespace == "team-a"
 
 
 def test_valid_inputs_are_accepted() -> None:

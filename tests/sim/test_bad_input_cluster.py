@@ -1,0 +1,119 @@
+"""Bad input a new user meets against a cluster: one line naming the field, exit 2 (or 5 for
+an unusable kubeconfig), before anything is created, and nothing of the run left behind.
+Also: the namespace is never read (a namespace-scoped account may not), only inferred."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mnnvl import cli, spec
+from mnnvl.names import RunNames
+from mnnvl.sim import SimCluster
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimCluster(nodes=2, namespaces=("default", "team-b")) as cluster:
+        yield cluster
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict[str, Any]]:
+    code = cli.main(argv)
+    out = capsys.readouterr().out.splitlines()
+    assert out, "nothing on stdout"
+    return code, json.loads(out[-1])
+
+
+def left_of(sim: SimCluster, run_id: str) -> list[tuple[str, str, str]]:
+    return sim.objects(RunNames.for_run(run_id).selector)
+
+
+def test_result_path_in_a_missing_directory_exits_2_before_anything_is_created(
+    sim, capsys, tmp_path
+):
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    target = tmp_path / "no-such-dir" / "result.json"
+    before = sim.request_count
+    argv = ["provision", "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
+    code, result = run_cli(capsys, [*argv, "--result-path", str(target)])
+    assert code == 2 and result["exit_code"] == 2
+    assert result["error"] == (
+        f"result_path: directory {str(target.parent)!r} does not exist; "
+        "create it or pick another path"
+    )
+    assert sim.request_count == before
+    assert left_of(sim, run_id) == [] and not target.parent.exists()
+
+
+def test_kubeconfig_that_is_not_yaml_exits_5_naming_the_file(sim, capsys, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nclusters: [\n  - bad: : :\n")
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    code, result = run_cli(
+        capsys, ["provision", "--run-id", run_id, "--kubeconfig", str(kubeconfig)]
+    )
+    assert code == 5 and result["exit_code"] == 5
+    assert result["error"].startswith(f"kubeconfig {kubeconfig} is not valid YAML (")
+    assert "line 3" in result["error"] and "\n" not in result["error"]
+    kubeconfig.write_text("- just\n- a list\n")
+    code, result = run_cli(
+        capsys, ["teardown", "--run-id", run_id, "--kubeconfig", str(kubeconfig)]
+    )
+    assert code == 5 and f"kubeconfig {kubeconfig} is not a kubeconfig" in result["error"]
+    assert left_of(sim, run_id) == []
+
+
+@pytest.mark.parametrize("step", ["verify", "provision"])
+def test_step_in_a_missing_namespace_exits_2_without_reading_namespaces(sim, capsys, step):
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    argv = [step, "--run-id", run_id, "--namespace", "no-such-ns"]
+    if step == "verify":
+        argv += ["--nodes", "2", "--gpus-per-node", "0"]
+    before = sim.request_counts
+    code, result = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
+    assert code == 2 and result["exit_code"] == 2, result
+    seen = sim.request_counts - before
+    if step == "verify":  # a workload step first reads the run's domain there
+        assert result["error"].startswith("ComputeDomain no-such-ns/")
+        assert "provision first (`mnnvl provision" in result["error"]
+        assert seen[("POST", "services")] == seen[("POST", "jobs")] == 0
+    else:  # provision learns it from its create's 404
+        assert result["error"].startswith("namespace: 'no-such-ns' does not exist")
+        assert "kubectl create namespace no-such-ns" in result["error"]
+        assert seen[("POST", "computedomains")] == 1
+    assert not any(resource == "namespaces" for _, resource in seen)
+    assert left_of(sim, run_id) == []
+
+
+def test_warmup_longer_than_the_run_exits_2_before_any_request(sim, capsys):
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    before = sim.request_count
+    argv = ["train", "--run-id", run_id, "--steps", "10", "--warmup-steps", "20"]
+    code, result = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
+    assert code == 2
+    assert result["error"].startswith("warmup_steps: 20 is more than steps 10")
+    assert sim.request_count == before
+    assert left_of(sim, run_id) == []
+
+
+def test_steps_without_namespace_use_the_pods_own_namespace(
+    sim, capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    sa_namespace = tmp_path / "namespace"
+    sa_namespace.write_text("team-b")
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_namespace))
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    names = RunNames.for_run(run_id)
+    argv = ["--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
+    code, result = run_cli(capsys, ["provision", *argv])
+    assert code == 0 and result["namespace"] == "team-b"
+    assert left_of(sim, run_id) == [("ComputeDomain", "team-b", names.domain)]
+    code, result = run_cli(capsys, ["teardown", *argv])
+    assert code == 0 and result["deleted"] == [f"ComputeDomain team-b/{names.domain}"]
+    assert left_of(sim, run_id) == []

@@ -1,0 +1,303 @@
+"""A run touches only what it owns: adoption by spec hash, deletes by label and uid, reap.
+
+Every test drives the product (CLI or steps) against the simulated cluster over HTTP and
+ends by checking that nothing of the run is left.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import textwrap
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from mnnvl import cli, steps
+from mnnvl.driver import Api, Deletions
+from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, SERVICE
+from mnnvl.errors import WorkloadFailed
+from mnnvl.manifests import SPEC_HASH_ANNOTATION
+from mnnvl.names import RunNames
+from mnnvl.sim import SimCluster
+from mnnvl.spec import DomainSpec, WorkloadSpec
+
+RESULT_ONE = textwrap.dedent(
+    """
+    import json, os
+    if os.environ["JOB_COMPLETION_INDEX"] == "0":
+        print("RESULT " + json.dumps({"kind": "one"}), flush=True)
+    """
+)
+RESULT_TWO = RESULT_ONE.replace('"one"', '"two"')
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with SimCluster(nodes=2, namespaces=("default", "reap-empty", "reap-age")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("workers")
+    (path / "result_one.py").write_text(RESULT_ONE)
+    (path / "result_two.py").write_text(RESULT_TWO)
+    return str(path)
+
+
+def free_port() -> int:
+    """A port nobody listens on now: pods share 127.0.0.1 with whatever else runs here."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def job_workload(run_id: str, module_dir: str) -> WorkloadSpec:
+    return WorkloadSpec(
+        run_id=run_id,
+        purpose="job",
+        nodes=2,
+        gpus_per_node=0,
+        env={"PYTHONPATH": module_dir},
+        rdzv_port=free_port(),
+        pods_running_timeout_s=180,
+        job_timeout_s=180,
+    )
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict[str, Any]]:
+    code = cli.main(argv)
+    return code, json.loads(capsys.readouterr().out.splitlines()[-1])
+
+
+def left_of(sim: SimCluster, run_id: str) -> list[tuple[str, str, str]]:
+    return sim.objects(RunNames.for_run(run_id).selector)
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+def foreign_domain(name: str, namespace: str = "default") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"team": "x"}},
+        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": f"{name}-theirs"}}},
+    }
+
+
+def test_teardown_leaves_a_foreign_domain_with_the_runs_name_alone(sim, capsys):
+    run_id = f"own-{uuid.uuid4().hex[:8]}"
+    names = RunNames.for_run(run_id)
+    flags = ["--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
+    with Api.connect(sim.kubeconfig_path) as api:
+        theirs = api.create(COMPUTE_DOMAIN, "default", foreign_domain(names.domain))
+        code, result = run_cli(capsys, ["provision", *flags])
+        assert code == 2 and "not part of run" in result["error"]
+
+        code, result = run_cli(capsys, ["teardown", *flags])
+        assert code == 0 and result["ok"] is True
+        assert result["deleted"] == []
+        assert result["skipped"] == [
+            f"ComputeDomain default/{names.domain}: not part of run {run_id} "
+            "(it has none of our labels); left alone"
+        ]
+        assert (
+            f"left alone (not this run's): ComputeDomain default/{names.domain}"
+            in (result["message"])
+        )
+        still = api.get(COMPUTE_DOMAIN, "default", names.domain)
+        assert still["metadata"]["uid"] == theirs["metadata"]["uid"]
+        assert not still["metadata"].get("deletionTimestamp")
+        assert left_of(sim, run_id) == []
+        api.delete(COMPUTE_DOMAIN, "default", names.domain)
+
+
+def test_every_created_object_carries_its_spec_hash(sim, module_dir):
+    run_id = f"own-{uuid.uuid4().hex[:8]}"
+    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
+    workload = job_workload(run_id, module_dir)
+    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+    steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
+    names = RunNames.for_run(run_id)
+    with Api.connect(sim.kubeconfig_path) as api:
+        objects = [
+            api.get(COMPUTE_DOMAIN, "default", names.domain),
+            api.get(SERVICE, "default", names.service("job")),
+            api.get(JOB, "default", names.job("job")),
+        ]
+    hashes = [o["metadata"]["annotations"][SPEC_HASH_ANNOTATION] for o in objects]
+    assert all(len(h) == 16 for h in hashes) and len(set(hashes)) == 3
+    steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+    assert left_of(sim, run_id) == []
+
+
+def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, module_dir, capsys):
+    run_id = f"own-{uuid.uuid4().hex[:8]}"
+    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
+    workload = job_workload(run_id, module_dir)
+    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+    first = steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
+    assert first.result == {"kind": "one"}
+
+    job = RunNames.for_run(run_id).job("job")
+    argv = ["launch", "--run-id", run_id, "--purpose", "job", "--nodes", "2"]
+    argv += ["--gpus-per-node", "0", "--env", f"PYTHONPATH={module_dir}"]
+    argv += ["--rdzv-port", str(workload.rdzv_port), "--job-timeout-s", "180"]
+    argv += ["--pods-running-timeout-s", "180", "--kubeconfig", sim.kubeconfig_path]
+    same_module = [*argv, "--module", "result_one"]
+    argv += ["--module", "result_two"]
+    code, result = run_cli(capsys, argv)
+    assert code == 2 and result["exit_code"] == 2, result
+    assert f"Job default/{job} of run {run_id} exists with a different spec" in result["error"]
+    assert f"mnnvl teardown --run-id {run_id}" in result["error"]
+    code, result = run_cli(capsys, same_module)  # the same launch again adopts its Job
+    assert code == 0 and result["result"] == {"kind": "one"}, result
+
+    code, result = run_cli(
+        capsys, ["teardown", "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
+    )
+    assert code == 0 and result["skipped"] == []
+    assert left_of(sim, run_id) == []
+
+
+def test_a_retried_step_replaces_its_failed_job(sim, module_dir):
+    run_id = f"own-{uuid.uuid4().hex[:8]}"
+    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
+    workload = job_workload(run_id, module_dir)
+    job = RunNames.for_run(run_id).job("job")
+    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+    sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=1)  # maxFailedIndexes: 0
+    with pytest.raises(WorkloadFailed):
+        steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
+    with Api.connect(sim.kubeconfig_path) as api:
+
+        def job_failed() -> bool:
+            conditions = api.get(JOB, "default", job).get("status", {}).get("conditions") or []
+            return any(c["type"] == "Failed" and c["status"] == "True" for c in conditions)
+
+        wait_until(job_failed)  # the Job controller's verdict follows the pod's failure
+        failed_uid = api.get(JOB, "default", job)["metadata"]["uid"]
+
+        retried = steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
+        assert retried.result == {"kind": "one"}
+        assert api.get(JOB, "default", job)["metadata"]["uid"] != failed_uid
+    steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+    assert left_of(sim, run_id) == []
+
+
+def test_a_delete_never_removes_an_object_that_replaced_the_one_it_read(sim):
+    run_id = f"own-{uuid.uuid4().hex[:8]}"
+    labels = RunNames.for_run(run_id).labels("job")
+    body = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": f"svc-{run_id}", "namespace": "default", "labels": labels},
+        "spec": {"clusterIP": "None", "ports": [{"port": 29500}]},
+    }
+    with Api.connect(sim.kubeconfig_path) as api:
+        read = api.create(SERVICE, "default", body)
+        api.delete(SERVICE, "default", body["metadata"]["name"])
+        newer = api.create(SERVICE, "default", body)
+        gone = Deletions(run_id)
+        assert gone.delete(api, SERVICE, read) is False
+        assert gone.deleted == []
+        assert "replaced by another object" in gone.skipped[0]
+        kept = api.get(SERVICE, "default", body["metadata"]["name"])
+        assert kept["metadata"]["uid"] == newer["metadata"]["uid"]
+        assert gone.delete(api, SERVICE, kept) is True
+    assert left_of(sim, run_id) == []
+
+
+def test_reap_with_an_empty_live_list_is_refused_then_dry_run_lists_without_deleting(sim, capsys):
+    run_id = f"own-{uuid.uuid4().hex[:8]}"
+    names = RunNames.for_run(run_id)
+    domain = DomainSpec(run_id=run_id, namespace="reap-empty")
+    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+    base = ["reap", "--namespace", "reap-empty", "--kubeconfig", sim.kubeconfig_path]
+
+    before = sim.request_count
+    code, result = run_cli(capsys, [*base, "--live-run-ids", ""])
+    assert code == 2 and result["error"].startswith("live_run_ids: is empty")
+    assert "--all-dead" in result["error"]
+    code, result = run_cli(capsys, base)
+    assert code == 2 and result["error"].startswith("live_run_ids: reap needs to know")
+    assert sim.request_count == before  # refused before any request
+
+    code, result = run_cli(capsys, [*base, "--live-run-ids", "", "--all-dead", "--dry-run"])
+    assert code == 0 and result["dry_run"] is True
+    assert result["runs"] == [run_id] and result["deleted"] == []
+    assert result["would_delete"] == [f"ComputeDomain reap-empty/{names.domain}"]
+    assert left_of(sim, run_id) == [("ComputeDomain", "reap-empty", names.domain)]
+
+    code, result = run_cli(capsys, [*base, "--all-dead"])
+    assert code == 0 and result["deleted"] == [f"ComputeDomain reap-empty/{names.domain}"]
+    assert left_of(sim, run_id) == []
+
+
+def _sleeping_job(run_id: str, namespace: str, seconds: float) -> dict[str, Any]:
+    names = RunNames.for_run(run_id)
+    labels = names.labels("job")
+    container = {"name": "worker", "image": "busybox", "command": ["sleep", str(seconds)]}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": names.job("job"), "namespace": namespace, "labels": labels},
+        "spec": {
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"restartPolicy": "Never", "containers": [container]},
+            },
+        },
+    }
+
+
+def test_reap_age_counts_from_the_runs_last_activity_not_its_creation(sim):
+    run_id = f"own-{uuid.uuid4().hex[:8]}"
+    names = RunNames.for_run(run_id)
+    ns = "reap-age"
+    steps.provision(DomainSpec(run_id=run_id, namespace=ns), kubeconfig=sim.kubeconfig_path)
+    created = time.monotonic()
+
+    def reap(dry_run: bool = True) -> steps.ReapResult:
+        return steps.reap(
+            ns, live_run_ids=None, older_than_s=2.0, dry_run=dry_run, kubeconfig=sim.kubeconfig_path
+        )
+
+    with Api.connect(sim.kubeconfig_path) as api:
+        api.create(JOB, ns, _sleeping_job(run_id, ns, 4))
+
+        def phases() -> set[str]:
+            pods = api.list(POD, ns, label_selector=names.selector)["items"]
+            return {p.get("status", {}).get("phase", "") for p in pods}
+
+        wait_until(lambda: phases() == {"Running"})
+        time.sleep(max(0.0, created + 3.0 - time.monotonic()))
+        assert reap().runs == []  # every object is older than 2 s, but a pod is Running
+
+        wait_until(lambda: phases() == {"Succeeded"})
+        assert reap().runs == []  # the pod just finished: the run was active moments ago
+
+        time.sleep(2.5)
+        dry = reap()
+        assert dry.runs == [run_id] and dry.idle_s[run_id] >= 2.0
+        assert sorted(dry.would_delete) == [
+            f"ComputeDomain {ns}/{names.domain}",
+            f"Job {ns}/{names.job('job')}",
+        ]
+        assert len(left_of(sim, run_id)) == 3  # domain, Job, pod: a dry run deletes nothing
+
+    done = reap(dry_run=False)
+    assert done.runs == [run_id] and len(done.deleted) == 2
+    assert left_of(sim, run_id) == []
