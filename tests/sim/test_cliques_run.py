@@ -20,7 +20,9 @@ def test_two_clique_groups_train_hsdp_and_verify_per_clique_then_leave_nothing()
     with SimCluster(nodes=4, cliques=2) as sim:
         kube = sim.kubeconfig_path
         steps.provision(domain, kubeconfig=kube)
-        trained = steps.train(workload, TrainConfig(steps=4, log_every=2), kubeconfig=kube)
+        trained = steps.train(
+            workload, TrainConfig(steps=4, warmup_steps=2, log_every=2), kubeconfig=kube
+        )
         verified = steps.verify(
             workload, VerifyConfig(max_bytes=64 << 10, allow_unjudged=True), kubeconfig=kube
         )
