@@ -23,6 +23,7 @@ RUN_ID ?= demo-run
 NAMESPACE ?= default
 NODES ?= 2
 GPUS_PER_NODE ?= 4
+PIPELINE ?= training
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test test-client-newest images lint typecheck compile check-compiled render bench test-gpu schemas clean
@@ -39,8 +40,8 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed ## create .venv and install the package with all extras
 
-run: install ## the whole KFP pipeline on the embedded simulated cluster (kfp.local)
-	$(PY) -m mnnvl.pipelines.local_run
+run: install ## the whole KFP pipeline on the embedded simulated cluster (PIPELINE=training|custom)
+	$(PY) -m mnnvl.pipelines.local_run --pipeline $(PIPELINE)
 
 test: install lint typecheck $(SCHEMA_STAMP) ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
 	$(PY) -m pytest -q

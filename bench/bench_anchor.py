@@ -33,7 +33,8 @@ import threading
 import time
 from typing import Any
 
-from mnnvl.runtime.result import RESULT_PREFIX, free_port, parse_result, torchrun_command
+from mnnvl.contract.result import RESULT_PREFIX, parse_result
+from mnnvl.runtime.local import free_port, torchrun_command
 
 GOAL_VERDICT_RATIO = 2.0  # time to verdict <= 2 x the nccl-tests sweep
 ACCURACY_FROM = 64 << 20  # sizes judged for the +-2 % accuracy goal

@@ -19,7 +19,8 @@ import subprocess
 import sys
 from typing import Any
 
-from mnnvl.runtime.result import parse_result, torchrun_command
+from mnnvl.contract.result import parse_result
+from mnnvl.runtime.local import torchrun_command
 
 
 def run(nproc: int, groups: int, steps: int, model: str) -> dict[str, Any]:

@@ -1,12 +1,12 @@
 """Load on one simulated cluster, through the product's driver, with random API errors.
 
 Part 1, ``--runs`` (100) concurrent runs, each provision → launch → teardown: provision and
-teardown are ``mnnvl.steps``; launch creates the run's headless Service and 2-pod Indexed Job with
-the product's builders and waits with the driver's waits, the Job's torchrun command swapped for
-a trivial one (a torchrun start costs seconds and ~300 MB per pod). Meanwhile ``--error-rate``
-(5 %) of API requests fail with 500 or 429 (``Retry-After: 1``) and the same share of watches is
-answered 410 Gone. Prints completed runs, leaked objects (goal 0), p50/p99 latency per step and
-API requests per run.
+teardown are ``mnnvl.steps``; launch creates the product's Service and 2-pod Indexed Job, its
+torchrun command swapped for a trivial one, and waits with the driver's Job lifecycle
+(``wait_for_job``: Job/pod/queue-aware) (a torchrun start costs seconds and ~300 MB per pod).
+Meanwhile ``--error-rate`` (5 %) of API requests fail with 500 or 429 (``Retry-After: 1``) and
+the same share of watches is answered 410 Gone. Prints completed runs, leaked objects (goal 0),
+p50/p99 latency per step and API requests per run.
 
 Part 2, ``--pairs`` (1000) concurrent provision+teardown pairs without injected errors: wall time,
 peak RSS of the simulator, leaked objects (goal 0).
@@ -30,13 +30,15 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from mnnvl import steps
-from mnnvl.driver.api import JOB, SERVICE, Api, create_or_adopt
+from mnnvl.driver.api import JOB, SERVICE, Api
 from mnnvl.driver.lifecycle import wait_for_job
+from mnnvl.driver.ownership import create_or_adopt
 from mnnvl.manifests import headless_service, indexed_job
 from mnnvl.spec import DomainSpec, WorkloadSpec
 
 TRIVIAL = ["python3", "-c", "print('RESULT {\"ok\": true}')"]
 STEPS = ("provision", "launch", "teardown")
+MODULE = "mnnvl.runtime.train"
 
 
 def simulator(conn: Connection, nodes: int, error_rate: float) -> None:
@@ -69,14 +71,16 @@ def peak_rss_mib() -> float:
 
 
 def launch(workload: WorkloadSpec, kubeconfig: str) -> None:
+    """The product's Service and Job (its command swapped for a trivial one), then the
+    driver's Job lifecycle wait for callers that create their own Job (``wait_for_job``)."""
     api = Api.connect(kubeconfig)
     try:
-        job = indexed_job(workload, "mnnvl.runtime.train", [])
+        job = indexed_job(workload, MODULE, [])
         job["spec"]["template"]["spec"]["containers"][0]["command"] = TRIVIAL
+        job["spec"]["template"]["spec"]["containers"][0].pop("args", None)
         create_or_adopt(api, SERVICE, headless_service(workload))
         create_or_adopt(api, JOB, job)
-        name = job["metadata"]["name"]
-        wait_for_job(api, workload, name)
+        wait_for_job(api, workload, job["metadata"]["name"])
     finally:
         api.close()
 

@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mnnvl.runtime.result import parse_result, torchrun_command
+from mnnvl.contract.result import parse_result
+from mnnvl.runtime.local import torchrun_command
 from mnnvl.sim.procs import descendants
 
 STEP_LINE = re.compile(r"step (\d+) loss ([0-9.]+)")

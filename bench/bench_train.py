@@ -32,7 +32,8 @@ import sys
 import time
 from typing import Any
 
-from mnnvl.runtime.result import parse_result, torchrun_command
+from mnnvl.contract.result import parse_result
+from mnnvl.runtime.local import torchrun_command
 
 MFU_GOAL = 0.45
 TORCHTITAN_MFU = (0.33, 0.39)

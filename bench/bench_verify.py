@@ -23,7 +23,8 @@ import tempfile
 import time
 from typing import Any
 
-from mnnvl.runtime.result import parse_result, torchrun_command
+from mnnvl.contract.result import parse_result
+from mnnvl.runtime.local import torchrun_command
 
 WALL_GOAL_S = 20.0
 

@@ -129,3 +129,13 @@ def publish_verify(
     write_result(result_artifact, run_id, purpose, result.to_dict())
     # The table goes to the task log, where a failed verdict is read first.
     log.info("%s: verdict %s\n%s", purpose, result.verdict, report.verify_table(raw))
+
+
+def publish_launch(
+    run_id: str, result: Any, metrics: MetricsArtifact, result_artifact: PathArtifact
+) -> None:
+    """Log the workload's exit code, wall time and every number of its RESULT line."""
+    raw = dict(result.result or {})
+    _log_numbers(metrics, {"exit_code": result.exit_code, "wall_s": result.elapsed_s, **raw})
+    write_result(result_artifact, run_id, "job", result.to_dict())
+    log.info("launch %s: exit code %d, RESULT %s", result.job, result.exit_code, raw or "none")

@@ -22,13 +22,14 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from mnnvl import __version__, flags, steps
+from mnnvl import flags, steps, surface
 from mnnvl import spec as specs
-from mnnvl.cli_help import COMMANDS
+from mnnvl.cli_parser import build_parser
+from mnnvl.contract import exit_codes
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run
 from mnnvl.run import run_all
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
@@ -39,7 +40,7 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
-        self.exit_code = 128 + signum
+        self.exit_code = exit_codes.INTERRUPTED_BASE + signum
 
 
 class _StderrHandler(logging.StreamHandler[Any]):
@@ -63,128 +64,6 @@ def setup_logging(verbose: int) -> None:
             logging.Formatter("%(asctime)s %(levelname)-5s %(message)s", "%H:%M:%S")
         )
         root.addHandler(handler)
-
-
-# ---- parser -------------------------------------------------------------------------------
-
-
-def _common(p: argparse.ArgumentParser, *, writes_kubeconfig: bool = False) -> None:
-    help_text = (
-        "where to write the simulator's kubeconfig (default: a temporary file)"
-        if writes_kubeconfig
-        else "kubeconfig path (default: in-cluster, $KUBECONFIG)"
-    )
-    p.add_argument("--kubeconfig", default=None, help=help_text)
-    p.add_argument("--result-path", default=None, help="also write the result JSON to this file")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
-
-
-def _domain_flags(p: argparse.ArgumentParser) -> None:
-    flags.add_arguments(p, DomainSpec)
-
-
-def _workload_flags(p: argparse.ArgumentParser, *, with_domain: bool) -> None:
-    skip = ("run_id", "namespace") if with_domain else ()
-    flags.add_arguments(p, WorkloadSpec, skip=skip)
-
-
-def _reap_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--namespace", default=None, help="where to look (default: the pod's own, else default)"
-    )
-    p.add_argument(
-        "--live-run-ids",
-        default=None,
-        help="comma-separated run ids still running; every other run is dead "
-        "(an empty list needs --all-dead or --older-than-s)",
-    )
-    p.add_argument(
-        "--older-than-s",
-        type=float,
-        default=0.0,
-        help="only runs idle this long: no new object or pod transition, no pod Running",
-    )
-    p.add_argument("--all-dead", action="store_true", help="treat every run as dead")
-    p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
-
-
-def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
-    help_text, what, example = COMMANDS[name]
-    return sub.add_parser(
-        name,
-        help=help_text,
-        description=what,
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mnnvl", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = _subcommand(sub, "provision")
-    _domain_flags(p)
-    p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
-    p = _subcommand(sub, "launch")
-    _workload_flags(p, with_domain=False)
-    p.add_argument("--module", required=True, help="entry module, e.g. mnnvl.runtime.verify")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the module (after --)")
-    for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
-        p = _subcommand(sub, name)
-        _workload_flags(p, with_domain=False)
-        flags.add_arguments(p, cfg)
-        p.add_argument("--report-dir", default=None, help="write report files here")
-        if name == "verify":
-            p.add_argument(
-                "--fail-on-fail",
-                action=argparse.BooleanOptionalAction,
-                default=True,
-                help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
-            )
-    p = _subcommand(sub, "teardown")
-    _domain_flags(p)
-    p = _subcommand(sub, "status")
-    _domain_flags(p)
-    for name in ("run", "render"):
-        p = _subcommand(sub, name)
-        _domain_flags(p)
-        _workload_flags(p, with_domain=True)
-        flags.add_arguments(p, TrainConfig)
-        flags.add_arguments(p, VerifyConfig)
-        if name == "run":
-            p.add_argument(
-                "--report-dir", default=None, help="write the train and verify reports here"
-            )
-            p.add_argument(
-                "--sim", action="store_true", help="run against an embedded simulated cluster"
-            )
-            p.add_argument("--skip-verify", action="store_true", help="train only")
-    p = _subcommand(sub, "reap")
-    _reap_flags(p)
-    p = _subcommand(sub, "sim")
-    p.add_argument("action", choices=("up",), help="up: serve until Ctrl-C or SIGTERM")
-    p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
-    p.add_argument(
-        "--gpus-per-node", type=int, default=0, help="simulated GPUs per node (0 = CPU workers)"
-    )
-    p.add_argument(
-        "--cliques", type=int, default=1, help="NVLink cliques (nvidia.com/gpu.clique values)"
-    )
-    p.add_argument(
-        "--imex-delay-s",
-        type=float,
-        default=0.2,
-        help="how long each node's simulated IMEX daemon takes to get ready",
-    )
-    p.add_argument(
-        "--kueue",
-        action="store_true",
-        help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
-    )
-    for name, p in sub.choices.items():
-        _common(p, writes_kubeconfig=name == "sim")
-    return parser
 
 
 # ---- commands -------------------------------------------------------------------------------
@@ -213,14 +92,31 @@ def _workload(ns: argparse.Namespace) -> WorkloadSpec:
 
 
 def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
-    return steps.provision(_domain(ns), kubeconfig=ns.kubeconfig, owner_pod=ns.owner_pod).to_dict()
+    domain = _domain(ns)
+    if ns.pipeline:  # the pipeline's first task: all of its parameters, before any object
+        surface.check_pipeline(ns.pipeline, ns.pipeline_parameters)
+    return steps.provision(domain, kubeconfig=ns.kubeconfig, owner_pod=ns.owner_pod).to_dict()
+
+
+def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
+    words = ns.command[1:] if ns.command[:1] == ["--"] else list(ns.command)
+    if ns.command_json is not None:
+        if words:
+            raise SpecError("command", "give the command after -- or as --command-json, not both")
+        words = list(specs.parse_list(ns.command_json or "[]", "command"))
+    module = ns.module or ""
+    if ns.as_command and module:
+        raise SpecError("module", "give --module or --command, not both")
+    if not ns.as_command and not module and ns.command_json is None:
+        raise SpecError("module", "is required: --module pkg.entry, or --command -- CMD ARGS")
+    return LaunchSpec(module=module, command=tuple(words))
 
 
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
-    args = ns.args[1:] if ns.args[:1] == ["--"] else list(ns.args)
-    workload = _workload(ns)
-    indexed_job(workload, ns.module, args)  # bad module names or env stop here
-    return steps.launch(workload, ns.module, args, kubeconfig=ns.kubeconfig).to_dict()
+    workload, launch = _workload(ns), _launch_spec(ns)
+    args = list(launch.command)
+    indexed_job(workload, launch.module, args)  # bad module names or env stop here
+    return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
 
 
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
@@ -297,8 +193,12 @@ def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
-    live = None if ns.live_run_ids is None else set(specs.parse_list(ns.live_run_ids))
+    live = None if ns.live_run_ids is None else set(_comma_list(ns.live_run_ids))
     return steps.reap(
         ns.namespace,
         live_run_ids=live,
@@ -452,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return code
     setup_logging(ns.verbose)
-    command = ns.command if ns.command != "sim" else f"sim {ns.action}"
+    command = ns.command_name if ns.command_name != "sim" else f"sim {ns.action}"
     bad_path = _result_path_problem(ns.result_path)
     if bad_path:
         logger.error("%s failed: %s", command, bad_path)
@@ -460,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with _signals_raise():
-            result = HANDLERS[ns.command](ns)
+            result = HANDLERS[ns.command_name](ns)
     except MnnvlError as e:
         logger.error("%s failed: %s", command, e)
         _emit(

@@ -12,9 +12,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "mnnvl provision --run-id demo --namespace team-a",
     ),
     "launch": (
-        "run a Python module on the domain's nodes",
-        "Run a Python module under torchrun on every node of the run's domain (one pod per "
-        "node, rendezvous on pod 0) and print its RESULT line.",
+        "run your module or command on the domain's nodes",
+        "Run a Python module under torchrun (--module) or any command (--command -- CMD ARGS, "
+        "which gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE) "
+        "on every node of the run's domain (one pod per node) and print its RESULT line.",
         "mnnvl launch --run-id demo --nodes 2 --gpus-per-node 4 --module my_pkg.train -- --lr 3e-4",
     ),
     "train": (

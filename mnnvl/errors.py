@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from mnnvl.contract import exit_codes
+
 
 class MnnvlError(Exception):
     """Base of every error this product raises on purpose."""
 
-    exit_code = 1
+    exit_code = exit_codes.UNEXPECTED
 
 
 class SpecError(MnnvlError, ValueError):
     """Bad input, found before anything was created. The message names the field."""
 
-    exit_code = 2
+    exit_code = exit_codes.BAD_INPUT
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
@@ -28,19 +30,19 @@ class SpecError(MnnvlError, ValueError):
 class ConflictError(MnnvlError):
     """An object with our name exists but does not belong to this run."""
 
-    exit_code = 2
+    exit_code = exit_codes.BAD_INPUT
 
 
 class NotProvisioned(MnnvlError):
     """A workload step found no ComputeDomain for its run (never provisioned, or torn down)."""
 
-    exit_code = 2
+    exit_code = exit_codes.BAD_INPUT
 
 
 class WaitTimeout(MnnvlError):
     """A wait ran past its deadline; the message holds the last observed state."""
 
-    exit_code = 3
+    exit_code = exit_codes.TIMEOUT
 
 
 class WorkloadFailed(MnnvlError):
@@ -50,7 +52,7 @@ class WorkloadFailed(MnnvlError):
     (the verification worker does so for a FAIL verdict), so callers keep the numbers.
     """
 
-    exit_code = 4
+    exit_code = exit_codes.FAILED
 
     def __init__(self, message: str, *, result: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -60,13 +62,13 @@ class WorkloadFailed(MnnvlError):
 class VerificationFailed(WorkloadFailed):
     """NVLink/NCCL verification returned FAIL; the message carries the numbers."""
 
-    exit_code = 4
+    exit_code = exit_codes.FAILED
 
 
 class ClusterUnavailable(MnnvlError):
     """The Kubernetes API cannot be reached, refused us, or lacks a needed CRD."""
 
-    exit_code = 5
+    exit_code = exit_codes.UNAVAILABLE
 
 
 class CrdMissing(ClusterUnavailable):

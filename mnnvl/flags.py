@@ -1,84 +1,64 @@
-"""Command-line flags <-> input dataclasses: one ``--flag`` per field of a spec.
+"""Command-line flags <-> input dataclasses: one ``--flag`` per field a spec exposes on the CLI.
 
 The CLI, the worker entry points (``mnnvl.runtime.train``/``verify``) and the Job builder
-use these, so a field added to a spec becomes a flag everywhere, with its ``--help`` line
-from ``mnnvl.flag_help``.
+use these, so a field added to a spec becomes a flag everywhere, with the help text its
+declaration carries (``mnnvl.spec.opt``). Repeatable flags also take one JSON list
+(``--env '["A=1,2", "B=x=y"]'``), which is how Argo passes them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import types
-import typing
 from typing import Any, TypeVar
 
-from mnnvl.flag_help import FIELD_HELP
-from mnnvl.spec import OwnerRef, parse_bytes, parse_env, parse_list
+from mnnvl.spec import CLI, OwnerRef
+from mnnvl.surface import Input, build, class_inputs
 
 T = TypeVar("T")
-_SIZE_FIELDS = {"min_bytes", "max_bytes", "judge_min_bytes"}
+REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)
 
 
-def _field_type(cls: type, f: dataclasses.Field[Any]) -> Any:
-    hint = typing.get_type_hints(cls)[f.name]
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        hint = args[0]
-    return hint
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _help(item: Input, default: Any) -> str:
+    shown = item.text(default) if default not in ("", [], None) else ""
+    return f"{item.help} (default: {shown})" if shown else item.help
 
 
 def add_arguments(
-    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    skip: tuple[str, ...] = (),
+    defaults: dict[str, Any] | None = None,
 ) -> None:
-    """Add one ``--flag`` per scalar field of ``cls`` (defaults left to the dataclass)."""
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
+    """Add one ``--flag`` per CLI field of ``cls``; ``defaults`` override the dataclass's."""
+    defaults = defaults or {}
+    for item in class_inputs(cls):
+        if item.name in skip or CLI not in item.surfaces or item.name in REMAINDER_FIELDS:
             continue
-        hint, text = _field_type(cls, f), FIELD_HELP.get(f.name)
-        if hint is bool:
+        default = defaults.get(item.name, item.default)
+        text = _help(item, default)
+        preset = defaults.get(item.name)
+        if item.kind == "bool":
             parser.add_argument(
-                _flag(f.name),
-                dest=f.name,
+                item.flag,
+                dest=item.name,
                 action=argparse.BooleanOptionalAction,
-                default=None,
+                default=preset,
                 help=text,
             )
-        elif hint in (int, float, str):
-            kind = str if f.name in _SIZE_FIELDS else hint
-            parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None, help=text)
-        elif typing.get_origin(hint) in (dict, tuple):
-            metavar = "KEY=VALUE" if typing.get_origin(hint) is dict else "ITEM"
-            parser.add_argument(
-                _flag(f.name),
-                dest=f.name,
-                action="append",
-                default=None,
-                metavar=metavar,
-                help=text,
-            )
+        elif item.kind == "list":
+            parser.add_argument(item.flag, dest=item.name, action="append", default=None, help=text)
+        else:
+            parser.add_argument(item.flag, dest=item.name, default=preset, help=text)
 
 
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """Build ``cls`` from parsed flags; unset flags keep the dataclass default."""
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        val = getattr(ns, f.name, None)
-        if val is None:
-            continue
-        if f.name in _SIZE_FIELDS:
-            val = parse_bytes(f.name, val)
-        elif f.default_factory is dict:
-            val = parse_env(val, f.name)
-        elif isinstance(val, list):
-            val = parse_list(val)
-        kwargs[f.name] = val
-    kwargs.update(extra)
-    return cls(**kwargs)
+    names = {i.name for i in class_inputs(cls)}
+    values = {n: getattr(ns, n) for n in names if getattr(ns, n, None) is not None}
+    result: T = build(cls, values, **extra)
+    return result
 
 
 def to_args(cfg: Any) -> list[str]:
@@ -89,12 +69,13 @@ def to_args(cfg: Any) -> list[str]:
         default = f.default if f.default is not dataclasses.MISSING else None
         if val == default or isinstance(val, OwnerRef) or val is None or val in ({}, ()):
             continue
+        flag = "--" + f.name.replace("_", "-")
         if isinstance(val, dict):
-            args += [a for k, v in val.items() for a in (_flag(f.name), f"{k}={v}")]
+            args += [a for k, v in val.items() for a in (flag, f"{k}={v}")]
         elif isinstance(val, tuple):
-            args += [a for item in val for a in (_flag(f.name), item)]
+            args += [a for item in val for a in (flag, item)]
         elif isinstance(val, bool):
-            args.append(_flag(f.name) if val else "--no-" + f.name.replace("_", "-"))
+            args.append(flag if val else "--no-" + f.name.replace("_", "-"))
         else:
-            args += [_flag(f.name), str(val)]
+            args += [flag, str(val)]
     return args

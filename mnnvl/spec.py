@@ -1,224 +1,130 @@
 """Validated inputs. Every bad value stops here with a one-line message naming the field.
 
 The dataclasses are frozen and validate in ``__post_init__``; nothing talks to a cluster
-or imports a heavy library. ``add_arguments``/``from_namespace``/``to_args`` turn any of
-them into command-line flags and back, so the CLI, the worker pods and the pipeline
-components share one definition of every input.
+or imports a heavy library. Each field is declared once with its help text and the
+surfaces that expose it (``opt``); the CLI flags (``mnnvl.flags``), the KFP component
+signatures and the Argo template inputs and workflow parameters (``mnnvl.surface``) are
+all produced from these declarations.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
+from typing import Any
 
+from mnnvl.checks import (
+    ALLOCATION_MODES,
+    DEFAULT_IMAGE,
+    DEFAULT_LAUNCHER_IMAGE,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    DTYPES,
+    FORBIDDEN_ENV,
+    GPU_MODES,
+    GROUP_INDEX_ENV,
+    JOB_ENV,
+    LABEL_VALUE,
+    MAX_GPUS_PER_NODE,
+    MAX_GROUPS,
+    MAX_NODES,
+    MODEL_PRESETS,
+    NCCL_PROFILES,
+    NODE_RANK_BASE_ENV,
+    NODES_PER_GROUP_ENV,
+    NUM_GROUPS_ENV,
+    PINNED_ENV,
+    PURPOSES,
+    check_choice,
+    check_dns_label,
+    check_env,
+    check_image,
+    check_label_key,
+    check_label_value,
+    check_range,
+    check_run_id,
+    list_items,
+    parse_bytes,
+    parse_env,
+    parse_list,
+    parse_toleration,
+    pod_namespace,
+    resolve_namespace,
+)
 from mnnvl.errors import SpecError
 from mnnvl.storage import parse_pvc
 
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST_PART = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-_IMAGE_DOMAIN = rf"{_HOST_PART}(?:\.{_HOST_PART})*(?::[0-9]+)?"
-IMAGE_REF = re.compile(
-    rf"^(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
-)
+__all__ = [
+    "ALLOCATION_MODES",
+    "DEFAULT_IMAGE",
+    "DEFAULT_LAUNCHER_IMAGE",
+    "DNS1123_LABEL",
+    "DNS1123_SUBDOMAIN",
+    "DTYPES",
+    "FORBIDDEN_ENV",
+    "GPU_MODES",
+    "GROUP_INDEX_ENV",
+    "JOB_ENV",
+    "LABEL_VALUE",
+    "MAX_GPUS_PER_NODE",
+    "MAX_GROUPS",
+    "MAX_NODES",
+    "MODEL_PRESETS",
+    "NCCL_PROFILES",
+    "NODES_PER_GROUP_ENV",
+    "NODE_RANK_BASE_ENV",
+    "NUM_GROUPS_ENV",
+    "PINNED_ENV",
+    "PURPOSES",
+    "DomainSpec",
+    "LaunchSpec",
+    "OwnerRef",
+    "SpecError",
+    "TrainConfig",
+    "VerifyConfig",
+    "WorkloadSpec",
+    "check_choice",
+    "check_dns_label",
+    "check_env",
+    "check_image",
+    "check_label_key",
+    "check_label_value",
+    "check_range",
+    "check_run_id",
+    "list_items",
+    "opt",
+    "parse_bytes",
+    "parse_env",
+    "parse_list",
+    "parse_toleration",
+    "pod_namespace",
+    "resolve_namespace",
+]
 
-ALLOCATION_MODES = ("Single", "All")
-GPU_MODES = ("limits", "claim")
-NCCL_PROFILES = ("production", "verify-strict", "single-host")
-PURPOSES = ("train", "verify-pre", "verify-post", "verify", "job")
-MODEL_PRESETS = ("tiny", "small", "125m", "350m", "1b", "3b", "8b")
-DTYPES = ("auto", "bf16", "fp32")
-MAX_NODES = 18  # one IMEX domain (NVL72 rack: 18 compute trays); MNNVL never spans cliques
-MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-character hostnames)
-MAX_GPUS_PER_NODE = 8
-SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-FALLBACK_NAMESPACE = "default"
-DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
-DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
-
-# Values that silently disable MNNVL; refused wherever a user can pass environment.
-FORBIDDEN_ENV = {"NCCL_CUMEM_ENABLE": "0"}
-# Set on the GPU hosts to keep NVLink multicast off; nothing we ship may override them.
-PINNED_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
-# Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
-JOB_ENV = (
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NNODES",
-    "NPROC_PER_NODE",
-    "MNNVL_RUN_ID",
-    "JOB_COMPLETION_INDEX",
-    "MNNVL_NCCL_PROFILE",
-    "MNNVL_GPUS_PER_NODE",
-    "MNNVL_NUM_GROUPS",
-    "MNNVL_GROUP_INDEX",
-    "MNNVL_NODES_PER_GROUP",
-    "MNNVL_NODE_RANK_BASE",
-)
-# Placement across NVLink cliques, set on every worker by the Job builder (one Job per group).
-NUM_GROUPS_ENV = "MNNVL_NUM_GROUPS"
-GROUP_INDEX_ENV = "MNNVL_GROUP_INDEX"
-NODES_PER_GROUP_ENV = "MNNVL_NODES_PER_GROUP"
-NODE_RANK_BASE_ENV = "MNNVL_NODE_RANK_BASE"
+CLI, KFP, ARGO = "cli", "kfp", "argo"
+RUN_ID_HELP = "run id every name and label derives from (KFP job id, Argo workflow uid)"
+RUN_ID_WHY = "pipelines supply it: KFP's job id, Argo's {{workflow.uid}}"
+OWNER_WHY = "found at run time (the launcher pod with --owner-pod), never typed in"
+EVERY_SURFACE = (CLI, KFP, ARGO)
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-def pod_namespace() -> str:
-    """The namespace of the pod this process runs in, or "" outside a pod.
+def opt(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    factory: Any = MISSING,
+    surfaces: tuple[str, ...] = EVERY_SURFACE,
+    why: str = "",
+) -> Any:
+    """A field with its one line of help and the surfaces (cli, kfp, argo) that expose it.
 
-    ``POD_NAMESPACE`` (downward API) wins; else the service account's namespace file, which
-    every pod with a mounted token has. Read locally: a namespace-scoped account may not GET
-    namespaces.
+    A field missing from a surface names the reason in ``why`` (a test checks that).
     """
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"].strip()
-    try:
-        with open(SERVICE_ACCOUNT_NAMESPACE_FILE, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def resolve_namespace(value: str) -> str:
-    """``value``, or when it is empty the pod's own namespace, else ``default``."""
-    return value or pod_namespace() or FALLBACK_NAMESPACE
-
-
-def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
-    if not isinstance(value, str) or not value:
-        raise SpecError(field_name, "must be a non-empty string")
-    if len(value) > max_len:
-        raise SpecError(field_name, f"{value!r} is {len(value)} characters; at most {max_len}")
-    if not DNS1123_LABEL.match(value):
-        raise SpecError(
-            field_name,
-            f"{value!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
-            "starting and ending with a letter or digit)",
-        )
-
-
-def check_run_id(value: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise SpecError(
-            "run_id", "must be a non-empty string (e.g. the KFP job id or Argo workflow uid)"
-        )
-    if len(value) > 63 or not LABEL_VALUE.match(value):
-        raise SpecError(
-            "run_id",
-            f"{value!r} must be a valid label value: at most 63 characters of letters, digits, "
-            "'-', '_' or '.', starting and ending with a letter or digit",
-        )
-
-
-def check_range(
-    field_name: str, value: float, lo: float, hi: float, *, integer: bool = False
-) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(field_name, f"must be a number, got {value!r}")
-    if integer and not isinstance(value, int):
-        raise SpecError(field_name, f"must be a whole number, got {value!r}")
-    if math.isnan(value) or not lo <= value <= hi:
-        raise SpecError(field_name, f"{value!r} is out of range; allowed {lo:g}..{hi:g}")
-
-
-def check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise SpecError(field_name, f"{value!r} is not one of {', '.join(choices)}")
-
-
-def check_image(field_name: str, value: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise SpecError(
-            field_name, "must name a container image, e.g. registry.example.com/team/trainer:1.0"
-        )
-    if len(value) > 512 or not IMAGE_REF.match(value):
-        raise SpecError(
-            field_name,
-            f"{value!r} is not a valid image reference "
-            "([registry/]path[:tag][@sha256:digest], path in lowercase)",
-        )
-
-
-def check_env(field_name: str, env: dict[str, str]) -> None:
-    for name, val in env.items():
-        if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise SpecError(f"{field_name}.{name}", "is not a valid environment variable name")
-        if not isinstance(val, str):
-            raise SpecError(f"{field_name}.{name}", f"value must be a string, got {val!r}")
-        if FORBIDDEN_ENV.get(name) == val.strip():
-            raise SpecError(
-                f"{field_name}.{name}",
-                f"{name}={val} silently disables MNNVL "
-                "(NCCL needs cuMem for fabric memory); remove it",
-            )
-
-
-def parse_env(items: list[str] | tuple[str, ...] | str, field: str = "env") -> dict[str, str]:
-    """Parse ``NAME=value`` items (a list, or one comma-separated string); blanks are skipped."""
-    if isinstance(items, str):
-        items = items.split(",")
-    env: dict[str, str] = {}
-    for item in (i for i in items if i.strip()):
-        if "=" not in item:
-            raise SpecError(field, f"{item!r} must look like NAME=value")
-        name, val = item.split("=", 1)
-        env[name.strip()] = val
-    return env
-
-
-def parse_list(items: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
-    """A list flag's items, or one comma-separated string, without blanks."""
-    if isinstance(items, str):
-        items = items.split(",")
-    return tuple(i.strip() for i in items if i.strip())
-
-
-def check_label_key(field_name: str, key: str) -> None:
-    prefix, _, name = key.rpartition("/")
-    ok = bool(name) and len(name) <= 63 and bool(LABEL_VALUE.match(name))
-    if prefix:
-        ok = ok and len(prefix) <= 253 and bool(DNS1123_SUBDOMAIN.match(prefix))
-    if not ok:
-        raise SpecError(field_name, f"{key!r} is not a label key ([prefix/]name, name <= 63 chars)")
-
-
-def check_label_value(field_name: str, value: str) -> None:
-    if value and (len(value) > 63 or not LABEL_VALUE.match(value)):
-        raise SpecError(
-            field_name, f"{value!r} is not a label value (<= 63 chars, alphanumeric ends)"
-        )
-
-
-TOLERATION = re.compile(r"^(?P<key>[^=:]+)(?:=(?P<value>[^:]*))?:(?P<effect>[A-Za-z]+)$")
-TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-
-
-def parse_toleration(item: str) -> dict[str, str]:
-    """``key[=value]:Effect`` -> a pod toleration (Equal with a value, else Exists)."""
-    m = TOLERATION.match(item)
-    if not m:
-        raise SpecError("tolerations", f"{item!r} must look like key[=value]:Effect")
-    check_label_key("tolerations", m["key"])
-    check_choice("tolerations", m["effect"], TAINT_EFFECTS)
-    if m["value"] is None:
-        return {"key": m["key"], "operator": "Exists", "effect": m["effect"]}
-    check_label_value("tolerations", m["value"])
-    return {"key": m["key"], "operator": "Equal", "value": m["value"], "effect": m["effect"]}
-
-
-def parse_bytes(field_name: str, value: str | int) -> int:
-    """Parse a byte count like ``1M``, ``64MiB``, ``4G`` or ``1048576`` (binary units)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(value), re.IGNORECASE)
-    if not m:
-        raise SpecError(field_name, f"{value!r} is not a size like 1M, 64MiB or 4G")
-    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+    meta = {"help": help, "surfaces": frozenset(surfaces), "why": why}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,12 +146,14 @@ class OwnerRef:
 class DomainSpec:
     """What provision and teardown need: which run, where, and how the channel is allocated."""
 
-    run_id: str
-    namespace: str = "default"  # "": the launcher pod's own namespace, else "default"
-    allocation_mode: str = "Single"
-    rct_timeout_s: float = 120.0
-    delete_timeout_s: float = 300.0
-    owner: OwnerRef | None = None
+    run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
+    namespace: str = opt(
+        "default", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
+    )
+    allocation_mode: str = opt("Single", "IMEX channels per pod: Single (channel0) or All")
+    rct_timeout_s: float = opt(120.0, "wait for the DRA controller's channel claim template, s")
+    delete_timeout_s: float = opt(300.0, "wait until each deleted object is gone (GET 404), s")
+    owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
@@ -260,36 +168,66 @@ class DomainSpec:
 class WorkloadSpec:
     """The multi-node Indexed Job: shape, image, placement, NCCL profile and deadlines."""
 
-    run_id: str
-    namespace: str = "default"  # "": the launcher pod's own namespace, else "default"
-    purpose: str = "train"
-    nodes: int = 2
-    nodes_per_clique: int = 0  # 0: all nodes in one clique
-    max_nodes_per_clique: int = MAX_NODES
-    gpus_per_node: int = 4
-    image: str = DEFAULT_IMAGE
-    gpu_mode: str = "limits"
-    gpu_device_class: str = "gpu.nvidia.com"
-    clique_affinity: bool = True
-    nccl_profile: str = "production"
-    env: dict[str, str] = field(default_factory=dict)
-    rdzv_port: int = 29500
-    service_account: str = ""
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: tuple[str, ...] = ()
-    priority_class: str = ""
-    queue_name: str = ""
-    topology_aware: bool = False
-    admission_timeout_s: float = 0.0
-    pvc: tuple[str, ...] = ()
-    shm_size: str = "16Gi"
-    pods_running_timeout_s: float = 900.0
-    unschedulable_grace_s: float = 60.0
-    job_timeout_s: float = 7200.0
-    ttl_after_finished_s: int = 3600
-    backoff_limit_per_index: int = 0
-    image_pull_policy: str = "IfNotPresent"
-    owner: OwnerRef | None = None
+    run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
+    namespace: str = opt(
+        "default", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
+    )
+    purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
+    nodes: int = opt(
+        2, "worker pods, one per node; more than one clique needs nodes_per_clique (multiple of it)"
+    )
+    nodes_per_clique: int = opt(
+        0,
+        "nodes in each NVLink clique group (one Job each; HSDP training, per-clique verify); "
+        "0 = all nodes in one clique",
+    )
+    max_nodes_per_clique: int = opt(MAX_NODES, "most nodes one NVLink clique holds (NVL72: 18)")
+    gpus_per_node: int = opt(4, "GPUs per worker pod; 0 = one CPU process per pod (gloo)")
+    image: str = opt(
+        DEFAULT_IMAGE, "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)"
+    )
+    gpu_mode: str = opt("limits", "limits (device plugin nvidia.com/gpu) or claim (DRA claim)")
+    gpu_device_class: str = opt("gpu.nvidia.com", "DeviceClass for gpu_mode claim")
+    clique_affinity: bool = opt(
+        True, "keep every pod (of each clique group) inside one nvidia.com/gpu.clique"
+    )
+    nccl_profile: str = opt("production", "production, verify-strict or single-host (README)")
+    env: dict[str, str] = opt(
+        factory=dict, help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)"
+    )
+    rdzv_port: int = opt(29500, "torchrun rendezvous port on pod 0")
+    service_account: str = opt("", "service account of the worker pods ('' = namespace default)")
+    node_selector: dict[str, str] = opt(
+        factory=dict, help="extra node selector for worker pods, KEY=VALUE (repeatable)"
+    )
+    tolerations: tuple[str, ...] = opt(
+        (), "extra toleration for worker pods, key[=value]:Effect (repeatable)"
+    )
+    priority_class: str = opt("", "PriorityClass of the worker pods")
+    queue_name: str = opt("", "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name")
+    topology_aware: bool = opt(
+        False, "with queue_name: Kueue topology-aware scheduling, each group in one clique"
+    )
+    admission_timeout_s: float = opt(
+        0.0, "how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 = no limit"
+    )
+    pvc: tuple[str, ...] = opt(
+        (), "PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable)"
+    )
+    shm_size: str = opt("16Gi", "size of the workers' /dev/shm, e.g. 16Gi")
+    pods_running_timeout_s: float = opt(
+        900.0, "deadline for all worker pods to run, s; IMEX start-up can take minutes"
+    )
+    unschedulable_grace_s: float = opt(
+        60.0,
+        "how long a pod may stay Unschedulable (or its node held by another ComputeDomain) "
+        "before the step fails, s",
+    )
+    job_timeout_s: float = opt(7200.0, "deadline for the Job to complete, s (activeDeadline)")
+    ttl_after_finished_s: int = opt(3600, "ttlSecondsAfterFinished of the Job")
+    backoff_limit_per_index: int = opt(0, "retries per pod index before the Job fails")
+    image_pull_policy: str = opt("IfNotPresent", "Always, IfNotPresent or Never")
+    owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
@@ -384,24 +322,26 @@ class WorkloadSpec:
 class TrainConfig:
     """The sharded training step (runs in worker pods as ``python -m mnnvl.runtime.train``)."""
 
-    model: str = "tiny"
-    steps: int = 20
-    seq_len: int = 0
-    batch_size: int = 2
-    lr: float = 3e-4
-    warmup_steps: int = 5
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    dtype: str = "auto"
-    compile: bool = False
-    activation_checkpointing: bool = False
-    data: str = "synthetic"
-    seed: int = 0
-    checkpoint_dir: str = ""
-    checkpoint_every: int = 0
-    allow_local_checkpoint: bool = False
-    log_every: int = 10
+    model: str = opt("tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b")
+    steps: int = opt(20, "optimizer steps in total, across resumes")
+    seq_len: int = opt(0, "sequence length; 0 = the preset's")
+    batch_size: int = opt(2, "sequences per rank per step")
+    lr: float = opt(3e-4, "peak learning rate")
+    warmup_steps: int = opt(5, "linear warm-up steps before the cosine decay")
+    min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of the peak")
+    weight_decay: float = opt(0.1, "AdamW weight decay")
+    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off")
+    dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32")
+    compile: bool = opt(False, "torch.compile each block")
+    activation_checkpointing: bool = opt(False, "recompute activations in the backward pass")
+    data: str = opt("synthetic", "synthetic, or a token file under a --pvc mount (.bin)")
+    seed: int = opt(0, "random seed for weights and synthetic data")
+    checkpoint_dir: str = opt("", "checkpoint directory under a --pvc mount; a rerun resumes")
+    checkpoint_every: int = opt(0, "steps between checkpoints; 0 = only at the end")
+    allow_local_checkpoint: bool = opt(
+        False, "accept checkpoint_dir/data outside a --pvc mount (single-node runs only)"
+    )
+    log_every: int = opt(10, "steps between logged metrics")
 
     def __post_init__(self) -> None:
         check_choice("model", self.model, MODEL_PRESETS)
@@ -437,21 +377,28 @@ class VerifyConfig:
     ``min_busbw_gbps`` of 0 means "derive the threshold from the detected topology"
     (active links x per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
     NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.
-    With several clique groups, ``min_inter_clique_busbw_gbps`` judges the sweeps that cross
-    cliques (0: those parts are NOT_JUDGED); each clique is judged like a single-clique run.
     """
 
-    min_bytes: int = 0
-    max_bytes: int = 0
-    iters: int = 0
-    warmup_iters: int = 0
-    min_busbw_gbps: float = 0.0
-    min_inter_clique_busbw_gbps: float = 0.0
-    efficiency: float = 0.62
-    judge_min_bytes: int = 1 << 30
-    cuda_graphs: bool = True
-    allow_unjudged: bool = False
-    output_dir: str = ""
+    min_bytes: int = opt(0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU")
+    max_bytes: int = opt(0, "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU")
+    iters: int = opt(0, "timed all-reduces per size; 0 = adaptive (mean known within 1 percent)")
+    warmup_iters: int = opt(0, "untimed all-reduces before each size; 0 = automatic")
+    min_busbw_gbps: float = opt(0.0, "pass threshold, GB/s; 0 = active links x speed x efficiency")
+    min_inter_clique_busbw_gbps: float = opt(
+        0.0, "pass threshold for the sweeps across clique groups, GB/s; 0 = not judged"
+    )
+    efficiency: float = opt(0.62, "fraction of the NVLink limit a derived threshold asks for")
+    judge_min_bytes: int = opt(1 << 30, "sizes from this one up are judged against the threshold")
+    cuda_graphs: bool = opt(True, "also time small sizes as CUDA graphs and direct NCCL calls")
+    allow_unjudged: bool = opt(
+        False, "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success"
+    )
+    output_dir: str = opt(
+        "",
+        "write verify.json/.md/.html and busbw.png here (rank 0)",
+        surfaces=(CLI,),
+        why="a directory inside the worker pod; pipelines get the reports as artifacts",
+    )
 
     def __post_init__(self) -> None:
         check_range("min_bytes", self.min_bytes, 0, 1 << 36, integer=True)
@@ -466,3 +413,24 @@ class VerifyConfig:
         check_range("min_inter_clique_busbw_gbps", self.min_inter_clique_busbw_gbps, 0.0, 100_000.0)
         check_range("efficiency", self.efficiency, 0.01, 1.0)
         check_range("judge_min_bytes", self.judge_min_bytes, 1, 1 << 36, integer=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    """What ``launch`` runs in every worker pod: a Python module under the project's torchrun
+    command (rendezvous from the Job's env), or any command, which receives ``MASTER_ADDR``,
+    ``MASTER_PORT``, ``WORLD_SIZE``, ``NODE_RANK``, ``NNODES``, ``NPROC_PER_NODE`` and
+    ``JOB_COMPLETION_INDEX`` and starts its own processes."""
+
+    module: str = opt("", "Python module to run under torchrun; '' = run `command` as it is")
+    command: tuple[str, ...] = opt(
+        (), "with a module: its arguments; without: the program and its arguments (a list)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.module and not MODULE_NAME.match(self.module):
+            raise SpecError("module", f"{self.module!r} is not a Python module name like a.b")
+        if not all(isinstance(a, str) for a in self.command):
+            raise SpecError("command", "every item must be a string")
+        if not self.module and not self.command:
+            raise SpecError("command", "is empty: give a module or a command to run")

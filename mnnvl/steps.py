@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnnvl.contract.result import NOT_JUDGED, PASS, schema_problems
 from mnnvl.driver import (
     Api,
     Deadline,
@@ -68,11 +69,17 @@ class ProvisionResult(Result):
 
 @dataclass(frozen=True)
 class LaunchResult(Result):
+    """A finished workload: rank 0's RESULT (None when it printed none) and its log tail.
+
+    ``exit_code`` is 0: a workload that exits otherwise raises ``WorkloadFailed`` instead.
+    """
+
     job: str
     pods: list[str]
     result: dict[str, Any] | None
     log_tail: str
     elapsed_s: float
+    exit_code: int = 0
 
 
 @dataclass(frozen=True)
@@ -180,6 +187,7 @@ def launch(
 ) -> LaunchResult:
     """Run ``module`` on the workload's nodes; return rank 0's RESULT (None if it printed none).
 
+    ``module`` empty runs ``args`` as the command itself (it gets the rendezvous env).
     The whole Job lifecycle (domain check, create, queue/pod/Job-aware waits, rank-0 log,
     RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown.
     """
@@ -201,6 +209,13 @@ def _require_result(launched: LaunchResult, kind: str) -> dict[str, Any]:
         raise WorkloadFailed(
             f"Job {launched.job} completed but rank 0 printed no {kind} RESULT line; "
             f"last log lines:\n{launched.log_tail}"
+        )
+    problems = schema_problems(raw)
+    if problems:
+        raise WorkloadFailed(
+            f"Job {launched.job}: rank 0's {kind} RESULT does not match the report schema "
+            f"({'; '.join(problems)}); is the worker image's mnnvl-pipelines the launcher's?",
+            result=raw,
         )
     return raw
 
@@ -249,7 +264,7 @@ def train(
 
 def verdict_accepted(verdict: str, allow_unjudged: bool) -> bool:
     """PASS always; NOT_JUDGED (no threshold could be applied) only where the caller allowed it."""
-    return verdict == "PASS" or (verdict == "NOT_JUDGED" and allow_unjudged)
+    return verdict == PASS or (verdict == NOT_JUDGED and allow_unjudged)
 
 
 def verify(
@@ -312,7 +327,7 @@ def verify(
             f"({raw.get('threshold_source')}), peak {num(result.peak_busbw_gbps)} GB/s, "
             f"world size {raw.get('world_size')}, backend {raw.get('backend')}; reasons: "
             f"{'; '.join(raw.get('reasons') or []) or 'none given'}"
-            + ("; pass --allow-unjudged to accept it" if result.verdict == "NOT_JUDGED" else "")
+            + ("; pass --allow-unjudged to accept it" if result.verdict == NOT_JUDGED else "")
             + (f"; report: {files.get('markdown')}" if files else "")
         )
     return result

@@ -14,11 +14,7 @@ The CronWorkflows reference WorkflowTemplates by name and name no namespace: kus
 from __future__ import annotations
 
 import copy
-import json
-import re
 from typing import Any
-
-from hera.workflows import DAG, Task, WorkflowTemplate
 
 from mnnvl.components import argo_templates as t
 from mnnvl.pipelines import argo_workflow as aw
@@ -73,52 +69,18 @@ def harden(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _used_parameters_only(doc: dict[str, Any]) -> dict[str, Any]:
-    """Keep the workflow parameters something references (plus the service account)."""
-    text = json.dumps(doc["spec"]["templates"]) + doc["spec"].get("serviceAccountName", "")
-    used = set(re.findall(r"workflow\.parameters\.([a-z0-9-]+)", text))
-    params = doc["spec"]["arguments"]["parameters"]
-    doc["spec"]["arguments"]["parameters"] = [p for p in params if p["name"] in used]
-    return doc
-
-
-def build_verify_only_template() -> WorkflowTemplate:
-    """provision -> verify, teardown on exit: a fabric health check without training."""
-    with WorkflowTemplate(
-        name=VERIFY_ONLY_NAME,
-        labels={**aw.LABELS, "app.kubernetes.io/name": VERIFY_ONLY_NAME},
-        annotations={
-            "workflows.argoproj.io/description": "ComputeDomain -> NVLink verification; "
-            "teardown on exit."
-        },
-        entrypoint=aw.ENTRYPOINT,
-        on_exit=aw.EXIT_HANDLER,
-        service_account_name="{{workflow.parameters.service-account}}",
-        arguments=aw._workflow_parameters(),
-    ) as wt:
-        provision = t.provision_template()
-        verify = t.verify_template()
-        teardown = t.teardown_template()
-        with DAG(name=aw.ENTRYPOINT):
-            p = Task(name="provision", template=provision, arguments=aw._arguments(provision))
-            v = Task(
-                name="verify",
-                template=verify,
-                arguments=aw._arguments(verify, aw.VERIFY_RENAMES, purpose="verify"),
-            )
-            p >> v
-        with DAG(name=aw.EXIT_HANDLER):
-            Task(name="teardown", template=teardown, arguments=aw._arguments(teardown))
-    return wt
-
-
-def verify_only_template_manifest() -> dict[str, Any]:
-    doc = aw._int_or_string_as_strings(build_verify_only_template().to_dict())
-    return harden(_used_parameters_only(doc))
+def template_manifest(name: str) -> dict[str, Any]:
+    """A shipped WorkflowTemplate (``argo_workflow.WORKFLOW_TEMPLATES``), hardened."""
+    return harden(aw.workflow_template_manifest(name))
 
 
 def training_template_manifest() -> dict[str, Any]:
-    return harden(aw.workflow_template_manifest())
+    return template_manifest(aw.TEMPLATE_NAME)
+
+
+def verify_only_template_manifest() -> dict[str, Any]:
+    """provision -> verify, teardown on exit: a fabric health check without training."""
+    return template_manifest(VERIFY_ONLY_NAME)
 
 
 def _cron(name: str, schedule: str, description: str, workflow_spec: dict[str, Any]) -> dict:

@@ -1,12 +1,17 @@
-"""Argo Workflows: the ``mnnvl-training`` WorkflowTemplate and a Workflow that runs it.
+"""Argo Workflows: one WorkflowTemplate per pipeline, ``mnnvl-launch``, and a Workflow.
 
-DAG: provision -> verify-pre (gate) -> train -> verify-post; ``onExit`` runs teardown.
-The run id is ``{{workflow.uid}}``, so the exit handler derives the same object names as
-the steps. Only the idempotent steps (provision, teardown) retry; the long steps carry an
-``activeDeadlineSeconds``. The launcher pods run as the service account named by the
-workflow parameter ``service-account`` (RBAC: ``components/README.md``).
+``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom`` run the DAGs of
+``mnnvl.surface.PIPELINES`` (the same tasks and parameters as the KFP pipelines); ``onExit``
+runs teardown. ``mnnvl-launch`` holds the step templates only (entrypoint ``launch``), for
+``templateRef`` from your own workflows. The run id is ``{{workflow.uid}}``, so the exit
+handler derives the same object names as the steps. The first task validates every workflow
+parameter (``{{workflow.parameters.json}}``) before it creates anything. Only the idempotent
+steps (provision, teardown) retry; the long steps carry an ``activeDeadlineSeconds``.
 
-``argo submit --from workflowtemplate/mnnvl-training -p nodes=4`` runs it, as does applying
+Workflow parameters that exist only on Argo (``ARGO_ONLY``): the launcher pods' service
+account and image, and the launcher pods' deadlines.
+
+``argo submit --from workflowtemplate/mnnvl-training -p nodes=4`` runs one, as does applying
 ``workflow_manifest()`` (a Workflow with ``workflowTemplateRef``).
 """
 
@@ -17,148 +22,115 @@ from typing import Any
 from hera.workflows import DAG, Container, Parameter, Task, Workflow, WorkflowTemplate
 from hera.workflows import models as m
 
+from mnnvl import surface
 from mnnvl.components import argo_templates as t
-from mnnvl.spec import DEFAULT_IMAGE
+from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
 
 TEMPLATE_NAME = "mnnvl-training"
+LAUNCH_TEMPLATE_NAME = "mnnvl-launch"
 ENTRYPOINT = "main"
 EXIT_HANDLER = "exit-handler"
 DEFAULT_SERVICE_ACCOUNT = "mnnvl-runner"  # manifests/base/rbac.yaml
+WORKFLOW_TEMPLATES = (*surface.PIPELINES, LAUNCH_TEMPLATE_NAME)
 LABELS = {"app.kubernetes.io/part-of": "mnnvl-pipelines", "app.kubernetes.io/name": TEMPLATE_NAME}
 
-
-# A workflow parameter has the same shape as a template input: name, default, description.
-WfParam = t.Input
-
-
-WORKFLOW_PARAMETERS = [
-    WfParam("service-account", DEFAULT_SERVICE_ACCOUNT, "Service account of the launcher pods"),
-    WfParam("namespace", "default", "Namespace of the ComputeDomain and worker Jobs"),
-    WfParam("nodes", "2", "Worker pods, one per node"),
-    WfParam("gpus-per-node", "4", "GPUs per worker pod (0 = one CPU process)"),
-    WfParam("image", DEFAULT_IMAGE, "Worker (runtime) image"),
-    WfParam("gpu-mode", "limits", "limits (device plugin) or claim (DRA gpu.nvidia.com)"),
-    WfParam("allocation-mode", "Single", "IMEX channel allocation: Single or All"),
-    WfParam("clique-affinity", "true", "Keep all pods in one NVLink clique", boolean=True),
-    WfParam("worker-service-account", "", "Service account of the worker pods"),
-    WfParam("node-selector", "", "Extra node selector of the workers: key=value,..."),
-    WfParam("tolerations", "", "Extra tolerations of the workers: key[=value]:Effect,..."),
-    WfParam("priority-class", "", "PriorityClass of the worker pods"),
-    WfParam("queue-name", "", "Kueue LocalQueue of the worker Jobs"),
-    WfParam("pvc", "", "PersistentVolumeClaims in every worker: CLAIM:/path[:ro],..."),
-    WfParam("shm-size", "16Gi", "Size of the workers' /dev/shm"),
-    WfParam("model", "1b", "Model preset: tiny, small, 125m, 350m, 1b, 3b, 8b"),
-    WfParam("steps", "100", "Optimizer steps"),
-    WfParam("seq-len", "0", "Sequence length (0 = preset's)"),
-    WfParam("batch-size", "4", "Micro-batch per rank"),
-    WfParam("lr", "0.0003", "Peak learning rate"),
-    WfParam("warmup-steps", "5", "Linear warm-up steps"),
-    WfParam("dtype", "auto", "auto, bf16 or fp32"),
-    WfParam("compile", "true", "torch.compile the model", boolean=True),
-    WfParam("activation-checkpointing", "false", "Recompute activations", boolean=True),
-    WfParam("data", "synthetic", "synthetic, or a token file visible to the workers"),
-    WfParam("seed", "0", "Random seed"),
-    WfParam("checkpoint-dir", "", "Shared checkpoint/resume directory"),
-    WfParam("checkpoint-every", "0", "Steps between checkpoints (0 = only at the end)"),
-    WfParam("log-every", "10", "Steps between logged losses"),
-    WfParam("min-busbw-gbps", "0", "Verification threshold in GB/s (0 = derive from topology)"),
-    WfParam("efficiency", "0.62", "Fraction of the link limit a derived threshold asks for"),
-    WfParam("verify-max-bytes", "0", "Largest all-reduce size (0 = pick for the device)"),
-    WfParam("verify-iters", "0", "Timed iterations per size (0 = pick for the device)"),
-    WfParam(
-        "allow-unjudged", "false", "Accept a NOT_JUDGED verification (no threshold)", boolean=True
-    ),
-    WfParam("rct-timeout-s", "120", "Wait for the DRA controller's claim template (s)"),
-    WfParam("delete-timeout-s", "300", "Wait until each object is gone (s)"),
-    WfParam("pods-running-timeout-s", "900", "Deadline for worker pods to be Running (s)"),
-    WfParam("train-timeout-s", "7200", "Deadline for the training Job (s)"),
-    WfParam("verify-timeout-s", "1800", "Deadline for each verification Job (s)"),
-    WfParam("train-deadline-s", "28800", "activeDeadlineSeconds of the train launcher pod"),
-    WfParam("verify-deadline-s", "3600", "activeDeadlineSeconds of each verify launcher pod"),
-]
-_WF_NAMES = {p.name for p in WORKFLOW_PARAMETERS}
-
-# Template input -> workflow parameter, where the names differ.
-TRAIN_RENAMES = {
-    "service-account": "worker-service-account",
-    "job-timeout-s": "train-timeout-s",
-    t.DEADLINE_INPUT: "train-deadline-s",
-}
-VERIFY_RENAMES = {
-    "service-account": "worker-service-account",
-    "job-timeout-s": "verify-timeout-s",
-    "max-bytes": "verify-max-bytes",
-    "iters": "verify-iters",
-    t.DEADLINE_INPUT: "verify-deadline-s",
+# Workflow parameters with no KFP twin, and why.
+ARGO_ONLY: dict[str, tuple[str, str]] = {
+    "service-account": (DEFAULT_SERVICE_ACCOUNT, "service account of the launcher pods"),
+    t.LAUNCHER_IMAGE_INPUT: (DEFAULT_LAUNCHER_IMAGE, "image of the launcher (step) pods"),
+    **{
+        f"{step}-deadline-s": (seconds, f"activeDeadlineSeconds of each {step} launcher pod")
+        for step, seconds in t.DEADLINES.items()
+    },
 }
 
 
-def _arguments(
-    template: Container, renames: dict[str, str] | None = None, **fixed: str
-) -> dict[str, str]:
-    """Wire each template input to its workflow parameter; inputs without one keep defaults."""
-    renames = renames or {}
+def _labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/part-of": "mnnvl-pipelines", "app.kubernetes.io/name": name}
+
+
+def _wf(name: str) -> str:
+    return f"{{{{workflow.parameters.{name}}}}}"
+
+
+def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
+    """The pipeline's parameters (kebab-case), then the Argo-only ones its steps use."""
+    params = [
+        Parameter(name=p.kebab, value=p.text(), description=p.help, enum=t.parameter(p).enum)
+        for p in plan.parameters()
+    ]
+    steps = {task.step for task in plan.tasks}
+    for name, (default, description) in ARGO_ONLY.items():
+        if not name.endswith("-deadline-s") or name.removesuffix("-deadline-s") in steps:
+            params.append(Parameter(name=name, value=default, description=description))
+    return params
+
+
+def _arguments(plan: surface.Pipeline, task: surface.Task, template: Container) -> dict[str, str]:
+    """Each template input from its workflow parameter, or the task's fixed value."""
+    by_input = {i.kebab: i for i in surface.step_inputs(task.step, surface.ARGO)}
     args: dict[str, str] = {}
-    inputs = template.inputs if isinstance(template.inputs, list) else []
-    for param in inputs:
+    for param in template.inputs if isinstance(template.inputs, list) else []:
         name = str(getattr(param, "name", ""))
-        if name in fixed:
-            args[name] = fixed[name]
-            continue
-        source = renames.get(name, name)
-        if source in _WF_NAMES:
-            args[name] = f"{{{{workflow.parameters.{source}}}}}"
+        item = by_input.get(name)
+        if item is not None and item.name in task.fixed:
+            args[name] = item.text(task.fixed[item.name])
+        elif item is not None:
+            args[name] = _wf(task.parameter_name(item.name).replace("_", "-"))
+        elif name == t.DEADLINE_INPUT:
+            args[name] = _wf(f"{task.step}-deadline-s")
+        elif name == t.LAUNCHER_IMAGE_INPUT:
+            args[name] = _wf(t.LAUNCHER_IMAGE_INPUT)
+        elif name == t.PIPELINE_INPUT:
+            args[name] = plan.name
+        elif name == t.PIPELINE_PARAMETERS_INPUT:
+            args[name] = "{{workflow.parameters.json}}"
     return args
 
 
-def _workflow_parameters() -> list[Parameter]:
-    return [
-        Parameter(
-            name=p.name,
-            value=p.default,
-            description=p.description,
-            enum=["true", "false"] if p.boolean else None,
-        )
-        for p in WORKFLOW_PARAMETERS
-    ]
+def _register_templates(*, check: bool) -> dict[str, Container]:
+    templates = {"provision": t.provision_template(check=check)}
+    templates |= {step: make() for step, make in t.STEP_TEMPLATES.items()}
+    return templates
 
 
-def build_workflow_template() -> WorkflowTemplate:
-    """The hera WorkflowTemplate (post-process with ``workflow_template_manifest``)."""
+def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
+    """The hera WorkflowTemplate ``name`` (post-process with ``workflow_template_manifest``)."""
+    if name == LAUNCH_TEMPLATE_NAME:
+        with WorkflowTemplate(
+            name=name,
+            labels=_labels(name),
+            annotations={"workflows.argoproj.io/description": t.launch_template.__doc__ or ""},
+            entrypoint="launch",
+            service_account_name=DEFAULT_SERVICE_ACCOUNT,
+        ) as wt:
+            _register_templates(check=False)
+        return wt
+    plan = surface.PIPELINES[name]
     with WorkflowTemplate(
-        name=TEMPLATE_NAME,
-        labels=LABELS,
-        annotations={
-            "workflows.argoproj.io/description": "ComputeDomain -> NVLink "
-            "verification -> sharded training -> verification; teardown on exit."
-        },
+        name=name,
+        labels=_labels(name),
+        annotations={"workflows.argoproj.io/description": plan.description},
         entrypoint=ENTRYPOINT,
         on_exit=EXIT_HANDLER,
-        service_account_name="{{workflow.parameters.service-account}}",
-        arguments=_workflow_parameters(),
+        service_account_name=_wf("service-account"),
+        arguments=workflow_parameters(plan),
     ) as wt:
-        provision = t.provision_template()
-        train = t.train_template()
-        verify = t.verify_template()
-        teardown = t.teardown_template()
+        templates = _register_templates(check=True)
+        *main, teardown = plan.tasks
         with DAG(name=ENTRYPOINT):
-            p = Task(name="provision", template=provision, arguments=_arguments(provision))
-            pre = Task(
-                name="verify-pre",
-                template=verify,
-                arguments=_arguments(verify, VERIFY_RENAMES, purpose="verify-pre"),
-            )
-            tr = Task(name="train", template=train, arguments=_arguments(train, TRAIN_RENAMES))
-            post = Task(
-                name="verify-post",
-                template=verify,
-                arguments=_arguments(verify, VERIFY_RENAMES, purpose="verify-post"),
-            )
-            p >> pre
-            pre >> tr
-            tr >> post
+            previous = None
+            for task in main:
+                template = templates[task.step]
+                current = Task(
+                    name=task.name, template=template, arguments=_arguments(plan, task, template)
+                )
+                if previous is not None:
+                    previous >> current
+                previous = current
         with DAG(name=EXIT_HANDLER):
-            Task(name="teardown", template=teardown, arguments=_arguments(teardown))
+            template = templates["teardown"]
+            Task(name="teardown", template=template, arguments=_arguments(plan, teardown, template))
     return wt
 
 
@@ -176,17 +148,17 @@ def _int_or_string_as_strings(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def workflow_template_manifest() -> dict[str, Any]:
+def workflow_template_manifest(name: str = TEMPLATE_NAME) -> dict[str, Any]:
     """The WorkflowTemplate as a plain dict, ready for YAML."""
-    return _int_or_string_as_strings(build_workflow_template().to_dict())
+    return _int_or_string_as_strings(build_workflow_template(name).to_dict())
 
 
 def build_workflow(arguments: dict[str, str] | None = None) -> Workflow:
-    """A Workflow that runs the template (what ``argo submit --from`` creates)."""
+    """A Workflow that runs the training template (what ``argo submit --from`` creates)."""
     params = arguments or {"nodes": "2", "gpus-per-node": "4"}
     return Workflow(
         generate_name=f"{TEMPLATE_NAME}-",
-        labels=LABELS,
+        labels=_labels(TEMPLATE_NAME),
         workflow_template_ref=m.WorkflowTemplateRef(name=TEMPLATE_NAME),
         arguments=[Parameter(name=k, value=v) for k, v in sorted(params.items())],
     )

@@ -1,19 +1,26 @@
 """Regenerate the compiled YAML that GitOps applies: ``python -m mnnvl.pipelines.compile``.
 
-Writes ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplate and Workflow), the GitOps
+Writes the generated KFP component module (``components/kfp_components.py``, from the field
+declarations), ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates and a Workflow), the GitOps
 kustomize directories ``pipelines/gitops/kfp`` (``Pipeline`` + ``PipelineVersion`` CRs of every
 pipeline) and ``pipelines/gitops/argo`` (WorkflowTemplates and CronWorkflows), and the
 component YAMLs beside ``components/``. No namespace is written: kustomize places the objects.
 The output is byte-for-byte deterministic: same sources, same bytes. ``--check`` compiles into
 a scratch directory and exits 1 listing every file that differs from the checked-in one.
+
+KFP fixes images at compile time, so ``--launcher-image REG/launcher:TAG --runtime-image
+REG/runtime:TAG --out DIR`` writes the whole set with your images instead of the defaults
+(Argo users can also set the ``launcher-image`` and ``image`` workflow parameters).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -24,6 +31,8 @@ import yaml
 
 import mnnvl
 from mnnvl import components as components_pkg
+from mnnvl.errors import SpecError
+from mnnvl.spec import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE, check_image
 
 log = logging.getLogger(__name__)
 
@@ -100,21 +109,51 @@ def _yaml_doc(make: Callable[[], dict[str, Any]]) -> Callable[[Path], None]:
     return write
 
 
+def _text(make: Callable[[], str]) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        path.write_text(make(), encoding="utf-8")
+
+    return write
+
+
+def _retag(node: Any, images: dict[str, str]) -> Any:
+    """Every default image in every string (embedded component sources too) -> the user's."""
+    if isinstance(node, dict):
+        return {k: _retag(v, images) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_retag(v, images) for v in node]
+    if isinstance(node, str):
+        for default, user in images.items():
+            node = node.replace(default, user)
+    return node
+
+
+def retag_file(path: Path, images: dict[str, str]) -> None:
+    """Rewrite a compiled YAML file with ``images`` (default image -> user image) applied."""
+    docs = [_retag(d, images) for d in yaml.safe_load_all(path.read_text(encoding="utf-8"))]
+    text = yaml.safe_dump_all(docs, sort_keys=False, width=100, allow_unicode=True)
+    path.write_text(HEADER + text, encoding="utf-8")
+
+
 def targets() -> dict[str, Callable[[Path], None]]:
     """Relative output path (from the repository root) -> writer."""
+    from mnnvl.components import kfp_codegen
     from mnnvl.components.kfp_components import COMPONENTS
     from mnnvl.pipelines import argo_gitops as gitops
     from mnnvl.pipelines import argo_workflow as argo
     from mnnvl.pipelines import kfp_pipeline as kp
 
-    out: dict[str, Callable[[Path], None]] = {}
+    out: dict[str, Callable[[Path], None]] = {
+        "components/kfp_components.py": _text(kfp_codegen.render_module)
+    }
     for name, component in COMPONENTS.items():
         out[f"components/{name}.yaml"] = _kfp_pipeline(component)
     for name, func in kp.PIPELINES.items():
         out[f"pipelines/compiled/{name}.kfp.yaml"] = _kfp_pipeline(func)
-    out[f"pipelines/compiled/{argo.TEMPLATE_NAME}.workflowtemplate.yaml"] = _yaml_doc(
-        gitops.training_template_manifest
-    )
+    for name in argo.WORKFLOW_TEMPLATES:
+        out[f"pipelines/compiled/{name}.workflowtemplate.yaml"] = _yaml_doc(
+            functools.partial(gitops.template_manifest, name)
+        )
     out[f"pipelines/compiled/{argo.TEMPLATE_NAME}.workflow.yaml"] = _yaml_doc(
         argo.workflow_manifest
     )
@@ -127,9 +166,11 @@ def _gitops_targets() -> dict[str, Callable[[Path], None]]:
     from mnnvl.pipelines import kfp_pipeline as kp
 
     kfp = {f"{name}.k8s.yaml": _kfp_k8s(func, name) for name, func in kp.PIPELINES.items()}
-    argo = {
-        f"{gitops.aw.TEMPLATE_NAME}.workflowtemplate.yaml": gitops.training_template_manifest,
-        f"{gitops.VERIFY_ONLY_NAME}.workflowtemplate.yaml": gitops.verify_only_template_manifest,
+    argo: dict[str, Callable[[], dict[str, Any]]] = {
+        f"{name}.workflowtemplate.yaml": functools.partial(gitops.template_manifest, name)
+        for name in gitops.aw.WORKFLOW_TEMPLATES
+    }
+    argo |= {
         f"{gitops.FABRIC_CHECK_NAME}.cronworkflow.yaml": gitops.fabric_check_cron_manifest,
         f"{gitops.REAP_NAME}.cronworkflow.yaml": gitops.reap_cron_manifest,
     }
@@ -160,16 +201,52 @@ def default_paths() -> dict[str, Path]:
     return paths
 
 
-def compile_all(root: Path | None = None) -> dict[str, Path]:
-    """Compile everything; under ``root`` (mirroring the repo layout) or in place."""
+def compile_all(root: Path | None = None, images: dict[str, str] | None = None) -> dict[str, Path]:
+    """Compile everything; under ``root`` (mirroring the repo layout) or in place.
+
+    ``images`` maps default image -> user image in every YAML written (needs ``root``).
+    """
+    if images and root is None:
+        raise ValueError("custom images are written under --out, never over the shipped set")
     paths = default_paths()
     written: dict[str, Path] = {}
     for rel, write in targets().items():
         path = root / rel if root is not None else paths[rel]
         path.parent.mkdir(parents=True, exist_ok=True)
         write(path)
+        if images and path.suffix == ".yaml":
+            retag_file(path, images)
+        elif images:  # the generated component module: its image defaults are literals
+            text = path.read_text(encoding="utf-8")
+            for default, user in images.items():
+                text = text.replace(repr(default), repr(user))
+            path.write_text(text, encoding="utf-8")
         written[rel] = path
     return written
+
+
+def refresh_component_module() -> bool:
+    """Write the generated component module when its declarations changed; True if written."""
+    from mnnvl.components import kfp_codegen
+
+    path = COMPONENTS_DIR / "kfp_components.py"
+    text = kfp_codegen.render_module()
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return False
+    path.write_text(text, encoding="utf-8")
+    return True
+
+
+def image_map(launcher_image: str | None, runtime_image: str | None) -> dict[str, str]:
+    """Default image -> user image, for the images given (each checked as a reference)."""
+    images: dict[str, str] = {}
+    if launcher_image:
+        check_image("launcher_image", launcher_image)
+        images[DEFAULT_LAUNCHER_IMAGE] = launcher_image
+    if runtime_image:
+        check_image("runtime_image", runtime_image)
+        images[DEFAULT_IMAGE] = runtime_image
+    return images
 
 
 def stale_files() -> list[str]:
@@ -188,8 +265,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mnnvl.pipelines.compile", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if compiled files are stale")
     parser.add_argument("--out", type=Path, default=None, help="write under this root instead")
+    parser.add_argument("--launcher-image", default=None, help="image of the step (task) pods")
+    parser.add_argument("--runtime-image", default=None, help="default worker image")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        images = image_map(args.launcher_image, args.runtime_image)
+    except SpecError as e:
+        parser.error(str(e))
+    if images and args.out is None:
+        parser.error("--launcher-image/--runtime-image need --out DIR")
     if args.check:
         stale = stale_files()
         for rel in stale:
@@ -199,7 +284,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         log.info("compiled files are up to date")
         return 0
-    for rel, path in compile_all(args.out).items():
+    if args.out is None and refresh_component_module():
+        # The pipelines import the component module: compile again in a fresh interpreter.
+        log.info("wrote components/kfp_components.py; compiling with it")
+        return subprocess.call([sys.executable, "-m", "mnnvl.pipelines.compile"])
+    for rel, path in compile_all(args.out, images).items():
         log.info("wrote %s", path if args.out else rel)
     return 0
 

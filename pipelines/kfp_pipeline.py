@@ -1,32 +1,43 @@
-"""KFP pipelines: ``mnnvl-training`` and ``mnnvl-verify-only``.
+"""KFP pipelines ``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom``.
 
-Shape of ``mnnvl-training``::
+Shapes (``mnnvl.surface.PIPELINES``)::
 
-    ExitHandler(teardown-domain):
-        provision-domain -> verify-pre (gate) -> train -> verify-post
+    mnnvl-training:    ExitHandler(teardown): provision -> verify-pre (gate) -> train -> verify-post
+    mnnvl-verify-only: ExitHandler(teardown): provision -> verify
+    mnnvl-custom:      ExitHandler(teardown): provision -> verify-pre (gate) -> launch
 
-Every task gets the run id from ``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` and derives all object
-names from it, because the exit task may not consume other tasks' outputs. Caching is off
-for every task (they all act on the cluster); only the idempotent steps (provision,
-teardown) retry.
+The parameters are those of the tasks' steps (renamed where two steps share an input name,
+e.g. ``train_timeout_s``/``verify_timeout_s``), built from the field declarations, so the
+pipeline, its components and the Argo workflow parameters cannot drift apart. The first task
+validates every parameter before it creates anything. Every task gets the run id from
+``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` (the exit task may not consume other tasks' outputs);
+caching is off everywhere; only the idempotent steps (provision, teardown) retry.
 """
 
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from kfp import dsl, kubernetes
 
-from mnnvl.components.kfp_components import (
-    provision_domain,
-    teardown_domain,
-    train_sharded,
-    verify_nvlink,
-)
+from mnnvl import surface
+from mnnvl.components import kfp_components as kc
 
 TRAINING_PIPELINE_NAME = "mnnvl-training"
 VERIFY_ONLY_PIPELINE_NAME = "mnnvl-verify-only"
+CUSTOM_PIPELINE_NAME = "mnnvl-custom"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 RETRIES = 2
 RETRY_BACKOFF = "15s"
+STEP_COMPONENTS = {
+    "train": kc.train_sharded,
+    "verify": kc.verify_nvlink,
+    "launch": kc.launch_workload,
+    "teardown": kc.teardown_domain,
+}
+_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool, "list": list[str]}
 LAUNCHER_UID = 65532  # the launcher image's USER
 
 
@@ -46,202 +57,69 @@ def _idempotent(task: dsl.PipelineTask, display_name: str) -> dsl.PipelineTask:
 
 
 def _once(task: dsl.PipelineTask, display_name: str) -> dsl.PipelineTask:
-    # Training and verification create Jobs that cost GPU hours; a retry is a user decision.
+    # Training, verification and launches create Jobs that cost GPU hours; a retry is a user
+    # decision.
     _launcher_pod(task).set_caching_options(False)
     return task.set_display_name(display_name)
 
 
-@dsl.pipeline(
-    name=TRAINING_PIPELINE_NAME,
-    description=(
-        "Provision a ComputeDomain, verify NVLink (gate), run sharded multi-node training, "
-        "verify again, and always tear down."
-    ),
-)
-def training_pipeline(
-    namespace: str = "default",
-    nodes: int = 2,
-    gpus_per_node: int = 4,
-    image: str = "ghcr.io/mnnvl-pipelines/runtime:0.1.0",
-    gpu_mode: str = "limits",
-    allocation_mode: str = "Single",
-    clique_affinity: bool = True,
-    env: str = "",
-    worker_service_account: str = "",
-    node_selector: str = "",
-    tolerations: str = "",
-    priority_class: str = "",
-    queue_name: str = "",
-    pvc: str = "",
-    shm_size: str = "16Gi",
-    model: str = "1b",
-    steps: int = 100,
-    seq_len: int = 0,
-    batch_size: int = 4,
-    lr: float = 3e-4,
-    warmup_steps: int = 5,
-    dtype: str = "auto",
-    compile: bool = True,
-    activation_checkpointing: bool = False,
-    data: str = "synthetic",
-    seed: int = 0,
-    checkpoint_dir: str = "",
-    checkpoint_every: int = 0,
-    log_every: int = 10,
-    min_busbw_gbps: float = 0.0,
-    efficiency: float = 0.62,
-    verify_max_bytes: int = 0,
-    verify_iters: int = 0,
-    allow_unjudged: bool = False,
-    rct_timeout_s: float = 120.0,
-    delete_timeout_s: float = 300.0,
-    pods_running_timeout_s: float = 900.0,
-    train_timeout_s: float = 7200.0,
-    verify_timeout_s: float = 1800.0,
-) -> None:
-    """Train on a multi-node NVLink domain with NVLink verification before and after."""
-    teardown = _idempotent(
-        teardown_domain(run_id=RUN_ID, namespace=namespace, delete_timeout_s=delete_timeout_s),
-        "teardown",
+def _signature(plan: surface.Pipeline) -> inspect.Signature:
+    return inspect.Signature(
+        [
+            inspect.Parameter(
+                p.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=p.default,
+                annotation=_TYPES[p.kind],
+            )
+            for p in plan.parameters()
+        ]
     )
-    workload: dict[str, Any] = {
-        "run_id": RUN_ID,
-        "namespace": namespace,
-        "nodes": nodes,
-        "gpus_per_node": gpus_per_node,
-        "image": image,
-        "gpu_mode": gpu_mode,
-        "clique_affinity": clique_affinity,
-        "env": env,
-        "service_account": worker_service_account,
-        "node_selector": node_selector,
-        "tolerations": tolerations,
-        "priority_class": priority_class,
-        "queue_name": queue_name,
-        "pvc": pvc,
-        "shm_size": shm_size,
-        "pods_running_timeout_s": pods_running_timeout_s,
-    }
-    verify_args: dict[str, Any] = {
-        **workload,
-        "min_busbw_gbps": min_busbw_gbps,
-        "efficiency": efficiency,
-        "max_bytes": verify_max_bytes,
-        "iters": verify_iters,
-        "allow_unjudged": allow_unjudged,
-        "job_timeout_s": verify_timeout_s,
-    }
-    with dsl.ExitHandler(teardown, name="mnnvl-run"):
-        provision = _idempotent(
-            provision_domain(
-                run_id=RUN_ID,
-                namespace=namespace,
-                allocation_mode=allocation_mode,
-                rct_timeout_s=rct_timeout_s,
-            ),
-            "provision",
-        )
-        pre = _once(verify_nvlink(purpose="verify-pre", **verify_args), "verify-pre")
-        pre.after(provision)
-        train = _once(
-            train_sharded(
-                **workload,
-                model=model,
-                steps=steps,
-                seq_len=seq_len,
-                batch_size=batch_size,
-                lr=lr,
-                warmup_steps=warmup_steps,
-                dtype=dtype,
-                compile=compile,
-                activation_checkpointing=activation_checkpointing,
-                data=data,
-                seed=seed,
-                checkpoint_dir=checkpoint_dir,
-                checkpoint_every=checkpoint_every,
-                log_every=log_every,
-                job_timeout_s=train_timeout_s,
-            ),
-            "train",
-        )
-        train.after(pre)
-        post = _once(verify_nvlink(purpose="verify-post", **verify_args), "verify-post")
-        post.after(train)
 
 
-@dsl.pipeline(
-    name=VERIFY_ONLY_PIPELINE_NAME,
-    description="Provision a ComputeDomain, verify NVLink across its nodes, and always tear down.",
-)
-def verify_only_pipeline(
-    namespace: str = "default",
-    nodes: int = 2,
-    gpus_per_node: int = 4,
-    image: str = "ghcr.io/mnnvl-pipelines/runtime:0.1.0",
-    gpu_mode: str = "limits",
-    allocation_mode: str = "Single",
-    clique_affinity: bool = True,
-    env: str = "",
-    worker_service_account: str = "",
-    node_selector: str = "",
-    tolerations: str = "",
-    priority_class: str = "",
-    queue_name: str = "",
-    min_busbw_gbps: float = 0.0,
-    efficiency: float = 0.62,
-    verify_max_bytes: int = 0,
-    verify_iters: int = 0,
-    allow_unjudged: bool = False,
-    rct_timeout_s: float = 120.0,
-    delete_timeout_s: float = 300.0,
-    pods_running_timeout_s: float = 900.0,
-    verify_timeout_s: float = 1800.0,
-) -> None:
-    """Check a multi-node NVLink domain: IMEX channels, NVML links and all-reduce busbw."""
+def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
+    """Create the tasks: provision (validating everything) -> ... ; teardown on exit."""
+    teardown_task = plan.tasks[-1]
     teardown = _idempotent(
-        teardown_domain(run_id=RUN_ID, namespace=namespace, delete_timeout_s=delete_timeout_s),
-        "teardown",
+        kc.teardown_domain(run_id=RUN_ID, **plan.task_arguments(teardown_task, values)),
+        teardown_task.name,
     )
     with dsl.ExitHandler(teardown, name="mnnvl-run"):
-        provision = _idempotent(
-            provision_domain(
-                run_id=RUN_ID,
-                namespace=namespace,
-                allocation_mode=allocation_mode,
-                rct_timeout_s=rct_timeout_s,
-            ),
-            "provision",
-        )
-        verify = _once(
-            verify_nvlink(
-                run_id=RUN_ID,
-                purpose="verify",
-                namespace=namespace,
-                nodes=nodes,
-                gpus_per_node=gpus_per_node,
-                image=image,
-                gpu_mode=gpu_mode,
-                clique_affinity=clique_affinity,
-                env=env,
-                service_account=worker_service_account,
-                node_selector=node_selector,
-                tolerations=tolerations,
-                priority_class=priority_class,
-                queue_name=queue_name,
-                min_busbw_gbps=min_busbw_gbps,
-                efficiency=efficiency,
-                max_bytes=verify_max_bytes,
-                iters=verify_iters,
-                allow_unjudged=allow_unjudged,
-                pods_running_timeout_s=pods_running_timeout_s,
-                job_timeout_s=verify_timeout_s,
-            ),
-            "verify",
-        )
-        verify.after(provision)
+        first = kc.FIRST_TASKS[plan.name]
+        previous = _idempotent(first(run_id=RUN_ID, **values), "provision")
+        for task in plan.tasks[1:-1]:
+            component = STEP_COMPONENTS[task.step]
+            current = _once(
+                component(run_id=RUN_ID, **plan.task_arguments(task, values)), task.name
+            )
+            current.after(previous)
+            previous = current
 
+
+def build_pipeline(name: str) -> Callable[..., None]:
+    """The ``@dsl.pipeline`` function of ``name``, its signature from the field declarations."""
+    plan = surface.PIPELINES[name]
+    signature = _signature(plan)
+
+    def pipeline(*args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        _wire(plan, dict(bound.arguments))
+
+    pipeline.__name__ = name.replace("-", "_")
+    pipeline.__doc__ = plan.description
+    pipeline.__signature__ = signature  # type: ignore[attr-defined]
+    pipeline.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    result: Callable[..., None] = dsl.pipeline(name=name, description=plan.description)(pipeline)
+    return result
+
+
+training_pipeline = build_pipeline(TRAINING_PIPELINE_NAME)
+verify_only_pipeline = build_pipeline(VERIFY_ONLY_PIPELINE_NAME)
+custom_pipeline = build_pipeline(CUSTOM_PIPELINE_NAME)
 
 PIPELINES = {
     TRAINING_PIPELINE_NAME: training_pipeline,
     VERIFY_ONLY_PIPELINE_NAME: verify_only_pipeline,
+    CUSTOM_PIPELINE_NAME: custom_pipeline,
 }

@@ -16,6 +16,10 @@ from typing import Any, TextIO
 
 STAGES = {
     "provision-domain": "provision",
+    "provision-training": "provision",
+    "provision-verify-only": "provision",
+    "provision-custom": "provision",
+    "launch-workload": "launch",
     "verify-nvlink": "verify-pre",
     "train-sharded": "train",
     "verify-nvlink-2": "verify-post",

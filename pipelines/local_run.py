@@ -1,5 +1,9 @@
 """``make run``: the ``mnnvl-training`` KFP pipeline end to end on this machine.
 
+``make run PIPELINE=custom`` runs ``mnnvl-custom`` instead: a user program that is not part
+of the package (``examples/custom_trainer.py``) goes through the launch step, and its RESULT
+line is printed.
+
 A simulated cluster (``mnnvl.sim.SimCluster``) serves the Kubernetes API and runs worker
 pods as local processes; ``kfp.local`` runs the pipeline's components in this Python
 environment against it. Stage lines go to stderr while it runs; a summary (objects the run
@@ -31,6 +35,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path("out") / "local-run"
 LOCAL_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"  # any valid ref: the sim runs it locally
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "custom_trainer.py"
+PIPELINE_NAMES = {"training": "mnnvl-training", "custom": "mnnvl-custom"}
 
 
 def local_gpu_count() -> int:
@@ -47,28 +53,37 @@ def local_gpu_count() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
-def pipeline_arguments(args: argparse.Namespace, gpus_per_node: int) -> dict[str, Any]:
-    """CPU-friendly parameters for the local run (tiny model, short sweep)."""
+def pipeline_arguments(
+    args: argparse.Namespace, gpus_per_node: int, pipeline: str = "training"
+) -> dict[str, Any]:
+    """CPU-friendly parameters for the local run (tiny model or the example, short sweep)."""
     arguments: dict[str, Any] = {
         "namespace": "default",
         "nodes": args.nodes,
         "gpus_per_node": gpus_per_node,
         "image": LOCAL_IMAGE,
-        "model": "tiny",
-        "steps": args.steps,
-        "batch_size": 2,
-        "compile": False,
-        "log_every": max(1, args.steps // 4),
         "min_busbw_gbps": args.min_busbw_gbps,
         # CPU/gloo (and single-GPU) runs have no NVLink to judge: NOT_JUDGED is expected here.
         "allow_unjudged": True,
         "rct_timeout_s": 60.0,
         "delete_timeout_s": 60.0,
         "pods_running_timeout_s": 120.0,
-        "train_timeout_s": 600.0,
         "verify_timeout_s": 300.0,
         "shm_size": "1Gi",
     }
+    if pipeline == "custom":
+        # The example runs one process per node and reads the rendezvous from its env.
+        arguments["command"] = ["python3", str(EXAMPLE), "--steps", "400"]
+        arguments["launch_timeout_s"] = 600.0
+    else:
+        arguments |= {
+            "model": "tiny",
+            "steps": args.steps,
+            "batch_size": 2,
+            "compile": False,
+            "log_every": max(1, args.steps // 4),
+            "train_timeout_s": 600.0,
+        }
     if gpus_per_node == 0:
         arguments["clique_affinity"] = False
     return arguments
@@ -124,16 +139,21 @@ def _environ(name: str, value: str) -> Iterator[None]:
 
 
 def run_pipeline(
-    arguments: dict[str, Any], out: Path, *, start: float, verbose: bool
+    arguments: dict[str, Any],
+    out: Path,
+    *,
+    start: float,
+    verbose: bool,
+    name: str = "mnnvl-training",
 ) -> RunOutcome:
-    """Run ``mnnvl-training`` under kfp.local; KUBECONFIG must point at the cluster."""
+    """Run pipeline ``name`` under kfp.local; KUBECONFIG must point at the cluster."""
     from kfp import local
 
-    from mnnvl.pipelines.kfp_pipeline import TRAINING_PIPELINE_NAME, training_pipeline
+    from mnnvl.pipelines.kfp_pipeline import PIPELINES
 
     pipeline_root = out / "kfp"
     pipeline_root.mkdir(parents=True, exist_ok=True)
-    before = set(pipeline_root.glob(f"{TRAINING_PIPELINE_NAME}-*"))
+    before = set(pipeline_root.glob(f"{name}-*"))
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
     error = ""
     log_path = out / "kfp-local.log"
@@ -144,11 +164,11 @@ def run_pipeline(
         with contextlib.redirect_stdout(tap), warnings.catch_warnings():
             warnings.filterwarnings("ignore", module=r"kfp\.local\..*")
             try:
-                training_pipeline(**arguments)
+                PIPELINES[name](**arguments)
             except RuntimeError as e:  # kfp.local's way of saying the pipeline failed
                 error = ANSI.sub("", str(e).splitlines()[0] if str(e) else type(e).__name__)
     wall_s = time.monotonic() - start
-    new_dirs = sorted(set(pipeline_root.glob(f"{TRAINING_PIPELINE_NAME}-*")) - before)
+    new_dirs = sorted(set(pipeline_root.glob(f"{name}-*")) - before)
     run_dir = new_dirs[-1] if new_dirs else None
     results, reports = collect_outputs(run_dir, out / "reports")
     return RunOutcome(not error, error, wall_s, run_dir, results, reports, dict(tap.task_errors))
@@ -162,11 +182,13 @@ def _emit(text: str = "") -> None:
     sys.stdout.write(text + "\n")
 
 
-def _summary(outcome: RunOutcome, created: list[str], leftover: list[str], log_path: Path) -> None:
+def _summary(
+    outcome: RunOutcome, created: list[str], leftover: list[str], log_path: Path, name: str
+) -> None:
     from mnnvl.report import verify_table
 
     state = "SUCCEEDED" if outcome.succeeded else f"FAILED ({outcome.error})"
-    _emit(f"\nmnnvl-training: {state} in {outcome.wall_s:.1f} s")
+    _emit(f"\n{name}: {state} in {outcome.wall_s:.1f} s")
     for stage, message in outcome.errors.items():
         _emit(f"  {stage} failed: {message}")
     _emit(f"\nObjects the run created ({len(created)}):")
@@ -182,6 +204,12 @@ def _summary(outcome: RunOutcome, created: list[str], leftover: list[str], log_p
             f"{_num(train.get('tokens_per_s'), 0)} tokens/s, MFU {_num(train.get('mfu'), 3)}, "
             f"{_num(raw.get('wall_s'), 1)} s"
         )
+    job = outcome.results.get("job")
+    if job:
+        _emit("\nYour workload (launch step):")
+        wall = _num(job.get("elapsed_s"), 1)
+        _emit(f"  Job {job.get('job')}: exit code {job.get('exit_code')}, {wall} s")
+        _emit(f"  RESULT {json.dumps(job.get('result'))}")
     for purpose in ("verify-pre", "verify-post", "verify"):
         result = outcome.results.get(purpose)
         if result:
@@ -216,6 +244,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     parser.add_argument("--verbose", action="store_true", help="show kfp.local's task logs")
+    parser.add_argument(
+        "--pipeline",
+        choices=sorted(PIPELINE_NAMES),
+        default="training",
+        help="training (default) or custom (examples/custom_trainer.py via the launch step)",
+    )
     return parser.parse_args(argv)
 
 
@@ -236,14 +270,18 @@ def main(argv: list[str] | None = None) -> int:
             _environ("KUBECONFIG", str(sim.kubeconfig_path)),
             ObjectWatcher(sim, start=start) as watcher,
         ):
-            arguments = pipeline_arguments(args, gpus)
-            outcome = run_pipeline(arguments, args.out, start=start, verbose=args.verbose)
+            arguments = pipeline_arguments(args, gpus, args.pipeline)
+            name = PIPELINE_NAMES[args.pipeline]
+            outcome = run_pipeline(
+                arguments, args.out, start=start, verbose=args.verbose, name=name
+            )
         run_ids = {str(r["run_id"]) for r in outcome.results.values() if r.get("run_id")}
         leftover = [f"{k} {ns}/{n}" for k, ns, n in sim.objects()]
         for run_id in sorted(run_ids):
             selector = f"mnnvl.io/run-id={run_id}"
             leftover += [f"{k} {ns}/{n}" for k, ns, n in sim.objects(label_selector=selector)]
-        _summary(outcome, watcher.created(), sorted(set(leftover)), args.out / "kfp-local.log")
+        log_path = args.out / "kfp-local.log"
+        _summary(outcome, watcher.created(), sorted(set(leftover)), log_path, name)
     finally:
         sim.stop()
     return 0 if outcome.succeeded and not leftover else 1

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import pod_index
 from mnnvl.driver.errors import ConflictError, MnnvlError, WorkloadFailed
@@ -24,7 +25,6 @@ from mnnvl.manifests import (
     wants_gpu_claim,
 )
 from mnnvl.names import RunNames
-from mnnvl.runtime.result import parse_result as worker_result
 from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from mnnvl.contract import nccl
+from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.errors import SpecError
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
 from mnnvl.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
-from mnnvl.runtime import nccl
-from mnnvl.runtime.result import NON_RETRIABLE_EXIT_CODES
 from mnnvl.spec import (
     GROUP_INDEX_ENV,
     NODE_RANK_BASE_ENV,
@@ -33,6 +33,7 @@ CHANNEL_CLAIM = "imex-channel"
 GPU_CLAIM = GPU_REQUEST
 RDZV_PORT_NAME = "rdzv"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -119,7 +120,7 @@ def group_env(workload: WorkloadSpec, group: int | None) -> dict[str, str]:
     }
 
 
-def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, str]]:
+def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, Any]]:
     """Container env: rendezvous, run id, the NCCL profile, then the user's variables.
 
     The user's values beat a profile's defaults but not its required values (the worker
@@ -132,6 +133,7 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
         "MASTER_PORT": str(workload.rdzv_port),
         "NNODES": str(workload.nodes),
         "NPROC_PER_NODE": str(workload.procs_per_node),
+        "WORLD_SIZE": str(workload.world_size),
         "MNNVL_RUN_ID": workload.run_id,
         # The worker fails naming its pod when it asked for GPUs and sees none.
         "MNNVL_GPUS_PER_NODE": str(workload.gpus_per_node),
@@ -141,7 +143,13 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
     required = nccl.get_profile(workload.nccl_profile).required
     env.update(profile_env)
     env.update({k: v for k, v in workload.env.items() if k not in required})
-    return [{"name": k, "value": v} for k, v in env.items() if k not in nccl.PINNED]
+    # The Job controller appends JOB_COMPLETION_INDEX after these, so $(JOB_COMPLETION_INDEX)
+    # would not expand here: NODE_RANK reads the same annotation directly.
+    node_rank = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
+    return [
+        *({"name": k, "value": v} for k, v in env.items() if k not in nccl.PINNED),
+        {"name": "NODE_RANK", "valueFrom": node_rank},
+    ]
 
 
 def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
@@ -149,11 +157,25 @@ def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
     worker exit code (not torchrun's blanket 1) becomes the container's; ``$(VAR)`` is
     expanded by the kubelet from the env. A clique group's pods leave the node rank to the
     launcher: the group's first node rank plus the Job's completion index (the kubelet
-    cannot add)."""
+    cannot add).
+
+    ``module`` empty: ``args`` is the whole command, run as given (once per pod); it reads the
+    rendezvous from the env (MASTER_ADDR, WORLD_SIZE, NODE_RANK, ...). Not with clique groups:
+    there ``NODE_RANK`` would count within the group.
+    """
+    if not all(isinstance(a, str) for a in args):
+        raise SpecError("command", "every argument must be a string")
+    if module == "" and args:
+        if grouped:
+            raise SpecError(
+                "nodes_per_clique",
+                "a custom command takes its node rank from one Job; across clique groups run "
+                "a Python module entry point (its node rank is group base + completion index)",
+            )
+        # "$$" is the kubelet's escape for "$": the user's words reach the program verbatim.
+        return [a.replace("$", "$$") for a in args]
     if not isinstance(module, str) or not _MODULE.match(module):
         raise SpecError("module", f"{module!r} is not a Python module name like {TRAIN_MODULE}")
-    if not all(isinstance(a, str) for a in args):
-        raise SpecError("args", "every argument must be a string")
     rank = [] if grouped else ["--node-rank=$(JOB_COMPLETION_INDEX)"]
     return [
         "python3",

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from mnnvl.runtime.result import free_port
+from mnnvl.runtime.local import free_port
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

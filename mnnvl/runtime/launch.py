@@ -33,8 +33,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
+from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.errors import SpecError
-from mnnvl.runtime.result import NON_RETRIABLE_EXIT_CODES
 from mnnvl.spec import NODE_RANK_BASE_ENV
 
 logger = logging.getLogger("mnnvl.runtime.launch")

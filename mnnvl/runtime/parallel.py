@@ -25,8 +25,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from mnnvl.contract import nccl
 from mnnvl.errors import SpecError, WorkloadFailed
-from mnnvl.runtime import devices, groups, nccl
+from mnnvl.runtime import devices, groups
 from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 
 logger = logging.getLogger(__name__)

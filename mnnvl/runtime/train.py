@@ -29,13 +29,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mnnvl import flags, spec
+from mnnvl.contract.result import emit_result
 from mnnvl.errors import MnnvlError, WorkloadFailed
 from mnnvl.runtime import metrics
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.data import build_batches
 from mnnvl.runtime.model import Transformer, flops_per_token, preset
 from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distributed, tuning
-from mnnvl.runtime.result import emit_result
 
 logger = logging.getLogger("mnnvl.runtime.train")
 INJECT_NAN_ENV = "MNNVL_TEST_INJECT_NAN_STEP"

@@ -42,9 +42,11 @@ import torch  # noqa: E402  (after the clock above on purpose)
 import torch.distributed as dist  # noqa: E402
 
 from mnnvl import flags, report  # noqa: E402
+from mnnvl.contract import nccl  # noqa: E402
+from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS, emit_result  # noqa: E402
 from mnnvl.errors import SpecError, VerificationFailed, WorkloadFailed  # noqa: E402
-from mnnvl.runtime import cliques, collectives, devices, groups, nccl, nccl_log, nvml  # noqa: E402
-from mnnvl.runtime.result import emit_result, free_port  # noqa: E402
+from mnnvl.runtime import cliques, collectives, devices, groups, nccl_log, nvml  # noqa: E402
+from mnnvl.runtime.local import free_port  # noqa: E402
 from mnnvl.spec import VerifyConfig  # noqa: E402
 
 logger = logging.getLogger("mnnvl.runtime.verify")
@@ -52,7 +54,6 @@ logger = logging.getLogger("mnnvl.runtime.verify")
 DEFAULT_PROFILE = "verify-strict"
 GPU_SIZES = (1 << 20, 4 << 30)
 CPU_SIZES = (1 << 10, 1 << 20)
-PASS, FAIL, NOT_JUDGED = "PASS", "FAIL", "NOT_JUDGED"
 
 
 def judge(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import Counter
@@ -53,7 +54,7 @@ class FaultHooks(Protocol):
 
 class ApiServer(ThreadingHTTPServer):
     daemon_threads = True
-    request_queue_size = 512
+    request_queue_size = 4096  # many clients connect at once under load; none is refused
     allow_reuse_address = True
 
     def __init__(
@@ -75,6 +76,13 @@ class ApiServer(ThreadingHTTPServer):
         self.rbac_requests: set[tuple[str, str, str]] = set()
         self.stopping = threading.Event()
         self._count_lock = threading.Lock()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that drops its keep-alive connection is normal, not a server error."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            log.debug("client %s closed its connection", client_address)
+            return
+        super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:

@@ -9,6 +9,7 @@ both consume these queues, so nothing in the simulator polls the store.
 from __future__ import annotations
 
 import builtins
+import itertools
 import queue
 import threading
 import uuid
@@ -79,11 +80,11 @@ class Store(Deletion):
         self, resource: str, ns: str | None = None, match: Callable[[Obj], bool] | None = None
     ) -> tuple[builtins.list[Obj], int]:
         with self.lock:
-            items = [
-                clone(o)
-                for (r, n, _), o in sorted(self._objs.items())
-                if r == resource and ns in (None, n) and (match is None or match(o))
-            ]
+            # Filter before sorting and cloning: lists are frequent and the store is shared
+            # by every kind.
+            keys = sorted(k for k in self._objs if k[0] == resource and ns in (None, k[1]))
+            objs = (self._objs[k] for k in keys)
+            items = [clone(o) for o in objs if match is None or match(o)]
             return items, self._rv
 
     # ----- writes ------------------------------------------------------------------------
@@ -326,8 +327,10 @@ class Store(Deletion):
                     raise ApiError(
                         410, "Expired", f"too old resource version: {start} ({self._floor + 1})"
                     )
-                for ev in self._history:
-                    if ev.rv > start and sub.wants(ev):
+                # Retained events have consecutive resourceVersions: skip straight to start.
+                first = self._history[0].rv if self._history else start + 1
+                for ev in itertools.islice(self._history, max(start + 1 - first, 0), None):
+                    if sub.wants(ev):
                         sub.queue.put(ev)
             else:
                 for key, obj in sorted(self._objs.items()):

@@ -27,9 +27,9 @@ def sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         cluster.stop()
 
 
-def _arguments(min_busbw_gbps: float = 0.0) -> dict[str, Any]:
+def _arguments(min_busbw_gbps: float = 0.0, pipeline: str = "training") -> dict[str, Any]:
     args = argparse.Namespace(nodes=2, steps=10, min_busbw_gbps=min_busbw_gbps)
-    return local_run.pipeline_arguments(args, gpus_per_node=0)
+    return local_run.pipeline_arguments(args, gpus_per_node=0, pipeline=pipeline)
 
 
 def _metrics(run_dir: Path, task: str) -> dict[str, float]:
@@ -79,11 +79,51 @@ def test_impossible_threshold_fails_the_pipeline_and_still_tears_down(
     assert sim.objects() == []
 
 
-def test_out_of_range_threshold_fails_before_creating_workloads(sim: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"min_busbw_gbps": 1e9}, "min_busbw_gbps"),
+        ({"model": "70b"}, "model"),
+        ({"nodes": 0}, "nodes"),
+    ],
+)
+def test_bad_parameters_fail_in_the_first_task_before_any_object_exists(
+    sim: Any, tmp_path: Path, bad: dict[str, Any], message: str
+) -> None:
+    before = sim.request_count
     outcome = local_run.run_pipeline(
-        _arguments(min_busbw_gbps=1e9), tmp_path, start=time.monotonic(), verbose=False
+        {**_arguments(), **bad}, tmp_path, start=time.monotonic(), verbose=False
     )
 
     assert not outcome.succeeded
-    assert "SpecError" in outcome.errors.get("verify-pre", "")
+    assert f"SpecError: {message}" in outcome.errors.get("provision", "")
+    assert outcome.run_dir is not None
+    assert not (outcome.run_dir / "verify-nvlink").exists()  # nothing ran after provision
+    assert sim.objects() == []
+    # Only the exit handler's teardown talked to the cluster (it found nothing to delete).
+    assert sim.objects(label_selector="app.kubernetes.io/managed-by=mnnvl-pipelines") == []
+    assert sim.request_count > before
+
+
+def test_custom_pipeline_runs_a_user_program_outside_the_package(sim: Any, tmp_path: Path) -> None:
+    outcome = local_run.run_pipeline(
+        _arguments(pipeline="custom"),
+        tmp_path,
+        start=time.monotonic(),
+        verbose=False,
+        name="mnnvl-custom",
+    )
+
+    assert outcome.succeeded, outcome.error
+    assert outcome.run_dir is not None
+    assert set(outcome.results) == {"verify-pre", "job"}
+    job = outcome.results["job"]
+    assert job["exit_code"] == 0 and job["elapsed_s"] > 0
+    result = job["result"]
+    assert result["kind"] == "custom" and result["world_size"] == 2
+    assert abs(result["slope"] - 3.0) < 0.3 and result["final_loss"] < 0.01
+    metrics = _metrics(outcome.run_dir, "launch-workload")
+    assert metrics["exit_code"] == 0 and metrics["world_size"] == 2
+    assert metrics["slope"] == result["slope"]
+    assert "RESULT " in job["log_tail"]
     assert sim.objects() == []

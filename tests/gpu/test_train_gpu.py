@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from mnnvl.runtime.result import torchrun_command
+from mnnvl.runtime.local import torchrun_command
 
 torch = pytest.importorskip("torch")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mnnvl.runtime.result import torchrun_command
+from mnnvl.runtime.local import torchrun_command
 
 torch = pytest.importorskip("torch")
 

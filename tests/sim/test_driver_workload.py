@@ -188,3 +188,52 @@ def test_pod_wait_survives_watch_expiry(sim, run):
     result = steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
     assert result.result is not None and result.result["ok"] is True
     assert sim.faults.take_watch_expiry() is False
+
+
+COMMAND_CHECK = textwrap.dedent(
+    """
+    import json, os
+    e = os.environ
+    ok = e["NODE_RANK"] == e["JOB_COMPLETION_INDEX"] and e["WORLD_SIZE"] == e["NNODES"] == "2"
+    ok = ok and e["NPROC_PER_NODE"] == "1" and e["MASTER_ADDR"] and e["MASTER_PORT"].isdigit()
+    print(f"node {e['NODE_RANK']} ok={ok} args={os.sys.argv[1:]}", flush=True)
+    if e["NODE_RANK"] == "0":
+        print("RESULT " + json.dumps({"ok": ok, "score": 0.5, "args": os.sys.argv[1:]}))
+    raise SystemExit(0 if ok else 9)
+    """
+)
+
+
+def test_a_command_runs_as_given_with_the_rendezvous_env(sim, run):
+    _, workload = run
+    args = ["a,b", "$(NOT_EXPANDED)", "x=y"]
+    result = steps.launch(
+        workload, "", ["python3", "-c", COMMAND_CHECK, *args], kubeconfig=sim.kubeconfig_path
+    )
+    assert result.exit_code == 0
+    assert result.result == {"ok": True, "score": 0.5, "args": args}
+    assert "node 0 ok=True" in result.log_tail
+
+
+def test_cli_launch_command_after_double_dash(sim, run, capsys):
+    import json
+
+    from mnnvl.cli import main
+
+    domain, workload = run
+    argv = ["launch", "--run-id", domain.run_id, "--nodes", "2", "--gpus-per-node", "0"]
+    argv += ["--env", f"PYTHONPATH={workload.env['PYTHONPATH']}", "--env", "EXTRA=1,2=3"]
+    argv += ["--kubeconfig", sim.kubeconfig_path, "--command", "--", "python3", "-c"]
+    code = main([*argv, COMMAND_CHECK, "--flag"])
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert code == 0, out
+    assert out["exit_code"] == 0 and out["result"]["args"] == ["--flag"]
+    assert out["job"] == RunNames.for_run(domain.run_id).job("job")
+
+
+def test_a_failing_command_fails_the_step_with_its_exit_code(sim, run):
+    _, workload = run
+    with pytest.raises(WorkloadFailed, match=r"exited with code 3"):
+        steps.launch(
+            workload, "", ["python3", "-c", "raise SystemExit(3)"], kubeconfig=sim.kubeconfig_path
+        )

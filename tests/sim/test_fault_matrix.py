@@ -46,10 +46,12 @@ def sim() -> Iterator[SimCluster]:
 class Run:
     """One run's specs; ``close`` tears it down and checks that nothing of it is left."""
 
-    def __init__(self, sim: SimCluster, workers: str, **workload: Any) -> None:
+    def __init__(
+        self, sim: SimCluster, workers: str, rct_timeout_s: float = 2, **workload: Any
+    ) -> None:
         self.sim, self.id = sim, f"fm-{uuid.uuid4().hex[:8]}"
         self.names = RunNames.for_run(self.id)
-        self.domain = DomainSpec(run_id=self.id, rct_timeout_s=2, delete_timeout_s=10)
+        self.domain = DomainSpec(run_id=self.id, rct_timeout_s=rct_timeout_s, delete_timeout_s=10)
         self.workload = WorkloadSpec(
             run_id=self.id,
             purpose="job",
@@ -254,7 +256,7 @@ def test_watch_410_during_the_wait_is_survived(sim: SimCluster, run: Callable[..
 def test_api_unreachable_during_a_wait_exits_5_naming_the_request(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
-    r = run()
+    r = run(rct_timeout_s=60)  # the API stays down longer than the retries last
     sim.faults.no_rct(r.names.domain)  # provision has to wait for the template ...
     sim.faults.fail_requests("GET", "/resourceclaimtemplates", 503, count=10_000)
     try:

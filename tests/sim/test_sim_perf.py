@@ -98,7 +98,8 @@ def test_eighteen_node_run_needs_few_requests_with_watches() -> None:
         container = {
             "name": "worker",
             "image": "sim",
-            "command": ["python3", "-c", "print('RESULT {}')"],
+            # Long enough that all 18 run at once: a node freed early could take a second pod.
+            "command": ["python3", "-c", "import time; time.sleep(3); print('RESULT {}')"],
             "resources": {"limits": {"nvidia.com/gpu": "1"}, "claims": [{"name": "ch"}]},
         }
         batch.create_namespaced_job(

@@ -43,8 +43,9 @@ def _errors(validator: Any, doc: dict[str, Any]) -> list[str]:
     return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
 
 
-def test_workflow_template_validates_strictly(strict_validator: Any) -> None:
-    assert _errors(strict_validator, aw.workflow_template_manifest()) == []
+@pytest.mark.parametrize("name", aw.WORKFLOW_TEMPLATES)
+def test_workflow_templates_validate_strictly(strict_validator: Any, name: str) -> None:
+    assert _errors(strict_validator, aw.workflow_template_manifest(name)) == []
 
 
 def test_workflow_validates_strictly(strict_validator: Any) -> None:
@@ -52,7 +53,8 @@ def test_workflow_validates_strictly(strict_validator: Any) -> None:
 
 
 def test_compiled_argo_files_validate_strictly(strict_validator: Any) -> None:
-    for name in ("mnnvl-training.workflowtemplate.yaml", "mnnvl-training.workflow.yaml"):
+    names = [f"{n}.workflowtemplate.yaml" for n in aw.WORKFLOW_TEMPLATES]
+    for name in [*names, "mnnvl-training.workflow.yaml"]:
         doc = yaml.safe_load((COMPILED / name).read_text())
         assert _errors(strict_validator, doc) == [], name
 
@@ -119,7 +121,7 @@ def test_dag_runs_provision_verify_train_verify_in_order() -> None:
 def test_every_step_uses_workflow_uid_as_run_id_and_writes_result() -> None:
     templates = aw.workflow_template_manifest()["spec"]["templates"]
     containers = [t for t in templates if "container" in t]
-    assert {t["name"] for t in containers} == {"provision", "train", "verify", "teardown"}
+    assert {t["name"] for t in containers} == {"provision", "train", "verify", "launch", "teardown"}
     for template in containers:
         args = template["container"]["args"]
         assert args[0] == template["name"]
@@ -132,7 +134,7 @@ def test_every_step_uses_workflow_uid_as_run_id_and_writes_result() -> None:
 def test_long_steps_have_deadlines_and_service_account_is_a_parameter() -> None:
     spec = aw.workflow_template_manifest()["spec"]
     templates = {t["name"]: t for t in spec["templates"]}
-    for name in ("train", "verify"):
+    for name in ("train", "verify", "launch"):
         assert templates[name]["activeDeadlineSeconds"] == "{{inputs.parameters.deadline-s}}"
     assert spec["serviceAccountName"] == "{{workflow.parameters.service-account}}"
     params = {p["name"] for p in spec["arguments"]["parameters"]}
@@ -150,7 +152,7 @@ def test_every_task_argument_names_a_template_input_or_workflow_parameter() -> N
                 assert arg["name"] in inputs, (task["name"], arg["name"])
                 value = arg["value"]
                 if value.startswith("{{workflow.parameters."):
-                    assert value[len("{{workflow.parameters.") : -2] in params
+                    assert value[len("{{workflow.parameters.") : -2] in params | {"json"}
 
 
 def test_workflow_references_the_template() -> None:
@@ -179,6 +181,7 @@ def test_template_commands_parse_with_the_cli() -> None:
         if "container" not in template:
             continue
         defaults = {p["name"]: p.get("default", "") for p in template["inputs"]["parameters"]}
+        defaults["pipeline"] = "mnnvl-training"
         args = [_resolve(a, defaults) for a in template["container"]["args"]]
         assert not any("{{" in a for a in args), args
         ns = parser.parse_args(args)

@@ -16,13 +16,17 @@ HEAVY = ("torch", "kfp", "hera", "kubernetes", "pynvml", "matplotlib")
 
 CASES = {
     # modules: libraries that must NOT be loaded
-    "mnnvl.errors mnnvl.spec mnnvl.flags mnnvl.names mnnvl.manifests mnnvl.runtime.nccl": HEAVY,
-    "mnnvl.runtime.result": HEAVY,
+    "mnnvl.errors mnnvl.spec mnnvl.flags mnnvl.names mnnvl.manifests": HEAVY,
+    "mnnvl.checks mnnvl.surface mnnvl.cli_parser mnnvl.components.kfp_codegen": HEAVY,
+    # The contract both sides import: standard library only, nothing from either side.
+    "mnnvl.contract mnnvl.contract.result mnnvl.contract.nccl mnnvl.contract.exit_codes": HEAVY,
+    "mnnvl.runtime.local": HEAVY,
     "mnnvl.sim": HEAVY,
     "mnnvl.report": ("torch", "kfp", "hera", "kubernetes"),
     "mnnvl.driver mnnvl.steps mnnvl.run mnnvl.cli": ("torch", "kfp", "hera", "pynvml"),
     "mnnvl.runtime.train mnnvl.runtime.verify": ("kfp", "hera", "kubernetes"),
     "mnnvl.components.artifacts mnnvl.components": ("torch", "kubernetes"),
+    "mnnvl.components.bodies": ("torch", "kfp", "hera"),
 }
 
 
@@ -42,6 +46,20 @@ def loaded_after_import(modules: str) -> list[str]:
 def test_modules_do_not_load_forbidden_libraries(modules: str) -> None:
     forbidden = set(CASES[modules]) & set(loaded_after_import(modules))
     assert not forbidden, f"{modules} loads {sorted(forbidden)}"
+
+
+def test_the_contract_imports_nothing_of_either_side() -> None:
+    code = (
+        "import json, sys\n"
+        "import mnnvl.contract.result, mnnvl.contract.nccl, mnnvl.contract.exit_codes\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('mnnvl'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    loaded = set(json.loads(out.stdout.splitlines()[-1]))
+    allowed = {"mnnvl", "mnnvl.errors", "mnnvl.checks"}
+    assert {m for m in loaded if not m.startswith("mnnvl.contract")} <= allowed
 
 
 def test_the_check_sees_a_library_that_is_loaded() -> None:

@@ -147,7 +147,14 @@ def test_bad_input_exits_2_before_any_request_to_the_cluster(capsys):
             ["run", "--run-id", "r1", "--gpus-per-node", "9"],
             ["train", "--run-id", "r1", "--env", "MASTER_ADDR=elsewhere"],
             ["launch", "--run-id", "r1", "--module", "not a module"],
-        ):
+            ["launch", "--run-id", "r1"],  # neither a module nor a command
+            ["launch", "--run-id", "r1", "--module", "a.b", "--command", "--", "x"],
+            ["launch", "--run-id", "r1", "--command"],  # an empty command
+            ["provision", "--run-id", "r1", "--pipeline", "mnnvl-training",
+             "--pipeline-parameters", '[{"name": "model", "value": "70b"}]'],
+            ["provision", "--run-id", "r1", "--pipeline", "mnnvl-custom",
+             "--pipeline-parameters", '{"nodes": 0, "command": "[\\"x\\"]"}'],
+        ):  # fmt: skip
             code, lines, _ = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
             assert code == 2 and last_json(lines)["exit_code"] == 2
         assert sim.request_count == before

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from mnnvl.runtime import collectives
 from mnnvl.runtime.collectives import SweepPlan, adaptive_median, ci_tight, path_correct
-from mnnvl.runtime.result import free_port
+from mnnvl.runtime.local import free_port
 
 
 @pytest.fixture(scope="module")

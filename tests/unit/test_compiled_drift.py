@@ -34,6 +34,12 @@ def test_compile_is_deterministic(fresh: dict[str, Path], tmp_path: Path) -> Non
 
 def test_every_expected_file_is_produced(fresh: dict[str, Path]) -> None:
     assert set(fresh) == {
+        "components/kfp_components.py",
+        "components/launch_workload.yaml",
+        "pipelines/compiled/mnnvl-custom.kfp.yaml",
+        "pipelines/compiled/mnnvl-custom.workflowtemplate.yaml",
+        "pipelines/compiled/mnnvl-launch.workflowtemplate.yaml",
+        "pipelines/compiled/mnnvl-verify-only.workflowtemplate.yaml",
         "components/provision_domain.yaml",
         "components/train_sharded.yaml",
         "components/verify_nvlink.yaml",
@@ -45,7 +51,10 @@ def test_every_expected_file_is_produced(fresh: dict[str, Path]) -> None:
         "pipelines/gitops/kfp/kustomization.yaml",
         "pipelines/gitops/kfp/mnnvl-training.k8s.yaml",
         "pipelines/gitops/kfp/mnnvl-verify-only.k8s.yaml",
+        "pipelines/gitops/kfp/mnnvl-custom.k8s.yaml",
         "pipelines/gitops/argo/kustomization.yaml",
+        "pipelines/gitops/argo/mnnvl-custom.workflowtemplate.yaml",
+        "pipelines/gitops/argo/mnnvl-launch.workflowtemplate.yaml",
         "pipelines/gitops/argo/mnnvl-training.workflowtemplate.yaml",
         "pipelines/gitops/argo/mnnvl-verify-only.workflowtemplate.yaml",
         "pipelines/gitops/argo/mnnvl-nightly-fabric-check.cronworkflow.yaml",
@@ -98,3 +107,37 @@ def test_gitops_kustomizations_list_every_file_beside_them(fresh: dict[str, Path
         listed = yaml.safe_load(fresh[rel].read_text())["resources"]
         beside = [Path(r).name for r in fresh if r.startswith(f"pipelines/gitops/{engine}/")]
         assert sorted(listed) == sorted(n for n in beside if n != "kustomization.yaml")
+
+
+def test_compile_with_user_images_leaves_no_default_image(tmp_path: Path) -> None:
+    import yaml
+    from kfp import components
+
+    from mnnvl.spec import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE
+
+    launcher, runtime = "reg.example.com/team/launcher:1.2", "reg.example.com/team/runtime:1.2"
+    argv = ["--launcher-image", launcher, "--runtime-image", runtime, "--out", str(tmp_path)]
+    assert mc.main(argv) == 0
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(files) == len(mc.targets())
+    for path in files:
+        text = path.read_text()
+        assert DEFAULT_LAUNCHER_IMAGE not in text and DEFAULT_IMAGE not in text, path
+    ir = yaml.safe_load((tmp_path / "pipelines/compiled/mnnvl-custom.kfp.yaml").read_text())
+    images = {e["container"]["image"] for e in ir["deploymentSpec"]["executors"].values()}
+    assert images == {launcher}
+    assert ir["root"]["inputDefinitions"]["parameters"]["image"]["defaultValue"] == runtime
+    wt = yaml.safe_load(
+        (tmp_path / "pipelines/compiled/mnnvl-training.workflowtemplate.yaml").read_text()
+    )
+    params = {p["name"]: p["value"] for p in wt["spec"]["arguments"]["parameters"]}
+    assert (params["launcher-image"], params["image"]) == (launcher, runtime)
+    loaded = components.load_component_from_file(str(tmp_path / "components/launch_workload.yaml"))
+    assert loaded.component_spec.implementation.container.image == launcher
+
+
+def test_compile_refuses_a_bad_image_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as err:
+        mc.main(["--launcher-image", "Not An Image", "--out", "unused"])
+    assert err.value.code == 2
+    assert "launcher_image" in capsys.readouterr().err

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +18,10 @@ EXPECTED_OUTPUTS = {
     "provision_domain": ({"Output"}, set()),
     "train_sharded": (set(), {"metrics", "report", "result"}),
     "verify_nvlink": (set(), {"metrics", "report", "result"}),
+    "launch_workload": (set(), {"metrics", "result"}),
     "teardown_domain": (set(), set()),
 }
+FIRST = "provision-training"
 
 
 def _compile(func: Any, path: Path) -> list[dict[str, Any]]:
@@ -75,7 +75,7 @@ def test_component_runs_in_launcher_image_without_pip(name: str, tmp_path: Path)
     assert container["image"] == spec.DEFAULT_LAUNCHER_IMAGE
     script = " ".join(container["command"])
     assert "pip install" not in script
-    assert "from mnnvl import" in script
+    assert "from mnnvl.components import bodies" in script
 
 
 def test_metrics_and_report_artifact_types(tmp_path: Path) -> None:
@@ -85,29 +85,6 @@ def test_metrics_and_report_artifact_types(tmp_path: Path) -> None:
         artifacts = comp["outputDefinitions"]["artifacts"]
         assert artifacts["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
         assert artifacts["report"]["artifactType"]["schemaTitle"] == "system.HTML"
-
-
-def test_component_defaults_match_spec_defaults() -> None:
-    # Component defaults are literals (KFP embeds the source); keep them equal to spec's.
-    checks = [
-        (kc.train_sharded, spec.WorkloadSpec, spec.TrainConfig),
-        (kc.verify_nvlink, spec.WorkloadSpec, spec.VerifyConfig),
-    ]
-    for component, *classes in checks:
-        params = inspect.signature(component.python_func).parameters
-        for cls in classes:
-            defaults = {f.name: f for f in dataclasses.fields(cls)}
-            for pname, param in params.items():
-                field = defaults.get(pname)
-                if field is None or param.default is inspect.Parameter.empty:
-                    continue
-                if pname in {"nccl_profile", "job_timeout_s", "purpose"}:
-                    continue  # deliberately step-specific
-                empty = field.default in ((), None) or field.default is dataclasses.MISSING
-                if empty and param.default == "":
-                    # dict/tuple fields travel as comma-separated strings, empty on both sides
-                    continue
-                assert param.default == field.default, (component.name, pname)
 
 
 def test_caching_is_off_for_every_task(training_ir: dict[str, Any]) -> None:
@@ -134,8 +111,8 @@ def test_run_id_placeholder_is_wired_into_every_task(training_ir: dict[str, Any]
 
 def test_training_order_and_purposes(training_ir: dict[str, Any]) -> None:
     tasks = _all_tasks(training_ir)
-    assert "dependentTasks" not in tasks["provision-domain"]
-    assert tasks["verify-nvlink"]["dependentTasks"] == ["provision-domain"]
+    assert "dependentTasks" not in tasks[FIRST]
+    assert tasks["verify-nvlink"]["dependentTasks"] == [FIRST]
     assert tasks["train-sharded"]["dependentTasks"] == ["verify-nvlink"]
     assert tasks["verify-nvlink-2"]["dependentTasks"] == ["train-sharded"]
     purposes = {
@@ -149,7 +126,7 @@ def test_training_order_and_purposes(training_ir: dict[str, Any]) -> None:
 
 def test_only_idempotent_steps_retry(training_ir: dict[str, Any]) -> None:
     retried = {n for n, t in _all_tasks(training_ir).items() if "retryPolicy" in t}
-    assert retried == {"provision-domain", "teardown-domain"}
+    assert retried == {FIRST, "teardown-domain"}
 
 
 def test_pipeline_parameters_reach_the_tasks(training_ir: dict[str, Any]) -> None:
@@ -177,7 +154,9 @@ def test_pipeline_parameters_reach_the_tasks(training_ir: dict[str, Any]) -> Non
     assert source("train-sharded", "job_timeout_s") == "pipelinechannel--train_timeout_s"
     assert source("verify-nvlink", "min_busbw_gbps") == "pipelinechannel--min_busbw_gbps"
     assert source("verify-nvlink-2", "job_timeout_s") == "pipelinechannel--verify_timeout_s"
-    assert source("provision-domain", "allocation_mode") == "pipelinechannel--allocation_mode"
+    assert source(FIRST, "allocation_mode") == "pipelinechannel--allocation_mode"
+    # The first task gets every pipeline parameter, to validate them all before provisioning.
+    assert set(tasks[FIRST]["inputs"]["parameters"]) == set(inputs) | {"run_id"}
     assert tasks["teardown-domain"]["inputs"]["parameters"]["namespace"] == {
         "componentInputParameter": "namespace"
     }
@@ -191,7 +170,7 @@ def test_exit_task_consumes_no_task_outputs(training_ir: dict[str, Any]) -> None
 
 def test_verify_only_pipeline_shape(verify_only_ir: dict[str, Any]) -> None:
     tasks = _all_tasks(verify_only_ir)
-    assert set(tasks) == {"provision-domain", "verify-nvlink", "teardown-domain"}
+    assert set(tasks) == {"provision-verify-only", "verify-nvlink", "teardown-domain"}
     root = verify_only_ir["root"]["dag"]["tasks"]
     assert root["teardown-domain"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     assert all(t["cachingOptions"] == {} for t in tasks.values())

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from mnnvl.runtime.launch import worst_exit_code
-from mnnvl.runtime.result import free_port
+from mnnvl.runtime.local import free_port
 
 WORKER = textwrap.dedent(
     """

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from mnnvl import manifests
+from mnnvl.contract import nccl
 from mnnvl.errors import SpecError
 from mnnvl.manifests import (
     CHANNEL_CLAIM,
@@ -33,7 +34,6 @@ from mnnvl.manifests import (
     step_workload,
 )
 from mnnvl.names import RunNames
-from mnnvl.runtime import nccl
 from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
 
@@ -117,7 +117,7 @@ def worker(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def env_of(job: dict[str, Any]) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in worker(job)["env"]}
+    return {e["name"]: e["value"] for e in worker(job)["env"] if "value" in e}
 
 
 def train_job(workload: WorkloadSpec, cfg: TrainConfig | None = None) -> dict[str, Any]:
@@ -363,15 +363,19 @@ def test_container_command_and_env_match_what_the_worker_reads() -> None:
         "MASTER_PORT",
         "NNODES",
         "NPROC_PER_NODE",
-        "MNNVL_RUN_ID",
+        "WORLD_SIZE",
     ]
+    assert env["WORLD_SIZE"] == "72"
+    (node_rank,) = [e for e in worker(job)["env"] if e["name"] == "NODE_RANK"]
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert node_rank["valueFrom"] == {"fieldRef": {"fieldPath": index}}
     assert env["MASTER_ADDR"] == f"{host}-0.{host}.{workload.namespace}.svc.cluster.local"
     assert (env["MASTER_PORT"], env["NNODES"], env["NPROC_PER_NODE"]) == ("29500", "18", "4")
     assert env["MNNVL_RUN_ID"] == workload.run_id
     assert env[nccl.PROFILE_ENV] == "verify-strict"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_DEBUG"] == "WARN"  # the user's value beats a profile default
-    assert len(worker(job)["env"]) == len(env)  # no duplicate names
+    assert len(worker(job)["env"]) == len(env) + 1  # no duplicate names (+ NODE_RANK)
 
 
 def test_cpu_only_pods_run_one_process_each() -> None:

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
+from mnnvl.contract import nccl
 from mnnvl.errors import SpecError
-from mnnvl.runtime import nccl
 
 PINNED_VALUES = {
     "NCCL_NVLS_ENABLE": "0",
@@ -55,7 +55,7 @@ def test_cumem_disable_is_refused() -> None:
 
 def test_required_override_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     env = {"NCCL_MNNVL_ENABLE": "1"}
-    with caplog.at_level(logging.INFO, logger="mnnvl.runtime.nccl"):
+    with caplog.at_level(logging.INFO, logger="mnnvl.contract.nccl"):
         changed = nccl.apply_profile("single-host", fabric_present=False, environ=env)
     assert env["NCCL_MNNVL_ENABLE"] == "0" and changed == {"NCCL_MNNVL_ENABLE": "0"}
     assert any(
@@ -66,7 +66,7 @@ def test_required_override_is_logged(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_user_values_win_over_profile_defaults(caplog: pytest.LogCaptureFixture) -> None:
     env = {"NCCL_DEBUG": "WARN"}
-    with caplog.at_level(logging.INFO, logger="mnnvl.runtime.nccl"):
+    with caplog.at_level(logging.INFO, logger="mnnvl.contract.nccl"):
         changed = nccl.apply_profile("verify-strict", fabric_present=False, environ=env)
     assert env["NCCL_DEBUG"] == "WARN"
     assert changed == {"NCCL_DEBUG_SUBSYS": "INIT,ENV"}

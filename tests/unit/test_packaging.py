@@ -57,6 +57,22 @@ def test_version_flag_prints_the_package_version(capsys):
     assert capsys.readouterr().out.strip() == f"mnnvl {mnnvl.__version__}"
 
 
+def test_wheel_carries_the_contract_package_and_the_generated_components(built_wheel):
+    wheel, _ = built_wheel
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    for path in (
+        "mnnvl/contract/result.py",
+        "mnnvl/contract/nccl.py",
+        "mnnvl/contract/exit_codes.py",
+        "mnnvl/surface.py",
+        "mnnvl/components/kfp_components.py",
+        "mnnvl/components/launch_workload.yaml",
+        "mnnvl/pipelines/compiled/mnnvl-custom.kfp.yaml",
+    ):
+        assert path in names, path
+
+
 @pytest.mark.slow
 def test_plain_pip_install_provisions_and_tears_down_against_sim_up(tmp_path):
     """`pip install mnnvl-pipelines` alone (newest kubernetes client, no extras) works."""

@@ -128,6 +128,18 @@ def test_report_module_does_not_import_torch() -> None:
     assert "import torch" not in source
 
 
+def test_result_schema_names_what_a_result_lacks() -> None:
+    from mnnvl.contract.result import schema_problems
+
+    assert schema_problems({"kind": "custom", "anything": 1}) == []
+    problems = schema_problems(
+        {"kind": "verify", "verdict": "MAYBE", "sizes": [{"bytes": 1}], "world_size": 2}
+    )
+    assert "missing threshold_gbps" in problems
+    assert any("verdict 'MAYBE'" in p for p in problems)
+    assert "sizes[0] missing busbw_gbps" in problems
+
+
 def test_numbers_in_logs_are_rounded_and_missing_ones_say_so():
     from mnnvl.report import num
 

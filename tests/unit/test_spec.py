@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -185,9 +185,15 @@ def test_parse_bytes_names_the_field_on_garbage() -> None:
         parse_bytes("max_bytes", "lots")
 
 
-def test_parse_env_accepts_lists_and_comma_strings_and_keeps_equals_in_values() -> None:
-    assert parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
-    assert parse_env("A=1, B=2,") == {"A": "1", "B": "2"}
+def test_env_values_keep_commas_and_equals_on_every_surface() -> None:
+    # CLI: repeated flags; KFP: a list; Argo: one JSON list string.
+    expected = {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_DEBUG_SUBSYS": "INIT,ENV", "B": "x=y"}
+    items = ["NCCL_IB_HCA=mlx5_0,mlx5_1", "NCCL_DEBUG_SUBSYS=INIT,ENV", "B=x=y"]
+    assert parse_env(items) == expected
+    assert parse_env(json.dumps(items)) == expected
+    assert parse_env([json.dumps(items[:1]), items[1], "", items[2]]) == expected
+    with pytest.raises(SpecError, match=r"^env: .*JSON list"):
+        parse_env('["A=1"')
     with pytest.raises(SpecError, match=r"^env: .*NAME=value"):
         parse_env(["NOEQUALS"])
 
@@ -335,15 +341,12 @@ def test_bad_flag_value_fails_in_validation_not_later() -> None:
 
 
 def test_every_input_field_has_help_text_for_the_cli() -> None:
-    from mnnvl.flag_help import FIELD_HELP
+    from mnnvl.surface import SPEC_CLASSES, class_inputs
 
-    fields = {
-        f.name
-        for cls in (DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig)
-        for f in dataclasses.fields(cls)
-        if f.name != "owner"
-    }
-    assert fields <= set(FIELD_HELP), sorted(fields - set(FIELD_HELP))
+    missing = [
+        i.name for cls in SPEC_CLASSES for i in class_inputs(cls) if i.surfaces and not i.help
+    ]
+    assert missing == []
 
 
 def test_scheduling_flags_parse_into_the_workload() -> None:

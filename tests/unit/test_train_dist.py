@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from mnnvl.runtime.result import torchrun_command
+from mnnvl.contract.result import schema_problems
+from mnnvl.runtime.local import torchrun_command
 from mnnvl.runtime.train import INJECT_NAN_ENV, main
 
 TINY = ["--model", "tiny", "--log-every", "2", "--lr", "3e-3", "--warmup-steps", "2"]
@@ -27,6 +28,7 @@ def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout
     result: dict[str, Any] = json.loads(lines[0][len("RESULT ") :])
+    assert schema_problems(result) == []  # what the launcher side reads is all there
     return result
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from mnnvl.runtime.result import parse_result, torchrun_command
+from mnnvl.contract.result import parse_result, schema_problems
+from mnnvl.runtime.local import torchrun_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -25,7 +26,9 @@ def run_verify(
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 1, proc.stdout + proc.stderr[-3000:]
-    return proc.returncode, json.loads(lines[0][len("RESULT ") :]), proc.stderr
+    result = json.loads(lines[0][len("RESULT ") :])
+    assert schema_problems(result) == []  # what the launcher side reads is all there
+    return proc.returncode, result, proc.stderr
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
+from mnnvl.checks import PINNED_ENV
 from mnnvl.errors import SpecError
-from mnnvl.spec import PINNED_ENV
 
 logger = logging.getLogger(__name__)
 

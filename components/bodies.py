@@ -1,0 +1,94 @@
+"""What the generated KFP components do: inputs -> specs -> ``mnnvl.steps`` -> artifacts.
+
+Each function takes the component's arguments as one dict (``dict(locals())`` in the generated
+body) and runs inside the launcher image; it imports no kfp (artifacts are duck-typed).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from mnnvl import steps, surface
+from mnnvl.components.artifacts import (
+    kubeconfig,
+    publish_launch,
+    publish_train,
+    publish_verify,
+    write_result,
+)
+from mnnvl.errors import VerificationFailed, WorkloadFailed
+from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
+
+log = logging.getLogger(__name__)
+
+
+def _with_step_defaults(step: str, params: dict[str, Any]) -> dict[str, Any]:
+    defaults = {i.name: i.default for i in surface.step_inputs(step) if not i.required}
+    return {**defaults, **params}
+
+
+def provision_domain(params: dict[str, Any]) -> str:
+    domain = surface.build(DomainSpec, params)
+    return steps.provision(domain, kubeconfig=kubeconfig()).domain
+
+
+def provision_for_pipeline(pipeline: str, params: dict[str, Any]) -> str:
+    """Validate every parameter of ``pipeline`` (all tasks' specs), then provision."""
+    run_id = params.pop("run_id")
+    plan = surface.PIPELINES[pipeline]
+    plan.check(params, run_id)
+    (task,) = [t for t in plan.tasks if t.step == "provision"]
+    return provision_domain({**plan.task_arguments(task, params), "run_id": run_id})
+
+
+def train_sharded(params: dict[str, Any]) -> None:
+    params = _with_step_defaults("train", params)
+    workload = surface.build(WorkloadSpec, params, purpose="train")
+    config = surface.build(TrainConfig, params)
+    outcome = steps.train(workload, config, kubeconfig=kubeconfig())
+    publish_train(workload.run_id, outcome, params["metrics"], params["report"], params["result"])
+
+
+def verify_nvlink(params: dict[str, Any]) -> None:
+    params = _with_step_defaults("verify", params)
+    workload = surface.build(WorkloadSpec, params)
+    config = surface.build(VerifyConfig, params)
+    outcome = steps.verify(workload, config, kubeconfig=kubeconfig(), fail_on_fail=False)
+    purpose = workload.purpose
+    publish_verify(
+        workload.run_id, outcome, purpose, params["metrics"], params["report"], params["result"]
+    )
+    if not steps.verdict_accepted(outcome.verdict, config.allow_unjudged):
+        raise VerificationFailed(
+            f"{purpose}: verdict {outcome.verdict}: judged busbw {outcome.judged_busbw_gbps} GB/s, "
+            f"peak {outcome.peak_busbw_gbps} GB/s, threshold {outcome.threshold_gbps} GB/s; "
+            f"reasons: {'; '.join(outcome.raw.get('reasons') or []) or 'none given'}"
+        )
+
+
+def launch_workload(params: dict[str, Any]) -> None:
+    """Run the user's workload; the result artifact is written even when it fails."""
+    params = _with_step_defaults("launch", params)
+    workload = surface.build(WorkloadSpec, params)
+    launch = surface.build(LaunchSpec, params)
+    try:
+        outcome = steps.launch(
+            workload, launch.module, list(launch.command), kubeconfig=kubeconfig()
+        )
+    except WorkloadFailed as err:
+        # The driver's message names the failed pod's exit code; else the step's own code.
+        code = re.search(r"exited with code (\d+)", str(err))
+        failed = {
+            "exit_code": int(code.group(1)) if code else err.exit_code,
+            "error": str(err),
+            "result": err.result,
+        }
+        write_result(params["result"], workload.run_id, workload.purpose, failed)
+        raise
+    publish_launch(workload.run_id, outcome, params["metrics"], params["result"])
+
+
+def teardown_domain(params: dict[str, Any]) -> None:
+    steps.teardown(surface.build(DomainSpec, params), kubeconfig=kubeconfig())

@@ -1,0 +1,243 @@
+"""Checks and parsers for input values: each bad value raises ``SpecError`` naming the field.
+
+Standard library only; ``mnnvl.spec`` builds its validated dataclasses from these.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+from mnnvl.errors import SpecError
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST_PART = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_IMAGE_DOMAIN = rf"{_HOST_PART}(?:\.{_HOST_PART})*(?::[0-9]+)?"
+IMAGE_REF = re.compile(
+    rf"^(?:{_IMAGE_DOMAIN}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+
+ALLOCATION_MODES = ("Single", "All")
+GPU_MODES = ("limits", "claim")
+NCCL_PROFILES = ("production", "verify-strict", "single-host")
+PURPOSES = ("train", "verify-pre", "verify-post", "verify", "job")
+MODEL_PRESETS = ("tiny", "small", "125m", "350m", "1b", "3b", "8b")
+DTYPES = ("auto", "bf16", "fp32")
+MAX_NODES = 18  # one IMEX domain (NVL72 rack: 18 compute trays); MNNVL never spans cliques
+MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-character hostnames)
+MAX_GPUS_PER_NODE = 8
+DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
+DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
+
+# Values that silently disable MNNVL; refused wherever a user can pass environment.
+FORBIDDEN_ENV = {"NCCL_CUMEM_ENABLE": "0"}
+# Set on the GPU hosts to keep NVLink multicast off; nothing we ship may override them.
+PINNED_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+# Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
+JOB_ENV = (
+    "MASTER_ADDR",
+    "WORLD_SIZE",
+    "NODE_RANK",
+    "MASTER_PORT",
+    "NNODES",
+    "NPROC_PER_NODE",
+    "MNNVL_RUN_ID",
+    "JOB_COMPLETION_INDEX",
+    "MNNVL_NCCL_PROFILE",
+    "MNNVL_GPUS_PER_NODE",
+    "MNNVL_NUM_GROUPS",
+    "MNNVL_GROUP_INDEX",
+    "MNNVL_NODES_PER_GROUP",
+    "MNNVL_NODE_RANK_BASE",
+)
+# Placement across NVLink cliques, set on every worker by the Job builder (one Job per group).
+NUM_GROUPS_ENV = "MNNVL_NUM_GROUPS"
+GROUP_INDEX_ENV = "MNNVL_GROUP_INDEX"
+NODES_PER_GROUP_ENV = "MNNVL_NODES_PER_GROUP"
+NODE_RANK_BASE_ENV = "MNNVL_NODE_RANK_BASE"
+
+
+def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
+    if not isinstance(value, str) or not value:
+        raise SpecError(field_name, "must be a non-empty string")
+    if len(value) > max_len:
+        raise SpecError(field_name, f"{value!r} is {len(value)} characters; at most {max_len}")
+    if not DNS1123_LABEL.match(value):
+        raise SpecError(
+            field_name,
+            f"{value!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit)",
+        )
+
+
+def check_run_id(value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise SpecError(
+            "run_id", "must be a non-empty string (e.g. the KFP job id or Argo workflow uid)"
+        )
+    if len(value) > 63 or not LABEL_VALUE.match(value):
+        raise SpecError(
+            "run_id",
+            f"{value!r} must be a valid label value: at most 63 characters of letters, digits, "
+            "'-', '_' or '.', starting and ending with a letter or digit",
+        )
+
+
+def check_range(
+    field_name: str, value: float, lo: float, hi: float, *, integer: bool = False
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(field_name, f"must be a number, got {value!r}")
+    if integer and not isinstance(value, int):
+        raise SpecError(field_name, f"must be a whole number, got {value!r}")
+    if math.isnan(value) or not lo <= value <= hi:
+        raise SpecError(field_name, f"{value!r} is out of range; allowed {lo:g}..{hi:g}")
+
+
+def check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SpecError(field_name, f"{value!r} is not one of {', '.join(choices)}")
+
+
+def check_image(field_name: str, value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise SpecError(
+            field_name, "must name a container image, e.g. registry.example.com/team/trainer:1.0"
+        )
+    if len(value) > 512 or not IMAGE_REF.match(value):
+        raise SpecError(
+            field_name,
+            f"{value!r} is not a valid image reference "
+            "([registry/]path[:tag][@sha256:digest], path in lowercase)",
+        )
+
+
+def check_env(field_name: str, env: dict[str, str]) -> None:
+    for name, val in env.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise SpecError(f"{field_name}.{name}", "is not a valid environment variable name")
+        if not isinstance(val, str):
+            raise SpecError(f"{field_name}.{name}", f"value must be a string, got {val!r}")
+        if FORBIDDEN_ENV.get(name) == val.strip():
+            raise SpecError(
+                f"{field_name}.{name}",
+                f"{name}={val} silently disables MNNVL "
+                "(NCCL needs cuMem for fabric memory); remove it",
+            )
+
+
+def list_items(items: list[str] | tuple[str, ...] | str, field: str) -> list[str]:
+    """The items of a list input, however it travelled.
+
+    The CLI repeats a flag; KFP passes a list; Argo passes one JSON list (``["A=1", "B=2"]``).
+    An item that starts with ``[`` is such a JSON list and is expanded. Nothing is split on
+    commas, so values may hold commas and ``=`` (``NCCL_IB_HCA=mlx5_0,mlx5_1``).
+    """
+    if isinstance(items, str):
+        items = [items]
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise SpecError(field, f"items must be strings, got {item!r}")
+        if item.lstrip().startswith("["):
+            try:
+                decoded = json.loads(item)
+            except ValueError as e:
+                raise SpecError(field, f"{item!r} is not a JSON list of strings ({e})") from e
+            if not isinstance(decoded, list):
+                raise SpecError(field, f"{item!r} is not a JSON list of strings")
+            out += list_items([str(d) if not isinstance(d, str) else d for d in decoded], field)
+        elif item.strip():
+            out.append(item)
+    return out
+
+
+def parse_env(items: list[str] | tuple[str, ...] | str, field: str = "env") -> dict[str, str]:
+    """``NAME=value`` items -> a dict; the value is everything after the first ``=``."""
+    env: dict[str, str] = {}
+    for item in list_items(items, field):
+        name, sep, val = item.partition("=")
+        if not sep or not name.strip():
+            raise SpecError(field, f"{item!r} must look like NAME=value")
+        env[name.strip()] = val
+    return env
+
+
+def parse_list(items: list[str] | tuple[str, ...] | str, field: str = "list") -> tuple[str, ...]:
+    """A list input's items, stripped, without blanks."""
+    return tuple(i.strip() for i in list_items(items, field))
+
+
+def check_label_key(field_name: str, key: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    ok = bool(name) and len(name) <= 63 and bool(LABEL_VALUE.match(name))
+    if prefix:
+        ok = ok and len(prefix) <= 253 and bool(DNS1123_SUBDOMAIN.match(prefix))
+    if not ok:
+        raise SpecError(field_name, f"{key!r} is not a label key ([prefix/]name, name <= 63 chars)")
+
+
+def check_label_value(field_name: str, value: str) -> None:
+    if value and (len(value) > 63 or not LABEL_VALUE.match(value)):
+        raise SpecError(
+            field_name, f"{value!r} is not a label value (<= 63 chars, alphanumeric ends)"
+        )
+
+
+TOLERATION = re.compile(r"^(?P<key>[^=:]+)(?:=(?P<value>[^:]*))?:(?P<effect>[A-Za-z]+)$")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def parse_toleration(item: str) -> dict[str, str]:
+    """``key[=value]:Effect`` -> a pod toleration (Equal with a value, else Exists)."""
+    m = TOLERATION.match(item)
+    if not m:
+        raise SpecError("tolerations", f"{item!r} must look like key[=value]:Effect")
+    check_label_key("tolerations", m["key"])
+    check_choice("tolerations", m["effect"], TAINT_EFFECTS)
+    if m["value"] is None:
+        return {"key": m["key"], "operator": "Exists", "effect": m["effect"]}
+    check_label_value("tolerations", m["value"])
+    return {"key": m["key"], "operator": "Equal", "value": m["value"], "effect": m["effect"]}
+
+
+def parse_bytes(field_name: str, value: str | int) -> int:
+    """Parse a byte count like ``1M``, ``64MiB``, ``4G`` or ``1048576`` (binary units)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(value), re.IGNORECASE)
+    if not m:
+        raise SpecError(field_name, f"{value!r} is not a size like 1M, 64MiB or 4G")
+    return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+
+
+SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+FALLBACK_NAMESPACE = "default"
+
+
+def pod_namespace() -> str:
+    """The namespace of the pod this process runs in, or "" outside a pod.
+
+    ``POD_NAMESPACE`` (downward API) wins; else the service account's namespace file, which
+    every pod with a mounted token has. Read locally: a namespace-scoped account may not GET
+    namespaces.
+    """
+    if os.environ.get("POD_NAMESPACE"):
+        return os.environ["POD_NAMESPACE"].strip()
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE_FILE, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def resolve_namespace(value: str) -> str:
+    """``value``, or when it is empty the pod's own namespace, else ``default``."""
+    return value or pod_namespace() or FALLBACK_NAMESPACE

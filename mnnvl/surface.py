@@ -1,0 +1,352 @@
+"""Every input of every step and pipeline, derived from the spec dataclasses' field metadata.
+
+One declaration per input (``mnnvl.spec.opt``: default, help, surfaces) feeds three surfaces:
+the CLI flags (``mnnvl.flags``), the KFP component signatures and pipeline parameters
+(generated ``mnnvl.components.kfp_components``, ``mnnvl.pipelines.kfp_pipeline``) and the
+Argo template inputs and workflow parameters (``mnnvl.components.argo_templates``,
+``mnnvl.pipelines.argo_workflow``). Where a step or a pipeline uses another default than the
+dataclass, the override and its reason are written here, once.
+
+On KFP and Argo every repeatable input (``env``, ``node_selector``, ``tolerations``,
+``command``) is a list of strings: a KFP ``List[str]``, an Argo JSON list (``["A=1,2"]``).
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from mnnvl.errors import SpecError
+from mnnvl.spec import (
+    ARGO,
+    CLI,
+    EVERY_SURFACE,
+    KFP,
+    DomainSpec,
+    LaunchSpec,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+    parse_bytes,
+    parse_env,
+    parse_list,
+)
+from mnnvl.storage import check_shared_storage
+
+EVERY = EVERY_SURFACE
+SIZE_FIELDS = frozenset({"min_bytes", "max_bytes", "judge_min_bytes"})
+SPEC_CLASSES: tuple[type, ...] = (DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig, LaunchSpec)
+
+
+@dataclass(frozen=True)
+class Input:
+    """One input as a surface sees it: ``kind`` is int, float, str, bool or list."""
+
+    name: str
+    kind: str
+    default: Any
+    help: str
+    surfaces: frozenset[str]
+    why: str = ""
+
+    @property
+    def kebab(self) -> str:
+        return self.name.replace("_", "-")
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.kebab
+
+    @property
+    def required(self) -> bool:
+        return self.default is dataclasses.MISSING
+
+    def text(self, value: Any = None) -> str:
+        """A value as an Argo parameter string (the default when none is given)."""
+        value = self.default if value is None else value
+        if self.kind == "bool":
+            return "true" if value else "false"
+        if self.kind == "list":
+            return json.dumps(list(value))
+        return str(value)
+
+    def coerce(self, value: Any) -> Any:
+        """A surface value (typed from KFP, a string from Argo) as the surface's type."""
+        if not isinstance(value, str) or self.kind == "str":
+            return list(value) if self.kind == "list" else value
+        text = value.strip()
+        try:
+            if self.kind == "bool":
+                if text.lower() not in ("true", "false"):
+                    raise ValueError("expected true or false")
+                return text.lower() == "true"
+            if self.kind == "int":
+                return parse_bytes(self.name, text) if self.name in SIZE_FIELDS else int(text)
+            if self.kind == "float":
+                return float(text)
+        except ValueError as e:
+            raise SpecError(self.name, f"{value!r} is not a valid {self.kind} ({e})") from None
+        return list(parse_list(text, self.name)) if text else []
+
+
+def _kind(cls: type, f: dataclasses.Field[Any]) -> str:
+    hint = typing.get_type_hints(cls)[f.name]
+    if typing.get_origin(hint) in (dict, tuple):
+        return "list"
+    return getattr(hint, "__name__", "object")
+
+
+def _surface_default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return []
+    if isinstance(f.default, tuple):
+        return list(f.default)
+    return f.default
+
+
+def class_inputs(cls: type) -> list[Input]:
+    """The inputs a spec dataclass declares, in declaration order."""
+    return [
+        Input(
+            f.name,
+            _kind(cls, f),
+            _surface_default(f),
+            f.metadata.get("help", ""),
+            f.metadata.get("surfaces", frozenset()),
+            f.metadata.get("why", ""),
+        )
+        for f in dataclasses.fields(cls)
+    ]
+
+
+# ---- steps ---------------------------------------------------------------------------------
+
+STEP_CLASSES: dict[str, tuple[type, ...]] = {
+    "provision": (DomainSpec,),
+    "train": (WorkloadSpec, TrainConfig),
+    "verify": (WorkloadSpec, VerifyConfig),
+    "launch": (WorkloadSpec, LaunchSpec),
+    "teardown": (DomainSpec,),
+}
+# Inputs of a class that a step does not use.
+STEP_SKIPS: dict[str, frozenset[str]] = {
+    "provision": frozenset({"delete_timeout_s"}),
+    "train": frozenset({"purpose"}),
+    "teardown": frozenset({"allocation_mode", "rct_timeout_s"}),
+}
+# Step defaults that differ from the dataclass's, with the reason.
+STEP_DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
+    "verify": {
+        "purpose": ("verify", "a verification Job is named verify, verify-pre or verify-post"),
+        "job_timeout_s": (1800.0, "a sweep takes minutes; a hung one must not hold GPUs 2 h"),
+    },
+    "launch": {"purpose": ("job", "a user's Job is named job, apart from train and verify")},
+}
+
+
+def step_inputs(step: str, surface: str | None = None) -> list[Input]:
+    """The inputs of one step (optionally only those ``surface`` exposes), step defaults applied."""
+    seen: dict[str, Input] = {}
+    overrides = STEP_DEFAULTS.get(step, {})
+    for cls in STEP_CLASSES[step]:
+        for item in class_inputs(cls):
+            if item.name in seen or item.name in STEP_SKIPS.get(step, ()) or not item.surfaces:
+                continue
+            if item.name in overrides:
+                item = dataclasses.replace(item, default=overrides[item.name][0])
+            seen[item.name] = item
+    return [i for i in seen.values() if surface is None or surface in i.surfaces]
+
+
+def spec_values(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for ``cls`` from surface values (lists -> dict/tuple, sizes -> int)."""
+    by_name = {i.name: i for i in class_inputs(cls)}
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in values or values[f.name] is None:
+            continue
+        item, value = by_name[f.name], values[f.name]
+        if f.name in SIZE_FIELDS and isinstance(value, str):
+            value = parse_bytes(f.name, value)
+        elif f.default_factory is dict:
+            value = parse_env(value, f.name)
+        elif item.kind == "list":
+            value = parse_list(value, f.name)
+        else:
+            value = item.coerce(value)
+        kwargs[f.name] = value
+    return kwargs
+
+
+def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
+    """A validated ``cls`` from surface values; unset inputs keep the dataclass default."""
+    return cls(**{**spec_values(cls, values), **extra})
+
+
+def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
+    """Every spec a step builds from its inputs (raises ``SpecError`` on the first bad one)."""
+    full = {i.name: i.default for i in step_inputs(step) if not i.required}
+    full |= {k: v for k, v in values.items() if v is not None}
+    out = []
+    for cls in STEP_CLASSES[step]:
+        if cls in (DomainSpec, WorkloadSpec):
+            out.append(build(cls, full, run_id=run_id))
+        else:
+            out.append(build(cls, full))
+    if step == "train":
+        check_shared_storage(*out)
+    return out
+
+
+# ---- pipelines -----------------------------------------------------------------------------
+
+WORKER_SA = {"service_account": "worker_service_account"}
+VERIFY_RENAMES = {
+    **WORKER_SA,
+    "job_timeout_s": "verify_timeout_s",
+    "min_bytes": "verify_min_bytes",
+    "max_bytes": "verify_max_bytes",
+    "iters": "verify_iters",
+    "warmup_iters": "verify_warmup_iters",
+    "judge_min_bytes": "verify_judge_min_bytes",
+    "cuda_graphs": "verify_cuda_graphs",
+}
+TRAIN_RENAMES = {**WORKER_SA, "job_timeout_s": "train_timeout_s"}
+LAUNCH_RENAMES = {**WORKER_SA, "job_timeout_s": "launch_timeout_s"}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a pipeline: which step, inputs fixed per task, step input -> parameter."""
+
+    name: str
+    step: str
+    fixed: dict[str, Any] = field(default_factory=dict)
+    renames: dict[str, str] = field(default_factory=dict)
+
+    def parameter_name(self, input_name: str) -> str:
+        return self.renames.get(input_name, input_name)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A pipeline: tasks in order (the last one is the exit handler's teardown)."""
+
+    name: str
+    description: str
+    tasks: tuple[Task, ...]
+    defaults: dict[str, tuple[Any, str]] = field(default_factory=dict)
+
+    def parameters(self) -> list[Input]:
+        """The pipeline parameters (KFP and Argo alike): every task input, renamed, once."""
+        params: dict[str, Input] = {}
+        for task in self.tasks:
+            for item in step_inputs(task.step, KFP):
+                if item.name in task.fixed:
+                    continue
+                name = task.parameter_name(item.name)
+                item = dataclasses.replace(item, name=name)
+                if name in self.defaults:
+                    item = dataclasses.replace(item, default=self.defaults[name][0])
+                known = params.setdefault(name, item)
+                if (known.default, known.kind) != (item.default, item.kind):
+                    raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
+        return list(params.values())
+
+    def task_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
+        """The task's step inputs from the pipeline's parameter values."""
+        args = {
+            item.name: values[task.parameter_name(item.name)]
+            for item in step_inputs(task.step, KFP)
+            if item.name not in task.fixed and task.parameter_name(item.name) in values
+        }
+        return {**args, **task.fixed}
+
+    def check(self, values: dict[str, Any], run_id: str = "check") -> None:
+        """Validate every task's inputs from pipeline parameter values (strings are fine)."""
+        params = {p.name: p for p in self.parameters()}
+        unknown = sorted(set(values) - set(params))
+        if unknown:
+            raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
+        typed = {k: params[k].coerce(v) for k, v in values.items()}
+        for task in self.tasks:
+            step_specs(task.step, run_id, self.task_arguments(task, typed))
+
+
+_PROVISION = Task("provision", "provision")
+_TEARDOWN = Task("teardown", "teardown")
+_PRE = Task("verify-pre", "verify", {"purpose": "verify-pre"}, VERIFY_RENAMES)
+_GPU_RUN = "the shipped pipeline runs on GPU clusters; the CLI's default is a smoke test"
+
+PIPELINES: dict[str, Pipeline] = {
+    p.name: p
+    for p in (
+        Pipeline(
+            "mnnvl-training",
+            "Provision a ComputeDomain, verify NVLink (gate), run sharded multi-node training, "
+            "verify again, and always tear down.",
+            (
+                _PROVISION,
+                _PRE,
+                Task("train", "train", {}, TRAIN_RENAMES),
+                Task("verify-post", "verify", {"purpose": "verify-post"}, VERIFY_RENAMES),
+                _TEARDOWN,
+            ),
+            {
+                "model": ("1b", _GPU_RUN),
+                "steps": (100, _GPU_RUN),
+                "batch_size": (4, _GPU_RUN),
+                "compile": (True, _GPU_RUN),
+            },
+        ),
+        Pipeline(
+            "mnnvl-verify-only",
+            "Provision a ComputeDomain, verify NVLink across its nodes, and always tear down.",
+            (
+                _PROVISION,
+                Task("verify", "verify", {"purpose": "verify"}, VERIFY_RENAMES),
+                _TEARDOWN,
+            ),
+        ),
+        Pipeline(
+            "mnnvl-custom",
+            "Provision a ComputeDomain, verify NVLink (gate), run your own image and command "
+            "on its nodes, and always tear down.",
+            (
+                _PROVISION,
+                _PRE,
+                Task("launch", "launch", {"purpose": "job"}, LAUNCH_RENAMES),
+                _TEARDOWN,
+            ),
+        ),
+    )
+}
+
+
+def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | str) -> None:
+    """Validate a pipeline's parameters: a dict, Argo's ``[{name, value}]`` list, or its JSON.
+
+    Argo names parameters in kebab case; both spellings are accepted.
+    """
+    if name not in PIPELINES:
+        raise SpecError("pipeline", f"{name!r} is not one of {', '.join(PIPELINES)}")
+    if isinstance(values, str):
+        try:
+            values = json.loads(values) if values.strip() else {}
+        except ValueError as e:
+            raise SpecError("pipeline_parameters", f"is not JSON ({e})") from None
+    if isinstance(values, list):
+        values = {str(p.get("name")): p.get("value") for p in values if isinstance(p, dict)}
+    if not isinstance(values, dict):
+        raise SpecError("pipeline_parameters", "must be a JSON object or Argo's parameter list")
+    pipeline = PIPELINES[name]
+    known = {p.name for p in pipeline.parameters()}
+    snake = {k.replace("-", "_"): v for k, v in values.items()}
+    pipeline.check({k: v for k, v in snake.items() if k in known})
+
+
+__all__ = ["ARGO", "CLI", "KFP", "PIPELINES", "Input", "Pipeline", "Task", "check_pipeline"]

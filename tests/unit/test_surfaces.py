@@ -1,0 +1,183 @@
+"""One parameter surface: every input of a step exists on the CLI, in KFP and in Argo with the
+same default, unless its declaration says why not; pipelines agree across orchestrators."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from mnnvl import surface
+from mnnvl.cli import build_parser
+from mnnvl.components import argo_templates as at
+from mnnvl.components import kfp_components as kc
+from mnnvl.errors import SpecError
+from mnnvl.flags import from_namespace
+from mnnvl.pipelines import argo_workflow as aw
+from mnnvl.pipelines import kfp_pipeline as kp
+from mnnvl.pipelines.compile import COMPILED_DIR
+from mnnvl.spec import CLI, DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
+
+STEP_COMPONENT = {
+    "provision": kc.provision_domain,
+    "train": kc.train_sharded,
+    "verify": kc.verify_nvlink,
+    "launch": kc.launch_workload,
+    "teardown": kc.teardown_domain,
+}
+CLI_ARGS = {"launch": ["--module", "pkg.entry"]}
+ARTIFACTS = {"run_id", "metrics", "report", "result"}
+
+
+def _as_surface(value: Any) -> Any:
+    if isinstance(value, dict):
+        return [f"{k}={v}" for k, v in value.items()]
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _kfp_defaults(step: str) -> dict[str, Any]:
+    params = inspect.signature(STEP_COMPONENT[step].python_func).parameters
+    return {n: p.default for n, p in params.items() if n not in ARTIFACTS}
+
+
+def _argo_defaults(step: str) -> dict[str, str]:
+    doc = yaml.safe_load((COMPILED_DIR / "mnnvl-launch.workflowtemplate.yaml").read_text())
+    (template,) = [t for t in doc["spec"]["templates"] if t["name"] == step]
+    transport = {at.LAUNCHER_IMAGE_INPUT, at.DEADLINE_INPUT}
+    return {
+        p["name"]: p["default"]
+        for p in template["inputs"]["parameters"]
+        if p["name"] not in transport
+    }
+
+
+def _cli_values(step: str) -> dict[str, Any]:
+    ns = build_parser().parse_args([step, "--run-id", "r1", *CLI_ARGS.get(step, [])])
+    values: dict[str, Any] = {}
+    for cls in surface.STEP_CLASSES[step]:
+        extra = {"command": ("x",)} if cls is LaunchSpec else {}
+        obj = from_namespace(cls, ns, **extra)
+        values |= {f.name: _as_surface(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return values
+
+
+@pytest.mark.parametrize("step", sorted(surface.STEP_CLASSES))
+def test_every_step_input_is_on_every_surface_with_the_same_default(step: str) -> None:
+    inputs = surface.step_inputs(step)
+    kfp, argo, cli = _kfp_defaults(step), _argo_defaults(step), _cli_values(step)
+    assert set(kfp) == {i.name for i in inputs if surface.KFP in i.surfaces}
+    assert set(argo) == {i.kebab for i in inputs if surface.ARGO in i.surfaces}
+    for item in inputs:
+        if surface.KFP in item.surfaces:
+            assert kfp[item.name] == item.default, (step, item.name)
+        if surface.ARGO in item.surfaces:
+            assert argo[item.kebab] == item.text(), (step, item.name)
+        given = item.flag in CLI_ARGS.get(step, []) or item.name == "command"
+        if CLI in item.surfaces and not item.required and not given:
+            assert cli[item.name] == item.default, (step, item.name)
+
+
+def test_an_input_missing_from_a_surface_says_why() -> None:
+    for cls in surface.SPEC_CLASSES:
+        for item in surface.class_inputs(cls):
+            if item.surfaces != frozenset(surface.EVERY):
+                assert item.why, f"{cls.__name__}.{item.name} is not everywhere and says no why"
+    for step, overrides in surface.STEP_DEFAULTS.items():
+        assert all(why for _, why in overrides.values()), step
+    for plan in surface.PIPELINES.values():
+        assert all(why for _, why in plan.defaults.values()), plan.name
+
+
+def test_the_cli_has_a_flag_for_every_cli_input() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command_name")
+    for step in surface.STEP_CLASSES:
+        flags = {s for a in sub.choices[step]._actions for s in a.option_strings}  # type: ignore[attr-defined]
+        missing = [
+            i.flag
+            for i in surface.step_inputs(step, CLI)
+            if i.name != "command" and i.flag not in flags
+        ]
+        assert missing == [], step
+
+
+@pytest.mark.parametrize("name", sorted(surface.PIPELINES))
+def test_kfp_and_argo_pipelines_take_the_same_parameters_and_defaults(name: str) -> None:
+    kfp = yaml.safe_load((COMPILED_DIR / f"{name}.kfp.yaml").read_text())
+    kfp_params = {
+        k.replace("_", "-"): v.get("defaultValue")
+        for k, v in kfp["root"]["inputDefinitions"]["parameters"].items()
+    }
+    argo = yaml.safe_load((COMPILED_DIR / f"{name}.workflowtemplate.yaml").read_text())
+    argo_params = {p["name"]: p["value"] for p in argo["spec"]["arguments"]["parameters"]}
+    argo_only = set(aw.ARGO_ONLY) & set(argo_params)
+    assert set(argo_params) - argo_only == set(kfp_params)
+    for p in surface.PIPELINES[name].parameters():
+        assert argo_params[p.kebab] == p.text(), p.name
+        kfp_default = kfp_params[p.kebab]
+        assert kfp_default == p.default or float(kfp_default) == p.default, p.name
+
+
+def test_pipeline_functions_take_the_declared_parameters() -> None:
+    for name, func in kp.PIPELINES.items():
+        params = inspect.signature(func.pipeline_func).parameters  # type: ignore[attr-defined]
+        assert list(params) == [p.name for p in surface.PIPELINES[name].parameters()]
+
+
+def test_env_with_commas_and_equals_travels_through_argo_to_the_workload() -> None:
+    doc = yaml.safe_load((COMPILED_DIR / "mnnvl-training.workflowtemplate.yaml").read_text())
+    (train,) = [t for t in doc["spec"]["templates"] if t["name"] == "train"]
+    env = json.dumps(["NCCL_IB_HCA=mlx5_0,mlx5_1", "NCCL_DEBUG_SUBSYS=INIT,ENV", "X=a=b"])
+    values = {p["name"]: p.get("default", "") for p in train["inputs"]["parameters"]}
+    values["env"] = env
+    args = []
+    for arg in train["container"]["args"]:
+        if arg.startswith("{{="):
+            name = arg.split("'")[1]
+            arg = f"--{name}" if values[name] == "true" else f"--no-{name}"
+        for key, value in values.items():
+            arg = arg.replace(f"{{{{inputs.parameters.{key}}}}}", value)
+        args.append(arg.replace("{{workflow.uid}}", "r1"))
+    workload = from_namespace(WorkloadSpec, build_parser().parse_args(args))
+    assert workload.env == {
+        "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+        "NCCL_DEBUG_SUBSYS": "INIT,ENV",
+        "X": "a=b",
+    }
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"model": "70b"}, "model"),
+        ({"nodes": 0}, "nodes"),
+        ([{"name": "nodes", "value": "0"}], "nodes"),  # Argo's {{workflow.parameters.json}}
+        ({"train-timeout-s": "soon"}, "train_timeout_s"),
+        ({"env": '["NOEQUALS"]'}, "env"),
+        ({"verify-max-bytes": "lots"}, "verify_max_bytes"),
+    ],
+)
+def test_pipeline_check_names_the_bad_parameter(values: Any, field: str) -> None:
+    with pytest.raises(SpecError) as err:
+        surface.check_pipeline("mnnvl-training", values)
+    assert err.value.field in (field, field.removeprefix("verify_"))
+
+
+def test_custom_pipeline_needs_a_module_or_a_command() -> None:
+    with pytest.raises(SpecError, match=r"^command: .*give a module or a command"):
+        surface.check_pipeline("mnnvl-custom", {})
+    surface.check_pipeline("mnnvl-custom", {"command": ["python3", "train.py"]})
+
+
+def test_step_specs_build_what_the_step_runs() -> None:
+    workload, config = surface.step_specs("verify", "r1", {"nodes": 3, "iters": "7"})
+    assert isinstance(workload, WorkloadSpec) and isinstance(config, VerifyConfig)
+    assert (workload.nodes, workload.purpose, workload.job_timeout_s) == (3, "verify", 1800.0)
+    assert config.iters == 7
+    (domain,) = surface.step_specs("teardown", "r1", {"delete_timeout_s": 5})
+    assert isinstance(domain, DomainSpec) and domain.delete_timeout_s == 5
+    assert isinstance(surface.step_specs("train", "r1", {})[1], TrainConfig)
