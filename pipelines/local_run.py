@@ -206,6 +206,10 @@ def _summary(
             f"{_num(train.get('tokens_per_s'), 0)} tokens/s, MFU {_num(train.get('mfu'), 3)}, "
             f"{_num(raw.get('wall_s'), 1)} s"
         )
+        mesh = raw.get("mesh") or {}
+        if mesh.get("groups", 1) > 1:
+            dims = " x ".join(f"{n} {d}" for n, d in zip(mesh["shape"], mesh["dims"], strict=True))
+            _emit(f"  mesh: {mesh['sharding']} over {mesh['groups']} clique groups ({dims})")
     job = outcome.results.get("job")
     if job:
         _emit("\nYour workload (launch step):")
