@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mnnvl import spec
+from mnnvl import checks
 from mnnvl.errors import SpecError
 from mnnvl.flags import add_arguments, from_namespace, to_args
 from mnnvl.spec import (
@@ -193,11 +193,11 @@ def test_namespace_left_empty_is_the_pods_own_else_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(tmp_path / "absent"))
+    monkeypatch.setattr(checks, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(tmp_path / "absent"))
     assert DomainSpec(run_id=RUN, namespace="").namespace == "default"
     sa_file = tmp_path / "namespace"
     sa_file.write_text("team-b\n")
-    monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
+    monkeypatch.setattr(checks, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
     assert DomainSpec(run_id=RUN, namespace="").namespace == "team-b"
     assert DomainSpec(run_id=RUN).namespace == "default"  # the field's default is explicit
     assert WorkloadSpec(run_id=RUN, namespace="").namespace == "team-b"
