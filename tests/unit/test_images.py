@@ -165,7 +165,7 @@ def test_launcher_image_env_runs_help_every_component_and_a_report_with_a_plot(
     )  # fmt: skip
     assert help_proc.returncode == 0 and "provision" in help_proc.stdout
     assert set(executors()) == {"provision_domain", "train_sharded", "verify_nvlink",
-                                "teardown_domain"}  # fmt: skip
+                                "teardown_domain", "launch_workload"}  # fmt: skip
     run_id = "image-check"
     with SimCluster(nodes=2) as sim:
         kube = sim.kubeconfig_path
