@@ -22,6 +22,7 @@ PUSH ?= 0
 RUN_ID ?= demo-run
 NAMESPACE ?= default
 NODES ?= 2
+NODES_PER_CLIQUE ?= 0
 GPUS_PER_NODE ?= 4
 PIPELINE ?= training
 
@@ -41,7 +42,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed ## create .venv and install the package with all extras
 
 run: install ## the whole KFP pipeline on the embedded simulated cluster (PIPELINE=training|custom)
-	$(PY) -m mnnvl.pipelines.local_run --pipeline $(PIPELINE)
+	$(PY) -m mnnvl.pipelines.local_run --pipeline $(PIPELINE) --nodes $(NODES) --nodes-per-clique $(NODES_PER_CLIQUE)
 
 test: install lint typecheck $(SCHEMA_STAMP) ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
 	$(PY) -m pytest -q
@@ -73,7 +74,7 @@ check-compiled: install ## fail when the committed compiled YAML differs from a 
 	$(PY) -m mnnvl.pipelines.compile --check
 
 render: install ## print every object a run would create (no cluster needed)
-	$(PY) -m mnnvl render --run-id $(RUN_ID) --namespace $(NAMESPACE) --nodes $(NODES) --gpus-per-node $(GPUS_PER_NODE)
+	$(PY) -m mnnvl render --run-id $(RUN_ID) --namespace $(NAMESPACE) --nodes $(NODES) --nodes-per-clique $(NODES_PER_CLIQUE) --gpus-per-node $(GPUS_PER_NODE)
 
 bench: install ## CPU benchmarks (simulator API requests, concurrency, make run, compile)
 	$(PY) bench/bench_api_requests.py

@@ -75,9 +75,14 @@ def publish_train(
     from mnnvl import report
 
     raw = dict(result.raw or {})
+    mesh = raw.get("mesh") or {}
+    shape = mesh.get("shape") or [raw.get("world_size")]
     _log_numbers(
         metrics,
         {
+            # Mesh shape as numbers: groups (NVLink cliques, replicated) x ranks sharded in each.
+            "mesh_groups": mesh.get("groups", 1),
+            "mesh_shard_ranks": shape[-1],
             "tokens_per_s": result.tokens_per_s,
             "tokens_per_s_per_gpu": raw.get("tokens_per_s_per_gpu"),
             "mfu": result.mfu,

@@ -52,6 +52,8 @@ def train_sharded(
     result: Output[Artifact],
     namespace: str = 'default',
     nodes: int = 2,
+    nodes_per_clique: int = 0,
+    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
     gpu_mode: str = 'limits',
@@ -65,6 +67,7 @@ def train_sharded(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    topology_aware: bool = False,
     admission_timeout_s: float = 0.0,
     pvc: List[str] = [],
     shm_size: str = '16Gi',
@@ -101,12 +104,16 @@ def train_sharded(
         report: HTML report.
         result: JSON of the step's result.
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
-        nodes: worker pods, one per node, at most 18 (one NVLink rack).
+        nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
+            of it).
+        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: torchrun rendezvous port on pod 0.
@@ -115,6 +122,8 @@ def train_sharded(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
+            clique.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
             no limit.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
@@ -132,7 +141,7 @@ def train_sharded(
         seq_len: sequence length; 0 = the preset's.
         batch_size: sequences per rank per step.
         lr: peak learning rate.
-        warmup_steps: linear warm-up steps before the cosine decay.
+        warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
         min_lr_ratio: final learning rate as a fraction of the peak.
         weight_decay: AdamW weight decay.
         grad_clip: gradient norm clip; 0 = off.
@@ -162,6 +171,8 @@ def verify_nvlink(
     namespace: str = 'default',
     purpose: str = 'verify',
     nodes: int = 2,
+    nodes_per_clique: int = 0,
+    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
     gpu_mode: str = 'limits',
@@ -175,6 +186,7 @@ def verify_nvlink(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    topology_aware: bool = False,
     admission_timeout_s: float = 0.0,
     pvc: List[str] = [],
     shm_size: str = '16Gi',
@@ -189,6 +201,7 @@ def verify_nvlink(
     iters: int = 0,
     warmup_iters: int = 0,
     min_busbw_gbps: float = 0.0,
+    min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     judge_min_bytes: int = 1073741824,
     cuda_graphs: bool = True,
@@ -204,12 +217,16 @@ def verify_nvlink(
         result: JSON of the step's result.
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
-        nodes: worker pods, one per node, at most 18 (one NVLink rack).
+        nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
+            of it).
+        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: torchrun rendezvous port on pod 0.
@@ -218,6 +235,8 @@ def verify_nvlink(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
+            clique.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
             no limit.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
@@ -235,6 +254,8 @@ def verify_nvlink(
         iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         warmup_iters: untimed all-reduces before each size; 0 = automatic.
         min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
+            = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         judge_min_bytes: sizes from this one up are judged against the threshold.
         cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
@@ -255,6 +276,8 @@ def launch_workload(
     namespace: str = 'default',
     purpose: str = 'job',
     nodes: int = 2,
+    nodes_per_clique: int = 0,
+    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
     gpu_mode: str = 'limits',
@@ -268,6 +291,7 @@ def launch_workload(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    topology_aware: bool = False,
     admission_timeout_s: float = 0.0,
     pvc: List[str] = [],
     shm_size: str = '16Gi',
@@ -289,12 +313,16 @@ def launch_workload(
         result: JSON of the step's result.
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
-        nodes: worker pods, one per node, at most 18 (one NVLink rack).
+        nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
+            of it).
+        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: torchrun rendezvous port on pod 0.
@@ -303,6 +331,8 @@ def launch_workload(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
+            clique.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
             no limit.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
@@ -350,6 +380,8 @@ def provision_training(
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
     nodes: int = 2,
+    nodes_per_clique: int = 0,
+    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
     gpu_mode: str = 'limits',
@@ -363,6 +395,7 @@ def provision_training(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    topology_aware: bool = False,
     admission_timeout_s: float = 0.0,
     pvc: List[str] = [],
     shm_size: str = '16Gi',
@@ -377,6 +410,7 @@ def provision_training(
     verify_iters: int = 0,
     verify_warmup_iters: int = 0,
     min_busbw_gbps: float = 0.0,
+    min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
     verify_cuda_graphs: bool = True,
@@ -410,12 +444,16 @@ def provision_training(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
-        nodes: worker pods, one per node, at most 18 (one NVLink rack).
+        nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
+            of it).
+        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: torchrun rendezvous port on pod 0.
@@ -424,6 +462,8 @@ def provision_training(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
+            clique.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
             no limit.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
@@ -441,6 +481,8 @@ def provision_training(
         verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
         min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
+            = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
@@ -452,7 +494,7 @@ def provision_training(
         seq_len: sequence length; 0 = the preset's.
         batch_size: sequences per rank per step.
         lr: peak learning rate.
-        warmup_steps: linear warm-up steps before the cosine decay.
+        warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
         min_lr_ratio: final learning rate as a fraction of the peak.
         weight_decay: AdamW weight decay.
         grad_clip: gradient norm clip; 0 = off.
@@ -484,6 +526,8 @@ def provision_verify_only(
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
     nodes: int = 2,
+    nodes_per_clique: int = 0,
+    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
     gpu_mode: str = 'limits',
@@ -497,6 +541,7 @@ def provision_verify_only(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    topology_aware: bool = False,
     admission_timeout_s: float = 0.0,
     pvc: List[str] = [],
     shm_size: str = '16Gi',
@@ -511,6 +556,7 @@ def provision_verify_only(
     verify_iters: int = 0,
     verify_warmup_iters: int = 0,
     min_busbw_gbps: float = 0.0,
+    min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
     verify_cuda_graphs: bool = True,
@@ -525,12 +571,16 @@ def provision_verify_only(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
-        nodes: worker pods, one per node, at most 18 (one NVLink rack).
+        nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
+            of it).
+        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: torchrun rendezvous port on pod 0.
@@ -539,6 +589,8 @@ def provision_verify_only(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
+            clique.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
             no limit.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
@@ -556,6 +608,8 @@ def provision_verify_only(
         verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
         min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
+            = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
@@ -579,6 +633,8 @@ def provision_custom(
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
     nodes: int = 2,
+    nodes_per_clique: int = 0,
+    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
     gpu_mode: str = 'limits',
@@ -592,6 +648,7 @@ def provision_custom(
     tolerations: List[str] = [],
     priority_class: str = '',
     queue_name: str = '',
+    topology_aware: bool = False,
     admission_timeout_s: float = 0.0,
     pvc: List[str] = [],
     shm_size: str = '16Gi',
@@ -606,6 +663,7 @@ def provision_custom(
     verify_iters: int = 0,
     verify_warmup_iters: int = 0,
     min_busbw_gbps: float = 0.0,
+    min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
     verify_cuda_graphs: bool = True,
@@ -623,12 +681,16 @@ def provision_custom(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
-        nodes: worker pods, one per node, at most 18 (one NVLink rack).
+        nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
+            of it).
+        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: torchrun rendezvous port on pod 0.
@@ -637,6 +699,8 @@ def provision_custom(
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
+            clique.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
             no limit.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
@@ -654,6 +718,8 @@ def provision_custom(
         verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
         min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
+            = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.

@@ -31,6 +31,7 @@ PURPOSES = ("train", "verify-pre", "verify-post", "verify", "job")
 MODEL_PRESETS = ("tiny", "small", "125m", "350m", "1b", "3b", "8b")
 DTYPES = ("auto", "bf16", "fp32")
 MAX_NODES = 18  # one IMEX domain (NVL72 rack: 18 compute trays); MNNVL never spans cliques
+MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-character hostnames)
 MAX_GPUS_PER_NODE = 8
 DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
@@ -51,7 +52,16 @@ JOB_ENV = (
     "JOB_COMPLETION_INDEX",
     "MNNVL_NCCL_PROFILE",
     "MNNVL_GPUS_PER_NODE",
+    "MNNVL_NUM_GROUPS",
+    "MNNVL_GROUP_INDEX",
+    "MNNVL_NODES_PER_GROUP",
+    "MNNVL_NODE_RANK_BASE",
 )
+# Placement across NVLink cliques, set on every worker by the Job builder (one Job per group).
+NUM_GROUPS_ENV = "MNNVL_NUM_GROUPS"
+GROUP_INDEX_ENV = "MNNVL_GROUP_INDEX"
+NODES_PER_GROUP_ENV = "MNNVL_NODES_PER_GROUP"
+NODE_RANK_BASE_ENV = "MNNVL_NODE_RANK_BASE"
 
 
 def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:

@@ -219,7 +219,10 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     from mnnvl.sim import SimCluster
 
     with SimCluster(
-        nodes=workload.nodes, gpus_per_node=workload.gpus_per_node, namespaces=(domain.namespace,)
+        nodes=workload.nodes,
+        gpus_per_node=workload.gpus_per_node,
+        cliques=workload.groups,  # one NVLink clique per group, as the placement asks
+        namespaces=(domain.namespace,),
     ) as sim:
         logger.info("simulated cluster up at %s (kubeconfig %s)", sim.url, sim.kubeconfig_path)
         ns.kubeconfig = sim.kubeconfig_path

@@ -12,7 +12,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from mnnvl.spec import PURPOSES, SpecError, check_run_id
+from mnnvl.spec import MAX_GROUPS, PURPOSES, SpecError, check_run_id
 
 MANAGED_BY = "mnnvl-pipelines"
 PART_OF = "mnnvl-pipelines"
@@ -20,6 +20,7 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_RUN_ID = "mnnvl.io/run-id"
+LABEL_CLIQUE_GROUP = "mnnvl.io/clique-group"
 PREFIX = "mnnvl"
 _BASE_MAX = 40  # leaves room for "-verify-post" and the pod index in hostnames
 
@@ -60,13 +61,20 @@ class RunNames:
         """The optional ``gpu.nvidia.com`` ResourceClaimTemplate (``gpu_mode='claim'``)."""
         return f"{self.base}-gpus"
 
-    def job(self, purpose: str) -> str:
-        """The Indexed Job (and its headless Service) for one purpose, e.g. ``train``."""
+    def job(self, purpose: str, group: int | None = None) -> str:
+        """The Indexed Job for one purpose, e.g. ``train``; with clique groups one Job per
+        group, ``<base>-<purpose>-g<group>`` (pod hostnames stay within 63 characters for
+        up to ``MAX_GROUPS`` groups of up to 99 nodes)."""
         if purpose not in PURPOSES:
             raise SpecError("purpose", f"{purpose!r} is not one of {', '.join(PURPOSES)}")
-        return f"{self.base}-{purpose}"
+        if group is None:
+            return f"{self.base}-{purpose}"
+        if not 0 <= group < MAX_GROUPS:
+            raise SpecError("group", f"{group} is out of range; allowed 0..{MAX_GROUPS - 1}")
+        return f"{self.base}-{purpose}-g{group}"
 
     def service(self, purpose: str) -> str:
+        """The headless Service of a step: one for all its Jobs (one rendezvous)."""
         return self.job(purpose)
 
     def labels(self, component: str = "") -> dict[str, str]:

@@ -74,12 +74,53 @@ def nccl_line(result: dict[str, Any]) -> str:
     return f"transport: NCCL {version} over {nccl.get('transport') or 'unknown'}"
 
 
-def verify_table(result: dict[str, Any]) -> str:
-    """A plain-text table of the sweep and the verdict, for terminals and logs."""
+def _text_table(result: dict[str, Any]) -> list[str]:
     rows = [_SIZE_HEADER, *_size_rows(result)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(_SIZE_HEADER))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _part_title(name: str, part: dict[str, Any]) -> str:
+    threshold = part.get("threshold_gbps")
+    judged = f"judged busbw {_fmt(part.get('judged_busbw_gbps'), 3)} GB/s"
+    against = f" (threshold {_fmt(threshold, 3)} GB/s)" if threshold is not None else ""
+    return f"{name}: {part.get('verdict')}, {judged}{against}"
+
+
+def clique_parts(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(title, part) for every clique and every cross-clique sweep of a grouped run."""
+    parts = [
+        (_part_title(f"clique {c['group']} ({', '.join(c['nodes'])})", c), c)
+        for c in result.get("cliques") or []
+    ]
+    for key, part in (result.get("inter_clique") or {}).items():
+        parts.append((_part_title(f"across cliques, {key}", part), part))
+    return parts
+
+
+def worst_lines(result: dict[str, Any]) -> list[str]:
+    """Which clique and which node to look at first (grouped runs only)."""
+    worst = result.get("worst_clique")
+    if not worst:
+        return []
+    node = result.get("worst_node")
+    return [
+        f"worst clique: {worst['group']} ({', '.join(worst['nodes'])}), {worst['verdict']}, "
+        f"judged busbw {_fmt(worst['judged_busbw_gbps'], 3)} GB/s",
+        f"worst node: {node['pod']} (rank {node['rank']}): {node['why']}"
+        if node
+        else "worst node: none stands out (no NVML problem, no straggler)",
+    ]
+
+
+def verify_table(result: dict[str, Any]) -> str:
+    """A plain-text table of the sweep and the verdict, for terminals and logs."""
+    lines = _text_table(result)
+    for title, part in clique_parts(result):
+        lines += ["", title, *_text_table(part)]
+    lines += ["", *worst_lines(result)] if result.get("worst_clique") else []
     lines[:0] = [f"verdict: {result.get('verdict')} · {nccl_line(result)}", ""]
     lines += [
         "",
@@ -114,9 +155,15 @@ def verify_markdown(result: dict[str, Any]) -> str:
         f"{_fmt(topo.get('link_speed_gbps'), 3)} GB/s (NVLink {_fmt(topo.get('nvlink_version'))}), "
         f"link limit {_fmt(topo.get('link_limit_gbps'))} GB/s",
         f"- fabric: {json.dumps(topo.get('fabric'))}",
+        *(f"- {line}" for line in worst_lines(result)),
         "",
         _md_table(_SIZE_HEADER, _size_rows(result)),
         "",
+        *(
+            line
+            for title, part in clique_parts(result)
+            for line in (f"## {title}", "", _md_table(_SIZE_HEADER, _size_rows(part)), "")
+        ),
         "## Reasons",
         "",
         *([f"- {r}" for r in result.get("reasons", [])] or ["- none"]),
@@ -224,6 +271,10 @@ def train_markdown(result: dict[str, Any]) -> str:
         "checkpoint",
     )
     rows = [[k, _fmt(result.get(k), 4)] for k in keys if k in result]
+    mesh = result.get("mesh")
+    if mesh:
+        shape = " x ".join(f"{n} {d}" for n, d in zip(mesh["shape"], mesh["dims"], strict=True))
+        rows.append(["mesh", f"{mesh['sharding']}: {shape}"])
     return "\n".join(["# Training run", "", _md_table(["metric", "value"], rows), ""])
 
 

@@ -22,12 +22,17 @@ from mnnvl.checks import (
     DTYPES,
     FORBIDDEN_ENV,
     GPU_MODES,
+    GROUP_INDEX_ENV,
     JOB_ENV,
     LABEL_VALUE,
     MAX_GPUS_PER_NODE,
+    MAX_GROUPS,
     MAX_NODES,
     MODEL_PRESETS,
     NCCL_PROFILES,
+    NODE_RANK_BASE_ENV,
+    NODES_PER_GROUP_ENV,
+    NUM_GROUPS_ENV,
     PINNED_ENV,
     PURPOSES,
     check_choice,
@@ -58,12 +63,17 @@ __all__ = [
     "DTYPES",
     "FORBIDDEN_ENV",
     "GPU_MODES",
+    "GROUP_INDEX_ENV",
     "JOB_ENV",
     "LABEL_VALUE",
     "MAX_GPUS_PER_NODE",
+    "MAX_GROUPS",
     "MAX_NODES",
     "MODEL_PRESETS",
     "NCCL_PROFILES",
+    "NODES_PER_GROUP_ENV",
+    "NODE_RANK_BASE_ENV",
+    "NUM_GROUPS_ENV",
     "PINNED_ENV",
     "PURPOSES",
     "DomainSpec",
@@ -92,6 +102,7 @@ __all__ = [
 ]
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
+DEFAULT_WARMUP_STEPS = 5
 RUN_ID_HELP = "run id every name and label derives from (KFP job id, Argo workflow uid)"
 RUN_ID_WHY = "pipelines supply it: KFP's job id, Argo's {{workflow.uid}}"
 OWNER_WHY = "found at run time (the launcher pod with --owner-pod), never typed in"
@@ -163,14 +174,24 @@ class WorkloadSpec:
         "default", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
     )
     purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
-    nodes: int = opt(2, "worker pods, one per node, at most 18 (one NVLink rack)")
+    nodes: int = opt(
+        2, "worker pods, one per node; more than one clique needs nodes_per_clique (multiple of it)"
+    )
+    nodes_per_clique: int = opt(
+        0,
+        "nodes in each NVLink clique group (one Job each; HSDP training, per-clique verify); "
+        "0 = all nodes in one clique",
+    )
+    max_nodes_per_clique: int = opt(MAX_NODES, "most nodes one NVLink clique holds (NVL72: 18)")
     gpus_per_node: int = opt(4, "GPUs per worker pod; 0 = one CPU process per pod (gloo)")
     image: str = opt(
         DEFAULT_IMAGE, "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)"
     )
     gpu_mode: str = opt("limits", "limits (device plugin nvidia.com/gpu) or claim (DRA claim)")
     gpu_device_class: str = opt("gpu.nvidia.com", "DeviceClass for gpu_mode claim")
-    clique_affinity: bool = opt(True, "keep every pod inside one nvidia.com/gpu.clique")
+    clique_affinity: bool = opt(
+        True, "keep every pod (of each clique group) inside one nvidia.com/gpu.clique"
+    )
     nccl_profile: str = opt("production", "production, verify-strict or single-host (README)")
     env: dict[str, str] = opt(
         factory=dict, help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)"
@@ -185,6 +206,9 @@ class WorkloadSpec:
     )
     priority_class: str = opt("", "PriorityClass of the worker pods")
     queue_name: str = opt("", "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name")
+    topology_aware: bool = opt(
+        False, "with queue_name: Kueue topology-aware scheduling, each group in one clique"
+    )
     admission_timeout_s: float = opt(
         0.0, "how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 = no limit"
     )
@@ -211,7 +235,7 @@ class WorkloadSpec:
         object.__setattr__(self, "namespace", resolve_namespace(self.namespace))
         check_dns_label("namespace", self.namespace)
         check_choice("purpose", self.purpose, PURPOSES)
-        check_range("nodes", self.nodes, 1, MAX_NODES, integer=True)
+        self._check_cliques()
         check_range("gpus_per_node", self.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
         check_image("image", self.image)
         check_choice("gpu_mode", self.gpu_mode, GPU_MODES)
@@ -243,6 +267,25 @@ class WorkloadSpec:
             "image_pull_policy", self.image_pull_policy, ("Always", "IfNotPresent", "Never")
         )
 
+    def _check_cliques(self) -> None:
+        check_range("max_nodes_per_clique", self.max_nodes_per_clique, 1, 99, integer=True)
+        per = self.max_nodes_per_clique
+        check_range("nodes_per_clique", self.nodes_per_clique, 0, per, integer=True)
+        check_range("nodes", self.nodes, 1, MAX_GROUPS * per, integer=True)
+        if not self.nodes_per_clique and self.nodes > per:
+            raise SpecError(
+                "nodes",
+                f"{self.nodes} nodes do not fit one NVLink clique of at most {per}; set "
+                "nodes_per_clique to place them as several clique groups",
+            )
+        if self.nodes_per_clique and self.nodes % self.nodes_per_clique:
+            raise SpecError(
+                "nodes",
+                f"{self.nodes} is not a multiple of nodes_per_clique {self.nodes_per_clique}",
+            )
+        if self.topology_aware and not self.queue_name:
+            raise SpecError("topology_aware", "needs queue_name (Kueue admits the groups)")
+
     def _check_scheduling(self) -> None:
         for key, value in self.node_selector.items():
             check_label_key("node_selector", key)
@@ -265,6 +308,16 @@ class WorkloadSpec:
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    @property
+    def group_nodes(self) -> int:
+        """Nodes in each clique group (all of them with one group)."""
+        return self.nodes_per_clique or self.nodes
+
+    @property
+    def groups(self) -> int:
+        """Clique groups: one Indexed Job each, all in one rendezvous."""
+        return self.nodes // self.group_nodes
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -275,7 +328,9 @@ class TrainConfig:
     seq_len: int = opt(0, "sequence length; 0 = the preset's")
     batch_size: int = opt(2, "sequences per rank per step")
     lr: float = opt(3e-4, "peak learning rate")
-    warmup_steps: int = opt(5, "linear warm-up steps before the cosine decay")
+    warmup_steps: int = opt(
+        DEFAULT_WARMUP_STEPS, "linear warm-up steps before the cosine decay (capped at steps)"
+    )
     min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of the peak")
     weight_decay: float = opt(0.1, "AdamW weight decay")
     grad_clip: float = opt(1.0, "gradient norm clip; 0 = off")
@@ -299,11 +354,14 @@ class TrainConfig:
         check_range("lr", self.lr, 1e-8, 1.0)
         check_range("warmup_steps", self.warmup_steps, 0, 10_000_000, integer=True)
         if self.warmup_steps > self.steps:
-            raise SpecError(
-                "warmup_steps",
-                f"{self.warmup_steps} is more than steps {self.steps} (the learning rate would "
-                f"never reach its peak); pass --warmup-steps {self.steps} or fewer (default 5)",
-            )
+            if self.warmup_steps != DEFAULT_WARMUP_STEPS:
+                raise SpecError(
+                    "warmup_steps",
+                    f"{self.warmup_steps} is more than steps {self.steps} (the learning rate "
+                    f"would never reach its peak); pass --warmup-steps {self.steps} or fewer",
+                )
+            # The default warm-up on a run shorter than it: the whole run warms up.
+            object.__setattr__(self, "warmup_steps", self.steps)
         check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_range("weight_decay", self.weight_decay, 0.0, 10.0)
         check_range("grad_clip", self.grad_clip, 0.0, 1e6)
@@ -332,6 +390,9 @@ class VerifyConfig:
     iters: int = opt(0, "timed all-reduces per size; 0 = adaptive (mean known within 1 percent)")
     warmup_iters: int = opt(0, "untimed all-reduces before each size; 0 = automatic")
     min_busbw_gbps: float = opt(0.0, "pass threshold, GB/s; 0 = active links x speed x efficiency")
+    min_inter_clique_busbw_gbps: float = opt(
+        0.0, "pass threshold for the sweeps across clique groups, GB/s; 0 = not judged"
+    )
     efficiency: float = opt(0.62, "fraction of the NVLink limit a derived threshold asks for")
     judge_min_bytes: int = opt(1 << 30, "sizes from this one up are judged against the threshold")
     cuda_graphs: bool = opt(True, "also time small sizes as CUDA graphs and direct NCCL calls")
@@ -355,6 +416,7 @@ class VerifyConfig:
         check_range("iters", self.iters, 0, 100_000, integer=True)
         check_range("warmup_iters", self.warmup_iters, 0, 100_000, integer=True)
         check_range("min_busbw_gbps", self.min_busbw_gbps, 0.0, 100_000.0)
+        check_range("min_inter_clique_busbw_gbps", self.min_inter_clique_busbw_gbps, 0.0, 100_000.0)
         check_range("efficiency", self.efficiency, 0.01, 1.0)
         check_range("judge_min_bytes", self.judge_min_bytes, 1, 1 << 36, integer=True)
 

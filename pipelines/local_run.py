@@ -60,6 +60,7 @@ def pipeline_arguments(
     arguments: dict[str, Any] = {
         "namespace": "default",
         "nodes": args.nodes,
+        "nodes_per_clique": args.nodes_per_clique,
         "gpus_per_node": gpus_per_node,
         "image": LOCAL_IMAGE,
         "min_busbw_gbps": args.min_busbw_gbps,
@@ -84,7 +85,8 @@ def pipeline_arguments(
             "log_every": max(1, args.steps // 4),
             "train_timeout_s": 600.0,
         }
-    if gpus_per_node == 0:
+    if gpus_per_node == 0 and not args.nodes_per_clique:
+        # Clique groups keep their affinity: the simulator labels one clique per group.
         arguments["clique_affinity"] = False
     return arguments
 
@@ -204,6 +206,10 @@ def _summary(
             f"{_num(train.get('tokens_per_s'), 0)} tokens/s, MFU {_num(train.get('mfu'), 3)}, "
             f"{_num(raw.get('wall_s'), 1)} s"
         )
+        mesh = raw.get("mesh") or {}
+        if mesh.get("groups", 1) > 1:
+            dims = " x ".join(f"{n} {d}" for n, d in zip(mesh["shape"], mesh["dims"], strict=True))
+            _emit(f"  mesh: {mesh['sharding']} over {mesh['groups']} clique groups ({dims})")
     job = outcome.results.get("job")
     if job:
         _emit("\nYour workload (launch step):")
@@ -232,6 +238,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m mnnvl.pipelines.local_run", description=__doc__
     )
     parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
+    parser.add_argument(
+        "--nodes-per-clique",
+        type=int,
+        default=0,
+        help="nodes per NVLink clique group; the simulator gets one clique per group "
+        "(default 0: all nodes in one clique)",
+    )
     parser.add_argument(
         "--gpus-per-node", type=int, default=None, help="default: local GPUs / nodes, else 0"
     )
@@ -263,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         gpus = local_gpu_count() // max(1, args.nodes)
     args.out.mkdir(parents=True, exist_ok=True)
     log.info("starting a simulated cluster: %d nodes x %d GPUs", args.nodes, gpus)
-    sim = SimCluster(nodes=args.nodes, gpus_per_node=gpus).start()
+    cliques = args.nodes // args.nodes_per_clique if args.nodes_per_clique else 1
+    sim = SimCluster(nodes=args.nodes, gpus_per_node=gpus, cliques=cliques).start()
     start = time.monotonic()
     try:
         with (

@@ -44,7 +44,7 @@ from mnnvl.driver.workload import (
     result_of_failed_job,
 )
 from mnnvl.errors import NotProvisioned
-from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL, KUEUE_QUEUE_LABEL
+from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL, KUEUE_QUEUE_LABEL, step_selector
 from mnnvl.names import RunNames
 from mnnvl.spec import WorkloadSpec
 
@@ -74,14 +74,15 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     so their logs remain inspectable.
     """
     require_domain(api, workload)
-    job = create_workload(api, workload, module, args)
+    jobs = create_workload(api, workload, module, args)
+    job = jobs[0]  # rank 0's Job (clique group 0 when the step has several)
     follower: LogFollower | None = None
 
     def follow(rank0: str) -> None:
         nonlocal follower
         follower = LogFollower(api, workload.namespace, rank0).start()
 
-    watch = JobWatch(api, workload, job, on_running=follow)
+    watch = JobWatch(api, workload, jobs, on_running=follow)
     try:
         pods = watch.run()
     except WorkloadFailed as err:
@@ -89,7 +90,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
             api, workload, job, follower, drain_s=LOG_DRAIN_S
         )
         raise
-    rank0 = rank0_pod(pods)
+    rank0 = rank0_pod(pods, job)
     text = follower.text if follower is not None and follower.join(LOG_DRAIN_S) else ""
     result = parse_result(text)
     if result is None:
@@ -105,12 +106,12 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     )
 
 
-def wait_for_job(api: Api, workload: WorkloadSpec, job: str) -> Objects:
+def wait_for_job(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:
     """The lifecycle's waits for an existing Job, until it is complete; returns its pods."""
     return JobWatch(api, workload, job, on_running=lambda rank0: None).run()
 
 
-def wait_for_pods_running(api: Api, workload: WorkloadSpec, job: str) -> Objects:
+def wait_for_pods_running(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:
     """The lifecycle's waits up to every index having a pod Running (or the Job complete)."""
     return JobWatch(api, workload, job, on_running=lambda rank0: None, until_running=True).run()
 
@@ -139,10 +140,10 @@ def _condition(job: dict[str, Any], kind: str) -> dict[str, Any] | None:
 
 
 def running_indexes(pods: Objects) -> int:
-    """How many distinct completion indexes have a pod Running or already Succeeded."""
+    """How many distinct (Job, completion index) pairs have a pod Running or Succeeded."""
     return len(
         {
-            pod_index(p)
+            ((p["metadata"].get("labels") or {}).get(JOB_NAME_LABEL), pod_index(p))
             for p in pods.values()
             if (p.get("status") or {}).get("phase") in ("Running", "Succeeded")
         }
@@ -150,18 +151,20 @@ def running_indexes(pods: Objects) -> int:
 
 
 class JobWatch(Check):
-    """The lifecycle's check over ``job`` (the Job), ``pods`` and ``events`` (prepare errors)."""
+    """The lifecycle's check over ``job`` (the step's Jobs: one, or one per clique group),
+    ``pods`` and ``events`` (prepare errors). ``self.job`` is rank 0's Job."""
 
     def __init__(
         self,
         api: Api,
         workload: WorkloadSpec,
-        job: str,
+        jobs: str | list[str],
         *,
         on_running: Callable[[str], None],
         until_running: bool = False,
     ) -> None:
-        self.api, self.workload, self.job = api, workload, job
+        self.jobs = [jobs] if isinstance(jobs, str) else list(jobs)
+        self.api, self.workload, self.job = api, workload, self.jobs[0]
         self.on_running, self.until_running = on_running, until_running
         self.grace = Grace(workload.unschedulable_grace_s)
         self.admission = Deadline(workload.admission_timeout_s)
@@ -172,11 +175,14 @@ class JobWatch(Check):
 
     def run(self) -> Objects:
         ns = self.workload.namespace
-        sources = {
-            "job": Source(JOB, name=self.job),
-            "pods": Source(POD, label_selector=f"{JOB_NAME_LABEL}={self.job}"),
-            "events": Source(EVENT, field_selector=PREPARE_EVENTS),
-        }
+        if len(self.jobs) == 1:
+            job_src = Source(JOB, name=self.job)
+            pod_src = Source(POD, label_selector=f"{JOB_NAME_LABEL}={self.job}")
+        else:  # one watch over every group's Jobs, one over their pods
+            step = ",".join(f"{k}={v}" for k, v in step_selector(self.workload).items())
+            job_src, pod_src = Source(JOB, label_selector=step), Source(POD, label_selector=step)
+        events = Source(EVENT, field_selector=PREPARE_EVENTS)
+        sources = {"job": job_src, "pods": pod_src, "events": events}
         pods: Objects = watch_until(
             self.api, ns, sources, self, deadline=Deadline(0), on_timeout=self._never
         )
@@ -192,22 +198,26 @@ class JobWatch(Check):
 
     def __call__(self, view: View) -> Objects | None:
         ns = self.workload.namespace
-        job = view["job"].get(self.job)
-        if job is None:
-            raise WorkloadFailed(
-                f"Job {ns}/{self.job} was deleted while the step waited for it (a teardown, "
-                f"a reaper or a person); check `kubectl get events -n {ns}`"
-            )
-        # FailureTarget (Kubernetes >= 1.31) comes first; Failed only once the pods are gone.
-        failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
-        if failed is not None:
-            domain = RunNames.for_run(self.workload.run_id).domain
-            raise WorkloadFailed(job_failure(self.api, self.workload, self.job, domain, failed))
-        if _condition(job, "Complete") is not None:
+        for name in self.jobs:
+            found = view["job"].get(name)
+            if found is None:
+                raise WorkloadFailed(
+                    f"Job {ns}/{name} was deleted while the step waited for it (a teardown, "
+                    f"a reaper or a person); check `kubectl get events -n {ns}`"
+                )
+            # FailureTarget (Kubernetes >= 1.31) comes first; Failed only once the pods are gone.
+            failed = _condition(found, "Failed") or _condition(found, "FailureTarget")
+            if failed is not None:
+                domain = RunNames.for_run(self.workload.run_id).domain
+                raise WorkloadFailed(job_failure(self.api, self.workload, name, domain, failed))
+        every = [view["job"][name] for name in self.jobs]
+        if all(_condition(j, "Complete") is not None for j in every):
             return dict(view["pods"])
-        if (job.get("spec") or {}).get("suspend"):
+        job = next((j for j in every if (j.get("spec") or {}).get("suspend")), None)
+        if job is not None:  # any group still queued: the step is queued
             self._queued(job)
             return None
+        job = view["job"][self.job]
         if self.pods_deadline is None:
             if self.queued_logged:
                 waited = self.admission.elapsed()
@@ -257,7 +267,7 @@ class JobWatch(Check):
             logger.info("pods %d/%d Running", running, workload.nodes)
         if running >= workload.nodes:
             self.job_deadline = Deadline(workload.job_timeout_s)
-            self.on_running(rank0_pod(pods))
+            self.on_running(rank0_pod(pods, self.job))
             return
         if self.pods_deadline is not None and self.pods_deadline.expired:
             names = RunNames.for_run(workload.run_id)
@@ -271,9 +281,12 @@ class JobWatch(Check):
 
     # ---- timers and progress -----------------------------------------------------------
 
+    def _suspended(self, view: View) -> dict[str, Any] | None:
+        jobs = (view["job"].get(name) or {} for name in self.jobs)
+        return next((j for j in jobs if (j.get("spec") or {}).get("suspend")), None)
+
     def recheck_in(self, view: View) -> float | None:
-        job = view["job"].get(self.job) or {}
-        if (job.get("spec") or {}).get("suspend"):
+        if self._suspended(view) is not None:
             return None if self.admission.unlimited else max(0.0, self.admission.remaining())
         times = [self.grace.recheck_in_s()]
         for deadline in (self.job_deadline or self.pods_deadline,):
@@ -283,8 +296,8 @@ class JobWatch(Check):
         return min(found) if found else None
 
     def progress(self, view: View) -> str:
-        job = view["job"].get(self.job) or {}
-        if (job.get("spec") or {}).get("suspend"):
+        job = self._suspended(view)
+        if job is not None:
             return f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s"
         if self.job_deadline is not None:
             return (

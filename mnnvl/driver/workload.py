@@ -21,7 +21,7 @@ from mnnvl.manifests import (
     JOB_NAME_LABEL,
     gpu_claim_template,
     headless_service,
-    indexed_job,
+    indexed_jobs,
     wants_gpu_claim,
 )
 from mnnvl.names import RunNames
@@ -36,8 +36,9 @@ def create_workload(
     module: str,
     args: list[str],
     deadline: Deadline | None = None,
-) -> str:
-    """Create (or adopt, when a step is retried) GPU template, Service and Job; return the Job.
+) -> list[str]:
+    """Create (or adopt, when a step is retried) GPU template, Service and the Job (one per
+    clique group); return the Jobs' names, rank 0's Job first.
 
     A Job of this step that has Failed is deleted (with its pods, waited gone within
     ``deadline``, by default the pods-running timeout) and created again: the step is
@@ -48,8 +49,8 @@ def create_workload(
     if wants_gpu_claim(workload):
         bodies.append((RESOURCE_CLAIM_TEMPLATE, gpu_claim_template(workload)))
     bodies.append((SERVICE, headless_service(workload)))
-    job = indexed_job(workload, module, args)
-    bodies.append((JOB, job))
+    jobs = indexed_jobs(workload, module, args)
+    bodies += [(JOB, job) for job in jobs]
     for kind, body in bodies:
         try:
             _, adopted = create_or_adopt(api, kind, body)
@@ -68,7 +69,7 @@ def create_workload(
             meta["namespace"],
             meta["name"],
         )
-    return str(job["metadata"]["name"])
+    return [str(job["metadata"]["name"]) for job in jobs]
 
 
 def _replace_failed_job(
@@ -172,10 +173,13 @@ def result_of_failed_job(
     return None
 
 
-def rank0_pod(pods: Objects) -> str:
+def rank0_pod(pods: Objects, job: str | None = None) -> str:
+    """The running pod with index 0 (of ``job``, rank 0's Job, when the step has several)."""
     for name, pod in sorted(
         pods.items(), key=lambda item: str(item[1]["metadata"].get("creationTimestamp"))
     ):
+        if job is not None and pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL) != job:
+            continue
         if pod_index(pod) == "0" and pod.get("status", {}).get("phase") in ("Running", "Succeeded"):
             return name
     raise WorkloadFailed(f"no running pod with index 0 among {sorted(pods)}")

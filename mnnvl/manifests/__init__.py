@@ -18,7 +18,9 @@ from mnnvl.manifests.workload import (
     VERIFY_MODULE,
     headless_service,
     indexed_job,
+    indexed_jobs,
     master_addr,
+    step_selector,
 )
 
 __all__ = [
@@ -36,11 +38,13 @@ __all__ = [
     "hash_of",
     "headless_service",
     "indexed_job",
+    "indexed_jobs",
     "master_addr",
     "object_meta",
     "owner_references",
     "render_run",
     "spec_hash",
+    "step_selector",
     "step_workload",
     "wants_gpu_claim",
     "with_spec_hash",

@@ -2,7 +2,8 @@
 
 Order: ComputeDomain (provision), the GPU claim template when GPUs come from a claim, then
 for each step its headless Service before its Job (pod 0's DNS name must resolve as soon as
-the pods start): train first, then verify, as the pipelines run them.
+the pods start), then its Jobs (one per clique group): train first, then verify, as the
+pipelines run them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from mnnvl.errors import SpecError
 from mnnvl.flags import to_args
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.domain import compute_domain
-from mnnvl.manifests.workload import TRAIN_MODULE, VERIFY_MODULE, headless_service, indexed_job
+from mnnvl.manifests.workload import TRAIN_MODULE, VERIFY_MODULE, headless_service, indexed_jobs
 from mnnvl.spec import (
     DomainSpec,
     TrainConfig,
@@ -73,5 +74,5 @@ def render_run(
         objs.append(gpu_claim_template(workload))
     for step, module, args in steps:
         objs.append(headless_service(step))
-        objs.append(indexed_job(step, module, args))
+        objs += indexed_jobs(step, module, args)
     return objs

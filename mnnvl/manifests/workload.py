@@ -17,8 +17,15 @@ from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.errors import SpecError
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
-from mnnvl.names import RunNames
-from mnnvl.spec import WorkloadSpec, parse_toleration
+from mnnvl.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
+from mnnvl.spec import (
+    GROUP_INDEX_ENV,
+    NODE_RANK_BASE_ENV,
+    NODES_PER_GROUP_ENV,
+    NUM_GROUPS_ENV,
+    WorkloadSpec,
+    parse_toleration,
+)
 from mnnvl.storage import parse_pvc
 
 CONTAINER = "worker"
@@ -35,6 +42,10 @@ PVC_VOLUME = "pvc"  # volumes pvc-0, pvc-1, ... in --pvc order
 LAUNCH_MODULE = "mnnvl.runtime.launch"
 TRAIN_MODULE = "mnnvl.runtime.train"
 VERIFY_MODULE = "mnnvl.runtime.verify"
+# Kueue topology-aware scheduling (annotation since Kueue v0.9; TAS is beta and on by default
+# from v0.14, which the docs assume): all pods of the pod set (one group's Job) in one
+# domain of this topology level.
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 
 # Set by the Job itself; a user value would break the rendezvous or the node rank.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -49,9 +60,9 @@ def _check_workload(workload: object) -> WorkloadSpec:
 
 
 def master_addr(workload: WorkloadSpec) -> str:
-    """DNS name of pod index 0, where torchrun's c10d store listens."""
+    """DNS name of pod index 0 (of group 0's Job), where torchrun's c10d store listens."""
     names = RunNames.for_run(workload.run_id)
-    job = names.job(workload.purpose)
+    job = names.job(workload.purpose, 0 if workload.groups > 1 else None)
     svc = names.service(workload.purpose)
     return f"{job}-0.{svc}.{workload.namespace}.svc.cluster.local"
 
@@ -64,7 +75,6 @@ def headless_service(workload: WorkloadSpec) -> dict[str, Any]:
     """
     workload = _check_workload(workload)
     names = RunNames.for_run(workload.run_id)
-    job = names.job(workload.purpose)
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -76,7 +86,7 @@ def headless_service(workload: WorkloadSpec) -> dict[str, Any]:
         ),
         "spec": {
             "clusterIP": "None",
-            "selector": {JOB_NAME_LABEL: job},
+            "selector": step_selector(workload),
             "ports": [
                 {
                     "name": RDZV_PORT_NAME,
@@ -90,7 +100,27 @@ def headless_service(workload: WorkloadSpec) -> dict[str, Any]:
     }
 
 
-def pod_env(workload: WorkloadSpec) -> list[dict[str, Any]]:
+def step_selector(workload: WorkloadSpec) -> dict[str, str]:
+    """Labels of every pod of the step: its Job's pods, or all its groups' Jobs' pods."""
+    names = RunNames.for_run(workload.run_id)
+    if workload.groups == 1:
+        return {JOB_NAME_LABEL: names.job(workload.purpose)}
+    return {LABEL_RUN_ID: workload.run_id, LABEL_COMPONENT: workload.purpose}
+
+
+def group_env(workload: WorkloadSpec, group: int | None) -> dict[str, str]:
+    """Where a clique group's pods sit in the run (read by ``mnnvl.runtime.groups``)."""
+    if group is None:
+        return {}
+    return {
+        NUM_GROUPS_ENV: str(workload.groups),
+        GROUP_INDEX_ENV: str(group),
+        NODES_PER_GROUP_ENV: str(workload.group_nodes),
+        NODE_RANK_BASE_ENV: str(group * workload.group_nodes),
+    }
+
+
+def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, Any]]:
     """Container env: rendezvous, run id, the NCCL profile, then the user's variables.
 
     The user's values beat a profile's defaults but not its required values (the worker
@@ -107,6 +137,7 @@ def pod_env(workload: WorkloadSpec) -> list[dict[str, Any]]:
         "MNNVL_RUN_ID": workload.run_id,
         # The worker fails naming its pod when it asked for GPUs and sees none.
         "MNNVL_GPUS_PER_NODE": str(workload.gpus_per_node),
+        **group_env(workload, group),
     }
     profile_env = nccl.pod_env(workload.nccl_profile)
     required = nccl.get_profile(workload.nccl_profile).required
@@ -121,28 +152,38 @@ def pod_env(workload: WorkloadSpec) -> list[dict[str, Any]]:
     ]
 
 
-def command(module: str, args: list[str]) -> list[str]:
+def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
     """torchrun over the entry module, through ``mnnvl.runtime.launch`` so that the worst
     worker exit code (not torchrun's blanket 1) becomes the container's; ``$(VAR)`` is
-    expanded by the kubelet from the env.
+    expanded by the kubelet from the env. A clique group's pods leave the node rank to the
+    launcher: the group's first node rank plus the Job's completion index (the kubelet
+    cannot add).
 
     ``module`` empty: ``args`` is the whole command, run as given (once per pod); it reads the
-    rendezvous from the env (MASTER_ADDR, WORLD_SIZE, NODE_RANK, ...).
+    rendezvous from the env (MASTER_ADDR, WORLD_SIZE, NODE_RANK, ...). Not with clique groups:
+    there ``NODE_RANK`` would count within the group.
     """
     if not all(isinstance(a, str) for a in args):
         raise SpecError("command", "every argument must be a string")
     if module == "" and args:
+        if grouped:
+            raise SpecError(
+                "nodes_per_clique",
+                "a custom command takes its node rank from one Job; across clique groups run "
+                "a Python module entry point (its node rank is group base + completion index)",
+            )
         # "$$" is the kubelet's escape for "$": the user's words reach the program verbatim.
         return [a.replace("$", "$$") for a in args]
     if not isinstance(module, str) or not _MODULE.match(module):
         raise SpecError("module", f"{module!r} is not a Python module name like {TRAIN_MODULE}")
+    rank = [] if grouped else ["--node-rank=$(JOB_COMPLETION_INDEX)"]
     return [
         "python3",
         "-m",
         LAUNCH_MODULE,
         "--nnodes=$(NNODES)",
         "--nproc-per-node=$(NPROC_PER_NODE)",
-        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        *rank,
         "--master-addr=$(MASTER_ADDR)",
         "--master-port=$(MASTER_PORT)",
         "-m",
@@ -153,7 +194,9 @@ def command(module: str, args: list[str]) -> list[str]:
 
 
 def affinity(workload: WorkloadSpec, job: str) -> dict[str, Any]:
-    """One pod per node always; with ``clique_affinity`` all pods in one NVLink clique.
+    """One pod per node always; with ``clique_affinity`` all pods of ``job`` in one NVLink
+    clique. With clique groups (one Job each) the anti-affinity covers every group's pods,
+    so two groups never share a node, while each group picks its own clique.
 
     Anti-affinity on the hostname is not optional: a node has one IMEX channel device,
     which one pod's claim holds. The required pod affinity on ``nvidia.com/gpu.clique``
@@ -163,6 +206,7 @@ def affinity(workload: WorkloadSpec, job: str) -> dict[str, Any]:
     later pods Pending; the launcher's wait reports that as Unschedulable.
     """
     same_job = {"matchLabels": {JOB_NAME_LABEL: job}}
+    same_step = {"matchLabels": step_selector(workload)}
     result: dict[str, Any] = {}
     if workload.clique_affinity:
         clique_exists = {"key": CLIQUE_LABEL, "operator": "Exists"}
@@ -178,13 +222,15 @@ def affinity(workload: WorkloadSpec, job: str) -> dict[str, Any]:
         }
     result["podAntiAffinity"] = {
         "requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": same_job, "topologyKey": HOSTNAME_LABEL}
+            {"labelSelector": same_step, "topologyKey": HOSTNAME_LABEL}
         ]
     }
     return result
 
 
-def container(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, Any]:
+def container(
+    workload: WorkloadSpec, module: str, args: list[str], group: int | None = None
+) -> dict[str, Any]:
     """The ``worker`` container.
 
     No privilege: device access comes from CDI injection of the claimed devices, not from
@@ -201,8 +247,8 @@ def container(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str,
         "name": CONTAINER,
         "image": workload.image,
         "imagePullPolicy": workload.image_pull_policy,
-        "command": command(module, args),
-        "env": pod_env(workload),
+        "command": command(module, args, grouped=group is not None),
+        "env": pod_env(workload, group),
         "resources": resources,
         "volumeMounts": [
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
@@ -241,9 +287,11 @@ def pod_failure_policy() -> dict[str, Any]:
     }
 
 
-def pod_spec(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, Any]:
+def pod_spec(
+    workload: WorkloadSpec, module: str, args: list[str], group: int | None = None
+) -> dict[str, Any]:
     names = RunNames.for_run(workload.run_id)
-    job = names.job(workload.purpose)
+    job = names.job(workload.purpose, group)
     claims = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": names.channel_template}]
     if wants_gpu_claim(workload):
         claims.append({"name": GPU_CLAIM, "resourceClaimTemplateName": names.gpu_template})
@@ -256,7 +304,7 @@ def pod_spec(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, 
         # Workers need no per-Service variables; a busy namespace would add hundreds.
         "enableServiceLinks": False,
         "resourceClaims": claims,
-        "containers": [container(workload, module, args)],
+        "containers": [container(workload, module, args, group)],
         "volumes": [
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}},
             *(
@@ -281,8 +329,11 @@ def pod_spec(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, 
     return spec
 
 
-def indexed_job(workload: WorkloadSpec, module: str, args: list[str]) -> dict[str, Any]:
-    """The Indexed Job running ``module`` under torchrun on ``nodes`` pods.
+def indexed_job(
+    workload: WorkloadSpec, module: str, args: list[str], group: int | None = None
+) -> dict[str, Any]:
+    """The Indexed Job running ``module`` under torchrun on ``nodes`` pods (with clique
+    groups: clique group ``group``'s Job, on ``nodes_per_clique`` pods).
 
     ``maxFailedIndexes: 0`` makes any index that runs out of retries fail the Job and stop
     the other pods (a collective cannot finish without every rank). ``podReplacementPolicy:
@@ -291,29 +342,40 @@ def indexed_job(workload: WorkloadSpec, module: str, args: list[str]) -> dict[st
     """
     workload = _check_workload(workload)
     names = RunNames.for_run(workload.run_id)
-    job = names.job(workload.purpose)
-    pod_labels = {**names.labels(workload.purpose), JOB_NAME_LABEL: job}
+    job = names.job(workload.purpose, group)
     job_labels = names.labels(workload.purpose)
+    if group is not None:
+        job_labels[LABEL_CLIQUE_GROUP] = str(group)
+    pod_labels = {**job_labels, JOB_NAME_LABEL: job}
     if workload.queue_name:
         # Kueue admits the Job (and suspends it until then) through this label.
         job_labels[KUEUE_QUEUE_LABEL] = workload.queue_name
+    template: dict[str, Any] = {"labels": pod_labels}
+    if workload.topology_aware:
+        template["annotations"] = {KUEUE_REQUIRED_TOPOLOGY: CLIQUE_LABEL}
+    count = workload.group_nodes
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": object_meta(job, workload.namespace, job_labels, workload.owner),
         "spec": {
             "completionMode": "Indexed",
-            "completions": workload.nodes,
-            "parallelism": workload.nodes,
+            "completions": count,
+            "parallelism": count,
             "backoffLimitPerIndex": workload.backoff_limit_per_index,
             "maxFailedIndexes": 0,
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": pod_failure_policy(),
             "activeDeadlineSeconds": int(workload.job_timeout_s),
             "ttlSecondsAfterFinished": workload.ttl_after_finished_s,
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": pod_spec(workload, module, args),
-            },
+            "template": {"metadata": template, "spec": pod_spec(workload, module, args, group)},
         },
     }
+
+
+def indexed_jobs(workload: WorkloadSpec, module: str, args: list[str]) -> list[dict[str, Any]]:
+    """The step's Jobs: one, or one per clique group, all in one rendezvous."""
+    workload = _check_workload(workload)
+    if workload.groups == 1:
+        return [indexed_job(workload, module, args)]
+    return [indexed_job(workload, module, args, g) for g in range(workload.groups)]

@@ -30,9 +30,10 @@ allocated; smaller sizes are views of it.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,8 @@ import torch.distributed as dist
 from mnnvl.runtime.nccl_direct import DirectComm
 
 logger = logging.getLogger(__name__)
+Group = dist.ProcessGroup | None  # None: the default group (all ranks)
+SLOW_RANK_ENV = "MNNVL_TEST_SLOW_RANK"
 
 ELEMENT_BYTES = 4  # float32
 MAX_LOOP = 2000  # all-reduce calls in one loop (graph size bound)
@@ -84,6 +87,14 @@ def sweep_sizes(min_bytes: int, max_bytes: int) -> list[int]:
 
 def bus_factor(world_size: int) -> float:
     return 2.0 * (world_size - 1) / world_size if world_size > 0 else 0.0
+
+
+def judged_busbw(sizes: Sequence[dict[str, Any]], judge_min_bytes: int) -> float:
+    """Best busbw at sizes >= judge_min_bytes; the largest size if the sweep stops below."""
+    if not sizes:
+        return 0.0
+    big = [row["busbw_gbps"] for row in sizes if row["bytes"] >= judge_min_bytes]
+    return max(big) if big else max(sizes, key=lambda row: row["bytes"])["busbw_gbps"]
 
 
 def loop_shape(plan: SweepPlan, est_s: float) -> tuple[int, int]:
@@ -137,42 +148,46 @@ def pattern_ok(view: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def run_sweep(
-    plan: SweepPlan, device: torch.device, timings: dict[str, float] | None = None
+    plan: SweepPlan,
+    device: torch.device,
+    timings: dict[str, float] | None = None,
+    group: Group = None,
 ) -> list[dict[str, Any]]:
-    """Run the sweep on the default process group; every rank returns the same rows.
+    """Run the sweep on ``group`` (default: all ranks); every member returns the same rows.
 
     ``timings`` (when given) receives the seconds of the first warm-up and of setting up
-    the direct NCCL communicator; each row has its own ``wall_ms``.
+    the direct NCCL communicator (default group only); each row has its own ``wall_ms``.
     """
     timings = {} if timings is None else timings
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
     buf = torch.empty(max(plan.sizes) // ELEMENT_BYTES, dtype=torch.float32, device=device)
     times: list[float] = []
     checks: list[torch.Tensor] = []
     paths: list[str] = []
     walls: list[float] = []
+    own: list[float] = []  # CPU only: this rank's seconds per call outside the collective
     t0 = time.perf_counter()
     # Like nccl-tests, warm up at the largest size first: clocks, NCCL buffers and
     # connections are then in their steady state when the small sizes are timed.
     for _ in range(plan.warmup_iters or 5):
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=group)
     _sync(device)
     timings["warmup"] = round(time.perf_counter() - t0, 3)
     t0 = time.perf_counter()
-    direct = _direct_comm(plan, device)
+    direct = _direct_comm(plan, device) if group is None else None
     timings["direct_init"] = round(time.perf_counter() - t0, 3)
     try:
         for size in plan.sizes:
             t0 = time.perf_counter()
             view = buf[: size // ELEMENT_BYTES]
             fill_pattern(view, rank)
-            dist.all_reduce(view)
+            dist.all_reduce(view, group=group)
             ok = pattern_ok(view, world)
             if device.type == "cuda":
-                seconds, path, path_ok = _time_cuda(view, plan, direct)
+                seconds, path, path_ok = _time_cuda(view, plan, direct, group)
                 ok = torch.logical_and(ok, torch.tensor(path_ok, device=device))
             else:
-                seconds, path = _time_cpu(view, plan), "eager"
+                seconds, path = _time_cpu(view, plan, group, own), "eager"
             times.append(seconds)
             checks.append(ok)
             paths.append(path)
@@ -183,10 +198,11 @@ def run_sweep(
             direct.close()
     # The slowest rank's time per size, and correct only where every rank saw the exact sum.
     summary = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(summary, op=dist.ReduceOp.MAX)
+    dist.all_reduce(summary, op=dist.ReduceOp.MAX, group=group)
     ok_all = torch.stack(checks).to(torch.int32)
-    dist.all_reduce(ok_all, op=dist.ReduceOp.MIN)
+    dist.all_reduce(ok_all, op=dist.ReduceOp.MIN, group=group)
     del buf
+    lags = _gather_own(own, device, group, world)
     factor = bus_factor(world)
     rows = []
     table = zip(plan.sizes, summary.tolist(), ok_all.tolist(), strict=True)
@@ -203,7 +219,21 @@ def run_sweep(
                 "wall_ms": round(walls[i] * 1e3, 2),
             }
         )
+        if lags:
+            rows[-1]["rank_own_us"] = [_sig(per_rank[i] * 1e6) for per_rank in lags]
     return rows
+
+
+def _gather_own(
+    own: list[float], device: torch.device, group: Group, world: int
+) -> list[list[float]]:
+    """Every member's own (outside-the-collective) time per size, in group rank order."""
+    if not own:
+        return []
+    mine = torch.tensor(own, dtype=torch.float64, device=device)
+    everyone = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine, group=group)
+    return [t.tolist() for t in everyone]
 
 
 def _sync(device: torch.device) -> None:
@@ -216,29 +246,55 @@ def _sig(value: float) -> float:
     return float(f"{value:.6g}")
 
 
-def _agreed(seconds: float, device: torch.device) -> float:
+def _agreed(seconds: float, device: torch.device, group: Group = None) -> float:
     """The slowest rank's estimate, so every rank runs the same number of collectives."""
     est = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(est, op=dist.ReduceOp.MAX)
+    dist.all_reduce(est, op=dist.ReduceOp.MAX, group=group)
     return float(est.item())
 
 
-def _time_cpu(view: torch.Tensor, plan: SweepPlan) -> float:
+def _slow_down_s() -> float:
+    """Test hook ``MNNVL_TEST_SLOW_RANK=<rank>:<ms>``: that rank (CPU only) waits ``ms``
+    before each timed all-reduce, to plant a degraded node."""
+    text = os.environ.get(SLOW_RANK_ENV, "")
+    slow_rank, _, ms = text.partition(":")
+    if not text or slow_rank != os.environ.get("RANK", "0"):
+        return 0.0
+    return float(ms or 0) / 1e3
+
+
+def _time_cpu(
+    view: torch.Tensor, plan: SweepPlan, group: Group = None, own: list[float] | None = None
+) -> float:
+    """Seconds per call (the slowest rank's); ``own`` receives this rank's mean seconds per
+    call spent outside the collective (what the others waited for when it is late)."""
+    delay = _slow_down_s()
+    spent = {"outside": 0.0, "calls": 0}
     for _ in range(plan.warmup_iters or 2):
-        dist.all_reduce(view)
+        dist.all_reduce(view, group=group)
     start = time.perf_counter()
-    dist.all_reduce(view)
-    calls, loops = loop_shape(plan, _agreed(time.perf_counter() - start, view.device))
+    dist.all_reduce(view, group=group)
+    calls, loops = loop_shape(plan, _agreed(time.perf_counter() - start, view.device, group))
 
     def loop() -> float:
         t0 = time.perf_counter()
+        inside = 0.0
         for _ in range(calls):
-            dist.all_reduce(view)
+            if delay:
+                time.sleep(delay)
+            t_call = time.perf_counter()
+            dist.all_reduce(view, group=group)
+            inside += time.perf_counter() - t_call
         elapsed = time.perf_counter() - t0
+        spent["outside"] += elapsed - inside
+        spent["calls"] += calls
         # Every rank must stop after the same loop: agree on the slowest rank's time.
-        return _agreed(elapsed, view.device) / calls
+        return _agreed(elapsed, view.device, group) / calls
 
-    return adaptive_median(loop, plan, loops)
+    median = adaptive_median(loop, plan, loops)
+    if own is not None:
+        own.append(spent["outside"] / max(1, spent["calls"]))
+    return median
 
 
 def _direct_comm(plan: SweepPlan, device: torch.device) -> DirectComm | None:
@@ -248,20 +304,20 @@ def _direct_comm(plan: SweepPlan, device: torch.device) -> DirectComm | None:
 
 
 def _time_cuda(
-    view: torch.Tensor, plan: SweepPlan, direct: DirectComm | None = None
+    view: torch.Tensor, plan: SweepPlan, direct: DirectComm | None = None, group: Group = None
 ) -> tuple[float, str, bool]:
     """(seconds per call on the fastest correct path, that path, every path correct)."""
     for _ in range(warmup_calls(plan, view.numel() * ELEMENT_BYTES)):
-        dist.all_reduce(view)
+        dist.all_reduce(view, group=group)
     probe = 3
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    _eager(view, probe)()
+    _eager(view, probe, group)()
     end.record()
     end.synchronize()
-    est = _agreed(start.elapsed_time(end) / 1e3 / probe, view.device)
+    est = _agreed(start.elapsed_time(end) / 1e3 / probe, view.device, group)
     calls, loops = loop_shape(plan, est)
-    launchers = {"eager": _eager(view, calls)}
+    launchers = {"eager": _eager(view, calls, group)}
     all_ok = True
     if plan.cuda_graphs and est < GRAPH_BELOW_S:
         if direct is not None:
@@ -274,9 +330,9 @@ def _time_cuda(
         else:
             # Graph-captured torch collectives lose to the direct path everywhere measured
             # (they keep per-call cross-stream events); they are the fallback without it.
-            launchers["graph"] = _capture(view, calls)
+            launchers["graph"] = _capture(view, calls, group)
     timed = {
-        name: _time_launcher(launch, calls, loops, plan, view.device)
+        name: _time_launcher(launch, calls, loops, plan, view.device, group)
         for name, launch in launchers.items()
     }
     best = min(timed, key=lambda name: timed[name])
@@ -295,7 +351,12 @@ def path_correct(view: torch.Tensor, launch_once: Callable[[], None]) -> bool:
 
 
 def _time_launcher(
-    launch: Callable[[], None], calls: int, loops: int, plan: SweepPlan, device: torch.device
+    launch: Callable[[], None],
+    calls: int,
+    loops: int,
+    plan: SweepPlan,
+    device: torch.device,
+    group: Group = None,
 ) -> float:
     launch()  # the first replay uploads a graph; keep it out of the timings
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -306,27 +367,27 @@ def _time_launcher(
         b.record()
         b.synchronize()
         # Every rank must stop after the same loop: agree on the slowest rank's time.
-        return _agreed(a.elapsed_time(b) / 1e3 / calls, device)
+        return _agreed(a.elapsed_time(b) / 1e3 / calls, device, group)
 
     return adaptive_median(loop, plan, loops)
 
 
-def _eager(view: torch.Tensor, calls: int) -> Callable[[], None]:
+def _eager(view: torch.Tensor, calls: int, group: Group = None) -> Callable[[], None]:
     """``calls`` all-reduces straight on the process group: less Python per call than
     ``dist.all_reduce``, and one wait at the end (NCCL runs them in order on its stream)."""
-    group = dist.distributed_c10d._get_default_group()
+    pg = group or dist.distributed_c10d._get_default_group()
 
     def launch() -> None:
         work = None
         for _ in range(calls):
-            work = group.allreduce([view])
+            work = pg.allreduce([view])
         if work is not None:
             work.wait()
 
     return launch
 
 
-def _capture(view: torch.Tensor, calls: int) -> Callable[[], None]:
+def _capture(view: torch.Tensor, calls: int, group: Group = None) -> Callable[[], None]:
     """Capture ``calls`` all-reduces into one CUDA graph (NCCL supports stream capture).
 
     The collective was already run eagerly, so the communicator exists before capture.
@@ -334,5 +395,5 @@ def _capture(view: torch.Tensor, calls: int) -> Callable[[], None]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
-            dist.all_reduce(view)
+            dist.all_reduce(view, group=group)
     return graph.replay

@@ -14,6 +14,10 @@ failed workers (``ChildFailedError.failures``) and exits with:
 * 128 + the signal number when this launcher itself was told to stop (SIGTERM on pod
   deletion: 143), after torchrun has stopped the workers.
 
+A clique group's pod (one Indexed Job per group) gets no ``--node-rank``: its node rank is
+the group's first node rank (``MNNVL_NODE_RANK_BASE``) plus ``JOB_COMPLETION_INDEX``,
+added here because the kubelet's ``$(VAR)`` expansion cannot add.
+
 Everything else (a rendezvous that never forms, a bad torchrun option) keeps torchrun's own
 behaviour: an exception (exit 1) or a usage error (exit 2).
 """
@@ -21,14 +25,17 @@ behaviour: an exception (exit 1) or a usage error (exit 2).
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
+from mnnvl.errors import SpecError
+from mnnvl.spec import NODE_RANK_BASE_ENV
 
 logger = logging.getLogger("mnnvl.runtime.launch")
 
@@ -48,8 +55,27 @@ def worst_exit_code(failures: Iterable[tuple[float, int]]) -> int:
     return shell_code(exited[0]) if exited else 1
 
 
+def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """``argv`` with ``--node-rank`` of a clique group's pod added (unchanged otherwise)."""
+    if NODE_RANK_BASE_ENV not in environ or any(a.startswith("--node-rank") for a in argv):
+        return list(argv)
+    try:
+        rank = int(environ[NODE_RANK_BASE_ENV]) + int(environ["JOB_COMPLETION_INDEX"])
+    except (KeyError, ValueError):
+        raise SpecError(
+            NODE_RANK_BASE_ENV,
+            "a clique group's pod needs it and JOB_COMPLETION_INDEX as whole numbers",
+        ) from None
+    return [f"--node-rank={rank}", *argv]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        full = with_node_rank(sys.argv[1:] if argv is None else argv, os.environ)
+    except SpecError as e:
+        logger.error("%s", e)
+        return e.exit_code
+    args = parse_args(full)
     try:
         run(args)
     except ChildFailedError as e:

@@ -27,7 +27,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from mnnvl.contract import nccl
 from mnnvl.errors import SpecError, WorkloadFailed
-from mnnvl.runtime import devices
+from mnnvl.runtime import devices, groups
 from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 
 logger = logging.getLogger(__name__)
@@ -53,34 +53,43 @@ class DistInfo:
     local_rank: int
     world_size: int
     device: torch.device
+    groups: groups.Groups | None = None  # None: one group (FSDP over all ranks)
+    fabric: str | None = None  # this GPU's NVLink clusterUuid/cliqueId, None without a fabric
 
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
 
-def fabric_present(local_rank: int) -> bool:
-    """Cheap NVML probe: does this GPU report a completed NVLink fabric registration?
+def fabric_identity(local_rank: int) -> str | None:
+    """Cheap NVML probe: ``<clusterUuid>/<cliqueId>`` of a GPU with a completed NVLink
+    fabric registration, else None.
 
-    Any failure (no pynvml, old driver, no fabric support) means False; the verify step
+    Any failure (no pynvml, old driver, no fabric support) means None; the verify step
     does the full NVML checks and reports why.
     """
     try:
         import pynvml
     except ImportError:
-        return False
+        return None
     try:
         pynvml.nvmlInit()
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(local_rank)
             info = pynvml.nvmlDeviceGetGpuFabricInfo(handle)
             uuid = bytes(info.clusterUuid)
-            return bool(info.state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED and any(uuid))
+            if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED or not any(uuid):
+                return None
+            return f"{uuid.hex()}/{int(info.cliqueId)}"
         finally:
             pynvml.nvmlShutdown()
     except Exception as e:  # NVML raises many distinct types; all mean "no fabric"
         logger.info("NVLink fabric probe: %s; treating as no fabric", e)
-        return False
+        return None
+
+
+def fabric_present(local_rank: int) -> bool:
+    return fabric_identity(local_rank) is not None
 
 
 def init_distributed() -> DistInfo:
@@ -94,7 +103,9 @@ def init_distributed() -> DistInfo:
         raise WorkloadFailed(problem)
     use_cuda = visible > 0
     profile = os.environ.get(nccl.PROFILE_ENV, "production")
-    nccl.apply_profile(profile, fabric_present=use_cuda and fabric_present(local_rank))
+    placed = groups.from_env(rank, world)  # a pod in the wrong group fails before NCCL starts
+    fabric = fabric_identity(local_rank) if use_cuda else None
+    nccl.apply_profile(profile, fabric_present=fabric is not None)
     if use_cuda:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -103,7 +114,26 @@ def init_distributed() -> DistInfo:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
     logger.info("rank %s/%s on %s (NCCL profile %s)", rank, world, device, profile)
-    return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
+    groups.check_fabric(placed, rank, fabric)
+    return DistInfo(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        device=device,
+        groups=placed,
+        fabric=fabric,
+    )
+
+
+def device_mesh(dist_info: DistInfo) -> DeviceMesh:
+    """1-D mesh over all ranks (FSDP), or (groups x ranks per group) for HSDP: shard inside
+    an NVLink clique, replicate across cliques."""
+    placed = dist_info.groups
+    if placed is None or placed.count == 1:
+        return init_device_mesh(dist_info.device.type, (dist_info.world_size,))
+    return init_device_mesh(
+        dist_info.device.type, placed.mesh_shape, mesh_dim_names=placed.mesh_dims
+    )
 
 
 def apply_activation_checkpointing(model: Transformer, every: int = 1) -> None:
@@ -165,7 +195,7 @@ def build_sharded_model(
         apply_activation_checkpointing(model, every=2 if levers["ac"] == "every2" else 1)
     if compile:
         apply_compile(model)
-    mesh = init_device_mesh(dist_info.device.type, (dist_info.world_size,))
+    mesh = device_mesh(dist_info)
     apply_fsdp(
         model,
         mesh=mesh,
@@ -178,9 +208,9 @@ def build_sharded_model(
         model.to_empty(device=dist_info.device)
         model.init_weights()
     logger.info(
-        "sharded %s parameters over %s ranks (param dtype %s, AC %s, compile %s, tuning %s)",
+        "sharded %s parameters over mesh %s (param dtype %s, AC %s, compile %s, tuning %s)",
         f"{sum(p.numel() for p in model.parameters()):,}",
-        dist_info.world_size,
+        tuple(mesh.shape),
         param_dtype,
         activation_checkpointing,
         compile,

@@ -181,6 +181,17 @@ class Trainer:
                 thr.exclude(time.perf_counter() - t_save)
         return thr.overall()
 
+    def mesh(self) -> dict[str, Any]:
+        """The device mesh: ``shape``, ``dims``, ``groups`` (NVLink cliques) and ``sharding``."""
+        placed = self.info.groups
+        count = placed.count if placed else 1
+        return {
+            "shape": list(placed.mesh_shape if placed else (self.info.world_size,)),
+            "dims": list(placed.mesh_dims if placed else ("shard",)),
+            "groups": count,
+            "sharding": "HSDP" if count > 1 else "FSDP",
+        }
+
     def result(self, tokens_per_s: float, wall_s: float) -> dict[str, Any]:
         per_gpu = tokens_per_s / self.info.world_size
         peak = metrics.device_peak_flops(self.info.device)
@@ -196,6 +207,7 @@ class Trainer:
             "checkpoint": self.checkpoint,
             "peak_mem_gib": metrics.peak_mem_gib(self.info.device),
             "world_size": self.info.world_size,
+            "mesh": self.mesh(),
             "params": sum(p.numel() for p in self.model.parameters()),
             "model": self.cfg.model,
             "device": self.info.device.type,

@@ -44,8 +44,8 @@ import torch.distributed as dist  # noqa: E402
 from mnnvl import flags, report  # noqa: E402
 from mnnvl.contract import nccl  # noqa: E402
 from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS, emit_result  # noqa: E402
-from mnnvl.errors import SpecError, VerificationFailed  # noqa: E402
-from mnnvl.runtime import collectives, devices, nccl_log, nvml  # noqa: E402
+from mnnvl.errors import SpecError, VerificationFailed, WorkloadFailed  # noqa: E402
+from mnnvl.runtime import cliques, collectives, devices, groups, nccl_log, nvml  # noqa: E402
 from mnnvl.runtime.local import free_port  # noqa: E402
 from mnnvl.spec import VerifyConfig  # noqa: E402
 
@@ -66,7 +66,7 @@ def judge(
     """The verdict part of RESULT: verdict, reasons, threshold and judged bandwidth."""
     reasons: list[str] = []
     for rank, summary in enumerate(summaries):
-        reasons += nvml.local_problems(summary, rank)
+        reasons += nvml.local_problems(summary, summary.get("rank", rank))
     reasons += nvml.fabric_problems(summaries)
     reasons += [
         f"all_reduce of {row['bytes']} bytes returned a wrong sum"
@@ -85,7 +85,7 @@ def judge(
         unjudged = _why_unjudged(summaries, backend)
     elif judged < threshold:
         reasons.append(
-            f"busbw {judged:.1f} GB/s is below the {source} threshold {threshold:.1f} GB/s"
+            f"busbw {_gbps(judged)} GB/s is below the {source} threshold {_gbps(threshold)} GB/s"
             + (f" (link limit {topo['link_limit_gbps']} GB/s)" if topo["link_limit_gbps"] else "")
         )
     verdict = FAIL if reasons else NOT_JUDGED if unjudged else PASS
@@ -100,6 +100,11 @@ def judge(
         "peak_busbw_gbps": max((row["busbw_gbps"] for row in sizes), default=0.0),
         "topology": topo,
     }
+
+
+def _gbps(value: float) -> str:
+    """One decimal for NVLink figures, three significant digits for small (CPU) ones."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
 def _why_unjudged(summaries: Sequence[dict[str, Any]], backend: str) -> str:
@@ -128,12 +133,7 @@ def threshold_gbps(cfg: VerifyConfig, topo: dict[str, Any]) -> tuple[float | Non
     return None, "none"
 
 
-def judged_busbw(sizes: Sequence[dict[str, Any]], judge_min_bytes: int) -> float:
-    """Best busbw at sizes >= judge_min_bytes; the largest size if the sweep stops below."""
-    if not sizes:
-        return 0.0
-    big = [row["busbw_gbps"] for row in sizes if row["bytes"] >= judge_min_bytes]
-    return max(big) if big else max(sizes, key=lambda row: row["bytes"])["busbw_gbps"]
+judged_busbw = collectives.judged_busbw
 
 
 def _notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
@@ -226,7 +226,8 @@ def _nccl_version() -> str | None:
 
 def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     """Run on this rank; return the full RESULT dict (identical verdict on every rank)."""
-    rank, _, local_rank = _dist_env()
+    rank, world, local_rank = _dist_env()
+    placed = groups.from_env(rank, world)  # a pod in the wrong group fails before NCCL starts
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     problem = devices.missing_gpus_problem(visible)
     if problem:
@@ -248,7 +249,7 @@ def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     try:
         dist.init_process_group(backend, device_id=device, timeout=datetime.timedelta(seconds=300))
         try:
-            result = _measure(cfg, phases, summary, device, ncclog)
+            result = _measure(cfg, phases, summary, device, ncclog, placed)
             if rank == 0:
                 _publish(result, cfg.output_dir, phases)
             # Other ranks wait here so that a non-zero exit cannot get rank 0 killed by
@@ -268,6 +269,7 @@ def _measure(
     summary: dict[str, Any],
     device: torch.device | None,
     ncclog: nccl_log.NcclLog | None,
+    placed: groups.Groups,
 ) -> dict[str, Any]:
     world = dist.get_world_size()
     summaries: list[Any] = [None] * world
@@ -275,12 +277,18 @@ def _measure(
     phases.mark("process_group")
     plan = _sweep_plan(cfg, device is not None)
     timings: dict[str, float] = {}
-    sizes = collectives.run_sweep(plan, device or torch.device("cpu"), timings)
-    phases.seconds.update({f"sweep_{k}": v for k, v in timings.items()})
-    phases.mark("sweep")
     backend = "nccl" if device is not None else "gloo"
     result: dict[str, Any] = {"kind": "verify"}
-    result.update(judge(cfg, summaries, sizes, world, backend))
+    dev = device or torch.device("cpu")
+    if placed.count > 1:
+        result.update(cliques.measure(cfg, plan, summaries, dev, placed, judge, backend))
+        sizes = result.pop("sizes")
+        phases.mark("sweep")
+    else:
+        sizes = collectives.run_sweep(plan, dev, timings)
+        phases.seconds.update({f"sweep_{k}": v for k, v in timings.items()})
+        phases.mark("sweep")
+        result.update(judge(cfg, summaries, sizes, world, backend))
     result["nccl"] = _transport(ncclog, summary, world)
     result.update(world_size=world, backend=backend, sizes=sizes, nodes=summaries)
     result["allow_unjudged"] = cfg.allow_unjudged
@@ -361,8 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             emit_result(_failed_result(str(e), _STARTED))
         return SpecError.exit_code
-    except GpusMissing as e:
-        # Every pod's first worker says so: the launcher reads the failing pod's log.
+    except WorkloadFailed as e:
+        # GPUs missing, or a pod placed in the wrong clique group: the pod is named.
         logger.error("%s", e)
         if os.environ.get("LOCAL_RANK", "0") == "0":
             emit_result(_failed_result(str(e), _STARTED, backend="none"))

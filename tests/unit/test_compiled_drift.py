@@ -123,7 +123,6 @@ def test_compile_with_user_images_leaves_no_default_image(tmp_path: Path) -> Non
     for path in files:
         text = path.read_text()
         assert DEFAULT_LAUNCHER_IMAGE not in text and DEFAULT_IMAGE not in text, path
-    # The IR is the pipeline spec, then the platform spec (the launcher pods' security context).
     ir = next(
         yaml.safe_load_all((tmp_path / "pipelines/compiled/mnnvl-custom.kfp.yaml").read_text())
     )

@@ -113,3 +113,35 @@ def test_pod_that_asked_for_gpus_and_sees_none_fails_naming_the_pod() -> None:
     assert proc.returncode != 0 and "exitcode  : 4" in proc.stderr
     assert "pod run-train-1-xyz requested 2 GPU(s) but the worker sees none" in proc.stderr
     assert "RESULT" not in proc.stdout
+
+
+def _torchrun4(args: list[str], extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", **extra_env}
+    cmd = torchrun_command("mnnvl.runtime.train", [*TINY, *args], nproc=4)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, check=False)
+
+
+def test_two_clique_groups_train_hsdp_with_the_loss_curve_of_one_group_fsdp() -> None:
+    args = ["--steps", "20", "--log-every", "1"]
+    fsdp = _result(_torchrun4(args, {}))
+    hsdp = _result(_torchrun4(args, {"MNNVL_NUM_GROUPS": "2", "MNNVL_NODES_PER_GROUP": "1"}))
+    assert fsdp["mesh"] == {"shape": [4], "dims": ["shard"], "groups": 1, "sharding": "FSDP"}
+    assert hsdp["mesh"] == {
+        "shape": [2, 2],
+        "dims": ["replicate", "shard"],
+        "groups": 2,
+        "sharding": "HSDP",
+    }
+    assert [s for s, _ in hsdp["losses"]] == list(range(1, 21))
+    for (s1, l1), (s2, l2) in zip(fsdp["losses"], hsdp["losses"], strict=True):
+        assert s1 == s2 and l2 == pytest.approx(l1, rel=1e-3)
+    assert hsdp["losses"][-1][1] < hsdp["losses"][0][1] - 1.0
+
+
+def test_worker_placed_in_the_wrong_group_fails_naming_its_pod() -> None:
+    # Every rank claims group 1: ranks 0 and 1 belong to group 0 (node ranks overlap).
+    env = {"MNNVL_NUM_GROUPS": "2", "MNNVL_GROUP_INDEX": "1", "HOSTNAME": "run-train-g1-0-abc"}
+    proc = _torchrun4(["--steps", "2"], env)
+    assert proc.returncode != 0
+    assert "pod run-train-g1-0-abc (rank 0) was placed in group 1" in proc.stderr
+    assert "RESULT" not in proc.stdout

@@ -122,6 +122,50 @@ def test_forkrun_starts_two_ranks_from_one_import_and_keeps_the_exit_code() -> N
     assert "local rank 0 exited with 4" in gated.stderr
 
 
+GROUPS_2x2 = {"MNNVL_NUM_GROUPS": "2", "MNNVL_NODES_PER_GROUP": "1"}
+
+
+def test_two_clique_groups_get_a_verdict_and_a_table_per_clique() -> None:
+    code, result, stderr = run_verify("--min-busbw-gbps", "0.000001", env_extra=GROUPS_2x2, nproc=4)
+    assert code == 0, stderr[-3000:]
+    assert result["verdict"] == "PASS" and result["world_size"] == 4
+    assert [(c["group"], c["ranks"], c["verdict"]) for c in result["cliques"]] == [
+        (0, [0, 1], "PASS"),
+        (1, [2, 3], "PASS"),
+    ]
+    assert all(c["sizes"] and all(r["correct"] for r in c["sizes"]) for c in result["cliques"])
+    inter = result["inter_clique"]
+    assert inter["spanning"]["verdict"] == "NOT_JUDGED" and inter["spanning"]["sizes"]
+    assert inter["leaders"]["verdict"] == "NOT_JUDGED" and inter["leaders"]["sizes"]
+    assert "inter-clique bandwidth NOT_JUDGED" in result["reasons"][-1]
+    assert "clique 0 (" in stderr and "clique 1 (" in stderr and "across cliques, leaders" in stderr
+
+
+def test_a_slowed_rank_fails_its_clique_and_is_named_as_the_worst_node() -> None:
+    env = {**GROUPS_2x2, "MNNVL_TEST_SLOW_RANK": "3:200"}
+    args = ("--min-bytes", "64K", "--max-bytes", "64K", "--min-busbw-gbps", "0.005")
+    code, result, stderr = run_verify(*args, env_extra=env, nproc=4)
+    assert code != 0 and "exitcode  : 4" in stderr
+    assert result["verdict"] == "FAIL"
+    assert [c["verdict"] for c in result["cliques"]] == ["PASS", "FAIL"]
+    assert result["worst_clique"]["group"] == 1
+    assert result["worst_node"]["rank"] == 3
+    assert result["worst_node"]["why"].startswith("straggler: the other ranks waited")
+    assert any(
+        r.startswith("clique 1 (") and "below the user threshold" in r for r in result["reasons"]
+    )
+    assert "worst node:" in stderr and "(rank 3)" in stderr
+
+
+def test_inter_clique_threshold_judges_the_sweeps_across_cliques() -> None:
+    args = ("--min-busbw-gbps", "0.000001", "--min-inter-clique-busbw-gbps", "100000")
+    code, result, _ = run_verify(*args, env_extra=GROUPS_2x2, nproc=4)
+    assert code != 0 and result["verdict"] == "FAIL"
+    assert [c["verdict"] for c in result["cliques"]] == ["PASS", "PASS"]
+    assert result["inter_clique"]["spanning"]["verdict"] == "FAIL"
+    assert any("all ranks across cliques: busbw" in r for r in result["reasons"])
+
+
 def test_worker_help_renders_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     from mnnvl.runtime.verify import parse_config
 

@@ -1,0 +1,130 @@
+"""Placement across several NVLink cliques: one Indexed Job per clique group, one Service."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import yaml
+
+from mnnvl.errors import SpecError
+from mnnvl.manifests import TRAIN_MODULE, headless_service, indexed_jobs, render_run
+from mnnvl.names import RunNames
+from mnnvl.runtime.launch import with_node_rank
+from mnnvl.spec import MAX_GROUPS, DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from tests.unit.test_manifests import crd_errors, crd_validators, k8s_valid  # noqa: F401
+
+RUN = "Run_42.nightly"
+GROUPED = WorkloadSpec(run_id=RUN, nodes=6, nodes_per_clique=2, gpus_per_node=4)
+
+
+def _env(job: dict[str, Any]) -> dict[str, str]:
+    (ctr,) = job["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in ctr["env"]}
+
+
+def test_one_job_per_group_each_with_its_share_of_the_nodes_and_one_rendezvous() -> None:
+    jobs = indexed_jobs(GROUPED, TRAIN_MODULE, [])
+    names = RunNames.for_run(RUN)
+    assert [j["metadata"]["name"] for j in jobs] == [names.job("train", g) for g in range(3)]
+    assert all(j["spec"]["completions"] == j["spec"]["parallelism"] == 2 for j in jobs)
+    master = f"{names.job('train', 0)}-0.{names.service('train')}.default.svc.cluster.local"
+    for g, job in enumerate(jobs):
+        env = _env(job)
+        assert env["MASTER_ADDR"] == master and env["NNODES"] == "6"
+        assert env["MNNVL_NUM_GROUPS"] == "3" and env["MNNVL_GROUP_INDEX"] == str(g)
+        assert env["MNNVL_NODES_PER_GROUP"] == "2" and env["MNNVL_NODE_RANK_BASE"] == str(2 * g)
+        assert job["metadata"]["labels"]["mnnvl.io/clique-group"] == str(g)
+        (ctr,) = job["spec"]["template"]["spec"]["containers"]
+        assert ctr["command"][:3] == ["python3", "-m", "mnnvl.runtime.launch"]
+        assert not any(a.startswith("--node-rank") for a in ctr["command"])
+
+
+def test_each_group_sits_in_one_clique_and_no_two_groups_share_a_node() -> None:
+    jobs = indexed_jobs(GROUPED, TRAIN_MODULE, [])
+    step = {"mnnvl.io/run-id": RUN, "app.kubernetes.io/component": "train"}
+    for job in jobs:
+        aff = job["spec"]["template"]["spec"]["affinity"]
+        (together,) = aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert together["topologyKey"] == "nvidia.com/gpu.clique"
+        own = {"batch.kubernetes.io/job-name": job["metadata"]["name"]}
+        assert together["labelSelector"] == {"matchLabels": own}
+        (apart,) = aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert apart == {
+            "labelSelector": {"matchLabels": step},
+            "topologyKey": "kubernetes.io/hostname",
+        }
+        # every pod of every group carries the labels the anti-affinity and the Service select
+        assert step.items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    assert headless_service(GROUPED)["spec"]["selector"] == step
+
+
+def test_one_group_keeps_the_single_job_manifests() -> None:
+    one = WorkloadSpec(run_id=RUN, nodes=4, gpus_per_node=4)
+    same = WorkloadSpec(run_id=RUN, nodes=4, nodes_per_clique=4, gpus_per_node=4)
+    assert indexed_jobs(one, TRAIN_MODULE, []) == indexed_jobs(same, TRAIN_MODULE, [])
+    (job,) = indexed_jobs(one, TRAIN_MODULE, [])
+    assert job["metadata"]["name"] == RunNames.for_run(RUN).job("train")
+    assert "MNNVL_NUM_GROUPS" not in _env(job)
+
+
+def test_render_144_nodes_in_8_cliques_validates_against_kubernetes_and_both_crds(
+    crd_validators: dict[str, Any],  # noqa: F811
+) -> None:
+    workload = WorkloadSpec(run_id=RUN, nodes=144, nodes_per_clique=18, gpus_per_node=4)
+    objs = render_run(DomainSpec(run_id=RUN), workload, TrainConfig(), VerifyConfig())
+    kinds = [o["kind"] for o in objs]
+    assert kinds == ["ComputeDomain", "Service", *["Job"] * 8, "Service", *["Job"] * 8]
+    for validator in crd_validators.values():
+        assert crd_errors(validator, objs[0]) == []
+    for obj in objs[1:]:
+        k8s_valid(obj)
+    assert sum(o["spec"]["completions"] for o in objs if o["kind"] == "Job") == 2 * 144
+
+
+def test_cli_render_of_144_nodes_writes_16_jobs() -> None:
+    cmd = [sys.executable, "-m", "mnnvl", "render", "--run-id", "big", "--nodes", "144"]
+    cmd += ["--nodes-per-clique", "18", "--gpus-per-node", "4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    docs = list(yaml.safe_load_all(proc.stdout))  # stdout is pure YAML
+    assert sum(d["kind"] == "Job" for d in docs) == 16
+    names = [d["metadata"]["name"] for d in docs if d["kind"] != "Service"]
+    assert len(set(names)) == len(names) == 17 and max(map(len, names)) <= 63
+
+
+@pytest.mark.parametrize("group", [0, 9, MAX_GROUPS - 1])
+def test_names_stay_dns_labels_for_any_group_count(group: int) -> None:
+    names = RunNames.for_run("r" * 63)
+    host = f"{names.job('verify-post', group)}-98"  # the largest pod index (99 nodes)
+    assert len(host) <= 63
+    with pytest.raises(SpecError, match="group"):
+        names.job("train", MAX_GROUPS)
+
+
+def test_topology_aware_asks_kueue_for_one_clique_per_group() -> None:
+    workload = WorkloadSpec(
+        run_id=RUN, nodes=4, nodes_per_clique=2, queue_name="gpu", topology_aware=True
+    )
+    for job in indexed_jobs(workload, TRAIN_MODULE, []):
+        template = job["spec"]["template"]["metadata"]
+        assert template["annotations"] == {
+            "kueue.x-k8s.io/podset-required-topology": "nvidia.com/gpu.clique"
+        }
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+        k8s_valid(job)
+
+
+def test_group_launcher_adds_the_groups_first_node_rank_to_the_index() -> None:
+    env = {"MNNVL_NODE_RANK_BASE": "4", "JOB_COMPLETION_INDEX": "1"}
+    assert with_node_rank(["--nnodes=6", "-m", "x"], env) == [
+        "--node-rank=5",
+        "--nnodes=6",
+        "-m",
+        "x",
+    ]
+    assert with_node_rank(["--node-rank=0", "-m", "x"], {}) == ["--node-rank=0", "-m", "x"]
+    with pytest.raises(SpecError, match="JOB_COMPLETION_INDEX"):
+        with_node_rank(["-m", "x"], {"MNNVL_NODE_RANK_BASE": "4"})
