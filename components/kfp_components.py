@@ -141,7 +141,7 @@ def train_sharded(
         seq_len: sequence length; 0 = the preset's.
         batch_size: sequences per rank per step.
         lr: peak learning rate.
-        warmup_steps: linear warm-up steps before the cosine decay.
+        warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
         min_lr_ratio: final learning rate as a fraction of the peak.
         weight_decay: AdamW weight decay.
         grad_clip: gradient norm clip; 0 = off.
@@ -494,7 +494,7 @@ def provision_training(
         seq_len: sequence length; 0 = the preset's.
         batch_size: sequences per rank per step.
         lr: peak learning rate.
-        warmup_steps: linear warm-up steps before the cosine decay.
+        warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
         min_lr_ratio: final learning rate as a fraction of the peak.
         weight_decay: AdamW weight decay.
         grad_clip: gradient norm clip; 0 = off.

@@ -102,6 +102,7 @@ __all__ = [
 ]
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
+DEFAULT_WARMUP_STEPS = 5
 RUN_ID_HELP = "run id every name and label derives from (KFP job id, Argo workflow uid)"
 RUN_ID_WHY = "pipelines supply it: KFP's job id, Argo's {{workflow.uid}}"
 OWNER_WHY = "found at run time (the launcher pod with --owner-pod), never typed in"
@@ -327,7 +328,9 @@ class TrainConfig:
     seq_len: int = opt(0, "sequence length; 0 = the preset's")
     batch_size: int = opt(2, "sequences per rank per step")
     lr: float = opt(3e-4, "peak learning rate")
-    warmup_steps: int = opt(5, "linear warm-up steps before the cosine decay")
+    warmup_steps: int = opt(
+        DEFAULT_WARMUP_STEPS, "linear warm-up steps before the cosine decay (capped at steps)"
+    )
     min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of the peak")
     weight_decay: float = opt(0.1, "AdamW weight decay")
     grad_clip: float = opt(1.0, "gradient norm clip; 0 = off")
@@ -351,11 +354,14 @@ class TrainConfig:
         check_range("lr", self.lr, 1e-8, 1.0)
         check_range("warmup_steps", self.warmup_steps, 0, 10_000_000, integer=True)
         if self.warmup_steps > self.steps:
-            raise SpecError(
-                "warmup_steps",
-                f"{self.warmup_steps} is more than steps {self.steps} (the learning rate would "
-                f"never reach its peak); pass --warmup-steps {self.steps} or fewer (default 5)",
-            )
+            if self.warmup_steps != DEFAULT_WARMUP_STEPS:
+                raise SpecError(
+                    "warmup_steps",
+                    f"{self.warmup_steps} is more than steps {self.steps} (the learning rate "
+                    f"would never reach its peak); pass --warmup-steps {self.steps} or fewer",
+                )
+            # The default warm-up on a run shorter than it: the whole run warms up.
+            object.__setattr__(self, "warmup_steps", self.steps)
         check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_range("weight_decay", self.weight_decay, 0.0, 10.0)
         check_range("grad_clip", self.grad_clip, 0.0, 1e6)

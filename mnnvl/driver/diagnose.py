@@ -273,8 +273,9 @@ def job_failure(
     name = pod["metadata"]["name"]
     tail = _log_tail(api, ns, name)
     return (
-        f"{message}; pod {name} (index {pod_index(pod)}) exited with code {_exit_code(pod)}; "
-        f"events: {pod_events(api, ns, name)}; last log lines:\n{tail}"
+        f"{message}; pod {name} (index {pod_index(pod)}) failed with exit code "
+        f"{_exit_code(pod)}; events: {pod_events(api, ns, name)}; check "
+        f"`kubectl logs -n {ns} {name}`; last log lines:\n{tail}"
     )
 
 

@@ -319,7 +319,8 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if self.server.faults.take_watch_expiry():
                 raise ApiError(410, "Expired", "too old resource version (injected fault)")
-            sub = store.subscribe([plural], ns, q.get("resourceVersion"), match)
+            name = _selected_name(q.get("fieldSelector"))
+            sub = store.subscribe([plural], ns, q.get("resourceVersion"), match, name)
         except ApiError as e:
             self._chunk(json.dumps({"type": "ERROR", "object": e.status()}).encode() + b"\n")
             self._chunk(b"")
@@ -382,3 +383,12 @@ def _bookmark(plural: str, rv: int) -> bytes:
     rt = RESOURCES[plural]
     obj = {"apiVersion": rt.api_version, "kind": rt.kind, "metadata": {"resourceVersion": str(rv)}}
     return json.dumps({"type": "BOOKMARK", "object": obj}).encode() + b"\n"
+
+
+def _selected_name(field_selector: str | None) -> str | None:
+    """The name in a ``metadata.name=<name>`` term of a field selector, if there is one."""
+    for term in (field_selector or "").split(","):
+        key, sep, value = term.strip().partition("=")
+        if sep and key.strip() == "metadata.name":  # "=" or "==", never "!="
+            return value.lstrip("=").strip()
+    return None

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mnnvl.sim.model import Key, Obj, clone, iso_after, now_iso
+from mnnvl.sim.objindex import ObjectIndex
 
 FOREGROUND = "foregroundDeletion"
 
@@ -14,7 +15,7 @@ FOREGROUND = "foregroundDeletion"
 class Deletion:
     """Helpers called by ``Store.delete``/``Store._remove`` with the store's lock held."""
 
-    _objs: dict[Key, Obj]
+    _objs: ObjectIndex
     _uids: dict[str, Key]
     _emit: Callable[[str, Key, Obj], None]
     _remove: Callable[[Key], None]
@@ -78,11 +79,7 @@ class Deletion:
         )
 
     def _dependents(self, uid: str) -> list[Key]:
-        return [
-            k
-            for k, o in self._objs.items()
-            if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
-        ]
+        return self._objs.owned_by(uid)
 
     def _collect(self, uid: str) -> None:
         """Garbage collection: delete dependents whose owners are all gone."""

@@ -171,6 +171,7 @@ class ComputeDomainDriver:
                 CD, ns, name, lambda o: o["metadata"].setdefault("finalizers", []).append(FINALIZER)
             )
         if self.faults.blocks_rct(name):
+            self._requeue(ns, name, 0.5)  # the real controller keeps retrying its sync
             return
         uid = cd["metadata"]["uid"]
         tname = cd["spec"]["channel"]["resourceClaimTemplate"]["name"]

@@ -127,5 +127,10 @@ class Faults:
         with self._lock:
             self._no_rct.add(domain_name)
 
+    def allow_rct(self, domain_name: str) -> None:
+        """Lift ``no_rct``: the controller's next sync creates the channel template."""
+        with self._lock:
+            self._no_rct.discard(domain_name)
+
     def blocks_rct(self, domain_name: str) -> bool:
         return domain_name in self._no_rct

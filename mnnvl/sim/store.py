@@ -20,6 +20,7 @@ from typing import Any
 
 from mnnvl.sim.deletion import FOREGROUND, Deletion
 from mnnvl.sim.model import RESOURCES, ApiError, Key, Obj, clone, not_found, now_iso
+from mnnvl.sim.objindex import ObjectIndex
 
 __all__ = ["RESOURCES", "ApiError", "Obj", "Store", "clone", "not_found", "now_iso"]
 
@@ -38,9 +39,14 @@ class Subscription:
     resources: frozenset[str]
     namespace: str | None
     queue: queue.SimpleQueue[WatchEvent | None] = field(default_factory=queue.SimpleQueue)
+    name: str | None = None  # a watch of one object (fieldSelector metadata.name=...)
 
     def wants(self, ev: WatchEvent) -> bool:
-        return ev.resource in self.resources and self.namespace in (None, ev.namespace)
+        return (
+            ev.resource in self.resources
+            and self.namespace in (None, ev.namespace)
+            and self.name in (None, ev.obj["metadata"].get("name"))
+        )
 
 
 class Store(Deletion):
@@ -48,7 +54,7 @@ class Store(Deletion):
 
     def __init__(self, history: int = 10000) -> None:
         self.lock = threading.RLock()
-        self._objs: dict[Key, Obj] = {}
+        self._objs = ObjectIndex()
         self._uids: dict[str, Key] = {}
         self._rv = 0
         self._history: deque[WatchEvent] = deque()
@@ -80,9 +86,9 @@ class Store(Deletion):
         self, resource: str, ns: str | None = None, match: Callable[[Obj], bool] | None = None
     ) -> tuple[builtins.list[Obj], int]:
         with self.lock:
-            # Filter before sorting and cloning: lists are frequent and the store is shared
-            # by every kind.
-            keys = sorted(k for k in self._objs if k[0] == resource and ns in (None, k[1]))
+            # Only this resource's keys (an index): lists are frequent and the store is
+            # shared by every kind.
+            keys = sorted(k for k in self._objs.of_resource(resource) if ns in (None, k[1]))
             objs = (self._objs[k] for k in keys)
             items = [clone(o) for o in objs if match is None or match(o)]
             return items, self._rv
@@ -313,10 +319,13 @@ class Store(Deletion):
         namespace: str | None = None,
         since: str | None = None,
         match: Callable[[Obj], bool] | None = None,
+        name: str | None = None,
     ) -> Subscription:
         """Start a watch. ``since`` "" or "0" (or None) replays current objects as ADDED;
-        a resourceVersion replays retained history after it, or raises 410 Expired."""
-        sub = Subscription(frozenset(resources), namespace)
+        a resourceVersion replays retained history after it, or raises 410 Expired. With
+        ``name`` only that object's events are queued (a thousand single-object watches
+        would otherwise each be woken by every event of their resource)."""
+        sub = Subscription(frozenset(resources), namespace, name=name)
         with self.lock:
             if since not in (None, "", "0"):
                 try:
@@ -333,12 +342,10 @@ class Store(Deletion):
                     if sub.wants(ev):
                         sub.queue.put(ev)
             else:
-                for key, obj in sorted(self._objs.items()):
-                    if (
-                        key[0] in sub.resources
-                        and namespace in (None, key[1])
-                        and (match is None or match(obj))
-                    ):
+                keys = (k for r in sub.resources for k in self._objs.of_resource(r))
+                for key in sorted(keys):
+                    obj = self._objs[key]
+                    if namespace in (None, key[1]) and (match is None or match(obj)):
                         rv = int(obj["metadata"]["resourceVersion"])
                         sub.queue.put(WatchEvent(rv, key[0], key[1], "ADDED", clone(obj)))
             self._subs.append(sub)

@@ -1,15 +1,19 @@
 """Fault matrix: one test per fault, on the strict simulator.
 
 Each row asserts the step's exit code, that the message names the object and what to check
-next, and that nothing of the run remains after teardown. Not here: SIGTERM of the launcher
-with a re-run, and the verification/training verdict rows (they need torch workers); the
-Job- and queue-aware wait rows (a Failed Job, a queued Job, Unschedulable after the first list,
-a second run competing for the same nodes, a node held by another domain, no domain) are in
-``test_job_lifecycle.py``.
+next, and that nothing of the run remains after teardown. Deeper variants of some rows live
+next to the code they exercise: Unschedulable after the wait's first list, a node held by
+another domain and a missing domain in ``test_job_lifecycle.py``; foreign objects and reap
+in ``test_ownership.py``; verify reports in ``test_steps_verify.py``.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -18,15 +22,25 @@ from typing import Any
 
 import pytest
 
-from mnnvl import steps
+from mnnvl import cli, steps
+from mnnvl.driver import Api
+from mnnvl.driver.api import COMPUTE_DOMAIN
 from mnnvl.errors import MnnvlError
 from mnnvl.names import RunNames
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, WorkloadSpec
+from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from tests.sim.test_ownership import foreign_domain
 from tests.sim.test_sim_fidelity import CD_PATH, Raw
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 DONE = "import json\nprint('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
+# Works until the file named by $FM_GATE exists, then reports: a training stand-in that a
+# test can interrupt and let finish at will.
+GATED = (
+    "import json, os, time\n"
+    "while not os.path.exists(os.environ['FM_GATE']):\n    time.sleep(0.1)\n"
+    "print('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +48,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("workers")
     (path / "sleeper.py").write_text(SLEEPER)
     (path / "done.py").write_text(DONE)
+    (path / "gated.py").write_text(GATED)
     return str(path)
 
 
@@ -57,7 +72,7 @@ class Run:
             purpose="job",
             nodes=2,
             gpus_per_node=0,
-            env={"PYTHONPATH": workers},
+            env={"PYTHONPATH": workers, **workload.pop("env", {})},
             pods_running_timeout_s=workload.pop("pods_running_timeout_s", 60),
             job_timeout_s=60,
             **workload,
@@ -87,8 +102,9 @@ def run(sim: SimCluster, workers: str) -> Iterator[Callable[..., Run]]:
         return made[-1]
 
     yield make
-    for r in made:
-        r.close()
+    for r in made:  # all of them first: one run's objects may outlive another's teardown
+        r.teardown()
+    assert sim.objects() == [], "objects of the runs remain after teardown"
 
 
 def failure(fn: Callable[[], Any]) -> MnnvlError:
@@ -322,3 +338,186 @@ def test_api_unreachable_during_teardown_exits_5_then_a_retry_cleans_up(
     assert err.exit_code == 5
     assert "503 ServiceUnavailable" in str(err) and "jobs in default" in str(err)
     assert "check the API server" in str(err)
+
+
+def test_409_on_create_from_a_foreign_object_exits_2_naming_it_and_leaves_it_alone(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run()
+    with Api.connect(r.kc) as api:
+        theirs = api.create(COMPUTE_DOMAIN, "default", foreign_domain(r.names.domain))
+        try:
+            err = failure(r.provision)
+            skipped = r.teardown().skipped
+            still = api.get(COMPUTE_DOMAIN, "default", r.names.domain)
+        finally:
+            api.delete(COMPUTE_DOMAIN, "default", r.names.domain)
+            wait_gone(sim)
+    assert err.exit_code == 2
+    assert f"ComputeDomain default/{r.names.domain} already exists" in str(err)
+    assert f"not part of run {r.id!r}" in str(err) and "or use another run id" in str(err)
+    assert len(skipped) == 1 and "left alone" in skipped[0]
+    assert still["metadata"]["uid"] == theirs["metadata"]["uid"]
+
+
+def launcher(r: Run, *argv: str) -> subprocess.Popen[str]:
+    """``mnnvl <argv> --run-id <run> --kubeconfig <sim>`` as its own process."""
+    command = [sys.executable, "-m", "mnnvl", *argv, "--run-id", r.id, "--kubeconfig", r.kc]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def sigterm(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    return dict(json.loads(out.splitlines()[-1]))
+
+
+def wait_gone(sim: SimCluster, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sim.objects():
+        assert time.monotonic() < deadline, f"still there: {sim.objects()}"
+        time.sleep(0.1)
+
+
+def count(sim: SimCluster, kind: str, name_part: str) -> int:
+    return sum(1 for o in sim.objects() if o[0] == kind and name_part in o[2])
+
+
+def test_sigterm_mid_provision_then_the_rerun_adopts_and_the_exit_handler_cleans_up(
+    sim: SimCluster, run: Callable[..., Run], capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = run(rct_timeout_s=60)
+    sim.faults.no_rct(r.names.domain)  # provision is certainly still waiting when killed
+    proc = launcher(r, "provision", "--rct-timeout-s", "60")
+    deadline = time.monotonic() + 60
+    while count(sim, "ComputeDomain", r.names.domain) == 0:
+        assert time.monotonic() < deadline and proc.poll() is None, "provision never created"
+        time.sleep(0.1)
+    result = sigterm(proc)
+    assert result["exit_code"] == 143 and "SIGTERM" in result["error"]
+    sim.faults.allow_rct(r.names.domain)
+    again = r.provision()
+    assert again.adopted and count(sim, "ComputeDomain", r.names.domain) == 1
+    assert cli.main(["teardown", "--run-id", r.id, "--kubeconfig", r.kc]) == 0  # exit handler
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["ok"] is True
+    assert sim.objects() == []
+
+
+def test_sigterm_mid_training_then_the_rerun_adopts_its_job_and_the_exit_handler_cleans_up(
+    sim: SimCluster, run: Callable[..., Run], tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gate = tmp_path / "gate"
+    r = run(env={"FM_GATE": str(gate)})
+    r.provision()
+    job = r.names.job("job")
+    argv = ["launch", "--module", "gated", "--nodes", "2", "--gpus-per-node", "0"]
+    argv += [f"--env=PYTHONPATH={r.workload.env['PYTHONPATH']}", f"--env=FM_GATE={gate}"]
+    argv += ["--pods-running-timeout-s", "60", "--job-timeout-s", "60"]
+    proc = launcher(r, *argv)
+    wait_running(sim, job)
+    result = sigterm(proc)
+    assert result["exit_code"] == 143 and "SIGTERM" in result["error"]
+    gate.write_text("go")
+    assert cli.main([*argv, "--run-id", r.id, "--kubeconfig", r.kc]) == 0  # the same launch
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["result"] == {"ok": True}
+    assert count(sim, "Job", job) == 1
+    created = [e for e in sim.events if e.get("reason") == "SuccessfulCreate"]
+    assert sum(e["involvedObject"]["name"] == job for e in created) == 2  # no duplicate pods
+    assert cli.main(["teardown", "--run-id", r.id, "--kubeconfig", r.kc]) == 0  # exit handler
+    assert sim.objects() == []
+
+
+def verify_workload(r: Run) -> WorkloadSpec:
+    return WorkloadSpec(
+        run_id=r.id, purpose="verify-pre", nodes=2, gpus_per_node=0, job_timeout_s=120
+    )
+
+
+def test_verification_fail_exits_4_naming_the_measured_and_required_bandwidth(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run()
+    r.provision()
+    config = VerifyConfig(max_bytes=64 << 10, min_busbw_gbps=90_000)
+    err = failure(lambda: steps.verify(verify_workload(r), config, kubeconfig=r.kc))
+    assert err.exit_code == 4
+    assert "verification FAIL" in str(err) and "judged busbw" in str(err) and "90000" in str(err)
+
+
+def test_not_judged_exits_4_unless_allowed_and_names_the_flag(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run()
+    r.provision()
+    gated = VerifyConfig(max_bytes=64 << 10)  # gloo, no threshold: nothing to judge
+    err = failure(lambda: steps.verify(verify_workload(r), gated, kubeconfig=r.kc))
+    assert err.exit_code == 4
+    assert "verification NOT_JUDGED" in str(err) and "NOT_JUDGED: no NVLink" in str(err)
+    assert "--allow-unjudged" in str(err)
+    allowed = VerifyConfig(max_bytes=64 << 10, allow_unjudged=True)
+    result = steps.verify(verify_workload(r), allowed, kubeconfig=r.kc)
+    assert result.verdict == "NOT_JUDGED" and result.threshold_gbps is None
+    assert result.raw["nccl"]["transport"].startswith("none (gloo")
+
+
+def test_training_nan_exits_4_naming_the_step_and_the_pod(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run(env={"MNNVL_TEST_INJECT_NAN_STEP": "2"})
+    r.provision()
+    config = TrainConfig(steps=6, log_every=2, warmup_steps=1)
+    err = failure(lambda: steps.train(r.workload, config, kubeconfig=r.kc))
+    assert err.exit_code == 4
+    assert "non-finite loss or gradient norm by step 2" in str(err)
+    assert f"Job default/{r.names.job('train')} failed" in str(err)
+    assert "lower --lr, check --data or try --dtype fp32" in str(err)
+
+
+def test_second_run_competing_for_the_same_nodes_exits_4_after_the_grace(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    holder, second = run(), run(unschedulable_grace_s=1)
+    holder.provision()
+    thread, errors = in_background(lambda: holder.launch("sleeper"))
+    wait_running(sim, holder.names.job("job"))
+    second.provision()
+    err = failure(lambda: second.launch("done"))
+    holder.teardown()
+    thread.join(timeout=60)
+    assert err.exit_code == 4
+    assert f"{second.names.job('job')}-" in str(err)
+    assert "Unschedulable for more than 1 s" in str(err)
+    assert "0/2 nodes are available" in str(err)
+    assert "check free GPUs and channel devices per node" in str(err)
+    assert [type(e).__name__ for e in errors] == ["WorkloadFailed"]  # its Job was deleted
+
+
+def test_unschedulable_beyond_the_grace_exits_4_naming_the_pod_and_the_scheduler_message(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run(unschedulable_grace_s=1)
+    sim.faults.fail_pod(r.names.job("job"), index=1, mode="Unschedulable")
+    r.provision()
+    err = failure(lambda: r.launch("done"))
+    assert err.exit_code == 4
+    assert f"{r.names.job('job')}-1-" in str(err) and "Unschedulable for more than 1 s" in str(err)
+    assert "check free GPUs and channel devices per node" in str(err)
+
+
+def test_invalid_image_name_exits_2_before_creating_anything_or_4_once_in_a_pod(
+    sim: SimCluster, run: Callable[..., Run], capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = run()
+    argv = ["launch", "--run-id", r.id, "--module", "done", "--image", "Team/Trainer:1.0"]
+    assert cli.main([*argv, "--kubeconfig", r.kc]) == 2
+    assert "is not a valid image reference" in capsys.readouterr().out
+    assert sim.objects() == []
+    # A reference the cluster cannot parse but that got past the client (a hand-edited
+    # manifest, an older client): the wait fails fast instead of waiting out its deadline.
+    object.__setattr__(r.workload, "image", "Team/Trainer:1.0")
+    r.provision()
+    err = failure(lambda: r.launch("done"))
+    assert err.exit_code == 4  # not 3: the pods-running deadline was not waited out
+    assert "InvalidImageName" in str(err) and f"{r.names.job('job')}-" in str(err)
+    assert "check the image reference" in str(err)

@@ -98,7 +98,7 @@ def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, r
     assert time.monotonic() - start < 30
     message = str(info.value)
     assert f"Job default/{job} failed (PodFailurePolicy" in message
-    assert "exited with code 4" in message  # the container's code, not torchrun's 1
+    assert "failed with exit code 4" in message  # the container's code, not torchrun's 1
     assert "index 1 giving up with 4" in message  # the failing pod's log tail
     assert _pods_created(sim, job) == 2  # one pod per index: no retry of a FAIL
     assert info.value.exit_code == 4

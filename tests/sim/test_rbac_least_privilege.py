@@ -85,7 +85,7 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
     cpu["rdzv_port"] = _free_port()
     steps.train(
         WorkloadSpec(run_id=run, purpose="train", **cpu),
-        TrainConfig(steps=2, log_every=1),
+        TrainConfig(steps=2, warmup_steps=1, log_every=1),
         kubeconfig=kube,
     )
     steps.verify(
@@ -97,7 +97,7 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
     assert steps.teardown(domain, kubeconfig=kube).deleted
     orphan = DomainSpec(run_id="rbac-orphan", namespace=NS, delete_timeout_s=60)
     steps.provision(orphan, kubeconfig=kube)
-    reaped = steps.reap(NS, live_run_ids=set(), older_than_s=0, kubeconfig=kube)
+    reaped = steps.reap(NS, live_run_ids={run}, older_than_s=0, kubeconfig=kube)
     assert "rbac-orphan" in reaped.runs
 
 

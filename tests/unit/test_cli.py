@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from mnnvl import cli
+from mnnvl.cli_help import COMMANDS
 from mnnvl.names import LABEL_RUN_ID, RunNames
 from mnnvl.sim import SimCluster
 from mnnvl.spec import DNS1123_LABEL
@@ -163,7 +164,7 @@ def test_bad_input_exits_2_before_any_request_to_the_cluster(capsys):
 def test_every_subcommand_has_a_description_an_example_and_help_for_every_option():
     parser = cli.build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(sub.choices) == set(cli.COMMANDS)
+    assert set(sub.choices) == set(COMMANDS)
     for name, p in sub.choices.items():
         assert p.description and f"example:\n  mnnvl {name}" in (p.epilog or ""), name
         for action in p._actions:

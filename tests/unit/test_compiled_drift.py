@@ -123,7 +123,9 @@ def test_compile_with_user_images_leaves_no_default_image(tmp_path: Path) -> Non
     for path in files:
         text = path.read_text()
         assert DEFAULT_LAUNCHER_IMAGE not in text and DEFAULT_IMAGE not in text, path
-    ir = yaml.safe_load((tmp_path / "pipelines/compiled/mnnvl-custom.kfp.yaml").read_text())
+    ir = next(
+        yaml.safe_load_all((tmp_path / "pipelines/compiled/mnnvl-custom.kfp.yaml").read_text())
+    )
     images = {e["container"]["image"] for e in ir["deploymentSpec"]["executors"].values()}
     assert images == {launcher}
     assert ir["root"]["inputDefinitions"]["parameters"]["image"]["defaultValue"] == runtime

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mnnvl import spec
+from mnnvl import checks
 from mnnvl.errors import SpecError
 from mnnvl.flags import add_arguments, from_namespace, to_args
 from mnnvl.spec import (
@@ -98,7 +98,7 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
         "out of range",
     ),
     (WorkloadSpec, {"run_id": RUN, "image_pull_policy": "always"}, "image_pull_policy", "one of"),
-    (TrainConfig, {"steps": 3}, "warmup_steps", "5 is more than steps 3"),
+    (TrainConfig, {"steps": 3, "warmup_steps": 4}, "warmup_steps", "4 is more than steps 3"),
     (TrainConfig, {"steps": 10, "warmup_steps": 11}, "warmup_steps", "--warmup-steps 10"),
     (TrainConfig, {"model": "70b"}, "model", "not one of"),
     (TrainConfig, {"steps": 0}, "steps", "out of range"),
@@ -202,15 +202,20 @@ def test_namespace_left_empty_is_the_pods_own_else_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(tmp_path / "absent"))
+    monkeypatch.setattr(checks, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(tmp_path / "absent"))
     assert DomainSpec(run_id=RUN, namespace="").namespace == "default"
     sa_file = tmp_path / "namespace"
     sa_file.write_text("team-b\n")
-    monkeypatch.setattr(spec, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
+    monkeypatch.setattr(checks, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
     assert DomainSpec(run_id=RUN, namespace="").namespace == "team-b"
     assert DomainSpec(run_id=RUN).namespace == "default"  # the field's default is explicit
     assert WorkloadSpec(run_id=RUN, namespace="").namespace == "team-b"
     assert DomainSpec(run_id=RUN, namespace="team-a").namespace == "team-a"
+
+
+def test_the_default_warmup_is_capped_at_a_shorter_run() -> None:
+    assert TrainConfig(steps=2).warmup_steps == 2
+    assert TrainConfig(steps=20).warmup_steps == 5
 
 
 def test_valid_inputs_are_accepted() -> None:

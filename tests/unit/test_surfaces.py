@@ -107,7 +107,7 @@ def test_the_cli_has_a_flag_for_every_cli_input() -> None:
 
 @pytest.mark.parametrize("name", sorted(surface.PIPELINES))
 def test_kfp_and_argo_pipelines_take_the_same_parameters_and_defaults(name: str) -> None:
-    kfp = yaml.safe_load((COMPILED_DIR / f"{name}.kfp.yaml").read_text())
+    kfp = next(yaml.safe_load_all((COMPILED_DIR / f"{name}.kfp.yaml").read_text()))
     kfp_params = {
         k.replace("_", "-"): v.get("defaultValue")
         for k, v in kfp["root"]["inputDefinitions"]["parameters"].items()
