@@ -1,4 +1,4 @@
-"""Verification vs nccl-tests, measured side by side in the same lease on the same GPUs.
+"""Verification vs nccl-tests, measured side by side on the same GPUs, minutes apart.
 
 Builds ``all_reduce_perf`` from an nccl-tests checkout (``--nccl-tests-src``; fetch
 github.com/NVIDIA/nccl-tests yourself, it is not part of this repository) against the NCCL

@@ -4,8 +4,8 @@ Runs the verification through torchrun on all local GPUs (one process per GPU) w
 1 MiB..4 GiB sweep and prints busbw per size, the transport NCCL used and the whole wall
 time from process start to verdict. ``--degraded`` runs with ``NCCL_P2P_DISABLE=1``
 (traffic through shared memory) and expects FAIL. Ratios against nccl-tests come from
-``bench/bench_anchor.py``, which runs ``all_reduce_perf`` beside the verification in the
-same lease; no typed-in anchor figures here. The last stdout line is one JSON object.
+``bench/bench_anchor.py``, which runs ``all_reduce_perf`` beside the verification on the
+same machine; no typed-in anchor figures here. The last stdout line is one JSON object.
 
     python bench/bench_verify.py [--degraded] [--nproc N] [--max-bytes 4G] [--json-out F]
 

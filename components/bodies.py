@@ -79,7 +79,7 @@ def launch_workload(params: dict[str, Any]) -> None:
         )
     except WorkloadFailed as err:
         # The driver's message names the failed pod's exit code; else the step's own code.
-        code = re.search(r"exited with code (\d+)", str(err))
+        code = re.search(r"(?:exited with|with exit) code (\d+)", str(err))
         failed = {
             "exit_code": int(code.group(1)) if code else err.exit_code,
             "error": str(err),

@@ -23,7 +23,7 @@ LAUNCHER_IMAGE = DEFAULT_LAUNCHER_IMAGE
 @dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False)
 def provision_domain(
     run_id: str,
-    namespace: str = 'default',
+    namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
 ) -> str:
@@ -50,7 +50,7 @@ def train_sharded(
     metrics: Output[Metrics],
     report: Output[HTML],
     result: Output[Artifact],
-    namespace: str = 'default',
+    namespace: str = '',
     nodes: int = 2,
     nodes_per_clique: int = 0,
     max_nodes_per_clique: int = 18,
@@ -168,7 +168,7 @@ def verify_nvlink(
     metrics: Output[Metrics],
     report: Output[HTML],
     result: Output[Artifact],
-    namespace: str = 'default',
+    namespace: str = '',
     purpose: str = 'verify',
     nodes: int = 2,
     nodes_per_clique: int = 0,
@@ -273,7 +273,7 @@ def launch_workload(
     run_id: str,
     metrics: Output[Metrics],
     result: Output[Artifact],
-    namespace: str = 'default',
+    namespace: str = '',
     purpose: str = 'job',
     nodes: int = 2,
     nodes_per_clique: int = 0,
@@ -357,7 +357,7 @@ def launch_workload(
 @dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False)
 def teardown_domain(
     run_id: str,
-    namespace: str = 'default',
+    namespace: str = '',
     delete_timeout_s: float = 300.0,
 ):
     """Delete every object of the run (workload first, then the ComputeDomain); idempotent.
@@ -376,7 +376,7 @@ def teardown_domain(
 @dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False)
 def provision_training(
     run_id: str,
-    namespace: str = 'default',
+    namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
     nodes: int = 2,
@@ -522,7 +522,7 @@ def provision_training(
 @dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False)
 def provision_verify_only(
     run_id: str,
-    namespace: str = 'default',
+    namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
     nodes: int = 2,
@@ -629,7 +629,7 @@ def provision_verify_only(
 @dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False)
 def provision_custom(
     run_id: str,
-    namespace: str = 'default',
+    namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
     nodes: int = 2,

@@ -149,7 +149,7 @@ class DomainSpec:
 
     run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
     namespace: str = opt(
-        "default", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
+        "", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
     )
     allocation_mode: str = opt("Single", "IMEX channels per pod: Single (channel0) or All")
     rct_timeout_s: float = opt(120.0, "wait for the DRA controller's channel claim template, s")
@@ -171,7 +171,7 @@ class WorkloadSpec:
 
     run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
     namespace: str = opt(
-        "default", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
+        "", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
     )
     purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
     nodes: int = opt(

@@ -57,10 +57,11 @@ def pipeline_arguments(
     args: argparse.Namespace, gpus_per_node: int, pipeline: str = "training"
 ) -> dict[str, Any]:
     """CPU-friendly parameters for the local run (tiny model or the example, short sweep)."""
+    per_clique = getattr(args, "nodes_per_clique", 0)  # 0: all nodes in one clique
     arguments: dict[str, Any] = {
         "namespace": "default",
         "nodes": args.nodes,
-        "nodes_per_clique": args.nodes_per_clique,
+        "nodes_per_clique": per_clique,
         "gpus_per_node": gpus_per_node,
         "image": LOCAL_IMAGE,
         "min_busbw_gbps": args.min_busbw_gbps,
@@ -85,7 +86,7 @@ def pipeline_arguments(
             "log_every": max(1, args.steps // 4),
             "train_timeout_s": 600.0,
         }
-    if gpus_per_node == 0 and not args.nodes_per_clique:
+    if gpus_per_node == 0 and not per_clique:
         # Clique groups keep their affinity: the simulator labels one clique per group.
         arguments["clique_affinity"] = False
     return arguments

@@ -233,7 +233,7 @@ def test_cli_launch_command_after_double_dash(sim, run, capsys):
 
 def test_a_failing_command_fails_the_step_with_its_exit_code(sim, run):
     _, workload = run
-    with pytest.raises(WorkloadFailed, match=r"exited with code 3"):
+    with pytest.raises(WorkloadFailed, match=r"with exit code 3"):
         steps.launch(
             workload, "", ["python3", "-c", "raise SystemExit(3)"], kubeconfig=sim.kubeconfig_path
         )

@@ -123,12 +123,15 @@ def test_eighteen_node_run_needs_few_requests_with_watches() -> None:
             },
         )
         w = watch.Watch()
+        complete = False
         for ev in w.stream(
-            batch.list_namespaced_job, NS, field_selector="metadata.name=big", timeout_seconds=60
+            batch.list_namespaced_job, NS, field_selector="metadata.name=big", timeout_seconds=300
         ):
             status = ev["object"].status  # None until the controller first writes it
             if any(c.type == "Complete" for c in (status and status.conditions) or []):
+                complete = True
                 w.stop()
+        assert complete, "the 18-pod Job did not complete"
         pods = core.list_namespaced_pod(NS, label_selector="job-name=big").items
         assert len({p.spec.node_name for p in pods}) == 18
         pod0 = next(p for p in pods if p.spec.hostname == "big-0")

@@ -87,7 +87,7 @@ def test_runtime_image_files_alone_import_the_worker_entry_points(tmp_path):
     root = tmp_path / "opt" / "mnnvl"
     code = (
         "import json, sys; import mnnvl.runtime.train, mnnvl.runtime.verify, "
-        "mnnvl.runtime.forkrun, mnnvl;"
+        "mnnvl.runtime.forkrun, mnnvl.runtime.launch, mnnvl;"
         "print(json.dumps([mnnvl.__file__, sorted(m for m in ('kubernetes', 'kfp', 'hera', "
         "'yaml') if m in sys.modules)]))"
     )
@@ -165,7 +165,7 @@ def test_launcher_image_env_runs_help_every_component_and_a_report_with_a_plot(
     )  # fmt: skip
     assert help_proc.returncode == 0 and "provision" in help_proc.stdout
     assert set(executors()) == {"provision_domain", "train_sharded", "verify_nvlink",
-                                "teardown_domain"}  # fmt: skip
+                                "teardown_domain", "launch_workload"}  # fmt: skip
     run_id = "image-check"
     with SimCluster(nodes=2) as sim:
         kube = sim.kubeconfig_path

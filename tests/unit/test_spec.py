@@ -208,7 +208,7 @@ def test_namespace_left_empty_is_the_pods_own_else_default(
     sa_file.write_text("team-b\n")
     monkeypatch.setattr(checks, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
     assert DomainSpec(run_id=RUN, namespace="").namespace == "team-b"
-    assert DomainSpec(run_id=RUN).namespace == "default"  # the field's default is explicit
+    assert DomainSpec(run_id=RUN).namespace == "team-b"  # left out: the pod's own too
     assert WorkloadSpec(run_id=RUN, namespace="").namespace == "team-b"
     assert DomainSpec(run_id=RUN, namespace="team-a").namespace == "team-a"
 

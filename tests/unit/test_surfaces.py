@@ -62,6 +62,8 @@ def _cli_values(step: str) -> dict[str, Any]:
         extra = {"command": ("x",)} if cls is LaunchSpec else {}
         obj = from_namespace(cls, ns, **extra)
         values |= {f.name: _as_surface(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if "namespace" in values:  # the specs resolve '' to the pod's own: compare what was given
+        values["namespace"] = ns.namespace or ""
     return values
 
 
