@@ -13,6 +13,8 @@ numNodes per driver line, immutability).
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import threading
 from pathlib import Path
@@ -27,6 +29,8 @@ DRIVER_LINES = {
     "v0.4.0": "nvidia-dra-driver/v0.4.0/crds",
 }
 CD_CRD_FILE = "resource.nvidia.com_computedomains.yaml"
+VALIDATION_MODULES = ("jsonschema", "kubernetes_validate", "referencing", "yaml")
+log = logging.getLogger(__name__)
 
 
 class SchemaAdmission:
@@ -47,6 +51,14 @@ class SchemaAdmission:
             )
         self._lock = threading.Lock()
         self._validators: dict[str, Any] = {}
+        # A plain `pip install` has no validation libraries (they come with the dev extra):
+        # the simulator then serves without schema admission instead of failing requests.
+        self.missing = [m for m in VALIDATION_MODULES if importlib.util.find_spec(m) is None]
+        if self.missing:
+            log.warning(
+                "schema admission off: %s not installed (pip install 'mnnvl-pipelines[dev]')",
+                ", ".join(self.missing),
+            )
 
     @property
     def crd_validation(self) -> bool:
@@ -54,6 +66,8 @@ class SchemaAdmission:
 
     def check(self, resource: str, obj: Obj) -> None:
         """Raise the 422 a real API server answers for an object its schema rejects."""
+        if self.missing:
+            return
         if resource in STRICT:
             self._check(resource, obj, self._builtin)
         elif resource == "computedomains" and self.crd_path is not None:
