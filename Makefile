@@ -42,6 +42,9 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed ## create .venv and install the package with all extras
 
 run: install ## the whole KFP pipeline on the embedded simulated cluster (PIPELINE=training|custom)
+	@# The simulator checks ComputeDomains against the driver's CRD when the schemas are here;
+	@# without them (a fresh machine) it keeps its built-in ComputeDomain rules.
+	MNNVL_SCHEMA_DIR="$(if $(wildcard $(SCHEMA_STAMP)),$(MNNVL_SCHEMA_DIR),)" \
 	$(PY) -m mnnvl.pipelines.local_run --pipeline $(PIPELINE) --nodes $(NODES) --nodes-per-clique $(NODES_PER_CLIQUE)
 
 test: install lint typecheck $(SCHEMA_STAMP) ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
