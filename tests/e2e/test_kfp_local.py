@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from mnnvl.components import kfp_components as kc
+from mnnvl.errors import SpecError
 from mnnvl.pipelines import local_run
 from mnnvl.sim import SimCluster
 
@@ -79,17 +81,34 @@ def test_impossible_threshold_fails_the_pipeline_and_still_tears_down(
     assert sim.objects() == []
 
 
-@pytest.mark.parametrize(
-    ("bad", "message"),
-    [
-        ({"min_busbw_gbps": 1e9}, "min_busbw_gbps"),
-        ({"model": "70b"}, "model"),
-        ({"nodes": 0}, "nodes"),
-    ],
-)
-def test_bad_parameters_fail_in_the_first_task_before_any_object_exists(
-    sim: Any, tmp_path: Path, bad: dict[str, Any], message: str
+BAD_PARAMETERS = [
+    ({"min_busbw_gbps": 1e9}, "min_busbw_gbps"),  # a verify parameter
+    ({"model": "70b"}, "model"),  # a train parameter
+    ({"nodes": 0}, "nodes"),  # every step's
+]
+
+
+@pytest.mark.parametrize(("bad", "message"), BAD_PARAMETERS)
+def test_first_task_refuses_a_bad_parameter_of_any_step_before_calling_the_cluster(
+    sim: Any, bad: dict[str, Any], message: str
 ) -> None:
+    # The provision task's own function, as its pod runs it (KUBECONFIG at the simulator).
+    first = kc.FIRST_TASKS["mnnvl-training"].python_func
+    before = sim.request_count
+
+    with pytest.raises(SpecError, match=f"^{message}: "):
+        first(run_id="bad-input", **{**_arguments(), **bad})
+
+    assert sim.request_count == before
+    assert sim.objects() == []
+
+
+def test_bad_parameter_fails_the_pipeline_in_its_first_task_before_any_object_exists(
+    sim: Any, tmp_path: Path
+) -> None:
+    # End to end once (each case above runs the same first task): a train parameter is
+    # refused by provision, nothing runs after it, and only teardown talks to the cluster.
+    bad, message = BAD_PARAMETERS[1]
     before = sim.request_count
     outcome = local_run.run_pipeline(
         {**_arguments(), **bad}, tmp_path, start=time.monotonic(), verbose=False
