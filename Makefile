@@ -19,6 +19,8 @@ CLIENT_VENV ?= .venv-client-newest
 REGISTRY ?= ghcr.io/mnnvl-pipelines
 TAG ?=
 PUSH ?= 0
+# pytest workers for make test (pytest-xdist; 0 = no workers, all in one process).
+TEST_WORKERS ?= auto
 RUN_ID ?= demo-run
 NAMESPACE ?= default
 NODES ?= 2
@@ -48,7 +50,7 @@ run: install ## the whole KFP pipeline on the embedded simulated cluster (PIPELI
 	$(PY) -m mnnvl.pipelines.local_run --pipeline $(PIPELINE) --nodes $(NODES) --nodes-per-clique $(NODES_PER_CLIQUE)
 
 test: install lint typecheck $(SCHEMA_STAMP) ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # A second small venv: only the newest kubernetes client (and what it needs) of its own,
 # layered over .venv for everything else (torch, pytest, the package itself).

@@ -4,6 +4,7 @@ verify, and a teardown that leaves nothing behind."""
 from __future__ import annotations
 
 import kubernetes
+import pytest
 
 from mnnvl import steps
 from mnnvl.names import RunNames
@@ -12,6 +13,8 @@ from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 RUN = "two-cliques"
 CLIQUE = "nvidia.com/gpu.clique"
+
+pytestmark = pytest.mark.slow
 
 
 def test_two_clique_groups_train_hsdp_and_verify_per_clique_then_leave_nothing() -> None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from mnnvl.names import RunNames
 from mnnvl.sim import SimCluster
 
@@ -52,6 +54,7 @@ def test_sigterm_during_run_still_tears_down_and_reports(tmp_path):
         assert "gone after" in err  # teardown waited for the domain's 404
 
 
+@pytest.mark.slow
 def test_run_that_succeeds_but_cannot_tear_down_fails_with_the_teardown_error(capsys):
     from mnnvl import cli
 

@@ -404,6 +404,7 @@ def test_sigterm_mid_provision_then_the_rerun_adopts_and_the_exit_handler_cleans
     assert sim.objects() == []
 
 
+@pytest.mark.slow
 def test_sigterm_mid_training_then_the_rerun_adopts_its_job_and_the_exit_handler_cleans_up(
     sim: SimCluster, run: Callable[..., Run], tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -434,6 +435,7 @@ def verify_workload(r: Run) -> WorkloadSpec:
     )
 
 
+@pytest.mark.slow
 def test_verification_fail_exits_4_naming_the_measured_and_required_bandwidth(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -445,6 +447,7 @@ def test_verification_fail_exits_4_naming_the_measured_and_required_bandwidth(
     assert "verification FAIL" in str(err) and "judged busbw" in str(err) and "90000" in str(err)
 
 
+@pytest.mark.slow
 def test_not_judged_exits_4_unless_allowed_and_names_the_flag(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -461,6 +464,7 @@ def test_not_judged_exits_4_unless_allowed_and_names_the_flag(
     assert result.raw["nccl"]["transport"].startswith("none (gloo")
 
 
+@pytest.mark.slow
 def test_training_nan_exits_4_naming_the_step_and_the_pod(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:

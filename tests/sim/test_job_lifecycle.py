@@ -118,6 +118,7 @@ def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, 
     assert info.value.exit_code == 4
 
 
+@pytest.mark.slow
 def test_queued_job_reports_its_queue_and_pods_deadline_starts_at_admission(
     sim, run, caplog, monkeypatch
 ):

@@ -169,6 +169,7 @@ def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, module
     assert left_of(sim, run_id) == []
 
 
+@pytest.mark.slow
 def test_a_retried_step_replaces_its_failed_job(sim, module_dir):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)

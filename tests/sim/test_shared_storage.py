@@ -79,6 +79,7 @@ def _delete_job_once_checkpointed(sim, job: str, latest: Path, killed: threading
     killed.set()
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_from_the_last_checkpoint_on_the_same_claim(sim):
     train = TrainConfig(steps=120, checkpoint_dir=f"{MOUNT}/llama", checkpoint_every=5, log_every=5)
     first, second = (f"rs-{uuid.uuid4().hex[:8]}" for _ in range(2))

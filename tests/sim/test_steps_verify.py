@@ -34,6 +34,7 @@ def run(sim):
     assert sim.objects(RunNames.for_run(run_id).selector) == []
 
 
+@pytest.mark.slow
 def test_verify_pass_returns_numbers_and_writes_reports(sim, run, tmp_path):
     config = VerifyConfig(max_bytes=64 << 10, min_busbw_gbps=1e-6)
     result = steps.verify(run, config, kubeconfig=sim.kubeconfig_path, report_dir=str(tmp_path))
@@ -43,6 +44,7 @@ def test_verify_pass_returns_numbers_and_writes_reports(sim, run, tmp_path):
     assert {"json", "markdown", "html"} <= set(result.report_files)
 
 
+@pytest.mark.slow
 def test_verify_fail_keeps_the_numbers_when_not_gating(sim, run, tmp_path):
     config = VerifyConfig(max_bytes=64 << 10, min_busbw_gbps=90_000)
     result = steps.verify(
@@ -54,6 +56,7 @@ def test_verify_fail_keeps_the_numbers_when_not_gating(sim, run, tmp_path):
     assert (tmp_path / "verify.md").read_text().count("FAIL") >= 1
 
 
+@pytest.mark.slow
 def test_pods_that_asked_for_gpus_and_see_none_fail_naming_the_pod():
     # Simulated nodes with GPUs, but this machine has none to hand to the pods.
     with SimCluster(nodes=2, gpus_per_node=1) as cluster:

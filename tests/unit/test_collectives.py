@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -16,10 +15,13 @@ from mnnvl.runtime.local import free_port
 
 @pytest.fixture(scope="module")
 def one_rank() -> Iterator[None]:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    # The rendezvous env is this module's alone: later tests' subprocesses must not inherit it.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MASTER_ADDR", "127.0.0.1")
+        env.setenv("MASTER_PORT", str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        yield
+        dist.destroy_process_group()
 
 
 def samples(values: list[float]) -> tuple[list[float], object]:

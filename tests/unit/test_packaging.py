@@ -15,6 +15,9 @@ import pytest
 import mnnvl
 from mnnvl.cli import main
 
+# One pytest-xdist worker runs the whole module: its tests share the costly `built_wheel` fixture.
+pytestmark = pytest.mark.xdist_group("packaging")
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -88,8 +91,9 @@ def test_plain_pip_install_provisions_and_tears_down_against_sim_up(tmp_path):
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     venv.create(tmp_path / "venv", with_pip=True)
     bin_dir = tmp_path / "venv" / "bin"
-    pip = subprocess.run([bin_dir / "python", "-m", "pip", "install", "-q", str(src)],
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    # --no-compile: no bytecode (how fast it starts, not what is installed).
+    install = [bin_dir / "python", "-m", "pip", "install", "-q", "--no-compile", str(src)]
+    pip = subprocess.run(install, capture_output=True, text=True, timeout=600)
     assert pip.returncode == 0, pip.stderr[-2000:]
     kc = tmp_path / "kubeconfig"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KUBECONFIG")}

@@ -14,6 +14,9 @@ import pytest
 from mnnvl.contract.result import parse_result, schema_problems
 from mnnvl.runtime.local import torchrun_command
 
+# One pytest-xdist worker runs the whole module: its tests share the costly `passing` fixture.
+pytestmark = pytest.mark.xdist_group("verify-dist")
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
