@@ -50,7 +50,7 @@ run: install ## the whole KFP pipeline on the embedded simulated cluster (PIPELI
 	$(PY) -m mnnvl.pipelines.local_run --pipeline $(PIPELINE) --nodes $(NODES) --nodes-per-clique $(NODES_PER_CLIQUE)
 
 test: install lint typecheck $(SCHEMA_STAMP) ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # A second small venv: only the newest kubernetes client (and what it needs) of its own,
 # layered over .venv for everything else (torch, pytest, the package itself).

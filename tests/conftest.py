@@ -4,15 +4,17 @@ The schemas (NVIDIA DRA driver CRDs, Argo Workflows JSON schema) are read from
 ``MNNVL_SCHEMA_DIR``, else from ``./schemas``; ``make schemas`` (``scripts/fetch-schemas.sh``)
 fetches them from the upstream repositories, and ``make test`` does so when they are absent.
 
-``make test`` spreads the tests over pytest-xdist workers (``--dist loadgroup``): each test is
-a unit of work, except the modules marked ``xdist_group`` whose module fixtures are costly
-runs (they stay on one worker). Under xdist the tests marked ``slow`` start first, so that no
-worker is left with a long test at the end while the others idle.
+``make test`` spreads the test modules over pytest-xdist workers (``--dist loadscope``): a
+module runs on one worker, so its module fixtures (a simulated cluster, a costly shared run)
+are set up once. Under xdist the modules holding tests marked ``slow`` start first, so that no
+worker is left with a long module at the end while the others idle (the modules with the most
+slow tests first).
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -40,4 +42,5 @@ def schema_dir() -> Path:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts the same way (stable)
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[item.path])

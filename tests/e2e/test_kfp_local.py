@@ -13,6 +13,7 @@ import pytest
 
 from mnnvl.components import kfp_components as kc
 from mnnvl.errors import SpecError
+from mnnvl.pipelines import kfp_pipeline as kp
 from mnnvl.pipelines import local_run
 from mnnvl.sim import SimCluster
 
@@ -104,10 +105,13 @@ def test_first_task_refuses_a_bad_parameter_of_any_step_before_calling_the_clust
 
 
 def test_bad_parameter_fails_the_pipeline_in_its_first_task_before_any_object_exists(
-    sim: Any, tmp_path: Path
+    sim: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # End to end once (each case above runs the same first task): a train parameter is
     # refused by provision, nothing runs after it, and only teardown talks to the cluster.
+    # The shipped pipeline, but for the pause between provision's retries (15 s, then 30 s).
+    monkeypatch.setattr(kp, "RETRY_BACKOFF", "0s")
+    monkeypatch.setitem(kp.PIPELINES, "mnnvl-training", kp.build_pipeline("mnnvl-training"))
     bad, message = BAD_PARAMETERS[1]
     before = sim.request_count
     outcome = local_run.run_pipeline(

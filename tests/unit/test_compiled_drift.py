@@ -9,9 +9,6 @@ import pytest
 
 from mnnvl.pipelines import compile as mc
 
-# One pytest-xdist worker runs the whole module: its tests share the costly `fresh` fixture.
-pytestmark = pytest.mark.xdist_group("compiled-drift")
-
 
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

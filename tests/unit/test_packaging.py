@@ -15,9 +15,6 @@ import pytest
 import mnnvl
 from mnnvl.cli import main
 
-# One pytest-xdist worker runs the whole module: its tests share the costly `built_wheel` fixture.
-pytestmark = pytest.mark.xdist_group("packaging")
-
 REPO = Path(__file__).resolve().parents[2]
 
 

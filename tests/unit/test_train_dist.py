@@ -14,8 +14,8 @@ from mnnvl.contract.result import schema_problems
 from mnnvl.runtime.local import torchrun_command
 from mnnvl.runtime.train import INJECT_NAN_ENV, main
 
-# One pytest-xdist worker runs the whole module: its tests share the costly `two_runs` fixture.
-pytestmark = pytest.mark.xdist_group("train-dist")
+# Every test here runs torch processes (several seconds each).
+pytestmark = pytest.mark.slow
 
 TINY = ["--model", "tiny", "--log-every", "2", "--lr", "3e-3", "--warmup-steps", "2"]
 

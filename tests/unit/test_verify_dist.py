@@ -14,8 +14,8 @@ import pytest
 from mnnvl.contract.result import parse_result, schema_problems
 from mnnvl.runtime.local import torchrun_command
 
-# One pytest-xdist worker runs the whole module: its tests share the costly `passing` fixture.
-pytestmark = pytest.mark.xdist_group("verify-dist")
+# Every test here runs torch processes (several seconds each).
+pytestmark = pytest.mark.slow
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
