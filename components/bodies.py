@@ -10,7 +10,7 @@ import logging
 import re
 from typing import Any
 
-from mnnvl import steps, surface
+from mnnvl import report, steps, surface
 from mnnvl.components.artifacts import (
     kubeconfig,
     publish_launch,
@@ -47,6 +47,7 @@ def train_sharded(params: dict[str, Any]) -> None:
     params = _with_step_defaults("train", params)
     workload = surface.build(WorkloadSpec, params, purpose="train")
     config = surface.build(TrainConfig, params)
+    report.preload_plotting()  # the report follows the Job; its import need not
     outcome = steps.train(workload, config, kubeconfig=kubeconfig())
     publish_train(workload.run_id, outcome, params["metrics"], params["report"], params["result"])
 
@@ -55,6 +56,7 @@ def verify_nvlink(params: dict[str, Any]) -> None:
     params = _with_step_defaults("verify", params)
     workload = surface.build(WorkloadSpec, params)
     config = surface.build(VerifyConfig, params)
+    report.preload_plotting()  # the report follows the Job; its import need not
     outcome = steps.verify(workload, config, kubeconfig=kubeconfig(), fail_on_fail=False)
     purpose = workload.purpose
     publish_verify(
