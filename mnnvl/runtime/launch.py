@@ -125,12 +125,13 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def _run_worker(local_rank: int, ns: argparse.Namespace) -> int:
-    """In the forked child: run the module as ``__main__``; its exit code."""
+def _run_worker(local_rank: int, ns: argparse.Namespace, mask: set[int | signal.Signals]) -> int:
+    """In the forked child: run the module as ``__main__`` with the signal mask this process
+    started with; its exit code."""
     import runpy
     import traceback
 
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, WATCHED)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.environ.update(worker_env(local_rank, ns))
     sys.argv = [ns.module, *ns.args]
     try:
@@ -163,7 +164,7 @@ def exit_now(code: int) -> NoReturn:
         os._exit(code & 0xFF)
 
 
-def _fork_worker(local_rank: int, ns: argparse.Namespace) -> int:
+def _fork_worker(local_rank: int, ns: argparse.Namespace, mask: set[int | signal.Signals]) -> int:
     """Fork one worker; never returns in the child."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -172,7 +173,7 @@ def _fork_worker(local_rank: int, ns: argparse.Namespace) -> int:
         return pid
     code = 1
     try:
-        code = _run_worker(local_rank, ns)
+        code = _run_worker(local_rank, ns, mask)
     finally:
         exit_now(code)
 
@@ -240,7 +241,7 @@ def run(ns: argparse.Namespace) -> int:
     try:
         try:
             for local_rank in range(ns.nproc_per_node):
-                pid = _fork_worker(local_rank, ns)
+                pid = _fork_worker(local_rank, ns, old_mask)
                 children[pid] = ns.node_rank * ns.nproc_per_node + local_rank
         except BaseException:
             _stop(children, [], ns.grace_s)
