@@ -326,7 +326,11 @@ class WorkloadSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """The sharded training step (runs in worker pods as ``python -m mnnvl.runtime.train``)."""
+    """The sharded training step (runs in worker pods as ``python -m mnnvl.runtime.train``).
+
+    ``batch_size`` 0 and the levers left at ``auto`` take the model preset's values
+    (``PRESET_TRAIN_DEFAULTS``) here, so every surface and the worker see concrete values.
+    """
 
     model: str = opt("tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b")
     steps: int = opt(20, "optimizer steps in total, across resumes")
