@@ -1,4 +1,4 @@
-"""Benchmark ``python -m mnnvl.runtime.train`` on this machine's GPUs: tokens/s, MFU, memory.
+r"""Benchmark ``python -m mnnvl.runtime.train`` on this machine's GPUs: tokens/s, MFU, memory.
 
 Runs torchrun with one process per local GPU on synthetic data, then prints tokens/s,
 tokens/s per GPU, MFU (and as a ratio to the 45 % goal and to torchtitan's published
@@ -22,7 +22,8 @@ as the step time difference.
 ``--compare-loss`` runs the variants with the same seed and data, logs the loss at every
 step, and prints each variant's loss beside the first's and the largest relative loss
 difference against it (variants of another batch size see other data: their gap mixes the
-data with the levers). List the first variant twice to see the run-to-run noise floor.
+data with the levers). List the first variant twice to see the run-to-run noise floor. Its
+MFU column includes a host sync per step: take MFU from a run without ``--compare-loss``.
 
     python bench/bench_train.py --preset 1b --batch 8 --steps 20
 
