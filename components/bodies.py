@@ -7,7 +7,6 @@ body) and runs inside the launcher image; it imports no kfp (artifacts are duck-
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from mnnvl import steps, surface
@@ -78,10 +77,10 @@ def launch_workload(params: dict[str, Any]) -> None:
             workload, launch.module, list(launch.command), kubeconfig=kubeconfig()
         )
     except WorkloadFailed as err:
-        # The driver's message names the failed pod's exit code; else the step's own code.
-        code = re.search(r"(?:exited with|with exit) code (\d+)", str(err))
+        # The failed pod's own exit code when the driver saw one; else the step's.
+        code = err.pod_exit_code
         failed = {
-            "exit_code": int(code.group(1)) if code else err.exit_code,
+            "exit_code": code if code is not None else err.exit_code,
             "error": str(err),
             "result": err.result,
         }
