@@ -140,7 +140,7 @@ def train_sharded(
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
         seq_len: sequence length; 0 = the preset's.
-        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, else 2).
+        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2).
         lr: peak learning rate.
         warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
         min_lr_ratio: final learning rate as a fraction of the peak.
@@ -499,7 +499,7 @@ def provision_training(
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
         seq_len: sequence length; 0 = the preset's.
-        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, else 2).
+        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2).
         lr: peak learning rate.
         warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
         min_lr_ratio: final learning rate as a fraction of the peak.

@@ -35,13 +35,15 @@ SWITCHES = ("auto", "true", "false")
 # Training defaults a model preset picks where its input is left at auto (batch_size 0,
 # activation_checkpointing auto, reshard_after_forward auto). 8b: the 2 x H200 winner at its
 # sequence length 2048, 48.3 % MFU and 93 GiB peak against 36 % with full checkpointing at
-# batch 2 (bench/RESULTS.md, Training). Every other preset keeps PLAIN_TRAIN_DEFAULTS.
+# batch 2 (bench/RESULTS.md, Training). 1b: batch 8, 53.7 % MFU and 34 GiB peak against
+# 27.1 % and 14 GiB at batch 2. Every other preset keeps PLAIN_TRAIN_DEFAULTS.
 PLAIN_TRAIN_DEFAULTS = {
     "batch_size": 2,
     "activation_checkpointing": "none",
     "reshard_after_forward": "true",
 }
 PRESET_TRAIN_DEFAULTS = {
+    "1b": {"batch_size": 8},
     "8b": {
         "batch_size": 4,
         "activation_checkpointing": "every-2",

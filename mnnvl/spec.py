@@ -335,7 +335,7 @@ class TrainConfig:
     model: str = opt("tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b")
     steps: int = opt(20, "optimizer steps in total, across resumes")
     seq_len: int = opt(0, "sequence length; 0 = the preset's")
-    batch_size: int = opt(0, "sequences per rank per step; 0 = the preset's (8b: 4, else 2)")
+    batch_size: int = opt(0, "sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2)")
     lr: float = opt(3e-4, "peak learning rate")
     warmup_steps: int = opt(
         DEFAULT_WARMUP_STEPS, "linear warm-up steps before the cosine decay (capped at steps)"

@@ -57,11 +57,17 @@ def test_8b_preset_defaults_are_the_measured_winner() -> None:
     assert preset("8b").seq_len == 2048  # the length those defaults were measured at
 
 
-@pytest.mark.parametrize("model", ["tiny", "1b", "3b"])
+@pytest.mark.parametrize("model", ["tiny", "3b"])
 def test_other_presets_keep_batch_2_without_checkpointing_and_reshard(model: str) -> None:
     cfg = TrainConfig(model=model)
     assert levers(cfg) == (2, "none", "true")
     assert (cfg.ac_every, cfg.reshard) == (0, True)
+
+
+def test_1b_preset_defaults_to_its_measured_batch_of_8() -> None:
+    cfg = TrainConfig(model="1b")
+    assert levers(cfg) == (8, "none", "true")  # 53.7 % MFU on 2 x H200 against 27.1 % at 2
+    assert levers(TrainConfig(model="1b", batch_size=2))[0] == 2
 
 
 def test_a_given_value_wins_over_the_preset() -> None:
@@ -69,7 +75,7 @@ def test_a_given_value_wins_over_the_preset() -> None:
     one = TrainConfig(model="8b", activation_checkpointing="none")
     assert levers(one) == (4, "none", "false")
     assert levers(TrainConfig(model="1b", activation_checkpointing="every-3")) == (
-        2,
+        8,
         "every-3",
         "true",
     )
