@@ -122,12 +122,14 @@ def opt(
     factory: Any = MISSING,
     surfaces: tuple[str, ...] = EVERY_SURFACE,
     why: str = "",
+    choices: tuple[str, ...] = (),
 ) -> Any:
     """A field with its one line of help and the surfaces (cli, kfp, argo) that expose it.
 
     A field missing from a surface names the reason in ``why`` (a test checks that).
+    ``choices`` lists a closed set of values (Argo shows them as a drop-down).
     """
-    meta = {"help": help, "surfaces": frozenset(surfaces), "why": why}
+    meta = {"help": help, "surfaces": frozenset(surfaces), "why": why, "choices": choices}
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -156,7 +158,11 @@ class DomainSpec:
     namespace: str = opt(
         "", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
     )
-    allocation_mode: str = opt("Single", "IMEX channels per pod: Single (channel0) or All")
+    allocation_mode: str = opt(
+        "Single",
+        "IMEX channels per pod: Single (channel0) or All",
+        choices=ALLOCATION_MODES,
+    )
     rct_timeout_s: float = opt(120.0, "wait for the DRA controller's channel claim template, s")
     delete_timeout_s: float = opt(300.0, "wait until each deleted object is gone (GET 404), s")
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
@@ -192,12 +198,20 @@ class WorkloadSpec:
     image: str = opt(
         DEFAULT_IMAGE, "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)"
     )
-    gpu_mode: str = opt("limits", "limits (device plugin nvidia.com/gpu) or claim (DRA claim)")
+    gpu_mode: str = opt(
+        "limits",
+        "limits (device plugin nvidia.com/gpu) or claim (DRA claim)",
+        choices=GPU_MODES,
+    )
     gpu_device_class: str = opt("gpu.nvidia.com", "DeviceClass for gpu_mode claim")
     clique_affinity: bool = opt(
         True, "keep every pod (of each clique group) inside one nvidia.com/gpu.clique"
     )
-    nccl_profile: str = opt("production", "production, verify-strict or single-host (README)")
+    nccl_profile: str = opt(
+        "production",
+        "production, verify-strict or single-host (README)",
+        choices=NCCL_PROFILES,
+    )
     env: dict[str, str] = opt(
         factory=dict, help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)"
     )
@@ -332,7 +346,9 @@ class TrainConfig:
     (``PRESET_TRAIN_DEFAULTS``) here, so every surface and the worker see concrete values.
     """
 
-    model: str = opt("tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b")
+    model: str = opt(
+        "tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b", choices=MODEL_PRESETS
+    )
     steps: int = opt(20, "optimizer steps in total, across resumes")
     seq_len: int = opt(0, "sequence length; 0 = the preset's")
     batch_size: int = opt(0, "sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2)")
@@ -343,7 +359,7 @@ class TrainConfig:
     min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of the peak")
     weight_decay: float = opt(0.1, "AdamW weight decay")
     grad_clip: float = opt(1.0, "gradient norm clip; 0 = off")
-    dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32")
+    dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES)
     compile: bool = opt(False, "torch.compile each block")
     activation_checkpointing: str = opt(
         "auto",
@@ -354,6 +370,7 @@ class TrainConfig:
         "auto",
         "FSDP frees each block's gathered weights after forward (true) or keeps them for "
         "backward (false: one all-gather less, more memory); auto = the preset's (8b: false)",
+        choices=SWITCHES,
     )
     data: str = opt("synthetic", "synthetic, or a token file under a --pvc mount (.bin)")
     seed: int = opt(0, "random seed for weights and synthetic data")

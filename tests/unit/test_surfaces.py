@@ -136,6 +136,21 @@ def test_kfp_and_argo_pipelines_take_the_same_parameters_and_defaults(name: str)
         assert kfp_default == p.default or float(kfp_default) == p.default, p.name
 
 
+def test_argo_offers_every_closed_set_of_values_as_a_drop_down_holding_its_default() -> None:
+    doc = yaml.safe_load((COMPILED_DIR / "mnnvl-training.workflowtemplate.yaml").read_text())
+    enums = {p["name"]: p.get("enum") for p in doc["spec"]["arguments"]["parameters"]}
+    closed = {p.kebab: p for p in surface.PIPELINES["mnnvl-training"].parameters() if p.choices}
+    assert {"model", "dtype", "gpu-mode", "nccl-profile", "reshard-after-forward"} <= set(closed)
+    for name, item in closed.items():
+        assert enums[name] == list(item.choices), name
+        assert item.text() in enums[name], name
+    assert enums["activation-checkpointing"] is None  # every-N is open-ended
+    for template in doc["spec"]["templates"]:
+        for p in (template.get("inputs") or {}).get("parameters") or []:
+            if p["name"] in closed:
+                assert p.get("enum") == list(closed[p["name"]].choices), (template["name"], p)
+
+
 def test_pipeline_functions_take_the_declared_parameters() -> None:
     for name, func in kp.PIPELINES.items():
         params = inspect.signature(func.pipeline_func).parameters  # type: ignore[attr-defined]
