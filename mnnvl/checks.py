@@ -37,12 +37,12 @@ SWITCHES = ("auto", "true", "false")
 # sequence length 2048, 48.3 % MFU and 93 GiB peak against 36 % with full checkpointing at
 # batch 2 (bench/RESULTS.md, Training). 1b: batch 8, 53.7 % MFU and 34 GiB peak against
 # 27.1 % and 14 GiB at batch 2. Every other preset keeps PLAIN_TRAIN_DEFAULTS.
-PLAIN_TRAIN_DEFAULTS = {
+PLAIN_TRAIN_DEFAULTS: dict[str, int | str] = {
     "batch_size": 2,
     "activation_checkpointing": "none",
     "reshard_after_forward": "true",
 }
-PRESET_TRAIN_DEFAULTS = {
+PRESET_TRAIN_DEFAULTS: dict[str, dict[str, int | str]] = {
     "1b": {"batch_size": 8},
     "8b": {
         "batch_size": 4,
