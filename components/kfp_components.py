@@ -117,7 +117,7 @@ def train_sharded(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -235,7 +235,7 @@ def verify_nvlink(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -310,7 +310,7 @@ def launch_workload(
     module: str = '',
     command: List[str] = [],
 ):
-    """Run your image and command (or Python module under torchrun) on every node of the
+    """Run your image and command (or a Python module, once per GPU) on every node of the
     run's ComputeDomain; numbers of its ``RESULT {json}`` line become metrics.
 
     Args:
@@ -331,7 +331,7 @@ def launch_workload(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -351,7 +351,7 @@ def launch_workload(
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
         image_pull_policy: Always, IfNotPresent or Never.
-        module: Python module to run under torchrun; '' = run `command` as it is.
+        module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
         command: with a module: its arguments; without: the program and its arguments (a list).
     """
     params = dict(locals())
@@ -463,7 +463,7 @@ def provision_training(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         worker_service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -595,7 +595,7 @@ def provision_verify_only(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         worker_service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -705,7 +705,7 @@ def provision_custom(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         worker_service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -738,7 +738,7 @@ def provision_custom(
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
         launch_timeout_s: deadline for the Job to complete, s (activeDeadline).
-        module: Python module to run under torchrun; '' = run `command` as it is.
+        module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
         command: with a module: its arguments; without: the program and its arguments (a list).
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
 

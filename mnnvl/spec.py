@@ -215,7 +215,7 @@ class WorkloadSpec:
     env: dict[str, str] = opt(
         factory=dict, help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)"
     )
-    rdzv_port: int = opt(29500, "torchrun rendezvous port on pod 0")
+    rdzv_port: int = opt(29500, "rendezvous port on pod 0 (MASTER_PORT)")
     service_account: str = opt("", "service account of the worker pods ('' = namespace default)")
     node_selector: dict[str, str] = opt(
         factory=dict, help="extra node selector for worker pods, KEY=VALUE (repeatable)"
@@ -483,12 +483,14 @@ class VerifyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
-    """What ``launch`` runs in every worker pod: a Python module under the project's torchrun
-    command (rendezvous from the Job's env), or any command, which receives ``MASTER_ADDR``,
-    ``MASTER_PORT``, ``WORLD_SIZE``, ``NODE_RANK``, ``NNODES``, ``NPROC_PER_NODE`` and
-    ``JOB_COMPLETION_INDEX`` and starts its own processes."""
+    """What ``launch`` runs in every worker pod: a Python module started once per GPU by
+    the pods' launcher (torchrun's worker variables, rendezvous from the Job's env), or any
+    command, which receives ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``NODE_RANK``,
+    ``NNODES``, ``NPROC_PER_NODE`` and ``JOB_COMPLETION_INDEX`` and starts its own processes."""
 
-    module: str = opt("", "Python module to run under torchrun; '' = run `command` as it is")
+    module: str = opt(
+        "", "Python module to run once per GPU (torchrun's variables); '' = run `command`"
+    )
     command: tuple[str, ...] = opt(
         (), "with a module: its arguments; without: the program and its arguments (a list)"
     )
