@@ -3,15 +3,17 @@
 Builds ``all_reduce_perf`` from an nccl-tests checkout (``--nccl-tests-src``; fetch
 github.com/NVIDIA/nccl-tests yourself, it is not part of this repository) against the NCCL
 library torch loads, so both sides use one library; then runs ``python -m
-mnnvl.runtime.verify`` (one process per GPU, started by the pods' entry
-``mnnvl.runtime.launch`` (torchrun in-process) and by ``mnnvl.runtime.forkrun``) and
-``all_reduce_perf -g N`` one after the other, ``--runs``
+mnnvl.runtime.verify`` (one process per GPU, started by the worker pods' own command: the
+Job's container command with its ``$(VAR)``s filled in for one node, i.e. ``python -m
+mnnvl.runtime.launch``; and, for comparison, by plain torchrun) and ``all_reduce_perf -g N``
+one after the other, ``--runs``
 times each, and prints per size the median busbw of each side and their ratio, plus time
 to verdict (process start to the RESULT line) per launcher against the whole nccl-tests
 process, verify's own phase breakdown and each size's share of the sweep. Both sides:
 float32 sum, in place, the same sizes (1 MiB..4 GiB, factor 2).
 
     python bench/bench_anchor.py --nccl-tests-src ../nccl-tests [--runs 2] [--json-out F]
+        [--launchers launch,torchrun]
 
 On one GPU both sides run (proving the build and the parsing) but busbw is 0 by
 definition and the ratios mean nothing; the table says so. Exit code 0 when every run
@@ -34,6 +36,8 @@ import time
 from typing import Any
 
 from mnnvl.contract.result import RESULT_PREFIX, parse_result
+from mnnvl.manifests.workload import VERIFY_MODULE
+from mnnvl.manifests.workload import command as workload_command
 from mnnvl.runtime.local import free_port, torchrun_command
 
 GOAL_VERDICT_RATIO = 2.0  # time to verdict <= 2 x the nccl-tests sweep
@@ -121,14 +125,18 @@ def run_nccl_tests(binary: str, lib: str, gpus: int, max_bytes: str) -> dict[str
 
 
 def launch_command(launcher: str, args: list[str], gpus: int) -> list[str]:
-    """``torchrun``; ``launch`` (the worker pods' entry: torchrun in-process, exit codes
-    kept); ``forkrun`` (workers forked from one torch import)."""
+    """``launch``: what a worker pod runs, the Job's container command for node 0 of one
+    with its ``$(VAR)``s expanded as the kubelet would; ``torchrun``: plain torchrun."""
     if launcher == "torchrun":
-        return torchrun_command("mnnvl.runtime.verify", args, gpus)
-    module = {"launch": "mnnvl.runtime.launch", "forkrun": "mnnvl.runtime.forkrun"}[launcher]
-    port = [] if launcher == "forkrun" else [f"--master-port={free_port()}"]
-    return [sys.executable, "-m", module, f"--nproc-per-node={gpus}", *port,
-            "-m", "mnnvl.runtime.verify", *args]  # fmt: skip
+        return torchrun_command(VERIFY_MODULE, args, gpus)
+    if launcher != "launch":
+        raise SystemExit(f"unknown launcher {launcher!r}: launch or torchrun")
+    env = {"NNODES": "1", "NPROC_PER_NODE": str(gpus), "JOB_COMPLETION_INDEX": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    pod = workload_command(VERIFY_MODULE, args)
+    expanded = [re.sub(r"(?<!\$)\$\(([A-Z_]+)\)", lambda m: env[m.group(1)], a) for a in pod]
+    expanded = [a.replace("$$", "$") for a in expanded]
+    return [sys.executable if expanded[0] == "python3" else expanded[0], *expanded[1:]]
 
 
 def run_verify(gpus: int, max_bytes: str, extra: list[str], launcher: str) -> dict[str, Any]:
@@ -155,7 +163,7 @@ def run_verify(gpus: int, max_bytes: str, extra: list[str], launcher: str) -> di
         sys.stderr.write("".join(err)[-6000:])
         raise SystemExit(f"verify printed no RESULT (exit code {proc.returncode})")
     worker_start = result.get("started_unix")
-    result.setdefault("timings_s", {})["torchrun_start"] = (
+    result.setdefault("timings_s", {})["launcher_start"] = (
         round(worker_start - launched_unix, 3) if worker_start else 0.0
     )
     return {
@@ -242,7 +250,9 @@ def main() -> int:
     parser.add_argument("--max-bytes", default="4G")
     parser.add_argument("--gpus", type=int, default=0, help="0 = every local GPU")
     parser.add_argument("--json-out", default="")
-    parser.add_argument("--launchers", default="launch,forkrun", help="of torchrun,launch,forkrun")
+    parser.add_argument(
+        "--launchers", default="launch,torchrun", help="launch (the pods' command), torchrun"
+    )
     parser.add_argument("--verify-args", default="", help="extra verify flags, space-separated")
     args = parser.parse_args()
     import torch

@@ -7,8 +7,12 @@ against the 1e-3 goal, and tokens/s of both runs (HSDP / FSDP ratio). On CPU the
 gloo processes; with GPUs one process per GPU (NCCL).
 
     python bench/bench_hsdp.py --nproc 4 --groups 2 --steps 20
+    python bench/bench_hsdp.py --nproc 2 --groups 2 --model 1b --lr 3e-4 --noise-floor  # 2 GPUs
+    python bench/bench_hsdp.py --nproc 2 --groups 2 --model 1b --lr 3e-4 --noise-floor \\
+        --dtype fp32 --no-compile --batch-size 2  # 2 GPUs, fp32: a tighter floor
 
-Exit code 0 when the curves agree within ``--rel``, 1 otherwise.
+Options it does not know go to ``mnnvl.runtime.train``. Exit code 0 when the curves agree
+within ``--rel``, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -23,13 +27,13 @@ from mnnvl.contract.result import parse_result
 from mnnvl.runtime.local import torchrun_command
 
 
-def run(nproc: int, groups: int, steps: int, model: str) -> dict[str, Any]:
+def run(nproc: int, groups: int, ns: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("MNNVL_NUM_GROUPS", None)
     if groups > 1:
         env["MNNVL_NUM_GROUPS"] = str(groups)
-    args = ["--model", model, "--steps", str(steps), "--log-every", "1", "--lr", "3e-3"]
-    args += ["--warmup-steps", "2"]
+    args = ["--model", ns.model, "--steps", str(ns.steps), "--log-every", "1"]
+    args += ["--lr", str(ns.lr), "--warmup-steps", str(ns.warmup_steps), *ns.train_args]
     cmd = torchrun_command("mnnvl.runtime.train", args, nproc=nproc)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     result = parse_result(proc.stdout)
@@ -45,9 +49,22 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--rel", type=float, default=1e-3)
-    ns = parser.parse_args()
-    fsdp = run(ns.nproc, 1, ns.steps, ns.model)
-    hsdp = run(ns.nproc, ns.groups, ns.steps, ns.model)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument(
+        "--noise-floor",
+        action="store_true",
+        help="run one-group FSDP twice first and print how far two identical runs drift "
+        "(GPU kernels are not bit-deterministic; compare the HSDP gap against it)",
+    )
+    ns, ns.train_args = parser.parse_known_args()  # the rest goes to mnnvl.runtime.train
+    fsdp = run(ns.nproc, 1, ns)
+    if ns.noise_floor:
+        again = run(ns.nproc, 1, ns)
+        pairs = zip(fsdp["losses"], again["losses"], strict=True)
+        floor = max(abs(b - a) / abs(a) for (_, a), (_, b) in pairs)
+        print(f"noise floor: FSDP run twice, largest relative difference {floor:.2e}")
+    hsdp = run(ns.nproc, ns.groups, ns)
     print(
         f"FSDP mesh {fsdp['mesh']['shape']}, HSDP mesh {hsdp['mesh']['shape']} "
         f"({' x '.join(hsdp['mesh']['dims'])}), {fsdp['device']}"

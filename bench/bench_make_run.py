@@ -5,8 +5,10 @@ task (``SubprocessRunner(use_venv=True)``, the default) took about 83 s. This ru
 ``python -m mnnvl.pipelines.local_run`` in a fresh process (as ``make run`` does) ``--repeat``
 times and prints the median wall time, its ratio to the goal and to the anchor, the median
 time of each pipeline step (from the run's own stage lines: start-up before the first
-step, provision, verify-pre, train, verify-post, teardown) and the machine's load average
-before and after, since a shared machine slows every step.
+step, provision, verify-pre, train, verify-post, teardown), the CPU seconds the whole run
+used (every process it started: the steps, the pods, their workers; a figure a shared
+machine barely changes, unlike the wall time) and the machine's load average before and
+after, since a shared machine slows every step.
 
 Usage: python bench/bench_make_run.py [--repeat N] [-- extra local_run flags]
 """
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -47,13 +50,22 @@ def step_split(stderr: str, wall: float) -> dict[str, float]:
     return {"startup": round(first or 0.0, 2), **split, "after": round(max(0.0, wall - last), 2)}
 
 
+def _children_cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def run_once(extra: list[str]) -> tuple[float, int, dict[str, float]]:
+    """Wall time, exit code and split of one run; the split's ``cpu`` is the CPU seconds of
+    the whole process tree (each process is counted when its parent reaps it)."""
     with tempfile.TemporaryDirectory(prefix="mnnvl-bench-run-") as out:
         cmd = [sys.executable, "-m", "mnnvl.pipelines.local_run", "--out", out, *extra]
-        start = time.monotonic()
+        cpu_before, start = _children_cpu_s(), time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         wall = time.monotonic() - start
-        return wall, proc.returncode, step_split(proc.stderr, wall)
+        split = step_split(proc.stderr, wall)
+        split["cpu"] = round(_children_cpu_s() - cpu_before, 1)
+        return wall, proc.returncode, split
 
 
 def main() -> int:
@@ -82,7 +94,7 @@ def main() -> int:
         f"({'met' if median <= GOAL_S else 'MISSED'}); anchor {ANCHOR_S:.0f} s -> "
         f"{ANCHOR_S / median:.2f}x faster; load average {load_before:.1f} before, "
         f"{load_after:.1f} after ({os.cpu_count()} cores)\n"
-        f"per step (median s): {json.dumps(steps)}\n"
+        f"per step (median s; cpu = CPU seconds of the whole run): {json.dumps(steps)}\n"
     )
     result = {
         "bench": "make_run",
@@ -94,6 +106,7 @@ def main() -> int:
         "speedup_vs_anchor": round(ANCHOR_S / median, 2),
         "goal_s": GOAL_S,
         "goal_met": median <= GOAL_S,
+        "cpu_s": [s["cpu"] for s in splits],
         "load_average": [round(load_before, 1), round(load_after, 1)],
         "cores": os.cpu_count(),
     }

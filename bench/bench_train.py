@@ -1,4 +1,4 @@
-"""Benchmark ``python -m mnnvl.runtime.train`` on this machine's GPUs: tokens/s, MFU, memory.
+r"""Benchmark ``python -m mnnvl.runtime.train`` on this machine's GPUs: tokens/s, MFU, memory.
 
 Runs torchrun with one process per local GPU on synthetic data, then prints tokens/s,
 tokens/s per GPU, MFU (and as a ratio to the 45 % goal and to torchtitan's published
@@ -9,15 +9,40 @@ other; each phase includes the communication its stream waited for).
 ``--variant`` (repeatable) runs several configurations one after the other and prints one
 table: MFU and its change against the first variant, the split, peak memory, and the
 largest relative loss difference against the first variant of the same preset, batch and
-GPU count (same seed and data order, so a lever that changes the math shows up there). A variant is
-``label;key=value;...`` with keys ``preset``, ``batch``, ``seq``, ``compile``, ``ac``
-(0/1), ``nproc`` and ``tuning`` (the ``MNNVL_TRAIN_TUNING`` value, ``,``-separated). Where
-a 1-GPU variant of the same preset and batch ran, exposed communication is estimated as
-the step time difference.
+GPU count (same seed and data order, so a lever that changes the math shows up there). A
+variant is ``label;key=value;...`` with keys ``preset``, ``batch`` (0 = the preset's),
+``seq`` (0 = the preset's), ``compile`` (0/1), ``ac`` (the training input
+``--activation-checkpointing``: auto, none, full, every-N), ``reshard``
+(``--reshard-after-forward``: auto, true, false), ``nproc`` and ``tuning`` (the
+benchmark-only ``MNNVL_TRAIN_TUNING`` value, ``prefetch=N`` / ``optim=foreach``,
+``,``-separated). Keys left out take the preset's training defaults, as a user's run does.
+Where a 1-GPU variant of the same preset and batch ran, exposed communication is estimated
+as the step time difference.
 
-    python bench/bench_train.py --preset 1b --batch 4 --seq 2048 --compile --steps 30
-    python bench/bench_train.py --steps 20 --variant "base;preset=1b;batch=8" \
-        --variant "foreach;preset=1b;batch=8;tuning=optim=foreach"
+``--compare-loss`` runs the variants with the same seed and data, logs the loss at every
+step, and prints each variant's loss beside the first's and the largest relative loss
+difference against it (variants of another batch size see other data: their gap mixes the
+data with the levers). List the first variant twice to see the run-to-run noise floor. Its
+MFU column includes a host sync per step: take MFU from a run without ``--compare-loss``.
+
+    python bench/bench_train.py --preset 1b --batch 8 --steps 20
+
+    # the training table of bench/RESULTS.md (8b, 2 GPUs, 30 steps)
+    python bench/bench_train.py --steps 30 --log-every 5 \
+        --variant "base-ac;preset=8b;batch=2;ac=full;reshard=true" \
+        --variant "no-ac-noreshard;preset=8b;batch=2;ac=none;reshard=false" \
+        --variant "base-ac-b4;preset=8b;batch=4;ac=full;reshard=true" \
+        --variant "sac-b4;preset=8b;batch=4;ac=every-2;reshard=true" \
+        --variant "8b-defaults;preset=8b"
+
+    # the 8b preset's defaults (batch 4, every-2, reshard false) against the old base
+    # (full checkpointing, reshard true) at the same batch, same seed, 30 steps; the old
+    # base twice for the noise floor, and the old shipped batch 2 (other data) last
+    python bench/bench_train.py --steps 30 --compare-loss \
+        --variant "old-base;preset=8b;batch=4;ac=full;reshard=true" \
+        --variant "old-base-again;preset=8b;batch=4;ac=full;reshard=true" \
+        --variant "8b-defaults;preset=8b" \
+        --variant "old-base-b2;preset=8b;batch=2;ac=full;reshard=true"
 
 Exit code 0 when every run produced a RESULT line, 1 otherwise.
 """
@@ -37,6 +62,13 @@ from mnnvl.runtime.local import torchrun_command
 
 MFU_GOAL = 0.45
 TORCHTITAN_MFU = (0.33, 0.39)
+SAME_CONFIG = (
+    "preset",
+    "batch_per_gpu",
+    "tuning",
+    "activation_checkpointing",
+    "reshard_after_forward",
+)
 
 
 def _gpu_count() -> int:
@@ -45,13 +77,18 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()
 
 
-def run_train(args: argparse.Namespace, nproc: int, tuning: str = "") -> dict[str, Any]:
-    cmd = torchrun_command("mnnvl.runtime.train", [
+def train_args(args: argparse.Namespace) -> list[str]:
+    """The training flags of one variant; batch 0, seq 0 and auto leave it to the preset."""
+    return [
         "--model", args.preset, "--batch-size", str(args.batch), "--seq-len", str(args.seq),
         "--steps", str(args.steps), "--log-every", str(args.log_every),
         "--warmup-steps", "2", "--compile" if args.compile else "--no-compile",
-        "--activation-checkpointing" if args.ac else "--no-activation-checkpointing",
-    ], nproc)  # fmt: skip
+        "--activation-checkpointing", args.ac, "--reshard-after-forward", args.reshard,
+    ]  # fmt: skip
+
+
+def run_train(args: argparse.Namespace, nproc: int, tuning: str = "") -> dict[str, Any]:
+    cmd = torchrun_command("mnnvl.runtime.train", train_args(args), nproc)
     env = dict(os.environ, MNNVL_TRAIN_TUNING=tuning)
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
@@ -71,10 +108,11 @@ def summarize(args: argparse.Namespace, nproc: int, run: dict[str, Any]) -> dict
         "bench": "train",
         "preset": args.preset,
         "gpus": nproc,
-        "batch_per_gpu": args.batch,
-        "seq_len": args.seq,
+        "batch_per_gpu": res.get("batch_size", args.batch),
+        "seq_len": res.get("seq_len", args.seq),
         "compile": args.compile,
-        "activation_checkpointing": args.ac,
+        "activation_checkpointing": res.get("activation_checkpointing", args.ac),
+        "reshard_after_forward": res.get("reshard_after_forward"),
         "tuning": res.get("tuning"),
         "steps": args.steps,
         "tokens_per_s": round(res["tokens_per_s"], 1),
@@ -105,8 +143,10 @@ def parse_variant(text: str, base: argparse.Namespace) -> tuple[str, argparse.Na
             ns.preset = value
         elif key in ("batch", "seq", "nproc"):
             setattr(ns, key, int(value))
-        elif key in ("compile", "ac"):
-            setattr(ns, key, value not in ("0", "false", "no"))
+        elif key == "compile":
+            ns.compile = value not in ("0", "false", "no")
+        elif key in ("ac", "reshard"):
+            setattr(ns, key, value)
         else:
             raise SystemExit(f"--variant {text!r}: unknown key {key!r}")
     return label, ns, tuning
@@ -159,13 +199,7 @@ def compare(rows: list[dict[str, Any]]) -> None:
             r["dmfu"] = round(r["mfu"] - first["mfu"], 4)
         r["loss_gap"] = loss_gap(same["losses"], r["losses"]) if same is not r else None
         single = next(
-            (
-                o
-                for o in ok
-                if o["gpus"] == 1
-                and (o["preset"], o["batch_per_gpu"], o["tuning"], o["activation_checkpointing"])
-                == (r["preset"], r["batch_per_gpu"], r["tuning"], r["activation_checkpointing"])
-            ),
+            (o for o in ok if o["gpus"] == 1 and all(o[k] == r[k] for k in SAME_CONFIG)),
             None,
         )
         if (
@@ -179,19 +213,60 @@ def compare(rows: list[dict[str, Any]]) -> None:
             )
 
 
+def same_data(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Same seed, batch, sequence length and GPU count: the same tokens at every step."""
+    keys = ("preset", "batch_per_gpu", "seq_len", "gpus")
+    return all(a[k] == b[k] for k in keys)
+
+
+def print_loss_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every variant's loss per logged step beside the first's; the largest relative gap."""
+    ok = [r for r in rows if "error" not in r and r.get("losses")]
+    if len(ok) < 2:
+        sys.stdout.write("compare-loss: fewer than two variants produced losses\n")
+        return []
+    w, first = sys.stdout.write, ok[0]
+    by_step = [{int(s): loss for s, loss in r["losses"]} for r in ok]
+    w("step " + " ".join(f"{r['label'][:16]:>16}" for r in ok) + "\n")
+    for step in sorted(by_step[0]):
+        cells = (f"{losses.get(step, float('nan')):>16.4f}" for losses in by_step)
+        w(f"{step:>4} " + " ".join(cells) + "\n")
+    gaps = []
+    for r in ok[1:]:
+        gap = loss_gap(first["losses"], r["losses"])
+        data = "same data" if same_data(first, r) else "other batch/seq/GPUs: other data"
+        gaps.append({"label": r["label"], "vs": first["label"], "max_rel_loss_diff": gap})
+        shown = "n/a" if gap is None else f"{gap:.2e}"
+        w(f"largest relative loss difference, {r['label']} vs {first['label']} "
+          f"over {len(by_step[0])} steps ({data}): {shown}\n")  # fmt: skip
+    return gaps
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="1b")
-    parser.add_argument("--batch", type=int, default=4, help="sequences per GPU per step")
-    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument(
+        "--batch", type=int, default=0, help="sequences per GPU per step (0 = the preset's)"
+    )
+    parser.add_argument("--seq", type=int, default=0, help="sequence length (0 = the preset's)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--ac", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--ac", default="auto", help="auto, none, full or every-N")
+    parser.add_argument("--reshard", default="auto", help="reshard after forward: auto/true/false")
     parser.add_argument("--nproc", type=int, default=0, help="GPUs to use (0 = all)")
     parser.add_argument("--variant", action="append", default=[], help="see the docstring")
+    parser.add_argument(
+        "--compare-loss",
+        action="store_true",
+        help="log every step and print each variant's loss curve against the first's",
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
+    if args.compare_loss:
+        if len(args.variant) < 2:
+            parser.error("--compare-loss needs at least two --variant")
+        args.log_every = 1
     args.nproc = args.nproc or _gpu_count()
     if args.nproc < 1:
         print("no CUDA GPUs found", file=sys.stderr)
@@ -209,6 +284,9 @@ def main() -> int:
                 fh.write(json.dumps(row) + "\n")
     compare(rows)
     print_table(rows)
+    if args.compare_loss:
+        gaps = print_loss_comparison(rows)
+        print(json.dumps({"compare_loss": gaps, "steps": args.steps}))
     print(json.dumps([{k: v for k, v in r.items() if k != "losses"} for r in rows]))
     return 0 if all("error" not in r for r in rows) else 1
 

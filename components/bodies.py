@@ -7,10 +7,9 @@ body) and runs inside the launcher image; it imports no kfp (artifacts are duck-
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
-from mnnvl import steps, surface
+from mnnvl import report, steps, surface
 from mnnvl.components.artifacts import (
     kubeconfig,
     publish_launch,
@@ -47,6 +46,7 @@ def train_sharded(params: dict[str, Any]) -> None:
     params = _with_step_defaults("train", params)
     workload = surface.build(WorkloadSpec, params, purpose="train")
     config = surface.build(TrainConfig, params)
+    report.preload_plotting()  # the report follows the Job; its import need not
     outcome = steps.train(workload, config, kubeconfig=kubeconfig())
     publish_train(workload.run_id, outcome, params["metrics"], params["report"], params["result"])
 
@@ -55,6 +55,7 @@ def verify_nvlink(params: dict[str, Any]) -> None:
     params = _with_step_defaults("verify", params)
     workload = surface.build(WorkloadSpec, params)
     config = surface.build(VerifyConfig, params)
+    report.preload_plotting()  # the report follows the Job; its import need not
     outcome = steps.verify(workload, config, kubeconfig=kubeconfig(), fail_on_fail=False)
     purpose = workload.purpose
     publish_verify(
@@ -78,10 +79,10 @@ def launch_workload(params: dict[str, Any]) -> None:
             workload, launch.module, list(launch.command), kubeconfig=kubeconfig()
         )
     except WorkloadFailed as err:
-        # The driver's message names the failed pod's exit code; else the step's own code.
-        code = re.search(r"(?:exited with|with exit) code (\d+)", str(err))
+        # The failed pod's own exit code when the driver saw one; else the step's.
+        code = err.pod_exit_code
         failed = {
-            "exit_code": int(code.group(1)) if code else err.exit_code,
+            "exit_code": code if code is not None else err.exit_code,
             "error": str(err),
             "result": err.result,
         }

@@ -83,7 +83,7 @@ def step_components() -> list[Spec]:
         ),
         Spec(
             "launch_workload",
-            "Run your image and command (or Python module under torchrun) on every node of the\n"
+            "Run your image and command (or a Python module, once per GPU) on every node of the\n"
             "run's ComputeDomain; numbers of its ``RESULT {json}`` line become metrics.",
             step("launch"),
             ("metrics", "result"),

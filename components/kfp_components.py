@@ -80,7 +80,7 @@ def train_sharded(
     model: str = 'tiny',
     steps: int = 20,
     seq_len: int = 0,
-    batch_size: int = 2,
+    batch_size: int = 0,
     lr: float = 0.0003,
     warmup_steps: int = 5,
     min_lr_ratio: float = 0.1,
@@ -88,7 +88,8 @@ def train_sharded(
     grad_clip: float = 1.0,
     dtype: str = 'auto',
     compile: bool = False,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: str = 'auto',
+    reshard_after_forward: str = 'auto',
     data: str = 'synthetic',
     seed: int = 0,
     checkpoint_dir: str = '',
@@ -116,7 +117,7 @@ def train_sharded(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -139,7 +140,7 @@ def train_sharded(
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
         seq_len: sequence length; 0 = the preset's.
-        batch_size: sequences per rank per step.
+        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2).
         lr: peak learning rate.
         warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
         min_lr_ratio: final learning rate as a fraction of the peak.
@@ -147,7 +148,12 @@ def train_sharded(
         grad_clip: gradient norm clip; 0 = off.
         dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32.
         compile: torch.compile each block.
-        activation_checkpointing: recompute activations in the backward pass.
+        activation_checkpointing: recompute blocks' activations in the backward pass: auto,
+            none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
+            every-2, else none).
+        reshard_after_forward: FSDP frees each block's gathered weights after forward (true) or
+            keeps them for backward (false: one all-gather less, more memory); auto = the preset's
+            (8b: false).
         data: synthetic, or a token file under a --pvc mount (.bin).
         seed: random seed for weights and synthetic data.
         checkpoint_dir: checkpoint directory under a --pvc mount; a rerun resumes.
@@ -229,7 +235,7 @@ def verify_nvlink(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -304,7 +310,7 @@ def launch_workload(
     module: str = '',
     command: List[str] = [],
 ):
-    """Run your image and command (or Python module under torchrun) on every node of the
+    """Run your image and command (or a Python module, once per GPU) on every node of the
     run's ComputeDomain; numbers of its ``RESULT {json}`` line become metrics.
 
     Args:
@@ -325,7 +331,7 @@ def launch_workload(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -345,7 +351,7 @@ def launch_workload(
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
         image_pull_policy: Always, IfNotPresent or Never.
-        module: Python module to run under torchrun; '' = run `command` as it is.
+        module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
         command: with a module: its arguments; without: the program and its arguments (a list).
     """
     params = dict(locals())
@@ -427,7 +433,8 @@ def provision_training(
     grad_clip: float = 1.0,
     dtype: str = 'auto',
     compile: bool = True,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: str = 'auto',
+    reshard_after_forward: str = 'auto',
     data: str = 'synthetic',
     seed: int = 0,
     checkpoint_dir: str = '',
@@ -456,7 +463,7 @@ def provision_training(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         worker_service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -492,7 +499,7 @@ def provision_training(
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
         seq_len: sequence length; 0 = the preset's.
-        batch_size: sequences per rank per step.
+        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2).
         lr: peak learning rate.
         warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
         min_lr_ratio: final learning rate as a fraction of the peak.
@@ -500,7 +507,12 @@ def provision_training(
         grad_clip: gradient norm clip; 0 = off.
         dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32.
         compile: torch.compile each block.
-        activation_checkpointing: recompute activations in the backward pass.
+        activation_checkpointing: recompute blocks' activations in the backward pass: auto,
+            none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
+            every-2, else none).
+        reshard_after_forward: FSDP frees each block's gathered weights after forward (true) or
+            keeps them for backward (false: one all-gather less, more memory); auto = the preset's
+            (8b: false).
         data: synthetic, or a token file under a --pvc mount (.bin).
         seed: random seed for weights and synthetic data.
         checkpoint_dir: checkpoint directory under a --pvc mount; a rerun resumes.
@@ -583,7 +595,7 @@ def provision_verify_only(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         worker_service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -693,7 +705,7 @@ def provision_custom(
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: torchrun rendezvous port on pod 0.
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         worker_service_account: service account of the worker pods ('' = namespace default).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
@@ -726,7 +738,7 @@ def provision_custom(
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
         launch_timeout_s: deadline for the Job to complete, s (activeDeadline).
-        module: Python module to run under torchrun; '' = run `command` as it is.
+        module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
         command: with a module: its arguments; without: the program and its arguments (a list).
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
 

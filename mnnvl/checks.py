@@ -30,6 +30,26 @@ NCCL_PROFILES = ("production", "verify-strict", "single-host")
 PURPOSES = ("train", "verify-pre", "verify-post", "verify", "job")
 MODEL_PRESETS = ("tiny", "small", "125m", "350m", "1b", "3b", "8b")
 DTYPES = ("auto", "bf16", "fp32")
+CHECKPOINTING_HELP = "auto, none, full or every-N (every N-th block, e.g. every-2)"
+SWITCHES = ("auto", "true", "false")
+# Training defaults a model preset picks where its input is left at auto (batch_size 0,
+# activation_checkpointing auto, reshard_after_forward auto). 8b: the 2 x H200 winner at its
+# sequence length 2048, 48.3 % MFU and 93 GiB peak against 36 % with full checkpointing at
+# batch 2 (bench/RESULTS.md, Training). 1b: batch 8, 53.7 % MFU and 34 GiB peak against
+# 27.1 % and 14 GiB at batch 2. Every other preset keeps PLAIN_TRAIN_DEFAULTS.
+PLAIN_TRAIN_DEFAULTS: dict[str, int | str] = {
+    "batch_size": 2,
+    "activation_checkpointing": "none",
+    "reshard_after_forward": "true",
+}
+PRESET_TRAIN_DEFAULTS: dict[str, dict[str, int | str]] = {
+    "1b": {"batch_size": 8},
+    "8b": {
+        "batch_size": 4,
+        "activation_checkpointing": "every-2",
+        "reshard_after_forward": "false",
+    },
+}
 MAX_NODES = 18  # one IMEX domain (NVL72 rack: 18 compute trays); MNNVL never spans cliques
 MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-character hostnames)
 MAX_GPUS_PER_NODE = 8
@@ -104,6 +124,18 @@ def check_range(
 def check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise SpecError(field_name, f"{value!r} is not one of {', '.join(choices)}")
+
+
+def parse_checkpointing(field_name: str, value: str) -> int:
+    """Blocks between checkpointed ones: ``none`` 0, ``full`` 1, ``every-N`` N (``auto`` is
+    resolved by the preset before this is asked)."""
+    fixed = {"none": 0, "full": 1}
+    if value in fixed:
+        return fixed[value]
+    match = re.fullmatch(r"every-([1-9][0-9]{0,3})", value)
+    if not match:
+        raise SpecError(field_name, f"{value!r} is not one of {CHECKPOINTING_HELP}")
+    return int(match.group(1))
 
 
 def check_image(field_name: str, value: str) -> None:

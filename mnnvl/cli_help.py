@@ -13,7 +13,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "launch": (
         "run your module or command on the domain's nodes",
-        "Run a Python module under torchrun (--module) or any command (--command -- CMD ARGS, "
+        "Run a Python module once per GPU (--module, torchrun's variables) or any command "
+        "(--command -- CMD ARGS, "
         "which gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE) "
         "on every node of the run's domain (one pod per node) and print its RESULT line.",
         "mnnvl launch --run-id demo --nodes 2 --gpus-per-node 4 --module my_pkg.train -- --lr 3e-4",

@@ -50,13 +50,21 @@ class WorkloadFailed(MnnvlError):
 
     ``result`` holds rank 0's RESULT line when the worker printed one before failing
     (the verification worker does so for a FAIL verdict), so callers keep the numbers.
+    ``pod_exit_code`` is the failed pod's container exit code when one was seen.
     """
 
     exit_code = exit_codes.FAILED
 
-    def __init__(self, message: str, *, result: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        result: dict[str, Any] | None = None,
+        pod_exit_code: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.result = result
+        self.pod_exit_code = pod_exit_code
 
 
 class VerificationFailed(WorkloadFailed):

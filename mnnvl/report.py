@@ -13,6 +13,7 @@ import html
 import json
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -183,12 +184,8 @@ def _plot(
     hline: float | None = None,
 ) -> bool:
     """Draw line series to a PNG; False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         logger.warning("matplotlib not installed: %s not drawn", os.path.basename(path))
         return False
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
@@ -207,6 +204,25 @@ def _plot(
     fig.savefig(path, format="png")
     plt.close(fig)
     return True
+
+
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def preload_plotting() -> None:
+    """Import matplotlib in a background thread. A step calls this before it waits for its
+    Job, so the import (most of a report's time) overlaps the wait instead of following
+    the verdict; the report itself is drawn as before, after the Job."""
+    threading.Thread(target=_pyplot, name="mnnvl-preload-plotting", daemon=True).start()
 
 
 def _html(title: str, body_md: str, png: str | None) -> str:

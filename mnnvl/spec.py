@@ -15,6 +15,7 @@ from typing import Any
 
 from mnnvl.checks import (
     ALLOCATION_MODES,
+    CHECKPOINTING_HELP,
     DEFAULT_IMAGE,
     DEFAULT_LAUNCHER_IMAGE,
     DNS1123_LABEL,
@@ -34,7 +35,10 @@ from mnnvl.checks import (
     NODES_PER_GROUP_ENV,
     NUM_GROUPS_ENV,
     PINNED_ENV,
+    PLAIN_TRAIN_DEFAULTS,
+    PRESET_TRAIN_DEFAULTS,
     PURPOSES,
+    SWITCHES,
     check_choice,
     check_dns_label,
     check_env,
@@ -45,6 +49,7 @@ from mnnvl.checks import (
     check_run_id,
     list_items,
     parse_bytes,
+    parse_checkpointing,
     parse_env,
     parse_list,
     parse_toleration,
@@ -117,12 +122,14 @@ def opt(
     factory: Any = MISSING,
     surfaces: tuple[str, ...] = EVERY_SURFACE,
     why: str = "",
+    choices: tuple[str, ...] = (),
 ) -> Any:
     """A field with its one line of help and the surfaces (cli, kfp, argo) that expose it.
 
     A field missing from a surface names the reason in ``why`` (a test checks that).
+    ``choices`` lists a closed set of values (Argo shows them as a drop-down).
     """
-    meta = {"help": help, "surfaces": frozenset(surfaces), "why": why}
+    meta = {"help": help, "surfaces": frozenset(surfaces), "why": why, "choices": choices}
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -151,7 +158,11 @@ class DomainSpec:
     namespace: str = opt(
         "", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
     )
-    allocation_mode: str = opt("Single", "IMEX channels per pod: Single (channel0) or All")
+    allocation_mode: str = opt(
+        "Single",
+        "IMEX channels per pod: Single (channel0) or All",
+        choices=ALLOCATION_MODES,
+    )
     rct_timeout_s: float = opt(120.0, "wait for the DRA controller's channel claim template, s")
     delete_timeout_s: float = opt(300.0, "wait until each deleted object is gone (GET 404), s")
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
@@ -187,16 +198,24 @@ class WorkloadSpec:
     image: str = opt(
         DEFAULT_IMAGE, "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)"
     )
-    gpu_mode: str = opt("limits", "limits (device plugin nvidia.com/gpu) or claim (DRA claim)")
+    gpu_mode: str = opt(
+        "limits",
+        "limits (device plugin nvidia.com/gpu) or claim (DRA claim)",
+        choices=GPU_MODES,
+    )
     gpu_device_class: str = opt("gpu.nvidia.com", "DeviceClass for gpu_mode claim")
     clique_affinity: bool = opt(
         True, "keep every pod (of each clique group) inside one nvidia.com/gpu.clique"
     )
-    nccl_profile: str = opt("production", "production, verify-strict or single-host (README)")
+    nccl_profile: str = opt(
+        "production",
+        "production, verify-strict or single-host (README)",
+        choices=NCCL_PROFILES,
+    )
     env: dict[str, str] = opt(
         factory=dict, help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)"
     )
-    rdzv_port: int = opt(29500, "torchrun rendezvous port on pod 0")
+    rdzv_port: int = opt(29500, "rendezvous port on pod 0 (MASTER_PORT)")
     service_account: str = opt("", "service account of the worker pods ('' = namespace default)")
     node_selector: dict[str, str] = opt(
         factory=dict, help="extra node selector for worker pods, KEY=VALUE (repeatable)"
@@ -321,12 +340,18 @@ class WorkloadSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """The sharded training step (runs in worker pods as ``python -m mnnvl.runtime.train``)."""
+    """The sharded training step (runs in worker pods as ``python -m mnnvl.runtime.train``).
 
-    model: str = opt("tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b")
+    ``batch_size`` 0 and the levers left at ``auto`` take the model preset's values
+    (``PRESET_TRAIN_DEFAULTS``) here, so every surface and the worker see concrete values.
+    """
+
+    model: str = opt(
+        "tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b", choices=MODEL_PRESETS
+    )
     steps: int = opt(20, "optimizer steps in total, across resumes")
     seq_len: int = opt(0, "sequence length; 0 = the preset's")
-    batch_size: int = opt(2, "sequences per rank per step")
+    batch_size: int = opt(0, "sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2)")
     lr: float = opt(3e-4, "peak learning rate")
     warmup_steps: int = opt(
         DEFAULT_WARMUP_STEPS, "linear warm-up steps before the cosine decay (capped at steps)"
@@ -334,9 +359,19 @@ class TrainConfig:
     min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of the peak")
     weight_decay: float = opt(0.1, "AdamW weight decay")
     grad_clip: float = opt(1.0, "gradient norm clip; 0 = off")
-    dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32")
+    dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES)
     compile: bool = opt(False, "torch.compile each block")
-    activation_checkpointing: bool = opt(False, "recompute activations in the backward pass")
+    activation_checkpointing: str = opt(
+        "auto",
+        f"recompute blocks' activations in the backward pass: {CHECKPOINTING_HELP}; "
+        "auto = the preset's (8b: every-2, else none)",
+    )
+    reshard_after_forward: str = opt(
+        "auto",
+        "FSDP frees each block's gathered weights after forward (true) or keeps them for "
+        "backward (false: one all-gather less, more memory); auto = the preset's (8b: false)",
+        choices=SWITCHES,
+    )
     data: str = opt("synthetic", "synthetic, or a token file under a --pvc mount (.bin)")
     seed: int = opt(0, "random seed for weights and synthetic data")
     checkpoint_dir: str = opt("", "checkpoint directory under a --pvc mount; a rerun resumes")
@@ -348,6 +383,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_choice("model", self.model, MODEL_PRESETS)
+        self._apply_preset()
         check_range("steps", self.steps, 1, 10_000_000, integer=True)
         check_range("seq_len", self.seq_len, 0, 131072, integer=True)
         check_range("batch_size", self.batch_size, 1, 4096, integer=True)
@@ -373,6 +409,30 @@ class TrainConfig:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise SpecError("checkpoint_every", "needs checkpoint_dir to be set")
         check_range("log_every", self.log_every, 1, 10_000_000, integer=True)
+
+    def _apply_preset(self) -> None:
+        """Inputs left at auto (batch_size 0) take the preset's value; a given value wins."""
+        check_choice("reshard_after_forward", self.reshard_after_forward, SWITCHES)
+        if self.activation_checkpointing != "auto":
+            parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
+        preset = PRESET_TRAIN_DEFAULTS.get(self.model, PLAIN_TRAIN_DEFAULTS)
+        unset = {
+            "batch_size": 0,
+            "activation_checkpointing": "auto",
+            "reshard_after_forward": "auto",
+        }
+        for name, auto in unset.items():
+            if getattr(self, name) == auto:
+                object.__setattr__(self, name, preset.get(name, PLAIN_TRAIN_DEFAULTS[name]))
+
+    @property
+    def ac_every(self) -> int:
+        """Checkpoint every N-th block (1 = all of them); 0 = no activation checkpointing."""
+        return parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
+
+    @property
+    def reshard(self) -> bool:
+        return self.reshard_after_forward == "true"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -423,12 +483,14 @@ class VerifyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
-    """What ``launch`` runs in every worker pod: a Python module under the project's torchrun
-    command (rendezvous from the Job's env), or any command, which receives ``MASTER_ADDR``,
-    ``MASTER_PORT``, ``WORLD_SIZE``, ``NODE_RANK``, ``NNODES``, ``NPROC_PER_NODE`` and
-    ``JOB_COMPLETION_INDEX`` and starts its own processes."""
+    """What ``launch`` runs in every worker pod: a Python module started once per GPU by
+    the pods' launcher (torchrun's worker variables, rendezvous from the Job's env), or any
+    command, which receives ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``NODE_RANK``,
+    ``NNODES``, ``NPROC_PER_NODE`` and ``JOB_COMPLETION_INDEX`` and starts its own processes."""
 
-    module: str = opt("", "Python module to run under torchrun; '' = run `command` as it is")
+    module: str = opt(
+        "", "Python module to run once per GPU (torchrun's variables); '' = run `command`"
+    )
     command: tuple[str, ...] = opt(
         (), "with a module: its arguments; without: the program and its arguments (a list)"
     )

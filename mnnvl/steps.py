@@ -230,6 +230,10 @@ def train(
     """Sharded training on the domain's nodes; metrics from rank 0's RESULT line."""
     start = time.monotonic()
     check_shared_storage(workload, config)
+    if report_dir:
+        from mnnvl.report import preload_plotting
+
+        preload_plotting()
     launched = launch(
         step_workload(workload, "train"), TRAIN_MODULE, to_args(config), kubeconfig=kubeconfig
     )
@@ -282,6 +286,10 @@ def verify(
     """
     start = time.monotonic()
     verify_workload = step_workload(workload, "verify")
+    if report_dir:
+        from mnnvl.report import preload_plotting
+
+        preload_plotting()
     try:
         launched = launch(verify_workload, VERIFY_MODULE, to_args(config), kubeconfig=kubeconfig)
     except WorkloadFailed as err:

@@ -52,6 +52,7 @@ class Input:
     help: str
     surfaces: frozenset[str]
     why: str = ""
+    choices: tuple[str, ...] = ()
 
     @property
     def kebab(self) -> str:
@@ -118,6 +119,7 @@ def class_inputs(cls: type) -> list[Input]:
             f.metadata.get("help", ""),
             f.metadata.get("surfaces", frozenset()),
             f.metadata.get("why", ""),
+            tuple(f.metadata.get("choices", ())),
         )
         for f in dataclasses.fields(cls)
     ]

@@ -16,8 +16,9 @@ caching is off everywhere; only the idempotent steps (provision, teardown) retry
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kfp import dsl, kubernetes
@@ -114,12 +115,38 @@ def build_pipeline(name: str) -> Callable[..., None]:
     return result
 
 
-training_pipeline = build_pipeline(TRAINING_PIPELINE_NAME)
-verify_only_pipeline = build_pipeline(VERIFY_ONLY_PIPELINE_NAME)
-custom_pipeline = build_pipeline(CUSTOM_PIPELINE_NAME)
+@functools.cache
+def pipeline_named(name: str) -> Callable[..., None]:
+    """Pipeline ``name``, built on first use: building one takes a noticeable part of a
+    second (kfp inspects the call stack in every task setter), and ``make run`` needs one."""
+    return build_pipeline(name)
 
-PIPELINES = {
-    TRAINING_PIPELINE_NAME: training_pipeline,
-    VERIFY_ONLY_PIPELINE_NAME: verify_only_pipeline,
-    CUSTOM_PIPELINE_NAME: custom_pipeline,
+
+class _Pipelines(Mapping[str, Callable[..., None]]):
+    """Every pipeline by name, each built when it is first looked up."""
+
+    def __getitem__(self, name: str) -> Callable[..., None]:
+        if name not in surface.PIPELINES:
+            raise KeyError(name)
+        return pipeline_named(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((TRAINING_PIPELINE_NAME, VERIFY_ONLY_PIPELINE_NAME, CUSTOM_PIPELINE_NAME))
+
+    def __len__(self) -> int:
+        return 3
+
+
+PIPELINES: Mapping[str, Callable[..., None]] = _Pipelines()
+_BY_ATTRIBUTE = {
+    "training_pipeline": TRAINING_PIPELINE_NAME,
+    "verify_only_pipeline": VERIFY_ONLY_PIPELINE_NAME,
+    "custom_pipeline": CUSTOM_PIPELINE_NAME,
 }
+
+
+def __getattr__(attribute: str) -> Callable[..., None]:
+    """``training_pipeline``, ``verify_only_pipeline``, ``custom_pipeline``, built on use."""
+    if attribute in _BY_ATTRIBUTE:
+        return pipeline_named(_BY_ATTRIBUTE[attribute])
+    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 OK = 0
 UNEXPECTED = 1
 BAD_INPUT = 2
@@ -19,6 +21,30 @@ INTERRUPTED_BASE = 128
 # SpecError), 4 a failed verification or training (non-finite loss), 126/127 an image that
 # cannot run python3. The Job's podFailurePolicy fails the whole Job on them at once; any
 # other code (1: a crash, a rank lost, a rendezvous error) is retried within
-# backoff_limit_per_index. ``python -m mnnvl.runtime.launch`` keeps these codes intact
-# through torchrun, which on its own reports every worker failure as 1.
+# backoff_limit_per_index. ``python -m mnnvl.runtime.launch`` exits with
+# ``worst_exit_code`` of its workers, so these codes reach the pod's status intact.
 NON_RETRIABLE_EXIT_CODES = (BAD_INPUT, FAILED, 126, 127)
+
+
+def shell_code(exitcode: int) -> int:
+    """A process exit status as a shell reports it: -N (killed by signal N) -> 128 + N."""
+    return INTERRUPTED_BASE - exitcode if exitcode < 0 else exitcode
+
+
+def worst_exit_code(failures: Iterable[tuple[float, int]]) -> int:
+    """The exit code a node reports for its workers' ``(timestamp, exitcode)`` pairs
+    (``exitcode`` as ``os.waitstatus_to_exitcode`` gives it: -N when killed by signal N).
+
+    * A code a retry cannot change (``NON_RETRIABLE_EXIT_CODES``) when any worker exited
+      with one, the earliest winning;
+    * otherwise the earliest failure that exited by itself, else the earliest one killed by
+      a signal (the launcher stops the surviving workers with SIGTERM once one failed, so
+      those count as killed too and never hide the cause), as 128 + the signal number;
+    * 0 when every worker exited 0.
+    """
+    ordered = [code for _, code in sorted(failures, key=lambda f: f[0]) if code != 0]
+    for code in ordered:
+        if code in NON_RETRIABLE_EXIT_CODES:
+            return code
+    exited = [code for code in ordered if code > 0] + [code for code in ordered if code < 0]
+    return shell_code(exited[0]) if exited else OK

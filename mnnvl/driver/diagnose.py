@@ -173,7 +173,10 @@ def raise_on_stuck_pod(
             grace=grace,
         )
         if problem:
-            raise WorkloadFailed(_failure_message(api, workload.namespace, domain, pod, problem))
+            raise WorkloadFailed(
+                _failure_message(api, workload.namespace, domain, pod, problem),
+                pod_exit_code=_exit_code(pod) if problem.startswith("Failed with") else None,
+            )
 
 
 def pod_problem(
@@ -261,21 +264,24 @@ def describe_pods(
 
 def job_failure(
     api: Api, workload: WorkloadSpec, job: str, domain: str, failed: dict[str, Any]
-) -> str:
+) -> WorkloadFailed:
     """The Job's Failed condition plus the first failed pod's exit code, events and log tail."""
     ns = workload.namespace
     pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
     bad = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
     message = f"Job {ns}/{job} failed ({failed.get('reason')}: {failed.get('message')})"
     if not bad:
-        return f"{message}; no failed pod left to inspect; {domain_state(api, domain, ns)}"
+        return WorkloadFailed(
+            f"{message}; no failed pod left to inspect; {domain_state(api, domain, ns)}"
+        )
     pod = sorted(bad, key=pod_index)[0]
-    name = pod["metadata"]["name"]
+    name, code = pod["metadata"]["name"], _exit_code(pod)
     tail = _log_tail(api, ns, name)
-    return (
+    return WorkloadFailed(
         f"{message}; pod {name} (index {pod_index(pod)}) failed with exit code "
-        f"{_exit_code(pod)}; events: {pod_events(api, ns, name)}; check "
-        f"`kubectl logs -n {ns} {name}`; last log lines:\n{tail}"
+        f"{code}; events: {pod_events(api, ns, name)}; check "
+        f"`kubectl logs -n {ns} {name}`; last log lines:\n{tail}",
+        pod_exit_code=code,
     )
 
 

@@ -209,7 +209,7 @@ class JobWatch(Check):
             failed = _condition(found, "Failed") or _condition(found, "FailureTarget")
             if failed is not None:
                 domain = RunNames.for_run(self.workload.run_id).domain
-                raise WorkloadFailed(job_failure(self.api, self.workload, name, domain, failed))
+                raise job_failure(self.api, self.workload, name, domain, failed)
         every = [view["job"][name] for name in self.jobs]
         if all(_condition(j, "Complete") is not None for j in every):
             return dict(view["pods"])

@@ -1,10 +1,10 @@
 """The multi-node workload: a headless Service and an Indexed Job, one pod per node.
 
 Pod ``<job>-<index>`` gets the stable DNS name ``<job>-<index>.<service>.<ns>.svc.cluster.local``
-because the pod's ``subdomain`` is the headless Service's name; pod 0 hosts the torchrun
-rendezvous. Every pod holds the run's IMEX channel claim (from the template the DRA controller
-made for the ComputeDomain) plus its GPUs, either as ``nvidia.com/gpu`` limits or as a
-``gpu.nvidia.com`` claim, never both.
+because the pod's ``subdomain`` is the headless Service's name; pod 0 hosts the rendezvous
+(rank 0's store). Every pod holds the run's IMEX channel claim (from the template the DRA
+controller made for the ComputeDomain) plus its GPUs, either as ``nvidia.com/gpu`` limits or
+as a ``gpu.nvidia.com`` claim, never both.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _check_workload(workload: object) -> WorkloadSpec:
 
 
 def master_addr(workload: WorkloadSpec) -> str:
-    """DNS name of pod index 0 (of group 0's Job), where torchrun's c10d store listens."""
+    """DNS name of pod index 0 (of group 0's Job), where rank 0's c10d store listens."""
     names = RunNames.for_run(workload.run_id)
     job = names.job(workload.purpose, 0 if workload.groups > 1 else None)
     svc = names.service(workload.purpose)
@@ -153,8 +153,9 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
 
 
 def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
-    """torchrun over the entry module, through ``mnnvl.runtime.launch`` so that the worst
-    worker exit code (not torchrun's blanket 1) becomes the container's; ``$(VAR)`` is
+    """The entry module on every node through ``mnnvl.runtime.launch`` (torchrun's static
+    options and worker variables; the workers forked from one torch import; the worst worker
+    exit code, not torchrun's blanket 1, becomes the container's); ``$(VAR)`` is
     expanded by the kubelet from the env. A clique group's pods leave the node rank to the
     launcher: the group's first node rank plus the Job's completion index (the kubelet
     cannot add).
@@ -332,7 +333,7 @@ def pod_spec(
 def indexed_job(
     workload: WorkloadSpec, module: str, args: list[str], group: int | None = None
 ) -> dict[str, Any]:
-    """The Indexed Job running ``module`` under torchrun on ``nodes`` pods (with clique
+    """The Indexed Job running ``module`` through the pods' entry on ``nodes`` pods (with clique
     groups: clique group ``group``'s Job, on ``nodes_per_clique`` pods).
 
     ``maxFailedIndexes: 0`` makes any index that runs out of retries fail the Job and stop

@@ -1,63 +1,69 @@
-"""The worker pod's entry: torchrun, exiting with the worst worker exit code.
+"""The worker pod's entry: one torch import, the node's workers forked from it, and the
+worst worker exit code as the container's.
 
-``python -m mnnvl.runtime.launch [torchrun options] -m MODULE [ARGS]`` takes torchrun's own
-command line and runs the same elastic launch in this process. torchrun alone turns any
-worker failure into exit 1, so a Job could not tell a bad input (2) or a failed
-verification (4) from a crash worth retrying; this entry reads torchelastic's record of the
-failed workers (``ChildFailedError.failures``) and exits with:
+``python -m mnnvl.runtime.launch [--nnodes N] [--nproc-per-node P] [--node-rank R]
+[--master-addr A] [--master-port PORT] -m MODULE [ARGS]`` takes the static part of
+torchrun's command line and starts the same workers without torchrun's start-up: torchrun
+imports torch in its agent and then again in every worker (about 4 s each on a 2 x H200
+host, one after the other), while this process imports torch once and forks the workers.
+Each runs ``MODULE`` as ``__main__`` with the variables torchrun gives its workers:
+``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+``GROUP_WORLD_SIZE``, ``ROLE_*``, ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_*``
+(no agent store: rank 0 hosts the rendezvous store on ``MASTER_PORT``, as ``env://``
+expects), ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (1 unless set) and ``OMP_NUM_THREADS=1``
+with several workers unless set.
 
-* a code a retry cannot change (``NON_RETRIABLE_EXIT_CODES``) when any worker exited with
-  one, the earliest such failure winning;
-* otherwise the earliest failure that exited by itself, else the earliest one killed by a
-  signal (torchrun stops the surviving workers with SIGTERM once one failed, so those
-  show up as killed too); a signal counts as 128 + its number, as a shell reports it;
-* 128 + the signal number when this launcher itself was told to stop (SIGTERM on pod
-  deletion: 143), after torchrun has stopped the workers.
+CUDA: this process must never touch CUDA. A CUDA context does not survive ``fork``; a
+worker forked from a process that initialised CUDA fails at its first CUDA call. So the
+parent imports torch and calls nothing of it (no ``torch.cuda`` call, no tensor); every
+worker picks its own device after the fork. A test checks that ``torch.cuda`` is never
+initialised here.
+
+Exit status, which the Job's podFailurePolicy reads: the workers' worst exit code by
+:func:`mnnvl.contract.exit_codes.worst_exit_code` (torchrun alone turns any worker failure
+into 1, so a Job could not tell a bad input (2) or a failed verification (4) from a crash
+worth retrying). The first worker that fails stops the others at once (SIGTERM, then
+SIGKILL after ``--grace-s``), as torchrun does. SIGTERM, SIGINT or SIGHUP to this process
+(SIGTERM on pod deletion) stops every worker the same way and exits 128 + the signal
+number (143 for SIGTERM). No elastic restarts: the Job's ``backoffLimitPerIndex`` retries
+a pod.
 
 A clique group's pod (one Indexed Job per group) gets no ``--node-rank``: its node rank is
 the group's first node rank (``MNNVL_NODE_RANK_BASE``) plus ``JOB_COMPLETION_INDEX``,
-added here because the kubelet's ``$(VAR)`` expansion cannot add.
-
-Everything else (a rendezvous that never forms, a bad torchrun option) keeps torchrun's own
-behaviour: an exception (exit 1) or a usage error (exit 2).
+added here because the kubelet's ``$(VAR)`` expansion cannot add. Bad options are a usage
+error (exit 2) before any worker starts.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
+import signal
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.run import parse_args, run
-
-from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
+from mnnvl.contract.exit_codes import INTERRUPTED_BASE, shell_code, worst_exit_code
 from mnnvl.errors import SpecError
+from mnnvl.runtime.local import free_port
 from mnnvl.spec import NODE_RANK_BASE_ENV
 
 logger = logging.getLogger("mnnvl.runtime.launch")
 
-
-def shell_code(exitcode: int) -> int:
-    """A process exit status as a shell reports it: -N (killed by signal N) -> 128 + N."""
-    return 128 - exitcode if exitcode < 0 else exitcode
-
-
-def worst_exit_code(failures: Iterable[tuple[float, int]]) -> int:
-    """The exit code to report for ``(timestamp, exitcode)`` pairs of failed workers."""
-    ordered = [code for _, code in sorted(failures, key=lambda f: f[0]) if code != 0]
-    for code in ordered:
-        if code in NON_RETRIABLE_EXIT_CODES:
-            return code
-    exited = [code for code in ordered if code > 0] + [code for code in ordered if code < 0]
-    return shell_code(exited[0]) if exited else 1
+GRACE_S = 15.0  # SIGTERM -> SIGKILL for workers; below a pod's default 30 s grace period
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+WATCHED = STOP_SIGNALS | {signal.SIGCHLD}
+DEFAULT_PORT = 29500  # torchrun's default rendezvous port for several nodes
+Codes = list[tuple[float, int, int]]  # (when reaped, global rank, exit code) per worker
 
 
 def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     """``argv`` with ``--node-rank`` of a clique group's pod added (unchanged otherwise)."""
-    if NODE_RANK_BASE_ENV not in environ or any(a.startswith("--node-rank") for a in argv):
+    if NODE_RANK_BASE_ENV not in environ or any(
+        a.startswith(("--node-rank", "--node_rank")) for a in argv
+    ):
         return list(argv)
     try:
         rank = int(environ[NODE_RANK_BASE_ENV]) + int(environ["JOB_COMPLETION_INDEX"])
@@ -69,28 +75,201 @@ def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]
     return [f"--node-rank={rank}", *argv]
 
 
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Options up to ``-m MODULE``; everything after the module belongs to it."""
+    argv = list(argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m mnnvl.runtime.launch", description=__doc__, allow_abbrev=False
+    )
+    parser.add_argument("--nnodes", type=int, default=1)
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1)
+    parser.add_argument("--node-rank", "--node_rank", type=int, default=0)
+    parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1")
+    parser.add_argument("--master-port", "--master_port", type=int, default=None)
+    parser.add_argument("--grace-s", type=float, default=GRACE_S)
+    if "-m" not in argv or argv.index("-m") == len(argv) - 1:
+        parser.error("-m MODULE is required")
+    at = argv.index("-m")
+    ns = parser.parse_args(argv[:at])
+    ns.module, ns.args = argv[at + 1], argv[at + 2 :]
+    if ns.nnodes < 1 or ns.nproc_per_node < 1:
+        parser.error("--nnodes and --nproc-per-node must be at least 1")
+    if not 0 <= ns.node_rank < ns.nnodes:
+        parser.error(f"--node-rank must be in 0..{ns.nnodes - 1}, got {ns.node_rank}")
+    if ns.master_port is None:
+        ns.master_port = free_port() if ns.nnodes == 1 else DEFAULT_PORT
+    return ns
+
+
+def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
+    """The variables one worker gets on top of the node's environment."""
+    rank = ns.node_rank * ns.nproc_per_node + local_rank
+    world = ns.nnodes * ns.nproc_per_node
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(ns.nproc_per_node),
+        "GROUP_RANK": str(ns.node_rank),
+        "GROUP_WORLD_SIZE": str(ns.nnodes),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": ns.master_addr,
+        "MASTER_PORT": str(ns.master_port),
+        "TORCHELASTIC_RUN_ID": "none",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+
+
+def _run_worker(local_rank: int, ns: argparse.Namespace, mask: set[int | signal.Signals]) -> int:
+    """In the forked child: run the module as ``__main__`` with the signal mask this process
+    started with; its exit code."""
+    import runpy
+    import traceback
+
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    os.environ.update(worker_env(local_rank, ns))
+    sys.argv = [ns.module, *ns.args]
+    try:
+        runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        sys.stderr.write(f"{e.code}\n")
+        return 1
+    except KeyboardInterrupt:
+        return INTERRUPTED_BASE + signal.SIGINT
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit as a normal interpreter exit would (atexit functions, logs and output flushed)
+    without tearing down the interpreter, which with torch loaded takes up to a second
+    that every pod of a Job would spend after its work is done."""
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code & 0xFF)
+
+
+def _fork_worker(local_rank: int, ns: argparse.Namespace, mask: set[int | signal.Signals]) -> int:
+    """Fork one worker; never returns in the child."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        code = _run_worker(local_rank, ns, mask)
+    finally:
+        exit_now(code)
+
+
+def _reap(children: dict[int, int], codes: Codes) -> None:
+    """Collect every worker that has ended: ``(time, global rank, exit code)``; orphans
+    re-parented to this process (PID 1 of a container) are reaped and ignored."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        rank = children.pop(pid, None)
+        if rank is not None:
+            codes.append((time.monotonic(), rank, os.waitstatus_to_exitcode(status)))
+
+
+def _stop(children: dict[int, int], codes: Codes, grace_s: float) -> None:
+    """SIGTERM every remaining worker, SIGKILL those still there after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        for pid in children:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                continue
+        deadline = time.monotonic() + wait_s
+        while children and time.monotonic() < deadline:
+            signal.sigtimedwait(WATCHED, min(0.5, max(deadline - time.monotonic(), 0.0)))
+            _reap(children, codes)
+        if not children:
+            return
+
+
+def supervise(children: dict[int, int], grace_s: float) -> tuple[Codes, int | None]:
+    """Wait for the workers with ``WATCHED`` blocked: each SIGCHLD reaps, the first failure
+    or a stop signal stops the rest. Returns (the codes, the stop signal or None)."""
+    codes: Codes = []
+    while children:
+        _reap(children, codes)
+        if any(code for _, _, code in codes):
+            _stop(children, codes, grace_s)
+            return codes, None
+        if not children:
+            break
+        info = signal.sigtimedwait(WATCHED, 1.0)  # a lost SIGCHLD costs a second at most
+        if info is not None and info.si_signo in STOP_SIGNALS:
+            logger.error("stopped by %s; stopping the workers", signal.Signals(info.si_signo).name)
+            _stop(children, codes, grace_s)
+            return codes, info.si_signo
+    return codes, None
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Import torch once, fork ``--nproc-per-node`` workers, return the node's exit code."""
+    if ns.nproc_per_node > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun; read when torch loads
+    # Blocked before torch starts any thread, so that no thread of this process takes a
+    # stop signal's default action; the workers unblock them after the fork.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+    import torch  # noqa: F401  (imported once, shared by every forked worker; no CUDA here)
+
+    children: dict[int, int] = {}
+    try:
+        try:
+            for local_rank in range(ns.nproc_per_node):
+                pid = _fork_worker(local_rank, ns, old_mask)
+                children[pid] = ns.node_rank * ns.nproc_per_node + local_rank
+        except BaseException:
+            _stop(children, [], ns.grace_s)
+            raise
+        codes, stopped_by = supervise(children, ns.grace_s)
+    finally:
+        while signal.sigtimedwait(WATCHED, 0) is not None:
+            pass  # consumed here: the workers are gone, nothing is left to stop
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    if stopped_by is not None:
+        return INTERRUPTED_BASE + stopped_by
+    code = worst_exit_code((t, c) for t, _, c in codes)
+    if code:
+        failed = sorted((r, shell_code(c)) for _, r, c in codes if c)
+        ranks = ", ".join(f"rank {r}: exit {c}" for r, c in failed)
+        logger.error("workers failed (%s); exiting with %d", ranks, code)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         full = with_node_rank(sys.argv[1:] if argv is None else argv, os.environ)
     except SpecError as e:
         logger.error("%s", e)
         return e.exit_code
-    args = parse_args(full)
-    try:
-        run(args)
-    except ChildFailedError as e:
-        code = worst_exit_code((f.timestamp, f.exitcode) for f in e.failures.values())
-        ranks = ", ".join(
-            f"rank {rank}: exit {shell_code(f.exitcode)}" for rank, f in sorted(e.failures.items())
-        )
-        logger.error("workers failed (%s); exiting with %d", ranks, code)
-        return code
-    except SignalException as e:
-        logger.error("stopped by %s; workers were shut down", e.sigval.name)
-        return 128 + int(e.sigval)
-    return 0
+    return run(parse(full))
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
-    sys.exit(main())
+    exit_now(main())

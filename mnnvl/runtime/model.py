@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from mnnvl.errors import SpecError
 
@@ -88,7 +89,9 @@ PRESETS: dict[str, ModelConfig] = {
         seq_len=4096,
         rope_theta=500000.0,
     ),
-    # Llama-3-8B shape: ~8.0B parameters.
+    # Llama-3-8B shape: ~8.0B parameters. Trained at sequence 2048 by default: the length its
+    # preset batch (4) and checkpointing (every-2) were measured at on 2 x H200; a longer
+    # --seq-len needs a smaller --batch-size.
     "8b": ModelConfig(
         dim=4096,
         n_layers=32,
@@ -96,7 +99,7 @@ PRESETS: dict[str, ModelConfig] = {
         n_kv_heads=8,
         vocab_size=128256,
         ffn_dim=14336,
-        seq_len=8192,
+        seq_len=2048,
         rope_theta=500000.0,
     ),
 }
@@ -233,24 +236,31 @@ class Transformer(nn.Module):
         self.register_buffer("rope", rope_table(cfg.head_dim, cfg.seq_len, cfg.rope_theta), False)
         self.rope: torch.Tensor
 
-    def init_weights(self) -> None:
-        """(Re)initialise everything; call after ``to_empty`` when the model was built on meta."""
+    def init_weights(self, seed: int | None = None) -> None:
+        """(Re)initialise everything; call after ``to_empty`` when the model was built on meta.
+
+        Each weight draws from a generator of its own, seeded from ``seed`` (default: the
+        seed given to ``torch.manual_seed``) and its position, so a seed gives the same model
+        whatever the sharding: one group (FSDP), several clique groups (HSDP) or one process.
+        """
         cfg = self.cfg
+        base = torch.initial_seed() if seed is None else seed
         with torch.no_grad():
             self.rope.copy_(rope_table(cfg.head_dim, cfg.seq_len, cfg.rope_theta, self.rope.device))
-        nn.init.normal_(self.tok_embeddings.weight, std=0.02)
+        draws: list[tuple[torch.Tensor, float]] = [(self.tok_embeddings.weight, 0.02)]
         # Residual-branch outputs scaled down with depth (GPT-2) to keep early activations O(1).
         out_std = 0.02 / math.sqrt(2 * cfg.n_layers)
         for block in self.layers.values():
             for name, mod in block.named_modules():
                 if isinstance(mod, nn.Linear):
-                    std = out_std if name.endswith(("wo", "w2")) else 0.02
-                    nn.init.normal_(mod.weight, std=std)
+                    draws.append((mod.weight, out_std if name.endswith(("wo", "w2")) else 0.02))
                 elif isinstance(mod, RMSNorm):
                     mod.reset_parameters()
         self.norm.reset_parameters()
         if not self.cfg.tie_embeddings:
-            nn.init.normal_(self.output.weight, std=cfg.dim**-0.5)
+            draws.append((self.output.weight, cfg.dim**-0.5))
+        for index, (weight, std) in enumerate(draws):
+            _normal_(weight, std, seed=(base * 1_000_003 + index) % 2**63)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.shape[1] > self.rope.shape[0]:
@@ -261,6 +271,20 @@ class Transformer(nn.Module):
         for block in self.layers.values():
             h = block(h, self.rope)
         return self.output(self.norm(h))
+
+
+def _normal_(weight: torch.Tensor, std: float, *, seed: int) -> None:
+    """Fill ``weight`` with N(0, std²): the full tensor is drawn on every rank from the same
+    generator and each rank keeps its own shard, so the values do not depend on the layout."""
+    gen = torch.Generator(device=weight.device).manual_seed(seed)
+    full = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+    full.normal_(0.0, std, generator=gen)
+    with torch.no_grad():
+        if isinstance(weight, DTensor):
+            mesh, placements = weight.device_mesh, weight.placements
+            weight.copy_(distribute_tensor(full, mesh, placements, src_data_rank=None))
+        else:
+            weight.copy_(full)
 
 
 def build_model(cfg: ModelConfig, *, device: torch.device | str = "cpu") -> Transformer:

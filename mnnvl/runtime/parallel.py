@@ -3,11 +3,10 @@
 Order follows torchtitan: activation checkpointing, then ``torch.compile`` per block, then
 ``fully_shard`` per block, then the root. FSDP1 is not used.
 
-Performance levers measured in ``bench/bench_train.py`` are read from
-``MNNVL_TRAIN_TUNING`` (comma-separated ``key=value``; empty = the defaults below):
-``ac=every2`` checkpoints every second block only (selective activation checkpointing,
-needs ``--activation-checkpointing``), ``reshard=0`` keeps every block's weights gathered
-between forward and backward (more memory, one all-gather less per block),
+Activation checkpointing (``TrainConfig.activation_checkpointing``: none, full, every-N) and
+``reshard_after_forward`` are training inputs. Two more levers, measured in
+``bench/bench_train.py`` and not worth an input (no gain on 2 x H200), stay a benchmark-only
+override in ``MNNVL_TRAIN_TUNING`` (comma-separated ``key=value``; empty = the defaults):
 ``prefetch=N`` prefetches the next N blocks' all-gathers explicitly in forward and backward,
 ``optim=foreach`` uses the foreach AdamW instead of the fused one.
 """
@@ -32,7 +31,9 @@ from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 
 logger = logging.getLogger(__name__)
 TUNING_ENV = "MNNVL_TRAIN_TUNING"
-TUNING_DEFAULTS = {"ac": "all", "reshard": "1", "prefetch": "0", "optim": "fused"}
+TUNING_DEFAULTS = {"prefetch": "0", "optim": "fused"}
+# Former keys of MNNVL_TRAIN_TUNING, now training inputs.
+TUNING_MOVED = {"ac": "--activation-checkpointing", "reshard": "--reshard-after-forward"}
 
 
 def tuning(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -41,6 +42,8 @@ def tuning(environ: dict[str, str] | None = None) -> dict[str, str]:
     found = dict(TUNING_DEFAULTS)
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, value = item.partition("=")
+        if key in TUNING_MOVED:
+            raise SpecError(TUNING_ENV, f"{item!r}: set it with {TUNING_MOVED[key]} instead")
         if key not in TUNING_DEFAULTS or not value:
             raise SpecError(TUNING_ENV, f"{item!r}: use {', '.join(TUNING_DEFAULTS)} as key=value")
         found[key] = value
@@ -137,11 +140,12 @@ def device_mesh(dist_info: DistInfo) -> DeviceMesh:
 
 
 def apply_activation_checkpointing(model: Transformer, every: int = 1) -> None:
-    """Recompute the activations of every ``every``-th block (1 = all blocks)."""
+    """Recompute the activations of every ``every``-th block (1 = all blocks, 0 = none):
+    blocks 0, N, 2N, ... are wrapped."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     for i, (name, block) in enumerate(list(model.layers.items())):
-        if i % every == 0:
+        if every and i % every == 0:
             model.layers.register_module(name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
@@ -184,15 +188,19 @@ def build_sharded_model(
     *,
     dist_info: DistInfo,
     param_dtype: torch.dtype,
-    activation_checkpointing: bool = False,
+    ac_every: int = 0,
+    reshard: bool = True,
     compile: bool = False,
 ) -> Transformer:
-    """Build, wrap and shard the model; on CUDA it is built on meta and initialised sharded."""
+    """Build, wrap and shard the model; on CUDA it is built on meta and initialised sharded.
+
+    ``ac_every``: checkpoint every N-th block's activations (0 = none, 1 = all);
+    ``reshard``: FSDP's ``reshard_after_forward`` for the blocks.
+    """
     on_meta = dist_info.is_cuda
     levers = tuning()
     model = build_model(cfg, device="meta" if on_meta else dist_info.device)
-    if activation_checkpointing:
-        apply_activation_checkpointing(model, every=2 if levers["ac"] == "every2" else 1)
+    apply_activation_checkpointing(model, every=ac_every)
     if compile:
         apply_compile(model)
     mesh = device_mesh(dist_info)
@@ -200,7 +208,7 @@ def build_sharded_model(
         model,
         mesh=mesh,
         param_dtype=param_dtype,
-        reshard=levers["reshard"] != "0",
+        reshard=reshard,
         prefetch=int(levers["prefetch"]),
     )
     if on_meta:
@@ -208,11 +216,13 @@ def build_sharded_model(
         model.to_empty(device=dist_info.device)
         model.init_weights()
     logger.info(
-        "sharded %s parameters over mesh %s (param dtype %s, AC %s, compile %s, tuning %s)",
+        "sharded %s parameters over mesh %s (param dtype %s, AC every %s, reshard %s, "
+        "compile %s, tuning %s)",
         f"{sum(p.numel() for p in model.parameters()):,}",
         tuple(mesh.shape),
         param_dtype,
-        activation_checkpointing,
+        ac_every,
+        reshard,
         compile,
         levers,
     )

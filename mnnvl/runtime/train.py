@@ -74,7 +74,8 @@ class Trainer:
             self.mcfg,
             dist_info=info,
             param_dtype=torch.bfloat16 if bf16 else torch.float32,
-            activation_checkpointing=cfg.activation_checkpointing,
+            ac_every=cfg.ac_every,
+            reshard=cfg.reshard,
             compile=cfg.compile,
         )
         self.opt, self.sched = build_optimizer(self.model, cfg, info)
@@ -215,6 +216,10 @@ class Trainer:
             "step_split_ms": self.split.summary(
                 1e3 * self.tokens_per_step / tokens_per_s if tokens_per_s > 0 else 0.0
             ),
+            "batch_size": self.cfg.batch_size,
+            "seq_len": self.mcfg.seq_len,
+            "activation_checkpointing": self.cfg.activation_checkpointing,
+            "reshard_after_forward": self.cfg.reshard,
             "tuning": tuning(),
             "losses": self.losses,
         }

@@ -1,7 +1,7 @@
 """Local processes of the simulated kubelet: start a container's command, kill its whole tree.
 
 A container runs in a session of its own so that a signal to its process group reaches
-everything it started in that group. torchrun starts its workers in sessions of their own,
+everything it started in that group. A program may start processes in sessions of their own,
 which a real container's cgroup would still take down; here the tree is read from /proc
 before signalling and whatever outlives the group is SIGKILLed by pid.
 """

@@ -119,7 +119,7 @@ def test_failed_pod_fails_fast_with_exit_code_and_events(sim, run):
     assert time.monotonic() - start < 20  # the deadlines are 60 s each
     message = str(info.value)
     assert f"{job}-1" in message
-    assert "code 3" in message
+    assert "code 3" in message and info.value.pod_exit_code == 3
     assert "events:" in message and "no events" not in message
 
 
@@ -233,7 +233,8 @@ def test_cli_launch_command_after_double_dash(sim, run, capsys):
 
 def test_a_failing_command_fails_the_step_with_its_exit_code(sim, run):
     _, workload = run
-    with pytest.raises(WorkloadFailed, match=r"with exit code 3"):
+    with pytest.raises(WorkloadFailed, match=r"with exit code 3") as failed:
         steps.launch(
             workload, "", ["python3", "-c", "raise SystemExit(3)"], kubeconfig=sim.kubeconfig_path
         )
+    assert failed.value.pod_exit_code == 3  # structured, for the step's result artifact

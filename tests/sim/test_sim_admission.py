@@ -143,14 +143,12 @@ def test_other_field_selectors_are_a_400(raw: Raw, path: str, selector: str) -> 
 
 
 def watch_lines(raw: Raw, path: str, **query: Any) -> list[dict[str, Any]]:
-    resp = raw.api.call_api(
-        path,
-        "GET",
-        query_params=[("watch", "true"), *query.items()],
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-    )[0]
-    return [json.loads(line) for line in resp.data.decode().splitlines() if line.strip()]
+    resp = raw.open("GET", path, watch="true", **query)
+    try:
+        lines = resp.data.decode().splitlines()
+    finally:
+        resp.release_conn()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def test_watch_sends_bookmarks_only_when_asked(raw: Raw, sim: SimCluster) -> None:

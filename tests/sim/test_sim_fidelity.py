@@ -7,6 +7,7 @@ cluster would show at that moment (see the fidelity table in ``mnnvl/sim/README.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 import kubernetes
 import pytest
 from kubernetes.client import ApiException
+from kubernetes.dynamic import DynamicClient
 
 from mnnvl.sim import SimCluster
 from tests.sim.test_simulator import wait_for
@@ -24,22 +26,43 @@ NS = "default"
 CD_PATH = "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains"
 
 
+class _NoDiscovery:
+    """A ``DynamicClient`` discoverer that discovers nothing: these tests name their paths."""
+
+    def __init__(self, client: Any, cache_file: Any = None) -> None:
+        del client, cache_file
+
+
 class Raw:
-    """Dict-in, dict-out calls through the official client (its typed models drop fields)."""
+    """Dict-in, dict-out calls by path through the official client (its typed models drop fields).
+
+    ``DynamicClient.request`` is the client's public generic call on every release from 30 to
+    the newest (``ApiClient.call_api`` changed its signature in 36 and 37). A non-2xx answer
+    raises an ``ApiException`` with the status and the ``Status`` body.
+    """
 
     def __init__(self, sim: SimCluster) -> None:
         self.api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+        self.dynamic = DynamicClient(self.api, discoverer=_NoDiscovery)
+
+    def open(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
+        """The response with its body not yet read (a watch can be read as it streams)."""
+        return self.dynamic.request(
+            method,
+            path,
+            body=body,
+            query_params=list(query.items()),
+            header_params={"Accept": "application/json"},
+            content_type="application/json",
+            serialize=False,
+        )
 
     def call(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
-        return self.api.call_api(
-            path,
-            method,
-            query_params=list(query.items()),
-            body=body,
-            response_type="object",
-            auth_settings=["BearerToken"],
-            _return_http_data_only=True,
-        )
+        resp = self.open(method, path, body, **query)
+        try:
+            return json.loads(resp.data or b"null")
+        finally:
+            resp.release_conn()
 
     def get(self, path: str) -> Any:
         return self.call("GET", path)
@@ -259,7 +282,7 @@ def test_namespace_deletion_waits_for_a_stuck_domain_finalizer(sim: SimCluster) 
     with pytest.raises(ApiException) as forbidden:
         raw.create_pod(pod_body("late"), ns="doomed")
     assert forbidden.value.status == 403
-    assert "being terminated" in forbidden.value.body
+    assert "being terminated" in json.loads(forbidden.value.body)["message"]
     sim.faults.unstick_finalizer("ComputeDomain", "stuck")
     raw.call(  # any change wakes the controller, which now drops its finalizer
         "PATCH",

@@ -87,7 +87,7 @@ def test_runtime_image_files_alone_import_the_worker_entry_points(tmp_path):
     root = tmp_path / "opt" / "mnnvl"
     code = (
         "import json, sys; import mnnvl.runtime.train, mnnvl.runtime.verify, "
-        "mnnvl.runtime.forkrun, mnnvl.runtime.launch, mnnvl;"
+        "mnnvl.runtime.launch, mnnvl;"
         "print(json.dumps([mnnvl.__file__, sorted(m for m in ('kubernetes', 'kfp', 'hera', "
         "'yaml') if m in sys.modules)]))"
     )

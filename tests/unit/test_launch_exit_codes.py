@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from mnnvl.runtime.launch import worst_exit_code
+from mnnvl.contract.exit_codes import worst_exit_code
 from mnnvl.runtime.local import free_port
 
 WORKER = textwrap.dedent(
@@ -51,4 +51,4 @@ def test_a_non_retriable_code_beats_an_earlier_crash_and_signals_come_last():
     assert worst_exit_code([(1.0, 1), (2.0, 4)]) == 4
     assert worst_exit_code([(5.0, -15), (5.0, 1)]) == 1  # the SIGTERM'd survivor is no cause
     assert worst_exit_code([(5.0, -9)]) == 137
-    assert worst_exit_code([]) == 1
+    assert worst_exit_code([]) == 0

@@ -67,10 +67,21 @@ def _cli_values(step: str) -> dict[str, Any]:
     return values
 
 
+def _resolved_defaults(step: str) -> dict[str, Any]:
+    """The specs the surface defaults build (a model preset resolves its auto inputs)."""
+    values: dict[str, Any] = {}
+    for obj in surface.step_specs(step, "r1", {"command": ["x"]} if step == "launch" else {}):
+        values |= {f.name: _as_surface(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if "namespace" in values:
+        values["namespace"] = ""  # as given, like _cli_values
+    return values
+
+
 @pytest.mark.parametrize("step", sorted(surface.STEP_CLASSES))
 def test_every_step_input_is_on_every_surface_with_the_same_default(step: str) -> None:
     inputs = surface.step_inputs(step)
     kfp, argo, cli = _kfp_defaults(step), _argo_defaults(step), _cli_values(step)
+    resolved = _resolved_defaults(step)
     assert set(kfp) == {i.name for i in inputs if surface.KFP in i.surfaces}
     assert set(argo) == {i.kebab for i in inputs if surface.ARGO in i.surfaces}
     for item in inputs:
@@ -80,7 +91,8 @@ def test_every_step_input_is_on_every_surface_with_the_same_default(step: str) -
             assert argo[item.kebab] == item.text(), (step, item.name)
         given = item.flag in CLI_ARGS.get(step, []) or item.name == "command"
         if CLI in item.surfaces and not item.required and not given:
-            assert cli[item.name] == item.default, (step, item.name)
+            # The CLI's defaults and the pipelines' defaults build the same spec.
+            assert cli[item.name] == resolved[item.name], (step, item.name)
 
 
 def test_an_input_missing_from_a_surface_says_why() -> None:
@@ -122,6 +134,21 @@ def test_kfp_and_argo_pipelines_take_the_same_parameters_and_defaults(name: str)
         assert argo_params[p.kebab] == p.text(), p.name
         kfp_default = kfp_params[p.kebab]
         assert kfp_default == p.default or float(kfp_default) == p.default, p.name
+
+
+def test_argo_offers_every_closed_set_of_values_as_a_drop_down_holding_its_default() -> None:
+    doc = yaml.safe_load((COMPILED_DIR / "mnnvl-training.workflowtemplate.yaml").read_text())
+    enums = {p["name"]: p.get("enum") for p in doc["spec"]["arguments"]["parameters"]}
+    closed = {p.kebab: p for p in surface.PIPELINES["mnnvl-training"].parameters() if p.choices}
+    assert {"model", "dtype", "gpu-mode", "nccl-profile", "reshard-after-forward"} <= set(closed)
+    for name, item in closed.items():
+        assert enums[name] == list(item.choices), name
+        assert item.text() in enums[name], name
+    assert enums["activation-checkpointing"] is None  # every-N is open-ended
+    for template in doc["spec"]["templates"]:
+        for p in (template.get("inputs") or {}).get("parameters") or []:
+            if p["name"] in closed:
+                assert p.get("enum") == list(closed[p["name"]].choices), (template["name"], p)
 
 
 def test_pipeline_functions_take_the_declared_parameters() -> None:

@@ -93,12 +93,13 @@ def test_bad_flag_value_exits_with_the_input_error_code() -> None:
 
 
 def test_selective_checkpointing_and_explicit_prefetch_keep_the_same_losses() -> None:
-    base = _result(_torchrun(["--steps", "4", "--activation-checkpointing"]))
-    levers = "ac=every2,prefetch=1,reshard=0,optim=foreach"
-    tuned = _result(
-        _torchrun(["--steps", "4", "--activation-checkpointing"], {"MNNVL_TRAIN_TUNING": levers})
-    )
-    assert tuned["tuning"] == {"ac": "every2", "reshard": "0", "prefetch": "1", "optim": "foreach"}
+    base = _result(_torchrun(["--steps", "4", "--activation-checkpointing", "full"]))
+    levers = ["--activation-checkpointing", "every-2", "--reshard-after-forward", "false"]
+    bench_only = {"MNNVL_TRAIN_TUNING": "prefetch=1,optim=foreach"}
+    tuned = _result(_torchrun(["--steps", "4", *levers], bench_only))
+    assert (base["activation_checkpointing"], base["reshard_after_forward"]) == ("full", True)
+    assert (tuned["activation_checkpointing"], tuned["reshard_after_forward"]) == ("every-2", False)
+    assert tuned["tuning"] == {"prefetch": "1", "optim": "foreach"}
     # Same seed, same math: recomputation, prefetch order and the optimizer kernel do not
     # change the loss curve beyond float noise.
     for (s1, l1), (s2, l2) in zip(base["losses"], tuned["losses"], strict=True):
@@ -108,6 +109,18 @@ def test_selective_checkpointing_and_explicit_prefetch_keep_the_same_losses() ->
 def test_unknown_tuning_lever_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MNNVL_TRAIN_TUNING", "turbo=1")
     assert main(["--model", "tiny", "--steps", "1"]) == 2
+
+
+def test_levers_that_became_inputs_are_refused_in_the_tuning_env(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MNNVL_TRAIN_TUNING", "ac=every2")
+    assert main(["--model", "tiny", "--steps", "1"]) == 2
+    assert "set it with --activation-checkpointing instead" in caplog.text
+
+
+def test_bad_checkpointing_value_exits_2_before_the_process_group() -> None:
+    assert main(["--model", "tiny", "--activation-checkpointing", "half"]) == 2
 
 
 def test_pod_that_asked_for_gpus_and_sees_none_fails_naming_the_pod() -> None:

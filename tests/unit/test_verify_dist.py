@@ -106,23 +106,23 @@ def test_pod_that_asked_for_gpus_and_sees_none_fails_naming_the_pod() -> None:
     assert code != 0 and "exitcode  : 4" in stderr
 
 
-def run_forkrun(*args: str) -> subprocess.CompletedProcess[str]:
+def run_pod_entry(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     env.pop("MNNVL_NCCL_PROFILE", None)
-    cmd = [sys.executable, "-m", "mnnvl.runtime.forkrun", "--nproc-per-node", "2", "-m"]
+    cmd = [sys.executable, "-m", "mnnvl.runtime.launch", "--nproc-per-node", "2", "-m"]
     cmd += ["mnnvl.runtime.verify", "--max-bytes", "64K", *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
-def test_forkrun_starts_two_ranks_from_one_import_and_keeps_the_exit_code() -> None:
-    ok = run_forkrun("--allow-unjudged")
+def test_pod_entry_starts_two_ranks_from_one_import_and_keeps_the_exit_code() -> None:
+    ok = run_pod_entry("--allow-unjudged")
     assert ok.returncode == 0, ok.stderr[-3000:]
     result = parse_result(ok.stdout)
     assert result is not None and result["world_size"] == 2
     assert result["verdict"] == "NOT_JUDGED"
-    gated = run_forkrun()  # NOT_JUDGED without --allow-unjudged: the container exits 4
+    gated = run_pod_entry()  # NOT_JUDGED without --allow-unjudged: the container exits 4
     assert gated.returncode == 4
-    assert "local rank 0 exited with 4" in gated.stderr
+    assert "rank 0: exit 4" in gated.stderr
 
 
 GROUPS_2x2 = {"MNNVL_NUM_GROUPS": "2", "MNNVL_NODES_PER_GROUP": "1"}
