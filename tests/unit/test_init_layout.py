@@ -7,11 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mnnvl.runtime.local import free_port
 
 WORKER = Path(__file__).with_name("init_layout_worker.py")
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_weights_unsharded_fsdp_and_hsdp() -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2"]
     cmd += [f"--master-port={free_port()}", str(WORKER)]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -196,10 +195,13 @@ def test_argo_pipeline_check_refuses_a_bad_lever_before_provisioning() -> None:
 
 @pytest.fixture(scope="module")
 def one_rank() -> Iterator[DistInfo]:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-    dist.destroy_process_group()
+    # The rendezvous env is this module's alone: later tests' subprocesses must not inherit it.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MASTER_ADDR", "127.0.0.1")
+        env.setenv("MASTER_PORT", str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        yield DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+        dist.destroy_process_group()
 
 
 def _sharded(info: DistInfo, cfg: TrainConfig) -> Any:
