@@ -111,7 +111,7 @@ def test_bad_parameter_fails_the_pipeline_in_its_first_task_before_any_object_ex
     # refused by provision, nothing runs after it, and only teardown talks to the cluster.
     # The shipped pipeline, but for the pause between provision's retries (15 s, then 30 s).
     monkeypatch.setattr(kp, "RETRY_BACKOFF", "0s")
-    monkeypatch.setitem(kp.PIPELINES, "mnnvl-training", kp.build_pipeline("mnnvl-training"))
+    monkeypatch.setattr(kp, "PIPELINES", {"mnnvl-training": kp.build_pipeline("mnnvl-training")})
     bad, message = BAD_PARAMETERS[1]
     before = sim.request_count
     outcome = local_run.run_pipeline(
