@@ -63,7 +63,7 @@ $(CLIENT_VENV)/.installed: $(VENV)/.installed
 
 test-client-newest: $(CLIENT_VENV)/.installed $(SCHEMA_STAMP) ## driver and simulator tests with the newest kubernetes client
 	$(CLIENT_VENV)/bin/python -c 'import kubernetes; print("kubernetes client", kubernetes.__version__)'
-	$(CLIENT_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/sim
+	$(CLIENT_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder tests/sim
 
 lint: install ## ruff lint and format check
 	$(VENV)/bin/ruff check .

@@ -93,6 +93,9 @@ class Run:
         assert self.sim.objects() == [], "objects of the run remain after teardown"
 
 
+BACKGROUND: list[threading.Thread] = []  # steps started by in_background, joined by `run`
+
+
 @pytest.fixture
 def run(sim: SimCluster, workers: str) -> Iterator[Callable[..., Run]]:
     made: list[Run] = []
@@ -104,6 +107,16 @@ def run(sim: SimCluster, workers: str) -> Iterator[Callable[..., Run]]:
     yield make
     for r in made:  # all of them first: one run's objects may outlive another's teardown
         r.teardown()
+    # A step still running in the background (its test failed early) may create objects
+    # after the teardown above: wait for it to end, then tear down again, so one failing
+    # test never leaves objects behind that fail every later test of the module.
+    late = [t for t in BACKGROUND if t.is_alive()]
+    for thread in BACKGROUND:
+        thread.join(timeout=120)
+    BACKGROUND.clear()
+    if late:
+        for r in made:
+            r.teardown()
     assert sim.objects() == [], "objects of the runs remain after teardown"
 
 
@@ -124,6 +137,7 @@ def in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseExc
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
+    BACKGROUND.append(thread)
     return thread, errors
 
 
