@@ -119,6 +119,20 @@ def test_healthy_h200_pair_passes_with_derived_threshold(imex: str) -> None:
     assert topo["fabric"] is None
 
 
+def test_sweep_stopping_below_the_judged_sizes_is_not_judged_against_the_derived_threshold(
+    imex: str,
+) -> None:
+    summaries = summaries_for([h200("GPU-a"), h200("GPU-b")], imex)
+    short = [row for row in sweep(296.0) if row["bytes"] < 1 << 30]  # e.g. --max-bytes 256M
+    verdict = judge(VerifyConfig(), summaries, short, 2)
+    assert verdict["verdict"] == "NOT_JUDGED"  # not a FAIL of healthy links
+    assert "raise max_bytes, or give min_busbw_gbps" in verdict["reasons"][0]
+    judged = judge(VerifyConfig(min_busbw_gbps=250.0), summaries, short, 2)
+    assert judged["verdict"] == "PASS" and judged["threshold_source"] == "user"
+    lowered = judge(VerifyConfig(judge_min_bytes=1 << 20), summaries, short, 2)
+    assert lowered["verdict"] == "FAIL"  # judged at 1 MiB against the plateau: the user's call
+
+
 def test_h200_pair_below_derived_threshold_fails(imex: str) -> None:
     summaries = summaries_for([h200("GPU-a"), h200("GPU-b")], imex)
     verdict = judge(VerifyConfig(), summaries, sweep(27.9), 2)  # NCCL_P2P_DISABLE=1 figure
