@@ -153,15 +153,17 @@ def result_of_failed_job(
     *,
     drain_s: float = 5.0,
 ) -> dict[str, Any] | None:
-    """Rank 0's RESULT from a failed Job's log, if it printed one before exiting."""
+    """Rank 0's RESULT from a failed Job's log, if it printed one before exiting; else that of
+    a failed pod (a worker that found its node unusable, e.g. no GPUs, reports before the
+    process group exists, and its pod may fail the Job before rank 0 has printed)."""
     if follower is not None and follower.join(drain_s):
         found = parse_result(follower.text)
         if found is not None:
             return found
     pods = api.list(POD, workload.namespace, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
-    for pod in pods:
-        if pod_index(pod) != "0":
-            continue
+    failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
+    rank0 = [p for p in pods if pod_index(p) == "0"]
+    for pod in rank0 + sorted((p for p in failed if p not in rank0), key=pod_index):
         try:
             text = api.pod_log(workload.namespace, pod["metadata"]["name"], container=CONTAINER)
         except MnnvlError as e:
