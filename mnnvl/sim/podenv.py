@@ -7,13 +7,13 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Callable
 
+from mnnvl.runtime.local import free_port
 from mnnvl.sim.model import Obj
 from mnnvl.sim.placement import GPU_CLASS, claim_gpus, pod_gpus
 from mnnvl.sim.store import Store
@@ -105,9 +105,7 @@ class ProcessEnv:
         """A free local port, allocated once per Service (rendezvous of all its pods)."""
         with self._lock:
             if (ns, service) not in self._ports:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    self._ports[(ns, service)] = s.getsockname()[1]
+                self._ports[(ns, service)] = free_port()
             return self._ports[(ns, service)]
 
     def gpus_for(self, pod: Obj) -> str:

@@ -7,7 +7,6 @@ ends by checking that nothing of the run is left.
 from __future__ import annotations
 
 import json
-import socket
 import textwrap
 import time
 import uuid
@@ -22,6 +21,7 @@ from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, SERVICE
 from mnnvl.errors import WorkloadFailed
 from mnnvl.manifests import SPEC_HASH_ANNOTATION
 from mnnvl.names import RunNames
+from mnnvl.runtime.local import free_port
 from mnnvl.sim import SimCluster
 from mnnvl.spec import DomainSpec, WorkloadSpec
 
@@ -47,13 +47,6 @@ def module_dir(tmp_path_factory):
     (path / "result_one.py").write_text(RESULT_ONE)
     (path / "result_two.py").write_text(RESULT_TWO)
     return str(path)
-
-
-def free_port() -> int:
-    """A port nobody listens on now: pods share 127.0.0.1 with whatever else runs here."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job_workload(run_id: str, module_dir: str) -> WorkloadSpec:

@@ -8,7 +8,6 @@ an orphan), and the recorded set must equal the rules of ``manifests/base``'s Ro
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import yaml
 
 from mnnvl import steps
 from mnnvl.errors import WorkloadFailed
+from mnnvl.runtime.local import free_port
 from mnnvl.sim import SimCluster
 from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
@@ -57,13 +57,6 @@ def _launcher_pod(sim: SimCluster) -> None:
     )
 
 
-def _free_port() -> int:
-    """A rendezvous port no other test process on this machine is using right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kube = sim.kubeconfig_path
     env = {"PYTHONPATH": str(workers)}
@@ -82,7 +75,7 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
             "crash", [], kubeconfig=kube,
         )  # fmt: skip
     cpu = {"nodes": 2, "gpus_per_node": 0, "pods_running_timeout_s": 120, "job_timeout_s": 300}
-    cpu["rdzv_port"] = _free_port()
+    cpu["rdzv_port"] = free_port()
     steps.train(
         WorkloadSpec(run_id=run, purpose="train", **cpu),
         TrainConfig(steps=2, warmup_steps=1, log_every=1),
