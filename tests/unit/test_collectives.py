@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
 import torch.distributed as dist
 
 from mnnvl.runtime import collectives
 from mnnvl.runtime.collectives import SweepPlan, adaptive_median, ci_tight, path_correct
-from mnnvl.runtime.local import free_port
-
-
-@pytest.fixture(scope="module")
-def one_rank() -> Iterator[None]:
-    # The rendezvous env is this module's alone: later tests' subprocesses must not inherit it.
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("MASTER_ADDR", "127.0.0.1")
-        env.setenv("MASTER_PORT", str(free_port()))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        yield
-        dist.destroy_process_group()
 
 
 def samples(values: list[float]) -> tuple[list[float], object]:
@@ -68,11 +53,11 @@ def test_large_sizes_warm_up_once_and_small_ones_five_times() -> None:
     assert collectives.warmup_calls(SweepPlan(sizes=[4], warmup_iters=7), 64 << 20) == 7
 
 
-def test_a_path_returning_the_right_sum_passes_the_check(one_rank: None) -> None:
+def test_a_path_returning_the_right_sum_passes_the_check(gloo_one_rank: None) -> None:
     view = torch.empty(64)
     assert path_correct(view, lambda: dist.all_reduce(view))
 
 
-def test_a_fast_wrong_path_fails_the_check(one_rank: None) -> None:
+def test_a_fast_wrong_path_fails_the_check(gloo_one_rank: None) -> None:
     view = torch.empty(64)
     assert not path_correct(view, lambda: view.mul_(2))  # wrong "sum": never timed

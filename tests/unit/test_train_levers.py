@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import yaml
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.tensor import DTensor
@@ -23,7 +21,6 @@ from mnnvl.flags import from_namespace
 from mnnvl.manifests.render import render_run
 from mnnvl.pipelines.compile import COMPILED_DIR
 from mnnvl.runtime import train
-from mnnvl.runtime.local import free_port
 from mnnvl.runtime.model import preset
 from mnnvl.runtime.parallel import DistInfo, build_sharded_model
 from mnnvl.spec import DomainSpec, TrainConfig, WorkloadSpec
@@ -194,14 +191,8 @@ def test_argo_pipeline_check_refuses_a_bad_lever_before_provisioning() -> None:
 
 
 @pytest.fixture(scope="module")
-def one_rank() -> Iterator[DistInfo]:
-    # The rendezvous env is this module's alone: later tests' subprocesses must not inherit it.
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("MASTER_ADDR", "127.0.0.1")
-        env.setenv("MASTER_PORT", str(free_port()))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        yield DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-        dist.destroy_process_group()
+def one_rank(gloo_one_rank: None) -> DistInfo:
+    return DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 
 def _sharded(info: DistInfo, cfg: TrainConfig) -> Any:
