@@ -77,17 +77,18 @@ def judge(
     threshold, source = threshold_gbps(cfg, topo)
     judged = judged_busbw(sizes, cfg.judge_min_bytes)
     notes = _notes(summaries)
+    largest = max((row["bytes"] for row in sizes), default=0)
     unjudged = None
     if world_size < 2:
         threshold, source = None, "none"
         unjudged = "one rank: bus bandwidth is 0 by definition"
     elif threshold is None:
         unjudged = _why_unjudged(summaries, backend)
-    elif source == "derived" and sizes and max(r["bytes"] for r in sizes) < cfg.judge_min_bytes:
+    elif source == "derived" and sizes and largest < cfg.judge_min_bytes:
         # The derived threshold is a large-message plateau figure: a shorter sweep would
         # fail healthy links (on 2 x H200, 256 MiB reaches 296 GB/s against 296.4).
         unjudged = (
-            f"the sweep stopped at {max(r['bytes'] for r in sizes)} bytes, below judge_min_bytes "
+            f"the sweep stopped at {largest} bytes, below judge_min_bytes "
             f"{cfg.judge_min_bytes}, where the derived threshold applies; raise max_bytes, "
             "or give min_busbw_gbps for this sweep"
         )
