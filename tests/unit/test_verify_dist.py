@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,7 +123,11 @@ def test_pod_entry_starts_two_ranks_from_one_import_and_keeps_the_exit_code() ->
     assert result["verdict"] == "NOT_JUDGED"
     gated = run_pod_entry()  # NOT_JUDGED without --allow-unjudged: the container exits 4
     assert gated.returncode == 4
-    assert "rank 0: exit 4" in gated.stderr
+    # Both ranks exit 4 after the shared verdict; whichever ends first gets its peer stopped
+    # (exit 143 once past the barrier that follows rank 0's RESULT), so either may be named.
+    assert re.search(r"rank [01]: exit 4\b", gated.stderr), gated.stderr[-2000:]
+    assert "exiting with 4" in gated.stderr
+    assert parse_result(gated.stdout) is not None  # rank 0's RESULT is out before any stop
 
 
 GROUPS_2x2 = {"MNNVL_NUM_GROUPS": "2", "MNNVL_NODES_PER_GROUP": "1"}
