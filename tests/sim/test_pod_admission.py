@@ -200,3 +200,20 @@ def test_quota_refusal_shows_in_progress_and_fails_after_the_grace_naming_the_qu
     assert "still refused after 3 s (--unschedulable-grace-s)" in failure
     assert f"ResourceQuota q1 in namespace {BASELINE} is used up" in failure
     assert sim.objects(RunNames.for_run("quota-1").selector) == []
+
+
+def test_webhook_denial_of_one_clique_groups_pods_fails_the_run_at_once_naming_it(capsys):
+    run_id = "deny-g1"
+    group1 = RunNames.for_run(run_id).job("train", 1)
+    with SimCluster(nodes=4, cliques=2, local_gpus=[]) as cluster:
+        cluster.admission.deny("gpu-policy.example.com", "clique 1 is reserved", job=group1)
+        argv = ["run", "--run-id", run_id, "--nodes", "4", "--nodes-per-clique", "2", *RUN]
+        code = cli.main([*argv, "--kubeconfig", cluster.kubeconfig_path])
+        result = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert code == 4, result
+        assert f"Job default/{group1}" in result["error"]
+        assert (
+            'admission webhook "gpu-policy.example.com" denied the request: clique 1 is reserved'
+            in result["error"]
+        )
+        assert cluster.objects(RunNames.for_run(run_id).selector) == []
