@@ -63,6 +63,7 @@ def train_sharded(
     env: List[str] = [],
     rdzv_port: int = 29500,
     service_account: str = '',
+    pod_security: str = 'restricted',
     node_selector: List[str] = [],
     tolerations: List[str] = [],
     priority_class: str = '',
@@ -119,6 +120,8 @@ def train_sharded(
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         service_account: service account of the worker pods ('' = namespace default).
+        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
@@ -132,7 +135,8 @@ def train_sharded(
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain) before the step fails, s.
+            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
+            fails, s.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
@@ -188,6 +192,7 @@ def verify_nvlink(
     env: List[str] = [],
     rdzv_port: int = 29500,
     service_account: str = '',
+    pod_security: str = 'restricted',
     node_selector: List[str] = [],
     tolerations: List[str] = [],
     priority_class: str = '',
@@ -237,6 +242,8 @@ def verify_nvlink(
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         service_account: service account of the worker pods ('' = namespace default).
+        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
@@ -250,7 +257,8 @@ def verify_nvlink(
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain) before the step fails, s.
+            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
+            fails, s.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
@@ -293,6 +301,7 @@ def launch_workload(
     env: List[str] = [],
     rdzv_port: int = 29500,
     service_account: str = '',
+    pod_security: str = 'restricted',
     node_selector: List[str] = [],
     tolerations: List[str] = [],
     priority_class: str = '',
@@ -333,6 +342,8 @@ def launch_workload(
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         service_account: service account of the worker pods ('' = namespace default).
+        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
@@ -346,7 +357,8 @@ def launch_workload(
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain) before the step fails, s.
+            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
+            fails, s.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
@@ -397,6 +409,7 @@ def provision_training(
     env: List[str] = [],
     rdzv_port: int = 29500,
     worker_service_account: str = '',
+    pod_security: str = 'restricted',
     node_selector: List[str] = [],
     tolerations: List[str] = [],
     priority_class: str = '',
@@ -465,6 +478,8 @@ def provision_training(
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         worker_service_account: service account of the worker pods ('' = namespace default).
+        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
@@ -478,7 +493,8 @@ def provision_training(
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain) before the step fails, s.
+            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
+            fails, s.
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
@@ -549,6 +565,7 @@ def provision_verify_only(
     env: List[str] = [],
     rdzv_port: int = 29500,
     worker_service_account: str = '',
+    pod_security: str = 'restricted',
     node_selector: List[str] = [],
     tolerations: List[str] = [],
     priority_class: str = '',
@@ -597,6 +614,8 @@ def provision_verify_only(
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         worker_service_account: service account of the worker pods ('' = namespace default).
+        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
@@ -610,7 +629,8 @@ def provision_verify_only(
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain) before the step fails, s.
+            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
+            fails, s.
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
@@ -656,6 +676,7 @@ def provision_custom(
     env: List[str] = [],
     rdzv_port: int = 29500,
     worker_service_account: str = '',
+    pod_security: str = 'restricted',
     node_selector: List[str] = [],
     tolerations: List[str] = [],
     priority_class: str = '',
@@ -707,6 +728,8 @@ def provision_custom(
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
         worker_service_account: service account of the worker pods ('' = namespace default).
+        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it).
         node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
         tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
         priority_class: PriorityClass of the worker pods.
@@ -720,7 +743,8 @@ def provision_custom(
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
             minutes.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain) before the step fails, s.
+            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
+            fails, s.
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.

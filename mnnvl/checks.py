@@ -26,6 +26,8 @@ IMAGE_REF = re.compile(
 
 ALLOCATION_MODES = ("Single", "All")
 GPU_MODES = ("limits", "claim")
+# The Pod Security Standard the worker pods meet (restricted: non-root; baseline: root allowed).
+POD_SECURITY_LEVELS = ("restricted", "baseline")
 NCCL_PROFILES = ("production", "verify-strict", "single-host")
 PURPOSES = ("train", "verify-pre", "verify-post", "verify", "job")
 MODEL_PRESETS = ("tiny", "small", "125m", "350m", "1b", "3b", "8b")

@@ -36,6 +36,7 @@ from mnnvl.checks import (
     NUM_GROUPS_ENV,
     PINNED_ENV,
     PLAIN_TRAIN_DEFAULTS,
+    POD_SECURITY_LEVELS,
     PRESET_TRAIN_DEFAULTS,
     PURPOSES,
     SWITCHES,
@@ -217,6 +218,12 @@ class WorkloadSpec:
     )
     rdzv_port: int = opt(29500, "rendezvous port on pod 0 (MASTER_PORT)")
     service_account: str = opt("", "service account of the worker pods ('' = namespace default)")
+    pod_security: str = opt(
+        "restricted",
+        "Pod Security Standard the worker pods meet: restricted (non-root uid 1000) or "
+        "baseline (the image's own user, root allowed, for images that need it)",
+        choices=POD_SECURITY_LEVELS,
+    )
     node_selector: dict[str, str] = opt(
         factory=dict, help="extra node selector for worker pods, KEY=VALUE (repeatable)"
     )
@@ -240,8 +247,8 @@ class WorkloadSpec:
     )
     unschedulable_grace_s: float = opt(
         60.0,
-        "how long a pod may stay Unschedulable (or its node held by another ComputeDomain) "
-        "before the step fails, s",
+        "how long a pod may stay Unschedulable (or its node held by another ComputeDomain, or "
+        "its creation refused by a ResourceQuota) before the step fails, s",
     )
     job_timeout_s: float = opt(7200.0, "deadline for the Job to complete, s (activeDeadline)")
     ttl_after_finished_s: int = opt(3600, "ttlSecondsAfterFinished of the Job")
@@ -272,6 +279,7 @@ class WorkloadSpec:
         check_range("rdzv_port", self.rdzv_port, 1024, 65535, integer=True)
         if self.service_account:
             check_dns_label("service_account", self.service_account, max_len=253)
+        check_choice("pod_security", self.pod_security, POD_SECURITY_LEVELS)
         self._check_scheduling()
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")

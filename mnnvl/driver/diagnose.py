@@ -285,8 +285,11 @@ def job_failure(
     )
 
 
-def pods_progress(api: Api, workload: WorkloadSpec, objects: Objects, running: int) -> str:
-    """One progress line: pods Running x/N, the slowest pod and why, the domain's nodes."""
+def pods_progress(
+    api: Api, workload: WorkloadSpec, objects: Objects, running: int, refused: str = ""
+) -> str:
+    """One progress line: pods Running x/N, the API's refusal to create pods (``refused``),
+    the slowest pod and why, the domain's nodes."""
     ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
     summary, imex = domain_nodes(api, domain, ns)
     waiting = [
@@ -295,6 +298,8 @@ def pods_progress(api: Api, workload: WorkloadSpec, objects: Objects, running: i
         if (p.get("status") or {}).get("phase") not in ("Running", "Succeeded")
     ]
     line = f"pods Running {running}/{workload.nodes}"
+    if refused:
+        line += f"; pod creation refused: {refused}"
     if waiting:
         pod = waiting[0]
         node = (pod.get("spec") or {}).get("nodeName")
@@ -302,6 +307,84 @@ def pods_progress(api: Api, workload: WorkloadSpec, objects: Objects, running: i
         if why == "ContainerCreating" and node:
             why += f" (IMEX daemon on {node}: {imex.get(node, 'not in status.nodes')})"
         line += f"; slowest: {_pod_state(pod)}: {why}"
-    elif not objects:
+    elif not objects and not refused:
         line += "; no pods created yet"
     return f"{line}; {summary}"
+
+
+# ---- pods the API refuses to create ----------------------------------------------------------
+
+FAILED_CREATE = "FailedCreate"
+QUOTA_REFUSAL = re.compile(r"exceeded quota: ([^,]+),")
+POD_SECURITY_REFUSAL = re.compile(r'violates PodSecurity "([a-z]+):')
+# Refusals no retry of the Job controller clears (a person must change the namespace, the
+# pod or the policy): the fix each needs, by a fragment of the API's message.
+PERMANENT_REFUSALS = (
+    (
+        "denied the request",
+        "an admission webhook refused the pod: check its policy "
+        "(`kubectl get validatingwebhookconfigurations`) with the cluster's administrators",
+    ),
+    (
+        "error looking up service account",
+        "create that service account or pass another --service-account",
+    ),
+    (" is invalid: ", "the pod spec is invalid: fix the input named in the message"),
+    (" not found", "create the missing object the pod refers to in namespace {ns}"),
+)
+
+
+def create_refusal(job: dict[str, Any], events: Objects, pods: Objects) -> str:
+    """The message of the Job controller's latest refused pod create (a ``FailedCreate``
+    Event on this Job, this uid), or "" when its latest create succeeded or no pod is missing."""
+    name, uid = job["metadata"]["name"], job["metadata"].get("uid")
+    live = [
+        p
+        for p in pods.values()
+        if (p["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == name
+        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    ]
+    if len(live) >= int((job.get("spec") or {}).get("parallelism") or 1):
+        return ""
+    creates = [
+        e
+        for e in events.values()
+        if (e.get("involvedObject") or {}).get("uid") == uid
+        and e.get("reason") in (FAILED_CREATE, "SuccessfulCreate")
+    ]
+    latest = max(creates, key=_event_order, default=None)
+    if latest is None or latest.get("reason") != FAILED_CREATE:
+        return ""
+    return str(latest.get("message") or FAILED_CREATE)
+
+
+def refusal_failure(workload: WorkloadSpec, job: str, message: str, grace: Grace) -> str:
+    """Why the step must fail on this refusal ("" while it may still clear): at once for a
+    refusal that cannot clear by itself, after the unschedulable grace for a quota (or an
+    unknown refusal, e.g. a webhook that could not be called), naming the fix."""
+    ns = workload.namespace
+    where = f"the API refused to create the pods of Job {ns}/{job} (FailedCreate: {message})"
+    level = POD_SECURITY_REFUSAL.search(message)
+    if level:
+        return (
+            f"{where}; namespace {ns} enforces Pod Security level {level.group(1)} "
+            f"(`kubectl get namespace {ns} --show-labels`): the worker pods pass restricted with "
+            "--pod-security restricted (the default; the image must run as a non-root user), "
+            f"or label the namespace pod-security.kubernetes.io/enforce=baseline for "
+            "--pod-security baseline"
+        )
+    for fragment, fix in PERMANENT_REFUSALS:
+        if fragment in message:
+            return f"{where}; {fix.format(ns=ns)}"
+    left = grace.left_s(f"refused/{job}", True)
+    if left is None or left > 0:
+        return ""
+    quota = QUOTA_REFUSAL.search(message)
+    if quota:
+        return (
+            f"{where}; still refused after {grace.grace_s:g} s (--unschedulable-grace-s): "
+            f"ResourceQuota {quota.group(1)} in namespace {ns} is used up; wait for other work "
+            f"to end, raise the quota (`kubectl describe resourcequota {quota.group(1)} -n {ns}`)"
+            " or ask for fewer nodes"
+        )
+    return f"{where}; still refused after {grace.grace_s:g} s (--unschedulable-grace-s)"

@@ -9,7 +9,11 @@ the Job is complete, following rank 0's log once its pods run. Phases:
 2. **starting**: admitted; every index needs a pod Running within ``pods_running_timeout_s``
    counted from admission. Pods that cannot recover fail the wait at once (image errors,
    permanent prepare errors) or after ``unschedulable_grace_s`` (Unschedulable, a node
-   held by another domain), re-checked on a timer because no event announces it.
+   held by another domain), re-checked on a timer because no event announces it. Pods the
+   API refuses to create show only as ``FailedCreate`` Events on the Job (each Job's own
+   Events are watched): the refusal is logged at once and in every progress line; one that
+   cannot clear by itself (PodSecurity, a webhook's denial, a missing object, an invalid
+   spec) fails the wait at once, a quota refusal after ``unschedulable_grace_s``.
 3. **running**: rank 0's log is followed; the Job must complete within ``job_timeout_s``.
 
 In every phase a Job that turns Failed ends the wait at once with the Job's reason and the
@@ -27,11 +31,13 @@ from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, JOB, POD, Api
 from mnnvl.driver.diagnose import (
     PREPARE_FAILED,
     Grace,
+    create_refusal,
     describe_pods,
     job_failure,
     pod_index,
     pods_progress,
     raise_on_stuck_pod,
+    refusal_failure,
 )
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.errors import MnnvlError, NotFound, WaitTimeout, WorkloadFailed
@@ -52,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 20
 PREPARE_EVENTS = f"involvedObject.kind=Pod,reason={PREPARE_FAILED}"
+JOB_EVENTS = "involvedObject.kind=Job,involvedObject.name={job}"
 LOG_DRAIN_S = 10.0  # how long the rank-0 log stream may take to finish after the Job completed
 
 
@@ -167,6 +174,8 @@ class JobWatch(Check):
         self.api, self.workload, self.job = api, workload, self.jobs[0]
         self.on_running, self.until_running = on_running, until_running
         self.grace = Grace(workload.unschedulable_grace_s)
+        self.refusal_grace = Grace(workload.unschedulable_grace_s)
+        self.refusals: dict[str, str] = {}  # Job -> its latest refused create's message
         self.admission = Deadline(workload.admission_timeout_s)
         self.pods_deadline: Deadline | None = None  # from admission
         self.job_deadline: Deadline | None = None  # from all pods Running
@@ -183,6 +192,8 @@ class JobWatch(Check):
             job_src, pod_src = Source(JOB, label_selector=step), Source(POD, label_selector=step)
         events = Source(EVENT, field_selector=PREPARE_EVENTS)
         sources = {"job": job_src, "pods": pod_src, "events": events}
+        for name in self.jobs:  # the Job controller's FailedCreate Events, per Job
+            sources[f"created/{name}"] = Source(EVENT, field_selector=JOB_EVENTS.format(job=name))
         pods: Objects = watch_until(
             self.api, ns, sources, self, deadline=Deadline(0), on_timeout=self._never
         )
@@ -258,8 +269,25 @@ class JobWatch(Check):
         where = f"in LocalQueue {queue} (Kueue)" if queue else "(spec.suspend is true)"
         return f"Job {self.workload.namespace}/{self.job} queued {where}"
 
+    def _refused(self, view: View) -> None:
+        """Log each Job's refused pod creates once as they appear; fail on one that cannot
+        clear (at once) or on a quota refusal past the grace."""
+        for name in self.jobs:
+            message = create_refusal(view["job"][name], view[f"created/{name}"], view["pods"])
+            if not message:
+                self.refusal_grace.left_s(f"refused/{name}", False)
+                self.refusals.pop(name, None)
+                continue
+            if self.refusals.get(name) != message:
+                logger.warning("Job %s/%s: %s", self.workload.namespace, name, message)
+            self.refusals[name] = message
+            failure = refusal_failure(self.workload, name, message, self.refusal_grace)
+            if failure:
+                raise WorkloadFailed(failure)
+
     def _starting(self, view: View) -> None:
         pods, workload = view["pods"], self.workload
+        self._refused(view)
         raise_on_stuck_pod(self.api, workload, pods, view["events"], self.grace)
         running = running_indexes(pods)
         if running != self.running_logged:  # once per change, not per event
@@ -288,7 +316,7 @@ class JobWatch(Check):
     def recheck_in(self, view: View) -> float | None:
         if self._suspended(view) is not None:
             return None if self.admission.unlimited else max(0.0, self.admission.remaining())
-        times = [self.grace.recheck_in_s()]
+        times = [self.grace.recheck_in_s(), self.refusal_grace.recheck_in_s()]
         for deadline in (self.job_deadline or self.pods_deadline,):
             if deadline is not None:
                 times.append(max(0.0, deadline.remaining()))
@@ -305,4 +333,5 @@ class JobWatch(Check):
                 f"{self.job_deadline.elapsed():.0f} s of at most {self.job_deadline.timeout_s:g} s"
             )
         pods = view["pods"]
-        return pods_progress(self.api, self.workload, pods, running_indexes(pods))
+        refused = "; ".join(f"Job {job}: {text}" for job, text in self.refusals.items())
+        return pods_progress(self.api, self.workload, pods, running_indexes(pods), refused)

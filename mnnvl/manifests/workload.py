@@ -29,6 +29,9 @@ from mnnvl.spec import (
 from mnnvl.storage import parse_pvc
 
 CONTAINER = "worker"
+# The runtime image's USER (images/runtime.Dockerfile): the uid and gid the worker pods run as
+# under the restricted Pod Security Standard.
+RUNTIME_UID = 1000
 CHANNEL_CLAIM = "imex-channel"
 GPU_CLAIM = GPU_REQUEST
 RDZV_PORT_NAME = "rdzv"
@@ -235,8 +238,8 @@ def container(
     """The ``worker`` container.
 
     No privilege: device access comes from CDI injection of the claimed devices, not from
-    capabilities (NVIDIA's own MNNVL examples run their workers as uid 1000). ``runAsNonRoot``
-    is not forced because common CUDA/PyTorch images run as root and would then not start.
+    capabilities (NVIDIA's own MNNVL examples run their workers as uid 1000). The user is
+    set on the pod (:func:`pod_security_context`).
     """
     claims = [{"name": CHANNEL_CLAIM}]
     resources: dict[str, Any] = {"claims": claims}
@@ -288,6 +291,26 @@ def pod_failure_policy() -> dict[str, Any]:
     }
 
 
+def pod_security_context(workload: WorkloadSpec) -> dict[str, Any]:
+    """The pod's security context for ``workload.pod_security``.
+
+    ``restricted`` (default) passes the restricted Pod Security Standard: non-root as the
+    runtime image's uid, with that gid owning mounted volumes (``fsGroup``; changed only when
+    the volume's root does not match) so checkpoints on a PVC stay writable. ``baseline`` runs
+    the image's own user (root allowed) for images that need it; capabilities stay dropped.
+    """
+    context: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if workload.pod_security == "restricted":
+        context |= {
+            "runAsNonRoot": True,
+            "runAsUser": RUNTIME_UID,
+            "runAsGroup": RUNTIME_UID,
+            "fsGroup": RUNTIME_UID,
+            "fsGroupChangePolicy": "OnRootMismatch",
+        }
+    return context
+
+
 def pod_spec(
     workload: WorkloadSpec, module: str, args: list[str], group: int | None = None
 ) -> dict[str, Any]:
@@ -321,7 +344,7 @@ def pod_spec(
             {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
             *(parse_toleration(item) for item in workload.tolerations),
         ],
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security_context(workload),
     }
     if workload.node_selector:
         spec["nodeSelector"] = dict(workload.node_selector)

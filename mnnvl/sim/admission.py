@@ -1,9 +1,15 @@
-"""Admission of the simulated API server: discovery documents, defaults and validation."""
+"""Admission of the simulated API server: discovery documents, defaults, validation and the
+validating plugins that refuse pods (PodSecurity, webhooks, ResourceQuota)."""
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
+
 from mnnvl.sim.model import RESOURCES, ApiError, Obj
+from mnnvl.sim.podsecurity import violation
 from mnnvl.sim.schemas import SchemaAdmission
+from mnnvl.sim.store import Store
 
 CD = "computedomains"
 
@@ -163,3 +169,123 @@ def default_on_create(resource: str, obj: Obj) -> None:
         spec = obj.setdefault("spec", {})
         spec.setdefault("clusterIP", "10.96.0.10")
         spec.setdefault("type", "ClusterIP")
+
+
+# ---- validating admission of pods ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Denial:
+    """A validating webhook (for tests) that refuses pods of one Job, or every pod."""
+
+    webhook: str
+    message: str
+    job: str | None
+
+
+class PodAdmission:
+    """The validating admission plugins that can refuse a pod, in kube-apiserver's order:
+    PodSecurity (the namespace's ``enforce`` label), validating webhooks (``deny``), then
+    ResourceQuota, which runs last. A refusal is the 403 a real API server answers, to a
+    client's create and to the Job controller's alike (which turns it into a FailedCreate
+    Event on the Job)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._denials: list[Denial] = []
+        self._lock = threading.Lock()
+
+    def deny(self, webhook: str, message: str, job: str | None = None) -> None:
+        """Make webhook ``webhook`` refuse pods (of Job ``job``, or all) with ``message``."""
+        with self._lock:
+            self._denials.append(Denial(webhook, message, job))
+
+    def clear_denials(self) -> None:
+        with self._lock:
+            self._denials.clear()
+
+    def admit(self, resource: str, pod: Obj) -> None:
+        """Raise the API's refusal of a new pod, or return when every plugin admits it."""
+        if resource != "pods":
+            return
+        meta = pod.get("metadata") or {}
+        ns = meta.get("namespace") or "default"
+        name = meta.get("name") or meta.get("generateName") or "Unknown"
+        namespace = self.store.find("namespaces", "", ns)
+        found = violation(namespace, pod) if namespace is not None else None
+        if found:
+            raise forbidden(name, found)
+        job = (meta.get("labels") or {}).get("job-name")
+        with self._lock:
+            denial = next((d for d in self._denials if d.job in (None, job)), None)
+        if denial is not None:
+            # A webhook's refusal carries no 'pods "x" is forbidden' prefix (webhook errors'
+            # ToStatusErr); the code defaults to 403.
+            message = f'admission webhook "{denial.webhook}" denied the request: {denial.message}'
+            raise ApiError(403, "", message, {"name": name, "kind": "pods"})
+        self._quota(ns, name, pod)
+
+    def _quota(self, ns: str, name: str, pod: Obj) -> None:
+        quotas = sorted(
+            self.store.list("resourcequotas", ns)[0], key=lambda q: q["metadata"]["name"]
+        )
+        if not quotas:
+            return
+        delta = pod_usage(pod)
+        used: dict[str, int] = {}
+        for other in self.store.list("pods", ns)[0]:
+            # Terminal pods no longer count (QuotaV1Pod); terminating ones still do.
+            if (other.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                for key, value in pod_usage(other).items():
+                    used[key] = used.get(key, 0) + value
+        for quota in quotas:
+            hard = {
+                k: q
+                for k, v in ((quota.get("spec") or {}).get("hard") or {}).items()
+                if (q := _quantity(v)) is not None
+            }
+            exceeded = sorted(k for k in hard if k in delta and used.get(k, 0) + delta[k] > hard[k])
+            if exceeded:
+                raise forbidden(
+                    name,
+                    f"exceeded quota: {quota['metadata']['name']}, "
+                    f"requested: {_pretty(delta, exceeded)}, used: {_pretty(used, exceeded)}, "
+                    f"limited: {_pretty(hard, exceeded)}",
+                )
+
+
+def pod_usage(pod: Obj) -> dict[str, int]:
+    """What a pod charges to a quota: ``pods`` and ``count/pods``, and its integer requests
+    and limits (``requests.nvidia.com/gpu``; an extended resource's request defaults to its
+    limit)."""
+    usage = {"pods": 1, "count/pods": 1}
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        for resource in {*limits, *requests}:
+            for kind, amount in (
+                ("requests", requests.get(resource, limits.get(resource))),
+                ("limits", limits.get(resource)),
+            ):
+                value = _quantity(amount)
+                if value is not None:
+                    key = f"{kind}.{resource}"
+                    usage[key] = usage.get(key, 0) + value
+    return usage
+
+
+def _quantity(value: object) -> int | None:
+    """A whole-number quantity ("2", 2); None for others (CPU, memory: not modelled)."""
+    text = str(value) if value is not None else ""
+    return int(text) if text.isdigit() else None
+
+
+def _pretty(usage: dict[str, int], keys: list[str]) -> str:
+    return ",".join(f"{k}={usage.get(k, 0)}" for k in keys)
+
+
+def forbidden(name: str, reason: str) -> ApiError:
+    """``pods "<name>" is forbidden: <reason>`` (admission.NewForbidden)."""
+    return ApiError(
+        403, "Forbidden", f'pods "{name}" is forbidden: {reason}', {"name": name, "kind": "pods"}
+    )

@@ -69,6 +69,8 @@ class ApiServer(ThreadingHTTPServer):
         self.schemas: SchemaAdmission | None = None
         # Mutating admission (e.g. the Kueue stand-in suspending queued Jobs on create).
         self.mutators: list[Callable[[str, Obj], None]] = []
+        # Validating admission after schema validation (PodSecurity, webhooks, quota).
+        self.validators: list[Callable[[str, Obj], None]] = []
         self.bookmark_interval_s = 1.0
         self.request_count = 0
         self.counters: Counter[tuple[str, str]] = Counter()
@@ -242,6 +244,8 @@ class Handler(BaseHTTPRequestHandler):
             for admit in self.server.mutators:
                 admit(plural, body)
             validate(plural, body, None, self.server.schemas)
+            for check in self.server.validators:
+                check(plural, body)
             return self._json(201, store.create(plural, body))
         if verb == "DELETE":
             if not name:

@@ -14,6 +14,7 @@ from collections import Counter
 from types import FrameType, TracebackType
 from typing import Any
 
+from mnnvl.sim.admission import PodAdmission
 from mnnvl.sim.apiserver import ApiServer
 from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
 from mnnvl.sim.faults import Faults
@@ -79,6 +80,8 @@ class SimCluster:
         self.faults = Faults(imex_delay_s, schedule_delay_s)
         self.schemas = SchemaAdmission(schema_dir, driver_version)
         self.kueue = KueueStandIn(self.store, kueue_admission_delay_s) if kueue else None
+        # Pod admission (PodSecurity, quota; ``admission.deny`` plays a refusing webhook).
+        self.admission = PodAdmission(self.store)
         self.store.sticky = self.faults.is_sticky
         self._server: ApiServer | None = None
         self._parts: list[Any] = []
@@ -98,7 +101,7 @@ class SimCluster:
         self._parts = [
             driver,
             Scheduler(self.store, self.faults),
-            JobController(self.store),
+            JobController(self.store, self.admission.admit),
             kubelet,
             *([self.kueue] if self.kueue else []),
         ]
@@ -106,6 +109,7 @@ class SimCluster:
             part.start()
         self._server = ApiServer(self.store, self.faults, kubelet, lambda: self.crd_installed)
         self._server.schemas = self.schemas
+        self._server.validators.append(self.admission.admit)
         if self.kueue is not None:
             self._server.mutators.append(self.kueue.mutate)
         # stop() waits for serve_forever's next poll: 50 ms instead of its default 0.5 s

@@ -6,6 +6,11 @@ completedIndexes/failedIndexes, startTime/completionTime, conditions Complete or
 (BackoffLimitExceeded, DeadlineExceeded, PodFailurePolicy, FailedIndexes). Supports backoffLimit,
 backoffLimitPerIndex, podFailurePolicy (FailJob/FailIndex/Ignore/Count on exit codes and on the
 DisruptionTarget condition), activeDeadlineSeconds and ttlSecondsAfterFinished.
+
+Pods go through the API server's validating admission (``admit``): a refused create becomes a
+``FailedCreate`` Warning Event on the Job (``Error creating: <the API's message>``) and the
+Job is synced again after an exponential backoff (1 s doubling to 60 s, the real controller's
+DefaultJobApiBackOff/MaxJobApiBackOff), or sooner when one of its pods changes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import calendar
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from mnnvl.sim.events import record_event
 from mnnvl.sim.jobstatus import (
@@ -27,11 +33,13 @@ from mnnvl.sim.jobstatus import (
     pod_index,
     target_failure,
 )
+from mnnvl.sim.model import ApiError
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL, rand5
 from mnnvl.sim.store import Obj, Store, WatchEvent, clone, now_iso
 
 log = logging.getLogger(__name__)
 UID_LABEL = "batch.kubernetes.io/controller-uid"
+API_BACKOFF_S, MAX_API_BACKOFF_S = 1.0, 60.0
 
 
 def _ts(iso: str) -> float:
@@ -39,8 +47,10 @@ def _ts(iso: str) -> float:
 
 
 class JobController:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, admit: Callable[[str, Obj], None] | None = None) -> None:
         self.store = store
+        self.admit = admit or (lambda resource, obj: None)
+        self._create_failures: dict[str, int] = {}  # Job uid -> refused creates in a row
         self._sub = store.subscribe(["jobs", "pods"])
         self._thread: threading.Thread | None = None
         self._timers: list[threading.Timer] = []
@@ -205,8 +215,39 @@ class JobController:
             want = list(range(max(0, min(completions - len(skip), parallelism) - len(active))))
         created = []
         for i in want[: max(0, parallelism - len(active))]:
-            created.append(self.store.create("pods", self._pod(job, i if indexed else None)))
+            pod = self._pod(job, i if indexed else None)
+            try:
+                self.admit("pods", pod)
+                created.append(self.store.create("pods", pod))
+            except ApiError as e:
+                self._create_refused(job, e)
+                break  # the rest of this batch waits for the retry, as in the real controller
+            record_event(
+                self.store,
+                job,
+                "Normal",
+                "SuccessfulCreate",
+                f"Created pod: {pod['metadata']['name']}",
+                "job-controller",
+            )
+            self._create_failures.pop(job["metadata"]["uid"], None)
         return created
+
+    def _create_refused(self, job: Obj, err: ApiError) -> None:
+        """A FailedCreate Event on the Job and a retry after the rate limiter's backoff."""
+        ns, name, uid = (job["metadata"][k] for k in ("namespace", "name", "uid"))
+        if "being terminated" in err.message:
+            return  # the namespace is going away: the real controller stays silent
+        record_event(
+            self.store,
+            job,
+            "Warning",
+            "FailedCreate",
+            f"Error creating: {err.message}",
+            "job-controller",
+        )
+        failures = self._create_failures[uid] = self._create_failures.get(uid, 0) + 1
+        self._later(min(API_BACKOFF_S * 2 ** (failures - 1), MAX_API_BACKOFF_S), ns, name)
 
     def _pod(self, job: Obj, index: int | None) -> Obj:
         jname, uid = job["metadata"]["name"], job["metadata"]["uid"]
@@ -246,9 +287,6 @@ class JobController:
             "annotations": annotations,
             "ownerReferences": [owner],
         }
-        record_event(
-            self.store, job, "Normal", "SuccessfulCreate", f"Created pod: {name}", "job-controller"
-        )
         return {"metadata": pod_meta, "spec": spec, "status": {"phase": "Pending"}}
 
     def _write_status(

@@ -33,6 +33,7 @@ RESOURCES: dict[str, ResourceType] = {
         ResourceType("pods", "", "v1", "Pod", True, True),
         ResourceType("services", "", "v1", "Service", True, True),
         ResourceType("events", "", "v1", "Event", True, False),
+        ResourceType("resourcequotas", "", "v1", "ResourceQuota", True, True),
         ResourceType("jobs", "batch", "v1", "Job", True, True),
         ResourceType(
             "resourceclaimtemplates", "resource.k8s.io", "v1", "ResourceClaimTemplate", True, False

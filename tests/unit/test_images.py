@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mnnvl.manifests import RUNTIME_UID
 from mnnvl.sim import SimCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -227,6 +228,11 @@ def test_make_images_tags_both_images_and_pins_each_base_by_digest(tmp_path, bui
         assert pushes == [
             f"push registry.example.com/ml/{n}:9.9.9" for n in ("launcher", "runtime")
         ]
+
+
+def test_worker_pods_run_as_the_runtime_images_user():
+    (user,) = [rest for word, rest in dockerfile_instructions(RUNTIME) if word == "USER"][-1:]
+    assert user == f"{RUNTIME_UID}:{RUNTIME_UID}"
 
 
 def test_dockerfiles_pin_their_base_by_tag_and_digest_argument_and_carry_oci_labels():

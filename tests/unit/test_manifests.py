@@ -26,6 +26,7 @@ from mnnvl.manifests import (
     CLIQUE_LABEL,
     GPU_CLAIM,
     JOB_NAME_LABEL,
+    RUNTIME_UID,
     compute_domain,
     gpu_claim_template,
     headless_service,
@@ -34,6 +35,7 @@ from mnnvl.manifests import (
     step_workload,
 )
 from mnnvl.names import RunNames
+from mnnvl.sim.podsecurity import ENFORCE_LABEL, violation
 from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
 
@@ -423,6 +425,25 @@ def test_worker_runs_without_privilege(name: str) -> None:
     assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
     assert "add" not in ctx["capabilities"]
     assert pod_spec(job).get("hostNetwork") is None and pod_spec(job).get("hostIPC") is None
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_worker_pod_passes_the_restricted_pod_security_standard_by_default(name: str) -> None:
+    job = train_job(WORKLOADS[name])
+    restricted = {"metadata": {"labels": {ENFORCE_LABEL: "restricted"}}}
+    assert violation(restricted, job["spec"]["template"]) is None
+    ctx = pod_spec(job)["securityContext"]
+    assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == RUNTIME_UID != 0
+
+
+def test_baseline_pod_security_runs_the_images_own_user_and_passes_baseline_only() -> None:
+    workload = dataclasses.replace(WORKLOADS["limits"], pod_security="baseline")
+    template = train_job(workload)["spec"]["template"]
+    assert "runAsUser" not in template["spec"]["securityContext"]
+    baseline = {"metadata": {"labels": {ENFORCE_LABEL: "baseline"}}}
+    restricted = {"metadata": {"labels": {ENFORCE_LABEL: "restricted"}}}
+    assert violation(baseline, template) is None
+    assert "runAsNonRoot != true" in str(violation(restricted, template))
 
 
 def test_shm_gpu_toleration_and_service_account() -> None:
