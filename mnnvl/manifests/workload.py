@@ -194,17 +194,21 @@ def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
     ]
 
 
-def affinity(workload: WorkloadSpec, job: str) -> dict[str, Any]:
+def affinity(workload: WorkloadSpec, job: str, group: int | None = None) -> dict[str, Any]:
     """One pod per node always; with ``clique_affinity`` all pods of ``job`` in one NVLink
-    clique. With clique groups (one Job each) the anti-affinity covers every group's pods,
-    so two groups never share a node, while each group picks its own clique.
+    clique, and with clique groups (one Job each) every group in a clique of its own.
 
     Anti-affinity on the hostname is not optional: a node has one IMEX channel device,
     which one pod's claim holds. The required pod affinity on ``nvidia.com/gpu.clique``
     does not deadlock the first pod: the scheduler lets a pod through when no pod matches
     its term yet and the pod matches its own term, so the first pod picks the clique and
-    the rest follow. Without gang scheduling a clique with too few free nodes leaves the
-    later pods Pending; the launcher's wait reports that as Unschedulable.
+    the rest follow. That first pod may land anywhere, so without the anti-affinity between
+    groups two groups can start in one clique and each take nodes the other needs (neither
+    can finish placing). With it, each group's first pod takes a clique no other group of
+    the run holds, and the group's other pods find that clique's nodes free of the run's
+    pods: placement cannot deadlock as long as the cluster has a clique with
+    ``nodes_per_clique`` free nodes per group. A group whose clique is too small stays
+    Pending; the launcher's wait reports it (no NVLink clique with room) after the grace.
     """
     same_job = {"matchLabels": {JOB_NAME_LABEL: job}}
     same_step = {"matchLabels": step_selector(workload)}
@@ -221,11 +225,16 @@ def affinity(workload: WorkloadSpec, job: str) -> dict[str, Any]:
                 {"labelSelector": same_job, "topologyKey": CLIQUE_LABEL}
             ]
         }
-    result["podAntiAffinity"] = {
-        "requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": same_step, "topologyKey": HOSTNAME_LABEL}
-        ]
-    }
+    anti = [{"labelSelector": same_step, "topologyKey": HOSTNAME_LABEL}]
+    if workload.clique_affinity and group is not None:
+        other_groups = {
+            "matchLabels": step_selector(workload),
+            "matchExpressions": [
+                {"key": LABEL_CLIQUE_GROUP, "operator": "NotIn", "values": [str(group)]}
+            ],
+        }
+        anti.append({"labelSelector": other_groups, "topologyKey": CLIQUE_LABEL})
+    result["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": anti}
     return result
 
 
@@ -316,7 +325,7 @@ def pod_spec(
                 for i, m in enumerate(parse_pvc(workload.pvc))
             ),
         ],
-        "affinity": affinity(workload, job),
+        "affinity": affinity(workload, job, group),
         "tolerations": [
             {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
             *(parse_toleration(item) for item in workload.tolerations),

@@ -42,19 +42,26 @@ def test_one_job_per_group_each_with_its_share_of_the_nodes_and_one_rendezvous()
         assert not any(a.startswith("--node-rank") for a in ctr["command"])
 
 
-def test_each_group_sits_in_one_clique_and_no_two_groups_share_a_node() -> None:
+def test_each_group_sits_in_one_clique_of_its_own_and_no_two_groups_share_a_node() -> None:
     jobs = indexed_jobs(GROUPED, TRAIN_MODULE, [])
     step = {"mnnvl.io/run-id": RUN, "app.kubernetes.io/component": "train"}
-    for job in jobs:
+    for g, job in enumerate(jobs):
         aff = job["spec"]["template"]["spec"]["affinity"]
         (together,) = aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert together["topologyKey"] == "nvidia.com/gpu.clique"
         own = {"batch.kubernetes.io/job-name": job["metadata"]["name"]}
         assert together["labelSelector"] == {"matchLabels": own}
-        (apart,) = aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        apart, other_cliques = aff["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
         assert apart == {
             "labelSelector": {"matchLabels": step},
             "topologyKey": "kubernetes.io/hostname",
+        }
+        others = {"key": "mnnvl.io/clique-group", "operator": "NotIn", "values": [str(g)]}
+        assert other_cliques == {
+            "labelSelector": {"matchLabels": step, "matchExpressions": [others]},
+            "topologyKey": "nvidia.com/gpu.clique",
         }
         # every pod of every group carries the labels the anti-affinity and the Service select
         assert step.items() <= job["spec"]["template"]["metadata"]["labels"].items()
