@@ -161,20 +161,17 @@ def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
     cannot add).
 
     ``module`` empty: ``args`` is the whole command, run as given (once per pod); it reads the
-    rendezvous from the env (MASTER_ADDR, WORLD_SIZE, NODE_RANK, ...). Not with clique groups:
-    there ``NODE_RANK`` would count within the group.
+    rendezvous from the env (MASTER_ADDR, WORLD_SIZE, NODE_RANK, ...). With clique groups it
+    runs through the launcher's ``--exec``, which sets ``NODE_RANK`` to the group's first node
+    rank plus the completion index and then becomes the program (the image needs
+    mnnvl-pipelines, as for a module entry point, but no shell).
     """
     if not all(isinstance(a, str) for a in args):
         raise SpecError("command", "every argument must be a string")
     if module == "" and args:
-        if grouped:
-            raise SpecError(
-                "nodes_per_clique",
-                "a custom command takes its node rank from one Job; across clique groups run "
-                "a Python module entry point (its node rank is group base + completion index)",
-            )
         # "$$" is the kubelet's escape for "$": the user's words reach the program verbatim.
-        return [a.replace("$", "$$") for a in args]
+        verbatim = [a.replace("$", "$$") for a in args]
+        return ["python3", "-m", LAUNCH_MODULE, "--exec", "--", *verbatim] if grouped else verbatim
     if not isinstance(module, str) or not _MODULE.match(module):
         raise SpecError("module", f"{module!r} is not a Python module name like {TRAIN_MODULE}")
     rank = [] if grouped else ["--node-rank=$(JOB_COMPLETION_INDEX)"]
