@@ -166,7 +166,7 @@ def _launch(sim: SimCluster, workload: WorkloadSpec) -> dict[str, str]:
         assert sim.objects(RunNames.for_run(workload.run_id).selector) == []
 
 
-@pytest.mark.parametrize("seed", [0, 3, 7])  # seeds that deadlock the rule without it
+@pytest.mark.parametrize("seed", [0, 3, 7])  # seeds whose draws deadlock the old rule
 def test_custom_command_across_two_cliques_places_and_gets_its_node_rank(
     run_id: str, seed: int
 ) -> None:
