@@ -22,6 +22,7 @@ from mnnvl.errors import WorkloadFailed
 from mnnvl.manifests import indexed_jobs
 from mnnvl.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.sim import SimCluster
+from mnnvl.sim.store import Store
 from mnnvl.spec import DomainSpec, WorkloadSpec
 from tests.sim.placement_harness import CLIQUE, add_pods, cluster, schedule
 
@@ -33,11 +34,14 @@ PRINT_RANK = (
 )
 
 
-def _groups_by_clique(store, placed: dict[str, str]) -> dict[str, set[str]]:
+def _cliques(store: Store) -> dict[str, str]:
+    """node -> its clique."""
+    return {n["metadata"]["name"]: n["metadata"]["labels"][CLIQUE] for n in store.list("nodes")[0]}
+
+
+def _groups_by_clique(store: Store, placed: dict[str, str]) -> dict[str, set[str]]:
     """clique group -> the cliques its pods were placed in."""
-    cliques = {
-        n["metadata"]["name"]: n["metadata"]["labels"][CLIQUE] for n in store.list("nodes")[0]
-    }
+    cliques = _cliques(store)
     groups: dict[str, set[str]] = {}
     for pod in store.list("pods")[0]:
         name = pod["metadata"]["name"]
@@ -95,21 +99,16 @@ def test_seeded_scheduler_reproduces_the_co_placement_deadlock_without_group_ant
 
 
 def test_first_pod_of_a_group_lands_in_either_clique_depending_on_the_seed() -> None:
-    first_cliques = set()
+    first_cliques: set[str] = set()
     for seed in range(20):
         store, scheduler = cluster([2, 2], seed)
         add_pods(store, dataclasses.replace(TWO_BY_TWO, nodes=2, nodes_per_clique=0))
         placed = schedule(store, scheduler)
         assert len(placed) == 2, f"seed {seed}: {placed}"
-        first_cliques |= set().union(*_groups_by_clique_single(store, placed))
-    assert first_cliques == {"c0", "c1"}
-
-
-def _groups_by_clique_single(store, placed: dict[str, str]) -> list[set[str]]:
-    cliques = {
-        n["metadata"]["name"]: n["metadata"]["labels"][CLIQUE] for n in store.list("nodes")[0]
-    }
-    return [{cliques[node] for node in placed.values()}]
+        cliques = {_cliques(store)[node] for node in placed.values()}
+        assert len(cliques) == 1, f"seed {seed}: {placed}"
+        first_cliques |= cliques
+    assert first_cliques == {"c0", "c1"}  # first fit by node name would always pick c0
 
 
 def test_four_nodes_in_groups_of_two_place_on_three_cliques_of_two_for_every_seed() -> None:
