@@ -9,11 +9,16 @@ module runs on one worker, so its module fixtures (a simulated cluster, a costly
 are set up once. Under xdist the modules holding tests marked ``slow`` start first, so that no
 worker is left with a long module at the end while the others idle (the modules with the most
 slow tests first).
+
+The simulated scheduler breaks ties and orders its queue from a seed: one per session, from
+``MNNVL_SIM_SEED`` or drawn here, shown in the report header and beside every failure, so a
+placement race a test ran into can be replayed with ``MNNVL_SIM_SEED=<seed>``.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -44,3 +49,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts the same way (stable)
         slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
         items.sort(key=lambda item: -slow[item.path])
+
+
+SIM_SEED = os.environ.setdefault("MNNVL_SIM_SEED", str(random.SystemRandom().randrange(2**31)))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"simulated scheduler: MNNVL_SIM_SEED={SIM_SEED}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    report = yield
+    if report.failed:
+        report.sections.append(("simulated scheduler", f"replay with MNNVL_SIM_SEED={SIM_SEED}"))
+    return report

@@ -12,12 +12,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from mnnvl.driver.api import EVENT, POD, Api
+from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, POD, Api
 from mnnvl.driver.domain import domain_nodes, domain_state
 from mnnvl.driver.errors import MnnvlError, WorkloadFailed
 from mnnvl.driver.wait import Deadline, Objects
 from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL
-from mnnvl.names import RunNames
+from mnnvl.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.spec import WorkloadSpec
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -173,10 +173,48 @@ def raise_on_stuck_pod(
             grace=grace,
         )
         if problem:
+            message = _failure_message(api, workload.namespace, domain, pod, problem)
+            group = (pod["metadata"].get("labels") or {}).get(LABEL_CLIQUE_GROUP)
+            if problem.startswith("Unschedulable") and group and workload.clique_affinity:
+                message = f"{clique_shortage(api, workload, group, pods)}; {message}"
             raise WorkloadFailed(
-                _failure_message(api, workload.namespace, domain, pod, problem),
+                message,
                 pod_exit_code=_exit_code(pod) if problem.startswith("Failed with") else None,
             )
+
+
+def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects) -> str:
+    """Why a clique group's pod cannot be placed: each group needs a clique of its own with
+    ``nodes_per_clique`` free nodes. Names the cliques the run's placed pods sit in, from the
+    ComputeDomain's ``status.nodes`` (the workload needs no permission to read nodes)."""
+    names = RunNames.for_run(workload.run_id)
+    try:
+        status = api.get(COMPUTE_DOMAIN, workload.namespace, names.domain).get("status") or {}
+    except MnnvlError:
+        status = {}
+    clique_of = {
+        str(n.get("name")): str(n.get("cliqueID") or "?") for n in status.get("nodes") or []
+    }
+    held: dict[str, dict[str, list[str]]] = {}  # clique -> group -> nodes
+    for pod in sorted(pods.values(), key=lambda p: p["metadata"]["name"]):
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            clique = clique_of.get(node, "not reported yet")
+            pod_group = (pod["metadata"].get("labels") or {}).get(LABEL_CLIQUE_GROUP, "?")
+            held.setdefault(clique, {}).setdefault(f"g{pod_group}", []).append(node)
+    seen = "; ".join(
+        f"{clique} holds "
+        + ", ".join(
+            f"{g} on {len(n)} node(s) ({', '.join(sorted(n))})" for g, n in sorted(by.items())
+        )
+        for clique, by in sorted(held.items())
+    )
+    return (
+        f"no NVLink clique with {workload.group_nodes} free nodes for group g{group}; "
+        f"cliques seen: {seen or 'none (no pod of the run placed)'}; every clique group needs "
+        "a clique of its own: free nodes in a clique (nvidia.com/gpu.clique), or run fewer "
+        "or smaller groups (--nodes, --nodes-per-clique)"
+    )
 
 
 def pod_problem(

@@ -164,20 +164,17 @@ def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
     cannot add).
 
     ``module`` empty: ``args`` is the whole command, run as given (once per pod); it reads the
-    rendezvous from the env (MASTER_ADDR, WORLD_SIZE, NODE_RANK, ...). Not with clique groups:
-    there ``NODE_RANK`` would count within the group.
+    rendezvous from the env (MASTER_ADDR, WORLD_SIZE, NODE_RANK, ...). With clique groups it
+    runs through the launcher's ``--exec``, which sets ``NODE_RANK`` to the group's first node
+    rank plus the completion index and then becomes the program (the image needs
+    mnnvl-pipelines, as for a module entry point, but no shell).
     """
     if not all(isinstance(a, str) for a in args):
         raise SpecError("command", "every argument must be a string")
     if module == "" and args:
-        if grouped:
-            raise SpecError(
-                "nodes_per_clique",
-                "a custom command takes its node rank from one Job; across clique groups run "
-                "a Python module entry point (its node rank is group base + completion index)",
-            )
         # "$$" is the kubelet's escape for "$": the user's words reach the program verbatim.
-        return [a.replace("$", "$$") for a in args]
+        verbatim = [a.replace("$", "$$") for a in args]
+        return ["python3", "-m", LAUNCH_MODULE, "--exec", "--", *verbatim] if grouped else verbatim
     if not isinstance(module, str) or not _MODULE.match(module):
         raise SpecError("module", f"{module!r} is not a Python module name like {TRAIN_MODULE}")
     rank = [] if grouped else ["--node-rank=$(JOB_COMPLETION_INDEX)"]
@@ -197,17 +194,21 @@ def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
     ]
 
 
-def affinity(workload: WorkloadSpec, job: str) -> dict[str, Any]:
+def affinity(workload: WorkloadSpec, job: str, group: int | None = None) -> dict[str, Any]:
     """One pod per node always; with ``clique_affinity`` all pods of ``job`` in one NVLink
-    clique. With clique groups (one Job each) the anti-affinity covers every group's pods,
-    so two groups never share a node, while each group picks its own clique.
+    clique, and with clique groups (one Job each) every group in a clique of its own.
 
     Anti-affinity on the hostname is not optional: a node has one IMEX channel device,
     which one pod's claim holds. The required pod affinity on ``nvidia.com/gpu.clique``
     does not deadlock the first pod: the scheduler lets a pod through when no pod matches
     its term yet and the pod matches its own term, so the first pod picks the clique and
-    the rest follow. Without gang scheduling a clique with too few free nodes leaves the
-    later pods Pending; the launcher's wait reports that as Unschedulable.
+    the rest follow. That first pod may land anywhere, so without the anti-affinity between
+    groups two groups can start in one clique and each take nodes the other needs (neither
+    can finish placing). With it, each group's first pod takes a clique no other group of
+    the run holds, and the group's other pods find that clique's nodes free of the run's
+    pods: placement cannot deadlock as long as the cluster has a clique with
+    ``nodes_per_clique`` free nodes per group. A group whose clique is too small stays
+    Pending; the launcher's wait reports it (no NVLink clique with room) after the grace.
     """
     same_job = {"matchLabels": {JOB_NAME_LABEL: job}}
     same_step = {"matchLabels": step_selector(workload)}
@@ -224,11 +225,16 @@ def affinity(workload: WorkloadSpec, job: str) -> dict[str, Any]:
                 {"labelSelector": same_job, "topologyKey": CLIQUE_LABEL}
             ]
         }
-    result["podAntiAffinity"] = {
-        "requiredDuringSchedulingIgnoredDuringExecution": [
-            {"labelSelector": same_step, "topologyKey": HOSTNAME_LABEL}
-        ]
-    }
+    anti = [{"labelSelector": same_step, "topologyKey": HOSTNAME_LABEL}]
+    if workload.clique_affinity and group is not None:
+        other_groups = {
+            "matchLabels": step_selector(workload),
+            "matchExpressions": [
+                {"key": LABEL_CLIQUE_GROUP, "operator": "NotIn", "values": [str(group)]}
+            ],
+        }
+        anti.append({"labelSelector": other_groups, "topologyKey": CLIQUE_LABEL})
+    result["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": anti}
     return result
 
 
@@ -339,7 +345,7 @@ def pod_spec(
                 for i, m in enumerate(parse_pvc(workload.pvc))
             ),
         ],
-        "affinity": affinity(workload, job),
+        "affinity": affinity(workload, job, group),
         "tolerations": [
             {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
             *(parse_toleration(item) for item in workload.tolerations),

@@ -32,6 +32,10 @@ A clique group's pod (one Indexed Job per group) gets no ``--node-rank``: its no
 the group's first node rank (``MNNVL_NODE_RANK_BASE``) plus ``JOB_COMPLETION_INDEX``,
 added here because the kubelet's ``$(VAR)`` expansion cannot add. Bad options are a usage
 error (exit 2) before any worker starts.
+
+``python -m mnnvl.runtime.launch --exec -- PROGRAM [ARGS]`` is a clique group's custom
+command: it sets ``NODE_RANK`` to the same sum and replaces itself with ``PROGRAM`` (no
+shell needed in the image; the program's exit code is the container's).
 """
 
 from __future__ import annotations
@@ -55,24 +59,49 @@ logger = logging.getLogger("mnnvl.runtime.launch")
 GRACE_S = 15.0  # SIGTERM -> SIGKILL for workers; below a pod's default 30 s grace period
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 WATCHED = STOP_SIGNALS | {signal.SIGCHLD}
+EXEC = "--exec"  # a clique group's custom command (see the module docstring)
 DEFAULT_PORT = 29500  # torchrun's default rendezvous port for several nodes
 Codes = list[tuple[float, int, int]]  # (when reaped, global rank, exit code) per worker
 
 
-def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
-    """``argv`` with ``--node-rank`` of a clique group's pod added (unchanged otherwise)."""
-    if NODE_RANK_BASE_ENV not in environ or any(
-        a.startswith(("--node-rank", "--node_rank")) for a in argv
-    ):
-        return list(argv)
+def group_node_rank(environ: Mapping[str, str]) -> int | None:
+    """A clique group's pod's node rank: the group's first plus the completion index."""
+    if NODE_RANK_BASE_ENV not in environ:
+        return None
     try:
-        rank = int(environ[NODE_RANK_BASE_ENV]) + int(environ["JOB_COMPLETION_INDEX"])
+        return int(environ[NODE_RANK_BASE_ENV]) + int(environ["JOB_COMPLETION_INDEX"])
     except (KeyError, ValueError):
         raise SpecError(
             NODE_RANK_BASE_ENV,
             "a clique group's pod needs it and JOB_COMPLETION_INDEX as whole numbers",
         ) from None
-    return [f"--node-rank={rank}", *argv]
+
+
+def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
+    """``argv`` with ``--node-rank`` of a clique group's pod added (unchanged otherwise)."""
+    if any(a.startswith(("--node-rank", "--node_rank")) for a in argv):
+        return list(argv)
+    rank = group_node_rank(environ)
+    return list(argv) if rank is None else [f"--node-rank={rank}", *argv]
+
+
+def exec_program(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """``[--] PROGRAM ARGS`` run in place of this process with the group's ``NODE_RANK``;
+    returns only when it cannot start (2: no such program in the image)."""
+    args = list(argv[1:] if argv[:1] == ["--"] else argv)
+    if not args:
+        raise SpecError("command", "--exec needs a program to run")
+    env = dict(environ)
+    rank = group_node_rank(environ)
+    if rank is not None:
+        env["NODE_RANK"] = str(rank)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(args[0], args, env)
+    except OSError as e:
+        raise SpecError("command", f"cannot run {args[0]!r} in this image: {e}") from None
+    return 1  # not reached: exec replaced this process
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -262,8 +291,11 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        full = with_node_rank(sys.argv[1:] if argv is None else argv, os.environ)
+        if argv[:1] == [EXEC]:
+            return exec_program(argv[1:], os.environ)
+        full = with_node_rank(argv, os.environ)
     except SpecError as e:
         logger.error("%s", e)
         return e.exit_code

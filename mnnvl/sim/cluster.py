@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from mnnvl.sim.store import Obj, Store
 log = logging.getLogger(__name__)
 SERVER_POLL_S = 0.05  # how often the API server thread checks for stop()
 CRD_NAME = "computedomains.resource.nvidia.com"
+SEED_ENV = "MNNVL_SIM_SEED"
 OUR_KINDS = (
     "computedomains",
     "resourceclaimtemplates",
@@ -39,6 +41,19 @@ OUR_KINDS = (
     "pods",
     "services",
 )
+
+
+def scheduler_seed_from(seed: int | None) -> int:
+    """The given seed, else ``$MNNVL_SIM_SEED``, else a fresh random one."""
+    if seed is not None:
+        return int(seed)
+    text = os.environ.get(SEED_ENV, "")
+    if text:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{SEED_ENV}={text!r} is not a whole number") from None
+    return random.SystemRandom().randrange(2**31)
 
 
 class SimCluster:
@@ -61,14 +76,18 @@ class SimCluster:
         watch_history: int = 10000,
         kueue: bool = False,
         kueue_admission_delay_s: float = 0.5,
+        scheduler_seed: int | None = None,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
         "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
-        ``watch_history`` events are kept for watches to resume from (older: 410 Gone)."""
+        ``watch_history`` events are kept for watches to resume from (older: 410 Gone).
+        ``scheduler_seed`` draws the scheduler's tie-breaks and queue order (default:
+        ``$MNNVL_SIM_SEED``, else a fresh random seed, logged and kept in ``scheduler_seed``)."""
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
         self.nodes, self.gpus_per_node, self.cliques = nodes, gpus_per_node, cliques
         self.crd_installed = crd_installed
+        self.scheduler_seed = scheduler_seed_from(scheduler_seed)
         self.namespaces = tuple(namespaces)
         self.cluster_uuid = str(uuid.uuid4())
         self.local_gpus = [str(g) for g in (local_gpu_ids() if local_gpus is None else local_gpus)]
@@ -100,7 +119,7 @@ class SimCluster:
         self._driver = driver
         self._parts = [
             driver,
-            Scheduler(self.store, self.faults),
+            Scheduler(self.store, self.faults, self.scheduler_seed),
             JobController(self.store, self.admission.admit),
             kubelet,
             *([self.kueue] if self.kueue else []),
@@ -120,7 +139,13 @@ class SimCluster:
             daemon=True,
         ).start()
         self._write_kubeconfig()
-        log.info("simulated cluster up at %s (%d nodes)", self.url, self.nodes)
+        log.info(
+            "simulated cluster up at %s (%d nodes, %s=%d reproduces its placements)",
+            self.url,
+            self.nodes,
+            SEED_ENV,
+            self.scheduler_seed,
+        )
         return self
 
     def stop(self) -> None:
@@ -220,8 +245,11 @@ class SimCluster:
         ComputeDomains running there fail, as when a node drops out of an NVLink rack."""
 
         def not_ready(o: Obj) -> None:
-            o["spec"]["unschedulable"] = True
-            o["spec"]["taints"] = [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]
+            # What the node lifecycle controller does to a node that stopped reporting.
+            o["spec"]["taints"] = [
+                {"key": "node.kubernetes.io/unreachable", "effect": effect}
+                for effect in ("NoSchedule", "NoExecute")
+            ]
             o["status"]["conditions"] = [
                 {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
             ]

@@ -1,9 +1,21 @@
-"""Scheduling filters: node selectors and affinity, GPU capacity, channel-0, pod (anti-)affinity."""
+"""Scheduling filters and scores of the simulated kube-scheduler, in upstream's plugin order.
+
+Filters (the first that fails names the node's reason, as kube-scheduler reports it):
+NodeUnschedulable, TaintToleration (``NoSchedule``/``NoExecute`` taints), NodeAffinity
+(nodeSelector + required node affinity), NodeResourcesFit (``nvidia.com/gpu`` limits and
+``gpu.nvidia.com`` claims against allocatable), InterPodAffinity (:mod:`mnnvl.sim.affinity`),
+DynamicResources (one ``channel-0`` per node). Scores, with the default plugin weights:
+TaintToleration 3 (untolerated ``PreferNoSchedule`` taints), NodeResourcesFit 1 (least
+allocated CPU and memory, with the scheduler's non-zero defaults for pods that request none),
+NodeResourcesBalancedAllocation 1, InterPodAffinity 2. The scheduler picks the highest total
+and breaks ties at random.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from mnnvl.sim.affinity import InterPodAffinity, normalize_min_max, selector_matches
 from mnnvl.sim.dra import channel_domain
 from mnnvl.sim.model import Obj
 from mnnvl.sim.store import Store
@@ -11,25 +23,12 @@ from mnnvl.sim.store import Store
 GPU = "nvidia.com/gpu"
 GPU_CLASS = "gpu.nvidia.com"
 TERMINAL = ("Succeeded", "Failed")
-
-
-def selector_matches(sel: Obj | None, labels: dict[str, str]) -> bool:
-    """A metav1.LabelSelector (matchLabels + matchExpressions) against labels."""
-    if sel is None:
-        return False
-    if any(labels.get(k) != v for k, v in (sel.get("matchLabels") or {}).items()):
-        return False
-    for e in sel.get("matchExpressions") or []:
-        key, op, vals = e["key"], e["operator"], e.get("values") or []
-        ok = {
-            "In": labels.get(key) in vals,
-            "NotIn": labels.get(key) not in vals,
-            "Exists": key in labels,
-            "DoesNotExist": key not in labels,
-        }.get(op, False)
-        if not ok:
-            return False
-    return True
+MAX_SCORE = 100
+UNSCHEDULABLE = "node(s) were unschedulable"
+NODE_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
+# kube-scheduler scores a pod without requests as if it asked for 100m CPU and 200 MiB.
+DEFAULT_REQUEST = {"cpu": 100, "memory": 200 * 1024 * 1024}  # millicores, bytes
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
 
 
 def node_affinity_ok(pod: Obj, node_labels: dict[str, str]) -> bool:
@@ -45,6 +44,30 @@ def node_affinity_ok(pod: Obj, node_labels: dict[str, str]) -> bool:
         selector_matches({"matchExpressions": t.get("matchExpressions") or []}, node_labels)
         for t in req.get("nodeSelectorTerms") or []
     )
+
+
+def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
+    """core/v1 ``Toleration.ToleratesTaint``: empty effect or key (with Exists) match any."""
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if t.get("key") and t["key"] != taint.get("key"):
+            continue
+        if not t.get("key") and op != "Exists":
+            continue
+        if op == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def untolerated(pod: Obj, node: Obj, effects: tuple[str, ...]) -> list[Obj]:
+    tolerations = pod["spec"].get("tolerations") or []
+    return [
+        t
+        for t in (node.get("spec") or {}).get("taints") or []
+        if t.get("effect") in effects and not tolerates(tolerations, t)
+    ]
 
 
 def pod_gpus(pod: Obj) -> int:
@@ -66,8 +89,34 @@ def claim_gpus(claim: Obj) -> int:
     )
 
 
+def quantity(text: Any, resource: str) -> int:
+    """A resource quantity in millicores (cpu) or bytes (memory)."""
+    s = str(text)
+    if resource == "cpu":
+        return int(s[:-1]) if s.endswith("m") else int(float(s) * 1000)
+    for suffix, factor in _UNITS.items():
+        if s.endswith(suffix):
+            return int(float(s[: -len(suffix)]) * factor)
+    return int(float(s))
+
+
+def pod_requests(pod: Obj, non_zero: bool) -> dict[str, int]:
+    """CPU and memory requested by the pod's containers (limits stand in for absent requests,
+    as the API server defaults them); ``non_zero``: the scheduler's defaults for none."""
+    total = dict.fromkeys(DEFAULT_REQUEST, 0)
+    for c in pod["spec"].get("containers") or []:
+        res = c.get("resources") or {}
+        for r in total:
+            value = (res.get("requests") or {}).get(r) or (res.get("limits") or {}).get(r)
+            if value is not None:
+                total[r] += quantity(value, r)
+            elif non_zero:
+                total[r] += DEFAULT_REQUEST[r]
+    return total
+
+
 class Context:
-    """What one scheduling decision needs: usage per node and the placed pods."""
+    """One scheduling cycle: the placed pods, per-node usage and the inter-pod affinity state."""
 
     def __init__(self, store: Store, pod: Obj, claims: list[Obj], nodes: list[Obj]) -> None:
         self.pod, self.nodes = pod, {n["metadata"]["name"]: n for n in nodes}
@@ -81,11 +130,16 @@ class Context:
                 and (o.get("status") or {}).get("phase") not in TERMINAL
             ),
         )
-        self.bound = bound
         self.gpus: dict[str, int] = {}
+        self.requested: dict[str, dict[str, int]] = {}  # node -> non-zero requests
+        self.real: dict[str, dict[str, int]] = {}  # node -> requests as written
         for p in bound:
             node = p["spec"]["nodeName"]
             self.gpus[node] = self.gpus.get(node, 0) + pod_gpus(p)
+            for into, non_zero in ((self.requested, True), (self.real, False)):
+                used = into.setdefault(node, dict.fromkeys(DEFAULT_REQUEST, 0))
+                for r, v in pod_requests(p, non_zero).items():
+                    used[r] += v
         self.channels: set[str] = set()
         for c in store.list("resourceclaims")[0]:
             for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
@@ -95,53 +149,83 @@ class Context:
                     self.channels.add(r["pool"])
                 elif r.get("device") == "gpu":
                     self.gpus[r["pool"]] = self.gpus.get(r["pool"], 0) + claim_gpus(c)
+        placed = [
+            (p, _labels(self.nodes[p["spec"]["nodeName"]]))
+            for p in bound
+            if p["spec"]["nodeName"] in self.nodes
+        ]
+        self.inter_pod = InterPodAffinity(pod, placed)
 
     def misfit(self, node: Obj) -> str | None:
-        name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
-        if node.get("spec", {}).get("unschedulable"):
-            return "node(s) had untolerated taint {node.kubernetes.io/unreachable: }"
+        """The first filter the node fails for this pod, in kube-scheduler's words."""
+        name, labels = node["metadata"]["name"], _labels(node)
+        if (node.get("spec") or {}).get("unschedulable") and not tolerates(
+            self.pod["spec"].get("tolerations") or [],
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+        ):
+            return UNSCHEDULABLE
+        taints = untolerated(self.pod, node, ("NoSchedule", "NoExecute"))
+        if taints:
+            key, value = taints[0].get("key", ""), taints[0].get("value") or ""
+            return f"node(s) had untolerated taint {{{key}: {value}}}"
         if not node_affinity_ok(self.pod, labels):
-            return "node(s) didn't match Pod's node affinity/selector"
+            return NODE_AFFINITY
         alloc = int((node.get("status") or {}).get("allocatable", {}).get(GPU) or 0)
         if self.need_gpus and self.gpus.get(name, 0) + self.need_gpus > alloc:
             return f"Insufficient {GPU}"
+        why = self.inter_pod.misfit(labels)
+        if why is not None:
+            return why
         if self.needs_channel and name in self.channels:
             return "cannot allocate all claims"
-        aff = self.pod["spec"].get("affinity") or {}
-        for term in _required(aff, "podAffinity"):
-            if not self._affinity_ok(term, labels, anti=False):
-                return "node(s) didn't match pod affinity rules"
-        for term in _required(aff, "podAntiAffinity"):
-            if not self._affinity_ok(term, labels, anti=True):
-                return "node(s) didn't match pod anti-affinity rules"
         return None
 
-    def _affinity_ok(self, term: Obj, node_labels: dict[str, str], anti: bool) -> bool:
-        key, ns = term.get("topologyKey", ""), self.pod["metadata"]["namespace"]
-        namespaces = term.get("namespaces") or [ns]
-        peers = [
-            p
-            for p in self.bound
-            if p["metadata"]["namespace"] in namespaces
-            and selector_matches(term.get("labelSelector"), p["metadata"].get("labels") or {})
-        ]
-        domains = {
-            (self.nodes.get(p["spec"]["nodeName"]) or {"metadata": {}})["metadata"]
-            .get("labels", {})
-            .get(key)
-            for p in peers
+    def scores(self, feasible: list[Obj]) -> dict[str, int]:
+        """Weighted totals per feasible node name (higher is better)."""
+        names = [n["metadata"]["name"] for n in feasible]
+        prefer_no = {
+            n["metadata"]["name"]: len(untolerated(self.pod, n, ("PreferNoSchedule",)))
+            for n in feasible
         }
-        here = node_labels.get(key)
-        if anti:
-            return here is None or here not in domains
-        if here is None:
-            return False
-        if not peers:  # first pod of a group may go anywhere if it matches its own term
-            return selector_matches(
-                term.get("labelSelector"), self.pod["metadata"].get("labels") or {}
-            )
-        return here in domains
+        worst = max(prefer_no.values(), default=0)
+        affinity = normalize_min_max(
+            {n["metadata"]["name"]: self.inter_pod.raw_score(_labels(n)) for n in feasible},
+            MAX_SCORE,
+        )
+        return {
+            name: 3 * (MAX_SCORE - (MAX_SCORE * prefer_no[name] // worst if worst else 0))
+            + self._least_allocated(self.nodes[name])
+            + self._balanced(self.nodes[name])
+            + 2 * affinity[name]
+            for name in names
+        }
+
+    def _allocatable(self, node: Obj) -> dict[str, int]:
+        alloc = (node.get("status") or {}).get("allocatable") or {}
+        return {r: quantity(alloc.get(r, "0"), r) for r in DEFAULT_REQUEST}
+
+    def _least_allocated(self, node: Obj) -> int:
+        """NodeResourcesFit's LeastAllocated over CPU and memory (weight 1 each)."""
+        name, alloc = node["metadata"]["name"], self._allocatable(node)
+        incoming = pod_requests(self.pod, non_zero=True)
+        used = self.requested.get(name) or dict.fromkeys(DEFAULT_REQUEST, 0)
+        total = 0
+        for r, cap in alloc.items():
+            want = used[r] + incoming[r]
+            total += 0 if cap == 0 or want > cap else (cap - want) * MAX_SCORE // cap
+        return total // len(alloc)
+
+    def _balanced(self, node: Obj) -> int:
+        """NodeResourcesBalancedAllocation: 1 - the spread of CPU and memory fractions."""
+        name, alloc = node["metadata"]["name"], self._allocatable(node)
+        incoming = pod_requests(self.pod, non_zero=False)
+        used = self.real.get(name) or dict.fromkeys(DEFAULT_REQUEST, 0)
+        fractions = [
+            min((used[r] + incoming[r]) / cap, 1.0) if cap else 1.0 for r, cap in alloc.items()
+        ]
+        spread = abs(fractions[0] - fractions[1]) / 2
+        return int((1 - spread) * MAX_SCORE)
 
 
-def _required(aff: Obj, kind: str) -> list[Any]:
-    return list((aff.get(kind) or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+def _labels(node: Obj) -> dict[str, str]:
+    return dict(node["metadata"].get("labels") or {})

@@ -2,15 +2,21 @@
 
 Claims: each ``pod.spec.resourceClaims[].resourceClaimTemplateName`` becomes a ResourceClaim
 ``<pod>-<claim>-<5 chars>`` owned by the pod (a missing template leaves the pod Pending with a
-``FailedResourceClaimCreation`` Event). Scheduling filters: nodeSelector, required node affinity,
-``nvidia.com/gpu`` limits (and ``gpu.nvidia.com`` claim counts) against allocatable, one
-``channel-0`` per node, required pod (anti-)affinity by topologyKey. The first fitting node in
-name order wins. Event-driven: a pending pod is retried whenever pods, nodes or templates change.
+``FailedResourceClaimCreation`` Event). Scheduling works as kube-scheduler's default profile
+(filters and scores in :mod:`mnnvl.sim.placement`): every node is filtered, the feasible ones
+are scored, and ties among the best are broken at random from the cluster's seed, so two runs
+with the same seed place the same way and different seeds show different placements.
+
+Queue order: pods by priority, then by arrival. Pods that arrive in one pass (the Job
+controller's workers create several Jobs' pods concurrently, so which reaches the real queue
+first is a race) are taken in an order drawn from the seed. Event-driven: a pending pod is
+retried whenever pods, nodes or templates change.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import secrets
 import string
 import threading
@@ -18,10 +24,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mnnvl.sim.affinity import AFFINITY
 from mnnvl.sim.dra import channel_domain
 from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
-from mnnvl.sim.placement import GPU_CLASS, TERMINAL, Context
+from mnnvl.sim.placement import GPU_CLASS, NODE_AFFINITY, TERMINAL, UNSCHEDULABLE, Context
 from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent, clone, now_iso
 
 log = logging.getLogger(__name__)
@@ -30,11 +37,7 @@ JOB_LABEL = "batch.kubernetes.io/job-name"
 
 
 # Filter verdicts preemption cannot fix (kube-scheduler's UnschedulableAndUnresolvable).
-UNRESOLVABLE = (
-    "node(s) didn't match Pod's node affinity/selector",
-    "node(s) didn't match pod affinity rules",
-    "node(s) had untolerated taint {node.kubernetes.io/unreachable: }",
-)
+UNRESOLVABLE = (NODE_AFFINITY, AFFINITY, UNSCHEDULABLE, "node(s) had untolerated taint")
 
 
 def rand5() -> str:
@@ -42,8 +45,9 @@ def rand5() -> str:
 
 
 class Scheduler:
-    def __init__(self, store: Store, faults: Faults) -> None:
+    def __init__(self, store: Store, faults: Faults, seed: int = 0) -> None:
         self.store, self.faults = store, faults
+        self.rng = random.Random(seed)
         self._sub = store.subscribe(["pods", "nodes", "resourceclaimtemplates"])
         self._thread: threading.Thread | None = None
         self._first_seen: dict[str, float] = {}  # pod uid -> monotonic time first seen
@@ -177,6 +181,8 @@ class Scheduler:
             lambda o: not o["spec"].get("nodeName") and not o["metadata"].get("deletionTimestamp"),
         )
         now = time.monotonic()
+        self.rng.shuffle(pods)
+        pods.sort(key=lambda p: -int(p["spec"].get("priority") or 0))  # stable: ties stay shuffled
         seen = {p["metadata"]["uid"] for p in pods}
         self._first_seen = {u: t for u, t in self._first_seen.items() if u in seen}
         for pod in pods:
@@ -209,19 +215,21 @@ class Scheduler:
             labels.get(JOB_LABEL), int(index) if index else None, "Unschedulable"
         )
         reasons: dict[str, int] = {}
-        chosen = None
+        feasible: list[Obj] = []
+        ctx = Context(self.store, pod, claims, nodes)
         if fault is not None:
             reasons["node(s) were unschedulable (simulated fault)"] = len(nodes)
         else:
-            ctx = Context(self.store, pod, claims, nodes)
             for node in nodes:
                 why = ctx.misfit(node)
                 if why is None:
-                    chosen = node
-                    break
-                reasons[why] = reasons.get(why, 0) + 1
-        if chosen is not None:
-            self._bind(pod, claims, chosen["metadata"]["name"])
+                    feasible.append(node)
+                else:
+                    reasons[why] = reasons.get(why, 0) + 1
+        if feasible:
+            scores = ctx.scores(feasible)
+            best = max(scores.values())
+            self._bind(pod, claims, self.rng.choice([n for n, s in scores.items() if s == best]))
             return
         msg = unschedulable_message(len(nodes), reasons)
         cond = {
@@ -287,7 +295,7 @@ class Scheduler:
 
 def unschedulable_message(total: int, reasons: dict[str, int]) -> str:
     """kube-scheduler's FailedScheduling text, preemption post-filter included."""
-    hopeless = sum(n for r, n in reasons.items() if r in UNRESOLVABLE)
+    hopeless = sum(n for r, n in reasons.items() if r.startswith(UNRESOLVABLE))
     victims = total - hopeless
     preemption = ", ".join(
         f"{n} {r}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import Any
@@ -42,19 +43,26 @@ def test_one_job_per_group_each_with_its_share_of_the_nodes_and_one_rendezvous()
         assert not any(a.startswith("--node-rank") for a in ctr["command"])
 
 
-def test_each_group_sits_in_one_clique_and_no_two_groups_share_a_node() -> None:
+def test_each_group_sits_in_one_clique_of_its_own_and_no_two_groups_share_a_node() -> None:
     jobs = indexed_jobs(GROUPED, TRAIN_MODULE, [])
     step = {"mnnvl.io/run-id": RUN, "app.kubernetes.io/component": "train"}
-    for job in jobs:
+    for g, job in enumerate(jobs):
         aff = job["spec"]["template"]["spec"]["affinity"]
         (together,) = aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert together["topologyKey"] == "nvidia.com/gpu.clique"
         own = {"batch.kubernetes.io/job-name": job["metadata"]["name"]}
         assert together["labelSelector"] == {"matchLabels": own}
-        (apart,) = aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        apart, other_cliques = aff["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]
         assert apart == {
             "labelSelector": {"matchLabels": step},
             "topologyKey": "kubernetes.io/hostname",
+        }
+        others = {"key": "mnnvl.io/clique-group", "operator": "NotIn", "values": [str(g)]}
+        assert other_cliques == {
+            "labelSelector": {"matchLabels": step, "matchExpressions": [others]},
+            "topologyKey": "nvidia.com/gpu.clique",
         }
         # every pod of every group carries the labels the anti-affinity and the Service select
         assert step.items() <= job["spec"]["template"]["metadata"]["labels"].items()
@@ -84,15 +92,31 @@ def test_render_144_nodes_in_8_cliques_validates_against_kubernetes_and_both_crd
     assert sum(o["spec"]["completions"] for o in objs if o["kind"] == "Job") == 2 * 144
 
 
-def test_cli_render_of_144_nodes_writes_16_jobs() -> None:
+def test_cli_render_of_144_nodes_writes_16_jobs_each_group_in_a_clique_of_its_own() -> None:
     cmd = [sys.executable, "-m", "mnnvl", "render", "--run-id", "big", "--nodes", "144"]
     cmd += ["--nodes-per-clique", "18", "--gpus-per-node", "4"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))  # stdout is pure YAML
-    assert sum(d["kind"] == "Job" for d in docs) == 16
+    jobs = [d for d in docs if d["kind"] == "Job"]
+    assert len(jobs) == 16
     names = [d["metadata"]["name"] for d in docs if d["kind"] != "Service"]
     assert len(set(names)) == len(names) == 17 and max(map(len, names)) <= 63
+    for job in jobs:  # the placement rule: one clique per group, no two groups in one clique
+        group = job["metadata"]["labels"]["mnnvl.io/clique-group"]
+        aff = job["spec"]["template"]["spec"]["affinity"]
+        (together,) = aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert together["topologyKey"] == "nvidia.com/gpu.clique"
+        assert together["labelSelector"]["matchLabels"] == {
+            "batch.kubernetes.io/job-name": job["metadata"]["name"]
+        }
+        apart = aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        (other_groups,) = [t for t in apart if t["topologyKey"] == "nvidia.com/gpu.clique"]
+        assert other_groups["labelSelector"]["matchExpressions"] == [
+            {"key": "mnnvl.io/clique-group", "operator": "NotIn", "values": [group]}
+        ]
+        assert other_groups["labelSelector"]["matchLabels"]["mnnvl.io/run-id"] == "big"
+        assert [t["topologyKey"] for t in apart].count("kubernetes.io/hostname") == 1
 
 
 @pytest.mark.parametrize("group", [0, 9, MAX_GROUPS - 1])
@@ -128,3 +152,37 @@ def test_group_launcher_adds_the_groups_first_node_rank_to_the_index() -> None:
     assert with_node_rank(["--node-rank=0", "-m", "x"], {}) == ["--node-rank=0", "-m", "x"]
     with pytest.raises(SpecError, match="JOB_COMPLETION_INDEX"):
         with_node_rank(["-m", "x"], {"MNNVL_NODE_RANK_BASE": "4"})
+
+
+def test_custom_command_across_groups_runs_through_the_launchers_exec_verbatim() -> None:
+    jobs = indexed_jobs(GROUPED, "", ["/opt/app/run", "--tag=$HOME"])
+    for job in jobs:
+        (ctr,) = job["spec"]["template"]["spec"]["containers"]
+        assert ctr["command"] == [
+            "python3",
+            "-m",
+            "mnnvl.runtime.launch",
+            "--exec",
+            "--",
+            "/opt/app/run",
+            "--tag=$$HOME",
+        ]
+
+
+def test_launcher_exec_gives_a_group_pod_its_node_rank_and_becomes_the_program() -> None:
+    code = "import os, sys; print(os.environ['NODE_RANK'], sys.argv[1:]); sys.exit(7)"
+    env = {"MNNVL_NODE_RANK_BASE": "4", "JOB_COMPLETION_INDEX": "1", "NODE_RANK": "1"}
+    cmd = [sys.executable, "-m", "mnnvl.runtime.launch", "--exec", "--"]
+    proc = subprocess.run(
+        [*cmd, sys.executable, "-c", code, "a b"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (proc.returncode, proc.stdout) == (7, "5 ['a b']\n"), proc.stderr
+    missing = subprocess.run(
+        [*cmd, "/no/such/program"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert missing.returncode == 2 and "cannot run '/no/such/program'" in missing.stderr
