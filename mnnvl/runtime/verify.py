@@ -182,17 +182,6 @@ def _dist_env() -> tuple[int, int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
 
 
-def _nvml_id(device: torch.device) -> list[str | int]:
-    """The NVML identity of the CUDA device (UUID, since CUDA_VISIBLE_DEVICES renumbers)."""
-    if device.type != "cuda":
-        return []
-    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    if uuid is not None:
-        text = str(uuid)
-        return [text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"]
-    return [device.index or 0]
-
-
 def _sweep_plan(cfg: VerifyConfig, cuda: bool) -> collectives.SweepPlan:
     lo, hi = GPU_SIZES if cuda else CPU_SIZES
     max_bytes = cfg.max_bytes or hi
@@ -246,7 +235,7 @@ def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     if device is not None:
         torch.cuda.set_device(device)
     phases.mark("cuda_setup")
-    summary = nvml.check_gpus(_nvml_id(device) if device is not None else [])
+    summary = nvml.check_gpus(devices.nvml_ids(device) if device is not None else [])
     summary.update(rank=rank, local_rank=local_rank, host=devices.pod_name())
     phases.mark("nvml")
     # The profile must see the fabric state before NCCL initialises: it sets
