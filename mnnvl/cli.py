@@ -28,7 +28,7 @@ from mnnvl.cli_parser import build_parser
 from mnnvl.contract import exit_codes
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run
-from mnnvl.run import run_all
+from mnnvl.run import PlannedTask, plan, run_all, run_inputs
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
 
@@ -209,15 +209,22 @@ def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
     ).to_dict()
 
 
+def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
+    """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default)."""
+    values = {n: getattr(ns, n) for n in run_inputs() if getattr(ns, n, None) is not None}
+    return plan(values | _own_namespace(ns), ns.run_id, skip_verify=ns.skip_verify)
+
+
 def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.run_id:
         ns.run_id = f"run-{uuid.uuid4().hex[:12]}"
-    domain, workload, train_cfg, verify_cfg = _run_specs(ns)
-    render_run(domain, workload, train_cfg, verify_cfg)  # every object builds before any call
+    planned = _run_plan(ns)  # every task's specs and objects build before any call
     if not ns.sim:
-        return _run_all(domain, workload, train_cfg, verify_cfg, ns)
+        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir)
     from mnnvl.sim import SimCluster
 
+    domain = planned[0].specs[0]
+    workload = next(p.specs[0] for p in planned if p.task.step == "train")
     with SimCluster(
         nodes=workload.nodes,
         gpus_per_node=workload.gpus_per_node,
@@ -225,32 +232,13 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         namespaces=(domain.namespace,),
     ) as sim:
         logger.info("simulated cluster up at %s (kubeconfig %s)", sim.url, sim.kubeconfig_path)
-        ns.kubeconfig = sim.kubeconfig_path
-        result = _run_all(domain, workload, train_cfg, verify_cfg, ns)
+        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=ns.report_dir)
         result["sim"] = {
             "url": sim.url,
             "requests": sim.request_count,
             "leftover": [list(o) for o in sim.objects()],
         }
     return result
-
-
-def _run_all(
-    domain: DomainSpec,
-    workload: WorkloadSpec,
-    train_cfg: TrainConfig,
-    verify_cfg: VerifyConfig,
-    ns: argparse.Namespace,
-) -> dict[str, Any]:
-    return run_all(
-        domain,
-        workload,
-        train_cfg,
-        verify_cfg,
-        kubeconfig=ns.kubeconfig,
-        report_dir=ns.report_dir,
-        skip_verify=ns.skip_verify,
-    )
 
 
 def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
