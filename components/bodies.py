@@ -17,6 +17,7 @@ from mnnvl.components.artifacts import (
     publish_verify,
     write_result,
 )
+from mnnvl.contract.result import verdict_accepted
 from mnnvl.errors import VerificationFailed, WorkloadFailed
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
@@ -61,7 +62,7 @@ def verify_nvlink(params: dict[str, Any]) -> None:
     publish_verify(
         workload.run_id, outcome, purpose, params["metrics"], params["report"], params["result"]
     )
-    if not steps.verdict_accepted(outcome.verdict, config.allow_unjudged):
+    if not verdict_accepted(outcome.verdict, config.allow_unjudged):
         raise VerificationFailed(
             f"{purpose}: verdict {outcome.verdict}: judged busbw {outcome.judged_busbw_gbps} GB/s, "
             f"peak {outcome.peak_busbw_gbps} GB/s, threshold {outcome.threshold_gbps} GB/s; "

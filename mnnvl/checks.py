@@ -10,6 +10,7 @@ import math
 import os
 import re
 
+from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -55,33 +56,6 @@ MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-charact
 MAX_GPUS_PER_NODE = 8
 DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
-
-# Values that silently disable MNNVL; refused wherever a user can pass environment.
-FORBIDDEN_ENV = {"NCCL_CUMEM_ENABLE": "0"}
-# Set on the GPU hosts to keep NVLink multicast off; nothing we ship may override them.
-PINNED_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
-# Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
-JOB_ENV = (
-    "MASTER_ADDR",
-    "WORLD_SIZE",
-    "NODE_RANK",
-    "MASTER_PORT",
-    "NNODES",
-    "NPROC_PER_NODE",
-    "MNNVL_RUN_ID",
-    "JOB_COMPLETION_INDEX",
-    "MNNVL_NCCL_PROFILE",
-    "MNNVL_GPUS_PER_NODE",
-    "MNNVL_NUM_GROUPS",
-    "MNNVL_GROUP_INDEX",
-    "MNNVL_NODES_PER_GROUP",
-    "MNNVL_NODE_RANK_BASE",
-)
-# Placement across NVLink cliques, set on every worker by the Job builder (one Job per group).
-NUM_GROUPS_ENV = "MNNVL_NUM_GROUPS"
-GROUP_INDEX_ENV = "MNNVL_GROUP_INDEX"
-NODES_PER_GROUP_ENV = "MNNVL_NODES_PER_GROUP"
-NODE_RANK_BASE_ENV = "MNNVL_NODE_RANK_BASE"
 
 
 def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
@@ -157,12 +131,9 @@ def check_env(field_name: str, env: dict[str, str]) -> None:
             raise SpecError(f"{field_name}.{name}", "is not a valid environment variable name")
         if not isinstance(val, str):
             raise SpecError(f"{field_name}.{name}", f"value must be a string, got {val!r}")
-        if FORBIDDEN_ENV.get(name) == val.strip():
-            raise SpecError(
-                f"{field_name}.{name}",
-                f"{name}={val} silently disables MNNVL "
-                "(NCCL needs cuMem for fabric memory); remove it",
-            )
+        problem = contract_env.forbidden_problem({name: val})
+        if problem:
+            raise SpecError(f"{field_name}.{name}", problem[1])
 
 
 def list_items(items: list[str] | tuple[str, ...] | str, field: str) -> list[str]:

@@ -335,7 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         code = int(e.code or 0)
         if code:
             _emit(
-                {"ok": False, "error": "invalid command line (see usage above)", "exit_code": 2},
+                {
+                    "ok": False,
+                    "error": "invalid command line (see usage above)",
+                    "exit_code": exit_codes.BAD_INPUT,
+                },
                 None,
             )
         return code
@@ -344,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     bad_path = _result_path_problem(ns.result_path)
     if bad_path:
         logger.error("%s failed: %s", command, bad_path)
-        _emit({"ok": False, "command": command, "error": bad_path, "exit_code": 2}, None)
-        return 2
+        code = exit_codes.BAD_INPUT
+        _emit({"ok": False, "command": command, "error": bad_path, "exit_code": code}, None)
+        return code
     try:
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
@@ -371,9 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         logger.exception("%s failed unexpectedly", command)
         _emit(
-            {"ok": False, "command": command, "error": f"{type(e).__name__}: {e}", "exit_code": 1},
+            {
+                "ok": False,
+                "command": command,
+                "error": f"{type(e).__name__}: {e}",
+                "exit_code": exit_codes.UNEXPECTED,
+            },
             ns.result_path,
         )
-        return 1
+        return exit_codes.UNEXPECTED
     _emit({"ok": True, "command": command, **result}, ns.result_path)
-    return 0
+    return exit_codes.OK

@@ -21,20 +21,13 @@ from mnnvl.checks import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
     DTYPES,
-    FORBIDDEN_ENV,
     GPU_MODES,
-    GROUP_INDEX_ENV,
-    JOB_ENV,
     LABEL_VALUE,
     MAX_GPUS_PER_NODE,
     MAX_GROUPS,
     MAX_NODES,
     MODEL_PRESETS,
     NCCL_PROFILES,
-    NODE_RANK_BASE_ENV,
-    NODES_PER_GROUP_ENV,
-    NUM_GROUPS_ENV,
-    PINNED_ENV,
     PLAIN_TRAIN_DEFAULTS,
     PRESET_TRAIN_DEFAULTS,
     PURPOSES,
@@ -56,6 +49,7 @@ from mnnvl.checks import (
     pod_namespace,
     resolve_namespace,
 )
+from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
 from mnnvl.storage import parse_pvc
 
@@ -66,20 +60,13 @@ __all__ = [
     "DNS1123_LABEL",
     "DNS1123_SUBDOMAIN",
     "DTYPES",
-    "FORBIDDEN_ENV",
     "GPU_MODES",
-    "GROUP_INDEX_ENV",
-    "JOB_ENV",
     "LABEL_VALUE",
     "MAX_GPUS_PER_NODE",
     "MAX_GROUPS",
     "MAX_NODES",
     "MODEL_PRESETS",
     "NCCL_PROFILES",
-    "NODES_PER_GROUP_ENV",
-    "NODE_RANK_BASE_ENV",
-    "NUM_GROUPS_ENV",
-    "PINNED_ENV",
     "PURPOSES",
     "DomainSpec",
     "LaunchSpec",
@@ -265,9 +252,9 @@ class WorkloadSpec:
         check_choice("nccl_profile", self.nccl_profile, NCCL_PROFILES)
         check_env("env", self.env)
         for name in self.env:
-            if name in JOB_ENV:
+            if name in contract_env.JOB_OWNED:
                 raise SpecError(f"env.{name}", "is set by the Job itself; remove it")
-            if name in PINNED_ENV:
+            if name in contract_env.PINNED:
                 raise SpecError(f"env.{name}", "is pinned by the machine and must not be set")
         check_range("rdzv_port", self.rdzv_port, 1024, 65535, integer=True)
         if self.service_account:

@@ -12,10 +12,10 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
+from mnnvl.contract.env import GPUS_PER_NODE
+
 if TYPE_CHECKING:
     import torch
-
-GPUS_ENV = "MNNVL_GPUS_PER_NODE"
 
 
 def pod_name() -> str:
@@ -26,9 +26,9 @@ def pod_name() -> str:
 def missing_gpus_problem(visible: int) -> str | None:
     """A FAIL reason when GPUs were requested but ``visible`` is 0, else None."""
     try:
-        requested = int(os.environ.get(GPUS_ENV, "0") or 0)
+        requested = int(os.environ.get(GPUS_PER_NODE, "0") or 0)
     except ValueError:
-        return f"{GPUS_ENV}={os.environ[GPUS_ENV]!r} is not a number"
+        return f"{GPUS_PER_NODE}={os.environ[GPUS_PER_NODE]!r} is not a number"
     if requested <= 0 or visible > 0:
         return None
     return (

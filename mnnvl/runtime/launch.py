@@ -45,10 +45,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
+from mnnvl.contract import env as contract_env
 from mnnvl.contract.exit_codes import INTERRUPTED_BASE, shell_code, worst_exit_code
 from mnnvl.errors import SpecError
 from mnnvl.runtime.local import free_port
-from mnnvl.spec import NODE_RANK_BASE_ENV
 
 logger = logging.getLogger("mnnvl.runtime.launch")
 
@@ -61,15 +61,17 @@ Codes = list[tuple[float, int, int]]  # (when reaped, global rank, exit code) pe
 
 def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
     """``argv`` with ``--node-rank`` of a clique group's pod added (unchanged otherwise)."""
-    if NODE_RANK_BASE_ENV not in environ or any(
+    if contract_env.NODE_RANK_BASE not in environ or any(
         a.startswith(("--node-rank", "--node_rank")) for a in argv
     ):
         return list(argv)
     try:
-        rank = int(environ[NODE_RANK_BASE_ENV]) + int(environ["JOB_COMPLETION_INDEX"])
+        rank = int(environ[contract_env.NODE_RANK_BASE]) + int(
+            environ[contract_env.JOB_COMPLETION_INDEX]
+        )
     except (KeyError, ValueError):
         raise SpecError(
-            NODE_RANK_BASE_ENV,
+            contract_env.NODE_RANK_BASE,
             "a clique group's pod needs it and JOB_COMPLETION_INDEX as whole numbers",
         ) from None
     return [f"--node-rank={rank}", *argv]
@@ -108,15 +110,15 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
     return {
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world),
+        contract_env.WORLD_SIZE: str(world),
         "LOCAL_WORLD_SIZE": str(ns.nproc_per_node),
         "GROUP_RANK": str(ns.node_rank),
         "GROUP_WORLD_SIZE": str(ns.nnodes),
         "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": str(world),
         "ROLE_NAME": "default",
-        "MASTER_ADDR": ns.master_addr,
-        "MASTER_PORT": str(ns.master_port),
+        contract_env.MASTER_ADDR: ns.master_addr,
+        contract_env.MASTER_PORT: str(ns.master_port),
         "TORCHELASTIC_RUN_ID": "none",
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",

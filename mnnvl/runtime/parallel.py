@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.errors import SpecError, WorkloadFailed
 from mnnvl.runtime import devices, groups, nvml
@@ -80,13 +81,13 @@ def init_distributed() -> DistInfo:
     """Apply the NCCL profile, then join the process group torchrun describes in env."""
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get(contract_env.WORLD_SIZE, "1"))
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     problem = devices.missing_gpus_problem(visible)
     if problem:
         raise WorkloadFailed(problem)
     use_cuda = visible > 0
-    profile = os.environ.get(nccl.PROFILE_ENV, "production")
+    profile = os.environ.get(contract_env.NCCL_PROFILE, "production")
     placed = groups.from_env(rank, world)  # a pod in the wrong group fails before NCCL starts
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     fabric = fabric_identity(device)

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 
+from mnnvl.contract.env import JOB_COMPLETION_INDEX
 from mnnvl.sim.events import record_event
 from mnnvl.sim.jobstatus import (
     Progress,
@@ -229,7 +230,7 @@ class JobController:
             for c in spec.get("containers") or []:
                 c["env"] = [
                     *(c.get("env") or []),
-                    {"name": "JOB_COMPLETION_INDEX", "valueFrom": ref},
+                    {"name": JOB_COMPLETION_INDEX, "valueFrom": ref},
                 ]
         owner = {
             "apiVersion": "batch/v1",

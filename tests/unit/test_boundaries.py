@@ -19,7 +19,8 @@ CASES = {
     "mnnvl.errors mnnvl.spec mnnvl.flags mnnvl.names mnnvl.manifests": HEAVY,
     "mnnvl.checks mnnvl.surface mnnvl.cli_parser mnnvl.components.kfp_codegen": HEAVY,
     # The contract both sides import: standard library only, nothing from either side.
-    "mnnvl.contract mnnvl.contract.result mnnvl.contract.nccl mnnvl.contract.exit_codes": HEAVY,
+    "mnnvl.contract mnnvl.contract.result mnnvl.contract.nccl mnnvl.contract.exit_codes "
+    "mnnvl.contract.env mnnvl.contract.errors": HEAVY,
     "mnnvl.runtime.local": HEAVY,
     "mnnvl.sim": HEAVY,
     "mnnvl.report": ("torch", "kfp", "hera", "kubernetes"),
@@ -52,14 +53,14 @@ def test_the_contract_imports_nothing_of_either_side() -> None:
     code = (
         "import json, sys\n"
         "import mnnvl.contract.result, mnnvl.contract.nccl, mnnvl.contract.exit_codes\n"
+        "import mnnvl.contract.env, mnnvl.contract.errors\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('mnnvl'))))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     loaded = set(json.loads(out.stdout.splitlines()[-1]))
-    allowed = {"mnnvl", "mnnvl.errors", "mnnvl.checks"}
-    assert {m for m in loaded if not m.startswith("mnnvl.contract")} <= allowed
+    assert {m for m in loaded if not m.startswith("mnnvl.contract")} == {"mnnvl"}
 
 
 def test_the_check_sees_a_library_that_is_loaded() -> None:
