@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 
 from mnnvl.contract.env import MASTER_ADDR, MASTER_PORT
-from mnnvl.runtime.local import free_port
+from mnnvl.ports import free_port
 from mnnvl.sim.model import Obj
 from mnnvl.sim.placement import GPU_CLASS, claim_gpus, pod_gpus
 from mnnvl.sim.store import Store
