@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 
 from mnnvl.contract import env as contract_env
@@ -219,28 +218,3 @@ def parse_bytes(field_name: str, value: str | int) -> int:
     if not m:
         raise SpecError(field_name, f"{value!r} is not a size like 1M, 64MiB or 4G")
     return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
-
-
-SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-FALLBACK_NAMESPACE = "default"
-
-
-def pod_namespace() -> str:
-    """The namespace of the pod this process runs in, or "" outside a pod.
-
-    ``POD_NAMESPACE`` (downward API) wins; else the service account's namespace file, which
-    every pod with a mounted token has. Read locally: a namespace-scoped account may not GET
-    namespaces.
-    """
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"].strip()
-    try:
-        with open(SERVICE_ACCOUNT_NAMESPACE_FILE, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def resolve_namespace(value: str) -> str:
-    """``value``, or when it is empty the pod's own namespace, else ``default``."""
-    return value or pod_namespace() or FALLBACK_NAMESPACE

@@ -28,6 +28,7 @@ from mnnvl.cli_parser import build_parser
 from mnnvl.contract import exit_codes
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run
+from mnnvl.namespace import resolve_namespace
 from mnnvl.run import PlannedTask, plan, run_all, run_inputs
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
@@ -77,8 +78,9 @@ def _require_run_id(ns: argparse.Namespace) -> None:
 
 
 def _own_namespace(ns: argparse.Namespace) -> dict[str, str]:
-    """No --namespace: "" (the pod's own namespace, else default; see spec.resolve_namespace)."""
-    return {"namespace": ""} if getattr(ns, "namespace", None) is None else {}
+    """The namespace to work in: --namespace, else the pod's own, else default (resolved
+    here, at the edge: building a spec reads no environment)."""
+    return {"namespace": resolve_namespace(getattr(ns, "namespace", None))}
 
 
 def _domain(ns: argparse.Namespace) -> DomainSpec:

@@ -46,11 +46,10 @@ from mnnvl.checks import (
     parse_env,
     parse_list,
     parse_toleration,
-    pod_namespace,
-    resolve_namespace,
 )
 from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
+from mnnvl.namespace import FALLBACK_NAMESPACE
 from mnnvl.storage import parse_pvc
 
 __all__ = [
@@ -89,8 +88,6 @@ __all__ = [
     "parse_env",
     "parse_list",
     "parse_toleration",
-    "pod_namespace",
-    "resolve_namespace",
 ]
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
@@ -156,7 +153,8 @@ class DomainSpec:
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
-        object.__setattr__(self, "namespace", resolve_namespace(self.namespace))
+        if not self.namespace:  # the edges resolve "" to the pod's own; here it means default
+            object.__setattr__(self, "namespace", FALLBACK_NAMESPACE)
         check_dns_label("namespace", self.namespace)
         check_choice("allocation_mode", self.allocation_mode, ALLOCATION_MODES)
         check_range("rct_timeout_s", self.rct_timeout_s, 0.1, 86400)
@@ -238,7 +236,8 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
-        object.__setattr__(self, "namespace", resolve_namespace(self.namespace))
+        if not self.namespace:  # the edges resolve "" to the pod's own; here it means default
+            object.__setattr__(self, "namespace", FALLBACK_NAMESPACE)
         check_dns_label("namespace", self.namespace)
         check_choice("purpose", self.purpose, PURPOSES)
         self._check_cliques()

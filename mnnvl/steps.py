@@ -34,6 +34,7 @@ from mnnvl.errors import VerificationFailed, WorkloadFailed
 from mnnvl.flags import to_args
 from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
 from mnnvl.names import RunNames
+from mnnvl.namespace import resolve_namespace
 from mnnvl.report import num
 from mnnvl.spec import (
     DomainSpec,
@@ -41,7 +42,6 @@ from mnnvl.spec import (
     VerifyConfig,
     WorkloadSpec,
     check_dns_label,
-    resolve_namespace,
 )
 from mnnvl.storage import check_shared_storage
 

@@ -77,6 +77,7 @@ LAYER_OF = {
     "mnnvl.contract": "contract",
     "mnnvl.errors": "base",
     "mnnvl.ports": "base",
+    "mnnvl.namespace": "base",
     "mnnvl.yaml_stream": "base",
     "mnnvl": "base",
     "mnnvl.checks": "inputs",
