@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from typing import Any, Protocol
 
+from mnnvl.contract.result import NOT_JUDGED, PASS
+
 log = logging.getLogger(__name__)
 
 
@@ -114,8 +116,8 @@ def publish_verify(
 
     raw = dict(result.raw or {})
     values: dict[str, Any] = {
-        "verdict_pass": 1 if result.verdict == "PASS" else 0,
-        "verdict_not_judged": 1 if result.verdict == "NOT_JUDGED" else 0,
+        "verdict_pass": 1 if result.verdict == PASS else 0,
+        "verdict_not_judged": 1 if result.verdict == NOT_JUDGED else 0,
         "peak_busbw_gbps": result.peak_busbw_gbps,
         "judged_busbw_gbps": result.judged_busbw_gbps,
         "threshold_gbps": result.threshold_gbps,

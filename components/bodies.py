@@ -17,7 +17,9 @@ from mnnvl.components.artifacts import (
     publish_verify,
     write_result,
 )
+from mnnvl.contract.result import verdict_accepted
 from mnnvl.errors import VerificationFailed, WorkloadFailed
+from mnnvl.namespace import resolve_namespace
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 log = logging.getLogger(__name__)
@@ -25,11 +27,16 @@ log = logging.getLogger(__name__)
 
 def _with_step_defaults(step: str, params: dict[str, Any]) -> dict[str, Any]:
     defaults = {i.name: i.default for i in surface.step_inputs(step) if not i.required}
-    return {**defaults, **params}
+    return _at_edge({**defaults, **params})
+
+
+def _at_edge(params: dict[str, Any]) -> dict[str, Any]:
+    """An empty namespace is the launcher pod's own (else default), resolved here."""
+    return {**params, "namespace": resolve_namespace(params.get("namespace"))}
 
 
 def provision_domain(params: dict[str, Any]) -> str:
-    domain = surface.build(DomainSpec, params)
+    domain = surface.build(DomainSpec, _at_edge(params))
     return steps.provision(domain, kubeconfig=kubeconfig()).domain
 
 
@@ -61,7 +68,7 @@ def verify_nvlink(params: dict[str, Any]) -> None:
     publish_verify(
         workload.run_id, outcome, purpose, params["metrics"], params["report"], params["result"]
     )
-    if not steps.verdict_accepted(outcome.verdict, config.allow_unjudged):
+    if not verdict_accepted(outcome.verdict, config.allow_unjudged):
         raise VerificationFailed(
             f"{purpose}: verdict {outcome.verdict}: judged busbw {outcome.judged_busbw_gbps} GB/s, "
             f"peak {outcome.peak_busbw_gbps} GB/s, threshold {outcome.threshold_gbps} GB/s; "
@@ -92,4 +99,4 @@ def launch_workload(params: dict[str, Any]) -> None:
 
 
 def teardown_domain(params: dict[str, Any]) -> None:
-    steps.teardown(surface.build(DomainSpec, params), kubeconfig=kubeconfig())
+    steps.teardown(surface.build(DomainSpec, _at_edge(params)), kubeconfig=kubeconfig())

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 
+from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -57,33 +57,6 @@ MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-charact
 MAX_GPUS_PER_NODE = 8
 DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
-
-# Values that silently disable MNNVL; refused wherever a user can pass environment.
-FORBIDDEN_ENV = {"NCCL_CUMEM_ENABLE": "0"}
-# Set on the GPU hosts to keep NVLink multicast off; nothing we ship may override them.
-PINNED_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
-# Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
-JOB_ENV = (
-    "MASTER_ADDR",
-    "WORLD_SIZE",
-    "NODE_RANK",
-    "MASTER_PORT",
-    "NNODES",
-    "NPROC_PER_NODE",
-    "MNNVL_RUN_ID",
-    "JOB_COMPLETION_INDEX",
-    "MNNVL_NCCL_PROFILE",
-    "MNNVL_GPUS_PER_NODE",
-    "MNNVL_NUM_GROUPS",
-    "MNNVL_GROUP_INDEX",
-    "MNNVL_NODES_PER_GROUP",
-    "MNNVL_NODE_RANK_BASE",
-)
-# Placement across NVLink cliques, set on every worker by the Job builder (one Job per group).
-NUM_GROUPS_ENV = "MNNVL_NUM_GROUPS"
-GROUP_INDEX_ENV = "MNNVL_GROUP_INDEX"
-NODES_PER_GROUP_ENV = "MNNVL_NODES_PER_GROUP"
-NODE_RANK_BASE_ENV = "MNNVL_NODE_RANK_BASE"
 
 
 def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
@@ -159,12 +132,9 @@ def check_env(field_name: str, env: dict[str, str]) -> None:
             raise SpecError(f"{field_name}.{name}", "is not a valid environment variable name")
         if not isinstance(val, str):
             raise SpecError(f"{field_name}.{name}", f"value must be a string, got {val!r}")
-        if FORBIDDEN_ENV.get(name) == val.strip():
-            raise SpecError(
-                f"{field_name}.{name}",
-                f"{name}={val} silently disables MNNVL "
-                "(NCCL needs cuMem for fabric memory); remove it",
-            )
+        problem = contract_env.forbidden_problem({name: val})
+        if problem:
+            raise SpecError(f"{field_name}.{name}", problem[1])
 
 
 def list_items(items: list[str] | tuple[str, ...] | str, field: str) -> list[str]:
@@ -250,28 +220,3 @@ def parse_bytes(field_name: str, value: str | int) -> int:
     if not m:
         raise SpecError(field_name, f"{value!r} is not a size like 1M, 64MiB or 4G")
     return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
-
-
-SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-FALLBACK_NAMESPACE = "default"
-
-
-def pod_namespace() -> str:
-    """The namespace of the pod this process runs in, or "" outside a pod.
-
-    ``POD_NAMESPACE`` (downward API) wins; else the service account's namespace file, which
-    every pod with a mounted token has. Read locally: a namespace-scoped account may not GET
-    namespaces.
-    """
-    if os.environ.get("POD_NAMESPACE"):
-        return os.environ["POD_NAMESPACE"].strip()
-    try:
-        with open(SERVICE_ACCOUNT_NAMESPACE_FILE, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def resolve_namespace(value: str) -> str:
-    """``value``, or when it is empty the pod's own namespace, else ``default``."""
-    return value or pod_namespace() or FALLBACK_NAMESPACE

@@ -28,7 +28,8 @@ from mnnvl.cli_parser import build_parser
 from mnnvl.contract import exit_codes
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run
-from mnnvl.run import run_all
+from mnnvl.namespace import resolve_namespace
+from mnnvl.run import PlannedTask, plan, run_all, run_inputs
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
 
@@ -77,8 +78,9 @@ def _require_run_id(ns: argparse.Namespace) -> None:
 
 
 def _own_namespace(ns: argparse.Namespace) -> dict[str, str]:
-    """No --namespace: "" (the pod's own namespace, else default; see spec.resolve_namespace)."""
-    return {"namespace": ""} if getattr(ns, "namespace", None) is None else {}
+    """The namespace to work in: --namespace, else the pod's own, else default (resolved
+    here, at the edge: building a spec reads no environment)."""
+    return {"namespace": resolve_namespace(getattr(ns, "namespace", None))}
 
 
 def _domain(ns: argparse.Namespace) -> DomainSpec:
@@ -209,15 +211,22 @@ def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
     ).to_dict()
 
 
+def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
+    """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default)."""
+    values = {n: getattr(ns, n) for n in run_inputs() if getattr(ns, n, None) is not None}
+    return plan(values | _own_namespace(ns), ns.run_id, skip_verify=ns.skip_verify)
+
+
 def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.run_id:
         ns.run_id = f"run-{uuid.uuid4().hex[:12]}"
-    domain, workload, train_cfg, verify_cfg = _run_specs(ns)
-    render_run(domain, workload, train_cfg, verify_cfg)  # every object builds before any call
+    planned = _run_plan(ns)  # every task's specs and objects build before any call
     if not ns.sim:
-        return _run_all(domain, workload, train_cfg, verify_cfg, ns)
+        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir)
     from mnnvl.sim import SimCluster
 
+    domain = planned[0].specs[0]
+    workload = next(p.specs[0] for p in planned if p.task.step == "train")
     with SimCluster(
         nodes=workload.nodes,
         gpus_per_node=workload.gpus_per_node,
@@ -225,32 +234,13 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         namespaces=(domain.namespace,),
     ) as sim:
         logger.info("simulated cluster up at %s (kubeconfig %s)", sim.url, sim.kubeconfig_path)
-        ns.kubeconfig = sim.kubeconfig_path
-        result = _run_all(domain, workload, train_cfg, verify_cfg, ns)
+        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=ns.report_dir)
         result["sim"] = {
             "url": sim.url,
             "requests": sim.request_count,
             "leftover": [list(o) for o in sim.objects()],
         }
     return result
-
-
-def _run_all(
-    domain: DomainSpec,
-    workload: WorkloadSpec,
-    train_cfg: TrainConfig,
-    verify_cfg: VerifyConfig,
-    ns: argparse.Namespace,
-) -> dict[str, Any]:
-    return run_all(
-        domain,
-        workload,
-        train_cfg,
-        verify_cfg,
-        kubeconfig=ns.kubeconfig,
-        report_dir=ns.report_dir,
-        skip_verify=ns.skip_verify,
-    )
 
 
 def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
@@ -347,7 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         code = int(e.code or 0)
         if code:
             _emit(
-                {"ok": False, "error": "invalid command line (see usage above)", "exit_code": 2},
+                {
+                    "ok": False,
+                    "error": "invalid command line (see usage above)",
+                    "exit_code": exit_codes.BAD_INPUT,
+                },
                 None,
             )
         return code
@@ -356,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     bad_path = _result_path_problem(ns.result_path)
     if bad_path:
         logger.error("%s failed: %s", command, bad_path)
-        _emit({"ok": False, "command": command, "error": bad_path, "exit_code": 2}, None)
-        return 2
+        code = exit_codes.BAD_INPUT
+        _emit({"ok": False, "command": command, "error": bad_path, "exit_code": code}, None)
+        return code
     try:
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
@@ -383,9 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         logger.exception("%s failed unexpectedly", command)
         _emit(
-            {"ok": False, "command": command, "error": f"{type(e).__name__}: {e}", "exit_code": 1},
+            {
+                "ok": False,
+                "command": command,
+                "error": f"{type(e).__name__}: {e}",
+                "exit_code": exit_codes.UNEXPECTED,
+            },
             ns.result_path,
         )
-        return 1
+        return exit_codes.UNEXPECTED
     _emit({"ok": True, "command": command, **result}, ns.result_path)
-    return 0
+    return exit_codes.OK

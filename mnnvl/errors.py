@@ -1,7 +1,9 @@
 """One error family for the whole product; each class carries the CLI exit code.
 
-Exit codes: 0 ok, 2 bad input, 3 timeout, 4 workload or verification failed,
-5 cluster/API unavailable or CRD missing, 1 unexpected.
+Exit codes (``mnnvl.contract.exit_codes``): 0 ok, 2 bad input, 3 timeout, 4 workload or
+verification failed, 5 cluster/API unavailable or CRD missing, 1 unexpected. The base class
+and ``SpecError`` are defined in ``mnnvl.contract.errors`` (the worker's contract raises them)
+and belong to this family's public names.
 """
 
 from __future__ import annotations
@@ -9,22 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from mnnvl.contract import exit_codes
+from mnnvl.contract.errors import MnnvlError, SpecError
 
-
-class MnnvlError(Exception):
-    """Base of every error this product raises on purpose."""
-
-    exit_code = exit_codes.UNEXPECTED
-
-
-class SpecError(MnnvlError, ValueError):
-    """Bad input, found before anything was created. The message names the field."""
-
-    exit_code = exit_codes.BAD_INPUT
-
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(f"{field}: {message}")
+__all__ = [
+    "ClusterUnavailable",
+    "ConflictError",
+    "CrdMissing",
+    "MnnvlError",
+    "NotProvisioned",
+    "SpecError",
+    "VerificationFailed",
+    "WaitTimeout",
+    "WorkloadFailed",
+]
 
 
 class ConflictError(MnnvlError):

@@ -1,63 +1,103 @@
-"""``mnnvl run``: every step of a run in order, with teardown always, and a summary log.
+"""``mnnvl run``: the tasks of the ``mnnvl-training`` pipeline in order, with teardown always.
 
-provision -> verify-pre -> train -> verify-post, then teardown, also when a step failed or a
-signal interrupted the run. The CLI parses and validates; this module only sequences steps.
+The shape is ``surface.PIPELINES[RUN_PIPELINE]``, the same declaration the KFP and Argo
+pipelines are built from: provision -> verify-pre -> train -> verify-post, then teardown, also
+when a task failed or a signal interrupted the run. Each task's specs come from the step's
+own inputs and defaults (``surface.step_specs``), so a verification Job gets the verify
+step's Job timeout here as in the pipelines and ``mnnvl verify``. The CLI parses; this module
+builds every task's specs before anything is created, then sequences the steps.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from mnnvl import steps
+from mnnvl import steps, surface
 from mnnvl.errors import MnnvlError
+from mnnvl.manifests import render_run
 from mnnvl.report import num
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 logger = logging.getLogger(__name__)
 
+RUN_PIPELINE = "mnnvl-training"
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    """One task of the run with the validated specs its step takes."""
+
+    task: surface.Task
+    specs: tuple[Any, ...]
+
+    @property
+    def key(self) -> str:
+        """The task's key in the run's result (``verify-pre`` -> ``verify_pre``)."""
+        return self.task.name.replace("-", "_")
+
+
+def run_inputs() -> set[str]:
+    """The step inputs of every task of the run."""
+    tasks = surface.PIPELINES[RUN_PIPELINE].tasks
+    return {item.name for t in tasks for item in surface.step_inputs(t.step)}
+
+
+def plan(values: dict[str, Any], run_id: str, *, skip_verify: bool = False) -> list[PlannedTask]:
+    """Every task of the run's pipeline with its specs from ``values`` (step input names;
+    unset inputs take the step's default). Raises ``SpecError`` before anything exists."""
+    tasks = surface.PIPELINES[RUN_PIPELINE].tasks
+    planned = [
+        PlannedTask(t, tuple(surface.step_specs(t.step, run_id, {**values, **t.fixed})))
+        for t in tasks
+        if not (skip_verify and t.step == "verify")
+    ]
+    domain = planned[0].specs[0]
+    for item in planned:  # every object each Job task would create builds, or bad input stops
+        if item.task.step == "train":
+            render_run(domain, item.specs[0], item.specs[1], None)
+        elif item.task.step == "verify":
+            render_run(domain, item.specs[0], None, item.specs[1])
+    return planned
+
+
+def _step_call(
+    planned: PlannedTask, kubeconfig: str | None, report_dir: str | None
+) -> Callable[[], Any]:
+    """The step function of a task, bound to its specs."""
+    specs, step = planned.specs, planned.task.step
+    reports = f"{report_dir}/{planned.task.name}" if report_dir else None
+    calls: dict[str, Callable[[], Any]] = {
+        "provision": lambda: steps.provision(specs[0], kubeconfig=kubeconfig),
+        "verify": lambda: steps.verify(*specs, kubeconfig=kubeconfig, report_dir=reports),
+        "train": lambda: steps.train(*specs, kubeconfig=kubeconfig, report_dir=reports),
+        "launch": lambda: steps.launch(
+            specs[0], specs[1].module, list(specs[1].command), kubeconfig=kubeconfig
+        ),
+        "teardown": lambda: steps.teardown(specs[0], kubeconfig=kubeconfig),
+    }
+    return calls[step]
+
 
 def run_all(
-    domain: DomainSpec,
-    workload: WorkloadSpec,
-    train_cfg: TrainConfig,
-    verify_cfg: VerifyConfig,
-    *,
-    kubeconfig: str | None,
-    report_dir: str | None,
-    skip_verify: bool,
+    planned: list[PlannedTask], *, kubeconfig: str | None, report_dir: str | None
 ) -> dict[str, Any]:
-    """provision -> verify-pre -> train -> verify-post, with teardown always (also on signals).
+    """Run the planned tasks in order; the last one (teardown) runs always, also on signals.
 
-    Returns the run id and each step's result dict by step name. Reports of a step go to
-    ``<report_dir>/<step>`` when ``report_dir`` is set.
+    Returns the run id and each task's result dict by task key. Reports of a task go to
+    ``<report_dir>/<task name>`` when ``report_dir`` is set.
     """
-    out: dict[str, Any] = {"run_id": domain.run_id}
-
-    def step_report_dir(step: str) -> str | None:
-        return f"{report_dir}/{step}" if report_dir else None
-
+    *work, last = planned
+    out: dict[str, Any] = {"run_id": last.specs[0].run_id}
     failed = True
     try:
-        out["provision"] = steps.provision(domain, kubeconfig=kubeconfig).to_dict()
-        if not skip_verify:
-            pre = dataclasses.replace(workload, purpose="verify-pre")
-            out["verify_pre"] = steps.verify(
-                pre, verify_cfg, kubeconfig=kubeconfig, report_dir=step_report_dir("verify-pre")
-            ).to_dict()
-        out["train"] = steps.train(
-            workload, train_cfg, kubeconfig=kubeconfig, report_dir=step_report_dir("train")
-        ).to_dict()
-        if not skip_verify:
-            post = dataclasses.replace(workload, purpose="verify-post")
-            out["verify_post"] = steps.verify(
-                post, verify_cfg, kubeconfig=kubeconfig, report_dir=step_report_dir("verify-post")
-            ).to_dict()
+        for item in work:
+            out[item.key] = _step_call(item, kubeconfig, report_dir)().to_dict()
         failed = False
     finally:
         try:
-            out["teardown"] = steps.teardown(domain, kubeconfig=kubeconfig).to_dict()
+            out[last.key] = _step_call(last, kubeconfig, report_dir)().to_dict()
         except MnnvlError as e:
             if not failed:
                 raise  # the run itself went well: the teardown failure is the result

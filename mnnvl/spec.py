@@ -21,20 +21,13 @@ from mnnvl.checks import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
     DTYPES,
-    FORBIDDEN_ENV,
     GPU_MODES,
-    GROUP_INDEX_ENV,
-    JOB_ENV,
     LABEL_VALUE,
     MAX_GPUS_PER_NODE,
     MAX_GROUPS,
     MAX_NODES,
     MODEL_PRESETS,
     NCCL_PROFILES,
-    NODE_RANK_BASE_ENV,
-    NODES_PER_GROUP_ENV,
-    NUM_GROUPS_ENV,
-    PINNED_ENV,
     PLAIN_TRAIN_DEFAULTS,
     POD_SECURITY_LEVELS,
     PRESET_TRAIN_DEFAULTS,
@@ -54,10 +47,10 @@ from mnnvl.checks import (
     parse_env,
     parse_list,
     parse_toleration,
-    pod_namespace,
-    resolve_namespace,
 )
+from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
+from mnnvl.namespace import FALLBACK_NAMESPACE
 from mnnvl.storage import parse_pvc
 
 __all__ = [
@@ -67,20 +60,13 @@ __all__ = [
     "DNS1123_LABEL",
     "DNS1123_SUBDOMAIN",
     "DTYPES",
-    "FORBIDDEN_ENV",
     "GPU_MODES",
-    "GROUP_INDEX_ENV",
-    "JOB_ENV",
     "LABEL_VALUE",
     "MAX_GPUS_PER_NODE",
     "MAX_GROUPS",
     "MAX_NODES",
     "MODEL_PRESETS",
     "NCCL_PROFILES",
-    "NODES_PER_GROUP_ENV",
-    "NODE_RANK_BASE_ENV",
-    "NUM_GROUPS_ENV",
-    "PINNED_ENV",
     "PURPOSES",
     "DomainSpec",
     "LaunchSpec",
@@ -103,8 +89,6 @@ __all__ = [
     "parse_env",
     "parse_list",
     "parse_toleration",
-    "pod_namespace",
-    "resolve_namespace",
 ]
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
@@ -170,7 +154,8 @@ class DomainSpec:
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
-        object.__setattr__(self, "namespace", resolve_namespace(self.namespace))
+        if not self.namespace:  # the edges resolve "" to the pod's own; here it means default
+            object.__setattr__(self, "namespace", FALLBACK_NAMESPACE)
         check_dns_label("namespace", self.namespace)
         check_choice("allocation_mode", self.allocation_mode, ALLOCATION_MODES)
         check_range("rct_timeout_s", self.rct_timeout_s, 0.1, 86400)
@@ -258,7 +243,8 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)
-        object.__setattr__(self, "namespace", resolve_namespace(self.namespace))
+        if not self.namespace:  # the edges resolve "" to the pod's own; here it means default
+            object.__setattr__(self, "namespace", FALLBACK_NAMESPACE)
         check_dns_label("namespace", self.namespace)
         check_choice("purpose", self.purpose, PURPOSES)
         self._check_cliques()
@@ -272,9 +258,9 @@ class WorkloadSpec:
         check_choice("nccl_profile", self.nccl_profile, NCCL_PROFILES)
         check_env("env", self.env)
         for name in self.env:
-            if name in JOB_ENV:
+            if name in contract_env.JOB_OWNED:
                 raise SpecError(f"env.{name}", "is set by the Job itself; remove it")
-            if name in PINNED_ENV:
+            if name in contract_env.PINNED:
                 raise SpecError(f"env.{name}", "is pinned by the machine and must not be set")
         check_range("rdzv_port", self.rdzv_port, 1024, 65535, integer=True)
         if self.service_account:

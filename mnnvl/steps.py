@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from mnnvl.contract.result import NOT_JUDGED, PASS, schema_problems
+from mnnvl.contract.result import NOT_JUDGED, schema_problems, verdict_accepted
 from mnnvl.driver import (
     Api,
     Deadline,
@@ -34,6 +34,7 @@ from mnnvl.errors import VerificationFailed, WorkloadFailed
 from mnnvl.flags import to_args
 from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
 from mnnvl.names import RunNames
+from mnnvl.namespace import resolve_namespace
 from mnnvl.report import num
 from mnnvl.spec import (
     DomainSpec,
@@ -41,7 +42,6 @@ from mnnvl.spec import (
     VerifyConfig,
     WorkloadSpec,
     check_dns_label,
-    resolve_namespace,
 )
 from mnnvl.storage import check_shared_storage
 
@@ -264,11 +264,6 @@ def train(
         raw=raw,
         elapsed_s=_since(start),
     )
-
-
-def verdict_accepted(verdict: str, allow_unjudged: bool) -> bool:
-    """PASS always; NOT_JUDGED (no threshold could be applied) only where the caller allowed it."""
-    return verdict == PASS or (verdict == NOT_JUDGED and allow_unjudged)
 
 
 def verify(

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mnnvl.errors import SpecError
-
-if TYPE_CHECKING:
-    from mnnvl.spec import TrainConfig, WorkloadSpec
 
 CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 PVC_ITEM = re.compile(r"^(?P<claim>[^:]+):(?P<path>/[^:]*)(?P<ro>:ro)?$")
@@ -59,7 +56,30 @@ def mount_of(path: str, mounts: list[PvcMount]) -> PvcMount | None:
     return None
 
 
-def check_shared_storage(workload: WorkloadSpec, config: TrainConfig) -> None:
+class _Mounts(Protocol):
+    """What the check reads of a ``WorkloadSpec`` (``mnnvl.spec`` imports this module)."""
+
+    @property
+    def pvc(self) -> tuple[str, ...]: ...
+
+    @property
+    def nodes(self) -> int: ...
+
+
+class _Paths(Protocol):
+    """What the check reads of a ``TrainConfig``."""
+
+    @property
+    def checkpoint_dir(self) -> str: ...
+
+    @property
+    def data(self) -> str: ...
+
+    @property
+    def allow_local_checkpoint(self) -> bool: ...
+
+
+def check_shared_storage(workload: _Mounts, config: _Paths) -> None:
     """``checkpoint_dir`` and a file ``data`` must lie under a PVC mounted in every worker.
 
     A path outside every mount would be a different directory in each pod: checkpoints

@@ -17,6 +17,7 @@ import copy
 from typing import Any
 
 from mnnvl.components import argo_templates as t
+from mnnvl.contract import exit_codes
 from mnnvl.pipelines import argo_workflow as aw
 from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
 
@@ -25,9 +26,7 @@ VERIFY_ONLY_NAME = "mnnvl-verify-only"
 FABRIC_CHECK_NAME = "mnnvl-nightly-fabric-check"
 REAP_NAME = "mnnvl-reap"
 LAUNCHER_UID = 65532  # the launcher image's USER
-# Exit codes (README): 2 bad input/conflict and 4 workload/verification failed never change on
-# a retry; 1, 3, 5 and a killed pod may.
-RETRY_EXPRESSION = "!(lastRetry.exitCode in ['2', '4'])"
+RETRY_EXPRESSION = exit_codes.argo_retry_expression()
 TTL_STRATEGY = {"secondsAfterSuccess": 86400, "secondsAfterFailure": 7 * 86400}
 POD_GC = {"strategy": "OnPodSuccess"}
 POD_SECURITY = {

@@ -24,6 +24,16 @@ INTERRUPTED_BASE = 128
 # backoff_limit_per_index. ``python -m mnnvl.runtime.launch`` exits with
 # ``worst_exit_code`` of its workers, so these codes reach the pod's status intact.
 NON_RETRIABLE_EXIT_CODES = (BAD_INPUT, FAILED, 126, 127)
+# Exit codes of a launcher step (the ``mnnvl`` CLI) that a retry cannot change: bad input or a
+# conflict, a failed workload or verification. 1, 3, 5 and a killed pod may clear.
+NON_RETRIABLE_STEP_EXIT_CODES = (BAD_INPUT, FAILED)
+
+
+def argo_retry_expression() -> str:
+    """Argo's ``retryStrategy.expression``: retry unless the step exited with a code that a
+    retry cannot change (Argo compares exit codes as strings)."""
+    codes = ", ".join(f"'{code}'" for code in NON_RETRIABLE_STEP_EXIT_CODES)
+    return f"!(lastRetry.exitCode in [{codes}])"
 
 
 def shell_code(exitcode: int) -> int:

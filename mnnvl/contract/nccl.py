@@ -19,13 +19,10 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
-from mnnvl.checks import PINNED_ENV
-from mnnvl.errors import SpecError
+from mnnvl.contract import env as contract_env
+from mnnvl.contract.errors import SpecError
 
 logger = logging.getLogger(__name__)
-
-PINNED = PINNED_ENV
-PROFILE_ENV = "MNNVL_NCCL_PROFILE"
 
 
 @dataclass(frozen=True)
@@ -69,18 +66,16 @@ def get_profile(name: str) -> Profile:
 
 
 def refuse_forbidden(environ: MutableMapping[str, str]) -> None:
-    if environ.get("NCCL_CUMEM_ENABLE", "").strip() == "0":
-        raise SpecError(
-            "NCCL_CUMEM_ENABLE",
-            "=0 silently disables MNNVL (NCCL needs cuMem for fabric memory); unset it",
-        )
+    problem = contract_env.forbidden_problem(environ)
+    if problem:
+        raise SpecError(*problem)
 
 
 def pod_env(name: str) -> dict[str, str]:
     """Static env for worker pods; the fabric-dependent part is applied in the pod."""
     profile = get_profile(name)
-    env = {PROFILE_ENV: profile.name, **profile.defaults, **profile.required}
-    return {k: v for k, v in env.items() if k not in PINNED}
+    env = {contract_env.NCCL_PROFILE: profile.name, **profile.defaults, **profile.required}
+    return {k: v for k, v in env.items() if k not in contract_env.PINNED}
 
 
 def apply_profile(
@@ -98,12 +93,12 @@ def apply_profile(
     if fabric_present:
         wanted.update(profile.fabric_required)
     for key, val in profile.defaults.items():
-        if key in PINNED or key in env:
+        if key in contract_env.PINNED or key in env:
             continue
         env[key] = changed[key] = val
         logger.info("NCCL profile %s: set %s=%s", name, key, val)
     for key, val in wanted.items():
-        if key in PINNED:
+        if key in contract_env.PINNED:
             logger.warning("NCCL profile %s: leaving machine-pinned %s untouched", name, key)
             continue
         old = env.get(key)

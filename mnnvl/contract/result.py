@@ -14,6 +14,14 @@ RESULT_PREFIX = "RESULT "
 
 PASS, FAIL, NOT_JUDGED = "PASS", "FAIL", "NOT_JUDGED"
 VERDICTS = (PASS, FAIL, NOT_JUDGED)
+
+
+def verdict_accepted(verdict: str, allow_unjudged: bool) -> bool:
+    """The accept rule of a verification, for the worker's exit code and the launcher's step:
+    PASS always; NOT_JUDGED (no threshold could be applied) only where the caller allowed it."""
+    return verdict == PASS or (verdict == NOT_JUDGED and allow_unjudged)
+
+
 # The keys the launcher side (steps, KFP metrics, reports) reads from each kind of result; a
 # user's own program (``launch``) may print any JSON object.
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {

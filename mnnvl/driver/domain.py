@@ -18,7 +18,8 @@ from mnnvl.driver.ownership import Deletions, create_or_adopt
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.manifests import compute_domain
 from mnnvl.names import RunNames
-from mnnvl.spec import DomainSpec, OwnerRef, pod_namespace
+from mnnvl.namespace import pod_namespace
+from mnnvl.spec import DomainSpec, OwnerRef
 
 logger = logging.getLogger(__name__)
 

@@ -12,20 +12,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.errors import SpecError
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
 from mnnvl.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
-from mnnvl.spec import (
-    GROUP_INDEX_ENV,
-    NODE_RANK_BASE_ENV,
-    NODES_PER_GROUP_ENV,
-    NUM_GROUPS_ENV,
-    WorkloadSpec,
-    parse_toleration,
-)
+from mnnvl.spec import WorkloadSpec, parse_toleration
 from mnnvl.storage import parse_pvc
 
 CONTAINER = "worker"
@@ -116,10 +110,10 @@ def group_env(workload: WorkloadSpec, group: int | None) -> dict[str, str]:
     if group is None:
         return {}
     return {
-        NUM_GROUPS_ENV: str(workload.groups),
-        GROUP_INDEX_ENV: str(group),
-        NODES_PER_GROUP_ENV: str(workload.group_nodes),
-        NODE_RANK_BASE_ENV: str(group * workload.group_nodes),
+        contract_env.NUM_GROUPS: str(workload.groups),
+        contract_env.GROUP_INDEX: str(group),
+        contract_env.NODES_PER_GROUP: str(workload.group_nodes),
+        contract_env.NODE_RANK_BASE: str(group * workload.group_nodes),
     }
 
 
@@ -132,14 +126,14 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
     """
     workload = _check_workload(workload)
     env = {
-        "MASTER_ADDR": master_addr(workload),
-        "MASTER_PORT": str(workload.rdzv_port),
-        "NNODES": str(workload.nodes),
-        "NPROC_PER_NODE": str(workload.procs_per_node),
-        "WORLD_SIZE": str(workload.world_size),
-        "MNNVL_RUN_ID": workload.run_id,
+        contract_env.MASTER_ADDR: master_addr(workload),
+        contract_env.MASTER_PORT: str(workload.rdzv_port),
+        contract_env.NNODES: str(workload.nodes),
+        contract_env.NPROC_PER_NODE: str(workload.procs_per_node),
+        contract_env.WORLD_SIZE: str(workload.world_size),
+        contract_env.RUN_ID: workload.run_id,
         # The worker fails naming its pod when it asked for GPUs and sees none.
-        "MNNVL_GPUS_PER_NODE": str(workload.gpus_per_node),
+        contract_env.GPUS_PER_NODE: str(workload.gpus_per_node),
         **group_env(workload, group),
     }
     profile_env = nccl.pod_env(workload.nccl_profile)
@@ -150,8 +144,8 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
     # would not expand here: NODE_RANK reads the same annotation directly.
     node_rank = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
     return [
-        *({"name": k, "value": v} for k, v in env.items() if k not in nccl.PINNED),
-        {"name": "NODE_RANK", "valueFrom": node_rank},
+        *({"name": k, "value": v} for k, v in env.items() if k not in contract_env.PINNED),
+        {"name": contract_env.NODE_RANK, "valueFrom": node_rank},
     ]
 
 

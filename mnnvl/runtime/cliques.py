@@ -21,11 +21,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS
 from mnnvl.runtime import collectives, nvml
 from mnnvl.runtime.groups import Groups
 from mnnvl.spec import VerifyConfig
 
-PASS, FAIL, NOT_JUDGED = "PASS", "FAIL", "NOT_JUDGED"
 STRAGGLER_SHARE = 0.1  # late by more than this share of a call's time: named as straggler
 Judge = Callable[..., dict[str, Any]]
 
@@ -142,11 +142,11 @@ def combine(cliques: list[dict[str, Any]], inter: dict[str, dict[str, Any]]) -> 
         f"clique {c['group']} ({', '.join(c['nodes'])}): {r}"
         for c in cliques
         for r in c["reasons"]
-        if c["verdict"] == FAIL and not r.startswith("NOT_JUDGED")
+        if c["verdict"] == FAIL and not r.startswith(NOT_JUDGED)
     ]
     reasons += [r for part in inter.values() for r in part["reasons"]]
     if verdict == NOT_JUDGED:
-        reasons += [r for c in cliques for r in c["reasons"] if r.startswith("NOT_JUDGED")][:1]
+        reasons += [r for c in cliques for r in c["reasons"] if r.startswith(NOT_JUDGED)][:1]
     if inter["spanning"]["verdict"] == NOT_JUDGED:
         reasons.append("inter-clique bandwidth NOT_JUDGED: no --min-inter-clique-busbw-gbps given")
     node = worst["worst_node"] or next((c["worst_node"] for c in cliques if c["worst_node"]), None)

@@ -15,9 +15,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mnnvl.contract.env import GROUP_INDEX, NUM_GROUPS
 from mnnvl.errors import WorkloadFailed
 from mnnvl.runtime.devices import pod_name
-from mnnvl.spec import GROUP_INDEX_ENV, NUM_GROUPS_ENV
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,14 +57,14 @@ def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
 def from_env(rank: int, world: int, environ: Mapping[str, str] | None = None) -> Groups:
     """This rank's group from the placement variables; fails naming the pod on a mismatch."""
     environ = os.environ if environ is None else environ
-    count = _int_env(environ, NUM_GROUPS_ENV, 1)
+    count = _int_env(environ, NUM_GROUPS, 1)
     if count < 1 or world % count:
         raise WorkloadFailed(
-            f"{NUM_GROUPS_ENV}={count} does not divide the world of {world} ranks into groups"
+            f"{NUM_GROUPS}={count} does not divide the world of {world} ranks into groups"
         )
     size = world // count
     index = rank // size
-    declared = _int_env(environ, GROUP_INDEX_ENV, index)
+    declared = _int_env(environ, GROUP_INDEX, index)
     if declared != index:
         raise WorkloadFailed(
             f"pod {pod_name()} (rank {rank}) was placed in group {declared} but rank {rank} "

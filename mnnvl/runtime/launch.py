@@ -49,10 +49,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
+from mnnvl.contract import env as contract_env
 from mnnvl.contract.exit_codes import INTERRUPTED_BASE, shell_code, worst_exit_code
 from mnnvl.errors import SpecError
 from mnnvl.runtime.local import free_port
-from mnnvl.spec import NODE_RANK_BASE_ENV
 
 logger = logging.getLogger("mnnvl.runtime.launch")
 
@@ -66,13 +66,15 @@ Codes = list[tuple[float, int, int]]  # (when reaped, global rank, exit code) pe
 
 def group_node_rank(environ: Mapping[str, str]) -> int | None:
     """A clique group's pod's node rank: the group's first plus the completion index."""
-    if NODE_RANK_BASE_ENV not in environ:
+    if contract_env.NODE_RANK_BASE not in environ:
         return None
     try:
-        return int(environ[NODE_RANK_BASE_ENV]) + int(environ["JOB_COMPLETION_INDEX"])
+        return int(environ[contract_env.NODE_RANK_BASE]) + int(
+            environ[contract_env.JOB_COMPLETION_INDEX]
+        )
     except (KeyError, ValueError):
         raise SpecError(
-            NODE_RANK_BASE_ENV,
+            contract_env.NODE_RANK_BASE,
             "a clique group's pod needs it and JOB_COMPLETION_INDEX as whole numbers",
         ) from None
 
@@ -94,7 +96,7 @@ def exec_program(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     env = dict(environ)
     rank = group_node_rank(environ)
     if rank is not None:
-        env["NODE_RANK"] = str(rank)
+        env[contract_env.NODE_RANK] = str(rank)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -137,15 +139,15 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
     return {
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world),
+        contract_env.WORLD_SIZE: str(world),
         "LOCAL_WORLD_SIZE": str(ns.nproc_per_node),
         "GROUP_RANK": str(ns.node_rank),
         "GROUP_WORLD_SIZE": str(ns.nnodes),
         "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": str(world),
         "ROLE_NAME": "default",
-        "MASTER_ADDR": ns.master_addr,
-        "MASTER_PORT": str(ns.master_port),
+        contract_env.MASTER_ADDR: ns.master_addr,
+        contract_env.MASTER_PORT: str(ns.master_port),
         "TORCHELASTIC_RUN_ID": "none",
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",

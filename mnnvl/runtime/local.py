@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a local rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from mnnvl.ports import free_port
 
 
 def torchrun_command(module: str, args: list[str], nproc: int) -> list[str]:

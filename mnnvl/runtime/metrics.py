@@ -118,18 +118,21 @@ class StepSplit:
     CUDA events on the compute stream (no host sync here; ``collect`` reads them after the
     trainer's own sync), the host clock on CPU. A phase's time includes the communication
     the compute stream had to wait for; ``other`` is the rest of the measured step time
-    (host work, data). Steps before ``skip_until`` (compilation, warm-up) are left out.
+    (host work, data). The first ``skip_first`` steps this process runs (compilation,
+    warm-up) are left out, counted from the first step it runs, so a resumed run skips its
+    own warm-up too. Each step marks the phases by name, in order.
     """
 
     PHASES = ("forward", "backward", "optimizer")
 
-    def __init__(self, device: torch.device, skip_until: int = 3) -> None:
+    def __init__(self, device: torch.device, skip_first: int = 2) -> None:
         self.cuda = device.type == "cuda"
-        self.skip_until = skip_until
-        self.pending: list[list[Any]] = []
+        self.skip_first = skip_first
+        self.begun = 0
+        self.pending: list[dict[str, Any]] = []
         self.totals = dict.fromkeys(self.PHASES, 0.0)
         self.steps = 0
-        self.current: list[Any] | None = None
+        self.current: dict[str, Any] = {}
 
     def _now(self) -> Any:
         if not self.cuda:
@@ -138,21 +141,30 @@ class StepSplit:
         event.record()
         return event
 
-    def begin(self, step: int) -> None:
-        self.current = [self._now()] if step >= self.skip_until else None
-        if self.current is not None:
+    def begin(self) -> None:
+        self.begun += 1
+        measured = self.begun > self.skip_first
+        self.current = {"begin": self._now() if measured else None}
+        if measured:
             self.pending.append(self.current)
 
     def mark(self, phase: str) -> None:
-        if self.current is not None:
-            self.current.append(self._now())
+        """The end of ``phase``; phases are marked in ``PHASES`` order, each once a step."""
+        done = len(self.current) - 1  # phases marked since begin (-1: no step begun)
+        expected = self.PHASES[done] if 0 <= done < len(self.PHASES) else None
+        if phase != expected:
+            raise ValueError(f"step phase {phase!r} marked where {expected!r} ends")
+        self.current[phase] = self._now() if self.current["begin"] is not None else None
 
     def collect(self) -> None:
         for marks in self.pending:
             if len(marks) != len(self.PHASES) + 1:
-                continue
-            for name, a, b in zip(self.PHASES, marks, marks[1:], strict=False):
-                self.totals[name] += a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+                continue  # the step ended early (it raised): no split for it
+            start = marks["begin"]
+            for name in self.PHASES:
+                end = marks[name]
+                self.totals[name] += start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+                start = end
             self.steps += 1
         self.pending.clear()
 

@@ -222,6 +222,14 @@ def fabric_present(summary: dict[str, Any]) -> bool:
     return any(is_mnnvl_fabric(g["fabric"]) for g in summary.get("gpus", []))
 
 
+def fabric_identity(summary: dict[str, Any]) -> str | None:
+    """``<clusterUuid>/<cliqueId>`` of the first MNNVL fabric GPU of a summary, else None."""
+    for gpu in summary.get("gpus", []):
+        if is_mnnvl_fabric(gpu["fabric"]):
+            return f"{gpu['fabric']['cluster_uuid']}/{gpu['fabric']['clique_id']}"
+    return None
+
+
 def local_problems(summary: dict[str, Any], rank: int) -> list[str]:
     """Reasons to FAIL found on one rank's GPUs alone."""
     problems: list[str] = []

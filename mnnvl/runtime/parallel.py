@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -24,9 +24,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.errors import SpecError, WorkloadFailed
-from mnnvl.runtime import devices, groups
+from mnnvl.runtime import devices, groups, nvml
 from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 
 logger = logging.getLogger(__name__)
@@ -64,57 +65,37 @@ class DistInfo:
         return self.device.type == "cuda"
 
 
-def fabric_identity(local_rank: int) -> str | None:
-    """Cheap NVML probe: ``<clusterUuid>/<cliqueId>`` of a GPU with a completed NVLink
-    fabric registration, else None.
+def fabric_identity(device: torch.device, *, nvml_module: Any = None) -> str | None:
+    """This GPU's ``<clusterUuid>/<cliqueId>`` on a completed NVLink fabric, else None.
 
-    Any failure (no pynvml, old driver, no fabric support) means None; the verify step
-    does the full NVML checks and reports why.
+    The verify step's NVML probe, with the GPU looked up by UUID (``CUDA_VISIBLE_DEVICES``
+    renumbers CUDA indexes; NVML's do not follow). NVML missing or failing reads as no
+    fabric; the verify step reports why. ``nvml_module`` stands in for ``pynvml`` in tests.
     """
-    try:
-        import pynvml
-    except ImportError:
+    if device.type != "cuda":
         return None
-    try:
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(local_rank)
-            info = pynvml.nvmlDeviceGetGpuFabricInfo(handle)
-            uuid = bytes(info.clusterUuid)
-            if info.state != pynvml.NVML_GPU_FABRIC_STATE_COMPLETED or not any(uuid):
-                return None
-            return f"{uuid.hex()}/{int(info.cliqueId)}"
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as e:  # NVML raises many distinct types; all mean "no fabric"
-        logger.info("NVLink fabric probe: %s; treating as no fabric", e)
-        return None
-
-
-def fabric_present(local_rank: int) -> bool:
-    return fabric_identity(local_rank) is not None
+    return nvml.fabric_identity(nvml.check_gpus(devices.nvml_ids(device), nvml=nvml_module))
 
 
 def init_distributed() -> DistInfo:
     """Apply the NCCL profile, then join the process group torchrun describes in env."""
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get(contract_env.WORLD_SIZE, "1"))
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     problem = devices.missing_gpus_problem(visible)
     if problem:
         raise WorkloadFailed(problem)
     use_cuda = visible > 0
-    profile = os.environ.get(nccl.PROFILE_ENV, "production")
+    profile = os.environ.get(contract_env.NCCL_PROFILE, "production")
     placed = groups.from_env(rank, world)  # a pod in the wrong group fails before NCCL starts
-    fabric = fabric_identity(local_rank) if use_cuda else None
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    fabric = fabric_identity(device)
     nccl.apply_profile(profile, fabric_present=fabric is not None)
     if use_cuda:
-        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     else:
-        device = torch.device("cpu")
         dist.init_process_group("gloo")
     logger.info("rank %s/%s on %s (NCCL profile %s)", rank, world, device, profile)
     groups.check_fabric(placed, rank, fabric)

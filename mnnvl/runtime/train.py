@@ -94,9 +94,10 @@ class Trainer:
         self.last_loss, self.checkpoint, self.start_step = float("nan"), "", 0
         self.resumed_from = ""  # the checkpoint this run continued from
         self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
-        # The first two timed steps compile and warm the allocator: left out of the split.
         self.tokens_per_step = cfg.batch_size * self.mcfg.seq_len * info.world_size
-        self.split = metrics.StepSplit(info.device, skip_until=self.start_step + 3)
+        # The first two steps this process runs (also after a resume) compile and warm the
+        # allocator: left out of the split.
+        self.split = metrics.StepSplit(info.device, skip_first=2)
 
     def resume(self) -> None:
         path = self.ckpt.latest() if self.ckpt else None
@@ -109,7 +110,7 @@ class Trainer:
 
     def step(self, step: int) -> torch.Tensor:
         split = self.split
-        split.begin(step)
+        split.begin()
         inputs, targets = (t.to(self.info.device, non_blocking=True) for t in self.data.batch(step))
         logits = self.model(inputs)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))

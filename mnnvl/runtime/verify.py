@@ -42,8 +42,15 @@ import torch  # noqa: E402  (after the clock above on purpose)
 import torch.distributed as dist  # noqa: E402
 
 from mnnvl import flags, report  # noqa: E402
-from mnnvl.contract import nccl  # noqa: E402
-from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS, emit_result  # noqa: E402
+from mnnvl.contract import env as contract_env  # noqa: E402
+from mnnvl.contract import exit_codes, nccl  # noqa: E402
+from mnnvl.contract.result import (  # noqa: E402
+    FAIL,
+    NOT_JUDGED,
+    PASS,
+    emit_result,
+    verdict_accepted,
+)
 from mnnvl.errors import SpecError, VerificationFailed, WorkloadFailed  # noqa: E402
 from mnnvl.runtime import cliques, collectives, devices, groups, nccl_log, nvml  # noqa: E402
 from mnnvl.runtime.local import free_port  # noqa: E402
@@ -127,9 +134,7 @@ def _why_unjudged(summaries: Sequence[dict[str, Any]], backend: str) -> str:
 
 def exit_code(verdict: str, allow_unjudged: bool) -> int:
     """0 on PASS, and on NOT_JUDGED where the caller allowed it; 4 otherwise."""
-    if verdict == PASS or (verdict == NOT_JUDGED and allow_unjudged):
-        return 0
-    return VerificationFailed.exit_code
+    return exit_codes.OK if verdict_accepted(verdict, allow_unjudged) else exit_codes.FAILED
 
 
 def threshold_gbps(cfg: VerifyConfig, topo: dict[str, Any]) -> tuple[float | None, str]:
@@ -179,18 +184,8 @@ def _dist_env() -> tuple[int, int, int]:
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(free_port()),
         )
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-
-
-def _nvml_id(device: torch.device) -> list[str | int]:
-    """The NVML identity of the CUDA device (UUID, since CUDA_VISIBLE_DEVICES renumbers)."""
-    if device.type != "cuda":
-        return []
-    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    if uuid is not None:
-        text = str(uuid)
-        return [text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"]
-    return [device.index or 0]
+    world = int(os.environ[contract_env.WORLD_SIZE])
+    return int(os.environ["RANK"]), world, int(os.environ["LOCAL_RANK"])
 
 
 def _sweep_plan(cfg: VerifyConfig, cuda: bool) -> collectives.SweepPlan:
@@ -246,12 +241,12 @@ def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     if device is not None:
         torch.cuda.set_device(device)
     phases.mark("cuda_setup")
-    summary = nvml.check_gpus(_nvml_id(device) if device is not None else [])
+    summary = nvml.check_gpus(devices.nvml_ids(device) if device is not None else [])
     summary.update(rank=rank, local_rank=local_rank, host=devices.pod_name())
     phases.mark("nvml")
     # The profile must see the fabric state before NCCL initialises: it sets
     # NCCL_MNNVL_ENABLE=1 only on fabric GPUs so a broken IMEX domain fails loudly.
-    profile = os.environ.get(nccl.PROFILE_ENV, DEFAULT_PROFILE)
+    profile = os.environ.get(contract_env.NCCL_PROFILE, DEFAULT_PROFILE)
     nccl.apply_profile(profile, fabric_present=nvml.fabric_present(summary))
     ncclog = nccl_log.NcclLog().start() if cuda else None
     backend = "nccl" if cuda else "gloo"
@@ -352,7 +347,7 @@ def _failed_result(reason: str, started: float, backend: str | None = None) -> d
         "threshold_source": "none",
         "judged_busbw_gbps": 0.0,
         "peak_busbw_gbps": 0.0,
-        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "world_size": int(os.environ.get(contract_env.WORLD_SIZE, "1")),
         "backend": backend or ("nccl" if torch.cuda.is_available() else "gloo"),
         "nccl": {"version": _nccl_version(), "transport": "unknown", "mnnvl": False},
         "sizes": [],

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from mnnvl.contract.env import JOB_COMPLETION_INDEX
 from mnnvl.sim.events import record_event
 from mnnvl.sim.jobstatus import (
     Progress,
@@ -270,7 +271,7 @@ class JobController:
             for c in spec.get("containers") or []:
                 c["env"] = [
                     *(c.get("env") or []),
-                    {"name": "JOB_COMPLETION_INDEX", "valueFrom": ref},
+                    {"name": JOB_COMPLETION_INDEX, "valueFrom": ref},
                 ]
         owner = {
             "apiVersion": "batch/v1",

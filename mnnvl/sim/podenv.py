@@ -13,7 +13,8 @@ import tempfile
 import threading
 from collections.abc import Callable
 
-from mnnvl.runtime.local import free_port
+from mnnvl.contract.env import MASTER_ADDR, MASTER_PORT
+from mnnvl.ports import free_port
 from mnnvl.sim.model import Obj
 from mnnvl.sim.placement import GPU_CLASS, claim_gpus, pod_gpus
 from mnnvl.sim.store import Store
@@ -129,13 +130,13 @@ class ProcessEnv:
             pod_env[e["name"]] = (
                 field_ref(pod, ref) if ref else expand(str(e.get("value", "")), pod_env)
             )
-        host = pod_env.get("MASTER_ADDR", "")
+        host = pod_env.get(MASTER_ADDR, "")
         if host.endswith(".svc.cluster.local"):
             parts = host.split(".")
             if len(parts) >= 6:  # <pod-host>.<service>.<namespace>.svc.cluster.local
-                pod_env["MASTER_PORT"] = str(self.service_port(parts[-4], parts[-5]))
-        if "MASTER_ADDR" in pod_env:
-            pod_env["MASTER_ADDR"] = "127.0.0.1"
+                pod_env[MASTER_PORT] = str(self.service_port(parts[-4], parts[-5]))
+        if MASTER_ADDR in pod_env:
+            pod_env[MASTER_ADDR] = "127.0.0.1"
         mounts = claim_mounts(pod, container, self.claim_dir)
         pod_env = {k: at_host(DNS_RE.sub("127.0.0.1", v), mounts) for k, v in pod_env.items()}
         pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)

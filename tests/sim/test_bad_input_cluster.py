@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mnnvl import checks, cli
+from mnnvl import cli, namespace
 from mnnvl.names import RunNames
 from mnnvl.sim import SimCluster
 
@@ -107,7 +107,7 @@ def test_steps_without_namespace_use_the_pods_own_namespace(
     sa_namespace = tmp_path / "namespace"
     sa_namespace.write_text("team-b")
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    monkeypatch.setattr(checks, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_namespace))
+    monkeypatch.setattr(namespace, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_namespace))
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
     names = RunNames.for_run(run_id)
     argv = ["--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]

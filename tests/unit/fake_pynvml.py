@@ -1,4 +1,5 @@
-"""A stand-in for the ``pynvml`` module: just the calls ``mnnvl.runtime.nvml`` makes.
+"""A stand-in for the ``pynvml`` module: just the calls ``mnnvl.runtime.nvml`` makes, each with
+nvidia-ml-py's signature (``test_fake_nvml_has_the_real_signatures`` holds it to that).
 
 ``FakeNvml(gpus)`` behaves like the module for a host whose GPUs are ``FakeGpu`` records;
 builders below reproduce the machines the tests need.
@@ -23,6 +24,15 @@ class NVMLError_NotSupported(NVMLError):
 
 class NVMLError_InvalidArgument(NVMLError):
     pass
+
+
+class FabricInfo(ctypes.Structure):
+    _fields_ = [
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+    ]
 
 
 class FabricInfoV(ctypes.Structure):
@@ -76,6 +86,7 @@ class FakeNvml:
     NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON = 90
     nvmlGpuFabricInfo_v2 = 0x2000024
     c_nvmlGpuFabricInfoV_t = FabricInfoV
+    c_nvmlGpuFabricInfo_t = FabricInfo
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
@@ -96,38 +107,41 @@ class FakeNvml:
                 return gpu
         raise NVMLError(f"no GPU {uuid}")
 
-    def nvmlDeviceGetName(self, gpu: FakeGpu) -> str:
-        return gpu.name
+    def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
+        return handle.name
 
-    def nvmlDeviceGetUUID(self, gpu: FakeGpu) -> str:
-        return gpu.uuid
+    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
+        return handle.uuid
 
-    def nvmlDeviceGetNvLinkState(self, gpu: FakeGpu, link: int) -> int:
-        if link >= gpu.links:
+    def nvmlDeviceGetNvLinkState(self, device: FakeGpu, link: int) -> int:
+        if link >= device.links:
             raise NVMLError_NotSupported()
-        return 0 if link in gpu.down else 1
+        return 0 if link in device.down else 1
 
-    def nvmlDeviceGetNvLinkVersion(self, gpu: FakeGpu, link: int) -> int:
-        if link >= gpu.links:
+    def nvmlDeviceGetNvLinkVersion(self, device: FakeGpu, link: int) -> int:
+        if link >= device.links:
             raise NVMLError_NotSupported()
-        return gpu.version_raw
+        return device.version_raw
 
-    def nvmlDeviceGetNvLinkErrorCounter(self, gpu: FakeGpu, link: int, counter: int) -> int:
-        return gpu.errors.get(counter, 0)
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: FakeGpu, link: int, counter: int) -> int:
+        return device.errors.get(counter, 0)
 
-    def nvmlDeviceGetFieldValues(self, gpu: FakeGpu, ids: list[int]) -> list[_Field]:
-        if gpu.speed_mbps is None:
-            return [_Field(3, 0) for _ in ids]  # NVML_ERROR_NOT_SUPPORTED per field
-        return [_Field(0, gpu.speed_mbps) for _ in ids]
+    def nvmlDeviceGetFieldValues(self, handle: FakeGpu, fieldIds: list[int]) -> list[_Field]:
+        if handle.speed_mbps is None:
+            return [_Field(3, 0) for _ in fieldIds]  # NVML_ERROR_NOT_SUPPORTED per field
+        return [_Field(0, handle.speed_mbps) for _ in fieldIds]
 
-    def nvmlDeviceGetGpuFabricInfoV(self, gpu: FakeGpu, ref: Any) -> int:
-        if gpu.fabric_state is None:
+    def nvmlDeviceGetGpuFabricInfoV(self, device: FakeGpu, gpuFabricInfo: Any) -> int:
+        return self.nvmlDeviceGetGpuFabricInfo(device, gpuFabricInfo)
+
+    def nvmlDeviceGetGpuFabricInfo(self, device: FakeGpu, gpuFabricInfo: Any) -> int:
+        if device.fabric_state is None:
             raise NVMLError_NotSupported()
-        info = getattr(ref, "_obj", ref)
-        info.state = gpu.fabric_state
-        info.cliqueId = gpu.clique_id
+        info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+        info.state = device.fabric_state
+        info.cliqueId = device.clique_id
         info.status = 0
-        for i, b in enumerate(gpu.cluster_uuid):
+        for i, b in enumerate(device.cluster_uuid):
             info.clusterUuid[i] = b
         return 0
 

@@ -6,9 +6,11 @@ a stray top-level import anywhere below them fails here.
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +21,8 @@ CASES = {
     "mnnvl.errors mnnvl.spec mnnvl.flags mnnvl.names mnnvl.manifests": HEAVY,
     "mnnvl.checks mnnvl.surface mnnvl.cli_parser mnnvl.components.kfp_codegen": HEAVY,
     # The contract both sides import: standard library only, nothing from either side.
-    "mnnvl.contract mnnvl.contract.result mnnvl.contract.nccl mnnvl.contract.exit_codes": HEAVY,
+    "mnnvl.contract mnnvl.contract.result mnnvl.contract.nccl mnnvl.contract.exit_codes "
+    "mnnvl.contract.env mnnvl.contract.errors": HEAVY,
     "mnnvl.runtime.local": HEAVY,
     "mnnvl.sim": HEAVY,
     "mnnvl.report": ("torch", "kfp", "hera", "kubernetes"),
@@ -52,15 +55,141 @@ def test_the_contract_imports_nothing_of_either_side() -> None:
     code = (
         "import json, sys\n"
         "import mnnvl.contract.result, mnnvl.contract.nccl, mnnvl.contract.exit_codes\n"
+        "import mnnvl.contract.env, mnnvl.contract.errors\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('mnnvl'))))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     loaded = set(json.loads(out.stdout.splitlines()[-1]))
-    allowed = {"mnnvl", "mnnvl.errors", "mnnvl.checks"}
-    assert {m for m in loaded if not m.startswith("mnnvl.contract")} <= allowed
+    assert {m for m in loaded if not m.startswith("mnnvl.contract")} == {"mnnvl"}
 
 
 def test_the_check_sees_a_library_that_is_loaded() -> None:
     assert "kubernetes" in loaded_after_import("mnnvl.driver")
+
+
+# ---- the import graph of mnnvl: no cycles, no upward imports ----------------------------------
+
+PACKAGE = Path(__file__).resolve().parents[2] / "mnnvl"
+# Each layer of docs/DESIGN.md with the layers below it that it may import (its own included).
+LAYER_OF = {
+    "mnnvl.contract": "contract",
+    "mnnvl.errors": "base",
+    "mnnvl.ports": "base",
+    "mnnvl.namespace": "base",
+    "mnnvl.yaml_stream": "base",
+    "mnnvl": "base",
+    "mnnvl.checks": "inputs",
+    "mnnvl.storage": "inputs",
+    "mnnvl.spec": "inputs",
+    "mnnvl.names": "inputs",
+    "mnnvl.surface": "inputs",
+    "mnnvl.flags": "inputs",
+    "mnnvl.cli_help": "inputs",
+    "mnnvl.report": "report",
+    "mnnvl.manifests": "manifests",
+    "mnnvl.runtime": "runtime",
+    "mnnvl.sim": "sim",
+    "mnnvl.driver": "driver",
+    "mnnvl.steps": "steps",
+    "mnnvl.run": "steps",
+    "mnnvl.cli": "cli",
+    "mnnvl.cli_parser": "cli",
+    "mnnvl.__main__": "cli",
+}
+MAY_IMPORT = {
+    "contract": {"contract"},
+    "base": {"base", "contract"},
+    "inputs": {"inputs", "base", "contract"},
+    "report": {"report", "inputs", "base", "contract"},
+    "manifests": {"manifests", "inputs", "base", "contract"},
+    "runtime": {"runtime", "report", "inputs", "base", "contract"},
+    "sim": {"sim", "inputs", "base", "contract"},
+    "driver": {"driver", "manifests", "inputs", "base", "contract"},
+    "steps": {"steps", "driver", "manifests", "report", "inputs", "base", "contract"},
+    "cli": {"cli", "steps", "sim", "driver", "manifests", "report", "inputs", "base", "contract"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the mnnvl modules it imports (also under ``if TYPE_CHECKING``)."""
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    deps.add(full if full in paths else node.module)
+        graph[name] = {d for d in deps if d in paths and d != name}
+    return graph
+
+
+def layer(module: str) -> str:
+    owner = max((p for p in LAYER_OF if module == p or module.startswith(p + ".")), key=len)
+    return LAYER_OF[owner]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_mnnvl_has_no_import_cycle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [
+        m for m in import_graph() if not any(m == p or m.startswith(p + ".") for p in LAYER_OF)
+    ] == []
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    upward = sorted(
+        f"{m} ({layer(m)}) -> {d} ({layer(d)})"
+        for m, deps in import_graph().items()
+        for d in deps
+        if layer(d) not in MAY_IMPORT[layer(m)]
+    )
+    assert upward == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

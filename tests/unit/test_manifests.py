@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from mnnvl import manifests
-from mnnvl.contract import nccl
+from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
 from mnnvl.manifests import (
     CHANNEL_CLAIM,
@@ -374,7 +374,7 @@ def test_container_command_and_env_match_what_the_worker_reads() -> None:
     assert env["MASTER_ADDR"] == f"{host}-0.{host}.{workload.namespace}.svc.cluster.local"
     assert (env["MASTER_PORT"], env["NNODES"], env["NPROC_PER_NODE"]) == ("29500", "18", "4")
     assert env["MNNVL_RUN_ID"] == workload.run_id
-    assert env[nccl.PROFILE_ENV] == "verify-strict"
+    assert env[contract_env.NCCL_PROFILE] == "verify-strict"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_DEBUG"] == "WARN"  # the user's value beats a profile default
     assert len(worker(job)["env"]) == len(env) + 1  # no duplicate names (+ NODE_RANK)
@@ -392,11 +392,13 @@ def test_profile_required_values_beat_the_users() -> None:
 @pytest.mark.parametrize("profile", ["production", "verify-strict", "single-host"])
 def test_machine_pinned_nccl_variables_never_reach_pod_env(profile: str) -> None:
     env = env_of(train_job(WorkloadSpec(run_id=RUN, nccl_profile=profile)))
-    assert not set(nccl.PINNED) & set(env)
-    assert env[nccl.PROFILE_ENV] == profile
+    assert not set(contract_env.PINNED) & set(env)
+    assert env[contract_env.NCCL_PROFILE] == profile
 
 
-@pytest.mark.parametrize("name", [*nccl.PINNED, "MASTER_ADDR", "MNNVL_NCCL_PROFILE", "NNODES"])
+@pytest.mark.parametrize(
+    "name", [*contract_env.PINNED, "MASTER_ADDR", "MNNVL_NCCL_PROFILE", "NNODES"]
+)
 def test_user_env_may_not_set_pinned_or_job_owned_variables(name: str) -> None:
     with pytest.raises(SpecError) as info:
         WorkloadSpec(run_id=RUN, env={name: "1"})
@@ -485,8 +487,8 @@ def test_render_run_creates_domain_then_gpu_template_then_service_before_each_jo
         names.job("verify"),
         names.job("verify"),
     ]
-    assert env_of(objs[3])[nccl.PROFILE_ENV] == "production"
-    assert env_of(objs[5])[nccl.PROFILE_ENV] == "verify-strict"
+    assert env_of(objs[3])[contract_env.NCCL_PROFILE] == "production"
+    assert env_of(objs[5])[contract_env.NCCL_PROFILE] == "verify-strict"
     assert worker(objs[3])["command"][9] == "mnnvl.runtime.train"
     assert worker(objs[5])["command"][9] == "mnnvl.runtime.verify"
 

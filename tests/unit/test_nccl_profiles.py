@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.errors import SpecError
 
@@ -34,18 +35,18 @@ def test_pinned_variables_survive_a_profile_that_sets_them(greedy_profile: str) 
     env = dict(PINNED_VALUES)
     changed = nccl.apply_profile(greedy_profile, fabric_present=True, environ=env)
     assert {k: env[k] for k in PINNED_VALUES} == PINNED_VALUES
-    assert not set(changed) & set(nccl.PINNED)
+    assert not set(changed) & set(contract_env.PINNED)
     assert changed == {"NCCL_DEBUG": "WARN", "NCCL_MNNVL_ENABLE": "1"}
 
 
 def test_pinned_variables_are_not_added_when_absent(greedy_profile: str) -> None:
     env: dict[str, str] = {}
     nccl.apply_profile(greedy_profile, fabric_present=True, environ=env)
-    assert not set(env) & set(nccl.PINNED)
+    assert not set(env) & set(contract_env.PINNED)
 
 
 def test_pod_env_never_carries_pinned_variables(greedy_profile: str) -> None:
-    assert not set(nccl.pod_env(greedy_profile)) & set(nccl.PINNED)
+    assert not set(nccl.pod_env(greedy_profile)) & set(contract_env.PINNED)
 
 
 def test_cumem_disable_is_refused() -> None:

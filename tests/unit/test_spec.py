@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mnnvl import checks
+from mnnvl import namespace
 from mnnvl.errors import SpecError
 from mnnvl.flags import add_arguments, from_namespace, to_args
 from mnnvl.spec import (
@@ -204,15 +204,37 @@ def test_namespace_left_empty_is_the_pods_own_else_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
-    monkeypatch.setattr(checks, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(tmp_path / "absent"))
-    assert DomainSpec(run_id=RUN, namespace="").namespace == "default"
+    monkeypatch.setattr(namespace, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(tmp_path / "absent"))
+    assert namespace.resolve_namespace("") == "default"
     sa_file = tmp_path / "namespace"
     sa_file.write_text("team-b\n")
-    monkeypatch.setattr(checks, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
-    assert DomainSpec(run_id=RUN, namespace="").namespace == "team-b"
-    assert DomainSpec(run_id=RUN).namespace == "team-b"  # left out: the pod's own too
-    assert WorkloadSpec(run_id=RUN, namespace="").namespace == "team-b"
-    assert DomainSpec(run_id=RUN, namespace="team-a").namespace == "team-a"
+    monkeypatch.setattr(namespace, "SERVICE_ACCOUNT_NAMESPACE_FILE", str(sa_file))
+    assert namespace.resolve_namespace("") == "team-b"
+    assert namespace.resolve_namespace(None) == "team-b"  # left out: the pod's own too
+    monkeypatch.setenv("POD_NAMESPACE", "team-c")
+    assert namespace.resolve_namespace("") == "team-c"  # the downward API wins
+    assert namespace.resolve_namespace("team-a") == "team-a"
+
+
+def test_building_a_spec_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "team-b")
+    assert DomainSpec(run_id=RUN, namespace="").namespace == "default"
+    assert DomainSpec(run_id=RUN).namespace == "default"
+    assert WorkloadSpec(run_id=RUN, namespace="").namespace == "default"
+
+
+def test_the_cli_and_the_components_resolve_the_pods_namespace_at_the_edge(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mnnvl import cli
+    from mnnvl.components import bodies
+
+    monkeypatch.setenv("POD_NAMESPACE", "team-b")
+    ns = cli.build_parser().parse_args(["provision", "--run-id", RUN])
+    assert cli._domain(ns).namespace == "team-b"
+    ns = cli.build_parser().parse_args(["provision", "--run-id", RUN, "--namespace", "team-a"])
+    assert cli._domain(ns).namespace == "team-a"
+    assert bodies._with_step_defaults("verify", {"run_id": RUN})["namespace"] == "team-b"
 
 
 def test_the_default_warmup_is_capped_at_a_shorter_run() -> None:

@@ -1,0 +1,34 @@
+"""The namespace a step works in when none is given: the pod's own, else ``default``.
+
+Resolved at the edges (the ``mnnvl`` command line and the KFP component bodies), never while a
+spec is built: a spec is a value and reads no environment and no file.
+"""
+
+from __future__ import annotations
+
+import os
+
+SERVICE_ACCOUNT_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+FALLBACK_NAMESPACE = "default"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"
+
+
+def pod_namespace() -> str:
+    """The namespace of the pod this process runs in, or "" outside a pod.
+
+    ``POD_NAMESPACE`` (downward API) wins; else the service account's namespace file, which
+    every pod with a mounted token has. Read locally: a namespace-scoped account may not GET
+    namespaces.
+    """
+    if os.environ.get(POD_NAMESPACE_ENV):
+        return os.environ[POD_NAMESPACE_ENV].strip()
+    try:
+        with open(SERVICE_ACCOUNT_NAMESPACE_FILE, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def resolve_namespace(value: str | None) -> str:
+    """``value``, or when it is empty the pod's own namespace, else ``default``."""
+    return value or pod_namespace() or FALLBACK_NAMESPACE

@@ -1,0 +1,57 @@
+"""`mnnvl run` walks the pipeline declaration the compiled pipelines are built from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mnnvl import cli, surface
+from mnnvl.run import RUN_PIPELINE
+
+COMPILED = Path(__file__).resolve().parents[2] / "pipelines" / "compiled"
+EDGE = {"run_id", "namespace"}  # resolved at the CLI edge, not a step default
+
+
+def compiled_defaults(name: str) -> dict[str, Any]:
+    docs = yaml.safe_load_all((COMPILED / f"{name}.kfp.yaml").read_text())
+    spec = next(d for d in docs if d and "root" in d)
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    return {k: p["defaultValue"] for k, p in params.items() if "defaultValue" in p}
+
+
+def run_plan(*argv: str) -> list[Any]:
+    ns = cli.build_parser().parse_args(["run", "--run-id", "r1", *argv])
+    return cli._run_plan(ns)
+
+
+def test_mnnvl_run_has_the_compiled_pipelines_tasks_in_order() -> None:
+    planned = run_plan()
+    assert [p.task.name for p in planned] == [t.name for t in surface.PIPELINES[RUN_PIPELINE].tasks]
+    assert [p.task.name for p in run_plan("--skip-verify")] == ["provision", "train", "teardown"]
+
+
+def test_mnnvl_run_and_the_compiled_pipeline_use_the_same_step_defaults() -> None:
+    """Every task's specs under `mnnvl run` without flags equal those the compiled pipeline's
+    parameter defaults give, except the training pipeline's own GPU-sized defaults."""
+    pipeline = surface.PIPELINES[RUN_PIPELINE]
+    params = {p.name: p for p in pipeline.parameters()}
+    compiled = {  # KFP writes every number as a float (18.0)
+        name: int(value) if params[name].kind == "int" else params[name].coerce(value)
+        for name, value in compiled_defaults(RUN_PIPELINE).items()
+        if name not in pipeline.defaults and name not in EDGE
+    }
+    for planned in run_plan():
+        task = planned.task
+        expected = surface.step_specs(task.step, "r1", pipeline.task_arguments(task, compiled))
+        assert list(planned.specs) == expected, task.name
+
+
+def test_mnnvl_run_gives_verification_the_verify_steps_job_timeout() -> None:
+    by_task = {p.task.name: p.specs for p in run_plan()}
+    verify_default = compiled_defaults(RUN_PIPELINE)["verify_timeout_s"]
+    assert by_task["verify-pre"][0].job_timeout_s == verify_default == 1800.0
+    assert by_task["verify-post"][0].job_timeout_s == verify_default
+    assert by_task["train"][0].job_timeout_s == compiled_defaults(RUN_PIPELINE)["train_timeout_s"]
+    assert by_task["verify-pre"][0].purpose == "verify-pre"
