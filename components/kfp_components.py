@@ -76,6 +76,7 @@ def train_sharded(
     job_timeout_s: float = 7200.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     model: str = 'tiny',
     steps: int = 20,
@@ -96,6 +97,8 @@ def train_sharded(
     checkpoint_every: int = 0,
     allow_local_checkpoint: bool = False,
     log_every: int = 10,
+    collective_timeout_s: float = 300.0,
+    stall_timeout_s: float = 0.0,
 ):
     """Run FSDP2 training as a multi-node Indexed Job inside the run's ComputeDomain.
 
@@ -136,6 +139,8 @@ def train_sharded(
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
@@ -161,6 +166,10 @@ def train_sharded(
         allow_local_checkpoint: accept checkpoint_dir/data outside a --pvc mount (single-node
             runs only).
         log_every: steps between logged metrics.
+        collective_timeout_s: how long a collective waits for a dead or hung peer before the
+            worker fails (retriable), s; NCCL's own default is 600.
+        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
+            this long, s; 0 = 2 x collective_timeout_s + 60.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -201,6 +210,7 @@ def verify_nvlink(
     job_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     min_bytes: int = 0,
     max_bytes: int = 0,
@@ -254,6 +264,8 @@ def verify_nvlink(
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
@@ -306,6 +318,7 @@ def launch_workload(
     job_timeout_s: float = 7200.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     module: str = '',
     command: List[str] = [],
@@ -350,6 +363,8 @@ def launch_workload(
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
         command: with a module: its arguments; without: the program and its arguments (a list).
@@ -410,6 +425,7 @@ def provision_training(
     verify_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     verify_min_bytes: int = 0,
     verify_max_bytes: int = 0,
@@ -441,6 +457,8 @@ def provision_training(
     checkpoint_every: int = 0,
     allow_local_checkpoint: bool = False,
     log_every: int = 10,
+    collective_timeout_s: float = 300.0,
+    stall_timeout_s: float = 0.0,
     delete_timeout_s: float = 300.0,
 ) -> str:
     """First task of mnnvl-training: validate every pipeline parameter, then provision
@@ -482,6 +500,8 @@ def provision_training(
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
@@ -520,6 +540,10 @@ def provision_training(
         allow_local_checkpoint: accept checkpoint_dir/data outside a --pvc mount (single-node
             runs only).
         log_every: steps between logged metrics.
+        collective_timeout_s: how long a collective waits for a dead or hung peer before the
+            worker fails (retriable), s; NCCL's own default is 600.
+        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
+            this long, s; 0 = 2 x collective_timeout_s + 60.
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
 
     Returns:
@@ -562,6 +586,7 @@ def provision_verify_only(
     verify_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     verify_min_bytes: int = 0,
     verify_max_bytes: int = 0,
@@ -614,6 +639,8 @@ def provision_verify_only(
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
@@ -669,6 +696,7 @@ def provision_custom(
     verify_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     verify_min_bytes: int = 0,
     verify_max_bytes: int = 0,
@@ -724,6 +752,8 @@ def provision_custom(
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.

@@ -6,7 +6,12 @@ A file, not a pipe: a worker that is stopped or wedged cannot block on a full pi
 launcher needs nothing but a read per second. The content is one JSON object, replaced
 atomically: ``{"seq": n, "stall_timeout_s": s, "what": "step 1450"}``. The launcher never
 compares clocks with the worker: it notes when ``seq`` last changed on its own clock.
-Standard library only (the launcher imports it before torch).
+Standard library only at import (the launcher imports it before torch).
+
+``Arrivals`` is the other half, inside a worker: each rank records the last step it finished
+in the process group's store (on rank 0's node), so that a rank whose collective timed out
+can name the ranks that never arrived and their pods; torch's own timeout message names
+neither for gloo.
 """
 
 from __future__ import annotations
@@ -33,6 +38,61 @@ def report(what: str, stall_timeout_s: float) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"seq": _seq, "stall_timeout_s": stall_timeout_s, "what": what}, f)
     os.replace(tmp, path)
+
+
+class Arrivals:
+    """Each rank's pod, last started step and a heartbeat (every second, from a thread, so a
+    rank blocked in a collective still beats while a stopped or dead one falls silent) in
+    the default process group's store."""
+
+    KEY = "mnnvl/rank/{}"
+    READ_TIMEOUT_S = 5.0  # rank 0's store may be on the hung node
+    SILENT_S = 5.0  # a heartbeat older than this (clocks of nodes agree far better)
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        import threading
+
+        import torch.distributed as dist
+
+        # No public accessor for the store init_process_group made; it is the rendezvous's.
+        self.store = dist.distributed_c10d._get_default_store()
+        self.rank, self.world_size, self.step = rank, world_size, 0
+        self.host = os.environ.get("HOSTNAME", "") or "?"
+        threading.Thread(target=self._beat, name="mnnvl-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                self.store.set(self.KEY.format(self.rank), f"{time.time()} {self.step} {self.host}")
+            except RuntimeError:
+                return  # the store is gone: the process group is being torn down
+            time.sleep(1.0)
+
+    def mark(self, step: int) -> None:
+        """The step this rank is in now."""
+        self.step = step
+
+    def behind(self) -> str:
+        """The ranks that fell silent, else those in an earlier step than the furthest, with
+        their pods ("unknown" when the store on rank 0's node does not answer)."""
+        import datetime
+
+        try:
+            self.store.set_timeout(datetime.timedelta(seconds=self.READ_TIMEOUT_S))
+            keys = [self.KEY.format(r) for r in range(self.world_size)]
+            found = [self.store.get(k).decode().split(" ", 2) for k in keys]
+        except RuntimeError as e:
+            return f"unknown (the store on rank 0 did not answer: {e})"
+        now, top = time.time(), max(int(f[1]) for f in found)
+        silent = [
+            f"rank {r} (pod {f[2]}, silent for {now - float(f[0]):.0f} s, in step {f[1]})"
+            for r, f in enumerate(found)
+            if now - float(f[0]) > self.SILENT_S
+        ]
+        late = [
+            f"rank {r} (pod {f[2]}, in step {f[1]})" for r, f in enumerate(found) if int(f[1]) < top
+        ]
+        return ", ".join(silent or late) or "not known (every rank is alive and in the same step)"
 
 
 @dataclass

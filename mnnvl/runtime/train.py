@@ -110,6 +110,7 @@ class Trainer:
         self.resumed_from = ""  # the checkpoint this run continued from
         self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
         self.phase = "start-up"  # where a collective timeout happened, for its message
+        self.arrivals = progress.Arrivals(info.rank, info.world_size)
         # The first two timed steps compile and warm the allocator: left out of the split.
         self.tokens_per_step = cfg.batch_size * self.mcfg.seq_len * info.world_size
         self.split = metrics.StepSplit(info.device, skip_until=self.start_step + 3)
@@ -184,6 +185,7 @@ class Trainer:
         thr.start()
         for step in range(first, cfg.steps + 1):
             self.phase = f"step {step} (FSDP all-gather / reduce-scatter)"
+            self.arrivals.mark(step)
             loss = self.step(step)
             progress.report(f"step {step}", cfg.stall_s)
             self.signal_hook(step)
@@ -357,12 +359,14 @@ def failure_code(
         return OUT_OF_MEMORY
     if is_collective_timeout(error):
         where = trainer.phase if trainer is not None else "start-up"
+        missing = trainer.arrivals.behind() if trainer is not None else "unknown"
         logger.error(
-            "rank %d: a collective in %s timed out after --collective-timeout-s %g (a peer is "
-            "lost or hung; the run restarts from its last checkpoint): %s",
+            "rank %d: a collective in %s timed out after --collective-timeout-s %g; ranks that "
+            "did not arrive: %s (lost or hung; the run restarts from its last checkpoint): %s",
             info.rank,
             where,
             cfg.collective_timeout_s,
+            missing,
             str(error).splitlines()[0] if str(error) else type(error).__name__,
         )
         return COLLECTIVE_TIMEOUT

@@ -61,3 +61,4 @@ def test_a_stopped_peer_fails_the_collective_with_exit_11_naming_the_step(tmp_pa
     assert proc.returncode == 11, proc.stderr[-4000:]
     assert "rank 0: a collective in" in proc.stderr and "timed out" in proc.stderr
     assert "--collective-timeout-s 3" in proc.stderr
+    assert "ranks that did not arrive: rank 1 (pod" in proc.stderr
