@@ -77,6 +77,7 @@ def train_sharded(
     job_timeout_s: float = 7200.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     model: str = 'tiny',
     steps: int = 20,
@@ -97,6 +98,8 @@ def train_sharded(
     checkpoint_every: int = 0,
     allow_local_checkpoint: bool = False,
     log_every: int = 10,
+    collective_timeout_s: float = 300.0,
+    stall_timeout_s: float = 0.0,
 ):
     """Run FSDP2 training as a multi-node Indexed Job inside the run's ComputeDomain.
 
@@ -140,6 +143,8 @@ def train_sharded(
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
@@ -165,6 +170,10 @@ def train_sharded(
         allow_local_checkpoint: accept checkpoint_dir/data outside a --pvc mount (single-node
             runs only).
         log_every: steps between logged metrics.
+        collective_timeout_s: how long a collective waits for a dead or hung peer before the
+            worker fails (retriable), s; NCCL's own default is 600.
+        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
+            this long, s; 0 = 2 x collective_timeout_s + 60.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -206,6 +215,7 @@ def verify_nvlink(
     job_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     min_bytes: int = 0,
     max_bytes: int = 0,
@@ -262,6 +272,8 @@ def verify_nvlink(
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
@@ -315,6 +327,7 @@ def launch_workload(
     job_timeout_s: float = 7200.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     module: str = '',
     command: List[str] = [],
@@ -362,6 +375,8 @@ def launch_workload(
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
         command: with a module: its arguments; without: the program and its arguments (a list).
@@ -423,6 +438,7 @@ def provision_training(
     verify_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     verify_min_bytes: int = 0,
     verify_max_bytes: int = 0,
@@ -454,6 +470,8 @@ def provision_training(
     checkpoint_every: int = 0,
     allow_local_checkpoint: bool = False,
     log_every: int = 10,
+    collective_timeout_s: float = 300.0,
+    stall_timeout_s: float = 0.0,
     delete_timeout_s: float = 300.0,
 ) -> str:
     """First task of mnnvl-training: validate every pipeline parameter, then provision
@@ -498,6 +516,8 @@ def provision_training(
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
@@ -536,6 +556,10 @@ def provision_training(
         allow_local_checkpoint: accept checkpoint_dir/data outside a --pvc mount (single-node
             runs only).
         log_every: steps between logged metrics.
+        collective_timeout_s: how long a collective waits for a dead or hung peer before the
+            worker fails (retriable), s; NCCL's own default is 600.
+        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
+            this long, s; 0 = 2 x collective_timeout_s + 60.
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
 
     Returns:
@@ -579,6 +603,7 @@ def provision_verify_only(
     verify_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     verify_min_bytes: int = 0,
     verify_max_bytes: int = 0,
@@ -634,6 +659,8 @@ def provision_verify_only(
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
@@ -690,6 +717,7 @@ def provision_custom(
     verify_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
+    max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     verify_min_bytes: int = 0,
     verify_max_bytes: int = 0,
@@ -748,6 +776,8 @@ def provision_custom(
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
+        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
+            fails.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.

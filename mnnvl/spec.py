@@ -238,6 +238,9 @@ class WorkloadSpec:
     job_timeout_s: float = opt(7200.0, "deadline for the Job to complete, s (activeDeadline)")
     ttl_after_finished_s: int = opt(3600, "ttlSecondsAfterFinished of the Job")
     backoff_limit_per_index: int = opt(0, "retries per pod index before the Job fails")
+    max_restarts: int = opt(
+        3, "gang restarts of every rank (from the last checkpoint) before the step fails"
+    )
     image_pull_policy: str = opt("IfNotPresent", "Always, IfNotPresent or Never")
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
@@ -276,6 +279,7 @@ class WorkloadSpec:
         check_range("job_timeout_s", self.job_timeout_s, 1, 7 * 86400)
         check_range("ttl_after_finished_s", self.ttl_after_finished_s, 0, 30 * 86400, integer=True)
         check_range("backoff_limit_per_index", self.backoff_limit_per_index, 0, 10, integer=True)
+        check_range("max_restarts", self.max_restarts, 0, 100, integer=True)
         check_choice(
             "image_pull_policy", self.image_pull_policy, ("Always", "IfNotPresent", "Never")
         )
@@ -374,6 +378,16 @@ class TrainConfig:
         False, "accept checkpoint_dir/data outside a --pvc mount (single-node runs only)"
     )
     log_every: int = opt(10, "steps between logged metrics")
+    collective_timeout_s: float = opt(
+        300.0,
+        "how long a collective waits for a dead or hung peer before the worker fails "
+        "(retriable), s; NCCL's own default is 600",
+    )
+    stall_timeout_s: float = opt(
+        0.0,
+        "the pod stops its workers (retriable) when one made no progress for this long, s; "
+        "0 = 2 x collective_timeout_s + 60",
+    )
 
     def __post_init__(self) -> None:
         check_choice("model", self.model, MODEL_PRESETS)
@@ -403,6 +417,14 @@ class TrainConfig:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise SpecError("checkpoint_every", "needs checkpoint_dir to be set")
         check_range("log_every", self.log_every, 1, 10_000_000, integer=True)
+        check_range("collective_timeout_s", self.collective_timeout_s, 1, 86400)
+        check_range("stall_timeout_s", self.stall_timeout_s, 0, 7 * 86400)
+        if self.stall_timeout_s and self.stall_timeout_s <= self.collective_timeout_s:
+            raise SpecError(
+                "stall_timeout_s",
+                f"{self.stall_timeout_s:g} must exceed collective_timeout_s "
+                f"{self.collective_timeout_s:g} (a collective may wait that long on a slow peer)",
+            )
 
     def _apply_preset(self) -> None:
         """Inputs left at auto (batch_size 0) take the preset's value; a given value wins."""
@@ -427,6 +449,13 @@ class TrainConfig:
     @property
     def reshard(self) -> bool:
         return self.reshard_after_forward == "true"
+
+    @property
+    def stall_s(self) -> float:
+        """The stall timeout in force. Derived: a step or a checkpoint save may block in a
+        collective for up to the collective timeout, twice (a save is barriers around a
+        write), plus a minute for the write itself."""
+        return self.stall_timeout_s or 2 * self.collective_timeout_s + 60
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -80,6 +80,7 @@ class LaunchResult(Result):
     log_tail: str
     elapsed_s: float
     exit_code: int = 0
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # gang restarts, in order
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ class TrainResult(Result):
     report_files: dict[str, str]
     raw: dict[str, Any]
     elapsed_s: float
+    restarts: int = 0  # gang restarts from the last checkpoint (mnnvl.driver.gang)
+    steps_lost: int = 0  # steps rank 0 had logged past the checkpoints resumed from
+    recovery_s: float | None = None  # failure to resumed training, the last restart
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ def launch(
         result=outcome.result,
         log_tail=outcome.log_tail,
         elapsed_s=_since(start),
+        restarts=outcome.restarts,
     )
 
 
@@ -230,6 +235,8 @@ def train(
     """Sharded training on the domain's nodes; metrics from rank 0's RESULT line."""
     start = time.monotonic()
     check_shared_storage(workload, config)
+    if not config.checkpoint_dir:
+        logger.warning("train: no --checkpoint-dir, so a restart starts over from step 0")
     if report_dir:
         from mnnvl.report import preload_plotting
 
@@ -263,6 +270,9 @@ def train(
         report_files=files,
         raw=raw,
         elapsed_s=_since(start),
+        restarts=len(launched.restarts),
+        steps_lost=sum(r["steps_lost"] or 0 for r in launched.restarts),
+        recovery_s=launched.restarts[-1]["recovery_s"] if launched.restarts else None,
     )
 
 

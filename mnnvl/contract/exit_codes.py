@@ -17,13 +17,22 @@ FAILED = 4
 UNAVAILABLE = 5
 INTERRUPTED_BASE = 128
 
+# Worker pod exit codes beyond the CLI's (``python -m mnnvl.runtime.launch`` exits with them):
+# CUDA out of memory is a configuration error (a retry allocates the same); a collective
+# that timed out on a dead or hung peer and a stalled worker (no progress for
+# --stall-timeout-s) are retried: the driver restarts every rank from the last checkpoint.
+OUT_OF_MEMORY = 10
+COLLECTIVE_TIMEOUT = 11
+STALLED = 12
+
 # Exit codes of a worker pod whose cause a retry cannot change: 2 bad input (argparse or a
 # SpecError), 4 a failed verification or training (non-finite loss), 126/127 an image that
-# cannot run python3. The Job's podFailurePolicy fails the whole Job on them at once; any
-# other code (1: a crash, a rank lost, a rendezvous error) is retried within
+# cannot run python3, 10 CUDA out of memory. The Job's podFailurePolicy fails the whole Job
+# on them at once; any other code (1: a crash, a rank lost, a rendezvous error, 11 a
+# collective timed out, 12 a stalled worker) is retried within
 # backoff_limit_per_index. ``python -m mnnvl.runtime.launch`` exits with
 # ``worst_exit_code`` of its workers, so these codes reach the pod's status intact.
-NON_RETRIABLE_EXIT_CODES = (BAD_INPUT, FAILED, 126, 127)
+NON_RETRIABLE_EXIT_CODES = (BAD_INPUT, FAILED, OUT_OF_MEMORY, 126, 127)
 # Exit codes of a launcher step (the ``mnnvl`` CLI) that a retry cannot change: bad input or a
 # conflict, a failed workload or verification. 1, 3, 5 and a killed pod may clear.
 NON_RETRIABLE_STEP_EXIT_CODES = (BAD_INPUT, FAILED)

@@ -17,7 +17,10 @@ the Job is complete, following rank 0's log once its pods run. Phases:
 3. **running**: rank 0's log is followed; the Job must complete within ``job_timeout_s``.
 
 In every phase a Job that turns Failed ends the wait at once with the Job's reason and the
-failing pod's exit code, events and log tail; a Job that disappears ends it too.
+failing pod's exit code, events and log tail; a Job that disappears ends it too. Once admitted,
+a pod that fails with a retriable code while its index has a retry left restarts the whole
+gang (:mod:`mnnvl.driver.gang`): the other pods are deleted at once and rank 0's log is
+followed again when its new pod runs; progress lines show rank 0's last step and its age.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from mnnvl.driver.diagnose import (
 )
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.errors import MnnvlError, NotFound, WaitTimeout, WorkloadFailed
+from mnnvl.driver.gang import Gang
 from mnnvl.driver.wait import Check, Deadline, Objects, Source, View, timeout_error, watch_until
 from mnnvl.driver.workload import (
     LogFollower,
@@ -70,6 +74,7 @@ class JobOutcome:
     pods: list[str]
     result: dict[str, Any] | None
     log_tail: str
+    restarts: list[dict[str, Any]]  # one per gang restart (mnnvl.driver.gang.Restart.record)
 
 
 def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> JobOutcome:
@@ -83,20 +88,19 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     require_domain(api, workload)
     jobs = create_workload(api, workload, module, args)
     job = jobs[0]  # rank 0's Job (clique group 0 when the step has several)
-    follower: LogFollower | None = None
 
-    def follow(rank0: str) -> None:
-        nonlocal follower
-        follower = LogFollower(api, workload.namespace, rank0).start()
+    def follow(rank0: str) -> LogFollower:
+        return LogFollower(api, workload.namespace, rank0).start()
 
     watch = JobWatch(api, workload, jobs, on_running=follow)
     try:
         pods = watch.run()
     except WorkloadFailed as err:
         err.result = err.result or result_of_failed_job(
-            api, workload, job, follower, drain_s=LOG_DRAIN_S
+            api, workload, job, watch.follower, drain_s=LOG_DRAIN_S
         )
         raise
+    follower = watch.follower
     rank0 = rank0_pod(pods, job)
     text = follower.text if follower is not None and follower.join(LOG_DRAIN_S) else ""
     result = parse_result(text)
@@ -110,6 +114,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
         pods=sorted(pods),
         result=result,
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
+        restarts=watch.gang.summary(),
     )
 
 
@@ -167,7 +172,7 @@ class JobWatch(Check):
         workload: WorkloadSpec,
         jobs: str | list[str],
         *,
-        on_running: Callable[[str], None],
+        on_running: Callable[[str], LogFollower | None],
         until_running: bool = False,
     ) -> None:
         self.jobs = [jobs] if isinstance(jobs, str) else list(jobs)
@@ -181,6 +186,8 @@ class JobWatch(Check):
         self.job_deadline: Deadline | None = None  # from all pods Running
         self.queued_logged = False
         self.running_logged = -1
+        self.gang = Gang(api, workload)
+        self.follower: LogFollower | None = None  # rank 0's log, of its current pod
 
     def run(self) -> Objects:
         ns = self.workload.namespace
@@ -224,6 +231,8 @@ class JobWatch(Check):
         every = [view["job"][name] for name in self.jobs]
         if all(_condition(j, "Complete") is not None for j in every):
             return dict(view["pods"])
+        if self.pods_deadline is not None and self._restarted(view):
+            return None
         job = next((j for j in every if (j.get("spec") or {}).get("suspend")), None)
         if job is not None:  # any group still queued: the step is queued
             self._queued(job)
@@ -295,7 +304,7 @@ class JobWatch(Check):
             logger.info("pods %d/%d Running", running, workload.nodes)
         if running >= workload.nodes:
             self.job_deadline = Deadline(workload.job_timeout_s)
-            self.on_running(rank0_pod(pods, self.job))
+            self.follower = self.on_running(rank0_pod(pods, self.job))
             return
         if self.pods_deadline is not None and self.pods_deadline.expired:
             names = RunNames.for_run(workload.run_id)
@@ -306,6 +315,30 @@ class JobWatch(Check):
                 f"check `kubectl get computedomain {names.domain} -n {workload.namespace} -o "
                 f"yaml` and the driver's kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})",
             )
+
+    def _restarted(self, view: View) -> bool:
+        """Gang restart on a retriable pod failure (True: the pods are being replaced); after
+        one, follow rank 0's new pod once it runs."""
+        pods = view["pods"]
+        rank0 = self.follower.progress if self.follower is not None else None
+        if self.gang.check(pods, rank0):
+            self.follower = None
+            return True
+        if self.gang.restarts and self.follower is None and self.job_deadline is not None:
+            for name, pod in sorted(pods.items()):
+                meta = pod["metadata"]
+                if (
+                    (meta.get("labels") or {}).get(JOB_NAME_LABEL) == self.job
+                    and pod_index(pod) == "0"
+                    and (pod.get("status") or {}).get("phase") == "Running"
+                    and meta["uid"] not in self.gang.old
+                    and not meta.get("deletionTimestamp")
+                ):
+                    self.follower = self.on_running(name)
+                    if self.follower is not None:
+                        self.gang.restarts[-1].after = self.follower.progress
+                    break
+        return False
 
     # ---- timers and progress -----------------------------------------------------------
 
@@ -328,10 +361,15 @@ class JobWatch(Check):
         if job is not None:
             return f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s"
         if self.job_deadline is not None:
-            return (
+            line = (
                 f"Job {self.workload.namespace}/{self.job} running for "
                 f"{self.job_deadline.elapsed():.0f} s of at most {self.job_deadline.timeout_s:g} s"
             )
+            if self.gang.restarts:
+                line += f"; restarts {len(self.gang.restarts)}"
+            if self.follower is not None:
+                line += f"; {self.follower.progress.describe()}"
+            return line
         pods = view["pods"]
         refused = "; ".join(f"Job {job}: {text}" for job, text in self.refusals.items())
         return pods_progress(self.api, self.workload, pods, running_indexes(pods), refused)

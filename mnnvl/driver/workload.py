@@ -14,6 +14,7 @@ from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import pod_index
 from mnnvl.driver.errors import ConflictError, MnnvlError, WorkloadFailed
+from mnnvl.driver.gang import Progress
 from mnnvl.driver.ownership import Deletions, StaleObject, create_or_adopt, failed_reason
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.manifests import (
@@ -109,6 +110,7 @@ class LogFollower:
     ) -> None:
         self.api, self.namespace, self.pod = api, namespace, pod
         self.lines: list[str] = []
+        self.progress = Progress()  # the steps the pod logged, for progress lines
         self.error: str = ""
         self._sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
         self._thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)
@@ -121,6 +123,7 @@ class LogFollower:
         try:
             for line in self.api.follow_log(self.namespace, self.pod, container=CONTAINER):
                 self.lines.append(line)
+                self.progress.line(line)
                 self._sink(f"[{self.pod}] {line}")
         except MnnvlError as e:
             # The stream is a convenience; the launcher re-reads the log when it needs it.

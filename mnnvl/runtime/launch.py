@@ -28,6 +28,13 @@ SIGKILL after ``--grace-s``), as torchrun does. SIGTERM, SIGINT or SIGHUP to thi
 number (143 for SIGTERM). No elastic restarts: the Job's ``backoffLimitPerIndex`` retries
 a pod.
 
+Progress watchdog: every worker gets ``MNNVL_PROGRESS_FILE`` (:mod:`mnnvl.runtime.progress`)
+and reports each step it finished there, with the stall timeout it wants to be held to. A
+worker that made no progress for that long (hung in a collective, a wedged GPU, stopped)
+stops every worker of the node, as a failure does, and the node exits with
+``exit_codes.STALLED`` (retriable), logging the last progress seen. SIGCONT follows SIGTERM,
+so a stopped worker takes its SIGTERM at once instead of at SIGKILL.
+
 A clique group's pod (one Indexed Job per group) gets no ``--node-rank``: its node rank is
 the group's first node rank (``MNNVL_NODE_RANK_BASE``) plus ``JOB_COMPLETION_INDEX``,
 added here because the kubelet's ``$(VAR)`` expansion cannot add. Bad options are a usage
@@ -43,16 +50,19 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from mnnvl.contract import env as contract_env
-from mnnvl.contract.exit_codes import INTERRUPTED_BASE, shell_code, worst_exit_code
+from mnnvl.contract.exit_codes import INTERRUPTED_BASE, STALLED, shell_code, worst_exit_code
 from mnnvl.errors import SpecError
 from mnnvl.runtime.local import free_port
+from mnnvl.runtime.progress import PROGRESS_ENV, Stall, Watchdog
 
 logger = logging.getLogger("mnnvl.runtime.launch")
 
@@ -136,7 +146,9 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
     """The variables one worker gets on top of the node's environment."""
     rank = ns.node_rank * ns.nproc_per_node + local_rank
     world = ns.nnodes * ns.nproc_per_node
+    progress = getattr(ns, "progress_dir", "")
     return {
+        **({PROGRESS_ENV: os.path.join(progress, f"rank-{rank}")} if progress else {}),
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
         contract_env.WORLD_SIZE: str(world),
@@ -230,6 +242,8 @@ def _stop(children: dict[int, int], codes: Codes, grace_s: float) -> None:
         for pid in children:
             try:
                 os.kill(pid, sig)
+                if sig == signal.SIGTERM:  # a stopped worker takes SIGTERM only once continued
+                    os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 continue
         deadline = time.monotonic() + wait_s
@@ -240,23 +254,34 @@ def _stop(children: dict[int, int], codes: Codes, grace_s: float) -> None:
             return
 
 
-def supervise(children: dict[int, int], grace_s: float) -> tuple[Codes, int | None]:
-    """Wait for the workers with ``WATCHED`` blocked: each SIGCHLD reaps, the first failure
-    or a stop signal stops the rest. Returns (the codes, the stop signal or None)."""
+def supervise(
+    children: dict[int, int], grace_s: float, watchdog: Watchdog | None = None
+) -> tuple[Codes, int | None, Stall | None]:
+    """Wait for the workers with ``WATCHED`` blocked: each SIGCHLD reaps, the first failure,
+    a stop signal or a stalled worker stops the rest. Returns (the codes, the stop signal or
+    None, the stall or None)."""
     codes: Codes = []
+    watchdog = watchdog or Watchdog({})
     while children:
         _reap(children, codes)
+        for _, rank, _ in codes:
+            watchdog.forget(rank)
         if any(code for _, _, code in codes):
             _stop(children, codes, grace_s)
-            return codes, None
+            return codes, None, None
         if not children:
             break
+        stall = watchdog.stalled()
+        if stall is not None:
+            logger.error("%s; stopping the workers", stall)
+            _stop(children, codes, grace_s)
+            return codes, None, stall
         info = signal.sigtimedwait(WATCHED, 1.0)  # a lost SIGCHLD costs a second at most
         if info is not None and info.si_signo in STOP_SIGNALS:
             logger.error("stopped by %s; stopping the workers", signal.Signals(info.si_signo).name)
             _stop(children, codes, grace_s)
-            return codes, info.si_signo
-    return codes, None
+            return codes, info.si_signo, None
+    return codes, None, None
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -269,21 +294,28 @@ def run(ns: argparse.Namespace) -> int:
     import torch  # noqa: F401  (imported once, shared by every forked worker; no CUDA here)
 
     children: dict[int, int] = {}
+    ns.progress_dir = tempfile.mkdtemp(prefix="mnnvl-progress-")
+    files = {}
     try:
         try:
             for local_rank in range(ns.nproc_per_node):
                 pid = _fork_worker(local_rank, ns, old_mask)
-                children[pid] = ns.node_rank * ns.nproc_per_node + local_rank
+                rank = children[pid] = ns.node_rank * ns.nproc_per_node + local_rank
+                files[rank] = worker_env(local_rank, ns)[PROGRESS_ENV]
         except BaseException:
             _stop(children, [], ns.grace_s)
             raise
-        codes, stopped_by = supervise(children, ns.grace_s)
+        codes, stopped_by, stall = supervise(children, ns.grace_s, Watchdog(files))
     finally:
         while signal.sigtimedwait(WATCHED, 0) is not None:
             pass  # consumed here: the workers are gone, nothing is left to stop
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        shutil.rmtree(ns.progress_dir, ignore_errors=True)
     if stopped_by is not None:
         return INTERRUPTED_BASE + stopped_by
+    if stall is not None:
+        logger.error("worker stalled (%s); exiting with %d", stall, STALLED)
+        return STALLED
     code = worst_exit_code((t, c) for t, _, c in codes)
     if code:
         failed = sorted((r, shell_code(c)) for _, r, c in codes if c)

@@ -13,6 +13,7 @@ override in ``MNNVL_TRAIN_TUNING`` (comma-separated ``key=value``; empty = the d
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 from dataclasses import dataclass
@@ -77,8 +78,11 @@ def fabric_identity(device: torch.device, *, nvml_module: Any = None) -> str | N
     return nvml.fabric_identity(nvml.check_gpus(devices.nvml_ids(device), nvml=nvml_module))
 
 
-def init_distributed() -> DistInfo:
-    """Apply the NCCL profile, then join the process group torchrun describes in env."""
+def init_distributed(timeout_s: float | None = None) -> DistInfo:
+    """Apply the NCCL profile, then join the process group torchrun describes in env.
+
+    ``timeout_s`` bounds every collective of the group (NCCL and gloo alike; torch's
+    default, 10 min for NCCL, when None): a dead or hung peer fails the others after it."""
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get(contract_env.WORLD_SIZE, "1"))
@@ -87,6 +91,7 @@ def init_distributed() -> DistInfo:
     if problem:
         raise WorkloadFailed(problem)
     use_cuda = visible > 0
+    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
     profile = os.environ.get(contract_env.NCCL_PROFILE, "production")
     placed = groups.from_env(rank, world)  # a pod in the wrong group fails before NCCL starts
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
@@ -94,9 +99,9 @@ def init_distributed() -> DistInfo:
     nccl.apply_profile(profile, fabric_present=fabric is not None)
     if use_cuda:
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, timeout=timeout)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
     logger.info("rank %s/%s on %s (NCCL profile %s)", rank, world, device, profile)
     groups.check_fabric(placed, rank, fabric)
     return DistInfo(

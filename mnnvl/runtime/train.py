@@ -10,8 +10,20 @@ host sync and checked (all-reduced) at every log step and before every checkpoin
 NaN fails the run on all ranks within ``log_every`` steps and never reaches a checkpoint.
 Exit code 4 (WorkloadFailed).
 
-Test hook: ``MNNVL_TEST_INJECT_NAN_STEP=<n>`` multiplies the loss of step ``n`` by NaN on
-every rank, to exercise that path.
+A lost or hung peer: every collective is bounded by ``--collective-timeout-s``; a timed-out
+one ends the worker with exit 11 (retriable) naming the collective and the step, and every
+finished step, process-group start and checkpoint is reported to the launcher's progress
+watchdog (``--stall-timeout-s``, :mod:`mnnvl.runtime.progress`). CUDA out of memory is one
+line with the levers and exit 10 (not retried); a configuration whose weights and optimizer
+state cannot fit the GPU is refused (exit 2) before the model is built
+(:mod:`mnnvl.runtime.memory`). Resume restores the step, the optimizer, the LR schedule and
+the RNG, and the data order is a function of the step, so a restarted run continues the same
+loss curve.
+
+Test hooks: ``MNNVL_TEST_INJECT_NAN_STEP=<n>`` multiplies the loss of step ``n`` by NaN on
+every rank, to exercise that path; ``MNNVL_TEST_SIGNAL_AT=<step>:<rank>:<SIGNAME>`` sends
+the signal to that rank's own process after it finished that step (SIGKILL: a lost worker,
+SIGSTOP: a hung one), once per checkpoint directory.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ import argparse
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -29,9 +42,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mnnvl import flags, spec
+from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT, OUT_OF_MEMORY
 from mnnvl.contract.result import emit_result
 from mnnvl.errors import MnnvlError, WorkloadFailed
-from mnnvl.runtime import metrics
+from mnnvl.runtime import memory, metrics, progress
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.data import build_batches
 from mnnvl.runtime.model import Transformer, flops_per_token, preset
@@ -39,6 +53,7 @@ from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distribut
 
 logger = logging.getLogger("mnnvl.runtime.train")
 INJECT_NAN_ENV = "MNNVL_TEST_INJECT_NAN_STEP"
+SIGNAL_AT_ENV = "MNNVL_TEST_SIGNAL_AT"
 
 
 def lr_factor(cfg: spec.TrainConfig, k: int) -> float:
@@ -94,6 +109,8 @@ class Trainer:
         self.last_loss, self.checkpoint, self.start_step = float("nan"), "", 0
         self.resumed_from = ""  # the checkpoint this run continued from
         self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
+        self.phase = "start-up"  # where a collective timeout happened, for its message
+        self.arrivals = progress.Arrivals(info.rank, info.world_size)
         self.tokens_per_step = cfg.batch_size * self.mcfg.seq_len * info.world_size
         # The first two steps this process runs (also after a resume) compile and warm the
         # allocator: left out of the split.
@@ -130,6 +147,22 @@ class Trainer:
         split.mark("optimizer")
         return loss.detach()
 
+    def signal_hook(self, step: int) -> None:
+        """``SIGNAL_AT_ENV``: fire once; a marker in the checkpoint directory keeps the
+        restarted run from firing again."""
+        at = os.environ.get(SIGNAL_AT_ENV, "")
+        if not at:
+            return
+        at_step, rank, name = at.split(":")
+        if (int(at_step), int(rank)) != (step, self.info.rank):
+            return
+        marker = os.path.join(self.cfg.checkpoint_dir or ".", f".signal-{at.replace(':', '-')}")
+        if os.path.exists(marker):
+            return
+        open(marker, "w").close()
+        logger.warning("test hook: %s to rank %d after step %d", name, self.info.rank, step)
+        os.kill(os.getpid(), signal.Signals[name])
+
     def sync(self, step: int, loss: torch.Tensor) -> float:
         """All-reduce loss and the finite flag (a host sync); raise on all ranks if non-finite."""
         stats = torch.stack([loss.float(), (~self.finite).float()])
@@ -152,12 +185,17 @@ class Trainer:
         thr, marked = metrics.Throughput(), self.start_step
         thr.start()
         for step in range(first, cfg.steps + 1):
+            self.phase = f"step {step} (FSDP all-gather / reduce-scatter)"
+            self.arrivals.mark(step)
             loss = self.step(step)
+            progress.report(f"step {step}", cfg.stall_s)
+            self.signal_hook(step)
             is_log = step in (first, cfg.steps) or step % cfg.log_every == 0
             save = self.ckpt is not None and (
                 step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
             )
             if is_log or save:
+                self.phase = f"the loss all-reduce after step {step}"
                 mean_loss = self.sync(step, loss)
                 self.split.collect()  # events are complete after the sync
             if is_log:
@@ -179,7 +217,9 @@ class Trainer:
             if save and self.ckpt is not None:
                 extra = {"scheduler": self.sched.state_dict(), "loss": mean_loss}
                 t_save = time.perf_counter()
+                self.phase = f"the checkpoint save of step {step} (barrier)"
                 self.checkpoint = str(self.ckpt.save(step, self.model, self.opt, extra))
+                progress.report(f"checkpoint step {step}", cfg.stall_s)
                 thr.exclude(time.perf_counter() - t_save)
         return thr.overall()
 
@@ -247,10 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         tuning()  # bad levers are bad input, found before the process group exists
-        info = init_distributed()
+        info = init_distributed(cfg.collective_timeout_s)
+        progress.report("process group ready", cfg.stall_s)
+        check_memory(cfg, info)
     except MnnvlError as e:  # e.g. GPUs requested but none visible: fail naming the pod
         logger.error("%s", e)
         return e.exit_code
+    if not cfg.checkpoint_dir:
+        logger.warning("no --checkpoint-dir: a restart (a lost or hung worker) starts at step 0")
+    trainer: Trainer | None = None
     try:
         torch.backends.cuda.matmul.allow_tf32 = True
         trainer = Trainer(cfg, info)
@@ -263,8 +308,70 @@ def main(argv: list[str] | None = None) -> int:
     except MnnvlError as e:
         logger.error("training failed: %s", e)
         return e.exit_code
+    except RuntimeError as e:  # torch.OutOfMemoryError is one
+        return failure_code(e, cfg, info, trainer)
     finally:
         dist.destroy_process_group()
+
+
+def check_memory(cfg: spec.TrainConfig, info: DistInfo) -> None:
+    """Refuse (exit 2) a model whose weights and optimizer state cannot fit one GPU."""
+    if not info.is_cuda:
+        return
+    mcfg = preset(cfg.model, seq_len=cfg.seq_len)
+    bf16 = cfg.dtype in ("bf16", "auto")
+    memory.check_fits(
+        cfg.model,
+        mcfg,
+        world_size=info.world_size,
+        compute_bytes=2 if bf16 else 4,
+        reshard=cfg.reshard,
+        device_gib=torch.cuda.get_device_properties(info.device).total_memory / memory.GIB,
+    )
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    """A collective that gave up on a peer (gloo: "Timed out waiting ...", NCCL with
+    blocking wait: "... operation timeout"); other runtime errors, a peer's closed
+    connection among them, are crashes (exit 1, also retried)."""
+    text = str(error).lower()
+    return "timed out" in text or "timeout" in text
+
+
+def failure_code(
+    error: RuntimeError, cfg: spec.TrainConfig, info: DistInfo, trainer: Trainer | None
+) -> int:
+    """Exit 10 for CUDA out of memory and 11 for a collective timeout, each with one line;
+    anything else is re-raised (a crash, exit 1)."""
+    if isinstance(error, torch.OutOfMemoryError):
+        device_gib = torch.cuda.get_device_properties(info.device).total_memory / memory.GIB
+        seq_len = preset(cfg.model, seq_len=cfg.seq_len).seq_len
+        logger.error(
+            "%s",
+            memory.oom_message(
+                cfg.model,
+                batch_size=cfg.batch_size,
+                seq_len=seq_len,
+                world_size=info.world_size,
+                peak_gib=metrics.peak_mem_gib(info.device),
+                device_gib=device_gib,
+            ),
+        )
+        return OUT_OF_MEMORY
+    if is_collective_timeout(error):
+        where = trainer.phase if trainer is not None else "start-up"
+        missing = trainer.arrivals.behind() if trainer is not None else "unknown"
+        logger.error(
+            "rank %d: a collective in %s timed out after --collective-timeout-s %g; ranks that "
+            "did not arrive: %s (lost or hung; the run restarts from its last checkpoint): %s",
+            info.rank,
+            where,
+            cfg.collective_timeout_s,
+            missing,
+            str(error).splitlines()[0] if str(error) else type(error).__name__,
+        )
+        return COLLECTIVE_TIMEOUT
+    raise error
 
 
 if __name__ == "__main__":

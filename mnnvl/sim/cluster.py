@@ -258,6 +258,12 @@ class SimCluster:
             raise ValueError(f"no node {name}")
         self._driver.node_lost(name)
 
+    def signal_pod(self, namespace: str, name: str, sig: int) -> None:
+        """Send a signal to every process of a running pod's container: ``SIGSTOP`` is a
+        hung worker (nothing fails, its peers wait in a collective), ``SIGKILL`` a lost one
+        (the container exits 137 and the pod fails, as under a real kubelet)."""
+        self._kubelet.signal_pod(namespace, name, sig)
+
     # ----- observation -----------------------------------------------------------------
     @property
     def url(self) -> str:

@@ -190,6 +190,14 @@ class PodWorker:
             lambda o: o["status"].update(reason="IMEXDomainLost", message=msg),
         )
 
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to every process of the running container (its process group): SIGSTOP
+        is a hung worker (a wedged GPU or NVLink, as its peers see it), SIGKILL a lost one."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            raise ValueError(f"pod {self.ns}/{self.name} has no running container")
+        os.killpg(proc.pid, sig)
+
     def lose_imex(self, message: str) -> None:
         """Kill a running container whose IMEX domain was torn down (as on real hardware)."""
         proc = self.proc
@@ -369,6 +377,13 @@ class Kubelet:
                 self.store.delete("pods", ns, name, grace_s=0)
             except ApiError as e:  # deleted meanwhile
                 log.debug("final delete of pod %s: %s", name, e)
+
+    def signal_pod(self, ns: str, name: str, sig: int) -> None:
+        with self._lock:
+            worker = self.workers.get((ns, name))
+        if worker is None:
+            raise ValueError(f"no pod {ns}/{name} on a node")
+        worker.signal(sig)
 
     def imex_lost(self, domain_uid: str, nodes: set[str] | None, message: str) -> None:
         """The IMEX daemons of a domain stopped (on ``nodes``, or all): fail its running pods."""

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace as dataclasses_replace
 from typing import Any
 
 import pytest
@@ -539,3 +540,77 @@ def test_invalid_image_name_exits_2_before_creating_anything_or_4_once_in_a_pod(
     assert err.exit_code == 4  # not 3: the pods-running deadline was not waited out
     assert "InvalidImageName" in str(err) and f"{r.names.job('job')}-" in str(err)
     assert "check the image reference" in str(err)
+
+
+# ---- a lost or hung worker during training: gang restart from the checkpoint on a PVC ------
+
+CLAIM, MOUNT = "fm-ckpt", "/ckpt"
+# The collective timeout also bounds the start-up rendezvous, which after a restart waits for
+# the stopped pod's deletion (the simulator's grace period is at most 5 s).
+FAST_TIMEOUTS = {"collective_timeout_s": 10.0, "stall_timeout_s": 20.0}
+
+
+def train_with_a_fault(
+    sim: SimCluster, r: Run, sig: signal.Signals, retries: int
+) -> tuple[Any, BaseException | None, str]:
+    """Train 2 nodes with checkpoints on a claim; once the first checkpoint exists, send
+    ``sig`` to every process of index 1's pod. Returns (the result, the error, that pod)."""
+    workload = dataclasses_replace(
+        r.workload, purpose="train", pvc=(f"{CLAIM}:{MOUNT}",), backoff_limit_per_index=retries
+    )
+    config = TrainConfig(
+        steps=150,
+        checkpoint_dir=f"{MOUNT}/{r.id}",
+        checkpoint_every=10,
+        log_every=5,
+        **FAST_TIMEOUTS,
+    )
+    outcome: list[Any] = []
+    thread, errors = in_background(
+        lambda: outcome.append(steps.train(workload, config, kubeconfig=r.kc))
+    )
+    latest = os.path.join(sim.pvc_dir("default", CLAIM), r.id, "latest")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(latest) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    job = r.names.job("train")
+    pods = Raw(sim).call("GET", "/api/v1/namespaces/default/pods", labelSelector=f"job-name={job}")
+    victim = next(
+        p["metadata"]["name"]
+        for p in pods["items"]
+        if p["metadata"]["name"].startswith(f"{job}-1-") and p["status"].get("phase") == "Running"
+    )
+    sim.signal_pod("default", victim, sig)
+    thread.join(timeout=240)
+    return (outcome[0] if outcome else None), (errors[0] if errors else None), victim
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["hung", "killed"])
+def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_and_finishes(
+    sim: SimCluster, run: Callable[..., Run], sig: signal.Signals
+) -> None:
+    r = run()
+    r.provision()
+    result, error, _ = train_with_a_fault(sim, r, sig, retries=2)
+    assert error is None, error
+    assert result.restarts == 1 and result.steps == 150
+    assert result.start_step >= 10  # resumed from a checkpoint, not from step 0
+    assert result.recovery_s is not None and result.recovery_s > 0
+    print(f"{sig.name}: recovery {result.recovery_s} s, steps lost {result.steps_lost}")
+    r.close()
+
+
+@pytest.mark.slow
+def test_a_hung_worker_without_retries_left_exits_4_naming_the_stalled_pod(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run()
+    r.provision()
+    result, error, victim = train_with_a_fault(sim, r, signal.SIGSTOP, retries=0)
+    assert result is None and isinstance(error, MnnvlError)
+    assert error.exit_code == 4
+    # The survivor's collective timed out; it names the rank that never arrived by its pod
+    # (hostname <job>-<index>).
+    assert f"ranks that did not arrive: rank 1 (pod {victim.rsplit('-', 1)[0]}" in str(error)
+    r.close()

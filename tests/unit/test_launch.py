@@ -36,6 +36,10 @@ WORKER = textwrap.dedent(
         sys.exit(3)
     if mode == "raise" and rank == 1:
         raise RuntimeError("boom in rank 1")
+    if mode == "stall" and rank == 1:
+        from mnnvl.runtime.progress import report
+        report("step 3", 2.0)
+        os.kill(os.getpid(), signal.SIGSTOP)  # what a hung GPU looks like from outside
     if mode != "raise":
         time.sleep(300)
     """
@@ -44,7 +48,8 @@ WORKER = textwrap.dedent(
 
 def start(tmp_path, mode: str, *opts: str) -> subprocess.Popen[str]:
     """``sleep``: both workers sleep; ``crash``: rank 1 exits 3 once rank 0 runs;
-    ``stubborn``: the same with rank 0 ignoring SIGTERM; ``raise``: rank 1 raises."""
+    ``stubborn``: the same with rank 0 ignoring SIGTERM; ``raise``: rank 1 raises;
+    ``stall``: rank 1 reports step 3 with a 2 s stall timeout, then stops itself."""
     (tmp_path / "sleepy_worker.py").write_text(WORKER)
     cmd = [sys.executable, "-m", "mnnvl.runtime.launch", "--nproc-per-node=2", *opts]
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
@@ -115,6 +120,16 @@ def test_an_uncaught_exception_in_a_worker_is_exit_1_with_its_traceback(tmp_path
     code, err = finish(start(tmp_path, "raise"))
     assert code == 1
     assert "RuntimeError: boom in rank 1" in err and "rank 1: exit 1" in err
+
+
+def test_a_stopped_worker_is_stalled_and_the_node_exits_12_naming_its_last_progress(tmp_path):
+    # A grace period longer than the wait: the stopped worker must take SIGTERM at once.
+    proc = start(tmp_path, "stall", "--grace-s=90")
+    pids = worker_pids(tmp_path)
+    code, err = finish(proc, timeout=60)
+    assert code == 12, err[-2000:]
+    assert "rank 1 made no progress for" in err and "last progress: step 3" in err
+    assert not any(alive(p) for p in pids)
 
 
 PARENT = textwrap.dedent(

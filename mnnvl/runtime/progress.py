@@ -1,0 +1,159 @@
+"""Worker progress for the launcher's watchdog: a worker reports each step it finished (a
+sweep size done, a checkpoint written) to a small file the launcher names; the launcher
+stops a node whose worker made no progress within the stall timeout that worker asked for.
+
+A file, not a pipe: a worker that is stopped or wedged cannot block on a full pipe, and the
+launcher needs nothing but a read per second. The content is one JSON object, replaced
+atomically: ``{"seq": n, "stall_timeout_s": s, "what": "step 1450"}``. The launcher never
+compares clocks with the worker: it notes when ``seq`` last changed on its own clock.
+Standard library only at import (the launcher imports it before torch).
+
+``Arrivals`` is the other half, inside a worker: each rank records the last step it finished
+in the process group's store (on rank 0's node), so that a rank whose collective timed out
+can name the ranks that never arrived and their pods; torch's own timeout message names
+neither for gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+PROGRESS_ENV = "MNNVL_PROGRESS_FILE"  # set per worker by mnnvl.runtime.launch
+
+_seq = 0
+
+
+def report(what: str, stall_timeout_s: float) -> None:
+    """Tell the launcher this worker is alive and what it just finished; arms its watchdog
+    with ``stall_timeout_s`` (0 disarms it). A no-op outside ``mnnvl.runtime.launch``."""
+    global _seq
+    path = os.environ.get(PROGRESS_ENV)
+    if not path:
+        return
+    _seq += 1
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"seq": _seq, "stall_timeout_s": stall_timeout_s, "what": what}, f)
+    os.replace(tmp, path)
+
+
+class Arrivals:
+    """Each rank's pod, last started step and a heartbeat (every second, from a thread, so a
+    rank blocked in a collective still beats while a stopped or dead one falls silent) in
+    the default process group's store."""
+
+    KEY = "mnnvl/rank/{}"
+    READ_TIMEOUT_S = 5.0  # rank 0's store may be on the hung node
+    SILENT_S = 5.0  # a heartbeat older than this (clocks of nodes agree far better)
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        import threading
+
+        import torch.distributed as dist
+
+        # No public accessor for the store init_process_group made; it is the rendezvous's.
+        self.store = dist.distributed_c10d._get_default_store()
+        self.rank, self.world_size, self.step = rank, world_size, 0
+        self.host = os.environ.get("HOSTNAME", "") or "?"
+        threading.Thread(target=self._beat, name="mnnvl-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                self.store.set(self.KEY.format(self.rank), f"{time.time()} {self.step} {self.host}")
+            except RuntimeError:
+                return  # the store is gone: the process group is being torn down
+            time.sleep(1.0)
+
+    def mark(self, step: int) -> None:
+        """The step this rank is in now."""
+        self.step = step
+
+    def behind(self) -> str:
+        """The ranks that fell silent, else those in an earlier step than the furthest, with
+        their pods ("unknown" when the store on rank 0's node does not answer)."""
+        import datetime
+
+        try:
+            self.store.set_timeout(datetime.timedelta(seconds=self.READ_TIMEOUT_S))
+            keys = [self.KEY.format(r) for r in range(self.world_size)]
+            found = [self.store.get(k).decode().split(" ", 2) for k in keys]
+        except RuntimeError as e:
+            return f"unknown (the store on rank 0 did not answer: {e})"
+        now, top = time.time(), max(int(f[1]) for f in found)
+        silent = [
+            f"rank {r} (pod {f[2]}, silent for {now - float(f[0]):.0f} s, in step {f[1]})"
+            for r, f in enumerate(found)
+            if now - float(f[0]) > self.SILENT_S
+        ]
+        late = [
+            f"rank {r} (pod {f[2]}, in step {f[1]})" for r, f in enumerate(found) if int(f[1]) < top
+        ]
+        return ", ".join(silent or late) or "not known (every rank is alive and in the same step)"
+
+
+@dataclass
+class Seen:
+    """The last progress the launcher saw of one worker, on the launcher's clock."""
+
+    seq: int = 0
+    what: str = ""
+    stall_timeout_s: float = 0.0
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Stall:
+    rank: int
+    what: str
+    age_s: float
+    stall_timeout_s: float
+
+    def __str__(self) -> str:
+        last = f"last progress: {self.what}" if self.what else "no progress reported"
+        return (
+            f"rank {self.rank} made no progress for {self.age_s:.0f} s (--stall-timeout-s "
+            f"{self.stall_timeout_s:g}; {last})"
+        )
+
+
+class Watchdog:
+    """Reads each worker's progress file; ``stalled()`` names a worker past its timeout.
+
+    A worker is watched from its first report on (start-up waits for the other pods and is
+    bounded by the rendezvous timeout, not by this)."""
+
+    def __init__(self, files: dict[int, str]) -> None:
+        self.files = files  # global rank -> progress file
+        self.seen = {rank: Seen() for rank in files}
+
+    def poll(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for rank, path in self.files.items():
+            try:
+                with open(path, encoding="utf-8") as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                continue  # not written yet (or a torn read, which os.replace rules out)
+            seen = self.seen[rank]
+            if data.get("seq") != seen.seq:
+                seen.seq, seen.what, seen.at = data["seq"], str(data.get("what", "")), now
+                seen.stall_timeout_s = float(data.get("stall_timeout_s") or 0)
+
+    def stalled(self, now: float | None = None) -> Stall | None:
+        """The first watched worker whose last progress is older than its stall timeout."""
+        now = time.monotonic() if now is None else now
+        self.poll(now)
+        for rank, seen in sorted(self.seen.items()):
+            age = now - seen.at
+            if seen.seq and seen.stall_timeout_s > 0 and age > seen.stall_timeout_s:
+                return Stall(rank, seen.what, age, seen.stall_timeout_s)
+        return None
+
+    def forget(self, rank: int) -> None:
+        """A worker that ended is not watched any more."""
+        self.seen.pop(rank, None)
+        self.files.pop(rank, None)
