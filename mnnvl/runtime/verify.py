@@ -41,11 +41,19 @@ _STARTED = time.monotonic()  # before the heavy imports, so the breakdown counts
 import torch  # noqa: E402  (after the clock above on purpose)
 import torch.distributed as dist  # noqa: E402
 
-from mnnvl import flags, report  # noqa: E402
+from mnnvl import baselines, flags, report  # noqa: E402
 from mnnvl.contract import nccl  # noqa: E402
 from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS, emit_result  # noqa: E402
 from mnnvl.errors import SpecError, VerificationFailed, WorkloadFailed  # noqa: E402
-from mnnvl.runtime import cliques, collectives, devices, groups, nccl_log, nvml  # noqa: E402
+from mnnvl.runtime import (  # noqa: E402
+    cliques,
+    collectives,
+    devices,
+    fabric_health,
+    groups,
+    nccl_log,
+    nvml,
+)
 from mnnvl.runtime.local import free_port  # noqa: E402
 from mnnvl.spec import VerifyConfig  # noqa: E402
 
@@ -62,9 +70,15 @@ def judge(
     sizes: Sequence[dict[str, Any]],
     world_size: int,
     backend: str = "nccl",
+    nccl: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The verdict part of RESULT: verdict, reasons, threshold and judged bandwidth."""
-    reasons: list[str] = []
+    """The verdict part of RESULT: verdict, reasons, threshold and judged bandwidth.
+
+    ``nccl`` (RESULT's ``nccl`` entry, when known) lets the transport be judged and a
+    baseline be matched; the transport's FAIL, if any, is the first reason.
+    """
+    nodes = len({s.get("host") for s in summaries}) or 1
+    reasons = _transport_problems(summaries, nccl, nodes) if nccl else []
     for rank, summary in enumerate(summaries):
         reasons += nvml.local_problems(summary, summary.get("rank", rank))
     reasons += nvml.fabric_problems(summaries)
@@ -74,7 +88,9 @@ def judge(
         if not row["correct"]
     ]
     topo = nvml.topology(summaries)
-    threshold, source = threshold_gbps(cfg, topo)
+    names = [g["name"] for s in summaries for g in s.get("gpus", [])]
+    baseline = baselines.match(names, world_size, nodes, nccl) if backend == "nccl" else None
+    threshold, source = threshold_gbps(cfg, topo, baseline)
     judged = judged_busbw(sizes, cfg.judge_min_bytes)
     notes = _notes(summaries)
     largest = max((row["bytes"] for row in sizes), default=0)
@@ -84,31 +100,50 @@ def judge(
         unjudged = "one rank: bus bandwidth is 0 by definition"
     elif threshold is None:
         unjudged = _why_unjudged(summaries, backend)
-    elif source == "derived" and sizes and largest < cfg.judge_min_bytes:
-        # The derived threshold is a large-message plateau figure: a shorter sweep would
-        # fail healthy links (on 2 x H200, 256 MiB reaches 296 GB/s against 296.4).
+    elif source in PLATEAU_SOURCES and sizes and largest < cfg.judge_min_bytes:
+        # Derived and baseline thresholds are large-message plateau figures: a shorter
+        # sweep would fail healthy links (on 2 x H200, 256 MiB reaches 296 GB/s).
         unjudged = (
             f"the sweep stopped at {largest} bytes, below judge_min_bytes "
-            f"{cfg.judge_min_bytes}, where the derived threshold applies; raise max_bytes, "
+            f"{cfg.judge_min_bytes}, where the {source} threshold applies; raise max_bytes, "
             "or give min_busbw_gbps for this sweep"
         )
     elif judged < threshold:
         reasons.append(
             f"busbw {_gbps(judged)} GB/s is below the {source} threshold {_gbps(threshold)} GB/s"
+            + (f" (baseline {baseline.key})" if source == "baseline" and baseline else "")
             + (f" (link limit {topo['link_limit_gbps']} GB/s)" if topo["link_limit_gbps"] else "")
         )
     verdict = FAIL if reasons else NOT_JUDGED if unjudged else PASS
     if unjudged:
         notes.insert(0, f"NOT_JUDGED: {unjudged}; bandwidth was not judged")
+    applied = threshold is not None and not unjudged
     return {
         "verdict": verdict,
         "reasons": reasons + notes,
         "threshold_gbps": threshold,
         "threshold_source": source,
+        "threshold_margin": round(judged / threshold - 1.0, 4) if applied and threshold else None,
+        "baseline": baselines.as_dict(baseline) if baseline and source == "baseline" else None,
         "judged_busbw_gbps": judged,
         "peak_busbw_gbps": max((row["busbw_gbps"] for row in sizes), default=0.0),
         "topology": topo,
     }
+
+
+PLATEAU_SOURCES = ("derived", "baseline")
+
+
+def _transport_problems(
+    summaries: Sequence[dict[str, Any]], nccl: dict[str, Any], nodes: int
+) -> list[str]:
+    gpus = [g for s in summaries for g in s.get("gpus", [])]
+    return nccl_log.transport_problems(
+        nccl,
+        nodes=nodes,
+        mnnvl_fabric=bool(gpus) and all(nvml.is_mnnvl_fabric(g["fabric"]) for g in gpus),
+        nvlink=bool(gpus) and all(g["nvlink"]["active"] for g in gpus),
+    )
 
 
 def _gbps(value: float) -> str:
@@ -132,10 +167,15 @@ def exit_code(verdict: str, allow_unjudged: bool) -> int:
     return VerificationFailed.exit_code
 
 
-def threshold_gbps(cfg: VerifyConfig, topo: dict[str, Any]) -> tuple[float | None, str]:
-    """User threshold if given, else active links x link speed x efficiency, else none."""
+def threshold_gbps(
+    cfg: VerifyConfig, topo: dict[str, Any], baseline: baselines.Baseline | None = None
+) -> tuple[float | None, str]:
+    """In order: the user's threshold, a matching baseline x (1 - tolerance), active links x
+    link speed x efficiency, else none."""
     if cfg.min_busbw_gbps > 0:
         return cfg.min_busbw_gbps, "user"
+    if baseline is not None:
+        return baseline.floor_gbps, "baseline"
     if topo["active_links"] and topo["link_speed_gbps"]:
         derived = topo["active_links"] * topo["link_speed_gbps"] * cfg.efficiency
         return round(derived, 3), "derived"
@@ -148,6 +188,7 @@ judged_busbw = collectives.judged_busbw
 def _notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
     notes = []
     for rank, summary in enumerate(summaries):
+        notes += nvml.health_warnings(summary, summary.get("rank", rank))
         if summary["nvml"].startswith("unavailable"):
             notes.append(f"note: rank {rank} NVML {summary['nvml']}; NVLink checks skipped")
         for gpu in summary.get("gpus", []):
@@ -246,7 +287,9 @@ def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     if device is not None:
         torch.cuda.set_device(device)
     phases.mark("cuda_setup")
-    summary = nvml.check_gpus(_nvml_id(device) if device is not None else [])
+    ids = _nvml_id(device) if device is not None else []
+    # A fabric still registering completes on its own: wait for it before judging it.
+    summary = fabric_health.wait_for_fabric(lambda: nvml.check_gpus(ids), cfg.fabric_wait_s)
     summary.update(rank=rank, local_rank=local_rank, host=devices.pod_name())
     phases.mark("nvml")
     # The profile must see the fabric state before NCCL initialises: it sets
@@ -256,7 +299,9 @@ def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     ncclog = nccl_log.NcclLog().start() if cuda else None
     backend = "nccl" if cuda else "gloo"
     try:
-        dist.init_process_group(backend, device_id=device, timeout=datetime.timedelta(seconds=300))
+        # Peers may still be waiting for their fabric: the rendezvous waits as long too.
+        timeout = datetime.timedelta(seconds=300 + cfg.fabric_wait_s)
+        dist.init_process_group(backend, device_id=device, timeout=timeout)
         try:
             result = _measure(cfg, phases, summary, device, ncclog, placed)
             if rank == 0:
@@ -293,12 +338,15 @@ def _measure(
         result.update(cliques.measure(cfg, plan, summaries, dev, placed, judge, backend))
         sizes = result.pop("sizes")
         phases.mark("sweep")
+        # Not judged across cliques: the cross-clique communicators rightly use the network.
+        result["nccl"] = _transport(ncclog, summary, world)
     else:
         sizes = collectives.run_sweep(plan, dev, timings)
         phases.seconds.update({f"sweep_{k}": v for k, v in timings.items()})
         phases.mark("sweep")
-        result.update(judge(cfg, summaries, sizes, world, backend))
-    result["nccl"] = _transport(ncclog, summary, world)
+        # Read after the sweep: NCCL connects each algorithm's channels on first use.
+        result["nccl"] = _transport(ncclog, summary, world)
+        result.update(judge(cfg, summaries, sizes, world, backend, result["nccl"]))
     result.update(world_size=world, backend=backend, sizes=sizes, nodes=summaries)
     result["allow_unjudged"] = cfg.allow_unjudged
     phases.mark("judge")

@@ -25,6 +25,10 @@ class NVMLError_InvalidArgument(NVMLError):
     pass
 
 
+class NVMLError_ArgumentVersionMismatch(NVMLError):
+    pass
+
+
 class FabricInfoV(ctypes.Structure):
     _fields_ = [
         ("version", ctypes.c_uint),
@@ -33,6 +37,20 @@ class FabricInfoV(ctypes.Structure):
         ("cliqueId", ctypes.c_uint),
         ("state", ctypes.c_uint),
         ("healthMask", ctypes.c_uint),
+    ]
+
+
+class FabricInfoV3(ctypes.Structure):
+    """``nvmlGpuFabricInfo_v3_t``: v2 plus ``healthSummary`` (as nvidia-ml-py declares it)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+        ("healthMask", ctypes.c_uint),
+        ("healthSummary", ctypes.c_ubyte),
     ]
 
 
@@ -48,6 +66,9 @@ class FakeGpu:
     fabric_state: int | None = 0  # None: the fabric call itself is not supported
     cluster_uuid: bytes = bytes(16)
     clique_id: int = 0
+    health_mask: int = 0
+    health_summary: int = 0  # NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
+    fabric_versions: tuple[int, ...] = (2, 3)  # nvmlGpuFabricInfo versions the driver knows
 
 
 class _Value:
@@ -66,6 +87,7 @@ class FakeNvml:
     NVMLError = NVMLError
     NVMLError_NotSupported = NVMLError_NotSupported
     NVMLError_InvalidArgument = NVMLError_InvalidArgument
+    NVMLError_ArgumentVersionMismatch = NVMLError_ArgumentVersionMismatch
     NVML_SUCCESS = 0
     NVML_FEATURE_ENABLED = 1
     NVML_NVLINK_MAX_LINKS = 36
@@ -75,7 +97,9 @@ class FakeNvml:
     NVML_NVLINK_ERROR_DL_CRC_DATA = 3
     NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON = 90
     nvmlGpuFabricInfo_v2 = 0x2000024
+    nvmlGpuFabricInfo_v3 = 0x3000028
     c_nvmlGpuFabricInfoV_t = FabricInfoV
+    c_nvmlGpuFabricInfo_v3_t = FabricInfoV3
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
@@ -124,9 +148,14 @@ class FakeNvml:
         if gpu.fabric_state is None:
             raise NVMLError_NotSupported()
         info = getattr(ref, "_obj", ref)
+        if info.version >> 24 not in gpu.fabric_versions:
+            raise NVMLError_ArgumentVersionMismatch()  # as a driver older than the struct
         info.state = gpu.fabric_state
         info.cliqueId = gpu.clique_id
         info.status = 0
+        info.healthMask = gpu.health_mask
+        if hasattr(info, "healthSummary"):
+            info.healthSummary = gpu.health_summary
         for i, b in enumerate(gpu.cluster_uuid):
             info.clusterUuid[i] = b
         return 0
