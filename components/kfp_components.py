@@ -210,6 +210,7 @@ def verify_nvlink(
     min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     judge_min_bytes: int = 1073741824,
+    fabric_wait_s: float = 60.0,
     cuda_graphs: bool = True,
     allow_unjudged: bool = False,
 ):
@@ -259,11 +260,14 @@ def verify_nvlink(
         max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         warmup_iters: untimed all-reduces before each size; 0 = automatic.
-        min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
             = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         judge_min_bytes: sizes from this one up are judged against the threshold.
+        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
+            IN_PROGRESS), s.
         cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
@@ -419,6 +423,7 @@ def provision_training(
     min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
+    fabric_wait_s: float = 60.0,
     verify_cuda_graphs: bool = True,
     allow_unjudged: bool = False,
     train_timeout_s: float = 7200.0,
@@ -487,11 +492,14 @@ def provision_training(
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
-        min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
             = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
+        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
+            IN_PROGRESS), s.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
@@ -571,6 +579,7 @@ def provision_verify_only(
     min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
+    fabric_wait_s: float = 60.0,
     verify_cuda_graphs: bool = True,
     allow_unjudged: bool = False,
     delete_timeout_s: float = 300.0,
@@ -619,11 +628,14 @@ def provision_verify_only(
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
-        min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
             = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
+        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
+            IN_PROGRESS), s.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
@@ -678,6 +690,7 @@ def provision_custom(
     min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
+    fabric_wait_s: float = 60.0,
     verify_cuda_graphs: bool = True,
     allow_unjudged: bool = False,
     launch_timeout_s: float = 7200.0,
@@ -729,11 +742,14 @@ def provision_custom(
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
-        min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
             = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
+        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
+            IN_PROGRESS), s.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.

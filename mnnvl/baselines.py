@@ -148,6 +148,10 @@ def as_dict(row: Baseline) -> dict[str, Any]:
     return {**asdict(row), "models": list(row.models), "floor_gbps": row.floor_gbps}
 
 
+def rows() -> list[dict[str, Any]]:
+    return [as_dict(row) for row in BASELINES]
+
+
 def table_text() -> str:
     """The table as ``mnnvl baselines`` prints it."""
     header = ["key", "GPU", "GPUs", "nodes", "transport", "NCCL", "busbw GB/s", "tol", "floor"]

@@ -257,34 +257,45 @@ def _where(summary: dict[str, Any], rank: int, gpu: dict[str, Any]) -> str:
     return f"rank {rank}{f' on {host}' if host else ''} {gpu['name']} ({gpu['uuid']})"
 
 
+# The checks a verdict reports one by one (and the CTRF report lists as tests).
+LINKS, FABRIC, HEALTH = "NVML links", "fabric state", "fabric health"
+
+
 def local_problems(summary: dict[str, Any], rank: int) -> list[str]:
     """Reasons to FAIL found on one rank's GPUs alone."""
-    problems: list[str] = []
+    return [p for problems in local_checks(summary, rank).values() for p in problems]
+
+
+def local_checks(summary: dict[str, Any], rank: int) -> dict[str, list[str]]:
+    """One rank's FAIL reasons per check (``LINKS``, ``FABRIC``, ``HEALTH``)."""
+    checks: dict[str, list[str]] = {LINKS: [], FABRIC: [], HEALTH: []}
     for gpu in summary.get("gpus", []):
         where = _where(summary, rank, gpu)
         link = gpu["nvlink"]
         if link["links"] and link["inactive_links"]:
-            problems.append(
+            checks[LINKS].append(
                 f"{where}: {len(link['inactive_links'])} of {link['links']} NVLink links "
                 f"inactive (links {link['inactive_links']}); check nvidia-smi nvlink -s"
             )
         fabric = gpu["fabric"]
         if fabric["state"] in fabric_health.REGISTERING:
             waited = summary.get("fabric_waited_s")
-            problems.append(
+            checks[FABRIC].append(
                 f"{where}: GPU fabric registration is {fabric['state']}"
                 + (f" after waiting {waited:g} s (--fabric-wait-s)" if waited is not None else "")
                 + "; check the fabric manager / IMEX daemon on this node"
             )
         if fabric["state"] == "COMPLETED" and fabric["status"] != 0:
-            problems.append(f"{where}: GPU fabric COMPLETED with error status {fabric['status']}")
+            checks[FABRIC].append(
+                f"{where}: GPU fabric COMPLETED with error status {fabric['status']}"
+            )
         if is_mnnvl_fabric(fabric) and not gpu["imex_channel"]:
-            problems.append(
+            checks[FABRIC].append(
                 f"{where}: fabric COMPLETED but no IMEX channel ({IMEX_CHANNEL_PATH}); the pod "
                 "lacks its ComputeDomain channel claim"
             )
-        problems += fabric_health.health_lines(where, fabric, failures=True)
-    return problems
+        checks[HEALTH] += fabric_health.health_lines(where, fabric, failures=True)
+    return checks
 
 
 def health_warnings(summary: dict[str, Any], rank: int) -> list[str]:

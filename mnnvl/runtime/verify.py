@@ -41,9 +41,9 @@ _STARTED = time.monotonic()  # before the heavy imports, so the breakdown counts
 import torch  # noqa: E402  (after the clock above on purpose)
 import torch.distributed as dist  # noqa: E402
 
-from mnnvl import baselines, flags, report  # noqa: E402
+from mnnvl import flags, report  # noqa: E402
 from mnnvl.contract import nccl  # noqa: E402
-from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS, emit_result  # noqa: E402
+from mnnvl.contract.result import FAIL, emit_result  # noqa: E402
 from mnnvl.errors import SpecError, VerificationFailed, WorkloadFailed  # noqa: E402
 from mnnvl.runtime import (  # noqa: E402
     cliques,
@@ -55,6 +55,10 @@ from mnnvl.runtime import (  # noqa: E402
     nvml,
 )
 from mnnvl.runtime.local import free_port  # noqa: E402
+from mnnvl.runtime.verdict import (  # noqa: E402
+    exit_code,
+    judge,
+)
 from mnnvl.spec import VerifyConfig  # noqa: E402
 
 logger = logging.getLogger("mnnvl.runtime.verify")
@@ -62,143 +66,6 @@ logger = logging.getLogger("mnnvl.runtime.verify")
 DEFAULT_PROFILE = "verify-strict"
 GPU_SIZES = (1 << 20, 4 << 30)
 CPU_SIZES = (1 << 10, 1 << 20)
-
-
-def judge(
-    cfg: VerifyConfig,
-    summaries: Sequence[dict[str, Any]],
-    sizes: Sequence[dict[str, Any]],
-    world_size: int,
-    backend: str = "nccl",
-    nccl: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The verdict part of RESULT: verdict, reasons, threshold and judged bandwidth.
-
-    ``nccl`` (RESULT's ``nccl`` entry, when known) lets the transport be judged and a
-    baseline be matched; the transport's FAIL, if any, is the first reason.
-    """
-    nodes = len({s.get("host") for s in summaries}) or 1
-    reasons = _transport_problems(summaries, nccl, nodes) if nccl else []
-    for rank, summary in enumerate(summaries):
-        reasons += nvml.local_problems(summary, summary.get("rank", rank))
-    reasons += nvml.fabric_problems(summaries)
-    reasons += [
-        f"all_reduce of {row['bytes']} bytes returned a wrong sum"
-        for row in sizes
-        if not row["correct"]
-    ]
-    topo = nvml.topology(summaries)
-    names = [g["name"] for s in summaries for g in s.get("gpus", [])]
-    baseline = baselines.match(names, world_size, nodes, nccl) if backend == "nccl" else None
-    threshold, source = threshold_gbps(cfg, topo, baseline)
-    judged = judged_busbw(sizes, cfg.judge_min_bytes)
-    notes = _notes(summaries)
-    largest = max((row["bytes"] for row in sizes), default=0)
-    unjudged = None
-    if world_size < 2:
-        threshold, source = None, "none"
-        unjudged = "one rank: bus bandwidth is 0 by definition"
-    elif threshold is None:
-        unjudged = _why_unjudged(summaries, backend)
-    elif source in PLATEAU_SOURCES and sizes and largest < cfg.judge_min_bytes:
-        # Derived and baseline thresholds are large-message plateau figures: a shorter
-        # sweep would fail healthy links (on 2 x H200, 256 MiB reaches 296 GB/s).
-        unjudged = (
-            f"the sweep stopped at {largest} bytes, below judge_min_bytes "
-            f"{cfg.judge_min_bytes}, where the {source} threshold applies; raise max_bytes, "
-            "or give min_busbw_gbps for this sweep"
-        )
-    elif judged < threshold:
-        reasons.append(
-            f"busbw {_gbps(judged)} GB/s is below the {source} threshold {_gbps(threshold)} GB/s"
-            + (f" (baseline {baseline.key})" if source == "baseline" and baseline else "")
-            + (f" (link limit {topo['link_limit_gbps']} GB/s)" if topo["link_limit_gbps"] else "")
-        )
-    verdict = FAIL if reasons else NOT_JUDGED if unjudged else PASS
-    if unjudged:
-        notes.insert(0, f"NOT_JUDGED: {unjudged}; bandwidth was not judged")
-    applied = threshold is not None and not unjudged
-    return {
-        "verdict": verdict,
-        "reasons": reasons + notes,
-        "threshold_gbps": threshold,
-        "threshold_source": source,
-        "threshold_margin": round(judged / threshold - 1.0, 4) if applied and threshold else None,
-        "baseline": baselines.as_dict(baseline) if baseline and source == "baseline" else None,
-        "judged_busbw_gbps": judged,
-        "peak_busbw_gbps": max((row["busbw_gbps"] for row in sizes), default=0.0),
-        "topology": topo,
-    }
-
-
-PLATEAU_SOURCES = ("derived", "baseline")
-
-
-def _transport_problems(
-    summaries: Sequence[dict[str, Any]], nccl: dict[str, Any], nodes: int
-) -> list[str]:
-    gpus = [g for s in summaries for g in s.get("gpus", [])]
-    return nccl_log.transport_problems(
-        nccl,
-        nodes=nodes,
-        mnnvl_fabric=bool(gpus) and all(nvml.is_mnnvl_fabric(g["fabric"]) for g in gpus),
-        nvlink=bool(gpus) and all(g["nvlink"]["active"] for g in gpus),
-    )
-
-
-def _gbps(value: float) -> str:
-    """One decimal for NVLink figures, three significant digits for small (CPU) ones."""
-    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
-
-
-def _why_unjudged(summaries: Sequence[dict[str, Any]], backend: str) -> str:
-    if backend == "gloo":
-        return "no NVLink (CPU/gloo run) and no --min-busbw-gbps given"
-    missing = [r for r, s in enumerate(summaries) if not str(s["nvml"]).startswith("ok")]
-    if missing:
-        return f"NVML unavailable on ranks {missing}, so no NVLink detected"
-    return "no NVLink detected and no --min-busbw-gbps given"
-
-
-def exit_code(verdict: str, allow_unjudged: bool) -> int:
-    """0 on PASS, and on NOT_JUDGED where the caller allowed it; 4 otherwise."""
-    if verdict == PASS or (verdict == NOT_JUDGED and allow_unjudged):
-        return 0
-    return VerificationFailed.exit_code
-
-
-def threshold_gbps(
-    cfg: VerifyConfig, topo: dict[str, Any], baseline: baselines.Baseline | None = None
-) -> tuple[float | None, str]:
-    """In order: the user's threshold, a matching baseline x (1 - tolerance), active links x
-    link speed x efficiency, else none."""
-    if cfg.min_busbw_gbps > 0:
-        return cfg.min_busbw_gbps, "user"
-    if baseline is not None:
-        return baseline.floor_gbps, "baseline"
-    if topo["active_links"] and topo["link_speed_gbps"]:
-        derived = topo["active_links"] * topo["link_speed_gbps"] * cfg.efficiency
-        return round(derived, 3), "derived"
-    return None, "none"
-
-
-judged_busbw = collectives.judged_busbw
-
-
-def _notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
-    notes = []
-    for rank, summary in enumerate(summaries):
-        notes += nvml.health_warnings(summary, summary.get("rank", rank))
-        if summary["nvml"].startswith("unavailable"):
-            notes.append(f"note: rank {rank} NVML {summary['nvml']}; NVLink checks skipped")
-        for gpu in summary.get("gpus", []):
-            errors = {k: v for k, v in gpu["nvlink"]["errors"].items() if v}
-            if errors:
-                notes.append(
-                    f"note: rank {rank} NVLink error counters since driver load {errors} "
-                    "(reported, not judged)"
-                )
-    return notes
 
 
 # ---- process side ------------------------------------------------------------------------
