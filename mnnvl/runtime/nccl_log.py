@@ -173,23 +173,34 @@ P2P_CAUSES = (
 NVLINK_TRANSPORTS = ("NVLink P2P", "MNNVL")
 
 
+def expected_transport(*, nodes: int, mnnvl_fabric: bool, nvlink: bool) -> str | None:
+    """The transport the GPUs offer a communicator: MNNVL across nodes whose GPUs all sit on
+    a COMPLETED fabric, NVLink P2P between the NVLink-connected GPUs of one host."""
+    if nodes > 1 and mnnvl_fabric:
+        return "MNNVL"
+    if nodes == 1 and nvlink:
+        return "NVLink P2P"
+    return None
+
+
 def transport_problems(
     nccl: dict[str, Any], *, nodes: int, mnnvl_fabric: bool, nvlink: bool
 ) -> list[str]:
     """FAIL reasons when NCCL built the measured communicator over a slower transport than
-    the GPUs offer: MNNVL across nodes whose GPUs all sit on a COMPLETED fabric, NVLink P2P
-    (or MNNVL) between the NVLink-connected GPUs of one host. An unknown transport (the
-    user's own ``NCCL_DEBUG_FILE``) or none (one rank, gloo) is not judged here."""
+    the GPUs offer (``expected_transport``; MNNVL also counts as NVLink on one host). An
+    unknown transport (the user's own ``NCCL_DEBUG_FILE``) or none (one rank, gloo) is not
+    judged here."""
     found = str(nccl.get("transport") or "unknown")
-    if found in ("unknown", "none") or found.startswith("none"):
+    expected = expected_transport(nodes=nodes, mnnvl_fabric=mnnvl_fabric, nvlink=nvlink)
+    if expected is None or found.startswith(("unknown", "none")):
         return []
-    if nodes > 1 and mnnvl_fabric and found != "MNNVL":
+    if expected == "MNNVL" and found != "MNNVL":
         return [
             f"transport: NCCL built the {nodes}-node communicator over {found}, expected MNNVL "
             "(every GPU reports a COMPLETED NVLink fabric); usual causes: "
             + "; ".join(MNNVL_CAUSES)
         ]
-    if nodes == 1 and nvlink and found not in NVLINK_TRANSPORTS:
+    if expected == "NVLink P2P" and found not in NVLINK_TRANSPORTS:
         return [
             f"transport: NCCL used {found} between GPUs of one host that have NVLink P2P "
             "available, expected NVLink P2P; usual causes: " + "; ".join(P2P_CAUSES)

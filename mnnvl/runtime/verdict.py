@@ -39,8 +39,7 @@ def judge(
     nodes = len({s.get("host") for s in summaries}) or 1
     checks = _health_checks(summaries, sizes, nccl, nodes)
     topo = nvml.topology(summaries)
-    names = [g["name"] for s in summaries for g in s.get("gpus", [])]
-    baseline = baselines.match(names, world_size, nodes, nccl) if backend == "nccl" else None
+    baseline = _baseline_for(summaries, world_size, nodes, nccl, backend)
     threshold, source = threshold_gbps(cfg, topo, baseline)
     if world_size < 2:
         threshold, source = None, "none"
@@ -66,6 +65,7 @@ def judge(
         "threshold_margin": round(judged / threshold - 1.0, 4) if applied and threshold else None,
         "baseline": baselines.as_dict(baseline) if baseline and source == "baseline" else None,
         "judged_busbw_gbps": judged,
+        "judge_min_bytes": cfg.judge_min_bytes,
         "peak_busbw_gbps": max((row["busbw_gbps"] for row in sizes), default=0.0),
         "topology": topo,
     }
@@ -79,7 +79,9 @@ def _health_checks(
 ) -> dict[str, list[str]]:
     """FAIL reasons per check, bandwidth aside; the transport first."""
     checks: dict[str, list[str]] = {
-        TRANSPORT: _transport_problems(summaries, nccl, nodes) if nccl else [],
+        TRANSPORT: (
+            nccl_log.transport_problems(nccl, **_transport_facts(summaries, nodes)) if nccl else []
+        ),
         nvml.LINKS: [],
         nvml.FABRIC: [],
         nvml.HEALTH: [],
@@ -151,16 +153,31 @@ def _check_rows(
     return rows
 
 
-def _transport_problems(
-    summaries: Sequence[dict[str, Any]], nccl: dict[str, Any], nodes: int
-) -> list[str]:
+def _transport_facts(summaries: Sequence[dict[str, Any]], nodes: int) -> dict[str, Any]:
     gpus = [g for s in summaries for g in s.get("gpus", [])]
-    return nccl_log.transport_problems(
-        nccl,
-        nodes=nodes,
-        mnnvl_fabric=bool(gpus) and all(nvml.is_mnnvl_fabric(g["fabric"]) for g in gpus),
-        nvlink=bool(gpus) and all(g["nvlink"]["active"] for g in gpus),
-    )
+    return {
+        "nodes": nodes,
+        "mnnvl_fabric": bool(gpus) and all(nvml.is_mnnvl_fabric(g["fabric"]) for g in gpus),
+        "nvlink": bool(gpus) and all(g["nvlink"]["active"] for g in gpus),
+    }
+
+
+def _baseline_for(
+    summaries: Sequence[dict[str, Any]],
+    world_size: int,
+    nodes: int,
+    nccl: dict[str, Any] | None,
+    backend: str,
+) -> baselines.Baseline | None:
+    """The baseline of the system as built: keyed by the transport the GPUs offer, so a
+    communicator that fell back to a slower one is judged against what it should reach."""
+    if backend != "nccl" or not nccl:
+        return None
+    names = [g["name"] for s in summaries for g in s.get("gpus", [])]
+    expected = nccl_log.expected_transport(**_transport_facts(summaries, nodes))
+    if expected and str(nccl.get("transport")) not in nccl_log.NVLINK_TRANSPORTS:
+        nccl = {**nccl, "transport": expected}
+    return baselines.match(names, world_size, nodes, nccl)
 
 
 def _gbps(value: float) -> str:

@@ -60,6 +60,9 @@ def test_h200_pair_is_judged_against_our_measured_baseline(tmp_path: Path) -> No
     healthy = judge(VerifyConfig(), pair, sweep(340.0), 2, "nccl", P2P_2_28)
     assert healthy["verdict"] == "PASS"
     assert healthy["threshold_margin"] == pytest.approx(340.0 / 312.0 - 1, abs=1e-3)
+    # A fallback to shared memory is judged against what the NVLink pair should reach.
+    shm = judge(VerifyConfig(), pair, sweep(27.9), 2, "nccl", {**P2P_2_28, "transport": "SHM"})
+    assert shm["threshold_source"] == "baseline" and shm["verdict"] == "FAIL"
 
 
 def test_the_users_threshold_comes_before_a_baseline(tmp_path: Path) -> None:
@@ -74,9 +77,9 @@ def test_the_users_threshold_comes_before_a_baseline(tmp_path: Path) -> None:
     [
         {**P2P_2_28, "version": "2.27.7"},  # outside the row's NCCL range
         {**P2P_2_28, "version": None},  # unknown NCCL
-        {**P2P_2_28, "transport": "SHM"},  # another transport
+        {**P2P_2_28, "transport": "unknown"},  # the user's own NCCL_DEBUG_FILE
     ],
-    ids=["old-nccl", "unknown-nccl", "shm"],
+    ids=["old-nccl", "unknown-nccl", "unknown-transport"],
 )
 def test_no_matching_row_falls_back_to_the_derived_threshold(
     tmp_path: Path, nccl: dict[str, Any]
