@@ -174,6 +174,7 @@ def verify_nvlink(
     metrics: Output[Metrics],
     report: Output[HTML],
     result: Output[Artifact],
+    ctrf: Output[Artifact],
     namespace: str = '',
     purpose: str = 'verify',
     nodes: int = 2,
@@ -222,6 +223,7 @@ def verify_nvlink(
         metrics: numbers from the step's result.
         report: HTML report.
         result: JSON of the step's result.
+        ctrf: the verdict as a CTRF test report (JSON, ctrf.io).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple

@@ -287,6 +287,13 @@ def _write(path: str, text: str) -> str:
 
 
 CTRF_FILE = "verify.ctrf.json"
+# RESULT key -> (file, description): one value per file, for Argo output parameters.
+KEY_FIGURES = {
+    "verdict": ("verdict.txt", "PASS, FAIL or NOT_JUDGED"),
+    "judged_busbw_gbps": ("judged_busbw_gbps.txt", "judged all-reduce busbw, GB/s"),
+    "threshold_gbps": ("threshold_gbps.txt", "threshold applied, GB/s ('' when not judged)"),
+    "threshold_source": ("threshold_source.txt", "user, baseline, derived or none"),
+}
 
 
 def busbw_plot(result: dict[str, Any]) -> tuple[list[tuple[str, list[float], list[float]]], str]:
@@ -303,8 +310,8 @@ def busbw_plot(result: dict[str, Any]) -> tuple[list[tuple[str, list[float], lis
 
 
 def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
-    """Write verify.json, verify.md, verify.ctrf.json (CTRF), busbw.png and verify.html;
-    return their paths."""
+    """Write verify.json, verify.md, verify.ctrf.json (CTRF), busbw.png and verify.html,
+    and the key figures one per file (``KEY_FIGURES``); return the reports' paths."""
     os.makedirs(out_dir, exist_ok=True)
     files = {"json": _write(os.path.join(out_dir, "verify.json"), json.dumps(result, indent=2))}
     markdown = verify_markdown(result)
@@ -314,6 +321,9 @@ def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     files["ctrf"] = _write(
         os.path.join(out_dir, CTRF_FILE), json.dumps(ctrf.verify_report(result), indent=2)
     )
+    for key, (name, _) in KEY_FIGURES.items():
+        value = result.get(key)
+        _write(os.path.join(out_dir, name), "" if value is None else str(value))
     png = os.path.join(out_dir, "busbw.png")
     series, note = busbw_plot(result)
     drawn = _plot(
