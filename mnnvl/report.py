@@ -86,7 +86,7 @@ def headline(result: dict[str, Any]) -> list[str]:
         baseline = result.get("baseline") or {}
         source = result.get("threshold_source", "none")
         origin = (
-            f"baseline {baseline.get('key')}: {baseline.get('busbw_gbps')} GB/s x "
+            f"{baseline.get('key')}, {baseline.get('busbw_gbps')} GB/s x "
             f"(1 - {baseline.get('tolerance')}), {baseline.get('citation')}"
             if source == "baseline" and baseline
             else _SOURCES.get(source, source)
