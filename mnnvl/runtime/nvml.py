@@ -294,16 +294,22 @@ def local_checks(summary: dict[str, Any], rank: int) -> dict[str, list[str]]:
                 f"{where}: fabric COMPLETED but no IMEX channel ({IMEX_CHANNEL_PATH}); the pod "
                 "lacks its ComputeDomain channel claim"
             )
-        checks[HEALTH] += fabric_health.health_lines(where, fabric, failures=True)
+        if is_mnnvl_fabric(fabric):
+            checks[HEALTH] += fabric_health.health_lines(where, fabric, failures=True)
     return checks
 
 
 def health_warnings(summary: dict[str, Any], rank: int) -> list[str]:
-    """WARN lines for fabric conditions NVML reports as recovered (not judged as FAIL)."""
+    """WARN lines: fabric conditions NVML reports as recovered, and any health condition of
+    a GPU outside a multi-node NVLink fabric (not judged as FAIL)."""
     lines: list[str] = []
     for gpu in summary.get("gpus", []):
         where = _where(summary, rank, gpu)
         lines += fabric_health.health_lines(where, gpu["fabric"], failures=False)
+        if not is_mnnvl_fabric(gpu["fabric"]):
+            # Judged only on a multi-node NVLink fabric: a single host's fabric manager
+            # (clusterUuid zero) may report fields that say nothing about this run.
+            lines += fabric_health.health_lines(where, gpu["fabric"], failures=True)
     return [f"WARN: {line}" for line in lines]
 
 

@@ -15,7 +15,7 @@ from mnnvl.errors import SpecError
 from mnnvl.runtime import fabric_health, nvml
 from mnnvl.runtime.verdict import judge
 from mnnvl.spec import VerifyConfig
-from tests.unit.fake_pynvml import FakeGpu, FakeNvml, gb200
+from tests.unit.fake_pynvml import FakeGpu, FakeNvml, gb200, h200
 
 pynvml = pytest.importorskip("pynvml")
 
@@ -137,6 +137,17 @@ def test_recovered_route_is_a_named_warning_not_a_failure(imex: str) -> None:
     assert verdict["verdict"] == "PASS", verdict["reasons"]
     (warn,) = [r for r in verdict["reasons"] if r.startswith("WARN:")]
     assert "rank 1 on worker-1" in warn and "recovered a route" in warn
+
+
+def test_health_of_a_single_host_fabric_is_reported_not_judged(imex: str) -> None:
+    # A host's own fabric manager (COMPLETED, clusterUuid zero, as on an HGX H200) is no
+    # multi-node fabric: its health fields are named as warnings, the run is not failed.
+    code = pynvml.NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_NO_PARTITION
+    gpus = [h200(f"GPU-{i}", fabric_state=3) for i in range(2)]
+    gpus[1].health_mask = mask(INCORRECT_CONFIGURATION=code)
+    verdict = judge(VerifyConfig(), summaries(gpus, imex), sweep(340.0), 2)
+    assert verdict["verdict"] == "PASS", verdict["reasons"]
+    assert any(r.startswith("WARN:") and "NO_PARTITION" in r for r in verdict["reasons"])
 
 
 class Clock:
