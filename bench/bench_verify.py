@@ -3,11 +3,20 @@
 Runs the verification through torchrun on all local GPUs (one process per GPU) with a
 1 MiB..4 GiB sweep and prints busbw per size, the transport NCCL used and the whole wall
 time from process start to verdict. ``--degraded`` runs with ``NCCL_P2P_DISABLE=1``
-(traffic through shared memory) and expects FAIL. Ratios against nccl-tests come from
+(traffic through shared memory) and expects FAIL with the transport named in the first
+reason. ``--nproc 1`` expects NOT_JUDGED with exit code 4, and a plot that says so instead
+of a line at zero. ``--output-dir`` keeps the report files (JSON, Markdown, CTRF, PNG,
+HTML) for the record. Ratios against nccl-tests come from
 ``bench/bench_anchor.py``, which runs ``all_reduce_perf`` beside the verification on the
 same machine; no typed-in anchor figures here. The last stdout line is one JSON object.
 
     python bench/bench_verify.py [--degraded] [--nproc N] [--max-bytes 4G] [--json-out F]
+        [--output-dir DIR]
+
+e.g. on the GPU machine, results under $OUT:
+    python bench/bench_verify.py --degraded --output-dir $OUT/p2p-off --json-out $OUT/p2p-off.json
+    python bench/bench_verify.py --nproc 1 --max-bytes 64M --output-dir $OUT/one-gpu \
+        --json-out $OUT/one-gpu.json
 
 Exit code 0 when the verdict is the expected one, 1 otherwise.
 """
@@ -59,6 +68,23 @@ def compare(result: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def expectation(
+    result: dict[str, Any], returncode: int, nproc: int, degraded: bool
+) -> tuple[str, bool]:
+    """(expected verdict, whether the run met it): P2P off must FAIL on the transport
+    first; one GPU must be NOT_JUDGED with exit 4 and no zero line in its plot."""
+    if degraded:
+        first = (result.get("reasons") or [""])[0]
+        return "FAIL", result["verdict"] == "FAIL" and first.startswith("transport: ")
+    if nproc == 1:
+        from mnnvl.report import busbw_plot
+
+        series, note = busbw_plot(result)
+        ok = result["verdict"] == "NOT_JUDGED" and returncode == 4
+        return "NOT_JUDGED", ok and not series and note.startswith("NOT_JUDGED")
+    return "PASS", result["verdict"] == "PASS" and returncode == 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=0, help="GPUs to use (0 = all local)")
@@ -68,8 +94,8 @@ def main() -> int:
     parser.add_argument("--output-dir", default="", help="keep the report files here")
     args = parser.parse_args()
     nproc = args.nproc or _gpu_count()
-    if nproc < 2:
-        raise SystemExit("needs at least 2 CUDA GPUs")
+    if nproc < 1 or (nproc < 2 and args.degraded):
+        raise SystemExit("needs a CUDA GPU (--degraded: at least 2)")
     with tempfile.TemporaryDirectory() as tmp:
         run = run_verify(nproc, args.max_bytes, args.degraded, args.output_dir or tmp)
     result = run["result"]
@@ -82,7 +108,7 @@ def main() -> int:
             f"{r['bytes']:>12} {r['time_us']:>10.1f} {r['busbw_gbps']:>8.1f} "
             f"{r.get('path', '-'):>7}\n"
         )
-    expected = "FAIL" if args.degraded else "PASS"
+    expected, met = expectation(result, run["returncode"], nproc, args.degraded)
     summary = {
         "mode": "degraded" if args.degraded else "healthy",
         "nproc": nproc,
@@ -96,6 +122,10 @@ def main() -> int:
         "wall_goal_s": WALL_GOAL_S,
         "in_process_wall_s": result["wall_s"],
         "returncode": run["returncode"],
+        "expectation_met": met,
+        "checks": result.get("checks"),
+        "baseline": result.get("baseline"),
+        "threshold_margin": result.get("threshold_margin"),
         "nccl": result.get("nccl"),
         "timings_s": result.get("timings_s"),
         "sizes": rows,
@@ -105,7 +135,7 @@ def main() -> int:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
     print(json.dumps(summary))
-    return 0 if result["verdict"] == expected else 1
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Call the ``*_template()`` builders inside a hera ``WorkflowTemplate``/``Workflow
 
 from __future__ import annotations
 
-from hera.workflows import Container, Parameter, Resources, RetryStrategy
+from hera.workflows import Artifact, Container, Parameter, Resources, RetryStrategy
 from hera.workflows import models as m
 
 from mnnvl import surface
@@ -22,6 +22,7 @@ from mnnvl.surface import ARGO, Input
 
 RUN_ID = "{{workflow.uid}}"
 RESULT_PATH = "/tmp/result.json"
+REPORT_DIR = "/tmp/report"  # verify: report files, the CTRF report and the key figures
 RETRY_LIMIT = "2"  # Argo's schema types IntOrString as string
 LAUNCHER_IMAGE_INPUT = "launcher-image"
 DEADLINE_INPUT = "deadline-s"
@@ -79,6 +80,8 @@ def _container(name: str, step: str, *, retry: bool = False, check: bool = False
             ),
         ]
     args += ["--result-path", RESULT_PATH]
+    if step == "verify":
+        args += ["--report-dir", REPORT_DIR]
     parameters.append(
         Parameter(
             name=LAUNCHER_IMAGE_INPUT,
@@ -102,7 +105,8 @@ def _container(name: str, step: str, *, retry: bool = False, check: bool = False
                 name="result",
                 value_from=m.ValueFrom(path=RESULT_PATH, default="{}"),
                 description="The step's JSON result",
-            )
+            ),
+            *(_verify_outputs() if step == "verify" else []),
         ],
         resources=LAUNCHER_RESOURCES,
         retry_strategy=_retry() if retry else None,
@@ -111,6 +115,30 @@ def _container(name: str, step: str, *, retry: bool = False, check: bool = False
         ),
         labels={"app.kubernetes.io/part-of": "mnnvl-pipelines", "mnnvl.io/step": step},
     )
+
+
+def _verify_outputs() -> list[Parameter | Artifact]:
+    """The verdict's key figures as parameters, the HTML and CTRF reports as artifacts.
+
+    Argo saves outputs of a failed step too, so a FAIL verdict still publishes them; a Job
+    that ended without a verdict leaves the defaults (``""``) and no artifacts (optional).
+    """
+    from mnnvl.report import CTRF_FILE, KEY_FIGURES
+
+    figures = [
+        Parameter(
+            name=name.replace("_", "-"),
+            value_from=m.ValueFrom(path=f"{REPORT_DIR}/{file}", default=""),
+            description=description,
+        )
+        for name, (file, description) in KEY_FIGURES.items()
+    ]
+    plain = m.ArchiveStrategy(none=m.NoneStrategy())  # served as is (the UI shows the HTML)
+    return [
+        *figures,
+        Artifact(name="report", path=f"{REPORT_DIR}/verify.html", optional=True, archive=plain),
+        Artifact(name="ctrf", path=f"{REPORT_DIR}/{CTRF_FILE}", optional=True, archive=plain),
+    ]
 
 
 def provision_template(name: str = "provision", *, check: bool = False) -> Container:

@@ -61,9 +61,9 @@ def write_result(artifact: PathArtifact, run_id: str, purpose: str, result: dict
         json.dump(doc, fh, indent=2, sort_keys=True, default=str)
 
 
-def _copy_html(files: dict[str, str], html: PathArtifact) -> None:
-    os.makedirs(os.path.dirname(html.path) or ".", exist_ok=True)
-    shutil.copyfile(files["html"], html.path)
+def _copy(path: str, artifact: PathArtifact) -> None:
+    os.makedirs(os.path.dirname(artifact.path) or ".", exist_ok=True)
+    shutil.copyfile(path, artifact.path)
 
 
 def publish_train(
@@ -96,7 +96,7 @@ def publish_train(
         },
     )
     with tempfile.TemporaryDirectory(prefix="mnnvl-train-report-") as tmp:
-        _copy_html(report.write_train_report(raw, tmp), html)
+        _copy(report.write_train_report(raw, tmp)["html"], html)
     write_result(result_artifact, run_id, "train", result.to_dict())
     log.info(
         "train: loss %s, %s tokens/s, MFU %s", result.final_loss, result.tokens_per_s, result.mfu
@@ -110,8 +110,10 @@ def publish_verify(
     metrics: MetricsArtifact,
     html: PathArtifact,
     result_artifact: PathArtifact,
+    ctrf: PathArtifact | None = None,
 ) -> None:
-    """Log busbw metrics (peak, judged, per size, verdict 1/0) and write the verify report."""
+    """Log busbw metrics (peak, judged, per size, verdict 1/0) and write the verify report
+    (HTML) and the verdict as a CTRF test report."""
     from mnnvl import report
 
     raw = dict(result.raw or {})
@@ -127,7 +129,10 @@ def publish_verify(
         values[f"busbw_gbps_{size_label(int(row['bytes']))}"] = row.get("busbw_gbps")
     _log_numbers(metrics, values)
     with tempfile.TemporaryDirectory(prefix="mnnvl-verify-report-") as tmp:
-        _copy_html(report.write_verify_report(raw, tmp), html)
+        files = report.write_verify_report(raw, tmp)
+        _copy(files["html"], html)
+        if ctrf is not None:
+            _copy(files["ctrf"], ctrf)
     write_result(result_artifact, run_id, purpose, result.to_dict())
     # The table goes to the task log, where a failed verdict is read first.
     log.info("%s: verdict %s\n%s", purpose, result.verdict, report.verify_table(raw))

@@ -66,7 +66,13 @@ def verify_nvlink(params: dict[str, Any]) -> None:
     outcome = steps.verify(workload, config, kubeconfig=kubeconfig(), fail_on_fail=False)
     purpose = workload.purpose
     publish_verify(
-        workload.run_id, outcome, purpose, params["metrics"], params["report"], params["result"]
+        workload.run_id,
+        outcome,
+        purpose,
+        params["metrics"],
+        params["report"],
+        params["result"],
+        params.get("ctrf"),
     )
     if not verdict_accepted(outcome.verdict, config.allow_unjudged):
         raise VerificationFailed(

@@ -43,6 +43,7 @@ _OUTPUTS = {
     "metrics": ("Output[Metrics]", "numbers from the step's result"),
     "report": ("Output[HTML]", "HTML report"),
     "result": ("Output[Artifact]", "JSON of the step's result"),
+    "ctrf": ("Output[Artifact]", "the verdict as a CTRF test report (JSON, ctrf.io)"),
 }
 
 
@@ -79,7 +80,7 @@ def step_components() -> list[Spec]:
             "Check NVLink/IMEX health and all-reduce bus bandwidth across the run's nodes; the\n"
             "metrics and report are written before a FAIL verdict fails the task.",
             step("verify"),
-            ("metrics", "report", "result"),
+            ("metrics", "report", "result", "ctrf"),
         ),
         Spec(
             "launch_workload",

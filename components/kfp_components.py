@@ -187,6 +187,7 @@ def verify_nvlink(
     metrics: Output[Metrics],
     report: Output[HTML],
     result: Output[Artifact],
+    ctrf: Output[Artifact],
     namespace: str = '',
     purpose: str = 'verify',
     nodes: int = 2,
@@ -225,6 +226,7 @@ def verify_nvlink(
     min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     judge_min_bytes: int = 1073741824,
+    fabric_wait_s: float = 60.0,
     cuda_graphs: bool = True,
     allow_unjudged: bool = False,
 ):
@@ -236,6 +238,7 @@ def verify_nvlink(
         metrics: numbers from the step's result.
         report: HTML report.
         result: JSON of the step's result.
+        ctrf: the verdict as a CTRF test report (JSON, ctrf.io).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
@@ -279,11 +282,14 @@ def verify_nvlink(
         max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         warmup_iters: untimed all-reduces before each size; 0 = automatic.
-        min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
             = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         judge_min_bytes: sizes from this one up are judged against the threshold.
+        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
+            IN_PROGRESS), s.
         cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
@@ -448,6 +454,7 @@ def provision_training(
     min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
+    fabric_wait_s: float = 60.0,
     verify_cuda_graphs: bool = True,
     allow_unjudged: bool = False,
     train_timeout_s: float = 7200.0,
@@ -523,11 +530,14 @@ def provision_training(
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
-        min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
             = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
+        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
+            IN_PROGRESS), s.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
@@ -613,6 +623,7 @@ def provision_verify_only(
     min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
+    fabric_wait_s: float = 60.0,
     verify_cuda_graphs: bool = True,
     allow_unjudged: bool = False,
     delete_timeout_s: float = 300.0,
@@ -666,11 +677,14 @@ def provision_verify_only(
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
-        min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
             = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
+        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
+            IN_PROGRESS), s.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
@@ -727,6 +741,7 @@ def provision_custom(
     min_inter_clique_busbw_gbps: float = 0.0,
     efficiency: float = 0.62,
     verify_judge_min_bytes: int = 1073741824,
+    fabric_wait_s: float = 60.0,
     verify_cuda_graphs: bool = True,
     allow_unjudged: bool = False,
     launch_timeout_s: float = 7200.0,
@@ -783,11 +798,14 @@ def provision_custom(
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
         verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
-        min_busbw_gbps: pass threshold, GB/s; 0 = active links x speed x efficiency.
+        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
             = not judged.
         efficiency: fraction of the NVLink limit a derived threshold asks for.
         verify_judge_min_bytes: sizes from this one up are judged against the threshold.
+        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
+            IN_PROGRESS), s.
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from mnnvl import flags, steps, surface
+from mnnvl import baselines, flags, steps, surface
 from mnnvl import spec as specs
 from mnnvl.cli_parser import build_parser
 from mnnvl.contract import exit_codes
@@ -268,6 +268,12 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def cmd_baselines(ns: argparse.Namespace) -> dict[str, Any]:
+    """The baseline table on stdout (the result line goes to stderr)."""
+    print(baselines.table_text(), flush=True)
+    return {"version": baselines.TABLE_VERSION, "baselines": baselines.rows()}
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "provision": cmd_provision,
     "launch": cmd_launch,
@@ -278,6 +284,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "run": cmd_run,
     "render": cmd_render,
     "reap": cmd_reap,
+    "baselines": cmd_baselines,
     "sim": cmd_sim,
 }
 
@@ -316,7 +323,7 @@ def _result_path_problem(path: str | None) -> str:
 
 
 # Commands whose stdout is data for another program: their result line goes to stderr.
-RESULT_ON_STDERR = frozenset({"render"})
+RESULT_ON_STDERR = frozenset({"render", "baselines"})
 
 
 def _emit(payload: dict[str, Any], result_path: str | None) -> None:

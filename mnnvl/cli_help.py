@@ -60,6 +60,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "run with --all-dead), and idle for --older-than-s when given; --dry-run only lists.",
         "mnnvl reap --namespace team-a --older-than-s 86400 --dry-run",
     ),
+    "baselines": (
+        "print the bus-bandwidth baseline table",
+        "Print the all-reduce busbw baselines verify judges against when no --min-busbw-gbps "
+        "is given (GPU model, GPUs, nodes, transport, NCCL versions, busbw, tolerance), each "
+        "with its source; the result line (stderr) holds the table as JSON. Needs no cluster.",
+        "mnnvl baselines",
+    ),
     "sim": (
         "the embedded simulated cluster",
         "Serve a simulated cluster (API server, DRA driver, Jobs, kubelet running pods as local "

@@ -141,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--skip-verify", action="store_true", help="train only")
     p = _subcommand(sub, "reap")
     _reap_flags(p)
+    _subcommand(sub, "baselines")
     p = _subcommand(sub, "sim")
     p.add_argument("action", choices=("up",), help="up: serve until Ctrl-C or SIGTERM")
     p.add_argument("--nodes", type=int, default=2, help="simulated nodes")

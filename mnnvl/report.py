@@ -17,14 +17,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from mnnvl.contract.result import FAIL, NOT_JUDGED
+from mnnvl.units import human_bytes
+
 logger = logging.getLogger(__name__)
-
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
 
 
 def num(value: Any, digits: int = 1) -> str:
@@ -64,6 +60,43 @@ def _threshold_line(result: dict[str, Any]) -> str:
     if threshold is None:
         return "threshold: none (bandwidth not judged)"
     return f"threshold: {threshold:.1f} GB/s ({source})"
+
+
+_SOURCES = {
+    "user": "given by --min-busbw-gbps",
+    "derived": "active links x link speed x efficiency",
+}
+
+
+def headline(result: dict[str, Any]) -> list[str]:
+    """The report's first lines: verdict, failed checks, busbw vs threshold and its source
+    with the margin, transport and NCCL version."""
+    failed = [c["name"] for c in result.get("checks") or [] if c["status"] == FAIL]
+    if not result.get("checks") and result.get("verdict") == FAIL:
+        failed = [r for r in result.get("reasons", []) if not r.startswith(("note:", "WARN:"))][:1]
+    threshold = result.get("threshold_gbps")
+    busbw = f"busbw {_fmt(result.get('judged_busbw_gbps'))} GB/s"
+    if threshold is None:
+        against = f"{busbw}, not judged (no threshold)"
+    else:
+        baseline = result.get("baseline") or {}
+        source = result.get("threshold_source", "none")
+        origin = (
+            f"{baseline.get('key')}, {baseline.get('busbw_gbps')} GB/s x "
+            f"(1 - {baseline.get('tolerance')}), {baseline.get('citation')}"
+            if source == "baseline" and baseline
+            else _SOURCES.get(source, source)
+        )
+        margin = result.get("threshold_margin")
+        against = f"{busbw} vs threshold {threshold:.1f} GB/s ({source}: {origin})" + (
+            f", margin {margin:+.1%}" if margin is not None else ""
+        )
+    return [
+        f"verdict: {result.get('verdict')}",
+        f"failed checks: {', '.join(failed) or 'none'}",
+        against,
+        nccl_line(result),
+    ]
 
 
 def nccl_line(result: dict[str, Any]) -> str:
@@ -122,7 +155,7 @@ def verify_table(result: dict[str, Any]) -> str:
     for title, part in clique_parts(result):
         lines += ["", title, *_text_table(part)]
     lines += ["", *worst_lines(result)] if result.get("worst_clique") else []
-    lines[:0] = [f"verdict: {result.get('verdict')} · {nccl_line(result)}", ""]
+    lines[:0] = [*headline(result), ""]
     lines += [
         "",
         _threshold_line(result),
@@ -146,6 +179,7 @@ def verify_markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# NVLink verification: {result.get('verdict')}",
         "",
+        *(f"- **{line}**" for line in headline(result)[1:3]),
         f"- {nccl_line(result)}",
         f"- world size {result.get('world_size')}, backend {result.get('backend')}, "
         f"wall {_fmt(result.get('wall_s'))} s",
@@ -182,8 +216,9 @@ def _plot(
     ylabel: str,
     log2_x: bool = False,
     hline: float | None = None,
+    note: str = "",
 ) -> bool:
-    """Draw line series to a PNG; False when matplotlib is missing."""
+    """Draw line series to a PNG (``note`` written across it); False without matplotlib."""
     plt = _pyplot()
     if plt is None:
         logger.warning("matplotlib not installed: %s not drawn", os.path.basename(path))
@@ -197,9 +232,12 @@ def _plot(
         ax.xaxis.set_major_formatter(lambda x, _pos: human_bytes(int(x)) if x >= 1 else "")
     if hline is not None:
         ax.axhline(hline, color="red", linestyle="--", label=f"threshold {hline:.1f}")
+    if note:
+        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", wrap=True)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    if series or hline is not None:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, format="png")
     plt.close(fig)
@@ -244,22 +282,55 @@ def _write(path: str, text: str) -> str:
     return path
 
 
+CTRF_FILE = "verify.ctrf.json"
+# RESULT key -> (file, description): one value per file, for Argo output parameters.
+KEY_FIGURES = {
+    "verdict": ("verdict.txt", "PASS, FAIL or NOT_JUDGED"),
+    "judged_busbw_gbps": ("judged_busbw_gbps.txt", "judged all-reduce busbw, GB/s"),
+    "threshold_gbps": ("threshold_gbps.txt", "threshold applied, GB/s ('' when not judged)"),
+    "threshold_source": ("threshold_source.txt", "user, baseline, derived or none"),
+}
+
+
+def busbw_plot(result: dict[str, Any]) -> tuple[list[tuple[str, list[float], list[float]]], str]:
+    """(series, note) of the busbw plot. A sweep with nothing to show (one rank: busbw is 0
+    by definition) draws no line at zero but says why it was not judged."""
+    sizes = result.get("sizes", [])
+    series = [("busbw", [r["bytes"] for r in sizes], [r["busbw_gbps"] for r in sizes])]
+    if result.get("verdict") != NOT_JUDGED:
+        return series, ""
+    why = next((r for r in result.get("reasons", []) if r.startswith(NOT_JUDGED)), NOT_JUDGED)
+    if not any(r["busbw_gbps"] for r in sizes):
+        return [], why
+    return series, why
+
+
 def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
-    """Write verify.json, verify.md, busbw.png and verify.html; return their paths."""
+    """Write verify.json, verify.md, verify.ctrf.json (CTRF), busbw.png and verify.html,
+    and the key figures one per file (``KEY_FIGURES``); return the reports' paths."""
     os.makedirs(out_dir, exist_ok=True)
     files = {"json": _write(os.path.join(out_dir, "verify.json"), json.dumps(result, indent=2))}
     markdown = verify_markdown(result)
     files["markdown"] = _write(os.path.join(out_dir, "verify.md"), markdown)
-    sizes = result.get("sizes", [])
+    from mnnvl import ctrf
+
+    files["ctrf"] = _write(
+        os.path.join(out_dir, CTRF_FILE), json.dumps(ctrf.verify_report(result), indent=2)
+    )
+    for key, (name, _) in KEY_FIGURES.items():
+        value = result.get(key)
+        _write(os.path.join(out_dir, name), "" if value is None else str(value))
     png = os.path.join(out_dir, "busbw.png")
+    series, note = busbw_plot(result)
     drawn = _plot(
         png,
         f"all_reduce busbw ({result.get('world_size')} ranks): {result.get('verdict')}",
-        [("busbw", [r["bytes"] for r in sizes], [r["busbw_gbps"] for r in sizes])],
+        series,
         xlabel="bytes per rank",
         ylabel="GB/s",
         log2_x=True,
         hline=result.get("threshold_gbps"),
+        note=note,
     )
     if drawn:
         files["png"] = png

@@ -463,8 +463,9 @@ class VerifyConfig:
     """NVLink/NCCL verification (runs in worker pods as ``python -m mnnvl.runtime.verify``).
 
     Sizes of 0 mean "pick for the device": 1 MiB..4 GiB on GPUs, 1 KiB..1 MiB on CPU.
-    ``min_busbw_gbps`` of 0 means "derive the threshold from the detected topology"
-    (active links x per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
+    ``min_busbw_gbps`` of 0 means "a matching baseline (``mnnvl.baselines``) x (1 - its
+    tolerance), else derive the threshold from the detected topology" (active links x
+    per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
     NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.
     """
 
@@ -472,12 +473,18 @@ class VerifyConfig:
     max_bytes: int = opt(0, "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU")
     iters: int = opt(0, "timed all-reduces per size; 0 = adaptive (mean known within 1 percent)")
     warmup_iters: int = opt(0, "untimed all-reduces before each size; 0 = automatic")
-    min_busbw_gbps: float = opt(0.0, "pass threshold, GB/s; 0 = active links x speed x efficiency")
+    min_busbw_gbps: float = opt(
+        0.0, "pass threshold, GB/s; 0 = a matching baseline, else active links x speed x efficiency"
+    )
     min_inter_clique_busbw_gbps: float = opt(
         0.0, "pass threshold for the sweeps across clique groups, GB/s; 0 = not judged"
     )
     efficiency: float = opt(0.62, "fraction of the NVLink limit a derived threshold asks for")
     judge_min_bytes: int = opt(1 << 30, "sizes from this one up are judged against the threshold")
+    fabric_wait_s: float = opt(
+        60.0,
+        "how long verify waits for a GPU fabric still registering (NOT_STARTED, IN_PROGRESS), s",
+    )
     cuda_graphs: bool = opt(True, "also time small sizes as CUDA graphs and direct NCCL calls")
     allow_unjudged: bool = opt(
         False, "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success"
@@ -502,6 +509,7 @@ class VerifyConfig:
         check_range("min_inter_clique_busbw_gbps", self.min_inter_clique_busbw_gbps, 0.0, 100_000.0)
         check_range("efficiency", self.efficiency, 0.01, 1.0)
         check_range("judge_min_bytes", self.judge_min_bytes, 1, 1 << 36, integer=True)
+        check_range("fabric_wait_s", self.fabric_wait_s, 0.0, 3600.0)
 
 
 @dataclass(frozen=True, kw_only=True)

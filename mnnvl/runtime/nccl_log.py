@@ -2,7 +2,17 @@
 
 NCCL prints one ``Channel … via P2P/…`` (or ``via SHM/…``, ``via NET/…``) line per connection
 it sets up, and ``MNNVL 1 cliqueId …`` when a communicator runs over the multi-node NVLink
-fabric. The verification sends NCCL's log of its own process to a file
+fabric. The formats, as NCCL 2.28 writes them (``src/transport/p2p.cc``, ``shm.cc``, ``net.cc``,
+``src/mnnvl.cc``, ``src/transport/nvls.cc``):
+
+- ``Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read`` (``P2P/MNNVL/read`` on an MNNVL
+  communicator, ``P2P/IPC`` with cuMem off, ``P2P/direct pointer`` inside one process);
+- ``Channel 00 : 0[0] -> 1[1] via SHM/direct/direct``;
+- ``Channel 00/0 : 3[3] -> 4[0] [send] via NET/IB/0/GDRDMA`` (``NET/Socket/0`` over TCP);
+- ``MNNVL 1 cliqueId 7ffe cliqueSize 8 cliqueRank 0`` (only when MNNVL is on);
+- ``NVLS comm 0x… headRank 0 nHeads 8 …`` when NVLink SHARP (NVLS) buffers are set up.
+
+The verification sends NCCL's log of its own process to a file
 (``NCCL_DEBUG_FILE``, set before NCCL initialises), reads it back after the sweep, copies it
 to stderr (so the pod log still holds NCCL's lines) and records the transport in RESULT.
 
@@ -22,13 +32,14 @@ from typing import Any
 
 _VIA = re.compile(r"\bvia (P2P|SHM|NET|COLLNET)(/[^\s]*)?")
 _MNNVL = re.compile(r"\bMNNVL (\d+) cliqueId")
+_NVLS = re.compile(r"\bNVLS comm ")
 _VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
 # Worst first: a communicator is as fast as its slowest connection.
 _ORDER = ("network", "SHM", "P2P", "MNNVL")
 
 
 def classify(lines: Iterable[str], *, nvlink_active: bool) -> dict[str, Any]:
-    """``{"transport", "connections", "mnnvl", "log_version"}`` from NCCL INFO lines.
+    """``{"transport", "connections", "mnnvl", "nvls", "log_version"}`` from NCCL INFO lines.
 
     ``transport`` is the slowest kind seen: ``network (NET/IB)``, ``SHM``, ``NVLink P2P``
     (P2P between GPUs with active NVLink links), ``PCIe P2P``, ``MNNVL`` (P2P on a
@@ -36,15 +47,17 @@ def classify(lines: Iterable[str], *, nvlink_active: bool) -> dict[str, Any]:
     """
     kinds: Counter[str] = Counter()
     detail: dict[str, str] = {}
-    mnnvl = False
+    mnnvl = nvls = False
     version = None
     for line in lines:
         if (m := _MNNVL.search(line)) and m.group(1) != "0":
             mnnvl = True
+        nvls = nvls or bool(_NVLS.search(line))
         if m := _VERSION.search(line):
             version = version or m.group(1)
         if m := _VIA.search(line):
             kind = {"NET": "network", "COLLNET": "network"}.get(m.group(1), m.group(1))
+            mnnvl = mnnvl or (m.group(2) or "").startswith("/MNNVL")
             kinds[kind] += 1
             detail.setdefault(kind, m.group(1) + (m.group(2) or ""))
     if mnnvl and kinds["P2P"]:
@@ -63,6 +76,7 @@ def classify(lines: Iterable[str], *, nvlink_active: bool) -> dict[str, Any]:
         "transport": transport,
         "connections": {detail[k]: n for k, n in kinds.items() if n},
         "mnnvl": mnnvl,
+        "nvls": nvls,
         "log_version": version,
     }
 
@@ -139,5 +153,56 @@ def summarize(per_rank: list[dict[str, Any]], version: str | None) -> dict[str, 
         "version": version,
         "transport": transport,
         "mnnvl": any(r.get("mnnvl") for r in seen),
+        "nvls": bool(seen) and all(r.get("nvls") for r in seen),
         "per_rank": [r.get("transport", "unknown") for r in per_rank],
     }
+
+
+MNNVL_CAUSES = (
+    "the IMEX channel is not mounted in the pod (/dev/nvidia-caps-imex-channels/channel0 comes "
+    "with the ComputeDomain's channel claim)",
+    "NCCL_CUMEM_ENABLE=0 (MNNVL needs cuMem)",
+    "NCCL_MNNVL_ENABLE=0",
+    "the pods sit in different NVLink cliques (nvidia.com/gpu.clique)",
+)
+P2P_CAUSES = (
+    "NCCL_P2P_DISABLE=1",
+    "NCCL_P2P_LEVEL set below NVL",
+    "peer access between the GPUs refused inside the container (check nvidia-smi topo -p2p r)",
+)
+NVLINK_TRANSPORTS = ("NVLink P2P", "MNNVL")
+
+
+def expected_transport(*, nodes: int, mnnvl_fabric: bool, nvlink: bool) -> str | None:
+    """The transport the GPUs offer a communicator: MNNVL across nodes whose GPUs all sit on
+    a COMPLETED fabric, NVLink P2P between the NVLink-connected GPUs of one host."""
+    if nodes > 1 and mnnvl_fabric:
+        return "MNNVL"
+    if nodes == 1 and nvlink:
+        return "NVLink P2P"
+    return None
+
+
+def transport_problems(
+    nccl: dict[str, Any], *, nodes: int, mnnvl_fabric: bool, nvlink: bool
+) -> list[str]:
+    """FAIL reasons when NCCL built the measured communicator over a slower transport than
+    the GPUs offer (``expected_transport``; MNNVL also counts as NVLink on one host). An
+    unknown transport (the user's own ``NCCL_DEBUG_FILE``) or none (one rank, gloo) is not
+    judged here."""
+    found = str(nccl.get("transport") or "unknown")
+    expected = expected_transport(nodes=nodes, mnnvl_fabric=mnnvl_fabric, nvlink=nvlink)
+    if expected is None or found.startswith(("unknown", "none")):
+        return []
+    if expected == "MNNVL" and found != "MNNVL":
+        return [
+            f"transport: NCCL built the {nodes}-node communicator over {found}, expected MNNVL "
+            "(every GPU reports a COMPLETED NVLink fabric); usual causes: "
+            + "; ".join(MNNVL_CAUSES)
+        ]
+    if expected == "NVLink P2P" and found not in NVLINK_TRANSPORTS:
+        return [
+            f"transport: NCCL used {found} between GPUs of one host that have NVLink P2P "
+            "available, expected NVLink P2P; usual causes: " + "; ".join(P2P_CAUSES)
+        ]
+    return []

@@ -22,6 +22,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from mnnvl.runtime import fabric_health
+
 logger = logging.getLogger(__name__)
 
 IMEX_CHANNEL_PATH = "/dev/nvidia-caps-imex-channels/channel0"
@@ -181,31 +183,59 @@ def _error_counters(
 
 
 def fabric_info(nvml: Any, handle: Any) -> dict[str, Any]:
-    """NVML GPU fabric (IMEX / MNNVL) state; NOT_SUPPORTED on hosts without a fabric manager."""
-    absent = _absent_errors(nvml)
-    info = None
-    if hasattr(nvml, "nvmlDeviceGetGpuFabricInfoV"):
-        info = nvml.c_nvmlGpuFabricInfoV_t()
-        info.version = getattr(nvml, "nvmlGpuFabricInfo_v2", info.version)
-        try:
-            nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
-        except absent:
-            info = None
-    if info is None and hasattr(nvml, "nvmlDeviceGetGpuFabricInfo"):
-        info = nvml.c_nvmlGpuFabricInfo_t()
-        try:
-            nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
-        except absent:
-            info = None
+    """NVML GPU fabric (IMEX / MNNVL) state; NOT_SUPPORTED on hosts without a fabric manager.
+
+    Asks for ``nvmlGpuFabricInfo_v3`` (adds ``healthSummary``), then v2, then the legacy call;
+    ``health`` is ``healthMask`` decoded (``decode_health_mask``).
+    """
+    info = _fabric_struct(nvml, handle)
     if info is None:
         return {"state": "NOT_SUPPORTED", "cluster_uuid": _ZERO_UUID, "clique_id": 0, "status": 0}
+    mask = int(getattr(info, "healthMask", 0))
+    summary = getattr(info, "healthSummary", None)
     return {
         "state": FABRIC_STATES.get(int(info.state), f"UNKNOWN({int(info.state)})"),
         "cluster_uuid": bytes(info.clusterUuid).hex(),
         "clique_id": int(info.cliqueId),
         "status": int(info.status),
-        "health_mask": int(getattr(info, "healthMask", 0)),
+        "health_mask": mask,
+        "health": fabric_health.decode_health_mask(mask),
+        "health_summary": fabric_health.HEALTH_SUMMARIES.get(int(summary), str(summary))
+        if summary is not None
+        else None,
     }
+
+
+def _fabric_struct(nvml: Any, handle: Any) -> Any | None:
+    absent = _absent_errors(nvml)
+    mismatch = tuple(
+        getattr(nvml, n) for n in ("NVMLError_ArgumentVersionMismatch",) if hasattr(nvml, n)
+    )
+    if hasattr(nvml, "nvmlDeviceGetGpuFabricInfoV"):
+        # Newest structure first: a driver older than the structure says "version mismatch".
+        for struct, version in (
+            ("c_nvmlGpuFabricInfo_v3_t", "nvmlGpuFabricInfo_v3"),
+            ("c_nvmlGpuFabricInfoV_t", "nvmlGpuFabricInfo_v2"),
+        ):
+            if not hasattr(nvml, struct):
+                continue
+            info = getattr(nvml, struct)()
+            info.version = getattr(nvml, version, info.version)
+            try:
+                nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+                return info
+            except mismatch:
+                continue
+            except absent:
+                break
+    if hasattr(nvml, "nvmlDeviceGetGpuFabricInfo"):
+        info = nvml.c_nvmlGpuFabricInfo_t()
+        try:
+            nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+            return info
+        except absent:
+            return None
+    return None
 
 
 # ---- judgements on summaries (pure; used by verify.py and the tests) ---------------------
@@ -230,31 +260,65 @@ def fabric_identity(summary: dict[str, Any]) -> str | None:
     return None
 
 
+def _where(summary: dict[str, Any], rank: int, gpu: dict[str, Any]) -> str:
+    host = summary.get("host")
+    return f"rank {rank}{f' on {host}' if host else ''} {gpu['name']} ({gpu['uuid']})"
+
+
+# The checks a verdict reports one by one (and the CTRF report lists as tests).
+LINKS, FABRIC, HEALTH = "NVML links", "fabric state", "fabric health"
+
+
 def local_problems(summary: dict[str, Any], rank: int) -> list[str]:
     """Reasons to FAIL found on one rank's GPUs alone."""
-    problems: list[str] = []
+    return [p for problems in local_checks(summary, rank).values() for p in problems]
+
+
+def local_checks(summary: dict[str, Any], rank: int) -> dict[str, list[str]]:
+    """One rank's FAIL reasons per check (``LINKS``, ``FABRIC``, ``HEALTH``)."""
+    checks: dict[str, list[str]] = {LINKS: [], FABRIC: [], HEALTH: []}
     for gpu in summary.get("gpus", []):
-        where = f"rank {rank} {gpu['name']} ({gpu['uuid']})"
+        where = _where(summary, rank, gpu)
         link = gpu["nvlink"]
         if link["links"] and link["inactive_links"]:
-            problems.append(
+            checks[LINKS].append(
                 f"{where}: {len(link['inactive_links'])} of {link['links']} NVLink links "
                 f"inactive (links {link['inactive_links']}); check nvidia-smi nvlink -s"
             )
         fabric = gpu["fabric"]
-        if fabric["state"] in ("NOT_STARTED", "IN_PROGRESS"):
-            problems.append(
-                f"{where}: GPU fabric registration is {fabric['state']}; check the fabric "
-                "manager / IMEX daemon on this node"
+        if fabric["state"] in fabric_health.REGISTERING:
+            waited = summary.get("fabric_waited_s")
+            checks[FABRIC].append(
+                f"{where}: GPU fabric registration is {fabric['state']}"
+                + (f" after waiting {waited:g} s (--fabric-wait-s)" if waited is not None else "")
+                + "; check the fabric manager / IMEX daemon on this node"
             )
         if fabric["state"] == "COMPLETED" and fabric["status"] != 0:
-            problems.append(f"{where}: GPU fabric COMPLETED with error status {fabric['status']}")
+            checks[FABRIC].append(
+                f"{where}: GPU fabric COMPLETED with error status {fabric['status']}"
+            )
         if is_mnnvl_fabric(fabric) and not gpu["imex_channel"]:
-            problems.append(
+            checks[FABRIC].append(
                 f"{where}: fabric COMPLETED but no IMEX channel ({IMEX_CHANNEL_PATH}); the pod "
                 "lacks its ComputeDomain channel claim"
             )
-    return problems
+        if is_mnnvl_fabric(fabric):
+            checks[HEALTH] += fabric_health.health_lines(where, fabric, failures=True)
+    return checks
+
+
+def health_warnings(summary: dict[str, Any], rank: int) -> list[str]:
+    """WARN lines: fabric conditions NVML reports as recovered, and any health condition of
+    a GPU outside a multi-node NVLink fabric (not judged as FAIL)."""
+    lines: list[str] = []
+    for gpu in summary.get("gpus", []):
+        where = _where(summary, rank, gpu)
+        lines += fabric_health.health_lines(where, gpu["fabric"], failures=False)
+        if not is_mnnvl_fabric(gpu["fabric"]):
+            # Judged only on a multi-node NVLink fabric: a single host's fabric manager
+            # (clusterUuid zero) may report fields that say nothing about this run.
+            lines += fabric_health.health_lines(where, gpu["fabric"], failures=True)
+    return [f"WARN: {line}" for line in lines]
 
 
 def fabric_problems(summaries: Sequence[dict[str, Any]]) -> list[str]:

@@ -43,17 +43,23 @@ import torch.distributed as dist  # noqa: E402
 
 from mnnvl import flags, report  # noqa: E402
 from mnnvl.contract import env as contract_env  # noqa: E402
-from mnnvl.contract import exit_codes, nccl  # noqa: E402
-from mnnvl.contract.result import (  # noqa: E402
-    FAIL,
-    NOT_JUDGED,
-    PASS,
-    emit_result,
-    verdict_accepted,
-)
+from mnnvl.contract import nccl  # noqa: E402
+from mnnvl.contract.result import FAIL, emit_result  # noqa: E402
 from mnnvl.errors import SpecError, VerificationFailed, WorkloadFailed  # noqa: E402
-from mnnvl.runtime import cliques, collectives, devices, groups, nccl_log, nvml  # noqa: E402
+from mnnvl.runtime import (  # noqa: E402
+    cliques,
+    collectives,
+    devices,
+    fabric_health,
+    groups,
+    nccl_log,
+    nvml,
+)
 from mnnvl.runtime.local import free_port  # noqa: E402
+from mnnvl.runtime.verdict import (  # noqa: E402
+    exit_code,
+    judge,
+)
 from mnnvl.spec import VerifyConfig  # noqa: E402
 
 logger = logging.getLogger("mnnvl.runtime.verify")
@@ -61,108 +67,6 @@ logger = logging.getLogger("mnnvl.runtime.verify")
 DEFAULT_PROFILE = "verify-strict"
 GPU_SIZES = (1 << 20, 4 << 30)
 CPU_SIZES = (1 << 10, 1 << 20)
-
-
-def judge(
-    cfg: VerifyConfig,
-    summaries: Sequence[dict[str, Any]],
-    sizes: Sequence[dict[str, Any]],
-    world_size: int,
-    backend: str = "nccl",
-) -> dict[str, Any]:
-    """The verdict part of RESULT: verdict, reasons, threshold and judged bandwidth."""
-    reasons: list[str] = []
-    for rank, summary in enumerate(summaries):
-        reasons += nvml.local_problems(summary, summary.get("rank", rank))
-    reasons += nvml.fabric_problems(summaries)
-    reasons += [
-        f"all_reduce of {row['bytes']} bytes returned a wrong sum"
-        for row in sizes
-        if not row["correct"]
-    ]
-    topo = nvml.topology(summaries)
-    threshold, source = threshold_gbps(cfg, topo)
-    judged = judged_busbw(sizes, cfg.judge_min_bytes)
-    notes = _notes(summaries)
-    largest = max((row["bytes"] for row in sizes), default=0)
-    unjudged = None
-    if world_size < 2:
-        threshold, source = None, "none"
-        unjudged = "one rank: bus bandwidth is 0 by definition"
-    elif threshold is None:
-        unjudged = _why_unjudged(summaries, backend)
-    elif source == "derived" and sizes and largest < cfg.judge_min_bytes:
-        # The derived threshold is a large-message plateau figure: a shorter sweep would
-        # fail healthy links (on 2 x H200, 256 MiB reaches 296 GB/s against 296.4).
-        unjudged = (
-            f"the sweep stopped at {largest} bytes, below judge_min_bytes "
-            f"{cfg.judge_min_bytes}, where the derived threshold applies; raise max_bytes, "
-            "or give min_busbw_gbps for this sweep"
-        )
-    elif judged < threshold:
-        reasons.append(
-            f"busbw {_gbps(judged)} GB/s is below the {source} threshold {_gbps(threshold)} GB/s"
-            + (f" (link limit {topo['link_limit_gbps']} GB/s)" if topo["link_limit_gbps"] else "")
-        )
-    verdict = FAIL if reasons else NOT_JUDGED if unjudged else PASS
-    if unjudged:
-        notes.insert(0, f"NOT_JUDGED: {unjudged}; bandwidth was not judged")
-    return {
-        "verdict": verdict,
-        "reasons": reasons + notes,
-        "threshold_gbps": threshold,
-        "threshold_source": source,
-        "judged_busbw_gbps": judged,
-        "peak_busbw_gbps": max((row["busbw_gbps"] for row in sizes), default=0.0),
-        "topology": topo,
-    }
-
-
-def _gbps(value: float) -> str:
-    """One decimal for NVLink figures, three significant digits for small (CPU) ones."""
-    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
-
-
-def _why_unjudged(summaries: Sequence[dict[str, Any]], backend: str) -> str:
-    if backend == "gloo":
-        return "no NVLink (CPU/gloo run) and no --min-busbw-gbps given"
-    missing = [r for r, s in enumerate(summaries) if not str(s["nvml"]).startswith("ok")]
-    if missing:
-        return f"NVML unavailable on ranks {missing}, so no NVLink detected"
-    return "no NVLink detected and no --min-busbw-gbps given"
-
-
-def exit_code(verdict: str, allow_unjudged: bool) -> int:
-    """0 on PASS, and on NOT_JUDGED where the caller allowed it; 4 otherwise."""
-    return exit_codes.OK if verdict_accepted(verdict, allow_unjudged) else exit_codes.FAILED
-
-
-def threshold_gbps(cfg: VerifyConfig, topo: dict[str, Any]) -> tuple[float | None, str]:
-    """User threshold if given, else active links x link speed x efficiency, else none."""
-    if cfg.min_busbw_gbps > 0:
-        return cfg.min_busbw_gbps, "user"
-    if topo["active_links"] and topo["link_speed_gbps"]:
-        derived = topo["active_links"] * topo["link_speed_gbps"] * cfg.efficiency
-        return round(derived, 3), "derived"
-    return None, "none"
-
-
-judged_busbw = collectives.judged_busbw
-
-
-def _notes(summaries: Sequence[dict[str, Any]]) -> list[str]:
-    notes = []
-    for rank, summary in enumerate(summaries):
-        if summary["nvml"].startswith("unavailable"):
-            notes.append(f"note: rank {rank} NVML {summary['nvml']}; NVLink checks skipped")
-        for gpu in summary.get("gpus", []):
-            errors = {k: v for k, v in gpu["nvlink"]["errors"].items() if v}
-            if errors:
-                notes.append(
-                    f"note: rank {rank} NVLink error counters since driver load {errors} "
-                    "(reported, not judged)"
-                )
-    return notes
 
 
 # ---- process side ------------------------------------------------------------------------
@@ -241,7 +145,9 @@ def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     if device is not None:
         torch.cuda.set_device(device)
     phases.mark("cuda_setup")
-    summary = nvml.check_gpus(devices.nvml_ids(device) if device is not None else [])
+    ids = devices.nvml_ids(device) if device is not None else []
+    # A fabric still registering completes on its own: wait for it before judging it.
+    summary = fabric_health.wait_for_fabric(lambda: nvml.check_gpus(ids), cfg.fabric_wait_s)
     summary.update(rank=rank, local_rank=local_rank, host=devices.pod_name())
     phases.mark("nvml")
     # The profile must see the fabric state before NCCL initialises: it sets
@@ -251,7 +157,9 @@ def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     ncclog = nccl_log.NcclLog().start() if cuda else None
     backend = "nccl" if cuda else "gloo"
     try:
-        dist.init_process_group(backend, device_id=device, timeout=datetime.timedelta(seconds=300))
+        # Peers may still be waiting for their fabric: the rendezvous waits as long too.
+        timeout = datetime.timedelta(seconds=300 + cfg.fabric_wait_s)
+        dist.init_process_group(backend, device_id=device, timeout=timeout)
         try:
             result = _measure(cfg, phases, summary, device, ncclog, placed)
             if rank == 0:
@@ -288,12 +196,15 @@ def _measure(
         result.update(cliques.measure(cfg, plan, summaries, dev, placed, judge, backend))
         sizes = result.pop("sizes")
         phases.mark("sweep")
+        # Not judged across cliques: the cross-clique communicators rightly use the network.
+        result["nccl"] = _transport(ncclog, summary, world)
     else:
         sizes = collectives.run_sweep(plan, dev, timings)
         phases.seconds.update({f"sweep_{k}": v for k, v in timings.items()})
         phases.mark("sweep")
-        result.update(judge(cfg, summaries, sizes, world, backend))
-    result["nccl"] = _transport(ncclog, summary, world)
+        # Read after the sweep: NCCL connects each algorithm's channels on first use.
+        result["nccl"] = _transport(ncclog, summary, world)
+        result.update(judge(cfg, summaries, sizes, world, backend, result["nccl"]))
     result.update(world_size=world, backend=backend, sizes=sizes, nodes=summaries)
     result["allow_unjudged"] = cfg.allow_unjudged
     phases.mark("judge")

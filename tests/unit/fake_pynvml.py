@@ -35,6 +35,10 @@ class FabricInfo(ctypes.Structure):
     ]
 
 
+class NVMLError_ArgumentVersionMismatch(NVMLError):
+    pass
+
+
 class FabricInfoV(ctypes.Structure):
     _fields_ = [
         ("version", ctypes.c_uint),
@@ -43,6 +47,20 @@ class FabricInfoV(ctypes.Structure):
         ("cliqueId", ctypes.c_uint),
         ("state", ctypes.c_uint),
         ("healthMask", ctypes.c_uint),
+    ]
+
+
+class FabricInfoV3(ctypes.Structure):
+    """``nvmlGpuFabricInfo_v3_t``: v2 plus ``healthSummary`` (as nvidia-ml-py declares it)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_uint),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+        ("healthMask", ctypes.c_uint),
+        ("healthSummary", ctypes.c_ubyte),
     ]
 
 
@@ -58,6 +76,9 @@ class FakeGpu:
     fabric_state: int | None = 0  # None: the fabric call itself is not supported
     cluster_uuid: bytes = bytes(16)
     clique_id: int = 0
+    health_mask: int = 0
+    health_summary: int = 0  # NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
+    fabric_versions: tuple[int, ...] = (2, 3)  # nvmlGpuFabricInfo versions the driver knows
 
 
 class _Value:
@@ -76,6 +97,7 @@ class FakeNvml:
     NVMLError = NVMLError
     NVMLError_NotSupported = NVMLError_NotSupported
     NVMLError_InvalidArgument = NVMLError_InvalidArgument
+    NVMLError_ArgumentVersionMismatch = NVMLError_ArgumentVersionMismatch
     NVML_SUCCESS = 0
     NVML_FEATURE_ENABLED = 1
     NVML_NVLINK_MAX_LINKS = 36
@@ -85,8 +107,10 @@ class FakeNvml:
     NVML_NVLINK_ERROR_DL_CRC_DATA = 3
     NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON = 90
     nvmlGpuFabricInfo_v2 = 0x2000024
+    nvmlGpuFabricInfo_v3 = 0x3000028
     c_nvmlGpuFabricInfoV_t = FabricInfoV
     c_nvmlGpuFabricInfo_t = FabricInfo
+    c_nvmlGpuFabricInfo_v3_t = FabricInfoV3
 
     def __init__(self, gpus: list[FakeGpu]) -> None:
         self.gpus = gpus
@@ -132,12 +156,23 @@ class FakeNvml:
         return [_Field(0, handle.speed_mbps) for _ in fieldIds]
 
     def nvmlDeviceGetGpuFabricInfoV(self, device: FakeGpu, gpuFabricInfo: Any) -> int:
-        return self.nvmlDeviceGetGpuFabricInfo(device, gpuFabricInfo)
+        if device.fabric_state is None:
+            raise NVMLError_NotSupported()
+        info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+        if info.version >> 24 not in device.fabric_versions:
+            raise NVMLError_ArgumentVersionMismatch()  # as a driver older than the struct
+        info.healthMask = device.health_mask
+        if hasattr(info, "healthSummary"):
+            info.healthSummary = device.health_summary
+        return self._fill_fabric(device, info)
 
     def nvmlDeviceGetGpuFabricInfo(self, device: FakeGpu, gpuFabricInfo: Any) -> int:
         if device.fabric_state is None:
             raise NVMLError_NotSupported()
-        info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+        return self._fill_fabric(device, getattr(gpuFabricInfo, "_obj", gpuFabricInfo))
+
+    @staticmethod
+    def _fill_fabric(device: FakeGpu, info: Any) -> int:
         info.state = device.fabric_state
         info.cliqueId = device.clique_id
         info.status = 0

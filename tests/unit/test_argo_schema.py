@@ -127,8 +127,8 @@ def test_every_step_uses_workflow_uid_as_run_id_and_writes_result() -> None:
         assert args[0] == template["name"]
         assert args[args.index("--run-id") + 1] == "{{workflow.uid}}"
         assert args[args.index("--result-path") + 1] == "/tmp/result.json"
-        (result,) = template["outputs"]["parameters"]
-        assert result["valueFrom"]["path"] == "/tmp/result.json"
+        result = template["outputs"]["parameters"][0]
+        assert (result["name"], result["valueFrom"]["path"]) == ("result", "/tmp/result.json")
 
 
 def test_long_steps_have_deadlines_and_service_account_is_a_parameter() -> None:

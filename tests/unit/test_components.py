@@ -17,7 +17,7 @@ RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
 EXPECTED_OUTPUTS = {
     "provision_domain": ({"Output"}, set()),
     "train_sharded": (set(), {"metrics", "report", "result"}),
-    "verify_nvlink": (set(), {"metrics", "report", "result"}),
+    "verify_nvlink": (set(), {"metrics", "report", "result", "ctrf"}),
     "launch_workload": (set(), {"metrics", "result"}),
     "teardown_domain": (set(), set()),
 }

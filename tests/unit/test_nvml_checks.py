@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mnnvl.runtime import nvml
-from mnnvl.runtime.verify import exit_code, judge, judged_busbw, threshold_gbps
+from mnnvl.runtime.verdict import exit_code, judge, judged_busbw, threshold_gbps
 from mnnvl.spec import VerifyConfig
 from tests.unit.fake_pynvml import (
     CLUSTER_B,

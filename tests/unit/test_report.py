@@ -59,9 +59,9 @@ def verify_result(verdict: str = "PASS") -> dict[str, Any]:
     }
 
 
-def test_verify_report_writes_all_four_files(tmp_path: Path) -> None:
+def test_verify_report_writes_all_five_files(tmp_path: Path) -> None:
     files = report.write_verify_report(verify_result(), str(tmp_path / "out"))
-    assert set(files) == {"json", "markdown", "png", "html"}
+    assert set(files) == {"json", "markdown", "ctrf", "png", "html"}
     assert json.loads(Path(files["json"]).read_text())["verdict"] == "PASS"
     assert Path(files["png"]).read_bytes().startswith(PNG_MAGIC)
 
@@ -92,13 +92,14 @@ def test_verify_table_for_terminals() -> None:
 
 
 def test_transport_and_nccl_version_lead_the_table_and_the_markdown(tmp_path: Path) -> None:
-    first = report.verify_table(verify_result()).splitlines()[0]
-    assert first == "verdict: PASS · transport: NCCL 2.28.9 over NVLink P2P"
+    first = report.verify_table(verify_result()).splitlines()[:4]
+    assert first[0] == "verdict: PASS"
+    assert first[3] == "transport: NCCL 2.28.9 over NVLink P2P"
     report.write_verify_report(verify_result(), str(tmp_path))
-    head = (tmp_path / "verify.md").read_text().splitlines()[:3]
-    assert head[2] == "- transport: NCCL 2.28.9 over NVLink P2P"
+    head = (tmp_path / "verify.md").read_text().splitlines()[:5]
+    assert head[4] == "- transport: NCCL 2.28.9 over NVLink P2P"
     gloo = {**verify_result("NOT_JUDGED"), "backend": "gloo", "nccl": None}
-    assert "gloo on CPU (no NCCL, no NVLink)" in report.verify_table(gloo).splitlines()[0]
+    assert "gloo on CPU (no NCCL, no NVLink)" in report.verify_table(gloo).splitlines()[3]
 
 
 def test_report_works_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,7 +30,7 @@ STEP_COMPONENT = {
     "teardown": kc.teardown_domain,
 }
 CLI_ARGS = {"launch": ["--module", "pkg.entry"]}
-ARTIFACTS = {"run_id", "metrics", "report", "result"}
+ARTIFACTS = {"run_id", "metrics", "report", "result", "ctrf"}
 
 
 def _as_surface(value: Any) -> Any:

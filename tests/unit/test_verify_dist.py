@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from mnnvl import report
 from mnnvl.contract.result import parse_result, schema_problems
 from mnnvl.runtime.local import torchrun_command
 
@@ -58,7 +59,10 @@ def test_two_gloo_ranks_pass_with_a_tiny_threshold(passing: Any) -> None:
 def test_report_files_are_written_by_rank_zero(passing: Any) -> None:
     _, _, out = passing
     names = {p.name for p in out.iterdir()}
-    assert names == {"verify.json", "verify.md", "busbw.png", "verify.html"}
+    figures = {name for name, _ in report.KEY_FIGURES.values()}
+    assert names == {"verify.json", "verify.md", "verify.ctrf.json", "busbw.png", "verify.html"} | (
+        figures
+    )
     assert (out / "busbw.png").read_bytes().startswith(PNG_MAGIC)
     assert json.loads((out / "verify.json").read_text())["verdict"] == "PASS"
 

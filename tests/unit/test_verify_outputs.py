@@ -1,0 +1,90 @@
+"""The verify step's outputs other tools read: the KFP CTRF artifact, and the Argo template's
+report and CTRF artifacts and key-figure parameters, which must name files the report writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from mnnvl.components import artifacts
+from mnnvl.pipelines import argo_workflow as aw
+from mnnvl.steps import VerifyResult
+from tests.unit.ctrf_schema import SCHEMA
+from tests.unit.test_report import verify_result
+
+COMPILED = Path(aw.__file__).resolve().parent / "compiled"
+
+
+class PathArtifact:
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.metrics: dict[str, float] = {}
+
+    def log_metric(self, metric: str, value: float) -> None:
+        self.metrics[metric] = value
+
+
+def failed_verify() -> dict[str, Any]:
+    raw = verify_result("FAIL")
+    raw["checks"] = [{"name": "bandwidth", "status": "FAIL", "messages": raw["reasons"]}]
+    return raw
+
+
+def test_kfp_verify_publishes_the_verdict_as_a_ctrf_artifact(tmp_path: Path) -> None:
+    raw = failed_verify()
+    outcome = VerifyResult(
+        job="run-verify",
+        verdict="FAIL",
+        threshold_gbps=raw["threshold_gbps"],
+        peak_busbw_gbps=raw["peak_busbw_gbps"],
+        judged_busbw_gbps=raw["judged_busbw_gbps"],
+        sizes=raw["sizes"],
+        report_files={},
+        raw=raw,
+        elapsed_s=1.0,
+    )
+    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "html", "result", "ctrf")}
+    artifacts.publish_verify(
+        "run", outcome, "verify", out["metrics"], out["html"], out["result"], out["ctrf"]
+    )
+    doc = json.loads(Path(out["ctrf"].path).read_text())
+    jsonschema.validate(doc, SCHEMA)
+    (bandwidth,) = [t for t in doc["results"]["tests"] if t["name"] == "bandwidth"]
+    assert bandwidth["status"] == "failed" and "below the derived threshold" in bandwidth["message"]
+
+
+def verify_template(name: str) -> dict[str, Any]:
+    doc = yaml.safe_load((COMPILED / name).read_text())
+    return next(t for t in doc["spec"]["templates"] if t["name"] == "verify")
+
+
+def test_argo_verify_template_exports_reports_and_key_figures_the_report_writes(
+    tmp_path: Path,
+) -> None:
+    from mnnvl.report import write_verify_report
+
+    template = verify_template("mnnvl-verify-only.workflowtemplate.yaml")
+    args = template["container"]["args"]
+    report_dir = args[args.index("--report-dir") + 1]
+    outputs = template["outputs"]
+    artifacts_by_name = {a["name"]: a for a in outputs["artifacts"]}
+    assert set(artifacts_by_name) == {"report", "ctrf"}
+    params = {p["name"]: p["valueFrom"]["path"] for p in outputs["parameters"]}
+    assert {"verdict", "judged-busbw-gbps", "threshold-gbps", "threshold-source"} <= set(params)
+    # Every path the template reads is a file the report writes, with the expected value.
+    write_verify_report(failed_verify(), str(tmp_path))
+    local = {
+        name: tmp_path / Path(path).relative_to(report_dir)
+        for name, path in {**params, **{n: a["path"] for n, a in artifacts_by_name.items()}}.items()
+        if name != "result"
+    }
+    assert all(p.exists() for p in local.values()), local
+    assert local["verdict"].read_text() == "FAIL"
+    assert local["threshold-source"].read_text() == "derived"
+    assert float(local["judged-busbw-gbps"].read_text()) == 339.1
+    jsonschema.validate(json.loads(local["ctrf"].read_text()), SCHEMA)
+    assert "<html" in local["report"].read_text().lower()
