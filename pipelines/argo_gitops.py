@@ -45,7 +45,7 @@ def verify_only_template_manifest() -> dict[str, Any]:
 def _cron(name: str, schedule: str, description: str, **workflow_spec: Any) -> CronWorkflow:
     return CronWorkflow(
         name=name,
-        labels={**aw.LABELS, "app.kubernetes.io/name": name},
+        labels=aw.labels(name),
         annotations={"workflows.argoproj.io/description": description},
         schedules=[schedule],
         timezone="UTC",

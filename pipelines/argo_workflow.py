@@ -30,6 +30,7 @@ from hera.workflows import models as m
 from mnnvl import surface
 from mnnvl.components import argo_templates as t
 from mnnvl.components import launcher_pod as lp
+from mnnvl.names import LABEL_PART_OF, PART_OF
 from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
 
 TEMPLATE_NAME = "mnnvl-training"
@@ -38,7 +39,6 @@ ENTRYPOINT = "main"
 EXIT_HANDLER = "exit-handler"
 DEFAULT_SERVICE_ACCOUNT = lp.SERVICE_ACCOUNT
 WORKFLOW_TEMPLATES = (*surface.PIPELINES, LAUNCH_TEMPLATE_NAME)
-LABELS = {"app.kubernetes.io/part-of": "mnnvl-pipelines", "app.kubernetes.io/name": TEMPLATE_NAME}
 
 # Workflow parameters with no KFP twin, and why.
 ARGO_ONLY: dict[str, tuple[str, str]] = {
@@ -66,8 +66,9 @@ def workflow_settings() -> dict[str, Any]:
     }
 
 
-def _labels(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/part-of": "mnnvl-pipelines", "app.kubernetes.io/name": name}
+def labels(name: str) -> dict[str, str]:
+    """Labels of a shipped Argo object (WorkflowTemplate, Workflow, CronWorkflow) named ``name``."""
+    return {LABEL_PART_OF: PART_OF, "app.kubernetes.io/name": name}
 
 
 def _wf(name: str) -> str:
@@ -120,7 +121,7 @@ def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
     if name == LAUNCH_TEMPLATE_NAME:
         with WorkflowTemplate(
             name=name,
-            labels=_labels(name),
+            labels=labels(name),
             annotations={"workflows.argoproj.io/description": t.launch_template.__doc__ or ""},
             entrypoint="launch",
             service_account_name=DEFAULT_SERVICE_ACCOUNT,
@@ -131,7 +132,7 @@ def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
     plan = surface.PIPELINES[name]
     with WorkflowTemplate(
         name=name,
-        labels=_labels(name),
+        labels=labels(name),
         annotations={"workflows.argoproj.io/description": plan.description},
         entrypoint=ENTRYPOINT,
         on_exit=EXIT_HANDLER,
@@ -169,7 +170,7 @@ def build_workflow(arguments: dict[str, str] | None = None) -> Workflow:
     params = arguments or {"nodes": "2", "gpus-per-node": "4"}
     return Workflow(
         generate_name=f"{TEMPLATE_NAME}-",
-        labels=_labels(TEMPLATE_NAME),
+        labels=labels(TEMPLATE_NAME),
         workflow_template_ref=m.WorkflowTemplateRef(name=TEMPLATE_NAME),
         arguments=[Parameter(name=k, value=v) for k, v in sorted(params.items())],
     )
