@@ -7,16 +7,25 @@ exposes the step's JSON result (``--result-path /tmp/result.json``) as the outpu
 inputs (``env``, ``node-selector``, ``tolerations``, ``command``) are JSON lists. Every
 template also takes ``launcher-image`` (its own image).
 
+Every template is a launcher pod with the settings of ``mnnvl.components.launcher_pod``
+(non-root, read-only root file system with ``/tmp`` an ``emptyDir``, no privilege escalation,
+no capabilities, small requests), and retries only for exit codes a retry can fix (never 2,
+bad input or a conflict, nor 4, a failed workload or verdict).
+
 Call the ``*_template()`` builders inside a hera ``WorkflowTemplate``/``Workflow`` context
 (see ``mnnvl.pipelines.argo_workflow``); they register themselves there.
 """
 
 from __future__ import annotations
 
-from hera.workflows import Artifact, Container, Parameter, Resources, RetryStrategy
+from typing import Any
+
+from hera.workflows import Artifact, Container, Parameter, RetryStrategy
 from hera.workflows import models as m
 
 from mnnvl import surface
+from mnnvl.components import launcher_pod as lp
+from mnnvl.contract import exit_codes
 from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
 from mnnvl.surface import ARGO, Input
 
@@ -31,8 +40,35 @@ PIPELINE_PARAMETERS_INPUT = "pipeline-parameters"
 # Transport flags: Argo hands a list over as one JSON string.
 JSON_FLAGS = {"command": "--command-json"}
 DEADLINES = {"train": "28800", "verify": "3600", "launch": "28800"}
+RETRY_EXPRESSION = exit_codes.argo_retry_expression()
 
-LAUNCHER_RESOURCES = Resources(cpu_request="100m", memory_request="256Mi", memory_limit="1Gi")
+
+def launcher_pod(step: str) -> dict[str, Any]:
+    """hera ``Container`` keyword arguments that make it a launcher pod (``launcher_pod``).
+
+    The pod-level half (security context, the ``/tmp`` volume) is the workflow's:
+    ``argo_workflow.workflow_settings``.
+    """
+    return {
+        "resources": m.ResourceRequirements.model_validate(lp.resources()),
+        "security_context": m.SecurityContext.model_validate(lp.container_security_context()),
+        "volume_mounts": [m.VolumeMount(name=lp.TMP_VOLUME, mount_path=lp.TMP_PATH)],
+        "labels": lp.labels(step),
+    }
+
+
+def retry(*, backoff: bool = True) -> RetryStrategy:
+    """Up to ``RETRY_LIMIT`` retries, only for exit codes a retry can fix."""
+    return RetryStrategy(
+        limit=RETRY_LIMIT,
+        retry_policy="Always",
+        backoff=(
+            m.Backoff(duration="15s", factor=m.IntOrString("2"), max_duration="10m")
+            if backoff
+            else None
+        ),
+        expression=RETRY_EXPRESSION,
+    )
 
 
 def input_args(item: Input) -> list[str]:
@@ -50,15 +86,7 @@ def parameter(item: Input) -> Parameter:
     return Parameter(name=item.kebab, default=item.text(), description=item.help, enum=enum)
 
 
-def _retry() -> RetryStrategy:
-    return RetryStrategy(
-        limit=RETRY_LIMIT,
-        retry_policy="Always",
-        backoff=m.Backoff(duration="15s", factor=m.IntOrString("2"), max_duration="10m"),
-    )
-
-
-def _container(name: str, step: str, *, retry: bool = False, check: bool = False) -> Container:
+def _container(name: str, step: str, *, retries: bool = False, check: bool = False) -> Container:
     items = surface.step_inputs(step, ARGO)
     args = [step, "--run-id", RUN_ID]
     for item in items:
@@ -108,12 +136,11 @@ def _container(name: str, step: str, *, retry: bool = False, check: bool = False
             ),
             *(_verify_outputs() if step == "verify" else []),
         ],
-        resources=LAUNCHER_RESOURCES,
-        retry_strategy=_retry() if retry else None,
+        retry_strategy=retry() if retries else None,
         active_deadline_seconds=(
             f"{{{{inputs.parameters.{DEADLINE_INPUT}}}}}" if deadline is not None else None
         ),
-        labels={"app.kubernetes.io/part-of": "mnnvl-pipelines", "mnnvl.io/step": step},
+        **launcher_pod(step),
     )
 
 
@@ -146,7 +173,7 @@ def provision_template(name: str = "provision", *, check: bool = False) -> Conta
 
     ``check``: first validate a whole pipeline's parameters (the pipeline's first task).
     """
-    return _container(name, "provision", retry=True, check=check)
+    return _container(name, "provision", retries=True, check=check)
 
 
 def train_template(name: str = "train") -> Container:
@@ -166,7 +193,7 @@ def launch_template(name: str = "launch") -> Container:
 
 def teardown_template(name: str = "teardown") -> Container:
     """Delete the run's objects (workload, then ComputeDomain); idempotent, so it retries."""
-    return _container(name, "teardown", retry=True)
+    return _container(name, "teardown", retries=True)
 
 
 STEP_TEMPLATES = {

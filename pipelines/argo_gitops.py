@@ -1,6 +1,7 @@
-"""Argo objects for GitOps: hardened templates, a verify-only WorkflowTemplate, CronWorkflows.
+"""Argo objects for GitOps: the WorkflowTemplates and the CronWorkflows, all built with hera.
 
-Every WorkflowTemplate this project ships goes through :func:`harden`: launcher pods run as
+Every object this module ships carries the hardening of ``argo_workflow.workflow_settings``
+and the launcher-pod settings of ``mnnvl.components.launcher_pod``: launcher pods run as
 non-root with a read-only root file system (``/tmp`` is an ``emptyDir``: the result file and
 matplotlib's cache live there), no privilege escalation and no capabilities; finished
 workflows are deleted after a while (``ttlStrategy``) and succeeded pods at once (``podGC``;
@@ -13,64 +14,23 @@ The CronWorkflows reference WorkflowTemplates by name and name no namespace: kus
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
+from hera.workflows import Container, CronWorkflow, Parameter
+from hera.workflows import models as m
+
 from mnnvl.components import argo_templates as t
-from mnnvl.contract import exit_codes
 from mnnvl.pipelines import argo_workflow as aw
 from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
 
-API_VERSION = "argoproj.io/v1alpha1"
 VERIFY_ONLY_NAME = "mnnvl-verify-only"
 FABRIC_CHECK_NAME = "mnnvl-nightly-fabric-check"
 REAP_NAME = "mnnvl-reap"
-LAUNCHER_UID = 65532  # the launcher image's USER
-RETRY_EXPRESSION = exit_codes.argo_retry_expression()
-TTL_STRATEGY = {"secondsAfterSuccess": 86400, "secondsAfterFailure": 7 * 86400}
-POD_GC = {"strategy": "OnPodSuccess"}
-POD_SECURITY = {
-    "runAsNonRoot": True,
-    "runAsUser": LAUNCHER_UID,
-    "runAsGroup": LAUNCHER_UID,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-}
-TMP_VOLUME = {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}
-TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
-LAUNCHER_RESOURCES = {
-    "requests": {"cpu": "100m", "memory": "256Mi"},
-    "limits": {"memory": "1Gi"},
-}
-
-
-def harden(doc: dict[str, Any]) -> dict[str, Any]:
-    """The WorkflowTemplate/Workflow spec (or CronWorkflow workflowSpec) made safe to run."""
-    doc = copy.deepcopy(doc)
-    spec = doc["spec"]["workflowSpec"] if doc["kind"] == "CronWorkflow" else doc["spec"]
-    fresh = copy.deepcopy  # every use its own copy: no YAML anchors in the output
-    spec.setdefault("ttlStrategy", fresh(TTL_STRATEGY))
-    spec.setdefault("podGC", fresh(POD_GC))
-    spec.setdefault("securityContext", fresh(POD_SECURITY))
-    spec["volumes"] = [*spec.get("volumes", []), fresh(TMP_VOLUME)]
-    for template in spec.get("templates", []):
-        container = template.get("container")
-        if container is not None:
-            container["securityContext"] = fresh(CONTAINER_SECURITY)
-            container["volumeMounts"] = [*container.get("volumeMounts", []), fresh(TMP_MOUNT)]
-            container.setdefault("resources", fresh(LAUNCHER_RESOURCES))
-        if "retryStrategy" in template:
-            template["retryStrategy"]["expression"] = RETRY_EXPRESSION
-    return doc
 
 
 def template_manifest(name: str) -> dict[str, Any]:
-    """A shipped WorkflowTemplate (``argo_workflow.WORKFLOW_TEMPLATES``), hardened."""
-    return harden(aw.workflow_template_manifest(name))
+    """A shipped WorkflowTemplate (``argo_workflow.WORKFLOW_TEMPLATES``)."""
+    return aw.workflow_template_manifest(name)
 
 
 def training_template_manifest() -> dict[str, Any]:
@@ -82,37 +42,35 @@ def verify_only_template_manifest() -> dict[str, Any]:
     return template_manifest(VERIFY_ONLY_NAME)
 
 
-def _cron(name: str, schedule: str, description: str, workflow_spec: dict[str, Any]) -> dict:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "CronWorkflow",
-        "metadata": {
-            "name": name,
-            "labels": {**aw.LABELS, "app.kubernetes.io/name": name},
-            "annotations": {"workflows.argoproj.io/description": description},
-        },
-        "spec": {
-            "schedules": [schedule],
-            "timezone": "UTC",
-            "concurrencyPolicy": "Forbid",
-            "startingDeadlineSeconds": 3600,
-            "successfulJobsHistoryLimit": 3,
-            "failedJobsHistoryLimit": 7,
-            "workflowSpec": workflow_spec,
-        },
-    }
+def _cron(name: str, schedule: str, description: str, **workflow_spec: Any) -> CronWorkflow:
+    return CronWorkflow(
+        name=name,
+        labels=aw.labels(name),
+        annotations={"workflows.argoproj.io/description": description},
+        schedules=[schedule],
+        timezone="UTC",
+        concurrency_policy="Forbid",
+        starting_deadline_seconds=3600,
+        successful_jobs_history_limit=3,
+        failed_jobs_history_limit=7,
+        **workflow_spec,
+    )
 
 
 def fabric_check_cron_manifest() -> dict[str, Any]:
     """Every night: the verify-only template with its defaults (patch them with kustomize)."""
-    spec = {
-        "workflowTemplateRef": {"name": VERIFY_ONLY_NAME},
-        "ttlStrategy": copy.deepcopy(TTL_STRATEGY),
-        "podGC": copy.deepcopy(POD_GC),
-    }
-    return _cron(
-        FABRIC_CHECK_NAME, "0 2 * * *", "Nightly NVLink fabric check (mnnvl-verify-only).", spec
+    settings = aw.workflow_settings()
+    cron = _cron(
+        FABRIC_CHECK_NAME,
+        "0 2 * * *",
+        "Nightly NVLink fabric check (mnnvl-verify-only).",
+        workflow_template_ref=m.WorkflowTemplateRef(name=VERIFY_ONLY_NAME),
+        # The pods are the referenced template's (hardened there); the Workflow's own lifetime
+        # is set here.
+        ttl_strategy=settings["ttl_strategy"],
+        pod_gc=settings["pod_gc"],
     )
+    return cron.to_dict()
 
 
 def reap_cron_manifest() -> dict[str, Any]:
@@ -120,26 +78,27 @@ def reap_cron_manifest() -> dict[str, Any]:
 
     Two days exceeds the longest run the templates allow (train 8 h, verifies 1 h each).
     """
-    reap = {
-        "name": "reap",
-        "inputs": {"parameters": [{"name": "older-than-s", "value": "172800"}]},
-        "container": {
-            "image": DEFAULT_LAUNCHER_IMAGE,
-            "command": ["mnnvl"],
-            "args": [
+    with _cron(
+        REAP_NAME,
+        "17 * * * *",
+        "Hourly clean-up of orphaned runs (mnnvl reap).",
+        entrypoint="reap",
+        service_account_name=aw.DEFAULT_SERVICE_ACCOUNT,
+        **aw.workflow_settings(),
+    ) as cron:
+        Container(
+            name="reap",
+            inputs=[Parameter(name="older-than-s", value="172800")],
+            image=DEFAULT_LAUNCHER_IMAGE,
+            command=["mnnvl"],
+            args=[
                 "reap",
                 "--namespace",
                 "{{workflow.namespace}}",
                 "--older-than-s",
                 "{{inputs.parameters.older-than-s}}",
             ],
-        },
-        "retryStrategy": {"limit": t.RETRY_LIMIT, "retryPolicy": "Always"},
-    }
-    spec = {
-        "entrypoint": "reap",
-        "serviceAccountName": aw.DEFAULT_SERVICE_ACCOUNT,
-        "templates": [reap],
-    }
-    cron = _cron(REAP_NAME, "17 * * * *", "Hourly clean-up of orphaned runs (mnnvl reap).", spec)
-    return harden(cron)
+            retry_strategy=t.retry(backoff=False),
+            **t.launcher_pod("reap"),
+        )
+    return cron.to_dict()

@@ -11,6 +11,11 @@ steps (provision, teardown) retry; the long steps carry an ``activeDeadlineSecon
 Workflow parameters that exist only on Argo (``ARGO_ONLY``): the launcher pods' service
 account and image, and the launcher pods' deadlines.
 
+Every WorkflowTemplate carries the launcher pods' pod-level settings (``workflow_settings``:
+non-root uid, seccomp, the ``/tmp`` volume), deletes succeeded pods at once (``podGC``; failed
+ones stay for ``kubectl logs``) and finished workflows after a while (``ttlStrategy``). All of
+it is set on hera's objects; nothing edits hera's output.
+
 ``argo submit --from workflowtemplate/mnnvl-training -p nodes=4`` runs one, as does applying
 ``workflow_manifest()`` (a Workflow with ``workflowTemplateRef``).
 """
@@ -24,15 +29,16 @@ from hera.workflows import models as m
 
 from mnnvl import surface
 from mnnvl.components import argo_templates as t
+from mnnvl.components import launcher_pod as lp
+from mnnvl.names import LABEL_PART_OF, PART_OF
 from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
 
 TEMPLATE_NAME = "mnnvl-training"
 LAUNCH_TEMPLATE_NAME = "mnnvl-launch"
 ENTRYPOINT = "main"
 EXIT_HANDLER = "exit-handler"
-DEFAULT_SERVICE_ACCOUNT = "mnnvl-runner"  # manifests/base/rbac.yaml
+DEFAULT_SERVICE_ACCOUNT = lp.SERVICE_ACCOUNT
 WORKFLOW_TEMPLATES = (*surface.PIPELINES, LAUNCH_TEMPLATE_NAME)
-LABELS = {"app.kubernetes.io/part-of": "mnnvl-pipelines", "app.kubernetes.io/name": TEMPLATE_NAME}
 
 # Workflow parameters with no KFP twin, and why.
 ARGO_ONLY: dict[str, tuple[str, str]] = {
@@ -45,8 +51,24 @@ ARGO_ONLY: dict[str, tuple[str, str]] = {
 }
 
 
-def _labels(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/part-of": "mnnvl-pipelines", "app.kubernetes.io/name": name}
+def workflow_settings() -> dict[str, Any]:
+    """hera ``WorkflowTemplate``/``CronWorkflow`` keyword arguments every shipped one carries."""
+    return {
+        "ttl_strategy": m.TTLStrategy(seconds_after_success=86400, seconds_after_failure=7 * 86400),
+        "pod_gc": m.PodGC(strategy="OnPodSuccess"),
+        "security_context": m.PodSecurityContext.model_validate(lp.pod_security_context()),
+        "volumes": [
+            m.Volume(
+                name=lp.TMP_VOLUME,
+                empty_dir=m.EmptyDirVolumeSource(size_limit=m.Quantity(lp.TMP_SIZE_LIMIT)),
+            )
+        ],
+    }
+
+
+def labels(name: str) -> dict[str, str]:
+    """Labels of a shipped Argo object (WorkflowTemplate, Workflow, CronWorkflow) named ``name``."""
+    return {LABEL_PART_OF: PART_OF, "app.kubernetes.io/name": name}
 
 
 def _wf(name: str) -> str:
@@ -95,26 +117,28 @@ def _register_templates(*, check: bool) -> dict[str, Container]:
 
 
 def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
-    """The hera WorkflowTemplate ``name`` (post-process with ``workflow_template_manifest``)."""
+    """The hera WorkflowTemplate ``name``."""
     if name == LAUNCH_TEMPLATE_NAME:
         with WorkflowTemplate(
             name=name,
-            labels=_labels(name),
+            labels=labels(name),
             annotations={"workflows.argoproj.io/description": t.launch_template.__doc__ or ""},
             entrypoint="launch",
             service_account_name=DEFAULT_SERVICE_ACCOUNT,
+            **workflow_settings(),
         ) as wt:
             _register_templates(check=False)
         return wt
     plan = surface.PIPELINES[name]
     with WorkflowTemplate(
         name=name,
-        labels=_labels(name),
+        labels=labels(name),
         annotations={"workflows.argoproj.io/description": plan.description},
         entrypoint=ENTRYPOINT,
         on_exit=EXIT_HANDLER,
         service_account_name=_wf("service-account"),
         arguments=workflow_parameters(plan),
+        **workflow_settings(),
     ) as wt:
         templates = _register_templates(check=True)
         *main, teardown = plan.tasks
@@ -134,23 +158,11 @@ def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
     return wt
 
 
-def _int_or_string_as_strings(doc: dict[str, Any]) -> dict[str, Any]:
-    # hera emits what it was given; make sure IntOrString fields Argo's schema types as
-    # strings stay strings even if a future hera turns them into integers.
-    for template in doc["spec"]["templates"]:
-        retry = template.get("retryStrategy")
-        if retry:
-            retry["limit"] = str(retry["limit"])
-            if "backoff" in retry and "factor" in retry["backoff"]:
-                retry["backoff"]["factor"] = str(retry["backoff"]["factor"])
-        if "activeDeadlineSeconds" in template:
-            template["activeDeadlineSeconds"] = str(template["activeDeadlineSeconds"])
-    return doc
-
-
 def workflow_template_manifest(name: str = TEMPLATE_NAME) -> dict[str, Any]:
     """The WorkflowTemplate as a plain dict, ready for YAML."""
-    return _int_or_string_as_strings(build_workflow_template(name).to_dict())
+    # Int-or-string fields (retry limit, backoff factor, deadlines) are given to hera as strings,
+    # the type Argo's schema declares, and hera emits them as given.
+    return build_workflow_template(name).to_dict()
 
 
 def build_workflow(arguments: dict[str, str] | None = None) -> Workflow:
@@ -158,7 +170,7 @@ def build_workflow(arguments: dict[str, str] | None = None) -> Workflow:
     params = arguments or {"nodes": "2", "gpus-per-node": "4"}
     return Workflow(
         generate_name=f"{TEMPLATE_NAME}-",
-        labels=_labels(TEMPLATE_NAME),
+        labels=labels(TEMPLATE_NAME),
         workflow_template_ref=m.WorkflowTemplateRef(name=TEMPLATE_NAME),
         arguments=[Parameter(name=k, value=v) for k, v in sorted(params.items())],
     )

@@ -25,6 +25,7 @@ from kfp import dsl, kubernetes
 
 from mnnvl import surface
 from mnnvl.components import kfp_components as kc
+from mnnvl.components import launcher_pod as lp
 
 TRAINING_PIPELINE_NAME = "mnnvl-training"
 VERIFY_ONLY_PIPELINE_NAME = "mnnvl-verify-only"
@@ -39,28 +40,30 @@ STEP_COMPONENTS = {
     "teardown": kc.teardown_domain,
 }
 _TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool, "list": list[str]}
-LAUNCHER_UID = 65532  # the launcher image's USER
 
 
-def _launcher_pod(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    """Non-root (KFP's compiler already drops capabilities and privilege escalation) and
-    small resource requests: the launcher only waits on the API server."""
+def _launcher_pod(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
+    """The launcher-pod settings of ``launcher_pod`` that kfp-kubernetes can carry: user,
+    group, non-root, requests and limits, labels (see that module for the rest)."""
     kubernetes.set_security_context(
-        task, run_as_user=LAUNCHER_UID, run_as_group=LAUNCHER_UID, run_as_non_root=True
+        task, run_as_user=lp.UID, run_as_group=lp.GID, run_as_non_root=lp.RUN_AS_NON_ROOT
     )
-    return task.set_cpu_request("100m").set_memory_request("256Mi").set_memory_limit("1Gi")
+    for key, value in lp.labels(step).items():
+        kubernetes.add_pod_label(task, key, value)
+    task.set_cpu_request(lp.CPU_REQUEST).set_memory_request(lp.MEMORY_REQUEST)
+    return task.set_memory_limit(lp.MEMORY_LIMIT)
 
 
-def _idempotent(task: dsl.PipelineTask, display_name: str) -> dsl.PipelineTask:
-    _launcher_pod(task).set_caching_options(False)
+def _idempotent(task: dsl.PipelineTask, step: str, display_name: str) -> dsl.PipelineTask:
+    _launcher_pod(task, step).set_caching_options(False)
     task.set_retry(num_retries=RETRIES, backoff_duration=RETRY_BACKOFF, backoff_factor=2.0)
     return task.set_display_name(display_name)
 
 
-def _once(task: dsl.PipelineTask, display_name: str) -> dsl.PipelineTask:
+def _once(task: dsl.PipelineTask, step: str, display_name: str) -> dsl.PipelineTask:
     # Training, verification and launches create Jobs that cost GPU hours; a retry is a user
     # decision.
-    _launcher_pod(task).set_caching_options(False)
+    _launcher_pod(task, step).set_caching_options(False)
     return task.set_display_name(display_name)
 
 
@@ -83,15 +86,18 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
     teardown_task = plan.tasks[-1]
     teardown = _idempotent(
         kc.teardown_domain(run_id=RUN_ID, **plan.task_arguments(teardown_task, values)),
+        teardown_task.step,
         teardown_task.name,
     )
     with dsl.ExitHandler(teardown, name="mnnvl-run"):
         first = kc.FIRST_TASKS[plan.name]
-        previous = _idempotent(first(run_id=RUN_ID, **values), "provision")
+        previous = _idempotent(first(run_id=RUN_ID, **values), "provision", "provision")
         for task in plan.tasks[1:-1]:
             component = STEP_COMPONENTS[task.step]
             current = _once(
-                component(run_id=RUN_ID, **plan.task_arguments(task, values)), task.name
+                component(run_id=RUN_ID, **plan.task_arguments(task, values)),
+                task.step,
+                task.name,
             )
             current.after(previous)
             previous = current
