@@ -1,13 +1,14 @@
 """Benchmark ``python -m mnnvl.runtime.verify`` on this machine's GPUs against nccl-tests.
 
-Runs the verification through torchrun on all local GPUs (one process per GPU) with a
-1 MiB..4 GiB sweep and prints busbw per size, the transport NCCL used and the whole wall
-time from process start to verdict. ``--degraded`` runs with ``NCCL_P2P_DISABLE=1``
-(traffic through shared memory) and expects FAIL with the transport named in the first
-reason. ``--nproc 1`` expects NOT_JUDGED with exit code 4, and a plot that says so instead
-of a line at zero. ``--output-dir`` keeps the report files (JSON, Markdown, CTRF, PNG,
-HTML) for the record. Ratios against nccl-tests come from
-``bench/bench_anchor.py``, which runs ``all_reduce_perf`` beside the verification on the
+Runs the verification through the pods' entry (``python -m mnnvl.runtime.launch``, one
+process per GPU, exit codes kept) on all local GPUs with a 1 MiB..4 GiB sweep and prints
+busbw per size, the transport NCCL used and the whole wall time from process start to
+verdict. ``--degraded`` runs with ``NCCL_P2P_DISABLE=1`` (traffic through shared memory)
+and expects FAIL with the transport named in the first reason. ``--nproc 1`` expects
+NOT_JUDGED with exit code 4, and a plot that says so instead of a line at zero.
+``--output-dir`` keeps the report files (JSON, Markdown, CTRF, PNG, HTML) for the record.
+Ratios against nccl-tests come from ``bench/bench_anchor.py``, which runs ``all_reduce_perf``
+beside the verification on the
 same machine; no typed-in anchor figures here. The last stdout line is one JSON object.
 
     python bench/bench_verify.py [--degraded] [--nproc N] [--max-bytes 4G] [--json-out F]
@@ -33,7 +34,7 @@ import time
 from typing import Any
 
 from mnnvl.contract.result import parse_result
-from mnnvl.runtime.local import torchrun_command
+from mnnvl.runtime.local import pod_entry_command
 
 WALL_GOAL_S = 20.0
 
@@ -48,7 +49,7 @@ def run_verify(nproc: int, max_bytes: str, degraded: bool, out_dir: str) -> dict
     env = dict(os.environ)
     if degraded:
         env["NCCL_P2P_DISABLE"] = "1"
-    cmd = torchrun_command(
+    cmd = pod_entry_command(
         "mnnvl.runtime.verify", ["--max-bytes", max_bytes, "--output-dir", out_dir], nproc
     )
     started = time.monotonic()

@@ -217,6 +217,7 @@ def _plot(
     log2_x: bool = False,
     hline: float | None = None,
     note: str = "",
+    xlim: tuple[float, float] | None = None,
 ) -> bool:
     """Draw line series to a PNG (``note`` written across it); False without matplotlib."""
     plt = _pyplot()
@@ -230,10 +231,13 @@ def _plot(
         ax.set_xscale("log", base=2)
         # Message sizes read better as 1 MiB, 64 MiB, 4 GiB than as powers of two.
         ax.xaxis.set_major_formatter(lambda x, _pos: human_bytes(int(x)) if x >= 1 else "")
+    if xlim is not None and xlim[0] < xlim[1]:
+        ax.set_xlim(*xlim)  # the swept sizes, also when no line is drawn
     if hline is not None:
         ax.axhline(hline, color="red", linestyle="--", label=f"threshold {hline:.1f}")
     if note:
-        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", wrap=True)
+        text = note.replace("; ", ";\n")
+        ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", wrap=True)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(True, alpha=0.3)
     if series or hline is not None:
@@ -322,15 +326,18 @@ def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
         _write(os.path.join(out_dir, name), "" if value is None else str(value))
     png = os.path.join(out_dir, "busbw.png")
     series, note = busbw_plot(result)
+    swept = [r["bytes"] for r in result.get("sizes", [])]
+    ranks = result.get("world_size")
     drawn = _plot(
         png,
-        f"all_reduce busbw ({result.get('world_size')} ranks): {result.get('verdict')}",
+        f"all_reduce busbw ({ranks} rank{'' if ranks == 1 else 's'}): {result.get('verdict')}",
         series,
         xlabel="bytes per rank",
         ylabel="GB/s",
         log2_x=True,
         hline=result.get("threshold_gbps"),
         note=note,
+        xlim=(min(swept), max(swept)) if swept else None,
     )
     if drawn:
         files["png"] = png

@@ -1,4 +1,4 @@
-"""Local process helpers: a free port for a rendezvous, torchrun on this machine (stdlib only)."""
+"""Local process helpers: torchrun and the pods' entry on this machine (stdlib only)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,22 @@ def torchrun_command(module: str, args: list[str], nproc: int) -> list[str]:
         sys.executable,
         "-m",
         "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        f"--master-port={free_port()}",
+        "-m",
+        module,
+        *args,
+    ]
+
+
+def pod_entry_command(module: str, args: list[str], nproc: int) -> list[str]:
+    """``python -m mnnvl.runtime.launch`` of ``module``: what a worker pod runs, one process per
+    GPU. Unlike torchrun (which exits 1 for any failed worker) it exits with the workers' own
+    code, so 4 (verification failed), 10 (out of memory) and 12 (stalled) reach the caller."""
+    return [
+        sys.executable,
+        "-m",
+        "mnnvl.runtime.launch",
         f"--nproc-per-node={nproc}",
         f"--master-port={free_port()}",
         "-m",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from mnnvl import report
-from mnnvl.runtime.local import torchrun_command
+from mnnvl.runtime.local import pod_entry_command
 
 torch = pytest.importorskip("torch")
 
@@ -24,7 +24,7 @@ one_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA
 
 
 def run_verify(extra_env: dict[str, str], *args: str, nproc: int = 0) -> tuple[int, dict[str, Any]]:
-    cmd = torchrun_command("mnnvl.runtime.verify", list(args), nproc or torch.cuda.device_count())
+    cmd = pod_entry_command("mnnvl.runtime.verify", list(args), nproc or torch.cuda.device_count())
     env = {**os.environ, **extra_env}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
