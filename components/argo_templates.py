@@ -49,11 +49,19 @@ def parameter(item: Input) -> Parameter:
     return Parameter(name=item.kebab, default=item.text(), description=item.help, enum=enum)
 
 
+# The window in which retries may start: with 3 attempts of up to delete_timeout_s (300 s by
+# default) each plus 15 s + 30 s of backoff, one hour leaves every retry room to finish; the
+# KFP tasks use the same window (kfp_pipeline.RETRY_MAX_DURATION).
+RETRY_MAX_DURATION = "1h"
+
+
 def _retry() -> RetryStrategy:
     return RetryStrategy(
         limit=RETRY_LIMIT,
         retry_policy="Always",
-        backoff=m.Backoff(duration="15s", factor=m.IntOrString("2"), max_duration="10m"),
+        backoff=m.Backoff(
+            duration="15s", factor=m.IntOrString("2"), max_duration=RETRY_MAX_DURATION
+        ),
     )
 
 

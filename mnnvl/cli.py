@@ -98,17 +98,31 @@ def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
     return steps.provision(domain, kubeconfig=ns.kubeconfig, owner_pod=ns.owner_pod).to_dict()
 
 
+def _json_words(text: str) -> list[str]:
+    """``--command-json``: a JSON list of strings, nothing else (a typo must not become a
+    one-word command that a Job then fails to run)."""
+    try:
+        words = json.loads(text) if text.strip() else []
+    except ValueError as e:
+        raise SpecError("command", f"--command-json {text!r} is not JSON ({e})") from None
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise SpecError("command", f"--command-json {text!r} is not a JSON list of strings")
+    return list(specs.parse_list(words, "command"))
+
+
 def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
     words = ns.command[1:] if ns.command[:1] == ["--"] else list(ns.command)
     if ns.command_json is not None:
         if words:
             raise SpecError("command", "give the command after -- or as --command-json, not both")
-        words = list(specs.parse_list(ns.command_json or "[]", "command"))
+        words = _json_words(ns.command_json)
     module = ns.module or ""
     if ns.as_command and module:
         raise SpecError("module", "give --module or --command, not both")
     if not ns.as_command and not module and ns.command_json is None:
         raise SpecError("module", "is required: --module pkg.entry, or --command -- CMD ARGS")
+    if not module and not words:
+        raise SpecError("command", "is empty: give the program to run (--command -- CMD ARGS)")
     return LaunchSpec(module=module, command=tuple(words))
 
 
@@ -311,18 +325,35 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _result_path_problem(path: str | None) -> str:
-    """Why the result could not be written to ``path`` ("" when it can), checked first."""
+def _writable_problem(field: str, path: str | None) -> str:
+    """Why ``path`` cannot be written ("" when it can), found before anything is created:
+    the file is really opened for appending (permissions, read-only mounts, /proc)."""
     if not path:
         return ""
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        return f"result_path: {path!r} is a directory; name a file in it"
+        return f"{field}: {path!r} is a directory; name a file in it"
     if not os.path.isdir(folder):
-        return f"result_path: directory {folder!r} does not exist; create it or pick another path"
-    if not os.access(folder, os.W_OK):
-        return f"result_path: directory {folder!r} is not writable"
+        return f"{field}: directory {folder!r} does not exist; create it or pick another path"
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        return f"{field}: cannot write {path!r} ({e.strerror}); pick another path"
+    if not existed:
+        os.remove(path)  # the check leaves nothing behind
     return ""
+
+
+def _path_problems(ns: argparse.Namespace) -> str:
+    """The first file argument that cannot be written: --result-path, and the kubeconfig
+    that ``sim up`` writes."""
+    if ns.command_name == "sim":
+        problem = _writable_problem("kubeconfig", ns.kubeconfig)
+        if problem:
+            return problem
+    return _writable_problem("result_path", ns.result_path)
 
 
 # Commands whose stdout is data for another program: their result line goes to stderr.
@@ -353,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     setup_logging(ns.verbose)
     command = ns.command_name if ns.command_name != "sim" else f"sim {ns.action}"
-    bad_path = _result_path_problem(ns.result_path)
+    bad_path = _path_problems(ns)
     if bad_path:
         logger.error("%s failed: %s", command, bad_path)
         _emit({"ok": False, "command": command, "error": bad_path, "exit_code": 2}, None)

@@ -2,7 +2,8 @@
 
 Every WorkflowTemplate this project ships goes through :func:`harden`: launcher pods run as
 non-root with a read-only root file system (``/tmp`` is an ``emptyDir``: the result file and
-matplotlib's cache live there), no privilege escalation and no capabilities; finished
+matplotlib's cache live there), no privilege escalation and no capabilities; each step template
+declares its volume and pod security context itself, so ``templateRef`` works; finished
 workflows are deleted after a while (``ttlStrategy``) and succeeded pods at once (``podGC``;
 failed ones stay for ``kubectl logs``); a retry happens only for exit codes a retry can fix
 (never 2, bad input or a conflict, nor 4, a failed workload or verdict).
@@ -57,13 +58,20 @@ def harden(doc: dict[str, Any]) -> dict[str, Any]:
     spec.setdefault("ttlStrategy", fresh(TTL_STRATEGY))
     spec.setdefault("podGC", fresh(POD_GC))
     spec.setdefault("securityContext", fresh(POD_SECURITY))
-    spec["volumes"] = [*spec.get("volumes", []), fresh(TMP_VOLUME)]
+    # A template a caller's workflow reaches by templateRef brings its own volumes, pod
+    # security context and (when fixed) service account: Argo does not bring the
+    # WorkflowTemplate's spec-level ones along (template-level volumes: Argo >= 3.x/4.x).
+    account = spec.get("serviceAccountName", "")
     for template in spec.get("templates", []):
         container = template.get("container")
         if container is not None:
             container["securityContext"] = fresh(CONTAINER_SECURITY)
             container["volumeMounts"] = [*container.get("volumeMounts", []), fresh(TMP_MOUNT)]
             container.setdefault("resources", fresh(LAUNCHER_RESOURCES))
+            template["volumes"] = [*template.get("volumes", []), fresh(TMP_VOLUME)]
+            template.setdefault("securityContext", fresh(POD_SECURITY))
+            if account and "{{" not in account:
+                template.setdefault("serviceAccountName", account)
         if "retryStrategy" in template:
             template["retryStrategy"]["expression"] = RETRY_EXPRESSION
     return doc
