@@ -16,7 +16,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Run a Python module once per GPU (--module, torchrun's variables) or any command "
         "(--command -- CMD ARGS, "
         "which gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE) "
-        "on every node of the run's domain (one pod per node) and print its RESULT line.",
+        "on every node of the run's domain (one pod per node) and print its RESULT line (optional: "
+        "without one the result is null and the Job's success decides).",
         "mnnvl launch --run-id demo --nodes 2 --gpus-per-node 4 --module my_pkg.train -- --lr 3e-4",
     ),
     "train": (

@@ -27,6 +27,7 @@ from mnnvl.driver import (
     launcher_owner,
     reap_namespace,
     run_job,
+    skip_foreign_namesakes,
     wait_for_channel_template,
 )
 from mnnvl.driver.inspect import run_status
@@ -355,6 +356,7 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
     gone = Deletions(spec.run_id)
     with _api(kubeconfig) as api:
         delete_workload(api, spec.namespace, gone, deadline)
+        skip_foreign_namesakes(api, spec.namespace, gone)
         delete_domain(api, spec.namespace, names.domain, deadline, gone)
     message = f"deleted {len(gone.deleted)} objects of run {spec.run_id}"
     if gone.skipped:
