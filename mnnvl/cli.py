@@ -24,7 +24,7 @@ from typing import Any
 
 from mnnvl import flags, steps, surface
 from mnnvl import spec as specs
-from mnnvl.cli_parser import build_parser
+from mnnvl.cli_parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run
@@ -374,14 +374,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         ns = parser.parse_args(argv)
-    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already explained
-        code = int(e.code or 0)
-        if code:
-            _emit(
-                {"ok": False, "error": "invalid command line (see usage above)", "exit_code": 2},
-                None,
-            )
-        return code
+    except SystemExit as e:  # --help or --version
+        return int(e.code or 0)
+    except UsageError as e:  # the usage is on stderr already
+        where = {"command": e.command} if e.command else {}
+        _emit({"ok": False, **where, "error": f"{e} (see usage above)", "exit_code": 2}, None)
+        return 2
+    if ns.command_name is None:  # `mnnvl` alone: what it can do, not an argparse complaint
+        sys.stderr.write(parser.format_help())
+        _emit(
+            {"ok": False, "error": "no command given: mnnvl <command> --help", "exit_code": 2}, None
+        )
+        return 2
     setup_logging(ns.verbose)
     command = ns.command_name if ns.command_name != "sim" else f"sim {ns.action}"
     bad_path = _path_problems(ns)
