@@ -106,6 +106,21 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
             previous = current
 
 
+# Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
+# as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the exit
+# handler's teardown; each step has its own deadline (job_timeout_s).
+TTL_AFTER_SUCCESS_S = 86400
+TTL_AFTER_FAILURE_S = 7 * 86400
+
+
+def pipeline_config() -> dsl.PipelineConfig:
+    """KFP 2.17 run settings (``PipelineConfig``) every pipeline carries."""
+    return dsl.PipelineConfig(
+        ttl_seconds_after_success=TTL_AFTER_SUCCESS_S,
+        ttl_seconds_after_failure=TTL_AFTER_FAILURE_S,
+    )
+
+
 def build_pipeline(name: str) -> Callable[..., None]:
     """The ``@dsl.pipeline`` function of ``name``, its signature from the field declarations."""
     plan = surface.PIPELINES[name]
@@ -120,7 +135,9 @@ def build_pipeline(name: str) -> Callable[..., None]:
     pipeline.__doc__ = plan.description
     pipeline.__signature__ = signature  # type: ignore[attr-defined]
     pipeline.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
-    result: Callable[..., None] = dsl.pipeline(name=name, description=plan.description)(pipeline)
+    result: Callable[..., None] = dsl.pipeline(
+        name=name, description=plan.description, pipeline_config=pipeline_config()
+    )(pipeline)
     return result
 
 
