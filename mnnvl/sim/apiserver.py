@@ -217,6 +217,7 @@ class Handler(BaseHTTPRequestHandler):
         store = self.server.store
         if verb == "WATCH":
             return self._watch(plural, ns or None, q)
+        dry_run = _dry_run(verb, q) if verb in _OPTIONS_KIND else False
         if verb == "LIST":
             match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
             items, rv = store.list(plural, ns or None, match)
@@ -242,10 +243,10 @@ class Handler(BaseHTTPRequestHandler):
             for admit in self.server.mutators:
                 admit(plural, body)
             validate(plural, body, None, self.server.schemas)
-            return self._json(201, store.create(plural, body))
+            return self._json(201, store.create(plural, body, dry_run=dry_run))
         if verb == "DELETE":
             if not name:
-                return self._delete_collection(plural, ns, q)
+                return self._delete_collection(plural, ns, q, dry_run)
             opts = body or {}
             policy = opts.get("propagationPolicy") or q.get("propagationPolicy")
             if opts.get("orphanDependents") is True:
@@ -254,12 +255,22 @@ class Handler(BaseHTTPRequestHandler):
             grace_s = None if grace is None else float(grace)
             uid = (opts.get("preconditions") or {}).get("uid")
             return self._json(
-                200, store.delete(plural, ns, name, policy, grace_s, precondition_uid=uid)
+                200,
+                store.delete(
+                    plural, ns, name, policy, grace_s, precondition_uid=uid, dry_run=dry_run
+                ),
             )
-        self._write(verb, plural, ns, name, sub, body)
+        self._write(verb, plural, ns, name, sub, body, dry_run)
 
     def _write(
-        self, verb: str, plural: str, ns: str, name: str, sub: str | None, body: Any
+        self,
+        verb: str,
+        plural: str,
+        ns: str,
+        name: str,
+        sub: str | None,
+        body: Any,
+        dry_run: bool,
     ) -> None:
         store = self.server.store
         with store.lock:  # read-modify-write of one object must not interleave
@@ -277,17 +288,21 @@ class Handler(BaseHTTPRequestHandler):
                 new["metadata"]["namespace"] = ns
             if sub is None:
                 validate(plural, new, old, self.server.schemas)
-            result = store.update(plural, ns, name, new, sub)
+            result = store.update(plural, ns, name, new, sub, dry_run=dry_run)
         self._json(200, result)
 
-    def _delete_collection(self, plural: str, ns: str, q: dict[str, str]) -> None:
+    def _delete_collection(self, plural: str, ns: str, q: dict[str, str], dry_run: bool) -> None:
         store = self.server.store
         match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
         items, _ = store.list(plural, ns or None, match)
         for obj in items:
             meta = obj["metadata"]
             store.delete(
-                plural, meta.get("namespace", ""), meta["name"], q.get("propagationPolicy")
+                plural,
+                meta.get("namespace", ""),
+                meta["name"],
+                q.get("propagationPolicy"),
+                dry_run=dry_run,
             )
         rt = RESOURCES[plural]
         self._json(
@@ -375,6 +390,30 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
         finally:
             stop.set()
+
+
+_OPTIONS_KIND = {
+    "POST": "CreateOptions",
+    "PUT": "UpdateOptions",
+    "PATCH": "PatchOptions",
+    "DELETE": "DeleteOptions",
+}
+
+
+def _dry_run(verb: str, q: dict[str, str]) -> bool:
+    """``dryRun=All`` (the only value a real API server accepts): admit and validate the
+    write, answer what would be stored, store nothing, so no watch or controller sees it."""
+    value = q.get("dryRun")
+    if value in (None, ""):
+        return False
+    if value != "All":
+        raise ApiError(
+            422,
+            "Invalid",
+            f'{_OPTIONS_KIND[verb]}.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
+            f'[]string{{"{value}"}}: supported values: "All"',
+        )
+    return True
 
 
 def _bookmark(plural: str, rv: int) -> bytes:
