@@ -26,8 +26,10 @@ from mnnvl import flags, steps, surface
 from mnnvl import spec as specs
 from mnnvl.cli_parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
+from mnnvl.driver.inspect import status_lines
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run
+from mnnvl.names import RunNames
 from mnnvl.run import run_all
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
@@ -159,19 +161,10 @@ def cmd_teardown(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_status(ns: argparse.Namespace) -> dict[str, Any]:
-    found = steps.status(_domain(ns), kubeconfig=ns.kubeconfig)
-    domain = found.domain
-    logger.info(
-        "ComputeDomain %s: %s; channel template %s",
-        domain["name"] if domain else "-",
-        f"status {domain['status']}, nodes {domain['nodes']}" if domain else "absent",
-        "present" if found.channel_template else "absent",
-    )
-    for job in found.jobs:
-        logger.info("Job %s: %s", job["name"], job)
-    for pod in found.pods:
-        logger.info("Pod %s: %s on %s", pod["name"], pod["reason"] or pod["phase"], pod["node"])
-    return found.to_dict()
+    found = steps.status(_domain(ns), kubeconfig=ns.kubeconfig).to_dict()
+    for line in status_lines(found, RunNames.for_run(found["run_id"])):
+        logger.info("%s", line)
+    return found
 
 
 def _validate_objects(
@@ -238,7 +231,6 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
     ) as sim:
-        logger.info("simulated cluster up at %s (kubeconfig %s)", sim.url, sim.kubeconfig_path)
         ns.kubeconfig = sim.kubeconfig_path
         result = _run_all(domain, workload, train_cfg, verify_cfg, ns)
         result["sim"] = {

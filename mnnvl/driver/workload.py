@@ -13,7 +13,7 @@ from typing import Any
 
 from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
-from mnnvl.driver.diagnose import pod_index
+from mnnvl.driver.diagnose import container_started, pod_index
 from mnnvl.driver.errors import ConflictError, MnnvlError, WorkloadFailed
 from mnnvl.driver.ownership import (
     Deletions,
@@ -171,6 +171,8 @@ def result_of_failed_job(
     failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
     rank0 = [p for p in pods if pod_index(p) == "0"]
     for pod in rank0 + sorted((p for p in failed if p not in rank0), key=pod_index):
+        if not container_started(pod):
+            continue  # never ran (unscheduled, still creating): no log and no result yet
         try:
             text = api.pod_log(workload.namespace, pod["metadata"]["name"], container=CONTAINER)
         except MnnvlError as e:

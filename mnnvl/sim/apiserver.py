@@ -367,6 +367,12 @@ class Handler(BaseHTTPRequestHandler):
         pod = self.server.store.get("pods", ns, name)
         if self.server.logs is None:
             raise not_found("pods", name)
+        if not (pod.get("spec") or {}).get("nodeName"):
+            # kube-apiserver has no kubelet to ask for an unscheduled pod's log: it answers
+            # an empty log (200), not an error (registry/core/pod LogLocation).
+            self._start_stream("text/plain")
+            self._chunk(b"")
+            return
         tail = int(q["tailLines"]) if q.get("tailLines") else None
         stop = threading.Event()
         stream = self.server.logs.log_stream(

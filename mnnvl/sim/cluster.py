@@ -116,7 +116,12 @@ class SimCluster:
             daemon=True,
         ).start()
         self._write_kubeconfig()
-        log.info("simulated cluster up at %s (%d nodes)", self.url, self.nodes)
+        log.info(
+            "simulated cluster up at %s (%d nodes, kubeconfig %s)",
+            self.url,
+            self.nodes,
+            self.kubeconfig_path,
+        )
         return self
 
     def stop(self) -> None:
