@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from mnnvl.sim.admission import CD, default_on_create, discovery, validate
+from mnnvl.sim.model import dry_run_requested
 from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
 from mnnvl.sim.store import RESOURCES, ApiError, Obj, Store, not_found
@@ -217,7 +218,7 @@ class Handler(BaseHTTPRequestHandler):
         store = self.server.store
         if verb == "WATCH":
             return self._watch(plural, ns or None, q)
-        dry_run = _dry_run(verb, q) if verb in _OPTIONS_KIND else False
+        dry_run = dry_run_requested(verb, q)
         if verb == "LIST":
             match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
             items, rv = store.list(plural, ns or None, match)
@@ -396,30 +397,6 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
         finally:
             stop.set()
-
-
-_OPTIONS_KIND = {
-    "POST": "CreateOptions",
-    "PUT": "UpdateOptions",
-    "PATCH": "PatchOptions",
-    "DELETE": "DeleteOptions",
-}
-
-
-def _dry_run(verb: str, q: dict[str, str]) -> bool:
-    """``dryRun=All`` (the only value a real API server accepts): admit and validate the
-    write, answer what would be stored, store nothing, so no watch or controller sees it."""
-    value = q.get("dryRun")
-    if value in (None, ""):
-        return False
-    if value != "All":
-        raise ApiError(
-            422,
-            "Invalid",
-            f'{_OPTIONS_KIND[verb]}.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
-            f'[]string{{"{value}"}}: supported values: "All"',
-        )
-    return True
 
 
 def _bookmark(plural: str, rv: int) -> bytes:
