@@ -46,15 +46,29 @@ RETRY_EXPRESSION = exit_codes.argo_retry_expression()
 def launcher_pod(step: str) -> dict[str, Any]:
     """hera ``Container`` keyword arguments that make it a launcher pod (``launcher_pod``).
 
-    The pod-level half (security context, the ``/tmp`` volume) is the workflow's:
-    ``argo_workflow.workflow_settings``.
+    The template carries its own ``/tmp`` volume and pod security context (Argo >= 3.x
+    template-level fields): a caller's workflow that reaches it by ``templateRef`` does not
+    bring this WorkflowTemplate's ``spec.volumes`` or ``spec.securityContext`` along.
     """
     return {
         "resources": m.ResourceRequirements.model_validate(lp.resources()),
         "security_context": m.SecurityContext.model_validate(lp.container_security_context()),
+        "pod_security_context": m.PodSecurityContext.model_validate(lp.pod_security_context()),
+        "volumes": [
+            m.Volume(
+                name=lp.TMP_VOLUME,
+                empty_dir=m.EmptyDirVolumeSource(size_limit=m.Quantity(lp.TMP_SIZE_LIMIT)),
+            )
+        ],
         "volume_mounts": [m.VolumeMount(name=lp.TMP_VOLUME, mount_path=lp.TMP_PATH)],
         "labels": lp.labels(step),
     }
+
+
+# The window in which retries may start: with 3 attempts of up to delete_timeout_s (300 s by
+# default) each plus 15 s + 30 s of backoff, one hour leaves every retry room to finish; the
+# KFP tasks use the same window (kfp_pipeline.RETRY_MAX_DURATION).
+RETRY_MAX_DURATION = "1h"
 
 
 def retry(*, backoff: bool = True) -> RetryStrategy:
@@ -63,7 +77,7 @@ def retry(*, backoff: bool = True) -> RetryStrategy:
         limit=RETRY_LIMIT,
         retry_policy="Always",
         backoff=(
-            m.Backoff(duration="15s", factor=m.IntOrString("2"), max_duration="10m")
+            m.Backoff(duration="15s", factor=m.IntOrString("2"), max_duration=RETRY_MAX_DURATION)
             if backoff
             else None
         ),

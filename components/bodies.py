@@ -76,8 +76,7 @@ def verify_nvlink(params: dict[str, Any]) -> None:
     )
     if not verdict_accepted(outcome.verdict, config.allow_unjudged):
         raise VerificationFailed(
-            f"{purpose}: verdict {outcome.verdict}: judged busbw {outcome.judged_busbw_gbps} GB/s, "
-            f"peak {outcome.peak_busbw_gbps} GB/s, threshold {outcome.threshold_gbps} GB/s; "
+            f"{purpose}: verdict {outcome.verdict}: {report.verdict_numbers(outcome.raw)}; "
             f"reasons: {'; '.join(outcome.raw.get('reasons') or []) or 'none given'}"
         )
 

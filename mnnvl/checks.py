@@ -170,6 +170,8 @@ def parse_env(items: list[str] | tuple[str, ...] | str, field: str = "env") -> d
         name, sep, val = item.partition("=")
         if not sep or not name.strip():
             raise SpecError(field, f"{item!r} must look like NAME=value")
+        if name.strip() in env:  # a silent last-one-wins hides a typo in a long flag list
+            raise SpecError(field, f"{name.strip()} is given twice; give each name once")
         env[name.strip()] = val
     return env
 

@@ -24,10 +24,12 @@ from typing import Any
 
 from mnnvl import baselines, flags, steps, surface
 from mnnvl import spec as specs
-from mnnvl.cli_parser import build_parser
+from mnnvl.cli_parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
+from mnnvl.driver.inspect import status_lines
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run
+from mnnvl.names import RunNames
 from mnnvl.namespace import resolve_namespace
 from mnnvl.run import PlannedTask, plan, run_all, run_inputs
 from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
@@ -100,17 +102,31 @@ def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
     return steps.provision(domain, kubeconfig=ns.kubeconfig, owner_pod=ns.owner_pod).to_dict()
 
 
+def _json_words(text: str) -> list[str]:
+    """``--command-json``: a JSON list of strings, nothing else (a typo must not become a
+    one-word command that a Job then fails to run)."""
+    try:
+        words = json.loads(text) if text.strip() else []
+    except ValueError as e:
+        raise SpecError("command", f"--command-json {text!r} is not JSON ({e})") from None
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise SpecError("command", f"--command-json {text!r} is not a JSON list of strings")
+    return list(specs.parse_list(words, "command"))
+
+
 def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
     words = ns.command[1:] if ns.command[:1] == ["--"] else list(ns.command)
     if ns.command_json is not None:
         if words:
             raise SpecError("command", "give the command after -- or as --command-json, not both")
-        words = list(specs.parse_list(ns.command_json or "[]", "command"))
+        words = _json_words(ns.command_json)
     module = ns.module or ""
     if ns.as_command and module:
         raise SpecError("module", "give --module or --command, not both")
     if not ns.as_command and not module and ns.command_json is None:
         raise SpecError("module", "is required: --module pkg.entry, or --command -- CMD ARGS")
+    if not module and not words:
+        raise SpecError("command", "is empty: give the program to run (--command -- CMD ARGS)")
     return LaunchSpec(module=module, command=tuple(words))
 
 
@@ -147,19 +163,10 @@ def cmd_teardown(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_status(ns: argparse.Namespace) -> dict[str, Any]:
-    found = steps.status(_domain(ns), kubeconfig=ns.kubeconfig)
-    domain = found.domain
-    logger.info(
-        "ComputeDomain %s: %s; channel template %s",
-        domain["name"] if domain else "-",
-        f"status {domain['status']}, nodes {domain['nodes']}" if domain else "absent",
-        "present" if found.channel_template else "absent",
-    )
-    for job in found.jobs:
-        logger.info("Job %s: %s", job["name"], job)
-    for pod in found.pods:
-        logger.info("Pod %s: %s on %s", pod["name"], pod["reason"] or pod["phase"], pod["node"])
-    return found.to_dict()
+    found = steps.status(_domain(ns), kubeconfig=ns.kubeconfig).to_dict()
+    for line in status_lines(found, RunNames.for_run(found["run_id"])):
+        logger.info("%s", line)
+    return found
 
 
 def _validate_objects(
@@ -233,7 +240,6 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
     ) as sim:
-        logger.info("simulated cluster up at %s (kubeconfig %s)", sim.url, sim.kubeconfig_path)
         result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=ns.report_dir)
         result["sim"] = {
             "url": sim.url,
@@ -308,18 +314,35 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _result_path_problem(path: str | None) -> str:
-    """Why the result could not be written to ``path`` ("" when it can), checked first."""
+def _writable_problem(field: str, path: str | None) -> str:
+    """Why ``path`` cannot be written ("" when it can), found before anything is created:
+    the file is really opened for appending (permissions, read-only mounts, /proc)."""
     if not path:
         return ""
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        return f"result_path: {path!r} is a directory; name a file in it"
+        return f"{field}: {path!r} is a directory; name a file in it"
     if not os.path.isdir(folder):
-        return f"result_path: directory {folder!r} does not exist; create it or pick another path"
-    if not os.access(folder, os.W_OK):
-        return f"result_path: directory {folder!r} is not writable"
+        return f"{field}: directory {folder!r} does not exist; create it or pick another path"
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        return f"{field}: cannot write {path!r} ({e.strerror}); pick another path"
+    if not existed:
+        os.remove(path)  # the check leaves nothing behind
     return ""
+
+
+def _path_problems(ns: argparse.Namespace) -> str:
+    """The first file argument that cannot be written: --result-path, and the kubeconfig
+    that ``sim up`` writes."""
+    if ns.command_name == "sim":
+        problem = _writable_problem("kubeconfig", ns.kubeconfig)
+        if problem:
+            return problem
+    return _writable_problem("result_path", ns.result_path)
 
 
 # Commands whose stdout is data for another program: their result line goes to stderr.
@@ -340,21 +363,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         ns = parser.parse_args(argv)
-    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already explained
-        code = int(e.code or 0)
-        if code:
-            _emit(
-                {
-                    "ok": False,
-                    "error": "invalid command line (see usage above)",
-                    "exit_code": exit_codes.BAD_INPUT,
-                },
-                None,
-            )
-        return code
+    except SystemExit as e:  # --help or --version
+        return int(e.code or 0)
+    except UsageError as e:  # the usage is on stderr already
+        where = {"command": e.command} if e.command else {}
+        _emit(
+            {
+                "ok": False,
+                **where,
+                "error": f"{e} (see usage above)",
+                "exit_code": exit_codes.BAD_INPUT,
+            },
+            None,
+        )
+        return exit_codes.BAD_INPUT
+    if ns.command_name is None:  # `mnnvl` alone: what it can do, not an argparse complaint
+        sys.stderr.write(parser.format_help())
+        _emit(
+            {
+                "ok": False,
+                "error": "no command given: mnnvl <command> --help",
+                "exit_code": exit_codes.BAD_INPUT,
+            },
+            None,
+        )
+        return exit_codes.BAD_INPUT
     setup_logging(ns.verbose)
     command = ns.command_name if ns.command_name != "sim" else f"sim {ns.action}"
-    bad_path = _result_path_problem(ns.result_path)
+    bad_path = _path_problems(ns)
     if bad_path:
         logger.error("%s failed: %s", command, bad_path)
         code = exit_codes.BAD_INPUT

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-# Subcommand -> (one-line help, what it does, an example).
+# Subcommand -> (one-line help, what it does, an example). Every example runs as written
+# against `mnnvl sim up` (tests/sim/test_examples.py), so it uses CPU workers (0 GPUs).
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "provision": (
         "create or adopt the run's ComputeDomain",
@@ -16,20 +17,25 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Run a Python module once per GPU (--module, torchrun's variables) or any command "
         "(--command -- CMD ARGS, "
         "which gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, NODE_RANK, NNODES, NPROC_PER_NODE) "
-        "on every node of the run's domain (one pod per node) and print its RESULT line.",
-        "mnnvl launch --run-id demo --nodes 2 --gpus-per-node 4 --module my_pkg.train -- --lr 3e-4",
+        "on every node of the run's domain (one pod per node) and print its RESULT line (optional: "
+        "without one the result is null and the Job's success decides).",
+        "mnnvl launch --run-id demo --namespace team-a --nodes 2 --gpus-per-node 0 "
+        "--module torch.utils.collect_env",
     ),
     "train": (
         "train on the domain's nodes",
         "Sharded (FSDP2) training of a Llama-style model on the run's nodes; prints loss, "
         "tokens/s and MFU.",
-        "mnnvl train --run-id demo --nodes 2 --gpus-per-node 4 --model 125m --steps 200",
+        "mnnvl train --run-id demo --namespace team-a --nodes 2 --gpus-per-node 0 "
+        "--model tiny --steps 20",
     ),
     "verify": (
         "verify NVLink on the domain's nodes",
         "NVML checks and an all-reduce bus-bandwidth sweep on the run's nodes, judged against "
-        "a threshold from the detected topology (or --min-busbw-gbps).",
-        "mnnvl verify --run-id demo --nodes 2 --gpus-per-node 4 --report-dir out/",
+        "a threshold from the detected topology (or --min-busbw-gbps; on CPU there is no "
+        "topology to derive one from, so give it, as the example does).",
+        "mnnvl verify --run-id demo --namespace team-a --nodes 2 --gpus-per-node 0 "
+        "--min-busbw-gbps 0.001 --report-dir out/",
     ),
     "teardown": (
         "delete the run's workload, then its domain",
@@ -45,7 +51,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": (
         "provision, verify, train, verify, teardown",
         "The whole run in one process; teardown runs whatever happened before it.",
-        "mnnvl run --sim --run-id demo --nodes 2 --gpus-per-node 0",
+        "mnnvl run --sim --run-id demo --nodes 2 --gpus-per-node 0 --min-busbw-gbps 0.001",
     ),
     "render": (
         "print every object of a run as YAML",
@@ -71,6 +77,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "the embedded simulated cluster",
         "Serve a simulated cluster (API server, DRA driver, Jobs, kubelet running pods as local "
         "processes) until Ctrl-C; other shells use it through the kubeconfig it prints.",
-        "mnnvl sim up --nodes 4 --gpus-per-node 0 --kubeconfig /tmp/sim.kubeconfig",
+        "mnnvl sim up --nodes 2 --gpus-per-node 0 --kubeconfig sim.kubeconfig",
     ),
 }

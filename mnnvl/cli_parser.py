@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 from mnnvl import __version__, flags, surface
 from mnnvl.cli_help import COMMANDS
@@ -23,20 +24,64 @@ def _common(p: argparse.ArgumentParser, *, writes_kubeconfig: bool = False) -> N
     p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
 
 
-def _domain_flags(p: argparse.ArgumentParser) -> None:
-    flags.add_arguments(p, DomainSpec)
+# Help groups, in the order --help lists them; ``_group_of`` puts each input in one.
+GROUPS = {
+    "domain": "domain (the run and its ComputeDomain)",
+    "workload": "workload (the Job on the domain's nodes)",
+    "training": "training",
+    "verification": "verification",
+    "timeouts": "timeouts (seconds)",
+}
+_CLASS_GROUPS = {
+    DomainSpec: "domain",
+    WorkloadSpec: "workload",
+    LaunchSpec: "workload",
+    TrainConfig: "training",
+    VerifyConfig: "verification",
+}
+# Inputs a command does not use (the rest of its specs' CLI inputs are its flags).
+_STATUS_SKIPS = frozenset({"allocation_mode", "rct_timeout_s", "delete_timeout_s"})
+_RUN_SKIPS = frozenset({"purpose"})  # a whole run names each of its Jobs itself
 
 
-def _workload_flags(p: argparse.ArgumentParser, *, step: str | None) -> None:
-    """Workload flags; ``step`` None means the whole run (run id and namespace come first)."""
-    skip = ("run_id", "namespace") if step is None else ()
-    overrides = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step or "", {}).items()}
-    flags.add_arguments(p, WorkloadSpec, skip=skip, defaults=overrides)
+def _spec_flags(
+    p: argparse.ArgumentParser,
+    classes: tuple[type, ...],
+    *,
+    step: str = "",
+    skip: frozenset[str] = frozenset(),
+    run_id_required: bool = True,
+) -> None:
+    """Every CLI input of ``classes`` that the command uses, in its help group."""
+    groups: dict[str, Any] = {}
+
+    def group_of(cls: type) -> Any:
+        def pick(item: surface.Input) -> Any:
+            key = "timeouts" if item.name.endswith("_timeout_s") else _CLASS_GROUPS[cls]
+            if key not in groups:
+                groups[key] = p.add_argument_group(GROUPS[key])
+            return groups[key]
+
+        return pick
+
+    skip = skip | surface.STEP_SKIPS.get(step, frozenset())
+    overrides = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step, {}).items()}
+    seen: set[str] = set()
+    for cls in classes:
+        names = {i.name for i in surface.class_inputs(cls)}
+        flags.add_arguments(
+            p,
+            cls,
+            skip=tuple(skip | seen),
+            defaults=overrides,
+            group=group_of(cls),
+            required=run_id_required,
+        )
+        seen |= names
 
 
 def _launch_flags(p: argparse.ArgumentParser) -> None:
-    _workload_flags(p, step="launch")
-    flags.add_arguments(p, LaunchSpec)
+    _spec_flags(p, (WorkloadSpec, LaunchSpec), step="launch")
     p.add_argument(
         "--command",
         dest="as_command",
@@ -99,20 +144,36 @@ def _pipeline_check_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+class UsageError(Exception):
+    """A command line argparse rejects: which command, and argparse's one-line reason."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.command = prog.removeprefix("mnnvl").strip()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that prints the usage and raises ``UsageError`` instead of exiting, so the
+    CLI's one JSON line can name the command and the reason."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        raise UsageError(self.prog, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mnnvl", description=DESCRIPTION)
+    parser = Parser(prog="mnnvl", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command_name", required=True)
+    sub = parser.add_subparsers(dest="command_name", metavar="<command>", title="commands")
     p = _subcommand(sub, "provision")
-    _domain_flags(p)
+    _spec_flags(p, (DomainSpec,), step="provision")
     p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
     _pipeline_check_flags(p)
     p = _subcommand(sub, "launch")
     _launch_flags(p)
     for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
         p = _subcommand(sub, name)
-        _workload_flags(p, step=name)
-        flags.add_arguments(p, cfg)
+        _spec_flags(p, (WorkloadSpec, cfg), step=name)
         p.add_argument("--report-dir", default=None, help="write report files here")
         if name == "verify":
             p.add_argument(
@@ -122,15 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
                 help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
             )
     p = _subcommand(sub, "teardown")
-    _domain_flags(p)
+    _spec_flags(p, (DomainSpec,), step="teardown")
     p = _subcommand(sub, "status")
-    _domain_flags(p)
+    _spec_flags(p, (DomainSpec,), skip=_STATUS_SKIPS)
     for name in ("run", "render"):
         p = _subcommand(sub, name)
-        _domain_flags(p)
-        _workload_flags(p, step=None)
-        flags.add_arguments(p, TrainConfig)
-        flags.add_arguments(p, VerifyConfig)
+        classes = (DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig)
+        # `run` names a run itself when no --run-id is given; `render` needs one.
+        _spec_flags(p, classes, skip=_RUN_SKIPS, run_id_required=name == "render")
         if name == "run":
             p.add_argument(
                 "--report-dir", default=None, help="write the train and verify reports here"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from mnnvl.spec import CLI, OwnerRef
@@ -20,37 +21,58 @@ REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)
 
 
 def _help(item: Input, default: Any) -> str:
+    if item.required:
+        return f"{item.help} (required)"
     shown = item.text(default) if default not in ("", [], None) else ""
     return f"{item.help} (default: {shown})" if shown else item.help
+
+
+def _metavar(item: Input) -> str:
+    """What the value looks like, as kubectl's help shows it: a choice, a number or text."""
+    if item.choices:
+        return "{" + "|".join(item.choices) + "}"
+    if item.name.endswith("_s"):
+        return "SECONDS"
+    return {"int": "N", "float": "X", "list": "ITEM"}.get(item.kind, "TEXT")
 
 
 def add_arguments(
     parser: argparse.ArgumentParser,
     cls: type,
     *,
-    skip: tuple[str, ...] = (),
+    skip: tuple[str, ...] | frozenset[str] = (),
     defaults: dict[str, Any] | None = None,
+    group: Callable[[Input], Any] | None = None,
+    required: bool = False,
 ) -> None:
-    """Add one ``--flag`` per CLI field of ``cls``; ``defaults`` override the dataclass's."""
+    """Add one ``--flag`` per CLI field of ``cls``; ``defaults`` override the dataclass's.
+
+    ``group`` picks the argument group each flag is listed under in ``--help``; a field with
+    no default is a required flag when ``required`` is True (else the caller supplies it).
+    """
     defaults = defaults or {}
     for item in class_inputs(cls):
         if item.name in skip or CLI not in item.surfaces or item.name in REMAINDER_FIELDS:
             continue
         default = defaults.get(item.name, item.default)
-        text = _help(item, default)
+        text = _help(item, default) if required or not item.required else item.help
         preset = defaults.get(item.name)
+        target = group(item) if group else parser
         if item.kind == "bool":
-            parser.add_argument(
+            target.add_argument(
                 item.flag,
                 dest=item.name,
                 action=argparse.BooleanOptionalAction,
                 default=preset,
                 help=text,
             )
-        elif item.kind == "list":
-            parser.add_argument(item.flag, dest=item.name, action="append", default=None, help=text)
+            continue
+        extra: dict[str, Any] = {"metavar": _metavar(item), "help": text}
+        if item.kind == "list":
+            target.add_argument(item.flag, dest=item.name, action="append", default=None, **extra)
         else:
-            parser.add_argument(item.flag, dest=item.name, default=preset, help=text)
+            need = required and item.required
+            target.add_argument(item.flag, dest=item.name, default=preset, required=need, **extra)
 
 
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:

@@ -30,6 +30,28 @@ def num(value: Any, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def gbps(value: Any) -> str:
+    """Bandwidth for messages: one decimal for NVLink figures, three significant digits
+    below 10 GB/s (a CPU sweep's 0.0004 must not print as 0.0), "none" when missing."""
+    if not isinstance(value, (int, float)):
+        return "none"
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+
+
+def verdict_numbers(result: dict[str, Any]) -> str:
+    """Judged and peak bus bandwidth against the threshold, or that there was none."""
+    threshold = result.get("threshold_gbps")
+    against = (
+        "no threshold (bandwidth not judged)"
+        if threshold is None
+        else f"threshold {gbps(threshold)} GB/s ({result.get('threshold_source') or 'user'})"
+    )
+    return (
+        f"judged busbw {gbps(result.get('judged_busbw_gbps'))} GB/s vs {against}, "
+        f"peak {gbps(result.get('peak_busbw_gbps'))} GB/s"
+    )
+
+
 def _fmt(value: Any, digits: int = 1) -> str:
     if value is None:
         return "-"

@@ -18,7 +18,7 @@ from typing import Any
 from mnnvl import steps, surface
 from mnnvl.errors import MnnvlError
 from mnnvl.manifests import render_run
-from mnnvl.report import num
+from mnnvl.report import num, verdict_numbers
 
 logger = logging.getLogger(__name__)
 
@@ -113,13 +113,7 @@ def _log_summary(out: dict[str, Any]) -> None:
     for key in ("verify_pre", "verify_post"):
         if key in out:
             v = out[key]
-            logger.info(
-                "  %-12s %s judged %s GB/s (threshold %s GB/s)",
-                key,
-                v["verdict"],
-                num(v["judged_busbw_gbps"]),
-                num(v["threshold_gbps"]),
-            )
+            logger.info("  %-12s %s, %s", key, v["verdict"], verdict_numbers(v["raw"] or v))
     if train:
         logger.info(
             "  %-12s loss %s, %s tokens/s, %s steps",

@@ -27,6 +27,7 @@ from mnnvl.driver import (
     launcher_owner,
     reap_namespace,
     run_job,
+    skip_foreign_namesakes,
     wait_for_channel_template,
 )
 from mnnvl.driver.inspect import run_status
@@ -35,7 +36,7 @@ from mnnvl.flags import to_args
 from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
 from mnnvl.names import RunNames
 from mnnvl.namespace import resolve_namespace
-from mnnvl.report import num
+from mnnvl.report import nccl_line, num, verdict_numbers
 from mnnvl.spec import (
     DomainSpec,
     TrainConfig,
@@ -323,21 +324,12 @@ def verify(
         raw=raw,
         elapsed_s=_since(start),
     )
-    nccl = raw.get("nccl") or {}
     logger.info(
-        "verify %s: %s (judged busbw %s GB/s, threshold %s GB/s; NCCL %s over %s)",
-        launched.job,
-        result.verdict,
-        num(result.judged_busbw_gbps),
-        num(result.threshold_gbps),
-        nccl.get("version"),
-        nccl.get("transport"),
+        "verify %s: %s (%s; %s)", launched.job, result.verdict, verdict_numbers(raw), nccl_line(raw)
     )
     if fail_on_fail and not verdict_accepted(result.verdict, config.allow_unjudged):
         raise VerificationFailed(
-            f"verification {result.verdict} (Job {launched.job}): judged busbw "
-            f"{num(result.judged_busbw_gbps)} GB/s vs threshold {num(result.threshold_gbps)} GB/s "
-            f"({raw.get('threshold_source')}), peak {num(result.peak_busbw_gbps)} GB/s, "
+            f"verification {result.verdict} (Job {launched.job}): {verdict_numbers(raw)}, "
             f"world size {raw.get('world_size')}, backend {raw.get('backend')}; reasons: "
             f"{'; '.join(raw.get('reasons') or []) or 'none given'}"
             + ("; pass --allow-unjudged to accept it" if result.verdict == NOT_JUDGED else "")
@@ -360,6 +352,7 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
     gone = Deletions(spec.run_id)
     with _api(kubeconfig) as api:
         delete_workload(api, spec.namespace, gone, deadline)
+        skip_foreign_namesakes(api, spec.namespace, gone)
         delete_domain(api, spec.namespace, names.domain, deadline, gone)
     message = f"deleted {len(gone.deleted)} objects of run {spec.run_id}"
     if gone.skipped:

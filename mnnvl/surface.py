@@ -329,6 +329,18 @@ PIPELINES: dict[str, Pipeline] = {
 }
 
 
+# Workflow parameters only the Argo workflows have (the launcher pods' account, image and
+# deadlines, ``pipelines.argo_workflow.ARGO_ONLY``): in ``{{workflow.parameters.json}}``, but
+# no step input.
+ARGO_ONLY_PARAMETERS = frozenset(
+    {
+        "service-account",
+        "launcher-image",
+        *(f"{s}-deadline-s" for s in ("train", "verify", "launch")),
+    }
+)
+
+
 def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | str) -> None:
     """Validate a pipeline's parameters: a dict, Argo's ``[{name, value}]`` list, or its JSON.
 
@@ -341,14 +353,18 @@ def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | st
             values = json.loads(values) if values.strip() else {}
         except ValueError as e:
             raise SpecError("pipeline_parameters", f"is not JSON ({e})") from None
-    if isinstance(values, list):
-        values = {str(p.get("name")): p.get("value") for p in values if isinstance(p, dict)}
+    extra: frozenset[str] = frozenset()
+    if isinstance(values, list) and all(isinstance(p, dict) and "name" in p for p in values):
+        values = {str(p["name"]): p.get("value") for p in values}
+        extra = ARGO_ONLY_PARAMETERS
     if not isinstance(values, dict):
-        raise SpecError("pipeline_parameters", "must be a JSON object or Argo's parameter list")
-    pipeline = PIPELINES[name]
-    known = {p.name for p in pipeline.parameters()}
-    snake = {k.replace("-", "_"): v for k, v in values.items()}
-    pipeline.check({k: v for k, v in snake.items() if k in known})
+        raise SpecError(
+            "pipeline_parameters",
+            f"must be a JSON object of name: value or Argo's [{{name, value}}] list, "
+            f"not {json.dumps(values)[:60]}",
+        )
+    snake = {k.replace("-", "_"): v for k, v in values.items() if k not in extra}
+    PIPELINES[name].check(snake)
 
 
 __all__ = ["ARGO", "CLI", "KFP", "PIPELINES", "Input", "Pipeline", "Task", "check_pipeline"]

@@ -3,7 +3,8 @@
 Every object this module ships carries the hardening of ``argo_workflow.workflow_settings``
 and the launcher-pod settings of ``mnnvl.components.launcher_pod``: launcher pods run as
 non-root with a read-only root file system (``/tmp`` is an ``emptyDir``: the result file and
-matplotlib's cache live there), no privilege escalation and no capabilities; finished
+matplotlib's cache live there), no privilege escalation and no capabilities; each step template
+declares its volume and pod security context itself, so ``templateRef`` works; finished
 workflows are deleted after a while (``ttlStrategy``) and succeeded pods at once (``podGC``;
 failed ones stay for ``kubectl logs``); a retry happens only for exit codes a retry can fix
 (never 2, bad input or a conflict, nor 4, a failed workload or verdict).

@@ -57,12 +57,6 @@ def workflow_settings() -> dict[str, Any]:
         "ttl_strategy": m.TTLStrategy(seconds_after_success=86400, seconds_after_failure=7 * 86400),
         "pod_gc": m.PodGC(strategy="OnPodSuccess"),
         "security_context": m.PodSecurityContext.model_validate(lp.pod_security_context()),
-        "volumes": [
-            m.Volume(
-                name=lp.TMP_VOLUME,
-                empty_dir=m.EmptyDirVolumeSource(size_limit=m.Quantity(lp.TMP_SIZE_LIMIT)),
-            )
-        ],
     }
 
 
@@ -110,9 +104,13 @@ def _arguments(plan: surface.Pipeline, task: surface.Task, template: Container) 
     return args
 
 
-def _register_templates(*, check: bool) -> dict[str, Container]:
+def _register_templates(*, check: bool, service_account: str = "") -> dict[str, Container]:
+    """The step templates; with a fixed ``service_account`` each names it itself, so a
+    caller's workflow that reaches one by ``templateRef`` runs it under that account."""
     templates = {"provision": t.provision_template(check=check)}
     templates |= {step: make() for step, make in t.STEP_TEMPLATES.items()}
+    for template in templates.values():
+        template.service_account_name = service_account or None
     return templates
 
 
@@ -127,7 +125,7 @@ def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
             service_account_name=DEFAULT_SERVICE_ACCOUNT,
             **workflow_settings(),
         ) as wt:
-            _register_templates(check=False)
+            _register_templates(check=False, service_account=DEFAULT_SERVICE_ACCOUNT)
         return wt
     plan = surface.PIPELINES[name]
     with WorkflowTemplate(

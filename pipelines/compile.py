@@ -72,20 +72,40 @@ def _kfp_pipeline(func: Any, **kwargs: Any) -> Callable[[Path], None]:
     return write
 
 
-def _kfp_k8s(func: Any, name: str) -> Callable[[Path], None]:
+def _kfp_k8s(func: Any, name: str, images: dict[str, str] | None = None) -> Callable[[Path], None]:
     def write(path: Path) -> None:
         from kfp.compiler.compiler_utils import KubernetesManifestOptions
 
+        # The name hashes the spec as written, images substituted: an image bump is a new
+        # version (KFP refuses to change an existing version's spec).
+        spec = _retag(pipeline_spec(func), images or {})
         options = KubernetesManifestOptions(
             pipeline_name=name,
-            pipeline_version_name=version_name(name, pipeline_spec(func)),
+            pipeline_version_name=version_name(name, spec),
             include_pipeline_manifest=True,
         )
         _kfp_pipeline(func, kubernetes_manifest_format=True, kubernetes_manifest_options=options)(
             path
         )
+        _add_sync_waves(path)
 
     return write
+
+
+# Argo CD applies lower waves first and waits for them to be healthy: the Pipeline must exist
+# before a PipelineVersion that names it (Flux applies a kustomization in one server-side
+# apply, which the KFP API accepts in any order).
+SYNC_WAVE = "argocd.argoproj.io/sync-wave"
+SYNC_WAVES = {"Pipeline": "0", "PipelineVersion": "1"}
+
+
+def _add_sync_waves(path: Path) -> None:
+    docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    for doc in docs:
+        wave = SYNC_WAVES.get(doc.get("kind", ""))
+        if wave is not None:
+            doc["metadata"].setdefault("annotations", {})[SYNC_WAVE] = wave
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
 
 
 def _kustomization(files: list[str], about: str) -> Callable[[Path], None]:
@@ -135,7 +155,7 @@ def retag_file(path: Path, images: dict[str, str]) -> None:
     path.write_text(HEADER + text, encoding="utf-8")
 
 
-def targets() -> dict[str, Callable[[Path], None]]:
+def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], None]]:
     """Relative output path (from the repository root) -> writer."""
     from mnnvl.components import kfp_codegen
     from mnnvl.components.kfp_components import COMPONENTS
@@ -157,15 +177,15 @@ def targets() -> dict[str, Callable[[Path], None]]:
     out[f"pipelines/compiled/{argo.TEMPLATE_NAME}.workflow.yaml"] = _yaml_doc(
         argo.workflow_manifest
     )
-    out.update(_gitops_targets())
+    out.update(_gitops_targets(images))
     return out
 
 
-def _gitops_targets() -> dict[str, Callable[[Path], None]]:
+def _gitops_targets(images: dict[str, str] | None) -> dict[str, Callable[[Path], None]]:
     from mnnvl.pipelines import argo_gitops as gitops
     from mnnvl.pipelines import kfp_pipeline as kp
 
-    kfp = {f"{name}.k8s.yaml": _kfp_k8s(func, name) for name, func in kp.PIPELINES.items()}
+    kfp = {f"{name}.k8s.yaml": _kfp_k8s(func, name, images) for name, func in kp.PIPELINES.items()}
     argo: dict[str, Callable[[], dict[str, Any]]] = {
         f"{name}.workflowtemplate.yaml": functools.partial(gitops.template_manifest, name)
         for name in gitops.aw.WORKFLOW_TEMPLATES
@@ -210,7 +230,7 @@ def compile_all(root: Path | None = None, images: dict[str, str] | None = None) 
         raise ValueError("custom images are written under --out, never over the shipped set")
     paths = default_paths()
     written: dict[str, Path] = {}
-    for rel, write in targets().items():
+    for rel, write in targets(images).items():
         path = root / rel if root is not None else paths[rel]
         path.parent.mkdir(parents=True, exist_ok=True)
         write(path)

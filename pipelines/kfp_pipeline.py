@@ -11,7 +11,8 @@ e.g. ``train_timeout_s``/``verify_timeout_s``), built from the field declaration
 pipeline, its components and the Argo workflow parameters cannot drift apart. The first task
 validates every parameter before it creates anything. Every task gets the run id from
 ``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` (the exit task may not consume other tasks' outputs);
-caching is off everywhere; only the idempotent steps (provision, teardown) retry.
+caching is off everywhere; only teardown retries (the first task validates, and a bad
+parameter must fail in one attempt).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ CUSTOM_PIPELINE_NAME = "mnnvl-custom"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 RETRIES = 2
 RETRY_BACKOFF = "15s"
+RETRY_MAX_DURATION = "3600s"  # as Argo's teardown (argo_templates.RETRY_MAX_DURATION)
 STEP_COMPONENTS = {
     "train": kc.train_sharded,
     "verify": kc.verify_nvlink,
@@ -56,7 +58,12 @@ def _launcher_pod(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
 
 def _idempotent(task: dsl.PipelineTask, step: str, display_name: str) -> dsl.PipelineTask:
     _launcher_pod(task, step).set_caching_options(False)
-    task.set_retry(num_retries=RETRIES, backoff_duration=RETRY_BACKOFF, backoff_factor=2.0)
+    task.set_retry(
+        num_retries=RETRIES,
+        backoff_duration=RETRY_BACKOFF,
+        backoff_factor=2.0,
+        backoff_max_duration=RETRY_MAX_DURATION,
+    )
     return task.set_display_name(display_name)
 
 
@@ -91,7 +98,9 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
     )
     with dsl.ExitHandler(teardown, name="mnnvl-run"):
         first = kc.FIRST_TASKS[plan.name]
-        previous = _idempotent(first(run_id=RUN_ID, **values), "provision", "provision")
+        # Not retried: a bad parameter must fail in one attempt, not after every backoff.
+        # Provisioning still rides out API outages (the driver retries each request).
+        previous = _once(first(run_id=RUN_ID, **values), "provision", "provision")
         for task in plan.tasks[1:-1]:
             component = STEP_COMPONENTS[task.step]
             current = _once(
@@ -101,6 +110,21 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
             )
             current.after(previous)
             previous = current
+
+
+# Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
+# as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the exit
+# handler's teardown; each step has its own deadline (job_timeout_s).
+TTL_AFTER_SUCCESS_S = 86400
+TTL_AFTER_FAILURE_S = 7 * 86400
+
+
+def pipeline_config() -> dsl.PipelineConfig:
+    """KFP 2.17 run settings (``PipelineConfig``) every pipeline carries."""
+    return dsl.PipelineConfig(
+        ttl_seconds_after_success=TTL_AFTER_SUCCESS_S,
+        ttl_seconds_after_failure=TTL_AFTER_FAILURE_S,
+    )
 
 
 def build_pipeline(name: str) -> Callable[..., None]:
@@ -117,7 +141,9 @@ def build_pipeline(name: str) -> Callable[..., None]:
     pipeline.__doc__ = plan.description
     pipeline.__signature__ = signature  # type: ignore[attr-defined]
     pipeline.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
-    result: Callable[..., None] = dsl.pipeline(name=name, description=plan.description)(pipeline)
+    result: Callable[..., None] = dsl.pipeline(
+        name=name, description=plan.description, pipeline_config=pipeline_config()
+    )(pipeline)
     return result
 
 

@@ -8,7 +8,14 @@
 set -euo pipefail
 dir="${1:-schemas}"
 gh="https://raw.githubusercontent.com"
-fetch() { mkdir -p "$(dirname "$2")"; echo "fetch $1"; curl -fsSL --retry 3 -o "$2" "$1"; }
+# Download into a scratch directory and move it into place only when every file arrived:
+# a failed fetch (offline, proxy) leaves no empty or half-filled schemas/ behind.
+staging="$(mktemp -d)"
+trap 'rm -rf "$staging"' EXIT
+fetch() {
+  local to="$staging/${2#"$dir"/}"
+  mkdir -p "$(dirname "$to")"; echo "fetch $1"; curl -fsSL --retry 3 -o "$to" "$1"
+}
 
 for crd in computedomains computedomaincliques; do
   fetch "$gh/NVIDIA/k8s-dra-driver-gpu/v25.12.0/deployments/helm/nvidia-dra-driver-gpu/crds/resource.nvidia.com_${crd}.yaml" \
@@ -18,4 +25,5 @@ for crd in computedomains computedomaincliques; do
 done
 fetch "$gh/argoproj/argo-workflows/v4.1.2/api/jsonschema/schema.json" "$dir/argo-workflows/schema.json"
 fetch "$gh/argoproj/argo-workflows/v4.0.10/api/jsonschema/schema.json" "$dir/argo-workflows/schema-v4.0.10.json"
+mkdir -p "$dir" && cp -R "$staging"/. "$dir"/
 echo "done: export MNNVL_SCHEMA_DIR=$(cd "$dir" && pwd)"

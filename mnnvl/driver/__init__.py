@@ -29,6 +29,7 @@ from mnnvl.driver.workload import (
     parse_result,
     rank0_pod,
     result_of_failed_job,
+    skip_foreign_namesakes,
 )
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "require_domain",
     "result_of_failed_job",
     "run_job",
+    "skip_foreign_namesakes",
     "wait_for",
     "wait_for_channel_template",
     "wait_for_job",

@@ -59,6 +59,20 @@ def waiting_reason(pod: dict[str, Any]) -> str:
     return ""
 
 
+def container_started(pod: dict[str, Any]) -> bool:
+    """Whether a container of the pod ever ran: before that there is no log to read."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        state, last = cs.get("state") or {}, cs.get("lastState") or {}
+        if "running" in state or "terminated" in state or "terminated" in last:
+            return True
+    return False
+
+
+def node_of(pod: dict[str, Any]) -> str:
+    """The pod's node for messages; "no node" until the scheduler bound it."""
+    return str((pod.get("spec") or {}).get("nodeName") or "no node")
+
+
 def _unschedulable(pod: dict[str, Any]) -> str:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         scheduled = cond.get("type") == "PodScheduled" and cond.get("status") == "False"
@@ -79,8 +93,7 @@ def _pod_state(pod: dict[str, Any]) -> str:
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
     reason = waiting_reason(pod) or (_unschedulable(pod) and "Unschedulable")
-    node = (pod.get("spec") or {}).get("nodeName") or "unscheduled"
-    return f"{pod['metadata']['name']} {phase}{'/' + reason if reason else ''} on {node}"
+    return f"{pod['metadata']['name']} {phase}{'/' + reason if reason else ''} on {node_of(pod)}"
 
 
 # ---- evidence read from the API (never raises) ----------------------------------------------
@@ -244,8 +257,7 @@ def pod_problem(
 def _failure_message(
     api: Api, namespace: str, domain: str, pod: dict[str, Any], problem: str
 ) -> str:
-    name = pod["metadata"]["name"]
-    node = (pod.get("spec") or {}).get("nodeName") or "no node"
+    name, node = pod["metadata"]["name"], node_of(pod)
     hint = {
         "ImagePullBackOff": "check the image name and the pull secret",
         "ErrImagePull": "check the image name and the pull secret",

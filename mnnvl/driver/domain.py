@@ -25,10 +25,20 @@ logger = logging.getLogger(__name__)
 
 DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
 FINALIZER = "resource.nvidia.com/computeDomain"
-CONTROLLER_LOGS = "kubectl logs -n <driver-ns> -l nvidia-dra-driver-gpu-component=controller"
-KUBELET_PLUGIN_LOGS = (
-    "kubectl logs -n <driver-ns> -l nvidia-dra-driver-gpu-component=kubelet-plugin"
-)
+
+
+def _driver_logs(component: str) -> str:
+    """The driver's log command for both chart lines: NVIDIA's chart (<= 25.12) labels its
+    pods ``nvidia-dra-driver-gpu-component``, the kubernetes-sigs chart (v0.4+)
+    ``dra-driver-nvidia-gpu-component``."""
+    return (
+        f"kubectl logs -n <driver-ns> -l nvidia-dra-driver-gpu-component={component} "
+        f"(chart <= 25.12; from v0.4: -l dra-driver-nvidia-gpu-component={component})"
+    )
+
+
+CONTROLLER_LOGS = _driver_logs("controller")
+KUBELET_PLUGIN_LOGS = _driver_logs("kubelet-plugin")
 
 
 @dataclass(frozen=True)

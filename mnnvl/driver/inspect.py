@@ -23,6 +23,26 @@ def run_status(api: Api, namespace: str, names: RunNames) -> dict[str, Any]:
     }
 
 
+def status_lines(found: dict[str, Any], names: RunNames) -> list[str]:
+    """``run_status`` as lines a person reads: an absent domain by the name it would have."""
+    domain = found["domain"]
+    if domain is None:
+        lines = [f"ComputeDomain {names.domain}: absent"]
+    else:
+        nodes = ", ".join(f"{n['name']} {n['status']}" for n in domain["nodes"]) or "none yet"
+        state = domain["status"] or "not reported yet"
+        deleting = " (being deleted)" if domain["deleting"] else ""
+        lines = [f"ComputeDomain {names.domain}: status {state}{deleting}; nodes: {nodes}"]
+    present = "present" if found["channel_template"] else "absent"
+    lines.append(f"channel template {names.channel_template}: {present}")
+    lines += [f"Job {job['name']}: {job}" for job in found["jobs"]]
+    lines += [
+        f"Pod {pod['name']}: {pod['reason'] or pod['phase']} on {pod['node'] or 'no node'}"
+        for pod in found["pods"]
+    ]
+    return lines
+
+
 def _items(api: Api, kind: Any, namespace: str, selector: str) -> list[dict[str, Any]]:
     items = api.list(kind, namespace, label_selector=selector)["items"]
     return sorted(items, key=lambda o: str(o["metadata"]["name"]))
@@ -73,5 +93,5 @@ def _pod(pod: dict[str, Any]) -> dict[str, Any]:
         "index": pod_index(pod),
         "phase": (pod.get("status") or {}).get("phase"),
         "reason": waiting_reason(pod) or None,
-        "node": (pod.get("spec") or {}).get("nodeName"),
+        "node": (pod.get("spec") or {}).get("nodeName"),  # None until scheduled
     }

@@ -5,6 +5,7 @@ its RESULT, delete. :mod:`mnnvl.driver.lifecycle` puts them together with the wa
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -12,10 +13,16 @@ from typing import Any
 
 from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
-from mnnvl.driver.diagnose import pod_index
+from mnnvl.driver.diagnose import container_started, pod_index
 from mnnvl.driver.errors import ConflictError, MnnvlError, WorkloadFailed
 from mnnvl.driver.gang import Progress
-from mnnvl.driver.ownership import Deletions, StaleObject, create_or_adopt, failed_reason
+from mnnvl.driver.ownership import (
+    Deletions,
+    StaleObject,
+    create_or_adopt,
+    failed_reason,
+    owned_by_run,
+)
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.manifests import (
     CONTAINER,
@@ -26,7 +33,7 @@ from mnnvl.manifests import (
     wants_gpu_claim,
 )
 from mnnvl.names import RunNames
-from mnnvl.spec import WorkloadSpec
+from mnnvl.spec import PURPOSES, WorkloadSpec
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +174,8 @@ def result_of_failed_job(
     failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
     rank0 = [p for p in pods if pod_index(p) == "0"]
     for pod in rank0 + sorted((p for p in failed if p not in rank0), key=pod_index):
+        if not container_started(pod):
+            continue  # never ran (unscheduled, still creating): no log and no result yet
         try:
             text = api.pod_log(workload.namespace, pod["metadata"]["name"], container=CONTAINER)
         except MnnvlError as e:
@@ -190,6 +199,18 @@ def rank0_pod(pods: Objects, job: str | None = None) -> str:
     raise WorkloadFailed(f"no running pod with index 0 among {sorted(pods)}")
 
 
+def skip_foreign_namesakes(api: Api, namespace: str, gone: Deletions) -> None:
+    """Name every Job or Service that has one of the run's names but not its labels in
+    ``gone.skipped``: it is left alone, and the user learns why the run's step could not
+    create its own (``delete_workload`` lists by label and never sees it)."""
+    names = RunNames.for_run(gone.run_id)
+    ours = re.compile(rf"^{re.escape(names.base)}-({'|'.join(map(re.escape, PURPOSES))})(-g\d+)?$")
+    for kind in (JOB, SERVICE):
+        for obj in api.list(kind, namespace)["items"]:
+            if ours.match(obj["metadata"]["name"]) and not owned_by_run(obj, gone.run_id):
+                gone.delete(api, kind, obj)  # refuses, and records it as skipped
+
+
 def delete_workload(api: Api, namespace: str, gone: Deletions, deadline: Deadline) -> None:
     """Delete the run's Jobs (with their pods), Services and GPU templates.
 
@@ -201,6 +222,7 @@ def delete_workload(api: Api, namespace: str, gone: Deletions, deadline: Deadlin
     for kind in (JOB, SERVICE, RESOURCE_CLAIM_TEMPLATE):
         for obj in api.list(kind, namespace, label_selector=selector)["items"]:
             gone.delete(api, kind, obj, propagation="Background" if kind is JOB else None)
+
     wait_for(
         api,
         POD,

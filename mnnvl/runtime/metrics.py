@@ -43,6 +43,11 @@ def peak_bf16_flops(device_name: str) -> float | None:
     return None
 
 
+def worker_unit(device: torch.device) -> str:
+    """What one rank is, for per-rank rates: a GPU, or on CPU (gloo) just a process."""
+    return "gpu" if device.type == "cuda" else "rank"
+
+
 def device_peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None

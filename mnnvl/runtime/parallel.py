@@ -125,6 +125,15 @@ def device_mesh(dist_info: DistInfo) -> DeviceMesh:
     )
 
 
+def ac_words(every: int) -> str:
+    """Activation checkpointing as a person reads it in the log."""
+    if every <= 0:
+        return "activation checkpointing off"
+    if every == 1:
+        return "activation checkpointing on every block"
+    return f"activation checkpointing on 1 block in {every}"
+
+
 def apply_activation_checkpointing(model: Transformer, every: int = 1) -> None:
     """Recompute the activations of every ``every``-th block (1 = all blocks, 0 = none):
     blocks 0, N, 2N, ... are wrapped."""
@@ -202,12 +211,12 @@ def build_sharded_model(
         model.to_empty(device=dist_info.device)
         model.init_weights()
     logger.info(
-        "sharded %s parameters over mesh %s (param dtype %s, AC every %s, reshard %s, "
+        "sharded %s parameters over mesh %s (param dtype %s, %s, reshard %s, "
         "compile %s, tuning %s)",
         f"{sum(p.numel() for p in model.parameters()):,}",
         tuple(mesh.shape),
         param_dtype,
-        ac_every,
+        ac_words(ac_every),
         reshard,
         compile,
         levers,

@@ -205,12 +205,13 @@ class Trainer:
                 per_gpu = rate / self.info.world_size
                 mfu = metrics.mfu(flops, per_gpu, peak)
                 logger.info(
-                    "step %d loss %.4f lr %.3g tok/s %.0f (%.0f/gpu) mfu %s mem %.2f GiB",
+                    "step %d loss %.4f lr %.3g tok/s %.0f (%.0f/%s) mfu %s mem %.2f GiB",
                     step,
                     mean_loss,
                     self.sched.get_last_lr()[0],
                     rate,
                     per_gpu,
+                    metrics.worker_unit(self.info.device),
                     "n/a" if mfu is None else f"{mfu:.1%}",
                     metrics.peak_mem_gib(self.info.device),
                 )

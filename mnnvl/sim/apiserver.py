@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from mnnvl.sim.admission import CD, default_on_create, discovery, validate
+from mnnvl.sim.model import dry_run_requested
 from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
 from mnnvl.sim.store import RESOURCES, ApiError, Obj, Store, not_found
@@ -219,6 +220,7 @@ class Handler(BaseHTTPRequestHandler):
         store = self.server.store
         if verb == "WATCH":
             return self._watch(plural, ns or None, q)
+        dry_run = dry_run_requested(verb, q)
         if verb == "LIST":
             match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
             items, rv = store.list(plural, ns or None, match)
@@ -246,10 +248,10 @@ class Handler(BaseHTTPRequestHandler):
             validate(plural, body, None, self.server.schemas)
             for check in self.server.validators:
                 check(plural, body)
-            return self._json(201, store.create(plural, body))
+            return self._json(201, store.create(plural, body, dry_run=dry_run))
         if verb == "DELETE":
             if not name:
-                return self._delete_collection(plural, ns, q)
+                return self._delete_collection(plural, ns, q, dry_run)
             opts = body or {}
             policy = opts.get("propagationPolicy") or q.get("propagationPolicy")
             if opts.get("orphanDependents") is True:
@@ -258,12 +260,22 @@ class Handler(BaseHTTPRequestHandler):
             grace_s = None if grace is None else float(grace)
             uid = (opts.get("preconditions") or {}).get("uid")
             return self._json(
-                200, store.delete(plural, ns, name, policy, grace_s, precondition_uid=uid)
+                200,
+                store.delete(
+                    plural, ns, name, policy, grace_s, precondition_uid=uid, dry_run=dry_run
+                ),
             )
-        self._write(verb, plural, ns, name, sub, body)
+        self._write(verb, plural, ns, name, sub, body, dry_run)
 
     def _write(
-        self, verb: str, plural: str, ns: str, name: str, sub: str | None, body: Any
+        self,
+        verb: str,
+        plural: str,
+        ns: str,
+        name: str,
+        sub: str | None,
+        body: Any,
+        dry_run: bool,
     ) -> None:
         store = self.server.store
         with store.lock:  # read-modify-write of one object must not interleave
@@ -281,17 +293,21 @@ class Handler(BaseHTTPRequestHandler):
                 new["metadata"]["namespace"] = ns
             if sub is None:
                 validate(plural, new, old, self.server.schemas)
-            result = store.update(plural, ns, name, new, sub)
+            result = store.update(plural, ns, name, new, sub, dry_run=dry_run)
         self._json(200, result)
 
-    def _delete_collection(self, plural: str, ns: str, q: dict[str, str]) -> None:
+    def _delete_collection(self, plural: str, ns: str, q: dict[str, str], dry_run: bool) -> None:
         store = self.server.store
         match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
         items, _ = store.list(plural, ns or None, match)
         for obj in items:
             meta = obj["metadata"]
             store.delete(
-                plural, meta.get("namespace", ""), meta["name"], q.get("propagationPolicy")
+                plural,
+                meta.get("namespace", ""),
+                meta["name"],
+                q.get("propagationPolicy"),
+                dry_run=dry_run,
             )
         rt = RESOURCES[plural]
         self._json(
@@ -356,6 +372,12 @@ class Handler(BaseHTTPRequestHandler):
         pod = self.server.store.get("pods", ns, name)
         if self.server.logs is None:
             raise not_found("pods", name)
+        if not (pod.get("spec") or {}).get("nodeName"):
+            # kube-apiserver has no kubelet to ask for an unscheduled pod's log: it answers
+            # an empty log (200), not an error (registry/core/pod LogLocation).
+            self._start_stream("text/plain")
+            self._chunk(b"")
+            return
         tail = int(q["tailLines"]) if q.get("tailLines") else None
         stop = threading.Event()
         stream = self.server.logs.log_stream(

@@ -140,9 +140,10 @@ class SimCluster:
         ).start()
         self._write_kubeconfig()
         log.info(
-            "simulated cluster up at %s (%d nodes, %s=%d reproduces its placements)",
+            "simulated cluster up at %s (%d nodes, kubeconfig %s, %s=%d reproduces its placements)",
             self.url,
             self.nodes,
+            self.kubeconfig_path,
             SEED_ENV,
             self.scheduler_seed,
         )
@@ -340,12 +341,17 @@ def _crd() -> Obj:
     }
 
 
-def _usage(kubeconfig: str, url: str, nodes: int) -> str:
+def _usage(kubeconfig: str, url: str, nodes: int, cliques: int) -> str:
+    # The example runs as printed: its pods fit in one clique (the default affinity), and
+    # CPU workers have no NVLink to derive a threshold from, so it gives one (a single
+    # node has no bus to measure at all).
+    run_nodes = max(nodes // cliques, 1)
+    judge = "--min-busbw-gbps 0.001" if run_nodes > 1 else "--allow-unjudged"
     return (
         f"simulated cluster with {nodes} node(s) serving at {url}; in another shell:\n"
         f"  export KUBECONFIG={kubeconfig}\n"
         "  kubectl get nodes\n"
-        "  mnnvl run --run-id demo --nodes 2 --gpus-per-node 0\n"
+        f"  mnnvl run --run-id demo --nodes {run_nodes} --gpus-per-node 0 {judge}\n"
         "Ctrl-C (or SIGTERM) stops it and every pod process it started."
     )
 
@@ -391,7 +397,7 @@ def serve(
                 ),
                 flush=True,
             )
-            print(_usage(sim.kubeconfig_path, sim.url, nodes), file=sys.stderr, flush=True)
+            print(_usage(sim.kubeconfig_path, sim.url, nodes, cliques), file=sys.stderr, flush=True)
             done.wait()
             return sim.kubeconfig_path
     finally:

@@ -22,11 +22,33 @@ class Deletion:
     delete: Callable[..., Obj]
     mutate: Callable[..., Any]
 
+    def _dry_delete(
+        self, resource: str, obj: Obj, propagation: str | None, grace_s: float | None
+    ) -> Obj:
+        """What a delete would answer, changing nothing: an object that would stay (finalizers,
+        a bound pod's grace period, a namespace's contents) comes back marked for deletion."""
+        obj = clone(obj)
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp"):
+            return obj
+        if resource == "namespaces":
+            meta["deletionTimestamp"] = now_iso()
+            obj["status"] = {"phase": "Terminating"}
+        elif resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName"):
+            grace = _grace_s(obj, grace_s)
+            meta.update(deletionTimestamp=iso_after(grace), deletionGracePeriodSeconds=grace)
+        else:
+            foreground = propagation == "Foreground" and bool(self._dependents(meta["uid"]))
+            if foreground:
+                meta["finalizers"] = [*(meta.get("finalizers") or []), FOREGROUND]
+            if meta.get("finalizers"):
+                meta.update(deletionTimestamp=now_iso(), deletionGracePeriodSeconds=0)
+        return obj
+
     def _terminate_pod(self, key: Key, obj: Obj, grace_s: float | None) -> Obj:
         if obj["metadata"].get("deletionTimestamp"):
             return clone(obj)
-        grace = grace_s if grace_s is not None else obj["spec"].get("terminationGracePeriodSeconds")
-        grace = 30 if grace is None else max(int(grace), 0)
+        grace = _grace_s(obj, grace_s)
         obj = clone(obj)
         obj["metadata"]["deletionTimestamp"] = iso_after(grace)
         obj["metadata"]["deletionGracePeriodSeconds"] = grace
@@ -101,3 +123,9 @@ class Deletion:
                     [r for r in o["metadata"]["ownerReferences"] if r.get("uid") != uid],
                 ),
             )
+
+
+def _grace_s(pod: Obj, grace_s: float | None) -> int:
+    """The delete's grace period, else the pod's, else Kubernetes' default of 30 s."""
+    grace = grace_s if grace_s is not None else pod["spec"].get("terminationGracePeriodSeconds")
+    return 30 if grace is None else max(int(grace), 0)

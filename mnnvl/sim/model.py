@@ -99,3 +99,27 @@ def resolve_kind(kind: str) -> str:
     """Accept a plural ("computedomains") or a kind ("ComputeDomain"); return the plural."""
     low = kind.lower()
     return low if low in RESOURCES else KIND_TO_PLURAL.get(low, low)
+
+
+_OPTIONS_KIND = {
+    "POST": "CreateOptions",
+    "PUT": "UpdateOptions",
+    "PATCH": "PatchOptions",
+    "DELETE": "DeleteOptions",
+}
+
+
+def dry_run_requested(verb: str, q: dict[str, str]) -> bool:
+    """``dryRun=All`` (the only value a real API server accepts): admit and validate the
+    write, answer what would be stored, store nothing, so no watch or controller sees it."""
+    value = q.get("dryRun")
+    if verb not in _OPTIONS_KIND or value in (None, ""):
+        return False
+    if value != "All":
+        raise ApiError(
+            422,
+            "Invalid",
+            f'{_OPTIONS_KIND[verb]}.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
+            f'[]string{{"{value}"}}: supported values: "All"',
+        )
+    return True

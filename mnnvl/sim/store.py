@@ -94,7 +94,9 @@ class Store(Deletion):
             return items, self._rv
 
     # ----- writes ------------------------------------------------------------------------
-    def create(self, resource: str, obj: Obj) -> Obj:
+    def create(self, resource: str, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """POST semantics; ``dry_run`` (``dryRun=All``) checks everything and returns what
+        would be stored, without a resourceVersion, storing and announcing nothing."""
         rt = RESOURCES[resource]
         obj = clone(obj)
         meta = obj.setdefault("metadata", {})
@@ -132,15 +134,25 @@ class Store(Deletion):
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
             for k in ("deletionTimestamp", "resourceVersion"):
                 meta.pop(k, None)
+            if dry_run:
+                return clone(obj)
             self._objs[key] = obj
             self._uids[meta["uid"]] = key
             self._emit("ADDED", key, obj)
             return clone(obj)
 
     def update(
-        self, resource: str, ns: str, name: str, new: Obj, subresource: str | None = None
+        self,
+        resource: str,
+        ns: str,
+        name: str,
+        new: Obj,
+        subresource: str | None = None,
+        *,
+        dry_run: bool = False,
     ) -> Obj:
-        """PUT semantics: server-owned metadata is kept; status only through ``/status``."""
+        """PUT semantics: server-owned metadata is kept; status only through ``/status``.
+        ``dry_run``: the object as it would be stored, at its current resourceVersion."""
         with self.lock:
             key = (resource, ns, name)
             old = self._objs.get(key)
@@ -155,7 +167,7 @@ class Store(Deletion):
                     f'"{key[2]}": the object has been modified; please apply your '
                     "changes to the latest version and try again",
                 )
-            return self._replace(key, old, clone(new), subresource)
+            return self._replace(key, old, clone(new), subresource, dry_run)
 
     def mutate(
         self,
@@ -176,7 +188,9 @@ class Store(Deletion):
                 return clone(old)
             return self._replace(key, old, new, subresource)
 
-    def _replace(self, key: Key, old: Obj, new: Obj, subresource: str | None) -> Obj:
+    def _replace(
+        self, key: Key, old: Obj, new: Obj, subresource: str | None, dry_run: bool = False
+    ) -> Obj:
         rt = RESOURCES[key[0]]
         if subresource == "status":
             merged = clone(old)
@@ -220,6 +234,9 @@ class Store(Deletion):
             "metadata": {k: v for k, v in old_meta.items() if k != "resourceVersion"},
         }:
             return clone(old)  # no-op writes do not bump the resourceVersion
+        if dry_run:
+            meta["resourceVersion"] = old_meta["resourceVersion"]
+            return clone(new)
         self._objs[key] = new
         if (
             meta.get("deletionTimestamp")
@@ -240,12 +257,14 @@ class Store(Deletion):
         grace_s: float | None = None,
         *,
         precondition_uid: str | None = None,
+        dry_run: bool = False,
     ) -> Obj:
         """DELETE semantics: finalizers, graceful pod termination, propagation, namespaces.
 
         A pod bound to a node only gets ``deletionTimestamp`` (now + grace period) and stays
         Terminating until its kubelet has stopped it and deletes it again with ``grace_s=0``.
         ``precondition_uid`` (``preconditions.uid``) that is not the object's → 409 Conflict.
+        ``dry_run``: the object as the delete would leave it; nothing changes.
         """
         with self.lock:
             key = (resource, ns, name)
@@ -260,6 +279,8 @@ class Store(Deletion):
                     f"UID in precondition: {precondition_uid}, "
                     f"UID in object meta: {obj['metadata']['uid']}",
                 )
+            if dry_run:
+                return self._dry_delete(resource, obj, propagation, grace_s)
             # batch/v1 Jobs orphan their pods unless asked otherwise, like the real API server.
             policy = propagation or ("Orphan" if resource == "jobs" else "Background")
             uid = obj["metadata"]["uid"]

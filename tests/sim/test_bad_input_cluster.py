@@ -117,3 +117,59 @@ def test_steps_without_namespace_use_the_pods_own_namespace(
     code, result = run_cli(capsys, ["teardown", *argv])
     assert code == 0 and result["deleted"] == [f"ComputeDomain team-b/{names.domain}"]
     assert left_of(sim, run_id) == []
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["launch", "--command-json", "not json"],
+         "command: --command-json 'not json' is not JSON ("),
+        (["launch", "--command-json", "{}"],
+         "command: --command-json '{}' is not a JSON list of strings"),
+        (["launch", "--command-json", "[]"], "command: is empty: give the program to run"),
+        (["launch", "--module", "m", "--env", "A=1", "--env", "A=2"], "env: A is given twice"),
+        (["provision", "--pipeline", "mnnvl-training", "--pipeline-parameters", "[1,2]"],
+         "pipeline_parameters: must be a JSON object of name: value or Argo's"),
+        (["provision", "--pipeline", "mnnvl-training",
+          "--pipeline-parameters", '{"no_such_param": 1}'],
+         "no_such_param: is not a parameter of pipeline mnnvl-training"),
+        (["provision", "--pipeline", "mnnvl-training",
+          "--pipeline-parameters", '[{"name": "launcher-image", "value": "x"}, {"name": "nodez"}]'],
+         "nodez: is not a parameter of pipeline mnnvl-training"),
+    ],
+)  # fmt: skip
+def test_bad_launch_and_pipeline_input_exits_2_before_any_request(sim, capsys, extra, message):
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    step, *rest = extra
+    before = sim.request_count
+    argv = (
+        [step, "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0"]
+        if step == "launch"
+        else [step, "--run-id", run_id]
+    )
+    code, result = run_cli(capsys, [*argv, *rest, "--kubeconfig", sim.kubeconfig_path])
+    assert code == 2 and result["exit_code"] == 2, result
+    assert result["error"].startswith(message) and "\n" not in result["error"], result["error"]
+    assert sim.request_count == before
+    assert left_of(sim, run_id) == []
+
+
+def test_unwritable_result_path_exits_2_before_the_domain_is_created(sim, capsys):
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    before = sim.request_count
+    argv = ["provision", "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
+    code, result = run_cli(capsys, [*argv, "--result-path", "/proc/nope.json"])
+    assert code == 2 and result["exit_code"] == 2, result
+    assert result["error"].startswith("result_path: cannot write '/proc/nope.json' (")
+    assert sim.request_count == before and left_of(sim, run_id) == []
+
+
+def test_sim_up_with_a_kubeconfig_in_a_missing_directory_exits_2_naming_it(capsys, tmp_path):
+    target = tmp_path / "missing" / "dir" / "k.yaml"
+    code, result = run_cli(capsys, ["sim", "up", "--kubeconfig", str(target)])
+    assert code == 2 and result["exit_code"] == 2, result
+    assert result["error"] == (
+        f"kubeconfig: directory {str(target.parent)!r} does not exist; "
+        "create it or pick another path"
+    )
+    assert not target.parent.exists()

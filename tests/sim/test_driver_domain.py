@@ -211,7 +211,8 @@ def test_stuck_finalizer_times_out_naming_the_finalizer(sim):
     message = str(info.value)
     assert names.domain in message
     assert "finalizer resource.nvidia.com/computeDomain still present" in message
-    assert "nvidia-dra-driver-gpu-component=controller" in message
+    assert "-l nvidia-dra-driver-gpu-component=controller" in message
+    assert "-l dra-driver-nvidia-gpu-component=controller" in message  # the v0.4+ chart's
     sim.faults.unstick_finalizer("ComputeDomain", names.domain)
 
 

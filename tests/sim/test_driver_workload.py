@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import textwrap
 import time
 import uuid
@@ -150,6 +151,22 @@ def test_unschedulable_pod_fails_once_its_grace_period_is_over(sim, run):
     # when the grace period ends, well before the 60 s deadline.
     assert 2.0 <= elapsed < 15
     assert "FailedScheduling" in str(info.value)
+
+
+def test_unscheduled_rank0_fails_without_a_log_warning_and_says_no_node(sim, run, caplog):
+    # A pod that never started has no log: reading one is no problem worth a warning.
+    domain, workload = run
+    workload = dataclasses.replace(workload, unschedulable_grace_s=1.0)
+    sim.faults.fail_pod(RunNames.for_run(domain.run_id).job("job"), index=0, mode="Unschedulable")
+    caplog.set_level(logging.INFO, logger="mnnvl")
+    with pytest.raises(WorkloadFailed, match="Unschedulable") as info:
+        steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
+    assert "on no node: Unschedulable" in str(info.value)
+    assert not [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "log" in r.getMessage()
+    ]
 
 
 def test_job_without_result_line_returns_none_and_the_log_tail(sim, run):

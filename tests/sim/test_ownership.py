@@ -46,6 +46,7 @@ def module_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("workers")
     (path / "result_one.py").write_text(RESULT_ONE)
     (path / "result_two.py").write_text(RESULT_TWO)
+    (path / "silent.py").write_text("print('done, nothing to report')\n")
     return str(path)
 
 
@@ -112,6 +113,64 @@ def test_teardown_leaves_a_foreign_domain_with_the_runs_name_alone(sim, capsys):
         assert not still["metadata"].get("deletionTimestamp")
         assert left_of(sim, run_id) == []
         api.delete(COMPUTE_DOMAIN, "default", names.domain)
+
+
+def test_teardown_reports_every_foreign_object_with_the_runs_names(sim, capsys):
+    run_id = f"own-{uuid.uuid4().hex[:8]}"
+    names = RunNames.for_run(run_id)
+    theirs = {"name": "", "namespace": "default", "labels": {"team": "x"}}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {**theirs, "name": names.service("job")},
+        "spec": {"clusterIP": "None", "ports": [{"port": 1}]},
+    }
+    pod = {"containers": [{"name": "c", "image": "busybox"}], "restartPolicy": "Never"}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {**theirs, "name": names.job("train", 1)},
+        "spec": {"suspend": True, "template": {"spec": pod}},
+    }
+    with Api.connect(sim.kubeconfig_path) as api:
+        api.create(COMPUTE_DOMAIN, "default", foreign_domain(names.domain))
+        api.create(SERVICE, "default", service)
+        api.create(JOB, "default", job)
+        code, result = run_cli(
+            capsys, ["teardown", "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
+        )
+        assert code == 0 and result["deleted"] == [], result
+        why = f"not part of run {run_id} (it has none of our labels); left alone"
+        assert sorted(result["skipped"]) == sorted(
+            f"{kind} default/{name}: {why}"
+            for kind, name in (
+                ("ComputeDomain", names.domain),
+                ("Service", names.service("job")),
+                ("Job", names.job("train", 1)),
+            )
+        )
+        assert api.get(SERVICE, "default", names.service("job"))
+        assert api.get(JOB, "default", names.job("train", 1))
+        api.delete(JOB, "default", names.job("train", 1), propagation="Background")
+        api.delete(SERVICE, "default", names.service("job"))
+        api.delete(COMPUTE_DOMAIN, "default", names.domain)
+
+
+def test_launch_of_a_module_that_prints_no_result_line_succeeds_with_a_null_result(
+    sim, module_dir, capsys
+):
+    """The Job's success is the verdict of a user's launch; a RESULT line is optional there
+    (docs/troubleshooting.md: only train and verify need one)."""
+    run_id = f"own-{uuid.uuid4().hex[:8]}"
+    flags = ["--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
+    argv = ["launch", *flags, "--nodes", "2", "--gpus-per-node", "0", "--module", "silent"]
+    argv += ["--env", f"PYTHONPATH={module_dir}", "--rdzv-port", str(free_port())]
+    assert run_cli(capsys, ["provision", *flags])[0] == 0
+    code, result = run_cli(capsys, argv)
+    assert code == 0 and result["ok"] is True and result["result"] is None, result
+    assert "done, nothing to report" in result["log_tail"]
+    assert run_cli(capsys, ["teardown", *flags])[0] == 0
+    assert left_of(sim, run_id) == []
 
 
 def test_every_created_object_carries_its_spec_hash(sim, module_dir):

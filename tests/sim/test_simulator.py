@@ -479,3 +479,21 @@ def test_crd_not_installed_gives_404_everywhere() -> None:
         assert missing(lambda: k.custom.list_namespaced_custom_object(G, V, NS, CDS))
         assert missing(lambda: k.create_cd("x"))
         assert k.core.list_namespaced_pod(NS).items == []
+
+
+def test_log_of_an_unscheduled_pod_is_empty_like_the_real_apiserver(k: Clients) -> None:
+    # kube-apiserver has no kubelet to ask before the pod is bound: an empty 200, no error.
+    pod = {
+        "metadata": {"name": "nowhere"},
+        "spec": {
+            "nodeSelector": {"no-such": "label"},
+            "containers": [{"name": "main", "image": "busybox", "command": ["true"]}],
+        },
+    }
+    k.core.create_namespaced_pod(NS, pod)
+    wait_for(
+        lambda: k.core.read_namespaced_pod("nowhere", NS).status.conditions,
+        what="the scheduler's verdict",
+    )
+    assert k.core.read_namespaced_pod_log("nowhere", NS, container="main") == ""
+    k.core.delete_namespaced_pod("nowhere", NS)

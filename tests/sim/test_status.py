@@ -29,3 +29,12 @@ def test_status_shows_the_domain_and_job_then_nothing_after_teardown(capsys):
         after = steps.status(domain, kubeconfig=kube)
         assert after.domain is None and after.channel_template is False
         assert (after.jobs, after.pods, after.services) == ([], [], [])
+
+
+def test_status_of_a_run_with_nothing_names_the_domain_it_looked_for(capsys):
+    with SimCluster(nodes=1) as sim:
+        code = cli.main(["status", "--run-id", "gone-run", "--kubeconfig", sim.kubeconfig_path])
+    said = capsys.readouterr().err
+    assert code == 0
+    assert "ComputeDomain -" not in said
+    assert "ComputeDomain mnnvl-gone-run" in said and ": absent" in said

@@ -4,6 +4,7 @@ The gating rows (FAIL and NOT_JUDGED failing the step) are in ``test_fault_matri
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import pytest
@@ -35,9 +36,13 @@ def run(sim):
 
 
 @pytest.mark.slow
-def test_verify_pass_returns_numbers_and_writes_reports(sim, run, tmp_path):
+def test_verify_pass_returns_numbers_and_writes_reports(sim, run, tmp_path, caplog):
     config = VerifyConfig(max_bytes=64 << 10, min_busbw_gbps=1e-6)
+    caplog.set_level(logging.INFO, logger="mnnvl")
     result = steps.verify(run, config, kubeconfig=sim.kubeconfig_path, report_dir=str(tmp_path))
+    said = [m for m in caplog.messages if m.startswith("verify ")]
+    assert len(said) == 1 and "None" not in said[0] and "none" not in said[0]  # no NCCL on CPU
+    assert "threshold 1e-06 GB/s (user)" in said[0] and "gloo on CPU" in said[0]
     assert result.verdict == "PASS"
     assert result.raw["world_size"] == 2 and result.raw["backend"] == "gloo"
     assert all(size["correct"] for size in result.sizes)

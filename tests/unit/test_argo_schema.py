@@ -220,11 +220,11 @@ def test_every_launcher_pod_is_non_root_read_only_and_requests_resources() -> No
             continue  # runs a template checked here
         assert spec["securityContext"]["runAsNonRoot"] is True, name
         assert spec["podGC"] == {"strategy": "OnPodSuccess"} and spec["ttlStrategy"], name
-        tmp = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
         for template in spec["templates"]:
             container = template.get("container")
             if container is None:
                 continue
+            tmp = {v["name"] for v in template["volumes"] if "emptyDir" in v}
             security = container["securityContext"]
             assert security["allowPrivilegeEscalation"] is False, (name, template["name"])
             assert security["readOnlyRootFilesystem"] is True
@@ -257,3 +257,59 @@ def test_cron_workflows_run_the_fabric_check_nightly_and_reap_in_their_own_names
     (main,) = [t for t in verify_only["templates"] if t["name"] == verify_only["entrypoint"]]
     tasks = [t["name"] for t in main["dag"]["tasks"]]
     assert tasks == ["provision", "verify"] and verify_only["onExit"] == "exit-handler"
+
+
+def _caller_workflow(steps: list[str]) -> dict[str, Any]:
+    """A user's own Workflow that runs mnnvl-launch's step templates by templateRef."""
+    tasks = [
+        {
+            "name": step,
+            "templateRef": {"name": aw.LAUNCH_TEMPLATE_NAME, "template": step},
+            "arguments": {"parameters": [{"name": "nodes", "value": "2"}]},
+            **({"depends": steps[i - 1]} if i else {}),
+        }
+        for i, step in enumerate(steps)
+    ]
+    return {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"generateName": "my-team-run-"},
+        "spec": {"entrypoint": "main", "templates": [{"name": "main", "dag": {"tasks": tasks}}]},
+    }
+
+
+def test_launch_templates_work_by_template_ref_from_a_users_workflow(strict_validator):
+    """What Argo resolves for a templateRef is the referenced template alone: its volumes,
+    pod security context and service account must not come from mnnvl-launch's spec."""
+    shipped = yaml.safe_load((COMPILED / "mnnvl-launch.workflowtemplate.yaml").read_text())
+    by_name = {t["name"]: t for t in shipped["spec"]["templates"]}
+    caller = _caller_workflow(["provision", "launch", "teardown"])
+    assert _errors(strict_validator, caller) == []
+    caller_volumes = {v["name"] for v in caller["spec"].get("volumes", [])}
+    for task in caller["spec"]["templates"][0]["dag"]["tasks"]:
+        template = by_name[task["templateRef"]["template"]]
+        volumes = caller_volumes | {v["name"] for v in template.get("volumes", [])}
+        mounts = {m["name"] for m in template["container"].get("volumeMounts", [])}
+        assert mounts and mounts <= volumes, (template["name"], mounts - volumes)
+        assert template["securityContext"]["runAsNonRoot"] is True, template["name"]
+        assert template["serviceAccountName"] == aw.DEFAULT_SERVICE_ACCOUNT, template["name"]
+
+
+def test_teardown_retries_have_room_for_every_attempt_at_the_delete_timeout() -> None:
+    """Argo stops retrying after backoff.maxDuration: three attempts that each wait up to the
+    default delete timeout, plus the backoffs, must fit in it (and match KFP's 3600 s)."""
+    from mnnvl.spec import DomainSpec
+
+    doc = yaml.safe_load((COMPILED / "mnnvl-training.workflowtemplate.yaml").read_text())
+    (teardown,) = [t for t in doc["spec"]["templates"] if t["name"] == "teardown"]
+    retry = teardown["retryStrategy"]
+    attempts = int(retry["limit"]) + 1
+    backoffs = sum(15 * 2**i for i in range(attempts - 1))
+    needed = attempts * DomainSpec(run_id="x").delete_timeout_s + backoffs
+    assert retry["backoff"]["maxDuration"] == "1h" and needed <= 3600
+
+
+def test_the_parameter_check_accepts_exactly_the_argo_only_workflow_parameters() -> None:
+    from mnnvl import surface
+
+    assert set(aw.ARGO_ONLY) == surface.ARGO_ONLY_PARAMETERS

@@ -65,7 +65,7 @@ def test_render_with_gpu_claims_adds_the_gpu_template(capsys):
         (["render", "--run-id", "r1", "--nodes", "40"], "nodes"),
         (["render", "--run-id", "r1", "--namespace", "Bad_NS"], "namespace"),
         (["render", "--run-id", "bad id!"], "run_id"),
-        (["provision", "--namespace", "default"], "run_id"),
+        (["provision", "--namespace", "default"], "the following arguments are required"),
         (["train", "--run-id", "r1", "--env", "NCCL_CUMEM_ENABLE=0"], "env.NCCL_CUMEM_ENABLE"),
         (["verify", "--run-id", "r1", "--min-bytes", "4G", "--max-bytes", "1M"], "min_bytes"),
     ],
@@ -170,3 +170,41 @@ def test_every_subcommand_has_a_description_an_example_and_help_for_every_option
         for action in p._actions:
             if not isinstance(action, argparse._HelpAction):
                 assert action.help, f"mnnvl {name} {action.option_strings or action.dest}"
+
+
+def _help_of(capsys, *words: str) -> str:
+    assert cli.main([*words, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+def test_help_shows_required_inputs_as_required_and_no_placeholder_defaults(capsys):
+    for name in ("provision", "launch", "train", "verify", "teardown", "status", "render"):
+        text = _help_of(capsys, name)
+        assert "_MISSING_TYPE" not in text and "<dataclasses" not in text, name
+        usage = text.split("\n\n")[0]
+        assert " --run-id TEXT" in usage and "[--run-id" not in usage, name
+        assert "(required)" in text, name
+    assert "[--run-id TEXT]" in _help_of(capsys, "run")  # a run names itself
+
+
+def test_each_command_lists_only_the_inputs_it_uses_in_groups(capsys):
+    status = _help_of(capsys, "status")
+    assert "--allocation-mode" not in status and "--rct-timeout-s" not in status
+    assert "--delete-timeout-s" not in status and "domain (the run" in status
+    assert "--purpose" not in _help_of(capsys, "run")
+    assert "--purpose" not in _help_of(capsys, "train")
+    teardown = _help_of(capsys, "teardown")
+    assert "--allocation-mode" not in teardown and "--delete-timeout-s" in teardown
+    assert "--delete-timeout-s" not in _help_of(capsys, "provision")
+    run = _help_of(capsys, "run")
+    for title in ("domain (", "workload (", "training:", "verification:", "timeouts ("):
+        assert f"\n{title}" in run, title
+    assert run.count("\n  --run-id") == 1 and run.count("\n  --namespace") == 1
+
+
+def test_mnnvl_alone_lists_the_commands_and_exits_2(capsys):
+    assert cli.main([]) == 2
+    captured = capsys.readouterr()
+    for name in COMMANDS:
+        assert f"\n    {name}" in captured.err, name
+    assert json.loads(captured.out.splitlines()[-1])["error"].startswith("no command given")

@@ -143,3 +143,43 @@ def test_compile_refuses_a_bad_image_reference(capsys: pytest.CaptureFixture[str
         mc.main(["--launcher-image", "Not An Image", "--out", "unused"])
     assert err.value.code == 2
     assert "launcher_image" in capsys.readouterr().err
+
+
+def _version_doc(path: Path) -> dict:
+    import yaml
+
+    docs = yaml.safe_load_all(path.read_text())
+    return next(d for d in docs if d["kind"] == "PipelineVersion")
+
+
+def test_an_image_bump_gets_a_new_pipeline_version_name(tmp_path: Path) -> None:
+    """KFP keeps a version's spec immutable: the name must hash the spec as written."""
+    from mnnvl.pipelines import kfp_pipeline as kp
+    from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
+
+    versions = {}
+    for tag in ("1", "2"):
+        path = tmp_path / f"{tag}.k8s.yaml"
+        images = {DEFAULT_LAUNCHER_IMAGE: f"reg.example.com/l:{tag}"}
+        mc._kfp_k8s(kp.verify_only_pipeline, "mnnvl-verify-only", images)(path)
+        mc.retag_file(path, images)  # what compile_all does with --launcher-image
+        doc = _version_doc(path)
+        assert f"reg.example.com/l:{tag}" in str(doc["spec"]["pipelineSpec"])
+        versions[tag] = doc["metadata"]["name"]
+        assert versions[tag] == mc.version_name(
+            "mnnvl-verify-only", mc._retag(mc.pipeline_spec(kp.verify_only_pipeline), images)
+        )
+    assert versions["1"] != versions["2"]
+
+
+def test_gitops_applies_the_pipeline_before_its_versions_and_runs_expire(
+    fresh: dict[str, Path],
+) -> None:
+    import yaml
+
+    for name in ("mnnvl-training", "mnnvl-verify-only", "mnnvl-custom"):
+        docs = list(yaml.safe_load_all(fresh[f"pipelines/gitops/kfp/{name}.k8s.yaml"].read_text()))
+        waves = {d["kind"]: int(d["metadata"]["annotations"][mc.SYNC_WAVE]) for d in docs}
+        assert waves["Pipeline"] < waves["PipelineVersion"], name
+        config = docs[1]["spec"]["platformSpec"]["platforms"]["kubernetes"]["pipelineConfig"]
+        assert config == {"resourceTtlOnFailure": 604800, "resourceTtlOnSuccess": 86400}, name

@@ -124,9 +124,16 @@ def test_training_order_and_purposes(training_ir: dict[str, Any]) -> None:
     assert names["verify-nvlink"] == "verify-pre" and names["verify-nvlink-2"] == "verify-post"
 
 
-def test_only_idempotent_steps_retry(training_ir: dict[str, Any]) -> None:
-    retried = {n for n, t in _all_tasks(training_ir).items() if "retryPolicy" in t}
-    assert retried == {FIRST, "teardown-domain"}
+def test_a_bad_parameter_fails_in_one_attempt_and_teardown_retries_for_an_hour(
+    training_ir: dict[str, Any],
+) -> None:
+    """The first task validates every parameter: retrying it would only repeat exit 2 after
+    each backoff. Teardown retries within the window Argo's teardown uses."""
+    tasks = _all_tasks(training_ir)
+    retried = {n for n, t in tasks.items() if "retryPolicy" in t}
+    assert retried == {"teardown-domain"}
+    policy = tasks["teardown-domain"]["retryPolicy"]
+    assert policy["maxRetryCount"] == 2 and policy["backoffMaxDuration"] == "3600s"
 
 
 def test_pipeline_parameters_reach_the_tasks(training_ir: dict[str, Any]) -> None:

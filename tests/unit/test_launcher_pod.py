@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from hera.workflows import Container
 
 from mnnvl import surface
 from mnnvl.components import launcher_pod as lp
@@ -120,5 +121,9 @@ def test_the_hera_workflow_template_itself_is_hardened_and_is_what_ships(name: s
     assert template.ttl_strategy is not None and template.ttl_strategy.seconds_after_failure
     assert template.security_context is not None
     assert template.security_context.run_as_user == lp.UID
-    assert [v.name for v in template.volumes or []] == [lp.TMP_VOLUME]
+    # Each step template brings its own /tmp volume (templateRef does not bring spec.volumes).
+    containers = [t for t in template.templates if isinstance(t, Container)]
+    assert containers and all(
+        [v.name for v in c.volumes or []] == [lp.TMP_VOLUME] for c in containers
+    )
     assert template.to_dict() == argo_gitops.template_manifest(name)

@@ -148,3 +148,14 @@ def test_numbers_in_logs_are_rounded_and_missing_ones_say_so():
     assert num(0.123456, 3) == "0.123"
     assert num(None) == "n/a"
     assert num(20) == "20"
+
+
+def test_verdict_numbers_say_when_there_is_no_threshold_and_keep_small_figures():
+    unjudged = {"judged_busbw_gbps": 0.000421, "peak_busbw_gbps": 0.0009, "threshold_gbps": None}
+    words = report.verdict_numbers(unjudged)
+    assert "n/a" not in words and "None" not in words
+    assert "no threshold (bandwidth not judged)" in words and "0.000421 GB/s" in words
+    judged = {"judged_busbw_gbps": 346.71, "threshold_gbps": 296.4, "threshold_source": "derived"}
+    assert report.verdict_numbers(judged).startswith(
+        "judged busbw 346.7 GB/s vs threshold 296.4 GB/s (derived)"
+    )

@@ -238,3 +238,14 @@ def test_reshard_after_forward_decides_which_blocks_stay_gathered_for_backward(
     assert unsharded() == gathered
     logits.sum().backward()
     assert unsharded() == []  # after backward every block is sharded again
+
+
+def test_log_words_for_activation_checkpointing_and_per_rank_rates():
+    from mnnvl.runtime.metrics import worker_unit
+    from mnnvl.runtime.parallel import ac_words
+
+    assert ac_words(0) == "activation checkpointing off"  # never "AC every 0"
+    assert ac_words(1) == "activation checkpointing on every block"
+    assert ac_words(2) == "activation checkpointing on 1 block in 2"
+    assert worker_unit(torch.device("cpu")) == "rank"  # no "/gpu" rate without GPUs
+    assert worker_unit(torch.device("cuda", 0)) == "gpu"
