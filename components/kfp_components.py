@@ -26,6 +26,7 @@ def provision_domain(
     namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
+    api_outage_s: float = 300.0,
 ) -> str:
     """Create (or adopt) the run's ComputeDomain and wait for its channel claim template.
 
@@ -34,6 +35,8 @@ def provision_domain(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
 
     Returns:
         The ComputeDomain name.
@@ -77,6 +80,7 @@ def train_sharded(
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
     image_pull_policy: str = 'IfNotPresent',
+    api_outage_s: float = 300.0,
     model: str = 'tiny',
     steps: int = 20,
     seq_len: int = 0,
@@ -137,6 +141,8 @@ def train_sharded(
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
         image_pull_policy: Always, IfNotPresent or Never.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
         seq_len: sequence length; 0 = the preset's.
@@ -202,6 +208,7 @@ def verify_nvlink(
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
     image_pull_policy: str = 'IfNotPresent',
+    api_outage_s: float = 300.0,
     min_bytes: int = 0,
     max_bytes: int = 0,
     iters: int = 0,
@@ -255,6 +262,8 @@ def verify_nvlink(
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
         image_pull_policy: Always, IfNotPresent or Never.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
@@ -307,6 +316,7 @@ def launch_workload(
     ttl_after_finished_s: int = 3600,
     backoff_limit_per_index: int = 0,
     image_pull_policy: str = 'IfNotPresent',
+    api_outage_s: float = 300.0,
     module: str = '',
     command: List[str] = [],
 ):
@@ -351,6 +361,8 @@ def launch_workload(
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
         backoff_limit_per_index: retries per pod index before the Job fails.
         image_pull_policy: Always, IfNotPresent or Never.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
         command: with a module: its arguments; without: the program and its arguments (a list).
     """
@@ -365,6 +377,7 @@ def teardown_domain(
     run_id: str,
     namespace: str = '',
     delete_timeout_s: float = 300.0,
+    api_outage_s: float = 300.0,
 ):
     """Delete every object of the run (workload first, then the ComputeDomain); idempotent.
 
@@ -372,6 +385,8 @@ def teardown_domain(
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -385,6 +400,7 @@ def provision_training(
     namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
+    api_outage_s: float = 300.0,
     nodes: int = 2,
     nodes_per_clique: int = 0,
     max_nodes_per_clique: int = 18,
@@ -451,6 +467,8 @@ def provision_training(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it).
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
@@ -537,6 +555,7 @@ def provision_verify_only(
     namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
+    api_outage_s: float = 300.0,
     nodes: int = 2,
     nodes_per_clique: int = 0,
     max_nodes_per_clique: int = 18,
@@ -583,6 +602,8 @@ def provision_verify_only(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it).
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
@@ -644,6 +665,7 @@ def provision_custom(
     namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
+    api_outage_s: float = 300.0,
     nodes: int = 2,
     nodes_per_clique: int = 0,
     max_nodes_per_clique: int = 18,
@@ -693,6 +715,8 @@ def provision_custom(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it).
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-

@@ -28,8 +28,9 @@ def _domain_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _workload_flags(p: argparse.ArgumentParser, *, step: str | None) -> None:
-    """Workload flags; ``step`` None means the whole run (run id and namespace come first)."""
-    skip = ("run_id", "namespace") if step is None else ()
+    """Workload flags; ``step`` None means the whole run (run id, namespace and the API outage
+    tolerance come with the domain's flags)."""
+    skip = ("run_id", "namespace", "api_outage_s") if step is None else ()
     overrides = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step or "", {}).items()}
     flags.add_arguments(p, WorkloadSpec, skip=skip, defaults=overrides)
 

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from mnnvl import steps
-from mnnvl.errors import MnnvlError
+from mnnvl.errors import MnnvlError, TeardownIncomplete
 from mnnvl.report import num
 from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
@@ -38,7 +38,7 @@ def run_all(
     def step_report_dir(step: str) -> str | None:
         return f"{report_dir}/{step}" if report_dir else None
 
-    failed = True
+    error: BaseException | None = None
     try:
         out["provision"] = steps.provision(domain, kubeconfig=kubeconfig).to_dict()
         if not skip_verify:
@@ -54,15 +54,20 @@ def run_all(
             out["verify_post"] = steps.verify(
                 post, verify_cfg, kubeconfig=kubeconfig, report_dir=step_report_dir("verify-post")
             ).to_dict()
-        failed = False
+    except BaseException as e:  # a step's error or a signal: teardown below, then re-raised
+        error = e
+        raise
     finally:
         try:
             out["teardown"] = steps.teardown(domain, kubeconfig=kubeconfig).to_dict()
         except MnnvlError as e:
-            if not failed:
+            if error is None:
                 raise  # the run itself went well: the teardown failure is the result
-            # Raising here would replace the step's error (or the signal) with this one.
+            # Raising here would replace the step's error (or the signal) with this one; it
+            # carries what the teardown may have left instead (the CLI reports it last).
             logger.error("teardown after failure also failed: %s", e)
+            if isinstance(e, TeardownIncomplete):
+                error.leftovers, error.cleanup = e.leftovers, e.cleanup  # type: ignore[attr-defined]
     _log_summary(out)
     return out
 

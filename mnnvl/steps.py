@@ -30,7 +30,14 @@ from mnnvl.driver import (
     wait_for_channel_template,
 )
 from mnnvl.driver.inspect import run_status
-from mnnvl.errors import VerificationFailed, WorkloadFailed
+from mnnvl.errors import (
+    ClusterUnavailable,
+    MnnvlError,
+    TeardownIncomplete,
+    VerificationFailed,
+    WaitTimeout,
+    WorkloadFailed,
+)
 from mnnvl.flags import to_args
 from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
 from mnnvl.names import RunNames
@@ -144,8 +151,8 @@ class ReapResult(Result):
 
 
 @contextmanager
-def _api(kubeconfig: str | None) -> Iterator[Api]:
-    api = Api.connect(kubeconfig)
+def _api(kubeconfig: str | None, outage_s: float | None = None) -> Iterator[Api]:
+    api = Api.connect(kubeconfig, outage_s=outage_s)
     try:
         yield api
     finally:
@@ -166,7 +173,7 @@ def provision(
     a KFP launcher pod ends before the exit handler's teardown would run).
     """
     start = time.monotonic()
-    with _api(kubeconfig) as api:
+    with _api(kubeconfig, spec.api_outage_s) as api:
         if owner_pod and spec.owner is None:
             spec = dataclasses.replace(spec, owner=launcher_owner(api, spec.namespace))
         domain = ensure_domain(api, spec)
@@ -192,7 +199,7 @@ def launch(
     RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown.
     """
     start = time.monotonic()
-    with _api(kubeconfig) as api:
+    with _api(kubeconfig, workload.api_outage_s) as api:
         outcome = run_job(api, workload, module, args)
     return LaunchResult(
         job=outcome.job,
@@ -353,9 +360,14 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
     names = RunNames.for_run(spec.run_id)
     deadline = Deadline(spec.delete_timeout_s)
     gone = Deletions(spec.run_id)
-    with _api(kubeconfig) as api:
-        delete_workload(api, spec.namespace, gone, deadline)
-        delete_domain(api, spec.namespace, names.domain, deadline, gone)
+    # API outages are ridden out like in every step, but never past the teardown's deadline.
+    outage_s = min(spec.api_outage_s, spec.delete_timeout_s)
+    try:
+        with _api(kubeconfig, outage_s) as api:
+            delete_workload(api, spec.namespace, gone, deadline)
+            delete_domain(api, spec.namespace, names.domain, deadline, gone)
+    except (ClusterUnavailable, WaitTimeout) as e:
+        raise teardown_incomplete(spec, gone, e) from e
     message = f"deleted {len(gone.deleted)} objects of run {spec.run_id}"
     if gone.skipped:
         message += f"; left alone (not this run's): {'; '.join(gone.skipped)}"
@@ -369,6 +381,28 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
         elapsed_s=_since(start),
         skipped=gone.skipped,
         message=message,
+    )
+
+
+def teardown_incomplete(spec: DomainSpec, gone: Deletions, cause: MnnvlError) -> TeardownIncomplete:
+    """The error of a teardown that could not finish: what may be left and how to remove it."""
+    names = RunNames.for_run(spec.run_id)
+    ns = spec.namespace
+    leftovers = [*gone.deleted]  # deleted, but not seen gone
+    leftovers += [
+        f"Jobs, Pods, Services and ResourceClaimTemplates in {ns} labelled {names.selector}",
+        f"ComputeDomain {ns}/{names.domain} (with its ResourceClaimTemplate "
+        f"{ns}/{names.channel_template})",
+    ]
+    cleanup = f"mnnvl teardown --run-id {spec.run_id} --namespace {ns}"
+    reap = f"mnnvl reap --namespace {ns} --live-run-ids <runs still running>"
+    message = (
+        f"teardown of run {spec.run_id} could not finish: {cause}; may be left: "
+        f"{'; '.join(leftovers)}; remove them with `{cleanup}` once the cluster answers "
+        f"(or `{reap}`)"
+    )
+    return TeardownIncomplete(
+        message, exit_code=cause.exit_code, leftovers=leftovers, cleanup=cleanup
     )
 
 
@@ -410,6 +444,6 @@ def reap(
 def status(spec: DomainSpec, *, kubeconfig: str | None = None) -> StatusResult:
     """What the run has in the cluster now (read-only): domain and its nodes, Jobs, pods."""
     names = RunNames.for_run(spec.run_id)
-    with _api(kubeconfig) as api:
+    with _api(kubeconfig, spec.api_outage_s) as api:
         found = run_status(api, spec.namespace, names)
     return StatusResult(run_id=spec.run_id, namespace=spec.namespace, **found)

@@ -21,16 +21,17 @@ logger = logging.getLogger(__name__)
 
 
 def watch_events(resp: Any, what: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Events ``(type, object)`` of an open watch response, bookmarks skipped.
+    """Events ``(type, object)`` of an open watch response.
 
-    Raises ``WatchExpired`` on 410 Gone and the mapped API error on any other ERROR event.
+    ``BOOKMARK`` events are passed on: their object carries only ``metadata.resourceVersion``,
+    the point a resumed watch starts from (so a quiet watch never falls out of the server's
+    history and needs no re-list). Raises ``WatchExpired`` on 410 Gone and the mapped API
+    error on any other ERROR event.
     """
     try:
         for line in iter_resp_lines(resp):
             event = json.loads(line)
             etype, obj = event.get("type", ""), event.get("object") or {}
-            if etype == "BOOKMARK":
-                continue
             if etype == "ERROR":
                 raise _watch_error(obj, what)
             yield etype, obj

@@ -231,7 +231,8 @@ class _Watcher(threading.Thread):
                 if self.stop.is_set():
                     return
                 version = str(obj.get("metadata", {}).get("resourceVersion") or version)
-                self.events.put((self.key, etype, obj))
+                if etype != "BOOKMARK":  # a bookmark only moves the resume point
+                    self.events.put((self.key, etype, obj))
 
 
 # ---- the common case: one source, a done predicate, an optional fail predicate -----------------
