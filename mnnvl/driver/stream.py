@@ -55,8 +55,14 @@ def _watch_error(status: dict[str, Any], what: str) -> Exception:
 
 
 def log_lines(resp: Any) -> Iterator[str]:
-    """Lines of an open ``follow=true`` log response as they arrive."""
+    """Lines of an open ``follow=true`` log response as they arrive.
+
+    A stream cut by the API server (a restart) just ends: the caller reads the stored log
+    when it needs the whole of it.
+    """
     try:
         yield from iter_resp_lines(resp)
+    except (urllib3.exceptions.HTTPError, ConnectionError) as e:
+        logger.info("log stream cut (%s); the whole log is read again when the Job ends", e)
     finally:
         resp.release_conn()
