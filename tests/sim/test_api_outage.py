@@ -9,6 +9,10 @@ retries (about 3 s) and within the tolerance the runs are given.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -21,7 +25,7 @@ import pytest
 from mnnvl import cli, steps
 from mnnvl.driver import Api
 from mnnvl.driver import wait as wait_module
-from mnnvl.driver.api import RESOURCE_CLAIM_TEMPLATE, SERVICE
+from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE
 from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.errors import MnnvlError
 from mnnvl.names import RunNames
@@ -30,6 +34,7 @@ from mnnvl.spec import DomainSpec, WorkloadSpec
 
 OUTAGE_S = 6.0
 TOLERANCE_S = 30.0
+STOP_S = 8.0  # a SIGSTOPped API server process: as a 20 s stop, only shorter
 # Reports once the file named by $GATE exists: a Job the test lets finish at will.
 GATED = (
     "import json, os, time\n"
@@ -267,3 +272,58 @@ def _deleting(sim: SimCluster, name: str) -> bool:
     return any(
         o["metadata"]["name"] == name and o["metadata"].get("deletionTimestamp") for o in found
     )
+
+
+@pytest.mark.slow
+def test_run_survives_the_sim_up_server_process_being_stopped(tmp_path: Path) -> None:
+    """SIGSTOP the `mnnvl sim up` process (its API server, controllers and kubelet freeze; the
+    pod processes, its children, carry on) during training, SIGCONT: the run still ends 0
+    and leaves nothing."""
+    kc, run_id = tmp_path / "kubeconfig", f"stop-{uuid.uuid4().hex[:8]}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "2", "--gpus-per-node", "0",
+         "--imex-delay-s", "0.1", "--kubeconfig", str(kc)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run: subprocess.Popen[str] | None = None
+    try:
+        assert server.stderr is not None
+        for line in server.stderr:
+            if "Ctrl-C" in line:
+                break
+        threading.Thread(target=server.stderr.read, daemon=True).start()  # keep draining
+        run = subprocess.Popen(
+            [sys.executable, "-m", "mnnvl", "run", "--run-id", run_id, "--nodes", "2",
+             "--gpus-per-node", "0", "--skip-verify", "--steps", "40", "--warmup-steps", "1",
+             "--api-outage-s", "60", "--kubeconfig", str(kc)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert run.stderr is not None
+        seen: list[str] = []
+        for line in run.stderr:
+            seen.append(line)
+            if "pods 2/2 Running" in line:  # training: the step waits on its Job
+                break
+        drained: list[str] = []
+        threading.Thread(target=lambda: drained.extend(run.stderr or []), daemon=True).start()
+        os.kill(server.pid, signal.SIGSTOP)
+        time.sleep(STOP_S)
+        os.kill(server.pid, signal.SIGCONT)
+        out, _ = run.communicate(timeout=300)
+        result = json.loads(out.splitlines()[-1])
+        assert run.returncode == 0 and result["ok"] is True, "".join(seen + drained)[-3000:]
+        assert result["train"]["steps"] == 40
+        with Api.connect(str(kc)) as api:
+            selector = RunNames.for_run(run_id).selector
+            left = [
+                o["metadata"]["name"]
+                for kind in (COMPUTE_DOMAIN, JOB, POD, SERVICE, RESOURCE_CLAIM_TEMPLATE)
+                for o in api.list(kind, "default", label_selector=selector)["items"]
+            ]
+        assert left == []
+    finally:
+        for proc in (run, server):
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+                proc.wait(timeout=60)
