@@ -30,14 +30,7 @@ from mnnvl.driver import (
     wait_for_channel_template,
 )
 from mnnvl.driver.inspect import run_status
-from mnnvl.errors import (
-    ClusterUnavailable,
-    MnnvlError,
-    TeardownIncomplete,
-    VerificationFailed,
-    WaitTimeout,
-    WorkloadFailed,
-)
+from mnnvl.errors import ClusterUnavailable, VerificationFailed, WaitTimeout, WorkloadFailed
 from mnnvl.flags import to_args
 from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
 from mnnvl.names import RunNames
@@ -367,7 +360,7 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
             delete_workload(api, spec.namespace, gone, deadline)
             delete_domain(api, spec.namespace, names.domain, deadline, gone)
     except (ClusterUnavailable, WaitTimeout) as e:
-        raise teardown_incomplete(spec, gone, e) from e
+        raise gone.incomplete(spec.namespace, e) from e
     message = f"deleted {len(gone.deleted)} objects of run {spec.run_id}"
     if gone.skipped:
         message += f"; left alone (not this run's): {'; '.join(gone.skipped)}"
@@ -381,28 +374,6 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
         elapsed_s=_since(start),
         skipped=gone.skipped,
         message=message,
-    )
-
-
-def teardown_incomplete(spec: DomainSpec, gone: Deletions, cause: MnnvlError) -> TeardownIncomplete:
-    """The error of a teardown that could not finish: what may be left and how to remove it."""
-    names = RunNames.for_run(spec.run_id)
-    ns = spec.namespace
-    leftovers = [*gone.deleted]  # deleted, but not seen gone
-    leftovers += [
-        f"Jobs, Pods, Services and ResourceClaimTemplates in {ns} labelled {names.selector}",
-        f"ComputeDomain {ns}/{names.domain} (with its ResourceClaimTemplate "
-        f"{ns}/{names.channel_template})",
-    ]
-    cleanup = f"mnnvl teardown --run-id {spec.run_id} --namespace {ns}"
-    reap = f"mnnvl reap --namespace {ns} --live-run-ids <runs still running>"
-    message = (
-        f"teardown of run {spec.run_id} could not finish: {cause}; may be left: "
-        f"{'; '.join(leftovers)}; remove them with `{cleanup}` once the cluster answers "
-        f"(or `{reap}`)"
-    )
-    return TeardownIncomplete(
-        message, exit_code=cause.exit_code, leftovers=leftovers, cleanup=cleanup
     )
 
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,19 +29,20 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
 
 from mnnvl.driver.errors import ClusterUnavailable, MnnvlError, NotFound, from_api_exception
+from mnnvl.driver.retry import (
+    DEFAULT_OUTAGE_S,
+    MAX_ATTEMPTS,
+    TRANSIENT_STATUS,
+    Outage,
+    RetryPolicy,
+    backoff_s,
+    retry_after_s,
+)
 from mnnvl.driver.stream import log_lines, watch_events
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
-# Tried at least this often, whatever the outage tolerance: a blip of a second is never fatal.
-MAX_ATTEMPTS = 6
-BACKOFF_BASE_S = 0.1
-BACKOFF_MAX_S = 5.0
-DEFAULT_OUTAGE_S = 300.0
-OUTAGE_REPORT_EVERY_S = 15.0
-RETRY_AFTER_MAX_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 _VERBS = {"GET": "get", "POST": "create", "DELETE": "delete"}
 REQUEST_TIMEOUT_S = 60.0
@@ -83,67 +82,6 @@ JOB = Kind("Job", "batch", "v1", "jobs")
 POD = Kind("Pod", "", "v1", "pods")
 SERVICE = Kind("Service", "", "v1", "services")
 EVENT = Kind("Event", "", "v1", "events")
-
-
-def _retry_after_s(e: ApiException) -> float | None:
-    headers = e.headers or {}
-    value = headers.get("Retry-After") or headers.get("retry-after")
-    try:
-        return min(float(value), RETRY_AFTER_MAX_S) if value is not None else None
-    except ValueError:  # an HTTP date instead of seconds: fall back to our own backoff
-        return None
-
-
-def _backoff_s(attempt: int) -> float:
-    return random.uniform(0.5, 1.0) * min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** min(attempt, 16))
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long requests and watches ride out an unreachable or overloaded API server.
-
-    ``outage_s`` is the longest outage tolerated (``--api-outage-s``): counted from the first
-    failed request after the last answer, over every request of one :class:`Api` (so several
-    watches retrying at once report one outage). 0 keeps only the ``MAX_ATTEMPTS`` quick tries.
-    """
-
-    outage_s: float = DEFAULT_OUTAGE_S
-    report_every_s: float = OUTAGE_REPORT_EVERY_S
-
-
-class _Outage:
-    """When the API stopped answering (None while it answers), shared by an Api's threads."""
-
-    def __init__(self, policy: RetryPolicy) -> None:
-        self.policy = policy
-        self._lock = threading.Lock()
-        self._since: float | None = None
-        self._next_report = 0.0
-
-    def up(self) -> None:
-        with self._lock:
-            if self._since is not None:
-                down_s = time.monotonic() - self._since
-                if down_s >= self.policy.report_every_s:
-                    logger.info("API reachable again after %.0f s", down_s)
-            self._since = None
-
-    def down(self) -> tuple[float, float]:
-        """Seconds the API has been unreachable, and seconds until the next progress line
-        is due (a retry sleeps no longer, so the line comes at least every report_every_s)."""
-        every = self.policy.report_every_s
-        with self._lock:
-            now = time.monotonic()
-            if self._since is None:
-                self._since, self._next_report = now, now + every
-            elif now >= self._next_report:
-                logger.warning(
-                    "API unreachable for %.0f s (tolerating up to %g s)",
-                    now - self._since,
-                    self.policy.outage_s,
-                )
-                self._next_report = now + every
-            return now - self._since, self._next_report - now
 
 
 def _load_configuration(kubeconfig: str | None) -> client.Configuration:
@@ -202,7 +140,7 @@ class Api:
     def __init__(self, api_client: client.ApiClient, policy: RetryPolicy | None = None) -> None:
         self.client = api_client
         self.policy = policy or RetryPolicy()
-        self._outage = _Outage(self.policy)
+        self._outage = Outage(self.policy)
         # Paths are built here, so the discovery a DynamicClient would do (extra requests
         # and a cache file under /tmp) is skipped.
         self._dynamic = DynamicClient(api_client, discoverer=_NoDiscovery)
@@ -249,7 +187,7 @@ class Api:
                         self._outage.up()
                     raise from_api_exception(e, verb or "request", label) from e
                 error: Exception = e
-                delay = _retry_after_s(e)
+                delay = retry_after_s(e)
             except (urllib3.exceptions.HTTPError, ConnectionError) as e:
                 error, delay = e, None
             else:
@@ -259,7 +197,7 @@ class Api:
             attempt += 1
             if attempt >= MAX_ATTEMPTS and down_s >= self.policy.outage_s:
                 raise self._gave_up(error, verb, label, down_s) from error
-            delay = _backoff_s(attempt - 1) if delay is None else delay
+            delay = backoff_s(attempt - 1) if delay is None else delay
             logger.debug("%s %s: %s, retrying in %.2f s", verb, label, error, delay)
             time.sleep(max(0.0, min(delay, report_in_s)))
 

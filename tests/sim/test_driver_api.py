@@ -7,6 +7,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mnnvl.driver import api as api_module
+from mnnvl.driver import retry
 from mnnvl.driver.api import MAX_ATTEMPTS, Api, RetryPolicy
 from mnnvl.driver.errors import AlreadyExists, ApiError, ClusterUnavailable, NotFound
 
@@ -64,7 +65,7 @@ def test_backoff_is_jittered_and_bounded(api):
         api.call(fn, what="jobs default/x", verb="create")
     assert fn.calls["n"] == MAX_ATTEMPTS
     assert len(api.slept) == MAX_ATTEMPTS - 1
-    assert all(0 < s <= api_module.BACKOFF_MAX_S for s in api.slept)
+    assert all(0 < s <= retry.BACKOFF_MAX_S for s in api.slept)
 
 
 @pytest.mark.parametrize(
@@ -87,13 +88,13 @@ def test_forbidden_names_verb_resource_and_rbac(api):
 def test_an_outage_within_the_tolerance_is_ridden_out_with_progress_lines(monkeypatch, caplog):
     api = make_api(monkeypatch, outage_s=60)
     fn = failing([503] * 20)  # 20 answers of 503 over about 30-50 s of backoff
-    with caplog.at_level("INFO", logger="mnnvl.driver.api"):
+    with caplog.at_level("INFO", logger="mnnvl.driver"):
         assert api.call(fn, what="jobs default/x", verb="get") == "ok"
     lines = [r.getMessage() for r in caplog.records if "API unreachable for" in r.getMessage()]
     assert lines and all("(tolerating up to 60 s)" in line for line in lines)
-    assert all(s <= api_module.BACKOFF_MAX_S for s in api.slept)
+    assert all(s <= retry.BACKOFF_MAX_S for s in api.slept)
     # a line at least every 15 s of the outage
-    assert len(lines) >= int(sum(api.slept) // api_module.OUTAGE_REPORT_EVERY_S) - 1
+    assert len(lines) >= int(sum(api.slept) // retry.OUTAGE_REPORT_EVERY_S) - 1
 
 
 def test_an_outage_longer_than_the_tolerance_is_exit_5_saying_how_long(monkeypatch):
@@ -103,7 +104,7 @@ def test_an_outage_longer_than_the_tolerance_is_exit_5_saying_how_long(monkeypat
     assert info.value.exit_code == 5
     assert "longer than --api-outage-s 30 tolerates" in str(info.value)
     assert "503" in str(info.value) and "check the API server" in str(info.value)
-    assert 29.9 <= sum(api.slept) <= 30 + api_module.BACKOFF_MAX_S
+    assert 29.9 <= sum(api.slept) <= 30 + retry.BACKOFF_MAX_S
 
 
 def test_auth_errors_are_never_transient_even_with_a_tolerance(monkeypatch):
