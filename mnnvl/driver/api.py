@@ -159,6 +159,10 @@ class Api:
     def close(self) -> None:
         self.client.close()
 
+    def outage_unsettled(self, settle_s: float) -> bool:
+        """True while the API is unreachable, and for ``settle_s`` after it answered again."""
+        return self._outage.unsettled(settle_s)
+
     def __enter__(self) -> Api:
         return self
 

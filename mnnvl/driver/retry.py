@@ -58,6 +58,7 @@ class Outage:
         self.policy = policy
         self._lock = threading.Lock()
         self._since: float | None = None
+        self._back_at = float("-inf")  # when the API last answered again after an outage
         self._next_report = 0.0
 
     def up(self) -> None:
@@ -66,7 +67,14 @@ class Outage:
                 down_s = time.monotonic() - self._since
                 if down_s >= self.policy.report_every_s:
                     logger.info("API reachable again after %.0f s", down_s)
+                self._back_at = time.monotonic()
             self._since = None
+
+    def unsettled(self, settle_s: float) -> bool:
+        """True while the API is unreachable, and for ``settle_s`` after it answered again
+        (resumed watches are still replaying what they missed)."""
+        with self._lock:
+            return self._since is not None or time.monotonic() - self._back_at < settle_s
 
     def down(self) -> tuple[float, float]:
         """Seconds the API has been unreachable, and seconds until the next progress line

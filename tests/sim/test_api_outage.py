@@ -8,6 +8,7 @@ retries (about 3 s) and within the tolerance the runs are given.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -141,6 +142,21 @@ def test_outage_while_waiting_for_the_channel_template_is_ridden_out(
     until(lambda: any(o[2] == r.names.domain for o in sim.objects()), 30)
     sim.faults.api_outage(OUTAGE_S)
     sim.faults.allow_rct(r.names.domain)  # the controller carries on during the outage
+    assert finished(thread, out).channel_template == r.names.channel_template
+
+
+def test_a_deadline_that_passes_during_an_outage_is_judged_on_what_the_api_shows_after(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    """The controller made the template in time, but the outage hid it past the deadline:
+    the wait decides on the state it sees once the API answers, not on a stale view."""
+    r = run()
+    r.domain = dataclasses.replace(r.domain, rct_timeout_s=2)
+    sim.faults.no_rct(r.names.domain)
+    thread, out = background(r.provision)
+    until(lambda: any(o[2] == r.names.domain for o in sim.objects()), 30)
+    sim.faults.api_outage(OUTAGE_S)  # longer than the deadline
+    sim.faults.allow_rct(r.names.domain)
     assert finished(thread, out).channel_template == r.names.channel_template
 
 
