@@ -26,6 +26,7 @@ def provision_domain(
     namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
+    api_outage_s: float = 300.0,
 ) -> str:
     """Create (or adopt) the run's ComputeDomain and wait for its channel claim template.
 
@@ -34,6 +35,8 @@ def provision_domain(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
 
     Returns:
         The ComputeDomain name.
@@ -79,6 +82,7 @@ def train_sharded(
     backoff_limit_per_index: int = 0,
     max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
+    api_outage_s: float = 300.0,
     model: str = 'tiny',
     steps: int = 20,
     seq_len: int = 0,
@@ -146,6 +150,8 @@ def train_sharded(
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
             fails.
         image_pull_policy: Always, IfNotPresent or Never.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
         seq_len: sequence length; 0 = the preset's.
@@ -218,6 +224,7 @@ def verify_nvlink(
     backoff_limit_per_index: int = 0,
     max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
+    api_outage_s: float = 300.0,
     min_bytes: int = 0,
     max_bytes: int = 0,
     iters: int = 0,
@@ -278,6 +285,8 @@ def verify_nvlink(
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
             fails.
         image_pull_policy: Always, IfNotPresent or Never.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
         iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
@@ -335,6 +344,7 @@ def launch_workload(
     backoff_limit_per_index: int = 0,
     max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
+    api_outage_s: float = 300.0,
     module: str = '',
     command: List[str] = [],
 ):
@@ -384,6 +394,8 @@ def launch_workload(
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
             fails.
         image_pull_policy: Always, IfNotPresent or Never.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
         command: with a module: its arguments; without: the program and its arguments (a list).
     """
@@ -398,6 +410,7 @@ def teardown_domain(
     run_id: str,
     namespace: str = '',
     delete_timeout_s: float = 300.0,
+    api_outage_s: float = 300.0,
 ):
     """Delete every object of the run (workload first, then the ComputeDomain); idempotent.
 
@@ -405,6 +418,8 @@ def teardown_domain(
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -418,6 +433,7 @@ def provision_training(
     namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
+    api_outage_s: float = 300.0,
     nodes: int = 2,
     nodes_per_clique: int = 0,
     max_nodes_per_clique: int = 18,
@@ -489,6 +505,8 @@ def provision_training(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it).
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
@@ -587,6 +605,7 @@ def provision_verify_only(
     namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
+    api_outage_s: float = 300.0,
     nodes: int = 2,
     nodes_per_clique: int = 0,
     max_nodes_per_clique: int = 18,
@@ -636,6 +655,8 @@ def provision_verify_only(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it).
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
@@ -705,6 +726,7 @@ def provision_custom(
     namespace: str = '',
     allocation_mode: str = 'Single',
     rct_timeout_s: float = 120.0,
+    api_outage_s: float = 300.0,
     nodes: int = 2,
     nodes_per_clique: int = 0,
     max_nodes_per_clique: int = 18,
@@ -757,6 +779,8 @@ def provision_custom(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         allocation_mode: IMEX channels per pod: Single (channel0) or All.
         rct_timeout_s: wait for the DRA controller's channel claim template, s.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it).
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-

@@ -182,7 +182,11 @@ def _run_specs(
 ) -> tuple[DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig]:
     domain = _domain(ns)
     workload = flags.from_namespace(
-        WorkloadSpec, ns, run_id=domain.run_id, namespace=domain.namespace
+        WorkloadSpec,
+        ns,
+        run_id=domain.run_id,
+        namespace=domain.namespace,
+        api_outage_s=domain.api_outage_s,
     )
     return (
         domain,
@@ -359,6 +363,16 @@ def _emit(payload: dict[str, Any], result_path: str | None) -> None:
     stream.flush()
 
 
+def _leftovers(e: BaseException) -> dict[str, Any]:
+    """What a teardown that could not finish left (see ``TeardownIncomplete``), logged last."""
+    leftovers = getattr(e, "leftovers", None)
+    if not leftovers:
+        return {}
+    cleanup = getattr(e, "cleanup", "")
+    logger.error("may be left: %s; remove with `%s`", "; ".join(leftovers), cleanup)
+    return {"leftovers": list(leftovers), "cleanup": cleanup}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -402,7 +416,13 @@ def main(argv: list[str] | None = None) -> int:
     except MnnvlError as e:
         logger.error("%s failed: %s", command, e)
         _emit(
-            {"ok": False, "command": command, "error": str(e), "exit_code": e.exit_code},
+            {
+                "ok": False,
+                "command": command,
+                "error": str(e),
+                "exit_code": e.exit_code,
+                **_leftovers(e),
+            },
             ns.result_path,
         )
         return e.exit_code
@@ -414,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                 "command": command,
                 "error": f"interrupted by {e}",
                 "exit_code": e.exit_code,
+                **_leftovers(e),
             },
             ns.result_path,
         )

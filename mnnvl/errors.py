@@ -80,3 +80,17 @@ class ClusterUnavailable(MnnvlError):
 
 class CrdMissing(ClusterUnavailable):
     """The ComputeDomain CRD (NVIDIA DRA driver) is not installed."""
+
+
+class TeardownIncomplete(MnnvlError):
+    """A teardown could not finish (the API stayed unreachable, or a deadline passed).
+
+    ``leftovers`` names every object that may remain and ``cleanup`` the command that removes
+    them; the exit code is the cause's (5 API unavailable, 3 deadline passed).
+    """
+
+    def __init__(self, message: str, *, exit_code: int, leftovers: list[str], cleanup: str):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.leftovers = leftovers
+        self.cleanup = cleanup

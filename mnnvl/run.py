@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnnvl import steps, surface
-from mnnvl.errors import MnnvlError
+from mnnvl.errors import MnnvlError, TeardownIncomplete
 from mnnvl.manifests import render_run
 from mnnvl.report import num, verdict_numbers
 
@@ -90,19 +90,24 @@ def run_all(
     """
     *work, last = planned
     out: dict[str, Any] = {"run_id": last.specs[0].run_id}
-    failed = True
+    error: BaseException | None = None
     try:
         for item in work:
             out[item.key] = _step_call(item, kubeconfig, report_dir)().to_dict()
-        failed = False
+    except BaseException as e:  # a step's error or a signal: teardown below, then re-raised
+        error = e
+        raise
     finally:
         try:
             out[last.key] = _step_call(last, kubeconfig, report_dir)().to_dict()
         except MnnvlError as e:
-            if not failed:
+            if error is None:
                 raise  # the run itself went well: the teardown failure is the result
-            # Raising here would replace the step's error (or the signal) with this one.
+            # Raising here would replace the step's error (or the signal) with this one; it
+            # carries what the teardown may have left instead (the CLI reports it last).
             logger.error("teardown after failure also failed: %s", e)
+            if isinstance(e, TeardownIncomplete):
+                error.leftovers, error.cleanup = e.leftovers, e.cleanup  # type: ignore[attr-defined]
     _log_summary(out)
     return out
 

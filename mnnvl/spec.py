@@ -120,6 +120,15 @@ def opt(
     return field(default=default, metadata=meta)
 
 
+def api_outage_opt() -> Any:
+    """The ``api_outage_s`` input, declared here once for every step's spec."""
+    return opt(
+        300.0,
+        "how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden "
+        "out by every request and wait, s; a longer outage ends the step with exit 5",
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class OwnerRef:
     """An owner for created objects (the launcher pod or Argo Workflow), so GC backs up teardown."""
@@ -150,6 +159,7 @@ class DomainSpec:
     )
     rct_timeout_s: float = opt(120.0, "wait for the DRA controller's channel claim template, s")
     delete_timeout_s: float = opt(300.0, "wait until each deleted object is gone (GET 404), s")
+    api_outage_s: float = api_outage_opt()
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
@@ -160,6 +170,7 @@ class DomainSpec:
         check_choice("allocation_mode", self.allocation_mode, ALLOCATION_MODES)
         check_range("rct_timeout_s", self.rct_timeout_s, 0.1, 86400)
         check_range("delete_timeout_s", self.delete_timeout_s, 0.1, 86400)
+        check_range("api_outage_s", self.api_outage_s, 0, 86400)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +253,7 @@ class WorkloadSpec:
         3, "gang restarts of every rank (from the last checkpoint) before the step fails"
     )
     image_pull_policy: str = opt("IfNotPresent", "Always, IfNotPresent or Never")
+    api_outage_s: float = api_outage_opt()
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
@@ -266,6 +278,7 @@ class WorkloadSpec:
             if name in contract_env.PINNED:
                 raise SpecError(f"env.{name}", "is pinned by the machine and must not be set")
         check_range("rdzv_port", self.rdzv_port, 1024, 65535, integer=True)
+        check_range("api_outage_s", self.api_outage_s, 0, 86400)
         if self.service_account:
             check_dns_label("service_account", self.service_account, max_len=253)
         check_choice("pod_security", self.pod_security, POD_SECURITY_LEVELS)

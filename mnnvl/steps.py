@@ -31,7 +31,7 @@ from mnnvl.driver import (
     wait_for_channel_template,
 )
 from mnnvl.driver.inspect import run_status
-from mnnvl.errors import VerificationFailed, WorkloadFailed
+from mnnvl.errors import ClusterUnavailable, VerificationFailed, WaitTimeout, WorkloadFailed
 from mnnvl.flags import to_args
 from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
 from mnnvl.names import RunNames
@@ -149,8 +149,8 @@ class ReapResult(Result):
 
 
 @contextmanager
-def _api(kubeconfig: str | None) -> Iterator[Api]:
-    api = Api.connect(kubeconfig)
+def _api(kubeconfig: str | None, outage_s: float | None = None) -> Iterator[Api]:
+    api = Api.connect(kubeconfig, outage_s=outage_s)
     try:
         yield api
     finally:
@@ -171,7 +171,7 @@ def provision(
     a KFP launcher pod ends before the exit handler's teardown would run).
     """
     start = time.monotonic()
-    with _api(kubeconfig) as api:
+    with _api(kubeconfig, spec.api_outage_s) as api:
         if owner_pod and spec.owner is None:
             spec = dataclasses.replace(spec, owner=launcher_owner(api, spec.namespace))
         domain = ensure_domain(api, spec)
@@ -197,7 +197,7 @@ def launch(
     RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown.
     """
     start = time.monotonic()
-    with _api(kubeconfig) as api:
+    with _api(kubeconfig, workload.api_outage_s) as api:
         outcome = run_job(api, workload, module, args)
     return LaunchResult(
         job=outcome.job,
@@ -350,10 +350,15 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
     names = RunNames.for_run(spec.run_id)
     deadline = Deadline(spec.delete_timeout_s)
     gone = Deletions(spec.run_id)
-    with _api(kubeconfig) as api:
-        delete_workload(api, spec.namespace, gone, deadline)
-        skip_foreign_namesakes(api, spec.namespace, gone)
-        delete_domain(api, spec.namespace, names.domain, deadline, gone)
+    # API outages are ridden out like in every step, but never past the teardown's deadline.
+    outage_s = min(spec.api_outage_s, spec.delete_timeout_s)
+    try:
+        with _api(kubeconfig, outage_s) as api:
+            delete_workload(api, spec.namespace, gone, deadline)
+            skip_foreign_namesakes(api, spec.namespace, gone)
+            delete_domain(api, spec.namespace, names.domain, deadline, gone)
+    except (ClusterUnavailable, WaitTimeout) as e:
+        raise gone.incomplete(spec.namespace, e) from e
     message = f"deleted {len(gone.deleted)} objects of run {spec.run_id}"
     if gone.skipped:
         message += f"; left alone (not this run's): {'; '.join(gone.skipped)}"
@@ -408,6 +413,6 @@ def reap(
 def status(spec: DomainSpec, *, kubeconfig: str | None = None) -> StatusResult:
     """What the run has in the cluster now (read-only): domain and its nodes, Jobs, pods."""
     names = RunNames.for_run(spec.run_id)
-    with _api(kubeconfig) as api:
+    with _api(kubeconfig, spec.api_outage_s) as api:
         found = run_status(api, spec.namespace, names)
     return StatusResult(run_id=spec.run_id, namespace=spec.namespace, **found)

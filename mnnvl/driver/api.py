@@ -1,11 +1,14 @@
 """Client construction, the one retry helper, and generic dict-in/dict-out calls.
 
-Every request goes through :meth:`Api.call`: it retries only what a retry can fix
-(429, 500, 502, 503, 504 and connection errors; ``Retry-After`` honoured; bounded, jittered
-backoff) and maps everything else to the error family once. Bodies are plain dicts and
-responses are decoded JSON: kubernetes 30.1's typed models predate ``resource.k8s.io/v1``
-and would drop fields such as ``resourceClaimTemplateName``. Streamed responses (watches,
-followed logs) are opened here and read by :mod:`mnnvl.driver.stream`.
+Every request, and every watch (re)opened, goes through :meth:`Api.call`: it retries only what
+a retry can fix (429, 500, 502, 503, 504, connection refused/reset and read timeouts;
+``Retry-After`` honoured; capped, jittered exponential backoff) and maps everything else to the
+error family once. Retries go on while the API has been unreachable for less than the run's
+outage tolerance (:class:`RetryPolicy`, ``--api-outage-s``): an API server restart or HA
+fail-over is ridden out, with a progress line at least every 15 s; 401/403 are never retried.
+Bodies are plain dicts and responses are decoded JSON: kubernetes 30.1's typed models
+predate ``resource.k8s.io/v1`` and would drop fields such as ``resourceClaimTemplateName``.
+Streamed responses (watches, followed logs) are opened here and read by :mod:`mnnvl.driver.stream`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,17 +28,21 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
 
-from mnnvl.driver.errors import ClusterUnavailable, NotFound, from_api_exception
+from mnnvl.driver.errors import ClusterUnavailable, MnnvlError, NotFound, from_api_exception
+from mnnvl.driver.retry import (
+    DEFAULT_OUTAGE_S,
+    MAX_ATTEMPTS,
+    TRANSIENT_STATUS,
+    Outage,
+    RetryPolicy,
+    backoff_s,
+    retry_after_s,
+)
 from mnnvl.driver.stream import log_lines, watch_events
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
-MAX_ATTEMPTS = 6
-BACKOFF_BASE_S = 0.1
-BACKOFF_MAX_S = 5.0
-RETRY_AFTER_MAX_S = 30.0
 CONNECT_TIMEOUT_S = 10.0
 _VERBS = {"GET": "get", "POST": "create", "DELETE": "delete"}
 REQUEST_TIMEOUT_S = 60.0
@@ -76,19 +82,6 @@ JOB = Kind("Job", "batch", "v1", "jobs")
 POD = Kind("Pod", "", "v1", "pods")
 SERVICE = Kind("Service", "", "v1", "services")
 EVENT = Kind("Event", "", "v1", "events")
-
-
-def _retry_after_s(e: ApiException) -> float | None:
-    headers = e.headers or {}
-    value = headers.get("Retry-After") or headers.get("retry-after")
-    try:
-        return min(float(value), RETRY_AFTER_MAX_S) if value is not None else None
-    except ValueError:  # an HTTP date instead of seconds: fall back to our own backoff
-        return None
-
-
-def _backoff_s(attempt: int) -> float:
-    return random.uniform(0.5, 1.0) * min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)
 
 
 def _load_configuration(kubeconfig: str | None) -> client.Configuration:
@@ -144,22 +137,31 @@ def _check_kubeconfig_yaml(path: str) -> None:
 class Api:
     """One connection to an API server. Thread-safe for concurrent calls."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, policy: RetryPolicy | None = None) -> None:
         self.client = api_client
+        self.policy = policy or RetryPolicy()
+        self._outage = Outage(self.policy)
         # Paths are built here, so the discovery a DynamicClient would do (extra requests
         # and a cache file under /tmp) is skipped.
         self._dynamic = DynamicClient(api_client, discoverer=_NoDiscovery)
         self.host = api_client.configuration.host
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None) -> Api:
+    def connect(cls, kubeconfig: str | None = None, *, outage_s: float | None = None) -> Api:
+        """A client from ``kubeconfig`` (see ``_load_configuration``) tolerating API outages
+        up to ``outage_s`` (default ``DEFAULT_OUTAGE_S``)."""
         cfg = _load_configuration(kubeconfig)
         # urllib3's own retries are off: :meth:`call` is the one place that retries.
         cfg.retries = 0
-        return cls(client.ApiClient(configuration=cfg))
+        policy = RetryPolicy(DEFAULT_OUTAGE_S if outage_s is None else outage_s)
+        return cls(client.ApiClient(configuration=cfg), policy)
 
     def close(self) -> None:
         self.client.close()
+
+    def outage_unsettled(self, settle_s: float) -> bool:
+        """True while the API is unreachable, and for ``settle_s`` after it answered again."""
+        return self._outage.unsettled(settle_s)
 
     def __enter__(self) -> Api:
         return self
@@ -172,28 +174,50 @@ class Api:
     def call(
         self, fn: Callable[..., T], *args: Any, what: str = "", verb: str = "", **kw: Any
     ) -> T:
-        """Call ``fn`` retrying transient failures; map the rest to the error family."""
+        """Call ``fn`` retrying transient failures; map the rest to the error family.
+
+        Transient failures are retried at least ``MAX_ATTEMPTS`` times and for as long as the
+        API has been unreachable for less than the policy's ``outage_s``; then the last one is
+        raised as ``ClusterUnavailable`` (exit 5) saying how long the API was gone.
+        """
         label = what or getattr(fn, "__name__", "request")
-        for attempt in range(MAX_ATTEMPTS):
-            last = attempt == MAX_ATTEMPTS - 1
+        attempt = 0
+        while True:
             try:
-                return fn(*args, **kw)
+                found = fn(*args, **kw)
             except ApiException as e:
-                if e.status not in TRANSIENT_STATUS or last:
+                if e.status not in TRANSIENT_STATUS:
+                    if e.status not in (401, 403):  # an answer: the API is reachable
+                        self._outage.up()
                     raise from_api_exception(e, verb or "request", label) from e
-                delay = _retry_after_s(e)
-                delay = _backoff_s(attempt) if delay is None else delay
-                logger.debug("%s %s: %s, retrying in %.2f s", verb, label, e.status, delay)
+                error: Exception = e
+                delay = retry_after_s(e)
             except (urllib3.exceptions.HTTPError, ConnectionError) as e:
-                if last:
-                    raise ClusterUnavailable(
-                        f"cannot reach the Kubernetes API at {self.host} ({verb} {label}): {e}; "
-                        "check that the cluster is up and the kubeconfig points at it"
-                    ) from e
-                delay = _backoff_s(attempt)
-                logger.debug("%s %s: %s, retrying in %.2f s", verb, label, e, delay)
-            time.sleep(delay)
-        raise AssertionError("unreachable")
+                error, delay = e, None
+            else:
+                self._outage.up()
+                return found
+            down_s, report_in_s = self._outage.down()
+            attempt += 1
+            if attempt >= MAX_ATTEMPTS and down_s >= self.policy.outage_s:
+                raise self._gave_up(error, verb, label, down_s) from error
+            delay = backoff_s(attempt - 1) if delay is None else delay
+            logger.debug("%s %s: %s, retrying in %.2f s", verb, label, error, delay)
+            time.sleep(max(0.0, min(delay, report_in_s)))
+
+    def _gave_up(self, error: Exception, verb: str, label: str, down_s: float) -> MnnvlError:
+        """The error for a transient failure that lasted past the outage tolerance."""
+        lasted = (
+            f"for {down_s:.0f} s, longer than --api-outage-s {self.policy.outage_s:g} tolerates"
+        )
+        if isinstance(error, ApiException):
+            mapped = str(from_api_exception(error, verb or "request", label))
+            head, _, hint = mapped.partition("; ")
+            return ClusterUnavailable(f"{head} {lasted}; {hint}")
+        return ClusterUnavailable(
+            f"cannot reach the Kubernetes API at {self.host} {lasted} ({verb} {label}): "
+            f"{error}; check that the cluster is up and the kubeconfig points at it"
+        )
 
     # ---- the one request path ---------------------------------------------------------
 
@@ -308,8 +332,8 @@ class Api:
         """Events ``(type, object)`` from ``resource_version`` until the server ends the watch.
 
         The server-side ``timeoutSeconds`` and the client read timeout both come from
-        ``timeout_s``, so a watch never outlives the caller's deadline. Raises
-        ``WatchExpired`` on 410 Gone.
+        ``timeout_s``, so a watch never outlives the caller's deadline. ``BOOKMARK`` events
+        come through (they advance the resume point). Raises ``WatchExpired`` on 410 Gone.
         """
         query = {
             "watch": "true",

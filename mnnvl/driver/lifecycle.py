@@ -51,6 +51,7 @@ from mnnvl.driver.workload import (
     create_workload,
     parse_result,
     rank0_pod,
+    remove_failed_jobs,
     result_of_failed_job,
 )
 from mnnvl.errors import NotProvisioned
@@ -95,10 +96,14 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     watch = JobWatch(api, workload, jobs, on_running=follow)
     try:
         pods = watch.run()
-    except WorkloadFailed as err:
-        err.result = err.result or result_of_failed_job(
-            api, workload, job, watch.follower, drain_s=LOG_DRAIN_S
-        )
+    except (WorkloadFailed, WaitTimeout) as err:
+        if isinstance(err, WorkloadFailed):
+            err.result = err.result or result_of_failed_job(
+                api, workload, job, watch.follower, drain_s=LOG_DRAIN_S
+            )
+        # The failed Job's pods would hold their nodes' IMEX channel (and GPUs) until the
+        # teardown, so the run's next step would wait on them: remove them now.
+        err.args = (f"{err}; {remove_failed_jobs(api, workload, jobs)}",)
         raise
     follower = watch.follower
     rank0 = rank0_pod(pods, job)
@@ -227,7 +232,10 @@ class JobWatch(Check):
             failed = _condition(found, "Failed") or _condition(found, "FailureTarget")
             if failed is not None:
                 domain = RunNames.for_run(self.workload.run_id).domain
-                raise job_failure(self.api, self.workload, name, domain, failed)
+                err = job_failure(self.api, self.workload, name, domain, failed)
+                if failed.get("reason") == "DeadlineExceeded":  # activeDeadlineSeconds
+                    raise self._past_deadline(name, err)
+                raise err
         every = [view["job"][name] for name in self.jobs]
         if all(_condition(j, "Complete") is not None for j in every):
             return dict(view["pods"])
@@ -256,6 +264,15 @@ class JobWatch(Check):
                 f"`kubectl logs -n {ns} -l {JOB_NAME_LABEL}={self.job}`",
             )
         return None
+
+    def _past_deadline(self, job: str, err: WorkloadFailed) -> WaitTimeout:
+        """A deadline passed (exit 3): the Job ran past --job-timeout-s and was stopped."""
+        ns = self.workload.namespace
+        return WaitTimeout(
+            f"deadline passed: Job {ns}/{job} ran longer than --job-timeout-s "
+            f"{self.workload.job_timeout_s:g} s and the Job controller stopped it ({err}); "
+            f"raise --job-timeout-s or check `kubectl logs -n {ns} -l {JOB_NAME_LABEL}={job}`"
+        )
 
     def _queued(self, job: dict[str, Any]) -> None:
         if self.pods_deadline is not None:

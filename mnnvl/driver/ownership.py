@@ -17,9 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.driver.api import Api, Kind
-from mnnvl.driver.errors import AlreadyExists, Conflict, ConflictError, NotFound, SpecError
+from mnnvl.driver.errors import (
+    AlreadyExists,
+    Conflict,
+    ConflictError,
+    MnnvlError,
+    NotFound,
+    SpecError,
+)
+from mnnvl.errors import TeardownIncomplete
 from mnnvl.manifests import hash_of, with_spec_hash
-from mnnvl.names import LABEL_MANAGED_BY, LABEL_RUN_ID, MANAGED_BY
+from mnnvl.names import LABEL_MANAGED_BY, LABEL_RUN_ID, MANAGED_BY, RunNames
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +174,28 @@ class Deletions:
         except NotFound:
             return False
         return self.delete(api, kind, obj, propagation=propagation)
+
+    def incomplete(self, namespace: str, cause: MnnvlError) -> TeardownIncomplete:
+        """The error of a teardown that could not finish (``cause``): every object that may be
+        left, and the command that removes them once the cluster answers."""
+        names = RunNames.for_run(self.run_id)
+        leftovers = [*self.deleted]  # deleted, but not seen gone
+        leftovers += [
+            f"Jobs, Pods, Services and ResourceClaimTemplates in {namespace} labelled "
+            f"{names.selector}",
+            f"ComputeDomain {namespace}/{names.domain} (with its ResourceClaimTemplate "
+            f"{namespace}/{names.channel_template})",
+        ]
+        cleanup = f"mnnvl teardown --run-id {self.run_id} --namespace {namespace}"
+        reap = f"mnnvl reap --namespace {namespace} --live-run-ids <runs still running>"
+        message = (
+            f"teardown of run {self.run_id} could not finish: {cause}; may be left: "
+            f"{'; '.join(leftovers)}; remove them with `{cleanup}` once the cluster answers "
+            f"(or `{reap}`)"
+        )
+        return TeardownIncomplete(
+            message, exit_code=cause.exit_code, leftovers=leftovers, cleanup=cleanup
+        )
 
     def _skip(self, what: str, why: str) -> None:
         message = f"{what}: {why}; left alone"

@@ -21,16 +21,17 @@ logger = logging.getLogger(__name__)
 
 
 def watch_events(resp: Any, what: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Events ``(type, object)`` of an open watch response, bookmarks skipped.
+    """Events ``(type, object)`` of an open watch response.
 
-    Raises ``WatchExpired`` on 410 Gone and the mapped API error on any other ERROR event.
+    ``BOOKMARK`` events are passed on: their object carries only ``metadata.resourceVersion``,
+    the point a resumed watch starts from (so a quiet watch never falls out of the server's
+    history and needs no re-list). Raises ``WatchExpired`` on 410 Gone and the mapped API
+    error on any other ERROR event.
     """
     try:
         for line in iter_resp_lines(resp):
             event = json.loads(line)
             etype, obj = event.get("type", ""), event.get("object") or {}
-            if etype == "BOOKMARK":
-                continue
             if etype == "ERROR":
                 raise _watch_error(obj, what)
             yield etype, obj
@@ -54,8 +55,14 @@ def _watch_error(status: dict[str, Any], what: str) -> Exception:
 
 
 def log_lines(resp: Any) -> Iterator[str]:
-    """Lines of an open ``follow=true`` log response as they arrive."""
+    """Lines of an open ``follow=true`` log response as they arrive.
+
+    A stream cut by the API server (a restart) just ends: the caller reads the stored log
+    when it needs the whole of it.
+    """
     try:
         yield from iter_resp_lines(resp)
+    except (urllib3.exceptions.HTTPError, ConnectionError) as e:
+        logger.info("log stream cut (%s); the whole log is read again when the Job ends", e)
     finally:
         resp.release_conn()

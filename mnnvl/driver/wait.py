@@ -10,7 +10,10 @@ The waiting thread also wakes up on its own, independent of events: at the deadl
 check asked to be re-run (a state that becomes fatal only after a grace period, e.g. a pod
 Unschedulable for longer than allowed, which no further event announces), and every
 ``PROGRESS_EVERY_S`` to log a progress line naming what it waits for. A 410 Gone re-lists and
-carries on; a watch the server ends is resumed from the last resourceVersion seen. Nothing
+carries on; a watch the server ends is resumed from the last resourceVersion seen (bookmarks
+move it forward). While the API is unreachable (an outage the retry policy rides out) the wait
+reaches no verdict and lets no deadline or grace period end it: the view may be stale, so they
+are judged on what the watches show once the API answers again. Outside outages nothing
 polls: between events and timers the threads block on watch streams and on the queue.
 """
 
@@ -36,6 +39,9 @@ View = dict[str, Objects]
 """Every source's objects, by source key."""
 
 PROGRESS_EVERY_S = 15.0
+# While the API is unreachable, and this long after it answered again (resumed watches replay
+# what they missed), the view may be stale: the wait looks again this often meanwhile.
+STALE_S = 1.0
 # A watch is re-opened at least this often, so a watch thread ends soon after its wait did.
 WATCH_CHUNK_S = 30.0
 # How long past its deadline a wait lets a first list finish its retries (see Api.call).
@@ -132,11 +138,17 @@ def watch_until(
             soon = check.recheck_in(view) if synced else None
             if soon is not None:
                 wake.append(soon)
+            if api.outage_unsettled(STALE_S):
+                wake = [STALE_S]
             try:
                 key, etype, payload = events.get(timeout=max(0.0, min(wake)))
                 _apply(view, key, etype, payload)
             except queue.Empty:
                 pass
+            if api.outage_unsettled(STALE_S):
+                # During an API outage (retried in Api.call, which logs it) the view may be
+                # stale: no verdict, no deadline until the API answers and the watches resume.
+                continue
             if len(view) == len(sources):
                 found = check(view)
                 if found is not None:
@@ -231,7 +243,8 @@ class _Watcher(threading.Thread):
                 if self.stop.is_set():
                     return
                 version = str(obj.get("metadata", {}).get("resourceVersion") or version)
-                self.events.put((self.key, etype, obj))
+                if etype != "BOOKMARK":  # a bookmark only moves the resume point
+                    self.events.put((self.key, etype, obj))
 
 
 # ---- the common case: one source, a done predicate, an optional fail predicate -----------------

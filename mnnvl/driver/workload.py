@@ -109,6 +109,38 @@ def _replace_failed_job(
         )
 
 
+FAILED_JOB_DELETE_S = 120.0  # how long a failed step waits for its Job's pods to be gone
+
+
+def remove_failed_jobs(api: Api, workload: WorkloadSpec, jobs: list[str]) -> str:
+    """Delete a failed step's Jobs (foreground: each is gone only once its pods are) and wait
+    for that; returns what was removed, or why not, for the step's error message."""
+    gone = Deletions(workload.run_id)
+    ns, deadline = workload.namespace, Deadline(FAILED_JOB_DELETE_S)
+    try:
+        for job in jobs:
+            if gone.delete_named(api, JOB, ns, job, propagation="Foreground"):
+                wait_for(
+                    api,
+                    JOB,
+                    ns,
+                    name=job,
+                    what=f"the failed Job {ns}/{job} and its pods to be gone",
+                    done=lambda objects: not objects,
+                    deadline=deadline,
+                    hint="check the pods' finalizers and the kubelet on their nodes",
+                )
+    except MnnvlError as e:
+        logger.warning("could not remove the failed step's Jobs: %s", e)
+        return (
+            f"removing its Jobs failed ({e}); `mnnvl teardown --run-id {workload.run_id} "
+            f"--namespace {ns}` removes them"
+        )
+    removed = ", ".join(gone.deleted) or "nothing (already gone)"
+    logger.info("failed step: removed %s and its pods", removed)
+    return f"removed {removed} and its pods, so the run's next step finds the nodes free"
+
+
 class LogFollower:
     """Follows one pod's log in a thread, echoing lines to stderr with a prefix and keeping them."""
 

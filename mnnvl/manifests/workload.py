@@ -1,7 +1,7 @@
 """The multi-node workload: a headless Service and an Indexed Job, one pod per node.
 
-Pod ``<job>-<index>`` gets the stable DNS name ``<job>-<index>.<service>.<ns>.svc.cluster.local``
-because the pod's ``subdomain`` is the headless Service's name; pod 0 hosts the rendezvous
+Pod ``<job>-<index>`` gets the stable DNS name ``<job>-<index>.<service>.<ns>.svc.<cluster
+domain>`` because the pod's ``subdomain`` is the headless Service's name; pod 0 hosts the rendezvous
 (rank 0's store). Every pod holds the run's IMEX channel claim (from the template the DRA
 controller made for the ComputeDomain) plus its GPUs, either as ``nvidia.com/gpu`` limits or
 as a ``gpu.nvidia.com`` claim, never both.
@@ -57,11 +57,17 @@ def _check_workload(workload: object) -> WorkloadSpec:
 
 
 def master_addr(workload: WorkloadSpec) -> str:
-    """DNS name of pod index 0 (of group 0's Job), where rank 0's c10d store listens."""
+    """DNS name of pod index 0 (of group 0's Job), where rank 0's c10d store listens.
+
+    ``<pod>.<service>.<namespace>.svc`` without the cluster domain, which differs between
+    clusters (``cluster.local`` is only the default): the pod's resolver completes the name
+    from the last entry of the search list the kubelet writes into every pod's resolv.conf
+    (``<ns>.svc.<domain> svc.<domain> <domain>``; Kubernetes docs, "DNS for Services and Pods").
+    """
     names = RunNames.for_run(workload.run_id)
     job = names.job(workload.purpose, 0 if workload.groups > 1 else None)
     svc = names.service(workload.purpose)
-    return f"{job}-0.{svc}.{workload.namespace}.svc.cluster.local"
+    return f"{job}-0.{svc}.{workload.namespace}.svc"
 
 
 def headless_service(workload: WorkloadSpec) -> dict[str, Any]:

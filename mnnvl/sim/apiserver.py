@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
@@ -22,6 +22,7 @@ from mnnvl.sim.admission import CD, default_on_create, discovery, validate
 from mnnvl.sim.model import dry_run_requested
 from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
+from mnnvl.sim.serving import ServingServer
 from mnnvl.sim.store import RESOURCES, ApiError, Obj, Store, not_found
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,7 @@ class FaultHooks(Protocol):
     def take_watch_expiry(self) -> bool: ...
 
 
-class ApiServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 4096  # many clients connect at once under load; none is refused
-    allow_reuse_address = True
-
+class ApiServer(ServingServer):
     def __init__(
         self,
         store: Store,
@@ -65,7 +62,7 @@ class ApiServer(ThreadingHTTPServer):
         logs: LogSource | None = None,
         crd_installed: Callable[[], bool] = lambda: True,
     ) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
         self.store, self.faults, self.logs, self.crd_installed = store, faults, logs, crd_installed
         self.schemas: SchemaAdmission | None = None
         # Mutating admission (e.g. the Kueue stand-in suspending queued Jobs on create).
@@ -77,7 +74,6 @@ class ApiServer(ThreadingHTTPServer):
         self.counters: Counter[tuple[str, str]] = Counter()
         # What an RBAC audit would see: (verb, API group, resource[/subresource]) per request.
         self.rbac_requests: set[tuple[str, str, str]] = set()
-        self.stopping = threading.Event()
         self._count_lock = threading.Lock()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -106,6 +102,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection)  # an outage cuts every open connection
+
+    def finish(self) -> None:
+        self.server.untrack(self.connection)
+        super().finish()
 
     def do_GET(self) -> None:
         self._handle("GET")
@@ -146,6 +150,9 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "BadRequest", f"invalid JSON body: {e}") from e
 
     def _handle(self, method: str) -> None:
+        if self.server.down.is_set():  # a request that slipped in as the outage began
+            self.close_connection = True
+            return
         url = urlsplit(self.path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         parts = [p for p in url.path.split("/") if p]
@@ -331,6 +338,13 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
+    def _end_stream(self) -> None:
+        """The last chunk, unless an outage cut the stream (then it ends without one)."""
+        if self.server.down.is_set():
+            self.close_connection = True
+        else:
+            self._chunk(b"")
+
     def _watch(self, plural: str, ns: str | None, q: dict[str, str]) -> None:
         store = self.server.store
         match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
@@ -349,7 +363,7 @@ class Handler(BaseHTTPRequestHandler):
         bookmarks = q.get("allowWatchBookmarks", "").lower() in ("true", "1")
         every = self.server.bookmark_interval_s
         try:
-            while not self.server.stopping.is_set():
+            while not (self.server.stopping.is_set() or self.server.down.is_set()):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -364,7 +378,7 @@ class Handler(BaseHTTPRequestHandler):
                 if match(ev.obj):
                     line = json.dumps({"type": ev.type, "object": ev.obj}).encode() + b"\n"
                     self._chunk(line)
-            self._chunk(b"")
+            self._end_stream()
         finally:
             store.unsubscribe(sub)
 
@@ -394,11 +408,11 @@ class Handler(BaseHTTPRequestHandler):
             if first:
                 self._chunk(first)
             for data in stream:
-                if self.server.stopping.is_set():
+                if self.server.stopping.is_set() or self.server.down.is_set():
                     break
                 if data:
                     self._chunk(data)
-            self._chunk(b"")
+            self._end_stream()
         finally:
             stop.set()
 

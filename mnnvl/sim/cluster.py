@@ -30,7 +30,6 @@ from mnnvl.sim.selectors import label_matcher
 from mnnvl.sim.store import Obj, Store
 
 log = logging.getLogger(__name__)
-SERVER_POLL_S = 0.05  # how often the API server thread checks for stop()
 CRD_NAME = "computedomains.resource.nvidia.com"
 SEED_ENV = "MNNVL_SIM_SEED"
 OUR_KINDS = (
@@ -131,13 +130,8 @@ class SimCluster:
         self._server.validators.append(self.admission.admit)
         if self.kueue is not None:
             self._server.mutators.append(self.kueue.mutate)
-        # stop() waits for serve_forever's next poll: 50 ms instead of its default 0.5 s
-        threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": SERVER_POLL_S},
-            name="sim-apiserver",
-            daemon=True,
-        ).start()
+        self.faults.outage_hook = self._server.outage
+        self._server.start_serving()
         self._write_kubeconfig()
         log.info(
             "simulated cluster up at %s (%d nodes, kubeconfig %s, %s=%d reproduces its placements)",
@@ -155,13 +149,10 @@ class SimCluster:
             return
         self._stopped = True
         if self._server is not None:
-            self._server.stopping.set()
-            self._server.shutdown()
+            self._server.stop_serving()
         for part in reversed(self._parts):
             part.stop()
         self.store.close()
-        if self._server is not None:
-            self._server.server_close()
         if self._own_kubeconfig:
             try:
                 os.remove(self.kubeconfig_path)

@@ -4,12 +4,14 @@ Every fault is explicit and counted: request faults and watch expiries are consu
 (``random_errors`` draws them with a seeded generator instead); pod faults ``Failed``,
 ``OOMKilled`` (exit code 137, reason OOMKilled) and ``CrashLoop`` hit the first pod of that Job
 index that starts, while ``ImagePullBackOff`` and ``Unschedulable`` hold every pod of that index.
+``api_outage`` takes the API server off the network for a while (see ``mnnvl.sim.serving``).
 """
 
 from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mnnvl.sim.model import resolve_kind
@@ -39,6 +41,15 @@ class Faults:
         # How long after its creation the scheduler first looks at a pod (the real one
         # binds or marks Unschedulable asynchronously, a moment after the pod was listed).
         self.schedule_delay_s = schedule_delay_s
+        self.outage_hook: Callable[[float], None] | None = None  # set by the running cluster
+
+    # ----- the API server itself -------------------------------------------------------
+    def api_outage(self, seconds: float) -> None:
+        """From now, for ``seconds``, the API server refuses connections and has cut every
+        open one (watches, followed logs); controllers, kubelet and pods keep running."""
+        if self.outage_hook is None:
+            raise RuntimeError("the simulated cluster is not running")
+        self.outage_hook(seconds)
 
     # ----- API requests ----------------------------------------------------------------
     def fail_requests(self, method: str, path_substring: str, status: int, count: int = 1) -> None:

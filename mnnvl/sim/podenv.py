@@ -20,7 +20,9 @@ from mnnvl.sim.placement import GPU_CLASS, claim_gpus, pod_gpus
 from mnnvl.sim.store import Store
 
 log = logging.getLogger(__name__)
-DNS_RE = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.svc\.cluster\.local")
+# A pod or Service name under ``.svc``, completed by the search list or written out with the
+# simulated cluster's domain (cluster.local), as a pod's resolver would resolve it.
+DNS_RE = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.svc(?:\.cluster\.local)?(?![A-Za-z0-9.-])")
 VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -130,11 +132,10 @@ class ProcessEnv:
             pod_env[e["name"]] = (
                 field_ref(pod, ref) if ref else expand(str(e.get("value", "")), pod_env)
             )
-        host = pod_env.get(MASTER_ADDR, "")
-        if host.endswith(".svc.cluster.local"):
-            parts = host.split(".")
-            if len(parts) >= 6:  # <pod-host>.<service>.<namespace>.svc.cluster.local
-                pod_env[MASTER_PORT] = str(self.service_port(parts[-4], parts[-5]))
+        host = pod_env.get(MASTER_ADDR, "").removesuffix(".cluster.local")
+        parts = host.split(".")
+        if len(parts) >= 4 and parts[-1] == "svc":  # <pod-host>.<service>.<namespace>.svc
+            pod_env[MASTER_PORT] = str(self.service_port(parts[-2], parts[-3]))
         if MASTER_ADDR in pod_env:
             pod_env[MASTER_ADDR] = "127.0.0.1"
         mounts = claim_mounts(pod, container, self.claim_dir)

@@ -7,19 +7,33 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mnnvl.driver import api as api_module
-from mnnvl.driver.api import MAX_ATTEMPTS, Api
+from mnnvl.driver import retry
+from mnnvl.driver.api import MAX_ATTEMPTS, Api, RetryPolicy
 from mnnvl.driver.errors import AlreadyExists, ApiError, ClusterUnavailable, NotFound
+
+
+def make_api(monkeypatch, outage_s: float) -> Api:
+    """An Api whose sleeps only advance a fake clock (recorded in ``api.slept``)."""
+    slept: list[float] = []
+    now = [1000.0]
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(api_module.time, "sleep", sleep)
+    monkeypatch.setattr(api_module.time, "monotonic", lambda: now[0])
+    cfg = client.Configuration()
+    cfg.host = "http://127.0.0.1:9"
+    instance = Api(client.ApiClient(configuration=cfg), RetryPolicy(outage_s=outage_s))
+    instance.slept = slept  # type: ignore[attr-defined]
+    return instance
 
 
 @pytest.fixture
 def api(monkeypatch):
-    slept: list[float] = []
-    monkeypatch.setattr(api_module.time, "sleep", slept.append)
-    cfg = client.Configuration()
-    cfg.host = "http://127.0.0.1:9"
-    instance = Api(client.ApiClient(configuration=cfg))
-    instance.slept = slept  # type: ignore[attr-defined]
-    return instance
+    """No outage tolerance: only the quick retries."""
+    return make_api(monkeypatch, outage_s=0)
 
 
 def failing(statuses: list[int], headers: dict[str, str] | None = None):
@@ -51,7 +65,7 @@ def test_backoff_is_jittered_and_bounded(api):
         api.call(fn, what="jobs default/x", verb="create")
     assert fn.calls["n"] == MAX_ATTEMPTS
     assert len(api.slept) == MAX_ATTEMPTS - 1
-    assert all(0 < s <= api_module.BACKOFF_MAX_S for s in api.slept)
+    assert all(0 < s <= retry.BACKOFF_MAX_S for s in api.slept)
 
 
 @pytest.mark.parametrize(
@@ -69,6 +83,36 @@ def test_forbidden_names_verb_resource_and_rbac(api):
         api.call(failing([403]), what="computedomains default/x", verb="delete")
     assert "delete computedomains default/x" in str(info.value)
     assert "rbac.yaml" in str(info.value)
+
+
+def test_an_outage_within_the_tolerance_is_ridden_out_with_progress_lines(monkeypatch, caplog):
+    api = make_api(monkeypatch, outage_s=60)
+    fn = failing([503] * 20)  # 20 answers of 503 over about 30-50 s of backoff
+    with caplog.at_level("INFO", logger="mnnvl.driver"):
+        assert api.call(fn, what="jobs default/x", verb="get") == "ok"
+    lines = [r.getMessage() for r in caplog.records if "API unreachable for" in r.getMessage()]
+    assert lines and all("(tolerating up to 60 s)" in line for line in lines)
+    assert all(s <= retry.BACKOFF_MAX_S for s in api.slept)
+    # a line at least every 15 s of the outage
+    assert len(lines) >= int(sum(api.slept) // retry.OUTAGE_REPORT_EVERY_S) - 1
+
+
+def test_an_outage_longer_than_the_tolerance_is_exit_5_saying_how_long(monkeypatch):
+    api = make_api(monkeypatch, outage_s=30)
+    with pytest.raises(ClusterUnavailable) as info:
+        api.call(failing([503] * 1000), what="jobs default/x", verb="get")
+    assert info.value.exit_code == 5
+    assert "longer than --api-outage-s 30 tolerates" in str(info.value)
+    assert "503" in str(info.value) and "check the API server" in str(info.value)
+    assert 29.9 <= sum(api.slept) <= 30 + retry.BACKOFF_MAX_S
+
+
+def test_auth_errors_are_never_transient_even_with_a_tolerance(monkeypatch):
+    api = make_api(monkeypatch, outage_s=300)
+    for status in (401, 403):
+        with pytest.raises(ClusterUnavailable, match="refused"):
+            api.call(failing([status]), what="jobs default/x", verb="get")
+    assert api.slept == []
 
 
 def test_connection_refused_is_cluster_unavailable_after_retries(api):

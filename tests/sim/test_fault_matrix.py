@@ -9,6 +9,7 @@ in ``test_ownership.py``; verify reports in ``test_steps_verify.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -287,7 +288,8 @@ def test_watch_410_during_the_wait_is_survived(sim: SimCluster, run: Callable[..
 def test_api_unreachable_during_a_wait_exits_5_naming_the_request(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
-    r = run(rct_timeout_s=60)  # the API stays down longer than the retries last
+    r = run(rct_timeout_s=60)  # the API stays down longer than the outage tolerance
+    r.domain = dataclasses.replace(r.domain, api_outage_s=2)
     sim.faults.no_rct(r.names.domain)  # provision has to wait for the template ...
     sim.faults.fail_requests("GET", "/resourceclaimtemplates", 503, count=10_000)
     try:
@@ -296,7 +298,7 @@ def test_api_unreachable_during_a_wait_exits_5_naming_the_request(
         sim.faults.clear_requests()
     assert err.exit_code == 5
     assert "resourceclaimtemplates in default" in str(err)
-    assert "check the API server" in str(err)
+    assert "check the API server" in str(err) and "longer than --api-outage-s 2" in str(err)
 
 
 def test_provision_rerun_adopts_instead_of_duplicating(
@@ -345,6 +347,7 @@ def test_api_unreachable_during_teardown_exits_5_then_a_retry_cleans_up(
 ) -> None:
     r = run()
     r.provision()
+    r.domain = dataclasses.replace(r.domain, api_outage_s=2)
     sim.faults.fail_requests("*", "/", 503, count=10_000)
     try:
         err = failure(r.teardown)
@@ -353,6 +356,7 @@ def test_api_unreachable_during_teardown_exits_5_then_a_retry_cleans_up(
     assert err.exit_code == 5
     assert "503 ServiceUnavailable" in str(err) and "jobs in default" in str(err)
     assert "check the API server" in str(err)
+    assert f"mnnvl teardown --run-id {r.id} --namespace default" in str(err)
 
 
 def test_409_on_create_from_a_foreign_object_exits_2_naming_it_and_leaves_it_alone(

@@ -18,6 +18,8 @@ import pytest
 from mnnvl import cli, steps
 from mnnvl.driver import Api, Deletions
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, SERVICE
+from mnnvl.driver.lifecycle import wait_for_job
+from mnnvl.driver.workload import create_workload
 from mnnvl.errors import WorkloadFailed
 from mnnvl.manifests import SPEC_HASH_ANNOTATION
 from mnnvl.names import RunNames
@@ -229,9 +231,12 @@ def test_a_retried_step_replaces_its_failed_job(sim, module_dir):
     job = RunNames.for_run(run_id).job("job")
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=1)  # maxFailedIndexes: 0
-    with pytest.raises(WorkloadFailed):
-        steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
     with Api.connect(sim.kubeconfig_path) as api:
+        # A step that died before it could remove its failed Job (a failed step removes it
+        # itself): the Job is left Failed.
+        create_workload(api, workload, "result_one", [])
+        with pytest.raises(WorkloadFailed):
+            wait_for_job(api, workload, job)
 
         def job_failed() -> bool:
             conditions = api.get(JOB, "default", job).get("status", {}).get("conditions") or []

@@ -94,11 +94,16 @@ def test_unreachable_cluster_exits_5(capsys, tmp_path):
         "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n"
     )
     code, lines, _ = run_cli(
-        capsys, ["teardown", "--run-id", "r1", "--kubeconfig", str(kubeconfig)]
+        capsys,
+        ["teardown", "--run-id", "r1", "--kubeconfig", str(kubeconfig), "--api-outage-s", "0"],
     )
     assert code == 5
     result = last_json(lines)
     assert "cannot reach the Kubernetes API" in result["error"]
+    # the teardown could not start: everything of the run may be left, and the JSON says how
+    # to remove it
+    assert any("ComputeDomain default/" in item for item in result["leftovers"])
+    assert result["cleanup"] == "mnnvl teardown --run-id r1 --namespace default"
 
 
 def test_missing_kubeconfig_exits_5_naming_what_was_tried(capsys, tmp_path, monkeypatch):

@@ -31,7 +31,7 @@ def test_one_job_per_group_each_with_its_share_of_the_nodes_and_one_rendezvous()
     names = RunNames.for_run(RUN)
     assert [j["metadata"]["name"] for j in jobs] == [names.job("train", g) for g in range(3)]
     assert all(j["spec"]["completions"] == j["spec"]["parallelism"] == 2 for j in jobs)
-    master = f"{names.job('train', 0)}-0.{names.service('train')}.default.svc.cluster.local"
+    master = f"{names.job('train', 0)}-0.{names.service('train')}.default.svc"
     for g, job in enumerate(jobs):
         env = _env(job)
         assert env["MASTER_ADDR"] == master and env["NNODES"] == "6"

@@ -1,0 +1,94 @@
+"""The one retry policy of every request and watch: what is transient, how long to back off,
+and how long an unreachable API is tolerated (``--api-outage-s``). :meth:`mnnvl.driver.api.Api.call`
+applies it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+from kubernetes.client.exceptions import ApiException
+
+logger = logging.getLogger(__name__)
+
+TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
+# Tried at least this often, whatever the outage tolerance: a blip of a second is never fatal.
+MAX_ATTEMPTS = 6
+BACKOFF_BASE_S = 0.1
+BACKOFF_MAX_S = 5.0
+DEFAULT_OUTAGE_S = 300.0
+OUTAGE_REPORT_EVERY_S = 15.0
+RETRY_AFTER_MAX_S = 30.0
+
+
+def retry_after_s(e: ApiException) -> float | None:
+    headers = e.headers or {}
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        return min(float(value), RETRY_AFTER_MAX_S) if value is not None else None
+    except ValueError:  # an HTTP date instead of seconds: fall back to our own backoff
+        return None
+
+
+def backoff_s(attempt: int) -> float:
+    return random.uniform(0.5, 1.0) * min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** min(attempt, 16))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long requests and watches ride out an unreachable or overloaded API server.
+
+    ``outage_s`` is the longest outage tolerated (``--api-outage-s``): counted from the first
+    failed request after the last answer, over every request of one :class:`Api` (so several
+    watches retrying at once report one outage). 0 keeps only the ``MAX_ATTEMPTS`` quick tries.
+    """
+
+    outage_s: float = DEFAULT_OUTAGE_S
+    report_every_s: float = OUTAGE_REPORT_EVERY_S
+
+
+class Outage:
+    """When the API stopped answering (None while it answers), shared by an Api's threads."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._back_at = float("-inf")  # when the API last answered again after an outage
+        self._next_report = 0.0
+
+    def up(self) -> None:
+        with self._lock:
+            if self._since is not None:
+                down_s = time.monotonic() - self._since
+                if down_s >= self.policy.report_every_s:
+                    logger.info("API reachable again after %.0f s", down_s)
+                self._back_at = time.monotonic()
+            self._since = None
+
+    def unsettled(self, settle_s: float) -> bool:
+        """True while the API is unreachable, and for ``settle_s`` after it answered again
+        (resumed watches are still replaying what they missed)."""
+        with self._lock:
+            return self._since is not None or time.monotonic() - self._back_at < settle_s
+
+    def down(self) -> tuple[float, float]:
+        """Seconds the API has been unreachable, and seconds until the next progress line
+        is due (a retry sleeps no longer, so the line comes at least every report_every_s)."""
+        every = self.policy.report_every_s
+        with self._lock:
+            now = time.monotonic()
+            if self._since is None:
+                self._since, self._next_report = now, now + every
+            elif now >= self._next_report:
+                logger.warning(
+                    "API unreachable for %.0f s (tolerating up to %g s)",
+                    now - self._since,
+                    self.policy.outage_s,
+                )
+                self._next_report = now + every
+            return now - self._since, self._next_report - now
