@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from mnnvl import steps
+from mnnvl.cli import RESULT_ON_STDERR
 from mnnvl.cli_help import COMMANDS
 from mnnvl.cli_parser import build_parser
 from mnnvl.spec import DomainSpec
@@ -200,7 +201,9 @@ def test_example_runs_as_written(cluster: dict[str, Any], line: str) -> None:
         assert line == SIM_UP, "the module's cluster runs this line: document that one"
         return
     done = run_mnnvl(cluster, line)
-    result_line = (done.stderr if words[1] == "render" else done.stdout).strip().splitlines()[-1]
+    # Commands whose stdout is data (YAML, a table) write their result line to stderr.
+    on_stderr = words[1] in RESULT_ON_STDERR
+    result_line = (done.stderr if on_stderr else done.stdout).strip().splitlines()[-1]
     result = json.loads(result_line)
     assert result["ok"] is True
     assert set(_verdicts(result)) <= {"PASS"}, f"{line}: verdicts {_verdicts(result)}"
