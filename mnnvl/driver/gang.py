@@ -7,10 +7,18 @@ decides, deletes and keeps the record: which pod failed with which code, rank 0'
 before the failure (from its log), and when the restarted rank 0 logged its first step.
 
 A pod failure is retriable when its exit code is not one of
-``exit_codes.NON_RETRIABLE_EXIT_CODES`` (those fail the Job through its podFailurePolicy)
-and its index has a retry left: an index's attempts are the distinct pods it has had, since
-a Job counts a pod deleted before it succeeded as a failed attempt. ``--max-restarts`` bounds
-the restarts of the step.
+``exit_codes.NON_RETRIABLE_EXIT_CODES`` (those fail the Job through its podFailurePolicy),
+it was not OOM-killed, and a restart stays within ``backoffLimitPerIndex`` for every index:
+the Job controller counts each pod the restart deletes as a failure of its index (the kubelet
+moves a deleted pod to Failed; only a ``DisruptionTarget`` pod is ignored), so the failed pod
+and every pod deleted with it need a retry left. An index's failures so far are its pod's
+``batch.kubernetes.io/job-index-failure-count`` annotation, which the Job controller sets on
+each pod it creates. ``--max-restarts`` bounds the restarts of the step.
+
+An OOM-killed container (``reason: OOMKilled``: host memory past the container's limit, not
+CUDA) fails the step at once: the same configuration on the same nodes allocates the same, so
+a restart would only repeat the kill (the Job cannot tell it from another exit 137 by its
+podFailurePolicy, the driver can).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)
 
+FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job controller
 STEP_LINE = re.compile(r"\bstep (\d+)\b")  # rank 0's training log line, "step 1450 loss ..."
 
 
@@ -93,7 +102,8 @@ class Gang:
 
     def check(self, pods: Objects, rank0: Progress | None) -> bool:
         """Restart the gang when a pod of the current generation failed retriably; True when
-        it did. Raises ``WorkloadFailed`` past ``--max-restarts``."""
+        it did. Raises ``WorkloadFailed`` on an OOM kill, when a restart would use up an
+        index's last retry, and past ``--max-restarts``."""
         for each in pods.values():
             self.attempts.setdefault(_key(each), set()).add(each["metadata"]["uid"])
         failed = [
@@ -102,17 +112,14 @@ class Gang:
             if (p.get("status") or {}).get("phase") == "Failed"
             and p["metadata"]["uid"] not in self.old
         ]
+        for each in failed:
+            if _oom_killed(each):
+                raise WorkloadFailed(self._oom_message(each), pod_exit_code=_exit_code(each))
         pod: dict[str, Any] | None = next((p for p in failed if self._retriable(p)), None)
         if pod is None:
             return False
         name, code = pod["metadata"]["name"], _exit_code(pod)
-        if len(self.restarts) >= self.workload.max_restarts:
-            raise WorkloadFailed(
-                f"pod {name} failed with exit code {code} after {len(self.restarts)} restart(s) "
-                f"of every rank (--max-restarts {self.workload.max_restarts}); check "
-                f"`kubectl logs -n {self.workload.namespace} {name}`",
-                pod_exit_code=code,
-            )
+        self._check_budget(pods, pod)
         last = rank0.last[0] if rank0 is not None and rank0.last else None
         self.restarts.append(Restart(name, code, time.monotonic(), last))
         logger.warning(
@@ -128,21 +135,100 @@ class Gang:
         self.old |= {p["metadata"]["uid"] for p in pods.values()}
         return True
 
+    def _check_budget(self, pods: Objects, failed: dict[str, Any]) -> None:
+        """Raise when restarting would exceed ``--max-restarts`` or fail an index whose pod
+        this restart deletes (the Job controller counts it; the Job would fail meanwhile)."""
+        name, code = failed["metadata"]["name"], _exit_code(failed)
+        why = ""
+        if len(self.restarts) >= self.workload.max_restarts:
+            why = (
+                f"after {len(self.restarts)} restart(s) of every rank "
+                f"(--max-restarts {self.workload.max_restarts})"
+            )
+        spent = next((p for p in self._to_delete(pods, failed) if not self._has_retry(p)), None)
+        if not why and spent is not None:
+            why = (
+                f"and restarting every rank would fail pod {spent['metadata']['name']}'s index "
+                f"{pod_index(spent)}: it has had {self._failures(spent)} failure(s), "
+                f"--backoff-limit-per-index {self.workload.backoff_limit_per_index}"
+            )
+        if why:
+            raise WorkloadFailed(
+                f"pod {name} failed with exit code {code} {why}; check "
+                f"`kubectl logs -n {self.workload.namespace} {name}`",
+                pod_exit_code=code,
+            )
+
     def _retriable(self, pod: dict[str, Any]) -> bool:
         code = _exit_code(pod)
-        if code in NON_RETRIABLE_EXIT_CODES or self.workload.backoff_limit_per_index == 0:
+        if code in NON_RETRIABLE_EXIT_CODES:
             return False
-        return len(self.attempts[_key(pod)]) <= self.workload.backoff_limit_per_index
+        return _disrupted(pod) or self._has_retry(pod)
 
-    def _delete_others(self, pods: Objects, failed: dict[str, Any]) -> None:
-        ns = self.workload.namespace
+    def _has_retry(self, pod: dict[str, Any]) -> bool:
+        """Whether one more counted failure of this pod leaves its index a retry."""
+        return self._failures(pod) < self.workload.backoff_limit_per_index
+
+    def _failures(self, pod: dict[str, Any]) -> int:
+        """Its index's counted failures before this pod: the Job controller's annotation,
+        else (a cluster that does not set it) the index's earlier pods the driver saw."""
+        text = str((pod["metadata"].get("annotations") or {}).get(FAILURE_COUNT, ""))
+        return int(text) if text.isdigit() else len(self.attempts.get(_key(pod), ())) - 1
+
+    def _oom_message(self, pod: dict[str, Any]) -> str:
+        name = pod["metadata"]["name"]
+        limit = next(
+            (
+                ((c.get("resources") or {}).get("limits") or {}).get("memory")
+                for c in (pod.get("spec") or {}).get("containers") or []
+            ),
+            None,
+        )
+        return (
+            f"pod {name} was OOM-killed (exit code 137, host memory past the container's "
+            f"limit {limit or 'none: the node ran out'}); a restart would allocate the same, "
+            f"so it is not retried: lower --batch-size or use --activation-checkpointing full, "
+            f"or give the pods more memory; check `kubectl logs -n {self.workload.namespace} "
+            f"{name}` and `kubectl describe pod -n {self.workload.namespace} {name}`"
+        )
+
+    def _to_delete(self, pods: Objects, failed: dict[str, Any]) -> list[dict[str, Any]]:
+        out = []
         for pod in pods.values():
             meta = pod["metadata"]
             phase = (pod.get("status") or {}).get("phase")
             if pod is failed or phase in ("Failed", "Succeeded") or meta.get("deletionTimestamp"):
                 continue
+            out.append(pod)
+        return out
+
+    def _delete_others(self, pods: Objects, failed: dict[str, Any]) -> None:
+        ns = self.workload.namespace
+        for pod in self._to_delete(pods, failed):
+            meta = pod["metadata"]
             logger.info("deleting pod %s/%s so that it restarts with the others", ns, meta["name"])
             self.api.delete(POD, ns, meta["name"], uid=meta["uid"])
 
     def summary(self) -> list[dict[str, Any]]:
         return [r.record() for r in self.restarts]
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None:
+            return dict(term)
+    return {}
+
+
+def _oom_killed(pod: dict[str, Any]) -> bool:
+    return _terminated(pod).get("reason") == "OOMKilled"
+
+
+def _disrupted(pod: dict[str, Any]) -> bool:
+    """A ``DisruptionTarget`` pod (node lost, evicted, preempted): the Job's podFailurePolicy
+    ignores it, so its failure uses up no retry."""
+    return any(
+        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )

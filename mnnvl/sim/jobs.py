@@ -24,23 +24,41 @@ from collections.abc import Callable
 from mnnvl.contract.env import JOB_COMPLETION_INDEX
 from mnnvl.sim.events import record_event
 from mnnvl.sim.jobstatus import (
+    TRACKING_FINALIZER,
     Progress,
+    absolute_failures,
     condition,
     count_progress,
     failed_indexes_failure,
     finished,
     job_status,
     limit_failure,
+    only_replace_failed,
+    phase,
     pod_index,
+    replacement_counts,
     target_failure,
 )
 from mnnvl.sim.model import ApiError
-from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL, rand5
+from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL, TERMINAL, rand5
 from mnnvl.sim.store import Obj, Store, WatchEvent, clone, now_iso
 
 log = logging.getLogger(__name__)
 UID_LABEL = "batch.kubernetes.io/controller-uid"
 API_BACKOFF_S, MAX_API_BACKOFF_S = 1.0, 60.0
+
+
+def _last_failed(pods: list[Obj], index: int) -> Obj | None:
+    """The index's most recent failed pod (the one a new pod replaces)."""
+    failed = [p for p in pods if pod_index(p) == index and phase(p) == "Failed"]
+    return max(
+        failed,
+        key=lambda p: (
+            absolute_failures(p),
+            p["metadata"].get("creationTimestamp", ""),
+        ),
+        default=None,
+    )
 
 
 def _ts(iso: str) -> float:
@@ -56,6 +74,9 @@ class JobController:
         self._thread: threading.Thread | None = None
         self._timers: list[threading.Timer] = []
         self._ttl_armed: set[str] = set()
+        # Pods already in their Job's status (what the real controller keeps in
+        # status.uncountedTerminatedPods until it has removed their tracking finalizer).
+        self._counted: set[str] = set()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="sim-job-controller", daemon=True)
@@ -90,7 +111,8 @@ class JobController:
         for ref in ev.obj["metadata"].get("ownerReferences") or []:
             if ref.get("kind") == "Job" and ref.get("controller"):
                 return ev.namespace, ref["name"]
-        return None
+        # A pod that lost its Job (orphaned): its tracking finalizer is released by name.
+        return ("", ev.obj["metadata"]["name"]) if ev.namespace else None
 
     def _later(self, delay: float, ns: str, name: str) -> None:
         """Wake the controller for this job after ``delay`` seconds (deadline, TTL)."""
@@ -104,13 +126,15 @@ class JobController:
     def sync(self, ns: str, name: str) -> None:
         job = self.store.find("jobs", ns, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
+            self._release_orphans(ns, name)
             return
         status = job.get("status") or {}
         if finished(status):
+            self._release(job, self._owned_pods(job), keep=set())
             self._ttl(job, status)
             return
         pods = self._owned_pods(job)
-        progress = count_progress(job, pods)
+        progress = count_progress(job, pods, self._counted)
         if job["spec"].get("suspend") and target_failure(status) is None:
             self._suspend(job, progress)
             return
@@ -121,10 +145,61 @@ class JobController:
         if fail is None and not progress.indexed and progress.succeeded >= progress.completions:
             progress.done = set(range(progress.completions))
         fail = fail or failed_indexes_failure(progress)
-        active = self._reconcile_pods(job, progress, fail)
+        active = self._reconcile_pods(job, progress, fail, pods)
         if fail is not None:
-            progress = count_progress(job, self._owned_pods(job))
+            progress = count_progress(job, self._owned_pods(job), self._counted)
         self._write_status(job, start, progress, active, fail)
+        self._counted |= {p["metadata"]["uid"] for p in progress.fresh}
+        self._release(job, self._owned_pods(job), self._delayed(progress, fail))
+
+    def _delayed(self, progress: Progress, fail: tuple[str, str] | None) -> set[str]:
+        """The last failed pod of each index still waiting for its replacement keeps its
+        tracking finalizer, so that the replacement's failure count can be taken from it."""
+        if fail is not None or not progress.indexed:
+            return set()
+        busy = {pod_index(p) for p in progress.active} | progress.done | progress.failed_idx
+        return {
+            p["metadata"]["uid"]
+            for p in progress.fresh
+            if phase(p) == "Failed" and pod_index(p) not in busy
+        }
+
+    def _release(self, job: Obj, pods: list[Obj], keep: set[str]) -> None:
+        """Remove the tracking finalizer of pods counted in the Job's status, or of all once
+        the Job has finished (a pod deleted meanwhile goes away with it)."""
+        done = finished(job.get("status") or {})
+        for p in pods:
+            uid = p["metadata"]["uid"]
+            if uid in keep or TRACKING_FINALIZER not in (p["metadata"].get("finalizers") or []):
+                continue
+            if done or uid in self._counted:
+                self._drop_finalizer(p)
+
+    def _release_orphans(self, ns: str, name: str) -> None:
+        """The Job is gone or going (or the pod lost its owner): its pods keep no finalizer."""
+        pods, _ = self.store.list(
+            "pods",
+            ns or None,
+            lambda o: (
+                TRACKING_FINALIZER in (o["metadata"].get("finalizers") or [])
+                and (
+                    (not ns and o["metadata"]["name"] == name)
+                    or any(
+                        r.get("name") == name for r in o["metadata"].get("ownerReferences") or []
+                    )
+                )
+            ),
+        )
+        for p in pods:
+            self._drop_finalizer(p)
+
+    def _drop_finalizer(self, pod: Obj) -> None:
+        def write(o: Obj) -> None:
+            o["metadata"]["finalizers"] = [
+                f for f in o["metadata"].get("finalizers") or [] if f != TRACKING_FINALIZER
+            ]
+
+        self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], write)
 
     def _suspend(self, job: Obj, progress: Progress) -> None:
         """spec.suspend: no pods run; active ones are deleted; the clock stops."""
@@ -134,7 +209,7 @@ class JobController:
         conds = (job.get("status") or {}).get("conditions") or []
         if not any(c["type"] == "Suspended" and c["status"] == "True" for c in conds):
             record_event(self.store, job, "Normal", "Suspended", "Job suspended", "job-controller")
-        progress = count_progress(job, self._owned_pods(job))
+        progress = count_progress(job, self._owned_pods(job), self._counted)
 
         def write(o: Obj) -> None:
             st = o.get("status") or {}
@@ -191,13 +266,20 @@ class JobController:
         return None
 
     def _reconcile_pods(
-        self, job: Obj, progress: Progress, fail: tuple[str, str] | None
+        self, job: Obj, progress: Progress, fail: tuple[str, str] | None, pods: list[Obj]
     ) -> list[Obj]:
-        """The pods active after creating the missing ones, or deleting all once the Job failed."""
+        """The pods active after creating the missing ones, or deleting all once the Job failed.
+        With ``only_replace_failed`` an index whose pod is still terminating waits for it."""
         if fail is None and len(progress.done) < progress.completions:
             skip = progress.done | progress.failed_idx
+            if only_replace_failed(job):
+                skip |= {
+                    pod_index(p)
+                    for p in pods
+                    if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL
+                }
             created = self._create_pods(
-                job, progress.active, skip, progress.indexed, progress.completions
+                job, progress.active, skip, progress.indexed, progress.completions, pods
             )
             return progress.active + created
         if fail is not None:
@@ -207,7 +289,13 @@ class JobController:
         return progress.active
 
     def _create_pods(
-        self, job: Obj, active: list[Obj], skip: set[int], indexed: bool, completions: int
+        self,
+        job: Obj,
+        active: list[Obj],
+        skip: set[int],
+        indexed: bool,
+        completions: int,
+        pods: list[Obj],
     ) -> list[Obj]:
         parallelism = int(job["spec"].get("parallelism", 1))
         busy = {pod_index(p) for p in active}
@@ -217,6 +305,10 @@ class JobController:
         created = []
         for i in want[: max(0, parallelism - len(active))]:
             pod = self._pod(job, i if indexed else None)
+            if indexed and job["spec"].get("backoffLimitPerIndex") is not None:
+                pod["metadata"]["annotations"].update(
+                    replacement_counts(job, _last_failed(pods, i))
+                )
             try:
                 self.admit("pods", pod)
                 created.append(self.store.create("pods", pod))
@@ -287,6 +379,8 @@ class JobController:
             "labels": labels,
             "annotations": annotations,
             "ownerReferences": [owner],
+            # Keeps a finished pod until the controller has counted it in the Job's status.
+            "finalizers": [TRACKING_FINALIZER],
         }
         return {"metadata": pod_meta, "spec": spec, "status": {"phase": "Pending"}}
 

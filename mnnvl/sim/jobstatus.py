@@ -66,9 +66,15 @@ def matching_rule(job: Obj, pod: Obj) -> tuple[int, str, str] | None:
     return None
 
 
+TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
+IGNORED_COUNT = "batch.kubernetes.io/job-index-ignored-failure-count"
+
+
 @dataclass
 class Progress:
-    """What a Job's pods say, counted the way the real Job controller counts them."""
+    """What a Job's pods say, counted the way the real Job controller counts them: the
+    counts in the Job's status so far plus the pods that finished since (``fresh``)."""
 
     indexed: bool
     completions: int
@@ -76,47 +82,97 @@ class Progress:
     active: list[Obj]  # neither terminal nor being deleted
     done: set[int]  # completed indexes
     succeeded: int  # completed indexes (Indexed) or Succeeded pods (NonIndexed)
-    counted: list[tuple[Obj, str]]  # failed pods not Ignored by podFailurePolicy, with action
+    failed: int  # failed pods counted so far (not Ignored by podFailurePolicy)
+    counted: list[tuple[Obj, str]]  # failed pods counted in this sync, with their action
     failed_idx: set[int]  # indexes out of retries (backoffLimitPerIndex or FailIndex)
+    fresh: list[Obj]  # terminal pods not counted before this sync
     terminating: int = 0  # pods being deleted that have not reached a terminal phase
 
 
-def count_progress(job: Obj, pods: list[Obj]) -> Progress:
+def only_replace_failed(job: Obj) -> bool:
+    """podReplacementPolicy Failed (the only policy allowed with a podFailurePolicy): a pod
+    being deleted is replaced, and counted, only once it reached phase Failed."""
     spec = job["spec"]
+    return spec.get("podReplacementPolicy") == "Failed" or bool(spec.get("podFailurePolicy"))
+
+
+def count_progress(job: Obj, pods: list[Obj], counted_uids: set[str]) -> Progress:
+    """``counted_uids``: pods already in the Job's status (the real controller's
+    ``uncountedTerminatedPods`` bookkeeping and tracking finalizer)."""
+    spec, st = job["spec"], job.get("status") or {}
     indexed = spec.get("completionMode") == "Indexed"
     per_index = spec.get("backoffLimitPerIndex")
     active = [
         p for p in pods if phase(p) not in TERMINAL and not p["metadata"].get("deletionTimestamp")
     ]
-    done = {pod_index(p) for p in pods if phase(p) == "Succeeded"}
-    failed_pods = [p for p in pods if phase(p) == "Failed"]
-    actions = [(p, failure_action(job, p)) for p in failed_pods]
+    fresh = [p for p in pods if phase(p) in TERMINAL and p["metadata"]["uid"] not in counted_uids]
+    wins = [p for p in fresh if phase(p) == "Succeeded"]
+    done = parse_indexes(st.get("completedIndexes")) | {pod_index(p) for p in wins}
+    actions = [(p, failure_action(job, p)) for p in fresh if phase(p) == "Failed"]
     counted = [(p, a) for p, a in actions if a != "Ignore"]
-    succeeded = len(done) if indexed else len([p for p in pods if phase(p) == "Succeeded"])
+    failed_idx = parse_indexes(st.get("failedIndexes"))
+    if per_index is not None:
+        failed_idx |= {
+            pod_index(p)
+            for p, a in counted
+            if a == "FailIndex" or failure_count(p) >= int(per_index)
+        }
     return Progress(
         indexed=indexed,
         completions=int(spec.get("completions") or 1),
         per_index=per_index,
         active=active,
         done=done,
-        succeeded=succeeded,
+        succeeded=len(done) if indexed else int(st.get("succeeded") or 0) + len(wins),
+        failed=int(st.get("failed") or 0) + len(counted),
         counted=counted,
-        failed_idx=failed_indexes(counted, per_index),
+        failed_idx=failed_idx,
+        fresh=fresh,
         terminating=len(
             [p for p in pods if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL]
         ),
     )
 
 
-def failed_indexes(counted: list[tuple[Obj, str]], per_index: Any) -> set[int]:
-    per_count: dict[int, int] = {}
-    failed_idx: set[int] = set()
-    for p, a in counted:
-        i = pod_index(p)
-        per_count[i] = per_count.get(i, 0) + 1
-        if per_index is not None and (a == "FailIndex" or per_count[i] > int(per_index)):
-            failed_idx.add(i)
-    return failed_idx
+def failure_count(pod: Obj) -> int:
+    """The index's counted failures before this pod (its ``job-index-failure-count``)."""
+    return _annotation_int(pod, FAILURE_COUNT)
+
+
+def replacement_counts(job: Obj, replaced: Obj | None) -> dict[str, str]:
+    """The failure-count annotations of a new pod replacing ``replaced`` (the index's last
+    failed pod): its counts plus its own failure, counted or ignored by podFailurePolicy."""
+    if replaced is None:
+        return {FAILURE_COUNT: "0"}
+    failures, ignored = failure_count(replaced), _annotation_int(replaced, IGNORED_COUNT)
+    if failure_action(job, replaced) == "Ignore":
+        ignored += 1
+    else:
+        failures += 1
+    out = {FAILURE_COUNT: str(failures)}
+    if ignored:
+        out[IGNORED_COUNT] = str(ignored)
+    return out
+
+
+def absolute_failures(pod: Obj) -> int:
+    """The index's failures before this pod, counted and ignored."""
+    return failure_count(pod) + _annotation_int(pod, IGNORED_COUNT)
+
+
+def _annotation_int(pod: Obj, key: str) -> int:
+    text = (pod["metadata"].get("annotations") or {}).get(key, "0")
+    return int(text) if str(text).isdigit() else 0
+
+
+def parse_indexes(text: str | None) -> set[int]:
+    """ "0-2,5" -> {0,1,2,5} (the inverse of ``compress_indexes``)."""
+    out: set[int] = set()
+    for part in (text or "").split(","):
+        if part:
+            first, _, last = part.partition("-")
+            out |= set(range(int(first), int(last or first) + 1))
+    return out
 
 
 def limit_failure(job: Obj, progress: Progress) -> tuple[str, str] | None:
@@ -127,7 +183,7 @@ def limit_failure(job: Obj, progress: Progress) -> tuple[str, str] | None:
         hit = matching_rule(job, pod)
         if action == "FailJob" and hit is not None:
             return ("PodFailurePolicy", hit[2])
-    if len(progress.counted) > limit:
+    if progress.failed > limit:
         return ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
     max_failed = job["spec"].get("maxFailedIndexes")
     if (
@@ -168,7 +224,7 @@ def job_status(
     st: Obj = {
         "active": len(active),
         "succeeded": progress.succeeded,
-        "failed": len(progress.counted),
+        "failed": progress.failed,
         "terminating": progress.terminating,
         "uncountedTerminatedPods": {},
         "ready": len([p for p in active if ready(p)]),

@@ -53,6 +53,8 @@ class PodWorker:
         self.lost: str | None = None  # why the IMEX domain went away under the container
         self.terminating = False
         self.oom = False  # the last attempt was OOM-killed (fault injection)
+        self.exit_code: int | None = None  # of the last container run
+        self.started_at: str | None = None
         labels = pod["metadata"].get("labels") or {}
         self.job, idx = labels.get(JOB_LABEL), labels.get(INDEX_LABEL)
         self.index = int(idx) if idx is not None else None
@@ -275,9 +277,31 @@ class PodWorker:
         self._event("Normal", "Started", f"Started container {name}")
         self._status("Running", {"running": {"startedAt": started}}, True)
         code = self.proc.wait()
+        self.exit_code, self.started_at = (128 - code if code < 0 else code), started
         if self.cancel.is_set() and self.lost is None:
             return None, started
-        return (128 - code if code < 0 else code), started
+        return self.exit_code, started
+
+    def mark_terminated(self) -> None:
+        """A deleted pod's last status before it goes: the real kubelet moves a deleted pod to
+        a terminal phase (Failed unless its containers exited 0) so that its Job controller
+        can count it."""
+        current = self.k.store.find("pods", self.ns, self.name)
+        if current is None or (current.get("status") or {}).get("phase") in TERMINAL:
+            return
+        code = 137 if self.exit_code is None else self.exit_code
+        if self.exit_code is None and self.proc is None:
+            state: Obj = {"terminated": {"exitCode": code, "reason": "ContainerStatusUnknown"}}
+        else:
+            state = {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": self.started_at,
+                    "finishedAt": now_iso(),
+                }
+            }
+        self._status("Succeeded" if code == 0 else "Failed", state, False)
 
     def kill(self, grace_s: float | None = None) -> None:
         """SIGTERM the container, SIGKILL it after the grace period (capped at MAX_GRACE_S)."""
@@ -362,6 +386,7 @@ class Kubelet:
         its log (readable while the pod is Terminating, as on a real node)."""
         worker.kill(grace_s)
         worker.finished.wait(MAX_GRACE_S + 6)
+        worker.mark_terminated()
         self._finish_delete(worker.pod)
         self._remove(key, worker)
 

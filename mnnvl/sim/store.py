@@ -294,12 +294,19 @@ class Store(Deletion):
             if resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName"):
                 return self._terminate_pod(key, obj, grace_s)
             if finalizers:
-                if not obj["metadata"].get("deletionTimestamp") or finalizers != (
-                    obj["metadata"].get("finalizers") or []
+                # grace 0 (a kubelet's final delete) ends the grace period: the object goes
+                # as soon as its last finalizer does.
+                shorten = grace_s == 0 and obj["metadata"].get("deletionGracePeriodSeconds")
+                if (
+                    not obj["metadata"].get("deletionTimestamp")
+                    or shorten
+                    or finalizers != (obj["metadata"].get("finalizers") or [])
                 ):
                     obj = clone(obj)
                     obj["metadata"].setdefault("deletionTimestamp", now_iso())
                     obj["metadata"].setdefault("deletionGracePeriodSeconds", 0)
+                    if shorten:
+                        obj["metadata"]["deletionGracePeriodSeconds"] = 0
                     obj["metadata"]["finalizers"] = finalizers
                     self._objs[key] = obj
                     self._emit("MODIFIED", key, obj)

@@ -230,15 +230,19 @@ def test_pod_oom_killed_without_retries_exits_4_naming_the_pod(
     assert "kubectl logs" in str(err)
 
 
-def test_pod_oom_killed_with_a_retry_left_is_replaced_and_the_step_succeeds(
+def test_pod_oom_killed_with_retries_left_is_not_retried_and_exits_4_naming_the_levers(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
-    r = run(backoff_limit_per_index=1)
+    # Host memory past the container's limit: the same configuration is killed again, so the
+    # step fails on the first kill instead of spending its restarts.
+    r = run(backoff_limit_per_index=2)
     sim.faults.fail_pod(r.names.job("job"), index=1, mode="OOMKilled", exit_code=137)
     r.provision()
-    assert r.launch("done").result == {"ok": True}
-    job = Raw(sim).get(f"/apis/batch/v1/namespaces/default/jobs/{r.names.job('job')}")
-    assert job["status"]["failed"] == 1 and job["status"]["succeeded"] == 2
+    err = failure(lambda: r.launch("sleeper"))
+    assert err.exit_code == 4
+    assert f"pod {r.names.job('job')}-1-" in str(err) and "was OOM-killed" in str(err)
+    assert "not retried" in str(err) and "--batch-size" in str(err)
+    r.close()
 
 
 def test_domain_deleted_under_a_running_workload_exits_4_naming_the_imex_domain(

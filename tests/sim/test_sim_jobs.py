@@ -127,6 +127,63 @@ def test_fail_index_rule_stops_retrying_that_index(raw: Raw) -> None:
         "batch.kubernetes.io/job-completion-index"] == "0"]) == 1  # fmt: skip
 
 
+SLEEP = "import time; time.sleep(300)"
+INDEX = "batch.kubernetes.io/job-completion-index"
+FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
+
+
+def running_pod(raw: Raw, name: str, index: int) -> dict[str, Any]:
+    def find() -> dict[str, Any] | None:
+        return next(
+            (
+                p
+                for p in pods_of(raw, name)
+                if p["metadata"]["labels"][INDEX] == str(index)
+                and p["status"].get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+            ),
+            None,
+        )
+
+    return dict(wait_for(find, timeout=20, what=f"index {index} running"))
+
+
+def test_a_deleted_running_pod_is_failed_and_counted_against_its_index(raw: Raw) -> None:
+    # As the driver's gang restart deletes pods: with a podFailurePolicy the kubelet first moves
+    # the deleted pod to Failed (exit 143 on SIGTERM) and the Job controller counts it, so two
+    # deletions of index 1 use up backoffLimitPerIndex 1 and fail the Job.
+    policy = {
+        "rules": [
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            }
+        ]
+    }
+    body = job(
+        "deleted", "0,0", backoffLimitPerIndex=1, maxFailedIndexes=0, podFailurePolicy=policy
+    )
+    body["spec"]["podReplacementPolicy"] = "Failed"
+    body["spec"]["template"]["spec"]["containers"][0]["command"][2] = SLEEP
+    raw.call("POST", JOBS, body)
+    first = running_pod(raw, "deleted", 1)
+    assert first["metadata"]["annotations"][FAILURE_COUNT] == "0"
+    raw.call("DELETE", f"{PODS}/{first['metadata']['name']}", {"gracePeriodSeconds": 1})
+    second = running_pod(raw, "deleted", 1)
+    assert second["metadata"]["annotations"][FAILURE_COUNT] == "1"
+    st = raw.get(f"{JOBS}/deleted")["status"]
+    assert (st["failed"], st.get("failedIndexes")) == (1, "")
+    assert raw.gone(f"{PODS}/{first['metadata']['name']}")  # counted, then removed
+    raw.call("DELETE", f"{PODS}/{second['metadata']['name']}", {"gracePeriodSeconds": 1})
+    conds = wait_for(lambda: finished(raw, "deleted"), timeout=20, what="Job failed")
+    st = raw.get(f"{JOBS}/deleted")["status"]
+    assert conds["Failed"]["reason"] == "MaxFailedIndexesExceeded"
+    # index 0's pod, deleted by the controller once the Job failed, is counted as well
+    assert (st["failed"], st["failedIndexes"]) == (3, "1")
+    raw.call("DELETE", f"{JOBS}/deleted", {"propagationPolicy": "Background"})
+    wait_for(lambda: pods_of(raw, "deleted") == [], timeout=20, what="pods gone")
+
+
 def test_suspended_job_creates_no_pods_until_resumed(raw: Raw) -> None:
     raw.call("POST", JOBS, job("parked", "0,0", suspend=True))
     conds = wait_for(lambda: conditions(raw, "parked").get("Suspended"), what="Suspended")
