@@ -19,7 +19,7 @@ from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.jobs import JobController
 from mnnvl.sim.kubelet import Kubelet
-from mnnvl.sim.kueue import KueueStandIn
+from mnnvl.sim.kueue import KueueConfig, KueueStandIn
 from mnnvl.sim.placement import GPU
 from mnnvl.sim.podenv import local_gpu_ids
 from mnnvl.sim.scheduler import Scheduler
@@ -60,6 +60,7 @@ class SimCluster:
         watch_history: int = 10000,
         kueue: bool = False,
         kueue_admission_delay_s: float = 0.5,
+        kueue_config: KueueConfig | None = None,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
         "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
@@ -78,7 +79,9 @@ class SimCluster:
         self.store = Store(history=watch_history)
         self.faults = Faults(imex_delay_s, schedule_delay_s)
         self.schemas = SchemaAdmission(schema_dir, driver_version)
-        self.kueue = KueueStandIn(self.store, kueue_admission_delay_s) if kueue else None
+        self.kueue = (
+            KueueStandIn(self.store, kueue_admission_delay_s, kueue_config) if kueue else None
+        )
         self.store.sticky = self.faults.is_sticky
         self._server: ApiServer | None = None
         self._parts: list[Any] = []
@@ -108,6 +111,7 @@ class SimCluster:
         self._server.schemas = self.schemas
         if self.kueue is not None:
             self._server.mutators.append(self.kueue.mutate)
+            self._server.kueue_served = True
         # stop() waits for serve_forever's next poll: 50 ms instead of its default 0.5 s
         threading.Thread(
             target=self._server.serve_forever,
