@@ -37,6 +37,7 @@ OUR_KINDS = (
     "jobs",
     "pods",
     "services",
+    "workloads",  # the Kueue stand-in's, owned by their Jobs
 )
 
 

@@ -227,8 +227,9 @@ class KueueStandIn:
                     f"couldn't assign flavors to pod set main: insufficient unused quota for "
                     f"{res} in flavor {FLAVOR}, {want + have - nominal} more needed",
                 )
-        if _slices(job) and self._place_slices(job, taken) is None:
-            count, size = int(job["spec"].get("parallelism", 1)), _slices(job)[1]
+        sliced = _slices(job)
+        if sliced is not None and self._place_slices(job, sliced, taken) is None:
+            count, size = int(job["spec"].get("parallelism", 1)), sliced[1]
             return _Verdict(
                 "TopologyPlacementFailed",
                 f"couldn't assign flavors to pod set main: topology {TOPOLOGY!r} doesn't allow "
@@ -265,10 +266,10 @@ class KueueStandIn:
                 per_pod[name] = per_pod.get(name, 0) + int(exactly.get("count", 1))
         return {res: n * count for res, n in per_pod.items()}, ""
 
-    def _place_slices(self, job: Obj, taken: set[str]) -> list[str] | None:
+    def _place_slices(self, job: Obj, sliced: tuple[str, int], taken: set[str]) -> list[str] | None:
         """Nodes for every slice, each slice inside one domain of the topology level (most
         free nodes first, as Kueue's default BestFit starts from the largest domain), or None."""
-        level, size = _slices(job)
+        level, size = sliced
         free: dict[str, list[str]] = {}
         for node in self.store.list("nodes")[0]:
             domain = (node["metadata"].get("labels") or {}).get(level)
@@ -310,7 +311,8 @@ class KueueStandIn:
         self.store.mutate("workloads", meta["namespace"], meta["name"], write)
 
     def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict, taken: set[str]) -> None:
-        nodes = self._place_slices(job, taken) if _slices(job) else []
+        sliced = _slices(job)
+        nodes = self._place_slices(job, sliced, taken) if sliced is not None else []
         taken.update(nodes or [])
         stamp = now_iso()
         admission = {
@@ -360,12 +362,12 @@ class KueueStandIn:
         timer.start()
 
 
-def _slices(job: Obj) -> tuple[str, int]:
-    """(topology level, slice size) of a sliced pod set; ("", 0) when it has none."""
+def _slices(job: Obj) -> tuple[str, int] | None:
+    """(topology level, slice size) of a sliced pod set; None when it has none."""
     notes = (job["spec"]["template"].get("metadata") or {}).get("annotations") or {}
     if SLICE_TOPOLOGY not in notes:
-        return "", 0
-    return notes[SLICE_TOPOLOGY], int(notes.get(SLICE_SIZE, "1"))
+        return None
+    return notes[SLICE_TOPOLOGY], max(1, int(notes.get(SLICE_SIZE, "1")))
 
 
 def _usage(admission: Obj) -> dict[str, int]:
