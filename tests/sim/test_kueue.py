@@ -9,6 +9,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from mnnvl.names import RunNames
 from mnnvl.sim import SimCluster
 from mnnvl.sim.kueue import KueueConfig
 from mnnvl.spec import DomainSpec, WorkloadSpec
+from tests.sim.test_rbac_least_privilege import role_rules
 
 QUICK = textwrap.dedent(
     """
@@ -27,6 +29,7 @@ QUICK = textwrap.dedent(
     """
 )
 CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -104,49 +107,48 @@ def run_on(module_dir: str) -> Iterator:
 def test_unmapped_channel_device_class_fails_at_once_quoting_kueue(run_on) -> None:
     # Kueue v0.18+ accounts DRA devices; the channel's DeviceClass is not in its mappings.
     config = KueueConfig(device_class_mappings={"gpu.nvidia.com": "nvidia.com/gpu"})
-    with _sim(config) as sim:
-        # admission_timeout_s=0: without Kueue's reason this would wait forever
-        with run_on(sim, queue_name="team", admission_timeout_s=0) as r:
-            start = time.monotonic()
-            with pytest.raises(WorkloadFailed) as info:
-                r.launch()
-            assert time.monotonic() - start < 20
-            message = str(info.value)
-            assert info.value.exit_code == 4
-            assert "Kueue will not admit Workload default/job-" in message
-            assert (
-                f'"DeviceClass {CHANNEL_CLASS} is not mapped in DRA configuration for podset main"'
-                in message
-            )
-            assert "deviceClassMappings" in message  # the fix
-            assert r.pods_created() == 0
+    # Not reading Kueue's reason, the step would sit out its whole admission timeout.
+    with _sim(config) as sim, run_on(sim, queue_name="team", admission_timeout_s=30) as r:
+        start = time.monotonic()
+        with pytest.raises(WorkloadFailed) as info:
+            r.launch()
+        assert time.monotonic() - start < 20
+        message = str(info.value)
+        assert info.value.exit_code == 4
+        assert "Kueue will not admit Workload default/job-" in message
+        assert (
+            f'"DeviceClass {CHANNEL_CLASS} is not mapped in DRA configuration for podset main"'
+            in message
+        )
+        assert "deviceClassMappings" in message  # the fix
+        assert r.pods_created() == 0
 
 
 def test_unknown_local_queue_fails_at_once_naming_it(run_on) -> None:
     config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 8}})
-    with _sim(config) as sim:
-        with run_on(sim, queue_name="no-such-queue") as r:
-            with pytest.raises(WorkloadFailed) as info:
-                r.launch()
-            assert info.value.exit_code == 4
-            assert 'Misconfigured: "LocalQueue no-such-queue doesn\'t exist"' in str(info.value)
-            assert "kubectl get localqueue no-such-queue -n default" in str(info.value)
+    with _sim(config) as sim, run_on(sim, queue_name="no-such-queue", admission_timeout_s=30) as r:
+        start = time.monotonic()
+        with pytest.raises(WorkloadFailed) as info:
+            r.launch()
+        assert time.monotonic() - start < 20
+        assert info.value.exit_code == 4
+        assert 'Misconfigured: "LocalQueue no-such-queue doesn\'t exist"' in str(info.value)
+        assert "kubectl get localqueue no-such-queue -n default" in str(info.value)
 
 
 def test_quota_short_shows_kueues_reason_while_queued_then_times_out(run_on, caplog) -> None:
     # One pod of quota for a two-pod Job: it may clear (quota raised), so it waits, saying why.
     config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 1}})
     caplog.set_level(logging.INFO)
-    with _sim(config) as sim:
-        with run_on(sim, queue_name="team", admission_timeout_s=3) as r:
-            with pytest.raises(WaitTimeout) as info:
-                r.launch()
-            assert info.value.exit_code == 3
-            assert "insufficient quota for pods in flavor default-flavor" in str(info.value)
-            said = [m for m in caplog.messages if m.startswith("Kueue: Workload job-")]
-            reason = "QuotaReserved=False (ExceedsMaxQuota: couldn't assign flavors"
-            assert any(reason in m for m in said)
-            assert r.pods_created() == 0
+    with _sim(config) as sim, run_on(sim, queue_name="team", admission_timeout_s=3) as r:
+        with pytest.raises(WaitTimeout) as info:
+            r.launch()
+        assert info.value.exit_code == 3
+        assert "insufficient quota for pods in flavor default-flavor" in str(info.value)
+        said = [m for m in caplog.messages if m.startswith("Kueue: Workload job-")]
+        reason = "QuotaReserved=False (ExceedsMaxQuota: couldn't assign flavors"
+        assert any(reason in m for m in said)
+        assert r.pods_created() == 0
 
 
 def test_without_permission_on_workloads_the_wait_falls_back_and_says_so_once(
@@ -165,11 +167,22 @@ def test_without_permission_on_workloads_the_wait_falls_back_and_says_so_once(
 
 def test_admitted_workload_is_reported_and_the_job_runs(run_on, caplog) -> None:
     caplog.set_level(logging.INFO)
-    with _sim(KueueConfig()) as sim:
-        with run_on(sim, queue_name="team") as r:
-            outcome = r.launch()
-            assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
-            assert any(m.startswith("Kueue: Workload job-") for m in caplog.messages)
+    with _sim(KueueConfig()) as sim, run_on(sim, queue_name="team") as r:
+        outcome = r.launch()
+        assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
+        assert any(m.startswith("Kueue: Workload job-") for m in caplog.messages)
+        sent = {r for r in sim.rbac_requests if r[1] == "kueue.x-k8s.io"}
+    # The Kueue overlay grants what the Kueue path sends (and get, for `kubectl get workload`
+    # by the same account); the base Role none of it.
+    granted = role_rules(REPO / "manifests/overlays/kueue/kueue-rbac.yaml")
+    assert {
+        ("list", "kueue.x-k8s.io", "workloads"),
+        ("watch", "kueue.x-k8s.io", "workloads"),
+    } == sent
+    assert sent < granted
+    assert not any(
+        g == "kueue.x-k8s.io" for _, g, _ in role_rules(REPO / "manifests/base/rbac.yaml")
+    )
 
 
 def test_clique_groups_are_one_gang_no_pod_starts_with_quota_for_one_group(run_on) -> None:
@@ -177,29 +190,31 @@ def test_clique_groups_are_one_gang_no_pod_starts_with_quota_for_one_group(run_o
     # Admitting group by group would start one group that then waits at the rendezvous
     # holding its nodes; as one Workload, nothing starts and the step reports "queued".
     config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 2}})
-    with _sim(config, nodes=4, cliques=2) as sim:
-        with run_on(
+    with (
+        _sim(config, nodes=4, cliques=2) as sim,
+        run_on(
             sim,
             queue_name="team",
             nodes=4,
             nodes_per_clique=2,
             topology_aware=True,
             admission_timeout_s=4,
-        ) as r:
-            with pytest.raises(WaitTimeout) as info:
-                r.launch()
-            assert info.value.exit_code == 3
-            assert "queued in LocalQueue team (Kueue)" in str(info.value)
-            time.sleep(0.5)  # a pod the stand-in let through would have been created by now
-            assert r.pods_created() == 0
-            workloads = [o for o in sim.objects() if o[0] == "Workload"]
-            assert len(workloads) == 1  # one Workload for the whole run
+        ) as r,
+    ):
+        with pytest.raises(WaitTimeout) as info:
+            r.launch()
+        assert info.value.exit_code == 3
+        assert "queued in LocalQueue team (Kueue)" in str(info.value)
+        time.sleep(0.5)  # a pod the stand-in let through would have been created by now
+        assert r.pods_created() == 0
+        workloads = [o for o in sim.objects() if o[0] == "Workload"]
+        assert len(workloads) == 1  # one Workload for the whole run
 
 
 def test_clique_groups_admitted_together_run_one_group_per_clique(run_on) -> None:
     config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 4}})
-    with _sim(config, nodes=4, cliques=2) as sim:
-        with run_on(sim, queue_name="team", nodes=4, nodes_per_clique=2, topology_aware=True) as r:
-            outcome = r.launch()
-            assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
-            assert r.pods_created() == 4
+    gang = {"queue_name": "team", "nodes": 4, "nodes_per_clique": 2, "topology_aware": True}
+    with _sim(config, nodes=4, cliques=2) as sim, run_on(sim, **gang) as r:
+        outcome = r.launch()
+        assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
+        assert r.pods_created() == 4
