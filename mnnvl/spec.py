@@ -315,6 +315,14 @@ class WorkloadSpec:
             )
         if self.topology_aware and not self.queue_name:
             raise SpecError("topology_aware", "needs queue_name (Kueue admits the groups)")
+        several_groups = self.nodes_per_clique and self.nodes > self.nodes_per_clique
+        if self.queue_name and several_groups and not self.topology_aware:
+            raise SpecError(
+                "topology_aware",
+                "several clique groups under Kueue run as one Job that Kueue admits whole "
+                "and places group by group with topology-aware scheduling: set "
+                "topology_aware (a Kueue Topology with the level nvidia.com/gpu.clique)",
+            )
 
     def _check_scheduling(self) -> None:
         for key, value in self.node_selector.items():

@@ -5,7 +5,9 @@ then watches the Job, its pods and their DRA prepare events together (one watch 
 the Job is complete, following rank 0's log once its pods run. Phases:
 
 1. **queued**: the Job is suspended (Kueue holds it until it is admitted): progress lines
-   name the LocalQueue; only ``admission_timeout_s`` (0 = no limit) bounds this phase.
+   name the LocalQueue and, where the Job's Kueue Workload can be read, its conditions
+   (:mod:`mnnvl.driver.kueue`); a Workload Kueue will never admit fails the wait at once.
+   Otherwise only ``admission_timeout_s`` (0 = no limit) bounds this phase.
 2. **starting**: admitted; every index needs a pod Running within ``pods_running_timeout_s``
    counted from admission. Pods that cannot recover fail the wait at once (image errors,
    permanent prepare errors) or after ``unschedulable_grace_s`` (Unschedulable, a node
@@ -45,6 +47,7 @@ from mnnvl.driver.diagnose import (
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.errors import MnnvlError, NotFound, WaitTimeout, WorkloadFailed
 from mnnvl.driver.gang import Gang
+from mnnvl.driver.kueue import describe, raise_if_inadmissible, workload_source
 from mnnvl.driver.wait import Check, Deadline, Objects, Source, View, timeout_error, watch_until
 from mnnvl.driver.workload import (
     LogFollower,
@@ -190,6 +193,7 @@ class JobWatch(Check):
         self.pods_deadline: Deadline | None = None  # from admission
         self.job_deadline: Deadline | None = None  # from all pods Running
         self.queued_logged = False
+        self.kueue_said = ""  # the Workloads' last logged state
         self.running_logged = -1
         self.gang = Gang(api, workload)
         self.follower: LogFollower | None = None  # rank 0's log, of its current pod
@@ -206,6 +210,9 @@ class JobWatch(Check):
         sources = {"job": job_src, "pods": pod_src, "events": events}
         for name in self.jobs:  # the Job controller's FailedCreate Events, per Job
             sources[f"created/{name}"] = Source(EVENT, field_selector=JOB_EVENTS.format(job=name))
+        kueue = workload_source(self.api, ns, job_src) if self.workload.queue_name else None
+        if kueue is not None:
+            sources["workloads"] = kueue
         pods: Objects = watch_until(
             self.api, ns, sources, self, deadline=Deadline(0), on_timeout=self._never
         )
@@ -243,7 +250,7 @@ class JobWatch(Check):
             return None
         job = next((j for j in every if (j.get("spec") or {}).get("suspend")), None)
         if job is not None:  # any group still queued: the step is queued
-            self._queued(job)
+            self._queued(job, view.get("workloads"))
             return None
         job = view["job"][self.job]
         if self.pods_deadline is None:
@@ -274,7 +281,7 @@ class JobWatch(Check):
             f"raise --job-timeout-s or check `kubectl logs -n {ns} -l {JOB_NAME_LABEL}={job}`"
         )
 
-    def _queued(self, job: dict[str, Any]) -> None:
+    def _queued(self, job: dict[str, Any], workloads: Objects | None) -> None:
         if self.pods_deadline is not None:
             # Suspended again after admission (Kueue preempted it): start over.
             logger.warning("Job %s was suspended again; waiting for re-admission", self.job)
@@ -283,9 +290,16 @@ class JobWatch(Check):
         if not self.queued_logged:
             self.queued_logged = True
             logger.info("%s", self._queue_text(job))
+        if workloads is not None:
+            raise_if_inadmissible(workloads, self.workload.namespace, self.workload.queue_name)
+            said = describe(workloads)
+            if said != self.kueue_said:  # each change of Kueue's verdict, not every event
+                self.kueue_said = said
+                logger.info("Kueue: %s", said)
         if self.admission.expired:
+            kueue = f" (Kueue: {self.kueue_said})" if self.kueue_said else ""
             raise WaitTimeout(
-                f"{self._queue_text(job)} for more than {self.admission.timeout_s:g} s "
+                f"{self._queue_text(job)} for more than {self.admission.timeout_s:g} s{kueue} "
                 "(--admission-timeout-s); check `kubectl get workloads -n "
                 f"{self.workload.namespace}` and the queue's ClusterQueue quota"
             )
@@ -376,7 +390,8 @@ class JobWatch(Check):
     def progress(self, view: View) -> str:
         job = self._suspended(view)
         if job is not None:
-            return f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s"
+            kueue = f"; Kueue: {describe(view['workloads'])}" if "workloads" in view else ""
+            return f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s{kueue}"
         if self.job_deadline is not None:
             line = (
                 f"Job {self.workload.namespace}/{self.job} running for "

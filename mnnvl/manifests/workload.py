@@ -43,6 +43,12 @@ VERIFY_MODULE = "mnnvl.runtime.verify"
 # from v0.14, which the docs assume): all pods of the pod set (one group's Job) in one
 # domain of this topology level.
 KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+# Kueue TAS pod-set slices (Kueue v0.13+; apis/kueue/v1beta2/topology_types.go): each slice of
+# ``podset-slice-size`` pods in one domain of the level. Kueue orders a Job's pods into the
+# slices by completion index (pkg/controller/tas/topology_ungater.go), so slice g is node ranks
+# g*size .. g*size+size-1: clique group g.
+KUEUE_SLICE_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
+KUEUE_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 
 # Set by the Job itself; a user value would break the rendezvous or the node rank.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -56,6 +62,12 @@ def _check_workload(workload: object) -> WorkloadSpec:
     return workload
 
 
+def kueue_gang(workload: WorkloadSpec) -> bool:
+    """Clique groups under Kueue: one Job (one Kueue Workload) for every group, admitted
+    whole or not at all; Kueue's TAS places each group's slice of it in one clique."""
+    return bool(workload.queue_name) and workload.groups > 1
+
+
 def master_addr(workload: WorkloadSpec) -> str:
     """DNS name of pod index 0 (of group 0's Job), where rank 0's c10d store listens.
 
@@ -65,7 +77,9 @@ def master_addr(workload: WorkloadSpec) -> str:
     (``<ns>.svc.<domain> svc.<domain> <domain>``; Kubernetes docs, "DNS for Services and Pods").
     """
     names = RunNames.for_run(workload.run_id)
-    job = names.job(workload.purpose, 0 if workload.groups > 1 else None)
+    job = names.job(
+        workload.purpose, 0 if workload.groups > 1 and not kueue_gang(workload) else None
+    )
     svc = names.service(workload.purpose)
     return f"{job}-0.{svc}.{workload.namespace}.svc"
 
@@ -112,9 +126,15 @@ def step_selector(workload: WorkloadSpec) -> dict[str, str]:
 
 
 def group_env(workload: WorkloadSpec, group: int | None) -> dict[str, str]:
-    """Where a clique group's pods sit in the run (read by ``mnnvl.runtime.groups``)."""
+    """Where a clique group's pods sit in the run (read by ``mnnvl.runtime.groups``); in the
+    one Job of a Kueue gang a pod's group follows from its node rank."""
     if group is None:
-        return {}
+        if not kueue_gang(workload):
+            return {}
+        return {
+            contract_env.NUM_GROUPS: str(workload.groups),
+            contract_env.NODES_PER_GROUP: str(workload.group_nodes),
+        }
     return {
         contract_env.NUM_GROUPS: str(workload.groups),
         contract_env.GROUP_INDEX: str(group),
@@ -213,7 +233,16 @@ def affinity(workload: WorkloadSpec, job: str, group: int | None = None) -> dict
     same_job = {"matchLabels": {JOB_NAME_LABEL: job}}
     same_step = {"matchLabels": step_selector(workload)}
     result: dict[str, Any] = {}
-    if workload.clique_affinity:
+    if workload.clique_affinity and kueue_gang(workload):
+        # Kueue's slices choose each group's clique; the pods need only a clique label.
+        result["nodeAffinity"] = {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": CLIQUE_LABEL, "operator": "Exists"}]}
+                ]
+            }
+        }
+    elif workload.clique_affinity:
         clique_exists = {"key": CLIQUE_LABEL, "operator": "Exists"}
         result["nodeAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -381,9 +410,14 @@ def indexed_job(
         # Kueue admits the Job (and suspends it until then) through this label.
         job_labels[KUEUE_QUEUE_LABEL] = workload.queue_name
     template: dict[str, Any] = {"labels": pod_labels}
-    if workload.topology_aware:
+    count = workload.group_nodes if group is not None else workload.nodes
+    if kueue_gang(workload):
+        template["annotations"] = {
+            KUEUE_SLICE_TOPOLOGY: CLIQUE_LABEL,
+            KUEUE_SLICE_SIZE: str(workload.group_nodes),
+        }
+    elif workload.topology_aware:
         template["annotations"] = {KUEUE_REQUIRED_TOPOLOGY: CLIQUE_LABEL}
-    count = workload.group_nodes
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -404,8 +438,9 @@ def indexed_job(
 
 
 def indexed_jobs(workload: WorkloadSpec, module: str, args: list[str]) -> list[dict[str, Any]]:
-    """The step's Jobs: one, or one per clique group, all in one rendezvous."""
+    """The step's Jobs: one, or one per clique group, all in one rendezvous. Under Kueue the
+    groups are one Job, so that Kueue admits them together or not at all."""
     workload = _check_workload(workload)
-    if workload.groups == 1:
+    if workload.groups == 1 or kueue_gang(workload):
         return [indexed_job(workload, module, args)]
     return [indexed_job(workload, module, args, g) for g in range(workload.groups)]

@@ -26,6 +26,7 @@ from mnnvl.sim.serving import ServingServer
 from mnnvl.sim.store import RESOURCES, ApiError, Obj, Store, not_found
 
 log = logging.getLogger(__name__)
+KUEUE_GROUP = "kueue.x-k8s.io"
 RBAC_VERBS = {
     "GET": "get",
     "LIST": "list",
@@ -69,6 +70,7 @@ class ApiServer(ServingServer):
         self.mutators: list[Callable[[str, Obj], None]] = []
         # Validating admission after schema validation (PodSecurity, webhooks, quota).
         self.validators: list[Callable[[str, Obj], None]] = []
+        self.kueue_served = False  # the Kueue CRDs exist only with the Kueue stand-in
         self.bookmark_interval_s = 1.0
         self.request_count = 0
         self.counters: Counter[tuple[str, str]] = Counter()
@@ -200,6 +202,7 @@ class Handler(BaseHTTPRequestHandler):
             or (rt.group, rt.version) != (group, version)
             or len(rest) > 3
             or (plural == CD and not self.server.crd_installed())
+            or (rt.group == KUEUE_GROUP and not self.server.kueue_served)
         ):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         label = f"{plural}/{sub}" if sub else plural

@@ -21,7 +21,7 @@ from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.jobs import JobController
 from mnnvl.sim.kubelet import Kubelet
-from mnnvl.sim.kueue import KueueStandIn
+from mnnvl.sim.kueue import KueueConfig, KueueStandIn
 from mnnvl.sim.placement import GPU
 from mnnvl.sim.podenv import local_gpu_ids
 from mnnvl.sim.scheduler import Scheduler
@@ -39,6 +39,7 @@ OUR_KINDS = (
     "jobs",
     "pods",
     "services",
+    "workloads",  # the Kueue stand-in's, owned by their Jobs
 )
 
 
@@ -76,6 +77,7 @@ class SimCluster:
         kueue: bool = False,
         kueue_admission_delay_s: float = 0.5,
         scheduler_seed: int | None = None,
+        kueue_config: KueueConfig | None = None,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
         "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
@@ -97,7 +99,9 @@ class SimCluster:
         self.store = Store(history=watch_history)
         self.faults = Faults(imex_delay_s, schedule_delay_s)
         self.schemas = SchemaAdmission(schema_dir, driver_version)
-        self.kueue = KueueStandIn(self.store, kueue_admission_delay_s) if kueue else None
+        self.kueue = (
+            KueueStandIn(self.store, kueue_admission_delay_s, kueue_config) if kueue else None
+        )
         # Pod admission (PodSecurity, quota; ``admission.deny`` plays a refusing webhook).
         self.admission = PodAdmission(self.store)
         self.store.sticky = self.faults.is_sticky
@@ -130,6 +134,7 @@ class SimCluster:
         self._server.validators.append(self.admission.admit)
         if self.kueue is not None:
             self._server.mutators.append(self.kueue.mutate)
+            self._server.kueue_served = True
         self.faults.outage_hook = self._server.outage
         self._server.start_serving()
         self._write_kubeconfig()

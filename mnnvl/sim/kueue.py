@@ -1,35 +1,90 @@
-"""A Kueue stand-in (``SimCluster(kueue=True)``): queued Jobs wait suspended until admitted.
+"""A Kueue stand-in (``SimCluster(kueue=True)``): queued Jobs wait suspended in a Workload.
 
 Like Kueue's Job webhook, a Job created with the label ``kueue.x-k8s.io/queue-name`` is stored
-with ``spec.suspend: true``. Like Kueue's admission, it is un-suspended once it has waited
-``admission_delay_s`` and its pods fit: the nodes the admitted, unfinished queued Jobs take
-(one pod per node, ``parallelism`` pods per Job) plus its own do not exceed the cluster's nodes.
-Re-evaluated whenever a Job or node changes, so a finished or deleted Job frees room at once.
-Not modelled: ClusterQueues, flavors, Workload objects, preemption, quotas other than nodes.
+with ``spec.suspend: true``. Like Kueue's Job reconciler, each such Job gets one
+``kueue.x-k8s.io/v1beta2`` Workload (label ``kueue.x-k8s.io/job-uid``, owned by the Job, one pod
+set ``main`` of ``parallelism`` pods). Like Kueue's workload controller and scheduler (v0.19, whose
+default ``UnadmittedWorkloadsObservability`` gives the granular reasons), the Workload's
+``QuotaReserved`` condition says why it waits, with Kueue's own messages:
+
+- ``Misconfigured``: the LocalQueue or its ClusterQueue does not exist, or a DeviceClass the pods'
+  claim templates ask for is not in ``deviceClassMappings`` (Kueue v0.18+ DRA accounting);
+- ``WaitingForQuota`` / ``ExceedsMaxQuota``: the ClusterQueue's quota (``pods``,
+  ``nvidia.com/gpu`` limits, mapped DRA devices) is used by admitted Workloads, or too small;
+- ``TopologyPlacementFailed``: a pod set with ``podset-slice-required-topology`` has fewer free
+  topology domains (e.g. NVLink cliques) with room for a slice than it has slices.
+
+When it fits (after ``admission_delay_s``), the Workload gets ``QuotaReserved`` and ``Admitted``
+and the Job is un-suspended: all its pods at once, never part of them (a Workload is admitted
+whole). Re-evaluated whenever a Job, node or Workload changes. Not modelled: flavors beyond one,
+cohorts, preemption, admission checks, priorities; the per-pod topology assignment of a sliced
+pod set is checked at admission but the pods are then placed by the simulator's scheduler.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 
 from mnnvl.sim.jobstatus import finished
-from mnnvl.sim.store import Obj, Store, WatchEvent
+from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent, now_iso
 
 log = logging.getLogger(__name__)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-ADMITTED = "kueue.x-k8s.io/admitted"  # annotation the stand-in sets (Kueue keeps a Workload)
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+SLICE_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
+SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
+FLAVOR = "default-flavor"
+TOPOLOGY = "default"
+GPU = "nvidia.com/gpu"
+HOSTNAME = "kubernetes.io/hostname"
+
+
+@dataclass(frozen=True)
+class KueueConfig:
+    """What a Kueue administrator set up.
+
+    ``local_queues``: LocalQueue name -> ClusterQueue name (None: any name, one ClusterQueue
+    ``cluster-queue``). ``quotas``: ClusterQueue -> resource -> nominal quota; a ClusterQueue
+    absent here does not exist (None: ``cluster-queue`` with ``pods`` = the cluster's nodes).
+    ``device_class_mappings``: DeviceClass -> quota resource name (None: every class maps to
+    its own name). Only the resources a ClusterQueue lists are checked.
+    """
+
+    local_queues: dict[str, str] | None = None
+    quotas: dict[str, dict[str, int]] | None = None
+    device_class_mappings: dict[str, str] | None = None
+
+
+@dataclass
+class _Verdict:
+    reason: str = ""
+    message: str = ""
+    cluster_queue: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
 
 
 def queued(obj: Obj) -> bool:
     return QUEUE_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
 
 
+def workload_name(job: Obj) -> str:
+    """``job-<name>-<5 hex>``, as Kueue names a Job's Workload (unique per Job uid)."""
+    meta = job["metadata"]
+    digest = hashlib.sha1(f"{meta['name']}/{meta['uid']}".encode()).hexdigest()[:5]
+    return f"job-{meta['name']}"[:57] + f"-{digest}"
+
+
 class KueueStandIn:
-    def __init__(self, store: Store, admission_delay_s: float = 0.5) -> None:
+    def __init__(
+        self, store: Store, admission_delay_s: float = 0.5, config: KueueConfig | None = None
+    ) -> None:
         self.store, self.admission_delay_s = store, admission_delay_s
-        self._sub = store.subscribe(["jobs", "nodes"])
+        self.config = config or KueueConfig()
+        self._sub = store.subscribe(["jobs", "nodes", "workloads"])
         self._thread: threading.Thread | None = None
         self._seen: dict[str, float] = {}  # job uid -> monotonic time first seen
         self._wake_at = 0.0
@@ -58,31 +113,243 @@ class KueueStandIn:
             except Exception:
                 log.exception("kueue stand-in: admission pass failed")
 
+    # ---- one pass -------------------------------------------------------------------------
+
     def _admit(self) -> None:
-        jobs = [j for j in self.store.list("jobs")[0] if queued(j)]
-        nodes = len(self.store.list("nodes")[0])
-        used = sum(
-            _width(j)
-            for j in jobs
-            if ADMITTED in (j["metadata"].get("annotations") or {})
-            and not finished(j.get("status") or {})
-        )
-        now = time.monotonic()
-        waiting = sorted(
-            (j for j in jobs if ADMITTED not in (j["metadata"].get("annotations") or {})),
+        jobs = sorted(
+            (j for j in self.store.list("jobs")[0] if queued(j)),
             key=lambda j: str(j["metadata"]["creationTimestamp"]),
         )
-        for job in waiting:
+        workloads = {
+            (w["metadata"]["namespace"], (w["metadata"].get("labels") or {}).get(JOB_UID_LABEL)): w
+            for w in self.store.list("workloads")[0]
+        }
+        used: dict[str, dict[str, int]] = {}
+        taken: set[str] = set()  # nodes of admitted sliced pod sets
+        pending: list[tuple[Obj, Obj]] = []
+        for job in jobs:
+            wl = workloads.get((job["metadata"]["namespace"], job["metadata"]["uid"]))
+            if wl is None:
+                if finished(job.get("status") or {}):
+                    continue
+                wl = self._create_workload(job)
+                if wl is None:
+                    continue
+            admission = (wl.get("status") or {}).get("admission")
+            if admission is None:
+                pending.append((job, wl))
+            elif not finished(job.get("status") or {}):
+                cq = used.setdefault(admission["clusterQueue"], {})
+                for res, n in _usage(admission).items():
+                    cq[res] = cq.get(res, 0) + n
+                taken.update(_assigned_nodes(admission))
+        now = time.monotonic()
+        for job, wl in pending:
             due = self._seen.setdefault(job["metadata"]["uid"], now) + self.admission_delay_s
             if due > now:
                 self._wake(due - now)
-                break  # first come, first served
-            if used + _width(job) > nodes:
-                break
-            used += _width(job)
-            self.store.mutate(
-                "jobs", job["metadata"]["namespace"], job["metadata"]["name"], _admit_job
+                continue
+            verdict = self._evaluate(job, used, taken)
+            if verdict.reason:
+                self._set_pending(wl, verdict)
+                continue
+            cq = used.setdefault(verdict.cluster_queue, {})
+            for res, n in verdict.usage.items():
+                cq[res] = cq.get(res, 0) + n
+            self._admit_workload(job, wl, verdict, taken)
+
+    def _create_workload(self, job: Obj) -> Obj | None:
+        meta = job["metadata"]
+        body = {
+            "metadata": {
+                "name": workload_name(job),
+                "namespace": meta["namespace"],
+                "labels": {JOB_UID_LABEL: meta["uid"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "queueName": (meta.get("labels") or {})[QUEUE_LABEL],
+                "podSets": [
+                    {
+                        "name": "main",
+                        "count": int(job["spec"].get("parallelism", 1)),
+                        "template": job["spec"]["template"],
+                    }
+                ],
+            },
+        }
+        try:
+            return self.store.create("workloads", body)
+        except ApiError as e:  # the Job went away meanwhile, or a previous pass made it
+            log.debug("kueue stand-in: no workload for job %s: %s", meta["name"], e.message)
+            return None
+
+    # ---- admission decisions ----------------------------------------------------------------
+
+    def _queues(self) -> tuple[dict[str, str] | None, dict[str, dict[str, int]]]:
+        quotas = self.config.quotas
+        if quotas is None:
+            quotas = {"cluster-queue": {"pods": len(self.store.list("nodes")[0])}}
+        return self.config.local_queues, quotas
+
+    def _evaluate(self, job: Obj, used: dict[str, dict[str, int]], taken: set[str]) -> _Verdict:
+        local_queues, quotas = self._queues()
+        lq = job["metadata"]["labels"][QUEUE_LABEL]
+        cq = "cluster-queue" if local_queues is None else local_queues.get(lq, "")
+        if not cq:
+            return _Verdict("Misconfigured", f"LocalQueue {lq} doesn't exist")
+        if cq not in quotas:
+            return _Verdict("Misconfigured", f"ClusterQueue {cq} doesn't exist")
+        requests, error = self._requests(job)
+        if error:
+            return _Verdict("Misconfigured", error)
+        for res, nominal in quotas[cq].items():
+            want, have = requests.get(res, 0), used.get(cq, {}).get(res, 0)
+            if want > nominal:
+                return _Verdict(
+                    "ExceedsMaxQuota",
+                    f"couldn't assign flavors to pod set main: insufficient quota for {res} in "
+                    f"flavor {FLAVOR}, previously considered podsets requests (0) + current "
+                    f"podset request ({want}) > maximum capacity ({nominal})",
+                )
+            if want + have > nominal:
+                return _Verdict(
+                    "WaitingForQuota",
+                    f"couldn't assign flavors to pod set main: insufficient unused quota for "
+                    f"{res} in flavor {FLAVOR}, {want + have - nominal} more needed",
+                )
+        sliced = _slices(job)
+        if sliced is not None and self._place_slices(job, sliced, taken) is None:
+            count, size = int(job["spec"].get("parallelism", 1)), sliced[1]
+            return _Verdict(
+                "TopologyPlacementFailed",
+                f"couldn't assign flavors to pod set main: topology {TOPOLOGY!r} doesn't allow "
+                f"to fit any of {count // size} slice(s)".replace("'", '"'),
             )
+        return _Verdict(cluster_queue=cq, usage=requests)
+
+    def _requests(self, job: Obj) -> tuple[dict[str, int], str]:
+        """The pod set's quota usage, or Kueue's message for an unmapped DeviceClass."""
+        count = int(job["spec"].get("parallelism", 1))
+        spec = job["spec"]["template"].get("spec") or {}
+        per_pod: dict[str, int] = {"pods": 1}
+        for c in spec.get("containers") or []:
+            limits = (c.get("resources") or {}).get("limits") or {}
+            if GPU in limits:
+                per_pod[GPU] = per_pod.get(GPU, 0) + int(limits[GPU])
+        mappings = self.config.device_class_mappings
+        ns = job["metadata"]["namespace"]
+        for j, ref in enumerate(spec.get("resourceClaims") or []):
+            rct = self.store.find(
+                "resourceclaimtemplates", ns, ref.get("resourceClaimTemplateName", "")
+            )
+            devices = (((rct or {}).get("spec") or {}).get("spec") or {}).get("devices") or {}
+            for req in devices.get("requests") or []:
+                exactly = req.get("exactly") or {}
+                dc = exactly.get("deviceClassName", "")
+                name = dc if mappings is None else mappings.get(dc, "")
+                if not name:
+                    return {}, (
+                        f"spec.podSets[0].template.spec.resourceClaims[{j}]."
+                        f'resourceClaimTemplateName: Not found: "DeviceClass {dc} is not mapped '
+                        'in DRA configuration for podset main"'
+                    )
+                per_pod[name] = per_pod.get(name, 0) + int(exactly.get("count", 1))
+        return {res: n * count for res, n in per_pod.items()}, ""
+
+    def _place_slices(self, job: Obj, sliced: tuple[str, int], taken: set[str]) -> list[str] | None:
+        """Nodes for every slice, each slice inside one domain of the topology level (most
+        free nodes first, as Kueue's default BestFit starts from the largest domain), or None."""
+        level, size = sliced
+        free: dict[str, list[str]] = {}
+        for node in self.store.list("nodes")[0]:
+            domain = (node["metadata"].get("labels") or {}).get(level)
+            name = node["metadata"]["name"]
+            if domain and name not in taken and not node["spec"].get("unschedulable"):
+                free.setdefault(domain, []).append(name)
+        chosen: list[str] = []
+        for _ in range(int(job["spec"].get("parallelism", 1)) // size):
+            domain = max(free, key=lambda d: len(free[d]), default=None)
+            if domain is None or len(free[domain]) < size:
+                return None
+            chosen += free[domain][:size]
+            free[domain] = free[domain][size:]
+        return chosen
+
+    # ---- writes -----------------------------------------------------------------------------
+
+    def _set_pending(self, wl: Obj, verdict: _Verdict) -> None:
+        cond = {
+            "type": "QuotaReserved",
+            "status": "False",
+            "reason": verdict.reason,
+            "message": verdict.message,
+        }
+
+        def write(o: Obj) -> bool:
+            conds = (o.get("status") or {}).get("conditions") or []
+            old = next((c for c in conds if c.get("type") == "QuotaReserved"), None)
+            if old and (old["reason"], old["message"]) == (verdict.reason, verdict.message):
+                return False  # unchanged: no write, no event
+            rest = [c for c in conds if c.get("type") != "QuotaReserved"]
+            o.setdefault("status", {})["conditions"] = [
+                *rest,
+                {**cond, "lastTransitionTime": now_iso()},
+            ]
+            return True
+
+        meta = wl["metadata"]
+        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+
+    def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict, taken: set[str]) -> None:
+        sliced = _slices(job)
+        nodes = self._place_slices(job, sliced, taken) if sliced is not None else []
+        taken.update(nodes or [])
+        stamp = now_iso()
+        admission = {
+            "clusterQueue": verdict.cluster_queue,
+            "podSetAssignments": [
+                {
+                    "name": "main",
+                    "flavors": {res: FLAVOR for res in verdict.usage},
+                    "resourceUsage": {res: str(n) for res, n in verdict.usage.items()},
+                    "count": int(job["spec"].get("parallelism", 1)),
+                    **({"topologyAssignment": _topology(nodes)} if nodes else {}),
+                }
+            ],
+        }
+        conds = [
+            {
+                "type": "QuotaReserved",
+                "status": "True",
+                "reason": "QuotaReserved",
+                "message": f"Quota reserved in ClusterQueue {verdict.cluster_queue}",
+                "lastTransitionTime": stamp,
+            },
+            {
+                "type": "Admitted",
+                "status": "True",
+                "reason": "Admitted",
+                "message": "The workload is admitted",
+                "lastTransitionTime": stamp,
+            },
+        ]
+
+        def write(o: Obj) -> None:
+            o.setdefault("status", {}).update(admission=admission, conditions=conds)
+
+        meta = wl["metadata"]
+        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], _unsuspend)
 
     def _wake(self, delay_s: float) -> None:
         at = time.monotonic() + delay_s
@@ -95,10 +362,37 @@ class KueueStandIn:
         timer.start()
 
 
-def _width(job: Obj) -> int:
-    return int(job["spec"].get("parallelism", 1))
+def _slices(job: Obj) -> tuple[str, int] | None:
+    """(topology level, slice size) of a sliced pod set; None when it has none."""
+    notes = (job["spec"]["template"].get("metadata") or {}).get("annotations") or {}
+    if SLICE_TOPOLOGY not in notes:
+        return None
+    return notes[SLICE_TOPOLOGY], max(1, int(notes.get(SLICE_SIZE, "1")))
 
 
-def _admit_job(o: Obj) -> None:
-    o["metadata"].setdefault("annotations", {})[ADMITTED] = "true"
+def _usage(admission: Obj) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for psa in admission.get("podSetAssignments") or []:
+        for res, n in (psa.get("resourceUsage") or {}).items():
+            total[res] = total.get(res, 0) + int(n)
+    return total
+
+
+def _topology(nodes: list[str]) -> Obj:
+    """A per-node topology assignment (Kueue v1beta1's shape; the stand-in's only level)."""
+    return {
+        "levels": [HOSTNAME],
+        "domains": [{"values": [node], "count": 1} for node in nodes],
+    }
+
+
+def _assigned_nodes(admission: Obj) -> list[str]:
+    return [
+        d["values"][0]
+        for psa in admission.get("podSetAssignments") or []
+        for d in (psa.get("topologyAssignment") or {}).get("domains") or []
+    ]
+
+
+def _unsuspend(o: Obj) -> None:
     o["spec"]["suspend"] = False

@@ -42,6 +42,8 @@ RESOURCES: dict[str, ResourceType] = {
         ResourceType(
             "computedomains", "resource.nvidia.com", "v1beta1", "ComputeDomain", True, True
         ),
+        # Written by the Kueue stand-in only (kueue.py); v1beta2 is Kueue's storage version.
+        ResourceType("workloads", "kueue.x-k8s.io", "v1beta2", "Workload", True, True),
         ResourceType(
             "customresourcedefinitions",
             "apiextensions.k8s.io",

@@ -128,17 +128,25 @@ def test_names_stay_dns_labels_for_any_group_count(group: int) -> None:
         names.job("train", MAX_GROUPS)
 
 
-def test_topology_aware_asks_kueue_for_one_clique_per_group() -> None:
+def test_clique_groups_under_kueue_are_one_job_sliced_one_group_per_clique() -> None:
     workload = WorkloadSpec(
         run_id=RUN, nodes=4, nodes_per_clique=2, queue_name="gpu", topology_aware=True
     )
-    for job in indexed_jobs(workload, TRAIN_MODULE, []):
-        template = job["spec"]["template"]["metadata"]
-        assert template["annotations"] == {
-            "kueue.x-k8s.io/podset-required-topology": "nvidia.com/gpu.clique"
-        }
-        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
-        k8s_valid(job)
+    (job,) = indexed_jobs(workload, TRAIN_MODULE, [])  # one Kueue Workload: all or nothing
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+    template = job["spec"]["template"]
+    assert template["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-slice-required-topology": "nvidia.com/gpu.clique",
+        "kueue.x-k8s.io/podset-slice-size": "2",
+    }
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    # Kueue's slices choose the cliques: no pod affinity would pull both groups into one.
+    assert "podAffinity" not in template["spec"]["affinity"]
+    env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+    assert (env["MNNVL_NUM_GROUPS"], env["MNNVL_NODES_PER_GROUP"]) == ("2", "2")
+    assert "MNNVL_NODE_RANK_BASE" not in env  # node rank = completion index in one Job
+    assert env["MASTER_ADDR"].startswith(f"{job['metadata']['name']}-0.")
+    k8s_valid(job)
 
 
 def test_group_launcher_adds_the_groups_first_node_rank_to_the_index() -> None:

@@ -50,6 +50,12 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
     ),
     (WorkloadSpec, {"run_id": RUN, "max_nodes_per_clique": 100}, "max_nodes_per_clique", "range"),
     (WorkloadSpec, {"run_id": RUN, "topology_aware": True}, "topology_aware", "needs queue_name"),
+    (
+        WorkloadSpec,
+        {"run_id": RUN, "queue_name": "q", "nodes": 4, "nodes_per_clique": 2},
+        "topology_aware",
+        "admits whole",
+    ),
     (WorkloadSpec, {"run_id": RUN, "nodes": 2.0}, "nodes", "whole number"),
     (WorkloadSpec, {"run_id": RUN, "nodes": True}, "nodes", "must be a number"),
     (WorkloadSpec, {"run_id": RUN, "gpus_per_node": 9}, "gpus_per_node", "out of range"),

@@ -1,0 +1,113 @@
+"""Why Kueue holds a queued Job: its ``Workload``'s conditions, read beside the Job's waits.
+
+Kueue (v0.15+ serves ``kueue.x-k8s.io/v1beta2``) keeps one Workload per Job it manages, labelled
+``kueue.x-k8s.io/job-uid``. While the Workload is not admitted its ``QuotaReserved=False``
+condition carries the reason and Kueue's message (``pkg/controller/core/workload_controller.go``,
+``pkg/scheduler/flavorassigner``). Reasons that an administrator must act on never clear by
+themselves, so the step fails at once (exit 4) quoting Kueue:
+
+- ``Misconfigured`` (Kueue v0.19's ``UnadmittedWorkloadsObservability``, on by default) or
+  ``Inadmissible`` (before): the LocalQueue/ClusterQueue does not exist, or a DeviceClass of the
+  pods' claim templates is not in Kueue's ``deviceClassMappings``;
+- ``Suspended``: the ClusterQueue or LocalQueue is inactive. A queue *stopped* on purpose
+  (``stopPolicy: Hold``, message "... is stopped") is an administrator's pause and is waited for.
+
+Quota reasons (``WaitingForQuota``, ``ExceedsMaxQuota``, ``Pending``, ...) may clear when other
+work ends or quota is raised: they are shown and waited for under ``--admission-timeout-s``.
+Reading Workloads needs ``get/list/watch workloads.kueue.x-k8s.io`` (manifests/overlays/kueue);
+without it the wait falls back to the Job's suspension alone and says so once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mnnvl.driver.api import JOB, Api, Kind
+from mnnvl.driver.errors import MnnvlError, WorkloadFailed
+from mnnvl.driver.wait import Objects, Source
+
+logger = logging.getLogger(__name__)
+
+WORKLOAD = Kind("Workload", "kueue.x-k8s.io", "v1beta2", "workloads")
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+PERMANENT_REASONS = frozenset({"Misconfigured", "Inadmissible", "Suspended"})
+KUEUE_RBAC = "manifests/overlays/kueue"
+
+
+def workload_source(api: Api, namespace: str, jobs: Source) -> Source | None:
+    """The watch source for the Workloads of the Jobs ``jobs`` selects, or None (logged once)
+    when they cannot be read: no permission, or no Kueue v1beta2 API in the cluster."""
+    try:
+        found = api.list(
+            JOB, namespace, label_selector=jobs.label_selector, field_selector=jobs.fields
+        )["items"]
+        uids = sorted(j["metadata"]["uid"] for j in found)
+        selector = f"{JOB_UID_LABEL} in ({','.join(uids)})"
+        api.list(WORKLOAD, namespace, label_selector=selector)
+    except MnnvlError as e:
+        logger.warning(
+            "cannot read Kueue Workloads in %s (%s); progress shows only that the Job is "
+            "suspended. Grant get/list/watch on workloads.kueue.x-k8s.io (%s) to see why "
+            "Kueue holds it",
+            namespace,
+            e,
+            KUEUE_RBAC,
+        )
+        return None
+    return Source(WORKLOAD, label_selector=selector) if uids else None
+
+
+def _conditions(wl: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c.get("type", ""): c for c in (wl.get("status") or {}).get("conditions") or []}
+
+
+def describe(workloads: Objects) -> str:
+    """One phrase per Workload: admitted, quota reserved, or why it waits (Kueue's words)."""
+    parts = []
+    for name in sorted(workloads):
+        conds = _conditions(workloads[name])
+        admitted, reserved = conds.get("Admitted", {}), conds.get("QuotaReserved", {})
+        if admitted.get("status") == "True":
+            parts.append(f"Workload {name} Admitted")
+        elif reserved.get("status") == "True":
+            parts.append(f"Workload {name} QuotaReserved, Admitted=False ({_said(admitted)})")
+        elif reserved:
+            parts.append(f"Workload {name} QuotaReserved=False ({_said(reserved)})")
+        else:
+            parts.append(f"Workload {name} not yet evaluated by Kueue")
+    return "; ".join(parts) or "no Kueue Workload yet"
+
+
+def _said(cond: dict[str, Any]) -> str:
+    reason, message = cond.get("reason", ""), cond.get("message", "")
+    return f"{reason}: {message}" if reason and message else reason or message or "no reason"
+
+
+def raise_if_inadmissible(workloads: Objects, namespace: str, queue: str) -> None:
+    """Fail the step (exit 4) when Kueue says a Workload cannot be admitted until someone acts."""
+    for name in sorted(workloads):
+        cond = _conditions(workloads[name]).get("QuotaReserved") or {}
+        reason, message = cond.get("reason", ""), str(cond.get("message", ""))
+        if cond.get("status") != "False" or reason not in PERMANENT_REASONS:
+            continue
+        if reason == "Suspended" and message.endswith("is stopped"):
+            continue  # an administrator's pause (stopPolicy Hold): it ends when they resume
+        raise WorkloadFailed(
+            f'Kueue will not admit Workload {namespace}/{name}: {reason}: "{message}"; '
+            f"{_hint(message, queue, namespace)}"
+        )
+
+
+def _hint(message: str, queue: str, namespace: str) -> str:
+    if "DeviceClass" in message:
+        return (
+            "add the DeviceClass to Kueue's Configuration resources.deviceClassMappings and "
+            "cover that resource in the ClusterQueue's quota (docs/real-cluster.md, Kueue)"
+        )
+    if "LocalQueue" in message:
+        return (
+            f"check `kubectl get localqueue {queue} -n {namespace}` or pass an existing "
+            "--queue-name"
+        )
+    return "check `kubectl get clusterqueue` and its status conditions"

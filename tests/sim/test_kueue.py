@@ -1,0 +1,240 @@
+"""Kueue against the simulated cluster: a held Job says why, what cannot clear fails at once,
+and clique groups are admitted as one gang. Each case ends with nothing of the run left."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mnnvl import steps
+from mnnvl.errors import WaitTimeout, WorkloadFailed
+from mnnvl.names import RunNames
+from mnnvl.sim import SimCluster
+from mnnvl.sim.kueue import KueueConfig
+from mnnvl.spec import DomainSpec, WorkloadSpec
+from tests.sim.test_rbac_least_privilege import role_rules
+
+QUICK = textwrap.dedent(
+    """
+    import os
+    if os.environ["JOB_COMPLETION_INDEX"] == "0":
+        print('RESULT {"kind": "quick", "ok": true}', flush=True)
+    """
+)
+CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("kueue")
+    (path / "quick.py").write_text(QUICK)
+    return str(path)
+
+
+class Run:
+    """A provisioned run on ``sim``; ``close`` tears it down and checks nothing is left."""
+
+    def __init__(self, sim: SimCluster, module_dir: str, **workload: object) -> None:
+        self.sim = sim
+        self.run_id = f"k-{uuid.uuid4().hex[:10]}"
+        self.domain = DomainSpec(run_id=self.run_id, delete_timeout_s=30)
+        fields: dict[str, object] = {
+            "run_id": self.run_id,
+            "purpose": "job",
+            "nodes": 2,
+            "gpus_per_node": 0,
+            "env": {"PYTHONPATH": module_dir},
+            "pods_running_timeout_s": 60,
+            "job_timeout_s": 120,
+        }
+        self.workload = WorkloadSpec(**(fields | workload))  # type: ignore[arg-type]
+        steps.provision(self.domain, kubeconfig=sim.kubeconfig_path)
+
+    def launch(self) -> object:
+        return steps.launch(self.workload, "quick", [], kubeconfig=self.sim.kubeconfig_path)
+
+    def pods_created(self) -> int:
+        return sum(
+            1
+            for e in self.sim.events
+            if e.get("reason") == "SuccessfulCreate"
+            and e["involvedObject"]["name"].startswith(RunNames.for_run(self.run_id).base)
+        )
+
+    def close(self) -> None:
+        steps.teardown(self.domain, kubeconfig=self.sim.kubeconfig_path)
+        names = RunNames.for_run(self.run_id)
+        assert self.sim.objects(names.selector) == []
+        assert [o for o in self.sim.objects() if names.base in o[2]] == []
+
+
+def _sim(config: KueueConfig, nodes: int = 2, cliques: int = 1) -> SimCluster:
+    return SimCluster(
+        nodes=nodes,
+        cliques=cliques,
+        local_gpus=[],
+        imex_delay_s=0.1,
+        schedule_delay_s=0.05,
+        kueue=True,
+        kueue_admission_delay_s=0.2,
+        kueue_config=config,
+    )
+
+
+@pytest.fixture
+def run_on(module_dir: str) -> Iterator:
+    """``with run_on(sim, **workload) as r``: a provisioned run, torn down and checked on exit."""
+
+    @contextlib.contextmanager
+    def make(sim: SimCluster, **workload: object) -> Iterator[Run]:
+        r = Run(sim, module_dir, **workload)
+        try:
+            yield r
+        finally:
+            r.close()
+
+    return make
+
+
+def test_unmapped_channel_device_class_fails_at_once_quoting_kueue(run_on) -> None:
+    # Kueue v0.18+ accounts DRA devices; the channel's DeviceClass is not in its mappings.
+    config = KueueConfig(device_class_mappings={"gpu.nvidia.com": "nvidia.com/gpu"})
+    # Not reading Kueue's reason, the step would sit out its whole admission timeout.
+    with _sim(config) as sim, run_on(sim, queue_name="team", admission_timeout_s=30) as r:
+        start = time.monotonic()
+        with pytest.raises(WorkloadFailed) as info:
+            r.launch()
+        assert time.monotonic() - start < 20
+        message = str(info.value)
+        assert info.value.exit_code == 4
+        assert "Kueue will not admit Workload default/job-" in message
+        assert (
+            f'"DeviceClass {CHANNEL_CLASS} is not mapped in DRA configuration for podset main"'
+            in message
+        )
+        assert "deviceClassMappings" in message  # the fix
+        assert r.pods_created() == 0
+
+
+def test_unknown_local_queue_fails_at_once_naming_it(run_on) -> None:
+    config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 8}})
+    with _sim(config) as sim, run_on(sim, queue_name="no-such-queue", admission_timeout_s=30) as r:
+        start = time.monotonic()
+        with pytest.raises(WorkloadFailed) as info:
+            r.launch()
+        assert time.monotonic() - start < 20
+        assert info.value.exit_code == 4
+        assert 'Misconfigured: "LocalQueue no-such-queue doesn\'t exist"' in str(info.value)
+        assert "kubectl get localqueue no-such-queue -n default" in str(info.value)
+
+
+def test_quota_short_shows_kueues_reason_while_queued_then_times_out(run_on, caplog) -> None:
+    # One pod of quota for a two-pod Job: it may clear (quota raised), so it waits, saying why.
+    config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 1}})
+    caplog.set_level(logging.INFO)
+    with _sim(config) as sim, run_on(sim, queue_name="team", admission_timeout_s=3) as r:
+        with pytest.raises(WaitTimeout) as info:
+            r.launch()
+        assert info.value.exit_code == 3
+        assert "insufficient quota for pods in flavor default-flavor" in str(info.value)
+        said = [m for m in caplog.messages if m.startswith("Kueue: Workload job-")]
+        reason = "QuotaReserved=False (ExceedsMaxQuota: couldn't assign flavors"
+        assert any(reason in m for m in said)
+        assert r.pods_created() == 0
+
+
+def test_without_permission_on_workloads_the_wait_falls_back_and_says_so_once(
+    run_on, caplog
+) -> None:
+    with _sim(KueueConfig()) as sim:
+        sim.faults.fail_requests("GET", "/workloads", 403, count=1000)
+        with run_on(sim, queue_name="team") as r:
+            caplog.set_level(logging.INFO)
+            outcome = r.launch()
+            assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
+            said = [m for m in caplog.messages if "cannot read Kueue Workloads" in m]
+            assert len(said) == 1
+            assert "workloads.kueue.x-k8s.io" in said[0] and "manifests/overlays/kueue" in said[0]
+
+
+def test_admitted_workload_is_reported_and_the_job_runs(run_on, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    with _sim(KueueConfig()) as sim, run_on(sim, queue_name="team") as r:
+        outcome = r.launch()
+        assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
+        assert any(m.startswith("Kueue: Workload job-") for m in caplog.messages)
+        sent = {r for r in sim.rbac_requests if r[1] == "kueue.x-k8s.io"}
+    # The Kueue overlay grants what the Kueue path sends (and get, for `kubectl get workload`
+    # by the same account); the base Role none of it.
+    granted = role_rules(REPO / "manifests/overlays/kueue/kueue-rbac.yaml")
+    assert {
+        ("list", "kueue.x-k8s.io", "workloads"),
+        ("watch", "kueue.x-k8s.io", "workloads"),
+    } == sent
+    assert sent < granted
+    assert not any(
+        g == "kueue.x-k8s.io" for _, g, _ in role_rules(REPO / "manifests/base/rbac.yaml")
+    )
+
+
+def test_clique_groups_are_one_gang_no_pod_starts_with_quota_for_one_group(run_on) -> None:
+    # Two groups of two nodes on two cliques; the ClusterQueue has room for one group only.
+    # Admitting group by group would start one group that then waits at the rendezvous
+    # holding its nodes; as one Workload, nothing starts and the step reports "queued".
+    config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 2}})
+    with (
+        _sim(config, nodes=4, cliques=2) as sim,
+        run_on(
+            sim,
+            queue_name="team",
+            nodes=4,
+            nodes_per_clique=2,
+            topology_aware=True,
+            admission_timeout_s=4,
+        ) as r,
+    ):
+        outcome: list[BaseException] = []
+
+        def launch() -> None:
+            try:
+                r.launch()
+            except BaseException as e:  # the step's error, checked below
+                outcome.append(e)
+
+        step = threading.Thread(target=launch)
+        step.start()
+        # While the step waits in the queue: one Workload for the whole run, and no pod.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not _workloads(sim):
+            time.sleep(0.05)
+        time.sleep(0.5)  # a pod the stand-in let through would have been created by now
+        assert len(_workloads(sim)) == 1
+        assert r.pods_created() == 0
+        step.join(30)
+        assert outcome and isinstance(outcome[0], WaitTimeout)
+        assert outcome[0].exit_code == 3
+        assert "queued in LocalQueue team (Kueue)" in str(outcome[0])
+        assert r.pods_created() == 0
+
+
+def _workloads(sim: Any) -> list[Any]:
+    return [o for o in sim.objects() if o[0] == "Workload"]
+
+
+def test_clique_groups_admitted_together_run_one_group_per_clique(run_on) -> None:
+    config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 4}})
+    gang = {"queue_name": "team", "nodes": 4, "nodes_per_clique": 2, "topology_aware": True}
+    with _sim(config, nodes=4, cliques=2) as sim, run_on(sim, **gang) as r:
+        outcome = r.launch()
+        assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
+        assert r.pods_created() == 4
