@@ -108,11 +108,11 @@ class NodeLifecycle:
                 self._tainted_at.pop(name, None)
         pods, _ = self.store.list("pods", None, lambda o: bool(o["spec"].get("nodeName")))
         for pod in pods:
-            node = nodes.get(pod["spec"]["nodeName"])
-            if node is None:
+            bound = nodes.get(pod["spec"]["nodeName"])
+            if bound is None:
                 self._orphan(pod, now)
             else:
-                self._evict_if_due(pod, node, now)
+                self._evict_if_due(pod, bound, now)
         self._gone_at = {k: v for k, v in self._gone_at.items() if k not in nodes}
 
     def _evict_if_due(self, pod: Obj, node: Obj, now: float) -> None:
@@ -146,31 +146,25 @@ class NodeLifecycle:
         self._fail_and_force_delete(pod, ("DeletionByPodGC", "PodGC: node no longer exists"))
 
     def _fail_and_force_delete(self, pod: Obj, why: tuple[str, str] | None) -> None:
-        """podgc's markFailedAndDeletePod: phase Failed (and the condition), then grace 0."""
-        if pod["status"].get("phase") not in TERMINAL:
+        """podgc's markFailedAndDeletePod: phase Failed (and the condition, in the same status
+        patch), then a delete with grace 0."""
 
-            def fail(o: Obj) -> None:
+        def fail(o: Obj) -> None:
+            if o["status"].get("phase") not in TERMINAL:
                 o["status"]["phase"] = "Failed"
+            if why is not None:
+                _set_condition(o, *why)
 
-            self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], fail)
-        if why is not None:
-            self._condition(pod, *why)
+        self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], fail)
         self._delete(pod, 0)
 
     def _condition(self, pod: Obj, reason: str, message: str) -> None:
-        cond = {
-            "type": "DisruptionTarget",
-            "status": "True",
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": now_iso(),
-        }
-
-        def write(o: Obj) -> None:
-            conds = [c for c in o["status"].get("conditions") or [] if c["type"] != cond["type"]]
-            o["status"]["conditions"] = [*conds, cond]
-
-        self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], write)
+        self.store.mutate(
+            "pods",
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            lambda o: _set_condition(o, reason, message),
+        )
 
     def _delete(self, pod: Obj, grace_s: float | None) -> None:
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
@@ -183,6 +177,18 @@ class NodeLifecycle:
             self.store.delete("pods", ns, name, grace_s=grace_s)
         except ApiError as e:  # gone meanwhile
             log.debug("node lifecycle: delete pod %s/%s: %s", ns, name, e)
+
+
+def _set_condition(pod: Obj, reason: str, message: str) -> None:
+    cond = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now_iso(),
+    }
+    conds = [c for c in pod["status"].get("conditions") or [] if c["type"] != cond["type"]]
+    pod["status"]["conditions"] = [*conds, cond]
 
 
 def _ready(node: Obj) -> bool:
