@@ -99,6 +99,7 @@ class Gang:
         self.attempts: dict[tuple[str, str], set[str]] = {}  # (Job, index) -> pod uids
         self.old: set[str] = set()  # pods of generations already restarted
         self.restarts: list[Restart] = []
+        self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
 
     def check(self, pods: Objects, rank0: Progress | None) -> bool:
         """Restart the gang when a pod of the current generation failed retriably; True when
@@ -119,6 +120,10 @@ class Gang:
         if pod is None:
             return False
         name, code = pod["metadata"]["name"], _exit_code(pod)
+        disruption = _disruption(pod)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if disruption and node:
+            self.lost_nodes[node] = f"pod {name}: {disruption}"
         self._check_budget(pods, pod)
         last = rank0.last[0] if rank0 is not None and rank0.last else None
         self.restarts.append(Restart(name, code, time.monotonic(), last))
@@ -209,6 +214,10 @@ class Gang:
             logger.info("deleting pod %s/%s so that it restarts with the others", ns, meta["name"])
             self.api.delete(POD, ns, meta["name"], uid=meta["uid"])
 
+    def lost(self) -> str:
+        """The nodes the run lost (their pods were disrupted), for error messages."""
+        return "; ".join(f"node {n} was lost ({why})" for n, why in sorted(self.lost_nodes.items()))
+
     def summary(self) -> list[dict[str, Any]]:
         return [r.record() for r in self.restarts]
 
@@ -228,7 +237,13 @@ def _oom_killed(pod: dict[str, Any]) -> bool:
 def _disrupted(pod: dict[str, Any]) -> bool:
     """A ``DisruptionTarget`` pod (node lost, evicted, preempted): the Job's podFailurePolicy
     ignores it, so its failure uses up no retry."""
-    return any(
-        c.get("type") == "DisruptionTarget" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
+    return bool(_disruption(pod))
+
+
+def _disruption(pod: dict[str, Any]) -> str:
+    """``reason: message`` of a pod's ``DisruptionTarget`` condition ("" without one): the
+    taint-eviction controller's ``DeletionByTaintManager``, pod GC's ``DeletionByPodGC``."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            return f"{c.get('reason', '')}: {c.get('message', '')}"
+    return ""

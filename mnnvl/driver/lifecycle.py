@@ -355,6 +355,8 @@ class JobWatch(Check):
         if self.gang.check(pods, rank0):
             self.follower = None
             return True
+        if self.gang.restarts and self.job_deadline is not None:
+            self._replacements_placed(view)
         if self.gang.restarts and self.follower is None and self.job_deadline is not None:
             for name, pod in sorted(pods.items()):
                 meta = pod["metadata"]
@@ -370,6 +372,20 @@ class JobWatch(Check):
                         self.gang.restarts[-1].after = self.follower.progress
                     break
         return False
+
+    def _replacements_placed(self, view: View) -> None:
+        """After a restart the replacement pods face the same checks as the first ones (an
+        unschedulable pod fails the step after the grace), naming the nodes the run lost."""
+        fresh = {k: p for k, p in view["pods"].items() if p["metadata"]["uid"] not in self.gang.old}
+        try:
+            raise_on_stuck_pod(self.api, self.workload, fresh, view["events"], self.grace)
+        except WorkloadFailed as e:
+            if not self.gang.lost_nodes:
+                raise
+            raise WorkloadFailed(
+                f"{self.gang.lost()}, and its replacement has nowhere to go: {e}",
+                pod_exit_code=e.pod_exit_code,
+            ) from e
 
     # ---- timers and progress -----------------------------------------------------------
 

@@ -22,6 +22,12 @@ from mnnvl.sim.faults import Faults
 from mnnvl.sim.jobs import JobController
 from mnnvl.sim.kubelet import Kubelet
 from mnnvl.sim.kueue import KueueConfig, KueueStandIn
+from mnnvl.sim.nodelifecycle import (
+    DEFAULT_TOLERATION_S,
+    POD_GC_QUARANTINE_S,
+    NodeLifecycle,
+    default_tolerations,
+)
 from mnnvl.sim.placement import GPU
 from mnnvl.sim.podenv import local_gpu_ids
 from mnnvl.sim.scheduler import Scheduler
@@ -78,12 +84,18 @@ class SimCluster:
         kueue_admission_delay_s: float = 0.5,
         scheduler_seed: int | None = None,
         kueue_config: KueueConfig | None = None,
+        default_toleration_s: float = DEFAULT_TOLERATION_S,
+        pod_gc_quarantine_s: float = POD_GC_QUARANTINE_S,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
         "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
         ``watch_history`` events are kept for watches to resume from (older: 410 Gone).
         ``scheduler_seed`` draws the scheduler's tie-breaks and queue order (default:
-        ``$MNNVL_SIM_SEED``, else a fresh random seed, logged and kept in ``scheduler_seed``)."""
+        ``$MNNVL_SIM_SEED``, else a fresh random seed, logged and kept in ``scheduler_seed``).
+        ``default_toleration_s`` is kube-apiserver's ``--default-unreachable-toleration-seconds``
+        (and not-ready): how long a pod stays on a lost node before the taint-eviction
+        controller deletes it; ``pod_gc_quarantine_s`` how long a deleted node's pods are left
+        before pod GC fails and force-deletes them (upstream: 300 s and 40 s)."""
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
         self.nodes, self.gpus_per_node, self.cliques = nodes, gpus_per_node, cliques
@@ -105,6 +117,8 @@ class SimCluster:
         # Pod admission (PodSecurity, quota; ``admission.deny`` plays a refusing webhook).
         self.admission = PodAdmission(self.store)
         self.store.sticky = self.faults.is_sticky
+        self.default_toleration_s = default_toleration_s
+        self.pod_gc_quarantine_s = pod_gc_quarantine_s
         self._server: ApiServer | None = None
         self._parts: list[Any] = []
         self._started = self._stopped = False
@@ -123,8 +137,9 @@ class SimCluster:
         self._parts = [
             driver,
             Scheduler(self.store, self.faults, self.scheduler_seed),
-            JobController(self.store, self.admission.admit),
+            JobController(self.store, self._admit_pod),
             kubelet,
+            NodeLifecycle(self.store, self.pod_gc_quarantine_s),
             *([self.kueue] if self.kueue else []),
         ]
         for part in self._parts:
@@ -132,6 +147,7 @@ class SimCluster:
         self._server = ApiServer(self.store, self.faults, kubelet, lambda: self.crd_installed)
         self._server.schemas = self.schemas
         self._server.validators.append(self.admission.admit)
+        self._server.mutators.append(self._default_tolerations)
         if self.kueue is not None:
             self._server.mutators.append(self.kueue.mutate)
             self._server.kueue_served = True
@@ -147,6 +163,16 @@ class SimCluster:
             self.scheduler_seed,
         )
         return self
+
+    def _default_tolerations(self, resource: str, obj: Obj) -> None:
+        """The DefaultTolerationSeconds admission plugin (pods only)."""
+        if resource == "pods":
+            default_tolerations(obj, self.default_toleration_s)
+
+    def _admit_pod(self, resource: str, pod: Obj) -> None:
+        """What a pod the Job controller creates goes through: defaulting, then admission."""
+        self._default_tolerations(resource, pod)
+        self.admission.admit(resource, pod)
 
     def stop(self) -> None:
         """Kill pod processes, stop controllers and the server; safe to call twice."""
@@ -237,9 +263,15 @@ class SimCluster:
             json.dump(cfg, f, indent=1)  # JSON is valid YAML
         os.replace(tmp, self.kubeconfig_path)
 
-    def lose_node(self, name: str) -> None:
-        """The node goes away (NotReady, unreachable): its IMEX daemon stops and the pods of
-        ComputeDomains running there fail, as when a node drops out of an NVLink rack."""
+    def lose_node(self, name: str, deleted_after_s: float | None = None) -> None:
+        """The node drops off the network, as a crashed or powered-off machine does: its
+        containers stop answering (they are stopped, not killed: peers see silence), its
+        kubelet reports nothing more, its IMEX daemon leaves the domain, and the node
+        lifecycle controller marks it Ready Unknown and taints it ``unreachable``. Its pods
+        are evicted after their toleration (``default_toleration_s``) and stay Terminating
+        until the node object is deleted (``deleted_after_s``: what a cloud provider's node
+        controller does once the instance is gone) or tainted ``out-of-service``; then pod GC
+        fails and force-deletes them."""
 
         def not_ready(o: Obj) -> None:
             # What the node lifecycle controller does to a node that stopped reporting.
@@ -253,7 +285,16 @@ class SimCluster:
 
         if self.store.mutate("nodes", "", name, not_ready) is None:
             raise ValueError(f"no node {name}")
+        self._kubelet.node_unreachable(name)
         self._driver.node_lost(name)
+        if deleted_after_s is not None:
+            timer = threading.Timer(deleted_after_s, self._delete_node, (name,))
+            timer.daemon = True
+            timer.start()
+
+    def _delete_node(self, name: str) -> None:
+        if self.store.find("nodes", "", name) is not None:
+            self.store.delete("nodes", "", name)
 
     def signal_pod(self, namespace: str, name: str, sig: int) -> None:
         """Send a signal to every process of a running pod's container: ``SIGSTOP`` is a

@@ -273,7 +273,9 @@ class ComputeDomainDriver:
         timer.start()
 
     def node_lost(self, node: str) -> None:
-        """A node left the cluster: its IMEX daemon is gone, the domain's pods there fail."""
+        """A node left the cluster: its IMEX daemon is gone from the domain's status. Its pods
+        are not failed here: their kubelet is unreachable and reports nothing (the taint-eviction
+        controller and pod GC deal with them)."""
         with self._lock:
             daemon = self._daemons.pop(node, None)
             if daemon is not None:
@@ -281,12 +283,6 @@ class ComputeDomainDriver:
         if daemon is None:
             return
         self._write_status(daemon.namespace, daemon.name, daemon.uid)
-        self.on_imex_lost(
-            daemon.uid,
-            {node},
-            f"node {node} left the IMEX domain of ComputeDomain {daemon.namespace}/{daemon.name} "
-            f"(uid {daemon.uid}): node lost",
-        )
 
     # ----- kubelet plugin --------------------------------------------------------------
     def prepare(self, node: str, claim: Obj, cancel: threading.Event) -> None:

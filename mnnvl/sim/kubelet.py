@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -62,6 +63,8 @@ class PodWorker:
 
     # ----- status helpers --------------------------------------------------------------
     def _status(self, phase: str, state: Obj, ready: bool, last: Obj | None = None) -> None:
+        if self.node in self.k.unreachable:
+            return  # a kubelet the API server cannot hear from reports nothing
         now = now_iso()
         c = self.container
         cs = {
@@ -107,6 +110,8 @@ class PodWorker:
         self.k.store.mutate("pods", self.ns, self.name, write)
 
     def _event(self, type_: str, reason: str, message: str) -> None:
+        if self.node in self.k.unreachable:
+            return
         record_event(self.k.store, self.pod, type_, reason, message, "kubelet")
 
     # ----- lifecycle -------------------------------------------------------------------
@@ -326,6 +331,7 @@ class Kubelet:
         self.store, self.faults, self.driver = store, faults, driver
         self.env = ProcessEnv(store, gpus_per_node, local_gpus)
         self.workers: dict[tuple[str, str], PodWorker] = {}
+        self.unreachable: set[str] = set()  # nodes whose kubelet the API server lost
         self._lock = threading.Lock()
         self._sub = store.subscribe(["pods"])
         self._thread: threading.Thread | None = None
@@ -363,6 +369,8 @@ class Kubelet:
                     if worker is not None:
                         self._spawn(self._remove, key, worker, 0.0)
                     continue
+                if worker is not None and worker.node in self.unreachable:
+                    continue  # it never hears of the deletion; the pod goes by force
                 if ev.obj["metadata"].get("deletionTimestamp"):
                     grace = float(ev.obj["metadata"].get("deletionGracePeriodSeconds") or 0)
                     if worker is None:
@@ -402,6 +410,17 @@ class Kubelet:
                 self.store.delete("pods", ns, name, grace_s=0)
             except ApiError as e:  # deleted meanwhile
                 log.debug("final delete of pod %s: %s", name, e)
+
+    def node_unreachable(self, node: str) -> None:
+        """The node dropped off the network: its containers are stopped (to their peers a
+        lost node is silent, not a closed connection), and its kubelet reports nothing more.
+        They are killed only when their pod object is gone (force-deleted)."""
+        with self._lock:
+            self.unreachable.add(node)
+            workers = [w for w in self.workers.values() if w.node == node]
+        for w in workers:
+            if w.proc is not None and w.proc.poll() is None:
+                os.killpg(w.proc.pid, signal.SIGSTOP)
 
     def signal_pod(self, ns: str, name: str, sig: int) -> None:
         with self._lock:

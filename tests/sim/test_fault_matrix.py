@@ -260,20 +260,6 @@ def test_domain_deleted_under_a_running_workload_exits_4_naming_the_imex_domain(
     assert f"IMEX domain of ComputeDomain default/{r.names.domain}" in str(err)
 
 
-def test_node_lost_during_training_exits_4_naming_the_node(workers: str) -> None:
-    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as cluster:
-        r = Run(cluster, workers)
-        r.provision()
-        thread, errors = in_background(lambda: r.launch("sleeper"))
-        wait_running(cluster, r.names.job("job"))
-        cluster.lose_node("sim-node-1")
-        thread.join(timeout=60)
-        assert errors and isinstance(errors[0], MnnvlError)
-        assert errors[0].exit_code == 4
-        assert "node sim-node-1 left the IMEX domain" in str(errors[0])
-        r.close()
-
-
 def test_transient_429_500_503_bursts_are_retried_and_the_step_succeeds(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -559,10 +545,11 @@ FAST_TIMEOUTS = {"collective_timeout_s": 10.0, "stall_timeout_s": 20.0}
 
 
 def train_with_a_fault(
-    sim: SimCluster, r: Run, sig: signal.Signals, retries: int
+    sim: SimCluster, r: Run, sig: signal.Signals | Callable[[str], None], retries: int
 ) -> tuple[Any, BaseException | None, str]:
     """Train 2 nodes with checkpoints on a claim; once the first checkpoint exists, send
-    ``sig`` to every process of index 1's pod. Returns (the result, the error, that pod)."""
+    ``sig`` to every process of index 1's pod (or call ``sig`` with that pod's node).
+    Returns (the result, the error, that pod)."""
     workload = dataclasses_replace(
         r.workload, purpose="train", pvc=(f"{CLAIM}:{MOUNT}",), backoff_limit_per_index=retries
     )
@@ -583,12 +570,15 @@ def train_with_a_fault(
         time.sleep(0.1)
     job = r.names.job("train")
     pods = Raw(sim).call("GET", "/api/v1/namespaces/default/pods", labelSelector=f"job-name={job}")
-    victim = next(
-        p["metadata"]["name"]
+    victim, node = next(
+        (p["metadata"]["name"], p["spec"]["nodeName"])
         for p in pods["items"]
         if p["metadata"]["name"].startswith(f"{job}-1-") and p["status"].get("phase") == "Running"
     )
-    sim.signal_pod("default", victim, sig)
+    if isinstance(sig, signal.Signals):
+        sim.signal_pod("default", victim, sig)
+    else:
+        sig(node)
     thread.join(timeout=240)
     return (outcome[0] if outcome else None), (errors[0] if errors else None), victim
 
@@ -622,3 +612,55 @@ def test_a_hung_worker_without_retries_left_exits_4_naming_the_stalled_pod(
     # (hostname <job>-<index>).
     assert f"ranks that did not arrive: rank 1 (pod {victim.rsplit('-', 1)[0]}" in str(error)
     r.close()
+
+
+# A node lost mid-run, as the control plane handles it: its pods are evicted after their
+# toleration and stay Terminating until the node object is deleted (here 1 s after the loss,
+# as a cloud provider's node controller does once the instance is gone); pod GC then fails
+# them with DisruptionTarget and the gang restarts. Upstream's delays (300 s toleration, 40 s
+# pod GC quarantine) are shortened.
+LOST_NODE_TIMING = {"default_toleration_s": 1.0, "pod_gc_quarantine_s": 0.5}
+
+
+def train_losing_a_node(nodes: int, workers: str) -> tuple[Any, BaseException | None, list[str]]:
+    """Train on 2 of ``nodes`` nodes and lose index 1's node after the first checkpoint.
+    Returns (the result, the error, the nodes the replacement pods run on)."""
+    with SimCluster(nodes=nodes, local_gpus=[], imex_delay_s=0.1, **LOST_NODE_TIMING) as sim:
+        r = Run(sim, workers, unschedulable_grace_s=3)
+        r.provision()
+        lost: list[str] = []
+
+        def lose(node: str) -> None:
+            lost.append(node)
+            sim.lose_node(node, deleted_after_s=1.0)
+
+        result, error, victim = train_with_a_fault(sim, r, lose, retries=2)
+        pods = Raw(sim).call("GET", "/api/v1/namespaces/default/pods")["items"]
+        placed = sorted(p["spec"].get("nodeName") or "" for p in pods)
+        if error is not None:
+            assert f"node {lost[0]} was lost (pod {victim}: DeletionByPodGC" in str(error)
+        r.close()  # nothing left
+        assert lost[0] not in placed
+        return result, error, placed
+
+
+@pytest.mark.slow
+def test_node_lost_mid_run_restarts_every_rank_on_a_spare_node_and_finishes(workers: str) -> None:
+    result, error, _ = train_losing_a_node(3, workers)
+    assert error is None, error
+    assert result.restarts == 1 and result.steps == 150
+    assert result.start_step >= 10  # resumed from the checkpoint on the claim
+
+
+@pytest.mark.slow
+def test_node_lost_mid_run_without_a_spare_node_exits_4_naming_the_lost_node(
+    workers: str,
+) -> None:
+    # Bound: the node's removal (1 s) + pod GC's quarantine (0.5 s) + the unschedulable
+    # grace (3 s) for the replacement, plus the restart's start-up.
+    started = time.monotonic()
+    result, error, _ = train_losing_a_node(2, workers)
+    assert result is None and isinstance(error, MnnvlError)
+    assert error.exit_code == 4
+    assert "Unschedulable" in str(error)
+    print(f"no spare node: failed after {time.monotonic() - started:.1f} s")

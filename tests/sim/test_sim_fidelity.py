@@ -315,21 +315,70 @@ def test_deleting_a_domain_under_running_pods_kills_them_and_fails_them_naming_i
     wait_for(lambda: raw.gone(CD_PATH.format(ns=NS) + "/early"), what="domain gone")
 
 
-def test_node_lost_under_a_running_pod_fails_it_naming_the_imex_domain() -> None:
-    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as sim:
+def test_lost_node_pod_is_evicted_after_its_toleration_and_pod_gc_fails_it_once_node_gone() -> None:
+    # As the real control plane: nothing fails the pod while its kubelet is unreachable;
+    # the taint-eviction controller deletes it after the default toleration (it stays
+    # Terminating), and pod GC marks it Failed and force-deletes it once the node is gone.
+    with SimCluster(
+        nodes=2, local_gpus=[], imex_delay_s=0.1, default_toleration_s=1, pod_gc_quarantine_s=0.5
+    ) as sim:
         raw = Raw(sim)
         raw.create_cd("rack")
-        raw.create_pod(pod_body("on-lost", claim_template="rack-ch", node="sim-node-1"))
+        body = pod_body("on-lost", claim_template="rack-ch", node="sim-node-1")
+        body["metadata"]["finalizers"] = ["example.com/keep"]  # to read its last status
+        raw.create_pod(body)
         wait_for(lambda: phase(raw, "on-lost") == "Running", what="Running")
+        tolerations = raw.pod("on-lost")["spec"]["tolerations"]
+        assert {
+            "key": "node.kubernetes.io/unreachable",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 1,
+        } in tolerations
         sim.lose_node("sim-node-1")
-        pod = wait_for(lambda: phase(raw, "on-lost") == "Failed" and raw.pod("on-lost"))
-        assert (
-            "node sim-node-1 left the IMEX domain of ComputeDomain default/rack"
-            in (pod["status"]["message"])
+        pod = wait_for(
+            lambda: raw.pod("on-lost")["metadata"].get("deletionTimestamp") and raw.pod("on-lost")
         )
-        raw.create_pod(pod_body("after", node="sim-node-1"))
-        cond = wait_for(lambda: (raw.pod("after")["status"].get("conditions") or [None])[0])
-        assert "untolerated taint" in cond["message"]
+        assert pod["status"]["phase"] == "Running"  # no kubelet moves it on
+        target = [c for c in pod["status"]["conditions"] if c["type"] == "DisruptionTarget"]
+        assert target and target[0]["reason"] == "DeletionByTaintManager"
+        events = [e for e in sim.events if e["involvedObject"]["name"] == "on-lost"]
+        assert any(
+            e["reason"] == "TaintManagerEviction"
+            and e["message"] == "Marking for deletion Pod default/on-lost"
+            for e in events
+        )
+        assert not any(e["reason"] == "IMEXDomainLost" for e in events)
+        time.sleep(1.5)
+        assert raw.pod("on-lost")["status"]["phase"] == "Running"  # Terminating for good
+        raw.call("DELETE", "/api/v1/nodes/sim-node-1")
+        pod = wait_for(lambda: phase(raw, "on-lost") == "Failed" and raw.pod("on-lost"))
+        target = [c for c in pod["status"]["conditions"] if c["type"] == "DisruptionTarget"]
+        assert target[0]["reason"] == "DeletionByPodGC"
+        assert target[0]["message"] == "PodGC: node no longer exists"
+        assert pod["metadata"]["deletionGracePeriodSeconds"] == 0
+        raw.create_pod(pod_body("after"))
+        wait_for(lambda: raw.pod("after")["spec"].get("nodeName") == "sim-node-0")
+
+
+def test_out_of_service_taint_lets_pod_gc_force_delete_a_pod_stuck_terminating() -> None:
+    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1, default_toleration_s=30) as sim:
+        raw = Raw(sim)
+        raw.create_pod(pod_body("stuck", node="sim-node-1"))
+        wait_for(lambda: phase(raw, "stuck") == "Running", what="Running")
+        sim.lose_node("sim-node-1")
+        taint = {
+            "key": "node.kubernetes.io/out-of-service",
+            "value": "nodeshutdown",
+            "effect": "NoExecute",
+        }
+        node = raw.call("GET", "/api/v1/nodes/sim-node-1")
+        raw.call(
+            "PATCH",
+            "/api/v1/nodes/sim-node-1",
+            {"spec": {"taints": [*node["spec"]["taints"], taint]}},
+        )
+        wait_for(lambda: raw.gone("/api/v1/namespaces/default/pods/stuck"), what="pod gone")
 
 
 # ---- cliques and DRA prepare errors ---------------------------------------------------------
