@@ -5,6 +5,7 @@ Also: the namespace is never read (a namespace-scoped account may not), only inf
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,18 @@ def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, d
     return code, json.loads(out[-1])
 
 
+def settled_request_count(sim: SimCluster, quiet_s: float = 0.3) -> int:
+    """The simulator's request count once an earlier test's watches have wound down (a wait's
+    watch threads end a moment after the wait returns): nothing of this test is counted."""
+    count, deadline = sim.request_count, time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        if sim.request_count == count:
+            return count
+        count = sim.request_count
+    return count
+
+
 def left_of(sim: SimCluster, run_id: str) -> list[tuple[str, str, str]]:
     return sim.objects(RunNames.for_run(run_id).selector)
 
@@ -38,7 +51,7 @@ def test_result_path_in_a_missing_directory_exits_2_before_anything_is_created(
 ):
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
     target = tmp_path / "no-such-dir" / "result.json"
-    before = sim.request_count
+    before = settled_request_count(sim)
     argv = ["provision", "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
     code, result = run_cli(capsys, [*argv, "--result-path", str(target)])
     assert code == 2 and result["exit_code"] == 2
@@ -92,7 +105,7 @@ def test_step_in_a_missing_namespace_exits_2_without_reading_namespaces(sim, cap
 
 def test_warmup_longer_than_the_run_exits_2_before_any_request(sim, capsys):
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
-    before = sim.request_count
+    before = settled_request_count(sim)
     argv = ["train", "--run-id", run_id, "--steps", "10", "--warmup-steps", "20"]
     code, result = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
     assert code == 2
@@ -141,7 +154,7 @@ def test_steps_without_namespace_use_the_pods_own_namespace(
 def test_bad_launch_and_pipeline_input_exits_2_before_any_request(sim, capsys, extra, message):
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
     step, *rest = extra
-    before = sim.request_count
+    before = settled_request_count(sim)
     argv = (
         [step, "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0"]
         if step == "launch"
@@ -156,7 +169,7 @@ def test_bad_launch_and_pipeline_input_exits_2_before_any_request(sim, capsys, e
 
 def test_unwritable_result_path_exits_2_before_the_domain_is_created(sim, capsys):
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
-    before = sim.request_count
+    before = settled_request_count(sim)
     argv = ["provision", "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
     code, result = run_cli(capsys, [*argv, "--result-path", "/proc/nope.json"])
     assert code == 2 and result["exit_code"] == 2, result

@@ -12,7 +12,7 @@ import pytest
 from mnnvl import cli, steps
 from mnnvl.driver import Api
 from mnnvl.driver.api import COMPUTE_DOMAIN, RESOURCE_CLAIM_TEMPLATE
-from mnnvl.errors import ConflictError, CrdMissing, WaitTimeout
+from mnnvl.errors import ConflictError, CrdMissing, TeardownIncomplete, WaitTimeout
 from mnnvl.names import RunNames
 from mnnvl.sim import SimCluster
 from mnnvl.spec import DomainSpec
@@ -206,8 +206,10 @@ def test_stuck_finalizer_times_out_naming_the_finalizer(sim):
     names = RunNames.for_run(spec.run_id)
     steps.provision(spec, kubeconfig=sim.kubeconfig_path)
     sim.faults.stick_finalizer("ComputeDomain", names.domain)
-    with pytest.raises(WaitTimeout) as info:
+    with pytest.raises(TeardownIncomplete) as info:
         steps.teardown(spec, kubeconfig=sim.kubeconfig_path)
+    assert info.value.exit_code == 3  # a deadline passed; what may be left is listed
+    assert any(names.domain in left for left in info.value.leftovers)
     message = str(info.value)
     assert names.domain in message
     assert "finalizer resource.nvidia.com/computeDomain still present" in message
