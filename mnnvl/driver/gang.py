@@ -23,7 +23,7 @@ from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import POD, Api
-from mnnvl.driver.diagnose import _exit_code, pod_index
+from mnnvl.driver.diagnose import exit_code, pod_index
 from mnnvl.driver.errors import WorkloadFailed
 from mnnvl.driver.wait import Objects
 from mnnvl.manifests import JOB_NAME_LABEL
@@ -105,7 +105,7 @@ class Gang:
         pod: dict[str, Any] | None = next((p for p in failed if self._retriable(p)), None)
         if pod is None:
             return False
-        name, code = pod["metadata"]["name"], _exit_code(pod)
+        name, code = pod["metadata"]["name"], exit_code(pod)
         if len(self.restarts) >= self.workload.max_restarts:
             raise WorkloadFailed(
                 f"pod {name} failed with exit code {code} after {len(self.restarts)} restart(s) "
@@ -129,7 +129,7 @@ class Gang:
         return True
 
     def _retriable(self, pod: dict[str, Any]) -> bool:
-        code = _exit_code(pod)
+        code = exit_code(pod)
         if code in NON_RETRIABLE_EXIT_CODES or self.workload.backoff_limit_per_index == 0:
             return False
         return len(self.attempts[_key(pod)]) <= self.workload.backoff_limit_per_index
