@@ -24,7 +24,7 @@ from typing import Any
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import POD, Api
 from mnnvl.driver.diagnose import exit_code, pod_index
-from mnnvl.driver.errors import WorkloadFailed
+from mnnvl.driver.problem import Kind, problem
 from mnnvl.driver.wait import Objects
 from mnnvl.manifests import JOB_NAME_LABEL
 from mnnvl.spec import WorkloadSpec
@@ -107,12 +107,15 @@ class Gang:
             return False
         name, code = pod["metadata"]["name"], exit_code(pod)
         if len(self.restarts) >= self.workload.max_restarts:
-            raise WorkloadFailed(
-                f"pod {name} failed with exit code {code} after {len(self.restarts)} restart(s) "
-                f"of every rank (--max-restarts {self.workload.max_restarts}); check "
-                f"`kubectl logs -n {self.workload.namespace} {name}`",
-                pod_exit_code=code,
+            found = problem(
+                Kind.RESTARTS_EXHAUSTED,
+                pod=name,
+                exit_code=code,
+                restarts=len(self.restarts),
+                max_restarts=self.workload.max_restarts,
             )
+            logs = f"`kubectl logs -n {self.workload.namespace} {name}`"
+            raise found.error(f"pod {name} {found.message}; check {logs}")
         last = rank0.last[0] if rank0 is not None and rank0.last else None
         self.restarts.append(Restart(name, code, time.monotonic(), last))
         logger.warning(
