@@ -187,3 +187,22 @@ def test_no_driver_module_imports_a_private_name_of_another():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mnnvl"):
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 assert not private, f"{path.name} imports {private} from {node.module}"
+
+
+def test_a_gang_past_its_restarts_fails_with_the_pods_exit_code_however_it_is_worded(
+    monkeypatch,
+):
+    from mnnvl.driver.gang import Gang
+
+    workload = WorkloadSpec(run_id=RUN, max_restarts=0, backoff_limit_per_index=1)
+    failed = _pod(phase="Failed", code=1)
+
+    def outcome() -> tuple[Any, ...]:
+        with pytest.raises(MnnvlError) as info:
+            Gang(QuietApi(), workload).check({"p-0": failed}, None)  # type: ignore[arg-type]
+        err = info.value
+        return type(err).__name__, err.exit_code, getattr(err, "pod_exit_code", None)
+
+    assert outcome() == ("WorkloadFailed", 4, 1)
+    monkeypatch.setitem(TEMPLATES, Kind.RESTARTS_EXHAUSTED, "zz {code}")
+    assert outcome() == ("WorkloadFailed", 4, 1)
