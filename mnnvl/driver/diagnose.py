@@ -26,7 +26,12 @@ from mnnvl.spec import WorkloadSpec
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 # Waiting reasons of an image that will not run: nothing changes until a person fixes the
 # image, the pull secret or the pull policy (the kubelet keeps retrying the pull).
-IMAGE_WAITING = ("ImagePullBackOff", "ErrImagePull", "ErrImageNeverPull", "InvalidImageName")
+IMAGE_WAITING = {
+    "ImagePullBackOff": Kind.IMAGE_PULL,
+    "ErrImagePull": Kind.IMAGE_PULL,
+    "ErrImageNeverPull": Kind.IMAGE_PULL,
+    "InvalidImageName": Kind.IMAGE_REFERENCE,
+}
 # The scheduler's VolumeBinding plugin on a pod whose claim does not exist: no node can fit it
 # until someone creates the claim, so waiting out the grace only delays the answer.
 MISSING_CLAIM = re.compile(r'persistentvolumeclaim "[^"]+" not found')
@@ -267,7 +272,7 @@ def pod_problem(
         return failed_problem(pod)
     reason, said = waiting_state(pod)
     if reason in IMAGE_WAITING:
-        return problem(Kind.IMAGE, pod=name, detail=reason)
+        return problem(IMAGE_WAITING[reason], pod=name, detail=reason)
     if reason == "CrashLoopBackOff":
         return problem(Kind.CRASH_LOOP, pod=name)
     if reason == "CreateContainerConfigError":
@@ -300,7 +305,9 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         "the nvidia.com/gpu.clique labels"
     )
     return {
-        Kind.IMAGE: "check the image name, the pull secret and the image pull policy",
+        Kind.IMAGE_PULL: "check the image name and the pull secret (with imagePullPolicy Never "
+        "the image must be on the node)",
+        Kind.IMAGE_REFERENCE: "check the image reference",
         Kind.CONFIG: f"create the Secret or ConfigMap the message names in namespace "
         f"{namespace}, or fix the reference (--env)",
         Kind.MISSING_CLAIM: f"create that PersistentVolumeClaim in namespace {namespace} or "

@@ -22,7 +22,8 @@ class Kind(enum.Enum):
     UNSCHEDULABLE = "unschedulable"
     NO_CLIQUE_ROOM = "no clique room"
     MISSING_CLAIM = "missing volume claim"
-    IMAGE = "image"
+    IMAGE_PULL = "image pull"
+    IMAGE_REFERENCE = "invalid image reference"
     CONFIG = "container config error"
     CRASH_LOOP = "crash loop"
     CRASHED = "crashed"
@@ -49,7 +50,8 @@ TEMPLATES: dict[Kind, str] = {
     Kind.UNSCHEDULABLE: "Unschedulable for more than {grace_s:g} s: {detail}",
     Kind.NO_CLIQUE_ROOM: "Unschedulable for more than {grace_s:g} s: {detail}",
     Kind.MISSING_CLAIM: "Unschedulable: {detail}",
-    Kind.IMAGE: "{detail}",
+    Kind.IMAGE_PULL: "{detail}",
+    Kind.IMAGE_REFERENCE: "{detail}",
     Kind.CONFIG: "CreateContainerConfigError: {detail}",
     Kind.CRASH_LOOP: "CrashLoopBackOff",
     Kind.CRASHED: "Failed with exit code {code}",

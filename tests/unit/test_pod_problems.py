@@ -33,9 +33,9 @@ def prepare(message):
 @pytest.mark.parametrize(
     ("reason", "kind"),
     [
-        ("ErrImageNeverPull", Kind.IMAGE),
-        ("InvalidImageName", Kind.IMAGE),
-        ("ImagePullBackOff", Kind.IMAGE),
+        ("ErrImageNeverPull", Kind.IMAGE_PULL),
+        ("InvalidImageName", Kind.IMAGE_REFERENCE),
+        ("ImagePullBackOff", Kind.IMAGE_PULL),
         ("CreateContainerConfigError", Kind.CONFIG),
         ("CrashLoopBackOff", Kind.CRASH_LOOP),
     ],
