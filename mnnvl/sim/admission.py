@@ -243,6 +243,9 @@ class PodAdmission:
         """The ServiceAccount plugin (a mutating one, so it runs before the validating plugins):
         an unset ``serviceAccountName`` becomes ``default``, and the account must exist
         (plugin/pkg/admission/serviceaccount, ``Admit``)."""
+        namespace = self.store.find("namespaces", "", ns)
+        if namespace is None or namespace["metadata"].get("deletionTimestamp"):
+            return  # NamespaceLifecycle, which runs first, refuses it (the store's create)
         spec = pod.setdefault("spec", {})
         account = spec.setdefault("serviceAccountName", DEFAULT_SERVICE_ACCOUNT)
         if self.store.find("serviceaccounts", ns, account) is None:
