@@ -32,6 +32,7 @@ from mnnvl.driver.errors import ClusterUnavailable, MnnvlError, NotFound, from_a
 from mnnvl.driver.retry import (
     DEFAULT_OUTAGE_S,
     MAX_ATTEMPTS,
+    OUTAGE_REPORT_EVERY_S,
     TRANSIENT_STATUS,
     Outage,
     RetryPolicy,
@@ -45,7 +46,11 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 10.0
 _VERBS = {"GET": "get", "POST": "create", "DELETE": "delete"}
-REQUEST_TIMEOUT_S = 60.0
+# How long a request other than a watch or a followed log waits for an answer: a healthy API
+# answers our small requests in well under a second, a hung one (stopped, a load balancer
+# holding the connection) never does. One report interval, so the first "API unreachable"
+# line comes about 15 s after the API fell silent; a slower answer is retried as transient.
+REQUEST_TIMEOUT_S = OUTAGE_REPORT_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,13 @@ def _check_kubeconfig_yaml(path: str) -> None:
         )
 
 
+def _timed_out(error: Exception) -> bool:
+    """Whether the request was sent and no answer came in time (a hung API server); urllib3
+    wraps the read timeout in ``MaxRetryError`` since its own retries are off."""
+    cause = getattr(error, "reason", error)
+    return isinstance(cause, urllib3.exceptions.ReadTimeoutError)
+
+
 class Api:
     """One connection to an API server. Thread-safe for concurrent calls."""
 
@@ -183,6 +195,7 @@ class Api:
         label = what or getattr(fn, "__name__", "request")
         attempt = 0
         while True:
+            sent = time.monotonic()
             try:
                 found = fn(*args, **kw)
             except ApiException as e:
@@ -197,7 +210,8 @@ class Api:
             else:
                 self._outage.up()
                 return found
-            down_s, report_in_s = self._outage.down()
+            hung = _timed_out(error)
+            down_s, report_in_s = self._outage.down(sent if hung else None)
             attempt += 1
             if attempt >= MAX_ATTEMPTS and down_s >= self.policy.outage_s:
                 raise self._gave_up(error, verb, label, down_s) from error

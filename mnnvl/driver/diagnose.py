@@ -10,27 +10,31 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
+from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, POD, Api
 from mnnvl.driver.domain import domain_nodes, domain_state
-from mnnvl.driver.errors import MnnvlError, WorkloadFailed
+from mnnvl.driver.errors import MnnvlError
+from mnnvl.driver.problem import Kind, Problem, exited_kind, problem
 from mnnvl.driver.wait import Deadline, Objects
 from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL
 from mnnvl.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.spec import WorkloadSpec
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-# Waiting reasons a pod does not recover from by itself (the kubelet keeps retrying, but
-# nothing changes until a person fixes the image, the pull secret or the pod's config).
-FATAL_WAITING = (
-    "ImagePullBackOff",
-    "ErrImagePull",
-    "ErrImageNeverPull",
-    "InvalidImageName",
-    "CrashLoopBackOff",
-    "CreateContainerConfigError",
-)
+# Waiting reasons of an image that will not run: nothing changes until a person fixes the
+# image, the pull secret or the pull policy (the kubelet keeps retrying the pull).
+IMAGE_WAITING = {
+    "ImagePullBackOff": Kind.IMAGE_PULL,
+    "ErrImagePull": Kind.IMAGE_PULL,
+    "ErrImageNeverPull": Kind.IMAGE_PULL,
+    "InvalidImageName": Kind.IMAGE_REFERENCE,
+}
+# The scheduler's VolumeBinding plugin on a pod whose claim does not exist: no node can fit it
+# until someone creates the claim, so waiting out the grace only delays the answer.
+MISSING_CLAIM = re.compile(r'persistentvolumeclaim "[^"]+" not found')
 PREPARE_FAILED = "FailedPrepareDynamicResources"
 # Messages of the compute-domain kubelet plugin's NodePrepareResources that no retry fixes:
 # the claim is in another namespace than its ComputeDomain (fatal at once), or the node still
@@ -51,12 +55,17 @@ def pod_index(pod: dict[str, Any]) -> str:
 # ---- one pod's status -----------------------------------------------------------------------
 
 
-def waiting_reason(pod: dict[str, Any]) -> str:
+def waiting_state(pod: dict[str, Any]) -> tuple[str, str]:
+    """The first waiting container's ``(reason, message)``, or ("", "")."""
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting")
         if waiting:
-            return str(waiting.get("reason") or "")
-    return ""
+            return str(waiting.get("reason") or ""), str(waiting.get("message") or "")
+    return "", ""
+
+
+def waiting_reason(pod: dict[str, Any]) -> str:
+    return waiting_state(pod)[0]
 
 
 def container_started(pod: dict[str, Any]) -> bool:
@@ -81,12 +90,18 @@ def _unschedulable(pod: dict[str, Any]) -> str:
     return ""
 
 
-def _exit_code(pod: dict[str, Any]) -> int | None:
+def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term is not None:
-            return int(term.get("exitCode", 0))
-    return None
+            return dict(term)
+    return {}
+
+
+def exit_code(pod: dict[str, Any]) -> int | None:
+    """The exit code of the pod's terminated container, or None while none terminated."""
+    term = _terminated(pod)
+    return int(term.get("exitCode", 0)) if term else None
 
 
 def _pod_state(pod: dict[str, Any]) -> str:
@@ -105,13 +120,13 @@ def pod_events(api: Api, namespace: str, pod: str, limit: int = 5) -> str:
         lst = api.list(EVENT, namespace, field_selector=f"involvedObject.name={pod}")
     except MnnvlError as e:
         return f"events unreadable ({e})"
-    events = sorted(lst["items"], key=_event_order)[-limit:]
+    events = sorted(lst["items"], key=event_order)[-limit:]
     if not events:
         return "no events"
     return "; ".join(f"{e.get('reason')}: {e.get('message')}" for e in events)
 
 
-def _event_order(event: dict[str, Any]) -> tuple[str, int]:
+def event_order(event: dict[str, Any]) -> tuple[str, int]:
     stamp = str(event.get("lastTimestamp") or event.get("eventTime") or "")
     version = str(event.get("metadata", {}).get("resourceVersion") or "0")
     return stamp, int(version) if version.isdigit() else 0
@@ -165,7 +180,7 @@ class Grace:
 def prepare_events(events: Objects) -> dict[str, dict[str, Any]]:
     """The latest FailedPrepareDynamicResources event per pod name."""
     latest: dict[str, dict[str, Any]] = {}
-    for event in sorted(events.values(), key=_event_order):
+    for event in sorted(events.values(), key=event_order):
         if event.get("reason") == PREPARE_FAILED:
             latest[str((event.get("involvedObject") or {}).get("name", ""))] = event
     return latest
@@ -174,26 +189,26 @@ def prepare_events(events: Objects) -> dict[str, dict[str, Any]]:
 def raise_on_stuck_pod(
     api: Api, workload: WorkloadSpec, pods: Objects, events: Objects, grace: Grace
 ) -> None:
-    """Raise ``WorkloadFailed`` with the evidence for the first pod that will not recover."""
+    """Raise the step's error with the evidence for the first pod that will not recover."""
     domain = RunNames.for_run(workload.run_id).domain
     grace.retain(pods)
     prepare = prepare_events(events)
     for pod in sorted(pods.values(), key=pod_index):
-        problem = pod_problem(
+        found = pod_problem(
             pod,
             prepare.get(pod["metadata"]["name"]),
             retries=workload.backoff_limit_per_index > 0,
             grace=grace,
         )
-        if problem:
-            message = _failure_message(api, workload.namespace, domain, pod, problem)
-            group = (pod["metadata"].get("labels") or {}).get(LABEL_CLIQUE_GROUP)
-            if problem.startswith("Unschedulable") and group and workload.clique_affinity:
-                message = f"{clique_shortage(api, workload, group, pods)}; {message}"
-            raise WorkloadFailed(
-                message,
-                pod_exit_code=_exit_code(pod) if problem.startswith("Failed with") else None,
-            )
+        if found is None:
+            continue
+        group = (pod["metadata"].get("labels") or {}).get(LABEL_CLIQUE_GROUP)
+        shortage = ""
+        if found.kind is Kind.UNSCHEDULABLE and group and workload.clique_affinity:
+            found = replace(found, kind=Kind.NO_CLIQUE_ROOM)
+            shortage = f"{clique_shortage(api, workload, group, pods)}; "
+        text = _failure_message(api, workload.namespace, domain, pod, found)
+        raise found.error(shortage + text)
 
 
 def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects) -> str:
@@ -230,53 +245,91 @@ def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects)
     )
 
 
+def failed_problem(pod: dict[str, Any], **fields: Any) -> Problem:
+    """The diagnosis of a pod whose container exited: its exit code and what it shows."""
+    status = pod.get("status") or {}
+    term = _terminated(pod)
+    code = exit_code(pod)
+    kind = exited_kind(code, str(term.get("reason") or ""), str(status.get("reason") or ""))
+    detail = str(status.get("message") or term.get("message") or "")
+    return problem(
+        kind,
+        pod=pod["metadata"]["name"],
+        exit_code=code,
+        permanent=code in NON_RETRIABLE_EXIT_CODES,
+        detail=detail,
+        **fields,
+    )
+
+
 def pod_problem(
     pod: dict[str, Any], prepare: dict[str, Any] | None, *, retries: bool, grace: Grace
-) -> str:
-    """Why this pod will not get to Running by itself, or "" when it still may."""
+) -> Problem | None:
+    """Why this pod will not get to Running by itself, or None when it still may."""
     name = pod["metadata"]["name"]
     phase = (pod.get("status") or {}).get("phase")
     if phase == "Failed" and not retries:
-        return f"Failed with exit code {_exit_code(pod)}"
-    reason = waiting_reason(pod)
-    if reason in FATAL_WAITING:
-        return reason
+        return failed_problem(pod)
+    reason, said = waiting_state(pod)
+    if reason in IMAGE_WAITING:
+        return problem(IMAGE_WAITING[reason], pod=name, detail=reason)
+    if reason == "CrashLoopBackOff":
+        return problem(Kind.CRASH_LOOP, pod=name)
+    if reason == "CreateContainerConfigError":
+        return problem(Kind.CONFIG, pod=name, detail=said or reason)
     unschedulable = _unschedulable(pod)
+    if MISSING_CLAIM.search(unschedulable):
+        return problem(Kind.MISSING_CLAIM, pod=name, detail=unschedulable)
     left = grace.left_s(f"unschedulable/{name}", bool(unschedulable))
     if left is not None and left <= 0:
-        return f"Unschedulable for more than {grace.grace_s:g} s: {unschedulable}"
+        return problem(Kind.UNSCHEDULABLE, pod=name, grace_s=grace.grace_s, detail=unschedulable)
     message = str((prepare or {}).get("message") or "") if phase == "Pending" else ""
     if PREPARE_NAMESPACE.search(message):
-        return f"{PREPARE_FAILED}: {message}"
+        return problem(Kind.PREPARE, pod=name, detail=message)
     left = grace.left_s(f"prepare/{name}", PREPARE_OTHER_DOMAIN in message)
     if left is not None and left <= 0:
-        return f"{PREPARE_FAILED} for more than {grace.grace_s:g} s: {message}"
-    return ""
+        return problem(Kind.NODE_HELD, pod=name, grace_s=grace.grace_s, detail=message)
+    return None
+
+
+def hint(found: Problem, namespace: str, node: str) -> str:
+    """What to check or change next, for each kind of diagnosis."""
+    logs = f"check `kubectl logs -n {namespace} {found.pod}`"
+    prepare = (
+        "the node's IMEX channel cannot be prepared for this domain; check "
+        f"`kubectl describe node {node}` (label resource.nvidia.com/computeDomain) and the "
+        "driver's kubelet-plugin logs"
+    )
+    placement = (
+        "check free GPUs and channel devices per node (one pod per node per domain) and "
+        "the nvidia.com/gpu.clique labels"
+    )
+    return {
+        Kind.IMAGE_PULL: "check the image name and the pull secret (with imagePullPolicy Never "
+        "the image must be on the node)",
+        Kind.IMAGE_REFERENCE: "check the image reference",
+        Kind.CONFIG: f"create the Secret or ConfigMap the message names in namespace "
+        f"{namespace}, or fix the reference (--env)",
+        Kind.MISSING_CLAIM: f"create that PersistentVolumeClaim in namespace {namespace} or "
+        "fix --pvc",
+        Kind.UNSCHEDULABLE: placement,
+        Kind.NO_CLIQUE_ROOM: placement,
+        Kind.PREPARE: prepare,
+        Kind.NODE_HELD: prepare,
+        Kind.OOM_KILLED: f"the container went over its memory limit; {logs}",
+        Kind.OUT_OF_MEMORY: f"GPU memory ran out: use smaller batches or more nodes; {logs}",
+        Kind.LOST_NODE: f"check `kubectl describe node {node}` and the IMEX daemon there; {logs}",
+    }.get(found.kind, logs)
 
 
 def _failure_message(
-    api: Api, namespace: str, domain: str, pod: dict[str, Any], problem: str
+    api: Api, namespace: str, domain: str, pod: dict[str, Any], found: Problem
 ) -> str:
     name, node = pod["metadata"]["name"], node_of(pod)
-    hint = {
-        "ImagePullBackOff": "check the image name and the pull secret",
-        "ErrImagePull": "check the image name and the pull secret",
-        "ErrImageNeverPull": "imagePullPolicy is Never and the image is not on the node",
-        "InvalidImageName": "check the image reference",
-        "CrashLoopBackOff": f"check `kubectl logs -n {namespace} {name}`",
-        "CreateContainerConfigError": "check the pod's env, secrets and config maps",
-        PREPARE_FAILED: "the node's IMEX channel cannot be prepared for this domain; check "
-        f"`kubectl describe node {node}` (label resource.nvidia.com/computeDomain) and the "
-        "driver's kubelet-plugin logs",
-    }.get(problem.split(":")[0].split(" for ")[0], f"check `kubectl logs -n {namespace} {name}`")
-    if problem.startswith("Unschedulable"):
-        hint = (
-            "check free GPUs and channel devices per node (one pod per node per domain) and "
-            "the nvidia.com/gpu.clique labels"
-        )
     message = (
-        f"pod {namespace}/{name} on {node}: {problem}; events: {pod_events(api, namespace, name)}; "
-        f"{domain_state(api, domain, namespace)}; {hint}"
+        f"pod {namespace}/{name} on {node}: {found.message}; "
+        f"events: {pod_events(api, namespace, name)}; "
+        f"{domain_state(api, domain, namespace)}; {hint(found, namespace, node)}"
     )
     if (pod.get("status") or {}).get("phase") == "Failed":
         message += f"; last log lines:\n{_log_tail(api, namespace, name)}"
@@ -314,24 +367,29 @@ def describe_pods(
 
 def job_failure(
     api: Api, workload: WorkloadSpec, job: str, domain: str, failed: dict[str, Any]
-) -> WorkloadFailed:
-    """The Job's Failed condition plus the first failed pod's exit code, events and log tail."""
+) -> Problem:
+    """The Job's Failed condition plus the first failed pod's exit code, events and log tail:
+    kind ``DEADLINE`` when the Job ran past its ``activeDeadlineSeconds``, else the failed
+    pod's diagnosis (``CRASHED`` when no failed pod is left to inspect)."""
     ns = workload.namespace
+    condition = f"{failed.get('reason')}: {failed.get('message')}"
+    head = problem(Kind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
     pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
-    bad = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
-    message = f"Job {ns}/{job} failed ({failed.get('reason')}: {failed.get('message')})"
+    bad = sorted(
+        (p for p in pods if (p.get("status") or {}).get("phase") == "Failed"), key=pod_index
+    )
+    found = failed_problem(bad[0]) if bad else problem(Kind.CRASHED, permanent=True)
+    if failed.get("reason") == "DeadlineExceeded":  # the Job condition's reason: API data
+        found = replace(found, kind=Kind.DEADLINE)
     if not bad:
-        return WorkloadFailed(
-            f"{message}; no failed pod left to inspect; {domain_state(api, domain, ns)}"
-        )
-    pod = sorted(bad, key=pod_index)[0]
-    name, code = pod["metadata"]["name"], _exit_code(pod)
-    tail = _log_tail(api, ns, name)
-    return WorkloadFailed(
-        f"{message}; pod {name} (index {pod_index(pod)}) failed with exit code "
-        f"{code}; events: {pod_events(api, ns, name)}; check "
-        f"`kubectl logs -n {ns} {name}`; last log lines:\n{tail}",
-        pod_exit_code=code,
+        evidence = f"no failed pod left to inspect; {domain_state(api, domain, ns)}"
+        return replace(found, message=f"{head}; {evidence}")
+    name = found.pod
+    return replace(
+        found,
+        message=f"{head}; pod {name} (index {pod_index(bad[0])}): {found.message}; "
+        f"events: {pod_events(api, ns, name)}; {hint(found, ns, node_of(bad[0]))}; "
+        f"last log lines:\n{_log_tail(api, ns, name)}",
     )
 
 
@@ -360,81 +418,3 @@ def pods_progress(
     elif not objects and not refused:
         line += "; no pods created yet"
     return f"{line}; {summary}"
-
-
-# ---- pods the API refuses to create ----------------------------------------------------------
-
-FAILED_CREATE = "FailedCreate"
-QUOTA_REFUSAL = re.compile(r"exceeded quota: ([^,]+),")
-POD_SECURITY_REFUSAL = re.compile(r'violates PodSecurity "([a-z]+):')
-# Refusals no retry of the Job controller clears (a person must change the namespace, the
-# pod or the policy): the fix each needs, by a fragment of the API's message.
-PERMANENT_REFUSALS = (
-    (
-        "denied the request",
-        "an admission webhook refused the pod: check its policy "
-        "(`kubectl get validatingwebhookconfigurations`) with the cluster's administrators",
-    ),
-    (
-        "error looking up service account",
-        "create that service account or pass another --service-account",
-    ),
-    (" is invalid: ", "the pod spec is invalid: fix the input named in the message"),
-    (" not found", "create the missing object the pod refers to in namespace {ns}"),
-)
-
-
-def create_refusal(job: dict[str, Any], events: Objects, pods: Objects) -> str:
-    """The message of the Job controller's latest refused pod create (a ``FailedCreate``
-    Event on this Job, this uid), or "" when its latest create succeeded or no pod is missing."""
-    name, uid = job["metadata"]["name"], job["metadata"].get("uid")
-    live = [
-        p
-        for p in pods.values()
-        if (p["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == name
-        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-    ]
-    if len(live) >= int((job.get("spec") or {}).get("parallelism") or 1):
-        return ""
-    creates = [
-        e
-        for e in events.values()
-        if (e.get("involvedObject") or {}).get("uid") == uid
-        and e.get("reason") in (FAILED_CREATE, "SuccessfulCreate")
-    ]
-    latest = max(creates, key=_event_order, default=None)
-    if latest is None or latest.get("reason") != FAILED_CREATE:
-        return ""
-    return str(latest.get("message") or FAILED_CREATE)
-
-
-def refusal_failure(workload: WorkloadSpec, job: str, message: str, grace: Grace) -> str:
-    """Why the step must fail on this refusal ("" while it may still clear): at once for a
-    refusal that cannot clear by itself, after the unschedulable grace for a quota (or an
-    unknown refusal, e.g. a webhook that could not be called), naming the fix."""
-    ns = workload.namespace
-    where = f"the API refused to create the pods of Job {ns}/{job} (FailedCreate: {message})"
-    level = POD_SECURITY_REFUSAL.search(message)
-    if level:
-        return (
-            f"{where}; namespace {ns} enforces Pod Security level {level.group(1)} "
-            f"(`kubectl get namespace {ns} --show-labels`): the worker pods pass restricted with "
-            "--pod-security restricted (the default; the image must run as a non-root user), "
-            f"or label the namespace pod-security.kubernetes.io/enforce=baseline for "
-            "--pod-security baseline"
-        )
-    for fragment, fix in PERMANENT_REFUSALS:
-        if fragment in message:
-            return f"{where}; {fix.format(ns=ns)}"
-    left = grace.left_s(f"refused/{job}", True)
-    if left is None or left > 0:
-        return ""
-    quota = QUOTA_REFUSAL.search(message)
-    if quota:
-        return (
-            f"{where}; still refused after {grace.grace_s:g} s (--unschedulable-grace-s): "
-            f"ResourceQuota {quota.group(1)} in namespace {ns} is used up; wait for other work "
-            f"to end, raise the quota (`kubectl describe resourcequota {quota.group(1)} -n {ns}`)"
-            " or ask for fewer nodes"
-        )
-    return f"{where}; still refused after {grace.grace_s:g} s (--unschedulable-grace-s)"

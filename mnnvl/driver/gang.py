@@ -31,8 +31,9 @@ from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import POD, Api
-from mnnvl.driver.diagnose import _exit_code, pod_index
+from mnnvl.driver.diagnose import exit_code, pod_index
 from mnnvl.driver.errors import WorkloadFailed
+from mnnvl.driver.problem import Kind, problem
 from mnnvl.driver.wait import Objects
 from mnnvl.manifests import JOB_NAME_LABEL
 from mnnvl.spec import WorkloadSpec
@@ -115,11 +116,11 @@ class Gang:
         ]
         for each in failed:
             if _oom_killed(each):
-                raise WorkloadFailed(self._oom_message(each), pod_exit_code=_exit_code(each))
+                raise WorkloadFailed(self._oom_message(each), pod_exit_code=exit_code(each))
         pod: dict[str, Any] | None = next((p for p in failed if self._retriable(p)), None)
         if pod is None:
             return False
-        name, code = pod["metadata"]["name"], _exit_code(pod)
+        name, code = pod["metadata"]["name"], exit_code(pod)
         disruption = _disruption(pod)
         node = (pod.get("spec") or {}).get("nodeName")
         if disruption and node:
@@ -143,15 +144,20 @@ class Gang:
     def _check_budget(self, pods: Objects, failed: dict[str, Any]) -> None:
         """Raise when restarting would exceed ``--max-restarts`` or fail an index whose pod
         this restart deletes (the Job controller counts it; the Job would fail meanwhile)."""
-        name, code = failed["metadata"]["name"], _exit_code(failed)
-        why = ""
+        name, code = failed["metadata"]["name"], exit_code(failed)
         if len(self.restarts) >= self.workload.max_restarts:
-            why = (
-                f"after {len(self.restarts)} restart(s) of every rank "
-                f"(--max-restarts {self.workload.max_restarts})"
+            found = problem(
+                Kind.RESTARTS_EXHAUSTED,
+                pod=name,
+                exit_code=code,
+                restarts=len(self.restarts),
+                max_restarts=self.workload.max_restarts,
             )
+            logs = f"`kubectl logs -n {self.workload.namespace} {name}`"
+            raise found.error(f"pod {name} {found.message}; check {logs}")
+        why = ""
         spent = next((p for p in self._to_delete(pods, failed) if not self._has_retry(p)), None)
-        if not why and spent is not None:
+        if spent is not None:
             why = (
                 f"and restarting every rank would fail pod {spent['metadata']['name']}'s index "
                 f"{pod_index(spent)}: it has had {self._failures(spent)} failure(s), "
@@ -165,7 +171,7 @@ class Gang:
             )
 
     def _retriable(self, pod: dict[str, Any]) -> bool:
-        code = _exit_code(pod)
+        code = exit_code(pod)
         if code in NON_RETRIABLE_EXIT_CODES:
             return False
         return _disrupted(pod) or self._has_retry(pod)

@@ -36,18 +36,18 @@ from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, JOB, POD, Api
 from mnnvl.driver.diagnose import (
     PREPARE_FAILED,
     Grace,
-    create_refusal,
     describe_pods,
     job_failure,
     pod_index,
     pods_progress,
     raise_on_stuck_pod,
-    refusal_failure,
 )
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.errors import MnnvlError, NotFound, WaitTimeout, WorkloadFailed
 from mnnvl.driver.gang import Gang
 from mnnvl.driver.kueue import describe, raise_if_inadmissible, workload_source
+from mnnvl.driver.problem import Kind
+from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
 from mnnvl.driver.wait import Check, Deadline, Objects, Source, View, timeout_error, watch_until
 from mnnvl.driver.workload import (
     LogFollower,
@@ -239,10 +239,10 @@ class JobWatch(Check):
             failed = _condition(found, "Failed") or _condition(found, "FailureTarget")
             if failed is not None:
                 domain = RunNames.for_run(self.workload.run_id).domain
-                err = job_failure(self.api, self.workload, name, domain, failed)
-                if failed.get("reason") == "DeadlineExceeded":  # activeDeadlineSeconds
-                    raise self._past_deadline(name, err)
-                raise err
+                why = job_failure(self.api, self.workload, name, domain, failed)
+                if why.kind is Kind.DEADLINE:  # activeDeadlineSeconds
+                    raise self._past_deadline(name, why.message)
+                raise why.error(why.message)
         every = [view["job"][name] for name in self.jobs]
         if all(_condition(j, "Complete") is not None for j in every):
             return dict(view["pods"])
@@ -272,12 +272,12 @@ class JobWatch(Check):
             )
         return None
 
-    def _past_deadline(self, job: str, err: WorkloadFailed) -> WaitTimeout:
+    def _past_deadline(self, job: str, evidence: str) -> WaitTimeout:
         """A deadline passed (exit 3): the Job ran past --job-timeout-s and was stopped."""
         ns = self.workload.namespace
         return WaitTimeout(
             f"deadline passed: Job {ns}/{job} ran longer than --job-timeout-s "
-            f"{self.workload.job_timeout_s:g} s and the Job controller stopped it ({err}); "
+            f"{self.workload.job_timeout_s:g} s and the Job controller stopped it ({evidence}); "
             f"raise --job-timeout-s or check `kubectl logs -n {ns} -l {JOB_NAME_LABEL}={job}`"
         )
 
@@ -321,9 +321,10 @@ class JobWatch(Check):
             if self.refusals.get(name) != message:
                 logger.warning("Job %s/%s: %s", self.workload.namespace, name, message)
             self.refusals[name] = message
-            failure = refusal_failure(self.workload, name, message, self.refusal_grace)
-            if failure:
-                raise WorkloadFailed(failure)
+            found = refusal_problem(self.workload, name, message, self.refusal_grace)
+            if found is not None:
+                fix = refusal_fix(found, self.workload.namespace, message)
+                raise found.error(f"{found.message}; {fix}")
 
     def _starting(self, view: View) -> None:
         pods, workload = view["pods"], self.workload

@@ -60,9 +60,11 @@ class Outage:
         self._since: float | None = None
         self._back_at = float("-inf")  # when the API last answered again after an outage
         self._next_report = 0.0
+        self._answered_at = float("-inf")  # when any request last got an answer
 
     def up(self) -> None:
         with self._lock:
+            self._answered_at = time.monotonic()
             if self._since is not None:
                 down_s = time.monotonic() - self._since
                 if down_s >= self.policy.report_every_s:
@@ -76,15 +78,21 @@ class Outage:
         with self._lock:
             return self._since is not None or time.monotonic() - self._back_at < settle_s
 
-    def down(self) -> tuple[float, float]:
+    def down(self, silent_since: float | None = None) -> tuple[float, float]:
         """Seconds the API has been unreachable, and seconds until the next progress line
-        is due (a retry sleeps no longer, so the line comes at least every report_every_s)."""
+        is due (a retry sleeps no longer, so the line comes at least every report_every_s).
+
+        ``silent_since``: when the failed request was sent, for a request that timed out
+        waiting for an answer: a hung API server has been unreachable since then (or since
+        the last answer any request got), not only since the client gave up waiting."""
         every = self.policy.report_every_s
         with self._lock:
             now = time.monotonic()
             if self._since is None:
-                self._since, self._next_report = now, now + every
-            elif now >= self._next_report:
+                since = now if silent_since is None else max(silent_since, self._answered_at)
+                self._since = min(since, now)
+                self._next_report = self._since + every
+            if now >= self._next_report:
                 logger.warning(
                     "API unreachable for %.0f s (tolerating up to %g s)",
                     now - self._since,

@@ -12,6 +12,7 @@ from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.store import Store
 
 CD = "computedomains"
+DEFAULT_SERVICE_ACCOUNT = "default"
 
 
 def _discovery_groups() -> dict[tuple[str, str], list[Obj]]:
@@ -165,10 +166,22 @@ def default_on_create(resource: str, obj: Obj) -> None:
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
     elif resource == "namespaces":
         obj["status"] = {"phase": "Active"}
+    elif resource == "persistentvolumeclaims":
+        # No volumes are modelled: a claim is bound as it is created (its host directory is
+        # made on first mount).
+        obj["status"] = {"phase": "Bound"}
     elif resource == "services":
         spec = obj.setdefault("spec", {})
         spec.setdefault("clusterIP", "10.96.0.10")
         spec.setdefault("type", "ClusterIP")
+
+
+def ensure_default_service_account(store: Store, namespace: str) -> None:
+    """What kube-controller-manager's serviceaccounts controller does for every namespace:
+    create its ``default`` ServiceAccount (at once here; a moment later on a real cluster)."""
+    if store.find("serviceaccounts", namespace, DEFAULT_SERVICE_ACCOUNT) is None:
+        body = {"metadata": {"name": DEFAULT_SERVICE_ACCOUNT, "namespace": namespace}}
+        store.create("serviceaccounts", body)
 
 
 # ---- validating admission of pods ------------------------------------------------------------
@@ -211,6 +224,7 @@ class PodAdmission:
         meta = pod.get("metadata") or {}
         ns = meta.get("namespace") or "default"
         name = meta.get("name") or meta.get("generateName") or "Unknown"
+        self._service_account(ns, name, pod)
         namespace = self.store.find("namespaces", "", ns)
         found = violation(namespace, pod) if namespace is not None else None
         if found:
@@ -224,6 +238,22 @@ class PodAdmission:
             message = f'admission webhook "{denial.webhook}" denied the request: {denial.message}'
             raise ApiError(403, "", message, {"name": name, "kind": "pods"})
         self._quota(ns, name, pod)
+
+    def _service_account(self, ns: str, name: str, pod: Obj) -> None:
+        """The ServiceAccount plugin (a mutating one, so it runs before the validating plugins):
+        an unset ``serviceAccountName`` becomes ``default``, and the account must exist
+        (plugin/pkg/admission/serviceaccount, ``Admit``)."""
+        namespace = self.store.find("namespaces", "", ns)
+        if namespace is None or namespace["metadata"].get("deletionTimestamp"):
+            return  # NamespaceLifecycle, which runs first, refuses it (the store's create)
+        spec = pod.setdefault("spec", {})
+        account = spec.setdefault("serviceAccountName", DEFAULT_SERVICE_ACCOUNT)
+        if self.store.find("serviceaccounts", ns, account) is None:
+            raise forbidden(
+                name,
+                f"error looking up service account {ns}/{account}: "
+                f'serviceaccount "{account}" not found',
+            )
 
     def _quota(self, ns: str, name: str, pod: Obj) -> None:
         quotas = sorted(

@@ -18,7 +18,13 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
-from mnnvl.sim.admission import CD, default_on_create, discovery, validate
+from mnnvl.sim.admission import (
+    CD,
+    default_on_create,
+    discovery,
+    ensure_default_service_account,
+    validate,
+)
 from mnnvl.sim.model import dry_run_requested
 from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
@@ -258,7 +264,10 @@ class Handler(BaseHTTPRequestHandler):
             validate(plural, body, None, self.server.schemas)
             for check in self.server.validators:
                 check(plural, body)
-            return self._json(201, store.create(plural, body, dry_run=dry_run))
+            created = store.create(plural, body, dry_run=dry_run)
+            if plural == "namespaces" and not dry_run:
+                ensure_default_service_account(store, created["metadata"]["name"])
+            return self._json(201, created)
         if verb == "DELETE":
             if not name:
                 return self._delete_collection(plural, ns, q, dry_run)

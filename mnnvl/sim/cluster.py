@@ -15,7 +15,7 @@ from collections import Counter
 from types import FrameType, TracebackType
 from typing import Any
 
-from mnnvl.sim.admission import PodAdmission
+from mnnvl.sim.admission import PodAdmission, ensure_default_service_account
 from mnnvl.sim.apiserver import ApiServer
 from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
 from mnnvl.sim.faults import Faults
@@ -207,6 +207,7 @@ class SimCluster:
             self.store.create(
                 "namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}}
             )
+            ensure_default_service_account(self.store, ns)
         for i in range(self.nodes):
             clique = f"{self.cluster_uuid}.{i * self.cliques // self.nodes}"
             name = f"sim-node-{i}"

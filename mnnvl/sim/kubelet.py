@@ -128,7 +128,7 @@ class PodWorker:
         waiting = {"waiting": {"reason": "ContainerCreating"}}
         self._status("Pending", waiting, False)
         # As the real kubelet: claims are prepared first, then the image is pulled.
-        if not self._prepare() or not self._pull():
+        if not self._prepare() or not self._pull() or not self._config():
             return
         policy = self.pod["spec"].get("restartPolicy", "Always")
         while not self.cancel.is_set():
@@ -173,6 +173,22 @@ class PodWorker:
         waiting = {"waiting": {"reason": problem[0], "message": problem[1]}}
         self._status("Pending", waiting, False)
         self.cancel.wait()
+        return False
+
+    def _config(self) -> bool:
+        """A missing Secret or ConfigMap of the env holds the container Waiting in
+        CreateContainerConfigError; the kubelet retries each sync, so creating it lets it run."""
+        said = ""
+        while not self.cancel.is_set():
+            problem = self.k.env.config_problem(self.pod, self.container)
+            if not problem:
+                return True
+            if problem != said:
+                said = problem
+                self._event("Warning", "Failed", f"Error: {problem}")
+                waiting = {"reason": "CreateContainerConfigError", "message": problem}
+                self._status("Pending", {"waiting": waiting}, False)
+            self.cancel.wait(0.5)
         return False
 
     def _imex_lost(self, code: int, started: str) -> None:

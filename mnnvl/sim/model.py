@@ -34,6 +34,10 @@ RESOURCES: dict[str, ResourceType] = {
         ResourceType("services", "", "v1", "Service", True, True),
         ResourceType("events", "", "v1", "Event", True, False),
         ResourceType("resourcequotas", "", "v1", "ResourceQuota", True, True),
+        ResourceType("serviceaccounts", "", "v1", "ServiceAccount", True, False),
+        ResourceType("secrets", "", "v1", "Secret", True, False),
+        ResourceType("configmaps", "", "v1", "ConfigMap", True, False),
+        ResourceType("persistentvolumeclaims", "", "v1", "PersistentVolumeClaim", True, True),
         ResourceType("jobs", "batch", "v1", "Job", True, True),
         ResourceType(
             "resourceclaimtemplates", "resource.k8s.io", "v1", "ResourceClaimTemplate", True, False

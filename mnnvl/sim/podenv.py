@@ -125,9 +125,37 @@ class ProcessEnv:
             return ""
         return ",".join(self.local_gpus[i * g : (i + 1) * g][:want])
 
+    def config_problem(self, pod: Obj, container: Obj) -> str:
+        """Why the kubelet cannot build the container's config (its CreateContainerConfigError
+        message, as ``makeEnvironmentVariables`` words it), or "": a Secret or ConfigMap the
+        env refers to (``valueFrom``, ``envFrom``) that does not exist and is not optional."""
+        ns = pod["metadata"]["namespace"]
+        refs = [
+            (kind, ref)
+            for e in container.get("env") or []
+            for kind, ref in (
+                ("secret", (e.get("valueFrom") or {}).get("secretKeyRef")),
+                ("configmap", (e.get("valueFrom") or {}).get("configMapKeyRef")),
+            )
+            if ref
+        ]
+        refs += [
+            (kind, ref)
+            for e in container.get("envFrom") or []
+            for kind, ref in (("secret", e.get("secretRef")), ("configmap", e.get("configMapRef")))
+            if ref
+        ]
+        for kind, ref in refs:
+            plural = "secrets" if kind == "secret" else "configmaps"
+            if not ref.get("optional") and self.store.find(plural, ns, ref["name"]) is None:
+                return f'{kind} "{ref["name"]}" not found'
+        return ""
+
     def command_and_env(self, pod: Obj, container: Obj) -> tuple[list[str], dict[str, str]]:
         pod_env: dict[str, str] = {}
         for e in container.get("env") or []:
+            if "value" not in e and e.get("valueFrom") and "fieldRef" not in e["valueFrom"]:
+                continue  # Secret and ConfigMap values: only their presence is modelled
             ref = ((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
             pod_env[e["name"]] = (
                 field_ref(pod, ref) if ref else expand(str(e.get("value", "")), pod_env)

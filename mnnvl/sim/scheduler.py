@@ -48,7 +48,9 @@ class Scheduler:
     def __init__(self, store: Store, faults: Faults, seed: int = 0) -> None:
         self.store, self.faults = store, faults
         self.rng = random.Random(seed)
-        self._sub = store.subscribe(["pods", "nodes", "resourceclaimtemplates"])
+        self._sub = store.subscribe(
+            ["pods", "nodes", "resourceclaimtemplates", "persistentvolumeclaims"]
+        )
         self._thread: threading.Thread | None = None
         self._first_seen: dict[str, float] = {}  # pod uid -> monotonic time first seen
         self._wake_at = 0.0
@@ -217,6 +219,10 @@ class Scheduler:
         reasons: dict[str, int] = {}
         feasible: list[Obj] = []
         ctx = Context(self.store, pod, claims, nodes)
+        missing = missing_claim(self.store, pod)
+        if missing:
+            self._unschedulable(pod, prefilter_message(len(nodes), missing))
+            return
         if fault is not None:
             reasons["node(s) were unschedulable (simulated fault)"] = len(nodes)
         else:
@@ -231,7 +237,9 @@ class Scheduler:
             best = max(scores.values())
             self._bind(pod, claims, self.rng.choice([n for n, s in scores.items() if s == best]))
             return
-        msg = unschedulable_message(len(nodes), reasons)
+        self._unschedulable(pod, unschedulable_message(len(nodes), reasons))
+
+    def _unschedulable(self, pod: Obj, msg: str) -> None:
         cond = {
             "type": "PodScheduled",
             "status": "False",
@@ -291,6 +299,26 @@ class Scheduler:
             f"Successfully assigned {ns}/{name} to {node}",
             "default-scheduler",
         )
+
+
+def missing_claim(store: Store, pod: Obj) -> str:
+    """The VolumeBinding plugin's PreFilter: a pod whose PersistentVolumeClaim does not exist
+    fits no node (``persistentvolumeclaim "x" not found``, UnschedulableAndUnresolvable)."""
+    ns = pod["metadata"].get("namespace", "default")
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+        if claim and store.find("persistentvolumeclaims", ns, claim) is None:
+            return f'persistentvolumeclaim "{claim}" not found'
+    return ""
+
+
+def prefilter_message(total: int, why: str) -> str:
+    """kube-scheduler's FailedScheduling text when a PreFilter plugin rejected the pod: the
+    plugin's message instead of per-node counts; preemption cannot help on any node."""
+    return (
+        f"0/{total} nodes are available: {why}. preemption: 0/{total} nodes are available: "
+        f"{total} Preemption is not helpful for scheduling."
+    )
 
 
 def unschedulable_message(total: int, reasons: dict[str, int]) -> str:

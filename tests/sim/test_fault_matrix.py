@@ -32,6 +32,7 @@ from mnnvl.names import RunNames
 from mnnvl.sim import SimCluster
 from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from tests.sim.test_ownership import foreign_domain
+from tests.sim.test_shared_storage import create_claim
 from tests.sim.test_sim_fidelity import CD_PATH, Raw
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
@@ -57,6 +58,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimCluster]:
     with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as cluster:
+        create_claim(cluster, CLAIM)
         yield cluster
 
 
@@ -626,6 +628,7 @@ def train_losing_a_node(nodes: int, workers: str) -> tuple[Any, BaseException | 
     """Train on 2 of ``nodes`` nodes and lose index 1's node after the first checkpoint.
     Returns (the result, the error, the nodes the replacement pods run on)."""
     with SimCluster(nodes=nodes, local_gpus=[], imex_delay_s=0.1, **LOST_NODE_TIMING) as sim:
+        create_claim(sim, CLAIM)
         r = Run(sim, workers, unschedulable_grace_s=3)
         r.provision()
         lost: list[str] = []

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from mnnvl.driver.diagnose import Grace, pod_problem
+from mnnvl.driver.problem import Kind
 
 
 def pod(phase="Pending", waiting="", unschedulable="", name="p-0"):
@@ -30,45 +31,55 @@ def prepare(message):
 
 
 @pytest.mark.parametrize(
-    "reason",
-    ["ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "ImagePullBackOff"],
+    ("reason", "kind"),
+    [
+        ("ErrImageNeverPull", Kind.IMAGE_PULL),
+        ("InvalidImageName", Kind.IMAGE_REFERENCE),
+        ("ImagePullBackOff", Kind.IMAGE_PULL),
+        ("CreateContainerConfigError", Kind.CONFIG),
+        ("CrashLoopBackOff", Kind.CRASH_LOOP),
+    ],
 )
-def test_image_and_config_errors_are_fatal_at_once(reason):
-    assert pod_problem(pod(waiting=reason), None, retries=True, grace=Grace(60)) == reason
+def test_image_and_config_errors_are_fatal_at_once(reason, kind):
+    found = pod_problem(pod(waiting=reason), None, retries=True, grace=Grace(60))
+    assert found is not None and found.kind is kind and found.permanent and found.pod == "p-0"
 
 
 def test_container_creating_is_not_a_problem():
-    assert pod_problem(pod(waiting="ContainerCreating"), None, retries=False, grace=Grace(0)) == ""
+    creating = pod(waiting="ContainerCreating")
+    assert pod_problem(creating, None, retries=False, grace=Grace(0)) is None
 
 
 def test_claim_in_another_namespace_than_its_domain_is_fatal_at_once():
     event = prepare("claim namespace team-b does not match ComputeDomain namespace team-a")
-    problem = pod_problem(pod(waiting="ContainerCreating"), event, retries=False, grace=Grace(60))
-    assert problem.startswith("FailedPrepareDynamicResources: claim namespace")
+    found = pod_problem(pod(waiting="ContainerCreating"), event, retries=False, grace=Grace(60))
+    assert found is not None and found.kind is Kind.PREPARE and found.permanent
+    assert "claim namespace team-b does not match" in found.message
 
 
 def test_node_held_by_another_domain_is_fatal_only_after_the_grace():
     event = prepare("error labeling node: label already exists for a different ComputeDomain")
     grace = Grace(0.3)
     stuck = pod(waiting="ContainerCreating")
-    assert pod_problem(stuck, event, retries=False, grace=grace) == ""
+    assert pod_problem(stuck, event, retries=False, grace=grace) is None
     assert 0 < (grace.recheck_in_s() or 0) <= 0.3
     time.sleep(0.35)
-    problem = pod_problem(stuck, event, retries=False, grace=grace)
-    assert "for more than 0.3 s" in problem and "different ComputeDomain" in problem
+    found = pod_problem(stuck, event, retries=False, grace=grace)
+    assert found is not None and found.kind is Kind.NODE_HELD and not found.permanent
+    assert "0.3 s" in found.message and "different ComputeDomain" in found.message
 
 
 def test_an_ordinary_not_ready_prepare_error_is_waited_out():
     event = prepare("error asserting ComputeDomain Ready: current node not ready in ComputeDomain")
     grace = Grace(0)
-    assert pod_problem(pod(waiting="ContainerCreating"), event, retries=False, grace=grace) == ""
+    assert pod_problem(pod(waiting="ContainerCreating"), event, retries=False, grace=grace) is None
     assert grace.recheck_in_s() is None
 
 
 def test_unschedulable_grace_restarts_when_the_pod_recovers_and_forgets_gone_pods():
     grace = Grace(0.2)
     bad = pod(unschedulable="0/4 nodes are available")
-    assert pod_problem(bad, None, retries=False, grace=grace) == ""
+    assert pod_problem(bad, None, retries=False, grace=grace) is None
     pod_problem(pod(), None, retries=False, grace=grace)  # scheduled after all
     assert grace.recheck_in_s() is None
     pod_problem(bad, None, retries=False, grace=grace)
@@ -79,5 +90,7 @@ def test_unschedulable_grace_restarts_when_the_pod_recovers_and_forgets_gone_pod
 def test_a_failed_pod_is_fatal_only_without_retries():
     failed = pod(phase="Failed")
     failed["status"]["containerStatuses"] = [{"state": {"terminated": {"exitCode": 4}}}]
-    assert pod_problem(failed, None, retries=False, grace=Grace(0)) == "Failed with exit code 4"
-    assert pod_problem(failed, None, retries=True, grace=Grace(0)) == ""
+    found = pod_problem(failed, None, retries=False, grace=Grace(0))
+    assert found is not None and found.kind is Kind.CRASHED and found.exit_code == 4
+    assert found.permanent  # 4 is a code no retry changes
+    assert pod_problem(failed, None, retries=True, grace=Grace(0)) is None
