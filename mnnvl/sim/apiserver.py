@@ -378,6 +378,10 @@ class Handler(BaseHTTPRequestHandler):
             while not (self.server.stopping.is_set() or self.server.down.is_set()):
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    # kube-apiserver's cacher also sends a bookmark just before a watch's
+                    # deadline (cacheWatcher.nextBookmarkTime), so the client resumes from now.
+                    if bookmarks:
+                        self._chunk(_bookmark(plural, store.resource_version))
                     break
                 try:
                     ev = sub.queue.get(timeout=min(left, every if bookmarks else 1.0))

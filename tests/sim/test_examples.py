@@ -50,6 +50,9 @@ NEEDS_GPUS = {
     "--image registry.example.com/ml/runtime:0.1.0": "4 GPUs per node and your runtime image",
     "mnnvl launch --run-id demo --namespace team-a --nodes 4 --gpus-per-node 4 "
     "--module my_pkg.train -- --lr 3e-4": "your module in your image, on nodes with 4 GPUs",
+    "mnnvl run --run-id demo --namespace team-a --nodes 36 --nodes-per-clique 18 "
+    "--gpus-per-node 4 --queue-name team-a --topology-aware --admission-timeout-s 3600 "
+    "--image registry.example.com/ml/runtime:0.1.0": "two GB200 racks under Kueue, your image",
 }
 
 
