@@ -50,7 +50,8 @@ def _sweeps(
     rank = dist.get_rank()
     led = []
     if rank in placed.leaders:
-        led = collectives.run_sweep(_labelled(plan, "the group leaders' sweep"), device, leaders)
+        plan = _labelled(plan, "the group leaders' sweep")
+        led = collectives.run_sweep(plan, device, group=leaders)
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (placed.index, mine, led))
     per_group = {g: rows for g, rows, _ in reversed(everyone)}
