@@ -236,6 +236,8 @@ def verify_nvlink(
     fabric_wait_s: float = 60.0,
     cuda_graphs: bool = True,
     allow_unjudged: bool = False,
+    collective_timeout_s: float = 300.0,
+    stall_timeout_s: float = 0.0,
 ):
     """Check NVLink/IMEX health and all-reduce bus bandwidth across the run's nodes; the
     metrics and report are written before a FAIL verdict fails the task.
@@ -302,6 +304,10 @@ def verify_nvlink(
         cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
+        collective_timeout_s: how long a collective waits for a dead or hung peer before the
+            worker fails (retriable), s; NCCL's own default is 600.
+        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
+            this long, s; 0 = 2 x collective_timeout_s + 60.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -473,6 +479,8 @@ def provision_training(
     fabric_wait_s: float = 60.0,
     verify_cuda_graphs: bool = True,
     allow_unjudged: bool = False,
+    collective_timeout_s: float = 300.0,
+    stall_timeout_s: float = 0.0,
     train_timeout_s: float = 7200.0,
     model: str = '1b',
     steps: int = 100,
@@ -493,8 +501,6 @@ def provision_training(
     checkpoint_every: int = 0,
     allow_local_checkpoint: bool = False,
     log_every: int = 10,
-    collective_timeout_s: float = 300.0,
-    stall_timeout_s: float = 0.0,
     delete_timeout_s: float = 300.0,
 ) -> str:
     """First task of mnnvl-training: validate every pipeline parameter, then provision
@@ -559,6 +565,10 @@ def provision_training(
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
+        collective_timeout_s: how long a collective waits for a dead or hung peer before the
+            worker fails (retriable), s; NCCL's own default is 600.
+        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
+            this long, s; 0 = 2 x collective_timeout_s + 60.
         train_timeout_s: deadline for the Job to complete, s (activeDeadline).
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes.
@@ -584,10 +594,6 @@ def provision_training(
         allow_local_checkpoint: accept checkpoint_dir/data outside a --pvc mount (single-node
             runs only).
         log_every: steps between logged metrics.
-        collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600.
-        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60.
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
 
     Returns:
@@ -645,6 +651,8 @@ def provision_verify_only(
     fabric_wait_s: float = 60.0,
     verify_cuda_graphs: bool = True,
     allow_unjudged: bool = False,
+    collective_timeout_s: float = 300.0,
+    stall_timeout_s: float = 0.0,
     delete_timeout_s: float = 300.0,
 ) -> str:
     """First task of mnnvl-verify-only: validate every pipeline parameter, then provision
@@ -709,6 +717,10 @@ def provision_verify_only(
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
+        collective_timeout_s: how long a collective waits for a dead or hung peer before the
+            worker fails (retriable), s; NCCL's own default is 600.
+        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
+            this long, s; 0 = 2 x collective_timeout_s + 60.
         delete_timeout_s: wait until each deleted object is gone (GET 404), s.
 
     Returns:
@@ -766,6 +778,8 @@ def provision_custom(
     fabric_wait_s: float = 60.0,
     verify_cuda_graphs: bool = True,
     allow_unjudged: bool = False,
+    collective_timeout_s: float = 300.0,
+    stall_timeout_s: float = 0.0,
     launch_timeout_s: float = 7200.0,
     module: str = '',
     command: List[str] = [],
@@ -833,6 +847,10 @@ def provision_custom(
         verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success.
+        collective_timeout_s: how long a collective waits for a dead or hung peer before the
+            worker fails (retriable), s; NCCL's own default is 600.
+        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
+            this long, s; 0 = 2 x collective_timeout_s + 60.
         launch_timeout_s: deadline for the Job to complete, s (activeDeadline).
         module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
         command: with a module: its arguments; without: the program and its arguments (a list).

@@ -129,6 +129,44 @@ def api_outage_opt() -> Any:
     )
 
 
+def collective_timeout_opt() -> Any:
+    """The ``collective_timeout_s`` input, declared here once for the training and the
+    verification workers (a pipeline that runs both shares one parameter)."""
+    return opt(
+        300.0,
+        "how long a collective waits for a dead or hung peer before the worker fails "
+        "(retriable), s; NCCL's own default is 600",
+    )
+
+
+def stall_timeout_opt() -> Any:
+    """The ``stall_timeout_s`` input, declared here once for the training and the
+    verification workers."""
+    return opt(
+        0.0,
+        "the pod stops its workers (retriable) when one made no progress for this long, s; "
+        "0 = 2 x collective_timeout_s + 60",
+    )
+
+
+def check_stall_inputs(collective_timeout_s: float, stall_timeout_s: float) -> None:
+    check_range("collective_timeout_s", collective_timeout_s, 1, 86400)
+    check_range("stall_timeout_s", stall_timeout_s, 0, 7 * 86400)
+    if stall_timeout_s and stall_timeout_s <= collective_timeout_s:
+        raise SpecError(
+            "stall_timeout_s",
+            f"{stall_timeout_s:g} must exceed collective_timeout_s "
+            f"{collective_timeout_s:g} (a collective may wait that long on a slow peer)",
+        )
+
+
+def stall_seconds(collective_timeout_s: float, stall_timeout_s: float) -> float:
+    """The stall timeout in force. Derived: between two progress reports a worker may block
+    in a collective for up to the collective timeout, twice (a training checkpoint save is
+    barriers around a write), plus a minute for the write itself."""
+    return stall_timeout_s or 2 * collective_timeout_s + 60
+
+
 @dataclass(frozen=True, kw_only=True)
 class OwnerRef:
     """An owner for created objects (the launcher pod or Argo Workflow), so GC backs up teardown."""
@@ -399,16 +437,8 @@ class TrainConfig:
         False, "accept checkpoint_dir/data outside a --pvc mount (single-node runs only)"
     )
     log_every: int = opt(10, "steps between logged metrics")
-    collective_timeout_s: float = opt(
-        300.0,
-        "how long a collective waits for a dead or hung peer before the worker fails "
-        "(retriable), s; NCCL's own default is 600",
-    )
-    stall_timeout_s: float = opt(
-        0.0,
-        "the pod stops its workers (retriable) when one made no progress for this long, s; "
-        "0 = 2 x collective_timeout_s + 60",
-    )
+    collective_timeout_s: float = collective_timeout_opt()
+    stall_timeout_s: float = stall_timeout_opt()
 
     def __post_init__(self) -> None:
         check_choice("model", self.model, MODEL_PRESETS)
@@ -438,14 +468,7 @@ class TrainConfig:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise SpecError("checkpoint_every", "needs checkpoint_dir to be set")
         check_range("log_every", self.log_every, 1, 10_000_000, integer=True)
-        check_range("collective_timeout_s", self.collective_timeout_s, 1, 86400)
-        check_range("stall_timeout_s", self.stall_timeout_s, 0, 7 * 86400)
-        if self.stall_timeout_s and self.stall_timeout_s <= self.collective_timeout_s:
-            raise SpecError(
-                "stall_timeout_s",
-                f"{self.stall_timeout_s:g} must exceed collective_timeout_s "
-                f"{self.collective_timeout_s:g} (a collective may wait that long on a slow peer)",
-            )
+        check_stall_inputs(self.collective_timeout_s, self.stall_timeout_s)
 
     def _apply_preset(self) -> None:
         """Inputs left at auto (batch_size 0) take the preset's value; a given value wins."""
@@ -473,10 +496,8 @@ class TrainConfig:
 
     @property
     def stall_s(self) -> float:
-        """The stall timeout in force. Derived: a step or a checkpoint save may block in a
-        collective for up to the collective timeout, twice (a save is barriers around a
-        write), plus a minute for the write itself."""
-        return self.stall_timeout_s or 2 * self.collective_timeout_s + 60
+        """The stall timeout in force (``stall_seconds``)."""
+        return stall_seconds(self.collective_timeout_s, self.stall_timeout_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -510,6 +531,8 @@ class VerifyConfig:
     allow_unjudged: bool = opt(
         False, "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success"
     )
+    collective_timeout_s: float = collective_timeout_opt()
+    stall_timeout_s: float = stall_timeout_opt()
     output_dir: str = opt(
         "",
         "write verify.json/.md/.html and busbw.png here (rank 0)",
@@ -531,6 +554,12 @@ class VerifyConfig:
         check_range("efficiency", self.efficiency, 0.01, 1.0)
         check_range("judge_min_bytes", self.judge_min_bytes, 1, 1 << 36, integer=True)
         check_range("fabric_wait_s", self.fabric_wait_s, 0.0, 3600.0)
+        check_stall_inputs(self.collective_timeout_s, self.stall_timeout_s)
+
+    @property
+    def stall_s(self) -> float:
+        """The stall timeout in force (``stall_seconds``)."""
+        return stall_seconds(self.collective_timeout_s, self.stall_timeout_s)
 
 
 @dataclass(frozen=True, kw_only=True)

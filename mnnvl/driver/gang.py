@@ -42,14 +42,18 @@ logger = logging.getLogger(__name__)
 
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job controller
 STEP_LINE = re.compile(r"\bstep (\d+)\b")  # rank 0's training log line, "step 1450 loss ..."
+# Rank 0's verification log line, "sweep size 1048576 bytes done (the sweep across all ranks)"
+SWEEP_LINE = re.compile(r"\bsweep size (\d+) bytes done\b")
 
 
 @dataclass
 class Progress:
-    """The last step rank 0 logged and when (monotonic), and its first one."""
+    """The last step rank 0 logged and when (monotonic), and its first one; for a
+    verification, the last sweep size it finished."""
 
     first: tuple[int, float] | None = None
     last: tuple[int, float] | None = None
+    sweep: tuple[int, float] | None = None
 
     def line(self, text: str) -> None:
         m = STEP_LINE.search(text)
@@ -57,11 +61,18 @@ class Progress:
             seen = (int(m.group(1)), time.monotonic())
             self.first = self.first or seen
             self.last = seen
+        m = SWEEP_LINE.search(text)
+        if m:
+            self.sweep = (int(m.group(1)), time.monotonic())
 
     def describe(self) -> str:
+        now = time.monotonic()
+        if self.sweep is not None:
+            size, at = self.sweep
+            return f"rank 0 done with sweep size {size} bytes, {now - at:.0f} s ago"
         if self.last is None:
-            return "rank 0 has logged no step yet"
-        return f"rank 0 at step {self.last[0]}, {time.monotonic() - self.last[1]:.0f} s ago"
+            return "rank 0 has logged no step or sweep size yet"
+        return f"rank 0 at step {self.last[0]}, {now - self.last[1]:.0f} s ago"
 
 
 @dataclass

@@ -15,6 +15,7 @@ when it is late by more than a tenth of a call.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS
 from mnnvl.runtime import collectives, nvml
 from mnnvl.runtime.groups import Groups
+from mnnvl.runtime.progress import SweepProgress
 from mnnvl.spec import VerifyConfig
 
 STRAGGLER_SHARE = 0.1  # late by more than this share of a call's time: named as straggler
@@ -31,20 +33,36 @@ Judge = Callable[..., dict[str, Any]]
 
 
 def _sweeps(
-    plan: collectives.SweepPlan, device: torch.device, placed: Groups
+    plan: collectives.SweepPlan, device: torch.device, placed: Groups, timeout_s: float
 ) -> tuple[dict[int, list[dict[str, Any]]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(rows per group, rows across all ranks, rows across the group leaders)."""
-    # Every rank creates every group, in the same order (a collective call).
-    subgroups = [dist.new_group(placed.ranks(g)) for g in range(placed.count)]
-    leaders = dist.new_group(placed.leaders)
-    mine = collectives.run_sweep(plan, device, group=subgroups[placed.index])
-    spanning = collectives.run_sweep(plan, device)
+    # Every rank creates every group, in the same order (a collective call). A new group
+    # takes the backend's default timeout (NCCL 10 min, gloo 30), not the default group's.
+    timeout = datetime.timedelta(seconds=timeout_s)
+    subgroups = [dist.new_group(placed.ranks(g), timeout=timeout) for g in range(placed.count)]
+    leaders = dist.new_group(placed.leaders, timeout=timeout)
+    mine = collectives.run_sweep(
+        _labelled(plan, f"clique group {placed.index}'s sweep"),
+        device,
+        group=subgroups[placed.index],
+    )
+    spanning = collectives.run_sweep(_labelled(plan, "the sweep across cliques"), device)
     rank = dist.get_rank()
-    led = collectives.run_sweep(plan, device, group=leaders) if rank in placed.leaders else []
+    led = []
+    if rank in placed.leaders:
+        plan = _labelled(plan, "the group leaders' sweep")
+        led = collectives.run_sweep(plan, device, group=leaders)
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, (placed.index, mine, led))
     per_group = {g: rows for g, rows, _ in reversed(everyone)}
     return per_group, spanning, everyone[0][2]
+
+
+def _labelled(plan: collectives.SweepPlan, label: str) -> collectives.SweepPlan:
+    """The plan, its progress reports now naming the sweep about to run."""
+    if isinstance(plan.progress, SweepProgress):
+        plan.progress.label = label
+    return plan
 
 
 def worst_node(summaries: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> dict | None:
@@ -103,7 +121,7 @@ def measure(
     backend: str,
 ) -> dict[str, Any]:
     """Sweep and judge per clique and across cliques; the RESULT fields of a grouped run."""
-    per_group, spanning, led = _sweeps(plan, device, placed)
+    per_group, spanning, led = _sweeps(plan, device, placed, cfg.collective_timeout_s)
     cliques = []
     for g in range(placed.count):
         ranks = placed.ranks(g)

@@ -51,8 +51,6 @@ MAX_LOOP = 2000  # all-reduce calls in one loop (graph size bound)
 # Calls slower than this are only timed eagerly: the host then enqueues faster than the
 # GPU drains, so a graph cannot gain anything.
 GRAPH_BELOW_S = 150e-6
-
-
 # From this size up a size needs only one warm-up call (the sweep's first warm-up at the
 # largest size already brought clocks and NCCL buffers to their steady state).
 LARGE_BYTES = 64 << 20
@@ -70,6 +68,13 @@ class SweepPlan:
     direct_nccl: bool = True
     min_reps: int = 3
     rel_ci: float = 0.01
+    # Told (size, "start" | "loop" | "done") between calls: the launcher's stall watchdog
+    # hears from every timed loop, so even the largest size is never taken for a hang.
+    progress: Callable[[int, str], None] | None = None
+
+    def tell(self, size: int, event: str) -> None:
+        if self.progress is not None:
+            self.progress(size, event)
 
 
 def sweep_sizes(min_bytes: int, max_bytes: int) -> list[int]:
@@ -167,6 +172,7 @@ def run_sweep(
     walls: list[float] = []
     own: list[float] = []  # CPU only: this rank's seconds per call outside the collective
     t0 = time.perf_counter()
+    plan.tell(max(plan.sizes), "start")
     # Like nccl-tests, warm up at the largest size first: clocks, NCCL buffers and
     # connections are then in their steady state when the small sizes are timed.
     for _ in range(plan.warmup_iters or 5):
@@ -179,6 +185,7 @@ def run_sweep(
     try:
         for size in plan.sizes:
             t0 = time.perf_counter()
+            plan.tell(size, "start")
             view = buf[: size // ELEMENT_BYTES]
             fill_pattern(view, rank)
             dist.all_reduce(view, group=group)
@@ -193,6 +200,7 @@ def run_sweep(
             paths.append(path)
             walls.append(time.perf_counter() - t0)
             logger.debug("all_reduce %d bytes: %.2f us (%s)", size, seconds * 1e6, path)
+            plan.tell(size, "done")
     finally:
         if direct is not None:
             direct.close()
@@ -288,6 +296,7 @@ def _time_cpu(
         elapsed = time.perf_counter() - t0
         spent["outside"] += elapsed - inside
         spent["calls"] += calls
+        plan.tell(view.numel() * ELEMENT_BYTES, "loop")
         # Every rank must stop after the same loop: agree on the slowest rank's time.
         return _agreed(elapsed, view.device, group) / calls
 
@@ -332,7 +341,7 @@ def _time_cuda(
             # (they keep per-call cross-stream events); they are the fallback without it.
             launchers["graph"] = _capture(view, calls, group)
     timed = {
-        name: _time_launcher(launch, calls, loops, plan, view.device, group)
+        name: _time_launcher(launch, calls, loops, plan, view, group)
         for name, launch in launchers.items()
     }
     best = min(timed, key=lambda name: timed[name])
@@ -355,7 +364,7 @@ def _time_launcher(
     calls: int,
     loops: int,
     plan: SweepPlan,
-    device: torch.device,
+    view: torch.Tensor,
     group: Group = None,
 ) -> float:
     launch()  # the first replay uploads a graph; keep it out of the timings
@@ -366,8 +375,9 @@ def _time_launcher(
         launch()
         b.record()
         b.synchronize()
+        plan.tell(view.numel() * ELEMENT_BYTES, "loop")
         # Every rank must stop after the same loop: agree on the slowest rank's time.
-        return _agreed(a.elapsed_time(b) / 1e3 / calls, device, group)
+        return _agreed(a.elapsed_time(b) / 1e3 / calls, view.device, group)
 
     return adaptive_median(loop, plan, loops)
 

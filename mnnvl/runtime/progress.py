@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 PROGRESS_ENV = "MNNVL_PROGRESS_FILE"  # set per worker by mnnvl.runtime.launch
@@ -38,6 +39,52 @@ def report(what: str, stall_timeout_s: float) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"seq": _seq, "stall_timeout_s": stall_timeout_s, "what": what}, f)
     os.replace(tmp, path)
+
+
+def is_collective_timeout(error: BaseException) -> bool:
+    """A collective that gave up on a peer (gloo: "Timed out waiting ...", NCCL with
+    blocking wait: "... operation timeout"); other runtime errors, a peer's closed
+    connection among them, are crashes (exit 1, also retried)."""
+    text = str(error).lower()
+    return "timed out" in text or "timeout" in text
+
+
+class SweepProgress:
+    """The all-reduce sweep's progress (``collectives.SweepPlan.progress``): each size
+    started and done, and every timed loop inside a size (at most once a second), is
+    reported to the launcher's watchdog, so that a sweep that moves never looks stalled
+    however long its largest size takes; ``log`` (rank 0's) gets one line per size done,
+    ``SWEEP_DONE``, which the driver's progress lines show. ``doing`` names the size in
+    progress for a timed-out collective's message."""
+
+    SWEEP_DONE = "sweep size %d bytes done (%s)"
+
+    def __init__(
+        self,
+        stall_timeout_s: float,
+        log: Callable[..., None] | None = None,
+        on_done: Callable[[int], None] | None = None,
+    ) -> None:
+        self.stall_timeout_s, self.log, self.on_done = stall_timeout_s, log, on_done
+        self.label = "the sweep across all ranks"  # the per-clique run names each sweep
+        self.doing = "start-up"
+        self.reported = 0.0
+
+    def __call__(self, size: int, event: str) -> None:
+        """``event``: start (a size or the warm-up at it begins), loop, done."""
+        now = time.monotonic()
+        if event == "start":
+            self.doing = f"the all-reduce of {size} bytes in {self.label}"
+        elif event == "loop" and now - self.reported < 1.0:
+            return
+        self.reported = now
+        state = "done" if event == "done" else "running"
+        report(f"sweep size {size} bytes {state} ({self.label})", self.stall_timeout_s)
+        if event == "done":
+            if self.log is not None:
+                self.log(self.SWEEP_DONE, size, self.label)
+            if self.on_done is not None:
+                self.on_done(size)
 
 
 class Arrivals:

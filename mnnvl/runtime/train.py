@@ -331,14 +331,6 @@ def check_memory(cfg: spec.TrainConfig, info: DistInfo) -> None:
     )
 
 
-def is_collective_timeout(error: BaseException) -> bool:
-    """A collective that gave up on a peer (gloo: "Timed out waiting ...", NCCL with
-    blocking wait: "... operation timeout"); other runtime errors, a peer's closed
-    connection among them, are crashes (exit 1, also retried)."""
-    text = str(error).lower()
-    return "timed out" in text or "timeout" in text
-
-
 def failure_code(
     error: RuntimeError, cfg: spec.TrainConfig, info: DistInfo, trainer: Trainer | None
 ) -> int:
@@ -359,7 +351,7 @@ def failure_code(
             ),
         )
         return OUT_OF_MEMORY
-    if is_collective_timeout(error):
+    if progress.is_collective_timeout(error):
         where = trainer.phase if trainer is not None else "start-up"
         missing = trainer.arrivals.behind() if trainer is not None else "unknown"
         logger.error(

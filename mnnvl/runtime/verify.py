@@ -23,6 +23,16 @@ the time each phase took (``timings_s``).
 Exit code 0 on PASS (and on NOT_JUDGED with ``--allow-unjudged``), 4 on FAIL or on
 NOT_JUDGED without it, 2 on bad input; the RESULT line is printed either way, before the
 report files and the plot are written.
+
+A lost or hung peer: every collective is bounded by ``--collective-timeout-s`` (NCCL and
+gloo; the start-up rendezvous waits ``--fabric-wait-s`` longer, for peers still waiting for
+their fabric); a timed-out one ends the worker with exit 11 (retriable) naming the sweep
+size it was in. The process group's start and every sweep size (and every timed loop inside
+one) are reported to the launcher's progress watchdog (``--stall-timeout-s``,
+:mod:`mnnvl.runtime.progress`), so a hung rank ends its pod with exit 12.
+
+Test hook: ``MNNVL_TEST_SIGNAL_AT=<bytes>:<rank>:<SIGNAME>`` sends the signal to that rank's
+own process once it finished the sweep size of ``bytes`` (SIGSTOP: a hung worker).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import argparse
 import datetime
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -44,6 +55,7 @@ import torch.distributed as dist  # noqa: E402
 from mnnvl import flags, report  # noqa: E402
 from mnnvl.contract import env as contract_env  # noqa: E402
 from mnnvl.contract import nccl  # noqa: E402
+from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT  # noqa: E402
 from mnnvl.contract.result import FAIL, emit_result  # noqa: E402
 from mnnvl.errors import SpecError, VerificationFailed, WorkloadFailed  # noqa: E402
 from mnnvl.runtime import (  # noqa: E402
@@ -54,6 +66,7 @@ from mnnvl.runtime import (  # noqa: E402
     groups,
     nccl_log,
     nvml,
+    progress,
 )
 from mnnvl.runtime.local import free_port  # noqa: E402
 from mnnvl.runtime.verdict import (  # noqa: E402
@@ -67,6 +80,7 @@ logger = logging.getLogger("mnnvl.runtime.verify")
 DEFAULT_PROFILE = "verify-strict"
 GPU_SIZES = (1 << 20, 4 << 30)
 CPU_SIZES = (1 << 10, 1 << 20)
+SIGNAL_AT_ENV = "MNNVL_TEST_SIGNAL_AT"
 
 
 # ---- process side ------------------------------------------------------------------------
@@ -92,7 +106,9 @@ def _dist_env() -> tuple[int, int, int]:
     return int(os.environ["RANK"]), world, int(os.environ["LOCAL_RANK"])
 
 
-def _sweep_plan(cfg: VerifyConfig, cuda: bool) -> collectives.SweepPlan:
+def _sweep_plan(
+    cfg: VerifyConfig, cuda: bool, sweep: progress.SweepProgress | None = None
+) -> collectives.SweepPlan:
     lo, hi = GPU_SIZES if cuda else CPU_SIZES
     max_bytes = cfg.max_bytes or hi
     min_bytes = min(cfg.min_bytes or lo, max_bytes)
@@ -105,7 +121,17 @@ def _sweep_plan(cfg: VerifyConfig, cuda: bool) -> collectives.SweepPlan:
         cuda_graphs=cfg.cuda_graphs and cuda,
         # gloo figures are never judged against NVLink: a looser interval ends sizes sooner.
         rel_ci=0.01 if cuda else 0.05,
+        progress=sweep,
     )
+
+
+def signal_hook(size: int) -> None:
+    """``SIGNAL_AT_ENV``: this rank signals itself after the sweep size it names."""
+    at = os.environ.get(SIGNAL_AT_ENV, "")
+    if at and at.split(":")[:2] == [str(size), os.environ.get("RANK", "0")]:
+        name = at.split(":")[2]
+        logger.warning("test hook: %s to rank %s after sweep size %d", name, at.split(":")[1], size)
+        os.kill(os.getpid(), signal.Signals[name])
 
 
 class Phases:
@@ -132,7 +158,7 @@ def _nccl_version() -> str | None:
     return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
 
 
-def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
+def run(cfg: VerifyConfig, phases: Phases, sweep: progress.SweepProgress) -> dict[str, Any]:
     """Run on this rank; return the full RESULT dict (identical verdict on every rank)."""
     rank, world, local_rank = _dist_env()
     placed = groups.from_env(rank, world)  # a pod in the wrong group fails before NCCL starts
@@ -157,11 +183,14 @@ def run(cfg: VerifyConfig, phases: Phases) -> dict[str, Any]:
     ncclog = nccl_log.NcclLog().start() if cuda else None
     backend = "nccl" if cuda else "gloo"
     try:
-        # Peers may still be waiting for their fabric: the rendezvous waits as long too.
-        timeout = datetime.timedelta(seconds=300 + cfg.fabric_wait_s)
-        dist.init_process_group(backend, device_id=device, timeout=timeout)
+        # Peers may still be waiting for their fabric: the rendezvous waits as long more;
+        # then every collective is held to the collective timeout.
+        rendezvous = datetime.timedelta(seconds=cfg.collective_timeout_s + cfg.fabric_wait_s)
+        dist.init_process_group(backend, device_id=device, timeout=rendezvous)
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=cfg.collective_timeout_s))
+        progress.report("process group ready", cfg.stall_s)
         try:
-            result = _measure(cfg, phases, summary, device, ncclog, placed)
+            result = _measure(cfg, phases, summary, device, ncclog, placed, sweep)
             if rank == 0:
                 _publish(result, cfg.output_dir, phases)
             # Other ranks wait here so that a non-zero exit cannot get rank 0 killed by
@@ -182,12 +211,14 @@ def _measure(
     device: torch.device | None,
     ncclog: nccl_log.NcclLog | None,
     placed: groups.Groups,
+    sweep: progress.SweepProgress,
 ) -> dict[str, Any]:
     world = dist.get_world_size()
     summaries: list[Any] = [None] * world
+    sweep.doing = "the all-gather of every rank's NVML summary"
     dist.all_gather_object(summaries, summary)  # the first collective: NCCL is set up here
     phases.mark("process_group")
-    plan = _sweep_plan(cfg, device is not None)
+    plan = _sweep_plan(cfg, device is not None, sweep)
     timings: dict[str, float] = {}
     backend = "nccl" if device is not None else "gloo"
     result: dict[str, Any] = {"kind": "verify"}
@@ -208,6 +239,8 @@ def _measure(
     result.update(world_size=world, backend=backend, sizes=sizes, nodes=summaries)
     result["allow_unjudged"] = cfg.allow_unjudged
     phases.mark("judge")
+    sweep.doing = "the all-gather of every rank's transport or the barrier after the verdict"
+    progress.report("sweep judged", cfg.stall_s)
     return result
 
 
@@ -245,6 +278,19 @@ def _publish(result: dict[str, Any], output_dir: str, phases: Phases) -> None:
     logger.info("after the verdict: report and plot took %.2f s", phases.seconds["report"])
 
 
+def _timed_out(error: BaseException, cfg: VerifyConfig, doing: str) -> int:
+    """Exit 11 (retriable) with one line naming the collective; rank 0 reports it too."""
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    reason = (
+        f"{doing} timed out after --collective-timeout-s {cfg.collective_timeout_s:g} (a lost "
+        f"or hung peer; the step may be retried): {first}"
+    )
+    logger.error("rank %s: a collective in %s", os.environ.get("RANK", "0"), reason)
+    if os.environ.get("RANK", "0") == "0":
+        emit_result(_failed_result(reason, _STARTED))
+    return COLLECTIVE_TIMEOUT
+
+
 class GpusMissing(VerificationFailed):
     """The pod asked for GPUs and this worker sees none."""
 
@@ -276,9 +322,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     phases.mark("imports")
+    rank = os.environ.get("RANK", "0")
+    sweep: progress.SweepProgress | None = None
     try:
         cfg = parse_config(argv)
-        result = run(cfg, phases)
+        sweep = progress.SweepProgress(
+            cfg.stall_s, log=logger.info if rank == "0" else None, on_done=signal_hook
+        )
+        result = run(cfg, phases, sweep)
     except SpecError as e:
         logger.error("%s", e)
         if os.environ.get("RANK", "0") == "0":
@@ -291,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             emit_result(_failed_result(str(e), _STARTED, backend="none"))
         return e.exit_code
     except (RuntimeError, OSError) as e:
+        if sweep is not None and progress.is_collective_timeout(e):
+            return _timed_out(e, cfg, sweep.doing)
         # NCCL init or a collective broke (e.g. NCCL_MNNVL_ENABLE=1 on a broken IMEX
         # domain): that is a verification failure, and the launcher still gets a RESULT.
         logger.exception("verification aborted")
