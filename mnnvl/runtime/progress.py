@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 PROGRESS_ENV = "MNNVL_PROGRESS_FILE"  # set per worker by mnnvl.runtime.launch
+# Test hook of the training and verify workers: ``<step or bytes>:<rank>:<SIGNAME>``.
+SIGNAL_AT_ENV = "MNNVL_TEST_SIGNAL_AT"
 
 _seq = 0
 

@@ -53,7 +53,7 @@ from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distribut
 
 logger = logging.getLogger("mnnvl.runtime.train")
 INJECT_NAN_ENV = "MNNVL_TEST_INJECT_NAN_STEP"
-SIGNAL_AT_ENV = "MNNVL_TEST_SIGNAL_AT"
+SIGNAL_AT_ENV = progress.SIGNAL_AT_ENV
 
 
 def lr_factor(cfg: spec.TrainConfig, k: int) -> float:

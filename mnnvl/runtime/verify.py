@@ -80,7 +80,7 @@ logger = logging.getLogger("mnnvl.runtime.verify")
 DEFAULT_PROFILE = "verify-strict"
 GPU_SIZES = (1 << 20, 4 << 30)
 CPU_SIZES = (1 << 10, 1 << 20)
-SIGNAL_AT_ENV = "MNNVL_TEST_SIGNAL_AT"
+SIGNAL_AT_ENV = progress.SIGNAL_AT_ENV
 
 
 # ---- process side ------------------------------------------------------------------------
