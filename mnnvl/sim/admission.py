@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from mnnvl.sim.model import RESOURCES, ApiError, Obj
 from mnnvl.sim.podsecurity import violation
 from mnnvl.sim.schemas import SchemaAdmission
-from mnnvl.sim.store import Store
+from mnnvl.sim.store import Store, now_iso
 
 CD = "computedomains"
 DEFAULT_SERVICE_ACCOUNT = "default"
@@ -164,6 +164,7 @@ def default_on_create(resource: str, obj: Obj) -> None:
         obj.pop("status", None)
     if resource == "pods":
         obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+        scheduling_gated(obj)
     elif resource == "namespaces":
         obj["status"] = {"phase": "Active"}
     elif resource == "persistentvolumeclaims":
@@ -174,6 +175,23 @@ def default_on_create(resource: str, obj: Obj) -> None:
         spec = obj.setdefault("spec", {})
         spec.setdefault("clusterIP", "10.96.0.10")
         spec.setdefault("type", "ClusterIP")
+
+
+def scheduling_gated(pod: Obj) -> None:
+    """A new pod with scheduling gates is created PodScheduled=False, reason SchedulingGated
+    (kube-apiserver's pod strategy, ``applySchedulingGatedCondition``)."""
+    if not (pod.get("spec") or {}).get("schedulingGates"):
+        return
+    pod.setdefault("status", {})["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "SchedulingGated",
+            "message": "Scheduling is blocked due to non-empty scheduling gates",
+            "lastProbeTime": None,
+            "lastTransitionTime": now_iso(),
+        }
+    ]
 
 
 def ensure_default_service_account(store: Store, namespace: str) -> None:

@@ -15,7 +15,7 @@ from collections import Counter
 from types import FrameType, TracebackType
 from typing import Any
 
-from mnnvl.sim.admission import PodAdmission, ensure_default_service_account
+from mnnvl.sim.admission import PodAdmission, ensure_default_service_account, scheduling_gated
 from mnnvl.sim.apiserver import ApiServer
 from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
 from mnnvl.sim.faults import Faults
@@ -172,6 +172,7 @@ class SimCluster:
     def _admit_pod(self, resource: str, pod: Obj) -> None:
         """What a pod the Job controller creates goes through: defaulting, then admission."""
         self._default_tolerations(resource, pod)
+        scheduling_gated(pod)
         self.admission.admit(resource, pod)
 
     def stop(self) -> None:

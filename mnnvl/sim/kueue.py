@@ -11,14 +11,16 @@ default ``UnadmittedWorkloadsObservability`` gives the granular reasons), the Wo
   claim templates ask for is not in ``deviceClassMappings`` (Kueue v0.18+ DRA accounting);
 - ``WaitingForQuota`` / ``ExceedsMaxQuota``: the ClusterQueue's quota (``pods``,
   ``nvidia.com/gpu`` limits, mapped DRA devices) is used by admitted Workloads, or too small;
-- ``TopologyPlacementFailed``: a pod set with ``podset-slice-required-topology`` has fewer free
-  topology domains (e.g. NVLink cliques) with room for a slice than it has slices.
+- ``TopologyPlacementFailed``: a pod set with a topology request (``podset-required-topology``
+  or ``podset-slice-required-topology``) has fewer free topology domains (e.g. NVLink cliques)
+  with room for a slice than it has slices.
 
 When it fits (after ``admission_delay_s``), the Workload gets ``QuotaReserved`` and ``Admitted``
 and the Job is un-suspended: all its pods at once, never part of them (a Workload is admitted
 whole). Re-evaluated whenever a Job, node or Workload changes. Not modelled: flavors beyond one,
-cohorts, preemption, admission checks, priorities; the per-pod topology assignment of a sliced
-pod set is checked at admission but the pods are then placed by the simulator's scheduler.
+cohorts, preemption, admission checks, priorities. A pod set with a topology request is
+admitted with a topology assignment, its pods are created gated and ungated onto their domain
+(:mod:`mnnvl.sim.kueue_tas`).
 """
 
 from __future__ import annotations
@@ -29,18 +31,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from mnnvl.sim import kueue_tas as tas
 from mnnvl.sim.jobstatus import finished
 from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent, now_iso
 
 log = logging.getLogger(__name__)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-SLICE_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
-SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 FLAVOR = "default-flavor"
 TOPOLOGY = "default"
 GPU = "nvidia.com/gpu"
-HOSTNAME = "kubernetes.io/hostname"
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,14 @@ class KueueConfig:
     ``cluster-queue``). ``quotas``: ClusterQueue -> resource -> nominal quota; a ClusterQueue
     absent here does not exist (None: ``cluster-queue`` with ``pods`` = the cluster's nodes).
     ``device_class_mappings``: DeviceClass -> quota resource name (None: every class maps to
-    its own name). Only the resources a ClusterQueue lists are checked.
+    its own name). Only the resources a ClusterQueue lists are checked. ``topology_levels``:
+    the node labels of the flavor's Topology, highest first.
     """
 
     local_queues: dict[str, str] | None = None
     quotas: dict[str, dict[str, int]] | None = None
     device_class_mappings: dict[str, str] | None = None
+    topology_levels: tuple[str, ...] = tas.DEFAULT_LEVELS
 
 
 @dataclass
@@ -84,7 +86,7 @@ class KueueStandIn:
     ) -> None:
         self.store, self.admission_delay_s = store, admission_delay_s
         self.config = config or KueueConfig()
-        self._sub = store.subscribe(["jobs", "nodes", "workloads"])
+        self._sub = store.subscribe(["jobs", "nodes", "workloads", "pods"])
         self._thread: threading.Thread | None = None
         self._seen: dict[str, float] = {}  # job uid -> monotonic time first seen
         self._wake_at = 0.0
@@ -125,7 +127,9 @@ class KueueStandIn:
             for w in self.store.list("workloads")[0]
         }
         used: dict[str, dict[str, int]] = {}
-        taken: set[str] = set()  # nodes of admitted sliced pod sets
+        nodes = self.store.list("nodes")[0]
+        taken: set[str] = set()  # nodes of admitted pod sets with a topology assignment
+        running: list[Obj] = []
         pending: list[tuple[Obj, Obj]] = []
         for job in jobs:
             wl = workloads.get((job["metadata"]["namespace"], job["metadata"]["uid"]))
@@ -142,24 +146,51 @@ class KueueStandIn:
                 cq = used.setdefault(admission["clusterQueue"], {})
                 for res, n in _usage(admission).items():
                     cq[res] = cq.get(res, 0) + n
-                taken.update(_assigned_nodes(admission))
+                taken.update(tas.assigned_nodes(admission, nodes))
+                running.append(wl)
+        for wl in running:  # the topology ungater: pods of admitted Workloads onto their domain
+            tas.ungate(self.store, wl)
         now = time.monotonic()
         for job, wl in pending:
             due = self._seen.setdefault(job["metadata"]["uid"], now) + self.admission_delay_s
             if due > now:
                 self._wake(due - now)
                 continue
-            verdict = self._evaluate(job, used, taken)
+            verdict = self._evaluate(job, used, taken, nodes)
             if verdict.reason:
                 self._set_pending(wl, verdict)
                 continue
             cq = used.setdefault(verdict.cluster_queue, {})
             for res, n in verdict.usage.items():
                 cq[res] = cq.get(res, 0) + n
-            self._admit_workload(job, wl, verdict, taken)
+            request = tas.topology_request(job)
+            placed = tas.place(nodes, request, _count(job), taken) if request else []
+            taken.update(n["metadata"]["name"] for n in placed)
+            self._admit_workload(job, wl, verdict, placed)
 
     def _create_workload(self, job: Obj) -> Obj | None:
         meta = job["metadata"]
+        pod_set: Obj = {
+            "name": "main",
+            "count": int(job["spec"].get("parallelism", 1)),
+            "template": job["spec"]["template"],
+        }
+        request = tas.topology_request(job)
+        if request is not None:
+            notes = job["spec"]["template"]["metadata"]["annotations"]
+            pod_set["topologyRequest"] = {
+                "podIndexLabel": tas.INDEX_LABEL,
+                **(
+                    {"required": notes[tas.REQUIRED_TOPOLOGY]}
+                    if tas.REQUIRED_TOPOLOGY in notes
+                    else {}
+                ),
+                **(
+                    {"podSetSliceRequiredTopology": request[0], "podSetSliceSize": request[1]}
+                    if tas.SLICE_TOPOLOGY in notes
+                    else {}
+                ),
+            }
         body = {
             "metadata": {
                 "name": workload_name(job),
@@ -178,13 +209,7 @@ class KueueStandIn:
             },
             "spec": {
                 "queueName": (meta.get("labels") or {})[QUEUE_LABEL],
-                "podSets": [
-                    {
-                        "name": "main",
-                        "count": int(job["spec"].get("parallelism", 1)),
-                        "template": job["spec"]["template"],
-                    }
-                ],
+                "podSets": [pod_set],
             },
         }
         try:
@@ -201,7 +226,9 @@ class KueueStandIn:
             quotas = {"cluster-queue": {"pods": len(self.store.list("nodes")[0])}}
         return self.config.local_queues, quotas
 
-    def _evaluate(self, job: Obj, used: dict[str, dict[str, int]], taken: set[str]) -> _Verdict:
+    def _evaluate(
+        self, job: Obj, used: dict[str, dict[str, int]], taken: set[str], nodes: list[Obj]
+    ) -> _Verdict:
         local_queues, quotas = self._queues()
         lq = job["metadata"]["labels"][QUEUE_LABEL]
         cq = "cluster-queue" if local_queues is None else local_queues.get(lq, "")
@@ -227,9 +254,9 @@ class KueueStandIn:
                     f"couldn't assign flavors to pod set main: insufficient unused quota for "
                     f"{res} in flavor {FLAVOR}, {want + have - nominal} more needed",
                 )
-        sliced = _slices(job)
-        if sliced is not None and self._place_slices(job, sliced, taken) is None:
-            count, size = int(job["spec"].get("parallelism", 1)), sliced[1]
+        request = tas.topology_request(job)
+        if request is not None and not tas.place(nodes, request, _count(job), taken):
+            count, size = _count(job), request[1]
             return _Verdict(
                 "TopologyPlacementFailed",
                 f"couldn't assign flavors to pod set main: topology {TOPOLOGY!r} doesn't allow "
@@ -266,25 +293,6 @@ class KueueStandIn:
                 per_pod[name] = per_pod.get(name, 0) + int(exactly.get("count", 1))
         return {res: n * count for res, n in per_pod.items()}, ""
 
-    def _place_slices(self, job: Obj, sliced: tuple[str, int], taken: set[str]) -> list[str] | None:
-        """Nodes for every slice, each slice inside one domain of the topology level (most
-        free nodes first, as Kueue's default BestFit starts from the largest domain), or None."""
-        level, size = sliced
-        free: dict[str, list[str]] = {}
-        for node in self.store.list("nodes")[0]:
-            domain = (node["metadata"].get("labels") or {}).get(level)
-            name = node["metadata"]["name"]
-            if domain and name not in taken and not node["spec"].get("unschedulable"):
-                free.setdefault(domain, []).append(name)
-        chosen: list[str] = []
-        for _ in range(int(job["spec"].get("parallelism", 1)) // size):
-            domain = max(free, key=lambda d: len(free[d]), default=None)
-            if domain is None or len(free[domain]) < size:
-                return None
-            chosen += free[domain][:size]
-            free[domain] = free[domain][size:]
-        return chosen
-
     # ---- writes -----------------------------------------------------------------------------
 
     def _set_pending(self, wl: Obj, verdict: _Verdict) -> None:
@@ -310,11 +318,12 @@ class KueueStandIn:
         meta = wl["metadata"]
         self.store.mutate("workloads", meta["namespace"], meta["name"], write)
 
-    def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict, taken: set[str]) -> None:
-        sliced = _slices(job)
-        nodes = self._place_slices(job, sliced, taken) if sliced is not None else []
-        taken.update(nodes or [])
+    def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict, placed: list[Obj]) -> None:
+        """Admit with the topology assignment of ``placed`` (one node per pod, in rank order;
+        [] without a topology request), then start the Job as Kueue's Job reconciler does."""
         stamp = now_iso()
+        levels = self.config.topology_levels
+        topology = {"topologyAssignment": tas.assignment(levels, placed)} if placed else {}
         admission = {
             "clusterQueue": verdict.cluster_queue,
             "podSetAssignments": [
@@ -323,7 +332,7 @@ class KueueStandIn:
                     "flavors": {res: FLAVOR for res in verdict.usage},
                     "resourceUsage": {res: str(n) for res, n in verdict.usage.items()},
                     "count": int(job["spec"].get("parallelism", 1)),
-                    **({"topologyAssignment": _topology(nodes)} if nodes else {}),
+                    **topology,
                 }
             ],
         }
@@ -349,7 +358,14 @@ class KueueStandIn:
 
         meta = wl["metadata"]
         self.store.mutate("workloads", meta["namespace"], meta["name"], write)
-        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], _unsuspend)
+        gated = bool(placed)
+
+        def start(o: Obj) -> None:  # RunWithPodSetsInfo: unsuspend, merge the pod set info
+            o["spec"]["suspend"] = False
+            if gated:
+                tas.gate_template(o["spec"]["template"], meta["name"])
+
+        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], start)
 
     def _wake(self, delay_s: float) -> None:
         at = time.monotonic() + delay_s
@@ -362,12 +378,8 @@ class KueueStandIn:
         timer.start()
 
 
-def _slices(job: Obj) -> tuple[str, int] | None:
-    """(topology level, slice size) of a sliced pod set; None when it has none."""
-    notes = (job["spec"]["template"].get("metadata") or {}).get("annotations") or {}
-    if SLICE_TOPOLOGY not in notes:
-        return None
-    return notes[SLICE_TOPOLOGY], max(1, int(notes.get(SLICE_SIZE, "1")))
+def _count(job: Obj) -> int:
+    return int(job["spec"].get("parallelism", 1))
 
 
 def _usage(admission: Obj) -> dict[str, int]:
@@ -376,23 +388,3 @@ def _usage(admission: Obj) -> dict[str, int]:
         for res, n in (psa.get("resourceUsage") or {}).items():
             total[res] = total.get(res, 0) + int(n)
     return total
-
-
-def _topology(nodes: list[str]) -> Obj:
-    """A per-node topology assignment (Kueue v1beta1's shape; the stand-in's only level)."""
-    return {
-        "levels": [HOSTNAME],
-        "domains": [{"values": [node], "count": 1} for node in nodes],
-    }
-
-
-def _assigned_nodes(admission: Obj) -> list[str]:
-    return [
-        d["values"][0]
-        for psa in admission.get("podSetAssignments") or []
-        for d in (psa.get("topologyAssignment") or {}).get("domains") or []
-    ]
-
-
-def _unsuspend(o: Obj) -> None:
-    o["spec"]["suspend"] = False

@@ -177,18 +177,16 @@ class Scheduler:
 
     # ----- scheduling ------------------------------------------------------------------
     def _schedule_pending(self) -> None:
-        pods, _ = self.store.list(
-            "pods",
-            None,
-            lambda o: not o["spec"].get("nodeName") and not o["metadata"].get("deletionTimestamp"),
-        )
+        pods, _ = self.store.list("pods", None, _unbound)
         now = time.monotonic()
         self.rng.shuffle(pods)
         pods.sort(key=lambda p: -int(p["spec"].get("priority") or 0))  # stable: ties stay shuffled
         seen = {p["metadata"]["uid"] for p in pods}
         self._first_seen = {u: t for u, t in self._first_seen.items() if u in seen}
         for pod in pods:
-            claims = self._ensure_claims(pod)
+            claims = self._ensure_claims(pod)  # the claim controller does not wait for gates
+            if pod["spec"].get("schedulingGates"):
+                continue  # the SchedulingGates PreEnqueue plugin: not tried until ungated
             due = self._first_seen.setdefault(pod["metadata"]["uid"], now) + (
                 self.faults.schedule_delay_s
             )
@@ -299,6 +297,10 @@ class Scheduler:
             f"Successfully assigned {ns}/{name} to {node}",
             "default-scheduler",
         )
+
+
+def _unbound(pod: Obj) -> bool:
+    return not (pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"))
 
 
 def missing_claim(store: Store, pod: Obj) -> str:

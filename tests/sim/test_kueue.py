@@ -20,6 +20,7 @@ from mnnvl.errors import WaitTimeout, WorkloadFailed
 from mnnvl.names import RunNames
 from mnnvl.sim import SimCluster
 from mnnvl.sim.kueue import KueueConfig
+from mnnvl.sim.kueue_tas import CLIQUE, HOSTNAME, INDEX_LABEL
 from mnnvl.spec import DomainSpec, WorkloadSpec
 from tests.sim.test_rbac_least_privilege import role_rules
 
@@ -78,10 +79,13 @@ class Run:
         assert [o for o in self.sim.objects() if names.base in o[2]] == []
 
 
-def _sim(config: KueueConfig, nodes: int = 2, cliques: int = 1) -> SimCluster:
+def _sim(
+    config: KueueConfig, nodes: int = 2, cliques: int = 1, seed: int | None = None
+) -> SimCluster:
     return SimCluster(
         nodes=nodes,
         cliques=cliques,
+        scheduler_seed=seed,
         local_gpus=[],
         imex_delay_s=0.1,
         schedule_delay_s=0.05,
@@ -231,10 +235,36 @@ def _workloads(sim: Any) -> list[Any]:
     return [o for o in sim.objects() if o[0] == "Workload"]
 
 
-def test_clique_groups_admitted_together_run_one_group_per_clique(run_on) -> None:
-    config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 4}})
+@pytest.mark.parametrize(
+    "levels", [(CLIQUE, HOSTNAME), (CLIQUE,)], ids=["topology-clique-host", "topology-clique"]
+)
+def test_clique_groups_admitted_together_run_one_group_per_clique(run_on, levels) -> None:
+    # One Job of 4 pods, slices of 2 (one clique group each) on 2 cliques of 2 nodes. Kueue's
+    # TAS puts each slice in one clique; the scheduler's random tie-breaks alone would put a
+    # slice across both. With the Topology's lowest level the host, the pods are pinned to
+    # nodes; with the clique level only, the scheduler picks nodes inside the clique.
+    config = KueueConfig(
+        local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 4}}, topology_levels=levels
+    )
     gang = {"queue_name": "team", "nodes": 4, "nodes_per_clique": 2, "topology_aware": True}
-    with _sim(config, nodes=4, cliques=2) as sim, run_on(sim, **gang) as r:
-        outcome = r.launch()
-        assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
-        assert r.pods_created() == 4
+    for seed in range(3):
+        with _sim(config, nodes=4, cliques=2, seed=seed) as sim, run_on(sim, **gang) as r:
+            outcome = r.launch()
+            assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
+            assert r.pods_created() == 4
+            slices = _cliques_by_slice(sim, r.run_id, slice_size=2)
+            assert all(len(c) == 1 for c in slices.values()), f"seed {seed}: {slices}"
+            assert slices[0] != slices[1], f"seed {seed}: both slices in {slices[0]}"
+
+
+def _cliques_by_slice(sim: SimCluster, run_id: str, slice_size: int) -> dict[int, set[str]]:
+    """slice (completion index // slice size) -> the cliques its pods ran in."""
+    nodes = sim.store.list("nodes")[0]
+    clique = {n["metadata"]["name"]: n["metadata"]["labels"][CLIQUE] for n in nodes}
+    base = RunNames.for_run(run_id).base
+    slices: dict[int, set[str]] = {}
+    for pod in sim.store.list("pods")[0]:
+        if pod["metadata"]["name"].startswith(base) and pod["spec"].get("nodeName"):
+            index = int(pod["metadata"]["labels"][INDEX_LABEL])
+            slices.setdefault(index // slice_size, set()).add(clique[pod["spec"]["nodeName"]])
+    return slices

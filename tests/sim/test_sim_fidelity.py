@@ -190,6 +190,32 @@ def test_unschedulable_pod_is_bound_once_capacity_frees(raw: Raw) -> None:
         raw.call("DELETE", f"/api/v1/namespaces/default/pods/{name}", gracePeriodSeconds=0)
 
 
+def test_gated_pod_is_never_scheduled_until_its_last_gate_is_removed(raw: Raw) -> None:
+    body = pod_body("gated")
+    body["spec"]["schedulingGates"] = [{"name": "example.com/a"}, {"name": "example.com/b"}]
+    created = raw.create_pod(body)
+    # kube-apiserver marks a gated pod on create; the scheduler never tries it.
+    assert created["status"]["conditions"] == [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "SchedulingGated",
+            "message": "Scheduling is blocked due to non-empty scheduling gates",
+            "lastProbeTime": None,
+            "lastTransitionTime": created["status"]["conditions"][0]["lastTransitionTime"],
+        }
+    ]
+    path = "/api/v1/namespaces/default/pods/gated"
+    raw.call("PATCH", path, {"spec": {"schedulingGates": [{"name": "example.com/b"}]}})
+    time.sleep(1.0)  # four times the scheduler's delay: an ungated pod would be bound by now
+    pod = raw.pod("gated")
+    assert "nodeName" not in pod["spec"]
+    assert [c["reason"] for c in pod["status"]["conditions"]] == ["SchedulingGated"]
+    raw.call("PATCH", path, {"spec": {"schedulingGates": None}})
+    wait_for(lambda: raw.pod("gated")["spec"].get("nodeName"), what="gated pod bound")
+    raw.call("DELETE", path, gracePeriodSeconds=0)
+
+
 # ---- deletion -------------------------------------------------------------------------------
 
 TRAP_TERM = (
