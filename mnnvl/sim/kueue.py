@@ -134,7 +134,9 @@ class KueueStandIn:
         for job in jobs:
             wl = workloads.get((job["metadata"]["namespace"], job["metadata"]["uid"]))
             if wl is None:
-                if finished(job.get("status") or {}):
+                # Kueue makes no Workload for a finished Job or one being deleted (a new one
+                # would be a dependent that holds up the Job's foreground deletion).
+                if finished(job.get("status") or {}) or job["metadata"].get("deletionTimestamp"):
                     continue
                 wl = self._create_workload(job)
                 if wl is None:

@@ -139,7 +139,21 @@ class Store(Deletion):
             self._objs[key] = obj
             self._uids[meta["uid"]] = key
             self._emit("ADDED", key, obj)
-            return clone(obj)
+            created = clone(obj)
+            # The garbage collector deletes a dependent that appears while its owner waits in
+            # foreground deletion, as it deleted the ones there were (it would block the owner).
+            if any(
+                self._in_foreground_deletion(str(r.get("uid")))
+                for r in meta.get("ownerReferences") or []
+            ):
+                self.delete(resource, ns, name, "Foreground")
+            return created
+
+    def _in_foreground_deletion(self, uid: str) -> bool:
+        key = self._uids.get(uid)
+        return key is not None and FOREGROUND in (
+            self._objs[key]["metadata"].get("finalizers") or []
+        )
 
     def update(
         self,
