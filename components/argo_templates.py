@@ -26,8 +26,9 @@ from hera.workflows import models as m
 from mnnvl import surface
 from mnnvl.components import launcher_pod as lp
 from mnnvl.contract import exit_codes
-from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
-from mnnvl.surface import ARGO, Input
+from mnnvl.defaults import DEFAULT_LAUNCHER_IMAGE
+from mnnvl.spec import ARGO
+from mnnvl.surface import Input
 
 RUN_ID = "{{workflow.uid}}"
 RESULT_PATH = "/tmp/result.json"

@@ -15,7 +15,7 @@ from typing import List
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Metrics, Output
 
-from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
+from mnnvl.defaults import DEFAULT_LAUNCHER_IMAGE
 
 LAUNCHER_IMAGE = DEFAULT_LAUNCHER_IMAGE
 

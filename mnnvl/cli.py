@@ -23,9 +23,10 @@ from types import FrameType
 from typing import Any
 
 from mnnvl import baselines, flags, steps, surface
-from mnnvl import spec as specs
+from mnnvl.checks import check_range, parse_list
 from mnnvl.cli_parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
+from mnnvl.defaults import MAX_GPUS_PER_NODE
 from mnnvl.driver.inspect import status_lines
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.manifests import indexed_job, render_run
@@ -111,7 +112,7 @@ def _json_words(text: str) -> list[str]:
         raise SpecError("command", f"--command-json {text!r} is not JSON ({e})") from None
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise SpecError("command", f"--command-json {text!r} is not a JSON list of strings")
-    return list(specs.parse_list(words, "command"))
+    return list(parse_list(words, "command"))
 
 
 def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
@@ -254,10 +255,10 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
-    specs.check_range("nodes", ns.nodes, 1, 1024, integer=True)
-    specs.check_range("gpus_per_node", ns.gpus_per_node, 0, specs.MAX_GPUS_PER_NODE, integer=True)
-    specs.check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
-    specs.check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
+    check_range("nodes", ns.nodes, 1, 1024, integer=True)
+    check_range("gpus_per_node", ns.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
+    check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
+    check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
     from mnnvl.sim import serve
 
     # The simulator announces itself on stdout; stdout is reserved for our one result line.

@@ -12,7 +12,9 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from mnnvl.spec import MAX_GROUPS, PURPOSES, SpecError, check_run_id
+from mnnvl.checks import check_run_id
+from mnnvl.defaults import MAX_GROUPS, PURPOSES
+from mnnvl.errors import SpecError
 
 MANAGED_BY = "mnnvl-pipelines"
 PART_OF = "mnnvl-pipelines"

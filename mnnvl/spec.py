@@ -14,15 +14,24 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from mnnvl.checks import (
-    ALLOCATION_MODES,
     CHECKPOINTING_HELP,
-    DEFAULT_IMAGE,
-    DEFAULT_LAUNCHER_IMAGE,
-    DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
+    check_choice,
+    check_dns_label,
+    check_env,
+    check_image,
+    check_label_key,
+    check_label_value,
+    check_range,
+    check_run_id,
+    parse_checkpointing,
+    parse_toleration,
+)
+from mnnvl.defaults import (
+    ALLOCATION_MODES,
+    DEFAULT_IMAGE,
     DTYPES,
     GPU_MODES,
-    LABEL_VALUE,
     MAX_GPUS_PER_NODE,
     MAX_GROUPS,
     MAX_NODES,
@@ -33,63 +42,10 @@ from mnnvl.checks import (
     PRESET_TRAIN_DEFAULTS,
     PURPOSES,
     SWITCHES,
-    check_choice,
-    check_dns_label,
-    check_env,
-    check_image,
-    check_label_key,
-    check_label_value,
-    check_range,
-    check_run_id,
-    list_items,
-    parse_bytes,
-    parse_checkpointing,
-    parse_env,
-    parse_list,
-    parse_toleration,
 )
-from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
 from mnnvl.namespace import FALLBACK_NAMESPACE
 from mnnvl.storage import parse_pvc
-
-__all__ = [
-    "ALLOCATION_MODES",
-    "DEFAULT_IMAGE",
-    "DEFAULT_LAUNCHER_IMAGE",
-    "DNS1123_LABEL",
-    "DNS1123_SUBDOMAIN",
-    "DTYPES",
-    "GPU_MODES",
-    "LABEL_VALUE",
-    "MAX_GPUS_PER_NODE",
-    "MAX_GROUPS",
-    "MAX_NODES",
-    "MODEL_PRESETS",
-    "NCCL_PROFILES",
-    "PURPOSES",
-    "DomainSpec",
-    "LaunchSpec",
-    "OwnerRef",
-    "SpecError",
-    "TrainConfig",
-    "VerifyConfig",
-    "WorkloadSpec",
-    "check_choice",
-    "check_dns_label",
-    "check_env",
-    "check_image",
-    "check_label_key",
-    "check_label_value",
-    "check_range",
-    "check_run_id",
-    "list_items",
-    "opt",
-    "parse_bytes",
-    "parse_env",
-    "parse_list",
-    "parse_toleration",
-]
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
 DEFAULT_WARMUP_STEPS = 5
@@ -310,11 +266,6 @@ class WorkloadSpec:
             )
         check_choice("nccl_profile", self.nccl_profile, NCCL_PROFILES)
         check_env("env", self.env)
-        for name in self.env:
-            if name in contract_env.JOB_OWNED:
-                raise SpecError(f"env.{name}", "is set by the Job itself; remove it")
-            if name in contract_env.PINNED:
-                raise SpecError(f"env.{name}", "is pinned by the machine and must not be set")
         check_range("rdzv_port", self.rdzv_port, 1024, 65535, integer=True)
         check_range("api_outage_s", self.api_outage_s, 0, 86400)
         if self.service_account:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnnvl.checks import check_dns_label
 from mnnvl.contract.result import NOT_JUDGED, schema_problems, verdict_accepted
 from mnnvl.driver import (
     Api,
@@ -42,7 +43,6 @@ from mnnvl.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
-    check_dns_label,
 )
 from mnnvl.storage import check_shared_storage
 

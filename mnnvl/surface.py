@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from mnnvl.checks import parse_bytes, parse_env, parse_list
 from mnnvl.errors import SpecError
 from mnnvl.spec import (
     ARGO,
@@ -31,9 +32,6 @@ from mnnvl.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
-    parse_bytes,
-    parse_env,
-    parse_list,
 )
 from mnnvl.storage import check_shared_storage
 

@@ -30,8 +30,9 @@ from hera.workflows import models as m
 from mnnvl import surface
 from mnnvl.components import argo_templates as t
 from mnnvl.components import launcher_pod as lp
+from mnnvl.defaults import DEFAULT_LAUNCHER_IMAGE
 from mnnvl.names import LABEL_PART_OF, PART_OF
-from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
+from mnnvl.spec import ARGO
 
 TEMPLATE_NAME = "mnnvl-training"
 LAUNCH_TEMPLATE_NAME = "mnnvl-launch"
@@ -84,7 +85,7 @@ def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
 
 def _arguments(plan: surface.Pipeline, task: surface.Task, template: Container) -> dict[str, str]:
     """Each template input from its workflow parameter, or the task's fixed value."""
-    by_input = {i.kebab: i for i in surface.step_inputs(task.step, surface.ARGO)}
+    by_input = {i.kebab: i for i in surface.step_inputs(task.step, ARGO)}
     args: dict[str, str] = {}
     for param in template.inputs if isinstance(template.inputs, list) else []:
         name = str(getattr(param, "name", ""))

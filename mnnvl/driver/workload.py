@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mnnvl.contract.result import parse_result as worker_result
+from mnnvl.defaults import PURPOSES
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import container_started, pod_index
 from mnnvl.driver.errors import ConflictError, MnnvlError, WorkloadFailed
@@ -33,7 +34,7 @@ from mnnvl.manifests import (
     wants_gpu_claim,
 )
 from mnnvl.names import RunNames
-from mnnvl.spec import PURPOSES, WorkloadSpec
+from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)
 

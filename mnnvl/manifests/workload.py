@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from mnnvl.checks import parse_toleration
 from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
@@ -19,7 +20,7 @@ from mnnvl.errors import SpecError
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
 from mnnvl.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
-from mnnvl.spec import WorkloadSpec, parse_toleration
+from mnnvl.spec import WorkloadSpec
 from mnnvl.storage import parse_pvc
 
 CONTAINER = "worker"

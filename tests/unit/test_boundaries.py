@@ -86,6 +86,7 @@ LAYER_OF = {
     "mnnvl.ctrf": "report",
     "mnnvl": "base",
     "mnnvl.checks": "inputs",
+    "mnnvl.defaults": "inputs",
     "mnnvl.storage": "inputs",
     "mnnvl.spec": "inputs",
     "mnnvl.names": "inputs",
@@ -198,3 +199,72 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# ---- the input layer: pure validators, each name imported from the module that defines it ----
+
+ROOT = PACKAGE.parent
+SOURCES = ("mnnvl", "components", "pipelines", "tests", "bench", "examples", "scripts")
+
+
+def defined_names(path: Path) -> set[str]:
+    """Names a module defines at its top level (not the ones it imports)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_checks_holds_pure_validators_only() -> None:
+    """Defaults, presets and choice tables live in ``defaults``; the checks read no file or
+    environment: every top-level value of the module is a pattern or a message."""
+    path = ROOT / Path(*next(m for m in LAYER_OF if m.endswith(".checks")).split("."))
+    tree = ast.parse(path.with_suffix(".py").read_text())
+
+    def pattern_or_text(value: ast.expr) -> bool:
+        text = isinstance(value, ast.Constant) and isinstance(value.value, str)
+        compiled = isinstance(value, ast.Call) and ast.unparse(value.func) == "re.compile"
+        return text or compiled or isinstance(value, ast.JoinedStr)
+
+    tables = [
+        ast.unparse(t)
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        and node.value is not None
+        and not pattern_or_text(node.value)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+    ]
+    io = [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Name) and node.id in {"open", "environ", "getenv"})
+        or (isinstance(node, ast.Import) and {a.name for a in node.names} & {"os", "pathlib", "io"})
+    ]
+    assert tables == [] and io == []
+
+
+def test_input_names_are_imported_from_the_module_that_defines_them() -> None:
+    """No re-exports in the input layer: ``from mnnvl.spec import X`` only for what spec
+    defines, so each name has one home to read and to change."""
+    homes = {
+        m: ROOT / Path(*m.split(".")).with_suffix(".py")
+        for m, layer_name in LAYER_OF.items()
+        if layer_name == "inputs"
+    }
+    defined = {m: defined_names(p) for m, p in homes.items() if p.exists()}
+    wrong = []
+    for path in (p for top in SOURCES for p in (ROOT / top).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in defined:
+                wrong += [
+                    f"{path.relative_to(ROOT)}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name not in defined[node.module]
+                ]
+    assert wrong == []

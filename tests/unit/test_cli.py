@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from mnnvl import cli
+from mnnvl.checks import DNS1123_LABEL
 from mnnvl.cli_help import COMMANDS
 from mnnvl.names import LABEL_RUN_ID, RunNames
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DNS1123_LABEL
 
 RENDER = ["render", "--run-id", "demo-run", "--namespace", "team-a", "--nodes", "2"]
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from mnnvl import namespace
+from mnnvl.checks import parse_bytes, parse_env
 from mnnvl.errors import SpecError
 from mnnvl.flags import add_arguments, from_namespace, to_args
 from mnnvl.spec import (
@@ -18,8 +19,6 @@ from mnnvl.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
-    parse_bytes,
-    parse_env,
 )
 
 RUN = "run-1"
