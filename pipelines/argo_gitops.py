@@ -21,7 +21,7 @@ from hera.workflows import Container, CronWorkflow, Parameter
 from hera.workflows import models as m
 
 from mnnvl.components import argo_templates as t
-from mnnvl.defaults import DEFAULT_LAUNCHER_IMAGE
+from mnnvl.inputs.defaults import DEFAULT_LAUNCHER_IMAGE
 from mnnvl.pipelines import argo_workflow as aw
 
 VERIFY_ONLY_NAME = "mnnvl-verify-only"

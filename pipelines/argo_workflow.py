@@ -1,7 +1,7 @@
 """Argo Workflows: one WorkflowTemplate per pipeline, ``mnnvl-launch``, and a Workflow.
 
 ``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom`` run the DAGs of
-``mnnvl.surface.PIPELINES`` (the same tasks and parameters as the KFP pipelines); ``onExit``
+``mnnvl.inputs.surface.PIPELINES`` (the same tasks and parameters as the KFP pipelines); ``onExit``
 runs teardown. ``mnnvl-launch`` holds the step templates only (entrypoint ``launch``), for
 ``templateRef`` from your own workflows. The run id is ``{{workflow.uid}}``, so the exit
 handler derives the same object names as the steps. The first task validates every workflow
@@ -27,12 +27,12 @@ from typing import Any
 from hera.workflows import DAG, Container, Parameter, Task, Workflow, WorkflowTemplate
 from hera.workflows import models as m
 
-from mnnvl import surface
 from mnnvl.components import argo_templates as t
 from mnnvl.components import launcher_pod as lp
-from mnnvl.defaults import DEFAULT_LAUNCHER_IMAGE
-from mnnvl.names import LABEL_PART_OF, PART_OF
-from mnnvl.spec import ARGO
+from mnnvl.inputs import surface
+from mnnvl.inputs.defaults import DEFAULT_LAUNCHER_IMAGE
+from mnnvl.inputs.names import LABEL_PART_OF, PART_OF
+from mnnvl.inputs.spec import ARGO
 
 TEMPLATE_NAME = "mnnvl-training"
 LAUNCH_TEMPLATE_NAME = "mnnvl-launch"

@@ -31,9 +31,9 @@ import yaml
 
 import mnnvl
 from mnnvl import components as components_pkg
-from mnnvl.checks import check_image
-from mnnvl.defaults import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE
 from mnnvl.errors import SpecError
+from mnnvl.inputs.checks import check_image
+from mnnvl.inputs.defaults import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from mnnvl.contract.result import parse_result as worker_result
-from mnnvl.defaults import PURPOSES
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import container_started, pod_index
 from mnnvl.driver.errors import ConflictError, MnnvlError, WorkloadFailed
@@ -25,6 +24,9 @@ from mnnvl.driver.ownership import (
     owned_by_run,
 )
 from mnnvl.driver.wait import Deadline, Objects, wait_for
+from mnnvl.inputs.defaults import PURPOSES
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import (
     CONTAINER,
     JOB_NAME_LABEL,
@@ -33,8 +35,6 @@ from mnnvl.manifests import (
     indexed_jobs,
     wants_gpu_claim,
 )
-from mnnvl.names import RunNames
-from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from kfp import compiler, components, dsl
 
-from mnnvl import defaults
 from mnnvl.components import kfp_components as kc
+from mnnvl.inputs import defaults
 from mnnvl.pipelines import kfp_pipeline as kp
 
 RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"

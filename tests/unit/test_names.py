@@ -8,9 +8,9 @@ import string
 
 import pytest
 
-from mnnvl.defaults import MAX_NODES, PURPOSES
 from mnnvl.errors import SpecError
-from mnnvl.names import (
+from mnnvl.inputs.defaults import MAX_NODES, PURPOSES
+from mnnvl.inputs.names import (
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_PART_OF,

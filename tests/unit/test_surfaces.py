@@ -11,16 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
-from mnnvl import surface
-from mnnvl.cli import build_parser
+from mnnvl.cli.main import build_parser
 from mnnvl.components import argo_templates as at
 from mnnvl.components import kfp_components as kc
 from mnnvl.errors import SpecError
-from mnnvl.flags import from_namespace
-from mnnvl.pipelines import argo_workflow as aw
-from mnnvl.pipelines import kfp_pipeline as kp
-from mnnvl.pipelines.compile import COMPILED_DIR
-from mnnvl.spec import (
+from mnnvl.inputs import surface
+from mnnvl.inputs.flags import from_namespace
+from mnnvl.inputs.spec import (
     ARGO,
     CLI,
     KFP,
@@ -30,6 +27,9 @@ from mnnvl.spec import (
     VerifyConfig,
     WorkloadSpec,
 )
+from mnnvl.pipelines import argo_workflow as aw
+from mnnvl.pipelines import kfp_pipeline as kp
+from mnnvl.pipelines.compile import COMPILED_DIR
 
 STEP_COMPONENT = {
     "provision": kc.provision_domain,

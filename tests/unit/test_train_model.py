@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from mnnvl import defaults, spec
 from mnnvl.errors import SpecError
+from mnnvl.inputs import defaults, spec
 from mnnvl.runtime import metrics
 from mnnvl.runtime.data import SyntheticBatches, TokenFileBatches, build_batches, write_token_file
 from mnnvl.runtime.model import PRESETS, build_model, flops_per_token, param_count, preset

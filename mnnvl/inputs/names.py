@@ -12,9 +12,9 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from mnnvl.checks import check_run_id
-from mnnvl.defaults import MAX_GROUPS, PURPOSES
 from mnnvl.errors import SpecError
+from mnnvl.inputs.checks import check_run_id
+from mnnvl.inputs.defaults import MAX_GROUPS, PURPOSES
 
 MANAGED_BY = "mnnvl-pipelines"
 PART_OF = "mnnvl-pipelines"

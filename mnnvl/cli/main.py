@@ -22,18 +22,19 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from mnnvl import baselines, flags, steps, surface
-from mnnvl.checks import check_range, parse_list
-from mnnvl.cli_parser import UsageError, build_parser
+from mnnvl import steps
+from mnnvl.cli.parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
-from mnnvl.defaults import MAX_GPUS_PER_NODE
 from mnnvl.driver.inspect import status_lines
 from mnnvl.errors import MnnvlError, SpecError
+from mnnvl.inputs import baselines, flags, surface
+from mnnvl.inputs.checks import check_range, parse_list
+from mnnvl.inputs.defaults import MAX_GPUS_PER_NODE
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.namespace import resolve_namespace
+from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.manifests import indexed_job, render_run
-from mnnvl.names import RunNames
-from mnnvl.namespace import resolve_namespace
 from mnnvl.run import PlannedTask, plan, run_all, run_inputs
-from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")

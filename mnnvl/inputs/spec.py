@@ -2,8 +2,8 @@
 
 The dataclasses are frozen and validate in ``__post_init__``; nothing talks to a cluster
 or imports a heavy library. Each field is declared once with its help text and the
-surfaces that expose it (``opt``); the CLI flags (``mnnvl.flags``), the KFP component
-signatures and the Argo template inputs and workflow parameters (``mnnvl.surface``) are
+surfaces that expose it (``opt``); the CLI flags (``mnnvl.inputs.flags``), the KFP component
+signatures and the Argo template inputs and workflow parameters (``mnnvl.inputs.surface``) are
 all produced from these declarations.
 """
 
@@ -13,7 +13,8 @@ import re
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-from mnnvl.checks import (
+from mnnvl.errors import SpecError
+from mnnvl.inputs.checks import (
     CHECKPOINTING_HELP,
     DNS1123_SUBDOMAIN,
     check_choice,
@@ -27,7 +28,7 @@ from mnnvl.checks import (
     parse_checkpointing,
     parse_toleration,
 )
-from mnnvl.defaults import (
+from mnnvl.inputs.defaults import (
     ALLOCATION_MODES,
     DEFAULT_IMAGE,
     DTYPES,
@@ -43,9 +44,8 @@ from mnnvl.defaults import (
     PURPOSES,
     SWITCHES,
 )
-from mnnvl.errors import SpecError
-from mnnvl.namespace import FALLBACK_NAMESPACE
-from mnnvl.storage import parse_pvc
+from mnnvl.inputs.namespace import FALLBACK_NAMESPACE
+from mnnvl.inputs.storage import parse_pvc
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
 DEFAULT_WARMUP_STEPS = 5
@@ -456,7 +456,7 @@ class VerifyConfig:
     """NVLink/NCCL verification (runs in worker pods as ``python -m mnnvl.runtime.verify``).
 
     Sizes of 0 mean "pick for the device": 1 MiB..4 GiB on GPUs, 1 KiB..1 MiB on CPU.
-    ``min_busbw_gbps`` of 0 means "a matching baseline (``mnnvl.baselines``) x (1 - its
+    ``min_busbw_gbps`` of 0 means "a matching baseline (``mnnvl.inputs.baselines``) x (1 - its
     tolerance), else derive the threshold from the detected topology" (active links x
     per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
     NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.

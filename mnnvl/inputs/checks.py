@@ -1,8 +1,8 @@
 """Checks and parsers for input values: each bad value raises ``SpecError`` naming the field.
 
 Pure functions of their arguments (no defaults, no environment, no files); the values they
-check against come from ``mnnvl.defaults`` and ``mnnvl.contract``. Standard library only;
-``mnnvl.spec`` builds its validated dataclasses from these.
+check against come from ``mnnvl.inputs.defaults`` and ``mnnvl.contract``. Standard library only;
+``mnnvl.inputs.spec`` builds its validated dataclasses from these.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import math
 import re
 
 from mnnvl.contract import env as contract_env
-from mnnvl.defaults import TAINT_EFFECTS
 from mnnvl.errors import SpecError
+from mnnvl.inputs.defaults import TAINT_EFFECTS
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -1,7 +1,7 @@
 """Every input of every step and pipeline, derived from the spec dataclasses' field metadata.
 
-One declaration per input (``mnnvl.spec.opt``: default, help, surfaces) feeds three surfaces:
-the CLI flags (``mnnvl.flags``), the KFP component signatures and pipeline parameters
+One declaration per input (``mnnvl.inputs.spec.opt``: default, help, surfaces) feeds three surfaces:
+the CLI flags (``mnnvl.inputs.flags``), the KFP component signatures and pipeline parameters
 (generated ``mnnvl.components.kfp_components``, ``mnnvl.pipelines.kfp_pipeline``) and the
 Argo template inputs and workflow parameters (``mnnvl.components.argo_templates``,
 ``mnnvl.pipelines.argo_workflow``). Where a step or a pipeline uses another default than the
@@ -20,9 +20,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from mnnvl.checks import parse_bytes, parse_env, parse_list
 from mnnvl.errors import SpecError
-from mnnvl.spec import (
+from mnnvl.inputs.checks import parse_bytes, parse_env, parse_list
+from mnnvl.inputs.spec import (
     ARGO,
     CLI,
     EVERY_SURFACE,
@@ -33,7 +33,7 @@ from mnnvl.spec import (
     VerifyConfig,
     WorkloadSpec,
 )
-from mnnvl.storage import check_shared_storage
+from mnnvl.inputs.storage import check_shared_storage
 
 EVERY = EVERY_SURFACE
 SIZE_FIELDS = frozenset({"min_bytes", "max_bytes", "judge_min_bytes"})
