@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from mnnvl import steps
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, WorkloadSpec
 
 GOAL = 40
 NODES = 18

@@ -25,8 +25,8 @@ from typing import Any
 
 from mnnvl import steps
 from mnnvl.driver import workload as driver_workload
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, WorkloadSpec
 
 # Group 0's index 0 is rank 0: it prints the RESULT the launcher reads.
 TRIVIAL = [

@@ -14,8 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from mnnvl import steps
+from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec
 
 RUNS = 100
 GOAL_WALL_S = 10.0

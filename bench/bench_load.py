@@ -33,8 +33,8 @@ from mnnvl import steps
 from mnnvl.driver.api import JOB, SERVICE, Api
 from mnnvl.driver.lifecycle import wait_for_job
 from mnnvl.driver.ownership import create_or_adopt
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.manifests import headless_service, indexed_job
-from mnnvl.spec import DomainSpec, WorkloadSpec
 
 TRIVIAL = ["python3", "-c", "print('RESULT {\"ok\": true}')"]
 STEPS = ("provision", "launch", "teardown")

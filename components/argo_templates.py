@@ -1,4 +1,4 @@
-"""Argo Workflows (hera) container templates for the steps, with inputs from ``mnnvl.surface``.
+"""Argo Workflows (hera) container templates for the steps, inputs from ``mnnvl.inputs.surface``.
 
 Each template runs ``mnnvl <step> --run-id {{workflow.uid}} ...`` in the launcher image and
 exposes the step's JSON result (``--result-path /tmp/result.json``) as the output parameter
@@ -23,11 +23,12 @@ from typing import Any
 from hera.workflows import Artifact, Container, Parameter, RetryStrategy
 from hera.workflows import models as m
 
-from mnnvl import surface
 from mnnvl.components import launcher_pod as lp
 from mnnvl.contract import exit_codes
-from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
-from mnnvl.surface import ARGO, Input
+from mnnvl.inputs import surface
+from mnnvl.inputs.defaults import DEFAULT_LAUNCHER_IMAGE
+from mnnvl.inputs.spec import ARGO
+from mnnvl.inputs.surface import Input
 
 RUN_ID = "{{workflow.uid}}"
 RESULT_PATH = "/tmp/result.json"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mnnvl import report, steps, surface
+from mnnvl import report, steps
 from mnnvl.components.artifacts import (
     kubeconfig,
     publish_launch,
@@ -19,8 +19,9 @@ from mnnvl.components.artifacts import (
 )
 from mnnvl.contract.result import verdict_accepted
 from mnnvl.errors import VerificationFailed, WorkloadFailed
-from mnnvl.namespace import resolve_namespace
-from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs import surface
+from mnnvl.inputs.namespace import resolve_namespace
+from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 log = logging.getLogger(__name__)
 

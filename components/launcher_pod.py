@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mnnvl.names import LABEL_PART_OF, PART_OF
+from mnnvl.inputs.names import LABEL_PART_OF, PART_OF
 
 UID = 65532  # the launcher image's USER (images/launcher.Dockerfile)
 GID = 65532

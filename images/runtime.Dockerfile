@@ -30,8 +30,9 @@ RUN pip install --no-cache-dir "nvidia-ml-py>=12.560" "matplotlib>=3.8" \
     && mkdir -p /workspace && chown mnnvl:mnnvl /workspace
 
 # Only what the workers import (tests/unit/test_images.py checks this list imports alone).
-COPY mnnvl/__init__.py mnnvl/errors.py mnnvl/checks.py mnnvl/spec.py mnnvl/storage.py \
-     mnnvl/surface.py mnnvl/flags.py mnnvl/report.py /opt/mnnvl/mnnvl/
+COPY mnnvl/__init__.py mnnvl/errors.py mnnvl/ports.py mnnvl/units.py mnnvl/report.py mnnvl/ctrf.py \
+     /opt/mnnvl/mnnvl/
+COPY mnnvl/inputs /opt/mnnvl/mnnvl/inputs
 COPY mnnvl/contract /opt/mnnvl/mnnvl/contract
 COPY mnnvl/runtime /opt/mnnvl/mnnvl/runtime
 ENV PYTHONPATH=/opt/mnnvl \

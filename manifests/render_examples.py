@@ -14,8 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
+from mnnvl.inputs.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.manifests import render_run
-from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 import sys
 
-from mnnvl.cli import main
+from mnnvl.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mnnvl import steps, surface
+from mnnvl import steps
 from mnnvl.errors import MnnvlError, TeardownIncomplete
+from mnnvl.inputs import surface
 from mnnvl.manifests import render_run
 from mnnvl.report import num, verdict_numbers
 

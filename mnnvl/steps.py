@@ -32,19 +32,19 @@ from mnnvl.driver import (
 )
 from mnnvl.driver.inspect import run_status
 from mnnvl.errors import ClusterUnavailable, VerificationFailed, WaitTimeout, WorkloadFailed
-from mnnvl.flags import to_args
-from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
-from mnnvl.names import RunNames
-from mnnvl.namespace import resolve_namespace
-from mnnvl.report import nccl_line, num, verdict_numbers
-from mnnvl.spec import (
+from mnnvl.inputs.checks import check_dns_label
+from mnnvl.inputs.flags import to_args
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.namespace import resolve_namespace
+from mnnvl.inputs.spec import (
     DomainSpec,
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
-    check_dns_label,
 )
-from mnnvl.storage import check_shared_storage
+from mnnvl.inputs.storage import check_shared_storage
+from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
+from mnnvl.report import nccl_line, num, verdict_numbers
 
 logger = logging.getLogger(__name__)
 

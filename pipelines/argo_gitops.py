@@ -21,8 +21,8 @@ from hera.workflows import Container, CronWorkflow, Parameter
 from hera.workflows import models as m
 
 from mnnvl.components import argo_templates as t
+from mnnvl.inputs.defaults import DEFAULT_LAUNCHER_IMAGE
 from mnnvl.pipelines import argo_workflow as aw
-from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
 
 VERIFY_ONLY_NAME = "mnnvl-verify-only"
 FABRIC_CHECK_NAME = "mnnvl-nightly-fabric-check"

@@ -1,7 +1,7 @@
 """Argo Workflows: one WorkflowTemplate per pipeline, ``mnnvl-launch``, and a Workflow.
 
 ``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom`` run the DAGs of
-``mnnvl.surface.PIPELINES`` (the same tasks and parameters as the KFP pipelines); ``onExit``
+``mnnvl.inputs.surface.PIPELINES`` (the same tasks and parameters as the KFP pipelines); ``onExit``
 runs teardown. ``mnnvl-launch`` holds the step templates only (entrypoint ``launch``), for
 ``templateRef`` from your own workflows. The run id is ``{{workflow.uid}}``, so the exit
 handler derives the same object names as the steps. The first task validates every workflow
@@ -27,11 +27,12 @@ from typing import Any
 from hera.workflows import DAG, Container, Parameter, Task, Workflow, WorkflowTemplate
 from hera.workflows import models as m
 
-from mnnvl import surface
 from mnnvl.components import argo_templates as t
 from mnnvl.components import launcher_pod as lp
-from mnnvl.names import LABEL_PART_OF, PART_OF
-from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
+from mnnvl.inputs import surface
+from mnnvl.inputs.defaults import DEFAULT_LAUNCHER_IMAGE
+from mnnvl.inputs.names import LABEL_PART_OF, PART_OF
+from mnnvl.inputs.spec import ARGO
 
 TEMPLATE_NAME = "mnnvl-training"
 LAUNCH_TEMPLATE_NAME = "mnnvl-launch"
@@ -84,7 +85,7 @@ def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
 
 def _arguments(plan: surface.Pipeline, task: surface.Task, template: Container) -> dict[str, str]:
     """Each template input from its workflow parameter, or the task's fixed value."""
-    by_input = {i.kebab: i for i in surface.step_inputs(task.step, surface.ARGO)}
+    by_input = {i.kebab: i for i in surface.step_inputs(task.step, ARGO)}
     args: dict[str, str] = {}
     for param in template.inputs if isinstance(template.inputs, list) else []:
         name = str(getattr(param, "name", ""))

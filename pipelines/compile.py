@@ -32,7 +32,8 @@ import yaml
 import mnnvl
 from mnnvl import components as components_pkg
 from mnnvl.errors import SpecError
-from mnnvl.spec import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE, check_image
+from mnnvl.inputs.checks import check_image
+from mnnvl.inputs.defaults import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """KFP pipelines ``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom``.
 
-Shapes (``mnnvl.surface.PIPELINES``)::
+Shapes (``mnnvl.inputs.surface.PIPELINES``)::
 
     mnnvl-training:    ExitHandler(teardown): provision -> verify-pre (gate) -> train -> verify-post
     mnnvl-verify-only: ExitHandler(teardown): provision -> verify
@@ -24,9 +24,9 @@ from typing import Any
 
 from kfp import dsl, kubernetes
 
-from mnnvl import surface
 from mnnvl.components import kfp_components as kc
 from mnnvl.components import launcher_pod as lp
+from mnnvl.inputs import surface
 
 TRAINING_PIPELINE_NAME = "mnnvl-training"
 VERIFY_ONLY_PIPELINE_NAME = "mnnvl-verify-only"

@@ -1,7 +1,7 @@
 """Environment variables the launcher side and the workers agree on: names and rules.
 
 The Job builder (``mnnvl.manifests``) writes these into every worker pod, the input checks
-(``mnnvl.checks``/``mnnvl.spec``) refuse user values for them, the simulator's kubelet
+(``mnnvl.inputs.checks``/``mnnvl.inputs.spec``) refuse user values for them, the simulator's kubelet
 rewrites the rendezvous ones, and the worker side (``mnnvl.runtime``) reads them. Each name
 is spelled here only. Standard library only.
 """

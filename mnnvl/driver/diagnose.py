@@ -19,9 +19,9 @@ from mnnvl.driver.domain import domain_nodes, domain_state
 from mnnvl.driver.errors import MnnvlError
 from mnnvl.driver.problem import Kind, Problem, exited_kind, problem
 from mnnvl.driver.wait import Deadline, Objects
+from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL
-from mnnvl.names import LABEL_CLIQUE_GROUP, RunNames
-from mnnvl.spec import WorkloadSpec
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 # Waiting reasons of an image that will not run: nothing changes until a person fixes the

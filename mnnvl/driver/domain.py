@@ -16,10 +16,10 @@ from mnnvl.driver.api import COMPUTE_DOMAIN, POD, RESOURCE_CLAIM_TEMPLATE, Api
 from mnnvl.driver.errors import ConflictError, MnnvlError, NotFound, crd_missing
 from mnnvl.driver.ownership import Deletions, create_or_adopt
 from mnnvl.driver.wait import Deadline, Objects, wait_for
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.namespace import pod_namespace
+from mnnvl.inputs.spec import DomainSpec, OwnerRef
 from mnnvl.manifests import compute_domain
-from mnnvl.names import RunNames
-from mnnvl.namespace import pod_namespace
-from mnnvl.spec import DomainSpec, OwnerRef
 
 logger = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from mnnvl.driver.diagnose import exit_code, pod_index
 from mnnvl.driver.errors import WorkloadFailed
 from mnnvl.driver.problem import Kind, problem
 from mnnvl.driver.wait import Objects
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import JOB_NAME_LABEL
-from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)
 

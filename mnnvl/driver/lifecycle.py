@@ -58,9 +58,9 @@ from mnnvl.driver.workload import (
     result_of_failed_job,
 )
 from mnnvl.errors import NotProvisioned
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL, KUEUE_QUEUE_LABEL, step_selector
-from mnnvl.names import RunNames
-from mnnvl.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)
 

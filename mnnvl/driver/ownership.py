@@ -26,8 +26,8 @@ from mnnvl.driver.errors import (
     SpecError,
 )
 from mnnvl.errors import TeardownIncomplete
+from mnnvl.inputs.names import LABEL_MANAGED_BY, LABEL_RUN_ID, MANAGED_BY, RunNames
 from mnnvl.manifests import hash_of, with_spec_hash
-from mnnvl.names import LABEL_MANAGED_BY, LABEL_RUN_ID, MANAGED_BY, RunNames
 
 logger = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from mnnvl.driver.errors import NotFound, SpecError
 from mnnvl.driver.ownership import Deletions
 from mnnvl.driver.wait import Deadline
 from mnnvl.driver.workload import delete_workload
-from mnnvl.names import LABEL_RUN_ID, MANAGED_SELECTOR
-from mnnvl.spec import check_range
+from mnnvl.inputs.checks import check_range
+from mnnvl.inputs.names import LABEL_RUN_ID, MANAGED_SELECTOR
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 from mnnvl.driver.diagnose import Grace, event_order
 from mnnvl.driver.problem import Kind, Problem, problem
 from mnnvl.driver.wait import Objects
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import JOB_NAME_LABEL
-from mnnvl.spec import WorkloadSpec
 
 FAILED_CREATE = "FailedCreate"
 QUOTA_REFUSAL = re.compile(r"exceeded quota: ([^,]+),")

@@ -24,6 +24,9 @@ from mnnvl.driver.ownership import (
     owned_by_run,
 )
 from mnnvl.driver.wait import Deadline, Objects, wait_for
+from mnnvl.inputs.defaults import PURPOSES
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import (
     CONTAINER,
     JOB_NAME_LABEL,
@@ -32,8 +35,6 @@ from mnnvl.manifests import (
     indexed_jobs,
     wants_gpu_claim,
 )
-from mnnvl.names import RunNames
-from mnnvl.spec import PURPOSES, WorkloadSpec
 
 logger = logging.getLogger(__name__)
 

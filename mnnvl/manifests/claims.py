@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from mnnvl.errors import SpecError
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests.domain import object_meta
-from mnnvl.names import RunNames
-from mnnvl.spec import WorkloadSpec
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceClaimTemplate"

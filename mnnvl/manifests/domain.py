@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from mnnvl.errors import SpecError
-from mnnvl.names import RunNames
-from mnnvl.spec import DomainSpec, OwnerRef
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, OwnerRef
 
 API_VERSION = "resource.nvidia.com/v1beta1"
 KIND = "ComputeDomain"

@@ -12,17 +12,17 @@ import dataclasses
 from typing import Any
 
 from mnnvl.errors import SpecError
-from mnnvl.flags import to_args
-from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
-from mnnvl.manifests.domain import compute_domain
-from mnnvl.manifests.workload import TRAIN_MODULE, VERIFY_MODULE, headless_service, indexed_jobs
-from mnnvl.spec import (
+from mnnvl.inputs.flags import to_args
+from mnnvl.inputs.spec import (
     DomainSpec,
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
 )
-from mnnvl.storage import check_shared_storage
+from mnnvl.inputs.storage import check_shared_storage
+from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
+from mnnvl.manifests.domain import compute_domain
+from mnnvl.manifests.workload import TRAIN_MODULE, VERIFY_MODULE, headless_service, indexed_jobs
 
 VERIFY_PURPOSES = ("verify", "verify-pre", "verify-post")
 VERIFY_PROFILE = "verify-strict"

@@ -16,11 +16,12 @@ from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.errors import SpecError
+from mnnvl.inputs.checks import parse_toleration
+from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
+from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.inputs.storage import parse_pvc
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
-from mnnvl.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
-from mnnvl.spec import WorkloadSpec, parse_toleration
-from mnnvl.storage import parse_pvc
 
 CONTAINER = "worker"
 # The runtime image's USER (images/runtime.Dockerfile): the uid and gid the worker pods run as

@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 
 from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS
+from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import collectives, nvml
 from mnnvl.runtime.groups import Groups
 from mnnvl.runtime.progress import SweepProgress
-from mnnvl.spec import VerifyConfig
 
 STRAGGLER_SHARE = 0.1  # late by more than this share of a call's time: named as straggler
 Judge = Callable[..., dict[str, Any]]

@@ -1,6 +1,6 @@
 """Llama-style decoder used by the training step: RMSNorm, RoPE, SwiGLU MLP, causal SDPA.
 
-Presets are named after ``mnnvl.spec.MODEL_PRESETS``. ``flops_per_token`` follows the
+Presets are named after ``mnnvl.inputs.defaults.MODEL_PRESETS``. ``flops_per_token`` follows the
 torchtitan/PaLM convention so MFU numbers are comparable with published ones.
 """
 

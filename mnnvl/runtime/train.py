@@ -41,10 +41,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mnnvl import flags, spec
 from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT, OUT_OF_MEMORY
 from mnnvl.contract.result import emit_result
 from mnnvl.errors import MnnvlError, WorkloadFailed
+from mnnvl.inputs import flags, spec
 from mnnvl.runtime import memory, metrics, progress
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.data import build_batches

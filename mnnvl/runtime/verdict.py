@@ -6,7 +6,7 @@ fabrics or cliques, a COMPLETED fabric without an IMEX channel), fabric health (
 degraded bandwidth, an unhealthy route, an incorrect configuration), transport (the one NCCL
 built the measured communicator over, against the one the GPUs offer), all-reduce
 correctness and bandwidth against a threshold: the user's ``--min-busbw-gbps``, else a
-matching baseline (``mnnvl.baselines``) x (1 - tolerance), else active links x link speed x
+matching baseline (``mnnvl.inputs.baselines``) x (1 - tolerance), else active links x link speed x
 efficiency. The verdict is FAIL when any check fails, NOT_JUDGED when nothing failed but no
 bandwidth could be judged, else PASS.
 """
@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mnnvl import baselines
 from mnnvl.contract import exit_codes
 from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS, verdict_accepted
+from mnnvl.inputs import baselines
+from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import collectives, nccl_log, nvml
-from mnnvl.spec import VerifyConfig
 
 
 def judge(

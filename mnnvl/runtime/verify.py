@@ -52,12 +52,14 @@ _STARTED = time.monotonic()  # before the heavy imports, so the breakdown counts
 import torch  # noqa: E402  (after the clock above on purpose)
 import torch.distributed as dist  # noqa: E402
 
-from mnnvl import flags, report  # noqa: E402
+from mnnvl import report  # noqa: E402
 from mnnvl.contract import env as contract_env  # noqa: E402
 from mnnvl.contract import nccl  # noqa: E402
 from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT  # noqa: E402
 from mnnvl.contract.result import FAIL, emit_result  # noqa: E402
 from mnnvl.errors import SpecError, VerificationFailed, WorkloadFailed  # noqa: E402
+from mnnvl.inputs import flags  # noqa: E402
+from mnnvl.inputs.spec import VerifyConfig  # noqa: E402
 from mnnvl.runtime import (  # noqa: E402
     cliques,
     collectives,
@@ -73,7 +75,6 @@ from mnnvl.runtime.verdict import (  # noqa: E402
     exit_code,
     judge,
 )
-from mnnvl.spec import VerifyConfig  # noqa: E402
 
 logger = logging.getLogger("mnnvl.runtime.verify")
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import indexed_jobs
-from mnnvl.names import RunNames
 from mnnvl.sim.dra import CHANNEL_CLASS
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.scheduler import INDEX_LABEL, Scheduler
 from mnnvl.sim.store import Store
-from mnnvl.spec import WorkloadSpec
 
 CLIQUE = "nvidia.com/gpu.clique"
 NS = "default"

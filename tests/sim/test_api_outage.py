@@ -23,15 +23,16 @@ from typing import Any
 
 import pytest
 
-from mnnvl import cli, steps
+from mnnvl import steps
+from mnnvl.cli import main as cli
 from mnnvl.driver import Api
 from mnnvl.driver import wait as wait_module
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE
 from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.errors import MnnvlError
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, WorkloadSpec
 
 OUTAGE_S = 6.0
 TOLERANCE_S = 30.0

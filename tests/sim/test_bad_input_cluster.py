@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from mnnvl import cli, namespace
-from mnnvl.names import RunNames
+from mnnvl.cli import main as cli
+from mnnvl.inputs import namespace
+from mnnvl.inputs.names import RunNames
 from mnnvl.sim import SimCluster
 
 

@@ -7,9 +7,9 @@ import kubernetes
 import pytest
 
 from mnnvl import steps
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 RUN = "two-cliques"
 CLIQUE = "nvidia.com/gpu.clique"

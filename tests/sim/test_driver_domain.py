@@ -9,13 +9,14 @@ import uuid
 
 import pytest
 
-from mnnvl import cli, steps
+from mnnvl import steps
+from mnnvl.cli import main as cli
 from mnnvl.driver import Api
 from mnnvl.driver.api import COMPUTE_DOMAIN, RESOURCE_CLAIM_TEMPLATE
 from mnnvl.errors import ConflictError, CrdMissing, TeardownIncomplete, WaitTimeout
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec
 
 DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
 

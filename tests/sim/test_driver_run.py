@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
 from mnnvl.sim import SimCluster
 
 
@@ -56,7 +56,7 @@ def test_sigterm_during_run_still_tears_down_and_reports(tmp_path):
 
 @pytest.mark.slow
 def test_run_that_succeeds_but_cannot_tear_down_fails_with_the_teardown_error(capsys):
-    from mnnvl import cli
+    from mnnvl.cli import main as cli
 
     run_id = "stuck-teardown"
     domain = RunNames.for_run(run_id).domain

@@ -12,9 +12,9 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.errors import WaitTimeout, WorkloadFailed
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, WorkloadSpec
 
 RANK_CHECK = textwrap.dedent(
     """
@@ -235,7 +235,7 @@ def test_a_command_runs_as_given_with_the_rendezvous_env(sim, run):
 def test_cli_launch_command_after_double_dash(sim, run, capsys):
     import json
 
-    from mnnvl.cli import main
+    from mnnvl.cli.main import main
 
     domain, workload = run
     argv = ["launch", "--run-id", domain.run_id, "--nodes", "2", "--gpus-per-node", "0"]

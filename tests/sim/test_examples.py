@@ -27,10 +27,10 @@ import pytest
 import yaml
 
 from mnnvl import steps
-from mnnvl.cli import RESULT_ON_STDERR
-from mnnvl.cli_help import COMMANDS
-from mnnvl.cli_parser import build_parser
-from mnnvl.spec import DomainSpec
+from mnnvl.cli.help import COMMANDS
+from mnnvl.cli.main import RESULT_ON_STDERR
+from mnnvl.cli.parser import build_parser
+from mnnvl.inputs.spec import DomainSpec
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))

@@ -15,9 +15,9 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.errors import MnnvlError
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, WorkloadSpec
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 

@@ -24,13 +24,14 @@ from typing import Any
 
 import pytest
 
-from mnnvl import cli, steps
+from mnnvl import steps
+from mnnvl.cli import main as cli
 from mnnvl.driver import Api
 from mnnvl.driver.api import COMPUTE_DOMAIN
 from mnnvl.errors import MnnvlError
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from tests.sim.test_ownership import foreign_domain
 from tests.sim.test_shared_storage import create_claim
 from tests.sim.test_sim_fidelity import CD_PATH, Raw

@@ -15,12 +15,13 @@ import uuid
 import pytest
 from kubernetes import client, config
 
-from mnnvl import cli, steps
+from mnnvl import steps
+from mnnvl.cli import main as cli
 from mnnvl.driver import wait
 from mnnvl.errors import WaitTimeout, WorkloadFailed
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, WorkloadSpec
 
 EXIT_ON_INDEX_1 = textwrap.dedent(
     """

@@ -17,11 +17,11 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.errors import WaitTimeout, WorkloadFailed
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
 from mnnvl.sim.kueue import KueueConfig
 from mnnvl.sim.kueue_tas import CLIQUE, HOSTNAME, INDEX_LABEL
-from mnnvl.spec import DomainSpec, WorkloadSpec
 from tests.sim.test_rbac_least_privilege import role_rules
 
 QUICK = textwrap.dedent(

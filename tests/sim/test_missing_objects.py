@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from mnnvl import cli
+from mnnvl.cli import main as cli
 from mnnvl.driver import Api
 from mnnvl.driver.lifecycle import wait_for_pods_running
 from mnnvl.errors import WorkloadFailed
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import WorkloadSpec
 
 RUN = ["--gpus-per-node", "0", "--skip-verify", "--steps", "2", "--warmup-steps", "1"]
 

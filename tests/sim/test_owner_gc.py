@@ -8,9 +8,9 @@ import time
 from kubernetes import client, config
 
 from mnnvl import steps
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec
 
 
 def test_domain_owned_by_the_launcher_pod_is_collected_when_the_pod_is_deleted(monkeypatch):

@@ -15,17 +15,18 @@ from typing import Any
 
 import pytest
 
-from mnnvl import cli, steps
+from mnnvl import steps
+from mnnvl.cli import main as cli
 from mnnvl.driver import Api, Deletions
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, SERVICE
 from mnnvl.driver.lifecycle import wait_for_job
 from mnnvl.driver.workload import create_workload
 from mnnvl.errors import WorkloadFailed
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.manifests import SPEC_HASH_ANNOTATION
-from mnnvl.names import RunNames
 from mnnvl.runtime.local import free_port
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, WorkloadSpec
 
 RESULT_ONE = textwrap.dedent(
     """

@@ -19,11 +19,11 @@ from kubernetes import client, config
 
 from mnnvl import steps
 from mnnvl.errors import WorkloadFailed
+from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.manifests import indexed_jobs
-from mnnvl.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.sim import SimCluster
 from mnnvl.sim.store import Store
-from mnnvl.spec import DomainSpec, WorkloadSpec
 from tests.sim.placement_harness import CLIQUE, add_pods, cluster, schedule
 
 TWO_BY_TWO = WorkloadSpec(run_id="race", nodes=4, nodes_per_clique=2, gpus_per_node=0)

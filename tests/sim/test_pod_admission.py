@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from mnnvl import cli
+from mnnvl.cli import main as cli
 from mnnvl.driver import wait
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
 from mnnvl.sim import SimCluster
 
 RESTRICTED, BASELINE, QUOTA = "strict", "base", "quota"

@@ -17,9 +17,9 @@ import yaml
 
 from mnnvl import steps
 from mnnvl.errors import WorkloadFailed
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.runtime.local import free_port
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "default"

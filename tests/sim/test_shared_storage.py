@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from mnnvl import cli, steps
+from mnnvl import steps
+from mnnvl.cli import main as cli
 from mnnvl.errors import WorkloadFailed
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, TrainConfig, WorkloadSpec
 
 CLAIM = "team-ckpt"
 MOUNT = "/mnt/shared"

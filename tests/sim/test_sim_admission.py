@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiException
 
+from mnnvl.inputs.spec import DomainSpec
 from mnnvl.manifests import compute_domain
 from mnnvl.sim import SimCluster
 from mnnvl.sim.schemas import SchemaAdmission
-from mnnvl.spec import DomainSpec
 from tests.sim.test_sim_fidelity import CD_PATH, Raw, pod_body
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"

@@ -489,7 +489,7 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
     from mnnvl.driver.api import Api
     from mnnvl.driver.lifecycle import wait_for_pods_running
     from mnnvl.driver.workload import create_workload
-    from mnnvl.spec import DomainSpec, WorkloadSpec
+    from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 
     (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(120)\n")
     with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as sim:

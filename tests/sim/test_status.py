@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-from mnnvl import cli, steps
+from mnnvl import steps
+from mnnvl.cli import main as cli
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, WorkloadSpec
 
 
 def test_status_shows_the_domain_and_job_then_nothing_after_teardown(capsys):

@@ -11,9 +11,9 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.errors import VerificationFailed
-from mnnvl.names import RunNames
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DomainSpec, VerifyConfig, WorkloadSpec
 
 
 @pytest.fixture(scope="module")

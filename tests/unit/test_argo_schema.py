@@ -174,7 +174,7 @@ def _resolve(arg: str, defaults: dict[str, str]) -> str:
 
 
 def test_template_commands_parse_with_the_cli() -> None:
-    from mnnvl.cli import build_parser
+    from mnnvl.cli.main import build_parser
 
     parser = build_parser()
     for template in aw.workflow_template_manifest()["spec"]["templates"]:
@@ -298,7 +298,7 @@ def test_launch_templates_work_by_template_ref_from_a_users_workflow(strict_vali
 def test_teardown_retries_have_room_for_every_attempt_at_the_delete_timeout() -> None:
     """Argo stops retrying after backoff.maxDuration: three attempts that each wait up to the
     default delete timeout, plus the backoffs, must fit in it (and match KFP's 3600 s)."""
-    from mnnvl.spec import DomainSpec
+    from mnnvl.inputs.spec import DomainSpec
 
     doc = yaml.safe_load((COMPILED / "mnnvl-training.workflowtemplate.yaml").read_text())
     (teardown,) = [t for t in doc["spec"]["templates"] if t["name"] == "teardown"]
@@ -310,6 +310,6 @@ def test_teardown_retries_have_room_for_every_attempt_at_the_delete_timeout() ->
 
 
 def test_the_parameter_check_accepts_exactly_the_argo_only_workflow_parameters() -> None:
-    from mnnvl import surface
+    from mnnvl.inputs import surface
 
     assert set(aw.ARGO_ONLY) == surface.ARGO_ONLY_PARAMETERS

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from mnnvl import baselines, cli
+from mnnvl.cli import main as cli
+from mnnvl.inputs import baselines
+from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import nvml
 from mnnvl.runtime.verdict import judge
-from mnnvl.spec import VerifyConfig
 from tests.unit.fake_pynvml import FakeGpu, FakeNvml, gb200, h200
 
 P2P_2_28 = {"version": "2.28.9", "transport": "NVLink P2P", "mnnvl": False, "nvls": False}

@@ -18,15 +18,15 @@ HEAVY = ("torch", "kfp", "hera", "kubernetes", "pynvml", "matplotlib")
 
 CASES = {
     # modules: libraries that must NOT be loaded
-    "mnnvl.errors mnnvl.spec mnnvl.flags mnnvl.names mnnvl.manifests": HEAVY,
-    "mnnvl.checks mnnvl.surface mnnvl.cli_parser mnnvl.components.kfp_codegen": HEAVY,
+    "mnnvl.errors mnnvl.inputs.spec mnnvl.inputs.flags mnnvl.inputs.names mnnvl.manifests": HEAVY,
+    "mnnvl.inputs.checks mnnvl.inputs.surface mnnvl.cli.parser mnnvl.components.kfp_codegen": HEAVY,
     # The contract both sides import: standard library only, nothing from either side.
     "mnnvl.contract mnnvl.contract.result mnnvl.contract.nccl mnnvl.contract.exit_codes "
     "mnnvl.contract.env mnnvl.contract.errors": HEAVY,
     "mnnvl.runtime.local": HEAVY,
     "mnnvl.sim": HEAVY,
     "mnnvl.report": ("torch", "kfp", "hera", "kubernetes"),
-    "mnnvl.driver mnnvl.steps mnnvl.run mnnvl.cli": ("torch", "kfp", "hera", "pynvml"),
+    "mnnvl.driver mnnvl.steps mnnvl.run mnnvl.cli.main": ("torch", "kfp", "hera", "pynvml"),
     "mnnvl.runtime.train mnnvl.runtime.verify": ("kfp", "hera", "kubernetes"),
     "mnnvl.components.artifacts mnnvl.components": ("torch", "kubernetes"),
     "mnnvl.components.bodies": ("torch", "kfp", "hera"),
@@ -76,22 +76,14 @@ def test_the_check_sees_a_library_that_is_loaded() -> None:
 PACKAGE = Path(__file__).resolve().parents[2] / "mnnvl"
 # Each layer of docs/DESIGN.md with the layers below it that it may import (its own included).
 LAYER_OF = {
+    "mnnvl": "base",
     "mnnvl.contract": "contract",
     "mnnvl.errors": "base",
     "mnnvl.ports": "base",
-    "mnnvl.namespace": "base",
     "mnnvl.yaml_stream": "base",
     "mnnvl.units": "base",
-    "mnnvl.baselines": "inputs",
+    "mnnvl.inputs": "inputs",
     "mnnvl.ctrf": "report",
-    "mnnvl": "base",
-    "mnnvl.checks": "inputs",
-    "mnnvl.storage": "inputs",
-    "mnnvl.spec": "inputs",
-    "mnnvl.names": "inputs",
-    "mnnvl.surface": "inputs",
-    "mnnvl.flags": "inputs",
-    "mnnvl.cli_help": "inputs",
     "mnnvl.report": "report",
     "mnnvl.manifests": "manifests",
     "mnnvl.runtime": "runtime",
@@ -100,7 +92,6 @@ LAYER_OF = {
     "mnnvl.steps": "steps",
     "mnnvl.run": "steps",
     "mnnvl.cli": "cli",
-    "mnnvl.cli_parser": "cli",
     "mnnvl.__main__": "cli",
 }
 MAY_IMPORT = {
@@ -198,3 +189,99 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# ---- the input layer: pure validators, each name imported from the module that defines it ----
+
+ROOT = PACKAGE.parent
+SOURCES = ("mnnvl", "components", "pipelines", "tests", "bench", "examples", "scripts")
+
+
+def defined_names(path: Path) -> set[str]:
+    """Names a module defines at its top level (not the ones it imports)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_checks_holds_pure_validators_only() -> None:
+    """Defaults, presets and choice tables live in ``defaults``; the checks read no file or
+    environment: every top-level value of the module is a pattern or a message."""
+    tree = ast.parse((PACKAGE / "inputs" / "checks.py").read_text())
+
+    def pattern_or_text(value: ast.expr) -> bool:
+        text = isinstance(value, ast.Constant) and isinstance(value.value, str)
+        compiled = isinstance(value, ast.Call) and ast.unparse(value.func) == "re.compile"
+        return text or compiled or isinstance(value, ast.JoinedStr)
+
+    tables = [
+        ast.unparse(t)
+        for node in tree.body
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        and node.value is not None
+        and not pattern_or_text(node.value)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+    ]
+    io = [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Name) and node.id in {"open", "environ", "getenv"})
+        or (isinstance(node, ast.Import) and {a.name for a in node.names} & {"os", "pathlib", "io"})
+    ]
+    assert tables == [] and io == []
+
+
+def test_input_names_are_imported_from_the_module_that_defines_them() -> None:
+    """No re-exports in the input layer: ``from mnnvl.inputs.spec import X`` only for what spec
+    defines, so each name has one home to read and to change."""
+    defined = {
+        module_name(p): defined_names(p)
+        for p in (PACKAGE / "inputs").glob("*.py")
+        if p.name != "__init__.py"
+    }
+    wrong = []
+    for path in (p for top in SOURCES for p in (ROOT / top).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in defined:
+                wrong += [
+                    f"{path.relative_to(ROOT)}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name not in defined[node.module]
+                ]
+    assert wrong == []
+
+
+def layout_paths() -> set[str]:
+    """The folders and modules docs/DESIGN.md's Layout names under ``mnnvl/``, as paths."""
+    text = (ROOT / "docs" / "DESIGN.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    paths: set[str] = set()
+    stack: list[tuple[int, str]] = []
+    for line in block.splitlines():
+        entry = line.split()[0] if line.strip() else ""
+        if not (entry.endswith("/") or entry.endswith(".py")):
+            continue  # a description's second line
+        indent = len(line) - len(line.lstrip())
+        stack = [(i, p) for i, p in stack if i < indent]
+        path = "".join(p for _, p in stack) + entry
+        stack.append((indent, entry))
+        paths.add(path.rstrip("/"))
+    return {p for p in paths if p == "mnnvl" or p.startswith("mnnvl/")}
+
+
+def test_the_layout_in_design_names_every_folder_and_module() -> None:
+    actual = {"mnnvl"} | {
+        str(p.relative_to(ROOT)).removesuffix("/__init__.py")
+        for p in PACKAGE.rglob("*.py")
+        if "sim" not in p.relative_to(PACKAGE).parts[:-1] and p.name != "__init__.py"
+    }
+    actual |= {str(p.relative_to(ROOT)) for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    actual.add("mnnvl/__init__.py")
+    assert sorted(layout_paths() ^ actual) == []

@@ -10,11 +10,11 @@ import sys
 import pytest
 import yaml
 
-from mnnvl import cli
-from mnnvl.cli_help import COMMANDS
-from mnnvl.names import LABEL_RUN_ID, RunNames
+from mnnvl.cli import main as cli
+from mnnvl.cli.help import COMMANDS
+from mnnvl.inputs.checks import DNS1123_LABEL
+from mnnvl.inputs.names import LABEL_RUN_ID, RunNames
 from mnnvl.sim import SimCluster
-from mnnvl.spec import DNS1123_LABEL
 
 RENDER = ["render", "--run-id", "demo-run", "--namespace", "team-a", "--nodes", "2"]
 

@@ -113,7 +113,7 @@ def test_compile_with_user_images_leaves_no_default_image(tmp_path: Path) -> Non
     import yaml
     from kfp import components
 
-    from mnnvl.spec import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE
+    from mnnvl.inputs.defaults import DEFAULT_IMAGE, DEFAULT_LAUNCHER_IMAGE
 
     launcher, runtime = "reg.example.com/team/launcher:1.2", "reg.example.com/team/runtime:1.2"
     argv = ["--launcher-image", launcher, "--runtime-image", runtime, "--out", str(tmp_path)]
@@ -154,8 +154,8 @@ def _version_doc(path: Path) -> dict:
 
 def test_an_image_bump_gets_a_new_pipeline_version_name(tmp_path: Path) -> None:
     """KFP keeps a version's spec immutable: the name must hash the spec as written."""
+    from mnnvl.inputs.defaults import DEFAULT_LAUNCHER_IMAGE
     from mnnvl.pipelines import kfp_pipeline as kp
-    from mnnvl.spec import DEFAULT_LAUNCHER_IMAGE
 
     versions = {}
     for tag in ("1", "2"):

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from kfp import compiler, components, dsl
 
-from mnnvl import spec
 from mnnvl.components import kfp_components as kc
+from mnnvl.inputs import defaults
 from mnnvl.pipelines import kfp_pipeline as kp
 
 RUN_ID_PLACEHOLDER = "{{$.pipeline_job_uuid}}"
@@ -72,7 +72,7 @@ def test_component_runs_in_launcher_image_without_pip(name: str, tmp_path: Path)
     (ir,) = _compile(kc.COMPONENTS[name], tmp_path / "c.yaml")
     (executor,) = ir["deploymentSpec"]["executors"].values()
     container = executor["container"]
-    assert container["image"] == spec.DEFAULT_LAUNCHER_IMAGE
+    assert container["image"] == defaults.DEFAULT_LAUNCHER_IMAGE
     script = " ".join(container["command"])
     assert "pip install" not in script
     assert "from mnnvl.components import bodies" in script

@@ -11,10 +11,10 @@ import jsonschema
 import pytest
 
 from mnnvl import ctrf, report
+from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import nccl_log, nvml
 from mnnvl.runtime.cliques import combine, judge_inter
 from mnnvl.runtime.verdict import judge
-from mnnvl.spec import VerifyConfig
 from tests.unit.ctrf_schema import SCHEMA
 from tests.unit.fake_pynvml import FakeNvml, h200
 

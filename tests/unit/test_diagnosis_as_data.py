@@ -15,8 +15,8 @@ from mnnvl.driver.diagnose import Grace, raise_on_stuck_pod
 from mnnvl.driver.errors import MnnvlError
 from mnnvl.driver.problem import TEMPLATES, Kind
 from mnnvl.driver.refusal import refusal_problem
-from mnnvl.names import LABEL_CLIQUE_GROUP
-from mnnvl.spec import WorkloadSpec
+from mnnvl.inputs.names import LABEL_CLIQUE_GROUP
+from mnnvl.inputs.spec import WorkloadSpec
 
 DRIVER = Path(problem_module.__file__).parent
 RUN = "run-a"

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from mnnvl.errors import SpecError
+from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import fabric_health, nvml
 from mnnvl.runtime.verdict import judge
-from mnnvl.spec import VerifyConfig
 from tests.unit.fake_pynvml import FakeGpu, FakeNvml, gb200, h200
 
 pynvml = pytest.importorskip("pynvml")

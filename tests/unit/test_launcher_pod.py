@@ -15,8 +15,8 @@ import pytest
 import yaml
 from hera.workflows import Container
 
-from mnnvl import surface
 from mnnvl.components import launcher_pod as lp
+from mnnvl.inputs import surface
 from mnnvl.pipelines import argo_gitops, argo_workflow
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,6 +21,8 @@ import yaml
 from mnnvl import manifests
 from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.manifests import (
     CHANNEL_CLAIM,
     CLIQUE_LABEL,
@@ -34,9 +36,7 @@ from mnnvl.manifests import (
     render_run,
     step_workload,
 )
-from mnnvl.names import RunNames
 from mnnvl.sim.podsecurity import ENFORCE_LABEL, violation
-from mnnvl.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
 
 K8S = "1.34.0"
@@ -123,7 +123,7 @@ def env_of(job: dict[str, Any]) -> dict[str, str]:
 
 
 def train_job(workload: WorkloadSpec, cfg: TrainConfig | None = None) -> dict[str, Any]:
-    from mnnvl.flags import to_args
+    from mnnvl.inputs.flags import to_args
 
     return indexed_job(workload, manifests.TRAIN_MODULE, to_args(cfg or TrainConfig()))
 

@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from mnnvl.errors import SpecError
+from mnnvl.inputs.defaults import MAX_GROUPS
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.manifests import TRAIN_MODULE, headless_service, indexed_jobs, render_run
-from mnnvl.names import RunNames
 from mnnvl.runtime.launch import with_node_rank
-from mnnvl.spec import MAX_GROUPS, DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from tests.unit.test_manifests import crd_errors, crd_validators, k8s_valid  # noqa: F401
 
 RUN = "Run_42.nightly"

@@ -9,7 +9,8 @@ import string
 import pytest
 
 from mnnvl.errors import SpecError
-from mnnvl.names import (
+from mnnvl.inputs.defaults import MAX_NODES, PURPOSES
+from mnnvl.inputs.names import (
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_PART_OF,
@@ -17,7 +18,6 @@ from mnnvl.names import (
     MANAGED_SELECTOR,
     RunNames,
 )
-from mnnvl.spec import MAX_NODES, PURPOSES
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")

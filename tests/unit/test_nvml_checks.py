@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import nvml
 from mnnvl.runtime.verdict import exit_code, judge, judged_busbw, threshold_gbps
-from mnnvl.spec import VerifyConfig
 from tests.unit.fake_pynvml import (
     CLUSTER_B,
     FakeGpu,

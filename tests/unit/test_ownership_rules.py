@@ -9,6 +9,7 @@ import pytest
 
 from mnnvl.driver.reaper import RunObjects, Verdict, activity_times
 from mnnvl.errors import SpecError
+from mnnvl.inputs.spec import DomainSpec, OwnerRef, WorkloadSpec
 from mnnvl.manifests import (
     SPEC_HASH_ANNOTATION,
     compute_domain,
@@ -17,7 +18,6 @@ from mnnvl.manifests import (
     spec_hash,
     with_spec_hash,
 )
-from mnnvl.spec import DomainSpec, OwnerRef, WorkloadSpec
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

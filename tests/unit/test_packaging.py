@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import mnnvl
-from mnnvl.cli import main
+from mnnvl.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,7 +65,7 @@ def test_wheel_carries_the_contract_package_and_the_generated_components(built_w
         "mnnvl/contract/result.py",
         "mnnvl/contract/nccl.py",
         "mnnvl/contract/exit_codes.py",
-        "mnnvl/surface.py",
+        "mnnvl/inputs/surface.py",
         "mnnvl/components/kfp_components.py",
         "mnnvl/components/launch_workload.yaml",
         "mnnvl/pipelines/compiled/mnnvl-custom.kfp.yaml",

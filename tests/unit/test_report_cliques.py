@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from mnnvl import report
+from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime.cliques import combine, judge_inter, worst_node
-from mnnvl.spec import VerifyConfig
 
 ROW = {"bytes": 1 << 30, "time_us": 10.0, "algbw_gbps": 1.0, "busbw_gbps": 300.0, "correct": True}
 

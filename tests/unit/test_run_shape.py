@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from mnnvl import cli, surface
+from mnnvl.cli import main as cli
+from mnnvl.inputs import surface
 from mnnvl.run import RUN_PIPELINE
 
 COMPILED = Path(__file__).resolve().parents[2] / "pipelines" / "compiled"

@@ -9,17 +9,16 @@ from typing import Any
 
 import pytest
 
-from mnnvl import namespace
 from mnnvl.errors import SpecError
-from mnnvl.flags import add_arguments, from_namespace, to_args
-from mnnvl.spec import (
+from mnnvl.inputs import namespace
+from mnnvl.inputs.checks import parse_bytes, parse_env
+from mnnvl.inputs.flags import add_arguments, from_namespace, to_args
+from mnnvl.inputs.spec import (
     DomainSpec,
     OwnerRef,
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
-    parse_bytes,
-    parse_env,
 )
 
 RUN = "run-1"
@@ -232,7 +231,7 @@ def test_building_a_spec_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -
 def test_the_cli_and_the_components_resolve_the_pods_namespace_at_the_edge(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from mnnvl import cli
+    from mnnvl.cli import main as cli
     from mnnvl.components import bodies
 
     monkeypatch.setenv("POD_NAMESPACE", "team-b")
@@ -376,7 +375,7 @@ def test_bad_flag_value_fails_in_validation_not_later() -> None:
 
 
 def test_every_input_field_has_help_text_for_the_cli() -> None:
-    from mnnvl.surface import SPEC_CLASSES, class_inputs
+    from mnnvl.inputs.surface import SPEC_CLASSES, class_inputs
 
     missing = [
         i.name for cls in SPEC_CLASSES for i in class_inputs(cls) if i.surfaces and not i.help

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from mnnvl.inputs.spec import TrainConfig
 from mnnvl.runtime import metrics
 from mnnvl.runtime.parallel import DistInfo
 from mnnvl.runtime.train import Trainer
-from mnnvl.spec import TrainConfig
 
 torch.set_num_threads(1)
 

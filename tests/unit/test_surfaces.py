@@ -11,16 +11,25 @@ from typing import Any
 import pytest
 import yaml
 
-from mnnvl import surface
-from mnnvl.cli import build_parser
+from mnnvl.cli.main import build_parser
 from mnnvl.components import argo_templates as at
 from mnnvl.components import kfp_components as kc
 from mnnvl.errors import SpecError
-from mnnvl.flags import from_namespace
+from mnnvl.inputs import surface
+from mnnvl.inputs.flags import from_namespace
+from mnnvl.inputs.spec import (
+    ARGO,
+    CLI,
+    KFP,
+    DomainSpec,
+    LaunchSpec,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+)
 from mnnvl.pipelines import argo_workflow as aw
 from mnnvl.pipelines import kfp_pipeline as kp
 from mnnvl.pipelines.compile import COMPILED_DIR
-from mnnvl.spec import CLI, DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 STEP_COMPONENT = {
     "provision": kc.provision_domain,
@@ -82,12 +91,12 @@ def test_every_step_input_is_on_every_surface_with_the_same_default(step: str) -
     inputs = surface.step_inputs(step)
     kfp, argo, cli = _kfp_defaults(step), _argo_defaults(step), _cli_values(step)
     resolved = _resolved_defaults(step)
-    assert set(kfp) == {i.name for i in inputs if surface.KFP in i.surfaces}
-    assert set(argo) == {i.kebab for i in inputs if surface.ARGO in i.surfaces}
+    assert set(kfp) == {i.name for i in inputs if KFP in i.surfaces}
+    assert set(argo) == {i.kebab for i in inputs if ARGO in i.surfaces}
     for item in inputs:
-        if surface.KFP in item.surfaces:
+        if KFP in item.surfaces:
             assert kfp[item.name] == item.default, (step, item.name)
-        if surface.ARGO in item.surfaces:
+        if ARGO in item.surfaces:
             assert argo[item.kebab] == item.text(), (step, item.name)
         given = item.flag in CLI_ARGS.get(step, []) or item.name == "command"
         if CLI in item.surfaces and not item.required and not given:

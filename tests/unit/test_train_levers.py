@@ -13,17 +13,18 @@ import yaml
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.tensor import DTensor
 
-from mnnvl import cli, surface
-from mnnvl.cli import build_parser
+from mnnvl.cli import main as cli
+from mnnvl.cli.main import build_parser
 from mnnvl.components import kfp_components as kc
 from mnnvl.errors import SpecError
-from mnnvl.flags import from_namespace
+from mnnvl.inputs import surface
+from mnnvl.inputs.flags import from_namespace
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
 from mnnvl.manifests.render import render_run
 from mnnvl.pipelines.compile import COMPILED_DIR
 from mnnvl.runtime import train
 from mnnvl.runtime.model import preset
 from mnnvl.runtime.parallel import DistInfo, build_sharded_model
-from mnnvl.spec import DomainSpec, TrainConfig, WorkloadSpec
 
 torch.set_num_threads(1)
 LEVERS = ("batch_size", "activation_checkpointing", "reshard_after_forward")

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from mnnvl import spec
 from mnnvl.errors import SpecError
+from mnnvl.inputs import defaults, spec
 from mnnvl.runtime import metrics
 from mnnvl.runtime.data import SyntheticBatches, TokenFileBatches, build_batches, write_token_file
 from mnnvl.runtime.model import PRESETS, build_model, flops_per_token, param_count, preset
@@ -19,7 +19,7 @@ torch.set_num_threads(1)
 
 
 def test_every_spec_preset_has_a_model() -> None:
-    assert set(PRESETS) == set(spec.MODEL_PRESETS)
+    assert set(PRESETS) == set(defaults.MODEL_PRESETS)
 
 
 def test_forward_gives_logits_per_position_and_backward_reaches_every_parameter() -> None:

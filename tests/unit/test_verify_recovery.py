@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mnnvl import surface
-from mnnvl.cli_parser import build_parser
+from mnnvl.cli.parser import build_parser
 from mnnvl.driver.gang import Progress
-from mnnvl.flags import to_args
+from mnnvl.inputs import surface
+from mnnvl.inputs.flags import to_args
+from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime.local import free_port
 from mnnvl.runtime.verify import SIGNAL_AT_ENV, parse_config
-from mnnvl.spec import VerifyConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 STALL = ("collective_timeout_s", "stall_timeout_s")

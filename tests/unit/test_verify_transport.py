@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import nccl_log, nvml
 from mnnvl.runtime.verdict import judge
-from mnnvl.spec import VerifyConfig
 from tests.unit.fake_pynvml import FakeGpu, FakeNvml, gb200, h200
 
 VERSION = "gb200-n0:311:311 [0] NCCL INFO NCCL version 2.28.9+cuda13.0"

@@ -12,7 +12,9 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from mnnvl.spec import MAX_GROUPS, PURPOSES, SpecError, check_run_id
+from mnnvl.errors import SpecError
+from mnnvl.inputs.checks import check_run_id
+from mnnvl.inputs.defaults import MAX_GROUPS, PURPOSES
 
 MANAGED_BY = "mnnvl-pipelines"
 PART_OF = "mnnvl-pipelines"

@@ -22,17 +22,19 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from mnnvl import baselines, flags, steps, surface
-from mnnvl import spec as specs
-from mnnvl.cli_parser import UsageError, build_parser
+from mnnvl import steps
+from mnnvl.cli.parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
 from mnnvl.driver.inspect import status_lines
 from mnnvl.errors import MnnvlError, SpecError
+from mnnvl.inputs import baselines, flags, surface
+from mnnvl.inputs.checks import check_range, parse_list
+from mnnvl.inputs.defaults import MAX_GPUS_PER_NODE
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.namespace import resolve_namespace
+from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.manifests import indexed_job, render_run
-from mnnvl.names import RunNames
-from mnnvl.namespace import resolve_namespace
 from mnnvl.run import PlannedTask, plan, run_all, run_inputs
-from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
@@ -111,7 +113,7 @@ def _json_words(text: str) -> list[str]:
         raise SpecError("command", f"--command-json {text!r} is not JSON ({e})") from None
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise SpecError("command", f"--command-json {text!r} is not a JSON list of strings")
-    return list(specs.parse_list(words, "command"))
+    return list(parse_list(words, "command"))
 
 
 def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
@@ -254,10 +256,10 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
-    specs.check_range("nodes", ns.nodes, 1, 1024, integer=True)
-    specs.check_range("gpus_per_node", ns.gpus_per_node, 0, specs.MAX_GPUS_PER_NODE, integer=True)
-    specs.check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
-    specs.check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
+    check_range("nodes", ns.nodes, 1, 1024, integer=True)
+    check_range("gpus_per_node", ns.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
+    check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
+    check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
     from mnnvl.sim import serve
 
     # The simulator announces itself on stdout; stdout is reserved for our one result line.

@@ -1,7 +1,7 @@
 """Shared storage for the workers: ``--pvc CLAIM:/mount/path[:ro]`` and where paths may lie.
 
 Checkpoints and a token file must be visible to every worker pod, so they must lie under a
-PersistentVolumeClaim the Job mounts in each pod. Standard library only; ``mnnvl.spec``
+PersistentVolumeClaim the Job mounts in each pod. Standard library only; ``mnnvl.inputs.spec``
 validates ``WorkloadSpec.pvc`` with :func:`parse_pvc`.
 """
 
@@ -57,7 +57,7 @@ def mount_of(path: str, mounts: list[PvcMount]) -> PvcMount | None:
 
 
 class _Mounts(Protocol):
-    """What the check reads of a ``WorkloadSpec`` (``mnnvl.spec`` imports this module)."""
+    """What the check reads of a ``WorkloadSpec`` (``mnnvl.inputs.spec`` imports this module)."""
 
     @property
     def pvc(self) -> tuple[str, ...]: ...

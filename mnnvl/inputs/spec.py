@@ -2,8 +2,8 @@
 
 The dataclasses are frozen and validate in ``__post_init__``; nothing talks to a cluster
 or imports a heavy library. Each field is declared once with its help text and the
-surfaces that expose it (``opt``); the CLI flags (``mnnvl.flags``), the KFP component
-signatures and the Argo template inputs and workflow parameters (``mnnvl.surface``) are
+surfaces that expose it (``opt``); the CLI flags (``mnnvl.inputs.flags``), the KFP component
+signatures and the Argo template inputs and workflow parameters (``mnnvl.inputs.surface``) are
 all produced from these declarations.
 """
 
@@ -13,16 +13,26 @@ import re
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-from mnnvl.checks import (
-    ALLOCATION_MODES,
+from mnnvl.errors import SpecError
+from mnnvl.inputs.checks import (
     CHECKPOINTING_HELP,
-    DEFAULT_IMAGE,
-    DEFAULT_LAUNCHER_IMAGE,
-    DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
+    check_choice,
+    check_dns_label,
+    check_env,
+    check_image,
+    check_label_key,
+    check_label_value,
+    check_range,
+    check_run_id,
+    parse_checkpointing,
+    parse_toleration,
+)
+from mnnvl.inputs.defaults import (
+    ALLOCATION_MODES,
+    DEFAULT_IMAGE,
     DTYPES,
     GPU_MODES,
-    LABEL_VALUE,
     MAX_GPUS_PER_NODE,
     MAX_GROUPS,
     MAX_NODES,
@@ -33,63 +43,9 @@ from mnnvl.checks import (
     PRESET_TRAIN_DEFAULTS,
     PURPOSES,
     SWITCHES,
-    check_choice,
-    check_dns_label,
-    check_env,
-    check_image,
-    check_label_key,
-    check_label_value,
-    check_range,
-    check_run_id,
-    list_items,
-    parse_bytes,
-    parse_checkpointing,
-    parse_env,
-    parse_list,
-    parse_toleration,
 )
-from mnnvl.contract import env as contract_env
-from mnnvl.errors import SpecError
-from mnnvl.namespace import FALLBACK_NAMESPACE
-from mnnvl.storage import parse_pvc
-
-__all__ = [
-    "ALLOCATION_MODES",
-    "DEFAULT_IMAGE",
-    "DEFAULT_LAUNCHER_IMAGE",
-    "DNS1123_LABEL",
-    "DNS1123_SUBDOMAIN",
-    "DTYPES",
-    "GPU_MODES",
-    "LABEL_VALUE",
-    "MAX_GPUS_PER_NODE",
-    "MAX_GROUPS",
-    "MAX_NODES",
-    "MODEL_PRESETS",
-    "NCCL_PROFILES",
-    "PURPOSES",
-    "DomainSpec",
-    "LaunchSpec",
-    "OwnerRef",
-    "SpecError",
-    "TrainConfig",
-    "VerifyConfig",
-    "WorkloadSpec",
-    "check_choice",
-    "check_dns_label",
-    "check_env",
-    "check_image",
-    "check_label_key",
-    "check_label_value",
-    "check_range",
-    "check_run_id",
-    "list_items",
-    "opt",
-    "parse_bytes",
-    "parse_env",
-    "parse_list",
-    "parse_toleration",
-]
+from mnnvl.inputs.namespace import FALLBACK_NAMESPACE
+from mnnvl.inputs.storage import parse_pvc
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
 DEFAULT_WARMUP_STEPS = 5
@@ -310,11 +266,6 @@ class WorkloadSpec:
             )
         check_choice("nccl_profile", self.nccl_profile, NCCL_PROFILES)
         check_env("env", self.env)
-        for name in self.env:
-            if name in contract_env.JOB_OWNED:
-                raise SpecError(f"env.{name}", "is set by the Job itself; remove it")
-            if name in contract_env.PINNED:
-                raise SpecError(f"env.{name}", "is pinned by the machine and must not be set")
         check_range("rdzv_port", self.rdzv_port, 1024, 65535, integer=True)
         check_range("api_outage_s", self.api_outage_s, 0, 86400)
         if self.service_account:
@@ -505,7 +456,7 @@ class VerifyConfig:
     """NVLink/NCCL verification (runs in worker pods as ``python -m mnnvl.runtime.verify``).
 
     Sizes of 0 mean "pick for the device": 1 MiB..4 GiB on GPUs, 1 KiB..1 MiB on CPU.
-    ``min_busbw_gbps`` of 0 means "a matching baseline (``mnnvl.baselines``) x (1 - its
+    ``min_busbw_gbps`` of 0 means "a matching baseline (``mnnvl.inputs.baselines``) x (1 - its
     tolerance), else derive the threshold from the detected topology" (active links x
     per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
     NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.

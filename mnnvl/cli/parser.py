@@ -6,9 +6,10 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-from mnnvl import __version__, flags, surface
-from mnnvl.cli_help import COMMANDS
-from mnnvl.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl import __version__
+from mnnvl.cli.help import COMMANDS
+from mnnvl.inputs import flags, surface
+from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
 

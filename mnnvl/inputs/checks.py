@@ -1,6 +1,8 @@
 """Checks and parsers for input values: each bad value raises ``SpecError`` naming the field.
 
-Standard library only; ``mnnvl.spec`` builds its validated dataclasses from these.
+Pure functions of their arguments (no defaults, no environment, no files); the values they
+check against come from ``mnnvl.inputs.defaults`` and ``mnnvl.contract``. Standard library only;
+``mnnvl.inputs.spec`` builds its validated dataclasses from these.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import re
 
 from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
+from mnnvl.inputs.defaults import TAINT_EFFECTS
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -24,39 +27,7 @@ IMAGE_REF = re.compile(
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 
-ALLOCATION_MODES = ("Single", "All")
-GPU_MODES = ("limits", "claim")
-# The Pod Security Standard the worker pods meet (restricted: non-root; baseline: root allowed).
-POD_SECURITY_LEVELS = ("restricted", "baseline")
-NCCL_PROFILES = ("production", "verify-strict", "single-host")
-PURPOSES = ("train", "verify-pre", "verify-post", "verify", "job")
-MODEL_PRESETS = ("tiny", "small", "125m", "350m", "1b", "3b", "8b")
-DTYPES = ("auto", "bf16", "fp32")
 CHECKPOINTING_HELP = "auto, none, full or every-N (every N-th block, e.g. every-2)"
-SWITCHES = ("auto", "true", "false")
-# Training defaults a model preset picks where its input is left at auto (batch_size 0,
-# activation_checkpointing auto, reshard_after_forward auto). 8b: the 2 x H200 winner at its
-# sequence length 2048, 48.3 % MFU and 93 GiB peak against 36 % with full checkpointing at
-# batch 2 (bench/RESULTS.md, Training). 1b: batch 8, 53.7 % MFU and 34 GiB peak against
-# 27.1 % and 14 GiB at batch 2. Every other preset keeps PLAIN_TRAIN_DEFAULTS.
-PLAIN_TRAIN_DEFAULTS: dict[str, int | str] = {
-    "batch_size": 2,
-    "activation_checkpointing": "none",
-    "reshard_after_forward": "true",
-}
-PRESET_TRAIN_DEFAULTS: dict[str, dict[str, int | str]] = {
-    "1b": {"batch_size": 8},
-    "8b": {
-        "batch_size": 4,
-        "activation_checkpointing": "every-2",
-        "reshard_after_forward": "false",
-    },
-}
-MAX_NODES = 18  # one IMEX domain (NVL72 rack: 18 compute trays); MNNVL never spans cliques
-MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-character hostnames)
-MAX_GPUS_PER_NODE = 8
-DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
-DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
 
 
 def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
@@ -132,6 +103,10 @@ def check_env(field_name: str, env: dict[str, str]) -> None:
             raise SpecError(f"{field_name}.{name}", "is not a valid environment variable name")
         if not isinstance(val, str):
             raise SpecError(f"{field_name}.{name}", f"value must be a string, got {val!r}")
+        if name in contract_env.JOB_OWNED:
+            raise SpecError(f"{field_name}.{name}", "is set by the Job itself; remove it")
+        if name in contract_env.PINNED:
+            raise SpecError(f"{field_name}.{name}", "is pinned by the machine and must not be set")
         problem = contract_env.forbidden_problem({name: val})
         if problem:
             raise SpecError(f"{field_name}.{name}", problem[1])
@@ -198,7 +173,6 @@ def check_label_value(field_name: str, value: str) -> None:
 
 
 TOLERATION = re.compile(r"^(?P<key>[^=:]+)(?:=(?P<value>[^:]*))?:(?P<effect>[A-Za-z]+)$")
-TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def parse_toleration(item: str) -> dict[str, str]:

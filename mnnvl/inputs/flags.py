@@ -2,7 +2,7 @@
 
 The CLI, the worker entry points (``mnnvl.runtime.train``/``verify``) and the Job builder
 use these, so a field added to a spec becomes a flag everywhere, with the help text its
-declaration carries (``mnnvl.spec.opt``). Repeatable flags also take one JSON list
+declaration carries (``mnnvl.inputs.spec.opt``). Repeatable flags also take one JSON list
 (``--env '["A=1,2", "B=x=y"]'``), which is how Argo passes them.
 """
 
@@ -13,8 +13,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from mnnvl.spec import CLI, OwnerRef
-from mnnvl.surface import Input, build, class_inputs
+from mnnvl.inputs.spec import CLI, OwnerRef
+from mnnvl.inputs.surface import Input, build, class_inputs
 
 T = TypeVar("T")
 REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)

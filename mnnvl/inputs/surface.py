@@ -1,7 +1,7 @@
 """Every input of every step and pipeline, derived from the spec dataclasses' field metadata.
 
-One declaration per input (``mnnvl.spec.opt``: default, help, surfaces) feeds three surfaces:
-the CLI flags (``mnnvl.flags``), the KFP component signatures and pipeline parameters
+One declaration per input (``mnnvl.inputs.spec.opt``: default, help, surfaces) feeds three surfaces:
+the CLI flags (``mnnvl.inputs.flags``), the KFP component signatures and pipeline parameters
 (generated ``mnnvl.components.kfp_components``, ``mnnvl.pipelines.kfp_pipeline``) and the
 Argo template inputs and workflow parameters (``mnnvl.components.argo_templates``,
 ``mnnvl.pipelines.argo_workflow``). Where a step or a pipeline uses another default than the
@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.errors import SpecError
-from mnnvl.spec import (
+from mnnvl.inputs.checks import parse_bytes, parse_env, parse_list
+from mnnvl.inputs.spec import (
     ARGO,
     CLI,
     EVERY_SURFACE,
@@ -31,11 +32,8 @@ from mnnvl.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
-    parse_bytes,
-    parse_env,
-    parse_list,
 )
-from mnnvl.storage import check_shared_storage
+from mnnvl.inputs.storage import check_shared_storage
 
 EVERY = EVERY_SURFACE
 SIZE_FIELDS = frozenset({"min_bytes", "max_bytes", "judge_min_bytes"})
