@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
+from mnnvl.sim.controller import Controller
 from mnnvl.sim.jobstatus import finished
 from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent, now_iso
 
@@ -78,40 +78,25 @@ def workload_name(job: Obj) -> str:
     return f"job-{meta['name']}"[:57] + f"-{digest}"
 
 
-class KueueStandIn:
+class KueueStandIn(Controller):
+    name = "sim-kueue"
+    kinds = ("jobs", "nodes", "workloads")
+
     def __init__(
         self, store: Store, admission_delay_s: float = 0.5, config: KueueConfig | None = None
     ) -> None:
-        self.store, self.admission_delay_s = store, admission_delay_s
+        super().__init__(store)
+        self.admission_delay_s = admission_delay_s
         self.config = config or KueueConfig()
-        self._sub = store.subscribe(["jobs", "nodes", "workloads"])
-        self._thread: threading.Thread | None = None
         self._seen: dict[str, float] = {}  # job uid -> monotonic time first seen
-        self._wake_at = 0.0
 
     def mutate(self, resource: str, obj: Obj) -> None:
         """Admission webhook: queued Jobs are created suspended."""
         if resource == "jobs" and queued(obj):
             obj.setdefault("spec", {})["suspend"] = True
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="sim-kueue", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.store.unsubscribe(self._sub)
-        if self._thread:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while self._sub.queue.get() is not None:
-            while not self._sub.queue.empty():
-                if self._sub.queue.get() is None:
-                    return
-            try:
-                self._admit()
-            except Exception:
-                log.exception("kueue stand-in: admission pass failed")
+    def on_events(self, events: list[WatchEvent]) -> None:
+        self._admit()  # every pass looks at every queued Job
 
     # ---- one pass -------------------------------------------------------------------------
 
@@ -147,7 +132,7 @@ class KueueStandIn:
         for job, wl in pending:
             due = self._seen.setdefault(job["metadata"]["uid"], now) + self.admission_delay_s
             if due > now:
-                self._wake(due - now)
+                self.wake_at(due)
                 continue
             verdict = self._evaluate(job, used, taken)
             if verdict.reason:
@@ -350,16 +335,6 @@ class KueueStandIn:
         meta = wl["metadata"]
         self.store.mutate("workloads", meta["namespace"], meta["name"], write)
         self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], _unsuspend)
-
-    def _wake(self, delay_s: float) -> None:
-        at = time.monotonic() + delay_s
-        if time.monotonic() < self._wake_at <= at:
-            return  # an earlier wake-up is already armed
-        self._wake_at = at
-        ev = WatchEvent(0, "jobs", "", "SYNC", {"metadata": {"name": ""}})
-        timer = threading.Timer(delay_s + 0.01, self._sub.queue.put, (ev,))
-        timer.daemon = True
-        timer.start()
 
 
 def _slices(job: Obj) -> tuple[str, int] | None:
