@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from mnnvl.sim.controller import Controller
@@ -69,6 +70,32 @@ def eviction_due_in(pod: Obj, taints: list[Obj]) -> float | None:
     # The shortest tolerationSeconds of the tolerations in use decides (getMinTolerationTime).
     limits = [float(t["tolerationSeconds"]) for t in used if "tolerationSeconds" in t]
     return max(0.0, min(limits)) if limits else None
+
+
+def node_unreachable(store: Store, name: str, deleted_after_s: float | None = None) -> None:
+    """What the node lifecycle controller does to a node that stopped reporting: Ready
+    Unknown and the ``unreachable`` taints; with ``deleted_after_s``, the node object is
+    deleted that much later (a cloud provider's node controller, once the instance is gone)."""
+
+    def not_ready(o: Obj) -> None:
+        o["spec"]["taints"] = [
+            {"key": UNREACHABLE, "effect": effect} for effect in ("NoSchedule", "NoExecute")
+        ]
+        o["status"]["conditions"] = [
+            {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
+        ]
+
+    if store.mutate("nodes", "", name, not_ready) is None:
+        raise ValueError(f"no node {name}")
+    if deleted_after_s is not None:
+        timer = threading.Timer(deleted_after_s, _delete_node, (store, name))
+        timer.daemon = True
+        timer.start()
+
+
+def _delete_node(store: Store, name: str) -> None:
+    if store.find("nodes", "", name) is not None:
+        store.delete("nodes", "", name)
 
 
 class NodeLifecycle(Controller):
