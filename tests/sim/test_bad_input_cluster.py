@@ -16,11 +16,7 @@ from mnnvl import cli, namespace
 from mnnvl.names import RunNames
 from mnnvl.sim import SimCluster
 
-
-@pytest.fixture(scope="module")
-def sim():
-    with SimCluster(nodes=2, namespaces=("default", "team-b")) as cluster:
-        yield cluster
+SIM = dict(nodes=2, namespaces=("default", "team-b"))
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict[str, Any]]:

@@ -15,11 +15,7 @@ from mnnvl.names import RunNames
 from mnnvl.sim import SimCluster
 from mnnvl.spec import DomainSpec, VerifyConfig, WorkloadSpec
 
-
-@pytest.fixture(scope="module")
-def sim():
-    with SimCluster(nodes=2) as cluster:
-        yield cluster
+SIM = dict(nodes=2)
 
 
 @pytest.fixture
