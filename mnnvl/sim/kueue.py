@@ -115,7 +115,10 @@ class KueueStandIn(Controller):
         for job in jobs:
             wl = workloads.get((job["metadata"]["namespace"], job["metadata"]["uid"]))
             if wl is None:
-                if finished(job.get("status") or {}):
+                # Kueue's job reconciler makes no Workload for a Job that is finished or being
+                # deleted (jobframework's ReconcileGenericJob drops finalizers and returns): one
+                # made now would block the Job's foreground deletion as its dependent.
+                if finished(job.get("status") or {}) or job["metadata"].get("deletionTimestamp"):
                     continue
                 wl = self._create_workload(job)
                 if wl is None:
