@@ -27,16 +27,16 @@ from mnnvl.sim.nodelifecycle import (
     POD_GC_QUARANTINE_S,
     NodeLifecycle,
     default_tolerations,
+    node_unreachable,
 )
 from mnnvl.sim.placement import GPU
 from mnnvl.sim.podenv import local_gpu_ids
 from mnnvl.sim.scheduler import Scheduler
-from mnnvl.sim.schemas import SchemaAdmission
+from mnnvl.sim.schemas import SchemaAdmission, crd_object
 from mnnvl.sim.selectors import label_matcher
 from mnnvl.sim.store import Obj, Store
 
 log = logging.getLogger(__name__)
-CRD_NAME = "computedomains.resource.nvidia.com"
 SEED_ENV = "MNNVL_SIM_SEED"
 OUR_KINDS = (
     "computedomains",
@@ -240,7 +240,7 @@ class SimCluster:
                 },
             )
         if self.crd_installed:
-            self.store.create("customresourcedefinitions", _crd())
+            self.store.create("customresourcedefinitions", crd_object())
 
     def _write_kubeconfig(self) -> None:
         cfg = {
@@ -274,29 +274,9 @@ class SimCluster:
         until the node object is deleted (``deleted_after_s``: what a cloud provider's node
         controller does once the instance is gone) or tainted ``out-of-service``; then pod GC
         fails and force-deletes them."""
-
-        def not_ready(o: Obj) -> None:
-            # What the node lifecycle controller does to a node that stopped reporting.
-            o["spec"]["taints"] = [
-                {"key": "node.kubernetes.io/unreachable", "effect": effect}
-                for effect in ("NoSchedule", "NoExecute")
-            ]
-            o["status"]["conditions"] = [
-                {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
-            ]
-
-        if self.store.mutate("nodes", "", name, not_ready) is None:
-            raise ValueError(f"no node {name}")
+        node_unreachable(self.store, name, deleted_after_s)
         self._kubelet.node_unreachable(name)
         self._driver.node_lost(name)
-        if deleted_after_s is not None:
-            timer = threading.Timer(deleted_after_s, self._delete_node, (name,))
-            timer.daemon = True
-            timer.start()
-
-    def _delete_node(self, name: str) -> None:
-        if self.store.find("nodes", "", name) is not None:
-            self.store.delete("nodes", "", name)
 
     def signal_pod(self, namespace: str, name: str, sig: int) -> None:
         """Send a signal to every process of a running pod's container: ``SIGSTOP`` is a
@@ -352,32 +332,6 @@ class SimCluster:
             return ""
         with open(worker.log_path, encoding="utf-8", errors="replace") as f:
             return f.read()
-
-
-def _crd() -> Obj:
-    return {
-        "metadata": {"name": CRD_NAME},
-        "spec": {
-            "group": "resource.nvidia.com",
-            "scope": "Namespaced",
-            "names": {
-                "plural": "computedomains",
-                "singular": "computedomain",
-                "kind": "ComputeDomain",
-                "listKind": "ComputeDomainList",
-            },
-            "versions": [
-                {"name": "v1beta1", "served": True, "storage": True, "subresources": {"status": {}}}
-            ],
-        },
-        "status": {
-            "conditions": [
-                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}
-            ],
-            "acceptedNames": {"plural": "computedomains", "kind": "ComputeDomain"},
-            "storedVersions": ["v1beta1"],
-        },
-    }
 
 
 def _usage(kubeconfig: str, url: str, nodes: int, cliques: int) -> str:

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mnnvl.sim.controller import Controller
 from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.store import Obj, Store, WatchEvent
@@ -111,32 +112,28 @@ def channel_domain(claim: Obj) -> str | None:
     return ""
 
 
-class ComputeDomainDriver:
+class ComputeDomainDriver(Controller):
+    name = "sim-cd-controller"
+    kinds = (CD, RCT)
+
     def __init__(self, store: Store, faults: Faults) -> None:
-        self.store, self.faults = store, faults
+        super().__init__(store)
+        self.faults = faults
         self._lock = threading.RLock()
         self._daemons: dict[str, Daemon] = {}  # node -> daemon
         self._channels: dict[str, str] = {}  # node -> claim uid holding channel-0
         self._warned: set[str] = set()
-        self._thread: threading.Thread | None = None
-        self._sub = store.subscribe([CD, RCT], since=None)
         # Set by the kubelet: kill running containers of a domain (on some nodes, or all).
         self.on_imex_lost: Callable[[str, set[str] | None, str], None] = lambda u, n, m: None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="sim-cd-controller", daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
-        self.store.unsubscribe(self._sub)
+        super().stop()
         with self._lock:
             for d in self._daemons.values():
                 self._stop_daemon(d)
-        if self._thread:
-            self._thread.join(timeout=5)
 
-    def _run(self) -> None:
-        while (ev := self._sub.queue.get()) is not None:
+    def on_events(self, events: list[WatchEvent]) -> None:
+        for ev in events:  # each event on its own: one failed reconcile leaves the rest
             try:
                 if ev.resource == CD:
                     if ev.type != "DELETED":
@@ -171,7 +168,7 @@ class ComputeDomainDriver:
                 CD, ns, name, lambda o: o["metadata"].setdefault("finalizers", []).append(FINALIZER)
             )
         if self.faults.blocks_rct(name):
-            self._requeue(ns, name, 0.5)  # the real controller keeps retrying its sync
+            self.requeue(0.5, CD, ns, name)  # the real controller keeps retrying its sync
             return
         uid = cd["metadata"]["uid"]
         tname = cd["spec"]["channel"]["resourceClaimTemplate"]["name"]
@@ -264,13 +261,7 @@ class ComputeDomainDriver:
             )
         left = self.store.mutate(CD, ns, name, _drop_finalizer)
         if left is not None and FINALIZER in (left["metadata"].get("finalizers") or []):
-            self._requeue(ns, name, 0.5)  # the real controller retries with back-off
-
-    def _requeue(self, ns: str, name: str, delay_s: float) -> None:
-        ev = WatchEvent(0, CD, ns, "SYNC", {"metadata": {"name": name}})
-        timer = threading.Timer(delay_s, self._sub.queue.put, (ev,))
-        timer.daemon = True
-        timer.start()
+            self.requeue(0.5, CD, ns, name)  # the real controller retries with back-off
 
     def node_lost(self, node: str) -> None:
         """A node left the cluster: its IMEX daemon is gone from the domain's status. Its pods

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import calendar
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 from mnnvl.contract.env import JOB_COMPLETION_INDEX
+from mnnvl.sim.controller import Controller
 from mnnvl.sim.events import record_event
 from mnnvl.sim.jobstatus import (
     TRACKING_FINALIZER,
@@ -65,44 +65,27 @@ def _ts(iso: str) -> float:
     return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
 
 
-class JobController:
+class JobController(Controller):
+    name = "sim-job-controller"
+    kinds = ("jobs", "pods")
+
     def __init__(self, store: Store, admit: Callable[[str, Obj], None] | None = None) -> None:
-        self.store = store
+        super().__init__(store)
         self.admit = admit or (lambda resource, obj: None)
         self._create_failures: dict[str, int] = {}  # Job uid -> refused creates in a row
-        self._sub = store.subscribe(["jobs", "pods"])
-        self._thread: threading.Thread | None = None
-        self._timers: list[threading.Timer] = []
         self._ttl_armed: set[str] = set()
         # Pods already in their Job's status (what the real controller keeps in
         # status.uncountedTerminatedPods until it has removed their tracking finalizer).
         self._counted: set[str] = set()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="sim-job-controller", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        for t in self._timers:
-            t.cancel()
-        self.store.unsubscribe(self._sub)
-        if self._thread:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while (ev := self._sub.queue.get()) is not None:
-            dirty = {self._job_key(ev)}
-            while not self._sub.queue.empty():  # batch a burst of events
-                nxt = self._sub.queue.get()
-                if nxt is None:
-                    return
-                dirty.add(self._job_key(nxt))
-            for key in dirty:
-                if key is not None:
-                    try:
-                        self.sync(*key)
-                    except Exception:
-                        log.exception("job controller: sync %s failed", key)
+    def on_events(self, events: list[WatchEvent]) -> None:
+        """Each Job a burst touched is synced once."""
+        for key in dict.fromkeys(self._job_key(ev) for ev in events):
+            if key is not None:
+                try:
+                    self.sync(*key)
+                except Exception:
+                    log.exception("job controller: sync %s failed", key)
 
     @staticmethod
     def _job_key(ev: WatchEvent) -> tuple[str, str] | None:
@@ -113,14 +96,6 @@ class JobController:
                 return ev.namespace, ref["name"]
         # A pod that lost its Job (orphaned): its tracking finalizer is released by name.
         return ("", ev.obj["metadata"]["name"]) if ev.namespace else None
-
-    def _later(self, delay: float, ns: str, name: str) -> None:
-        """Wake the controller for this job after ``delay`` seconds (deadline, TTL)."""
-        ev = WatchEvent(0, "jobs", ns, "SYNC", {"metadata": {"name": name}})
-        timer = threading.Timer(max(delay, 0.0), self._sub.queue.put, (ev,))
-        timer.daemon = True
-        timer.start()
-        self._timers = [t for t in self._timers if t.is_alive()] + [timer]
 
     # ----- reconcile -------------------------------------------------------------------
     def sync(self, ns: str, name: str) -> None:
@@ -262,7 +237,8 @@ class JobController:
         if left_s <= 0:
             return ("DeadlineExceeded", "Job was active longer than specified deadline")
         if "startTime" not in status:
-            self._later(left_s + 0.05, job["metadata"]["namespace"], job["metadata"]["name"])
+            meta = job["metadata"]
+            self.requeue(left_s + 0.05, "jobs", meta["namespace"], meta["name"])
         return None
 
     def _reconcile_pods(
@@ -340,7 +316,7 @@ class JobController:
             "job-controller",
         )
         failures = self._create_failures[uid] = self._create_failures.get(uid, 0) + 1
-        self._later(min(API_BACKOFF_S * 2 ** (failures - 1), MAX_API_BACKOFF_S), ns, name)
+        self.requeue(min(API_BACKOFF_S * 2 ** (failures - 1), MAX_API_BACKOFF_S), "jobs", ns, name)
 
     def _pod(self, job: Obj, index: int | None) -> Obj:
         jname, uid = job["metadata"]["name"], job["metadata"]["uid"]
@@ -430,6 +406,6 @@ class JobController:
         if left > 0:
             if job["metadata"]["uid"] not in self._ttl_armed:
                 self._ttl_armed.add(job["metadata"]["uid"])
-                self._later(left + 0.05, ns, name)
+                self.requeue(left + 0.05, "jobs", ns, name)
         elif self.store.find("jobs", ns, name) is not None:
             self.store.delete("jobs", ns, name, "Background")

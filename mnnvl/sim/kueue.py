@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 
 from mnnvl.sim import kueue_tas as tas
+from mnnvl.sim.controller import Controller
 from mnnvl.sim.jobstatus import finished
 from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent, now_iso
 
@@ -80,40 +80,25 @@ def workload_name(job: Obj) -> str:
     return f"job-{meta['name']}"[:57] + f"-{digest}"
 
 
-class KueueStandIn:
+class KueueStandIn(Controller):
+    name = "sim-kueue"
+    kinds = ("jobs", "nodes", "workloads", "pods")  # pods: the TAS ungater acts on new ones
+
     def __init__(
         self, store: Store, admission_delay_s: float = 0.5, config: KueueConfig | None = None
     ) -> None:
-        self.store, self.admission_delay_s = store, admission_delay_s
+        super().__init__(store)
+        self.admission_delay_s = admission_delay_s
         self.config = config or KueueConfig()
-        self._sub = store.subscribe(["jobs", "nodes", "workloads", "pods"])
-        self._thread: threading.Thread | None = None
         self._seen: dict[str, float] = {}  # job uid -> monotonic time first seen
-        self._wake_at = 0.0
 
     def mutate(self, resource: str, obj: Obj) -> None:
         """Admission webhook: queued Jobs are created suspended."""
         if resource == "jobs" and queued(obj):
             obj.setdefault("spec", {})["suspend"] = True
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="sim-kueue", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.store.unsubscribe(self._sub)
-        if self._thread:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while self._sub.queue.get() is not None:
-            while not self._sub.queue.empty():
-                if self._sub.queue.get() is None:
-                    return
-            try:
-                self._admit()
-            except Exception:
-                log.exception("kueue stand-in: admission pass failed")
+    def on_events(self, events: list[WatchEvent]) -> None:
+        self._admit()  # every pass looks at every queued Job
 
     # ---- one pass -------------------------------------------------------------------------
 
@@ -134,8 +119,9 @@ class KueueStandIn:
         for job in jobs:
             wl = workloads.get((job["metadata"]["namespace"], job["metadata"]["uid"]))
             if wl is None:
-                # Kueue makes no Workload for a finished Job or one being deleted (a new one
-                # would be a dependent that holds up the Job's foreground deletion).
+                # Kueue's job reconciler makes no Workload for a Job that is finished or being
+                # deleted (jobframework's ReconcileGenericJob drops finalizers and returns): one
+                # made now would block the Job's foreground deletion as its dependent.
                 if finished(job.get("status") or {}) or job["metadata"].get("deletionTimestamp"):
                     continue
                 wl = self._create_workload(job)
@@ -156,7 +142,7 @@ class KueueStandIn:
         for job, wl in pending:
             due = self._seen.setdefault(job["metadata"]["uid"], now) + self.admission_delay_s
             if due > now:
-                self._wake(due - now)
+                self.wake_at(due)
                 continue
             verdict = self._evaluate(job, used, taken, nodes)
             if verdict.reason:
@@ -368,16 +354,6 @@ class KueueStandIn:
                 tas.gate_template(o["spec"]["template"], meta["name"])
 
         self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], start)
-
-    def _wake(self, delay_s: float) -> None:
-        at = time.monotonic() + delay_s
-        if time.monotonic() < self._wake_at <= at:
-            return  # an earlier wake-up is already armed
-        self._wake_at = at
-        ev = WatchEvent(0, "jobs", "", "SYNC", {"metadata": {"name": ""}})
-        timer = threading.Timer(delay_s + 0.01, self._sub.queue.put, (ev,))
-        timer.daemon = True
-        timer.start()
 
 
 def _count(job: Obj) -> int:

@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 
+from mnnvl.sim.controller import Controller
 from mnnvl.sim.events import record_event
 from mnnvl.sim.model import ApiError
 from mnnvl.sim.placement import TERMINAL, tolerates
@@ -71,31 +72,46 @@ def eviction_due_in(pod: Obj, taints: list[Obj]) -> float | None:
     return max(0.0, min(limits)) if limits else None
 
 
-class NodeLifecycle:
+def node_unreachable(store: Store, name: str, deleted_after_s: float | None = None) -> None:
+    """What the node lifecycle controller does to a node that stopped reporting: Ready
+    Unknown and the ``unreachable`` taints; with ``deleted_after_s``, the node object is
+    deleted that much later (a cloud provider's node controller, once the instance is gone)."""
+
+    def not_ready(o: Obj) -> None:
+        o["spec"]["taints"] = [
+            {"key": UNREACHABLE, "effect": effect} for effect in ("NoSchedule", "NoExecute")
+        ]
+        o["status"]["conditions"] = [
+            {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}
+        ]
+
+    if store.mutate("nodes", "", name, not_ready) is None:
+        raise ValueError(f"no node {name}")
+    if deleted_after_s is not None:
+        timer = threading.Timer(deleted_after_s, _delete_node, (store, name))
+        timer.daemon = True
+        timer.start()
+
+
+def _delete_node(store: Store, name: str) -> None:
+    if store.find("nodes", "", name) is not None:
+        store.delete("nodes", "", name)
+
+
+class NodeLifecycle(Controller):
     """Taint eviction and pod GC, checked every ``CHECK_PERIOD_S`` seconds."""
 
+    name = "sim-node-lifecycle"
+    period_s = CHECK_PERIOD_S
+
     def __init__(self, store: Store, quarantine_s: float = POD_GC_QUARANTINE_S) -> None:
-        self.store, self.quarantine_s = store, quarantine_s
+        super().__init__(store)
+        self.quarantine_s = quarantine_s
         self._tainted_at: dict[str, float] = {}  # node -> when a NoExecute taint appeared
         self._gone_at: dict[str, float] = {}  # node name -> when its object was first missed
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="sim-node-lifecycle", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(CHECK_PERIOD_S):
-            try:
-                self.sync()
-            except Exception:
-                log.exception("node lifecycle: sync failed")
+    def on_tick(self) -> None:
+        self.sync()
 
     def sync(self) -> None:
         nodes = {n["metadata"]["name"]: n for n in self.store.list("nodes")[0]}

@@ -19,12 +19,12 @@ import logging
 import random
 import secrets
 import string
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from mnnvl.sim.affinity import AFFINITY
+from mnnvl.sim.controller import Controller
 from mnnvl.sim.dra import channel_domain
 from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
@@ -40,52 +40,32 @@ JOB_LABEL = "batch.kubernetes.io/job-name"
 UNRESOLVABLE = (NODE_AFFINITY, AFFINITY, UNSCHEDULABLE, "node(s) had untolerated taint")
 
 
+def _released(ev: WatchEvent) -> bool:
+    """A pod ended or went: its claims may be free again."""
+    return ev.resource == "pods" and (
+        ev.type == "DELETED" or (ev.obj.get("status") or {}).get("phase") in TERMINAL
+    )
+
+
 def rand5() -> str:
     return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
 
 
-class Scheduler:
+class Scheduler(Controller):
+    name = "sim-scheduler"
+    kinds = ("pods", "nodes", "resourceclaimtemplates", "persistentvolumeclaims")
+
     def __init__(self, store: Store, faults: Faults, seed: int = 0) -> None:
-        self.store, self.faults = store, faults
+        super().__init__(store)
+        self.faults = faults
         self.rng = random.Random(seed)
-        self._sub = store.subscribe(
-            ["pods", "nodes", "resourceclaimtemplates", "persistentvolumeclaims"]
-        )
-        self._thread: threading.Thread | None = None
         self._first_seen: dict[str, float] = {}  # pod uid -> monotonic time first seen
-        self._wake_at = 0.0
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="sim-scheduler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.store.unsubscribe(self._sub)
-        if self._thread:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while (ev := self._sub.queue.get()) is not None:
-            released = ev.resource == "pods" and (
-                ev.type == "DELETED" or (ev.obj.get("status") or {}).get("phase") in TERMINAL
-            )
-            while not self._sub.queue.empty():  # batch a burst of events into one pass
-                nxt = self._sub.queue.get()
-                if nxt is None:
-                    return
-                released = released or (
-                    nxt.resource == "pods"
-                    and (
-                        nxt.type == "DELETED"
-                        or (nxt.obj.get("status") or {}).get("phase") in TERMINAL
-                    )
-                )
-            try:
-                if released:
-                    self._release_claims()
-                self._schedule_pending()
-            except Exception:
-                log.exception("scheduler pass failed")
+    def on_events(self, events: list[WatchEvent]) -> None:
+        """One pass for a burst; claims are released first when a pod ended or went."""
+        if any(_released(ev) for ev in events):
+            self._release_claims()
+        self._schedule_pending()
 
     # ----- claims ----------------------------------------------------------------------
     def _release_claims(self) -> None:
@@ -191,19 +171,9 @@ class Scheduler:
                 self.faults.schedule_delay_s
             )
             if due > now:
-                self._wake(due)
+                self.wake_at(due)
             elif claims is not None:
                 self._schedule(pod, claims)
-
-    def _wake(self, at: float) -> None:
-        """Run a pass at monotonic time ``at`` (one timer for the earliest pending pod)."""
-        if self._wake_at > time.monotonic() and self._wake_at <= at:
-            return
-        self._wake_at = at
-        ev = WatchEvent(0, "pods", "", "SYNC", {"metadata": {"name": ""}})
-        timer = threading.Timer(max(at - time.monotonic(), 0.0) + 0.005, self._sub.queue.put, (ev,))
-        timer.daemon = True
-        timer.start()
 
     def _schedule(self, pod: Obj, claims: list[Obj]) -> None:
         nodes = sorted(

@@ -28,6 +28,7 @@ DRIVER_LINES = {
     "v25.12.0": "nvidia-dra-driver/crds",
     "v0.4.0": "nvidia-dra-driver/v0.4.0/crds",
 }
+CRD_NAME = "computedomains.resource.nvidia.com"
 CD_CRD_FILE = "resource.nvidia.com_computedomains.yaml"
 VALIDATION_MODULES = ("jsonschema", "kubernetes_validate", "referencing", "yaml")
 log = logging.getLogger(__name__)
@@ -158,3 +159,30 @@ def invalid(resource: str, obj: Obj, errors: list[str]) -> ApiError:
             "causes": [{"reason": "FieldValueInvalid", "message": e} for e in errors],
         },
     )
+
+
+def crd_object() -> Obj:
+    """The ComputeDomain CRD as installed and established (what discovery and the CLI look up)."""
+    return {
+        "metadata": {"name": CRD_NAME},
+        "spec": {
+            "group": "resource.nvidia.com",
+            "scope": "Namespaced",
+            "names": {
+                "plural": "computedomains",
+                "singular": "computedomain",
+                "kind": "ComputeDomain",
+                "listKind": "ComputeDomainList",
+            },
+            "versions": [
+                {"name": "v1beta1", "served": True, "storage": True, "subresources": {"status": {}}}
+            ],
+        },
+        "status": {
+            "conditions": [
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted"}
+            ],
+            "acceptedNames": {"plural": "computedomains", "kind": "ComputeDomain"},
+            "storedVersions": ["v1beta1"],
+        },
+    }

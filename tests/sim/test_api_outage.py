@@ -45,11 +45,8 @@ GATED = (
 )
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    # IMEX takes 2 s per node: pods stay ContainerCreating long enough to start an outage.
-    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=2.0) as cluster:
-        yield cluster
+# IMEX takes 2 s per node: pods stay ContainerCreating long enough to start an outage.
+SIM = dict(nodes=2, local_gpus=[], imex_delay_s=2.0)
 
 
 class Run:

@@ -17,11 +17,7 @@ from mnnvl.inputs import namespace
 from mnnvl.inputs.names import RunNames
 from mnnvl.sim import SimCluster
 
-
-@pytest.fixture(scope="module")
-def sim():
-    with SimCluster(nodes=2, namespaces=("default", "team-b")) as cluster:
-        yield cluster
+SIM = dict(nodes=2, namespaces=("default", "team-b"))
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict[str, Any]]:

@@ -21,10 +21,7 @@ from mnnvl.sim import SimCluster
 DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimCluster(nodes=2, namespaces=("default", "quiet")) as cluster:
-        yield cluster
+SIM = dict(nodes=2, namespaces=("default", "quiet"))
 
 
 def new_spec(**kw) -> DomainSpec:

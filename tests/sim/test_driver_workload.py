@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import textwrap
 import time
-import uuid
 
 import pytest
 
@@ -37,37 +36,9 @@ RANK_CHECK = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimCluster(nodes=2) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def module_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("workers")
-    (path / "rank_check.py").write_text(RANK_CHECK)
-    (path / "quiet.py").write_text('print("nothing to report")\n')
-    return str(path)
-
-
-@pytest.fixture
-def run(sim, module_dir):
-    """A provisioned domain and a matching workload; torn down afterwards, whatever happened."""
-    run_id = f"w-{uuid.uuid4().hex[:10]}"
-    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = WorkloadSpec(
-        run_id=run_id,
-        purpose="job",
-        nodes=2,
-        gpus_per_node=0,
-        env={"PYTHONPATH": module_dir},
-        pods_running_timeout_s=60,
-        job_timeout_s=60,
-    )
-    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
-    yield domain, workload
-    steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+SIM = dict(nodes=2)
+WORKERS = {"rank_check.py": RANK_CHECK, "quiet.py": 'print("nothing to report")\n'}
+RUN = dict(prefix="w")
 
 
 def test_two_node_job_sees_its_rank_env_and_teardown_leaves_nothing(sim, run, capfd):
@@ -176,7 +147,7 @@ def test_job_without_result_line_returns_none_and_the_log_tail(sim, run):
     assert "nothing to report" in result.log_tail
 
 
-def test_pods_stuck_container_creating_time_out_naming_node_and_imex(module_dir):
+def test_pods_stuck_container_creating_time_out_naming_node_and_imex(workers):
     # Its own cluster: IMEX daemons that never become ready are not left to the other tests.
     with SimCluster(nodes=2, imex_delay_s=60) as cluster:
         domain = DomainSpec(run_id="stuck-pods", delete_timeout_s=30)
@@ -185,7 +156,7 @@ def test_pods_stuck_container_creating_time_out_naming_node_and_imex(module_dir)
             purpose="job",
             nodes=2,
             gpus_per_node=0,
-            env={"PYTHONPATH": module_dir},
+            env={"PYTHONPATH": workers},
             pods_running_timeout_s=1.5,
         )
         steps.provision(domain, kubeconfig=cluster.kubeconfig_path)

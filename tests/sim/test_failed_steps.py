@@ -22,10 +22,7 @@ from mnnvl.sim import SimCluster
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as cluster:
-        yield cluster
+SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 
 
 @pytest.fixture

@@ -32,9 +32,7 @@ from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
-from tests.sim.test_ownership import foreign_domain
-from tests.sim.test_shared_storage import create_claim
-from tests.sim.test_sim_fidelity import CD_PATH, Raw
+from tests.sim.simkit import CD_PATH, Raw, create_claim, foreign_domain
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 DONE = "import json\nprint('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
@@ -47,20 +45,15 @@ GATED = (
 )
 
 
-@pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("workers")
-    (path / "sleeper.py").write_text(SLEEPER)
-    (path / "done.py").write_text(DONE)
-    (path / "gated.py").write_text(GATED)
-    return str(path)
+WORKERS = {"sleeper.py": SLEEPER, "done.py": DONE, "gated.py": GATED}
+SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 
 
 @pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as cluster:
-        create_claim(cluster, CLAIM)
-        yield cluster
+def sim(sim: SimCluster) -> SimCluster:
+    """The module's cluster (conftest) with the claim the runs mount."""
+    create_claim(sim, CLAIM)
+    return sim
 
 
 class Run:

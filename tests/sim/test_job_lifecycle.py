@@ -44,41 +44,13 @@ QUICK = textwrap.dedent(
 ADMISSION_DELAY_S = 6.0  # the Kueue stand-in admits a queued Job this long after it was made
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimCluster(nodes=2, kueue=True, kueue_admission_delay_s=ADMISSION_DELAY_S) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def module_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("lifecycle")
-    (path / "exit_on_index_1.py").write_text(EXIT_ON_INDEX_1)
-    (path / "quick.py").write_text(QUICK)
-    (path / "sleeper.py").write_text("import time\ntime.sleep(300)\n")
-    return str(path)
-
-
-@pytest.fixture
-def run(sim, module_dir):
-    """A provisioned run; afterwards: teardown, and nothing of the run may be left."""
-    run_id = f"l-{uuid.uuid4().hex[:10]}"
-    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = WorkloadSpec(
-        run_id=run_id,
-        purpose="job",
-        nodes=2,
-        gpus_per_node=0,
-        env={"PYTHONPATH": module_dir},
-        pods_running_timeout_s=60,
-        job_timeout_s=120,
-    )
-    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
-    yield domain, workload
-    steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
-    names = RunNames.for_run(run_id)
-    assert sim.objects(names.selector) == []
-    assert [o for o in sim.objects() if names.base in o[2]] == []
+SIM = dict(nodes=2, kueue=True, kueue_admission_delay_s=ADMISSION_DELAY_S)
+WORKERS = {
+    "exit_on_index_1.py": EXIT_ON_INDEX_1,
+    "quick.py": QUICK,
+    "sleeper.py": "import time\ntime.sleep(300)\n",
+}
+RUN = dict(prefix="l", job_timeout_s=120, leave_nothing=True)
 
 
 def _pods_created(sim, job: str) -> int:
@@ -168,7 +140,7 @@ def test_pod_turning_unschedulable_during_the_wait_fails_after_the_grace(sim, ru
 
 @pytest.mark.parametrize("command", ["launch", "train", "verify"])
 def test_workload_steps_without_a_domain_fail_in_seconds_asking_to_provision(
-    sim, module_dir, capsys, command
+    sim, workers, capsys, command
 ):
     run_id = f"np-{uuid.uuid4().hex[:8]}"
     argv = [command, "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
@@ -184,7 +156,7 @@ def test_workload_steps_without_a_domain_fail_in_seconds_asking_to_provision(
 
 
 def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
-    module_dir, caplog, monkeypatch
+    workers, caplog, monkeypatch
 ):
     monkeypatch.setattr(wait, "PROGRESS_EVERY_S", 0.4)
     caplog.set_level(logging.INFO, logger="mnnvl")
@@ -196,7 +168,7 @@ def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
             purpose="job",
             nodes=2,
             gpus_per_node=0,
-            env={"PYTHONPATH": module_dir},
+            env={"PYTHONPATH": workers},
             pods_running_timeout_s=2.5,
         )
         steps.provision(domain, kubeconfig=cluster.kubeconfig_path)
@@ -231,7 +203,7 @@ def test_node_still_labelled_for_another_domain_fails_after_the_grace(sim, run):
     assert info.value.exit_code == 4
 
 
-def test_second_run_competing_for_the_same_nodes_fails_after_the_grace(sim, run, module_dir):
+def test_second_run_competing_for_the_same_nodes_fails_after_the_grace(sim, run, workers):
     # The first run holds both nodes' IMEX channel; the scheduler marks the second run's pods
     # Unschedulable a moment after they are created, after the wait's first list.
     _, workload = run

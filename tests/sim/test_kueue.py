@@ -35,17 +35,13 @@ CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def module_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("kueue")
-    (path / "quick.py").write_text(QUICK)
-    return str(path)
+WORKERS = {"quick.py": QUICK}
 
 
 class Run:
     """A provisioned run on ``sim``; ``close`` tears it down and checks nothing is left."""
 
-    def __init__(self, sim: SimCluster, module_dir: str, **workload: object) -> None:
+    def __init__(self, sim: SimCluster, workers: str, **workload: object) -> None:
         self.sim = sim
         self.run_id = f"k-{uuid.uuid4().hex[:10]}"
         self.domain = DomainSpec(run_id=self.run_id, delete_timeout_s=30)
@@ -54,7 +50,7 @@ class Run:
             "purpose": "job",
             "nodes": 2,
             "gpus_per_node": 0,
-            "env": {"PYTHONPATH": module_dir},
+            "env": {"PYTHONPATH": workers},
             "pods_running_timeout_s": 60,
             "job_timeout_s": 120,
         }
@@ -96,12 +92,12 @@ def _sim(
 
 
 @pytest.fixture
-def run_on(module_dir: str) -> Iterator:
+def run_on(workers: str) -> Iterator:
     """``with run_on(sim, **workload) as r``: a provisioned run, torn down and checked on exit."""
 
     @contextlib.contextmanager
     def make(sim: SimCluster, **workload: object) -> Iterator[Run]:
-        r = Run(sim, module_dir, **workload)
+        r = Run(sim, workers, **workload)
         try:
             yield r
         finally:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,10 +23,7 @@ from mnnvl.sim import SimCluster
 RUN = ["--gpus-per-node", "0", "--skip-verify", "--steps", "2", "--warmup-steps", "1"]
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as cluster:
-        yield cluster
+SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.manifests import SPEC_HASH_ANNOTATION
 from mnnvl.runtime.local import free_port
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import foreign_domain
 
 RESULT_ONE = textwrap.dedent(
     """
@@ -38,28 +39,21 @@ RESULT_ONE = textwrap.dedent(
 RESULT_TWO = RESULT_ONE.replace('"one"', '"two"')
 
 
-@pytest.fixture(scope="module")
-def sim():
-    with SimCluster(nodes=2, namespaces=("default", "reap-empty", "reap-age")) as cluster:
-        yield cluster
+SIM = dict(nodes=2, namespaces=("default", "reap-empty", "reap-age"))
+WORKERS = {
+    "result_one.py": RESULT_ONE,
+    "result_two.py": RESULT_TWO,
+    "silent.py": "print('done, nothing to report')\n",
+}
 
 
-@pytest.fixture(scope="module")
-def module_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("workers")
-    (path / "result_one.py").write_text(RESULT_ONE)
-    (path / "result_two.py").write_text(RESULT_TWO)
-    (path / "silent.py").write_text("print('done, nothing to report')\n")
-    return str(path)
-
-
-def job_workload(run_id: str, module_dir: str) -> WorkloadSpec:
+def job_workload(run_id: str, workers: str) -> WorkloadSpec:
     return WorkloadSpec(
         run_id=run_id,
         purpose="job",
         nodes=2,
         gpus_per_node=0,
-        env={"PYTHONPATH": module_dir},
+        env={"PYTHONPATH": workers},
         rdzv_port=free_port(),
         pods_running_timeout_s=180,
         job_timeout_s=180,
@@ -80,15 +74,6 @@ def wait_until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.1)
-
-
-def foreign_domain(name: str, namespace: str = "default") -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "ComputeDomain",
-        "metadata": {"name": name, "namespace": namespace, "labels": {"team": "x"}},
-        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": f"{name}-theirs"}}},
-    }
 
 
 def test_teardown_leaves_a_foreign_domain_with_the_runs_name_alone(sim, capsys):
@@ -160,14 +145,14 @@ def test_teardown_reports_every_foreign_object_with_the_runs_names(sim, capsys):
 
 
 def test_launch_of_a_module_that_prints_no_result_line_succeeds_with_a_null_result(
-    sim, module_dir, capsys
+    sim, workers, capsys
 ):
     """The Job's success is the verdict of a user's launch; a RESULT line is optional there
     (docs/troubleshooting.md: only train and verify need one)."""
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     flags = ["--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
     argv = ["launch", *flags, "--nodes", "2", "--gpus-per-node", "0", "--module", "silent"]
-    argv += ["--env", f"PYTHONPATH={module_dir}", "--rdzv-port", str(free_port())]
+    argv += ["--env", f"PYTHONPATH={workers}", "--rdzv-port", str(free_port())]
     assert run_cli(capsys, ["provision", *flags])[0] == 0
     code, result = run_cli(capsys, argv)
     assert code == 0 and result["ok"] is True and result["result"] is None, result
@@ -176,10 +161,10 @@ def test_launch_of_a_module_that_prints_no_result_line_succeeds_with_a_null_resu
     assert left_of(sim, run_id) == []
 
 
-def test_every_created_object_carries_its_spec_hash(sim, module_dir):
+def test_every_created_object_carries_its_spec_hash(sim, workers):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = job_workload(run_id, module_dir)
+    workload = job_workload(run_id, workers)
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
     names = RunNames.for_run(run_id)
@@ -195,17 +180,17 @@ def test_every_created_object_carries_its_spec_hash(sim, module_dir):
     assert left_of(sim, run_id) == []
 
 
-def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, module_dir, capsys):
+def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, workers, capsys):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = job_workload(run_id, module_dir)
+    workload = job_workload(run_id, workers)
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     first = steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
     assert first.result == {"kind": "one"}
 
     job = RunNames.for_run(run_id).job("job")
     argv = ["launch", "--run-id", run_id, "--purpose", "job", "--nodes", "2"]
-    argv += ["--gpus-per-node", "0", "--env", f"PYTHONPATH={module_dir}"]
+    argv += ["--gpus-per-node", "0", "--env", f"PYTHONPATH={workers}"]
     argv += ["--rdzv-port", str(workload.rdzv_port), "--job-timeout-s", "180"]
     argv += ["--pods-running-timeout-s", "180", "--kubeconfig", sim.kubeconfig_path]
     same_module = [*argv, "--module", "result_one"]
@@ -225,10 +210,10 @@ def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, module
 
 
 @pytest.mark.slow
-def test_a_retried_step_replaces_its_failed_job(sim, module_dir):
+def test_a_retried_step_replaces_its_failed_job(sim, workers):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = job_workload(run_id, module_dir)
+    workload = job_workload(run_id, workers)
     job = RunNames.for_run(run_id).job("job")
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=1)  # maxFailedIndexes: 0

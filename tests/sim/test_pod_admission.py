@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,14 +23,17 @@ ENFORCE = "pod-security.kubernetes.io/enforce"
 RUN = ["--gpus-per-node", "0", "--skip-verify", "--steps", "2", "--warmup-steps", "1"]
 
 
+SIM = dict(nodes=2, local_gpus=[], namespaces=("default", RESTRICTED, BASELINE))
+
+
 @pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=2, local_gpus=[], namespaces=("default", RESTRICTED, BASELINE)) as c:
-        config.load_kube_config(c.kubeconfig_path)
-        core = client.CoreV1Api()
-        for ns, level in ((RESTRICTED, "restricted"), (BASELINE, "baseline")):
-            core.patch_namespace(ns, {"metadata": {"labels": {ENFORCE: level}}})
-        yield c
+def sim(sim: SimCluster) -> SimCluster:
+    """The module's cluster (conftest) with its namespaces' Pod Security levels."""
+    config.load_kube_config(sim.kubeconfig_path)
+    core = client.CoreV1Api()
+    for ns, level in ((RESTRICTED, "restricted"), (BASELINE, "baseline")):
+        core.patch_namespace(ns, {"metadata": {"labels": {ENFORCE: level}}})
+    return sim
 
 
 @pytest.fixture

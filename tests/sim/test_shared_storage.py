@@ -17,17 +17,17 @@ from mnnvl.cli import main as cli
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
-from mnnvl.sim import SimCluster
+from tests.sim.simkit import create_claim
 
 CLAIM = "team-ckpt"
 MOUNT = "/mnt/shared"
 
 
 @pytest.fixture(scope="module")
-def sim():
-    with SimCluster(nodes=2) as cluster:
-        create_claim(cluster, CLAIM)
-        yield cluster
+def sim(sim):
+    """The module's cluster (conftest) with the claim the runs mount."""
+    create_claim(sim, CLAIM)
+    return sim
 
 
 def _left(sim, run_id: str) -> list:
@@ -127,11 +127,3 @@ def test_run_with_a_local_checkpoint_dir_stops_before_provisioning(sim, capsys):
     assert cli.main(argv) == 2
     assert "checkpoint_dir: /tmp/ckpt is not under a mounted PVC" in capsys.readouterr().out
     assert _left(sim, run_id) == []
-
-
-def create_claim(cluster: SimCluster, name: str) -> None:
-    """The PersistentVolumeClaim the runs mount (a pod naming a missing one is unschedulable)."""
-    core = client.CoreV1Api(config.new_client_from_config(config_file=cluster.kubeconfig_path))
-    spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
-    body = {"metadata": {"name": name}, "spec": spec}
-    core.create_namespaced_persistent_volume_claim("default", body)

@@ -16,7 +16,7 @@ from mnnvl.inputs.spec import DomainSpec
 from mnnvl.manifests import compute_domain
 from mnnvl.sim import SimCluster
 from mnnvl.sim.schemas import SchemaAdmission
-from tests.sim.test_sim_fidelity import CD_PATH, Raw, pod_body
+from tests.sim.simkit import CD_PATH, Raw, pod_body
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"
 PODS = "/api/v1/namespaces/default/pods"
@@ -35,11 +35,6 @@ def rejected(raw: Raw, method: str, path: str, body: Any = None, **query: Any) -
 def sim(schema_dir: Path) -> Iterator[SimCluster]:
     with SimCluster(nodes=1, local_gpus=[], schema_dir=str(schema_dir), watch_history=20) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def raw(sim: SimCluster) -> Raw:
-    return Raw(sim)
 
 
 # ---- admission ------------------------------------------------------------------------------

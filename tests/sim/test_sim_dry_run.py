@@ -15,7 +15,8 @@ import pytest
 from kubernetes.client import ApiException
 
 from mnnvl.sim import SimCluster
-from tests.sim.test_simulator import CDS, NS, Clients, G, V, missing, wait_for
+from tests.sim.simkit import wait_for
+from tests.sim.test_simulator import CDS, NS, Clients, G, V, missing
 
 
 @pytest.fixture(scope="module")

@@ -10,132 +10,25 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 import pytest
 from kubernetes.client import ApiException
-from kubernetes.dynamic import DynamicClient
 
 from mnnvl.sim import SimCluster
-from tests.sim.test_simulator import wait_for
+from tests.sim.simkit import CD_PATH, Raw, pod_body, wait_for
 
 NS = "default"
-CD_PATH = "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains"
-
-
-class _NoDiscovery:
-    """A ``DynamicClient`` discoverer that discovers nothing: these tests name their paths."""
-
-    def __init__(self, client: Any, cache_file: Any = None) -> None:
-        del client, cache_file
-
-
-class Raw:
-    """Dict-in, dict-out calls by path through the official client (its typed models drop fields).
-
-    ``DynamicClient.request`` is the client's public generic call on every release from 30 to
-    the newest (``ApiClient.call_api`` changed its signature in 36 and 37). A non-2xx answer
-    raises an ``ApiException`` with the status and the ``Status`` body.
-    """
-
-    def __init__(self, sim: SimCluster) -> None:
-        self.api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
-        self.dynamic = DynamicClient(self.api, discoverer=_NoDiscovery)
-
-    def open(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
-        """The response with its body not yet read (a watch can be read as it streams)."""
-        return self.dynamic.request(
-            method,
-            path,
-            body=body,
-            query_params=list(query.items()),
-            header_params={"Accept": "application/json"},
-            content_type="application/json",
-            serialize=False,
-        )
-
-    def call(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
-        resp = self.open(method, path, body, **query)
-        try:
-            return json.loads(resp.data or b"null")
-        finally:
-            resp.release_conn()
-
-    def get(self, path: str) -> Any:
-        return self.call("GET", path)
-
-    def gone(self, path: str) -> bool:
-        try:
-            self.get(path)
-        except ApiException as e:
-            return e.status == 404
-        return False
-
-    def pod(self, name: str, ns: str = NS) -> Any:
-        return self.get(f"/api/v1/namespaces/{ns}/pods/{name}")
-
-    def create_pod(self, body: dict[str, Any], ns: str = NS) -> Any:
-        return self.call("POST", f"/api/v1/namespaces/{ns}/pods", body)
-
-    def create_cd(self, name: str, ns: str = NS) -> Any:
-        body = {
-            "apiVersion": "resource.nvidia.com/v1beta1",
-            "kind": "ComputeDomain",
-            "metadata": {"name": name},
-            "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": f"{name}-ch"}}},
-        }
-        cd = self.call("POST", CD_PATH.format(ns=ns), body)
-        wait_for(
-            lambda: (
-                not self.gone(
-                    f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates/{name}-ch"
-                )
-            ),
-            what="channel template",
-        )
-        return cd
-
-
-def pod_body(
-    name: str,
-    code: str = "import time; time.sleep(60)",
-    gpus: int = 0,
-    claim_template: str | None = None,
-    node: str | None = None,
-    grace_s: int | None = None,
-) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": "sim", "command": ["python3", "-c", code]}
-    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
-    if gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
-    if claim_template:
-        spec["resourceClaims"] = [{"name": "imex", "resourceClaimTemplateName": claim_template}]
-        container.setdefault("resources", {})["claims"] = [{"name": "imex"}]
-    if node:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    if grace_s is not None:
-        spec["terminationGracePeriodSeconds"] = grace_s
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 def phase(raw: Raw, name: str, ns: str = NS) -> str:
     return str(raw.pod(name, ns).get("status", {}).get("phase"))
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    with SimCluster(
-        nodes=2, gpus_per_node=2, local_gpus=[], imex_delay_s=0.1, namespaces=("default", "other")
-    ) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def raw(sim: SimCluster) -> Raw:
-    return Raw(sim)
+SIM = dict(
+    nodes=2, gpus_per_node=2, local_gpus=[], imex_delay_s=0.1, namespaces=("default", "other")
+)
 
 
 # ---- scheduler ------------------------------------------------------------------------------

@@ -4,14 +4,10 @@ suspend, ttlSecondsAfterFinished, and the optional Kueue stand-in."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from mnnvl.sim import SimCluster
-from tests.sim.test_sim_fidelity import Raw
-from tests.sim.test_simulator import wait_for
+from tests.sim.simkit import Raw, wait_for
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"
 PODS = "/api/v1/namespaces/default/pods"
@@ -57,15 +53,7 @@ def pods_of(raw: Raw, name: str) -> list[dict[str, Any]]:
     return list(raw.call("GET", PODS, labelSelector=f"job-name={name}")["items"])
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=4, local_gpus=[], schedule_delay_s=0.05) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="module")
-def raw(sim: SimCluster) -> Raw:
-    return Raw(sim)
+SIM = dict(nodes=4, local_gpus=[], schedule_delay_s=0.05)
 
 
 def test_complete_job_has_success_criteria_met_then_complete_with_real_reasons(raw: Raw) -> None:

@@ -7,25 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import kubernetes
 import pytest
 
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import wait_for
 
 NS = "default"
-
-
-def _wait(cond: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("timed out")
 
 
 def _job(name: str, code: str, restart: str = "Never") -> dict[str, Any]:
@@ -60,7 +50,7 @@ def test_image_pull_backoff_never_runs(env: Any) -> None:
     sim, core, batch = env
     sim.faults.fail_pod("pull", 0, mode="ImagePullBackOff")
     batch.create_namespaced_job(NS, _job("pull", "print('ran')"))
-    cs = _wait(
+    cs = wait_for(
         lambda: (
             (s := _state(core, "pull"))
             and s.state.waiting
@@ -76,7 +66,7 @@ def test_crash_loop_restarts_with_exit_code(env: Any) -> None:
     sim, core, batch = env
     sim.faults.fail_pod("crash", 0, mode="CrashLoop", exit_code=9)
     batch.create_namespaced_job(NS, _job("crash", "print('ran')", restart="OnFailure"))
-    cs = _wait(lambda: (s := _state(core, "crash")) and s.restart_count >= 2 and s)
+    cs = wait_for(lambda: (s := _state(core, "crash")) and s.restart_count >= 2 and s)
     assert cs.last_state.terminated.exit_code == 9
     batch.delete_namespaced_job("crash", NS, propagation_policy="Background")
 
@@ -87,10 +77,10 @@ def test_stop_kills_running_pod_processes() -> None:
     core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
     code = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
     batch.create_namespaced_job(NS, _job("sleeper", code))
-    pod = _wait(
+    pod = wait_for(
         lambda: [p for p in core.list_namespaced_pod(NS).items if p.status.phase == "Running"]
     )[0]
-    pid = int(_wait(lambda: core.read_namespaced_pod_log(pod.metadata.name, NS).strip()))
+    pid = int(wait_for(lambda: core.read_namespaced_pod_log(pod.metadata.name, NS).strip()))
     sim.stop()
     sim.stop()  # idempotent
     with pytest.raises(ProcessLookupError):
@@ -136,13 +126,13 @@ def test_pod_deleted_while_waiting_for_imex_releases_the_node(env: Any) -> None:
     job["spec"]["template"]["spec"]["resourceClaims"] = [
         {"name": "ch", "resourceClaimTemplateName": "slow-ch"}
     ]
-    _wait(lambda: sim.store.find("resourceclaimtemplates", NS, "slow-ch"))
+    wait_for(lambda: sim.store.find("resourceclaimtemplates", NS, "slow-ch"))
     batch.create_namespaced_job(NS, job)
     label = "resource.nvidia.com/computeDomain"
-    _wait(lambda: label in (core.read_node("sim-node-0").metadata.labels or {}))
+    wait_for(lambda: label in (core.read_node("sim-node-0").metadata.labels or {}))
     assert _state(core, "slow").state.waiting.reason == "ContainerCreating"
     batch.delete_namespaced_job("slow", NS, propagation_policy="Background")
-    _wait(lambda: label not in (core.read_node("sim-node-0").metadata.labels or {}))
+    wait_for(lambda: label not in (core.read_node("sim-node-0").metadata.labels or {}))
     sim.faults.imex_delay_s = 0.2
 
 
@@ -151,7 +141,7 @@ def test_cli_sim_up_with_two_cliques_labels_half_the_nodes_each(tmp_path: Any) -
     cmd = [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "8", "--cliques", "2"]
     proc = subprocess.Popen([*cmd, "--kubeconfig", str(kc)], stderr=subprocess.DEVNULL)
     try:
-        _wait(kc.exists, timeout=60)
+        wait_for(kc.exists, timeout=60)
         api = kubernetes.config.new_client_from_config(config_file=str(kc))
         nodes = kubernetes.client.CoreV1Api(api).list_node().items
         cliques = [n.metadata.labels["nvidia.com/gpu.clique"] for n in nodes]

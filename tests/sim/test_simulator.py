@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
@@ -13,6 +13,7 @@ from kubernetes import watch
 from kubernetes.client import ApiException
 
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import wait_for
 
 G, V, CDS = "resource.nvidia.com", "v1beta1", "computedomains"
 NS = "default"
@@ -52,16 +53,6 @@ class Clients:
         return self.custom.create_namespaced_custom_object(G, V, NS, CDS, body)
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def missing(fn: Callable[[], Any]) -> bool:
     try:
         fn()
@@ -70,10 +61,7 @@ def missing(fn: Callable[[], Any]) -> bool:
     return False
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[SimCluster]:
-    with SimCluster(nodes=2, gpus_per_node=2, imex_delay_s=0.3, local_gpus=[]) as cluster:
-        yield cluster
+SIM = dict(nodes=2, gpus_per_node=2, imex_delay_s=0.3, local_gpus=[])
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,7 @@ from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
 
-
-@pytest.fixture(scope="module")
-def sim():
-    with SimCluster(nodes=2) as cluster:
-        yield cluster
+SIM = dict(nodes=2)
 
 
 @pytest.fixture
