@@ -76,6 +76,15 @@ def opt(
     return field(default=default, metadata=meta)
 
 
+def _check_run_and_namespace(spec: Any) -> None:
+    """The run id, and the namespace: the edges resolve "" to the pod's own; here "" means
+    default."""
+    check_run_id(spec.run_id)
+    if not spec.namespace:
+        object.__setattr__(spec, "namespace", FALLBACK_NAMESPACE)
+    check_dns_label("namespace", spec.namespace)
+
+
 def api_outage_opt() -> Any:
     """The ``api_outage_s`` input, declared here once for every step's spec."""
     return opt(
@@ -157,10 +166,7 @@ class DomainSpec:
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
-        check_run_id(self.run_id)
-        if not self.namespace:  # the edges resolve "" to the pod's own; here it means default
-            object.__setattr__(self, "namespace", FALLBACK_NAMESPACE)
-        check_dns_label("namespace", self.namespace)
+        _check_run_and_namespace(self)
         check_choice("allocation_mode", self.allocation_mode, ALLOCATION_MODES)
         check_range("rct_timeout_s", self.rct_timeout_s, 0.1, 86400)
         check_range("delete_timeout_s", self.delete_timeout_s, 0.1, 86400)
@@ -251,10 +257,7 @@ class WorkloadSpec:
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
-        check_run_id(self.run_id)
-        if not self.namespace:  # the edges resolve "" to the pod's own; here it means default
-            object.__setattr__(self, "namespace", FALLBACK_NAMESPACE)
-        check_dns_label("namespace", self.namespace)
+        _check_run_and_namespace(self)
         check_choice("purpose", self.purpose, PURPOSES)
         self._check_cliques()
         check_range("gpus_per_node", self.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
