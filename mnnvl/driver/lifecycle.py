@@ -353,6 +353,7 @@ class JobWatch(Check):
         one, follow rank 0's new pod once it runs."""
         pods = view["pods"]
         rank0 = self.follower.progress if self.follower is not None else None
+        self.gang.check_stranded(pods)
         if self.gang.check(pods, rank0):
             self.follower = None
             return True
@@ -398,6 +399,7 @@ class JobWatch(Check):
         if self._suspended(view) is not None:
             return None if self.admission.unlimited else max(0.0, self.admission.remaining())
         times = [self.grace.recheck_in_s(), self.refusal_grace.recheck_in_s()]
+        times.append(self.gang.stranded.recheck_in_s())
         for deadline in (self.job_deadline or self.pods_deadline,):
             if deadline is not None:
                 times.append(max(0.0, deadline.remaining()))
