@@ -106,7 +106,9 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
             )
         # The failed Job's pods would hold their nodes' IMEX channel (and GPUs) until the
         # teardown, so the run's next step would wait on them: remove them now.
-        err.args = (f"{err}; {remove_failed_jobs(api, workload, jobs)}",)
+        # A pod stranded on a lost node never goes while the Node exists: delete, do not wait.
+        stranded = getattr(err, "problem_kind", None) is Kind.STRANDED
+        err.args = (f"{err}; {remove_failed_jobs(api, workload, jobs, wait=not stranded)}",)
         raise
     follower = watch.follower
     rank0 = rank0_pod(pods, job)

@@ -114,9 +114,13 @@ class Problem:
 
     def error(self, text: str) -> MnnvlError:
         """The step's error carrying ``text`` (the message with its evidence and hint)."""
+        err: MnnvlError
         if self.step_exit_code() == exit_codes.TIMEOUT:
-            return WaitTimeout(text)
-        return WorkloadFailed(text, pod_exit_code=self.exit_code)
+            err = WaitTimeout(text)
+        else:
+            err = WorkloadFailed(text, pod_exit_code=self.exit_code)
+        setattr(err, "problem_kind", self.kind)  # noqa: B010  (callers decide by the kind)
+        return err
 
 
 def problem(
