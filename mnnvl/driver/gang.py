@@ -31,7 +31,7 @@ from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import POD, Api
-from mnnvl.driver.diagnose import exit_code, pod_index
+from mnnvl.driver.diagnose import Grace, exit_code, pod_index
 from mnnvl.driver.errors import WorkloadFailed
 from mnnvl.driver.problem import Kind, problem
 from mnnvl.driver.wait import Objects
@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job controller
 STEP_LINE = re.compile(r"\bstep (\d+)\b")  # rank 0's training log line, "step 1450 loss ..."
+# Kubernetes' non-graceful node shutdown: pod GC force-deletes the Terminating pods of a
+# not-ready node with this taint (kubernetes.io/docs/concepts/cluster-administration/
+# node-shutdown/#non-graceful-node-shutdown).
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
 # Rank 0's verification log line, "sweep size 1048576 bytes done (the sweep across all ranks)"
 SWEEP_LINE = re.compile(r"\bsweep size (\d+) bytes done\b")
 
@@ -112,6 +116,8 @@ class Gang:
         self.old: set[str] = set()  # pods of generations already restarted
         self.restarts: list[Restart] = []
         self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
+        self.stranded = Grace(workload.unschedulable_grace_s)  # evicted pods left Terminating
+        self.stranded_logged: set[str] = set()  # pod uids already logged
 
     def check(self, pods: Objects, rank0: Progress | None) -> bool:
         """Restart the gang when a pod of the current generation failed retriably; True when
@@ -151,6 +157,47 @@ class Gang:
         self._delete_others(pods, pod)
         self.old |= {p["metadata"]["uid"] for p in pods.values()}
         return True
+
+    def check_stranded(self, pods: Objects) -> None:
+        """Fail the step when a pod the taint manager evicted stays Terminating for longer than
+        the grace. Its node stopped answering, so no kubelet moves it to Failed, and the Job
+        (``podReplacementPolicy: Failed``) never replaces its index: the other ranks would only
+        restart and wait for it until ``--max-restarts``. Pod GC ends it once the Node object is
+        deleted or tainted ``out-of-service``; the pod alone says which node (the step's Role
+        cannot read nodes)."""
+        self.stranded.retain(pods)
+        for name, pod in sorted(pods.items()):
+            why = _stranded(pod)
+            left = self.stranded.left_s(f"stranded/{name}", bool(why))
+            if left is None:
+                continue
+            node = pod["spec"]["nodeName"]
+            if pod["metadata"]["uid"] not in self.stranded_logged:
+                self.stranded_logged.add(pod["metadata"]["uid"])
+                logger.warning(
+                    "pod %s was evicted from node %s (%s) and stays Terminating: the node is not "
+                    "answering; waiting %g s for the Node to be deleted or tainted out-of-service",
+                    name,
+                    node,
+                    why,
+                    self.stranded.grace_s,
+                )
+            if left > 0:
+                continue
+            found = problem(
+                Kind.STRANDED,
+                pod=name,
+                name=name,
+                node=node,
+                detail=why,
+                index=pod_index(pod),
+                grace_s=self.stranded.grace_s,
+            )
+            raise found.error(
+                f"{found.message}; if the machine is down, run `kubectl taint nodes {node} "
+                f"{OUT_OF_SERVICE}` (non-graceful node shutdown) or `kubectl delete node {node}`, "
+                "then rerun: the run resumes from the last checkpoint"
+            )
 
     def _check_budget(self, pods: Objects, failed: dict[str, Any]) -> None:
         """Raise when restarting would exceed ``--max-restarts`` or fail an index whose pod
@@ -255,6 +302,17 @@ def _disrupted(pod: dict[str, Any]) -> bool:
     """A ``DisruptionTarget`` pod (node lost, evicted, preempted): the Job's podFailurePolicy
     ignores it, so its failure uses up no retry."""
     return bool(_disruption(pod))
+
+
+def _stranded(pod: dict[str, Any]) -> str:
+    """The ``DisruptionTarget`` condition of a pod the taint manager deleted (its node carries a
+    ``NoExecute`` not-ready/unreachable taint) that is still Terminating; "" otherwise."""
+    why = _disruption(pod)
+    if not why.startswith("DeletionByTaintManager") or not pod["metadata"].get("deletionTimestamp"):
+        return ""
+    if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+        return ""
+    return why if (pod.get("spec") or {}).get("nodeName") else ""
 
 
 def _disruption(pod: dict[str, Any]) -> str:

@@ -106,7 +106,9 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
             )
         # The failed Job's pods would hold their nodes' IMEX channel (and GPUs) until the
         # teardown, so the run's next step would wait on them: remove them now.
-        err.args = (f"{err}; {remove_failed_jobs(api, workload, jobs)}",)
+        # A pod stranded on a lost node never goes while the Node exists: delete, do not wait.
+        stranded = getattr(err, "problem_kind", None) is Kind.STRANDED
+        err.args = (f"{err}; {remove_failed_jobs(api, workload, jobs, wait=not stranded)}",)
         raise
     follower = watch.follower
     rank0 = rank0_pod(pods, job)
@@ -353,6 +355,7 @@ class JobWatch(Check):
         one, follow rank 0's new pod once it runs."""
         pods = view["pods"]
         rank0 = self.follower.progress if self.follower is not None else None
+        self.gang.check_stranded(pods)
         if self.gang.check(pods, rank0):
             self.follower = None
             return True
@@ -398,6 +401,7 @@ class JobWatch(Check):
         if self._suspended(view) is not None:
             return None if self.admission.unlimited else max(0.0, self.admission.remaining())
         times = [self.grace.recheck_in_s(), self.refusal_grace.recheck_in_s()]
+        times.append(self.gang.stranded.recheck_in_s())
         for deadline in (self.job_deadline or self.pods_deadline,):
             if deadline is not None:
                 times.append(max(0.0, deadline.remaining()))

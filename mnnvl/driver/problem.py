@@ -32,6 +32,7 @@ class Kind(enum.Enum):
     STALLED = "stalled"
     COLLECTIVE_TIMEOUT = "collective timeout"
     LOST_NODE = "lost node"
+    STRANDED = "pod stranded on a lost node"
     PREPARE = "channel prepare refused"
     NODE_HELD = "node held by another domain"
     POD_SECURITY = "pod security"
@@ -60,6 +61,9 @@ TEMPLATES: dict[Kind, str] = {
     Kind.STALLED: "Failed with exit code {code} (a worker stalled: no progress)",
     Kind.COLLECTIVE_TIMEOUT: "Failed with exit code {code} (a collective timed out on a peer)",
     Kind.LOST_NODE: "Failed with exit code {code} (its node's IMEX domain was lost: {detail})",
+    Kind.STRANDED: "node {node} was lost and pod {name} has stayed Terminating on it for more "
+    "than {grace_s:g} s ({detail}): no kubelet finishes it while the Node object exists, so its "
+    "Job never replaces index {index}",
     Kind.PREPARE: "FailedPrepareDynamicResources: {detail}",
     Kind.NODE_HELD: "FailedPrepareDynamicResources for more than {grace_s:g} s: {detail}",
     Kind.POD_SECURITY: "the API refused to create the pods of Job {job} (FailedCreate: {detail})",
@@ -79,7 +83,14 @@ TEMPLATES: dict[Kind, str] = {
 
 # Kinds that wait out the unschedulable grace before they fail a step (they may clear).
 GRACED = frozenset(
-    {Kind.UNSCHEDULABLE, Kind.NO_CLIQUE_ROOM, Kind.NODE_HELD, Kind.QUOTA, Kind.REFUSED}
+    {
+        Kind.UNSCHEDULABLE,
+        Kind.NO_CLIQUE_ROOM,
+        Kind.NODE_HELD,
+        Kind.QUOTA,
+        Kind.REFUSED,
+        Kind.STRANDED,
+    }
 )
 
 
@@ -103,9 +114,13 @@ class Problem:
 
     def error(self, text: str) -> MnnvlError:
         """The step's error carrying ``text`` (the message with its evidence and hint)."""
+        err: MnnvlError
         if self.step_exit_code() == exit_codes.TIMEOUT:
-            return WaitTimeout(text)
-        return WorkloadFailed(text, pod_exit_code=self.exit_code)
+            err = WaitTimeout(text)
+        else:
+            err = WorkloadFailed(text, pod_exit_code=self.exit_code)
+        setattr(err, "problem_kind", self.kind)  # noqa: B010  (callers decide by the kind)
+        return err
 
 
 def problem(

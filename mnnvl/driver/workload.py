@@ -113,13 +113,18 @@ def _replace_failed_job(
 FAILED_JOB_DELETE_S = 120.0  # how long a failed step waits for its Job's pods to be gone
 
 
-def remove_failed_jobs(api: Api, workload: WorkloadSpec, jobs: list[str]) -> str:
+def remove_failed_jobs(
+    api: Api, workload: WorkloadSpec, jobs: list[str], *, wait: bool = True
+) -> str:
     """Delete a failed step's Jobs (foreground: each is gone only once its pods are) and wait
-    for that; returns what was removed, or why not, for the step's error message."""
+    for that (``wait``); returns what was removed, or why not, for the step's error message."""
     gone = Deletions(workload.run_id)
     ns, deadline = workload.namespace, Deadline(FAILED_JOB_DELETE_S)
     try:
         for job in jobs:
+            if not wait:
+                gone.delete_named(api, JOB, ns, job, propagation="Background")
+                continue
             if gone.delete_named(api, JOB, ns, job, propagation="Foreground"):
                 wait_for(
                     api,
@@ -138,6 +143,9 @@ def remove_failed_jobs(api: Api, workload: WorkloadSpec, jobs: list[str]) -> str
             f"--namespace {ns}` removes them"
         )
     removed = ", ".join(gone.deleted) or "nothing (already gone)"
+    if not wait:
+        logger.info("failed step: deleted %s; its pods go as their nodes allow", removed)
+        return f"deleted {removed}; its pod on the lost node goes once the node is dealt with"
     logger.info("failed step: removed %s and its pods", removed)
     return f"removed {removed} and its pods, so the run's next step finds the nodes free"
 

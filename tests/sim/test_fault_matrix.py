@@ -32,7 +32,8 @@ from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
-from tests.sim.simkit import CD_PATH, Raw, create_claim, foreign_domain
+from mnnvl.sim.nodelifecycle import OUT_OF_SERVICE
+from tests.sim.simkit import CD_PATH, Raw, create_claim, foreign_domain, wait_for
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 DONE = "import json\nprint('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
@@ -618,8 +619,12 @@ def test_a_hung_worker_without_retries_left_exits_4_naming_the_stalled_pod(
 LOST_NODE_TIMING = {"default_toleration_s": 1.0, "pod_gc_quarantine_s": 0.5}
 
 
-def train_losing_a_node(nodes: int, workers: str) -> tuple[Any, BaseException | None, list[str]]:
-    """Train on 2 of ``nodes`` nodes and lose index 1's node after the first checkpoint.
+def train_losing_a_node(
+    nodes: int, workers: str, deleted_after_s: float | None = 1.0
+) -> tuple[Any, BaseException | None, list[str]]:
+    """Train on 2 of ``nodes`` nodes and lose index 1's node after the first checkpoint; its
+    Node object is deleted ``deleted_after_s`` later (None: never, as on bare metal, where the
+    operator taints it out-of-service once the step has said so).
     Returns (the result, the error, the nodes the replacement pods run on)."""
     with SimCluster(nodes=nodes, local_gpus=[], imex_delay_s=0.1, **LOST_NODE_TIMING) as sim:
         create_claim(sim, CLAIM)
@@ -629,16 +634,53 @@ def train_losing_a_node(nodes: int, workers: str) -> tuple[Any, BaseException | 
 
         def lose(node: str) -> None:
             lost.append(node)
-            sim.lose_node(node, deleted_after_s=1.0)
+            sim.lose_node(node, deleted_after_s=deleted_after_s)
 
         result, error, victim = train_with_a_fault(sim, r, lose, retries=2)
         pods = Raw(sim).call("GET", "/api/v1/namespaces/default/pods")["items"]
         placed = sorted(p["spec"].get("nodeName") or "" for p in pods)
-        if error is not None:
-            assert f"node {lost[0]} was lost (pod {victim}: DeletionByPodGC" in str(error)
+        if deleted_after_s is None:
+            assert error is not None
+            assert f"node {lost[0]} was lost and pod {victim} has stayed Terminating" in str(error)
+            taint_out_of_service(sim, lost[0])  # what the error tells the operator to do
+            wait_for(
+                lambda: victim not in pod_names(sim),
+                what="pod GC removes the pod of the out-of-service node",
+            )
+        else:
+            if error is not None:
+                assert f"node {lost[0]} was lost (pod {victim}: DeletionByPodGC" in str(error)
+            assert lost[0] not in placed
         r.close()  # nothing left
-        assert lost[0] not in placed
         return result, error, placed
+
+
+def pod_names(sim: SimCluster) -> set[str]:
+    pods = Raw(sim).call("GET", "/api/v1/namespaces/default/pods")["items"]
+    return {p["metadata"]["name"] for p in pods}
+
+
+def taint_out_of_service(sim: SimCluster, node: str) -> None:
+    """`kubectl taint nodes NODE node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`."""
+    raw = Raw(sim)
+    path = f"/api/v1/nodes/{node}"
+    taints = raw.call("GET", path)["spec"].get("taints") or []
+    taint = {"key": OUT_OF_SERVICE, "value": "nodeshutdown", "effect": "NoExecute"}
+    raw.call("PATCH", path, {"spec": {"taints": [*taints, taint]}})
+
+
+@pytest.mark.slow
+def test_node_lost_and_never_deleted_exits_4_naming_the_node_and_the_fix(workers: str) -> None:
+    # Bare metal: nobody deletes the Node, so the evicted pod stays Terminating and its Job
+    # never replaces the index. Bound: the toleration (1 s) + the grace (3 s), well before
+    # the survivors could use up their restarts.
+    started = time.monotonic()
+    result, error, _ = train_losing_a_node(2, workers, deleted_after_s=None)
+    assert result is None and isinstance(error, MnnvlError)
+    assert error.exit_code == 4
+    assert "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute" in str(error)
+    assert "DeletionByTaintManager" in str(error)
+    print(f"lost node never deleted: failed after {time.monotonic() - started:.1f} s")
 
 
 @pytest.mark.slow
