@@ -366,17 +366,26 @@ def describe_pods(
 
 
 def job_failure(
-    api: Api, workload: WorkloadSpec, job: str, domain: str, failed: dict[str, Any]
+    api: Api,
+    workload: WorkloadSpec,
+    job: str,
+    domain: str,
+    failed: dict[str, Any],
+    failed_indexes: str = "",
 ) -> Problem:
     """The Job's Failed condition plus the first failed pod's exit code, events and log tail:
     kind ``DEADLINE`` when the Job ran past its ``activeDeadlineSeconds``, else the failed
-    pod's diagnosis (``CRASHED`` when no failed pod is left to inspect)."""
+    pod's diagnosis (``CRASHED`` when no failed pod is left to inspect). Pods of the Job's
+    ``status.failedIndexes`` come first: a pod a gang restart deleted also ends Failed (143),
+    but it is not why the Job failed."""
     ns = workload.namespace
     condition = f"{failed.get('reason')}: {failed.get('message')}"
     head = problem(Kind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
     pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
+    culprits = index_set(failed_indexes)
     bad = sorted(
-        (p for p in pods if (p.get("status") or {}).get("phase") == "Failed"), key=pod_index
+        (p for p in pods if (p.get("status") or {}).get("phase") == "Failed"),
+        key=lambda p: (pod_index(p) not in culprits, pod_index(p)),
     )
     found = failed_problem(bad[0]) if bad else problem(Kind.CRASHED, permanent=True)
     if failed.get("reason") == "DeadlineExceeded":  # the Job condition's reason: API data
@@ -391,6 +400,16 @@ def job_failure(
         f"events: {pod_events(api, ns, name)}; {hint(found, ns, node_of(bad[0]))}; "
         f"last log lines:\n{_log_tail(api, ns, name)}",
     )
+
+
+def index_set(text: str) -> set[int]:
+    """A Job's ``status.failedIndexes``/``completedIndexes`` (``"1,3-5"``) as a set."""
+    found: set[int] = set()
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            found.update(range(int(first), int(last or first) + 1))
+    return found
 
 
 def pods_progress(

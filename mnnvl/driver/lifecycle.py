@@ -241,7 +241,8 @@ class JobWatch(Check):
             failed = _condition(found, "Failed") or _condition(found, "FailureTarget")
             if failed is not None:
                 domain = RunNames.for_run(self.workload.run_id).domain
-                why = job_failure(self.api, self.workload, name, domain, failed)
+                culprits = str((found.get("status") or {}).get("failedIndexes") or "")
+                why = job_failure(self.api, self.workload, name, domain, failed, culprits)
                 if why.kind is Kind.DEADLINE:  # activeDeadlineSeconds
                     raise self._past_deadline(name, why.message)
                 raise why.error(why.message)

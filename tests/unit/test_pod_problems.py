@@ -94,3 +94,11 @@ def test_a_failed_pod_is_fatal_only_without_retries():
     assert found is not None and found.kind is Kind.CRASHED and found.exit_code == 4
     assert found.permanent  # 4 is a code no retry changes
     assert pod_problem(failed, None, retries=True, grace=Grace(0)) is None
+
+
+def test_a_jobs_index_lists_read_as_sets() -> None:
+    from mnnvl.driver.diagnose import index_set
+
+    assert index_set("1,3-5") == {1, 3, 4, 5}
+    assert index_set("") == set()
+    assert index_set("0") == {0}
