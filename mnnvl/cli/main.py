@@ -271,6 +271,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             imex_delay_s=ns.imex_delay_s,
             cliques=ns.cliques,
             kueue=ns.kueue,
+            admin_kubeconfig_path=ns.admin_kubeconfig,
         )
     return {
         "kubeconfig": served,

@@ -45,7 +45,7 @@ class Raw:
     """
 
     def __init__(self, sim: SimCluster) -> None:
-        self.api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+        self.api = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
         self.dynamic = DynamicClient(self.api, discoverer=_NoDiscovery)
 
     def open(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
