@@ -224,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
     )
     p.add_argument(
+        "--namespaces",
+        default="default,team-a",
+        metavar="NS,NS",
+        help="namespaces to serve, each with manifests/base applied for the runner "
+        "(default: default,team-a, the namespaces the examples use)",
+    )
+    p.add_argument(
         "--admin-kubeconfig",
         default=None,
         metavar="PATH",

@@ -397,6 +397,7 @@ def serve(
     cliques: int = 1,
     kueue: bool = False,
     admin_kubeconfig_path: str | None = None,
+    namespaces: tuple[str, ...] = ("default",),
 ) -> str:
     """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
 
@@ -417,6 +418,7 @@ def serve(
             imex_delay_s=imex_delay_s,
             kubeconfig_path=kubeconfig_path,
             admin_kubeconfig_path=admin_kubeconfig_path,
+            namespaces=namespaces,
         ) as sim:
             print(sim.kubeconfig_path, flush=True)
             print(

@@ -126,7 +126,9 @@ def pod_body(
 
 def create_claim(cluster: SimCluster, name: str) -> None:
     """The PersistentVolumeClaim the runs mount (a pod naming a missing one is unschedulable)."""
-    core = client.CoreV1Api(config.new_client_from_config(config_file=cluster.kubeconfig_path))
+    core = client.CoreV1Api(
+        config.new_client_from_config(config_file=cluster.admin_kubeconfig_path)
+    )
     spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
     body = {"metadata": {"name": name}, "spec": spec}
     core.create_namespaced_persistent_volume_claim("default", body)

@@ -188,7 +188,7 @@ def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
 def test_node_still_labelled_for_another_domain_fails_after_the_grace(sim, run):
     _, workload = run
     workload = dataclasses.replace(workload, unschedulable_grace_s=2.0)
-    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
+    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
     stale = {"metadata": {"labels": {"resource.nvidia.com/computeDomain": "uid-of-another-cd"}}}
     core.patch_node("sim-node-1", stale)
     try:
