@@ -42,6 +42,11 @@ RBAC_VERBS = {
     "PATCH": "patch",
     "DELETE": "delete",
 }
+# /readyz of a kube-apiserver whose informers have not synced (healthz.handleRootHealth answers
+# 500 with each check's line; reasons are withheld from this public endpoint).
+READYZ_UNSYNCED = (
+    b"[+]ping ok\n[+]etcd ok\n[-]informer-sync failed: reason withheld\nreadyz check failed\n"
+)
 
 
 class LogSource(Protocol):
@@ -100,8 +105,7 @@ class ApiServer(ServingServer):
             self.request_count += 1
             self.counters[(verb, resource)] += 1
             if resource not in ("fault", "discovery"):
-                rbac_verb = RBAC_VERBS[verb] if named or verb != "DELETE" else "deletecollection"
-                self.rbac_requests.add((rbac_verb, group, resource))
+                self.rbac_requests.add((rbac_verb(verb, named), group, resource))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -185,6 +189,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _route(self, method: str, parts: list[str], q: dict[str, str], body: Any) -> None:
+        if parts == ["readyz"]:
+            if self.server.caches_synced():
+                return self._send(200, b"ok", "text/plain; charset=utf-8")
+            return self._send(500, READYZ_UNSYNCED, "text/plain; charset=utf-8")
         if parts in (["api"], ["apis"], ["version"]) or (
             len(parts) in (2, 3)
             and parts[0] in ("api", "apis")
@@ -217,6 +225,8 @@ class Handler(BaseHTTPRequestHandler):
         else:
             verb = "GET" if method == "GET" else method
         self.server.count(verb, label, group, bool(name))
+        if not self.server.caches_synced():  # just restarted: the authorizer allows nothing yet
+            raise forbidden(rbac_verb(verb, bool(name)), group, plural, sub, ns, name)
         if sub == "log" and plural == "pods" and method == "GET":
             return self._logs(ns, name, q)
         if sub and sub != "status":
@@ -431,6 +441,27 @@ class Handler(BaseHTTPRequestHandler):
             self._end_stream()
         finally:
             stop.set()
+
+
+def rbac_verb(verb: str, named: bool) -> str:
+    """The RBAC verb of a request (``verb``: GET, LIST, WATCH or the HTTP method)."""
+    return RBAC_VERBS[verb] if named or verb != "DELETE" else "deletecollection"
+
+
+def forbidden(
+    verb: str, group: str, plural: str, sub: str, ns: str, name: str, user: str = ""
+) -> ApiError:
+    """The 403 Status kube-apiserver answers a request its authorizer denies
+    (``responsewriters.Forbidden``: ``apierrors.NewForbidden`` around ``forbiddenMessage``).
+    ``user`` defaults to the run's service account in the request's namespace."""
+    user = user or f"system:serviceaccount:{ns or 'default'}:mnnvl-runner"
+    resource = f"{plural}/{sub}" if sub else plural
+    scope = f'in the namespace "{ns}"' if ns else "at the cluster scope"
+    denied = f'User "{user}" cannot {verb} resource "{resource}" in API group "{group}" {scope}'
+    qualified = f"{plural}.{group}" if group else plural
+    subject = f'{qualified} "{name}"' if name else qualified
+    details = {"name": name, "group": group, "kind": plural}
+    return ApiError(403, "Forbidden", f"{subject} is forbidden: {denied}", details)
 
 
 def _bookmark(plural: str, rv: int) -> bytes:
