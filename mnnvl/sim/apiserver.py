@@ -26,7 +26,7 @@ from mnnvl.sim.admission import (
     validate,
 )
 from mnnvl.sim.model import dry_run_requested
-from mnnvl.sim.rbac import Authenticator, Request, User, allowed, forbidden
+from mnnvl.sim.rbac import MASTERS, Authenticator, Request, User, allowed, forbidden
 from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
 from mnnvl.sim.serving import ServingServer
@@ -43,6 +43,11 @@ RBAC_VERBS = {
     "PATCH": "patch",
     "DELETE": "delete",
 }
+# /readyz of a kube-apiserver whose informers have not synced (healthz.handleRootHealth answers
+# 500 with each check's line; reasons are withheld from this public endpoint).
+READYZ_UNSYNCED = (
+    b"[+]ping ok\n[+]etcd ok\n[-]informer-sync failed: reason withheld\nreadyz check failed\n"
+)
 
 
 class LogSource(Protocol):
@@ -188,6 +193,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _route(self, method: str, parts: list[str], q: dict[str, str], body: Any) -> None:
+        if parts == ["readyz"]:
+            if self.server.caches_synced():
+                return self._send(200, b"ok", "text/plain; charset=utf-8")
+            return self._send(500, READYZ_UNSYNCED, "text/plain; charset=utf-8")
         if parts in (["api"], ["apis"], ["version"]) or (
             len(parts) in (2, 3)
             and parts[0] in ("api", "apis")
@@ -222,7 +231,9 @@ class Handler(BaseHTTPRequestHandler):
         rbac_verb = RBAC_VERBS[verb] if name or verb != "DELETE" else "deletecollection"
         self.server.count(verb, label, group, rbac_verb)
         request = Request(rbac_verb, group, plural, sub, ns, name)
-        if not allowed(self.server.store, self.user, request):
+        # Just restarted, the authorizer's caches have not synced: it allows nothing yet.
+        synced = self.server.caches_synced() or MASTERS in self.user.groups
+        if not (synced and allowed(self.server.store, self.user, request)):
             raise forbidden(self.user, request)
         if sub == "log" and plural == "pods" and method == "GET":
             return self._logs(ns, name, q)
