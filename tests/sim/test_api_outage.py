@@ -33,6 +33,7 @@ from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import assert_nothing_left
 
 OUTAGE_S = 6.0
 TOLERANCE_S = 30.0
@@ -99,7 +100,7 @@ def run(sim: SimCluster, tmp_path: Path) -> Iterator[Callable[..., Run]]:
         if sim.faults.outage_hook is not None:
             until(lambda: not sim._server.down.is_set(), 30)  # type: ignore[union-attr]
         r.teardown()
-    assert sim.objects() == [], "objects of the runs remain after teardown"
+    assert_nothing_left(sim)
 
 
 def until(cond: Callable[[], bool], timeout_s: float) -> None:
