@@ -251,6 +251,7 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
             "url": sim.url,
             "requests": sim.request_count,
             "leftover": [list(o) for o in sim.objects()],
+            "leftover_processes": [list(p) for p in sim.processes()],  # (namespace, pod, pid)
         }
     return result
 

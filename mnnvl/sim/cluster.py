@@ -354,6 +354,11 @@ class SimCluster:
                     )
         return out
 
+    def processes(self, label_selector: str | None = None) -> list[tuple[str, str, int]]:
+        """(namespace, pod, pid) of every live process that a container of a pod (matching
+        ``label_selector``) started, whether or not the pod still exists."""
+        return self._kubelet.processes(label_selector)
+
     @property
     def events(self) -> list[Obj]:
         return self.store.list("events")[0]

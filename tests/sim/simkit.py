@@ -1,5 +1,6 @@
 """Helpers the simulator tests share: calls by path through the official client (``Raw``),
-pod and ComputeDomain bodies, a PersistentVolumeClaim for the runs to mount, a polling wait."""
+pod and ComputeDomain bodies, a PersistentVolumeClaim for the runs to mount, a polling wait,
+the check that nothing of a run is left."""
 
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def assert_nothing_left(sim: SimCluster, selector: str | None = None) -> None:
+    """Nothing of the runs matching ``selector`` (None: of any run) is left in the cluster: no
+    object, and no process that a container of one of their pods started."""
+    assert sim.objects(selector) == [], "objects of the run remain after teardown"
+    assert sim.processes(selector) == [], "processes of the run's pods remain after teardown"
 
 
 class _NoDiscovery:

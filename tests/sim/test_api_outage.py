@@ -35,6 +35,7 @@ from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import assert_nothing_left
 
 OUTAGE_S = 6.0
 TOLERANCE_S = 30.0
@@ -104,7 +105,7 @@ def run(sim: SimCluster, tmp_path: Path) -> Iterator[Callable[..., Run]]:
         r.gate.touch()
         until(lambda: serving(sim), 30)
         r.teardown()
-    assert sim.objects() == [], "objects of the runs remain after teardown"
+    assert_nothing_left(sim)
 
 
 def serving(sim: SimCluster) -> bool:

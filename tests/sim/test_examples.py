@@ -211,6 +211,7 @@ def test_example_runs_as_written(cluster: dict[str, Any], line: str) -> None:
     assert set(_verdicts(result)) <= {"PASS"}, f"{line}: verdicts {_verdicts(result)}"
     if words[1] == "run" and "--sim" in words:
         assert done.stderr.count("simulated cluster up") == 1
+        assert result["sim"]["leftover"] == result["sim"]["leftover_processes"] == []
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import assert_nothing_left
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 
@@ -43,7 +44,7 @@ def workload(sim: SimCluster, tmp_path: Path) -> Iterator[WorkloadSpec]:
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     yield workload
     steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
-    assert sim.objects() == [], "objects of the run remain after teardown"
+    assert_nothing_left(sim)
 
 
 def workload_objects(sim: SimCluster, run_id: str) -> list[tuple[str, str, str]]:

@@ -33,7 +33,14 @@ from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
 from mnnvl.sim.nodelifecycle import OUT_OF_SERVICE
-from tests.sim.simkit import CD_PATH, Raw, create_claim, foreign_domain, wait_for
+from tests.sim.simkit import (
+    CD_PATH,
+    Raw,
+    assert_nothing_left,
+    create_claim,
+    foreign_domain,
+    wait_for,
+)
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 DONE = "import json\nprint('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
@@ -89,7 +96,7 @@ class Run:
 
     def close(self) -> None:
         self.teardown()
-        assert self.sim.objects() == [], "objects of the run remain after teardown"
+        assert_nothing_left(self.sim)
 
 
 BACKGROUND: list[threading.Thread] = []  # steps started by in_background, joined by `run`
@@ -116,7 +123,7 @@ def run(sim: SimCluster, workers: str) -> Iterator[Callable[..., Run]]:
     if late:
         for r in made:
             r.teardown()
-    assert sim.objects() == [], "objects of the runs remain after teardown"
+    assert_nothing_left(sim)
 
 
 def failure(fn: Callable[[], Any]) -> MnnvlError:
@@ -162,7 +169,7 @@ def test_crd_not_installed_exits_5_naming_the_crd_and_the_driver_chart(workers: 
         assert "computedomains.resource.nvidia.com" in str(err)
         assert "nvidia-dra-driver-gpu" in str(err)
         r.teardown()
-        assert cluster.objects() == []
+        assert_nothing_left(cluster)
 
 
 def test_channel_template_never_generated_exits_3_naming_it_and_the_controller(
@@ -407,7 +414,7 @@ def test_sigterm_mid_provision_then_the_rerun_adopts_and_the_exit_handler_cleans
     assert again.adopted and count(sim, "ComputeDomain", r.names.domain) == 1
     assert cli.main(["teardown", "--run-id", r.id, "--kubeconfig", r.kc]) == 0  # exit handler
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["ok"] is True
-    assert sim.objects() == []
+    assert_nothing_left(sim)
 
 
 @pytest.mark.slow
@@ -432,7 +439,7 @@ def test_sigterm_mid_training_then_the_rerun_adopts_its_job_and_the_exit_handler
     created = [e for e in sim.events if e.get("reason") == "SuccessfulCreate"]
     assert sum(e["involvedObject"]["name"] == job for e in created) == 2  # no duplicate pods
     assert cli.main(["teardown", "--run-id", r.id, "--kubeconfig", r.kc]) == 0  # exit handler
-    assert sim.objects() == []
+    assert_nothing_left(sim)
 
 
 def verify_workload(r: Run) -> WorkloadSpec:
@@ -522,7 +529,7 @@ def test_invalid_image_name_exits_2_before_creating_anything_or_4_once_in_a_pod(
     argv = ["launch", "--run-id", r.id, "--module", "done", "--image", "Team/Trainer:1.0"]
     assert cli.main([*argv, "--kubeconfig", r.kc]) == 2
     assert "is not a valid image reference" in capsys.readouterr().out
-    assert sim.objects() == []
+    assert_nothing_left(sim)
     # A reference the cluster cannot parse but that got past the client (a hand-edited
     # manifest, an older client): the wait fails fast instead of waiting out its deadline.
     object.__setattr__(r.workload, "image", "Team/Trainer:1.0")
