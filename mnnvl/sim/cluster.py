@@ -32,7 +32,7 @@ from mnnvl.sim.nodelifecycle import (
 )
 from mnnvl.sim.placement import GPU
 from mnnvl.sim.podenv import local_gpu_ids
-from mnnvl.sim.rbac import ADMIN_USER, service_account_user
+from mnnvl.sim.rbac import ADMIN_USER, grant_runner, service_account_user
 from mnnvl.sim.scheduler import Scheduler
 from mnnvl.sim.schemas import SchemaAdmission, crd_object
 from mnnvl.sim.selectors import label_matcher
@@ -226,7 +226,7 @@ class SimCluster:
                 "namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}}
             )
             ensure_default_service_account(self.store, ns)
-            self._grant_runner(ns)
+            grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
         for i in range(self.nodes):
             clique = f"{self.cluster_uuid}.{i * self.cliques // self.nodes}"
             name = f"sim-node-{i}"
@@ -259,25 +259,6 @@ class SimCluster:
             )
         if self.crd_installed:
             self.store.create("customresourcedefinitions", crd_object())
-
-    def _grant_runner(self, ns: str) -> None:
-        """``kubectl apply -k manifests/base -n <ns>`` (plus the Kueue overlay's reader with
-        Kueue), and in namespaces other than its own a RoleBinding for the runner account the
-        kubeconfig names, as a platform team grants one launcher several team namespaces."""
-        objects = rbac.runner_objects() + (rbac.kueue_reader_objects() if self.kueue else [])
-        home = self.namespaces[0]
-        if ns != home:
-            extra = {
-                "kind": "RoleBinding",
-                "metadata": {"name": f"{rbac.RUNNER}-{home}"},
-                "roleRef": {"kind": "Role", "name": rbac.RUNNER},
-                "subjects": [{"kind": "ServiceAccount", "name": rbac.RUNNER, "namespace": home}],
-            }
-            objects.append(extra)
-        for obj in objects:
-            plural = {"ServiceAccount": "serviceaccounts", "Role": "roles"}.get(obj["kind"])
-            obj["metadata"]["namespace"] = ns
-            self.store.create(plural or "rolebindings", obj)
 
     def _write_kubeconfig(self, path: str, user: str, token: str) -> None:
         cfg = {

@@ -17,6 +17,7 @@ import secrets
 import threading
 from dataclasses import dataclass
 
+from mnnvl.contract import rbac
 from mnnvl.sim.model import ApiError, Obj
 from mnnvl.sim.store import Store
 
@@ -132,3 +133,23 @@ def forbidden(user: User, req: Request) -> ApiError:
     named = f'{qualified} "{req.name}"' if req.name else qualified
     details = {"name": req.name, "group": req.group, "kind": req.resource}
     return ApiError(403, "Forbidden", f"{named} is forbidden: {why}", details)
+
+
+def grant_runner(store: Store, ns: str, home: str, *, kueue: bool) -> None:
+    """``kubectl apply -k manifests/base -n <ns>`` (plus the Kueue overlay's reader with
+    Kueue), and in namespaces other than ``home`` a RoleBinding for ``home``'s runner account,
+    as a platform team grants one launcher several team namespaces."""
+    objects = rbac.runner_objects() + (rbac.kueue_reader_objects() if kueue else [])
+    if ns != home:
+        objects.append(
+            {
+                "kind": "RoleBinding",
+                "metadata": {"name": f"{rbac.RUNNER}-{home}"},
+                "roleRef": {"kind": "Role", "name": rbac.RUNNER},
+                "subjects": [{"kind": "ServiceAccount", "name": rbac.RUNNER, "namespace": home}],
+            }
+        )
+    for obj in objects:
+        plural = {"ServiceAccount": "serviceaccounts", "Role": "roles"}.get(obj["kind"])
+        obj["metadata"]["namespace"] = ns
+        store.create(plural or "rolebindings", obj)

@@ -185,9 +185,10 @@ def test_sigterm_to_sim_up_leaves_no_process_of_any_pod(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "1", "--kubeconfig", str(kc)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(kc.exists, 60, "the kubeconfig")
+        admin = kc.with_name("kubeconfig.admin")  # written after the runner's
+        wait_for(admin.exists, 60, "the admin kubeconfig")
         core = kubernetes.client.CoreV1Api(
-            kubernetes.config.new_client_from_config(config_file=str(kc))
+            kubernetes.config.new_client_from_config(config_file=str(admin))
         )
         core.create_namespaced_pod("default", pod_body("daemonizer", DAEMONIZER))
 
