@@ -197,7 +197,7 @@ def raise_on_stuck_pod(
         found = pod_problem(
             pod,
             prepare.get(pod["metadata"]["name"]),
-            retries=workload.backoff_limit_per_index > 0,
+            retries=workload.max_restarts > 0,
             grace=grace,
         )
         if found is None:

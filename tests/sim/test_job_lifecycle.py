@@ -62,8 +62,8 @@ def _pods_created(sim, job: str) -> int:
 
 
 def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, run):
-    domain, workload = run
-    workload = dataclasses.replace(workload, backoff_limit_per_index=2)
+    domain, workload = run  # the default --max-restarts: every index has retries
+    assert workload.max_restarts > 0
     job = RunNames.for_run(domain.run_id).job("job")
     start = time.monotonic()
     with pytest.raises(WorkloadFailed) as info:
@@ -79,7 +79,7 @@ def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, r
 
 def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, run):
     domain, workload = run
-    workload = dataclasses.replace(workload, backoff_limit_per_index=1)
+    workload = dataclasses.replace(workload, max_restarts=1)
     job = RunNames.for_run(domain.run_id).job("job")
     sim.faults.fail_pod(job, index=1, mode="CrashLoop", exit_code=1)
     start = time.monotonic()
