@@ -34,7 +34,7 @@ from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import POD, Api
-from mnnvl.driver.diagnose import Grace, exit_code, pod_index
+from mnnvl.driver.diagnose import FAILURE_COUNT, Grace, exit_code, log_tail, pod_index
 from mnnvl.driver.errors import WorkloadFailed
 from mnnvl.driver.problem import Kind, problem
 from mnnvl.driver.wait import Objects
@@ -43,7 +43,6 @@ from mnnvl.manifests import JOB_NAME_LABEL
 
 logger = logging.getLogger(__name__)
 
-FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job controller
 STEP_LINE = re.compile(r"\bstep (\d+)\b")  # rank 0's training log line, "step 1450 loss ..."
 # Kubernetes' non-graceful node shutdown: pod GC force-deletes the Terminating pods of a
 # not-ready node with this taint (kubernetes.io/docs/concepts/cluster-administration/
@@ -215,8 +214,11 @@ class Gang:
                 restarts=len(self.restarts),
                 max_restarts=self.workload.max_restarts,
             )
-            logs = f"`kubectl logs -n {self.workload.namespace} {name}`"
-            raise found.error(f"pod {name} {found.message}; check {logs}")
+            ns = self.workload.namespace
+            raise found.error(
+                f"pod {name} {found.message}; check `kubectl logs -n {ns} {name}`; "
+                f"last log lines:\n{log_tail(self.api, ns, name)}"
+            )
         why = ""
         spent = next((p for p in self._to_delete(pods, failed) if not self._has_retry(p)), None)
         if spent is not None:

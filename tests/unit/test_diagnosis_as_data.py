@@ -192,7 +192,8 @@ def test_no_driver_module_imports_a_private_name_of_another():
 def test_a_gang_past_its_restarts_fails_with_the_pods_exit_code_however_it_is_worded(
     monkeypatch,
 ):
-    from mnnvl.driver.gang import FAILURE_COUNT, Gang
+    from mnnvl.driver.diagnose import FAILURE_COUNT
+    from mnnvl.driver.gang import Gang
 
     # The one restart was for a lost node (DisruptionTarget: no retry used), so the next
     # pod still has a retry on its index; the driver's own count ends the step.

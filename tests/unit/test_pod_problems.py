@@ -117,6 +117,15 @@ def attempt(index: int, failures: int, phase: str = "Failed", code: int = 1) -> 
     return {"metadata": {**meta, "annotations": annotations}, "status": status}
 
 
+def test_the_last_failures_are_each_index_s_last_attempt_failed_indexes_first() -> None:
+    from mnnvl.driver.diagnose import last_failures
+
+    pods = [attempt(1, 0, code=137), attempt(1, 1), attempt(0, 0), attempt(1, 2, "Running")]
+    assert [p["metadata"]["name"] for p in last_failures(pods, {1})] == ["j-1-a1", "j-0-a0"]
+    assert [p["metadata"]["name"] for p in last_failures(pods, set())] == ["j-1-a1", "j-0-a0"]
+    assert [p["metadata"]["name"] for p in last_failures(pods, {0})] == ["j-0-a0", "j-1-a1"]
+
+
 def test_a_restart_leaves_the_replacement_the_job_already_made_and_costs_one_failure() -> None:
     from mnnvl.driver.gang import Gang
     from mnnvl.inputs.spec import WorkloadSpec
