@@ -33,11 +33,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
-from mnnvl.driver.api import POD, Api
-from mnnvl.driver.diagnose import FAILURE_COUNT, Grace, exit_code, log_tail, pod_index
-from mnnvl.driver.errors import WorkloadFailed
+from mnnvl.driver.api import COMPUTE_DOMAIN, POD, Api
+from mnnvl.driver.diagnose import (
+    FAILURE_COUNT,
+    Grace,
+    exit_code,
+    failed_problem,
+    log_tail,
+    pod_index,
+)
+from mnnvl.driver.errors import NotFound, WorkloadFailed
 from mnnvl.driver.problem import Kind, problem
 from mnnvl.driver.wait import Objects
+from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import JOB_NAME_LABEL
 
@@ -145,6 +153,7 @@ class Gang:
         if disruption and node:
             self.lost_nodes[node] = f"pod {name}: {disruption}"
         self._check_budget(pods, pod)
+        self._check_domain(pod)
         generation = {p["metadata"]["uid"] for p in pods.values()} - self._replacements(pods)
         last = rank0.last[0] if rank0 is not None and rank0.last else None
         self.restarts.append(Restart(name, code, time.monotonic(), last))
@@ -232,6 +241,22 @@ class Gang:
                 f"pod {name} failed with exit code {code} {why}; check "
                 f"`kubectl logs -n {self.workload.namespace} {name}`",
                 pod_exit_code=code,
+            )
+
+    def _check_domain(self, failed: dict[str, Any]) -> None:
+        """Raise when the run's ComputeDomain is gone or going: restarted pods could never get
+        their IMEX channel (deleting a domain stops IMEX under its pods, which then fail)."""
+        ns, name = self.workload.namespace, RunNames.for_run(self.workload.run_id).domain
+        try:
+            gone = bool(self.api.get(COMPUTE_DOMAIN, ns, name)["metadata"].get("deletionTimestamp"))
+        except NotFound:
+            gone = True
+        if gone:
+            found = failed_problem(failed)
+            raise found.error(
+                f"pod {found.pod} {found.message}, and ComputeDomain {ns}/{name} was deleted "
+                "under the running workload, so a restart cannot run; provision again and rerun "
+                f"(it resumes from the last checkpoint); check `kubectl get events -n {ns}`"
             )
 
     def _retriable(self, pod: dict[str, Any]) -> bool:

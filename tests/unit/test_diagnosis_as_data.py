@@ -205,8 +205,12 @@ def test_a_gang_past_its_restarts_fails_with_the_pods_exit_code_however_it_is_wo
     failed = _pod(phase="Failed", code=1)
     failed["metadata"].update(name="p-0b", uid="u1", annotations={FAILURE_COUNT: "0"})
 
+    class DomainThere(QuietApi):
+        def get(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {"metadata": {}}
+
     def outcome() -> tuple[Any, ...]:
-        gang = Gang(QuietApi(), workload)  # type: ignore[arg-type]
+        gang = Gang(DomainThere(), workload)  # type: ignore[arg-type]
         assert gang.check({"p-0": lost}, None)
         with pytest.raises(MnnvlError) as info:
             gang.check({"p-0": lost, "p-0b": failed}, None)

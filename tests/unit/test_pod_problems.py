@@ -133,6 +133,9 @@ def test_a_restart_leaves_the_replacement_the_job_already_made_and_costs_one_fai
     deleted: list[str] = []
 
     class Api:
+        def get(self, kind, namespace, name):  # the run's ComputeDomain is there
+            return {"metadata": {}}
+
         def delete(self, kind, namespace, name, uid=None):
             deleted.append(name)
 
