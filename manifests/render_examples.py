@@ -37,7 +37,7 @@ KUEUE_HEADER = (
     "# Read-only access to Kueue Workloads, the only extra the Kueue path requests. Without it\n"
     "# the steps still run under Kueue and say once that they cannot see why a Job is held.\n"
     "# The subjects are the service accounts of manifests/base (mnnvl-runner) and of\n"
-    "# manifests/overlays/kfp (pipeline-runner, default-editor); ones that do not exist are inert.\n"
+    "# manifests/overlays/kfp (pipeline-runner, default-editor); absent ones are inert.\n"
 )
 
 

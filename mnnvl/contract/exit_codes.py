@@ -29,8 +29,8 @@ STALLED = 12
 # SpecError), 4 a failed verification or training (non-finite loss), 126/127 an image that
 # cannot run python3, 10 CUDA out of memory. The Job's podFailurePolicy fails the whole Job
 # on them at once; any other code (1: a crash, a rank lost, a rendezvous error, 11 a
-# collective timed out, 12 a stalled worker) is retried within
-# backoff_limit_per_index. ``python -m mnnvl.runtime.launch`` exits with
+# collective timed out, 12 a stalled worker) is retried by a gang restart, at most
+# max_restarts times. ``python -m mnnvl.runtime.launch`` exits with
 # ``worst_exit_code`` of its workers, so these codes reach the pod's status intact.
 NON_RETRIABLE_EXIT_CODES = (BAD_INPUT, FAILED, OUT_OF_MEMORY, 126, 127)
 # Exit codes of a launcher step (the ``mnnvl`` CLI) that a retry cannot change: bad input or a

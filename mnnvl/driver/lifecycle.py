@@ -242,7 +242,8 @@ class JobWatch(Check):
             if failed is not None:
                 domain = RunNames.for_run(self.workload.run_id).domain
                 culprits = str((found.get("status") or {}).get("failedIndexes") or "")
-                why = job_failure(self.api, self.workload, name, domain, failed, culprits)
+                restarts = len(self.gang.restarts)
+                why = job_failure(self.api, self.workload, name, domain, failed, culprits, restarts)
                 if why.kind is Kind.DEADLINE:  # activeDeadlineSeconds
                     raise self._past_deadline(name, why.message)
                 raise why.error(why.message)

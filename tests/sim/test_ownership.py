@@ -6,6 +6,7 @@ ends by checking that nothing of the run is left.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 import time
@@ -213,10 +214,11 @@ def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, worker
 def test_a_retried_step_replaces_its_failed_job(sim, workers):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = job_workload(run_id, workers)
+    # No restarts: the one failed pod fails the Job (maxFailedIndexes: 0).
+    workload = dataclasses.replace(job_workload(run_id, workers), max_restarts=0)
     job = RunNames.for_run(run_id).job("job")
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
-    sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=1)  # maxFailedIndexes: 0
+    sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=1)
     with Api.connect(sim.kubeconfig_path) as api:
         # A step that died before it could remove its failed Job (a failed step removes it
         # itself): the Job is left Failed.

@@ -68,10 +68,10 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
     job = WorkloadSpec(run_id=run, purpose="job", nodes=2, gpus_per_node=1, gpu_mode="claim",
                        env=env, pods_running_timeout_s=60, job_timeout_s=60)  # fmt: skip
     assert steps.launch(job, "report", [], kubeconfig=kube).result == {"ok": True}
-    with pytest.raises(WorkloadFailed):  # fail-fast reads the pod's events
+    with pytest.raises(WorkloadFailed):  # a gang restart, then fail-fast reads the pod's events
         steps.launch(
             WorkloadSpec(run_id=run, purpose="verify-post", nodes=2, gpus_per_node=0, env=env,
-                         pods_running_timeout_s=60, job_timeout_s=60),
+                         pods_running_timeout_s=60, job_timeout_s=60, max_restarts=1),
             "crash", [], kubeconfig=kube,
         )  # fmt: skip
     cpu = {"nodes": 2, "gpus_per_node": 0, "pods_running_timeout_s": 120, "job_timeout_s": 300}
