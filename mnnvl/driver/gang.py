@@ -21,7 +21,8 @@ history: every rank has been replaced since (the Job controller restarted them a
 earlier attempt of the step did). Any other one restarts the gang: a survivor of it may be
 blocked in a collective with the lost rank (NCCL waits until its timeout), and a replacement
 may have joined the survivors' rendezvous. Timestamps have whole seconds: a failure in the
-second a pod was created counts as not history, so a doubt costs a restart, never a hang.
+second a pod was created counts as not history, so a doubt costs a restart. Once an index has
+succeeded no failure calls for one: the Job controller never runs that index again.
 
 An OOM-killed container (``reason: OOMKilled``: host memory past the container's limit, not
 CUDA) fails the step at once: the same configuration on the same nodes allocates the same, so
@@ -299,21 +300,28 @@ class Gang:
 
 
 def _history(pods: Objects) -> set[str]:
-    """The uids of failed pods that every live pod was created after (see the module). The
-    API's timestamps are RFC 3339 in UTC with whole seconds, so they compare as text."""
-    live = [
-        p
-        for p in pods.values()
-        if (p.get("status") or {}).get("phase") not in ("Failed", "Succeeded")
-        and not p["metadata"].get("deletionTimestamp")
-    ]
-    born = min((str(p["metadata"].get("creationTimestamp") or "") for p in live), default=None)
+    """The uids of failed pods that every live pod was created after (see the module), or of
+    every failed pod once an index has succeeded: the Job controller never runs that index
+    again, so restarted ranks would wait for it. The API's timestamps are RFC 3339 in UTC
+    with whole seconds, so they compare as text."""
+    phases = [((p.get("status") or {}).get("phase"), p) for p in pods.values()]
+    live = [p for phase, p in phases if phase not in ("Failed", "Succeeded")]
+    born = min(
+        (str(p["metadata"].get("creationTimestamp") or "") for p in live if not _deleting(p)),
+        default=None,
+    )
+    if any(phase == "Succeeded" for phase, _ in phases):
+        born = None
     return {
         p["metadata"]["uid"]
-        for p in pods.values()
-        if (p.get("status") or {}).get("phase") == "Failed"
+        for phase, p in phases
+        if phase == "Failed"
         and (born is None or str(_terminated(p).get("finishedAt") or "~") < born)
     }
+
+
+def _deleting(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
