@@ -120,8 +120,10 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
         # teardown, so the run's next step would wait on them: remove them now.
         # A pod stranded on a lost node never goes while the Node exists: delete, do not wait.
         stranded = getattr(err, "problem_kind", None) is Kind.STRANDED
-        err.args = (f"{err}; {remove_failed_jobs(api, workload, jobs, wait=not stranded)}",)
-        record_failure(api, workload, indexed_jobs(workload, module, args)[0], err)
+        removed, deleted = remove_failed_jobs(api, workload, jobs, wait=not stranded)
+        err.args = (f"{err}; {removed}",)
+        if deleted:  # not when a teardown took the Job: the run is ending
+            record_failure(api, workload, indexed_jobs(workload, module, args)[0], err)
         raise
     except KeyboardInterrupt:  # SIGTERM or SIGINT: the step's pod is going, not the workload
         logger.warning(

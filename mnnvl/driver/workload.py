@@ -133,8 +133,9 @@ def _replace_failed_job(
 
 
 def record_failure(api: Api, workload: WorkloadSpec, job: dict[str, Any], err: MnnvlError) -> None:
-    """Leave the record of a failed step where its Job was: a Job of the same name and spec
-    hash that never runs a pod (suspended, parallelism 0, outside any Kueue queue),
+    """Leave the record of a failed step where its Job was (the step deleted it: a Job that a
+    teardown or a person deleted leaves none): a Job of the same name and spec hash that
+    never runs a pod (suspended, parallelism 0, outside any Kueue queue),
     annotated with the failure. A retry of the step with the same inputs meets it on create
     and fails again at once with this failure (:func:`raise_recorded_failure`) instead of
     running the workload again; other input replaces it; teardown deletes it with the run.
@@ -185,9 +186,10 @@ FAILED_JOB_DELETE_S = 120.0  # how long a failed step waits for its Job's pods t
 
 def remove_failed_jobs(
     api: Api, workload: WorkloadSpec, jobs: list[str], *, wait: bool = True
-) -> str:
+) -> tuple[str, bool]:
     """Delete a failed step's Jobs (foreground: each is gone only once its pods are) and wait
-    for that (``wait``); returns what was removed, or why not, for the step's error message."""
+    for that (``wait``); returns what was removed, or why not, for the step's error message,
+    and whether this deleted rank 0's Job (False: someone else had, e.g. a teardown)."""
     gone = Deletions(workload.run_id)
     ns, deadline = workload.namespace, Deadline(FAILED_JOB_DELETE_S)
     try:
@@ -211,13 +213,15 @@ def remove_failed_jobs(
         return (
             f"removing its Jobs failed ({e}); `mnnvl teardown --run-id {workload.run_id} "
             f"--namespace {ns}` removes them"
-        )
+        ), False
     removed = ", ".join(gone.deleted) or "nothing (already gone)"
+    rank0 = f"Job {ns}/{jobs[0]}" in gone.deleted
     if not wait:
         logger.info("failed step: deleted %s; its pods go as their nodes allow", removed)
-        return f"deleted {removed}; its pod on the lost node goes once the node is dealt with"
+        text = f"deleted {removed}; its pod on the lost node goes once the node is dealt with"
+        return text, rank0
     logger.info("failed step: removed %s and its pods", removed)
-    return f"removed {removed} and its pods, so the run's next step finds the nodes free"
+    return f"removed {removed} and its pods, so the run's next step finds the nodes free", rank0
 
 
 class LogFollower:
