@@ -305,18 +305,15 @@ def _history(pods: Objects) -> set[str]:
     again, so restarted ranks would wait for it. The API's timestamps are RFC 3339 in UTC
     with whole seconds, so they compare as text."""
     phases = [((p.get("status") or {}).get("phase"), p) for p in pods.values()]
-    live = [p for phase, p in phases if phase not in ("Failed", "Succeeded")]
-    born = min(
-        (str(p["metadata"].get("creationTimestamp") or "") for p in live if not _deleting(p)),
-        default=None,
-    )
+    failed = [p for phase, p in phases if phase == "Failed"]
     if any(phase == "Succeeded" for phase, _ in phases):
-        born = None
+        return {p["metadata"]["uid"] for p in failed}
+    live = [p for phase, p in phases if phase != "Failed" and not _deleting(p)]
+    if not live:
+        return set()  # the Job controller has replaced none yet: restart (nothing to delete)
+    born = min(str(p["metadata"].get("creationTimestamp") or "") for p in live)
     return {
-        p["metadata"]["uid"]
-        for phase, p in phases
-        if phase == "Failed"
-        and (born is None or str(_terminated(p).get("finishedAt") or "~") < born)
+        p["metadata"]["uid"] for p in failed if str(_terminated(p).get("finishedAt") or "~") < born
     }
 
 

@@ -40,12 +40,12 @@ def pod(name: str, index: int, phase: str, created: int, finished: int | None = 
     return {"metadata": meta, "status": status}
 
 
-def first_sight(*pods: Any) -> list[str]:
+def first_sight(*pods: Any, restarts: bool | None = None) -> list[str]:
     """What a step that adopts the Job deletes on its first look at these pods."""
     api = DeletingApi()
     workload = WorkloadSpec(run_id="r", namespace="ns", nodes=2, backoff_limit_per_index=4)
     restarted = Gang(api, workload).check({p["metadata"]["name"]: p for p in pods}, None)  # type: ignore[arg-type]
-    assert restarted == bool(api.deleted)
+    assert restarted == (bool(api.deleted) if restarts is None else restarts)
     return api.deleted
 
 
@@ -64,6 +64,11 @@ def test_a_failure_every_rank_was_replaced_after_is_history_unless_in_the_same_s
     fresh = [pod("j-0-b", 0, "Running", created), pod("j-1-b", 1, "Running", created)]
     expected = ["j-0-b", "j-1-b"] if created == 20 else []  # same second: a doubt restarts
     assert first_sight(*old, *fresh) == expected
+
+
+def test_ranks_all_failed_and_not_replaced_yet_count_a_restart_that_deletes_nothing() -> None:
+    old = [pod("j-0-a", 0, "Failed", 0, finished=20), pod("j-1-a", 1, "Failed", 0, finished=20)]
+    assert first_sight(*old, restarts=True) == []
 
 
 def test_no_restart_once_an_index_has_succeeded() -> None:
