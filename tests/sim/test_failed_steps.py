@@ -132,6 +132,7 @@ def test_a_step_retried_after_its_workload_failed_fails_at_once_without_a_new_jo
     )
     assert (again.exit_code, again.pod_exit_code) == (4, 4)
     assert retry_s < 5, f"the retry took {retry_s:.1f} s"
+    print(f"a retry after a failed workload failed again after {retry_s:.2f} s")
     assert Raw(sim).get(path)["metadata"]["uid"] == record and pods_created(sim, job) == created
 
     # Other input (the workload fixed) replaces the record and runs.
