@@ -132,6 +132,9 @@ def _replace_failed_job(
         )
 
 
+RECORD_MAX_BYTES = 64 * 1024  # an object's annotations may hold 256 KiB in all
+
+
 def record_failure(api: Api, workload: WorkloadSpec, job: dict[str, Any], err: MnnvlError) -> None:
     """Leave the record of a failed step where its Job was (the step deleted it: a Job that a
     teardown or a person deleted leaves none): a Job of the same name and spec hash that
@@ -150,7 +153,10 @@ def record_failure(api: Api, workload: WorkloadSpec, job: dict[str, Any], err: M
         "result": getattr(err, "result", None),
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    annotations = {**meta["annotations"], FAILURE_ANNOTATION: json.dumps(failure)}
+    text = json.dumps(failure)
+    if len(text) > RECORD_MAX_BYTES:  # a long training RESULT: only verify's is used again
+        text = json.dumps({**failure, "result": None})
+    annotations = {**meta["annotations"], FAILURE_ANNOTATION: text}
     record = {
         **body,
         "metadata": {**meta, "labels": labels, "annotations": annotations},
