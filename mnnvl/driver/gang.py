@@ -18,6 +18,15 @@ each pod it creates. A restart costs each index one failure: a pod the Job contr
 made to replace a failed one is not deleted again. ``--max-restarts`` bounds the restarts of
 the step.
 
+A step that adopts a running Job (it was run again after its pod was lost) may find pods that
+failed while nobody watched. A failure every live pod of the step was created after is
+history: every rank has been replaced since (the Job controller restarted them all, or an
+earlier attempt of the step did). Any other one restarts the gang: a survivor of it may be
+blocked in a collective with the lost rank (NCCL waits until its timeout), and a replacement
+may have joined the survivors' rendezvous. Timestamps have whole seconds: a failure in the
+second a pod was created counts as not history, so a doubt costs a restart. Once an index has
+succeeded no failure calls for one: the Job controller never runs that index again.
+
 An OOM-killed container (``reason: OOMKilled``: host memory past the container's limit, not
 CUDA) fails the step at once: the same configuration on the same nodes allocates the same, so
 a restart would only repeat the kill (the Job cannot tell it from another exit 137 by its
@@ -128,11 +137,15 @@ class Gang:
         self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
         self.stranded = Grace(workload.unschedulable_grace_s)  # evicted pods left Terminating
         self.stranded_logged: set[str] = set()  # pod uids already logged
+        self.first = True  # no pods seen yet: failures seen now may predate the step
 
     def check(self, pods: Objects, rank0: Progress | None) -> bool:
         """Restart the gang when a pod of the current generation failed retriably; True when
         it did. Raises ``WorkloadFailed`` on an OOM kill, when a restart would use up an
         index's last retry, and past ``--max-restarts``."""
+        if self.first and pods:
+            self.first = False
+            self.old |= _history(pods)
         for each in pods.values():
             self.attempts.setdefault(_key(each), set()).add(each["metadata"]["uid"])
         failed = [
@@ -332,6 +345,28 @@ class Gang:
 
     def summary(self) -> list[dict[str, Any]]:
         return [r.record() for r in self.restarts]
+
+
+def _history(pods: Objects) -> set[str]:
+    """The uids of failed pods that every live pod was created after (see the module), or of
+    every failed pod once an index has succeeded: the Job controller never runs that index
+    again, so restarted ranks would wait for it. The API's timestamps are RFC 3339 in UTC
+    with whole seconds, so they compare as text."""
+    phases = [((p.get("status") or {}).get("phase"), p) for p in pods.values()]
+    failed = [p for phase, p in phases if phase == "Failed"]
+    if any(phase == "Succeeded" for phase, _ in phases):
+        return {p["metadata"]["uid"] for p in failed}
+    live = [p for phase, p in phases if phase != "Failed" and not _deleting(p)]
+    if not live:
+        return set()  # the Job controller has replaced none yet: restart (nothing to delete)
+    born = min(str(p["metadata"].get("creationTimestamp") or "") for p in live)
+    return {
+        p["metadata"]["uid"] for p in failed if str(_terminated(p).get("finishedAt") or "~") < born
+    }
+
+
+def _deleting(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any]:

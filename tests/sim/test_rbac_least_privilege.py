@@ -2,8 +2,9 @@
 
 A fresh simulated cluster records every (verb, API group, resource) a request asks for, as an
 audit log would. Every step of the product runs against it, including the paths that only
-failures and options take (fail-fast diagnostics, GPU claims, an owning launcher pod, reaping
-an orphan), and the recorded set must equal the rules of ``manifests/base``'s Role.
+failures and options take (fail-fast diagnostics, GPU claims, an owning launcher pod, a retried
+step adopting its Job, a gang restart, reaping an orphan), and the recorded set must equal the
+rules of ``manifests/base``'s Role.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import yaml
 
 from mnnvl import steps
 from mnnvl.errors import WorkloadFailed
+from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.runtime.local import free_port
 from mnnvl.sim import SimCluster
@@ -68,6 +70,13 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
     job = WorkloadSpec(run_id=run, purpose="job", nodes=2, gpus_per_node=1, gpu_mode="claim",
                        env=env, pods_running_timeout_s=60, job_timeout_s=60)  # fmt: skip
     assert steps.launch(job, "report", [], kubeconfig=kube).result == {"ok": True}
+    # run again (a retried step): adopts the Service, the GPU template and the completed Job
+    assert steps.launch(job, "report", [], kubeconfig=kube).result == {"ok": True}
+    gang = WorkloadSpec(run_id=run, purpose="verify", nodes=2, gpus_per_node=0, env=env,
+                        max_restarts=1, job_timeout_s=60)  # fmt: skip
+    sim.faults.fail_pod(RunNames.for_run(run).job("verify"), index=1, exit_code=1)
+    restarted = steps.launch(gang, "slow_report", [], kubeconfig=kube)  # deletes rank 0's pod
+    assert restarted.result == {"ok": True} and len(restarted.restarts) == 1
     with pytest.raises(WorkloadFailed):  # a gang restart, then fail-fast reads the pod's events
         steps.launch(
             WorkloadSpec(run_id=run, purpose="verify-post", nodes=2, gpus_per_node=0, env=env,
@@ -98,6 +107,9 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
 def test_role_grants_exactly_the_requests_every_step_sends(tmp_path, monkeypatch):
     (tmp_path / "report.py").write_text('print("RESULT {\\"ok\\": true}", flush=True)\n')
     (tmp_path / "crash.py").write_text("raise SystemExit(3)\n")
+    (tmp_path / "slow_report.py").write_text(
+        'import time\ntime.sleep(3)\nprint("RESULT {\\"ok\\": true}", flush=True)\n'
+    )
     with SimCluster(nodes=2, gpus_per_node=1) as sim:
         _launcher_pod(sim)
         _everything(sim, tmp_path, monkeypatch)
