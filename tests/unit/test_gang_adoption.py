@@ -20,6 +20,9 @@ class DeletingApi:
     def __init__(self) -> None:
         self.deleted: list[str] = []
 
+    def get(self, kind: Any, namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}}  # the run's ComputeDomain, not being deleted
+
     def delete(self, kind: Any, namespace: str, name: str, **kwargs: Any) -> bool:
         self.deleted.append(name)
         return True
