@@ -85,13 +85,21 @@ class Trainer:
         self.mcfg = preset(cfg.model, seq_len=cfg.seq_len)
         bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and info.is_cuda)
         torch.manual_seed(cfg.seed)  # same on every rank: identical (sharded) initial weights
+        self.compiled = cfg.compiles(info.is_cuda)
+        logger.info(
+            "compile %s (--compile %s: %s preset on %s)",
+            self.compiled,
+            cfg.compile,
+            cfg.model,
+            "GPU" if info.is_cuda else "CPU",
+        )
         self.model = build_sharded_model(
             self.mcfg,
             dist_info=info,
             param_dtype=torch.bfloat16 if bf16 else torch.float32,
             ac_every=cfg.ac_every,
             reshard=cfg.reshard,
-            compile=cfg.compile,
+            compile=self.compiled,
         )
         self.opt, self.sched = build_optimizer(self.model, cfg, info)
         self.data = build_batches(
@@ -108,6 +116,7 @@ class Trainer:
         self.losses: list[list[float]] = []
         self.last_loss, self.checkpoint, self.start_step = float("nan"), "", 0
         self.resumed_from = ""  # the checkpoint this run continued from
+        self.first_step_s: float | None = None  # incl. compiling the blocks and warm-up
         self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
         self.phase = "start-up"  # where a collective timeout happened, for its message
         self.arrivals = progress.Arrivals(info.rank, info.world_size)
@@ -200,6 +209,8 @@ class Trainer:
                 self.split.collect()  # events are complete after the sync
             if is_log:
                 rate = thr.mark(tokens_per_step * (step - marked))
+                if step == first:
+                    self.first_step_s = round(thr.t_first - thr.t_start, 3)
                 marked = step
                 self.losses.append([step, mean_loss])
                 per_gpu = rate / self.info.world_size
@@ -262,6 +273,9 @@ class Trainer:
             "seq_len": self.mcfg.seq_len,
             "activation_checkpointing": self.cfg.activation_checkpointing,
             "reshard_after_forward": self.cfg.reshard,
+            "compile": self.compiled,
+            "compile_input": self.cfg.compile,
+            "first_step_s": self.first_step_s,
             "tuning": tuning(),
             "losses": self.losses,
         }
