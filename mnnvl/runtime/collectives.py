@@ -214,7 +214,7 @@ def run_sweep(
     del buf
     lags = _gather_own(own, device, group, world)
     factor = bus_factor(world)
-    rows = []
+    rows: list[dict[str, Any]] = []
     table = zip(plan.sizes, summary.tolist(), ok_all.tolist(), strict=True)
     for i, (size, t, good) in enumerate(table):
         algbw = size / t / 1e9 if t > 0 else 0.0
