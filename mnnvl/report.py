@@ -394,6 +394,17 @@ def train_markdown(result: dict[str, Any]) -> str:
         "checkpoint",
     )
     rows = [[k, _fmt(result.get(k), 4)] for k in keys if k in result]
+    if "compile" in result:
+        rows.append(["compile", f"{result['compile']} (--compile {result.get('compile_input')})"])
+    stall = result.get("checkpoint_stall_s")
+    if stall:
+        rows.append(
+            [
+                "checkpoint_stall_s",
+                f"last {stall['last']:.3f}, max {stall['max']:.3f} ({stall['saves']} saves); "
+                f"the last write waited for {_fmt(result.get('checkpoint_final_wait_s'), 3)} s",
+            ]
+        )
     mesh = result.get("mesh")
     if mesh:
         shape = " x ".join(f"{n} {d}" for n, d in zip(mesh["shape"], mesh["dims"], strict=True))
