@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ class Checkpointer:
         self.group = dist.new_group(backend="gloo", timeout=timeout) if asynchronous else None
         self.stalls: list[float] = []  # seconds each save held training up
         self.final_wait_s = 0.0  # waiting at the end for the last save's write
-        self._staging: Future[Any] | None = None
+        self._staging: Callable[[], Any] | None = None  # returns once the copy is done
         self._pending: Future[Path] | None = None
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
 
@@ -139,7 +140,8 @@ class Checkpointer:
             )
             # torch returns (staging, upload) futures with a background stager, else the upload.
             upload: Future[Any] = getattr(response, "upload_completion", response)
-            self._staging = getattr(response, "staging_completion", None)
+            staged = getattr(response, "staging_completion", None)
+            self._staging = staged.result if staged is not None else stager.synchronize_staging
             self._pending = self._committer.submit(self._finish, path, upload, stager, started)
         self.stalls.append(time.perf_counter() - started)
         logger.info(
@@ -156,7 +158,7 @@ class Checkpointer:
         if self._staging is None:
             return 0.0
         started = time.perf_counter()
-        self._staging.result()
+        self._staging()
         self._staging = None
         waited = time.perf_counter() - started
         self.stalls[-1] += waited
