@@ -23,12 +23,16 @@ that one valid, the partial ``step-<N>`` is ignored on resume and replaced by th
 that step. ``wait`` waits for the save in flight (training's end waits for its final save
 before reporting success); a failed background write raises there.
 
-Each save uses a stager of its own, closed after its write: a ``DefaultStager`` is single-shot
-(torch 2.11 closes its state-dict stager after each stage; reusing it for the next save raised
-``KeyError: <class 'type'>`` deep-copying the optimizer state), and its pinned buffers are
-freed with it. The newest ``keep`` complete checkpoints are kept; older ones are deleted by
-rank 0 once a newer one is complete. ``asynchronous=False`` saves in the training thread with
-``dcp.save`` (the benchmark's "before").
+Staging memory is bounded to one host copy of this rank's state, kept from one save to the
+next (as torchtitan's pinned-memory mode keeps one CPU copy): the host buffers are allocated
+and pinned by the first save and refilled by the later ones, so only the first pays for the
+pinning. ``DefaultStager`` cannot do that: torch 2.11 closes its state-dict stager after every
+stage, which empties its buffer cache and its copy table (reusing it for the next save raised
+``KeyError: <class 'type'>`` deep-copying the optimizer state). ``mode``: ``async`` (the
+default, reused buffers), ``async-fresh`` (a new ``DefaultStager`` per save, closed after its
+write) or ``sync`` (``dcp.save`` in the training thread, the "before"); the last two are
+benchmark levers. The newest ``keep`` complete checkpoints are kept; older ones are deleted by
+rank 0 once a newer one is complete.
 
 Test hook: ``MNNVL_TEST_CHECKPOINT_DELAY=<step>:<rank>:<seconds>`` makes that rank's write of
 that step's checkpoint start late, in the background, to hold a save in flight.
@@ -51,7 +55,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from mnnvl.errors import MnnvlError
@@ -59,6 +64,7 @@ from mnnvl.errors import MnnvlError
 logger = logging.getLogger(__name__)
 
 LATEST = "latest"
+MODES = ("async", "async-fresh", "sync")
 DELAY_ENV = "MNNVL_TEST_CHECKPOINT_DELAY"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -80,16 +86,20 @@ class Checkpointer:
         *,
         rank: int,
         keep: int = 2,
-        asynchronous: bool = True,
+        mode: str = "async",
         timeout_s: float | None = None,
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"checkpoint mode {mode!r} is not one of {', '.join(MODES)}")
         self.root = Path(root)
         self.rank = rank
         self.keep = max(1, keep)
-        self.asynchronous = asynchronous
+        self.mode = mode
+        self.asynchronous = mode != "sync"
         timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
         # Collective: every rank builds its Checkpointer in the same order.
-        self.group = dist.new_group(backend="gloo", timeout=timeout) if asynchronous else None
+        self.group = dist.new_group(backend="gloo", timeout=timeout) if self.asynchronous else None
+        self._reused = _ReusedStager() if mode == "async" else None
         self.stalls: list[float] = []  # seconds each save held training up
         self.final_wait_s = 0.0  # waiting at the end for the last save's write
         self._staging: Callable[[], Any] | None = None  # returns once the copy is done
@@ -134,7 +144,7 @@ class Checkpointer:
         else:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()  # the state of step N is final before it is copied
-            stager = _stager()
+            stager = self._reused or _fresh_stager()
             response: Any = dcp.async_save(
                 state, storage_writer=writer, process_group=self.group, async_stager=stager
             )
@@ -181,6 +191,8 @@ class Checkpointer:
         finally:
             self.final_wait_s = time.perf_counter() - started
             self._committer.shutdown(wait=True)
+            if self._reused is not None:
+                self._reused.release()
 
     def stall_summary(self) -> dict[str, Any] | None:
         """``last`` and ``max`` seconds a save held training up, and how many saves ran."""
@@ -208,14 +220,15 @@ class Checkpointer:
         logger.info("resumed from %s (step %s)", path, extra["step"])
         return extra
 
-    def _finish(self, path: Path, upload: Future[Any], stager: DefaultStager, t0: float) -> Path:
+    def _finish(self, path: Path, upload: Future[Any], stager: AsyncStager, t0: float) -> Path:
         """The background end of a save: wait for this rank's write, then commit."""
         try:
             upload.result()
         except dcp.CheckpointException as e:  # a BaseException: made an error the step reports
             raise RuntimeError(f"the write of checkpoint {path} failed: {_why(e)}") from e
         finally:
-            stager.close()  # frees its pinned buffers; a stager is not reused
+            if stager is not self._reused:
+                stager.close()  # a fresh one's pinned buffers go with it
         return self._commit(path, t0)
 
     def _commit(self, path: Path, t0: float) -> Path:
@@ -246,10 +259,49 @@ class Checkpointer:
                 logger.info("removed old checkpoint %s", old)
 
 
-def _stager() -> DefaultStager:
-    """Pinned memory, a staging thread and non-blocking copies where CUDA is; on CPU the
-    same thread with plain copies. No shared memory: the write runs in a thread, not a
-    process (and a pod's /dev/shm is small)."""
+class _ReusedStager(AsyncStager):
+    """Stages into host buffers kept across saves, in a thread of its own: pinned memory and
+    non-blocking copies on a stream of its own where CUDA is, plain copies on CPU. No shared
+    memory: the write runs in a thread, not a process (and a pod's /dev/shm is small).
+
+    The buffers are found by the device storage they copy (the sharded parameters and the
+    optimizer state keep theirs from step to step); a save refills them only after the one
+    before it was written, so a write never reads a buffer being refilled."""
+
+    _synchronize_after_execute = False  # callers wait on the returned future
+
+    def __init__(self) -> None:
+        cuda = torch.cuda.is_available()
+        self._copier = StateDictStager(pin_memory=cuda, share_memory=False)
+        self._stream = torch.cuda.Stream() if cuda else None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-staging")
+
+    def stage(self, state_dict: Any) -> Future[Any]:
+        return self._thread.submit(self._copy, state_dict)
+
+    def _copy(self, state_dict: Any) -> Any:
+        if self._stream is None:
+            return self._copier.stage(state_dict)
+        torch.cuda.set_device(self._stream.device)
+        with torch.cuda.stream(self._stream):
+            staged = self._copier.stage(state_dict, non_blocking=True)
+        self._stream.synchronize()
+        return staged
+
+    def synchronize_staging(self) -> None:
+        """Nothing to do: ``save`` waits on the future ``stage`` returned."""
+
+    def close(self) -> None:
+        """Kept open between saves (``async_save`` may close a stager it was given)."""
+
+    def release(self) -> None:
+        self._thread.shutdown(wait=True)
+        self._copier.close()
+
+
+def _fresh_stager() -> DefaultStager:
+    """A single-use ``DefaultStager``: pinned memory, a staging thread and non-blocking copies
+    where CUDA is; on CPU the same thread with plain copies; no shared memory."""
     cuda = torch.cuda.is_available()
     return DefaultStager(
         StagingOptions(

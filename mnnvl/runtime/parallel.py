@@ -8,8 +8,10 @@ Activation checkpointing (``TrainConfig.activation_checkpointing``: none, full, 
 ``bench/bench_train.py`` and not worth an input (no gain on 2 x H200), stay a benchmark-only
 override in ``MNNVL_TRAIN_TUNING`` (comma-separated ``key=value``; empty = the defaults):
 ``prefetch=N`` prefetches the next N blocks' all-gathers explicitly in forward and backward,
-``optim=foreach`` uses the foreach AdamW instead of the fused one, ``ckpt=sync`` writes
-checkpoints in the training thread (the measured "before" of the background saves).
+``optim=foreach`` uses the foreach AdamW instead of the fused one; ``ckpt=sync`` writes
+checkpoints in the training thread (the "before" of the background saves) and
+``ckpt=async-fresh`` stages each save with a new ``DefaultStager``
+(:mod:`mnnvl.runtime.checkpoint`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 logger = logging.getLogger(__name__)
 TUNING_ENV = "MNNVL_TRAIN_TUNING"
 TUNING_DEFAULTS = {"prefetch": "0", "optim": "fused", "ckpt": "async"}
-TUNING_CHOICES = {"optim": ("fused", "foreach"), "ckpt": ("async", "sync")}
+TUNING_CHOICES = {"optim": ("fused", "foreach"), "ckpt": ("async", "async-fresh", "sync")}
 # Former keys of MNNVL_TRAIN_TUNING, now training inputs.
 TUNING_MOVED = {"ac": "--activation-checkpointing", "reshard": "--reshard-after-forward"}
 

@@ -116,10 +116,9 @@ class Trainer:
         )
         self.ckpt = None
         if cfg.checkpoint_dir:
-            background = tuning()["ckpt"] == "async"
-            timeout = cfg.collective_timeout_s
+            mode, timeout = tuning()["ckpt"], cfg.collective_timeout_s
             self.ckpt = Checkpointer(
-                cfg.checkpoint_dir, rank=info.rank, asynchronous=background, timeout_s=timeout
+                cfg.checkpoint_dir, rank=info.rank, mode=mode, timeout_s=timeout
             )
         self.held_s = 0.0  # training held for a save's staging copy since the last step
         self.finite = torch.ones((), dtype=torch.bool, device=info.device)

@@ -41,12 +41,14 @@ def slow_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checkpoint, "_writer", delayed)
 
 
+@pytest.mark.parametrize("mode", ["async", "async-fresh"])
 def test_repeated_background_saves_one_in_flight_each_the_state_of_its_step(
-    gloo_one_rank: None, tmp_path: Path, slow_writes: None
+    gloo_one_rank: None, tmp_path: Path, slow_writes: None, mode: str
 ) -> None:
+    """Host buffers reused from save to save (the default) or a new stager per save."""
     info = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
     trainer = Trainer(TrainConfig(model="tiny", steps=SAVES * 2, warmup_steps=1), info)
-    ckpt = Checkpointer(str(tmp_path), rank=0)
+    ckpt = Checkpointer(str(tmp_path), rank=0, mode=mode)
     trainer.ckpt = ckpt  # its steps wait for a save's copy before the optimizer changes state
     saved: dict[int, dict[str, torch.Tensor]] = {}
     for step in range(1, SAVES + 1):
