@@ -10,8 +10,8 @@ Layout under the checkpoint directory (which every rank must see, e.g. a shared 
 A save (every rank calls ``save``) first waits for the previous one, so at most one is in
 flight and host memory holds at most one staged copy of the state. Each rank writes its small
 extra state at once; model and optimizer state are staged off the GPU into pinned host memory
-by a background thread (``DefaultStager``: non-blocking copies on a stream of its own; on CPU
-the same path with plain copies) and written by ``dcp.async_save`` in another thread, over a
+by a background thread (non-blocking copies on a stream of its own; on CPU the same path with
+plain copies) and written by ``dcp.async_save`` in another thread, over a
 gloo group of the checkpoint's own (NCCL has no CPU side, and training's collectives keep
 their group). Training carries on; ``wait_staged`` holds the next optimizer step until the
 staging copy is done, so the checkpoint is the state of step N exactly.
@@ -268,16 +268,18 @@ class _ReusedStager(AsyncStager):
     optimizer state keep theirs from step to step); a save refills them only after the one
     before it was written, so a write never reads a buffer being refilled."""
 
-    _synchronize_after_execute = False  # callers wait on the returned future
+    _synchronize_after_execute = False  # the caller waits for the copy (``wait_staged``)
 
     def __init__(self) -> None:
         cuda = torch.cuda.is_available()
         self._copier = StateDictStager(pin_memory=cuda, share_memory=False)
         self._stream = torch.cuda.Stream() if cuda else None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-staging")
+        self._staged: Future[Any] | None = None
 
     def stage(self, state_dict: Any) -> Future[Any]:
-        return self._thread.submit(self._copy, state_dict)
+        self._staged = self._thread.submit(self._copy, state_dict)
+        return self._staged
 
     def _copy(self, state_dict: Any) -> Any:
         if self._stream is None:
@@ -289,7 +291,9 @@ class _ReusedStager(AsyncStager):
         return staged
 
     def synchronize_staging(self) -> None:
-        """Nothing to do: ``save`` waits on the future ``stage`` returned."""
+        """Wait for the copy in progress (where torch returns no staging future)."""
+        if self._staged is not None:
+            self._staged.result()
 
     def close(self) -> None:
         """Kept open between saves (``async_save`` may close a stager it was given)."""
