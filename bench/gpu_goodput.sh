@@ -10,10 +10,13 @@
 #   recovery  bench/bench_recovery.py on the simulator with the 1b preset on this GPU: a killed
 #             and a stopped worker after step 60, fault -> detection -> gang restarted -> first
 #             resumed step, steps redone (needs the kubernetes client, see below)
-# Usage: bash bench/gpu_goodput.sh OUT_DIR [PART...]        (parts: mfu stall recovery; all)
+#   tests     tests/gpu/test_checkpoint_gpu.py (6 background saves, a kill mid-save, the resume)
+#             and tests/gpu/test_verify_gpu.py (one GPU: NOT_JUDGED, "n/a: one rank")
+# Usage: bash bench/gpu_goodput.sh OUT_DIR [PART...]   (parts: mfu stall recovery tests; all)
 # A run starts only while BUDGET_S (default 480) seconds are left, and is cut at what is left;
-# skipped runs are named in the summary. All three parts take more than one call allows: run
-#   bash bench/gpu_goodput.sh "$OUT" mfu stall      then      bash bench/gpu_goodput.sh "$OUT" recovery
+# skipped runs are named in the summary. All parts take more than one 10-minute call: run
+#   bash bench/gpu_goodput.sh "$OUT" mfu stall                       (about 8 minutes)
+#   BUDGET_S=570 bash bench/gpu_goodput.sh "$OUT" recovery tests     (recovery alone about 7)
 # Writes OUT_DIR/summary.txt (one line per run), OUT_DIR/results.jsonl (each run's RESULT or
 # benchmark JSON, labelled), OUT_DIR/env.txt (GPU, torch, the checkpoint disk's write speed)
 # and OUT_DIR/logs.tgz (every run's full log). Checkpoints go to CKPT_ROOT (default
@@ -23,9 +26,9 @@
 # websocket-client requests-oauthlib oauthlib downloaded into .whl/; they are installed from
 # there into /tmp/site when present. NCCL and multicast variables are left as the host sets them.
 set -uo pipefail
-out="${1:?usage: gpu_goodput.sh OUT_DIR [mfu] [stall] [recovery]}"
+out="${1:?usage: gpu_goodput.sh OUT_DIR [mfu] [stall] [recovery] [tests]}"
 shift
-parts="${*:-mfu stall recovery}"
+parts="${*:-mfu stall recovery tests}"
 budget="${BUDGET_S:-480}"
 ckpt="${CKPT_ROOT:-/tmp/mnnvl-goodput}"
 mkdir -p "$out/logs" "$ckpt"
@@ -81,7 +84,7 @@ elif res.get("bench") == "recovery":
                       f"{r['first_resumed_step_s']} s, redone {r['steps_redone']} steps")
 else:
     tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
-    words += f"  no RESULT: {tail[0][:200]}"
+    words += f"  last line: {tail[0][:200]}"
 print(f"{name:16} {words}")
 EOF
 } 2>&1
@@ -125,7 +128,11 @@ for part in $parts; do
         --steps 100 --every 40 --fail-at 60 --collective-timeout-s 60 --stall-timeout-s 150 \
         --json-out "$out/logs/recovery.json"
       ;;
-    *) note "unknown part $part (mfu, stall, recovery)" ;;
+    tests)
+      summarize gpu-tests 120 300 "" python3 -m pytest -q -p no:cacheprovider \
+        tests/gpu/test_checkpoint_gpu.py tests/gpu/test_verify_gpu.py
+      ;;
+    *) note "unknown part $part (mfu, stall, recovery, tests)" ;;
   esac
 done
 tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$out/logs"
