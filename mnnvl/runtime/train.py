@@ -89,12 +89,9 @@ class Trainer:
         bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and info.is_cuda)
         torch.manual_seed(cfg.seed)  # same on every rank: identical (sharded) initial weights
         self.compiled = cfg.compiles(info.is_cuda)
+        on = "GPU" if info.is_cuda else "CPU"
         logger.info(
-            "compile %s (--compile %s: %s preset on %s)",
-            self.compiled,
-            cfg.compile,
-            cfg.model,
-            "GPU" if info.is_cuda else "CPU",
+            "compile %s (--compile %s: %s preset on %s)", self.compiled, cfg.compile, cfg.model, on
         )
         self.model = build_sharded_model(
             self.mcfg,
