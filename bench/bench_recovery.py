@@ -27,7 +27,6 @@ checkpoint and finished.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import logging
@@ -148,9 +147,6 @@ def one_fault(args: argparse.Namespace, fault: str, sim: SimCluster) -> dict[str
     run_id = f"rec-{fault}-{int(time.time())}"
     rank = args.rank if args.rank >= 0 else args.nodes * max(1, args.gpus_per_node) - 1
     domain = DomainSpec(run_id=run_id, delete_timeout_s=120)
-    restarts = {"max_restarts": args.max_restarts}
-    if "backoff_limit_per_index" in {f.name for f in dataclasses.fields(WorkloadSpec)}:
-        restarts["backoff_limit_per_index"] = args.max_restarts  # until it derives from it
     workload = WorkloadSpec(
         run_id=run_id,
         purpose="train",
@@ -160,7 +156,7 @@ def one_fault(args: argparse.Namespace, fault: str, sim: SimCluster) -> dict[str
         env={SIGNAL_AT_ENV: f"{args.fail_at}:{rank}:{FAULTS[fault]}"},
         pods_running_timeout_s=600,
         job_timeout_s=3600,
-        **restarts,
+        max_restarts=args.max_restarts,
     )
     config = TrainConfig(
         model=args.model,
@@ -212,7 +208,9 @@ def main() -> int:
     parser.add_argument("--faults", default="kill,stop", help="kill, stop or both")
     parser.add_argument("--collective-timeout-s", type=float, default=10)
     parser.add_argument("--stall-timeout-s", type=float, default=20)
-    parser.add_argument("--max-restarts", type=int, default=2)
+    parser.add_argument(
+        "--max-restarts", type=int, default=WorkloadSpec(run_id="x").max_restarts
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
     if not args.nodes:
@@ -241,7 +239,7 @@ def main() -> int:
 def _claim(sim: SimCluster) -> None:
     from kubernetes import client, config
 
-    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
+    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
     spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
     core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": CLAIM}, "spec": spec})
 

@@ -9,8 +9,10 @@ template also takes ``launcher-image`` (its own image).
 
 Every template is a launcher pod with the settings of ``mnnvl.components.launcher_pod``
 (non-root, read-only root file system with ``/tmp`` an ``emptyDir``, no privilege escalation,
-no capabilities, small requests), and retries only for exit codes a retry can fix (never 2,
-bad input or a conflict, nor 4, a failed workload or verdict).
+no capabilities, small requests). Provision and teardown retry for exit codes a retry can fix
+(never 2, bad input or a conflict, nor 4, a failed workload or verdict); train, verify and
+launch retry only when their pod was lost (a drain, an eviction, an OOM-killed launcher):
+the retry adopts the step's Job and carries on.
 
 Call the ``*_template()`` builders inside a hera ``WorkflowTemplate``/``Workflow`` context
 (see ``mnnvl.pipelines.argo_workflow``); they register themselves there.
@@ -42,6 +44,7 @@ PIPELINE_PARAMETERS_INPUT = "pipeline-parameters"
 JSON_FLAGS = {"command": "--command-json"}
 DEADLINES = {"train": "28800", "verify": "3600", "launch": "28800"}
 RETRY_EXPRESSION = exit_codes.argo_retry_expression()
+LOST_POD_RETRY_EXPRESSION = exit_codes.argo_lost_pod_retry_expression()
 
 
 def launcher_pod(step: str) -> dict[str, Any]:
@@ -72,17 +75,24 @@ def launcher_pod(step: str) -> dict[str, Any]:
 RETRY_MAX_DURATION = "1h"
 
 
-def retry(*, backoff: bool = True) -> RetryStrategy:
-    """Up to ``RETRY_LIMIT`` retries, only for exit codes a retry can fix."""
+def retry(*, backoff: bool = True, lost_pod: bool = False) -> RetryStrategy:
+    """Up to ``RETRY_LIMIT`` retries, only for exit codes a retry can fix; ``lost_pod``: only
+    when the step's pod was lost. A workload step may be lost hours into its Job, so its
+    retries have no ``maxDuration`` (Argo counts it from the first attempt's start); its
+    ``activeDeadlineSeconds`` bounds each attempt instead."""
     return RetryStrategy(
         limit=RETRY_LIMIT,
         retry_policy="Always",
         backoff=(
-            m.Backoff(duration="15s", factor=m.IntOrString("2"), max_duration=RETRY_MAX_DURATION)
+            m.Backoff(
+                duration="15s",
+                factor=m.IntOrString("2"),
+                max_duration=None if lost_pod else RETRY_MAX_DURATION,
+            )
             if backoff
             else None
         ),
-        expression=RETRY_EXPRESSION,
+        expression=LOST_POD_RETRY_EXPRESSION if lost_pod else RETRY_EXPRESSION,
     )
 
 
@@ -101,7 +111,9 @@ def parameter(item: Input) -> Parameter:
     return Parameter(name=item.kebab, default=item.text(), description=item.help, enum=enum)
 
 
-def _container(name: str, step: str, *, retries: bool = False, check: bool = False) -> Container:
+def _container(
+    name: str, step: str, *, retries: bool = False, check: bool = False, lost_pod: bool = False
+) -> Container:
     items = surface.step_inputs(step, ARGO)
     args = [step, "--run-id", RUN_ID]
     for item in items:
@@ -151,7 +163,7 @@ def _container(name: str, step: str, *, retries: bool = False, check: bool = Fal
             ),
             *(_verify_outputs() if step == "verify" else []),
         ],
-        retry_strategy=retry() if retries else None,
+        retry_strategy=retry(lost_pod=lost_pod) if retries or lost_pod else None,
         active_deadline_seconds=(
             f"{{{{inputs.parameters.{DEADLINE_INPUT}}}}}" if deadline is not None else None
         ),
@@ -192,18 +204,18 @@ def provision_template(name: str = "provision", *, check: bool = False) -> Conta
 
 
 def train_template(name: str = "train") -> Container:
-    """Run the multi-node training Job; no retry (a rerun costs GPU hours)."""
-    return _container(name, "train")
+    """Run the multi-node training Job; retried only when the step's pod was lost."""
+    return _container(name, "train", lost_pod=True)
 
 
 def verify_template(name: str = "verify") -> Container:
-    """Run the NVLink verification Job; exits 4 on a FAIL verdict."""
-    return _container(name, "verify")
+    """Run the NVLink verification Job; exits 4 on a FAIL verdict; retried if its pod is lost."""
+    return _container(name, "verify", lost_pod=True)
 
 
 def launch_template(name: str = "launch") -> Container:
-    """Run the user's image and command on every node of the run's domain; no retry."""
-    return _container(name, "launch")
+    """Run the user's image and command on every node of the run's domain; retried if lost."""
+    return _container(name, "launch", lost_pod=True)
 
 
 def teardown_template(name: str = "teardown") -> Container:

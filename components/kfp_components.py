@@ -79,7 +79,6 @@ def train_sharded(
     unschedulable_grace_s: float = 60.0,
     job_timeout_s: float = 7200.0,
     ttl_after_finished_s: int = 3600,
-    backoff_limit_per_index: int = 0,
     max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     api_outage_s: float = 300.0,
@@ -146,9 +145,9 @@ def train_sharded(
             fails, s.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
-        backoff_limit_per_index: retries per pod index before the Job fails.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails.
+            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
+            index.
         image_pull_policy: Always, IfNotPresent or Never.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
@@ -222,7 +221,6 @@ def verify_nvlink(
     unschedulable_grace_s: float = 60.0,
     job_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
-    backoff_limit_per_index: int = 0,
     max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     api_outage_s: float = 300.0,
@@ -284,9 +282,9 @@ def verify_nvlink(
             fails, s.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
-        backoff_limit_per_index: retries per pod index before the Job fails.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails.
+            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
+            index.
         image_pull_policy: Always, IfNotPresent or Never.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
@@ -348,7 +346,6 @@ def launch_workload(
     unschedulable_grace_s: float = 60.0,
     job_timeout_s: float = 7200.0,
     ttl_after_finished_s: int = 3600,
-    backoff_limit_per_index: int = 0,
     max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     api_outage_s: float = 300.0,
@@ -397,9 +394,9 @@ def launch_workload(
             fails, s.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
-        backoff_limit_per_index: retries per pod index before the Job fails.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails.
+            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
+            index.
         image_pull_policy: Always, IfNotPresent or Never.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
@@ -466,7 +463,6 @@ def provision_training(
     unschedulable_grace_s: float = 60.0,
     verify_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
-    backoff_limit_per_index: int = 0,
     max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     verify_min_bytes: int = 0,
@@ -547,9 +543,9 @@ def provision_training(
             fails, s.
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
-        backoff_limit_per_index: retries per pod index before the Job fails.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails.
+            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
+            index.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
@@ -639,7 +635,6 @@ def provision_verify_only(
     unschedulable_grace_s: float = 60.0,
     verify_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
-    backoff_limit_per_index: int = 0,
     max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     verify_min_bytes: int = 0,
@@ -700,9 +695,9 @@ def provision_verify_only(
             fails, s.
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
-        backoff_limit_per_index: retries per pod index before the Job fails.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails.
+            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
+            index.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
@@ -766,7 +761,6 @@ def provision_custom(
     unschedulable_grace_s: float = 60.0,
     verify_timeout_s: float = 1800.0,
     ttl_after_finished_s: int = 3600,
-    backoff_limit_per_index: int = 0,
     max_restarts: int = 3,
     image_pull_policy: str = 'IfNotPresent',
     verify_min_bytes: int = 0,
@@ -830,9 +824,9 @@ def provision_custom(
             fails, s.
         verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
         ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
-        backoff_limit_per_index: retries per pod index before the Job fails.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails.
+            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
+            index.
         image_pull_policy: Always, IfNotPresent or Never.
         verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
         verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.

@@ -7,7 +7,8 @@ matplotlib's cache live there), no privilege escalation and no capabilities; eac
 declares its volume and pod security context itself, so ``templateRef`` works; finished
 workflows are deleted after a while (``ttlStrategy``) and succeeded pods at once (``podGC``;
 failed ones stay for ``kubectl logs``); a retry happens only for exit codes a retry can fix
-(never 2, bad input or a conflict, nor 4, a failed workload or verdict).
+(never 2, bad input or a conflict, nor 4, a failed workload or verdict), and for a workload
+step only when its pod was lost.
 
 The CronWorkflows reference WorkflowTemplates by name and name no namespace: kustomize (or
 ``kubectl apply -n``) places them, and ``{{workflow.namespace}}`` is where they run.

@@ -5,8 +5,10 @@
 runs teardown. ``mnnvl-launch`` holds the step templates only (entrypoint ``launch``), for
 ``templateRef`` from your own workflows. The run id is ``{{workflow.uid}}``, so the exit
 handler derives the same object names as the steps. The first task validates every workflow
-parameter (``{{workflow.parameters.json}}``) before it creates anything. Only the idempotent
-steps (provision, teardown) retry; the long steps carry an ``activeDeadlineSeconds``.
+parameter (``{{workflow.parameters.json}}``) before it creates anything. The idempotent steps
+(provision, teardown) retry on exit codes a retry can fix; the workload steps (train, verify,
+launch) only when their pod was lost, and their retry adopts the step's Job; the long steps
+carry an ``activeDeadlineSeconds``.
 
 Workflow parameters that exist only on Argo (``ARGO_ONLY``): the launcher pods' service
 account and image, and the launcher pods' deadlines.

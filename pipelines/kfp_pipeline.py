@@ -11,8 +11,12 @@ e.g. ``train_timeout_s``/``verify_timeout_s``), built from the field declaration
 pipeline, its components and the Argo workflow parameters cannot drift apart. The first task
 validates every parameter before it creates anything. Every task gets the run id from
 ``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` (the exit task may not consume other tasks' outputs);
-caching is off everywhere; only teardown retries (the first task validates, and a bad
-parameter must fail in one attempt).
+caching is off everywhere. Teardown and the workload tasks (train, verify, launch) retry;
+the first task does not (it validates, and a bad parameter must fail in one attempt). KFP's
+retry policy cannot condition on an exit code, so a workload task is retried after its
+workload failed too: that retry meets the record of the failure and fails again at once with
+the same message (``mnnvl.driver.workload.record_failure``), and a retry after its pod was
+lost adopts the step's Job and carries on (docs/recovery.md).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 RETRIES = 2
 RETRY_BACKOFF = "15s"
 RETRY_MAX_DURATION = "3600s"  # as Argo's teardown (argo_templates.RETRY_MAX_DURATION)
+# Argo, which runs KFP's tasks, counts the window from the first attempt's start, and a
+# workload task may be lost late in its Job: the longest --job-timeout-s (7 days).
+WORKLOAD_RETRY_MAX_DURATION = f"{7 * 86400}s"
 STEP_COMPONENTS = {
     "train": kc.train_sharded,
     "verify": kc.verify_nvlink,
@@ -56,20 +63,20 @@ def _launcher_pod(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
     return task.set_memory_limit(lp.MEMORY_LIMIT)
 
 
-def _idempotent(task: dsl.PipelineTask, step: str, display_name: str) -> dsl.PipelineTask:
+def _retried(
+    task: dsl.PipelineTask, step: str, display_name: str, max_duration: str = RETRY_MAX_DURATION
+) -> dsl.PipelineTask:
     _launcher_pod(task, step).set_caching_options(False)
     task.set_retry(
         num_retries=RETRIES,
         backoff_duration=RETRY_BACKOFF,
         backoff_factor=2.0,
-        backoff_max_duration=RETRY_MAX_DURATION,
+        backoff_max_duration=max_duration,
     )
     return task.set_display_name(display_name)
 
 
 def _once(task: dsl.PipelineTask, step: str, display_name: str) -> dsl.PipelineTask:
-    # Training, verification and launches create Jobs that cost GPU hours; a retry is a user
-    # decision.
     _launcher_pod(task, step).set_caching_options(False)
     return task.set_display_name(display_name)
 
@@ -91,7 +98,7 @@ def _signature(plan: surface.Pipeline) -> inspect.Signature:
 def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
     """Create the tasks: provision (validating everything) -> ... ; teardown on exit."""
     teardown_task = plan.tasks[-1]
-    teardown = _idempotent(
+    teardown = _retried(
         kc.teardown_domain(run_id=RUN_ID, **plan.task_arguments(teardown_task, values)),
         teardown_task.step,
         teardown_task.name,
@@ -103,10 +110,11 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
         previous = _once(first(run_id=RUN_ID, **values), "provision", "provision")
         for task in plan.tasks[1:-1]:
             component = STEP_COMPONENTS[task.step]
-            current = _once(
+            current = _retried(
                 component(run_id=RUN_ID, **plan.task_arguments(task, values)),
                 task.step,
                 task.name,
+                WORKLOAD_RETRY_MAX_DURATION,
             )
             current.after(previous)
             previous = current

@@ -8,8 +8,9 @@ A simulated cluster (``mnnvl.sim.SimCluster``) serves the Kubernetes API and run
 pods as local processes; ``kfp.local`` runs the pipeline's components in this Python
 environment against it. Stage lines go to stderr while it runs; a summary (objects the run
 created, training metrics, the verification table and verdict, report files, and proof
-that teardown left nothing) goes to stdout. Exit status: 0 when the pipeline succeeded
-and teardown left nothing, 1 otherwise (a failed verification still tears down).
+that teardown left nothing: no object, and no process of the run's pods) goes to stdout.
+Exit status: 0 when the pipeline succeeded and teardown left nothing, 1 otherwise (a failed
+verification still tears down).
 """
 
 from __future__ import annotations
@@ -228,9 +229,9 @@ def _summary(
         _emit(f"  KFP artifacts: {outcome.run_dir}")
     _emit(f"  kfp.local log: {log_path}")
     if leftover:
-        _emit(f"\nTeardown LEFT {len(leftover)} object(s): {', '.join(leftover)}")
+        _emit(f"\nTeardown LEFT {len(leftover)}: {', '.join(leftover)}")
     else:
-        _emit("\nTeardown: nothing of the run is left in the cluster.")
+        _emit("\nTeardown: nothing of the run is left: no object, no process of its pods.")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -291,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         run_ids = {str(r["run_id"]) for r in outcome.results.values() if r.get("run_id")}
         leftover = [f"{k} {ns}/{n}" for k, ns, n in sim.objects()]
+        leftover += [f"process {pid} of pod {ns}/{pod}" for ns, pod, pid in sim.processes()]
         for run_id in sorted(run_ids):
             selector = f"mnnvl.io/run-id={run_id}"
             leftover += [f"{k} {ns}/{n}" for k, ns, n in sim.objects(label_selector=selector)]

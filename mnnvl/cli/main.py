@@ -28,7 +28,7 @@ from mnnvl.contract import exit_codes
 from mnnvl.driver.inspect import status_lines
 from mnnvl.errors import MnnvlError, SpecError
 from mnnvl.inputs import baselines, flags, surface
-from mnnvl.inputs.checks import check_range, parse_list
+from mnnvl.inputs.checks import check_dns_label, check_range, parse_list
 from mnnvl.inputs.defaults import MAX_GPUS_PER_NODE
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import resolve_namespace
@@ -251,6 +251,7 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
             "url": sim.url,
             "requests": sim.request_count,
             "leftover": [list(o) for o in sim.objects()],
+            "leftover_processes": [list(p) for p in sim.processes()],  # (namespace, pod, pid)
         }
     return result
 
@@ -260,6 +261,11 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     check_range("gpus_per_node", ns.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
     check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
     check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
+    namespaces = tuple(n.strip() for n in ns.namespaces.split(",") if n.strip())
+    if not namespaces:
+        raise SpecError("namespaces", "needs at least one namespace, e.g. default")
+    for name in namespaces:
+        check_dns_label("namespaces", name)
     from mnnvl.sim import serve
 
     # The simulator announces itself on stdout; stdout is reserved for our one result line.
@@ -271,6 +277,8 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             imex_delay_s=ns.imex_delay_s,
             cliques=ns.cliques,
             kueue=ns.kueue,
+            admin_kubeconfig_path=ns.admin_kubeconfig,
+            namespaces=namespaces,
         )
     return {
         "kubeconfig": served,

@@ -223,6 +223,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
     )
+    p.add_argument(
+        "--namespaces",
+        default="default,team-a",
+        metavar="NS,NS",
+        help="namespaces to serve, each with manifests/base applied for the runner "
+        "(default: default,team-a, the namespaces the examples use)",
+    )
+    p.add_argument(
+        "--admin-kubeconfig",
+        default=None,
+        metavar="PATH",
+        help="where to write a cluster-admin kubeconfig for setting up fixtures (namespaces, "
+        "PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the mnnvl-runner "
+        "service account with manifests/base applied, as a run gets on a real cluster",
+    )
     for name, p in sub.choices.items():
         _common(p, writes_kubeconfig=name == "sim")
     return parser

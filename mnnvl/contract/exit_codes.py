@@ -2,7 +2,7 @@
 
 0 ok · 1 unexpected · 2 bad input · 3 timeout · 4 workload or verification failed ·
 5 cluster/API unavailable or CRD missing; 128 + signal when interrupted (130 SIGINT,
-143 SIGTERM), after teardown.
+143 SIGTERM): a workload step leaves its Job for a retry to adopt, ``mnnvl run`` tears down.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ STALLED = 12
 # SpecError), 4 a failed verification or training (non-finite loss), 126/127 an image that
 # cannot run python3, 10 CUDA out of memory. The Job's podFailurePolicy fails the whole Job
 # on them at once; any other code (1: a crash, a rank lost, a rendezvous error, 11 a
-# collective timed out, 12 a stalled worker) is retried within
-# backoff_limit_per_index. ``python -m mnnvl.runtime.launch`` exits with
+# collective timed out, 12 a stalled worker) is retried by a gang restart, at most
+# max_restarts times. ``python -m mnnvl.runtime.launch`` exits with
 # ``worst_exit_code`` of its workers, so these codes reach the pod's status intact.
 NON_RETRIABLE_EXIT_CODES = (BAD_INPUT, FAILED, OUT_OF_MEMORY, 126, 127)
 # Exit codes of a launcher step (the ``mnnvl`` CLI) that a retry cannot change: bad input or a
@@ -38,11 +38,30 @@ NON_RETRIABLE_EXIT_CODES = (BAD_INPUT, FAILED, OUT_OF_MEMORY, 126, 127)
 NON_RETRIABLE_STEP_EXIT_CODES = (BAD_INPUT, FAILED)
 
 
+# Exit codes of a launcher step whose pod was lost under it, not its workload: 143 stopped by
+# SIGTERM (a node drain, an eviction: a workload step leaves its Job running and exits so),
+# 137 killed (an OOM-killed launcher, or SIGTERM's grace period ran out). Argo reports "-1"
+# for a pod that went before its container reported an exit code.
+LOST_STEP_EXIT_CODES = (INTERRUPTED_BASE + 9, INTERRUPTED_BASE + 15)
+
+
 def argo_retry_expression() -> str:
     """Argo's ``retryStrategy.expression``: retry unless the step exited with a code that a
     retry cannot change (Argo compares exit codes as strings)."""
     codes = ", ".join(f"'{code}'" for code in NON_RETRIABLE_STEP_EXIT_CODES)
     return f"!(lastRetry.exitCode in [{codes}])"
+
+
+def argo_lost_pod_retry_expression() -> str:
+    """Argo's ``retryStrategy.expression`` of the workload steps (train, verify, launch):
+    retry a step whose pod was lost (an ``Error`` node, such as ``pod deleted``, or a lost
+    step's exit code; a retry adopts the Job), never one that ended by itself (its workload
+    failed, bad input, a deadline) nor one its own ``activeDeadlineSeconds`` stopped."""
+    codes = ", ".join(f"'{code}'" for code in (*LOST_STEP_EXIT_CODES, -1))
+    return (
+        f"(lastRetry.status == 'Error' || lastRetry.exitCode in [{codes}]) "
+        "&& !(lastRetry.message matches 'deadline')"
+    )
 
 
 def shell_code(exitcode: int) -> int:

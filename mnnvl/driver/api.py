@@ -5,7 +5,8 @@ a retry can fix (429, 500, 502, 503, 504, connection refused/reset and read time
 ``Retry-After`` honoured; capped, jittered exponential backoff) and maps everything else to the
 error family once. Retries go on while the API has been unreachable for less than the run's
 outage tolerance (:class:`RetryPolicy`, ``--api-outage-s``): an API server restart or HA
-fail-over is ridden out, with a progress line at least every 15 s; 401/403 are never retried.
+fail-over is ridden out, with a progress line at least every 15 s. 401/403 are retried only
+right after the API was unreachable, as a restarted API server's (``RetryPolicy.refused_s``).
 Bodies are plain dicts and responses are decoded JSON: kubernetes 30.1's typed models
 predate ``resource.k8s.io/v1`` and would drop fields such as ``resourceClaimTemplateName``.
 Streamed responses (watches, followed logs) are opened here and read by :mod:`mnnvl.driver.stream`.
@@ -190,7 +191,8 @@ class Api:
 
         Transient failures are retried at least ``MAX_ATTEMPTS`` times and for as long as the
         API has been unreachable for less than the policy's ``outage_s``; then the last one is
-        raised as ``ClusterUnavailable`` (exit 5) saying how long the API was gone.
+        raised as ``ClusterUnavailable`` (exit 5) saying how long the API was gone. A 401/403
+        is transient only while it ends an outage (:meth:`Outage.refusal_in_outage`).
         """
         label = what or getattr(fn, "__name__", "request")
         attempt = 0
@@ -199,9 +201,12 @@ class Api:
             try:
                 found = fn(*args, **kw)
             except ApiException as e:
-                if e.status not in TRANSIENT_STATUS:
-                    if e.status not in (401, 403):  # an answer: the API is reachable
-                        self._outage.up()
+                if e.status in (401, 403):  # fatal, unless the tail of an outage (retry.py)
+                    refused = f"{verb} {label} answered {e.status} {e.reason}"
+                    if not self._outage.refusal_in_outage(refused):
+                        raise from_api_exception(e, verb or "request", label) from e
+                elif e.status not in TRANSIENT_STATUS:
+                    self._outage.up()  # an answer: the API is reachable
                     raise from_api_exception(e, verb or "request", label) from e
                 error: Exception = e
                 delay = retry_after_s(e)
@@ -281,7 +286,8 @@ class Api:
                 resp.release_conn()
 
         what = kind.describe(namespace, name or about)
-        return self.call(once, what=what, verb=_VERBS.get(method, method.lower()))
+        verb = "list" if (method, name) == ("GET", "") else _VERBS.get(method, method.lower())
+        return self.call(once, what=what, verb=verb)
 
     def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         """The object; raises ``NotFound`` when there is none."""

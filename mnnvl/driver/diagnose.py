@@ -24,6 +24,7 @@ from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job controller
 # Waiting reasons of an image that will not run: nothing changes until a person fixes the
 # image, the pull secret or the pull policy (the kubelet keeps retrying the pull).
 IMAGE_WAITING = {
@@ -132,7 +133,7 @@ def event_order(event: dict[str, Any]) -> tuple[str, int]:
     return stamp, int(version) if version.isdigit() else 0
 
 
-def _log_tail(api: Api, namespace: str, pod: str) -> str:
+def log_tail(api: Api, namespace: str, pod: str) -> str:
     try:
         lines = api.pod_log(namespace, pod, container=CONTAINER).splitlines()
     except MnnvlError as e:
@@ -197,7 +198,7 @@ def raise_on_stuck_pod(
         found = pod_problem(
             pod,
             prepare.get(pod["metadata"]["name"]),
-            retries=workload.backoff_limit_per_index > 0,
+            retries=workload.max_restarts > 0,
             grace=grace,
         )
         if found is None:
@@ -332,7 +333,7 @@ def _failure_message(
         f"{domain_state(api, domain, namespace)}; {hint(found, namespace, node)}"
     )
     if (pod.get("status") or {}).get("phase") == "Failed":
-        message += f"; last log lines:\n{_log_tail(api, namespace, name)}"
+        message += f"; last log lines:\n{log_tail(api, namespace, name)}"
     return message
 
 
@@ -372,21 +373,23 @@ def job_failure(
     domain: str,
     failed: dict[str, Any],
     failed_indexes: str = "",
+    restarts: int = 0,
 ) -> Problem:
-    """The Job's Failed condition plus the first failed pod's exit code, events and log tail:
-    kind ``DEADLINE`` when the Job ran past its ``activeDeadlineSeconds``, else the failed
-    pod's diagnosis (``CRASHED`` when no failed pod is left to inspect). Pods of the Job's
-    ``status.failedIndexes`` come first: a pod a gang restart deleted also ends Failed (143),
-    but it is not why the Job failed."""
+    """The Job's Failed condition plus its last failures: kind ``DEADLINE`` when the Job ran
+    past its ``activeDeadlineSeconds``, else the diagnosis of the last failed pod of a failed
+    index with its exit code, events and log tail (``CRASHED`` when no failed pod is left to
+    inspect), and the last failed pods of the other indexes with their exit codes. After gang
+    restarts an index has a failed pod per attempt: the last one is why the Job failed, and
+    the indexes of ``status.failedIndexes`` come first (a pod that a restart deleted is not)."""
     ns = workload.namespace
     condition = f"{failed.get('reason')}: {failed.get('message')}"
     head = problem(Kind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
+    if restarts:
+        head += (
+            f" after {restarts} restart(s) of every rank (--max-restarts {workload.max_restarts})"
+        )
     pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
-    culprits = index_set(failed_indexes)
-    bad = sorted(
-        (p for p in pods if (p.get("status") or {}).get("phase") == "Failed"),
-        key=lambda p: (pod_index(p) not in culprits, pod_index(p)),
-    )
+    bad = last_failures(pods, index_set(failed_indexes))
     found = failed_problem(bad[0]) if bad else problem(Kind.CRASHED, permanent=True)
     if failed.get("reason") == "DeadlineExceeded":  # the Job condition's reason: API data
         found = replace(found, kind=Kind.DEADLINE)
@@ -394,12 +397,42 @@ def job_failure(
         evidence = f"no failed pod left to inspect; {domain_state(api, domain, ns)}"
         return replace(found, message=f"{head}; {evidence}")
     name = found.pod
+    others = "".join(
+        f"; also pod {p['metadata']['name']} (index {pod_index(p)}) failed with exit code "
+        f"{exit_code(p)}"
+        for p in bad[1:]
+    )
     return replace(
         found,
         message=f"{head}; pod {name} (index {pod_index(bad[0])}): {found.message}; "
-        f"events: {pod_events(api, ns, name)}; {hint(found, ns, node_of(bad[0]))}; "
-        f"last log lines:\n{_log_tail(api, ns, name)}",
+        f"events: {pod_events(api, ns, name)}; {hint(found, ns, node_of(bad[0]))}{others}; "
+        f"last log lines of {name}:\n{log_tail(api, ns, name)}",
     )
+
+
+def last_failures(pods: Iterable[dict[str, Any]], culprits: set[int]) -> list[dict[str, Any]]:
+    """The last failed pod of each index (the highest ``job-index-failure-count``, then the
+    newest), the indexes of ``culprits`` first, then the latest attempt first."""
+
+    def attempt(pod: dict[str, Any]) -> tuple[int, str]:
+        meta = pod["metadata"]
+        count = str((meta.get("annotations") or {}).get(FAILURE_COUNT, ""))
+        return int(count) if count.isdigit() else 0, str(meta.get("creationTimestamp") or "")
+
+    latest: dict[str, dict[str, Any]] = {}
+    for pod in pods:
+        index = pod_index(pod)
+        if (pod.get("status") or {}).get("phase") == "Failed" and (
+            index not in latest or attempt(pod) > attempt(latest[index])
+        ):
+            latest[index] = pod
+
+    def culprit(pod: dict[str, Any]) -> bool:
+        index = pod_index(pod)
+        return index.isdigit() and int(index) in culprits
+
+    newest = sorted(sorted(latest.values(), key=pod_index), key=attempt, reverse=True)
+    return sorted(newest, key=lambda p: not culprit(p))  # stable: the newest first in each
 
 
 def index_set(text: str) -> set[int]:

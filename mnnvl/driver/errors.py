@@ -46,8 +46,9 @@ __all__ = [
 ]
 
 RBAC_HINT = (
-    "grant the launcher's service account the mnnvl-runner Role of manifests/base/rbac.yaml "
-    "(kubectl apply -n <namespace> -k manifests/overlays/kfp, or manifests/overlays/argo)"
+    "check that the namespace exists and that the launcher's service account has the "
+    "mnnvl-runner Role of manifests/base/rbac.yaml there (kubectl apply -n <namespace> -k "
+    "manifests/overlays/kfp, or manifests/overlays/argo); a Role only covers its own namespace"
 )
 DRA_INSTALL_HINT = (
     "install the NVIDIA DRA driver (chart nvidia/nvidia-dra-driver-gpu or "

@@ -2,9 +2,10 @@
 other pod of the step is deleted at once and all ranks restart together from the last
 checkpoint, instead of the survivors waiting in a collective for a peer that is gone.
 
-The Job controller creates the replacement pods (``backoffLimitPerIndex``); this module only
-decides, deletes and keeps the record: which pod failed with which code, rank 0's last step
-before the failure (from its log), and when the restarted rank 0 logged its first step.
+The Job controller creates the replacement pods (``backoffLimitPerIndex``, which the Job
+builder sets to ``--max-restarts``); this module only decides, deletes and keeps the record:
+which pod failed with which code, rank 0's last step before the failure (from its log), and
+when the restarted rank 0 logged its first step.
 
 A pod failure is retriable when its exit code is not one of
 ``exit_codes.NON_RETRIABLE_EXIT_CODES`` (those fail the Job through its podFailurePolicy),
@@ -13,7 +14,18 @@ the Job controller counts each pod the restart deletes as a failure of its index
 moves a deleted pod to Failed; only a ``DisruptionTarget`` pod is ignored), so the failed pod
 and every pod deleted with it need a retry left. An index's failures so far are its pod's
 ``batch.kubernetes.io/job-index-failure-count`` annotation, which the Job controller sets on
-each pod it creates. ``--max-restarts`` bounds the restarts of the step.
+each pod it creates. A restart costs each index one failure: a pod the Job controller already
+made to replace a failed one is not deleted again. ``--max-restarts`` bounds the restarts of
+the step.
+
+A step that adopts a running Job (it was run again after its pod was lost) may find pods that
+failed while nobody watched. A failure every live pod of the step was created after is
+history: every rank has been replaced since (the Job controller restarted them all, or an
+earlier attempt of the step did). Any other one restarts the gang: a survivor of it may be
+blocked in a collective with the lost rank (NCCL waits until its timeout), and a replacement
+may have joined the survivors' rendezvous. Timestamps have whole seconds: a failure in the
+second a pod was created counts as not history, so a doubt costs a restart. Once an index has
+succeeded no failure calls for one: the Job controller never runs that index again.
 
 An OOM-killed container (``reason: OOMKilled``: host memory past the container's limit, not
 CUDA) fails the step at once: the same configuration on the same nodes allocates the same, so
@@ -30,17 +42,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
-from mnnvl.driver.api import POD, Api
-from mnnvl.driver.diagnose import Grace, exit_code, pod_index
-from mnnvl.driver.errors import WorkloadFailed
+from mnnvl.driver.api import COMPUTE_DOMAIN, POD, Api
+from mnnvl.driver.diagnose import (
+    FAILURE_COUNT,
+    Grace,
+    exit_code,
+    failed_problem,
+    log_tail,
+    pod_index,
+)
+from mnnvl.driver.errors import NotFound, WorkloadFailed
 from mnnvl.driver.problem import Kind, problem
 from mnnvl.driver.wait import Objects
+from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import JOB_NAME_LABEL
 
 logger = logging.getLogger(__name__)
 
-FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job controller
 STEP_LINE = re.compile(r"\bstep (\d+)\b")  # rank 0's training log line, "step 1450 loss ..."
 # Kubernetes' non-graceful node shutdown: pod GC force-deletes the Terminating pods of a
 # not-ready node with this taint (kubernetes.io/docs/concepts/cluster-administration/
@@ -118,11 +137,15 @@ class Gang:
         self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
         self.stranded = Grace(workload.unschedulable_grace_s)  # evicted pods left Terminating
         self.stranded_logged: set[str] = set()  # pod uids already logged
+        self.first = True  # no pods seen yet: failures seen now may predate the step
 
     def check(self, pods: Objects, rank0: Progress | None) -> bool:
         """Restart the gang when a pod of the current generation failed retriably; True when
         it did. Raises ``WorkloadFailed`` on an OOM kill, when a restart would use up an
         index's last retry, and past ``--max-restarts``."""
+        if self.first and pods:
+            self.first = False
+            self.old |= _history(pods)
         for each in pods.values():
             self.attempts.setdefault(_key(each), set()).add(each["metadata"]["uid"])
         failed = [
@@ -143,6 +166,8 @@ class Gang:
         if disruption and node:
             self.lost_nodes[node] = f"pod {name}: {disruption}"
         self._check_budget(pods, pod)
+        self._check_domain(pod)
+        generation = {p["metadata"]["uid"] for p in pods.values()} - self._replacements(pods)
         last = rank0.last[0] if rank0 is not None and rank0.last else None
         self.restarts.append(Restart(name, code, time.monotonic(), last))
         logger.warning(
@@ -155,7 +180,7 @@ class Gang:
             rank0.describe() if rank0 is not None else "rank 0 not followed yet",
         )
         self._delete_others(pods, pod)
-        self.old |= {p["metadata"]["uid"] for p in pods.values()}
+        self.old |= generation
         return True
 
     def check_stranded(self, pods: Objects) -> None:
@@ -211,21 +236,40 @@ class Gang:
                 restarts=len(self.restarts),
                 max_restarts=self.workload.max_restarts,
             )
-            logs = f"`kubectl logs -n {self.workload.namespace} {name}`"
-            raise found.error(f"pod {name} {found.message}; check {logs}")
+            ns = self.workload.namespace
+            raise found.error(
+                f"pod {name} {found.message}; check `kubectl logs -n {ns} {name}`; "
+                f"last log lines:\n{log_tail(self.api, ns, name)}"
+            )
         why = ""
         spent = next((p for p in self._to_delete(pods, failed) if not self._has_retry(p)), None)
         if spent is not None:
             why = (
                 f"and restarting every rank would fail pod {spent['metadata']['name']}'s index "
                 f"{pod_index(spent)}: it has had {self._failures(spent)} failure(s), "
-                f"--backoff-limit-per-index {self.workload.backoff_limit_per_index}"
+                f"--max-restarts {self.workload.max_restarts}"
             )
         if why:
             raise WorkloadFailed(
                 f"pod {name} failed with exit code {code} {why}; check "
                 f"`kubectl logs -n {self.workload.namespace} {name}`",
                 pod_exit_code=code,
+            )
+
+    def _check_domain(self, failed: dict[str, Any]) -> None:
+        """Raise when the run's ComputeDomain is gone or going: restarted pods could never get
+        their IMEX channel (deleting a domain stops IMEX under its pods, which then fail)."""
+        ns, name = self.workload.namespace, RunNames.for_run(self.workload.run_id).domain
+        try:
+            gone = bool(self.api.get(COMPUTE_DOMAIN, ns, name)["metadata"].get("deletionTimestamp"))
+        except NotFound:
+            gone = True
+        if gone:
+            found = failed_problem(failed)
+            raise found.error(
+                f"pod {found.pod} {found.message}, and ComputeDomain {ns}/{name} was deleted "
+                "under the running workload, so a restart cannot run; provision again and rerun "
+                f"(it resumes from the last checkpoint); check `kubectl get events -n {ns}`"
             )
 
     def _retriable(self, pod: dict[str, Any]) -> bool:
@@ -236,7 +280,7 @@ class Gang:
 
     def _has_retry(self, pod: dict[str, Any]) -> bool:
         """Whether one more counted failure of this pod leaves its index a retry."""
-        return self._failures(pod) < self.workload.backoff_limit_per_index
+        return self._failures(pod) < self.workload.max_restarts
 
     def _failures(self, pod: dict[str, Any]) -> int:
         """Its index's counted failures before this pod: the Job controller's annotation,
@@ -261,14 +305,31 @@ class Gang:
             f"{name}` and `kubectl describe pod -n {self.workload.namespace} {name}`"
         )
 
+    def _replacements(self, pods: Objects) -> set[str]:
+        """Uids of the pods the Job controller already made in place of a pod of this
+        generation that failed: they belong to the next generation."""
+        failed = {
+            _key(p)
+            for p in pods.values()
+            if (p.get("status") or {}).get("phase") == "Failed"
+            and p["metadata"]["uid"] not in self.old
+        }
+        return {
+            p["metadata"]["uid"]
+            for p in pods.values()
+            if _key(p) in failed and (p.get("status") or {}).get("phase") != "Failed"
+        }
+
     def _to_delete(self, pods: Objects, failed: dict[str, Any]) -> list[dict[str, Any]]:
+        fresh = self._replacements(pods)
         out = []
         for pod in pods.values():
             meta = pod["metadata"]
             phase = (pod.get("status") or {}).get("phase")
             if pod is failed or phase in ("Failed", "Succeeded") or meta.get("deletionTimestamp"):
                 continue
-            out.append(pod)
+            if meta["uid"] not in fresh:
+                out.append(pod)
         return out
 
     def _delete_others(self, pods: Objects, failed: dict[str, Any]) -> None:
@@ -284,6 +345,28 @@ class Gang:
 
     def summary(self) -> list[dict[str, Any]]:
         return [r.record() for r in self.restarts]
+
+
+def _history(pods: Objects) -> set[str]:
+    """The uids of failed pods that every live pod was created after (see the module), or of
+    every failed pod once an index has succeeded: the Job controller never runs that index
+    again, so restarted ranks would wait for it. The API's timestamps are RFC 3339 in UTC
+    with whole seconds, so they compare as text."""
+    phases = [((p.get("status") or {}).get("phase"), p) for p in pods.values()]
+    failed = [p for phase, p in phases if phase == "Failed"]
+    if any(phase == "Succeeded" for phase, _ in phases):
+        return {p["metadata"]["uid"] for p in failed}
+    live = [p for phase, p in phases if phase != "Failed" and not _deleting(p)]
+    if not live:
+        return set()  # the Job controller has replaced none yet: restart (nothing to delete)
+    born = min(str(p["metadata"].get("creationTimestamp") or "") for p in live)
+    return {
+        p["metadata"]["uid"] for p in failed if str(_terminated(p).get("finishedAt") or "~") < born
+    }
+
+
+def _deleting(pod: dict[str, Any]) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any]:

@@ -54,13 +54,20 @@ from mnnvl.driver.workload import (
     create_workload,
     parse_result,
     rank0_pod,
+    record_failure,
     remove_failed_jobs,
     result_of_failed_job,
 )
 from mnnvl.errors import NotProvisioned
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
-from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL, KUEUE_QUEUE_LABEL, step_selector
+from mnnvl.manifests import (
+    CONTAINER,
+    JOB_NAME_LABEL,
+    KUEUE_QUEUE_LABEL,
+    indexed_jobs,
+    step_selector,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +94,12 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     Raises ``NotProvisioned`` (exit 2) before creating anything when the run has no domain,
     ``WorkloadFailed`` (with any RESULT rank 0 printed) when the Job fails or cannot start,
     ``WaitTimeout`` when a phase outlives its deadline. Completed Jobs stay until teardown,
-    so their logs remain inspectable.
+    so their logs remain inspectable. Run again with the same inputs (an orchestrator's retry
+    after the step's pod was lost), it adopts the step's Job and carries on from where the
+    Job is: waiting, following rank 0, restarting the gang, or reading the result of a Job
+    that completed meanwhile. A failed step removes its Jobs and leaves the record of its
+    failure, which such a retry raises again at once (:func:`record_failure`); a SIGTERM or
+    SIGINT leaves the Job as it is.
     """
     require_domain(api, workload)
     jobs = create_workload(api, workload, module, args)
@@ -108,7 +120,18 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
         # teardown, so the run's next step would wait on them: remove them now.
         # A pod stranded on a lost node never goes while the Node exists: delete, do not wait.
         stranded = getattr(err, "problem_kind", None) is Kind.STRANDED
-        err.args = (f"{err}; {remove_failed_jobs(api, workload, jobs, wait=not stranded)}",)
+        removed, deleted = remove_failed_jobs(api, workload, jobs, wait=not stranded)
+        err.args = (f"{err}; {removed}",)
+        if deleted:  # not when a teardown took the Job: the run is ending
+            record_failure(api, workload, indexed_jobs(workload, module, args)[0], err)
+        raise
+    except KeyboardInterrupt:  # SIGTERM or SIGINT: the step's pod is going, not the workload
+        logger.warning(
+            "stopped while waiting: Job %s/%s is left as it is; the step run again with the "
+            "same inputs adopts it, the run's teardown removes it",
+            workload.namespace,
+            job,
+        )
         raise
     follower = watch.follower
     rank0 = rank0_pod(pods, job)
@@ -242,7 +265,8 @@ class JobWatch(Check):
             if failed is not None:
                 domain = RunNames.for_run(self.workload.run_id).domain
                 culprits = str((found.get("status") or {}).get("failedIndexes") or "")
-                why = job_failure(self.api, self.workload, name, domain, failed, culprits)
+                restarts = len(self.gang.restarts)
+                why = job_failure(self.api, self.workload, name, domain, failed, culprits, restarts)
                 if why.kind is Kind.DEADLINE:  # activeDeadlineSeconds
                     raise self._past_deadline(name, why.message)
                 raise why.error(why.message)

@@ -4,10 +4,10 @@ Every object a run creates carries ``app.kubernetes.io/managed-by=mnnvl-pipeline
 ``mnnvl.io/run-id=<run id>`` and the spec-hash annotation (:mod:`mnnvl.manifests.spec_hash`).
 An object with our name that lacks those labels belongs to someone else: a create refuses it
 (exit 2), a teardown or reap leaves it alone and names it. A create that meets an object of
-its own run adopts it only when it was made from the same spec and is neither terminating
-nor Failed (a Failed Job of the step is replaced instead). Every delete works from an object
-as read and sends ``preconditions.uid``, so an object replaced between the read and the
-delete is never removed.
+its own run adopts it only when it was made from the same spec and is not terminating; a
+Failed Job, or the record of a step that failed (:func:`failed_reason`), made from another
+spec is replaced instead. Every delete works from an object as read and sends
+``preconditions.uid``, so an object replaced between the read and the delete is never removed.
 """
 
 from __future__ import annotations
@@ -44,8 +44,16 @@ def _owner_text(obj: dict[str, Any]) -> str:
     return f"its labels: {ours}" if ours else "it has none of our labels"
 
 
+# On the Job that records a failed step (mnnvl.driver.workload.record_failure): the failure
+# as JSON (message, exit codes, any RESULT), so a retry with the same inputs repeats it.
+FAILURE_ANNOTATION = "mnnvl.io/step-failure"
+
+
 def failed_reason(obj: dict[str, Any]) -> str:
-    """The reason of a ``Failed=True`` condition (a Job that failed), else ""."""
+    """The reason of a ``Failed=True`` condition (a Job that failed), "StepFailed" for the
+    record of a step that failed, else ""."""
+    if FAILURE_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {}):
+        return "StepFailed"
     for cond in (obj.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Failed" and cond.get("status") == "True":
             return str(cond.get("reason") or "Failed")
@@ -63,7 +71,8 @@ def missing_namespace(namespace: str) -> SpecError:
 
 
 class StaleObject(ConflictError):
-    """An object of this run that failed (a Job): the step may replace it."""
+    """An object of this run that failed (a Job) made from another spec: the step may
+    replace it."""
 
     def __init__(self, message: str, existing: dict[str, Any]) -> None:
         super().__init__(message)
@@ -72,11 +81,12 @@ class StaleObject(ConflictError):
 
 def create_or_adopt(api: Api, kind: Kind, body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """Create ``body`` (stamped with its spec hash); on 409 adopt the object only if it is
-    this run's, made from the same spec, and neither terminating nor Failed.
+    this run's, made from the same spec, and not terminating (a Failed one too: its failure
+    is the step's, which the caller reports).
 
     Returns ``(object, adopted)``. Raises ``SpecError`` when the namespace does not exist,
-    ``StaleObject`` for a Failed object of the run (the caller may delete and recreate it)
-    and ``ConflictError`` (exit 2) for anything else that is in the way.
+    ``StaleObject`` for a failed object of the run made from another spec (the caller may
+    delete and recreate it) and ``ConflictError`` (exit 2) for anything else in the way.
     """
     body = with_spec_hash(body)
     meta = body["metadata"]
@@ -121,20 +131,21 @@ def _check_adoptable(
             f"{what} of run {run_id} is being deleted (a teardown is in progress); "
             "wait for it to finish, then try again"
         ) from cause
+    have, want = hash_of(existing), hash_of(body)
+    if have == want:
+        return
     reason = failed_reason(existing)
     if reason:
-        # Only evidence is left of a Failed Job (its pods are done): the step, retried or run
-        # again with other input, may replace it. Its result is never taken as this step's.
+        # Run again with other input: only evidence is left of the failed Job (its pods are
+        # done), so it may be replaced. Its result is never taken as this step's.
         raise StaleObject(
-            f"{what} of run {run_id} failed earlier ({reason}) and cannot be adopted; {teardown}",
+            f"{what} of run {run_id} failed earlier ({reason}) with another spec; {teardown}",
             existing,
         ) from cause
-    have, want = hash_of(existing), hash_of(body)
-    if have != want:
-        raise ConflictError(
-            f"{what} of run {run_id} exists with a different spec (spec-hash {have or 'none'}, "
-            f"this step's {want}): another command or step made it with this run id; {teardown}"
-        ) from cause
+    raise ConflictError(
+        f"{what} of run {run_id} exists with a different spec (spec-hash {have or 'none'}, "
+        f"this step's {want}): another command or step made it with this run id; {teardown}"
+    ) from cause
 
 
 @dataclass

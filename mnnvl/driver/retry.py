@@ -1,6 +1,12 @@
 """The one retry policy of every request and watch: what is transient, how long to back off,
 and how long an unreachable API is tolerated (``--api-outage-s``). :meth:`mnnvl.driver.api.Api.call`
 applies it.
+
+A kube-apiserver that has just started serves requests before its authenticator's and RBAC
+authorizer's informers have synced, and refuses permitted requests meanwhile (401/403): a
+refusal right after the API was unreachable is the end of the outage, not a verdict. Such
+refusals are retried like the outage for at most ``RetryPolicy.refused_s`` from the first one,
+and never past ``outage_s``; a refusal on a healthy connection is fatal at once.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ BACKOFF_MAX_S = 5.0
 DEFAULT_OUTAGE_S = 300.0
 OUTAGE_REPORT_EVERY_S = 15.0
 RETRY_AFTER_MAX_S = 30.0
+# How long 401/403 answers after an outage still count as part of it: a restarted API server's
+# RBAC caches sync in a few hundred ms on a small cluster and in seconds with many bindings.
+REFUSED_AFTER_OUTAGE_S = 30.0
 
 
 def retry_after_s(e: ApiException) -> float | None:
@@ -45,10 +54,12 @@ class RetryPolicy:
     ``outage_s`` is the longest outage tolerated (``--api-outage-s``): counted from the first
     failed request after the last answer, over every request of one :class:`Api` (so several
     watches retrying at once report one outage). 0 keeps only the ``MAX_ATTEMPTS`` quick tries.
+    ``refused_s`` is how long 401/403 answers right after an outage are retried as part of it.
     """
 
     outage_s: float = DEFAULT_OUTAGE_S
     report_every_s: float = OUTAGE_REPORT_EVERY_S
+    refused_s: float = REFUSED_AFTER_OUTAGE_S
 
 
 class Outage:
@@ -61,16 +72,37 @@ class Outage:
         self._back_at = float("-inf")  # when the API last answered again after an outage
         self._next_report = 0.0
         self._answered_at = float("-inf")  # when any request last got an answer
+        self._refused_since: float | None = None  # the first 401/403 since the API went away
 
     def up(self) -> None:
         with self._lock:
             self._answered_at = time.monotonic()
+            self._refused_since = None
             if self._since is not None:
                 down_s = time.monotonic() - self._since
                 if down_s >= self.policy.report_every_s:
                     logger.info("API reachable again after %.0f s", down_s)
                 self._back_at = time.monotonic()
             self._since = None
+
+    def refusal_in_outage(self, refused: str) -> bool:
+        """Whether a 401/403 (``refused``: what was refused) is part of an outage: the API was
+        unreachable and no request got an answer since, and refusals began less than
+        ``refused_s`` ago. Outside an outage, or past that bound, a refusal is a verdict."""
+        with self._lock:
+            if self._since is None:
+                return False
+            now = time.monotonic()
+            if self._refused_since is None:
+                self._refused_since = now
+                logger.info(
+                    "%s right after the API was unreachable: an API server that has just "
+                    "started refuses requests until its authorization caches sync; "
+                    "retrying for up to %g s",
+                    refused,
+                    self.policy.refused_s,
+                )
+            return now - self._refused_since < self.policy.refused_s
 
     def unsettled(self, settle_s: float) -> bool:
         """True while the API is unreachable, and for ``settle_s`` after it answered again

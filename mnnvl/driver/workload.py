@@ -4,19 +4,22 @@ its RESULT, delete. :mod:`mnnvl.driver.lifecycle` puts them together with the wa
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import container_started, pod_index
-from mnnvl.driver.errors import ConflictError, MnnvlError, WorkloadFailed
+from mnnvl.driver.errors import ConflictError, MnnvlError, WaitTimeout, WorkloadFailed
 from mnnvl.driver.gang import Progress
 from mnnvl.driver.ownership import (
+    FAILURE_ANNOTATION,
     Deletions,
     StaleObject,
     create_or_adopt,
@@ -30,10 +33,12 @@ from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import (
     CONTAINER,
     JOB_NAME_LABEL,
+    KUEUE_QUEUE_LABEL,
     gpu_claim_template,
     headless_service,
     indexed_jobs,
     wants_gpu_claim,
+    with_spec_hash,
 )
 
 logger = logging.getLogger(__name__)
@@ -49,10 +54,13 @@ def create_workload(
     """Create (or adopt, when a step is retried) GPU template, Service and the Job (one per
     clique group); return the Jobs' names, rank 0's Job first.
 
-    A Job of this step that has Failed is deleted (with its pods, waited gone within
-    ``deadline``, by default the pods-running timeout) and created again: the step is
-    retried or run again. Any other object in the way is a ``ConflictError`` naming it (see
-    ``create_or_adopt``).
+    An adopted Job is logged with its state and since when (running, complete, failed): the
+    lifecycle's waits then carry on from there, and a Job that failed fails the step with its
+    own diagnosis. The record of this step's earlier failure with the same inputs
+    (:func:`record_failure`) raises that failure again at once. A failed Job or record made
+    from other input is deleted (with its pods, waited gone within ``deadline``, by default
+    the pods-running timeout) and created again. Any other object in the way is a
+    ``ConflictError`` naming it (see ``create_or_adopt``).
     """
     bodies: list[tuple[Kind, dict[str, Any]]] = []
     if wants_gpu_claim(workload):
@@ -62,23 +70,37 @@ def create_workload(
     bodies += [(JOB, job) for job in jobs]
     for kind, body in bodies:
         try:
-            _, adopted = create_or_adopt(api, kind, body)
+            found, adopted = create_or_adopt(api, kind, body)
         except StaleObject as stale:
             if kind is not JOB:
                 raise
             _replace_failed_job(
                 api, workload, stale, deadline or Deadline(workload.pods_running_timeout_s)
             )
-            _, adopted = create_or_adopt(api, kind, body)
+            found, adopted = create_or_adopt(api, kind, body)
         meta = body["metadata"]
-        logger.info(
-            "%s %s %s/%s",
-            "adopted" if adopted else "created",
-            kind.kind,
-            meta["namespace"],
-            meta["name"],
-        )
+        what = f"{kind.kind} {meta['namespace']}/{meta['name']}"
+        if not adopted:
+            logger.info("created %s", what)
+        elif kind is JOB:
+            raise_recorded_failure(found)
+            logger.info("adopted %s, %s", what, job_state(found))
+        else:
+            logger.info("adopted %s", what)
     return [str(job["metadata"]["name"]) for job in jobs]
+
+
+def job_state(job: dict[str, Any]) -> str:
+    """What an adopted Job is doing and since when, from its status."""
+    status = job.get("status") or {}
+    created = f"created {job['metadata'].get('creationTimestamp')}"
+    for cond in status.get("conditions") or []:
+        if cond.get("status") == "True" and cond.get("type") in ("Complete", "Failed"):
+            since = cond.get("lastTransitionTime") or status.get("completionTime")
+            return f"{cond['type'].lower()} since {since} ({created})"
+    if (job.get("spec") or {}).get("suspend"):
+        return f"suspended ({created})"
+    return f"running since {status.get('startTime') or 'its creation'} ({created})"
 
 
 def _replace_failed_job(
@@ -110,14 +132,70 @@ def _replace_failed_job(
         )
 
 
+RECORD_MAX_BYTES = 64 * 1024  # an object's annotations may hold 256 KiB in all
+
+
+def record_failure(api: Api, workload: WorkloadSpec, job: dict[str, Any], err: MnnvlError) -> None:
+    """Leave the record of a failed step where its Job was (the step deleted it: a Job that a
+    teardown or a person deleted leaves none): a Job of the same name and spec hash that
+    never runs a pod (suspended, parallelism 0, outside any Kueue queue),
+    annotated with the failure. A retry of the step with the same inputs meets it on create
+    and fails again at once with this failure (:func:`raise_recorded_failure`) instead of
+    running the workload again; other input replaces it; teardown deletes it with the run.
+    Best effort: the step's own error stands whatever happens here."""
+    body = with_spec_hash(job)  # the hash of the Job as created, not of the record
+    meta = body["metadata"]
+    labels = {k: v for k, v in meta["labels"].items() if k != KUEUE_QUEUE_LABEL}
+    failure = {
+        "message": str(err),
+        "exit_code": err.exit_code,
+        "pod_exit_code": getattr(err, "pod_exit_code", None),
+        "result": getattr(err, "result", None),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    text = json.dumps(failure)
+    if len(text) > RECORD_MAX_BYTES:  # a long training RESULT: only verify's is used again
+        text = json.dumps({**failure, "result": None})
+    annotations = {**meta["annotations"], FAILURE_ANNOTATION: text}
+    record = {
+        **body,
+        "metadata": {**meta, "labels": labels, "annotations": annotations},
+        "spec": {**body["spec"], "suspend": True, "parallelism": 0},
+    }
+    what = f"Job {workload.namespace}/{meta['name']}"
+    try:
+        api.create(JOB, workload.namespace, record)
+    except MnnvlError as e:
+        logger.warning("could not record the failure on %s (a retry runs it again): %s", what, e)
+        return
+    logger.info("recorded the failure on %s: a retry with the same inputs fails at once", what)
+
+
+def raise_recorded_failure(job: dict[str, Any]) -> None:
+    """Raise the failure a record of this step holds (see :func:`record_failure`)."""
+    text = ((job.get("metadata") or {}).get("annotations") or {}).get(FAILURE_ANNOTATION)
+    if not text:
+        return
+    failure = json.loads(text)
+    message = (
+        f"{failure['message']} (the step failed so at {failure['at']}: a retry with the same "
+        "inputs fails the same way; run it with other inputs, or tear the run down and "
+        "provision again)"
+    )
+    if failure["exit_code"] == WaitTimeout.exit_code:
+        raise WaitTimeout(message)
+    raise WorkloadFailed(message, result=failure["result"], pod_exit_code=failure["pod_exit_code"])
+
+
 FAILED_JOB_DELETE_S = 120.0  # how long a failed step waits for its Job's pods to be gone
 
 
 def remove_failed_jobs(
     api: Api, workload: WorkloadSpec, jobs: list[str], *, wait: bool = True
-) -> str:
+) -> tuple[str, bool]:
     """Delete a failed step's Jobs (foreground: each is gone only once its pods are) and wait
-    for that (``wait``); returns what was removed, or why not, for the step's error message."""
+    for that (``wait``); returns what was removed, or why not, for the step's error message,
+    and whether this deleted rank 0's Job (False: someone else had, e.g. a teardown)."""
     gone = Deletions(workload.run_id)
     ns, deadline = workload.namespace, Deadline(FAILED_JOB_DELETE_S)
     try:
@@ -141,13 +219,15 @@ def remove_failed_jobs(
         return (
             f"removing its Jobs failed ({e}); `mnnvl teardown --run-id {workload.run_id} "
             f"--namespace {ns}` removes them"
-        )
+        ), False
     removed = ", ".join(gone.deleted) or "nothing (already gone)"
+    rank0 = f"Job {ns}/{jobs[0]}" in gone.deleted
     if not wait:
         logger.info("failed step: deleted %s; its pods go as their nodes allow", removed)
-        return f"deleted {removed}; its pod on the lost node goes once the node is dealt with"
+        text = f"deleted {removed}; its pod on the lost node goes once the node is dealt with"
+        return text, rank0
     logger.info("failed step: removed %s and its pods", removed)
-    return f"removed {removed} and its pods, so the run's next step finds the nodes free"
+    return f"removed {removed} and its pods, so the run's next step finds the nodes free", rank0
 
 
 class LogFollower:

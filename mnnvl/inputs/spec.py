@@ -249,9 +249,10 @@ class WorkloadSpec:
     )
     job_timeout_s: float = opt(7200.0, "deadline for the Job to complete, s (activeDeadline)")
     ttl_after_finished_s: int = opt(3600, "ttlSecondsAfterFinished of the Job")
-    backoff_limit_per_index: int = opt(0, "retries per pod index before the Job fails")
     max_restarts: int = opt(
-        3, "gang restarts of every rank (from the last checkpoint) before the step fails"
+        3,
+        "gang restarts of every rank (from the last checkpoint) before the step fails; the "
+        "Job's backoffLimitPerIndex is this, so that each restart has a retry on every index",
     )
     image_pull_policy: str = opt("IfNotPresent", "Always, IfNotPresent or Never")
     api_outage_s: float = api_outage_opt()
@@ -284,7 +285,6 @@ class WorkloadSpec:
         check_range("unschedulable_grace_s", self.unschedulable_grace_s, 0, 86400)
         check_range("job_timeout_s", self.job_timeout_s, 1, 7 * 86400)
         check_range("ttl_after_finished_s", self.ttl_after_finished_s, 0, 30 * 86400, integer=True)
-        check_range("backoff_limit_per_index", self.backoff_limit_per_index, 0, 10, integer=True)
         check_range("max_restarts", self.max_restarts, 0, 100, integer=True)
         check_choice(
             "image_pull_policy", self.image_pull_policy, ("Always", "IfNotPresent", "Never")

@@ -399,6 +399,12 @@ def indexed_job(
     the other pods (a collective cannot finish without every rank). ``podReplacementPolicy:
     Failed`` keeps a replacement pod from starting before the old one is gone, so the two
     never race for the node's single IMEX channel or the index's hostname.
+
+    ``backoffLimitPerIndex`` is ``max_restarts``: a gang restart costs every index one counted
+    failure (the failed pod, and each pod the restart deletes: the kubelet moves a deleted pod
+    to Failed, and only a ``DisruptionTarget`` pod is ignored), and the Job controller fails an
+    index whose failed pod had ``job-index-failure-count`` >= the limit. So ``max_restarts``
+    restarts leave each index at most that many failures, and the next one fails the Job.
     """
     workload = _check_workload(workload)
     names = RunNames.for_run(workload.run_id)
@@ -427,7 +433,7 @@ def indexed_job(
             "completionMode": "Indexed",
             "completions": count,
             "parallelism": count,
-            "backoffLimitPerIndex": workload.backoff_limit_per_index,
+            "backoffLimitPerIndex": workload.max_restarts,
             "maxFailedIndexes": 0,
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": pod_failure_policy(),

@@ -25,8 +25,8 @@ into 1, so a Job could not tell a bad input (2) or a failed verification (4) fro
 worth retrying). The first worker that fails stops the others at once (SIGTERM, then
 SIGKILL after ``--grace-s``), as torchrun does. SIGTERM, SIGINT or SIGHUP to this process
 (SIGTERM on pod deletion) stops every worker the same way and exits 128 + the signal
-number (143 for SIGTERM). No elastic restarts: the Job's ``backoffLimitPerIndex`` retries
-a pod.
+number (143 for SIGTERM). No elastic restarts: the driver restarts every rank (the Job's
+``backoffLimitPerIndex`` replaces the pods).
 
 Progress watchdog: every worker gets ``MNNVL_PROGRESS_FILE`` (:mod:`mnnvl.runtime.progress`)
 and reports each step it finished there, with the stall timeout it wants to be held to. A

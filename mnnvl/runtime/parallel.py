@@ -35,6 +35,7 @@ from mnnvl.runtime import devices, groups, nvml
 from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 
 logger = logging.getLogger(__name__)
+JOIN_TIMEOUT_S = 600.0  # how long ranks wait for each other at start (torchrun's join_timeout)
 TUNING_ENV = "MNNVL_TRAIN_TUNING"
 TUNING_DEFAULTS = {"prefetch": "0", "optim": "fused", "ckpt": "async"}
 TUNING_CHOICES = {"optim": ("fused", "foreach"), "ckpt": ("async", "async-fresh", "sync")}
@@ -105,11 +106,12 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     fabric = fabric_identity(device)
     nccl.apply_profile(profile, fabric_present=fabric is not None)
+    joined = _rendezvous(rank, world, timeout_s)
     if use_cuda:
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=timeout)
+        dist.init_process_group("nccl", device_id=device, timeout=timeout, **joined)
     else:
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group("gloo", timeout=timeout, **joined)
     logger.info("rank %s/%s on %s (NCCL profile %s)", rank, world, device, profile)
     groups.check_fabric(placed, rank, fabric)
     return DistInfo(
@@ -120,6 +122,26 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
         groups=placed,
         fabric=fabric,
     )
+
+
+def _rendezvous(rank: int, world: int, timeout_s: float | None) -> dict[str, Any]:
+    """The ``env://`` rendezvous store with a join timeout of its own.
+
+    ``env://`` would wait for rank 0's store only as long as the collective timeout, but the
+    ranks of a gang start minutes apart on a cluster (a restarted rank 0 is rescheduled, waits
+    for its IMEX channel, pulls its image) while a rank already running gives up and fails
+    the gang again. Ranks wait up to ``JOIN_TIMEOUT_S`` for each other, torchrun's rendezvous
+    ``join_timeout`` default; the collective timeout still bounds every collective."""
+    if contract_env.MASTER_ADDR not in os.environ:
+        return {}  # no rendezvous described: init_process_group says what is missing
+    store = dist.TCPStore(
+        os.environ[contract_env.MASTER_ADDR],
+        int(os.environ[contract_env.MASTER_PORT]),
+        world,
+        is_master=rank == 0,
+        timeout=datetime.timedelta(seconds=max(JOIN_TIMEOUT_S, timeout_s or 0)),
+    )
+    return {"store": store, "rank": rank, "world_size": world}
 
 
 def device_mesh(dist_info: DistInfo) -> DeviceMesh:

@@ -26,6 +26,7 @@ from mnnvl.sim.admission import (
     validate,
 )
 from mnnvl.sim.model import dry_run_requested
+from mnnvl.sim.rbac import MASTERS, Authenticator, Request, User, allowed, forbidden
 from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
 from mnnvl.sim.serving import ServingServer
@@ -42,6 +43,11 @@ RBAC_VERBS = {
     "PATCH": "patch",
     "DELETE": "delete",
 }
+# /readyz of a kube-apiserver whose informers have not synced (healthz.handleRootHealth answers
+# 500 with each check's line; reasons are withheld from this public endpoint).
+READYZ_UNSYNCED = (
+    b"[+]ping ok\n[+]etcd ok\n[-]informer-sync failed: reason withheld\nreadyz check failed\n"
+)
 
 
 class LogSource(Protocol):
@@ -83,6 +89,7 @@ class ApiServer(ServingServer):
         # What an RBAC audit would see: (verb, API group, resource[/subresource]) per request.
         self.rbac_requests: set[tuple[str, str, str]] = set()
         self._count_lock = threading.Lock()
+        self.authenticator = Authenticator()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that drops its keep-alive connection is normal, not a server error."""
@@ -95,18 +102,18 @@ class ApiServer(ServingServer):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
 
-    def count(self, verb: str, resource: str, group: str = "", named: bool = True) -> None:
+    def count(self, verb: str, resource: str, group: str = "", rbac_verb: str = "") -> None:
         with self._count_lock:
             self.request_count += 1
             self.counters[(verb, resource)] += 1
-            if resource not in ("fault", "discovery"):
-                rbac_verb = RBAC_VERBS[verb] if named or verb != "DELETE" else "deletecollection"
+            if rbac_verb:
                 self.rbac_requests.add((rbac_verb, group, resource))
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: ApiServer
+    user: User  # who sent the request being handled (set before it is routed)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -165,6 +172,7 @@ class Handler(BaseHTTPRequestHandler):
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         parts = [p for p in url.path.split("/") if p]
         try:
+            self.user = self.server.authenticator.user(self.headers.get("Authorization"))
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else None
             code = self.server.faults.request_error(method, self.path)
             if code is not None:
@@ -185,6 +193,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _route(self, method: str, parts: list[str], q: dict[str, str], body: Any) -> None:
+        if parts == ["readyz"]:
+            if self.server.caches_synced():
+                return self._send(200, b"ok", "text/plain; charset=utf-8")
+            return self._send(500, READYZ_UNSYNCED, "text/plain; charset=utf-8")
         if parts in (["api"], ["apis"], ["version"]) or (
             len(parts) in (2, 3)
             and parts[0] in ("api", "apis")
@@ -216,7 +228,13 @@ class Handler(BaseHTTPRequestHandler):
             verb = "WATCH" if q.get("watch", "").lower() in ("true", "1") else "LIST"
         else:
             verb = "GET" if method == "GET" else method
-        self.server.count(verb, label, group, bool(name))
+        rbac_verb = RBAC_VERBS[verb] if name or verb != "DELETE" else "deletecollection"
+        self.server.count(verb, label, group, rbac_verb)
+        request = Request(rbac_verb, group, plural, sub, ns, name)
+        # Just restarted, the authorizer's caches have not synced: it allows nothing yet.
+        synced = self.server.caches_synced() or MASTERS in self.user.groups
+        if not (synced and allowed(self.server.store, self.user, request)):
+            raise forbidden(self.user, request)
         if sub == "log" and plural == "pods" and method == "GET":
             return self._logs(ns, name, q)
         if sub and sub != "status":

@@ -15,6 +15,7 @@ from collections import Counter
 from types import FrameType, TracebackType
 from typing import Any
 
+from mnnvl.contract import rbac
 from mnnvl.sim.admission import PodAdmission, ensure_default_service_account, scheduling_gated
 from mnnvl.sim.apiserver import ApiServer
 from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
@@ -31,6 +32,7 @@ from mnnvl.sim.nodelifecycle import (
 )
 from mnnvl.sim.placement import GPU
 from mnnvl.sim.podenv import local_gpu_ids
+from mnnvl.sim.rbac import ADMIN_USER, grant_runner, service_account_user
 from mnnvl.sim.scheduler import Scheduler
 from mnnvl.sim.schemas import SchemaAdmission, crd_object
 from mnnvl.sim.selectors import label_matcher
@@ -86,6 +88,7 @@ class SimCluster:
         kueue_config: KueueConfig | None = None,
         default_toleration_s: float = DEFAULT_TOLERATION_S,
         pod_gc_quarantine_s: float = POD_GC_QUARANTINE_S,
+        admin_kubeconfig_path: str | None = None,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
         "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
@@ -95,7 +98,12 @@ class SimCluster:
         ``default_toleration_s`` is kube-apiserver's ``--default-unreachable-toleration-seconds``
         (and not-ready): how long a pod stays on a lost node before the taint-eviction
         controller deletes it; ``pod_gc_quarantine_s`` how long a deleted node's pods are left
-        before pod GC fails and force-deletes them (upstream: 300 s and 40 s)."""
+        before pod GC fails and force-deletes them (upstream: 300 s and 40 s).
+
+        ``kubeconfig_path`` authenticates as the ``mnnvl-runner`` service account of the first
+        namespace, with ``manifests/base`` applied in every namespace (and bound to that
+        account there); ``admin_kubeconfig_path`` (default: ``<kubeconfig>.admin``) as a
+        cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas)."""
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
         self.nodes, self.gpus_per_node, self.cliques = nodes, gpus_per_node, cliques
@@ -108,6 +116,8 @@ class SimCluster:
         self.kubeconfig_path = kubeconfig_path or os.path.join(
             tempfile.mkdtemp(prefix="mnnvl-sim-"), "kubeconfig"
         )
+        # The runner's kubeconfig is what the product uses; this one is for fixtures.
+        self.admin_kubeconfig_path = admin_kubeconfig_path or self.kubeconfig_path + ".admin"
         self.store = Store(history=watch_history)
         self.faults = Faults(imex_delay_s, schedule_delay_s)
         self.schemas = SchemaAdmission(schema_dir, driver_version)
@@ -153,7 +163,10 @@ class SimCluster:
             self._server.kueue_served = True
         self.faults.outage_hook = self._server.outage
         self._server.start_serving()
-        self._write_kubeconfig()
+        runner = service_account_user(self.namespaces[0], rbac.RUNNER)
+        auth = self._server.authenticator
+        self._write_kubeconfig(self.kubeconfig_path, rbac.RUNNER, auth.issue(runner))
+        self._write_kubeconfig(self.admin_kubeconfig_path, "admin", auth.issue(ADMIN_USER))
         log.info(
             "simulated cluster up at %s (%d nodes, kubeconfig %s, %s=%d reproduces its placements)",
             self.url,
@@ -185,9 +198,13 @@ class SimCluster:
         for part in reversed(self._parts):
             part.stop()
         self.store.close()
+        for path in (self.kubeconfig_path, self.admin_kubeconfig_path):
+            try:
+                os.remove(path)
+            except OSError as e:
+                log.debug("kubeconfig cleanup: %s", e)
         if self._own_kubeconfig:
             try:
-                os.remove(self.kubeconfig_path)
                 os.rmdir(os.path.dirname(self.kubeconfig_path))
             except OSError as e:
                 log.debug("kubeconfig cleanup: %s", e)
@@ -209,6 +226,7 @@ class SimCluster:
                 "namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}}
             )
             ensure_default_service_account(self.store, ns)
+            grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
         for i in range(self.nodes):
             clique = f"{self.cluster_uuid}.{i * self.cliques // self.nodes}"
             name = f"sim-node-{i}"
@@ -242,28 +260,28 @@ class SimCluster:
         if self.crd_installed:
             self.store.create("customresourcedefinitions", crd_object())
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: str, user: str, token: str) -> None:
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "mnnvl-sim",
             "clusters": [{"name": "mnnvl-sim", "cluster": {"server": self.url}}],
-            "users": [{"name": "mnnvl-sim", "user": {"token": "mnnvl-sim-token"}}],
+            "users": [{"name": user, "user": {"token": token}}],
             "contexts": [
                 {
                     "name": "mnnvl-sim",
                     "context": {
                         "cluster": "mnnvl-sim",
-                        "user": "mnnvl-sim",
+                        "user": user,
                         "namespace": self.namespaces[0],
                     },
                 }
             ],
         }
-        tmp = self.kubeconfig_path + ".tmp"
+        tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(cfg, f, indent=1)  # JSON is valid YAML
-        os.replace(tmp, self.kubeconfig_path)
+        os.replace(tmp, path)
 
     def lose_node(self, name: str, deleted_after_s: float | None = None) -> None:
         """The node drops off the network, as a crashed or powered-off machine does: its
@@ -317,6 +335,11 @@ class SimCluster:
                     )
         return out
 
+    def processes(self, label_selector: str | None = None) -> list[tuple[str, str, int]]:
+        """(namespace, pod, pid) of every live process that a container of a pod (matching
+        ``label_selector``) started, whether or not the pod still exists."""
+        return self._kubelet.processes(label_selector)
+
     @property
     def events(self) -> list[Obj]:
         return self.store.list("events")[0]
@@ -334,14 +357,17 @@ class SimCluster:
             return f.read()
 
 
-def _usage(kubeconfig: str, url: str, nodes: int, cliques: int) -> str:
+def _usage(kubeconfig: str, admin: str, url: str, nodes: int, cliques: int) -> str:
     # The example runs as printed: its pods fit in one clique (the default affinity), and
     # CPU workers have no NVLink to derive a threshold from, so it gives one (a single
     # node has no bus to measure at all).
     run_nodes = max(nodes // cliques, 1)
     judge = "--min-busbw-gbps 0.001" if run_nodes > 1 else "--allow-unjudged"
     return (
-        f"simulated cluster with {nodes} node(s) serving at {url}; in another shell:\n"
+        f"simulated cluster with {nodes} node(s) serving at {url}\n"
+        f"  {kubeconfig}: the mnnvl-runner service account (manifests/base RBAC, enforced)\n"
+        f"  {admin}: a cluster admin, to set up namespaces, PVCs and quotas\n"
+        "in another shell:\n"
         f"  export KUBECONFIG={kubeconfig}\n"
         "  kubectl get nodes\n"
         f"  mnnvl run --run-id demo --nodes {run_nodes} --gpus-per-node 0 {judge}\n"
@@ -356,6 +382,8 @@ def serve(
     imex_delay_s: float = 0.2,
     cliques: int = 1,
     kueue: bool = False,
+    admin_kubeconfig_path: str | None = None,
+    namespaces: tuple[str, ...] = ("default",),
 ) -> str:
     """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
 
@@ -375,12 +403,15 @@ def serve(
             kueue=kueue,
             imex_delay_s=imex_delay_s,
             kubeconfig_path=kubeconfig_path,
+            admin_kubeconfig_path=admin_kubeconfig_path,
+            namespaces=namespaces,
         ) as sim:
             print(sim.kubeconfig_path, flush=True)
             print(
                 json.dumps(
                     {
                         "kubeconfig": sim.kubeconfig_path,
+                        "admin_kubeconfig": sim.admin_kubeconfig_path,
                         "server": sim.url,
                         "nodes": nodes,
                         "gpus_per_node": gpus_per_node,
@@ -390,7 +421,8 @@ def serve(
                 ),
                 flush=True,
             )
-            print(_usage(sim.kubeconfig_path, sim.url, nodes, cliques), file=sys.stderr, flush=True)
+            usage = _usage(sim.kubeconfig_path, sim.admin_kubeconfig_path, sim.url, nodes, cliques)
+            print(usage, file=sys.stderr, flush=True)
             done.wait()
             return sim.kubeconfig_path
     finally:

@@ -4,7 +4,8 @@ Every fault is explicit and counted: request faults and watch expiries are consu
 (``random_errors`` draws them with a seeded generator instead); pod faults ``Failed``,
 ``OOMKilled`` (exit code 137, reason OOMKilled) and ``CrashLoop`` hit the first pod of that Job
 index that starts, while ``ImagePullBackOff`` and ``Unschedulable`` hold every pod of that index.
-``api_outage`` takes the API server off the network for a while (see ``mnnvl.sim.serving``).
+``api_outage`` takes the API server off the network for a while, then lets it refuse requests
+for a moment as a restarted kube-apiserver does (see ``mnnvl.sim.serving``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from mnnvl.sim.model import resolve_kind
 
 POD_MODES = ("Failed", "OOMKilled", "ImagePullBackOff", "Unschedulable", "CrashLoop")
+# How long a restarted API server refuses requests before its authorization caches have synced
+# (0.2-0.3 s observed on a small cluster).
+UNSYNCED_S = 0.5
 
 
 @dataclass
@@ -41,15 +45,17 @@ class Faults:
         # How long after its creation the scheduler first looks at a pod (the real one
         # binds or marks Unschedulable asynchronously, a moment after the pod was listed).
         self.schedule_delay_s = schedule_delay_s
-        self.outage_hook: Callable[[float], None] | None = None  # set by the running cluster
+        self.outage_hook: Callable[[float, float], None] | None = None  # set by the cluster
 
     # ----- the API server itself -------------------------------------------------------
-    def api_outage(self, seconds: float) -> None:
+    def api_outage(self, seconds: float, unsynced_s: float = UNSYNCED_S) -> None:
         """From now, for ``seconds``, the API server refuses connections and has cut every
-        open one (watches, followed logs); controllers, kubelet and pods keep running."""
+        open one (watches, followed logs); controllers, kubelet and pods keep running. Then,
+        for ``unsynced_s``, it answers every resource request 403 Forbidden and ``/readyz``
+        fails, as a kube-apiserver does until its authorization caches have synced."""
         if self.outage_hook is None:
             raise RuntimeError("the simulated cluster is not running")
-        self.outage_hook(seconds)
+        self.outage_hook(seconds, unsynced_s)
 
     # ----- API requests ----------------------------------------------------------------
     def fail_requests(self, method: str, path_substring: str, status: int, count: int = 1) -> None:

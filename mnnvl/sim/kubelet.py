@@ -1,14 +1,14 @@
 """Simulated kubelet: starts a :class:`~mnnvl.sim.podworker.PodWorker` for each pod bound to a
 node, terminates it when the pod is deleted (then deletes the pod for good), serves its log,
-and plays a node dropping off the network."""
+lists the processes of its pods' containers and plays a node dropping off the network."""
 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,6 +19,8 @@ from mnnvl.sim.placement import TERMINAL
 from mnnvl.sim.podenv import ProcessEnv
 from mnnvl.sim.podlogs import follow_log
 from mnnvl.sim.podworker import MAX_GRACE_S, PodWorker
+from mnnvl.sim.procs import kill_all, members
+from mnnvl.sim.selectors import label_matcher
 from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,8 @@ class Kubelet(Controller):
         self.env = ProcessEnv(store, gpus_per_node, local_gpus)
         self.workers: dict[tuple[str, str], PodWorker] = {}
         self.unreachable: set[str] = set()  # nodes whose kubelet the API server lost
+        self.token = uuid.uuid4().hex[:12]  # marks this kubelet's containers (procs.MARKER_ENV)
+        self.ran: dict[str, Obj] = {}  # container marker -> its pod's metadata
         self._lock = threading.Lock()
 
     def stop(self) -> None:
@@ -53,7 +57,9 @@ class Kubelet(Controller):
         for t in killers:
             t.join(timeout=MAX_GRACE_S + 6)
         for w in workers:
+            w.finished.wait(MAX_GRACE_S + 6)
             shutil.rmtree(w.workdir, ignore_errors=True)
+        kill_all(self.token + "/", {})  # whatever no worker knew of any more
         self.env.close()
 
     def on_events(self, events: list[WatchEvent]) -> None:
@@ -85,6 +91,7 @@ class Kubelet(Controller):
         phase = (ev.obj.get("status") or {}).get("phase")
         if worker is None and node and phase not in TERMINAL:
             worker = self.workers[key] = PodWorker(self, ev.obj)
+            self.ran[worker.marker] = ev.obj["metadata"]
             worker.thread.start()
 
     @staticmethod
@@ -121,8 +128,8 @@ class Kubelet(Controller):
             self.unreachable.add(node)
             workers = [w for w in self.workers.values() if w.node == node]
         for w in workers:
-            if w.proc is not None and w.proc.poll() is None:
-                os.killpg(w.proc.pid, signal.SIGSTOP)
+            if (proc := w.running()) is not None:
+                proc.signal(signal.SIGSTOP)
 
     def signal_pod(self, ns: str, name: str, sig: int) -> None:
         with self._lock:
@@ -130,6 +137,19 @@ class Kubelet(Controller):
         if worker is None:
             raise ValueError(f"no pod {ns}/{name} on a node")
         worker.signal(sig)
+
+    def processes(self, label_selector: str | None) -> list[tuple[str, str, int]]:
+        """(namespace, pod, pid) of every live process of the containers this kubelet started
+        for pods matching ``label_selector``."""
+        with self._lock:
+            sessions = {p.pid: w.marker for w in self.workers.values() if (p := w.running())}
+        match, ran = label_matcher(label_selector), self.ran
+        found = [(ran[m], pid) for pid, m in members(self.token + "/", sessions)]
+        return sorted(
+            (meta["namespace"], meta["name"], pid)
+            for meta, pid in found
+            if match(meta.get("labels") or {})
+        )
 
     def imex_lost(self, domain_uid: str, nodes: set[str] | None, message: str) -> None:
         """The IMEX daemons of a domain stopped (on ``nodes``, or all): fail its running pods."""

@@ -25,6 +25,7 @@ class ResourceType:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
+RBAC_GROUP = "rbac.authorization.k8s.io"
 RESOURCES: dict[str, ResourceType] = {
     r.plural: r
     for r in (
@@ -39,6 +40,15 @@ RESOURCES: dict[str, ResourceType] = {
         ResourceType("configmaps", "", "v1", "ConfigMap", True, False),
         ResourceType("persistentvolumeclaims", "", "v1", "PersistentVolumeClaim", True, True),
         ResourceType("jobs", "batch", "v1", "Job", True, True),
+        *(
+            ResourceType(plural, RBAC_GROUP, "v1", kind, namespaced, False)
+            for plural, kind, namespaced in (
+                ("roles", "Role", True),
+                ("rolebindings", "RoleBinding", True),
+                ("clusterroles", "ClusterRole", False),
+                ("clusterrolebindings", "ClusterRoleBinding", False),
+            )
+        ),
         ResourceType(
             "resourceclaimtemplates", "resource.k8s.io", "v1", "ResourceClaimTemplate", True, False
         ),

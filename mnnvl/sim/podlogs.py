@@ -32,7 +32,7 @@ def follow_log(
             if more:
                 yield more
             elif worker.finished.is_set() or (
-                worker.proc is not None and worker.proc.poll() is not None
+                worker.proc is not None and worker.proc.exited.is_set()
             ):
                 yield f.read()
                 return

@@ -5,15 +5,16 @@ the node's IMEX daemon, like the real plugin); then the container's command runs
 ``$(VAR)`` expansion, the current interpreter for ``python``/``python3``, cluster DNS names mapped
 to 127.0.0.1, ``MASTER_PORT`` set to a free local port per Service, and ``CUDA_VISIBLE_DEVICES``
 from the node's share of local GPUs. stdout+stderr go to a per-pod log file served by ``/log``.
-Deleting the pod kills its process tree (SIGTERM, then SIGKILL after the grace period; see
-:mod:`mnnvl.sim.procs`).
+Deleting the pod stops its container (SIGTERM, then SIGKILL after the grace period); when the
+container's main process exits, for whatever reason, every other process it started is killed
+before the pod's status says so (see :mod:`mnnvl.sim.procs`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import subprocess
+import signal
 import tempfile
 import threading
 from typing import Protocol
@@ -23,7 +24,7 @@ from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
 from mnnvl.sim.placement import TERMINAL
 from mnnvl.sim.podenv import ProcessEnv, image_problem
-from mnnvl.sim.procs import kill_process_tree, start_process
+from mnnvl.sim.procs import Container
 from mnnvl.sim.scheduler import INDEX_LABEL, JOB_LABEL
 from mnnvl.sim.store import Obj, Store, now_iso
 
@@ -39,6 +40,7 @@ class Host(Protocol):
     driver: ComputeDomainDriver
     env: ProcessEnv
     unreachable: set[str]  # nodes whose kubelet the API server lost
+    token: str  # this kubelet's part of each container's marker
 
 
 class PodWorker:
@@ -50,7 +52,8 @@ class PodWorker:
         self.node = pod["spec"]["nodeName"]
         self.container = (pod["spec"].get("containers") or [{}])[0]
         self.cancel = threading.Event()
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Container | None = None  # the container's current (or last) run
+        self.marker = f"{kubelet.token}/{pod['metadata']['uid']}"
         self.workdir = tempfile.mkdtemp(prefix=f"sim-{self.name}-")
         self.log_path = os.path.join(self.workdir, "container.log")
         self.started = threading.Event()
@@ -219,21 +222,26 @@ class PodWorker:
             lambda o: o["status"].update(reason="IMEXDomainLost", message=msg),
         )
 
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to every process of the running container (its process group): SIGSTOP
-        is a hung worker (a wedged GPU or NVLink, as its peers see it), SIGKILL a lost one."""
+    def running(self) -> Container | None:
+        """The container while it runs, else None."""
         proc = self.proc
-        if proc is None or proc.poll() is not None:
+        return proc if proc is not None and not proc.exited.is_set() else None
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to every process of the running container: SIGSTOP is a hung worker
+        (a wedged GPU or NVLink, as its peers see it), SIGKILL a lost one."""
+        proc = self.running()
+        if proc is None:
             raise ValueError(f"pod {self.ns}/{self.name} has no running container")
-        os.killpg(proc.pid, sig)
+        proc.signal(sig)
 
     def lose_imex(self, message: str) -> None:
         """Kill a running container whose IMEX domain was torn down (as on real hardware)."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None or self.cancel.is_set():
+        proc = self.running()
+        if proc is None or self.cancel.is_set():
             return
         self.lost = message
-        kill_process_tree(proc, None)
+        proc.stop(None)
 
     def _prepare(self) -> bool:
         statuses = {
@@ -289,7 +297,7 @@ class PodWorker:
             return fault.exit_code, started
         try:
             cmd, env = self.k.env.command_and_env(self.pod, self.container)
-            self.proc = start_process(cmd, env, self.workdir, self.log_path)
+            self.proc = Container(cmd, env, self.workdir, self.log_path, self.marker)
         except OSError as e:
             self._event("Warning", "Failed", f"Error: failed to start container {name}: {e}")
             with open(self.log_path, "ab") as f:
@@ -298,13 +306,11 @@ class PodWorker:
             return 128, started
         self.started.set()
         if self.cancel.is_set():  # deleted while starting: kill() may have missed the process
-            kill_process_tree(self.proc, 0.0)
-            self.proc.wait()
-            return None, started
-        self._event("Normal", "Started", f"Started container {name}")
-        self._status("Running", {"running": {"startedAt": started}}, True)
-        code = self.proc.wait()
-        self.exit_code, self.started_at = (128 - code if code < 0 else code), started
+            self.proc.signal(signal.SIGKILL)
+        else:
+            self._event("Normal", "Started", f"Started container {name}")
+            self._status("Running", {"running": {"startedAt": started}}, True)
+        self.exit_code, self.started_at = self.proc.wait(), started
         if self.cancel.is_set() and self.lost is None:
             return None, started
         return self.exit_code, started
@@ -333,9 +339,9 @@ class PodWorker:
     def kill(self, grace_s: float | None = None) -> None:
         """SIGTERM the container, SIGKILL it after the grace period (capped at MAX_GRACE_S)."""
         self.cancel.set()
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
+        proc = self.running()
+        if proc is None:
             return
         if grace_s is None:
             grace_s = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
-        kill_process_tree(proc, min(grace_s, MAX_GRACE_S))
+        proc.stop(min(grace_s, MAX_GRACE_S))

@@ -1,63 +1,144 @@
-"""Local processes of the simulated kubelet: start a container's command, kill its whole tree.
+"""Local processes of the simulated kubelet: a container's command and every process it starts.
 
-A container runs in a session of its own so that a signal to its process group reaches
-everything it started in that group. A program may start processes in sessions of their own,
-which a real container's cgroup would still take down; here the tree is read from /proc
-before signalling and whatever outlives the group is SIGKILLed by pid.
+A real runtime runs a container in a cgroup and a PID namespace of its own: when the main
+process exits, for whatever reason, the kernel kills everything else in it, so no worker of a
+dead container holds a port or GPU memory. Here each container runs in a session of its own
+and carries a marker in its environment (``MNNVL_SIM_CONTAINER``); a process belongs to the
+container when ``/proc/<pid>/environ`` holds its marker or its session is the container's.
+
+Why the environment: it is inherited through fork and exec, and it stays through ``setsid``, a
+new process group and re-parenting to init, which are exactly how processes leave a tree or a
+group (torchrun starts each worker with ``Popen(start_new_session=True)`` and a copy of its own
+environment; multiprocessing's spawn and forkserver children inherit it too). It needs no
+privileges (cgroups do) and it names the container (a child subreaper would only make the
+simulator the parent of every orphan of every pod). The session catches a process that drops
+the marker from its environment but stays in the container's session. The main process's
+exit is awaited without reaping it, so its pid, and with it the session id, cannot be reused
+before the rest has been killed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import select
 import signal
 import subprocess
+import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
-KILL_WAIT_S = 5.0  # how long to wait for the group to exit after SIGKILL
+log = logging.getLogger(__name__)
+MARKER_ENV = "MNNVL_SIM_CONTAINER"
+KILL_WAIT_S = 5.0  # how long to wait for a container's processes to exit after SIGKILL
 
 
-def start_process(
-    cmd: list[str], env: dict[str, str], cwd: str, log_path: str
-) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` in a new session, stdout and stderr appended to ``log_path``."""
-    with open(log_path, "ab") as logf:
-        return subprocess.Popen(
-            cmd,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
+class Container:
+    """One run of a container's command. :meth:`wait` belongs to the thread that started it."""
+
+    def __init__(
+        self, cmd: list[str], env: dict[str, str], cwd: str, log_path: str, marker: str
+    ) -> None:
+        """Start ``cmd`` in a new session, stdout and stderr appended to ``log_path``."""
+        self.marker = marker
+        self.exited = threading.Event()  # the main process has exited and the rest is gone
+        with open(log_path, "ab") as logf:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env={**env, MARKER_ENV: marker},
+                cwd=cwd,
+                start_new_session=True,
+            )
+        self.pid = self.proc.pid
+
+    def wait(self) -> int:
+        """Wait for the main process to exit, kill every other process of the container, then
+        return the exit code (128 + the signal's number when a signal ended it)."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        kill_all(self.marker, {self.pid: self.marker})
+        code = self.proc.wait()
+        self.exited.set()
+        return 128 - code if code < 0 else code
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to every process of the container."""
+        for pid, _ in members(self.marker, {self.pid: self.marker}):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def stop(self, grace_s: float | None) -> None:
+        """SIGTERM the container's process group, SIGKILL every process of the container once
+        ``grace_s`` has passed (None: at once, what a process sees when the hardware goes
+        away); return when the container has exited."""
+        if grace_s is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            if self.exited.wait(grace_s):
+                return
+        kill_all(self.marker, {self.pid: self.marker})
+        self.exited.wait(KILL_WAIT_S)
 
 
-def kill_process_tree(proc: subprocess.Popen[bytes], grace_s: float | None) -> None:
-    """SIGTERM the process group, SIGKILL it after ``grace_s``, then SIGKILL any survivor;
-    ``grace_s=None``: SIGKILL at once (what a process sees when the hardware goes away)."""
-    # Remembered before signalling: once a parent dies its children are re-parented and
-    # can no longer be found from ``proc.pid``.
-    tree = descendants(proc.pid)
-    steps = [(signal.SIGKILL, KILL_WAIT_S)]
-    if grace_s is not None:
-        steps.insert(0, (signal.SIGTERM, grace_s))
-    for sig, wait_s in steps:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
+def members(prefix: str, sessions: Mapping[int, str]) -> list[tuple[int, str]]:
+    """(pid, marker) of every live process whose marker starts with ``prefix`` or whose session
+    is one of ``sessions`` (session id -> marker)."""
+    key = f"{MARKER_ENV}={prefix}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
-    for pid in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state, _ppid, _pgrp, session = f.read().rsplit(b")", 1)[1].split()[:4]
+            if state in (b"Z", b"X"):
+                continue  # exited: a zombie holds no port and no memory
+            marker = sessions.get(int(session))
+            if marker is None:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    entry = next((e for e in f.read().split(b"\0") if e.startswith(key)), None)
+                if entry is None:
+                    continue
+                marker = entry.split(b"=", 1)[1].decode()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        found.append((int(name), marker))
+    return found
+
+
+def kill_all(prefix: str, sessions: Mapping[int, str]) -> None:
+    """SIGKILL the processes of :func:`members` until none is left, waiting for each to exit
+    (by then it has closed its sockets and released its memory)."""
+    deadline = time.monotonic() + KILL_WAIT_S
+    while pids := [pid for pid, _ in members(prefix, sessions)]:
+        if time.monotonic() > deadline:
+            log.warning("processes %s of %s did not exit after SIGKILL", pids, prefix)
+            return
+        fds = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                fds.append(os.pidfd_open(pid))
+                signal.pidfd_send_signal(fds[-1], signal.SIGKILL)
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)  # readable once the process has exited
+        try:
+            left = set(fds)
+            while left and (remaining := deadline - time.monotonic()) > 0:
+                for fd, _ in poller.poll(remaining * 1000):
+                    poller.unregister(fd)
+                    left.discard(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, read from /proc (empty where /proc is absent)."""
+    """Every process below ``pid``, read from /proc."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:

@@ -7,6 +7,12 @@ same: it stops the accept loop, closes the listening socket (connecting is refus
 down every open connection (a watch or a followed log ends mid-stream, a keep-alive connection
 is dropped), and listens again on the same port after the outage. Only the HTTP front stops;
 the store, controllers and pod processes are untouched.
+
+Then, as a kube-apiserver that has just started, it serves before its authorization caches have
+synced: for ``unsynced_s`` (:meth:`ServingServer.caches_synced` is False) the API server refuses
+resource requests with 403 and ``/readyz`` fails (``mnnvl.sim.apiserver``). kube-apiserver's RBAC
+authorizer reads Roles and bindings from shared informers (``pkg/kubeapiserver/authorizer``),
+which a post-start hook starts after the port is already open.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -37,6 +44,7 @@ class ServingServer(ThreadingHTTPServer):
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._outage_timer: threading.Timer | None = None
+        self._synced_at = float("-inf")  # when the authorization caches are synced again
 
     def start_serving(self) -> None:
         threading.Thread(
@@ -54,8 +62,13 @@ class ServingServer(ThreadingHTTPServer):
         with self._lock:
             self._connections.discard(conn)
 
-    def outage(self, seconds: float) -> None:
-        """Stop answering now, for ``seconds``; returns once connections are refused."""
+    def caches_synced(self) -> bool:
+        """False for the ``unsynced_s`` after an outage, while requests are refused."""
+        return time.monotonic() >= self._synced_at
+
+    def outage(self, seconds: float, unsynced_s: float = 0.0) -> None:
+        """Stop answering now, for ``seconds``, then refuse requests for ``unsynced_s``
+        (see :meth:`caches_synced`); returns once connections are refused."""
         with self._lock:
             if self.stopping.is_set() or self.down.is_set():
                 raise RuntimeError("the simulated API server is stopping or already down")
@@ -68,14 +81,15 @@ class ServingServer(ThreadingHTTPServer):
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
         log.info("API server outage for %g s (%d connections cut)", seconds, len(open_now))
-        self._outage_timer = threading.Timer(seconds, self._come_back)
+        self._outage_timer = threading.Timer(seconds, self._come_back, (unsynced_s,))
         self._outage_timer.daemon = True
         self._outage_timer.start()
 
-    def _come_back(self) -> None:
+    def _come_back(self, unsynced_s: float) -> None:
         with self._lock:
             if self.stopping.is_set():
                 return
+            self._synced_at = time.monotonic() + unsynced_s
             self.socket = socket.socket(self.address_family, self.socket_type)
             self.server_bind()  # the same port: server_address kept it
             self.server_activate()

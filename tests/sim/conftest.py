@@ -10,8 +10,8 @@
 - ``run``: a provisioned domain and a two-node Job workload of the module's ``workers``, as
   ``(domain, workload)``; torn down afterwards, whatever happened. The module's ``RUN`` dict
   names the run id's ``prefix``, ``WorkloadSpec`` overrides and ``leave_nothing`` (assert
-  that nothing of the run is left after the teardown). Modules with runs of their own
-  shape define their own ``run``.
+  that no object and no process of the run is left after the teardown). Modules with runs
+  of their own shape define their own ``run``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from mnnvl import steps
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from tests.sim.simkit import Raw
+from tests.sim.simkit import Raw, assert_nothing_left
 
 
 @pytest.fixture(scope="module")
@@ -64,5 +64,5 @@ def run(
     steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
     if leave_nothing:
         names = RunNames.for_run(run_id)
-        assert sim.objects(names.selector) == []
+        assert_nothing_left(sim, names.selector)
         assert [o for o in sim.objects() if names.base in o[2]] == []

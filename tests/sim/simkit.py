@@ -1,5 +1,6 @@
 """Helpers the simulator tests share: calls by path through the official client (``Raw``),
-pod and ComputeDomain bodies, a PersistentVolumeClaim for the runs to mount, a polling wait."""
+pod and ComputeDomain bodies, a PersistentVolumeClaim for the runs to mount, a polling wait,
+the check that nothing of a run is left."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condit
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def assert_nothing_left(sim: SimCluster, selector: str | None = None) -> None:
+    """Nothing of the runs matching ``selector`` (None: of any run) is left in the cluster: no
+    object, and no process that a container of one of their pods started."""
+    assert sim.objects(selector) == [], "objects of the run remain after teardown"
+    assert sim.processes(selector) == [], "processes of the run's pods remain after teardown"
+
+
 class _NoDiscovery:
     """A ``DynamicClient`` discoverer that discovers nothing: these tests name their paths."""
 
@@ -45,7 +53,7 @@ class Raw:
     """
 
     def __init__(self, sim: SimCluster) -> None:
-        self.api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+        self.api = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
         self.dynamic = DynamicClient(self.api, discoverer=_NoDiscovery)
 
     def open(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
@@ -126,7 +134,9 @@ def pod_body(
 
 def create_claim(cluster: SimCluster, name: str) -> None:
     """The PersistentVolumeClaim the runs mount (a pod naming a missing one is unschedulable)."""
-    core = client.CoreV1Api(config.new_client_from_config(config_file=cluster.kubeconfig_path))
+    core = client.CoreV1Api(
+        config.new_client_from_config(config_file=cluster.admin_kubeconfig_path)
+    )
     spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
     body = {"metadata": {"name": name}, "spec": spec}
     core.create_namespaced_persistent_volume_claim("default", body)

@@ -1,8 +1,9 @@
 """API server outages: each wait and the teardown ride out a restart of the API server.
 
-The simulator's ``faults.api_outage(s)`` refuses connections and cuts open ones (watches, log
-streams) for ``s`` seconds while its controllers, kubelet and pod processes keep running, as a
-restarting kube-apiserver does. Outages here last ``OUTAGE_S``: longer than the old fixed
+The simulator's ``faults.api_outage(s, unsynced_s)`` refuses connections and cuts open ones
+(watches, log streams) for ``s`` seconds while its controllers, kubelet and pod processes keep
+running, then answers 403 Forbidden for ``unsynced_s``, as a restarting kube-apiserver does
+until its RBAC caches have synced. Outages here last ``OUTAGE_S``: longer than the old fixed
 retries (about 3 s) and within the tolerance the runs are given.
 """
 
@@ -28,15 +29,21 @@ from mnnvl.cli import main as cli
 from mnnvl.driver import Api
 from mnnvl.driver import wait as wait_module
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE
+from mnnvl.driver.retry import BACKOFF_MAX_S, RetryPolicy
 from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import assert_nothing_left
 
 OUTAGE_S = 6.0
 TOLERANCE_S = 30.0
 STOP_S = 8.0  # a SIGSTOPped API server process: as a 20 s stop, only shorter
+# 403s after an outage, for longer than a retry's longest backoff: every retrying request
+# meets at least one (a real API server's last a few hundred ms, the simulator's default).
+REFUSALS_S = BACKOFF_MAX_S + 1
+REFUSED_LOG = "right after the API was unreachable"
 # Reports once the file named by $GATE exists: a Job the test lets finish at will.
 GATED = (
     "import json, os, time\n"
@@ -96,10 +103,16 @@ def run(sim: SimCluster, tmp_path: Path) -> Iterator[Callable[..., Run]]:
     yield make
     for r in made:
         r.gate.touch()
-        if sim.faults.outage_hook is not None:
-            until(lambda: not sim._server.down.is_set(), 30)  # type: ignore[union-attr]
+        until(lambda: serving(sim), 30)
         r.teardown()
-    assert sim.objects() == [], "objects of the runs remain after teardown"
+    assert_nothing_left(sim)
+
+
+def serving(sim: SimCluster) -> bool:
+    """The API server is back from any outage and authorizes requests again."""
+    server = sim._server
+    assert server is not None
+    return not server.down.is_set() and server.caches_synced()
 
 
 def until(cond: Callable[[], bool], timeout_s: float) -> None:
@@ -221,10 +234,96 @@ def test_outage_longer_than_the_tolerance_exits_5_then_teardown_lists_what_is_le
     last_log = captured.err.strip().splitlines()[-1]
     assert "may be left" in last_log and r.names.domain in last_log
     assert result["cleanup"] in last_log
-    until(lambda: not sim._server.down.is_set(), 60)  # type: ignore[union-attr]
+    until(lambda: serving(sim), 60)
     r.gate.touch()
     assert cli.main([*result["cleanup"].split()[1:], "--kubeconfig", r.kc]) == 0
     assert sim.objects() == []
+
+
+def test_teardown_rides_out_an_outage_that_ends_with_refusals_and_leaves_nothing(
+    sim: SimCluster, run: Callable[..., Run], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The exit handler's teardown (`mnnvl teardown`, default inputs) during an API server
+    restart: refused connections, then 403s until its authorizer's caches sync."""
+    r = run()
+    r.provision()
+    sim.faults.stick_finalizer("ComputeDomain", r.names.domain)
+    thread, out = background(lambda: cli.main(["teardown", "--run-id", r.id, "--kubeconfig", r.kc]))
+    until(lambda: _deleting(sim, r.names.domain), 30)  # the deletion wait has begun
+    sim.faults.api_outage(OUTAGE_S, REFUSALS_S)
+    sim.faults.unstick_finalizer("ComputeDomain", r.names.domain)
+    code = finished(thread, out)
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    assert REFUSED_LOG in captured.err  # it met the refusals and rode them out
+    assert f"ComputeDomain default/{r.names.domain}" in json.loads(captured.out)["deleted"]
+    assert sim.objects() == []
+
+
+def test_reaper_rides_out_an_outage_that_ends_with_refusals(
+    sim: SimCluster, run: Callable[..., Run], caplog: pytest.LogCaptureFixture
+) -> None:
+    r = run()
+    r.provision()
+    sim.faults.api_outage(OUTAGE_S, REFUSALS_S)
+    with caplog.at_level("INFO", logger="mnnvl"):
+        reaped = steps.reap(
+            "default", live_run_ids={"another-run"}, older_than_s=0, kubeconfig=r.kc
+        )
+    assert reaped.runs == [r.id] and sim.objects() == []
+    assert any(REFUSED_LOG in rec.getMessage() for rec in caplog.records)
+
+
+def test_refusals_after_an_outage_are_fatal_past_their_bound_naming_verb_and_resource(
+    sim: SimCluster,
+) -> None:
+    """403s that go on after an outage are retried for ``refused_s`` only, well within the
+    outage tolerance, then fail as a refusal on a healthy connection does."""
+    with Api.connect(sim.kubeconfig_path) as connected:
+        api = Api(connected.client, RetryPolicy(outage_s=TOLERANCE_S, refused_s=2))
+        api.list(POD, "default")
+        sim.faults.api_outage(1, unsynced_s=2 * REFUSALS_S)
+        start = time.monotonic()
+        with pytest.raises(MnnvlError) as info:
+            api.list(POD, "default")
+        failed_after_s = time.monotonic() - start
+        assert not serving(sim)  # it gave up while the API still refused, not at the end
+    until(lambda: serving(sim), 60)
+    assert info.value.exit_code == 5
+    assert "list pods in default was refused (403 Forbidden: pods is forbidden: User " in str(
+        info.value
+    )
+    assert 'cannot list resource "pods" in API group "" in the namespace "default"' in str(
+        info.value
+    )
+    assert 1 + 2 <= failed_after_s < 1 + 2 + BACKOFF_MAX_S + 2  # outage, bound, a last backoff
+
+
+def test_a_refusal_on_a_healthy_connection_fails_the_step_at_once_with_exit_5(
+    sim: SimCluster, run: Callable[..., Run]
+) -> None:
+    r = run()
+    r.provision()
+    refused_before = sim.request_counts[("GET", "fault")]
+    sim.faults.fail_requests("GET", "/pods?watch=true", 403)  # the pods-Running wait's watch
+    thread, out = background(r.launch)
+    with pytest.raises(MnnvlError) as info:
+        finished(thread, out, timeout_s=30)  # a retry would wait for the gated Job instead
+    assert info.value.exit_code == 5
+    assert str(info.value).startswith("watch pods in default was refused (403 Forbidden")
+    assert sim.request_counts[("GET", "fault")] == refused_before + 1
+
+
+def test_a_refusal_once_the_api_answered_again_is_fatal_at_once(sim: SimCluster) -> None:
+    with Api.connect(sim.kubeconfig_path, outage_s=TOLERANCE_S) as api:
+        sim.faults.api_outage(1, unsynced_s=0)
+        api.list(POD, "default")  # rides out the outage: the API answered again
+        sim.faults.fail_requests("GET", "/pods", 403)
+        start = time.monotonic()
+        with pytest.raises(MnnvlError) as info:
+            api.list(POD, "default")
+    assert info.value.exit_code == 5 and time.monotonic() - start < 1
+    assert str(info.value).startswith("list pods in default was refused (403 Forbidden")
 
 
 def test_watch_bookmarks_advance_the_resume_point_so_a_quiet_watch_needs_no_relist(
@@ -375,3 +474,50 @@ def test_mnnvl_run_rides_out_an_api_outage_while_it_waits_on_its_training_job(
         assert code == 0 and result["ok"] is True, captured.err[-3000:]
         assert result["train"]["steps"] == 200
         assert cluster.objects() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outage_s", [20, 75])
+def test_mnnvl_run_rides_out_an_api_server_restart_during_training(
+    outage_s: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API server restarts while the run waits on its training Job (default inputs): its
+    connections are refused for ``outage_s``, then it answers 403 until its RBAC caches sync.
+    The run still ends 0 and leaves nothing; prints when it carried on after the fault."""
+    run_id = f"rst-{uuid.uuid4().hex[:8]}"
+    at: dict[str, float] = {}
+    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=0.1) as cluster:
+        follows = log_follows(cluster)
+
+        def restart_during_training() -> None:
+            until(lambda: log_follows(cluster) > follows, 120)  # rank 0's log: training
+            at["fault"] = time.monotonic()
+            cluster.faults.api_outage(outage_s, REFUSALS_S)
+            until(lambda: serving(cluster), outage_s + REFUSALS_S + 30)
+            at["served"], seen = time.monotonic(), cluster.request_count
+            until(lambda: cluster.request_count > seen, 60)  # the run's next request
+            at["carried_on"] = time.monotonic()
+
+        trigger = threading.Thread(target=restart_during_training, daemon=True)
+        trigger.start()
+        code = cli.main(
+            ["run", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0",
+             "--skip-verify", "--steps", "200", "--warmup-steps", "1",
+             "--kubeconfig", cluster.kubeconfig_path]
+        )  # fmt: skip
+        captured = capsys.readouterr()
+        result = json.loads(captured.out.splitlines()[-1])
+        assert code == 0 and result["ok"] is True, captured.err[-3000:]
+        trigger.join(1)
+        assert not trigger.is_alive() and "carried_on" in at, "the restart never happened"
+        assert REFUSED_LOG in captured.err  # the run met the 403s and rode them out
+        assert result["train"]["steps"] == 200
+        assert cluster.objects() == []
+    lag_s = at["carried_on"] - at["served"]
+    with capsys.disabled():
+        print(
+            f"\nAPI server restart: {outage_s:g} s refused + {REFUSALS_S:g} s of 403: the run "
+            f"carried on {at['carried_on'] - at['fault']:.1f} s after the fault, {lag_s:.1f} s "
+            "after the API authorized again"
+        )
+    assert lag_s < BACKOFF_MAX_S + 2  # the next retry of the longest backoff

@@ -79,13 +79,29 @@ def test_kubeconfig_that_is_not_yaml_exits_5_naming_the_file(sim, capsys, tmp_pa
 
 
 @pytest.mark.parametrize("step", ["verify", "provision"])
+def test_step_in_a_missing_namespace_as_the_runner_exits_5_naming_both_causes(sim, capsys, step):
+    """The runner's Role is namespaced: in a namespace that does not exist (or where the Role
+    is not bound) RBAC refuses before anything could answer 404, as on a real cluster."""
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    argv = [step, "--run-id", run_id, "--namespace", "no-such-ns"]
+    if step == "verify":
+        argv += ["--nodes", "2", "--gpus-per-node", "0"]
+    code, result = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
+    assert code == 5 and result["exit_code"] == 5, result
+    assert 'in the namespace "no-such-ns"' in result["error"]
+    assert "check that the namespace exists" in result["error"]
+    assert left_of(sim, run_id) == []
+
+
+@pytest.mark.parametrize("step", ["verify", "provision"])
 def test_step_in_a_missing_namespace_exits_2_without_reading_namespaces(sim, capsys, step):
+    """With permission there (a cluster admin's kubeconfig), the API's 404 names the namespace."""
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
     argv = [step, "--run-id", run_id, "--namespace", "no-such-ns"]
     if step == "verify":
         argv += ["--nodes", "2", "--gpus-per-node", "0"]
     before = sim.request_counts
-    code, result = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
+    code, result = run_cli(capsys, [*argv, "--kubeconfig", sim.admin_kubeconfig_path])
     assert code == 2 and result["exit_code"] == 2, result
     seen = sim.request_counts - before
     if step == "verify":  # a workload step first reads the run's domain there

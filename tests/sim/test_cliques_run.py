@@ -29,7 +29,9 @@ def test_two_clique_groups_train_hsdp_and_verify_per_clique_then_leave_nothing()
         verified = steps.verify(
             workload, VerifyConfig(max_bytes=64 << 10, allow_unjudged=True), kubeconfig=kube
         )
-        api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(kube))
+        api = kubernetes.client.CoreV1Api(
+            kubernetes.config.new_client_from_config(sim.admin_kubeconfig_path)
+        )
         cliques = {n.metadata.name: n.metadata.labels[CLIQUE] for n in api.list_node().items}
         pods = api.list_namespaced_pod("default", label_selector=RunNames.for_run(RUN).selector)
         steps.teardown(domain, kubeconfig=kube)

@@ -107,12 +107,50 @@ def test_an_outage_longer_than_the_tolerance_is_exit_5_saying_how_long(monkeypat
     assert 29.9 <= sum(api.slept) <= 30 + retry.BACKOFF_MAX_S
 
 
-def test_auth_errors_are_never_transient_even_with_a_tolerance(monkeypatch):
+def test_auth_errors_on_a_healthy_connection_are_never_retried_even_with_a_tolerance(monkeypatch):
     api = make_api(monkeypatch, outage_s=300)
     for status in (401, 403):
         with pytest.raises(ClusterUnavailable, match="refused"):
             api.call(failing([status]), what="jobs default/x", verb="get")
     assert api.slept == []
+
+
+def test_auth_errors_right_after_an_outage_are_part_of_it(monkeypatch, caplog):
+    """A restarted API server refuses requests until its RBAC caches have synced."""
+    api = make_api(monkeypatch, outage_s=300)
+    fn = failing([503, 503, 401, 403, 403])
+    with caplog.at_level("INFO", logger="mnnvl.driver"):
+        assert api.call(fn, what="jobs default/x", verb="get") == "ok"
+    assert fn.calls["n"] == 6
+    assert any("get jobs default/x answered 401" in m for m in caplog.messages)
+
+
+def test_auth_errors_after_an_outage_are_fatal_past_their_bound(monkeypatch):
+    api = make_api(monkeypatch, outage_s=300)
+    with pytest.raises(ClusterUnavailable) as info:
+        api.call(failing([503] + [403] * 1000), what="jobs default/x", verb="watch")
+    assert info.value.exit_code == 5
+    assert str(info.value).startswith("watch jobs default/x was refused (403")
+    refusing_s = sum(api.slept[1:])  # from the first refusal
+    assert retry.REFUSED_AFTER_OUTAGE_S <= refusing_s <= retry.REFUSED_AFTER_OUTAGE_S + 5
+
+
+def test_auth_errors_after_an_outage_are_never_retried_past_the_outage_tolerance(monkeypatch):
+    api = make_api(monkeypatch, outage_s=2)
+    with pytest.raises(ClusterUnavailable) as info:
+        api.call(failing([503] + [403] * 1000), what="jobs default/x", verb="get")
+    assert "was refused (403" in str(info.value)
+    assert "longer than --api-outage-s 2 tolerates" in str(info.value)
+    assert sum(api.slept) < 2 + retry.BACKOFF_MAX_S
+
+
+def test_an_auth_error_once_the_api_answered_again_is_fatal(monkeypatch):
+    api = make_api(monkeypatch, outage_s=300)
+    assert api.call(failing([503, 503]), what="jobs default/x", verb="get") == "ok"
+    slept = len(api.slept)
+    with pytest.raises(ClusterUnavailable, match="refused"):
+        api.call(failing([403]), what="jobs default/x", verb="get")
+    assert len(api.slept) == slept
 
 
 def test_connection_refused_is_cluster_unavailable_after_retries(api):

@@ -83,6 +83,7 @@ def test_relaunch_adopts_the_completed_job(sim, run):
 
 def test_failed_pod_fails_fast_with_exit_code_and_events(sim, run):
     domain, workload = run
+    workload = dataclasses.replace(workload, max_restarts=0)  # no gang restart
     job = RunNames.for_run(domain.run_id).job("job")
     sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=3)
     start = time.monotonic()

@@ -125,7 +125,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                 break
         kubeconfig = str(workdir / "sim.kubeconfig")
         api = kubernetes.config.new_client_from_config(config_file=kubeconfig)
-        kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": "team-a"}})
         yield {"workdir": workdir, "kubeconfig": kubeconfig, "banner": "".join(banner), "api": api}
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
@@ -212,6 +211,7 @@ def test_example_runs_as_written(cluster: dict[str, Any], line: str) -> None:
     assert set(_verdicts(result)) <= {"PASS"}, f"{line}: verdicts {_verdicts(result)}"
     if words[1] == "run" and "--sim" in words:
         assert done.stderr.count("simulated cluster up") == 1
+        assert result["sim"]["leftover"] == result["sim"]["leftover_processes"] == []
 
 
 @pytest.mark.slow

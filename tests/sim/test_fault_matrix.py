@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace as dataclasses_replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +34,14 @@ from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
 from mnnvl.sim.nodelifecycle import OUT_OF_SERVICE
-from tests.sim.simkit import CD_PATH, Raw, create_claim, foreign_domain, wait_for
+from tests.sim.simkit import (
+    CD_PATH,
+    Raw,
+    assert_nothing_left,
+    create_claim,
+    foreign_domain,
+    wait_for,
+)
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 DONE = "import json\nprint('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
@@ -89,7 +97,7 @@ class Run:
 
     def close(self) -> None:
         self.teardown()
-        assert self.sim.objects() == [], "objects of the run remain after teardown"
+        assert_nothing_left(self.sim)
 
 
 BACKGROUND: list[threading.Thread] = []  # steps started by in_background, joined by `run`
@@ -116,7 +124,7 @@ def run(sim: SimCluster, workers: str) -> Iterator[Callable[..., Run]]:
     if late:
         for r in made:
             r.teardown()
-    assert sim.objects() == [], "objects of the runs remain after teardown"
+    assert_nothing_left(sim)
 
 
 def failure(fn: Callable[[], Any]) -> MnnvlError:
@@ -162,7 +170,7 @@ def test_crd_not_installed_exits_5_naming_the_crd_and_the_driver_chart(workers: 
         assert "computedomains.resource.nvidia.com" in str(err)
         assert "nvidia-dra-driver-gpu" in str(err)
         r.teardown()
-        assert cluster.objects() == []
+        assert_nothing_left(cluster)
 
 
 def test_channel_template_never_generated_exits_3_naming_it_and_the_controller(
@@ -206,7 +214,7 @@ def test_image_pull_failure_exits_4_naming_the_pod_and_the_image(
 def test_pod_failed_without_retries_exits_4_with_its_exit_code(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
-    r = run()
+    r = run(max_restarts=0)
     sim.faults.fail_pod(r.names.job("job"), index=0, mode="Failed", exit_code=9)
     r.provision()
     err = failure(lambda: r.launch("done"))
@@ -218,7 +226,7 @@ def test_pod_failed_without_retries_exits_4_with_its_exit_code(
 def test_pod_oom_killed_without_retries_exits_4_naming_the_pod(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
-    r = run()
+    r = run(max_restarts=0)
     sim.faults.fail_pod(r.names.job("job"), index=1, mode="OOMKilled", exit_code=137)
     r.provision()
     err = failure(lambda: r.launch("done"))
@@ -232,7 +240,7 @@ def test_pod_oom_killed_with_retries_left_is_not_retried_and_exits_4_naming_the_
 ) -> None:
     # Host memory past the container's limit: the same configuration is killed again, so the
     # step fails on the first kill instead of spending its restarts.
-    r = run(backoff_limit_per_index=2)
+    r = run()  # the default --max-restarts
     sim.faults.fail_pod(r.names.job("job"), index=1, mode="OOMKilled", exit_code=137)
     r.provision()
     err = failure(lambda: r.launch("sleeper"))
@@ -254,7 +262,9 @@ def test_domain_deleted_under_a_running_workload_exits_4_naming_the_imex_domain(
     assert errors and isinstance(errors[0], MnnvlError)
     err = errors[0]
     assert err.exit_code == 4
-    assert f"IMEX domain of ComputeDomain default/{r.names.domain}" in str(err)
+    # The pods lost IMEX; restarting them could not help (their channels come from the domain).
+    assert f"ComputeDomain default/{r.names.domain} was deleted under the running" in str(err)
+    assert "a restart cannot run" in str(err)
 
 
 def test_transient_429_500_503_bursts_are_retried_and_the_step_succeeds(
@@ -407,7 +417,7 @@ def test_sigterm_mid_provision_then_the_rerun_adopts_and_the_exit_handler_cleans
     assert again.adopted and count(sim, "ComputeDomain", r.names.domain) == 1
     assert cli.main(["teardown", "--run-id", r.id, "--kubeconfig", r.kc]) == 0  # exit handler
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["ok"] is True
-    assert sim.objects() == []
+    assert_nothing_left(sim)
 
 
 @pytest.mark.slow
@@ -432,7 +442,7 @@ def test_sigterm_mid_training_then_the_rerun_adopts_its_job_and_the_exit_handler
     created = [e for e in sim.events if e.get("reason") == "SuccessfulCreate"]
     assert sum(e["involvedObject"]["name"] == job for e in created) == 2  # no duplicate pods
     assert cli.main(["teardown", "--run-id", r.id, "--kubeconfig", r.kc]) == 0  # exit handler
-    assert sim.objects() == []
+    assert_nothing_left(sim)
 
 
 def verify_workload(r: Run) -> WorkloadSpec:
@@ -522,7 +532,7 @@ def test_invalid_image_name_exits_2_before_creating_anything_or_4_once_in_a_pod(
     argv = ["launch", "--run-id", r.id, "--module", "done", "--image", "Team/Trainer:1.0"]
     assert cli.main([*argv, "--kubeconfig", r.kc]) == 2
     assert "is not a valid image reference" in capsys.readouterr().out
-    assert sim.objects() == []
+    assert_nothing_left(sim)
     # A reference the cluster cannot parse but that got past the client (a hand-edited
     # manifest, an older client): the wait fails fast instead of waiting out its deadline.
     object.__setattr__(r.workload, "image", "Team/Trainer:1.0")
@@ -536,19 +546,33 @@ def test_invalid_image_name_exits_2_before_creating_anything_or_4_once_in_a_pod(
 # ---- a lost or hung worker during training: gang restart from the checkpoint on a PVC ------
 
 CLAIM, MOUNT = "fm-ckpt", "/ckpt"
-# The collective timeout also bounds the start-up rendezvous, which after a restart waits for
-# the stopped pod's deletion (the simulator's grace period is at most 5 s).
-FAST_TIMEOUTS = {"collective_timeout_s": 10.0, "stall_timeout_s": 20.0}
+# Only the collective timeout is shortened, for the tests' speed (its default, 300 s, is what a
+# hung worker costs before the restart); the recovery inputs (--max-restarts) and the stall
+# timeout (2 x collective + 60 s) keep their defaults. The collective timeout also bounds the
+# start-up rendezvous, which after a restart waits for the stopped pod's deletion (the
+# simulator's grace period is at most 5 s).
+FAST_TIMEOUTS = {"collective_timeout_s": 10.0}
+
+
+@dataclasses.dataclass
+class Fault:
+    """What ``train_with_a_fault`` saw: the step's result or error, the pod the fault hit,
+    and the wall-clock time of the fault."""
+
+    result: Any
+    error: BaseException | None
+    victim: str
+    at: float
 
 
 def train_with_a_fault(
-    sim: SimCluster, r: Run, sig: signal.Signals | Callable[[str], None], retries: int
-) -> tuple[Any, BaseException | None, str]:
-    """Train 2 nodes with checkpoints on a claim; once the first checkpoint exists, send
-    ``sig`` to every process of index 1's pod (or call ``sig`` with that pod's node).
-    Returns (the result, the error, that pod)."""
+    sim: SimCluster, r: Run, sig: signal.Signals | Callable[[str], None], **workload: Any
+) -> Fault:
+    """Train 2 nodes with checkpoints on a claim (``workload``: overrides of the recovery
+    inputs); once the first checkpoint exists, send ``sig`` to every process of index 1's pod
+    (or call ``sig`` with that pod's node)."""
     workload = dataclasses_replace(
-        r.workload, purpose="train", pvc=(f"{CLAIM}:{MOUNT}",), backoff_limit_per_index=retries
+        r.workload, purpose="train", pvc=(f"{CLAIM}:{MOUNT}",), job_timeout_s=240, **workload
     )
     config = TrainConfig(
         steps=150,
@@ -572,42 +596,78 @@ def train_with_a_fault(
         for p in pods["items"]
         if p["metadata"]["name"].startswith(f"{job}-1-") and p["status"].get("phase") == "Running"
     )
+    at = time.time()
     if isinstance(sig, signal.Signals):
         sim.signal_pod("default", victim, sig)
     else:
         sig(node)
-    thread.join(timeout=240)
-    return (outcome[0] if outcome else None), (errors[0] if errors else None), victim
+    thread.join(timeout=300)
+    return Fault(outcome[0] if outcome else None, errors[0] if errors else None, victim, at)
+
+
+def run_processes(r: Run) -> list[int]:
+    """Local processes the simulator's kubelet started for the run's pods (their environment
+    carries the run id)."""
+    mark = f"MNNVL_RUN_ID={r.id}\0".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if mark in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:  # gone meanwhile, or not ours
+            continue
+    return found
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["hung", "killed"])
-def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_and_finishes(
-    sim: SimCluster, run: Callable[..., Run], sig: signal.Signals
+def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_default(
+    sim: SimCluster,
+    run: Callable[..., Run],
+    sig: signal.Signals,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # The default recovery inputs: no --max-restarts given.
     r = run()
     r.provision()
-    result, error, _ = train_with_a_fault(sim, r, sig, retries=2)
-    assert error is None, error
-    assert result.restarts == 1 and result.steps == 150
-    assert result.start_step >= 10  # resumed from a checkpoint, not from step 0
+    caplog.set_level("INFO", logger="mnnvl")
+    fault = train_with_a_fault(sim, r, sig)
+    assert fault.error is None, fault.error
+    result = fault.result
+    assert result.steps == 150
+    assert 1 <= result.restarts <= WorkloadSpec(run_id=r.id).max_restarts
+    # Resumed from a checkpoint (every 10 steps), not from step 0, and the log says which.
+    assert result.start_step >= 10 and result.start_step % 10 == 0
+    resumed = [m for m in caplog.messages if m.startswith("train: resumed from step")]
+    assert resumed == [
+        f"train: resumed from step {result.start_step} ({result.raw['resumed_from']})"
+    ]
+    assert r.id in result.raw["resumed_from"]
+    restarted = next(rec for rec in caplog.records if "restarting every rank" in rec.getMessage())
     assert result.recovery_s is not None and result.recovery_s > 0
-    print(f"{sig.name}: recovery {result.recovery_s} s, steps lost {result.steps_lost}")
+    seen_s = restarted.created - fault.at  # the fault until the driver saw a pod fail
+    print(
+        f"{sig.name}: fault to first resumed step {seen_s + result.recovery_s:.1f} s "
+        f"(failure seen after {seen_s:.1f} s, then {result.recovery_s:.1f} s to the first "
+        f"step), resumed from step {result.start_step}, steps lost {result.steps_lost}"
+    )
     r.close()
+    assert run_processes(r) == []
 
 
 @pytest.mark.slow
-def test_a_hung_worker_without_retries_left_exits_4_naming_the_stalled_pod(
+def test_a_hung_worker_without_restarts_exits_4_naming_the_stalled_pod(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
     r = run()
     r.provision()
-    result, error, victim = train_with_a_fault(sim, r, signal.SIGSTOP, retries=0)
-    assert result is None and isinstance(error, MnnvlError)
-    assert error.exit_code == 4
+    fault = train_with_a_fault(sim, r, signal.SIGSTOP, max_restarts=0)
+    assert fault.result is None and isinstance(fault.error, MnnvlError)
+    assert fault.error.exit_code == 4
     # The survivor's collective timed out; it names the rank that never arrived by its pod
     # (hostname <job>-<index>).
-    assert f"ranks that did not arrive: rank 1 (pod {victim.rsplit('-', 1)[0]}" in str(error)
+    victim_host = fault.victim.rsplit("-", 1)[0]
+    assert f"ranks that did not arrive: rank 1 (pod {victim_host}" in str(fault.error)
     r.close()
 
 
@@ -636,7 +696,8 @@ def train_losing_a_node(
             lost.append(node)
             sim.lose_node(node, deleted_after_s=deleted_after_s)
 
-        result, error, victim = train_with_a_fault(sim, r, lose, retries=2)
+        fault = train_with_a_fault(sim, r, lose)
+        result, error, victim = fault.result, fault.error, fault.victim
         pods = Raw(sim).call("GET", "/api/v1/namespaces/default/pods")["items"]
         placed = sorted(p["spec"].get("nodeName") or "" for p in pods)
         if deleted_after_s is None:

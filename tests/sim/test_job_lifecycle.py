@@ -32,6 +32,19 @@ EXIT_ON_INDEX_1 = textwrap.dedent(
     time.sleep(30)
     """
 )
+# Index 1 crashes on every attempt, saying which: a training that a restart cannot save.
+CRASH_ON_INDEX_1 = textwrap.dedent(
+    """
+    import os, sys, time
+    if os.environ["JOB_COMPLETION_INDEX"] == "1":
+        tries = os.path.join(os.environ["CRASH_DIR"], "tries")
+        with open(tries, "a") as f:
+            f.write("x")
+        print(f"index 1 crashing on attempt {os.path.getsize(tries)}", flush=True)
+        sys.exit(1)
+    time.sleep(60)
+    """
+)
 QUICK = textwrap.dedent(
     """
     import os
@@ -47,6 +60,7 @@ ADMISSION_DELAY_S = 6.0  # the Kueue stand-in admits a queued Job this long afte
 SIM = dict(nodes=2, kueue=True, kueue_admission_delay_s=ADMISSION_DELAY_S)
 WORKERS = {
     "exit_on_index_1.py": EXIT_ON_INDEX_1,
+    "crash_on_index_1.py": CRASH_ON_INDEX_1,
     "quick.py": QUICK,
     "sleeper.py": "import time\ntime.sleep(300)\n",
 }
@@ -62,8 +76,8 @@ def _pods_created(sim, job: str) -> int:
 
 
 def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, run):
-    domain, workload = run
-    workload = dataclasses.replace(workload, backoff_limit_per_index=2)
+    domain, workload = run  # the default --max-restarts: every index has retries
+    assert workload.max_restarts > 0
     job = RunNames.for_run(domain.run_id).job("job")
     start = time.monotonic()
     with pytest.raises(WorkloadFailed) as info:
@@ -79,7 +93,7 @@ def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, r
 
 def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, run):
     domain, workload = run
-    workload = dataclasses.replace(workload, backoff_limit_per_index=1)
+    workload = dataclasses.replace(workload, max_restarts=1)
     job = RunNames.for_run(domain.run_id).job("job")
     sim.faults.fail_pod(job, index=1, mode="CrashLoop", exit_code=1)
     start = time.monotonic()
@@ -92,6 +106,29 @@ def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, 
     # the failed index with its cause, not index 0's pod that the restart deleted (exit 143).
     assert "simulated CrashLoop fault: exit code 1" in message
     assert info.value.exit_code == 4
+
+
+def test_a_run_out_of_restarts_names_the_last_attempts_failure_not_the_first(sim, run, tmp_path):
+    domain, workload = run
+    env = {**workload.env, "CRASH_DIR": str(tmp_path)}
+    workload = dataclasses.replace(workload, max_restarts=1, env=env)
+    job = RunNames.for_run(domain.run_id).job("job")
+    with pytest.raises(WorkloadFailed) as info:
+        steps.launch(workload, "crash_on_index_1", [], kubeconfig=sim.kubeconfig_path)
+    message = str(info.value)
+    created = [
+        e["message"].removeprefix("Created pod: ")
+        for e in sorted(sim.events, key=lambda e: int(e["metadata"]["resourceVersion"]))
+        if e.get("reason") == "SuccessfulCreate" and e["involvedObject"]["name"] == job
+    ]
+    first, last = [name for name in created if name.startswith(f"{job}-1-")]  # one restart
+    assert info.value.exit_code == 4
+    assert f"Job default/{job} failed (MaxFailedIndexesExceeded" in message
+    assert "after 1 restart(s) of every rank (--max-restarts 1)" in message
+    # The pod of the last attempt, its exit code and its log; not the first attempt's pod.
+    assert f"pod {last} (index 1): Failed with exit code 1" in message
+    assert f"last log lines of {last}:" in message and "crashing on attempt 2" in message
+    assert first not in message and "attempt 1" not in message
 
 
 @pytest.mark.slow
@@ -188,7 +225,7 @@ def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
 def test_node_still_labelled_for_another_domain_fails_after_the_grace(sim, run):
     _, workload = run
     workload = dataclasses.replace(workload, unschedulable_grace_s=2.0)
-    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
+    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
     stale = {"metadata": {"labels": {"resource.nvidia.com/computeDomain": "uid-of-another-cd"}}}
     core.patch_node("sim-node-1", stale)
     try:

@@ -28,7 +28,7 @@ SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 
 @pytest.fixture
 def core(sim: SimCluster) -> client.CoreV1Api:
-    return client.CoreV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
+    return client.CoreV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
 
 
 def pod(name: str, spec: dict[str, Any] | None = None, **container: Any) -> dict[str, Any]:
@@ -136,7 +136,7 @@ def test_a_missing_claim_fails_the_run_at_once_naming_it(sim, capsys):
 
 
 def test_a_missing_config_map_fails_the_wait_at_once_naming_it(sim):
-    batch = client.BatchV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
+    batch = client.BatchV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
     env = [{"name": "C", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "c"}}}]
     template = pod("x", env=env)
     template["spec"]["restartPolicy"] = "Never"

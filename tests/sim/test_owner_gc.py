@@ -16,7 +16,9 @@ from mnnvl.sim import SimCluster
 def test_domain_owned_by_the_launcher_pod_is_collected_when_the_pod_is_deleted(monkeypatch):
     run_id = "owned-run"
     with SimCluster(nodes=1) as sim:
-        core = client.CoreV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
+        core = client.CoreV1Api(
+            config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
+        )
         launcher = core.create_namespaced_pod(
             "default",
             {

@@ -6,6 +6,7 @@ ends by checking that nothing of the run is left.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 import time
@@ -210,13 +211,14 @@ def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, worker
 
 
 @pytest.mark.slow
-def test_a_retried_step_replaces_its_failed_job(sim, workers):
+def test_a_retried_step_fails_on_its_failed_job_and_other_input_replaces_it(sim, workers):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    workload = job_workload(run_id, workers)
+    # No restarts: the one failed pod fails the Job (maxFailedIndexes: 0).
+    workload = dataclasses.replace(job_workload(run_id, workers), max_restarts=0)
     job = RunNames.for_run(run_id).job("job")
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
-    sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=1)  # maxFailedIndexes: 0
+    sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=1)
     with Api.connect(sim.kubeconfig_path) as api:
         # A step that died before it could remove its failed Job (a failed step removes it
         # itself): the Job is left Failed.
@@ -231,9 +233,15 @@ def test_a_retried_step_replaces_its_failed_job(sim, workers):
         wait_until(job_failed)  # the Job controller's verdict follows the pod's failure
         failed_uid = api.get(JOB, "default", job)["metadata"]["uid"]
 
-        retried = steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
-        assert retried.result == {"kind": "one"}
-        assert api.get(JOB, "default", job)["metadata"]["uid"] != failed_uid
+        # The retry adopts the Failed Job: the step fails with the Job's own diagnosis and
+        # leaves the record of it, instead of running the workload again.
+        with pytest.raises(WorkloadFailed) as info:
+            steps.launch(workload, "result_one", [], kubeconfig=sim.kubeconfig_path)
+        assert f"Job default/{job} failed" in str(info.value) and "exit code 1" in str(info.value)
+        assert api.get(JOB, "default", job)["metadata"]["uid"] != failed_uid  # the record
+
+        retried = steps.launch(workload, "result_two", [], kubeconfig=sim.kubeconfig_path)
+        assert retried.result == {"kind": "two"}  # other input replaced the record
     steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
     assert left_of(sim, run_id) == []
 

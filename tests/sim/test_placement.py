@@ -156,7 +156,9 @@ def _launch(sim: SimCluster, workload: WorkloadSpec) -> dict[str, str]:
     steps.provision(domain, kubeconfig=kube)
     try:
         steps.launch(workload, "", [sys.executable, "-c", PRINT_RANK], kubeconfig=kube)
-        core = client.CoreV1Api(config.new_client_from_config(config_file=kube))
+        core = client.CoreV1Api(
+            config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
+        )
         selector = RunNames.for_run(workload.run_id).selector
         pods = core.list_namespaced_pod("default", label_selector=selector).items
         return {p.metadata.name: sim.pod_log("default", p.metadata.name) for p in pods}

@@ -29,7 +29,7 @@ SIM = dict(nodes=2, local_gpus=[], namespaces=("default", RESTRICTED, BASELINE))
 @pytest.fixture(scope="module")
 def sim(sim: SimCluster) -> SimCluster:
     """The module's cluster (conftest) with its namespaces' Pod Security levels."""
-    config.load_kube_config(sim.kubeconfig_path)
+    config.load_kube_config(sim.admin_kubeconfig_path)
     core = client.CoreV1Api()
     for ns, level in ((RESTRICTED, "restricted"), (BASELINE, "baseline")):
         core.patch_namespace(ns, {"metadata": {"labels": {ENFORCE: level}}})
@@ -38,7 +38,7 @@ def sim(sim: SimCluster) -> SimCluster:
 
 @pytest.fixture
 def core(sim: SimCluster) -> client.CoreV1Api:
-    config.load_kube_config(sim.kubeconfig_path)
+    config.load_kube_config(sim.admin_kubeconfig_path)
     return client.CoreV1Api()
 
 

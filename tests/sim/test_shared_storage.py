@@ -76,7 +76,7 @@ def _delete_job_once_checkpointed(sim, job: str, latest: Path, killed: threading
     deadline = time.monotonic() + 120
     while not latest.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    batch = client.BatchV1Api(config.new_client_from_config(config_file=sim.kubeconfig_path))
+    batch = client.BatchV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
     batch.delete_namespaced_job(job, "default", propagation_policy="Background")
     killed.set()
 

@@ -35,7 +35,7 @@ def _job(name: str, code: str, restart: str = "Never") -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def env() -> Any:
     with SimCluster(nodes=1, local_gpus=[]) as sim:
-        api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+        api = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
         yield sim, kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
 
 
@@ -73,7 +73,7 @@ def test_crash_loop_restarts_with_exit_code(env: Any) -> None:
 
 def test_stop_kills_running_pod_processes() -> None:
     sim = SimCluster(nodes=1, local_gpus=[]).start()
-    api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+    api = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
     core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
     code = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
     batch.create_namespaced_job(NS, _job("sleeper", code))
@@ -99,7 +99,7 @@ def test_serve_prints_kubeconfig_and_json_then_stops_on_sigterm(tmp_path: Any) -
         assert proc.stdout.readline().strip() == str(kc)
         info = json.loads(proc.stdout.readline())
         assert info["kubeconfig"] == str(kc) and info["nodes"] == 1
-        api = kubernetes.config.new_client_from_config(config_file=str(kc))
+        api = kubernetes.config.new_client_from_config(config_file=f"{kc}.admin")
         nodes = kubernetes.client.CoreV1Api(api).list_node().items
         assert [n.metadata.name for n in nodes] == ["sim-node-0"]
         proc.send_signal(signal.SIGTERM)
@@ -142,7 +142,7 @@ def test_cli_sim_up_with_two_cliques_labels_half_the_nodes_each(tmp_path: Any) -
     proc = subprocess.Popen([*cmd, "--kubeconfig", str(kc)], stderr=subprocess.DEVNULL)
     try:
         wait_for(kc.exists, timeout=60)
-        api = kubernetes.config.new_client_from_config(config_file=str(kc))
+        api = kubernetes.config.new_client_from_config(config_file=f"{kc}.admin")
         nodes = kubernetes.client.CoreV1Api(api).list_node().items
         cliques = [n.metadata.labels["nvidia.com/gpu.clique"] for n in nodes]
         assert len(nodes) == 8 and len(set(cliques)) == 2

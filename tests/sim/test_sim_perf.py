@@ -28,7 +28,7 @@ def _wait_event(list_fn: Any, *args: Any, want: str, name: str, **kw: Any) -> No
 
 def _one_run(sim: SimCluster, i: int, errors: list[str]) -> None:
     try:
-        api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+        api = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
         custom = kubernetes.client.CustomObjectsApi(api)
         name = f"run-{i}"
         body = {
@@ -75,7 +75,7 @@ def test_hundred_concurrent_domain_runs_leave_nothing_and_never_poll() -> None:
 
 def test_eighteen_node_run_needs_few_requests_with_watches() -> None:
     with SimCluster(nodes=18, gpus_per_node=1, imex_delay_s=0.1, local_gpus=[]) as sim:
-        api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+        api = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
         core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
         custom = kubernetes.client.CustomObjectsApi(api)
         body = {

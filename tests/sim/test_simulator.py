@@ -22,7 +22,7 @@ LABEL_CD = "resource.nvidia.com/computeDomain"
 
 class Clients:
     def __init__(self, sim: SimCluster) -> None:
-        self.api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+        self.api = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
         self.core = kubernetes.client.CoreV1Api(self.api)
         self.batch = kubernetes.client.BatchV1Api(self.api)
         self.custom = kubernetes.client.CustomObjectsApi(self.api)

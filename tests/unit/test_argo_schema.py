@@ -87,13 +87,17 @@ def test_plain_schema_misses_unknown_fields(schema_dir: Path) -> None:
     assert _errors(jsonschema.Draft202012Validator(schema), doc) == []
 
 
-def test_retry_limits_are_strings_and_only_on_idempotent_steps() -> None:
+def test_retry_limits_are_strings_and_workload_steps_retry_without_a_window() -> None:
     templates = {t["name"]: t for t in aw.workflow_template_manifest()["spec"]["templates"]}
     retried = {name for name, t in templates.items() if "retryStrategy" in t}
-    assert retried == {"provision", "teardown"}
+    assert retried == {"provision", "teardown", "verify", "train", "launch"}
     for name in retried:
         assert templates[name]["retryStrategy"]["limit"] == "2"
         assert isinstance(templates[name]["retryStrategy"]["backoff"]["factor"], str)
+    # A training step may be lost hours in: no maxDuration (Argo counts it from the first
+    # attempt's start), the template's activeDeadlineSeconds bounds each attempt.
+    assert "maxDuration" not in templates["train"]["retryStrategy"]["backoff"]
+    assert templates["train"]["activeDeadlineSeconds"]
 
 
 def test_exit_handler_tears_down() -> None:
@@ -234,15 +238,36 @@ def test_every_launcher_pod_is_non_root_read_only_and_requests_resources() -> No
             assert container["resources"]["requests"]["cpu"]
 
 
-def test_retries_only_happen_for_exit_codes_a_retry_can_fix() -> None:
-    retried = 0
+WORKLOAD_STEPS = {"train", "verify", "launch"}
+
+
+def test_retries_only_happen_for_exit_codes_a_retry_can_fix_or_a_lost_pod() -> None:
+    """Idempotent steps retry unless the code says a retry cannot help (2, 4); workload steps
+    only when their pod was lost (an Error node, 137, 143, or no exit code: -1)."""
+    retried = lost = 0
     for name, spec in _workflow_specs().items():
         for template in spec.get("templates", []):
             retry = template.get("retryStrategy")
-            if retry:
-                retried += 1
+            if not retry:
+                continue
+            retried += 1
+            if template["name"] in WORKLOAD_STEPS:
+                lost += 1
+                expected = (
+                    "(lastRetry.status == 'Error' || lastRetry.exitCode in ['137', '143', "
+                    "'-1']) && !(lastRetry.message matches 'deadline')"
+                )
+                assert retry["expression"] == expected, (name, template["name"])
+            else:
                 assert retry["expression"] == "!(lastRetry.exitCode in ['2', '4'])", name
-    assert retried >= 3  # provision and teardown, reap
+    assert retried >= 3 and lost >= 2  # provision and teardown, reap; train and verify
+
+
+def test_the_launch_templates_retry_a_lost_step_too() -> None:
+    shipped = yaml.safe_load((COMPILED / "mnnvl-launch.workflowtemplate.yaml").read_text())
+    by_name = {t["name"]: t for t in shipped["spec"]["templates"]}
+    for step in WORKLOAD_STEPS:
+        assert "lastRetry.status == 'Error'" in by_name[step]["retryStrategy"]["expression"]
 
 
 def test_cron_workflows_run_the_fabric_check_nightly_and_reap_in_their_own_namespace() -> None:

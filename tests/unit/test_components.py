@@ -128,12 +128,22 @@ def test_a_bad_parameter_fails_in_one_attempt_and_teardown_retries_for_an_hour(
     training_ir: dict[str, Any],
 ) -> None:
     """The first task validates every parameter: retrying it would only repeat exit 2 after
-    each backoff. Teardown retries within the window Argo's teardown uses."""
+    each backoff. Teardown retries within the window Argo's teardown uses; the workload
+    tasks retry (a retry adopts their Job, or repeats a recorded failure at once) within
+    the longest Job timeout, as a task may be lost late in its Job."""
     tasks = _all_tasks(training_ir)
     retried = {n for n, t in tasks.items() if "retryPolicy" in t}
-    assert retried == {"teardown-domain"}
+    assert retried == {"teardown-domain", "train-sharded", "verify-nvlink", "verify-nvlink-2"}
     policy = tasks["teardown-domain"]["retryPolicy"]
     assert policy["maxRetryCount"] == 2 and policy["backoffMaxDuration"] == "3600s"
+    policy = tasks["train-sharded"]["retryPolicy"]
+    assert policy["maxRetryCount"] == 2 and policy["backoffMaxDuration"] == "604800s"
+    assert set(policy) == {
+        "maxRetryCount",
+        "backoffDuration",
+        "backoffFactor",
+        "backoffMaxDuration",
+    }
 
 
 def test_pipeline_parameters_reach_the_tasks(training_ir: dict[str, Any]) -> None:

@@ -84,6 +84,8 @@ def test_argo_retry_expression_is_generated_from_the_exit_code_table() -> None:
     written = modules_spelling()
     elsewhere = [s for s, mods in written.items() if mods - {EXIT_CODES_MODULE}]
     assert not [s for s in elsewhere if "lastRetry" in s]
+    lost = exit_codes.argo_lost_pod_retry_expression()
+    assert "lastRetry.exitCode in ['137', '143', '-1']" in lost
     compiled = [
         t["retryStrategy"]["expression"]
         for path in (ROOT / "pipelines" / "compiled").glob("*.yaml")
@@ -92,4 +94,4 @@ def test_argo_retry_expression_is_generated_from_the_exit_code_table() -> None:
         for t in (doc.get("spec") or {}).get("templates") or []
         if "expression" in (t.get("retryStrategy") or {})
     ]
-    assert compiled and set(compiled) == {expression}
+    assert compiled and set(compiled) == {expression, lost}

@@ -94,7 +94,7 @@ REFUSALS = {
 def _pod_outcome(case: str) -> tuple[Any, ...]:
     """What a caller decides for the pod: the error class, exit code and pod exit code, after
     a first check (fail at once?) and a second one past a grace of 0 s (fail after it?)."""
-    workload = WorkloadSpec(run_id=RUN, namespace="ns", backoff_limit_per_index=0, nodes=2)
+    workload = WorkloadSpec(run_id=RUN, namespace="ns", max_restarts=0, nodes=2)
     pods = {"p-0": POD_CASES[case]}
     seen: list[Any] = []
     for grace in (Grace(60), Grace(0)):
@@ -192,14 +192,28 @@ def test_no_driver_module_imports_a_private_name_of_another():
 def test_a_gang_past_its_restarts_fails_with_the_pods_exit_code_however_it_is_worded(
     monkeypatch,
 ):
+    from mnnvl.driver.diagnose import FAILURE_COUNT
     from mnnvl.driver.gang import Gang
 
-    workload = WorkloadSpec(run_id=RUN, max_restarts=0, backoff_limit_per_index=1)
+    # The one restart was for a lost node (DisruptionTarget: no retry used), so the next
+    # pod still has a retry on its index; the driver's own count ends the step.
+    workload = WorkloadSpec(run_id=RUN, max_restarts=1)
+    lost = _pod(phase="Failed", code=137)
+    lost["status"]["conditions"] = [
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}
+    ]
     failed = _pod(phase="Failed", code=1)
+    failed["metadata"].update(name="p-0b", uid="u1", annotations={FAILURE_COUNT: "0"})
+
+    class DomainThere(QuietApi):
+        def get(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {"metadata": {}}
 
     def outcome() -> tuple[Any, ...]:
+        gang = Gang(DomainThere(), workload)  # type: ignore[arg-type]
+        assert gang.check({"p-0": lost}, None)
         with pytest.raises(MnnvlError) as info:
-            Gang(QuietApi(), workload).check({"p-0": failed}, None)  # type: ignore[arg-type]
+            gang.check({"p-0": lost, "p-0b": failed}, None)
         err = info.value
         return type(err).__name__, err.exit_code, getattr(err, "pod_exit_code", None)
 

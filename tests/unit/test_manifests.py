@@ -62,7 +62,7 @@ WORKLOADS = {
         nccl_profile="verify-strict",
         service_account="mnnvl-worker",
         env={"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN"},
-        backoff_limit_per_index=3,
+        max_restarts=5,
         job_timeout_s=90.7,
     ),
 }
@@ -310,7 +310,11 @@ def test_job_is_indexed_one_pod_per_node_and_fails_fast() -> None:
     spec = train_job(workload)["spec"]
     assert spec["completionMode"] == "Indexed"
     assert spec["completions"] == spec["parallelism"] == 18
-    assert spec["backoffLimitPerIndex"] == 3
+    # Each gang restart costs every index one counted failure: max_restarts restarts need
+    # that many retries per index, and the next failure fails the Job.
+    assert spec["backoffLimitPerIndex"] == workload.max_restarts == 5
+    assert train_job(WorkloadSpec(run_id=RUN))["spec"]["backoffLimitPerIndex"] == 3
+    assert train_job(WorkloadSpec(run_id=RUN, max_restarts=0))["spec"]["backoffLimitPerIndex"] == 0
     assert spec["maxFailedIndexes"] == 0
     assert spec["activeDeadlineSeconds"] == 90
     assert spec["ttlSecondsAfterFinished"] == workload.ttl_after_finished_s
@@ -565,17 +569,15 @@ def test_manifest_modules_import_only_stdlib_and_mnnvl() -> None:
             assert roots <= allowed, (path.name, roots)
 
 
-def test_checked_in_examples_match_what_render_run_produces() -> None:
+def test_checked_in_examples_and_rbac_match_what_their_sources_produce() -> None:
     script = REPO_ROOT / "manifests" / "render_examples.py"
     spec = importlib.util.spec_from_file_location("render_examples", script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for name, text in module.examples().items():
-        path = REPO_ROOT / "manifests" / "examples" / name
-        assert path.read_text() == module.HEADER + text, (
-            f"{name} is stale: run python manifests/render_examples.py"
-        )
+    for name, text in module.rendered().items():
+        path = REPO_ROOT / "manifests" / name
+        assert path.read_text() == text, f"{name} is stale: run python manifests/render_examples.py"
         for obj in yaml.safe_load_all(text):
             if obj["kind"] != "ComputeDomain":
                 k8s_valid(obj)

@@ -102,3 +102,47 @@ def test_a_jobs_index_lists_read_as_sets() -> None:
     assert index_set("1,3-5") == {1, 3, 4, 5}
     assert index_set("") == set()
     assert index_set("0") == {0}
+
+
+def attempt(index: int, failures: int, phase: str = "Failed", code: int = 1) -> dict:
+    """A pod of index ``index`` after ``failures`` counted failures of its index."""
+    annotations = {
+        "batch.kubernetes.io/job-completion-index": str(index),
+        "batch.kubernetes.io/job-index-failure-count": str(failures),
+    }
+    meta = {"name": f"j-{index}-a{failures}", "uid": f"u{index}-{failures}"}
+    status: dict = {"phase": phase}
+    if phase == "Failed":
+        status["containerStatuses"] = [{"state": {"terminated": {"exitCode": code}}}]
+    return {"metadata": {**meta, "annotations": annotations}, "status": status}
+
+
+def test_the_last_failures_are_each_index_s_last_attempt_failed_indexes_first() -> None:
+    from mnnvl.driver.diagnose import last_failures
+
+    pods = [attempt(1, 0, code=137), attempt(1, 1), attempt(0, 0), attempt(1, 2, "Running")]
+    assert [p["metadata"]["name"] for p in last_failures(pods, {1})] == ["j-1-a1", "j-0-a0"]
+    assert [p["metadata"]["name"] for p in last_failures(pods, set())] == ["j-1-a1", "j-0-a0"]
+    assert [p["metadata"]["name"] for p in last_failures(pods, {0})] == ["j-0-a0", "j-1-a1"]
+
+
+def test_a_restart_leaves_the_replacement_the_job_already_made_and_costs_one_failure() -> None:
+    from mnnvl.driver.gang import Gang
+    from mnnvl.inputs.spec import WorkloadSpec
+
+    deleted: list[str] = []
+
+    class Api:
+        def get(self, kind, namespace, name):  # the run's ComputeDomain is there
+            return {"metadata": {}}
+
+        def delete(self, kind, namespace, name, uid=None):
+            deleted.append(name)
+
+    # Index 1 failed and the Job controller replaced it before the driver looked.
+    failed, replacement, peer = attempt(1, 0), attempt(1, 1, "Pending"), attempt(0, 0, "Running")
+    pods = {p["metadata"]["name"]: p for p in (failed, replacement, peer)}
+    gang = Gang(Api(), WorkloadSpec(run_id="r1", max_restarts=1))  # type: ignore[arg-type]
+    assert gang.check(pods, None)
+    assert deleted == ["j-0-a0"]  # not the replacement: its index would fail a second time
+    assert replacement["metadata"]["uid"] not in gang.old  # it is the next generation

@@ -98,8 +98,8 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
     (WorkloadSpec, {"run_id": RUN, "ttl_after_finished_s": -1}, "ttl_after_finished_s", "range"),
     (
         WorkloadSpec,
-        {"run_id": RUN, "backoff_limit_per_index": 11},
-        "backoff_limit_per_index",
+        {"run_id": RUN, "max_restarts": 101},
+        "max_restarts",
         "out of range",
     ),
     (WorkloadSpec, {"run_id": RUN, "image_pull_policy": "always"}, "image_pull_policy", "one of"),
@@ -338,7 +338,7 @@ def test_workload_flags_round_trip_including_env_and_booleans() -> None:
         pods_running_timeout_s=60.0,
         job_timeout_s=600.5,
         ttl_after_finished_s=0,
-        backoff_limit_per_index=2,
+        max_restarts=2,
         image_pull_policy="Always",
         owner=owner,
     )

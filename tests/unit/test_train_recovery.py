@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,33 @@ def test_a_kill_during_a_background_save_resumes_from_the_previous_one_bit_for_b
     assert resumed["losses"] == [loss for loss in res["losses"] if loss[0] > 6]  # exact bits
     assert resumed["final_loss"] == res["final_loss"]
     assert (ckpt / "latest").read_text().strip() == "step-12"
+
+
+def test_a_rank_that_starts_first_waits_for_a_late_rank_0_past_the_collective_timeout(
+    tmp_path: Path,
+) -> None:
+    """Two pods of a gang start seconds apart (a restarted rank 0 is rescheduled): the rank
+    already up waits for rank 0's rendezvous store instead of failing the gang again."""
+    from mnnvl.ports import free_port
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop(SIGNAL_AT_ENV, None)
+    port = str(free_port())
+
+    def node(rank: int) -> subprocess.Popen[str]:
+        cmd = [sys.executable, "-m", "mnnvl.runtime.launch", "--nnodes=2", f"--node-rank={rank}",
+               "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "mnnvl.runtime.train",
+               *TINY, "--steps", "4", "--collective-timeout-s=2", "--stall-timeout-s=60",
+               "--checkpoint-dir", str(tmp_path / f"ckpt-{rank}")]  # fmt: skip
+        return subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+
+    late = node(1)
+    time.sleep(6)  # three collective timeouts: rank 1 must still be waiting for rank 0
+    assert late.poll() is None, late.communicate()[1][-3000:]
+    first = node(0)
+    out, err = first.communicate(timeout=180)
+    assert first.returncode == 0, err[-3000:]
+    assert late.wait(timeout=60) == 0, late.communicate()[1][-3000:]
+    assert any(line.startswith("RESULT ") for line in out.splitlines())
