@@ -208,9 +208,7 @@ def main() -> int:
     parser.add_argument("--faults", default="kill,stop", help="kill, stop or both")
     parser.add_argument("--collective-timeout-s", type=float, default=10)
     parser.add_argument("--stall-timeout-s", type=float, default=20)
-    parser.add_argument(
-        "--max-restarts", type=int, default=WorkloadSpec(run_id="x").max_restarts
-    )
+    parser.add_argument("--max-restarts", type=int, default=WorkloadSpec(run_id="x").max_restarts)
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
     if not args.nodes:
