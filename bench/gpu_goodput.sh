@@ -3,7 +3,7 @@
 # (python3 -m mnnvl.runtime.launch --nproc-per-node 1 -m mnnvl.runtime.train):
 #   mfu       the 1b preset at its defaults (compiled: --compile auto on a GPU): MFU, tokens/s
 #             and the first step's time (the compile warm-up); then eager (--no-compile)
-#   stall     how long checkpoints hold training up, 1b preset, 3 saves to local disk 70 steps
+#   stall     how long checkpoints hold training up, 1b preset, 3 saves to local disk 150 steps
 #             apart: background saves (the default), then the synchronous save
 #             (MNNVL_TRAIN_TUNING=ckpt=sync, the "before"), then a new DefaultStager per save
 #             (ckpt=async-fresh)
@@ -107,7 +107,7 @@ for part in $parts; do
       summarize mfu-no-compile 60 180 "" "${train[@]}" --steps 30 --log-every 10 --no-compile
       ;;
     stall)
-      every=(--steps 210 --checkpoint-every 70 --log-every 10)
+      every=(--steps 450 --checkpoint-every 150 --log-every 10)
       summarize stall-async 120 300 "" "${train[@]}" "${every[@]}" --checkpoint-dir "$ckpt/stall-async"
       summarize stall-sync 120 300 "MNNVL_TRAIN_TUNING=ckpt=sync" "${train[@]}" "${every[@]}" \
         --checkpoint-dir "$ckpt/stall-sync"
