@@ -1,116 +1,245 @@
-"""Recovery from a lost or hung worker, through the pod's launcher (``mnnvl.runtime.launch``).
+"""Recovery cost of a lost and of a hung worker, end to end on the simulated cluster.
 
-Three kinds of run of the same training (same seed, checkpoints every ``--every`` steps):
+One training run per fault through the product's train step (``steps.train`` against
+``mnnvl.sim``: the driver, the Job, gang restarts, checkpoints on a PersistentVolumeClaim every
+``--every`` steps). The worker test hook makes rank ``--rank`` (default: the last) signal
+itself right after step ``--fail-at``, once: SIGKILL is a lost worker, SIGSTOP a hung one
+(its peers' collectives time out after ``--collective-timeout-s``; a worker with no peer is
+stopped by its pod's watchdog after ``--stall-timeout-s``). For each it prints, in seconds
+after the fault: the pod failed (its exit code), the driver detected it and began the gang
+restart, every replacement pod ran, the restarted rank 0 logged its first step; and the
+steps redone (finished after the checkpoint the run resumed from, so done twice).
 
-* uninterrupted, twice: the run-to-run noise floor of the final loss;
-* rank 1 SIGKILLed after step ``--fail-at`` (a lost worker), then the same command started
-  again at once, as the Job's restart of every pod does: the time from the kill to the first
-  step the restarted run finished, the steps lost, and its final loss against the
-  uninterrupted one;
-* rank 1 SIGSTOPped after step ``--fail-at`` (a hung worker): the time until the pod's
-  launcher exits (a collective timeout, 11, or the stall watchdog, 12) with
-  ``--collective-timeout-s``.
+Worker times come from the workers' own log lines (wall clock, ms), the driver's from its log
+record, pod phases from polling the simulator's store every 50 ms.
 
-CPU (2 gloo workers) by default; ``--gpus 2`` runs NCCL on two GPUs. Prints a table and one
-JSON line.
+    python bench/bench_recovery.py                       # CPU: tiny preset, 2 nodes (gloo)
+    python bench/bench_recovery.py --model 1b --gpus-per-node 1 --steps 100 --every 40 \\
+        --fail-at 60 --collective-timeout-s 60 --stall-timeout-s 120   # one GPU: one node
 
-    python bench/bench_recovery.py [--gpus 2 --model 1b --steps 60 --every 20 --fail-at 30]
+On GPUs the stall timeout must cover the longest gap between two reports of progress: the
+start-up with the checkpoint load and the compile warm-up of the first step.
 
-Cluster time (pod deletion, scheduling, image start) comes on top; the simulator's end-to-end
-figure is printed by ``tests/sim/test_fault_matrix.py -k restart`` in its result.
+Prints a table per fault and one JSON line; exit code 0 when every run resumed from a
+checkpoint and finished.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
-import os
+import logging
 import re
-import subprocess
+import shutil
 import sys
-import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from mnnvl.contract.result import parse_result
-from mnnvl.runtime.train import SIGNAL_AT_ENV
+from mnnvl import steps
+from mnnvl.driver.diagnose import pod_index
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
+from mnnvl.runtime.progress import SIGNAL_AT_ENV
+from mnnvl.sim import SimCluster
+from mnnvl.sim.podenv import local_gpu_ids
 
-STEP_LINE = re.compile(r"step (\d+) loss ([0-9.]+)")
+NS, CLAIM, MOUNT = "default", "bench-ckpt", "/ckpt"
+# A pod's log line: the time, then under torchrun "[rank0] INFO mnnvl.runtime.train: ".
+LOG_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (?:\[rank\d+\] \w+ [\w.]+: )?(.*)$", re.M
+)
+STEP = re.compile(r"^step (\d+) loss ")
+RESUMED = re.compile(r"^resumed from \S+ \(step (\d+)\)")
+FAULTS = {"kill": "SIGKILL", "stop": "SIGSTOP"}
 
 
-def command(args: argparse.Namespace, ckpt: str, *extra: str) -> list[str]:
+def log_lines(text: str) -> list[tuple[float, str]]:
+    """(wall time, message) of every timed line of a pod's log."""
     return [
-        sys.executable, "-m", "mnnvl.runtime.launch", f"--nproc-per-node={args.gpus or 2}",
-        "-m", "mnnvl.runtime.train", "--model", args.model, "--steps", str(args.steps),
-        "--checkpoint-dir", ckpt, "--checkpoint-every", str(args.every), "--log-every", "1",
-        "--collective-timeout-s", str(args.collective_timeout_s), *extra,
-    ]  # fmt: skip
+        (datetime.datetime.strptime(ts, "%Y-%m-%d %H:%M:%S,%f").timestamp(), msg)
+        for ts, msg in LOG_LINE.findall(text)
+    ]
 
 
-def run(cmd: list[str], signal_at: str = "") -> tuple[int, dict[str, Any] | None, list[tuple]]:
-    """Exit code, RESULT and (monotonic time, step) of every logged step."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop(SIGNAL_AT_ENV, None)
-    if signal_at:
-        env[SIGNAL_AT_ENV] = signal_at
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    steps = []
-    for line in proc.stderr or ():
-        m = STEP_LINE.search(line)
-        if m:
-            steps.append((time.monotonic(), int(m.group(1))))
-        if "test hook" in line:
-            steps.append((time.monotonic(), -1))  # the moment of the failure
-    out = proc.stdout.read() if proc.stdout else ""
-    code = proc.wait()
-    return code, parse_result(out), steps
+class Watcher(threading.Thread):
+    """Polls the simulator: each pod's first sight, its phases, its log, and the driver's
+    gang-restart log record."""
+
+    def __init__(self, sim: SimCluster, job_prefix: str) -> None:
+        super().__init__(daemon=True)
+        self.sim, self.prefix, self.stop = sim, job_prefix, threading.Event()
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> name, index, seen, phases, log
+        self.detected: list[float] = []
+        watcher = self
+
+        class Records(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if "restarting every rank" in record.getMessage():
+                    watcher.detected.append(record.created)
+
+        self.handler = Records()
+        logging.getLogger("mnnvl.driver").addHandler(self.handler)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            for pod in self.sim.store.list("pods")[0]:
+                meta = pod["metadata"]
+                if not meta["name"].startswith(self.prefix):
+                    continue
+                seen = self.pods.setdefault(
+                    meta["uid"],
+                    {"name": meta["name"], "index": pod_index(pod), "seen": time.time()},
+                )
+                phase = (pod.get("status") or {}).get("phase", "")
+                seen.setdefault("phases", {}).setdefault(phase, time.time())
+                seen["exit"] = _exit_code(pod) if phase == "Failed" else seen.get("exit")
+                seen["log"] = self.sim.pod_log(NS, meta["name"]) or seen.get("log", "")
+
+    def close(self) -> None:
+        self.stop.set()
+        self.join()
+        logging.getLogger("mnnvl.driver").removeHandler(self.handler)
+
+
+def _exit_code(pod: dict[str, Any]) -> int | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        done = (status.get("state") or {}).get("terminated")
+        if done:
+            return int(done.get("exitCode"))
+    return None
+
+
+def timeline(w: Watcher, nodes: int) -> dict[str, Any]:
+    """Seconds after the fault of each stage, from what the watcher saw."""
+    pods = sorted(w.pods.values(), key=lambda p: p["seen"])
+    hook = [(t, m) for p in pods for t, m in log_lines(p.get("log", "")) if "test hook:" in m]
+    fault = min(t for t, _ in hook)
+    failed = sorted(
+        (p for p in pods if "Failed" in p.get("phases", {})), key=lambda p: p["phases"]["Failed"]
+    )
+    pod_failed = failed[0]["phases"]["Failed"]  # later ones: the gang restart's deletions
+    new = [p for p in pods if p["seen"] > fault]  # the replacements (the gang restarted)
+    running = sorted(p["phases"].get("Running", float("inf")) for p in new)
+    rank0 = next((p for p in new if p["index"] == "0"), None)
+    lines = log_lines(rank0.get("log", "")) if rank0 else []
+    first = next(((t, int(m.group(1))) for t, msg in lines if (m := STEP.match(msg))), None)
+    loaded, resumed = next(
+        ((t, int(m.group(1))) for t, msg in lines if (m := RESUMED.match(msg))), (None, None)
+    )
+    at = lambda t: None if t is None or t == float("inf") else round(t - fault, 2)  # noqa: E731
+    return {
+        "fault": hook[0][1],
+        "failed_pod": f"index {failed[0]['index']}, exit code {failed[0].get('exit')}",
+        "pod_failed_s": at(pod_failed),
+        "detected_s": at(min((t for t in w.detected if t >= fault), default=None)),
+        "gang_restarted_s": at(running[nodes - 1]) if len(running) >= nodes else None,
+        "checkpoint_loaded_s": at(loaded),
+        "first_resumed_step_s": at(first[0]) if first else None,
+        "resumed_from_step": resumed,
+        "first_resumed_step": first[1] if first else None,
+    }
+
+
+def one_fault(args: argparse.Namespace, fault: str, sim: SimCluster) -> dict[str, Any]:
+    run_id = f"rec-{fault}-{int(time.time())}"
+    rank = args.rank if args.rank >= 0 else args.nodes * max(1, args.gpus_per_node) - 1
+    domain = DomainSpec(run_id=run_id, delete_timeout_s=120)
+    workload = WorkloadSpec(
+        run_id=run_id,
+        purpose="train",
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        pvc=(f"{CLAIM}:{MOUNT}",),
+        env={SIGNAL_AT_ENV: f"{args.fail_at}:{rank}:{FAULTS[fault]}"},
+        pods_running_timeout_s=600,
+        job_timeout_s=3600,
+        max_restarts=args.max_restarts,
+    )
+    config = TrainConfig(
+        model=args.model,
+        steps=args.steps,
+        checkpoint_dir=f"{MOUNT}/{run_id}",
+        checkpoint_every=args.every,
+        log_every=1,
+        collective_timeout_s=args.collective_timeout_s,
+        stall_timeout_s=args.stall_timeout_s,
+    )
+    kube = sim.kubeconfig_path
+    steps.provision(domain, kubeconfig=kube)
+    watcher = Watcher(sim, RunNames.for_run(run_id).job("train"))
+    watcher.start()
+    started = time.time()
+    try:
+        result = steps.train(workload, config, kubeconfig=kube)
+    finally:
+        watcher.close()
+        steps.teardown(domain, kubeconfig=kube)
+        shutil.rmtree(Path(sim.pvc_dir(NS, CLAIM), run_id), ignore_errors=True)  # 14 GB at 1b
+    figures = timeline(watcher, args.nodes)
+    resumed = int(result.start_step)
+    figures.update(
+        rank=rank,
+        failed_after_step=args.fail_at,
+        steps_redone=args.fail_at - resumed,
+        restarts=result.restarts,
+        driver_recovery_s=result.recovery_s,
+        driver_steps_lost=result.steps_lost,
+        final_loss=result.final_loss,
+        wall_s=round(time.time() - started, 1),
+        ok=result.restarts == 1 and resumed > 0 and result.steps == args.steps,
+    )
+    return figures
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--fail-at", type=int, default=25)
-    parser.add_argument("--collective-timeout-s", type=float, default=10)
-    args = parser.parse_args()
-    if not args.gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    tmp = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
-    plain = [run(command(args, str(tmp / f"plain-{i}")))[1] or {} for i in (0, 1)]
-    noise = abs(plain[0]["final_loss"] - plain[1]["final_loss"])
-    ckpt = str(tmp / "killed")
-    code, _, before = run(command(args, ckpt), signal_at=f"{args.fail_at}:1:SIGKILL")
-    failed_at = next(t for t, s in before if s == -1)
-    last_step = max(s for _, s in before)
-    _, resumed, after = run(command(args, ckpt))
-    resumed = resumed or {}
-    recovery_s = after[0][0] - failed_at
-    stop_code, _, stopped = run(
-        command(args, str(tmp / "stopped")), signal_at=f"{args.fail_at}:1:SIGSTOP"
+    parser.add_argument(
+        "--nodes", type=int, default=0, help="0: 2 on CPU, else this machine's GPUs / per node"
     )
-    stop_s = time.monotonic() - next(t for t, s in stopped if s == -1)
-    figures = {
-        "device": f"{args.gpus} GPU" if args.gpus else "cpu (2 gloo workers)",
-        "model": args.model,
-        "killed_exit_code": code,
-        "resumed_from_step": resumed.get("start_step"),
-        "steps_lost": last_step - int(resumed.get("start_step") or 0),
-        "failure_to_resumed_step_s": round(recovery_s, 2),
-        "final_loss_uninterrupted": plain[0]["final_loss"],
-        "final_loss_resumed": resumed.get("final_loss"),
-        "noise_floor": noise,
-        "resumed_minus_uninterrupted": (resumed.get("final_loss") or 0) - plain[0]["final_loss"],
-        "stopped_exit_code": stop_code,
-        "stop_to_pod_exit_s": round(stop_s, 2),
-        "collective_timeout_s": args.collective_timeout_s,
-    }
-    for key, value in figures.items():
-        print(f"{key:28} {value}")
-    print(json.dumps(figures))
-    return 0 if resumed.get("start_step") else 1
+    parser.add_argument("--gpus-per-node", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--every", type=int, default=10, help="steps between checkpoints")
+    parser.add_argument("--fail-at", type=int, default=25, help="the fault follows this step")
+    parser.add_argument("--rank", type=int, default=-1, help="the faulted rank (-1: the last)")
+    parser.add_argument("--faults", default="kill,stop", help="kill, stop or both")
+    parser.add_argument("--collective-timeout-s", type=float, default=10)
+    parser.add_argument("--stall-timeout-s", type=float, default=20)
+    parser.add_argument("--max-restarts", type=int, default=WorkloadSpec(run_id="x").max_restarts)
+    parser.add_argument("--json-out", default="")
+    args = parser.parse_args()
+    if not args.nodes:
+        local = len(local_gpu_ids()) // args.gpus_per_node if args.gpus_per_node else 2
+        args.nodes = max(1, local)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    gpus = None if args.gpus_per_node else []  # CPU runs see no GPU even on a GPU machine
+    figures: dict[str, Any] = {"model": args.model, "nodes": args.nodes}
+    figures["gpus_per_node"] = args.gpus_per_node
+    with SimCluster(nodes=args.nodes, gpus_per_node=args.gpus_per_node, local_gpus=gpus) as sim:
+        _claim(sim)
+        for fault in args.faults.split(","):
+            figures[fault] = one_fault(args, fault, sim)
+    for fault in args.faults.split(","):
+        rank = figures[fault]["rank"]
+        print(f"\n{fault} ({FAULTS[fault]} of rank {rank} after step {args.fail_at})")
+        for key, value in figures[fault].items():
+            print(f"  {key:22} {value}")
+    line = json.dumps({"bench": "recovery", **figures})
+    print(line)
+    if args.json_out:
+        Path(args.json_out).write_text(line + "\n")
+    return 0 if all(figures[f]["ok"] for f in args.faults.split(",")) else 1
+
+
+def _claim(sim: SimCluster) -> None:
+    from kubernetes import client, config
+
+    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
+    spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
+    core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": CLAIM}, "spec": spec})
 
 
 if __name__ == "__main__":

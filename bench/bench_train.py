@@ -11,7 +11,7 @@ table: MFU and its change against the first variant, the split, peak memory, and
 largest relative loss difference against the first variant of the same preset, batch and
 GPU count (same seed and data order, so a lever that changes the math shows up there). A
 variant is ``label;key=value;...`` with keys ``preset``, ``batch`` (0 = the preset's),
-``seq`` (0 = the preset's), ``compile`` (0/1), ``ac`` (the training input
+``seq`` (0 = the preset's), ``compile`` (auto, true, false), ``ac`` (the training input
 ``--activation-checkpointing``: auto, none, full, every-N), ``reshard``
 (``--reshard-after-forward``: auto, true, false), ``nproc`` and ``tuning`` (the
 benchmark-only ``MNNVL_TRAIN_TUNING`` value, ``prefetch=N`` / ``optim=foreach``,
@@ -82,7 +82,7 @@ def train_args(args: argparse.Namespace) -> list[str]:
     return [
         "--model", args.preset, "--batch-size", str(args.batch), "--seq-len", str(args.seq),
         "--steps", str(args.steps), "--log-every", str(args.log_every),
-        "--warmup-steps", "2", "--compile" if args.compile else "--no-compile",
+        "--warmup-steps", "2", "--compile", args.compile,
         "--activation-checkpointing", args.ac, "--reshard-after-forward", args.reshard,
     ]  # fmt: skip
 
@@ -110,7 +110,7 @@ def summarize(args: argparse.Namespace, nproc: int, run: dict[str, Any]) -> dict
         "gpus": nproc,
         "batch_per_gpu": res.get("batch_size", args.batch),
         "seq_len": res.get("seq_len", args.seq),
-        "compile": args.compile,
+        "compile": res.get("compile", args.compile),
         "activation_checkpointing": res.get("activation_checkpointing", args.ac),
         "reshard_after_forward": res.get("reshard_after_forward"),
         "tuning": res.get("tuning"),
@@ -144,7 +144,7 @@ def parse_variant(text: str, base: argparse.Namespace) -> tuple[str, argparse.Na
         elif key in ("batch", "seq", "nproc"):
             setattr(ns, key, int(value))
         elif key == "compile":
-            ns.compile = value not in ("0", "false", "no")
+            ns.compile = {"0": "false", "1": "true"}.get(value, value)
         elif key in ("ac", "reshard"):
             setattr(ns, key, value)
         else:
@@ -251,7 +251,7 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=0, help="sequence length (0 = the preset's)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--log-every", type=int, default=10)
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--compile", default="auto", help="auto (the input's default), true, false")
     parser.add_argument("--ac", default="auto", help="auto, none, full or every-N")
     parser.add_argument("--reshard", default="auto", help="reshard after forward: auto/true/false")
     parser.add_argument("--nproc", type=int, default=0, help="GPUs to use (0 = all)")

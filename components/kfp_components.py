@@ -92,7 +92,7 @@ def train_sharded(
     weight_decay: float = 0.1,
     grad_clip: float = 1.0,
     dtype: str = 'auto',
-    compile: bool = False,
+    compile: str = 'auto',
     activation_checkpointing: str = 'auto',
     reshard_after_forward: str = 'auto',
     data: str = 'synthetic',
@@ -161,7 +161,8 @@ def train_sharded(
         weight_decay: AdamW weight decay.
         grad_clip: gradient norm clip; 0 = off.
         dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32.
-        compile: torch.compile each block.
+        compile: torch.compile each block: true, false, or auto = on GPUs for the 125m preset
+            and larger (never on CPU).
         activation_checkpointing: recompute blocks' activations in the backward pass: auto,
             none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
             every-2, else none).
@@ -488,7 +489,7 @@ def provision_training(
     weight_decay: float = 0.1,
     grad_clip: float = 1.0,
     dtype: str = 'auto',
-    compile: bool = True,
+    compile: str = 'auto',
     activation_checkpointing: str = 'auto',
     reshard_after_forward: str = 'auto',
     data: str = 'synthetic',
@@ -576,7 +577,8 @@ def provision_training(
         weight_decay: AdamW weight decay.
         grad_clip: gradient norm clip; 0 = off.
         dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32.
-        compile: torch.compile each block.
+        compile: torch.compile each block: true, false, or auto = on GPUs for the 125m preset
+            and larger (never on CPU).
         activation_checkpointing: recompute blocks' activations in the backward pass: auto,
             none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
             every-2, else none).

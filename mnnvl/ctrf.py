@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from mnnvl import __version__
-from mnnvl.contract.result import FAIL, NOT_JUDGED, PASS
+from mnnvl.contract.result import FAIL, NOT_JUDGED, ONE_RANK, PASS
 from mnnvl.units import human_bytes
 
 SPEC_VERSION = "0.0.0"
@@ -102,6 +102,10 @@ def _check_tests(result: dict[str, Any]) -> list[dict[str, Any]]:
     return tests
 
 
+def _busbw(row: dict[str, Any]) -> str:
+    return ONE_RANK if row.get("algbw_gbps") is None else f"{row['busbw_gbps']:.1f} GB/s"
+
+
 def _size_tests(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Bandwidth per size class; the class holding the judged sizes carries the verdict."""
     rows = result.get("sizes") or []
@@ -125,7 +129,7 @@ def _size_tests(result: dict[str, Any]) -> list[dict[str, Any]]:
     for name, members in classes.items():
         if not members:
             continue
-        figures = [f"{human_bytes(r['bytes'])} {r['busbw_gbps']:.1f} GB/s" for r in members]
+        figures = [f"{human_bytes(r['bytes'])} {_busbw(r)}" for r in members]
         wrong = [r for r in members if not r["correct"]]
         messages: list[str] = []
         if wrong:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from mnnvl.contract.result import FAIL, NOT_JUDGED
+from mnnvl.contract.result import FAIL, NOT_JUDGED, ONE_RANK
 from mnnvl.units import human_bytes
 
 logger = logging.getLogger(__name__)
@@ -60,13 +60,20 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def bandwidth(row: dict[str, Any], key: str, digits: int = 2) -> str:
+    """A row's algbw or busbw in GB/s; "n/a: one rank" where no data moved."""
+    if row.get("algbw_gbps") is None:
+        return ONE_RANK
+    return _fmt(float(row[key]), digits)
+
+
 def _size_rows(result: dict[str, Any]) -> list[list[str]]:
     return [
         [
             human_bytes(int(row["bytes"])),
             _fmt(float(row["time_us"]), 2),
-            _fmt(float(row["algbw_gbps"]), 2),
-            _fmt(float(row["busbw_gbps"]), 2),
+            bandwidth(row, "algbw_gbps"),
+            bandwidth(row, "busbw_gbps"),
             "yes" if row["correct"] else "NO",
         ]
         for row in result.get("sizes", [])
@@ -387,6 +394,17 @@ def train_markdown(result: dict[str, Any]) -> str:
         "checkpoint",
     )
     rows = [[k, _fmt(result.get(k), 4)] for k in keys if k in result]
+    if "compile" in result:
+        rows.append(["compile", f"{result['compile']} (--compile {result.get('compile_input')})"])
+    stall = result.get("checkpoint_stall_s")
+    if stall:
+        rows.append(
+            [
+                "checkpoint_stall_s",
+                f"last {stall['last']:.3f}, max {stall['max']:.3f} ({stall['saves']} saves); "
+                f"the last write waited for {_fmt(result.get('checkpoint_final_wait_s'), 3)} s",
+            ]
+        )
     mesh = result.get("mesh")
     if mesh:
         shape = " x ".join(f"{n} {d}" for n, d in zip(mesh["shape"], mesh["dims"], strict=True))

@@ -83,7 +83,6 @@ def pipeline_arguments(
             "model": "tiny",
             "steps": args.steps,
             "batch_size": 2,
-            "compile": False,
             "log_every": max(1, args.steps // 4),
             "train_timeout_s": 600.0,
         }

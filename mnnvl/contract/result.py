@@ -37,7 +37,9 @@ REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
         "reasons",
     ),
 }
+# A one-rank sweep moves no data: its rows' algbw_gbps is null and busbw_gbps 0.
 SIZE_ROW_KEYS = ("bytes", "time_us", "algbw_gbps", "busbw_gbps", "correct")
+ONE_RANK = "n/a: one rank"  # what the reports show for the bandwidth of such a row
 
 
 def emit_result(result: dict[str, Any]) -> None:

@@ -36,6 +36,11 @@ PLAIN_TRAIN_DEFAULTS: dict[str, int | str] = {
     "activation_checkpointing": "none",
     "reshard_after_forward": "true",
 }
+# Presets whose blocks torch.compile compiles when ``compile`` is left at auto, on GPUs only:
+# there the compiled blocks buy MFU that pays for the first step's compile within a short run
+# (docs/training.md; bench/gpu_goodput.sh measures both); on CPU, and for the tiny and small
+# presets, the compile time is not won back.
+COMPILED_PRESETS = ("125m", "350m", "1b", "3b", "8b")
 PRESET_TRAIN_DEFAULTS: dict[str, dict[str, int | str]] = {
     "1b": {"batch_size": 8},
     "8b": {

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from mnnvl.inputs.defaults import SWITCHES
 from mnnvl.inputs.spec import CLI, OwnerRef
 from mnnvl.inputs.surface import Input, build, class_inputs
 
@@ -68,6 +69,20 @@ def add_arguments(
             )
             continue
         extra: dict[str, Any] = {"metavar": _metavar(item), "help": text}
+        if item.choices == SWITCHES:
+            # auto/true/false: a bare --flag is true and --no-flag false, as for a boolean.
+            target.add_argument(
+                item.flag, dest=item.name, nargs="?", const="true", default=preset, **extra
+            )
+            target.add_argument(
+                "--no-" + item.kebab,
+                dest=item.name,
+                action="store_const",
+                const="false",
+                default=preset,
+                help=f"the same as {item.flag} false",
+            )
+            continue
         if item.kind == "list":
             target.add_argument(item.flag, dest=item.name, action="append", default=None, **extra)
         else:

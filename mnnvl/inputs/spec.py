@@ -30,6 +30,7 @@ from mnnvl.inputs.checks import (
 )
 from mnnvl.inputs.defaults import (
     ALLOCATION_MODES,
+    COMPILED_PRESETS,
     DEFAULT_IMAGE,
     DTYPES,
     GPU_MODES,
@@ -371,7 +372,12 @@ class TrainConfig:
     weight_decay: float = opt(0.1, "AdamW weight decay")
     grad_clip: float = opt(1.0, "gradient norm clip; 0 = off")
     dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES)
-    compile: bool = opt(False, "torch.compile each block")
+    compile: str = opt(
+        "auto",
+        "torch.compile each block: true, false, or auto = on GPUs for the 125m preset and "
+        "larger (never on CPU)",
+        choices=SWITCHES,
+    )
     activation_checkpointing: str = opt(
         "auto",
         f"recompute blocks' activations in the backward pass: {CHECKPOINTING_HELP}; "
@@ -427,6 +433,7 @@ class TrainConfig:
     def _apply_preset(self) -> None:
         """Inputs left at auto (batch_size 0) take the preset's value; a given value wins."""
         check_choice("reshard_after_forward", self.reshard_after_forward, SWITCHES)
+        check_choice("compile", self.compile, SWITCHES)
         if self.activation_checkpointing != "auto":
             parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
         preset = PRESET_TRAIN_DEFAULTS.get(self.model, PLAIN_TRAIN_DEFAULTS)
@@ -447,6 +454,13 @@ class TrainConfig:
     @property
     def reshard(self) -> bool:
         return self.reshard_after_forward == "true"
+
+    def compiles(self, on_gpu: bool) -> bool:
+        """Whether the blocks are compiled: ``compile`` when given; for auto, GPU runs of
+        ``COMPILED_PRESETS`` (the one place this is decided)."""
+        if self.compile != "auto":
+            return self.compile == "true"
+        return on_gpu and self.model in COMPILED_PRESETS
 
     @property
     def stall_s(self) -> float:

@@ -300,7 +300,6 @@ PIPELINES: dict[str, Pipeline] = {
                 "model": ("1b", _GPU_RUN),
                 "steps": (100, _GPU_RUN),
                 "batch_size": (4, _GPU_RUN),
-                "compile": (True, _GPU_RUN),
             },
         ),
         Pipeline(

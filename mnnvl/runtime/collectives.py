@@ -2,9 +2,11 @@
 
 ``algbw = bytes / time`` and ``busbw = algbw * 2(n-1)/n`` (nccl-tests' all-reduce factor),
 with ``bytes`` the size of each rank's buffer and ``time`` the mean time of one all-reduce
-over a timed loop, as nccl-tests reports it. Each size runs ``reps`` such loops; the reported
-time is the median loop's mean, taken across ranks as the slowest rank's (a collective
-is only as fast as its slowest member).
+over a timed loop, as nccl-tests reports it. One rank moves no data (its all-reduce is a
+no-op a microsecond long, which would read as petabytes per second): its rows keep the time,
+give ``algbw_gbps`` null and ``busbw_gbps`` 0, and the reports print "n/a: one rank".
+Each size runs ``reps`` such loops; the reported time is the median loop's mean, taken
+across ranks as the slowest rank's (a collective is only as fast as its slowest member).
 
 On CUDA each loop is timed with CUDA events around ``k`` calls issued straight on the
 process group. Below ~150 µs per call the same loop is also timed through a second
@@ -212,7 +214,7 @@ def run_sweep(
     del buf
     lags = _gather_own(own, device, group, world)
     factor = bus_factor(world)
-    rows = []
+    rows: list[dict[str, Any]] = []
     table = zip(plan.sizes, summary.tolist(), ok_all.tolist(), strict=True)
     for i, (size, t, good) in enumerate(table):
         algbw = size / t / 1e9 if t > 0 else 0.0
@@ -220,7 +222,7 @@ def run_sweep(
             {
                 "bytes": size,
                 "time_us": _sig(t * 1e6),
-                "algbw_gbps": _sig(algbw),
+                "algbw_gbps": None if world == 1 else _sig(algbw),
                 "busbw_gbps": _sig(algbw * factor),
                 "correct": bool(good),
                 "path": paths[i],

@@ -8,7 +8,10 @@ Activation checkpointing (``TrainConfig.activation_checkpointing``: none, full, 
 ``bench/bench_train.py`` and not worth an input (no gain on 2 x H200), stay a benchmark-only
 override in ``MNNVL_TRAIN_TUNING`` (comma-separated ``key=value``; empty = the defaults):
 ``prefetch=N`` prefetches the next N blocks' all-gathers explicitly in forward and backward,
-``optim=foreach`` uses the foreach AdamW instead of the fused one.
+``optim=foreach`` uses the foreach AdamW instead of the fused one; ``ckpt=sync`` writes
+checkpoints in the training thread (the "before" of the background saves) and
+``ckpt=async-fresh`` stages each save with a new ``DefaultStager``
+(:mod:`mnnvl.runtime.checkpoint`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 logger = logging.getLogger(__name__)
 JOIN_TIMEOUT_S = 600.0  # how long ranks wait for each other at start (torchrun's join_timeout)
 TUNING_ENV = "MNNVL_TRAIN_TUNING"
-TUNING_DEFAULTS = {"prefetch": "0", "optim": "fused"}
+TUNING_DEFAULTS = {"prefetch": "0", "optim": "fused", "ckpt": "async"}
+TUNING_CHOICES = {"optim": ("fused", "foreach"), "ckpt": ("async", "async-fresh", "sync")}
 # Former keys of MNNVL_TRAIN_TUNING, now training inputs.
 TUNING_MOVED = {"ac": "--activation-checkpointing", "reshard": "--reshard-after-forward"}
 
@@ -49,6 +53,10 @@ def tuning(environ: dict[str, str] | None = None) -> dict[str, str]:
             raise SpecError(TUNING_ENV, f"{item!r}: set it with {TUNING_MOVED[key]} instead")
         if key not in TUNING_DEFAULTS or not value:
             raise SpecError(TUNING_ENV, f"{item!r}: use {', '.join(TUNING_DEFAULTS)} as key=value")
+        if value not in TUNING_CHOICES.get(key, (value,)):
+            raise SpecError(
+                TUNING_ENV, f"{item!r}: {key} is one of {', '.join(TUNING_CHOICES[key])}"
+            )
         found[key] = value
     return found
 

@@ -1,9 +1,12 @@
 """Sharded training step: ``python -m mnnvl.runtime.train [TrainConfig flags]`` under torchrun.
 
 FSDP2 over all ranks, bf16 compute with fp32 master weights and reductions on GPU (fp32 on
-CPU/gloo), fused AdamW, linear warm-up then cosine decay to ``min_lr_ratio``, gradient
-clipping, periodic sharded checkpoints with automatic resume. Rank 0 logs metrics to stderr
-and ends with one ``RESULT {json}`` line on stdout.
+CPU/gloo), blocks compiled where ``TrainConfig.compiles`` says, fused AdamW, linear warm-up
+then cosine decay to ``min_lr_ratio``, gradient clipping, periodic sharded checkpoints
+written in the background (:mod:`mnnvl.runtime.checkpoint`; the run succeeds only once its
+final one is complete) with automatic resume. Rank 0 logs metrics to stderr and ends with one
+``RESULT {json}`` line on stdout, ``checkpoint_stall_s`` (how long saves held training up)
+among them.
 
 Non-finite loss or gradient norm: a device-side flag is accumulated every step without a
 host sync and checked (all-reduced) at every log step and before every checkpoint, so a
@@ -85,13 +88,18 @@ class Trainer:
         self.mcfg = preset(cfg.model, seq_len=cfg.seq_len)
         bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and info.is_cuda)
         torch.manual_seed(cfg.seed)  # same on every rank: identical (sharded) initial weights
+        self.compiled = cfg.compiles(info.is_cuda)
+        on = "GPU" if info.is_cuda else "CPU"
+        logger.info(
+            "compile %s (--compile %s: %s preset on %s)", self.compiled, cfg.compile, cfg.model, on
+        )
         self.model = build_sharded_model(
             self.mcfg,
             dist_info=info,
             param_dtype=torch.bfloat16 if bf16 else torch.float32,
             ac_every=cfg.ac_every,
             reshard=cfg.reshard,
-            compile=cfg.compile,
+            compile=self.compiled,
         )
         self.opt, self.sched = build_optimizer(self.model, cfg, info)
         self.data = build_batches(
@@ -103,11 +111,18 @@ class Trainer:
             rank=info.rank,
             world=info.world_size,
         )
-        self.ckpt = Checkpointer(cfg.checkpoint_dir, rank=info.rank) if cfg.checkpoint_dir else None
+        self.ckpt = None
+        if cfg.checkpoint_dir:
+            mode, timeout = tuning()["ckpt"], cfg.collective_timeout_s
+            self.ckpt = Checkpointer(
+                cfg.checkpoint_dir, rank=info.rank, mode=mode, timeout_s=timeout
+            )
+        self.held_s = 0.0  # training held for a save's staging copy since the last step
         self.finite = torch.ones((), dtype=torch.bool, device=info.device)
         self.losses: list[list[float]] = []
         self.last_loss, self.checkpoint, self.start_step = float("nan"), "", 0
         self.resumed_from = ""  # the checkpoint this run continued from
+        self.first_step_s: float | None = None  # incl. compiling the blocks and warm-up
         self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
         self.phase = "start-up"  # where a collective timeout happened, for its message
         self.arrivals = progress.Arrivals(info.rank, info.world_size)
@@ -141,6 +156,8 @@ class Trainer:
         )
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         self.finite &= torch.isfinite(loss.detach()) & torch.isfinite(norm)
+        if self.ckpt is not None:  # a background save copies the state this step changes
+            self.held_s += self.ckpt.wait_staged()
         self.opt.step()
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
@@ -188,6 +205,8 @@ class Trainer:
             self.phase = f"step {step} (FSDP all-gather / reduce-scatter)"
             self.arrivals.mark(step)
             loss = self.step(step)
+            thr.exclude(self.held_s)
+            self.held_s = 0.0
             progress.report(f"step {step}", cfg.stall_s)
             self.signal_hook(step)
             is_log = step in (first, cfg.steps) or step % cfg.log_every == 0
@@ -200,6 +219,8 @@ class Trainer:
                 self.split.collect()  # events are complete after the sync
             if is_log:
                 rate = thr.mark(tokens_per_step * (step - marked))
+                if step == first:
+                    self.first_step_s = round(thr.t_first - thr.t_start, 3)
                 marked = step
                 self.losses.append([step, mean_loss])
                 per_gpu = rate / self.info.world_size
@@ -219,9 +240,16 @@ class Trainer:
                 extra = {"scheduler": self.sched.state_dict(), "loss": mean_loss}
                 t_save = time.perf_counter()
                 self.phase = f"the checkpoint save of step {step} (barrier)"
-                self.checkpoint = str(self.ckpt.save(step, self.model, self.opt, extra))
-                progress.report(f"checkpoint step {step}", cfg.stall_s)
+                self.ckpt.save(step, self.model, self.opt, extra)
+                progress.report(f"checkpoint step {step} started", cfg.stall_s)
                 thr.exclude(time.perf_counter() - t_save)
+        if self.ckpt is not None:
+            # Success needs the final checkpoint complete: wait for its background write.
+            self.phase = "the last checkpoint's write"
+            done = self.ckpt.finish()
+            if done is not None:
+                self.checkpoint = str(done)
+                progress.report(f"checkpoint {done.name} complete", cfg.stall_s)
         return thr.overall()
 
     def mesh(self) -> dict[str, Any]:
@@ -248,6 +276,8 @@ class Trainer:
             "start_step": self.start_step,
             "resumed_from": self.resumed_from,
             "checkpoint": self.checkpoint,
+            "checkpoint_stall_s": self.ckpt.stall_summary() if self.ckpt else None,
+            "checkpoint_final_wait_s": round(self.ckpt.final_wait_s, 3) if self.ckpt else None,
             "peak_mem_gib": metrics.peak_mem_gib(self.info.device),
             "world_size": self.info.world_size,
             "mesh": self.mesh(),
@@ -262,6 +292,9 @@ class Trainer:
             "seq_len": self.mcfg.seq_len,
             "activation_checkpointing": self.cfg.activation_checkpointing,
             "reshard_after_forward": self.cfg.reshard,
+            "compile": self.compiled,
+            "compile_input": self.cfg.compile,
+            "first_step_s": self.first_step_s,
             "tuning": tuning(),
             "losses": self.losses,
         }

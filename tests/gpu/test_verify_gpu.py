@@ -82,6 +82,9 @@ def test_one_gpu_is_not_judged_and_exits_4(tmp_path: Path) -> None:
     assert result["verdict"] == "NOT_JUDGED" and code == 4
     assert result["reasons"][0].startswith("NOT_JUDGED: one rank")
     assert result["nccl"]["transport"] == "none"
+    # A no-op all-reduce's time is no bandwidth: the rows and the table say so.
+    assert all(row["algbw_gbps"] is None and row["busbw_gbps"] == 0 for row in result["sizes"])
+    assert "n/a: one rank" in (tmp_path / "verify.md").read_text()
     # The plot says why instead of drawing busbw 0 as a line.
     series, note = report.busbw_plot(result)
     assert series == [] and note.startswith("NOT_JUDGED: one rank")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
+from mnnvl import report
 from mnnvl.runtime import collectives
 from mnnvl.runtime.collectives import SweepPlan, adaptive_median, ci_tight, path_correct
 
@@ -61,3 +65,35 @@ def test_a_path_returning_the_right_sum_passes_the_check(gloo_one_rank: None) ->
 def test_a_fast_wrong_path_fails_the_check(gloo_one_rank: None) -> None:
     view = torch.empty(64)
     assert not path_correct(view, lambda: view.mul_(2))  # wrong "sum": never timed
+
+
+def test_one_rank_rows_and_reports_show_no_bandwidth(gloo_one_rank: None, tmp_path: Path) -> None:
+    """A one-rank all-reduce moves nothing: its time stays, its bandwidth is "n/a: one rank"
+    in the table, the Markdown and the CTRF report (never the no-op's petabytes per second)."""
+    plan = SweepPlan(sizes=[1 << 10, 1 << 20], iters=4, reps=2)
+    rows = collectives.run_sweep(plan, torch.device("cpu"))
+    assert [r["bytes"] for r in rows] == [1 << 10, 1 << 20]
+    assert all(r["algbw_gbps"] is None and r["busbw_gbps"] == 0.0 for r in rows)
+    assert all(r["time_us"] > 0 and r["correct"] for r in rows)
+    result = {
+        "kind": "verify",
+        "verdict": "NOT_JUDGED",
+        "reasons": ["NOT_JUDGED: one rank: bus bandwidth is 0 by definition"],
+        "threshold_gbps": None,
+        "judged_busbw_gbps": 0.0,
+        "peak_busbw_gbps": 0.0,
+        "world_size": 1,
+        "backend": "gloo",
+        "sizes": rows,
+    }
+    table = [ln for ln in report.verify_table(result).splitlines() if ln.lstrip()[:1].isdigit()]
+    assert [ln.split()[:2] for ln in table] == [["1", "KiB"], ["1", "MiB"]]
+    assert all(ln.count("n/a: one rank") == 2 and ln.rstrip().endswith("yes") for ln in table)
+    files = report.write_verify_report(result, str(tmp_path))
+    markdown = Path(files["markdown"]).read_text()
+    assert markdown.count("| n/a: one rank | n/a: one rank | yes |") == 2
+    assert json.loads(Path(files["json"]).read_text())["sizes"][0]["algbw_gbps"] is None
+    ctrf = json.loads(Path(files["ctrf"]).read_text())
+    (small,) = [t for t in ctrf["results"]["tests"] if t["name"].startswith("bandwidth small")]
+    assert "busbw 1 KiB n/a: one rank, 1 MiB n/a: one rank" in small["message"]
+    assert "GB/s" not in small["message"]

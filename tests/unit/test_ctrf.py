@@ -138,7 +138,7 @@ def test_a_one_rank_run_plots_why_it_was_not_judged_instead_of_a_zero_line(
         "reasons": ["NOT_JUDGED: one rank: bus bandwidth is 0 by definition; bandwidth was not"],
         "threshold_gbps": None,
         "world_size": 1,
-        "sizes": [{**row, "busbw_gbps": 0.0, "algbw_gbps": 0.0} for row in sizes(0.0)],
+        "sizes": [{**row, "busbw_gbps": 0.0, "algbw_gbps": None} for row in sizes(0.0)],
     }
     series, note = report.busbw_plot(one_rank)
     assert series == [] and note.startswith("NOT_JUDGED: one rank")

@@ -116,12 +116,22 @@ def test_train_report(tmp_path: Path) -> None:
         "tokens_per_s": 1000.0,
         "mfu": None,
         "steps": 20,
+        "compile": True,
+        "compile_input": "auto",
+        "checkpoint_stall_s": {"last": 0.021, "max": 0.43, "saves": 3},
+        "checkpoint_final_wait_s": 12.4,
         "losses": [[0, 10.0], [10, 5.0], [20, 2.5]],
     }
     files = report.write_train_report(result, str(tmp_path))
     assert set(files) == {"json", "markdown", "png", "html"}
     assert Path(files["png"]).read_bytes().startswith(PNG_MAGIC)
-    assert "| final_loss | 2.5000 |" in Path(files["markdown"]).read_text()
+    markdown = Path(files["markdown"]).read_text()
+    assert "| final_loss | 2.5000 |" in markdown
+    assert "| compile | True (--compile auto) |" in markdown
+    assert (
+        "| checkpoint_stall_s | last 0.021, max 0.430 (3 saves); the last write waited for "
+        "12.400 s |" in markdown
+    )
 
 
 def test_report_module_does_not_import_torch() -> None:
