@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 
 from mnnvl.contract import rbac
-from mnnvl.sim.model import ApiError, Obj
+from mnnvl.sim.model import ApiError, Obj, resolve_kind
 from mnnvl.sim.store import Store
 
 MASTERS = "system:masters"
@@ -150,6 +150,5 @@ def grant_runner(store: Store, ns: str, home: str, *, kueue: bool) -> None:
             }
         )
     for obj in objects:
-        plural = {"ServiceAccount": "serviceaccounts", "Role": "roles"}.get(obj["kind"])
         obj["metadata"]["namespace"] = ns
-        store.create(plural or "rolebindings", obj)
+        store.create(resolve_kind(obj["kind"]), obj)

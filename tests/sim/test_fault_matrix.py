@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace as dataclasses_replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -605,20 +604,6 @@ def train_with_a_fault(
     return Fault(outcome[0] if outcome else None, errors[0] if errors else None, victim, at)
 
 
-def run_processes(r: Run) -> list[int]:
-    """Local processes the simulator's kubelet started for the run's pods (their environment
-    carries the run id)."""
-    mark = f"MNNVL_RUN_ID={r.id}\0".encode()
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if mark in environ.read_bytes():
-                found.append(int(environ.parent.name))
-        except OSError:  # gone meanwhile, or not ours
-            continue
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["hung", "killed"])
 def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_default(
@@ -652,7 +637,7 @@ def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_defa
         f"step), resumed from step {result.start_step}, steps lost {result.steps_lost}"
     )
     r.close()
-    assert run_processes(r) == []
+    assert sim.processes(r.names.selector) == []
 
 
 @pytest.mark.slow
