@@ -241,16 +241,17 @@ class Pipeline:
     tasks: tuple[Task, ...]
     defaults: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
-    def parameters(self) -> list[Input]:
-        """The pipeline parameters (KFP and Argo alike): every task input, renamed, once."""
+    def parameters(self, surface: str = KFP, *, own_defaults: bool = True) -> list[Input]:
+        """The pipeline parameters (KFP and Argo alike; ``mnnvl run`` with ``CLI``): every task
+        input, renamed, once; ``own_defaults`` False keeps the steps' defaults."""
         params: dict[str, Input] = {}
         for task in self.tasks:
-            for item in step_inputs(task.step, KFP):
+            for item in step_inputs(task.step, surface):
                 if item.name in task.fixed:
                     continue
                 name = task.parameter_name(item.name)
                 item = dataclasses.replace(item, name=name)
-                if name in self.defaults:
+                if own_defaults and name in self.defaults:
                     item = dataclasses.replace(item, default=self.defaults[name][0])
                 known = params.setdefault(name, item)
                 if (known.default, known.kind) != (item.default, item.kind):
@@ -261,20 +262,28 @@ class Pipeline:
         """The task's step inputs from the pipeline's parameter values."""
         args = {
             item.name: values[task.parameter_name(item.name)]
-            for item in step_inputs(task.step, KFP)
+            for item in step_inputs(task.step)
             if item.name not in task.fixed and task.parameter_name(item.name) in values
         }
         return {**args, **task.fixed}
 
-    def check(self, values: dict[str, Any], run_id: str = "check") -> None:
-        """Validate every task's inputs from pipeline parameter values (strings are fine)."""
-        params = {p.name: p for p in self.parameters()}
+    def plan(self, values: dict[str, Any], run_id: str) -> list[tuple[Task, list[Any]]]:
+        """Every task with the specs its step builds from pipeline parameter values (strings
+        are fine; unset parameters take the step's default). The one walk over a pipeline's
+        tasks: ``mnnvl run``, ``mnnvl render`` and the pipelines' first-task check use it."""
+        params = {p.name: p for p in self.parameters(CLI) + self.parameters()}
         unknown = sorted(set(values) - set(params))
         if unknown:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
-        typed = {k: params[k].coerce(v) for k, v in values.items()}
-        for task in self.tasks:
-            step_specs(task.step, run_id, self.task_arguments(task, typed))
+        typed = {k: params[k].coerce(v) for k, v in values.items() if v is not None}
+        return [
+            (task, step_specs(task.step, run_id, self.task_arguments(task, typed)))
+            for task in self.tasks
+        ]
+
+    def check(self, values: dict[str, Any], run_id: str = "check") -> None:
+        """Validate every task's inputs from pipeline parameter values (strings are fine)."""
+        self.plan(values, run_id)
 
 
 _PROVISION = Task("provision", "provision")

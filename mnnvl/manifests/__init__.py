@@ -20,6 +20,7 @@ from mnnvl.manifests.workload import (
     headless_service,
     indexed_job,
     indexed_jobs,
+    rank0_job,
     master_addr,
     step_selector,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "headless_service",
     "indexed_job",
     "indexed_jobs",
+    "rank0_job",
     "master_addr",
     "object_meta",
     "owner_references",
