@@ -304,7 +304,11 @@ def verify(
         if not (err.result and err.result.get("kind") == "verify"):
             raise
         launched = LaunchResult(
-            job=rank0_job(verify_workload), pods=[], result=err.result, log_tail=str(err), elapsed_s=_since(start)
+            job=rank0_job(verify_workload),
+            pods=[],
+            result=err.result,
+            log_tail=str(err),
+            elapsed_s=_since(start),
         )
     raw = _require_result(launched, "verify")
     files: dict[str, str] = {}

@@ -286,6 +286,16 @@ class Pipeline:
         self.plan(values, run_id)
 
 
+# How the pipelines retry a task (KFP ``set_retry``, Argo ``retryStrategy``): 2 retries, 15 s
+# then 30 s apart; new attempts start within an hour of the first (three attempts of up to
+# ``delete_timeout_s``, 300 s by default, plus the backoff fit). A workload task may be lost
+# hours into its Job: KFP gives it the longest job_timeout_s as its window, Argo none (its
+# ``activeDeadlineSeconds`` bounds each attempt).
+STEP_RETRIES = 2
+STEP_RETRY_BACKOFF_S = 15
+STEP_RETRY_FACTOR = 2
+STEP_RETRY_WINDOW_S = 3600
+
 _PROVISION = Task("provision", "provision")
 _TEARDOWN = Task("teardown", "teardown")
 _PRE = Task("verify-pre", "verify", {"purpose": "verify-pre"}, VERIFY_RENAMES)

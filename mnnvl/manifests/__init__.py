@@ -20,8 +20,8 @@ from mnnvl.manifests.workload import (
     headless_service,
     indexed_job,
     indexed_jobs,
-    rank0_job,
     master_addr,
+    rank0_job,
     step_selector,
 )
 
@@ -42,10 +42,10 @@ __all__ = [
     "headless_service",
     "indexed_job",
     "indexed_jobs",
-    "rank0_job",
     "master_addr",
     "object_meta",
     "owner_references",
+    "rank0_job",
     "render_run",
     "spec_hash",
     "step_selector",
