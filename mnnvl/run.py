@@ -23,7 +23,7 @@ from mnnvl.report import num, verdict_numbers
 
 logger = logging.getLogger(__name__)
 
-RUN_PIPELINE = "mnnvl-training"
+RUN_PIPELINE = surface.RUN_PIPELINE
 
 
 @dataclass(frozen=True)
@@ -37,15 +37,6 @@ class PlannedTask:
     def key(self) -> str:
         """The task's key in the run's result (``verify-pre`` -> ``verify_pre``)."""
         return self.task.name.replace("-", "_")
-
-
-def run_parameters() -> list[surface.Input]:
-    """The flags of ``mnnvl run`` and ``mnnvl render``: the pipeline's parameters as the CLI
-    has them (renamed as in KFP and Argo, e.g. ``train_timeout_s``), with the steps' defaults."""
-    pipeline = surface.PIPELINES[RUN_PIPELINE]
-    # The run's reports go to --report-dir on this side; the workers' own output dir is not used.
-    skip = {"run_id", "output_dir"}
-    return [p for p in pipeline.parameters(surface.CLI, own_defaults=False) if p.name not in skip]
 
 
 def plan(values: dict[str, Any], run_id: str, *, skip_verify: bool = False) -> list[PlannedTask]:

@@ -34,7 +34,7 @@ from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import resolve_namespace
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.manifests import indexed_job, render_run
-from mnnvl.run import PlannedTask, objects, plan, run_all, run_parameters
+from mnnvl.run import PlannedTask, objects, plan, run_all
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
@@ -206,7 +206,7 @@ def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
 
 def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
     """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default)."""
-    values = {p.name: getattr(ns, p.name, None) for p in run_parameters()}
+    values = {p.name: getattr(ns, p.name, None) for p in surface.run_parameters()}
     skip_verify = getattr(ns, "skip_verify", False)
     return plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
 

@@ -10,7 +10,6 @@ from mnnvl import __version__
 from mnnvl.cli.help import COMMANDS
 from mnnvl.inputs import flags, surface
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
-from mnnvl.run import run_parameters
 
 DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
 
@@ -97,7 +96,7 @@ def _run_flags(p: argparse.ArgumentParser, *, run_id_required: bool) -> None:
         return groups[key]
 
     run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
-    flags.add_inputs(p, [run_id, *run_parameters()], group=pick, required=run_id_required)
+    flags.add_inputs(p, [run_id, *surface.run_parameters()], group=pick, required=run_id_required)
 
 
 def _launch_flags(p: argparse.ArgumentParser) -> None:

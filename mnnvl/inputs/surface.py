@@ -345,6 +345,18 @@ PIPELINES: dict[str, Pipeline] = {
 }
 
 
+RUN_PIPELINE = "mnnvl-training"  # what `mnnvl run` runs and `mnnvl render` prints
+
+
+def run_parameters() -> list[Input]:
+    """The flags of ``mnnvl run`` and ``mnnvl render``: the pipeline's parameters as the CLI
+    has them (renamed as in KFP and Argo, e.g. ``train_timeout_s``), with the steps' defaults."""
+    pipeline = PIPELINES[RUN_PIPELINE]
+    # The run's reports go to --report-dir on this side; the workers' own output dir is not used.
+    skip = {"run_id", "output_dir"}
+    return [p for p in pipeline.parameters(CLI, own_defaults=False) if p.name not in skip]
+
+
 # Workflow parameters only the Argo workflows have (the launcher pods' account, image and
 # deadlines, ``pipelines.argo_workflow.ARGO_ONLY``): in ``{{workflow.parameters.json}}``, but
 # no step input.
