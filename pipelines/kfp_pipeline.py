@@ -28,8 +28,8 @@ from typing import Any
 
 from kfp import dsl, kubernetes
 
-from mnnvl.components import kfp_components as kc
 from mnnvl.components import launcher_pod as lp
+from mnnvl.components.generated import kfp_components as kc
 from mnnvl.inputs import surface
 
 TRAINING_PIPELINE_NAME = "mnnvl-training"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mnnvl.components import kfp_components as kc
+from mnnvl.components.generated import kfp_components as kc
 from mnnvl.errors import SpecError
 from mnnvl.inputs import surface
 from mnnvl.pipelines import kfp_pipeline as kp
