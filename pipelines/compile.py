@@ -4,8 +4,8 @@ Writes the generated KFP component module (``components/generated/kfp_components
 the field declarations), ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates and a
 Workflow), the GitOps kustomize directories ``pipelines/gitops/kfp`` (``Pipeline`` +
 ``PipelineVersion`` CRs of every pipeline) and ``pipelines/gitops/argo`` (WorkflowTemplates
-and CronWorkflows), and the component YAMLs in ``components/``. No namespace is written: kustomize places the objects.
-The output is byte-for-byte deterministic: same sources, same bytes. ``--check`` compiles into
+and CronWorkflows), and the component YAMLs in ``components/``. No namespace is written:
+kustomize places the objects. The output is byte-for-byte deterministic: same sources, same bytes. ``--check`` compiles into
 a scratch directory and exits 1 listing every file that differs from the checked-in one.
 
 KFP fixes images at compile time, so ``--launcher-image REG/launcher:TAG --runtime-image
