@@ -1,11 +1,11 @@
 """Regenerate the compiled YAML that GitOps applies: ``python -m mnnvl.pipelines.compile``.
 
-Writes the generated KFP component module (``components/generated/kfp_components.py``, from
-the field declarations), ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates and a
-Workflow), the GitOps kustomize directories ``pipelines/gitops/kfp`` (``Pipeline`` +
-``PipelineVersion`` CRs of every pipeline) and ``pipelines/gitops/argo`` (WorkflowTemplates
-and CronWorkflows), and the component YAMLs in ``components/``. No namespace is written:
-kustomize places the objects. The output is byte-for-byte deterministic: same sources, same bytes. ``--check`` compiles into
+Writes the generated KFP component module (``components/generated/kfp_components.py``, from the
+field declarations), ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates and a Workflow),
+the GitOps kustomize directories ``pipelines/gitops/kfp`` (``Pipeline`` + ``PipelineVersion``
+CRs of every pipeline) and ``pipelines/gitops/argo`` (WorkflowTemplates and CronWorkflows), and
+the component YAMLs in ``components/``. No namespace is written: kustomize places the objects.
+The output is byte-for-byte deterministic: same sources, same bytes. ``--check`` compiles into
 a scratch directory and exits 1 listing every file that differs from the checked-in one.
 
 KFP fixes images at compile time, so ``--launcher-image REG/launcher:TAG --runtime-image
