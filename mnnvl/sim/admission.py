@@ -323,9 +323,14 @@ def pod_usage(pod: Obj) -> dict[str, int]:
 
 
 def _quantity(value: object) -> int | None:
-    """A whole-number quantity ("2", 2); None for others (CPU, memory: not modelled)."""
-    text = str(value) if value is not None else ""
-    return int(text) if text.isdigit() else None
+    """A whole-number quantity ("2", "1Gi"); None for a fraction (CPU: not modelled)."""
+    from kubernetes.utils import parse_quantity
+
+    try:
+        number = parse_quantity(value)
+    except (ValueError, TypeError):
+        return None
+    return int(number) if number == int(number) else None
 
 
 def _pretty(usage: dict[str, int], keys: list[str]) -> str:

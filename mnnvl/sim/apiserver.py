@@ -28,7 +28,7 @@ from mnnvl.sim.admission import (
 from mnnvl.sim.model import dry_run_requested
 from mnnvl.sim.rbac import MASTERS, Authenticator, Request, User, allowed, forbidden
 from mnnvl.sim.schemas import SchemaAdmission
-from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
+from mnnvl.sim.selectors import merge_patch, object_matcher
 from mnnvl.sim.serving import ServingServer
 from mnnvl.sim.store import RESOURCES, ApiError, Obj, Store, not_found
 
@@ -322,7 +322,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 ctype = (self.headers.get("Content-Type") or "").split(";")[0]
                 if ctype == "application/json-patch+json":
-                    new = json_patch(old, body or [])
+                    new = _json_patch(old, body or [])
                 else:
                     new = merge_patch(old, body or {})
             new.setdefault("metadata", {}).update(name=name)
@@ -466,3 +466,14 @@ def _selected_name(field_selector: str | None) -> str | None:
         if sep and key.strip() == "metadata.name":  # "=" or "==", never "!="
             return value.lstrip("=").strip()
     return None
+
+
+def _json_patch(target: Obj, ops: list[Obj]) -> Obj:
+    """An RFC 6902 patch (``kubectl patch --type json``), applied by the jsonpatch library."""
+    import jsonpatch  # only a JSON patch needs it
+
+    try:
+        patched: Obj = jsonpatch.apply_patch(target, ops)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+        raise ApiError(422, "Invalid", f"json patch: {e}") from e
+    return patched
