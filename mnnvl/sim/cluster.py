@@ -399,7 +399,8 @@ def _usage(kubeconfig: str, admin: str, url: str, nodes: int, cliques: int) -> s
         f"  {admin}: a cluster admin, to set up namespaces, PVCs and quotas\n"
         "in another shell:\n"
         f"  export KUBECONFIG={kubeconfig}\n"
-        "  kubectl get nodes\n"
+        "  kubectl get pods  # the runner's Role: its namespace only; nodes need the admin:\n"
+        f"  kubectl --kubeconfig {admin} get nodes\n"
         f"  mnnvl run --run-id demo --nodes {run_nodes} --gpus-per-node 0 {judge}\n"
         "Ctrl-C (or SIGTERM) stops it and every pod process it started."
     )

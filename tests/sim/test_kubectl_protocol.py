@@ -2,7 +2,7 @@
 kubeconfig's token only over TLS), the protobuf body of ``kubectl create namespace``, the
 OpenAPI v3 documents that tell ``kubectl apply`` the server validates fields, and the short
 names kubectl resolves through discovery. kubectl itself runs these against ``mnnvl sim up`` in
-``tests/sim/test_docs_examples.py`` (the README's kubectl lines).
+``tests/sim/test_examples.py`` (the README's kubectl lines).
 """
 
 from __future__ import annotations
