@@ -133,6 +133,8 @@ class Handler(BaseHTTPRequestHandler):
     def finish(self) -> None:
         self.server.untrack(self.connection)
         super().finish()
+        if self.server.tls is not None:  # the server closes the socket it accepted, not this
+            self.connection.close()
 
     def do_GET(self) -> None:
         self._handle("GET")
