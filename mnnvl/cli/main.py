@@ -218,14 +218,24 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.sim:
         return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir)
     from mnnvl.sim import SimCluster
+    from mnnvl.sim.podenv import local_gpu_ids
 
     domain = planned[0].specs[0]
     workload = next(p.specs[0] for p in planned if p.task.step == "train")
+    gpus, wanted = local_gpu_ids(), workload.nodes * workload.gpus_per_node
+    if wanted > len(gpus):  # the simulated nodes' GPUs are this machine's
+        raise SpecError(
+            "gpus_per_node",
+            f"{workload.gpus_per_node} on {workload.nodes} simulated nodes needs {wanted} GPUs "
+            f"on this machine, which has {len(gpus)} (the simulator's pods run here); pass "
+            "--gpus-per-node 0 for CPU workers, with --min-busbw-gbps or --allow-unjudged",
+        )
     with SimCluster(
         nodes=workload.nodes,
         gpus_per_node=workload.gpus_per_node,
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
+        local_gpus=gpus,
     ) as sim:
         result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=ns.report_dir)
         result["sim"] = {

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import random
+import shutil
 import signal
+import ssl
 import sys
 import tempfile
 import threading
@@ -37,6 +40,7 @@ from mnnvl.sim.scheduler import Scheduler
 from mnnvl.sim.schemas import SchemaAdmission, crd_object
 from mnnvl.sim.selectors import label_matcher
 from mnnvl.sim.store import Obj, Store
+from mnnvl.sim.tls import self_signed
 
 log = logging.getLogger(__name__)
 SEED_ENV = "MNNVL_SIM_SEED"
@@ -89,6 +93,7 @@ class SimCluster:
         default_toleration_s: float = DEFAULT_TOLERATION_S,
         pod_gc_quarantine_s: float = POD_GC_QUARANTINE_S,
         admin_kubeconfig_path: str | None = None,
+        tls: bool = False,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
         "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
@@ -103,7 +108,9 @@ class SimCluster:
         ``kubeconfig_path`` authenticates as the ``mnnvl-runner`` service account of the first
         namespace, with ``manifests/base`` applied in every namespace (and bound to that
         account there); ``admin_kubeconfig_path`` (default: ``<kubeconfig>.admin``) as a
-        cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas)."""
+        cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas).
+        ``tls`` serves HTTPS with a fresh self-signed certificate the kubeconfigs trust (what
+        kubectl needs to send their tokens: ``mnnvl.sim.tls``)."""
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
         self.nodes, self.gpus_per_node, self.cliques = nodes, gpus_per_node, cliques
@@ -130,6 +137,8 @@ class SimCluster:
         self.default_toleration_s = default_toleration_s
         self.pod_gc_quarantine_s = pod_gc_quarantine_s
         self._server: ApiServer | None = None
+        self._ca_pem = ""
+        self._tls = tls
         self._parts: list[Any] = []
         self._started = self._stopped = False
 
@@ -154,7 +163,9 @@ class SimCluster:
         ]
         for part in self._parts:
             part.start()
-        self._server = ApiServer(self.store, self.faults, kubelet, lambda: self.crd_installed)
+        self._server = ApiServer(
+            self.store, self.faults, kubelet, lambda: self.crd_installed, self._tls_context()
+        )
         self._server.schemas = self.schemas
         self._server.validators.append(self.admission.admit)
         self._server.mutators.append(self._default_tolerations)
@@ -176,6 +187,22 @@ class SimCluster:
             self.scheduler_seed,
         )
         return self
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self._tls:
+            return None
+        self._ca_pem, key = self_signed()
+        where = tempfile.mkdtemp(prefix="mnnvl-sim-tls-")  # loaded, then removed at once
+        try:
+            for name, text in (("cert.pem", self._ca_pem), ("key.pem", key)):
+                fd = os.open(os.path.join(where, name), os.O_WRONLY | os.O_CREAT, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(os.path.join(where, "cert.pem"), os.path.join(where, "key.pem"))
+        finally:
+            shutil.rmtree(where)
+        return context
 
     def _default_tolerations(self, resource: str, obj: Obj) -> None:
         """The DefaultTolerationSeconds admission plugin (pods only)."""
@@ -261,11 +288,14 @@ class SimCluster:
             self.store.create("customresourcedefinitions", crd_object())
 
     def _write_kubeconfig(self, path: str, user: str, token: str) -> None:
+        cluster = {"server": self.url}
+        if self._ca_pem:
+            cluster["certificate-authority-data"] = base64.b64encode(self._ca_pem.encode()).decode()
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "mnnvl-sim",
-            "clusters": [{"name": "mnnvl-sim", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "mnnvl-sim", "cluster": cluster}],
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [
                 {
@@ -369,7 +399,8 @@ def _usage(kubeconfig: str, admin: str, url: str, nodes: int, cliques: int) -> s
         f"  {admin}: a cluster admin, to set up namespaces, PVCs and quotas\n"
         "in another shell:\n"
         f"  export KUBECONFIG={kubeconfig}\n"
-        "  kubectl get nodes\n"
+        "  kubectl get pods  # the runner's Role: its namespace only; nodes need the admin:\n"
+        f"  kubectl --kubeconfig {admin} get nodes\n"
         f"  mnnvl run --run-id demo --nodes {run_nodes} --gpus-per-node 0 {judge}\n"
         "Ctrl-C (or SIGTERM) stops it and every pod process it started."
     )
@@ -405,6 +436,7 @@ def serve(
             kubeconfig_path=kubeconfig_path,
             admin_kubeconfig_path=admin_kubeconfig_path,
             namespaces=namespaces,
+            tls=True,  # kubectl sends its token only over TLS
         ) as sim:
             print(sim.kubeconfig_path, flush=True)
             print(
