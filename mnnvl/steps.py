@@ -26,6 +26,7 @@ from mnnvl.driver import (
     ensure_domain,
     launcher_owner,
     reap_namespace,
+    refuse_forced_single,
     run_job,
     skip_foreign_namesakes,
     wait_for_channel_template,
@@ -175,7 +176,8 @@ def provision(
         if owner_pod and spec.owner is None:
             spec = dataclasses.replace(spec, owner=launcher_owner(api, spec.namespace))
         domain = ensure_domain(api, spec)
-        wait_for_channel_template(api, domain, Deadline(spec.rct_timeout_s))
+        rct = wait_for_channel_template(api, domain, Deadline(spec.rct_timeout_s))
+        refuse_forced_single(api, spec, domain, rct, Deadline(spec.delete_timeout_s))
     return ProvisionResult(
         run_id=spec.run_id,
         namespace=spec.namespace,

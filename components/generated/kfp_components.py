@@ -59,7 +59,7 @@ def train_sharded(
     max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'limits',
+    gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
     nccl_profile: str = 'production',
@@ -119,7 +119,8 @@ def train_sharded(
         max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
-        gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
+        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
+            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
@@ -201,7 +202,7 @@ def verify_nvlink(
     max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'limits',
+    gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
     nccl_profile: str = 'production',
@@ -256,7 +257,8 @@ def verify_nvlink(
         max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
-        gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
+        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
+            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
@@ -326,7 +328,7 @@ def launch_workload(
     max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'limits',
+    gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
     nccl_profile: str = 'production',
@@ -368,7 +370,8 @@ def launch_workload(
         max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
-        gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
+        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
+            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
@@ -443,7 +446,7 @@ def provision_training(
     max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'limits',
+    gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
     nccl_profile: str = 'production',
@@ -517,7 +520,8 @@ def provision_training(
         max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
-        gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
+        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
+            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
@@ -615,7 +619,7 @@ def provision_verify_only(
     max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'limits',
+    gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
     nccl_profile: str = 'production',
@@ -669,7 +673,8 @@ def provision_verify_only(
         max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
-        gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
+        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
+            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).
@@ -741,7 +746,7 @@ def provision_custom(
     max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'limits',
+    gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
     nccl_profile: str = 'production',
@@ -798,7 +803,8 @@ def provision_custom(
         max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
-        gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
+        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
+            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
         nccl_profile: production, verify-strict or single-host (README).

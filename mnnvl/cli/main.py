@@ -270,12 +270,17 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             kueue=ns.kueue,
             admin_kubeconfig_path=ns.admin_kubeconfig,
             namespaces=namespaces,
+            gpu_stack=ns.gpu_stack,
+            imex_mode=ns.imex_mode,
+            cluster_reader=ns.cluster_reader,
         )
     return {
         "kubeconfig": served,
         "nodes": ns.nodes,
         "gpus_per_node": ns.gpus_per_node,
         "cliques": ns.cliques,
+        "gpu_stack": ns.gpu_stack,
+        "imex_mode": ns.imex_mode,
     }
 
 

@@ -10,6 +10,7 @@ from mnnvl import __version__
 from mnnvl.cli.help import COMMANDS
 from mnnvl.inputs import flags, surface
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.sim.stacks import GPU_STACKS, IMEX_MODES
 
 DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
 
@@ -239,6 +240,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--kueue",
         action="store_true",
         help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
+    )
+    p.add_argument(
+        "--gpu-stack",
+        choices=GPU_STACKS,
+        default="device-plugin",
+        help="where GPUs come from: device-plugin (nvidia.com/gpu allocatable) or dra (only "
+        "gpu.nvidia.com ResourceSlices, as GPU Operator's GPUCluster)",
+    )
+    p.add_argument(
+        "--imex-mode",
+        choices=IMEX_MODES,
+        default="daemons",
+        help="who runs IMEX: daemons (the driver's, per domain) or hostManaged (the host's "
+        "nvidia-imex service: no daemons, node labels or status.nodes; channel Single)",
+    )
+    p.add_argument(
+        "--cluster-reader",
+        action="store_true",
+        help="bind manifests/overlays/cluster-reader to the runner (nodes, DeviceClasses, ...)",
     )
     p.add_argument(
         "--namespaces",

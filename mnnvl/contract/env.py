@@ -32,6 +32,15 @@ NUM_GROUPS = "MNNVL_NUM_GROUPS"
 GROUP_INDEX = "MNNVL_GROUP_INDEX"
 NODES_PER_GROUP = "MNNVL_NODES_PER_GROUP"
 NODE_RANK_BASE = "MNNVL_NODE_RANK_BASE"
+# The pod's node (downward API ``spec.nodeName``), named by a worker's failure reasons.
+NODE_NAME = "MNNVL_NODE_NAME"
+# Where the container runtime puts the IMEX channel devices of the ComputeDomain's channel
+# claim (the compute-domain kubelet plugin's CDI spec). Every worker pod carries that claim,
+# and the Job names this directory in ``IMEX_CHANNELS``: verify fails a pod that has none
+# there. The simulated kubelet, whose containers share one machine's /dev, rewrites the value
+# to the pod's own directory.
+IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+IMEX_CHANNELS = "MNNVL_IMEX_CHANNELS"
 
 # Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
 JOB_OWNED = (
@@ -49,6 +58,8 @@ JOB_OWNED = (
     GROUP_INDEX,
     NODES_PER_GROUP,
     NODE_RANK_BASE,
+    NODE_NAME,
+    IMEX_CHANNELS,
 )
 # Set on the GPU hosts to keep NVLink multicast off; nothing we ship may override them.
 PINNED = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")

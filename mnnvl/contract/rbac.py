@@ -1,8 +1,9 @@
 """The permissions the launcher steps need: every request the driver can send, on every path.
 
-One table, from which ``manifests/base/rbac.yaml`` and the Kueue overlay's Role are generated
-(``python -m mnnvl.pipelines.compile``) and which the simulated cluster applies and enforces, so
-a request the table lacks fails the tests with the 403 a real cluster would answer.
+One table, from which ``manifests/base/rbac.yaml``, the Kueue overlay's Role and the optional
+cluster reader (``manifests/overlays/cluster-reader``) are generated
+(``python manifests/render_examples.py``) and which the simulated cluster applies and enforces,
+so a request the table lacks fails the tests with the 403 a real cluster would answer.
 """
 
 from __future__ import annotations
@@ -63,12 +64,43 @@ KUEUE_RULES = (
 )
 # Service accounts the Kueue reader binds: the base's, and the KFP overlay's.
 KUEUE_SUBJECTS = (RUNNER, "pipeline-runner", "default-editor")
+# Optional, read-only and cluster-scoped (a cluster admin grants it): what the cluster's GPU
+# and IMEX stack is. Without it every step still runs; --gpu-mode auto then falls back to
+# limits and an Unschedulable pod's message names --gpu-mode claim.
+CLUSTER_READER = "mnnvl-cluster-reader"
+CLUSTER_READER_RULES = (
+    (
+        "resource.k8s.io",
+        ("deviceclasses", "resourceslices"),
+        ("get", "list", "watch"),
+        "--gpu-mode auto: whether the GPU DeviceClass maps nvidia.com/gpu "
+        "(extendedResourceName); the GPUs and IMEX channels the DRA driver publishes",
+    ),
+    (
+        "",
+        ("nodes",),
+        ("get", "list", "watch"),
+        "GPUs from the device plugin (allocatable nvidia.com/gpu) and the clique labels",
+    ),
+    (
+        "apiextensions.k8s.io",
+        ("customresourcedefinitions",),
+        ("get", "list", "watch"),
+        "which NVIDIA and Kueue APIs the cluster serves",
+    ),
+    (
+        "kueue.x-k8s.io",
+        ("resourceflavors", "clusterqueues"),
+        ("get", "list", "watch"),
+        "a queue's flavors, quotas and topology",
+    ),
+)
 
 
-def _role(name: str, rules: Any) -> dict[str, Any]:
+def _role(name: str, rules: Any, kind: str = "Role") -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
+        "kind": kind,
         "metadata": {"name": name, "labels": dict(PART_OF)},
         "rules": [
             {"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
@@ -105,6 +137,23 @@ def kueue_reader_objects() -> list[dict[str, Any]]:
     return [_role(KUEUE_READER, KUEUE_RULES), _binding(KUEUE_READER, KUEUE_READER, KUEUE_SUBJECTS)]
 
 
+def cluster_reader_objects(namespace: str = "default") -> list[dict[str, Any]]:
+    """The ClusterRole and ClusterRoleBinding of ``manifests/overlays/cluster-reader``: the
+    runner account of ``namespace`` (a ClusterRoleBinding's subject needs one)."""
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": CLUSTER_READER, "labels": dict(PART_OF)},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": CLUSTER_READER,
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": RUNNER, "namespace": namespace}],
+    }
+    return [_role(CLUSTER_READER, CLUSTER_READER_RULES, "ClusterRole"), binding]
+
+
 def to_yaml(objects: list[dict[str, Any]], rules: Any) -> str:
     """The objects as YAML documents, each rule of a Role under a comment saying why."""
     why = {(g, r, v): text for g, r, v, text in rules}
@@ -127,5 +176,6 @@ def to_yaml(objects: list[dict[str, Any]], rules: Any) -> str:
             lines += [f"  name: {ref['name']}", "subjects:"]
             for s in obj["subjects"]:
                 lines += [f"  - kind: {s['kind']}", f"    name: {s['name']}"]
+                lines += [f"    namespace: {s['namespace']}"] if "namespace" in s else []
         docs.append("\n".join(lines) + "\n")
     return "---\n".join(docs)

@@ -10,6 +10,7 @@ from mnnvl.driver.domain import (
     delete_domain,
     ensure_domain,
     launcher_owner,
+    refuse_forced_single,
     wait_for_channel_template,
 )
 from mnnvl.driver.lifecycle import (
@@ -50,6 +51,7 @@ __all__ = [
     "parse_result",
     "rank0_pod",
     "reap_namespace",
+    "refuse_forced_single",
     "require_domain",
     "result_of_failed_job",
     "run_job",

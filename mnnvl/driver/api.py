@@ -56,7 +56,7 @@ REQUEST_TIMEOUT_S = OUTAGE_REPORT_EVERY_S
 
 @dataclass(frozen=True)
 class Kind:
-    """REST coordinates of one namespaced resource type."""
+    """REST coordinates of one resource type (namespace "": a cluster-scoped one)."""
 
     kind: str
     group: str
@@ -69,7 +69,8 @@ class Kind:
 
     def path(self, namespace: str, name: str = "", sub: str = "") -> str:
         root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        path = f"{root}/namespaces/{namespace}" if namespace else root
+        path += f"/{self.plural}"
         if name:
             path += f"/{name}"
         if sub:
@@ -77,6 +78,8 @@ class Kind:
         return path
 
     def describe(self, namespace: str, name: str = "") -> str:
+        if not namespace:
+            return f"{self.plural} {name}" if name else self.plural
         return f"{self.plural} {namespace}/{name}" if name else f"{self.plural} in {namespace}"
 
 
@@ -88,6 +91,10 @@ JOB = Kind("Job", "batch", "v1", "jobs")
 POD = Kind("Pod", "", "v1", "pods")
 SERVICE = Kind("Service", "", "v1", "services")
 EVENT = Kind("Event", "", "v1", "events")
+# Cluster-scoped, read only through the optional cluster reader (manifests/overlays/cluster-reader).
+DEVICE_CLASS = Kind("DeviceClass", "resource.k8s.io", "v1", "deviceclasses")
+RESOURCE_SLICE = Kind("ResourceSlice", "resource.k8s.io", "v1", "resourceslices")
+NODE = Kind("Node", "", "v1", "nodes")
 
 
 def _load_configuration(kubeconfig: str | None) -> client.Configuration:

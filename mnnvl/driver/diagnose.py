@@ -15,8 +15,9 @@ from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, POD, Api
-from mnnvl.driver.domain import domain_nodes, domain_state
+from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS, domain_nodes, domain_state
 from mnnvl.driver.errors import MnnvlError
+from mnnvl.driver.gpus import shortage_hint
 from mnnvl.driver.problem import Kind, Problem, exited_kind, problem
 from mnnvl.driver.wait import Deadline, Objects
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
@@ -42,6 +43,10 @@ PREPARE_FAILED = "FailedPrepareDynamicResources"
 # belongs to another domain (fatal only after a grace: that domain's pods may be leaving).
 PREPARE_NAMESPACE = re.compile(r"namespace.*(mismatch|does not match|differ)", re.IGNORECASE)
 PREPARE_OTHER_DOMAIN = "label already exists for a different ComputeDomain"
+# With host-managed IMEX the kubelet plugin asks the host's nvidia-imex service before it hands
+# out a channel (``checkHostIMEXReady``, cmd/compute-domain-kubelet-plugin/nvlib.go); the
+# driver runs no IMEX daemon then, labels no node and reports no ``status.nodes``.
+HOST_IMEX = "host nvidia-imex daemon"
 LOG_TAIL_LINES = 20
 
 
@@ -205,9 +210,12 @@ def raise_on_stuck_pod(
             continue
         group = (pod["metadata"].get("labels") or {}).get(LABEL_CLIQUE_GROUP)
         shortage = ""
+        if found.kind is Kind.UNSCHEDULABLE:
+            gpus = shortage_hint(api, _unschedulable(pod))
+            shortage = f"{gpus}; " if gpus else ""
         if found.kind is Kind.UNSCHEDULABLE and group and workload.clique_affinity:
             found = replace(found, kind=Kind.NO_CLIQUE_ROOM)
-            shortage = f"{clique_shortage(api, workload, group, pods)}; "
+            shortage += f"{clique_shortage(api, workload, group, pods)}; "
         text = _failure_message(api, workload.namespace, domain, pod, found)
         raise found.error(shortage + text)
 
@@ -297,9 +305,12 @@ def hint(found: Problem, namespace: str, node: str) -> str:
     """What to check or change next, for each kind of diagnosis."""
     logs = f"check `kubectl logs -n {namespace} {found.pod}`"
     prepare = (
-        "the node's IMEX channel cannot be prepared for this domain; check "
-        f"`kubectl describe node {node}` (label resource.nvidia.com/computeDomain) and the "
-        "driver's kubelet-plugin logs"
+        "the node's IMEX channel cannot be prepared for this domain; check the driver's "
+        f"kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})"
+    )
+    held = (
+        f"the node still carries another domain's label; check `kubectl describe node {node}` "
+        f"(label resource.nvidia.com/computeDomain) and {KUBELET_PLUGIN_LOGS}"
     )
     placement = (
         "check free GPUs and channel devices per node (one pod per node per domain) and "
@@ -316,7 +327,7 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         Kind.UNSCHEDULABLE: placement,
         Kind.NO_CLIQUE_ROOM: placement,
         Kind.PREPARE: prepare,
-        Kind.NODE_HELD: prepare,
+        Kind.NODE_HELD: held,
         Kind.OOM_KILLED: f"the container went over its memory limit; {logs}",
         Kind.OUT_OF_MEMORY: f"GPU memory ran out: use smaller batches or more nodes; {logs}",
         Kind.LOST_NODE: f"check `kubectl describe node {node}` and the IMEX daemon there; {logs}",
@@ -337,6 +348,23 @@ def _failure_message(
     return message
 
 
+def imex_wait(node: str, imex: dict[str, str], events: str) -> str:
+    """Why a pod's channel claim may not be prepared yet on ``node``: the host's nvidia-imex
+    service (host-managed IMEX, said by a prepare event), the node's IMEX daemon as the
+    domain's ``status.nodes`` reports it, or, without either, only that it is not listed."""
+    if HOST_IMEX in events:
+        return (
+            f"the host's nvidia-imex service on node {node} is not ready (host-managed IMEX); "
+            "check `systemctl status nvidia-imex` there and IMEX_CMD_ENABLED=1, "
+            "IMEX_CMD_UNIX_DOMAIN_PATH in its /etc/nvidia-imex/config.cfg"
+        )
+    if imex.get(node) == "Ready":
+        return "its claims are still being prepared"
+    if node in imex:
+        return f"IMEX daemon on node {node} not ready ({imex[node]})"
+    return f"claims still being prepared (node {node} not in the domain's status.nodes)"
+
+
 def describe_pods(
     api: Api, workload: WorkloadSpec, job: str, objects: Objects, deadline: Deadline
 ) -> str:
@@ -350,15 +378,11 @@ def describe_pods(
     detail = ""
     if stuck:
         pod = sorted(stuck, key=pod_index)[0]
-        name, node = pod["metadata"]["name"], pod["spec"].get("nodeName")
-        why = (
-            f"IMEX daemon on node {node} not ready ({imex.get(node, 'not in status.nodes')})"
-            if imex.get(node) != "Ready"
-            else "its claims are still being prepared"
-        )
+        name, node = pod["metadata"]["name"], str(pod["spec"].get("nodeName"))
+        events = pod_events(api, ns, name)
         detail = (
-            f"; pod {name} stuck ContainerCreating {deadline.elapsed():.0f} s: {why}; "
-            f"events: {pod_events(api, ns, name)}"
+            f"; pod {name} stuck ContainerCreating {deadline.elapsed():.0f} s: "
+            f"{imex_wait(node, imex, events)}; events: {events}"
         )
     return f"{', '.join(states)}{detail}; {summary}"
 
@@ -465,7 +489,7 @@ def pods_progress(
         node = (pod.get("spec") or {}).get("nodeName")
         why = _unschedulable(pod) or waiting_reason(pod) or "waiting to be scheduled"
         if why == "ContainerCreating" and node:
-            why += f" (IMEX daemon on {node}: {imex.get(node, 'not in status.nodes')})"
+            why += f" ({imex_wait(node, imex, '')})"
         line += f"; slowest: {_pod_state(pod)}: {why}"
     elif not objects and not refused:
         line += "; no pods created yet"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, POD, RESOURCE_CLAIM_TEMPLATE, Api
-from mnnvl.driver.errors import ConflictError, MnnvlError, NotFound, crd_missing
+from mnnvl.driver.errors import ConflictError, MnnvlError, NotFound, SpecError, crd_missing
 from mnnvl.driver.ownership import Deletions, create_or_adopt
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.inputs.names import RunNames
@@ -119,6 +119,40 @@ def wait_for_channel_template(api: Api, domain: Domain, deadline: Deadline) -> d
     )
     logger.info("ResourceClaimTemplate %s ready after %.1f s", name, deadline.elapsed())
     return objects[name]
+
+
+def channel_mode(rct: dict[str, Any]) -> str:
+    """The ``allocationMode`` of the controller's channel template ("" when it names none)."""
+    for cfg in ((rct.get("spec") or {}).get("spec") or {}).get("devices", {}).get("config") or []:
+        params = (cfg.get("opaque") or {}).get("parameters") or {}
+        if params.get("kind") == "ComputeDomainChannelConfig":
+            return str(params.get("allocationMode") or "")
+    return ""
+
+
+def refuse_forced_single(
+    api: Api, spec: DomainSpec, domain: Domain, rct: dict[str, Any], deadline: Deadline
+) -> None:
+    """``--allocation-mode All`` where the driver gives each pod channel 0 only: delete the
+    domain and raise ``SpecError`` (exit 2).
+
+    The driver's IMEX mode is its own setting, which the namespaced Role cannot read; its
+    channel template says it: with host-managed IMEX the controller writes ``Single`` whatever
+    the domain asked (``channelAllocationModeFor`` in
+    ``cmd/compute-domain-controller/resourceclaimtemplate.go`` of
+    kubernetes-sigs/dra-driver-nvidia-gpu).
+    """
+    got = channel_mode(rct)
+    if spec.allocation_mode != "All" or got != "Single":
+        return
+    delete_domain(api, spec.namespace, domain.name, deadline, Deletions(spec.run_id))
+    raise SpecError(
+        "allocation_mode",
+        f"All is not served here: the DRA driver's channel template for ComputeDomain "
+        f"{spec.namespace}/{domain.name} gives each pod channel 0 only (allocationMode "
+        "Single), as it does with host-managed IMEX (resources.computeDomains.imex.mode="
+        "hostManaged); the domain was deleted; run with --allocation-mode Single",
+    )
 
 
 def delete_domain(api: Api, namespace: str, name: str, deadline: Deadline, gone: Deletions) -> bool:

@@ -1,6 +1,7 @@
 """The Job lifecycle: one function that runs a workload from creation to its RESULT.
 
-``run_job`` checks that the run's ComputeDomain exists, creates the Service and Indexed Job,
+``run_job`` checks that the run's ComputeDomain exists, decides ``--gpu-mode auto``
+(:mod:`mnnvl.driver.gpus`), creates the Service and Indexed Job,
 then watches the Job, its pods and their DRA prepare events together (one watch each) until
 the Job is complete, following rank 0's log once its pods run. Phases:
 
@@ -45,6 +46,7 @@ from mnnvl.driver.diagnose import (
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.errors import MnnvlError, NotFound, WaitTimeout, WorkloadFailed
 from mnnvl.driver.gang import Gang
+from mnnvl.driver.gpus import resolve_gpu_mode
 from mnnvl.driver.kueue import describe, raise_if_inadmissible, workload_source
 from mnnvl.driver.problem import Kind
 from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
@@ -102,6 +104,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     SIGINT leaves the Job as it is.
     """
     require_domain(api, workload)
+    workload = resolve_gpu_mode(api, workload)
     jobs = create_workload(api, workload, module, args)
     job = jobs[0]  # rank 0's Job (clique group 0 when the step has several)
 

@@ -13,7 +13,8 @@ DEFAULT_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"
 DEFAULT_LAUNCHER_IMAGE = "ghcr.io/mnnvl-pipelines/launcher:0.1.0"
 
 ALLOCATION_MODES = ("Single", "All")
-GPU_MODES = ("limits", "claim")
+# auto: decided at run time from what the cluster shows (mnnvl.driver.gpus); rendered as limits.
+GPU_MODES = ("auto", "limits", "claim")
 # The Pod Security Standard the worker pods meet (restricted: non-root; baseline: root allowed).
 POD_SECURITY_LEVELS = ("restricted", "baseline")
 NCCL_PROFILES = tuple(PROFILES)

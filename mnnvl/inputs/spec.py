@@ -197,8 +197,9 @@ class WorkloadSpec:
         DEFAULT_IMAGE, "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)"
     )
     gpu_mode: str = opt(
-        "limits",
-        "limits (device plugin nvidia.com/gpu) or claim (DRA claim)",
+        "auto",
+        "auto (at run time: claim where GPUs come only from the DRA driver, else limits; "
+        "rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim)",
         choices=GPU_MODES,
     )
     gpu_device_class: str = opt("gpu.nvidia.com", "DeviceClass for gpu_mode claim")

@@ -4,6 +4,10 @@ Used on clusters where the NVIDIA DRA driver serves GPUs (``resources.gpus.enabl
 there a pod must not also ask for ``nvidia.com/gpu`` limits, because the DeviceClass maps that
 extended resource and such a pod fails to schedule. One template per run: every pod of
 every Job of the run gets its own claim from it.
+
+``gpu_mode='auto'`` is decided by the steps at run time (:mod:`mnnvl.driver.gpus`); the pure
+builders, and so ``mnnvl render`` and the examples, render it as ``limits``, so that rendering
+never needs a cluster and always gives the same objects.
 """
 
 from __future__ import annotations

@@ -164,6 +164,8 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
         contract_env.RUN_ID: workload.run_id,
         # The worker fails naming its pod when it asked for GPUs and sees none.
         contract_env.GPUS_PER_NODE: str(workload.gpus_per_node),
+        # The worker fails naming its pod and node when its channel claim brought no device.
+        contract_env.IMEX_CHANNELS: contract_env.IMEX_CHANNEL_DIR,
         **group_env(workload, group),
     }
     profile_env = nccl.pod_env(workload.nccl_profile)
@@ -173,9 +175,11 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
     # The Job controller appends JOB_COMPLETION_INDEX after these, so $(JOB_COMPLETION_INDEX)
     # would not expand here: NODE_RANK reads the same annotation directly.
     node_rank = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
+    node = {"fieldRef": {"fieldPath": "spec.nodeName"}}
     return [
         *({"name": k, "value": v} for k, v in env.items() if k not in contract_env.PINNED),
         {"name": contract_env.NODE_RANK, "valueFrom": node_rank},
+        {"name": contract_env.NODE_NAME, "valueFrom": node},
     ]
 
 
@@ -284,7 +288,7 @@ def container(
     resources: dict[str, Any] = {"claims": claims}
     if wants_gpu_claim(workload):
         claims.append({"name": GPU_CLAIM})
-    elif workload.gpu_mode == "limits" and workload.gpus_per_node > 0:
+    elif workload.gpus_per_node > 0:  # limits, and auto where no cluster decided it
         resources["limits"] = {GPU_RESOURCE: str(workload.gpus_per_node)}
     return {
         "name": CONTAINER,

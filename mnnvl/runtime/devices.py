@@ -12,7 +12,7 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from mnnvl.contract.env import GPUS_PER_NODE
+from mnnvl.contract.env import GPUS_PER_NODE, IMEX_CHANNEL_DIR, IMEX_CHANNELS, NODE_NAME
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +35,32 @@ def missing_gpus_problem(visible: int) -> str | None:
         f"pod {pod_name()} requested {requested} GPU(s) but the worker sees none "
         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!r}); "
         "check the GPU device plugin / DRA claim and the container runtime on its node"
+    )
+
+
+def missing_channel_problem() -> str | None:
+    """A FAIL reason when the pod's ComputeDomain channel claim brought no IMEX channel
+    device (the Job names the directory in ``MNNVL_IMEX_CHANNELS``), else None.
+
+    The driver prepares the claim of a node without a clique ID and injects no channel
+    (``CliqueID() == ""`` in ``cmd/compute-domain-kubelet-plugin/device_state.go``, in both
+    IMEX modes): the pod starts, and its GPUs can share no memory with other nodes.
+    """
+    where = os.environ.get(IMEX_CHANNELS, "")
+    if not where:
+        return None  # not a worker pod of a run (a bare torchrun, a test)
+    try:
+        if any(name.startswith("channel") for name in os.listdir(where)):
+            return None
+    except OSError:
+        pass  # no directory: nothing was injected
+    node = os.environ.get(NODE_NAME) or "its node"
+    return (
+        f"pod {pod_name()} on node {node} has no IMEX channel device in {IMEX_CHANNEL_DIR}: "
+        "its ComputeDomain channel claim was prepared without one, which the DRA driver does "
+        "on a node without an NVLink clique ID (GPU fabric not registered, or with "
+        "host-managed IMEX the node outside every IMEX domain); check the GPUs' fabric state "
+        f"(nvidia-smi -q, Fabric) and the nvidia.com/gpu.clique label of {node}"
     )
 
 

@@ -22,11 +22,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from mnnvl.contract.env import IMEX_CHANNEL_DIR
 from mnnvl.runtime import fabric_health
 
 logger = logging.getLogger(__name__)
 
-IMEX_CHANNEL_PATH = "/dev/nvidia-caps-imex-channels/channel0"
+IMEX_CHANNEL_PATH = f"{IMEX_CHANNEL_DIR}/channel0"
 LINK_SPEED_BY_VERSION_GBPS = {3: 25.0, 4: 26.562, 5: 53.125}
 # nvmlNvlinkVersion_t values of newer drivers (…_3_0 = 4, …_4_0 = 6, …_5_0 = 7); older drivers
 # return the plain major number (4 on Hopper). Values 1..5 are read as majors: the only clash

@@ -8,8 +8,9 @@ the others, judges, writes the report files and prints ``RESULT {json}``.
 
 Verdict: FAIL on an inactive NVLink link of a GPU that has NVLink, a fabric that is not
 ready or differs across ranks, a COMPLETED fabric without an IMEX channel, a wrong
-all-reduce sum, bus bandwidth under the threshold, or a pod that asked for GPUs and sees
-none. PASS only when a bandwidth threshold was applied and met. NOT_JUDGED when nothing
+all-reduce sum, bus bandwidth under the threshold, a pod that asked for GPUs and sees
+none, or a pod whose channel claim brought no IMEX channel device (``MNNVL_IMEX_CHANNELS``).
+PASS only when a bandwidth threshold was applied and met. NOT_JUDGED when nothing
 failed but no bandwidth could be judged (one rank, no NVLink detected and no
 ``--min-busbw-gbps``, NVML missing, CPU/gloo): it is no PASS. NVLink error counters are reported
 but never fail the run: NVML counts them since the driver loaded, replays and recoveries
@@ -164,9 +165,9 @@ def run(cfg: VerifyConfig, phases: Phases, sweep: progress.SweepProgress) -> dic
     rank, world, local_rank = _dist_env()
     placed = groups.from_env(rank, world)  # a pod in the wrong group fails before NCCL starts
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    problem = devices.missing_gpus_problem(visible)
+    problem = devices.missing_gpus_problem(visible) or devices.missing_channel_problem()
     if problem:
-        raise GpusMissing(problem)
+        raise DevicesMissing(problem)
     cuda = visible > 0
     device = torch.device("cuda", local_rank % visible) if cuda else None
     if device is not None:
@@ -292,8 +293,8 @@ def _timed_out(error: BaseException, cfg: VerifyConfig, doing: str) -> int:
     return COLLECTIVE_TIMEOUT
 
 
-class GpusMissing(VerificationFailed):
-    """The pod asked for GPUs and this worker sees none."""
+class DevicesMissing(VerificationFailed):
+    """The pod asked for GPUs and this worker sees none, or it has no IMEX channel device."""
 
 
 def _failed_result(reason: str, started: float, backend: str | None = None) -> dict[str, Any]:
@@ -337,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             emit_result(_failed_result(str(e), _STARTED))
         return SpecError.exit_code
     except WorkloadFailed as e:
-        # GPUs missing, or a pod placed in the wrong clique group: the pod is named.
+        # GPUs or the IMEX channel missing, or a pod placed in the wrong clique group: the
+        # pod is named.
         logger.error("%s", e)
         if os.environ.get("LOCAL_RANK", "0") == "0":
             emit_result(_failed_result(str(e), _STARTED, backend="none"))

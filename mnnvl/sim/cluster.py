@@ -33,12 +33,13 @@ from mnnvl.sim.nodelifecycle import (
     default_tolerations,
     node_unreachable,
 )
-from mnnvl.sim.placement import GPU
 from mnnvl.sim.podenv import local_gpu_ids
-from mnnvl.sim.rbac import ADMIN_USER, grant_runner, service_account_user
+from mnnvl.sim.rbac import ADMIN_USER, grant_cluster_reader, grant_runner, service_account_user
 from mnnvl.sim.scheduler import Scheduler
 from mnnvl.sim.schemas import SchemaAdmission, crd_object
 from mnnvl.sim.selectors import label_matcher
+from mnnvl.sim.stacks import check_stack, node_gpus
+from mnnvl.sim.stacks import seed as seed_stack
 from mnnvl.sim.store import Obj, Store
 from mnnvl.sim.tls import self_signed
 
@@ -93,6 +94,9 @@ class SimCluster:
         default_toleration_s: float = DEFAULT_TOLERATION_S,
         pod_gc_quarantine_s: float = POD_GC_QUARANTINE_S,
         admin_kubeconfig_path: str | None = None,
+        gpu_stack: str = "device-plugin",
+        imex_mode: str = "daemons",
+        cluster_reader: bool = False,
         tls: bool = False,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
@@ -109,12 +113,18 @@ class SimCluster:
         namespace, with ``manifests/base`` applied in every namespace (and bound to that
         account there); ``admin_kubeconfig_path`` (default: ``<kubeconfig>.admin``) as a
         cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas).
+
+        ``gpu_stack`` ("device-plugin" or "dra") and ``imex_mode`` ("daemons" or
+        "hostManaged") pick the NVIDIA stack it plays (:mod:`mnnvl.sim.stacks`);
+        ``cluster_reader`` binds ``manifests/overlays/cluster-reader`` to the runner.
         ``tls`` serves HTTPS with a fresh self-signed certificate the kubeconfigs trust (what
         kubectl needs to send their tokens: ``mnnvl.sim.tls``)."""
+        check_stack(gpu_stack, imex_mode)
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
         self.nodes, self.gpus_per_node, self.cliques = nodes, gpus_per_node, cliques
         self.crd_installed = crd_installed
+        self.gpu_stack, self.imex_mode, self.cluster_reader = gpu_stack, imex_mode, cluster_reader
         self.scheduler_seed = scheduler_seed_from(scheduler_seed)
         self.namespaces = tuple(namespaces)
         self.cluster_uuid = str(uuid.uuid4())
@@ -148,7 +158,7 @@ class SimCluster:
             return self
         self._started = True
         self._seed()
-        driver = ComputeDomainDriver(self.store, self.faults)
+        driver = ComputeDomainDriver(self.store, self.faults, self.imex_mode)
         kubelet = Kubelet(self.store, self.faults, driver, self.gpus_per_node, self.local_gpus)
         self._kubelet = kubelet
         driver.on_imex_lost = kubelet.imex_lost
@@ -254,10 +264,12 @@ class SimCluster:
             )
             ensure_default_service_account(self.store, ns)
             grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
-        for i in range(self.nodes):
+        if self.cluster_reader:
+            grant_cluster_reader(self.store, self.namespaces[0])
+        names = [f"sim-node-{i}" for i in range(self.nodes)]
+        for i, name in enumerate(names):
             clique = f"{self.cluster_uuid}.{i * self.cliques // self.nodes}"
-            name = f"sim-node-{i}"
-            gpus = str(self.gpus_per_node)
+            gpus = node_gpus(self.gpu_stack, self.gpus_per_node)
             self.store.create(
                 "nodes",
                 {
@@ -272,8 +284,8 @@ class SimCluster:
                     },
                     "spec": {},
                     "status": {
-                        "capacity": {GPU: gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
-                        "allocatable": {GPU: gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
+                        "capacity": {**gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
+                        "allocatable": {**gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
                         "conditions": [
                             {"type": "Ready", "status": "True", "reason": "KubeletReady"}
                         ],
@@ -284,6 +296,7 @@ class SimCluster:
                     },
                 },
             )
+        seed_stack(self.store, self.gpu_stack, self.imex_mode, names, self.gpus_per_node)
         if self.crd_installed:
             self.store.create("customresourcedefinitions", crd_object())
 
@@ -415,6 +428,9 @@ def serve(
     kueue: bool = False,
     admin_kubeconfig_path: str | None = None,
     namespaces: tuple[str, ...] = ("default",),
+    gpu_stack: str = "device-plugin",
+    imex_mode: str = "daemons",
+    cluster_reader: bool = False,
 ) -> str:
     """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
 
@@ -436,6 +452,9 @@ def serve(
             kubeconfig_path=kubeconfig_path,
             admin_kubeconfig_path=admin_kubeconfig_path,
             namespaces=namespaces,
+            gpu_stack=gpu_stack,
+            imex_mode=imex_mode,
+            cluster_reader=cluster_reader,
             tls=True,  # kubectl sends its token only over TLS
         ) as sim:
             print(sim.kubeconfig_path, flush=True)
@@ -448,6 +467,9 @@ def serve(
                         "nodes": nodes,
                         "gpus_per_node": gpus_per_node,
                         "cliques": cliques,
+                        "gpu_stack": gpu_stack,
+                        "imex_mode": imex_mode,
+                        "cluster_reader": cluster_reader,
                         "local_gpus": sim.local_gpus,
                     }
                 ),

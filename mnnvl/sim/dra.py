@@ -7,7 +7,18 @@ and deletion (delete the RCT, drop node labels, remove the finalizer).
 Kubelet plugin (called by the simulated kubelet): ``prepare`` labels the node with the domain's
 UID, starts the node's simulated IMEX daemon (Ready after ``faults.imex_delay_s``) and blocks
 until it is Ready, exactly where the real plugin holds a pod in ContainerCreating;
-``unprepare`` drops the label and the node's entry in ``status.nodes``.
+``unprepare`` drops the label and the node's entry in ``status.nodes``. ``prepare`` returns the
+channel devices the claim injects: none on a node without a clique ID (no
+``nvidia.com/gpu.clique`` label), as upstream's ``CliqueID() == ""`` branch.
+
+Host-managed IMEX (``imex_mode="hostManaged"``, upstream ``onAddOrUpdateHostManaged`` in
+``cmd/compute-domain-controller/computedomain.go`` and
+``applyComputeDomainChannelConfigHostManaged`` in
+``cmd/compute-domain-kubelet-plugin/device_state.go``): the controller makes only the channel
+template, with ``allocationMode`` forced to ``Single`` (``channelAllocationModeFor``), and marks
+the domain Ready at once; no daemons, node labels or ``status.nodes``. ``prepare`` checks the
+host's ``nvidia-imex`` service (down on the nodes in ``faults.host_imex_down``) only on a node
+with a clique ID, and prepares a node without one with no channel device.
 """
 
 from __future__ import annotations
@@ -116,9 +127,10 @@ class ComputeDomainDriver(Controller):
     name = "sim-cd-controller"
     kinds = (CD, RCT)
 
-    def __init__(self, store: Store, faults: Faults) -> None:
+    def __init__(self, store: Store, faults: Faults, imex_mode: str = "daemons") -> None:
         super().__init__(store)
         self.faults = faults
+        self.host_managed = imex_mode == "hostManaged"
         self._lock = threading.RLock()
         self._daemons: dict[str, Daemon] = {}  # node -> daemon
         self._channels: dict[str, str] = {}  # node -> claim uid holding channel-0
@@ -183,7 +195,10 @@ class ComputeDomainDriver(Controller):
                         "finalizers": [FINALIZER],
                         "labels": {LABEL_CD: uid, LABEL_TARGET: "Workload"},
                     },
-                    "spec": channel_template_spec(uid, cd["spec"]["channel"]["allocationMode"]),
+                    "spec": channel_template_spec(
+                        uid,
+                        "Single" if self.host_managed else cd["spec"]["channel"]["allocationMode"],
+                    ),
                 },
             )
         elif (rct["metadata"].get("labels") or {}).get(LABEL_CD) != uid:
@@ -219,6 +234,9 @@ class ComputeDomainDriver(Controller):
             )
 
         def write(o: Obj) -> None:
+            if self.host_managed:  # Ready means admitted with its template, nothing more
+                o["status"] = {"status": "Ready"}
+                return
             want = int(o["spec"].get("numNodes") or 0)
             ready = len(nodes) >= want and all(e["status"] == "Ready" for e in nodes)
             o["status"] = {"status": "Ready" if ready else "NotReady", "nodes": nodes}
@@ -276,12 +294,13 @@ class ComputeDomainDriver(Controller):
         self._write_status(daemon.namespace, daemon.name, daemon.uid)
 
     # ----- kubelet plugin --------------------------------------------------------------
-    def prepare(self, node: str, claim: Obj, cancel: threading.Event) -> None:
-        """NodePrepareResources for a channel claim; returns once the node's IMEX daemon is
-        Ready. Raises PrepareError (retryable) otherwise."""
+    def prepare(self, node: str, claim: Obj, cancel: threading.Event) -> list[str]:
+        """NodePrepareResources for a channel claim; returns, once the node's IMEX daemon (or
+        host service) is Ready, the channel devices injected (``channel0``; none on a node
+        without a clique ID). Raises PrepareError (retryable) otherwise."""
         uid = channel_domain(claim)
         if uid is None:
-            return
+            return []
         ns, claim_uid = claim["metadata"]["namespace"], claim["metadata"]["uid"]
         with self._lock:
             domains, _ = self.store.list(CD, None, lambda o: o["metadata"]["uid"] == uid)
@@ -299,6 +318,15 @@ class ComputeDomainDriver(Controller):
             if holder not in (None, claim_uid):
                 raise PrepareError(f"channel 0 on node {node} already prepared for another claim")
             labels = self.store.get("nodes", "", node)["metadata"].get("labels") or {}
+            channels = ["channel0"] if labels.get(LABEL_CLIQUE) else []
+            if self.host_managed:
+                if channels and node in self.faults.host_imex_down:
+                    raise PrepareError(
+                        "host nvidia-imex daemon readiness check failed: host nvidia-imex "
+                        "daemon not ready: (simulated: the host's service is down)"
+                    )
+                self._channels[node] = claim_uid
+                return channels
             if labels.get(LABEL_CD) not in (None, uid):
                 raise PrepareError(
                     "error adding Node label for ComputeDomain: "
@@ -319,6 +347,7 @@ class ComputeDomainDriver(Controller):
                 raise PrepareError(
                     "error asserting ComputeDomain Ready: current node not ready in ComputeDomain"
                 )
+        return channels
 
     def unprepare(self, node: str, claim: Obj) -> None:
         uid = channel_domain(claim)

@@ -42,6 +42,8 @@ class Faults:
         self._sticky: set[tuple[str, str]] = set()
         self._no_rct: set[str] = set()
         self.imex_delay_s = imex_delay_s
+        # Nodes whose host nvidia-imex service is not ready (host-managed IMEX only).
+        self.host_imex_down: set[str] = set()
         # How long after its creation the scheduler first looks at a pod (the real one
         # binds or marks Unschedulable asynchronously, a moment after the pod was listed).
         self.schedule_delay_s = schedule_delay_s

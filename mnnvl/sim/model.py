@@ -53,6 +53,9 @@ RESOURCES: dict[str, ResourceType] = {
             "resourceclaimtemplates", "resource.k8s.io", "v1", "ResourceClaimTemplate", True, False
         ),
         ResourceType("resourceclaims", "resource.k8s.io", "v1", "ResourceClaim", True, True),
+        # Published by the DRA driver stand-in (``mnnvl.sim.stacks``), read-only to runs.
+        ResourceType("deviceclasses", "resource.k8s.io", "v1", "DeviceClass", False, False),
+        ResourceType("resourceslices", "resource.k8s.io", "v1", "ResourceSlice", False, False),
         ResourceType(
             "computedomains", "resource.nvidia.com", "v1beta1", "ComputeDomain", True, True
         ),

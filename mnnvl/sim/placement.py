@@ -2,13 +2,14 @@
 
 Filters (the first that fails names the node's reason, as kube-scheduler reports it):
 NodeUnschedulable, TaintToleration (``NoSchedule``/``NoExecute`` taints), NodeAffinity
-(nodeSelector + required node affinity), NodeResourcesFit (``nvidia.com/gpu`` limits and
-``gpu.nvidia.com`` claims against allocatable), InterPodAffinity (:mod:`mnnvl.sim.affinity`),
-DynamicResources (one ``channel-0`` per node). Scores, with the default plugin weights:
-TaintToleration 3 (untolerated ``PreferNoSchedule`` taints), NodeResourcesFit 1 (least
-allocated CPU and memory, with the scheduler's non-zero defaults for pods that request none),
-NodeResourcesBalancedAllocation 1, InterPodAffinity 2. The scheduler picks the highest total
-and breaks ties at random.
+(nodeSelector + required node affinity), NodeResourcesFit (``nvidia.com/gpu`` limits, and
+``gpu.nvidia.com`` claims on a node whose GPUs are no DRA devices, against allocatable),
+InterPodAffinity (:mod:`mnnvl.sim.affinity`), DynamicResources (one ``channel-0`` per node;
+GPU claims get free devices of the node's ``gpu.nvidia.com`` ResourceSlice). Scores, with the
+default plugin weights: TaintToleration 3 (untolerated ``PreferNoSchedule`` taints),
+NodeResourcesFit 1 (least allocated CPU and memory, with the scheduler's non-zero defaults for
+pods that request none), NodeResourcesBalancedAllocation 1, InterPodAffinity 2. The scheduler
+picks the highest total and breaks ties at random.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mnnvl.sim.store import Store
 
 GPU = "nvidia.com/gpu"
 GPU_CLASS = "gpu.nvidia.com"
+GPU_DRIVER = "gpu.nvidia.com"  # the DRA driver's GPU side; its DeviceClass has the same name
 TERMINAL = ("Succeeded", "Failed")
 MAX_SCORE = 100
 UNSCHEDULABLE = "node(s) were unschedulable"
@@ -88,6 +90,19 @@ def claim_gpus(claim: Obj) -> int:
     )
 
 
+def slice_gpus(store: Store) -> dict[str, list[str]]:
+    """Node -> the names of its GPU devices in ResourceSlices of driver ``gpu.nvidia.com``
+    (absent for a node whose GPUs come from the device plugin)."""
+    found: dict[str, list[str]] = {}
+    for s in store.list("resourceslices")[0]:
+        spec = s.get("spec") or {}
+        if spec.get("driver") == GPU_DRIVER and spec.get("nodeName"):
+            found.setdefault(str(spec["nodeName"]), []).extend(
+                str(d["name"]) for d in spec.get("devices") or []
+            )
+    return found
+
+
 def quantity(text: Any, resource: str) -> int:
     """A resource quantity in millicores (cpu) or bytes (memory)."""
     from kubernetes.utils import parse_quantity
@@ -116,7 +131,11 @@ class Context:
 
     def __init__(self, store: Store, pod: Obj, claims: list[Obj], nodes: list[Obj]) -> None:
         self.pod, self.nodes = pod, {n["metadata"]["name"]: n for n in nodes}
-        self.need_gpus = pod_gpus(pod) + sum(claim_gpus(c) for c in claims)
+        self.limit_gpus, self.claim_gpus = pod_gpus(pod), sum(claim_gpus(c) for c in claims)
+        # Nodes whose GPUs are DRA devices in ResourceSlices (no device plugin): claims get
+        # devices, limits get nothing. Elsewhere both draw on allocatable nvidia.com/gpu.
+        self.devices = slice_gpus(store)
+        self.taken: dict[str, set[str]] = {}
         self.needs_channel = any(channel_domain(c) is not None for c in claims)
         bound, _ = store.list(
             "pods",
@@ -145,6 +164,8 @@ class Context:
                     self.channels.add(r["pool"])
                 elif r.get("device") == "gpu":
                     self.gpus[r["pool"]] = self.gpus.get(r["pool"], 0) + claim_gpus(c)
+                elif r.get("driver") == GPU_DRIVER:
+                    self.taken.setdefault(r["pool"], set()).add(r["device"])
         placed = [
             (p, _labels(self.nodes[p["spec"]["nodeName"]]))
             for p in bound
@@ -167,14 +188,25 @@ class Context:
         if not node_affinity_ok(self.pod, labels):
             return NODE_AFFINITY
         alloc = int((node.get("status") or {}).get("allocatable", {}).get(GPU) or 0)
-        if self.need_gpus and self.gpus.get(name, 0) + self.need_gpus > alloc:
+        free = self.free_gpus(name)
+        need = self.limit_gpus + (self.claim_gpus if free is None else 0)
+        if need and self.gpus.get(name, 0) + need > alloc:
             return f"Insufficient {GPU}"
         why = self.inter_pod.misfit(labels)
         if why is not None:
             return why
         if self.needs_channel and name in self.channels:
             return "cannot allocate all claims"
+        if free is not None and self.claim_gpus > len(free):
+            return "cannot allocate all claims"
         return None
+
+    def free_gpus(self, node: str) -> list[str] | None:
+        """The node's unallocated GPU devices, or None when its GPUs are no DRA devices."""
+        if node not in self.devices:
+            return None
+        taken = self.taken.get(node, set())
+        return [d for d in self.devices[node] if d not in taken]
 
     def scores(self, feasible: list[Obj]) -> dict[str, int]:
         """Weighted totals per feasible node name (higher is better)."""

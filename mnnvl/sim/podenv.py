@@ -1,5 +1,5 @@
 """Container environment rules of the simulated kubelet: $(VAR) expansion, fieldRefs, GPUs,
-PersistentVolumeClaim mount paths."""
+PersistentVolumeClaim mount paths, the IMEX channel directory (the pod's own ``/dev``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 
-from mnnvl.contract.env import MASTER_ADDR, MASTER_PORT
+from mnnvl.contract.env import IMEX_CHANNEL_DIR, MASTER_ADDR, MASTER_PORT
 from mnnvl.ports import free_port
 from mnnvl.sim.model import Obj
 from mnnvl.sim.placement import GPU_CLASS, claim_gpus, pod_gpus
@@ -151,7 +151,14 @@ class ProcessEnv:
                 return f'{kind} "{ref["name"]}" not found'
         return ""
 
-    def command_and_env(self, pod: Obj, container: Obj) -> tuple[list[str], dict[str, str]]:
+    @staticmethod
+    def devices_dir(workdir: str) -> str:
+        """The host directory standing in for a pod's ``/dev`` (its injected devices)."""
+        return os.path.join(workdir, "dev")
+
+    def command_and_env(
+        self, pod: Obj, container: Obj, workdir: str = ""
+    ) -> tuple[list[str], dict[str, str]]:
         pod_env: dict[str, str] = {}
         for e in container.get("env") or []:
             if "value" not in e and e.get("valueFrom") and "fieldRef" not in e["valueFrom"]:
@@ -167,6 +174,10 @@ class ProcessEnv:
         if MASTER_ADDR in pod_env:
             pod_env[MASTER_ADDR] = "127.0.0.1"
         mounts = claim_mounts(pod, container, self.claim_dir)
+        if workdir:  # values naming a device directory point into the pod's own /dev
+            mounts[IMEX_CHANNEL_DIR] = os.path.join(
+                self.devices_dir(workdir), os.path.basename(IMEX_CHANNEL_DIR)
+            )
         pod_env = {k: at_host(DNS_RE.sub("127.0.0.1", v), mounts) for k, v in pod_env.items()}
         pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
         pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])

@@ -1,7 +1,8 @@
 """One pod's container on its node, run as a local process by the simulated kubelet.
 
 A pod stays Pending/ContainerCreating until its claims are prepared (a channel claim waits for
-the node's IMEX daemon, like the real plugin); then the container's command runs with
+the node's IMEX daemon, like the real plugin, and its channel devices appear in the pod's own
+``/dev``); then the container's command runs with
 ``$(VAR)`` expansion, the current interpreter for ``python``/``python3``, cluster DNS names mapped
 to 127.0.0.1, ``MASTER_PORT`` set to a free local port per Service, and ``CUDA_VISIBLE_DEVICES``
 from the node's share of local GPUs. stdout+stderr go to a per-pod log file served by ``/log``.
@@ -262,7 +263,7 @@ class PodWorker:
                     # taken) must be undone when the pod goes away while it waits for IMEX
                     self.claims.append(claim)
                 try:
-                    self.k.driver.prepare(self.node, claim, self.cancel)
+                    self._inject(self.k.driver.prepare(self.node, claim, self.cancel))
                     break
                 except PrepareError as e:
                     if self.cancel.is_set():
@@ -275,6 +276,16 @@ class PodWorker:
                     if self.cancel.wait(0.5):  # the real kubelet retries with back-off
                         return False
         return not self.cancel.is_set()
+
+    def _inject(self, channels: list[str]) -> None:
+        """The container runtime's part of a prepared channel claim (CDI device nodes): an
+        empty file per channel in the pod's own ``/dev`` (``ProcessEnv.devices_dir``)."""
+        if not channels:
+            return
+        where = os.path.join(self.k.env.devices_dir(self.workdir), "nvidia-caps-imex-channels")
+        os.makedirs(where, exist_ok=True)
+        for name in channels:
+            open(os.path.join(where, name), "a").close()
 
     def _unprepare(self) -> None:
         while self.claims:
@@ -296,7 +307,7 @@ class PodWorker:
             self.started.set()
             return fault.exit_code, started
         try:
-            cmd, env = self.k.env.command_and_env(self.pod, self.container)
+            cmd, env = self.k.env.command_and_env(self.pod, self.container, self.workdir)
             self.proc = Container(cmd, env, self.workdir, self.log_path, self.marker)
         except OSError as e:
             self._event("Warning", "Failed", f"Error: failed to start container {name}: {e}")

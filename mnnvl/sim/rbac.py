@@ -152,3 +152,9 @@ def grant_runner(store: Store, ns: str, home: str, *, kueue: bool) -> None:
     for obj in objects:
         obj["metadata"]["namespace"] = ns
         store.create(resolve_kind(obj["kind"]), obj)
+
+
+def grant_cluster_reader(store: Store, namespace: str) -> None:
+    """``kubectl apply -k manifests/overlays/cluster-reader`` for ``namespace``'s runner."""
+    for obj in rbac.cluster_reader_objects(namespace):
+        store.create(resolve_kind(obj["kind"]), obj)

@@ -25,10 +25,10 @@ from typing import Any
 
 from mnnvl.sim.affinity import AFFINITY
 from mnnvl.sim.controller import Controller
-from mnnvl.sim.dra import channel_domain
+from mnnvl.sim.dra import DRIVER, channel_domain
 from mnnvl.sim.events import record_event
 from mnnvl.sim.faults import Faults
-from mnnvl.sim.placement import GPU_CLASS, NODE_AFFINITY, TERMINAL, UNSCHEDULABLE, Context
+from mnnvl.sim.placement import GPU_DRIVER, NODE_AFFINITY, TERMINAL, UNSCHEDULABLE, Context
 from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent, clone, now_iso
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,8 @@ class Scheduler(Controller):
         if feasible:
             scores = ctx.scores(feasible)
             best = max(scores.values())
-            self._bind(pod, claims, self.rng.choice([n for n, s in scores.items() if s == best]))
+            chosen = self.rng.choice([n for n, s in scores.items() if s == best])
+            self._bind(pod, claims, chosen, ctx.free_gpus(chosen))
             return
         self._unschedulable(pod, unschedulable_message(len(nodes), reasons))
 
@@ -219,22 +220,31 @@ class Scheduler(Controller):
         _set_condition_on(self.store, pod, cond)
         record_event(self.store, pod, "Warning", "FailedScheduling", msg, "default-scheduler")
 
-    def _bind(self, pod: Obj, claims: list[Obj], node: str) -> None:
+    def _bind(self, pod: Obj, claims: list[Obj], node: str, free: list[str] | None) -> None:
+        """Allocate the claims on ``node`` (GPU claims from its ``free`` devices, when its
+        GPUs are DRA devices; one result per device) and bind the pod."""
         ns, name, uid = (
             pod["metadata"]["namespace"],
             pod["metadata"]["name"],
             pod["metadata"]["uid"],
         )
         for claim in claims:
-            device = "channel-0" if channel_domain(claim) is not None else "gpu"
-            driver = "compute-domain.nvidia.com" if device == "channel-0" else GPU_CLASS
+            channel = channel_domain(claim) is not None
+            results = []
+            for r in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
+                if channel or free is None:
+                    device = "channel-0" if channel else "gpu"
+                    results.append((r["name"], DRIVER if channel else GPU_DRIVER, device))
+                    continue
+                count = int((r.get("exactly") or {}).get("count") or 1)
+                results += [(r["name"], GPU_DRIVER, d) for d in free[:count]]
+                free = free[count:]
             status = {
                 "allocation": {
                     "devices": {
                         "results": [
-                            {"request": r["name"], "driver": driver, "pool": node, "device": device}
-                            for r in (claim.get("spec") or {}).get("devices", {}).get("requests")
-                            or []
+                            {"request": req, "driver": drv, "pool": node, "device": dev}
+                            for req, drv, dev in results
                         ]
                     }
                 },

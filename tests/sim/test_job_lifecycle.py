@@ -218,7 +218,7 @@ def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
         assert cluster.objects(RunNames.for_run("slow-imex").selector) == []
     lines = [m for m in caplog.messages if "pods Running 0/2; slowest:" in m]
     assert len(lines) >= 3
-    assert "ContainerCreating (IMEX daemon on sim-node-" in lines[-1]
+    assert "ContainerCreating (IMEX daemon on node sim-node-" in lines[-1]
     assert "status.nodes:" in lines[-1]
 
 

@@ -4,7 +4,8 @@ A fresh simulated cluster records every (verb, API group, resource) a request as
 audit log would. Every step of the product runs against it, including the paths that only
 failures and options take (fail-fast diagnostics, GPU claims, an owning launcher pod, a retried
 step adopting its Job, a gang restart, reaping an orphan), and the recorded set must equal the
-rules of ``manifests/base``'s Role.
+rules of ``manifests/base``'s Role, but for the reads of the optional cluster reader
+(``manifests/overlays/cluster-reader``) that ``--gpu-mode auto`` tries and does without.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 NS = "default"
 
 
-def role_rules(path: Path) -> set[tuple[str, str, str]]:
-    """(verb, group, resource) for every rule of the one Role in ``path``."""
-    (role,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Role"]
+def role_rules(path: Path, kind: str = "Role") -> set[tuple[str, str, str]]:
+    """(verb, group, resource) for every rule of the one Role (or ``kind``) in ``path``."""
+    (role,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == kind]
     return {
         (verb, group, resource)
         for rule in role["rules"]
@@ -66,6 +67,13 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
     domain = DomainSpec(run_id=run, namespace=NS, delete_timeout_s=60)
     monkeypatch.setenv("POD_NAME", "launcher")
     monkeypatch.setenv("POD_NAMESPACE", NS)
+    # --gpu-mode auto tries the optional cluster reader's reads; refused, it runs with limits.
+    auto = DomainSpec(run_id="rbac-auto", namespace=NS, delete_timeout_s=60)
+    steps.provision(auto, kubeconfig=kube)
+    gpus = WorkloadSpec(run_id="rbac-auto", purpose="job", nodes=2, gpus_per_node=1, env=env,
+                        pods_running_timeout_s=60, job_timeout_s=60)  # fmt: skip
+    assert steps.launch(gpus, "report", [], kubeconfig=kube).result == {"ok": True}
+    steps.teardown(auto, kubeconfig=kube)
     steps.provision(domain, kubeconfig=kube, owner_pod=True)
     job = WorkloadSpec(run_id=run, purpose="job", nodes=2, gpus_per_node=1, gpu_mode="claim",
                        env=env, pods_running_timeout_s=60, job_timeout_s=60)  # fmt: skip
@@ -115,7 +123,10 @@ def test_role_grants_exactly_the_requests_every_step_sends(tmp_path, monkeypatch
         _everything(sim, tmp_path, monkeypatch)
         sent = sim.rbac_requests
     granted = role_rules(REPO / "manifests" / "base" / "rbac.yaml")
-    assert sorted(sent - granted) == [], "requests the Role would refuse (403)"
+    reader = REPO / "manifests" / "overlays" / "cluster-reader" / "cluster-reader-rbac.yaml"
+    optional = {("get", "resource.k8s.io", "deviceclasses"), ("list", "", "nodes")}
+    assert optional <= role_rules(reader, "ClusterRole") and optional <= sent
+    assert sorted(sent - granted - optional) == [], "requests the Role would refuse (403)"
     assert sorted(granted - sent) == [], "granted but never used: drop them from the Role"
 
 

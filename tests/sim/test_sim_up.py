@@ -38,3 +38,36 @@ def test_sim_up_prints_how_to_use_it_answers_version_and_stops_on_sigterm(tmp_pa
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_sim_up_plays_the_dra_only_gpu_stack_with_host_managed_imex(tmp_path: Path):
+    kc = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "1", "--gpus-per-node", "4",
+         "--gpu-stack", "dra", "--imex-mode", "hostManaged", "--cluster-reader",
+         "--kubeconfig", str(kc)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the simulator announces itself there
+            if line.startswith("{"):
+                served = json.loads(line)
+                break
+        assert (served["gpu_stack"], served["imex_mode"]) == ("dra", "hostManaged")
+        api = kubernetes.config.new_client_from_config(config_file=str(kc))  # the runner
+        (node,) = kubernetes.client.CoreV1Api(api).list_node().items  # the cluster reader
+        assert "nvidia.com/gpu" not in node.status.allocatable
+        raw = kubernetes.client.CustomObjectsApi(api).list_cluster_custom_object(
+            "resource.k8s.io", "v1", "resourceslices"
+        )
+        devices = {
+            s["spec"]["driver"]: [d["name"] for d in s["spec"]["devices"]] for s in raw["items"]
+        }
+        assert devices == {
+            "gpu.nvidia.com": ["gpu-0", "gpu-1", "gpu-2", "gpu-3"],
+            "compute-domain.nvidia.com": ["channel-0"],  # no daemon device: host-managed
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)

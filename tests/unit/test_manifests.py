@@ -274,7 +274,7 @@ def test_gpus_come_from_limits_or_a_claim_never_both(name: str) -> None:
     assert not (has_claim and "nvidia.com/gpu" in limits)
     if workload.gpus_per_node == 0:
         assert not has_claim and "nvidia.com/gpu" not in limits
-    elif workload.gpu_mode == "limits":
+    elif workload.gpu_mode in ("limits", "auto"):  # auto renders as limits (no cluster)
         assert limits == {"nvidia.com/gpu": str(workload.gpus_per_node)}
     else:
         assert has_claim and not limits
@@ -381,7 +381,11 @@ def test_container_command_and_env_match_what_the_worker_reads() -> None:
     assert env[contract_env.NCCL_PROFILE] == "verify-strict"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_DEBUG"] == "WARN"  # the user's value beats a profile default
-    assert len(worker(job)["env"]) == len(env) + 1  # no duplicate names (+ NODE_RANK)
+    # no duplicate names (+ NODE_RANK, MNNVL_NODE_NAME from the downward API)
+    assert len(worker(job)["env"]) == len(env) + 2
+    assert env["MNNVL_IMEX_CHANNELS"] == "/dev/nvidia-caps-imex-channels"
+    (node,) = [e for e in worker(job)["env"] if e["name"] == "MNNVL_NODE_NAME"]
+    assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_cpu_only_pods_run_one_process_each() -> None:

@@ -1,0 +1,109 @@
+"""``--gpu-mode auto``: how this cluster gives pods GPUs, from what the runner may read.
+
+The namespaced Role (``manifests/base``) reads nothing cluster-scoped; the optional cluster
+reader (``manifests/overlays/cluster-reader``) lets a step read the GPU DeviceClass, the nodes
+and the ResourceSlices. ``auto`` becomes, in this order:
+
+- ``limits`` when the DeviceClass (``gpu_device_class``) does not exist: no DRA GPUs;
+- ``limits`` when a node has allocatable ``nvidia.com/gpu``: the device plugin serves GPUs;
+- ``limits`` when the DeviceClass maps ``nvidia.com/gpu`` (``spec.extendedResourceName``,
+  KEP-5004, beta in Kubernetes 1.36; the DRA driver's own chart sets it on ``resource.k8s.io/v1``):
+  the scheduler allocates the class's devices for such limits;
+- ``claim`` when the DeviceClass maps nothing, or no node has ``nvidia.com/gpu``: GPUs come only
+  from the DRA driver (GPU Operator v26.7.0's ``GPUCluster`` renders ``gpu.nvidia.com`` without
+  ``extendedResourceName``, ``manifests/state-dra-driver/0400_deviceclass-gpu.yaml``);
+- ``limits`` when neither can be read; a pod then Unschedulable with ``Insufficient
+  nvidia.com/gpu`` names ``--gpu-mode claim`` (:func:`shortage_hint`).
+
+The pure builders render ``auto`` as ``limits`` (``mnnvl render`` needs no cluster).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from mnnvl.driver.api import DEVICE_CLASS, NODE, RESOURCE_SLICE, Api
+from mnnvl.driver.errors import MnnvlError, NotFound
+from mnnvl.inputs.spec import WorkloadSpec
+
+logger = logging.getLogger(__name__)
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_DRIVER = "gpu.nvidia.com"
+CLUSTER_READER = "manifests/overlays/cluster-reader"
+
+
+def resolve_gpu_mode(api: Api, workload: WorkloadSpec) -> WorkloadSpec:
+    """The workload with ``gpu_mode`` ``auto`` decided (logged once, with why)."""
+    if workload.gpu_mode != "auto" or workload.gpus_per_node == 0:
+        return workload
+    mode, why = _choose(api, workload.gpu_device_class)
+    logger.info("--gpu-mode auto: %s (%s)", mode, why)
+    return dataclasses.replace(workload, gpu_mode=mode)
+
+
+def _choose(api: Api, device_class: str) -> tuple[str, str]:
+    try:
+        spec = api.get(DEVICE_CLASS, "", device_class).get("spec") or {}
+        mapped: str | None = str(spec.get("extendedResourceName") or "")
+    except NotFound:
+        return "limits", f"no DeviceClass {device_class}: GPUs come from the device plugin"
+    except MnnvlError:
+        mapped = None  # not readable without the cluster reader
+    plugin_nodes = _device_plugin_nodes(api)
+    if plugin_nodes:
+        return "limits", f"{plugin_nodes} node(s) offer {GPU_RESOURCE} (the device plugin)"
+    if mapped == GPU_RESOURCE:
+        return "limits", f"DeviceClass {device_class} maps {GPU_RESOURCE} (extendedResourceName)"
+    if mapped is not None or plugin_nodes == 0:
+        return "claim", (
+            f"no node offers {GPU_RESOURCE} and DeviceClass {device_class} maps no extended "
+            "resource: GPUs come only from the DRA driver"
+            if mapped is not None
+            else f"no node offers {GPU_RESOURCE}: GPUs come only from the DRA driver"
+        )
+    return "limits", (
+        f"neither DeviceClass {device_class} nor the nodes are readable ({CLUSTER_READER} "
+        "grants that); a pod that finds no GPUs says so"
+    )
+
+
+def _device_plugin_nodes(api: Api) -> int | None:
+    """How many nodes have allocatable ``nvidia.com/gpu``; None when nodes are not readable."""
+    try:
+        nodes = api.list(NODE, "")["items"]
+    except MnnvlError:
+        return None
+    return sum(
+        1
+        for n in nodes
+        if str(((n.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")) != "0"
+    )
+
+
+def shortage_hint(api: Api, unschedulable: str) -> str:
+    """For a pod the scheduler finds no free ``nvidia.com/gpu`` for: where the cluster's GPUs
+    come only from the DRA driver, say so and name ``--gpu-mode claim`` ("" otherwise)."""
+    if f"Insufficient {GPU_RESOURCE}" not in unschedulable:
+        return ""
+    try:
+        slices = api.list(RESOURCE_SLICE, "")["items"]
+    except MnnvlError:
+        return (
+            f"no node has a free {GPU_RESOURCE}: where GPUs come only from the DRA driver (no "
+            "device plugin: GPU Operator GPUCluster, EKS Auto Mode) run with --gpu-mode claim "
+            f"(with {CLUSTER_READER} granted, --gpu-mode auto finds that out itself)"
+        )
+    devices = sum(
+        len((s.get("spec") or {}).get("devices") or [])
+        for s in slices
+        if (s.get("spec") or {}).get("driver") == GPU_DRIVER
+    )
+    if not devices:
+        return ""
+    return (
+        f"no node has a free {GPU_RESOURCE}, but the DRA driver publishes {devices} GPU "
+        f"device(s) (ResourceSlices of driver {GPU_DRIVER}): this cluster's GPUs come from "
+        "DRA; run with --gpu-mode claim"
+    )
