@@ -62,6 +62,7 @@ def train_sharded(
     gpu_mode: str = 'limits',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -121,7 +122,10 @@ def train_sharded(
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -204,6 +208,7 @@ def verify_nvlink(
     gpu_mode: str = 'limits',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -258,7 +263,10 @@ def verify_nvlink(
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -329,6 +337,7 @@ def launch_workload(
     gpu_mode: str = 'limits',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -370,7 +379,10 @@ def launch_workload(
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -446,6 +458,7 @@ def provision_training(
     gpu_mode: str = 'limits',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -519,7 +532,10 @@ def provision_training(
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -618,6 +634,7 @@ def provision_verify_only(
     gpu_mode: str = 'limits',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -671,7 +688,10 @@ def provision_verify_only(
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -744,6 +764,7 @@ def provision_custom(
     gpu_mode: str = 'limits',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -800,7 +821,10 @@ def provision_custom(
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
         gpu_mode: limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).

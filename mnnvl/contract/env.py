@@ -32,6 +32,9 @@ NUM_GROUPS = "MNNVL_NUM_GROUPS"
 GROUP_INDEX = "MNNVL_GROUP_INDEX"
 NODES_PER_GROUP = "MNNVL_NODES_PER_GROUP"
 NODE_RANK_BASE = "MNNVL_NODE_RANK_BASE"
+# The node label the placement keeps each group inside (``--clique-label``): the workers name it
+# when the GPUs' NVML clique IDs show a group that spans two cliques.
+CLIQUE_LABEL = "MNNVL_CLIQUE_LABEL"
 
 # Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
 JOB_OWNED = (
@@ -49,6 +52,7 @@ JOB_OWNED = (
     GROUP_INDEX,
     NODES_PER_GROUP,
     NODE_RANK_BASE,
+    CLIQUE_LABEL,
 )
 # Set on the GPU hosts to keep NVLink multicast off; nothing we ship may override them.
 PINNED = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")

@@ -42,6 +42,14 @@ PREPARE_FAILED = "FailedPrepareDynamicResources"
 # belongs to another domain (fatal only after a grace: that domain's pods may be leaving).
 PREPARE_NAMESPACE = re.compile(r"namespace.*(mismatch|does not match|differ)", re.IGNORECASE)
 PREPARE_OTHER_DOMAIN = "label already exists for a different ComputeDomain"
+# kube-scheduler's FailedScheduling text: the nodes it looked at, and how many failed the pod's
+# node affinity (which asks for the clique label), and the DynamicResources plugin's reason for
+# a node where a claim cannot be allocated (a device in use, held, or tainted: with
+# DRADeviceTaints a tainted device is skipped without a word of its own).
+SCHEDULER_TOTAL = re.compile(r"\b0/(\d+) nodes are available")
+NODE_AFFINITY_MISSES = re.compile(r"\b(\d+) node\(s\) didn't match Pod's node affinity/selector")
+CLAIMS_UNALLOCATABLE = "cannot allocate all claims"
+UNPLACED = (Kind.UNSCHEDULABLE, Kind.CLAIM_UNALLOCATABLE)
 LOG_TAIL_LINES = 20
 
 
@@ -205,11 +213,39 @@ def raise_on_stuck_pod(
             continue
         group = (pod["metadata"].get("labels") or {}).get(LABEL_CLIQUE_GROUP)
         shortage = ""
-        if found.kind is Kind.UNSCHEDULABLE and group and workload.clique_affinity:
+        if found.kind in UNPLACED:
+            found = label_shortage(workload, pod, grace.grace_s) or found
+        if found.kind in UNPLACED and group and workload.clique_affinity:
             found = replace(found, kind=Kind.NO_CLIQUE_ROOM)
             shortage = f"{clique_shortage(api, workload, group, pods)}; "
         text = _failure_message(api, workload.namespace, domain, pod, found)
         raise found.error(shortage + text)
+
+
+def label_shortage(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) -> Problem | None:
+    """The clique label on fewer nodes than a group needs, from the scheduler's counts: the
+    pod's only node affinity is that the label exists, so the nodes that failed it lack the label
+    (the runner may not read nodes). Not judged for a pod with a node selector (the user's, or
+    Kueue's topology assignment), whose misses are not the label's alone."""
+    said = _unschedulable(pod)
+    total, misses = SCHEDULER_TOTAL.search(said), NODE_AFFINITY_MISSES.search(said)
+    if not workload.clique_affinity or (pod.get("spec") or {}).get("nodeSelector"):
+        return None
+    if total is None or misses is None:
+        return None
+    carrying = int(total[1]) - int(misses[1])
+    if carrying >= workload.group_nodes:
+        return None
+    return problem(
+        Kind.NO_CLIQUE_LABEL,
+        pod=pod["metadata"]["name"],
+        grace_s=grace_s,
+        carrying=carrying,
+        total=int(total[1]),
+        label=workload.clique_label,
+        needed=workload.group_nodes,
+        detail=said,
+    )
 
 
 def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects) -> str:
@@ -241,7 +277,7 @@ def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects)
     return (
         f"no NVLink clique with {workload.group_nodes} free nodes for group g{group}; "
         f"cliques seen: {seen or 'none (no pod of the run placed)'}; every clique group needs "
-        "a clique of its own: free nodes in a clique (nvidia.com/gpu.clique), or run fewer "
+        f"a clique of its own: free nodes in a clique ({workload.clique_label}), or run fewer "
         "or smaller groups (--nodes, --nodes-per-clique)"
     )
 
@@ -283,7 +319,12 @@ def pod_problem(
         return problem(Kind.MISSING_CLAIM, pod=name, detail=unschedulable)
     left = grace.left_s(f"unschedulable/{name}", bool(unschedulable))
     if left is not None and left <= 0:
-        return problem(Kind.UNSCHEDULABLE, pod=name, grace_s=grace.grace_s, detail=unschedulable)
+        kind = (
+            Kind.CLAIM_UNALLOCATABLE
+            if CLAIMS_UNALLOCATABLE in unschedulable
+            else Kind.UNSCHEDULABLE
+        )
+        return problem(kind, pod=name, grace_s=grace.grace_s, detail=unschedulable)
     message = str((prepare or {}).get("message") or "") if phase == "Pending" else ""
     if PREPARE_NAMESPACE.search(message):
         return problem(Kind.PREPARE, pod=name, detail=message)
@@ -303,7 +344,7 @@ def hint(found: Problem, namespace: str, node: str) -> str:
     )
     placement = (
         "check free GPUs and channel devices per node (one pod per node per domain) and "
-        "the nvidia.com/gpu.clique labels"
+        "the nodes' clique labels (--clique-label)"
     )
     return {
         Kind.IMAGE_PULL: "check the image name and the pull secret (with imagePullPolicy Never "
@@ -315,6 +356,19 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         "fix --pvc",
         Kind.UNSCHEDULABLE: placement,
         Kind.NO_CLIQUE_ROOM: placement,
+        Kind.NO_CLIQUE_LABEL: "label the nodes' cliques: GPU Feature Discovery (GPU Operator "
+        "ClusterPolicy) sets nvidia.com/gpu.clique, and so does the DRA driver's compute-domain "
+        "kubelet plugin with kubeletPlugin.containers.computeDomains.gpuCliqueLabelEnabled=true "
+        "(on in GPU Operator 26.7's GPUCluster), which removes the label while it restarts; "
+        "where a provider labels cliques under a key of its own, pass it as --clique-label "
+        "(docs/real-cluster.md)",
+        Kind.CLAIM_UNALLOCATABLE: "a node cannot allocate a claim when its device is in use "
+        "(another pod's GPU claim, or its IMEX channel held by another domain's pod) or tainted: "
+        "the DRA driver's NVML health check taints a GPU after a fatal XID (gpu.nvidia.com/xid, "
+        "gpu.nvidia.com/gpu-lost: NoSchedule) and DRADeviceTaints (on by default from Kubernetes "
+        "1.36) keeps such a device out of new claims until the GPU is fixed and the kubelet "
+        "plugin restarts; see the taints with `kubectl get resourceslices -o yaml` (a cluster "
+        "read)",
         Kind.PREPARE: prepare,
         Kind.NODE_HELD: prepare,
         Kind.OOM_KILLED: f"the container went over its memory limit; {logs}",

@@ -21,6 +21,8 @@ class Kind(enum.Enum):
 
     UNSCHEDULABLE = "unschedulable"
     NO_CLIQUE_ROOM = "no clique room"
+    NO_CLIQUE_LABEL = "clique label missing"
+    CLAIM_UNALLOCATABLE = "device claim not allocatable"
     MISSING_CLAIM = "missing volume claim"
     IMAGE_PULL = "image pull"
     IMAGE_REFERENCE = "invalid image reference"
@@ -50,6 +52,11 @@ class Kind(enum.Enum):
 TEMPLATES: dict[Kind, str] = {
     Kind.UNSCHEDULABLE: "Unschedulable for more than {grace_s:g} s: {detail}",
     Kind.NO_CLIQUE_ROOM: "Unschedulable for more than {grace_s:g} s: {detail}",
+    Kind.NO_CLIQUE_LABEL: "Unschedulable for more than {grace_s:g} s: at most {carrying} of "
+    "{total} nodes carry the clique label {label} and a clique group needs {needed} nodes with "
+    "one value of it ({detail})",
+    Kind.CLAIM_UNALLOCATABLE: "Unschedulable for more than {grace_s:g} s: no node could allocate "
+    "the pod's device claims ({detail})",
     Kind.MISSING_CLAIM: "Unschedulable: {detail}",
     Kind.IMAGE_PULL: "{detail}",
     Kind.IMAGE_REFERENCE: "{detail}",
@@ -86,6 +93,8 @@ GRACED = frozenset(
     {
         Kind.UNSCHEDULABLE,
         Kind.NO_CLIQUE_ROOM,
+        Kind.NO_CLIQUE_LABEL,
+        Kind.CLAIM_UNALLOCATABLE,
         Kind.NODE_HELD,
         Kind.QUOTA,
         Kind.REFUSED,

@@ -89,6 +89,7 @@ class SimCluster:
         default_toleration_s: float = DEFAULT_TOLERATION_S,
         pod_gc_quarantine_s: float = POD_GC_QUARANTINE_S,
         admin_kubeconfig_path: str | None = None,
+        clique_label: str = LABEL_CLIQUE,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
         "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
@@ -103,7 +104,11 @@ class SimCluster:
         ``kubeconfig_path`` authenticates as the ``mnnvl-runner`` service account of the first
         namespace, with ``manifests/base`` applied in every namespace (and bound to that
         account there); ``admin_kubeconfig_path`` (default: ``<kubeconfig>.admin``) as a
-        cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas)."""
+        cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas).
+
+        ``clique_label`` is the node label that carries each node's clique (a provider's own
+        key, say); "" labels no node (no GPU Feature Discovery, and the DRA driver's
+        gpuCliqueLabelEnabled off). The DRA driver still knows every node's clique (from NVML)."""
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
         self.nodes, self.gpus_per_node, self.cliques = nodes, gpus_per_node, cliques
@@ -111,6 +116,10 @@ class SimCluster:
         self.scheduler_seed = scheduler_seed_from(scheduler_seed)
         self.namespaces = tuple(namespaces)
         self.cluster_uuid = str(uuid.uuid4())
+        self.clique_label = clique_label
+        self.node_cliques = {
+            f"sim-node-{i}": f"{self.cluster_uuid}.{i * cliques // nodes}" for i in range(nodes)
+        }
         self.local_gpus = [str(g) for g in (local_gpu_ids() if local_gpus is None else local_gpus)]
         self._own_kubeconfig = kubeconfig_path is None
         self.kubeconfig_path = kubeconfig_path or os.path.join(
@@ -139,7 +148,7 @@ class SimCluster:
             return self
         self._started = True
         self._seed()
-        driver = ComputeDomainDriver(self.store, self.faults)
+        driver = ComputeDomainDriver(self.store, self.faults, self.node_cliques)
         kubelet = Kubelet(self.store, self.faults, driver, self.gpus_per_node, self.local_gpus)
         self._kubelet = kubelet
         driver.on_imex_lost = kubelet.imex_lost
@@ -227,21 +236,16 @@ class SimCluster:
             )
             ensure_default_service_account(self.store, ns)
             grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
-        for i in range(self.nodes):
-            clique = f"{self.cluster_uuid}.{i * self.cliques // self.nodes}"
-            name = f"sim-node-{i}"
+        for name, clique in self.node_cliques.items():
             gpus = str(self.gpus_per_node)
+            labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
+            labels |= {self.clique_label: clique} if self.clique_label else {}
             self.store.create(
                 "nodes",
                 {
                     "metadata": {
                         "name": name,
-                        "labels": {
-                            "kubernetes.io/hostname": name,
-                            "kubernetes.io/os": "linux",
-                            LABEL_CLIQUE: clique,
-                            "nvidia.com/gpu.present": "true",
-                        },
+                        "labels": labels | {"nvidia.com/gpu.present": "true"},
                     },
                     "spec": {},
                     "status": {

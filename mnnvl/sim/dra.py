@@ -116,9 +116,11 @@ class ComputeDomainDriver(Controller):
     name = "sim-cd-controller"
     kinds = (CD, RCT)
 
-    def __init__(self, store: Store, faults: Faults) -> None:
+    def __init__(self, store: Store, faults: Faults, cliques: dict[str, str] | None = None) -> None:
         super().__init__(store)
         self.faults = faults
+        # node -> clique ID as the GPUs report it (NVML), whatever label the nodes carry.
+        self.cliques = cliques or {}
         self._lock = threading.RLock()
         self._daemons: dict[str, Daemon] = {}  # node -> daemon
         self._channels: dict[str, str] = {}  # node -> claim uid holding channel-0
@@ -313,7 +315,8 @@ class ComputeDomainDriver(Controller):
             self._channels[node] = claim_uid
             daemon = self._daemons.get(node)
             if daemon is None or daemon.uid != uid:
-                daemon = self._start_daemon(node, domains[0], labels.get(LABEL_CLIQUE, ""))
+                clique = self.cliques.get(node, labels.get(LABEL_CLIQUE, ""))
+                daemon = self._start_daemon(node, domains[0], clique)
         while not daemon.ready.wait(0.05):
             if cancel.is_set() or daemon.stopped.is_set():
                 raise PrepareError(
