@@ -15,7 +15,7 @@ from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, POD, Api
-from mnnvl.driver.domain import domain_nodes, domain_state
+from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS, domain_nodes, domain_state
 from mnnvl.driver.errors import MnnvlError
 from mnnvl.driver.problem import Kind, Problem, exited_kind, problem
 from mnnvl.driver.wait import Deadline, Objects
@@ -50,6 +50,18 @@ SCHEDULER_TOTAL = re.compile(r"\b0/(\d+) nodes are available")
 NODE_AFFINITY_MISSES = re.compile(r"\b(\d+) node\(s\) didn't match Pod's node affinity/selector")
 CLAIMS_UNALLOCATABLE = "cannot allocate all claims"
 UNPLACED = (Kind.UNSCHEDULABLE, Kind.CLAIM_UNALLOCATABLE)
+# The compute-domain kubelet plugin's prepare error while the node's IMEX daemon is not Ready in
+# the domain (AssertComputeDomainReady in cmd/compute-domain-kubelet-plugin/computedomain.go,
+# kubernetes-sigs/dra-driver-nvidia-gpu v25.12.0): the kubelet retries it. With
+# ComputeDomainCliques switched on over a live domain it lasted 8 min 41 s and cleared (#1486).
+PREPARE_NOT_READY = re.compile(r"current node not ready in ComputeDomain|ComputeDomain not Ready")
+# CUDA refusing a peer's fabric memory, in CUDA's words (#1417: "CUDA error in
+# cuMemImportFromShareableHandle: invalid resource handle") or NCCL's (CUCHECK in
+# src/include/checks.h: "Cuda failure %d '%s'"; 400 is CUDA_ERROR_INVALID_HANDLE).
+IMEX_IMPORT_REFUSED = re.compile(
+    r"[^\n]*(cuMemImportFromShareableHandle[^\n]*invalid resource handle"
+    r"|Cuda failure 400 'invalid resource handle')[^\n]*"
+)
 LOG_TAIL_LINES = 20
 
 
@@ -218,7 +230,10 @@ def raise_on_stuck_pod(
         if found.kind in UNPLACED and group and workload.clique_affinity:
             found = replace(found, kind=Kind.NO_CLIQUE_ROOM)
             shortage = f"{clique_shortage(api, workload, group, pods)}; "
-        text = _failure_message(api, workload.namespace, domain, pod, found)
+        failed = (pod.get("status") or {}).get("phase") == "Failed"
+        tail = log_tail(api, workload.namespace, pod["metadata"]["name"]) if failed else ""
+        found = imex_import(found, tail) or found
+        text = _failure_message(api, workload.namespace, domain, pod, found, tail)
         raise found.error(shortage + text)
 
 
@@ -371,6 +386,19 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         "read)",
         Kind.PREPARE: prepare,
         Kind.NODE_HELD: prepare,
+        Kind.PREPARE_PENDING: f"wait: the kubelet retries the prepare; if it lasts, {prepare}",
+        Kind.IMEX_NOT_READY: "the daemon did not become Ready: where the host runs its own "
+        "nvidia-imex.service, the ComputeDomain's daemon cannot take the GPU driver's IMEX "
+        "session (its log: 'Failed to allocate Imex session ... NV_ERR_IN_USE'); disable it on "
+        "every GPU node with `systemctl disable --now nvidia-imex.service && systemctl mask "
+        "nvidia-imex.service` (kubernetes-sigs/dra-driver-nvidia-gpu#524); else read that "
+        f"node's daemon log and the kubelet plugin's ({KUBELET_PLUGIN_LOGS}); after "
+        "ComputeDomainCliques was switched on over a live domain its nodes took 8 min 41 s "
+        "(#1486): raise --pods-running-timeout-s",
+        Kind.IMEX_IMPORT: f"the node's IMEX daemon stopped serving imports while its pod and "
+        "probes stay healthy (kubernetes-sigs/dra-driver-nvidia-gpu#1417, GB200 and GB300): "
+        "`nvidia-imex-ctl -N` in the run's ComputeDomain daemon pods hangs or shows peers not "
+        f"Connected; rebooting the node cleared it; {logs}",
         Kind.OOM_KILLED: f"the container went over its memory limit; {logs}",
         Kind.OUT_OF_MEMORY: f"GPU memory ran out: use smaller batches or more nodes; {logs}",
         Kind.LOST_NODE: f"check `kubectl describe node {node}` and the IMEX daemon there; {logs}",
@@ -378,7 +406,7 @@ def hint(found: Problem, namespace: str, node: str) -> str:
 
 
 def _failure_message(
-    api: Api, namespace: str, domain: str, pod: dict[str, Any], found: Problem
+    api: Api, namespace: str, domain: str, pod: dict[str, Any], found: Problem, tail: str
 ) -> str:
     name, node = pod["metadata"]["name"], node_of(pod)
     message = (
@@ -386,9 +414,59 @@ def _failure_message(
         f"events: {pod_events(api, namespace, name)}; "
         f"{domain_state(api, domain, namespace)}; {hint(found, namespace, node)}"
     )
-    if (pod.get("status") or {}).get("phase") == "Failed":
-        message += f"; last log lines:\n{log_tail(api, namespace, name)}"
-    return message
+    return f"{message}; last log lines:\n{tail}" if tail else message
+
+
+def imex_import(found: Problem, log: str) -> Problem | None:
+    """A failed worker whose log shows CUDA refusing to import a peer's memory through IMEX."""
+    said = IMEX_IMPORT_REFUSED.search(log)
+    if said is None or found.kind not in (Kind.CRASHED, Kind.COLLECTIVE_TIMEOUT, Kind.STALLED):
+        return None
+    return problem(
+        Kind.IMEX_IMPORT,
+        pod=found.pod,
+        exit_code=found.exit_code,
+        permanent=found.permanent,
+        detail=said[0].strip(),
+    )
+
+
+def prepare_pending(pod: dict[str, Any], prepare: dict[str, Any] | None) -> Problem | None:
+    """A Pending pod whose channel prepare waits for the node's IMEX daemon (transient)."""
+    message = str((prepare or {}).get("message") or "")
+    if (pod.get("status") or {}).get("phase") != "Pending" or not PREPARE_NOT_READY.search(message):
+        return None
+    return problem(Kind.PREPARE_PENDING, pod=pod["metadata"]["name"], detail=message)
+
+
+def imex_not_ready(
+    api: Api, workload: WorkloadSpec, objects: Objects, deadline: Deadline
+) -> Problem | None:
+    """The first pod stuck ContainerCreating on a node whose IMEX daemon is not Ready in the
+    run's domain (listed NotReady, or not listed while the domain is not Ready: a domain that
+    is Ready without the node has no daemon to wait for)."""
+    ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
+    try:
+        status = api.get(COMPUTE_DOMAIN, ns, domain).get("status") or {}
+    except MnnvlError:
+        return None
+    imex = {str(n.get("name")): str(n.get("status", "?")) for n in status.get("nodes") or []}
+    for pod in sorted(objects.values(), key=pod_index):
+        node = (pod.get("spec") or {}).get("nodeName")
+        if waiting_reason(pod) != "ContainerCreating" or not node or imex.get(node) == "Ready":
+            continue
+        if node not in imex and status.get("status") == "Ready":
+            continue
+        return problem(
+            Kind.IMEX_NOT_READY,
+            pod=pod["metadata"]["name"],
+            name=pod["metadata"]["name"],
+            node=node,
+            domain=f"{ns}/{domain}",
+            state=imex.get(node, "not in status.nodes"),
+            elapsed_s=deadline.elapsed(),
+        )
+    return None
 
 
 def describe_pods(
@@ -445,6 +523,8 @@ def job_failure(
     pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
     bad = last_failures(pods, index_set(failed_indexes))
     found = failed_problem(bad[0]) if bad else problem(Kind.CRASHED, permanent=True)
+    tail = log_tail(api, ns, bad[0]["metadata"]["name"]) if bad else ""
+    found = imex_import(found, tail) or found
     if failed.get("reason") == "DeadlineExceeded":  # the Job condition's reason: API data
         found = replace(found, kind=Kind.DEADLINE)
     if not bad:
@@ -460,7 +540,7 @@ def job_failure(
         found,
         message=f"{head}; pod {name} (index {pod_index(bad[0])}): {found.message}; "
         f"events: {pod_events(api, ns, name)}; {hint(found, ns, node_of(bad[0]))}{others}; "
-        f"last log lines of {name}:\n{log_tail(api, ns, name)}",
+        f"last log lines of {name}:\n{tail}",
     )
 
 
@@ -500,7 +580,12 @@ def index_set(text: str) -> set[int]:
 
 
 def pods_progress(
-    api: Api, workload: WorkloadSpec, objects: Objects, running: int, refused: str = ""
+    api: Api,
+    workload: WorkloadSpec,
+    objects: Objects,
+    running: int,
+    refused: str = "",
+    events: Objects | None = None,
 ) -> str:
     """One progress line: pods Running x/N, the API's refusal to create pods (``refused``),
     the slowest pod and why, the domain's nodes."""
@@ -520,6 +605,9 @@ def pods_progress(
         why = _unschedulable(pod) or waiting_reason(pod) or "waiting to be scheduled"
         if why == "ContainerCreating" and node:
             why += f" (IMEX daemon on {node}: {imex.get(node, 'not in status.nodes')})"
+        pending = prepare_pending(pod, prepare_events(events or {}).get(pod["metadata"]["name"]))
+        if pending is not None:
+            why += f"; {pending.message}"
         line += f"; slowest: {_pod_state(pod)}: {why}"
     elif not objects and not refused:
         line += "; no pods created yet"

@@ -37,6 +37,8 @@ from mnnvl.driver.diagnose import (
     PREPARE_FAILED,
     Grace,
     describe_pods,
+    hint,
+    imex_not_ready,
     job_failure,
     pod_index,
     pods_progress,
@@ -367,13 +369,17 @@ class JobWatch(Check):
             return
         if self.pods_deadline is not None and self.pods_deadline.expired:
             names = RunNames.for_run(workload.run_id)
-            raise timeout_error(
+            stuck = imex_not_ready(self.api, workload, pods, self.pods_deadline)
+            err = timeout_error(
                 f"{workload.nodes} pods of Job {workload.namespace}/{self.job} to be Running",
                 self.pods_deadline,
                 describe_pods(self.api, workload, self.job, pods, self.pods_deadline),
                 f"check `kubectl get computedomain {names.domain} -n {workload.namespace} -o "
                 f"yaml` and the driver's kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})",
             )
+            if stuck is None:
+                raise err
+            raise stuck.error(f"{err}; {stuck.message}: {hint(stuck, workload.namespace, '')}")
 
     def _restarted(self, view: View) -> bool:
         """Gang restart on a retriable pod failure (True: the pods are being replaced); after
@@ -450,4 +456,6 @@ class JobWatch(Check):
             return line
         pods = view["pods"]
         refused = "; ".join(f"Job {job}: {text}" for job, text in self.refusals.items())
-        return pods_progress(self.api, self.workload, pods, running_indexes(pods), refused)
+        return pods_progress(
+            self.api, self.workload, pods, running_indexes(pods), refused, view["events"]
+        )

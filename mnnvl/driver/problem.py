@@ -36,6 +36,9 @@ class Kind(enum.Enum):
     LOST_NODE = "lost node"
     STRANDED = "pod stranded on a lost node"
     PREPARE = "channel prepare refused"
+    PREPARE_PENDING = "channel prepare pending"
+    IMEX_NOT_READY = "IMEX daemon never Ready"
+    IMEX_IMPORT = "IMEX import refused"
     NODE_HELD = "node held by another domain"
     POD_SECURITY = "pod security"
     WEBHOOK = "webhook denial"
@@ -72,6 +75,12 @@ TEMPLATES: dict[Kind, str] = {
     "than {grace_s:g} s ({detail}): no kubelet finishes it while the Node object exists, so its "
     "Job never replaces index {index}",
     Kind.PREPARE: "FailedPrepareDynamicResources: {detail}",
+    Kind.PREPARE_PENDING: "FailedPrepareDynamicResources, transient: the kubelet retries until "
+    "the node's IMEX daemon is Ready in the domain ({detail})",
+    Kind.IMEX_NOT_READY: "pod {name} waited {elapsed_s:.0f} s in ContainerCreating on node "
+    "{node}, whose IMEX daemon is not Ready in ComputeDomain {domain} ({state})",
+    Kind.IMEX_IMPORT: "Failed with exit code {code}: CUDA refused to import a peer's memory "
+    "through IMEX ({detail}) although the domain's IMEX daemons look healthy",
     Kind.NODE_HELD: "FailedPrepareDynamicResources for more than {grace_s:g} s: {detail}",
     Kind.POD_SECURITY: "the API refused to create the pods of Job {job} (FailedCreate: {detail})",
     Kind.WEBHOOK: "the API refused to create the pods of Job {job} (FailedCreate: {detail})",
@@ -102,6 +111,11 @@ GRACED = frozenset(
     }
 )
 
+# Kinds found when a deadline passed (exit 3): the Job's, or the pods' to be Running.
+TIMED_OUT = frozenset({Kind.DEADLINE, Kind.IMEX_NOT_READY})
+# Kinds that clear by themselves: a step waits them out (bounded by its deadlines).
+TRANSIENT = frozenset({Kind.PREPARE_PENDING})
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -119,7 +133,7 @@ class Problem:
 
     def step_exit_code(self) -> int:
         """The step's exit code: 3 when a deadline passed, else 4 (the workload failed)."""
-        return exit_codes.TIMEOUT if self.kind is Kind.DEADLINE else exit_codes.FAILED
+        return exit_codes.TIMEOUT if self.kind in TIMED_OUT else exit_codes.FAILED
 
     def error(self, text: str) -> MnnvlError:
         """The step's error carrying ``text`` (the message with its evidence and hint)."""
@@ -147,7 +161,7 @@ def problem(
         message,
         pod=pod,
         exit_code=exit_code,
-        permanent=kind not in GRACED if permanent is None else permanent,
+        permanent=kind not in GRACED | TRANSIENT if permanent is None else permanent,
     )
 
 
