@@ -11,6 +11,7 @@ import pytest
 
 from mnnvl.driver.diagnose import Grace, job_failure, pod_problem, pods_progress, raise_on_stuck_pod
 from mnnvl.driver.errors import MnnvlError
+from mnnvl.driver.kueue import describe, evicted
 from mnnvl.driver.problem import Kind
 from mnnvl.inputs.spec import WorkloadSpec
 
@@ -83,7 +84,7 @@ def test_no_node_with_the_clique_label_is_said_by_name_with_the_counts() -> None
     assert _stuck(_workload(), _pending(NO_LABEL), 60) is None  # a label may come back
     err = _stuck(_workload(), _pending(NO_LABEL), 0)
     assert err is not None and err.exit_code == 4
-    assert getattr(err, "problem_kind") is Kind.NO_CLIQUE_LABEL
+    assert err.problem_kind is Kind.NO_CLIQUE_LABEL
     message = str(err)
     assert (
         "at most 0 of 4 nodes carry the clique label nvidia.com/gpu.clique and a clique group "
@@ -95,24 +96,24 @@ def test_no_node_with_the_clique_label_is_said_by_name_with_the_counts() -> None
 def test_too_few_labelled_nodes_for_a_group_under_a_providers_key() -> None:
     workload = _workload(clique_label="cloud.example.com/nvlink-domain")
     err = _stuck(workload, _pending(ONE_LABELLED), 0)
-    assert err is not None and getattr(err, "problem_kind") is Kind.NO_CLIQUE_LABEL
+    assert err is not None and err.problem_kind is Kind.NO_CLIQUE_LABEL
     assert "at most 1 of 4 nodes carry the clique label cloud.example.com/nvlink-domain" in str(err)
 
 
 def test_a_node_selector_pod_is_not_blamed_on_the_label() -> None:
     # Kueue's topology assignment (or the user's selector) also fails the node affinity filter.
     err = _stuck(_workload(), _pending(NO_LABEL, {"kubernetes.io/hostname": "n3"}), 0)
-    assert err is not None and getattr(err, "problem_kind") is Kind.UNSCHEDULABLE
+    assert err is not None and err.problem_kind is Kind.UNSCHEDULABLE
     # Without clique affinity the label is asked for by nothing.
     err = _stuck(_workload(clique_affinity=False), _pending(NO_LABEL), 0)
-    assert err is not None and getattr(err, "problem_kind") is Kind.UNSCHEDULABLE
+    assert err is not None and err.problem_kind is Kind.UNSCHEDULABLE
 
 
 def test_a_claim_refused_by_a_device_taint_names_the_taint_and_the_health_check() -> None:
     assert _stuck(_workload(gpu_mode="claim"), _pending(TAINTED), 60) is None
     err = _stuck(_workload(gpu_mode="claim"), _pending(TAINTED), 0)
     assert err is not None and err.exit_code == 4
-    assert getattr(err, "problem_kind") is Kind.CLAIM_UNALLOCATABLE
+    assert err.problem_kind is Kind.CLAIM_UNALLOCATABLE
     message = str(err)
     assert "no node could allocate the pod's device claims" in message
     assert "DRADeviceTaints" in message and "gpu.nvidia.com/xid" in message
@@ -169,3 +170,66 @@ def test_an_imex_import_refused_in_the_workers_log_names_the_daemon_fix(said: st
     assert said.strip() in found.message
     assert "although the domain's IMEX daemons look healthy" in found.message
     assert "#1417" in found.message and "nvidia-imex-ctl -N" in found.message
+
+
+def test_kueues_eviction_words_name_the_reason_and_the_requeue_count() -> None:
+    # As Kueue v0.19 leaves a preempted Workload (pkg/scheduler/preemption/preemption.go) and
+    # one evicted for its PodsReady timeout (pkg/controller/core/workload_controller.go).
+    preempted_by = (
+        "Preempted to accommodate a workload (UID: 5f1c, JobUID: 9a2e) due to prioritization in "
+        "the ClusterQueue; preemptor path: /mnnvl; preemptee path: /mnnvl"
+    )
+    preempted = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Evicted",
+                    "status": "True",
+                    "reason": "Preempted",
+                    "message": preempted_by,
+                },
+                {
+                    "type": "Preempted",
+                    "status": "True",
+                    "reason": "InClusterQueue",
+                    "message": preempted_by,
+                },
+                {
+                    "type": "Requeued",
+                    "status": "True",
+                    "reason": "Preempted",
+                    "message": preempted_by,
+                },
+                {"type": "QuotaReserved", "status": "False", "reason": "Pending"},
+            ]
+        }
+    }
+    timed_out = {
+        "status": {
+            "requeueState": {"count": 3, "requeueAt": "2026-12-01T10:04:00Z"},
+            "conditions": [
+                {
+                    "type": "Evicted",
+                    "status": "True",
+                    "reason": "PodsReadyTimeout",
+                    "message": "Exceeded the PodsReady timeout team-a/job-x-1a2b3",
+                },
+                {"type": "Requeued", "status": "False", "reason": "PodsReadyTimeout"},
+            ],
+        }
+    }
+    said = describe({"job-p": preempted})
+    assert said.startswith("Workload job-p Evicted (Preempted: Preempted to accommodate a workload")
+    assert "InClusterQueue: Preempted to accommodate" in said
+    said = describe({"job-x": timed_out})
+    assert said == (
+        "Workload job-x Evicted (PodsReadyTimeout: Exceeded the PodsReady timeout "
+        "team-a/job-x-1a2b3); requeued 3 time(s) (status.requeueState.count), back-off until "
+        "2026-12-01T10:04:00Z"
+    )
+    assert evicted({"job-x": timed_out}) == said
+    readmitted = {
+        "status": {**timed_out["status"], "conditions": [{"type": "Admitted", "status": "True"}]}
+    }
+    assert describe({"job-x": readmitted}).startswith("Workload job-x Admitted; requeued 3 time(s)")
+    assert evicted({"job-x": readmitted}) == ""
