@@ -101,9 +101,11 @@ def test_a_label_dropped_while_the_plugin_restarts_is_waited_for_within_the_grac
         clique = sim.node_cliques["sim-node-0"]
         for node in ("sim-node-1", "sim-node-2"):  # the plugins of two nodes are restarting
             label(sim, node, None)
-        with provisioned(sim, workers, unschedulable_grace_s=1.0) as workload:
-            with pytest.raises(WorkloadFailed) as info:
-                _launch(sim, workload)
+        with (
+            provisioned(sim, workers, unschedulable_grace_s=1.0) as workload,
+            pytest.raises(WorkloadFailed) as info,
+        ):
+            _launch(sim, workload)
         assert f"at most 1 of 3 nodes carry the clique label {DEFAULT}" in str(info.value)
         # Back within the grace: the run places and completes.
         with provisioned(sim, workers, unschedulable_grace_s=30.0) as workload:
@@ -123,22 +125,24 @@ def test_kueue_slices_use_a_providers_clique_key(workers) -> None:
         topology_levels=(PROVIDER, HOSTNAME),
     )
     gang = dict(queue_name="team", nodes=4, nodes_per_clique=2, topology_aware=True)
-    with _sim(nodes=4, cliques=2, clique_label=PROVIDER, kueue=True, kueue_config=config) as sim:
-        with provisioned(sim, workers, clique_label=PROVIDER, **gang) as workload:
-            _launch(sim, workload)
-            cliques: dict[int, set[str]] = {}
-            for pod in sim.store.list("pods")[0]:
-                if workload.run_id in str(pod) and pod["spec"].get("nodeName"):
-                    group = int(pod["metadata"]["labels"][INDEX_LABEL]) // 2
-                    cliques.setdefault(group, set()).add(sim.node_cliques[pod["spec"]["nodeName"]])
+    cluster = _sim(nodes=4, cliques=2, clique_label=PROVIDER, kueue=True, kueue_config=config)
+    with cluster as sim, provisioned(sim, workers, clique_label=PROVIDER, **gang) as workload:
+        _launch(sim, workload)
+        cliques: dict[int, set[str]] = {}
+        for pod in sim.store.list("pods")[0]:
+            if workload.run_id in str(pod) and pod["spec"].get("nodeName"):
+                group = int(pod["metadata"]["labels"][INDEX_LABEL]) // 2
+                cliques.setdefault(group, set()).add(sim.node_cliques[pod["spec"]["nodeName"]])
     assert all(len(c) == 1 for c in cliques.values()) and cliques[0] != cliques[1], cliques
 
 
 def test_an_imex_daemon_that_never_gets_ready_names_the_hosts_imex_service(workers) -> None:
-    with SimCluster(nodes=2, local_gpus=[], imex_delay_s=3600) as sim:
-        with provisioned(sim, workers, pods_running_timeout_s=3) as workload:
-            with pytest.raises(WaitTimeout) as info:
-                _launch(sim, workload)
+    with (
+        SimCluster(nodes=2, local_gpus=[], imex_delay_s=3600) as sim,
+        provisioned(sim, workers, pods_running_timeout_s=3) as workload,
+        pytest.raises(WaitTimeout) as info,
+    ):
+        _launch(sim, workload)
     message = str(info.value)
     assert info.value.exit_code == 3
     assert info.value.problem_kind is Kind.IMEX_NOT_READY
