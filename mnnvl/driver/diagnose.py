@@ -395,7 +395,7 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         f"node's daemon log and the kubelet plugin's ({KUBELET_PLUGIN_LOGS}); after "
         "ComputeDomainCliques was switched on over a live domain its nodes took 8 min 41 s "
         "(#1486): raise --pods-running-timeout-s",
-        Kind.IMEX_IMPORT: f"the node's IMEX daemon stopped serving imports while its pod and "
+        Kind.IMEX_IMPORT: "the node's IMEX daemon stopped serving imports while its pod and "
         "probes stay healthy (kubernetes-sigs/dra-driver-nvidia-gpu#1417, GB200 and GB300): "
         "`nvidia-imex-ctl -N` in the run's ComputeDomain daemon pods hangs or shows peers not "
         f"Connected; rebooting the node cleared it; {logs}",

@@ -335,14 +335,13 @@ class KueueStandIn(Controller):
         requeued = {"type": "Requeued", "status": "False", "reason": "PodsReadyTimeout"}
         not_admitted = {"type": "Admitted", "status": "False", "reason": "NoReservation"}
         new = [evicted, unreserved, requeued, not_admitted]
+        replaced = {c["type"] for c in new}
 
         def write(o: Obj) -> None:
             st = o.setdefault("status", {})
             st.pop("admission", None)
             st["requeueState"] = {"count": count, "requeueAt": iso_after(backoff)}
-            kept = [
-                c for c in st.get("conditions") or [] if c["type"] not in {c["type"] for c in new}
-            ]
+            kept = [c for c in st.get("conditions") or [] if c["type"] not in replaced]
             st["conditions"] = kept + [
                 {**c, "message": message, "lastTransitionTime": stamp} for c in new
             ]
