@@ -377,8 +377,9 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         "(on in GPU Operator 26.7's GPUCluster), which removes the label while it restarts; "
         "where a provider labels cliques under a key of its own, pass it as --clique-label "
         "(docs/real-cluster.md)",
-        Kind.CLAIM_UNALLOCATABLE: "a node cannot allocate a claim when its device is in use "
-        "(another pod's GPU claim, or its IMEX channel held by another domain's pod) or tainted: "
+        Kind.CLAIM_UNALLOCATABLE: f"{placement}; a node cannot allocate a claim when its device "
+        "is in use (another pod's GPU claim, or its IMEX channel held by another domain's pod) or "
+        "tainted: "
         "the DRA driver's NVML health check taints a GPU after a fatal XID (gpu.nvidia.com/xid, "
         "gpu.nvidia.com/gpu-lost: NoSchedule) and DRADeviceTaints (on by default from Kubernetes "
         "1.36) keeps such a device out of new claims until the GPU is fixed and the kubelet "
