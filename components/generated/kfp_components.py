@@ -62,6 +62,7 @@ def train_sharded(
     gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -122,7 +123,10 @@ def train_sharded(
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -205,6 +209,7 @@ def verify_nvlink(
     gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -260,7 +265,10 @@ def verify_nvlink(
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -331,6 +339,7 @@ def launch_workload(
     gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -373,7 +382,10 @@ def launch_workload(
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -449,6 +461,7 @@ def provision_training(
     gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -523,7 +536,10 @@ def provision_training(
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -622,6 +638,7 @@ def provision_verify_only(
     gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -676,7 +693,10 @@ def provision_verify_only(
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
@@ -749,6 +769,7 @@ def provision_custom(
     gpu_mode: str = 'auto',
     gpu_device_class: str = 'gpu.nvidia.com',
     clique_affinity: bool = True,
+    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
     rdzv_port: int = 29500,
@@ -806,7 +827,10 @@ def provision_custom(
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
         gpu_device_class: DeviceClass for gpu_mode claim.
-        clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
+        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
+            (clique_label).
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
         nccl_profile: production, verify-strict or single-host (README).
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT).

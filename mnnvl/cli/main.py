@@ -285,9 +285,18 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_baselines(ns: argparse.Namespace) -> dict[str, Any]:
-    """The baseline table on stdout (the result line goes to stderr)."""
-    print(baselines.table_text(), flush=True)
-    return {"version": baselines.TABLE_VERSION, "baselines": baselines.rows()}
+    """The baseline table on stdout, or with --system the row one shape gets (the result line
+    goes to stderr)."""
+    out: dict[str, Any] = {"version": baselines.TABLE_VERSION, "baselines": baselines.rows()}
+    if not ns.system:
+        print(baselines.table_text(), flush=True)
+        return out
+    if ns.nodes < 1 or ns.gpus_per_node < 1:
+        raise SpecError("nodes", "--nodes and --gpus-per-node must be at least 1")
+    row = baselines.for_shape(ns.system, ns.nodes, ns.gpus_per_node, platform=ns.platform)
+    print(baselines.shape_text(ns.system, ns.nodes, ns.gpus_per_node, row), flush=True)
+    shape = {"system": ns.system, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node}
+    return out | shape | {"platform": ns.platform, "row": baselines.as_dict(row) if row else None}
 
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

@@ -220,7 +220,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--skip-verify", action="store_true", help="train only")
     p = _subcommand(sub, "reap")
     _reap_flags(p)
-    _subcommand(sub, "baselines")
+    p = _subcommand(sub, "baselines")
+    p.add_argument(
+        "--system", default="", help="GPU model (gb200, gb300, h200, h100): show its row"
+    )
+    p.add_argument("--nodes", type=int, default=1, help="nodes of the shape (with --system)")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=4, help="GPUs per node of the shape (with --system)"
+    )
+    p.add_argument("--platform", default="", help="a provider's rows, e.g. eks ('' = any cluster)")
     p = _subcommand(sub, "sim")
     p.add_argument("action", choices=("up",), help="up: serve until Ctrl-C or SIGTERM")
     p.add_argument("--nodes", type=int, default=2, help="simulated nodes")

@@ -41,6 +41,9 @@ NODE_NAME = "MNNVL_NODE_NAME"
 # to the pod's own directory.
 IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 IMEX_CHANNELS = "MNNVL_IMEX_CHANNELS"
+# The node label the placement keeps each group inside (``--clique-label``): the workers name it
+# when the GPUs' NVML clique IDs show a group that spans two cliques.
+CLIQUE_LABEL = "MNNVL_CLIQUE_LABEL"
 
 # Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
 JOB_OWNED = (
@@ -60,6 +63,7 @@ JOB_OWNED = (
     NODE_RANK_BASE,
     NODE_NAME,
     IMEX_CHANNELS,
+    CLIQUE_LABEL,
 )
 # Set on the GPU hosts to keep NVLink multicast off; nothing we ship may override them.
 PINNED = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")

@@ -47,6 +47,26 @@ PREPARE_OTHER_DOMAIN = "label already exists for a different ComputeDomain"
 # out a channel (``checkHostIMEXReady``, cmd/compute-domain-kubelet-plugin/nvlib.go); the
 # driver runs no IMEX daemon then, labels no node and reports no ``status.nodes``.
 HOST_IMEX = "host nvidia-imex daemon"
+# kube-scheduler's FailedScheduling text: the nodes it looked at, and how many failed the pod's
+# node affinity (which asks for the clique label), and the DynamicResources plugin's reason for
+# a node where a claim cannot be allocated (a device in use, held, or tainted: with
+# DRADeviceTaints a tainted device is skipped without a word of its own).
+SCHEDULER_TOTAL = re.compile(r"\b0/(\d+) nodes are available")
+NODE_AFFINITY_MISSES = re.compile(r"\b(\d+) node\(s\) didn't match Pod's node affinity/selector")
+CLAIMS_UNALLOCATABLE = "cannot allocate all claims"
+UNPLACED = (Kind.UNSCHEDULABLE, Kind.CLAIM_UNALLOCATABLE)
+# The compute-domain kubelet plugin's prepare error while the node's IMEX daemon is not Ready in
+# the domain (AssertComputeDomainReady in cmd/compute-domain-kubelet-plugin/computedomain.go,
+# kubernetes-sigs/dra-driver-nvidia-gpu v25.12.0): the kubelet retries it. With
+# ComputeDomainCliques switched on over a live domain it lasted 8 min 41 s and cleared (#1486).
+PREPARE_NOT_READY = re.compile(r"current node not ready in ComputeDomain|ComputeDomain not Ready")
+# CUDA refusing a peer's fabric memory, in CUDA's words (#1417: "CUDA error in
+# cuMemImportFromShareableHandle: invalid resource handle") or NCCL's (CUCHECK in
+# src/include/checks.h: "Cuda failure %d '%s'"; 400 is CUDA_ERROR_INVALID_HANDLE).
+IMEX_IMPORT_REFUSED = re.compile(
+    r"[^\n]*(cuMemImportFromShareableHandle[^\n]*invalid resource handle"
+    r"|Cuda failure 400 'invalid resource handle')[^\n]*"
+)
 LOG_TAIL_LINES = 20
 
 
@@ -210,14 +230,45 @@ def raise_on_stuck_pod(
             continue
         group = (pod["metadata"].get("labels") or {}).get(LABEL_CLIQUE_GROUP)
         shortage = ""
+        if found.kind in UNPLACED:
+            found = label_shortage(workload, pod, grace.grace_s) or found
         if found.kind is Kind.UNSCHEDULABLE:
             gpus = shortage_hint(api, _unschedulable(pod))
             shortage = f"{gpus}; " if gpus else ""
-        if found.kind is Kind.UNSCHEDULABLE and group and workload.clique_affinity:
+        if found.kind in UNPLACED and group and workload.clique_affinity:
             found = replace(found, kind=Kind.NO_CLIQUE_ROOM)
             shortage += f"{clique_shortage(api, workload, group, pods)}; "
-        text = _failure_message(api, workload.namespace, domain, pod, found)
+        failed = (pod.get("status") or {}).get("phase") == "Failed"
+        tail = log_tail(api, workload.namespace, pod["metadata"]["name"]) if failed else ""
+        found = imex_import(found, tail) or found
+        text = _failure_message(api, workload.namespace, domain, pod, found, tail)
         raise found.error(shortage + text)
+
+
+def label_shortage(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) -> Problem | None:
+    """The clique label on fewer nodes than a group needs, from the scheduler's counts: the
+    pod's only node affinity is that the label exists, so the nodes that failed it lack the label
+    (the runner may not read nodes). Not judged for a pod with a node selector (the user's, or
+    Kueue's topology assignment), whose misses are not the label's alone."""
+    said = _unschedulable(pod)
+    total, misses = SCHEDULER_TOTAL.search(said), NODE_AFFINITY_MISSES.search(said)
+    if not workload.clique_affinity or (pod.get("spec") or {}).get("nodeSelector"):
+        return None
+    if total is None or misses is None:
+        return None
+    carrying = int(total[1]) - int(misses[1])
+    if carrying >= workload.group_nodes:
+        return None
+    return problem(
+        Kind.NO_CLIQUE_LABEL,
+        pod=pod["metadata"]["name"],
+        grace_s=grace_s,
+        carrying=carrying,
+        total=int(total[1]),
+        label=workload.clique_label,
+        needed=workload.group_nodes,
+        detail=said,
+    )
 
 
 def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects) -> str:
@@ -249,7 +300,7 @@ def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects)
     return (
         f"no NVLink clique with {workload.group_nodes} free nodes for group g{group}; "
         f"cliques seen: {seen or 'none (no pod of the run placed)'}; every clique group needs "
-        "a clique of its own: free nodes in a clique (nvidia.com/gpu.clique), or run fewer "
+        f"a clique of its own: free nodes in a clique ({workload.clique_label}), or run fewer "
         "or smaller groups (--nodes, --nodes-per-clique)"
     )
 
@@ -291,7 +342,12 @@ def pod_problem(
         return problem(Kind.MISSING_CLAIM, pod=name, detail=unschedulable)
     left = grace.left_s(f"unschedulable/{name}", bool(unschedulable))
     if left is not None and left <= 0:
-        return problem(Kind.UNSCHEDULABLE, pod=name, grace_s=grace.grace_s, detail=unschedulable)
+        kind = (
+            Kind.CLAIM_UNALLOCATABLE
+            if CLAIMS_UNALLOCATABLE in unschedulable
+            else Kind.UNSCHEDULABLE
+        )
+        return problem(kind, pod=name, grace_s=grace.grace_s, detail=unschedulable)
     message = str((prepare or {}).get("message") or "") if phase == "Pending" else ""
     if PREPARE_NAMESPACE.search(message):
         return problem(Kind.PREPARE, pod=name, detail=message)
@@ -314,7 +370,7 @@ def hint(found: Problem, namespace: str, node: str) -> str:
     )
     placement = (
         "check free GPUs and channel devices per node (one pod per node per domain) and "
-        "the nvidia.com/gpu.clique labels"
+        "the nodes' clique labels (--clique-label)"
     )
     return {
         Kind.IMAGE_PULL: "check the image name and the pull secret (with imagePullPolicy Never "
@@ -326,8 +382,35 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         "fix --pvc",
         Kind.UNSCHEDULABLE: placement,
         Kind.NO_CLIQUE_ROOM: placement,
+        Kind.NO_CLIQUE_LABEL: "label the nodes' cliques: GPU Feature Discovery (GPU Operator "
+        "ClusterPolicy) sets nvidia.com/gpu.clique, and so does the DRA driver's compute-domain "
+        "kubelet plugin with kubeletPlugin.containers.computeDomains.gpuCliqueLabelEnabled=true "
+        "(on in GPU Operator 26.7's GPUCluster), which removes the label while it restarts; "
+        "where a provider labels cliques under a key of its own, pass it as --clique-label "
+        "(docs/real-cluster.md)",
+        Kind.CLAIM_UNALLOCATABLE: f"{placement}; a node cannot allocate a claim when its device "
+        "is in use (another pod's GPU claim, or its IMEX channel held by another domain's pod) or "
+        "tainted: "
+        "the DRA driver's NVML health check taints a GPU after a fatal XID (gpu.nvidia.com/xid, "
+        "gpu.nvidia.com/gpu-lost: NoSchedule) and DRADeviceTaints (on by default from Kubernetes "
+        "1.36) keeps such a device out of new claims until the GPU is fixed and the kubelet "
+        "plugin restarts; see the taints with `kubectl get resourceslices -o yaml` (a cluster "
+        "read)",
         Kind.PREPARE: prepare,
         Kind.NODE_HELD: held,
+        Kind.PREPARE_PENDING: f"wait: the kubelet retries the prepare; if it lasts, {prepare}",
+        Kind.IMEX_NOT_READY: "the daemon did not become Ready: where the host runs its own "
+        "nvidia-imex.service, the ComputeDomain's daemon cannot take the GPU driver's IMEX "
+        "session (its log: 'Failed to allocate Imex session ... NV_ERR_IN_USE'); disable it on "
+        "every GPU node with `systemctl disable --now nvidia-imex.service && systemctl mask "
+        "nvidia-imex.service` (kubernetes-sigs/dra-driver-nvidia-gpu#524); else read that "
+        f"node's daemon log and the kubelet plugin's ({KUBELET_PLUGIN_LOGS}); after "
+        "ComputeDomainCliques was switched on over a live domain its nodes took 8 min 41 s "
+        "(#1486): raise --pods-running-timeout-s",
+        Kind.IMEX_IMPORT: "the node's IMEX daemon stopped serving imports while its pod and "
+        "probes stay healthy (kubernetes-sigs/dra-driver-nvidia-gpu#1417, GB200 and GB300): "
+        "`nvidia-imex-ctl -N` in the run's ComputeDomain daemon pods hangs or shows peers not "
+        f"Connected; rebooting the node cleared it; {logs}",
         Kind.OOM_KILLED: f"the container went over its memory limit; {logs}",
         Kind.OUT_OF_MEMORY: f"GPU memory ran out: use smaller batches or more nodes; {logs}",
         Kind.LOST_NODE: f"check `kubectl describe node {node}` and the IMEX daemon there; {logs}",
@@ -335,7 +418,7 @@ def hint(found: Problem, namespace: str, node: str) -> str:
 
 
 def _failure_message(
-    api: Api, namespace: str, domain: str, pod: dict[str, Any], found: Problem
+    api: Api, namespace: str, domain: str, pod: dict[str, Any], found: Problem, tail: str
 ) -> str:
     name, node = pod["metadata"]["name"], node_of(pod)
     message = (
@@ -343,9 +426,59 @@ def _failure_message(
         f"events: {pod_events(api, namespace, name)}; "
         f"{domain_state(api, domain, namespace)}; {hint(found, namespace, node)}"
     )
-    if (pod.get("status") or {}).get("phase") == "Failed":
-        message += f"; last log lines:\n{log_tail(api, namespace, name)}"
-    return message
+    return f"{message}; last log lines:\n{tail}" if tail else message
+
+
+def imex_import(found: Problem, log: str) -> Problem | None:
+    """A failed worker whose log shows CUDA refusing to import a peer's memory through IMEX."""
+    said = IMEX_IMPORT_REFUSED.search(log)
+    if said is None or found.kind not in (Kind.CRASHED, Kind.COLLECTIVE_TIMEOUT, Kind.STALLED):
+        return None
+    return problem(
+        Kind.IMEX_IMPORT,
+        pod=found.pod,
+        exit_code=found.exit_code,
+        permanent=found.permanent,
+        detail=said[0].strip(),
+    )
+
+
+def prepare_pending(pod: dict[str, Any], prepare: dict[str, Any] | None) -> Problem | None:
+    """A Pending pod whose channel prepare waits for the node's IMEX daemon (transient)."""
+    message = str((prepare or {}).get("message") or "")
+    if (pod.get("status") or {}).get("phase") != "Pending" or not PREPARE_NOT_READY.search(message):
+        return None
+    return problem(Kind.PREPARE_PENDING, pod=pod["metadata"]["name"], detail=message)
+
+
+def imex_not_ready(
+    api: Api, workload: WorkloadSpec, objects: Objects, deadline: Deadline
+) -> Problem | None:
+    """The first pod stuck ContainerCreating on a node whose IMEX daemon is not Ready in the
+    run's domain (listed NotReady, or not listed while the domain is not Ready: a domain that
+    is Ready without the node has no daemon to wait for)."""
+    ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
+    try:
+        status = api.get(COMPUTE_DOMAIN, ns, domain).get("status") or {}
+    except MnnvlError:
+        return None
+    imex = {str(n.get("name")): str(n.get("status", "?")) for n in status.get("nodes") or []}
+    for pod in sorted(objects.values(), key=pod_index):
+        node = (pod.get("spec") or {}).get("nodeName")
+        if waiting_reason(pod) != "ContainerCreating" or not node or imex.get(node) == "Ready":
+            continue
+        if node not in imex and status.get("status") == "Ready":
+            continue
+        return problem(
+            Kind.IMEX_NOT_READY,
+            pod=pod["metadata"]["name"],
+            name=pod["metadata"]["name"],
+            node=node,
+            domain=f"{ns}/{domain}",
+            state=imex.get(node, "not in status.nodes"),
+            elapsed_s=deadline.elapsed(),
+        )
+    return None
 
 
 def imex_wait(node: str, imex: dict[str, str], events: str) -> str:
@@ -415,6 +548,8 @@ def job_failure(
     pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
     bad = last_failures(pods, index_set(failed_indexes))
     found = failed_problem(bad[0]) if bad else problem(Kind.CRASHED, permanent=True)
+    tail = log_tail(api, ns, bad[0]["metadata"]["name"]) if bad else ""
+    found = imex_import(found, tail) or found
     if failed.get("reason") == "DeadlineExceeded":  # the Job condition's reason: API data
         found = replace(found, kind=Kind.DEADLINE)
     if not bad:
@@ -430,7 +565,7 @@ def job_failure(
         found,
         message=f"{head}; pod {name} (index {pod_index(bad[0])}): {found.message}; "
         f"events: {pod_events(api, ns, name)}; {hint(found, ns, node_of(bad[0]))}{others}; "
-        f"last log lines of {name}:\n{log_tail(api, ns, name)}",
+        f"last log lines of {name}:\n{tail}",
     )
 
 
@@ -470,7 +605,12 @@ def index_set(text: str) -> set[int]:
 
 
 def pods_progress(
-    api: Api, workload: WorkloadSpec, objects: Objects, running: int, refused: str = ""
+    api: Api,
+    workload: WorkloadSpec,
+    objects: Objects,
+    running: int,
+    refused: str = "",
+    events: Objects | None = None,
 ) -> str:
     """One progress line: pods Running x/N, the API's refusal to create pods (``refused``),
     the slowest pod and why, the domain's nodes."""
@@ -490,6 +630,9 @@ def pods_progress(
         why = _unschedulable(pod) or waiting_reason(pod) or "waiting to be scheduled"
         if why == "ContainerCreating" and node:
             why += f" ({imex_wait(node, imex, '')})"
+        pending = prepare_pending(pod, prepare_events(events or {}).get(pod["metadata"]["name"]))
+        if pending is not None:
+            why += f"; {pending.message}"
         line += f"; slowest: {_pod_state(pod)}: {why}"
     elif not objects and not refused:
         line += "; no pods created yet"

@@ -48,6 +48,8 @@ from mnnvl.driver.diagnose import (
     Grace,
     exit_code,
     failed_problem,
+    hint,
+    imex_import,
     log_tail,
     pod_index,
 )
@@ -237,9 +239,12 @@ class Gang:
                 max_restarts=self.workload.max_restarts,
             )
             ns = self.workload.namespace
+            tail = log_tail(self.api, ns, name)
+            seen = imex_import(failed_problem(failed), tail)
+            why = f"; {seen.message}; {hint(seen, ns, '')}" if seen is not None else ""
             raise found.error(
-                f"pod {name} {found.message}; check `kubectl logs -n {ns} {name}`; "
-                f"last log lines:\n{log_tail(self.api, ns, name)}"
+                f"pod {name} {found.message}{why}; check `kubectl logs -n {ns} {name}`; "
+                f"last log lines:\n{tail}"
             )
         why = ""
         spent = next((p for p in self._to_delete(pods, failed) if not self._has_retry(p)), None)

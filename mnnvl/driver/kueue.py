@@ -14,6 +14,16 @@ themselves, so the step fails at once (exit 4) quoting Kueue:
 
 Quota reasons (``WaitingForQuota``, ``ExceedsMaxQuota``, ``Pending``, ...) may clear when other
 work ends or quota is raised: they are shown and waited for under ``--admission-timeout-s``.
+
+An admitted Workload can be evicted: Kueue v0.19 turns ``waitForPodsReady`` on by default
+(30 min for the pods to be Ready, the same after a pod of a running Job failed; requeued with
+a back-off of 60 s x 2^(n-1), at most 3600 s, without limit: ``apis/config/v1beta2/defaults.go``,
+``configuration_types.go`` and CHANGELOG-0.19 in kubernetes-sigs/kueue v0.19.0), and
+preemption evicts for a higher-priority Workload. Kueue then sets ``Evicted=True`` (reason
+``PodsReadyTimeout``, ``Preempted``, ...; ``apis/kueue/v1beta2/workload_types.go``), counts the
+requeue in ``status.requeueState.count`` (with ``requeueAt``) and suspends the Job
+(``pkg/controller/core/workload_controller.go``, ``pkg/controller/jobframework/reconciler.go``).
+``describe`` and ``evicted`` say so in Kueue's words.
 Reading Workloads needs ``get/list/watch workloads.kueue.x-k8s.io`` (manifests/overlays/kueue);
 without it the wait falls back to the Job's suspension alone and says so once.
 """
@@ -62,18 +72,45 @@ def _conditions(wl: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c.get("type", ""): c for c in (wl.get("status") or {}).get("conditions") or []}
 
 
+def _requeues(wl: dict[str, Any]) -> str:
+    state = (wl.get("status") or {}).get("requeueState") or {}
+    if not state.get("count"):
+        return ""
+    at = f", back-off until {state['requeueAt']}" if state.get("requeueAt") else ""
+    return f"; requeued {state['count']} time(s) (status.requeueState.count){at}"
+
+
+def evicted(workloads: Objects) -> str:
+    """Kueue's eviction of a Workload in its words, with the requeue count ("" if none is
+    evicted now)."""
+    for name in sorted(workloads):
+        conds = _conditions(workloads[name])
+        cond = conds.get("Evicted") or {}
+        if cond.get("status") == "True":
+            preempted = conds.get("Preempted") or {}
+            how = f", {_said(preempted)}" if preempted.get("status") == "True" else ""
+            return f"Workload {name} Evicted ({_said(cond)}{how}){_requeues(workloads[name])}"
+    return ""
+
+
 def describe(workloads: Objects) -> str:
-    """One phrase per Workload: admitted, quota reserved, or why it waits (Kueue's words)."""
+    """One phrase per Workload: evicted, admitted, quota reserved, or why it waits (Kueue's
+    words), with the requeue count once Kueue requeued it."""
     parts = []
     for name in sorted(workloads):
         conds = _conditions(workloads[name])
         admitted, reserved = conds.get("Admitted", {}), conds.get("QuotaReserved", {})
-        if admitted.get("status") == "True":
-            parts.append(f"Workload {name} Admitted")
+        if (conds.get("Evicted") or {}).get("status") == "True":
+            parts.append(evicted({name: workloads[name]}))
+        elif admitted.get("status") == "True":
+            parts.append(f"Workload {name} Admitted{_requeues(workloads[name])}")
         elif reserved.get("status") == "True":
             parts.append(f"Workload {name} QuotaReserved, Admitted=False ({_said(admitted)})")
         elif reserved:
-            parts.append(f"Workload {name} QuotaReserved=False ({_said(reserved)})")
+            parts.append(
+                f"Workload {name} QuotaReserved=False ({_said(reserved)})"
+                f"{_requeues(workloads[name])}"
+            )
         else:
             parts.append(f"Workload {name} not yet evaluated by Kueue")
     return "; ".join(parts) or "no Kueue Workload yet"

@@ -38,6 +38,8 @@ from mnnvl.driver.diagnose import (
     PREPARE_FAILED,
     Grace,
     describe_pods,
+    hint,
+    imex_not_ready,
     job_failure,
     pod_index,
     pods_progress,
@@ -47,7 +49,7 @@ from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.errors import MnnvlError, NotFound, WaitTimeout, WorkloadFailed
 from mnnvl.driver.gang import Gang
 from mnnvl.driver.gpus import resolve_gpu_mode
-from mnnvl.driver.kueue import describe, raise_if_inadmissible, workload_source
+from mnnvl.driver.kueue import describe, evicted, raise_if_inadmissible, workload_source
 from mnnvl.driver.problem import Kind
 from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
 from mnnvl.driver.wait import Check, Deadline, Objects, Source, View, timeout_error, watch_until
@@ -217,11 +219,15 @@ class JobWatch(Check):
         self.grace = Grace(workload.unschedulable_grace_s)
         self.refusal_grace = Grace(workload.unschedulable_grace_s)
         self.refusals: dict[str, str] = {}  # Job -> its latest refused create's message
-        self.admission = Deadline(workload.admission_timeout_s)
+        self.admission = Deadline(0)  # this wait's stopwatch; the limit counts every wait
+        self.queued_s = 0.0  # seconds suspended in the waits before this one
+        self.evicted: set[str] = set()  # uids of the pods of admissions Kueue took back
         self.pods_deadline: Deadline | None = None  # from admission
         self.job_deadline: Deadline | None = None  # from all pods Running
         self.queued_logged = False
         self.kueue_said = ""  # the Workloads' last logged state
+        self.evictions = 0  # times Kueue took the admission back
+        self.eviction_said = True  # the last eviction logged with Kueue's reason
         self.running_logged = -1
         self.gang = Gang(api, workload)
         self.follower: LogFollower | None = None  # rank 0's log, of its current pod
@@ -276,17 +282,22 @@ class JobWatch(Check):
         every = [view["job"][name] for name in self.jobs]
         if all(_condition(j, "Complete") is not None for j in every):
             return dict(view["pods"])
-        if self.pods_deadline is not None and self._restarted(view):
-            return None
+        # Suspended first: a Job Kueue evicted loses its pods, which is no gang restart.
         job = next((j for j in every if (j.get("spec") or {}).get("suspend")), None)
         if job is not None:  # any group still queued: the step is queued
-            self._queued(job, view.get("workloads"))
+            self._queued(job, view)
+            return None
+        if self.pods_deadline is not None and self._restarted(view):
             return None
         job = view["job"][self.job]
         if self.pods_deadline is None:
             if self.queued_logged:
                 waited = self.admission.elapsed()
-                logger.info("Job %s/%s admitted after %.0f s", ns, self.job, waited)
+                again = (
+                    f"re-admitted after eviction {self.evictions}" if self.evictions else "admitted"
+                )
+                logger.info("Job %s/%s %s after %.0f s", ns, self.job, again, waited)
+            self.queued_s += self.admission.elapsed()
             self.pods_deadline = Deadline(self.workload.pods_running_timeout_s)
         if self.job_deadline is None:
             self._starting(view)
@@ -311,12 +322,17 @@ class JobWatch(Check):
             f"raise --job-timeout-s or check `kubectl logs -n {ns} -l {JOB_NAME_LABEL}={job}`"
         )
 
-    def _queued(self, job: dict[str, Any], workloads: Objects | None) -> None:
+    def _queued(self, job: dict[str, Any], view: View) -> None:
+        workloads = view.get("workloads")
         if self.pods_deadline is not None:
-            # Suspended again after admission (Kueue preempted it): start over.
-            logger.warning("Job %s was suspended again; waiting for re-admission", self.job)
-            self.pods_deadline = self.job_deadline = None
-            self.admission = Deadline(self.workload.admission_timeout_s)
+            # Suspended again after admission: Kueue evicted the Workload (its PodsReady timeout,
+            # preemption, ...). Its pods go; the admitted ones will be new.
+            self.evictions += 1
+            self.evicted |= {p["metadata"]["uid"] for p in view["pods"].values()}
+            self.gang.old |= self.evicted
+            self.pods_deadline = self.job_deadline = self.follower = None
+            self.admission = Deadline(0)
+            self.eviction_said = False
         if not self.queued_logged:
             self.queued_logged = True
             logger.info("%s", self._queue_text(job))
@@ -326,13 +342,44 @@ class JobWatch(Check):
             if said != self.kueue_said:  # each change of Kueue's verdict, not every event
                 self.kueue_said = said
                 logger.info("Kueue: %s", said)
-        if self.admission.expired:
-            kueue = f" (Kueue: {self.kueue_said})" if self.kueue_said else ""
-            raise WaitTimeout(
-                f"{self._queue_text(job)} for more than {self.admission.timeout_s:g} s{kueue} "
-                "(--admission-timeout-s); check `kubectl get workloads -n "
-                f"{self.workload.namespace}` and the queue's ClusterQueue quota"
+        ns = self.workload.namespace
+        kueue = f" (Kueue: {self.kueue_said})" if self.kueue_said else ""
+        why = evicted(workloads or {})
+        if self.evictions and not self.eviction_said and (why or workloads is None):
+            # Once Kueue's words arrived (the Job's watch may have told of it first).
+            self.eviction_said = True
+            logger.warning(
+                "Job %s/%s was suspended again (%s); waiting for re-admission (eviction %d, at "
+                "most %d: --max-restarts)",
+                ns,
+                self.job,
+                why or "Kueue's Workload unreadable",
+                self.evictions,
+                self.workload.max_restarts,
             )
+        if self.evictions > self.workload.max_restarts and (why or workloads is None):
+            raise WorkloadFailed(
+                f"Kueue evicted Job {ns}/{self.job} {self.evictions} time(s), more than "
+                f"--max-restarts {self.workload.max_restarts} ({why or 'suspended again'}); a "
+                "Job evicted for its PodsReady timeout has pods that do not get Ready within "
+                "Kueue's waitForPodsReady.timeout (30 min by default from Kueue v0.19): check "
+                f"`kubectl get workloads -n {ns} -o yaml` and the pods' events, or raise "
+                "--max-restarts"
+            )
+        left = self._admission_left()
+        if left is not None and left <= 0:
+            waits = f", over {self.evictions + 1} waits" if self.evictions else ""
+            raise WaitTimeout(
+                f"{self._queue_text(job)} for more than {self.workload.admission_timeout_s:g} s "
+                f"in all{waits}{kueue} (--admission-timeout-s); check `kubectl get workloads -n "
+                f"{ns}` and the queue's ClusterQueue quota"
+            )
+
+    def _admission_left(self) -> float | None:
+        """Seconds of --admission-timeout-s left: every wait while suspended counts, before the
+        first admission and after each eviction; None without a limit."""
+        limit = self.workload.admission_timeout_s
+        return limit - self.queued_s - self.admission.elapsed() if limit > 0 else None
 
     def _queue_text(self, job: dict[str, Any]) -> str:
         queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
@@ -356,8 +403,12 @@ class JobWatch(Check):
                 fix = refusal_fix(found, self.workload.namespace, message)
                 raise found.error(f"{found.message}; {fix}")
 
+    def _current(self, pods: Objects) -> Objects:
+        """The pods of the current admission (an evicted admission's pods are leaving)."""
+        return {k: p for k, p in pods.items() if p["metadata"]["uid"] not in self.evicted}
+
     def _starting(self, view: View) -> None:
-        pods, workload = view["pods"], self.workload
+        pods, workload = self._current(view["pods"]), self.workload
         self._refused(view)
         raise_on_stuck_pod(self.api, workload, pods, view["events"], self.grace)
         running = running_indexes(pods)
@@ -370,13 +421,17 @@ class JobWatch(Check):
             return
         if self.pods_deadline is not None and self.pods_deadline.expired:
             names = RunNames.for_run(workload.run_id)
-            raise timeout_error(
+            stuck = imex_not_ready(self.api, workload, pods, self.pods_deadline)
+            err = timeout_error(
                 f"{workload.nodes} pods of Job {workload.namespace}/{self.job} to be Running",
                 self.pods_deadline,
                 describe_pods(self.api, workload, self.job, pods, self.pods_deadline),
                 f"check `kubectl get computedomain {names.domain} -n {workload.namespace} -o "
                 f"yaml` and the driver's kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})",
             )
+            if stuck is None:
+                raise err
+            raise stuck.error(f"{err}; {stuck.message}: {hint(stuck, workload.namespace, '')}")
 
     def _restarted(self, view: View) -> bool:
         """Gang restart on a retriable pod failure (True: the pods are being replaced); after
@@ -427,7 +482,8 @@ class JobWatch(Check):
 
     def recheck_in(self, view: View) -> float | None:
         if self._suspended(view) is not None:
-            return None if self.admission.unlimited else max(0.0, self.admission.remaining())
+            left = self._admission_left()
+            return None if left is None else max(0.0, left)
         times = [self.grace.recheck_in_s(), self.refusal_grace.recheck_in_s()]
         times.append(self.gang.stranded.recheck_in_s())
         for deadline in (self.job_deadline or self.pods_deadline,):
@@ -440,7 +496,10 @@ class JobWatch(Check):
         job = self._suspended(view)
         if job is not None:
             kueue = f"; Kueue: {describe(view['workloads'])}" if "workloads" in view else ""
-            return f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s{kueue}"
+            line = f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s"
+            if self.evictions:
+                line += f" since eviction {self.evictions} ({self.queued_s:.0f} s before)"
+            return line + kueue
         if self.job_deadline is not None:
             line = (
                 f"Job {self.workload.namespace}/{self.job} running for "
@@ -451,6 +510,8 @@ class JobWatch(Check):
             if self.follower is not None:
                 line += f"; {self.follower.progress.describe()}"
             return line
-        pods = view["pods"]
+        pods = self._current(view["pods"])
         refused = "; ".join(f"Job {job}: {text}" for job, text in self.refusals.items())
-        return pods_progress(self.api, self.workload, pods, running_indexes(pods), refused)
+        return pods_progress(
+            self.api, self.workload, pods, running_indexes(pods), refused, view["events"]
+        )

@@ -21,6 +21,8 @@ class Kind(enum.Enum):
 
     UNSCHEDULABLE = "unschedulable"
     NO_CLIQUE_ROOM = "no clique room"
+    NO_CLIQUE_LABEL = "clique label missing"
+    CLAIM_UNALLOCATABLE = "device claim not allocatable"
     MISSING_CLAIM = "missing volume claim"
     IMAGE_PULL = "image pull"
     IMAGE_REFERENCE = "invalid image reference"
@@ -34,6 +36,9 @@ class Kind(enum.Enum):
     LOST_NODE = "lost node"
     STRANDED = "pod stranded on a lost node"
     PREPARE = "channel prepare refused"
+    PREPARE_PENDING = "channel prepare pending"
+    IMEX_NOT_READY = "IMEX daemon never Ready"
+    IMEX_IMPORT = "IMEX import refused"
     NODE_HELD = "node held by another domain"
     POD_SECURITY = "pod security"
     WEBHOOK = "webhook denial"
@@ -50,6 +55,11 @@ class Kind(enum.Enum):
 TEMPLATES: dict[Kind, str] = {
     Kind.UNSCHEDULABLE: "Unschedulable for more than {grace_s:g} s: {detail}",
     Kind.NO_CLIQUE_ROOM: "Unschedulable for more than {grace_s:g} s: {detail}",
+    Kind.NO_CLIQUE_LABEL: "Unschedulable for more than {grace_s:g} s: at most {carrying} of "
+    "{total} nodes carry the clique label {label} and a clique group needs {needed} nodes with "
+    "one value of it ({detail})",
+    Kind.CLAIM_UNALLOCATABLE: "Unschedulable for more than {grace_s:g} s: no node could allocate "
+    "the pod's device claims ({detail})",
     Kind.MISSING_CLAIM: "Unschedulable: {detail}",
     Kind.IMAGE_PULL: "{detail}",
     Kind.IMAGE_REFERENCE: "{detail}",
@@ -65,6 +75,12 @@ TEMPLATES: dict[Kind, str] = {
     "than {grace_s:g} s ({detail}): no kubelet finishes it while the Node object exists, so its "
     "Job never replaces index {index}",
     Kind.PREPARE: "FailedPrepareDynamicResources: {detail}",
+    Kind.PREPARE_PENDING: "FailedPrepareDynamicResources, transient: the kubelet retries until "
+    "the node's IMEX daemon is Ready in the domain ({detail})",
+    Kind.IMEX_NOT_READY: "pod {name} waited {elapsed_s:.0f} s in ContainerCreating on node "
+    "{node}, whose IMEX daemon is not Ready in ComputeDomain {domain} ({state})",
+    Kind.IMEX_IMPORT: "Failed with exit code {code}: CUDA refused to import a peer's memory "
+    "through IMEX ({detail}) although the domain's IMEX daemons look healthy",
     Kind.NODE_HELD: "FailedPrepareDynamicResources for more than {grace_s:g} s: {detail}",
     Kind.POD_SECURITY: "the API refused to create the pods of Job {job} (FailedCreate: {detail})",
     Kind.WEBHOOK: "the API refused to create the pods of Job {job} (FailedCreate: {detail})",
@@ -86,12 +102,19 @@ GRACED = frozenset(
     {
         Kind.UNSCHEDULABLE,
         Kind.NO_CLIQUE_ROOM,
+        Kind.NO_CLIQUE_LABEL,
+        Kind.CLAIM_UNALLOCATABLE,
         Kind.NODE_HELD,
         Kind.QUOTA,
         Kind.REFUSED,
         Kind.STRANDED,
     }
 )
+
+# Kinds found when a deadline passed (exit 3): the Job's, or the pods' to be Running.
+TIMED_OUT = frozenset({Kind.DEADLINE, Kind.IMEX_NOT_READY})
+# Kinds that clear by themselves: a step waits them out (bounded by its deadlines).
+TRANSIENT = frozenset({Kind.PREPARE_PENDING})
 
 
 @dataclass(frozen=True)
@@ -110,7 +133,7 @@ class Problem:
 
     def step_exit_code(self) -> int:
         """The step's exit code: 3 when a deadline passed, else 4 (the workload failed)."""
-        return exit_codes.TIMEOUT if self.kind is Kind.DEADLINE else exit_codes.FAILED
+        return exit_codes.TIMEOUT if self.kind in TIMED_OUT else exit_codes.FAILED
 
     def error(self, text: str) -> MnnvlError:
         """The step's error carrying ``text`` (the message with its evidence and hint)."""
@@ -138,7 +161,7 @@ def problem(
         message,
         pod=pod,
         exit_code=exit_code,
-        permanent=kind not in GRACED if permanent is None else permanent,
+        permanent=kind not in GRACED | TRANSIENT if permanent is None else permanent,
     )
 
 

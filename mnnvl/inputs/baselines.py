@@ -6,9 +6,19 @@ were measured at, each row with its source: a published figure with its citation
 own measurement with its date and method. The verification judges against a matching row
 x (1 - tolerance) when the user gave no ``--min-busbw-gbps`` (docs/verification.md).
 
-A row matches on the GPU model (NVML's name contains it), the GPUs in the measured
-communicator, the nodes they sit on, the transport NCCL used (``transport_key``) and the
-NCCL version range. ``mnnvl baselines`` prints the table. Standard library only.
+A row matches on the GPU model (NVML's name contains it), the GPUs per node, the number of
+nodes (a range: ``nodes``), the transport NCCL used (``transport_key``), the NCCL version range
+and the platform (rows of one provider's clusters are used only when asked for).
+
+A partial rack is judged against the rack's row: a multi-node NVLink row (MNNVL NVLS) covers
+every whole-node slice of one NVLink domain, 2 to 18 nodes of an NVL72. NVLS all-reduce runs
+through the domain's NVSwitch trays, so a GPU's bus bandwidth is bounded by its own links, not
+by how many GPUs take part: AICR measured 841.17 GB/s on 2 GB300 nodes (8 GPUs) against the
+validated 895.08 of the generic baseline, and whole GB200 racks reach 835-847 GB/s, above the
+~770 their floor comes from; AICR's own NCCL checks apply these floors to 2-node runs. A slice
+of partial nodes (fewer GPUs per node than the row's) matches no row, and one node is judged by
+the single-node rows (NVLS inside one node is another transport). ``mnnvl baselines --system
+gb200 --nodes 4 --gpus-per-node 4`` shows the row a shape gets. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-TABLE_VERSION = "2026-12-01"
+TABLE_VERSION = "2026-12-02"
+NVL72 = (2, 18)  # the whole-node slices of one NVL72 NVLink domain
 
 
 @dataclass(frozen=True)
@@ -25,16 +36,18 @@ class Baseline:
     """One row: the large-message all-reduce busbw a healthy system of this kind reaches."""
 
     key: str
-    models: tuple[str, ...]  # matched as substrings of NVML's GPU name
-    gpus: int  # GPUs (ranks) in the measured communicator
-    nodes: int
+    models: tuple[str, ...]  # matched as words of NVML's GPU name
+    gpus_per_node: int  # GPUs (ranks) per node of the communicator
+    nodes: tuple[int, int]  # the node counts it judges, inclusive
     transport: str  # a transport_key value
     nccl_min: str  # inclusive, "2.28"
     nccl_max: str  # exclusive, "" = open
     busbw_gbps: float  # float32 sum, large messages (judged sizes)
     tolerance: float  # the verdict's floor is busbw x (1 - tolerance)
     source: str  # "published" or "measured"
+    date: str  # when the figure was measured, else when its source published it
     citation: str
+    platform: str = ""  # "": any cluster; a provider ("eks"): only when asked for
 
     @property
     def floor_gbps(self) -> float:
@@ -45,14 +58,15 @@ BASELINES: tuple[Baseline, ...] = (
     Baseline(
         key="h200x2-nv18-p2p",
         models=("H200",),
-        gpus=2,
-        nodes=1,
+        gpus_per_node=2,
+        nodes=(1, 1),
         transport="NVLink P2P",
         nccl_min="2.28",
         nccl_max="",
         busbw_gbps=346.7,
         tolerance=0.10,
         source="measured",
+        date="2026-11-30",
         citation=(
             "our measurement, 2026-11-30, 2 x H200 SXM NV18 on one host, NCCL 2.28.9, NVLS off: "
             "nccl-tests all_reduce_perf -b 1M -e 4G -f 2 -g 2 (float32 sum), 346.7 GB/s at "
@@ -62,37 +76,79 @@ BASELINES: tuple[Baseline, ...] = (
     Baseline(
         key="h100-h200x8-nvls",
         models=("H100", "H200"),
-        gpus=8,
-        nodes=1,
+        gpus_per_node=8,
+        nodes=(1, 1),
         transport="NVLS",
         nccl_min="2.17",
         nccl_max="",
         busbw_gbps=480.0,
         tolerance=0.10,
         source="published",
+        date="2024-05-06",
         citation=(
             "an NCCL maintainer's figures for 8 x H100 SXM with NVLS, ~480 GB/s all-reduce "
             "busbw at 4-8 GiB (github.com/NVIDIA/nccl/issues/1455); 8 x H200 ~475 GB/s "
-            "(github.com/NVIDIA/nccl-tests/issues/272)"
+            "(github.com/NVIDIA/nccl-tests/issues/272); the ~480 peak on 8 GPUs also in an NCCL "
+            "maintainer's answer of 2024-05-06 (github.com/NVIDIA/nccl-tests/issues/212)"
         ),
     ),
     Baseline(
         key="gb200-nvl72-mnnvl-nvls",
         models=("GB200",),
-        gpus=72,
-        nodes=18,
+        gpus_per_node=4,
+        nodes=NVL72,
         transport="MNNVL NVLS",
         nccl_min="2.25",
         nccl_max="",
         busbw_gbps=770.0,
-        tolerance=0.2208,  # 770 x (1 - 0.2208) = 600: the validation floor
+        tolerance=0.2208,  # 770 x (1 - 0.2208) = 600: AICR's GB200 floor
         source="published",
+        date="2026-09-16",
         citation=(
-            "NVIDIA's production baseline for GB200 NVL72 NVLS all-reduce, ~770 GB/s busbw, as "
-            "cited by its AI Cluster Runtime validation, whose GB200 floor is 600 GB/s "
-            "(github.com/NVIDIA/aicr); full-rack runs reach 835-847 GB/s at 4-8 GiB "
-            "(github.com/coreweave/nccl-tests/issues/43)"
+            "as reported by NVIDIA's AI Cluster Runtime: ~770 GB/s NVLS all-reduce busbw of "
+            "production GB200 NVL72 from NVIDIA's Beacon baselines (release 26.08.00), floored "
+            "at 600 for its gb200-eks/oke-training NCCL checks (github.com/NVIDIA/aicr/issues/"
+            "2784, pull 2785, which calls ~770 reported, not confirmed); full-rack runs reach "
+            "835-847 GB/s at 4-8 GiB (github.com/coreweave/nccl-tests/issues/43)"
         ),
+    ),
+    Baseline(
+        key="gb300-nvl72-mnnvl-nvls",
+        models=("GB300",),
+        gpus_per_node=4,
+        nodes=NVL72,
+        transport="MNNVL NVLS",
+        nccl_min="2.25",
+        nccl_max="",
+        busbw_gbps=895.08,
+        tolerance=0.0805,  # 895.08 x (1 - 0.0805) = 823: AICR's generic GB300 floor
+        source="published",
+        date="2026-09-16",
+        citation=(
+            "NVIDIA's AI Cluster Runtime: a validated bare-metal GB300 NVL72 baseline of "
+            "895.08 GB/s NVLS all-reduce busbw at 16 GiB, 4 GPUs per node, floored at 823 "
+            "(recipes/overlays/gb300-generic-ubuntu-training.yaml, github.com/NVIDIA/aicr/"
+            "issues/2787)"
+        ),
+    ),
+    Baseline(
+        key="gb300-nvl72-mnnvl-nvls-eks",
+        models=("GB300",),
+        gpus_per_node=4,
+        nodes=NVL72,
+        transport="MNNVL NVLS",
+        nccl_min="2.25",
+        nccl_max="",
+        busbw_gbps=841.17,
+        tolerance=0.1678,  # 841.17 x (1 - 0.1678) = 700: AICR's GB300 EKS floor
+        source="published",
+        date="2026-08-25",
+        citation=(
+            "NVIDIA's AI Cluster Runtime on EKS: 841.17 GB/s NVLS busbw measured on 2 x "
+            "p6e-gb300r.36xlarge (8 GPUs, 16 GiB; github.com/NVIDIA/aicr/issues/1256), floor "
+            "700 for gb300-eks-training (github.com/NVIDIA/aicr/issues/2640, 2787)"
+        ),
+        platform="eks",
     ),
 )
 
@@ -118,24 +174,49 @@ def _in_range(version: str | None, lo: str, hi: str) -> bool:
 
 
 def match(
-    gpu_names: Sequence[str], gpus: int, nodes: int, nccl: dict[str, Any] | None
+    gpu_names: Sequence[str],
+    gpus: int,
+    nodes: int,
+    nccl: dict[str, Any] | None,
+    platform: str = "",
 ) -> Baseline | None:
-    """The row for this system, or None. Every GPU's name must contain one of the models."""
+    """The row for this system, or None. Every GPU's name must contain one of the models; the
+    GPUs must spread evenly over the nodes."""
     names = [n for n in gpu_names if n]
-    if not names:
+    if not names or nodes < 1 or gpus % nodes:
         return None
     key = transport_key(nccl)
     version = (nccl or {}).get("version")
     for row in BASELINES:
         if (
-            row.gpus == gpus
-            and row.nodes == nodes
+            _fits(row, nodes, gpus // nodes, platform)
             and row.transport == key
             and _in_range(version, row.nccl_min, row.nccl_max)
             and all(any(_model_in(m, n) for m in row.models) for n in names)
         ):
             return row
     return None
+
+
+def for_shape(
+    system: str, nodes: int, gpus_per_node: int, transport: str = "", platform: str = ""
+) -> Baseline | None:
+    """The row a run of this shape on this system would be judged against (any NCCL version
+    the row covers; with ``transport``, only a row of that transport)."""
+    name = f"NVIDIA {system.upper()}"
+    for row in BASELINES:
+        if (
+            _fits(row, nodes, gpus_per_node, platform)
+            and transport in ("", row.transport)
+            and any(_model_in(m, name) for m in row.models)
+        ):
+            return row
+    return None
+
+
+def _fits(row: Baseline, nodes: int, gpus_per_node: int, platform: str) -> bool:
+    low, high = row.nodes
+    return row.platform == platform and row.gpus_per_node == gpus_per_node and low <= nodes <= high
 
 
 def _model_in(model: str, name: str) -> bool:
@@ -145,7 +226,12 @@ def _model_in(model: str, name: str) -> bool:
 
 def as_dict(row: Baseline) -> dict[str, Any]:
     """A row for RESULT and the reports (with its floor)."""
-    return {**asdict(row), "models": list(row.models), "floor_gbps": row.floor_gbps}
+    return {
+        **asdict(row),
+        "models": list(row.models),
+        "nodes": list(row.nodes),
+        "floor_gbps": row.floor_gbps,
+    }
 
 
 def rows() -> list[dict[str, Any]]:
@@ -154,13 +240,15 @@ def rows() -> list[dict[str, Any]]:
 
 def table_text() -> str:
     """The table as ``mnnvl baselines`` prints it."""
-    header = ["key", "GPU", "GPUs", "nodes", "transport", "NCCL", "busbw GB/s", "tol", "floor"]
+    header = ["key", "GPU", "GPUs/node", "nodes", "platform", "transport", "NCCL", "busbw GB/s"]
+    header += ["tol", "floor"]
     rows = [
         [
             r.key,
             "/".join(r.models),
-            str(r.gpus),
-            str(r.nodes),
+            str(r.gpus_per_node),
+            "-".join(dict.fromkeys(map(str, r.nodes))),
+            r.platform or "any",
             r.transport,
             f">={r.nccl_min}" + (f",<{r.nccl_max}" if r.nccl_max else ""),
             f"{r.busbw_gbps:.1f}",
@@ -173,5 +261,21 @@ def table_text() -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines += ["", f"baseline table version {TABLE_VERSION}; sources:"]
-    lines += [f"  {r.key} ({r.source}): {r.citation}" for r in BASELINES]
+    lines += [f"  {r.key} ({r.source}, {r.date}): {r.citation}" for r in BASELINES]
     return "\n".join(lines)
+
+
+def shape_text(system: str, nodes: int, gpus_per_node: int, row: Baseline | None) -> str:
+    """Which row a run of this shape gets, as ``mnnvl baselines --system ...`` prints it."""
+    shape = f"{system} x {nodes} node(s) x {gpus_per_node} GPU(s)"
+    if row is None:
+        return (
+            f"{shape}: no baseline row; verify derives its threshold (active links x link speed "
+            "x --efficiency) unless --min-busbw-gbps is given"
+        )
+    low, high = row.nodes
+    return (
+        f"{shape}: row {row.key} ({row.transport}, NCCL >= {row.nccl_min}), floor "
+        f"{row.floor_gbps:.1f} GB/s = {row.busbw_gbps:g} x (1 - {row.tolerance:.2%}); the row "
+        f"judges {low}-{high} node(s) of {row.gpus_per_node} GPUs alike"
+    )

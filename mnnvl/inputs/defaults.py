@@ -26,6 +26,10 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")  # a toleration'
 MAX_NODES = 18  # one IMEX domain (NVL72 rack: 18 compute trays); MNNVL never spans cliques
 MAX_GROUPS = 999_999  # clique groups of one run (bounded only by the 63-character hostnames)
 MAX_GPUS_PER_NODE = 8
+# The node label naming a node's NVLink clique (``<cluster UUID>.<clique ID>``): set by GPU
+# Feature Discovery (GPU Operator ClusterPolicy) or by the DRA driver's compute-domain kubelet
+# plugin with gpuCliqueLabelEnabled; some providers label cliques under a key of their own.
+CLIQUE_LABEL = "nvidia.com/gpu.clique"
 
 # Training defaults a model preset picks where its input is left at auto (batch_size 0,
 # activation_checkpointing auto, reshard_after_forward auto). 8b: the 2 x H200 winner at its

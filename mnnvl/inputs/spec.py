@@ -30,6 +30,7 @@ from mnnvl.inputs.checks import (
 )
 from mnnvl.inputs.defaults import (
     ALLOCATION_MODES,
+    CLIQUE_LABEL,
     COMPILED_PRESETS,
     DEFAULT_IMAGE,
     DTYPES,
@@ -204,7 +205,12 @@ class WorkloadSpec:
     )
     gpu_device_class: str = opt("gpu.nvidia.com", "DeviceClass for gpu_mode claim")
     clique_affinity: bool = opt(
-        True, "keep every pod (of each clique group) inside one nvidia.com/gpu.clique"
+        True, "keep every pod (of each clique group) inside one NVLink clique (clique_label)"
+    )
+    clique_label: str = opt(
+        CLIQUE_LABEL,
+        "node label whose value names a node's NVLink clique (GPU Feature Discovery or the DRA "
+        "driver set nvidia.com/gpu.clique; some providers use a key of their own)",
     )
     nccl_profile: str = opt(
         "production",
@@ -262,6 +268,7 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         _check_run_and_namespace(self)
         check_choice("purpose", self.purpose, PURPOSES)
+        check_label_key("clique_label", self.clique_label)
         self._check_cliques()
         check_range("gpus_per_node", self.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
         check_image("image", self.image)
@@ -315,7 +322,7 @@ class WorkloadSpec:
                 "topology_aware",
                 "several clique groups under Kueue run as one Job that Kueue admits whole "
                 "and places group by group with topology-aware scheduling: set "
-                "topology_aware (a Kueue Topology with the level nvidia.com/gpu.clique)",
+                f"topology_aware (a Kueue Topology with the level {self.clique_label})",
             )
 
     def _check_scheduling(self) -> None:

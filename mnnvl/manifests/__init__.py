@@ -3,13 +3,13 @@
 ``render_run`` lists everything a run creates, in creation order.
 """
 
+from mnnvl.inputs.defaults import CLIQUE_LABEL
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.domain import compute_domain, object_meta, owner_references
 from mnnvl.manifests.render import render_run, step_workload
 from mnnvl.manifests.spec_hash import SPEC_HASH_ANNOTATION, hash_of, spec_hash, with_spec_hash
 from mnnvl.manifests.workload import (
     CHANNEL_CLAIM,
-    CLIQUE_LABEL,
     CONTAINER,
     GPU_CLAIM,
     JOB_NAME_LABEL,

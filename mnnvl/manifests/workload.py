@@ -32,7 +32,6 @@ GPU_CLAIM = GPU_REQUEST
 RDZV_PORT_NAME = "rdzv"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-CLIQUE_LABEL = "nvidia.com/gpu.clique"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_VOLUME = "dshm"
@@ -166,6 +165,8 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
         contract_env.GPUS_PER_NODE: str(workload.gpus_per_node),
         # The worker fails naming its pod and node when its channel claim brought no device.
         contract_env.IMEX_CHANNELS: contract_env.IMEX_CHANNEL_DIR,
+        # The workers name it when they find a group outside one clique.
+        contract_env.CLIQUE_LABEL: workload.clique_label,
         **group_env(workload, group),
     }
     profile_env = nccl.pod_env(workload.nccl_profile)
@@ -227,7 +228,7 @@ def affinity(workload: WorkloadSpec, job: str, group: int | None = None) -> dict
     clique, and with clique groups (one Job each) every group in a clique of its own.
 
     Anti-affinity on the hostname is not optional: a node has one IMEX channel device,
-    which one pod's claim holds. The required pod affinity on ``nvidia.com/gpu.clique``
+    which one pod's claim holds. The required pod affinity on the clique label
     does not deadlock the first pod: the scheduler lets a pod through when no pod matches
     its term yet and the pod matches its own term, so the first pod picks the clique and
     the rest follow. That first pod may land anywhere, so without the anti-affinity between
@@ -240,26 +241,20 @@ def affinity(workload: WorkloadSpec, job: str, group: int | None = None) -> dict
     """
     same_job = {"matchLabels": {JOB_NAME_LABEL: job}}
     same_step = {"matchLabels": step_selector(workload)}
+    clique = workload.clique_label
     result: dict[str, Any] = {}
-    if workload.clique_affinity and kueue_gang(workload):
-        # Kueue's slices choose each group's clique; the pods need only a clique label.
-        result["nodeAffinity"] = {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": CLIQUE_LABEL, "operator": "Exists"}]}
-                ]
-            }
-        }
-    elif workload.clique_affinity:
-        clique_exists = {"key": CLIQUE_LABEL, "operator": "Exists"}
+    if workload.clique_affinity:
+        clique_exists = {"key": clique, "operator": "Exists"}
         result["nodeAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [clique_exists]}]
             }
         }
+    if workload.clique_affinity and not kueue_gang(workload):
+        # Under Kueue's slices Kueue chooses each group's clique: a clique label is enough.
         result["podAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": same_job, "topologyKey": CLIQUE_LABEL}
+                {"labelSelector": same_job, "topologyKey": clique}
             ]
         }
     anti = [{"labelSelector": same_step, "topologyKey": HOSTNAME_LABEL}]
@@ -270,7 +265,7 @@ def affinity(workload: WorkloadSpec, job: str, group: int | None = None) -> dict
                 {"key": LABEL_CLIQUE_GROUP, "operator": "NotIn", "values": [str(group)]}
             ],
         }
-        anti.append({"labelSelector": other_groups, "topologyKey": CLIQUE_LABEL})
+        anti.append({"labelSelector": other_groups, "topologyKey": clique})
     result["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": anti}
     return result
 
@@ -427,11 +422,11 @@ def indexed_job(
     count = workload.group_nodes if group is not None else workload.nodes
     if kueue_gang(workload):
         template["annotations"] = {
-            KUEUE_SLICE_TOPOLOGY: CLIQUE_LABEL,
+            KUEUE_SLICE_TOPOLOGY: workload.clique_label,
             KUEUE_SLICE_SIZE: str(workload.group_nodes),
         }
     elif workload.topology_aware:
-        template["annotations"] = {KUEUE_REQUIRED_TOPOLOGY: CLIQUE_LABEL}
+        template["annotations"] = {KUEUE_REQUIRED_TOPOLOGY: workload.clique_label}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

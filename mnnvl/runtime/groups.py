@@ -15,8 +15,9 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from mnnvl.contract.env import GROUP_INDEX, NUM_GROUPS
+from mnnvl.contract.env import CLIQUE_LABEL, GROUP_INDEX, NUM_GROUPS
 from mnnvl.errors import WorkloadFailed
+from mnnvl.inputs import defaults
 from mnnvl.runtime.devices import pod_name
 
 
@@ -42,6 +43,11 @@ class Groups:
     def leaders(self) -> list[int]:
         """The first rank of every group."""
         return [g * self.size for g in range(self.count)]
+
+
+def clique_label(environ: Mapping[str, str] | None = None) -> str:
+    """The node label the placement kept each group inside (``--clique-label``)."""
+    return (os.environ if environ is None else environ).get(CLIQUE_LABEL) or defaults.CLIQUE_LABEL
 
 
 def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -94,7 +100,8 @@ def fabric_mismatches(places: Sequence[RankPlace]) -> list[str]:
             problems.append(
                 f"pod {place.pod} (rank {place.rank}, group {place.group}) is in NVLink "
                 f"clique {place.fabric} but its group's pod {leader.pod} is in {leader.fabric}; "
-                "the group was not placed inside one clique"
+                f"the group was not placed inside one clique (check the nodes' {clique_label()} "
+                "labels: the placement keeps a group on one value of it)"
             )
     return problems
 

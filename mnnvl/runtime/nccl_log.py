@@ -30,6 +30,8 @@ from collections import Counter
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
+from mnnvl.runtime.groups import clique_label
+
 _VIA = re.compile(r"\bvia (P2P|SHM|NET|COLLNET)(/[^\s]*)?")
 _MNNVL = re.compile(r"\bMNNVL (\d+) cliqueId")
 _NVLS = re.compile(r"\bNVLS comm ")
@@ -163,7 +165,7 @@ MNNVL_CAUSES = (
     "with the ComputeDomain's channel claim)",
     "NCCL_CUMEM_ENABLE=0 (MNNVL needs cuMem)",
     "NCCL_MNNVL_ENABLE=0",
-    "the pods sit in different NVLink cliques (nvidia.com/gpu.clique)",
+    "the pods sit in different NVLink cliques (node label {clique})",
 )
 P2P_CAUSES = (
     "NCCL_P2P_DISABLE=1",
@@ -198,7 +200,7 @@ def transport_problems(
         return [
             f"transport: NCCL built the {nodes}-node communicator over {found}, expected MNNVL "
             "(every GPU reports a COMPLETED NVLink fabric); usual causes: "
-            + "; ".join(MNNVL_CAUSES)
+            + "; ".join(MNNVL_CAUSES).format(clique=clique_label())
         ]
     if expected == "NVLink P2P" and found not in NVLINK_TRANSPORTS:
         return [

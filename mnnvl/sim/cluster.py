@@ -98,6 +98,7 @@ class SimCluster:
         imex_mode: str = "daemons",
         cluster_reader: bool = False,
         tls: bool = False,
+        clique_label: str = LABEL_CLIQUE,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
         "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
@@ -117,6 +118,9 @@ class SimCluster:
         ``gpu_stack`` ("device-plugin" or "dra") and ``imex_mode`` ("daemons" or
         "hostManaged") pick the NVIDIA stack it plays (:mod:`mnnvl.sim.stacks`);
         ``cluster_reader`` binds ``manifests/overlays/cluster-reader`` to the runner.
+        ``clique_label`` is the node label that carries each node's clique (a provider's own
+        key, say); "" labels no node (no GPU Feature Discovery, and the DRA driver's
+        gpuCliqueLabelEnabled off). The DRA driver still knows every node's clique (from NVML).
         ``tls`` serves HTTPS with a fresh self-signed certificate the kubeconfigs trust (what
         kubectl needs to send their tokens: ``mnnvl.sim.tls``)."""
         check_stack(gpu_stack, imex_mode)
@@ -128,6 +132,10 @@ class SimCluster:
         self.scheduler_seed = scheduler_seed_from(scheduler_seed)
         self.namespaces = tuple(namespaces)
         self.cluster_uuid = str(uuid.uuid4())
+        self.clique_label = clique_label
+        self.node_cliques = {
+            f"sim-node-{i}": f"{self.cluster_uuid}.{i * cliques // nodes}" for i in range(nodes)
+        }
         self.local_gpus = [str(g) for g in (local_gpu_ids() if local_gpus is None else local_gpus)]
         self._own_kubeconfig = kubeconfig_path is None
         self.kubeconfig_path = kubeconfig_path or os.path.join(
@@ -158,7 +166,7 @@ class SimCluster:
             return self
         self._started = True
         self._seed()
-        driver = ComputeDomainDriver(self.store, self.faults, self.imex_mode)
+        driver = ComputeDomainDriver(self.store, self.faults, self.node_cliques, self.imex_mode)
         kubelet = Kubelet(self.store, self.faults, driver, self.gpus_per_node, self.local_gpus)
         self._kubelet = kubelet
         driver.on_imex_lost = kubelet.imex_lost
@@ -266,21 +274,16 @@ class SimCluster:
             grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
         if self.cluster_reader:
             grant_cluster_reader(self.store, self.namespaces[0])
-        names = [f"sim-node-{i}" for i in range(self.nodes)]
-        for i, name in enumerate(names):
-            clique = f"{self.cluster_uuid}.{i * self.cliques // self.nodes}"
+        for name, clique in self.node_cliques.items():
             gpus = node_gpus(self.gpu_stack, self.gpus_per_node)
+            labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
+            labels |= {self.clique_label: clique} if self.clique_label else {}
             self.store.create(
                 "nodes",
                 {
                     "metadata": {
                         "name": name,
-                        "labels": {
-                            "kubernetes.io/hostname": name,
-                            "kubernetes.io/os": "linux",
-                            LABEL_CLIQUE: clique,
-                            "nvidia.com/gpu.present": "true",
-                        },
+                        "labels": labels | {"nvidia.com/gpu.present": "true"},
                     },
                     "spec": {},
                     "status": {
@@ -296,7 +299,9 @@ class SimCluster:
                     },
                 },
             )
-        seed_stack(self.store, self.gpu_stack, self.imex_mode, names, self.gpus_per_node)
+        seed_stack(
+            self.store, self.gpu_stack, self.imex_mode, list(self.node_cliques), self.gpus_per_node
+        )
         if self.crd_installed:
             self.store.create("customresourcedefinitions", crd_object())
 

@@ -127,9 +127,17 @@ class ComputeDomainDriver(Controller):
     name = "sim-cd-controller"
     kinds = (CD, RCT)
 
-    def __init__(self, store: Store, faults: Faults, imex_mode: str = "daemons") -> None:
+    def __init__(
+        self,
+        store: Store,
+        faults: Faults,
+        cliques: dict[str, str] | None = None,
+        imex_mode: str = "daemons",
+    ) -> None:
         super().__init__(store)
         self.faults = faults
+        # node -> clique ID as the GPUs report it (NVML), whatever label the nodes carry.
+        self.cliques = cliques or {}
         self.host_managed = imex_mode == "hostManaged"
         self._lock = threading.RLock()
         self._daemons: dict[str, Daemon] = {}  # node -> daemon
@@ -318,7 +326,8 @@ class ComputeDomainDriver(Controller):
             if holder not in (None, claim_uid):
                 raise PrepareError(f"channel 0 on node {node} already prepared for another claim")
             labels = self.store.get("nodes", "", node)["metadata"].get("labels") or {}
-            channels = ["channel0"] if labels.get(LABEL_CLIQUE) else []
+            # The GPUs' clique ID (NVML), which the label only mirrors: none, no channel.
+            channels = ["channel0"] if self.cliques.get(node, labels.get(LABEL_CLIQUE)) else []
             if self.host_managed:
                 if channels and node in self.faults.host_imex_down:
                     raise PrepareError(
@@ -341,7 +350,8 @@ class ComputeDomainDriver(Controller):
             self._channels[node] = claim_uid
             daemon = self._daemons.get(node)
             if daemon is None or daemon.uid != uid:
-                daemon = self._start_daemon(node, domains[0], labels.get(LABEL_CLIQUE, ""))
+                clique = self.cliques.get(node, labels.get(LABEL_CLIQUE, ""))
+                daemon = self._start_daemon(node, domains[0], clique)
         while not daemon.ready.wait(0.05):
             if cancel.is_set() or daemon.stopped.is_set():
                 raise PrepareError(

@@ -17,8 +17,19 @@ default ``UnadmittedWorkloadsObservability`` gives the granular reasons), the Wo
 
 When it fits (after ``admission_delay_s``), the Workload gets ``QuotaReserved`` and ``Admitted``
 and the Job is un-suspended: all its pods at once, never part of them (a Workload is admitted
-whole). Re-evaluated whenever a Job, node or Workload changes. Not modelled: flavors beyond one,
-cohorts, preemption, admission checks, priorities. A pod set with a topology request is
+whole). Re-evaluated whenever a Job, node or Workload changes.
+
+``waitForPodsReady`` (on by default from Kueue v0.19, ``KueueConfig.pods_ready_timeout_s``): an
+admitted Workload whose Job does not have all its pods Ready (or Succeeded) within the timeout of
+its admission is evicted as Kueue's workload controller does it: ``Evicted=True`` (reason
+``PodsReadyTimeout``, "Exceeded the PodsReady timeout <ns>/<name>"), ``status.requeueState``
+count + 1 and ``requeueAt`` after a back-off of base x 2^(count-1) (at most the maximum), the
+admission cleared (``QuotaReserved=False``, ``Requeued=False`` with the eviction's reason), the
+Job suspended and its pod template restored from the Workload's pod set. After the back-off
+``Requeued=True`` (``BackoffFinished``) and it is admitted again like a new one; ``Evicted``
+turns False ("Previously: ..."). Not modelled: the recovery timeout (a pod failing after
+PodsReady), ``backoffLimitCount``, flavors beyond one, cohorts, preemption, admission checks,
+priorities. A pod set with a topology request is
 admitted with a topology assignment, its pods are created gated and ungated onto their domain
 (:mod:`mnnvl.sim.kueue_tas`).
 """
@@ -33,6 +44,7 @@ from dataclasses import dataclass, field
 from mnnvl.sim import kueue_tas as tas
 from mnnvl.sim.controller import Controller
 from mnnvl.sim.jobstatus import finished
+from mnnvl.sim.model import iso_after
 from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent, now_iso
 
 log = logging.getLogger(__name__)
@@ -41,6 +53,7 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 FLAVOR = "default-flavor"
 TOPOLOGY = "default"
 GPU = "nvidia.com/gpu"
+WRITTEN = ("QuotaReserved", "Admitted")  # the conditions admission writes
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,11 @@ class KueueConfig:
     quotas: dict[str, dict[str, int]] | None = None
     device_class_mappings: dict[str, str] | None = None
     topology_levels: tuple[str, ...] = tas.DEFAULT_LEVELS
+    # waitForPodsReady: Kueue v0.19's defaults (timeout 30 min; back-off 60 s doubling, at most
+    # 3600 s; apis/config/v1beta2/defaults.go); 0 turns it off.
+    pods_ready_timeout_s: float = 1800.0
+    requeue_base_s: float = 60.0
+    requeue_max_s: float = 3600.0
 
 
 @dataclass
@@ -91,6 +109,9 @@ class KueueStandIn(Controller):
         self.admission_delay_s = admission_delay_s
         self.config = config or KueueConfig()
         self._seen: dict[str, float] = {}  # job uid -> monotonic time first seen
+        self._admitted: dict[str, float] = {}  # workload uid -> monotonic time admitted
+        self._ready: set[str] = set()  # workload uids whose pods were all Ready once
+        self._requeue_at: dict[str, float] = {}  # workload uid -> monotonic end of its back-off
 
     def mutate(self, resource: str, obj: Obj) -> None:
         """Admission webhook: queued Jobs are created suspended."""
@@ -114,7 +135,7 @@ class KueueStandIn(Controller):
         used: dict[str, dict[str, int]] = {}
         nodes = self.store.list("nodes")[0]
         taken: set[str] = set()  # nodes of admitted pod sets with a topology assignment
-        running: list[Obj] = []
+        running: list[tuple[Obj, Obj]] = []
         pending: list[tuple[Obj, Obj]] = []
         for job in jobs:
             wl = workloads.get((job["metadata"]["namespace"], job["metadata"]["uid"]))
@@ -135,15 +156,21 @@ class KueueStandIn(Controller):
                 for res, n in _usage(admission).items():
                     cq[res] = cq.get(res, 0) + n
                 taken.update(tas.assigned_nodes(admission, nodes))
-                running.append(wl)
-        for wl in running:  # the topology ungater: pods of admitted Workloads onto their domain
-            tas.ungate(self.store, wl)
+                running.append((job, wl))
         now = time.monotonic()
+        for (
+            job,
+            wl,
+        ) in running:  # the topology ungater: pods of admitted Workloads onto their domain
+            tas.ungate(self.store, wl)
+            self._check_pods_ready(job, wl, now)
         for job, wl in pending:
             due = self._seen.setdefault(job["metadata"]["uid"], now) + self.admission_delay_s
+            due = max(due, self._requeue_at.get(wl["metadata"]["uid"], 0.0))
             if due > now:
                 self.wake_at(due)
                 continue
+            self._backoff_finished(wl)
             verdict = self._evaluate(job, used, taken, nodes)
             if verdict.reason:
                 self._set_pending(wl, verdict)
@@ -281,6 +308,74 @@ class KueueStandIn(Controller):
                 per_pod[name] = per_pod.get(name, 0) + int(exactly.get("count", 1))
         return {res: n * count for res, n in per_pod.items()}, ""
 
+    # ---- waitForPodsReady ---------------------------------------------------------------------
+
+    def _check_pods_ready(self, job: Obj, wl: Obj, now: float) -> None:
+        """Evict an admitted Workload whose pods are not all Ready within the timeout."""
+        uid, timeout = wl["metadata"]["uid"], self.config.pods_ready_timeout_s
+        if not timeout or uid in self._ready or finished(job.get("status") or {}):
+            return
+        pods = self.store.list("pods", job["metadata"]["namespace"], lambda p: _owned(p, job))[0]
+        if sum(1 for p in pods if _ready(p)) >= _count(job):
+            self._ready.add(uid)
+            return
+        due = self._admitted.setdefault(uid, now) + timeout
+        if due > now:
+            self.wake_at(due)
+            return
+        meta = wl["metadata"]
+        message = f"Exceeded the PodsReady timeout {meta['namespace']}/{meta['name']}"
+        count = int(((wl.get("status") or {}).get("requeueState") or {}).get("count") or 0) + 1
+        backoff = min(self.config.requeue_base_s * 2 ** (count - 1), self.config.requeue_max_s)
+        self._requeue_at[uid] = now + backoff
+        self._admitted.pop(uid, None)
+        stamp = now_iso()
+        evicted = {"type": "Evicted", "status": "True", "reason": "PodsReadyTimeout"}
+        unreserved = {"type": "QuotaReserved", "status": "False", "reason": "Pending"}
+        requeued = {"type": "Requeued", "status": "False", "reason": "PodsReadyTimeout"}
+        not_admitted = {"type": "Admitted", "status": "False", "reason": "NoReservation"}
+        new = [evicted, unreserved, requeued, not_admitted]
+        replaced = {c["type"] for c in new}
+
+        def write(o: Obj) -> None:
+            st = o.setdefault("status", {})
+            st.pop("admission", None)
+            st["requeueState"] = {"count": count, "requeueAt": iso_after(backoff)}
+            kept = [c for c in st.get("conditions") or [] if c["type"] not in replaced]
+            st["conditions"] = kept + [
+                {**c, "message": message, "lastTransitionTime": stamp} for c in new
+            ]
+
+        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        template = wl["spec"]["podSets"][0]["template"]
+
+        def stop(o: Obj) -> None:  # the Job reconciler: suspend, restore the pod set info
+            o["spec"]["suspend"] = True
+            o["spec"]["template"] = template
+
+        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], stop)
+        log.info("kueue stand-in: evicted %s: %s", meta["name"], message)
+
+    def _backoff_finished(self, wl: Obj) -> None:
+        """A requeued Workload whose back-off ended: Requeued=True, then evaluated anew."""
+        if self._requeue_at.pop(wl["metadata"]["uid"], None) is None:
+            return
+        cond = {
+            "type": "Requeued",
+            "status": "True",
+            "reason": "BackoffFinished",
+            "message": "The workload backoff was finished",
+            "lastTransitionTime": now_iso(),
+        }
+
+        def write(o: Obj) -> None:
+            st = o.setdefault("status", {})
+            st["conditions"] = [c for c in st.get("conditions") or [] if c["type"] != "Requeued"]
+            st["conditions"].append(cond)
+
+        meta = wl["metadata"]
+        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+
     # ---- writes -----------------------------------------------------------------------------
 
     def _set_pending(self, wl: Obj, verdict: _Verdict) -> None:
@@ -342,10 +437,18 @@ class KueueStandIn(Controller):
         ]
 
         def write(o: Obj) -> None:
-            o.setdefault("status", {}).update(admission=admission, conditions=conds)
+            st = o.setdefault("status", {})
+            kept = [c for c in st.get("conditions") or [] if c["type"] not in WRITTEN]
+            for c in kept:
+                if c["type"] == "Evicted" and c["status"] == "True":
+                    c.update(status="False", message=f"Previously: {c['message']}")
+                    c["lastTransitionTime"] = stamp
+            st.update(admission=admission, conditions=kept + conds)
 
         meta = wl["metadata"]
         self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        self._admitted[meta["uid"]] = time.monotonic()
+        self._ready.discard(meta["uid"])
         gated = bool(placed)
 
         def start(o: Obj) -> None:  # RunWithPodSetsInfo: unsuspend, merge the pod set info
@@ -354,6 +457,21 @@ class KueueStandIn(Controller):
                 tas.gate_template(o["spec"]["template"], meta["name"])
 
         self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], start)
+
+
+def _owned(pod: Obj, job: Obj) -> bool:
+    refs = pod["metadata"].get("ownerReferences") or []
+    return any(r.get("uid") == job["metadata"]["uid"] for r in refs)
+
+
+def _ready(pod: Obj) -> bool:
+    """Counted by Kueue's PodsReady: a pod Ready or Succeeded (not one being deleted)."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    status = pod.get("status") or {}
+    conds = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    return ready or status.get("phase") == "Succeeded"
 
 
 def _count(job: Obj) -> int:

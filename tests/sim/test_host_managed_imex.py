@@ -43,13 +43,13 @@ def _verify_workload(domain: DomainSpec, **spec: object) -> WorkloadSpec:
 
 @contextmanager
 def _without_clique(sim: SimCluster, node: str) -> Iterator[None]:
-    """The node's GPUs report no clique ID (the simulator's clique ID is the node label)."""
-    labels = sim.store.get("nodes", "", node)["metadata"]["labels"]
-    clique = labels[LABEL_CLIQUE]
+    """The node's GPUs report no clique ID (NVML), and so it carries no clique label."""
+    clique = sim.node_cliques.pop(node)
     sim.store.mutate("nodes", "", node, lambda o: o["metadata"]["labels"].pop(LABEL_CLIQUE))
     try:
         yield
     finally:
+        sim.node_cliques[node] = clique
         sim.store.mutate(
             "nodes", "", node, lambda o: o["metadata"]["labels"].__setitem__(LABEL_CLIQUE, clique)
         )

@@ -264,3 +264,94 @@ def _cliques_by_slice(sim: SimCluster, run_id: str, slice_size: int) -> dict[int
             index = int(pod["metadata"]["labels"][INDEX_LABEL])
             slices.setdefault(index // slice_size, set()).add(clique[pod["spec"]["nodeName"]])
     return slices
+
+
+# Kueue v0.19's waitForPodsReady, played short: pods that are not Ready in time are evicted and
+# requeued after a back-off, for ever unless the step bounds it.
+PODS_READY = dict(local_queues={"team": "cq"}, quotas={"cq": {"pods": 2}})
+
+
+def _never_ready(config: KueueConfig) -> SimCluster:
+    # IMEX daemons that take an hour: the pods stay ContainerCreating, never Ready.
+    return SimCluster(
+        nodes=2,
+        local_gpus=[],
+        imex_delay_s=3600,
+        schedule_delay_s=0.05,
+        kueue=True,
+        kueue_admission_delay_s=0.2,
+        kueue_config=config,
+    )
+
+
+def _launch_within(r: Run, seconds: float) -> BaseException | None:
+    """The step's outcome, or a failure of the test when it is still waiting after ``seconds``
+    (a requeue loop the step does not bound)."""
+    outcome: list[BaseException | None] = []
+
+    def launch() -> None:
+        try:
+            r.launch()
+            outcome.append(None)
+        except BaseException as e:  # the step's error, checked by the caller
+            outcome.append(e)
+
+    step = threading.Thread(target=launch, daemon=True)
+    step.start()
+    step.join(seconds)
+    assert outcome, f"the step still waits after {seconds:g} s of Kueue requeueing it"
+    return outcome[0]
+
+
+def test_evictions_for_the_pods_ready_timeout_are_named_counted_and_bounded(run_on, caplog) -> None:
+    config = KueueConfig(**PODS_READY, pods_ready_timeout_s=1.0, requeue_base_s=0.3)
+    caplog.set_level(logging.INFO)
+    with _never_ready(config) as sim, run_on(sim, queue_name="team", max_restarts=1) as r:
+        err = _launch_within(r, 60)
+    assert isinstance(err, WorkloadFailed) and err.exit_code == 4
+    message = str(err)
+    assert (
+        "Kueue evicted Job default/" in message
+        and "2 time(s), more than --max-restarts 1" in message
+    )
+    assert "Evicted (PodsReadyTimeout: Exceeded the PodsReady timeout default/job-" in message
+    assert "requeued 2 time(s) (status.requeueState.count)" in message
+    suspended = [m for m in caplog.messages if "was suspended again (Workload job-" in m]
+    assert (
+        suspended and "PodsReadyTimeout" in suspended[0] and "eviction 1, at most 1" in suspended[0]
+    )
+    assert any(
+        "Kueue: Workload job-" in m and "Evicted (PodsReadyTimeout" in m for m in caplog.messages
+    )
+    # The pods Kueue took away are no failed gang: no restart was counted or made.
+    assert not any("restarting every rank" in m for m in caplog.messages)
+
+
+def test_the_admission_timeout_counts_every_wait_across_requeues(run_on) -> None:
+    # Each wait (a 1.2 s back-off) is shorter than the 3 s limit; their sum is not.
+    config = KueueConfig(
+        **PODS_READY, pods_ready_timeout_s=1.0, requeue_base_s=1.2, requeue_max_s=1.2
+    )
+    with (
+        _never_ready(config) as sim,
+        run_on(sim, queue_name="team", admission_timeout_s=3, max_restarts=20) as r,
+    ):
+        err = _launch_within(r, 60)
+    assert isinstance(err, WaitTimeout) and err.exit_code == 3
+    message = str(err)
+    assert "queued in LocalQueue team (Kueue) for more than 3 s in all, over " in message
+    assert "(--admission-timeout-s)" in message
+
+
+def test_a_gang_restart_under_kueue_is_no_eviction(run_on, caplog) -> None:
+    config = KueueConfig(**PODS_READY, pods_ready_timeout_s=30.0, requeue_base_s=0.3)
+    caplog.set_level(logging.INFO)
+    with _sim(config) as sim, run_on(sim, queue_name="team", max_restarts=1) as r:
+        sim.faults.fail_pod(RunNames.for_run(r.run_id).job("job"), index=1, exit_code=1)
+        outcome = r.launch()
+        (workload,) = _workloads(sim)
+    assert outcome.result == {"kind": "quick", "ok": True}  # type: ignore[attr-defined]
+    assert len(outcome.restarts) == 1  # type: ignore[attr-defined]
+    assert any("restarting every rank" in m for m in caplog.messages)
+    assert not any("suspended again" in m or "Evicted" in m for m in caplog.messages)
+    assert workload[2].startswith("job-")  # one Workload, admitted once

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ def sweep(busbw: float) -> list[dict[str, Any]]:
 def test_every_row_states_its_source_and_a_sane_floor() -> None:
     for row in baselines.BASELINES:
         assert row.source in ("published", "measured") and row.citation
+        assert re.fullmatch(r"20\d\d-\d\d-\d\d", row.date)
         assert 0 < row.tolerance < 0.5 and row.floor_gbps < row.busbw_gbps
         if row.source == "measured":
             assert "2026-" in row.citation  # a date and a method
@@ -112,3 +114,59 @@ def test_baselines_command_prints_the_table_with_sources(
     assert "github.com/NVIDIA/aicr" in out
     result = json.loads(err.strip().splitlines()[-1])
     assert result["ok"] and len(result["baselines"]) == len(baselines.BASELINES)
+
+
+NVLS = {"version": "2.28.9", "transport": "MNNVL", "mnnvl": True, "nvls": True}
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 8, 16, 18])
+def test_a_partial_gb200_rack_is_judged_against_the_racks_floor(tmp_path: Path, nodes: int) -> None:
+    slice_ = summaries([gb200(f"GPU-{i}") for i in range(4 * nodes)], 4, tmp_path)
+    verdict = judge(VerifyConfig(), slice_, sweep(590.0), 4 * nodes, "nccl", NVLS)
+    assert verdict["threshold_source"] == "baseline"
+    assert verdict["baseline"]["key"] == "gb200-nvl72-mnnvl-nvls"
+    assert verdict["threshold_gbps"] == pytest.approx(600.0) and verdict["verdict"] == "FAIL"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "nodes"),
+    [(8, 4), (76, 19), (6, 4)],
+    ids=["partial-nodes", "more-than-a-rack", "uneven"],
+)
+def test_shapes_outside_a_rows_range_match_no_row(gpus: int, nodes: int) -> None:
+    assert baselines.match(["NVIDIA GB200"] * gpus, gpus, nodes, NVLS) is None
+
+
+def test_gb300_racks_get_aicrs_floors_the_eks_one_only_when_asked_for() -> None:
+    generic = baselines.match(["NVIDIA GB300"] * 8, 8, 2, NVLS)
+    assert generic is not None and generic.key == "gb300-nvl72-mnnvl-nvls"
+    assert (generic.busbw_gbps, generic.floor_gbps) == (895.08, 823.0)
+    eks = baselines.match(["NVIDIA GB300"] * 8, 8, 2, NVLS, platform="eks")
+    assert eks is not None and (eks.platform, eks.floor_gbps) == ("eks", 700.0)
+    assert "aicr" in generic.citation and "aicr" in eks.citation
+
+
+@pytest.mark.parametrize(
+    ("argv", "key"),
+    [
+        (["--system", "gb200", "--nodes", "4", "--gpus-per-node", "4"], "gb200-nvl72-mnnvl-nvls"),
+        (["--system", "gb300", "--nodes", "16", "--gpus-per-node", "4"], "gb300-nvl72-mnnvl-nvls"),
+        (
+            ["--system", "gb300", "--nodes", "2", "--gpus-per-node", "4", "--platform", "eks"],
+            "gb300-nvl72-mnnvl-nvls-eks",
+        ),
+        (["--system", "h200", "--nodes", "1", "--gpus-per-node", "2"], "h200x2-nv18-p2p"),
+        (["--system", "gb200", "--nodes", "4", "--gpus-per-node", "2"], None),
+    ],
+)
+def test_baselines_command_shows_the_row_a_shape_gets(
+    capsys: pytest.CaptureFixture[str], argv: list[str], key: str | None
+) -> None:
+    assert cli.main(["baselines", *argv]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(err.strip().splitlines()[-1])
+    assert (result["row"] or {}).get("key") == key
+    if key:
+        assert f"row {key}" in out and f"{result['row']['floor_gbps']:.1f} GB/s" in out
+    else:
+        assert "no baseline row; verify derives its threshold" in out

@@ -6,6 +6,7 @@ import pytest
 
 from mnnvl.errors import WorkloadFailed
 from mnnvl.runtime.groups import RankPlace, fabric_mismatches, from_env
+from mnnvl.runtime.nccl_log import transport_problems
 
 
 def test_without_placement_variables_all_ranks_are_one_fsdp_group() -> None:
@@ -43,3 +44,13 @@ def test_a_rank_in_another_clique_than_its_group_is_named_with_its_pod() -> None
 def test_groups_in_different_cliques_or_without_a_fabric_are_fine() -> None:
     places = [RankPlace(0, "a", 0, "x/1"), RankPlace(1, "b", 1, "x/2"), RankPlace(2, "c", 1, None)]
     assert fabric_mismatches([*places, RankPlace(3, "d", 1, "x/2")]) == []
+
+
+def test_a_group_across_cliques_names_the_label_the_placement_used(monkeypatch) -> None:
+    monkeypatch.setenv("MNNVL_CLIQUE_LABEL", "cloud.example.com/nvlink-domain")
+    places = [RankPlace(0, "a", 0, "x/1"), RankPlace(1, "b", 0, "x/2")]
+    (problem,) = fabric_mismatches(places)
+    assert "check the nodes' cloud.example.com/nvlink-domain labels" in problem
+    nccl = {"transport": "network (NET/IB)"}
+    (why,) = transport_problems(nccl, nodes=2, mnnvl_fabric=True, nvlink=True)
+    assert "different NVLink cliques (node label cloud.example.com/nvlink-domain)" in why

@@ -195,3 +195,42 @@ def test_launcher_exec_gives_a_group_pod_its_node_rank_and_becomes_the_program()
         [*cmd, "/no/such/program"], capture_output=True, text=True, timeout=60, check=False
     )
     assert missing.returncode == 2 and "cannot run '/no/such/program'" in missing.stderr
+
+
+def test_a_providers_clique_label_is_what_placement_kueue_and_the_workers_use() -> None:
+    key = "cloud.example.com/nvlink-domain"
+    grouped = WorkloadSpec(run_id=RUN, nodes=4, nodes_per_clique=2, clique_label=key)
+    for g, job in enumerate(indexed_jobs(grouped, TRAIN_MODULE, [])):
+        affinity = job["spec"]["template"]["spec"]["affinity"]
+        (term,) = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        assert term["matchExpressions"] == [{"key": key, "operator": "Exists"}]
+        (together,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        apart = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert together["topologyKey"] == key
+        assert [t["topologyKey"] for t in apart] == ["kubernetes.io/hostname", key]
+        assert _env(job)["MNNVL_CLIQUE_LABEL"] == key
+        assert "nvidia.com/gpu.clique" not in str(job), g
+    sliced = WorkloadSpec(
+        run_id=RUN,
+        nodes=4,
+        nodes_per_clique=2,
+        queue_name="q",
+        topology_aware=True,
+        clique_label=key,
+    )
+    (job,) = indexed_jobs(sliced, TRAIN_MODULE, [])
+    notes = job["spec"]["template"]["metadata"]["annotations"]
+    assert notes["kueue.x-k8s.io/podset-slice-required-topology"] == key
+    whole = WorkloadSpec(run_id=RUN, nodes=2, queue_name="q", topology_aware=True, clique_label=key)
+    (job,) = indexed_jobs(whole, TRAIN_MODULE, [])
+    notes = job["spec"]["template"]["metadata"]["annotations"]
+    assert notes == {"kueue.x-k8s.io/podset-required-topology": key}
+    k8s_valid(job)
+
+
+@pytest.mark.parametrize("bad", ["", "nvidia.com/", "-clique", "a/b/c", "x" * 64])
+def test_a_clique_label_that_is_no_label_key_is_refused_naming_the_field(bad: str) -> None:
+    with pytest.raises(SpecError, match="clique_label"):
+        WorkloadSpec(run_id=RUN, clique_label=bad)
