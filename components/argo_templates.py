@@ -35,7 +35,7 @@ from mnnvl.inputs.surface import Input
 RUN_ID = "{{workflow.uid}}"
 RESULT_PATH = "/tmp/result.json"
 REPORT_DIR = "/tmp/report"  # verify: report files, the CTRF report and the key figures
-RETRY_LIMIT = "2"  # Argo's schema types IntOrString as string
+RETRY_LIMIT = str(surface.STEP_RETRIES)  # Argo's schema types IntOrString as string
 LAUNCHER_IMAGE_INPUT = "launcher-image"
 DEADLINE_INPUT = "deadline-s"
 PIPELINE_INPUT = "pipeline"
@@ -69,10 +69,7 @@ def launcher_pod(step: str) -> dict[str, Any]:
     }
 
 
-# The window in which retries may start: with 3 attempts of up to delete_timeout_s (300 s by
-# default) each plus 15 s + 30 s of backoff, one hour leaves every retry room to finish; the
-# KFP tasks use the same window (kfp_pipeline.RETRY_MAX_DURATION).
-RETRY_MAX_DURATION = "1h"
+RETRY_MAX_DURATION = f"{surface.STEP_RETRY_WINDOW_S}s"  # when new attempts may start
 
 
 def retry(*, backoff: bool = True, lost_pod: bool = False) -> RetryStrategy:
@@ -85,8 +82,8 @@ def retry(*, backoff: bool = True, lost_pod: bool = False) -> RetryStrategy:
         retry_policy="Always",
         backoff=(
             m.Backoff(
-                duration="15s",
-                factor=m.IntOrString("2"),
+                duration=f"{surface.STEP_RETRY_BACKOFF_S}s",
+                factor=m.IntOrString(str(surface.STEP_RETRY_FACTOR)),
                 max_duration=None if lost_pod else RETRY_MAX_DURATION,
             )
             if backoff

@@ -1,4 +1,5 @@
-"""Writes ``components/kfp_components.py``: KFP component signatures, from ``mnnvl.inputs.surface``.
+"""Writes ``components/generated/kfp_components.py``: KFP component signatures, from
+``mnnvl.inputs.surface``.
 
 KFP embeds a lightweight component's source in the pipeline, so each signature must exist as
 source code with literal defaults; this module renders it from the field declarations

@@ -18,12 +18,12 @@ from typing import Any
 from mnnvl import steps
 from mnnvl.errors import MnnvlError, TeardownIncomplete
 from mnnvl.inputs import surface
-from mnnvl.manifests import render_run
+from mnnvl.manifests import compute_domain, render_run
 from mnnvl.report import num, verdict_numbers
 
 logger = logging.getLogger(__name__)
 
-RUN_PIPELINE = "mnnvl-training"
+RUN_PIPELINE = surface.RUN_PIPELINE
 
 
 @dataclass(frozen=True)
@@ -39,28 +39,35 @@ class PlannedTask:
         return self.task.name.replace("-", "_")
 
 
-def run_inputs() -> set[str]:
-    """The step inputs of every task of the run."""
-    tasks = surface.PIPELINES[RUN_PIPELINE].tasks
-    return {item.name for t in tasks for item in surface.step_inputs(t.step)}
-
-
 def plan(values: dict[str, Any], run_id: str, *, skip_verify: bool = False) -> list[PlannedTask]:
-    """Every task of the run's pipeline with its specs from ``values`` (step input names;
-    unset inputs take the step's default). Raises ``SpecError`` before anything exists."""
-    tasks = surface.PIPELINES[RUN_PIPELINE].tasks
+    """Every task of the run's pipeline with its specs from ``values`` (pipeline parameter
+    names; unset ones take the step's default), and every object each task would create
+    built. Raises ``SpecError`` before anything exists."""
     planned = [
-        PlannedTask(t, tuple(surface.step_specs(t.step, run_id, {**values, **t.fixed})))
-        for t in tasks
-        if not (skip_verify and t.step == "verify")
+        PlannedTask(task, tuple(specs))
+        for task, specs in surface.PIPELINES[RUN_PIPELINE].plan(values, run_id)
+        if not (skip_verify and task.step == "verify")
     ]
-    domain = planned[0].specs[0]
-    for item in planned:  # every object each Job task would create builds, or bad input stops
-        if item.task.step == "train":
-            render_run(domain, item.specs[0], item.specs[1], None)
-        elif item.task.step == "verify":
-            render_run(domain, item.specs[0], None, item.specs[1])
+    objects(planned)
     return planned
+
+
+def objects(planned: list[PlannedTask]) -> list[dict[str, Any]]:
+    """Everything the planned run creates, in creation order, each object once (what
+    ``mnnvl render`` prints)."""
+    domain = planned[0].specs[0]
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for item in planned:
+        workload, config = item.specs[0], item.specs[-1]
+        if item.task.step == "train":
+            made = render_run(domain, workload, config, None)
+        elif item.task.step == "verify":
+            made = render_run(domain, workload, None, config)
+        else:
+            made = [compute_domain(domain)]
+        for obj in made:
+            out.setdefault((obj["kind"], obj["metadata"]["name"]), obj)
+    return list(out.values())
 
 
 def _step_call(

@@ -44,7 +44,7 @@ from mnnvl.inputs.spec import (
     WorkloadSpec,
 )
 from mnnvl.inputs.storage import check_shared_storage
-from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, step_workload
+from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, rank0_job, step_workload
 from mnnvl.report import nccl_line, num, verdict_numbers
 
 logger = logging.getLogger(__name__)
@@ -305,9 +305,12 @@ def verify(
         # numbers and report them; anything else (no RESULT) is a real workload failure.
         if not (err.result and err.result.get("kind") == "verify"):
             raise
-        job = RunNames.for_run(workload.run_id).job(verify_workload.purpose)
         launched = LaunchResult(
-            job=job, pods=[], result=err.result, log_tail=str(err), elapsed_s=_since(start)
+            job=rank0_job(verify_workload),
+            pods=[],
+            result=err.result,
+            log_tail=str(err),
+            elapsed_s=_since(start),
         )
     raw = _require_result(launched, "verify")
     files: dict[str, str] = {}

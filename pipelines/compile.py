@@ -1,10 +1,10 @@
 """Regenerate the compiled YAML that GitOps applies: ``python -m mnnvl.pipelines.compile``.
 
-Writes the generated KFP component module (``components/kfp_components.py``, from the field
-declarations), ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates and a Workflow), the GitOps
-kustomize directories ``pipelines/gitops/kfp`` (``Pipeline`` + ``PipelineVersion`` CRs of every
-pipeline) and ``pipelines/gitops/argo`` (WorkflowTemplates and CronWorkflows), and the
-component YAMLs beside ``components/``. No namespace is written: kustomize places the objects.
+Writes the generated KFP component module (``components/generated/kfp_components.py``, from the
+field declarations), ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates and a Workflow),
+the GitOps kustomize directories ``pipelines/gitops/kfp`` (``Pipeline`` + ``PipelineVersion``
+CRs of every pipeline) and ``pipelines/gitops/argo`` (WorkflowTemplates and CronWorkflows), and
+the component YAMLs in ``components/``. No namespace is written: kustomize places the objects.
 The output is byte-for-byte deterministic: same sources, same bytes. ``--check`` compiles into
 a scratch directory and exits 1 listing every file that differs from the checked-in one.
 
@@ -159,13 +159,13 @@ def retag_file(path: Path, images: dict[str, str]) -> None:
 def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], None]]:
     """Relative output path (from the repository root) -> writer."""
     from mnnvl.components import kfp_codegen
-    from mnnvl.components.kfp_components import COMPONENTS
+    from mnnvl.components.generated.kfp_components import COMPONENTS
     from mnnvl.pipelines import argo_gitops as gitops
     from mnnvl.pipelines import argo_workflow as argo
     from mnnvl.pipelines import kfp_pipeline as kp
 
     out: dict[str, Callable[[Path], None]] = {
-        "components/kfp_components.py": _text(kfp_codegen.render_module)
+        "components/generated/kfp_components.py": _text(kfp_codegen.render_module)
     }
     for name, component in COMPONENTS.items():
         out[f"components/{name}.yaml"] = _kfp_pipeline(component)
@@ -250,7 +250,7 @@ def refresh_component_module() -> bool:
     """Write the generated component module when its declarations changed; True if written."""
     from mnnvl.components import kfp_codegen
 
-    path = COMPONENTS_DIR / "kfp_components.py"
+    path = COMPONENTS_DIR / "generated" / "kfp_components.py"
     text = kfp_codegen.render_module()
     if path.is_file() and path.read_text(encoding="utf-8") == text:
         return False
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None and refresh_component_module():
         # The pipelines import the component module: compile again in a fresh interpreter.
-        log.info("wrote components/kfp_components.py; compiling with it")
+        log.info("wrote components/generated/kfp_components.py; compiling with it")
         return subprocess.call([sys.executable, "-m", "mnnvl.pipelines.compile"])
     for rel, path in compile_all(args.out, images).items():
         log.info("wrote %s", path if args.out else rel)

@@ -28,19 +28,17 @@ from typing import Any
 
 from kfp import dsl, kubernetes
 
-from mnnvl.components import kfp_components as kc
 from mnnvl.components import launcher_pod as lp
+from mnnvl.components.generated import kfp_components as kc
 from mnnvl.inputs import surface
 
 TRAINING_PIPELINE_NAME = "mnnvl-training"
 VERIFY_ONLY_PIPELINE_NAME = "mnnvl-verify-only"
 CUSTOM_PIPELINE_NAME = "mnnvl-custom"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-RETRIES = 2
-RETRY_BACKOFF = "15s"
-RETRY_MAX_DURATION = "3600s"  # as Argo's teardown (argo_templates.RETRY_MAX_DURATION)
+RETRY_MAX_DURATION = f"{surface.STEP_RETRY_WINDOW_S}s"
 # Argo, which runs KFP's tasks, counts the window from the first attempt's start, and a
-# workload task may be lost late in its Job: the longest --job-timeout-s (7 days).
+# workload task may be lost late in its Job: the longest job_timeout_s (7 days).
 WORKLOAD_RETRY_MAX_DURATION = f"{7 * 86400}s"
 STEP_COMPONENTS = {
     "train": kc.train_sharded,
@@ -49,6 +47,20 @@ STEP_COMPONENTS = {
     "teardown": kc.teardown_domain,
 }
 _TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool, "list": list[str]}
+
+
+def task_names(name: str) -> dict[str, str]:
+    """KFP's name of each task of pipeline ``name`` (its component's, ``-2`` on the second
+    use) -> the task's name in ``surface.PIPELINES`` (``verify-nvlink-2`` -> ``verify-post``)."""
+    plan = surface.PIPELINES[name]
+    components = [kc.FIRST_TASKS[name], *(STEP_COMPONENTS[t.step] for t in plan.tasks[1:])]
+    seen: dict[str, int] = {}
+    out = {}
+    for task, component in zip(plan.tasks, components, strict=True):
+        seen[component.name] = seen.get(component.name, 0) + 1
+        count = seen[component.name]
+        out[component.name + (f"-{count}" if count > 1 else "")] = task.name
+    return out
 
 
 def _launcher_pod(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
@@ -68,9 +80,9 @@ def _retried(
 ) -> dsl.PipelineTask:
     _launcher_pod(task, step).set_caching_options(False)
     task.set_retry(
-        num_retries=RETRIES,
-        backoff_duration=RETRY_BACKOFF,
-        backoff_factor=2.0,
+        num_retries=surface.STEP_RETRIES,
+        backoff_duration=f"{surface.STEP_RETRY_BACKOFF_S}s",
+        backoff_factor=float(surface.STEP_RETRY_FACTOR),
         backoff_max_duration=max_duration,
     )
     return task.set_display_name(display_name)

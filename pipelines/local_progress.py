@@ -14,17 +14,8 @@ import threading
 import time
 from typing import Any, TextIO
 
-STAGES = {
-    "provision-domain": "provision",
-    "provision-training": "provision",
-    "provision-verify-only": "provision",
-    "provision-custom": "provision",
-    "launch-workload": "launch",
-    "verify-nvlink": "verify-pre",
-    "train-sharded": "train",
-    "verify-nvlink-2": "verify-post",
-    "teardown-domain": "teardown",
-}
+from mnnvl.pipelines.kfp_pipeline import task_names
+
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STARTED = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
@@ -50,8 +41,9 @@ def stage_logger() -> logging.Logger:
 class KfpLogTap(io.TextIOBase):
     """A stdout replacement: keeps kfp.local's output in a file and reports task stages."""
 
-    def __init__(self, sink: TextIO, *, echo: TextIO | None, start: float) -> None:
+    def __init__(self, sink: TextIO, *, echo: TextIO | None, start: float, pipeline: str) -> None:
         super().__init__()
+        self._stages = task_names(pipeline)  # kfp.local's task names -> the pipeline's
         self._sink = sink
         self._echo = echo
         self._start = start
@@ -84,10 +76,10 @@ class KfpLogTap(io.TextIOBase):
 
     def _scan(self, line: str) -> None:
         if m := _STARTED.search(line):
-            self._task = STAGES.get(m.group(1), m.group(1))
+            self._task = self._stages.get(m.group(1), m.group(1))
             self._stage("%s: started", self._task)
         elif m := _FINISHED.search(line):
-            stage = STAGES.get(m.group(1), m.group(1))
+            stage = self._stages.get(m.group(1), m.group(1))
             self._stage("%s: %s", stage, m.group(2))
             if m.group(2) != "SUCCESS" and stage in self.task_errors:
                 self._stage("%s: %s", stage, self.task_errors[stage])

@@ -161,7 +161,7 @@ def run_pipeline(
     error = ""
     log_path = out / "kfp-local.log"
     with open(log_path, "w", encoding="utf-8") as log_file:
-        tap = KfpLogTap(log_file, echo=sys.stdout if verbose else None, start=start)
+        tap = KfpLogTap(log_file, echo=sys.stdout if verbose else None, start=start, pipeline=name)
         # kfp.local prints every task's log to stdout, and warns that the launcher image and
         # display names mean nothing locally (true, and expected here).
         with contextlib.redirect_stdout(tap), warnings.catch_warnings():

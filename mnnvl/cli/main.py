@@ -34,7 +34,7 @@ from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import resolve_namespace
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.manifests import indexed_job, render_run
-from mnnvl.run import PlannedTask, plan, run_all, run_inputs
+from mnnvl.run import PlannedTask, objects, plan, run_all
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
@@ -179,31 +179,11 @@ def _validate_objects(
     render_run(domain, workload, train, verify)
 
 
-def _run_specs(
-    ns: argparse.Namespace,
-) -> tuple[DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig]:
-    domain = _domain(ns)
-    workload = flags.from_namespace(
-        WorkloadSpec,
-        ns,
-        run_id=domain.run_id,
-        namespace=domain.namespace,
-        api_outage_s=domain.api_outage_s,
-    )
-    return (
-        domain,
-        workload,
-        flags.from_namespace(TrainConfig, ns),
-        flags.from_namespace(VerifyConfig, ns),
-    )
-
-
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
-    domain, workload, train, verify = _run_specs(ns)
-    objs = render_run(domain, workload, train, verify)
+    objs = objects(_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
     return {
-        "run_id": domain.run_id,
+        "run_id": ns.run_id,
         "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs],
     }
 
@@ -226,8 +206,9 @@ def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
 
 def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
     """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default)."""
-    values = {n: getattr(ns, n) for n in run_inputs() if getattr(ns, n, None) is not None}
-    return plan(values | _own_namespace(ns), ns.run_id, skip_verify=ns.skip_verify)
+    values = {p.name: getattr(ns, p.name, None) for p in surface.run_parameters()}
+    skip_verify = getattr(ns, "skip_verify", False)
+    return plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
 
 
 def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
@@ -237,14 +218,24 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.sim:
         return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir)
     from mnnvl.sim import SimCluster
+    from mnnvl.sim.podenv import local_gpu_ids
 
     domain = planned[0].specs[0]
     workload = next(p.specs[0] for p in planned if p.task.step == "train")
+    gpus, wanted = local_gpu_ids(), workload.nodes * workload.gpus_per_node
+    if wanted > len(gpus):  # the simulated nodes' GPUs are this machine's
+        raise SpecError(
+            "gpus_per_node",
+            f"{workload.gpus_per_node} on {workload.nodes} simulated nodes needs {wanted} GPUs "
+            f"on this machine, which has {len(gpus)} (the simulator's pods run here); pass "
+            "--gpus-per-node 0 for CPU workers, with --min-busbw-gbps or --allow-unjudged",
+        )
     with SimCluster(
         nodes=workload.nodes,
         gpus_per_node=workload.gpus_per_node,
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
+        local_gpus=gpus,
     ) as sim:
         result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=ns.report_dir)
         result["sim"] = {

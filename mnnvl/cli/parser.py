@@ -43,7 +43,6 @@ _CLASS_GROUPS = {
 }
 # Inputs a command does not use (the rest of its specs' CLI inputs are its flags).
 _STATUS_SKIPS = frozenset({"allocation_mode", "rct_timeout_s", "delete_timeout_s"})
-_RUN_SKIPS = frozenset({"purpose"})  # a whole run names each of its Jobs itself
 
 
 def _spec_flags(
@@ -80,6 +79,25 @@ def _spec_flags(
             required=run_id_required,
         )
         seen |= names
+
+
+def _run_flags(p: argparse.ArgumentParser, *, run_id_required: bool) -> None:
+    """The flags of ``run`` and ``render``: the training pipeline's parameters, named as the
+    KFP and Argo pipelines name them (``--train-timeout-s``, ``--verify-min-bytes``)."""
+    groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()}
+    classes = {i.name: c for c in reversed(_CLASS_GROUPS) for i in surface.class_inputs(c)}
+
+    def pick(item: surface.Input) -> Any:
+        if item.name.endswith("_timeout_s"):
+            key = "timeouts"
+        elif item.name.startswith("verify_"):
+            key = "verification"
+        else:
+            key = _CLASS_GROUPS.get(classes.get(item.name, WorkloadSpec), "workload")
+        return groups[key]
+
+    run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
+    flags.add_inputs(p, [run_id, *surface.run_parameters()], group=pick, required=run_id_required)
 
 
 def _launch_flags(p: argparse.ArgumentParser) -> None:
@@ -190,9 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_flags(p, (DomainSpec,), skip=_STATUS_SKIPS)
     for name in ("run", "render"):
         p = _subcommand(sub, name)
-        classes = (DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig)
         # `run` names a run itself when no --run-id is given; `render` needs one.
-        _spec_flags(p, classes, skip=_RUN_SKIPS, run_id_required=name == "render")
+        _run_flags(p, run_id_required=name == "render")
         if name == "run":
             p.add_argument(
                 "--report-dir", default=None, help="write the train and verify reports here"

@@ -25,6 +25,15 @@ from mnnvl.contract.errors import SpecError
 logger = logging.getLogger(__name__)
 
 
+# How torch's NCCL watchdog ends a worker after a collective error or timeout, in every
+# profile (a user's value wins): 3 ("SkipCleanUp") ends the process without aborting its
+# communicators, which can hang on a broken fabric; the pod fails at once and the gang
+# restarts. torch's own default in ProcessGroupNCCL; torchrun's agent would set 1 instead
+# (torch/distributed/elastic/agent/server/local_elastic_agent.py), which the worker
+# launcher does not inherit.
+ASYNC_ERROR_HANDLING = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -40,7 +49,6 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "production",
             "MNNVL on auto (NCCL_MNNVL_ENABLE default 2), cuMem on, no debug knobs",
-            defaults={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"},
         ),
         Profile(
             "verify-strict",
@@ -74,7 +82,12 @@ def refuse_forbidden(environ: MutableMapping[str, str]) -> None:
 def pod_env(name: str) -> dict[str, str]:
     """Static env for worker pods; the fabric-dependent part is applied in the pod."""
     profile = get_profile(name)
-    env = {contract_env.NCCL_PROFILE: profile.name, **profile.defaults, **profile.required}
+    env = {
+        contract_env.NCCL_PROFILE: profile.name,
+        **ASYNC_ERROR_HANDLING,
+        **profile.defaults,
+        **profile.required,
+    }
     return {k: v for k, v in env.items() if k not in contract_env.PINNED}
 
 
@@ -92,7 +105,7 @@ def apply_profile(
     wanted = dict(profile.required)
     if fabric_present:
         wanted.update(profile.fabric_required)
-    for key, val in profile.defaults.items():
+    for key, val in {**ASYNC_ERROR_HANDLING, **profile.defaults}.items():
         if key in contract_env.PINNED or key in env:
             continue
         env[key] = changed[key] = val

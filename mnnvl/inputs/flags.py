@@ -51,9 +51,27 @@ def add_arguments(
     ``group`` picks the argument group each flag is listed under in ``--help``; a field with
     no default is a required flag when ``required`` is True (else the caller supplies it).
     """
+    add_inputs(
+        parser,
+        [i for i in class_inputs(cls) if i.name not in skip],
+        defaults=defaults,
+        group=group,
+        required=required,
+    )
+
+
+def add_inputs(
+    parser: argparse.ArgumentParser,
+    inputs: list[Input],
+    *,
+    defaults: dict[str, Any] | None = None,
+    group: Callable[[Input], Any] | None = None,
+    required: bool = False,
+) -> None:
+    """Add one ``--flag`` per CLI input of ``inputs`` (see ``add_arguments``)."""
     defaults = defaults or {}
-    for item in class_inputs(cls):
-        if item.name in skip or CLI not in item.surfaces or item.name in REMAINDER_FIELDS:
+    for item in inputs:
+        if CLI not in item.surfaces or item.name in REMAINDER_FIELDS:
             continue
         default = defaults.get(item.name, item.default)
         text = _help(item, default) if required or not item.required else item.help

@@ -2,7 +2,7 @@
 
 One declaration per input (``mnnvl.inputs.spec.opt``: default, help, surfaces) feeds three surfaces:
 the CLI flags (``mnnvl.inputs.flags``), the KFP component signatures and pipeline parameters
-(generated ``mnnvl.components.kfp_components``, ``mnnvl.pipelines.kfp_pipeline``) and the
+(generated ``mnnvl.components.generated.kfp_components``, ``mnnvl.pipelines.kfp_pipeline``) and the
 Argo template inputs and workflow parameters (``mnnvl.components.argo_templates``,
 ``mnnvl.pipelines.argo_workflow``). Where a step or a pipeline uses another default than the
 dataclass, the override and its reason are written here, once.
@@ -241,16 +241,17 @@ class Pipeline:
     tasks: tuple[Task, ...]
     defaults: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
-    def parameters(self) -> list[Input]:
-        """The pipeline parameters (KFP and Argo alike): every task input, renamed, once."""
+    def parameters(self, surface: str = KFP, *, own_defaults: bool = True) -> list[Input]:
+        """The pipeline parameters (KFP and Argo alike; ``mnnvl run`` with ``CLI``): every task
+        input, renamed, once; ``own_defaults`` False keeps the steps' defaults."""
         params: dict[str, Input] = {}
         for task in self.tasks:
-            for item in step_inputs(task.step, KFP):
+            for item in step_inputs(task.step, surface):
                 if item.name in task.fixed:
                     continue
                 name = task.parameter_name(item.name)
                 item = dataclasses.replace(item, name=name)
-                if name in self.defaults:
+                if own_defaults and name in self.defaults:
                     item = dataclasses.replace(item, default=self.defaults[name][0])
                 known = params.setdefault(name, item)
                 if (known.default, known.kind) != (item.default, item.kind):
@@ -261,21 +262,39 @@ class Pipeline:
         """The task's step inputs from the pipeline's parameter values."""
         args = {
             item.name: values[task.parameter_name(item.name)]
-            for item in step_inputs(task.step, KFP)
+            for item in step_inputs(task.step)
             if item.name not in task.fixed and task.parameter_name(item.name) in values
         }
         return {**args, **task.fixed}
 
-    def check(self, values: dict[str, Any], run_id: str = "check") -> None:
-        """Validate every task's inputs from pipeline parameter values (strings are fine)."""
-        params = {p.name: p for p in self.parameters()}
+    def plan(self, values: dict[str, Any], run_id: str) -> list[tuple[Task, list[Any]]]:
+        """Every task with the specs its step builds from pipeline parameter values (strings
+        are fine; unset parameters take the step's default). The one walk over a pipeline's
+        tasks: ``mnnvl run``, ``mnnvl render`` and the pipelines' first-task check use it."""
+        params = {p.name: p for p in self.parameters(CLI) + self.parameters()}
         unknown = sorted(set(values) - set(params))
         if unknown:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
-        typed = {k: params[k].coerce(v) for k, v in values.items()}
-        for task in self.tasks:
-            step_specs(task.step, run_id, self.task_arguments(task, typed))
+        typed = {k: params[k].coerce(v) for k, v in values.items() if v is not None}
+        return [
+            (task, step_specs(task.step, run_id, self.task_arguments(task, typed)))
+            for task in self.tasks
+        ]
 
+    def check(self, values: dict[str, Any], run_id: str = "check") -> None:
+        """Validate every task's inputs from pipeline parameter values (strings are fine)."""
+        self.plan(values, run_id)
+
+
+# How the pipelines retry a task (KFP ``set_retry``, Argo ``retryStrategy``): 2 retries, 15 s
+# then 30 s apart; new attempts start within an hour of the first (three attempts of up to
+# ``delete_timeout_s``, 300 s by default, plus the backoff fit). A workload task may be lost
+# hours into its Job: KFP gives it the longest job_timeout_s as its window, Argo none (its
+# ``activeDeadlineSeconds`` bounds each attempt).
+STEP_RETRIES = 2
+STEP_RETRY_BACKOFF_S = 15
+STEP_RETRY_FACTOR = 2
+STEP_RETRY_WINDOW_S = 3600
 
 _PROVISION = Task("provision", "provision")
 _TEARDOWN = Task("teardown", "teardown")
@@ -324,6 +343,18 @@ PIPELINES: dict[str, Pipeline] = {
         ),
     )
 }
+
+
+RUN_PIPELINE = "mnnvl-training"  # what `mnnvl run` runs and `mnnvl render` prints
+
+
+def run_parameters() -> list[Input]:
+    """The flags of ``mnnvl run`` and ``mnnvl render``: the pipeline's parameters as the CLI
+    has them (renamed as in KFP and Argo, e.g. ``train_timeout_s``), with the steps' defaults."""
+    pipeline = PIPELINES[RUN_PIPELINE]
+    # The run's reports go to --report-dir on this side; the workers' own output dir is not used.
+    skip = {"run_id", "output_dir"}
+    return [p for p in pipeline.parameters(CLI, own_defaults=False) if p.name not in skip]
 
 
 # Workflow parameters only the Argo workflows have (the launcher pods' account, image and

@@ -21,6 +21,7 @@ from mnnvl.manifests.workload import (
     indexed_job,
     indexed_jobs,
     master_addr,
+    rank0_job,
     step_selector,
 )
 
@@ -44,6 +45,7 @@ __all__ = [
     "master_addr",
     "object_meta",
     "owner_references",
+    "rank0_job",
     "render_run",
     "spec_hash",
     "step_selector",

@@ -77,12 +77,15 @@ def master_addr(workload: WorkloadSpec) -> str:
     from the last entry of the search list the kubelet writes into every pod's resolv.conf
     (``<ns>.svc.<domain> svc.<domain> <domain>``; Kubernetes docs, "DNS for Services and Pods").
     """
-    names = RunNames.for_run(workload.run_id)
-    job = names.job(
-        workload.purpose, 0 if workload.groups > 1 and not kueue_gang(workload) else None
-    )
-    svc = names.service(workload.purpose)
-    return f"{job}-0.{svc}.{workload.namespace}.svc"
+    svc = RunNames.for_run(workload.run_id).service(workload.purpose)
+    return f"{rank0_job(workload)}-0.{svc}.{workload.namespace}.svc"
+
+
+def rank0_job(workload: WorkloadSpec) -> str:
+    """The Job of rank 0 (its pod 0 rendezvous and prints the RESULT): clique group 0's Job
+    when the step has one Job per group."""
+    group = 0 if workload.groups > 1 and not kueue_gang(workload) else None
+    return RunNames.for_run(workload.run_id).job(workload.purpose, group)
 
 
 def headless_service(workload: WorkloadSpec) -> dict[str, Any]:

@@ -10,8 +10,8 @@ Each runs ``MODULE`` as ``__main__`` with the variables torchrun gives its worke
 ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
 ``GROUP_WORLD_SIZE``, ``ROLE_*``, ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_*``
 (no agent store: rank 0 hosts the rendezvous store on ``MASTER_PORT``, as ``env://``
-expects), ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (1 unless set) and ``OMP_NUM_THREADS=1``
-with several workers unless set.
+expects), ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (the contract's, unless set) and
+``OMP_NUM_THREADS=1`` with several workers unless set.
 
 CUDA: this process must never touch CUDA. A CUDA context does not survive ``fork``; a
 worker forked from a process that initialised CUDA fails at its first CUDA call. So the
@@ -60,6 +60,7 @@ from typing import NoReturn
 
 from mnnvl.contract import env as contract_env
 from mnnvl.contract.exit_codes import INTERRUPTED_BASE, STALLED, shell_code, worst_exit_code
+from mnnvl.contract.nccl import ASYNC_ERROR_HANDLING
 from mnnvl.errors import SpecError
 from mnnvl.runtime.local import free_port
 from mnnvl.runtime.progress import PROGRESS_ENV, Stall, Watchdog
@@ -164,7 +165,7 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        **{k: os.environ.get(k, v) for k, v in ASYNC_ERROR_HANDLING.items()},
     }
 
 

@@ -15,6 +15,24 @@ CD = "computedomains"
 DEFAULT_SERVICE_ACCOUNT = "default"
 
 
+# The short names and the ``all`` category kubectl resolves through discovery (``kubectl get
+# ns``, ``kubectl get all``): each kind's ShortNames()/Categories() in kubernetes
+# pkg/registry/*/*/storage/storage.go (jobs, the DRA kinds and ComputeDomains have none).
+SHORT_NAMES = {
+    "namespaces": ["ns"],
+    "nodes": ["no"],
+    "pods": ["po"],
+    "services": ["svc"],
+    "events": ["ev"],
+    "resourcequotas": ["quota"],
+    "serviceaccounts": ["sa"],
+    "configmaps": ["cm"],
+    "persistentvolumeclaims": ["pvc"],
+    "customresourcedefinitions": ["crd", "crds"],
+}
+CATEGORY_ALL = {"pods", "services", "jobs"}
+
+
 def _discovery_groups() -> dict[tuple[str, str], list[Obj]]:
     groups: dict[tuple[str, str], list[Obj]] = {}
     for rt in RESOURCES.values():
@@ -27,6 +45,8 @@ def _discovery_groups() -> dict[tuple[str, str], list[Obj]]:
                 "kind": rt.kind,
                 "namespaced": rt.namespaced,
                 "verbs": verbs,
+                "shortNames": SHORT_NAMES.get(rt.plural, []),
+                "categories": ["all"] if rt.plural in CATEGORY_ALL else [],
             }
         )
         if rt.status_subresource:
@@ -71,7 +91,7 @@ def discovery(parts: list[str], crd_installed: bool) -> Obj:
         }
     if parts == ["api"]:
         return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
-    gvs = {gv for gv in DISCOVERY if gv[0] and (gv[0] != "resource.nvidia.com" or crd_installed)}
+    gvs = {gv for gv in _served(crd_installed) if gv[0]}
     if parts == ["apis"]:
         groups = [
             {
@@ -90,6 +110,49 @@ def discovery(parts: list[str], crd_installed: bool) -> Obj:
         "apiVersion": "v1",
         "groupVersion": "/".join(p for p in gv if p),
         "resources": DISCOVERY[gv],
+    }
+
+
+def _served(crd_installed: bool) -> list[tuple[str, str]]:
+    return [gv for gv in DISCOVERY if gv[0] != "resource.nvidia.com" or crd_installed]
+
+
+def openapi_v3(parts: list[str], crd_installed: bool) -> Obj:
+    """``/openapi/v3`` and its group-version documents, as much as kubectl reads: each kind's
+    PATCH operation (``x-kubernetes-group-version-kind``) with the ``fieldValidation`` query
+    parameter, which is how kubectl decides that the server validates fields, so it sends
+    ``fieldValidation=Strict`` instead of validating against schemas itself
+    (kubernetes/cli-runtime ``pkg/resource/query_param_verifier_v3.go``, kubectl
+    ``pkg/validation/schema.go`` ``paramVerifyingSchema``, v0.32.4). Without it kubectl falls
+    back to ``/openapi/v2`` and, on a 404 there, refuses to apply. No schemas are served
+    (``kubectl explain`` has nothing to show)."""
+    paths = {("api/" if not g else f"apis/{g}/") + v: (g, v) for g, v in _served(crd_installed)}
+    if not parts:
+        return {"paths": {p: {"serverRelativeURL": f"/openapi/v3/{p}?hash=sim"} for p in paths}}
+    gv = paths.get("/".join(parts))
+    if gv is None:
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    query = [
+        {"name": n, "in": "query", "schema": {"type": "string"}}
+        for n in ("dryRun", "fieldManager", "fieldValidation")
+    ]
+    operations = {}
+    for rt in RESOURCES.values():
+        if (rt.group, rt.version) == gv:
+            scope = "/namespaces/{namespace}" if rt.namespaced else ""
+            prefix = f"/apis/{rt.group}" if rt.group else "/api"
+            gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
+            operations[f"{prefix}/{rt.version}{scope}/{rt.plural}/{{name}}"] = {
+                "patch": {
+                    "x-kubernetes-action": "patch",
+                    "x-kubernetes-group-version-kind": gvk,
+                    "parameters": query,
+                }
+            }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.34.0-mnnvl-sim"},
+        "paths": operations,
     }
 
 
@@ -323,9 +386,14 @@ def pod_usage(pod: Obj) -> dict[str, int]:
 
 
 def _quantity(value: object) -> int | None:
-    """A whole-number quantity ("2", 2); None for others (CPU, memory: not modelled)."""
-    text = str(value) if value is not None else ""
-    return int(text) if text.isdigit() else None
+    """A whole-number quantity ("2", "1Gi"); None for a fraction (CPU: not modelled)."""
+    from kubernetes.utils import parse_quantity
+
+    try:
+        number = parse_quantity(value)
+    except (ValueError, TypeError):
+        return None
+    return int(number) if number == int(number) else None
 
 
 def _pretty(usage: dict[str, int], keys: list[str]) -> str:

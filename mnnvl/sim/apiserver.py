@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import ssl
 import sys
 import threading
 import time
@@ -18,17 +19,19 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from mnnvl.sim import protobuf
 from mnnvl.sim.admission import (
     CD,
     default_on_create,
     discovery,
     ensure_default_service_account,
+    openapi_v3,
     validate,
 )
 from mnnvl.sim.model import dry_run_requested
 from mnnvl.sim.rbac import MASTERS, Authenticator, Request, User, allowed, forbidden
 from mnnvl.sim.schemas import SchemaAdmission
-from mnnvl.sim.selectors import json_patch, merge_patch, object_matcher
+from mnnvl.sim.selectors import merge_patch, object_matcher
 from mnnvl.sim.serving import ServingServer
 from mnnvl.sim.store import RESOURCES, ApiError, Obj, Store, not_found
 
@@ -74,9 +77,11 @@ class ApiServer(ServingServer):
         faults: FaultHooks,
         logs: LogSource | None = None,
         crd_installed: Callable[[], bool] = lambda: True,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__(Handler)
         self.store, self.faults, self.logs, self.crd_installed = store, faults, logs, crd_installed
+        self.tls = tls  # HTTPS (``mnnvl sim up``: kubectl sends credentials only over TLS)
         self.schemas: SchemaAdmission | None = None
         # Mutating admission (e.g. the Kueue stand-in suspending queued Jobs on create).
         self.mutators: list[Callable[[str, Obj], None]] = []
@@ -92,15 +97,16 @@ class ApiServer(ServingServer):
         self.authenticator = Authenticator()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that drops its keep-alive connection is normal, not a server error."""
-        if isinstance(sys.exc_info()[1], ConnectionError):
+        """A client that drops its keep-alive connection (or fails the TLS handshake) is
+        normal, not a server error."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, ssl.SSLError)):
             log.debug("client %s closed its connection", client_address)
             return
         super().handle_error(request, client_address)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.server_address[1]}"
 
     def count(self, verb: str, resource: str, group: str = "", rbac_verb: str = "") -> None:
         with self._count_lock:
@@ -119,12 +125,16 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
     def setup(self) -> None:
+        if self.server.tls is not None:  # the handshake runs here, not in the accept loop
+            self.request = self.server.tls.wrap_socket(self.request, server_side=True)
         super().setup()
         self.server.track(self.connection)  # an outage cuts every open connection
 
     def finish(self) -> None:
         self.server.untrack(self.connection)
         super().finish()
+        if self.server.tls is not None:  # the server closes the socket it accepted, not this
+            self.connection.close()
 
     def do_GET(self) -> None:
         self._handle("GET")
@@ -159,6 +169,8 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(n) if n else b""
         if not raw:
             return None
+        if (self.headers.get("Content-Type") or "").split(";")[0].strip() == protobuf.MEDIA_TYPE:
+            return protobuf.decode(raw)
         try:
             return json.loads(raw)
         except ValueError as e:
@@ -205,6 +217,9 @@ class Handler(BaseHTTPRequestHandler):
         ):
             self.server.count("GET", "discovery")
             return self._json(200, discovery(parts, self.server.crd_installed()))
+        if parts[:2] == ["openapi", "v3"] and method == "GET":
+            self.server.count("GET", "openapi")
+            return self._json(200, openapi_v3(parts[2:], self.server.crd_installed()))
         if not parts or parts[0] not in ("api", "apis") or len(parts) < 3:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         group, version, rest = (
@@ -322,7 +337,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 ctype = (self.headers.get("Content-Type") or "").split(";")[0]
                 if ctype == "application/json-patch+json":
-                    new = json_patch(old, body or [])
+                    new = _json_patch(old, body or [])
                 else:
                     new = merge_patch(old, body or {})
             new.setdefault("metadata", {}).update(name=name)
@@ -466,3 +481,14 @@ def _selected_name(field_selector: str | None) -> str | None:
         if sep and key.strip() == "metadata.name":  # "=" or "==", never "!="
             return value.lstrip("=").strip()
     return None
+
+
+def _json_patch(target: Obj, ops: list[Obj]) -> Obj:
+    """An RFC 6902 patch (``kubectl patch --type json``), applied by the jsonpatch library."""
+    import jsonpatch  # only a JSON patch needs it
+
+    try:
+        patched: Obj = jsonpatch.apply_patch(target, ops)
+    except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+        raise ApiError(422, "Invalid", f"json patch: {e}") from e
+    return patched

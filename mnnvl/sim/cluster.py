@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 import random
+import shutil
 import signal
+import ssl
 import sys
 import tempfile
 import threading
@@ -38,6 +41,7 @@ from mnnvl.sim.selectors import label_matcher
 from mnnvl.sim.stacks import check_stack, node_gpus
 from mnnvl.sim.stacks import seed as seed_stack
 from mnnvl.sim.store import Obj, Store
+from mnnvl.sim.tls import self_signed
 
 log = logging.getLogger(__name__)
 SEED_ENV = "MNNVL_SIM_SEED"
@@ -93,6 +97,7 @@ class SimCluster:
         gpu_stack: str = "device-plugin",
         imex_mode: str = "daemons",
         cluster_reader: bool = False,
+        tls: bool = False,
     ) -> None:
         """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
         "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
@@ -111,7 +116,9 @@ class SimCluster:
 
         ``gpu_stack`` ("device-plugin" or "dra") and ``imex_mode`` ("daemons" or
         "hostManaged") pick the NVIDIA stack it plays (:mod:`mnnvl.sim.stacks`);
-        ``cluster_reader`` binds ``manifests/overlays/cluster-reader`` to the runner."""
+        ``cluster_reader`` binds ``manifests/overlays/cluster-reader`` to the runner.
+        ``tls`` serves HTTPS with a fresh self-signed certificate the kubeconfigs trust (what
+        kubectl needs to send their tokens: ``mnnvl.sim.tls``)."""
         check_stack(gpu_stack, imex_mode)
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
@@ -140,6 +147,8 @@ class SimCluster:
         self.default_toleration_s = default_toleration_s
         self.pod_gc_quarantine_s = pod_gc_quarantine_s
         self._server: ApiServer | None = None
+        self._ca_pem = ""
+        self._tls = tls
         self._parts: list[Any] = []
         self._started = self._stopped = False
 
@@ -164,7 +173,9 @@ class SimCluster:
         ]
         for part in self._parts:
             part.start()
-        self._server = ApiServer(self.store, self.faults, kubelet, lambda: self.crd_installed)
+        self._server = ApiServer(
+            self.store, self.faults, kubelet, lambda: self.crd_installed, self._tls_context()
+        )
         self._server.schemas = self.schemas
         self._server.validators.append(self.admission.admit)
         self._server.mutators.append(self._default_tolerations)
@@ -186,6 +197,22 @@ class SimCluster:
             self.scheduler_seed,
         )
         return self
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if not self._tls:
+            return None
+        self._ca_pem, key = self_signed()
+        where = tempfile.mkdtemp(prefix="mnnvl-sim-tls-")  # loaded, then removed at once
+        try:
+            for name, text in (("cert.pem", self._ca_pem), ("key.pem", key)):
+                fd = os.open(os.path.join(where, name), os.O_WRONLY | os.O_CREAT, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(os.path.join(where, "cert.pem"), os.path.join(where, "key.pem"))
+        finally:
+            shutil.rmtree(where)
+        return context
 
     def _default_tolerations(self, resource: str, obj: Obj) -> None:
         """The DefaultTolerationSeconds admission plugin (pods only)."""
@@ -274,11 +301,14 @@ class SimCluster:
             self.store.create("customresourcedefinitions", crd_object())
 
     def _write_kubeconfig(self, path: str, user: str, token: str) -> None:
+        cluster = {"server": self.url}
+        if self._ca_pem:
+            cluster["certificate-authority-data"] = base64.b64encode(self._ca_pem.encode()).decode()
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "mnnvl-sim",
-            "clusters": [{"name": "mnnvl-sim", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "mnnvl-sim", "cluster": cluster}],
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [
                 {
@@ -382,7 +412,8 @@ def _usage(kubeconfig: str, admin: str, url: str, nodes: int, cliques: int) -> s
         f"  {admin}: a cluster admin, to set up namespaces, PVCs and quotas\n"
         "in another shell:\n"
         f"  export KUBECONFIG={kubeconfig}\n"
-        "  kubectl get nodes\n"
+        "  kubectl get pods  # the runner's Role: its namespace only; nodes need the admin:\n"
+        f"  kubectl --kubeconfig {admin} get nodes\n"
         f"  mnnvl run --run-id demo --nodes {run_nodes} --gpus-per-node 0 {judge}\n"
         "Ctrl-C (or SIGTERM) stops it and every pod process it started."
     )
@@ -424,6 +455,7 @@ def serve(
             gpu_stack=gpu_stack,
             imex_mode=imex_mode,
             cluster_reader=cluster_reader,
+            tls=True,  # kubectl sends its token only over TLS
         ) as sim:
             print(sim.kubeconfig_path, flush=True)
             print(

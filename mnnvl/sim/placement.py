@@ -30,7 +30,6 @@ UNSCHEDULABLE = "node(s) were unschedulable"
 NODE_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 # kube-scheduler scores a pod without requests as if it asked for 100m CPU and 200 MiB.
 DEFAULT_REQUEST = {"cpu": 100, "memory": 200 * 1024 * 1024}  # millicores, bytes
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
 
 
 def node_affinity_ok(pod: Obj, node_labels: dict[str, str]) -> bool:
@@ -106,13 +105,10 @@ def slice_gpus(store: Store) -> dict[str, list[str]]:
 
 def quantity(text: Any, resource: str) -> int:
     """A resource quantity in millicores (cpu) or bytes (memory)."""
-    s = str(text)
-    if resource == "cpu":
-        return int(s[:-1]) if s.endswith("m") else int(float(s) * 1000)
-    for suffix, factor in _UNITS.items():
-        if s.endswith(suffix):
-            return int(float(s[: -len(suffix)]) * factor)
-    return int(float(s))
+    from kubernetes.utils import parse_quantity
+
+    value = parse_quantity(text)
+    return int(value * 1000) if resource == "cpu" else int(value)
 
 
 def pod_requests(pod: Obj, non_zero: bool) -> dict[str, int]:

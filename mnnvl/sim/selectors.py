@@ -136,35 +136,3 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[k] = merge_patch(result.get(k), v)
     return result
-
-
-def json_patch(target: Obj, ops: list[Obj]) -> Obj:
-    """RFC 6902 subset: add, remove, replace, test."""
-    doc = clone(target)
-    for op in ops:
-        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
-        parent: Any = doc
-        for p in parts[:-1]:
-            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
-        last = parts[-1]
-        kind = op["op"]
-        try:
-            if isinstance(parent, list):
-                idx = len(parent) if last == "-" else int(last)
-                if kind == "add":
-                    parent.insert(idx, op["value"])
-                elif kind == "remove":
-                    parent.pop(idx)
-                elif kind == "replace":
-                    parent[idx] = op["value"]
-                elif kind == "test" and parent[idx] != op["value"]:
-                    raise ApiError(422, "Invalid", f"test failed at {op['path']}")
-            elif kind in ("add", "replace"):
-                parent[last] = op["value"]
-            elif kind == "remove":
-                del parent[last]
-            elif kind == "test" and parent.get(last) != op["value"]:
-                raise ApiError(422, "Invalid", f"test failed at {op['path']}")
-        except (KeyError, IndexError, ValueError) as e:
-            raise ApiError(422, "Invalid", f"json patch {kind} {op['path']}: {e}") from e
-    return doc

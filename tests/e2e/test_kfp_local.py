@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from mnnvl.components import kfp_components as kc
+from mnnvl.components.generated import kfp_components as kc
 from mnnvl.errors import SpecError
+from mnnvl.inputs import surface
 from mnnvl.pipelines import kfp_pipeline as kp
 from mnnvl.pipelines import local_run
 from mnnvl.sim import SimCluster
@@ -110,7 +111,7 @@ def test_bad_parameter_fails_the_pipeline_in_its_first_task_before_any_object_ex
     # End to end once (each case above runs the same first task): a train parameter is
     # refused by provision, nothing runs after it, and only teardown talks to the cluster.
     # The shipped pipeline, but for the pause between provision's retries (15 s, then 30 s).
-    monkeypatch.setattr(kp, "RETRY_BACKOFF", "0s")
+    monkeypatch.setattr(surface, "STEP_RETRY_BACKOFF_S", 0)
     monkeypatch.setattr(kp, "PIPELINES", {"mnnvl-training": kp.build_pipeline("mnnvl-training")})
     bad, message = BAD_PARAMETERS[1]
     before = sim.request_count

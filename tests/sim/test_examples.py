@@ -1,13 +1,17 @@
-"""Every example a person copies runs as written: the ``mnnvl <command> --help`` examples, the
-``mnnvl sim up`` banner, and the shell blocks of the README and docs.
+"""Every example a person copies runs as written, in the order written, as one shell script.
 
-One ``mnnvl sim up`` (itself the documented example) serves the module; each ``mnnvl`` example
-runs as a process against it with ``KUBECONFIG`` set, in one working directory, and must exit 0
-with a judged verdict wherever it verifies. Steps that need a provisioned domain (``launch``,
-``train``, ``verify``, ...) get one first and a teardown after, as the README says. ``make``
-examples are dry-run (``make -n``: the target exists and expands); a pipe into
-``kubectl apply --dry-run=server`` is applied with the client's ``dry_run="All"``. Only the
-examples in ``NEEDS_GPUS`` are not run, each with its reason.
+The shell blocks of the README and the docs (README first, then ``docs/`` and the other READMEs
+in name order) and then the example of each ``mnnvl <command> --help`` (in the order of
+``mnnvl --help``) are joined, in that order, into one ``bash`` script (``set -euo pipefail``).
+Its first block is ``mnnvl sim up …`` alone: it runs as the README says, in a shell of its own
+until it is stopped, and the script runs in "another shell" in the same directory, with the
+environment the README's ``environment`` block ends in (``.venv/bin`` on the PATH) and nothing
+else prepared. kubectl lines run with the machine's kubectl; without one on the PATH they are
+reported as not run, and so is a block whose first command is kubectl (what follows depends on
+it). Blocks that cannot run here say so in their fence: ``real-cluster``,
+``gpu``, ``environment`` (``MARKERS``); the excluded blocks are listed in ``EXCLUDED``, so a new
+one is a visible choice. At the end nothing of any run is left in the cluster, SIGTERM stops
+``mnnvl sim up`` with exit 0, and no process the examples started is left.
 """
 
 from __future__ import annotations
@@ -15,127 +19,141 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import time
+import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 import pytest
-import yaml
 
-from mnnvl import steps
 from mnnvl.cli.help import COMMANDS
 from mnnvl.cli.main import RESULT_ON_STDERR
 from mnnvl.cli.parser import build_parser
-from mnnvl.inputs.spec import DomainSpec
+from tests.sim.simkit import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")))
-DOCS += ("components/README.md", "pipelines/README.md", "mnnvl/sim/README.md")
-STARTS = ("mnnvl ", "make ", "python -m mnnvl", "python3 -m mnnvl")
+DOCS = (
+    "README.md",
+    *sorted(f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")),
+    "components/README.md",
+    "pipelines/README.md",
+    "mnnvl/sim/README.md",
+)
 SHELL_FENCES = {"bash", "sh", "shell", "console"}
-SIM_UP = "mnnvl sim up --nodes 2 --gpus-per-node 0 --kubeconfig sim.kubeconfig"
-KUBECTL_DRY_RUN = ["kubectl", "apply", "--dry-run=server", "-f", "-"]
-# Steps whose example needs the run's domain to exist (the README: provision first).
-NEEDS_DOMAIN = {"launch", "train", "verify", "status", "teardown"}
-
-# The only examples not run: the simulator's pods see no GPUs, so these need a GPU cluster.
-NEEDS_GPUS = {
-    "mnnvl run --run-id demo --namespace team-a --nodes 4 --gpus-per-node 4 "
-    "--image REGISTRY/runtime:TAG": "4 GPUs per node and your published runtime image",
-    "mnnvl run --run-id demo --namespace team-a --nodes 4 --gpus-per-node 4 "
-    "--image registry.example.com/ml/runtime:0.1.0": "4 GPUs per node and your runtime image",
-    "mnnvl launch --run-id demo --namespace team-a --nodes 4 --gpus-per-node 4 "
-    "--module my_pkg.train -- --lr 3e-4": "your module in your image, on nodes with 4 GPUs",
-    "mnnvl run --run-id demo --namespace team-a --nodes 36 --nodes-per-clique 18 "
-    "--gpus-per-node 4 --queue-name team-a --topology-aware --admission-timeout-s 3600 "
-    "--image registry.example.com/ml/runtime:0.1.0": "two GB200 racks under Kueue, your image",
+MARKERS = {
+    "real-cluster": "a Kubernetes cluster with GPUs, the DRA driver, Argo or a registry",
+    "gpu": "GPUs on this machine",
+    "environment": "the make lines that build the environment the examples run in",
 }
+# Every block that is not run, by its document and its first command's first words (comments
+# dropped): a new one is a choice made here.
+EXCLUDED = {
+    ("README.md", "make run"),
+    ("README.md", "kubectl apply -n argo -k manifests/overlays/argo"),
+    ("README.md", "mnnvl run --run-id demo --namespace team-a"),
+    ("docs/placement.md", "mnnvl provision --run-id racks --namespace team-a"),
+    ("docs/real-cluster.md", "helm repo add nvidia https://helm.ngc.nvidia.com/nvidia &&"),
+    ("docs/real-cluster.md", "make images REGISTRY=registry.example.com/ml TAG=0.1.0 PUSH=1"),
+    ("docs/real-cluster.md", "kubectl apply -n kubeflow -k manifests/overlays/kfp"),
+    ("docs/real-cluster.md", "kubectl apply -n team-a -k manifests/overlays/argo"),
+    ("docs/real-cluster.md", "mnnvl render --run-id demo --namespace team-a"),
+    ("docs/real-cluster.md", "mnnvl run --run-id demo --namespace team-a"),
+    ("docs/usage.md", "kubectl apply -n argo -k manifests/overlays/argo"),
+    ("docs/verification.md", "python -m pytest -q -m gpu"),
+}
+COMMAND_STARTS = ("mnnvl ", "kubectl ", "make ", "python ", "python3 ", "argo ", "helm ")
+SIM_UP = "mnnvl sim up --nodes 2 --gpus-per-node 0 --kubeconfig sim.kubeconfig"
+TAG_ENV = "MNNVL_EXAMPLES_RUN"  # marks every process the examples start, to find leftovers
 
 
-def canonical(line: str) -> str:
+def fenced_blocks(text: str) -> Iterator[tuple[int, list[str], list[str]]]:
+    """(line of the fence, info string words, lines) of every fenced block of a Markdown text."""
+    fence: tuple[int, list[str]] | None = None
+    lines: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if stripped.startswith("```"):
+            if fence is None:
+                fence, lines = (number, stripped[3:].split()), []
+            else:
+                yield fence[0], fence[1], lines
+                fence = None
+        elif fence is not None:
+            lines.append(raw)
+    assert fence is None, f"a fence opened at line {fence[0]} is never closed"
+
+
+def doc_blocks() -> list[tuple[str, list[str], str]]:
+    """(where, marker words, script text) of every shell block, in the documented order."""
+    found = []
+    for doc in DOCS:
+        for number, info, lines in fenced_blocks((REPO / doc).read_text()):
+            if not info:  # a plain block is text: it must not hide a command
+                commands = [ln for ln in lines if ln.strip().startswith(COMMAND_STARTS)]
+                assert not commands, f"{doc}:{number}: commands in a block without a language"
+            if info and info[0] in SHELL_FENCES:
+                found.append((f"{doc}:{number}", info[1:], "\n".join(lines) + "\n"))
+    return found
+
+
+def help_examples() -> list[tuple[str, str]]:
+    """(command, example) of every subcommand's --help, in the order ``mnnvl --help`` lists."""
+    subparsers = next(a for a in build_parser()._actions if a.choices and "sim" in a.choices)
+    found = []
+    for name, parser in subparsers.choices.items():
+        epilog = (parser.epilog or "").split("example:", 1)[-1]
+        found += [
+            (name, ln.strip()) for ln in epilog.splitlines() if ln.strip().startswith("mnnvl ")
+        ]
+    return found
+
+
+def sim_up_line() -> str:
+    """The first runnable block: ``mnnvl sim up …`` alone, the server the rest runs against."""
+    where, _, first = next(b for b in doc_blocks() if not b[1])
+    assert first.split("#")[0].strip() == SIM_UP, f"{where}: the first runnable block is {SIM_UP}"
+    return first
+
+
+def build_script(banner: str, kubectl_stub: str | None) -> str:
+    """The script "another shell" runs: the docs' blocks after the first, the --help examples
+    the docs do not hold, and the lines the ``mnnvl sim up`` banner says to run."""
+    blocks = [(where, text) for where, markers, text in doc_blocks() if not markers]
+    parts = ["set -euo pipefail", "PS4='+ line $LINENO: '", "set -x"]
+    if kubectl_stub:  # no kubectl here: kubectl lines are recorded as not run
+        record = f'echo "kubectl $*" >> {shlex.quote(kubectl_stub)}'
+        parts.append(f"kubectl() {{ {record}; cat > /dev/null; }}")
+    for where, text in blocks[1:]:
+        first = next(ln for ln in text.splitlines() if ln.split("#")[0].strip())
+        if kubectl_stub and first.startswith("kubectl "):  # a block about kubectl: not run
+            parts += [f"# {where}: not run (no kubectl)", f"kubectl {shlex.quote(where)} block"]
+        else:
+            parts += [f"# {where}", text]
+    written = {_canonical(line) for _, text in blocks for line in text.splitlines()}
+    for name, line in help_examples():
+        if name == "sim":
+            assert line == SIM_UP, "sim up's example is the server the script runs against"
+        elif _canonical(line) not in written:  # the same line in the docs has run already
+            parts += [f"# mnnvl {name} --help", line]
+    told = banner.split("in another shell:\n", 1)[1].split("Ctrl-C")[0]
+    parts += ["# the mnnvl sim up banner", *(ln.strip() for ln in told.splitlines())]
+    return "\n".join(parts) + "\n"
+
+
+def _canonical(line: str) -> str:
     """One spelling per command: comments dropped, quoting normalised."""
     return shlex.join(shlex.split(line, comments=True))
 
 
-def shell_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(line number, command) of every example in the fenced shell blocks of a Markdown text,
-    continuation lines joined."""
-    fence, pending, start = None, "", 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        stripped = raw.strip()
-        if stripped.startswith("```"):
-            fence = None if fence is not None else stripped[3:].strip() or "text"
-            continue
-        if fence not in SHELL_FENCES:
-            continue
-        if not pending:
-            start = number
-        pending += stripped.removeprefix("$ ")
-        if pending.endswith("\\"):
-            pending = pending[:-1] + " "
-            continue
-        if pending.startswith(STARTS):
-            yield start, pending
-        pending = ""
-
-
-def doc_examples() -> dict[str, str]:
-    """canonical command -> where it is written first."""
-    found: dict[str, str] = {}
-    for doc in DOCS:
-        for number, line in shell_lines((REPO / doc).read_text()):
-            found.setdefault(canonical(line), f"{doc}:{number}")
-    return found
-
-
-def help_examples() -> dict[str, str]:
-    subparsers = next(a for a in build_parser()._actions if a.choices and "sim" in a.choices)
-    found: dict[str, str] = {}
-    for name, parser in subparsers.choices.items():
-        epilog = (parser.epilog or "").split("example:", 1)[-1]
-        for line in epilog.splitlines():
-            if line.strip().startswith("mnnvl "):
-                found.setdefault(canonical(line.strip()), f"mnnvl {name} --help")
-    return found
-
-
-EXAMPLES = {**doc_examples(), **help_examples()}
-RUNNABLE = sorted(line for line in EXAMPLES if line not in NEEDS_GPUS)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The documented ``mnnvl sim up``, run as written; its banner; a namespace ``team-a``
-    (the docs' namespace, made as ``kubectl create namespace team-a`` would)."""
-    workdir = tmp_path_factory.mktemp("examples")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mnnvl", *shlex.split(SIM_UP)[1:]],
-        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        banner = []
-        for line in proc.stderr:
-            banner.append(line)
-            if "Ctrl-C" in line:
-                break
-        kubeconfig = str(workdir / "sim.kubeconfig")
-        api = kubernetes.config.new_client_from_config(config_file=kubeconfig)
-        yield {"workdir": workdir, "kubeconfig": kubeconfig, "banner": "".join(banner), "api": api}
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0 and json.loads(out.splitlines()[-1])["ok"] is True
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
-def _option(words: list[str], flag: str, default: str) -> str:
-    return words[words.index(flag) + 1] if flag in words else default
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in text.splitlines() if ln.startswith('{"ok": ')]
 
 
 def _verdicts(value: Any) -> list[str]:
@@ -148,94 +166,122 @@ def _verdicts(value: Any) -> list[str]:
     return []
 
 
-def _dry_run_apply(api: Any, manifests: str) -> list[str]:
-    """What ``kubectl apply --dry-run=server -f -`` does with new objects: a dry-run create."""
-    dynamic = kubernetes.dynamic.DynamicClient(api)
-    created = []
-    for obj in yaml.safe_load_all(manifests):
-        resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        namespace = obj["metadata"].get("namespace", "default")
-        answer = resource.create(body=obj, namespace=namespace, dry_run="All")
-        created.append(f"{answer.kind}/{answer.metadata.name}")
-    return created
+def _tagged_processes(tag: str) -> list[int]:
+    """Live processes whose environment carries ``TAG_ENV=tag``."""
+    needle = f"{TAG_ENV}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+    return found
 
 
-def run_mnnvl(cluster: dict[str, Any], line: str) -> subprocess.CompletedProcess[str]:
-    words = shlex.split(line)
-    pipe = words.index("|") if "|" in words else len(words)
-    words, downstream = words[:pipe], words[pipe + 1 :]
-    assert downstream in ([], KUBECTL_DRY_RUN), f"unknown pipe in {line!r}"
-    command, run_id = words[1], _option(words, "--run-id", "")
-    domain = DomainSpec(run_id=run_id or "none", namespace=_option(words, "--namespace", "default"))
-    if command in NEEDS_DOMAIN and run_id:
-        steps.provision(domain, kubeconfig=cluster["kubeconfig"])
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "mnnvl", *words[1:]],
-            cwd=cluster["workdir"],
-            env={**os.environ, "KUBECONFIG": cluster["kubeconfig"]},
-            capture_output=True, text=True, timeout=400,
+def _left_in_cluster(admin_kubeconfig: str) -> list[str]:
+    """Every pod, Service, Job, ComputeDomain and claim template, in any namespace."""
+    api = kubernetes.config.new_client_from_config(config_file=admin_kubeconfig)
+    core, custom = kubernetes.client.CoreV1Api(api), kubernetes.client.CustomObjectsApi(api)
+    items = [
+        *(o.metadata for o in core.list_pod_for_all_namespaces().items),
+        *(o.metadata for o in core.list_service_for_all_namespaces().items),
+    ]
+    left = [f"{m.namespace}/{m.name}" for m in items]
+    for group, version, plural in (
+        ("batch", "v1", "jobs"),
+        ("resource.nvidia.com", "v1beta1", "computedomains"),
+        ("resource.k8s.io", "v1", "resourceclaimtemplates"),
+    ):
+        listed = custom.list_cluster_custom_object(group, version, plural)["items"]
+        left += [f"{plural} {o['metadata']['namespace']}/{o['metadata']['name']}" for o in listed]
+    return left
+
+
+@pytest.mark.slow
+def test_the_documented_examples_run_in_order_as_one_script(tmp_path: Path) -> None:
+    kubectl = shutil.which("kubectl")
+    not_run = tmp_path / "kubectl-not-run.txt"
+    tag = uuid.uuid4().hex
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "KUBECACHEDIR": str(tmp_path / "kube-cache"),  # kubectl's discovery cache, not ~/.kube
+        TAG_ENV: tag,
+    }
+    env.pop("KUBECONFIG", None)
+    work = tmp_path / "work"
+    work.mkdir()
+    server_log = tmp_path / "sim-up.log"
+    with server_log.open("w") as log:  # a file: a pipe nobody reads would fill and block it
+        server = subprocess.Popen(
+            shlex.split(sim_up_line(), comments=True), cwd=work, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=log,
         )  # fmt: skip
-    finally:
-        if run_id and command != "render":
-            steps.teardown(domain, kubeconfig=cluster["kubeconfig"])
-    assert done.returncode == 0, f"{line}\nexit {done.returncode}\n{done.stderr[-3000:]}"
-    if downstream:
-        assert _dry_run_apply(cluster["api"], done.stdout)
-    return done
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("line", RUNNABLE, ids=[EXAMPLES[line] for line in RUNNABLE])
-def test_example_runs_as_written(cluster: dict[str, Any], line: str) -> None:
-    words = shlex.split(line)
-    if words[0] == "make":  # dry: the target exists and expands; running it is its own test
-        done = subprocess.run(["make", "-n", *words[1:]], cwd=REPO, capture_output=True, text=True)
-        assert done.returncode == 0, f"{line}: {done.stderr}"
-        return
-    if words[0] != "mnnvl":  # python -m mnnvl.<tool>
-        done = subprocess.run(
-            [sys.executable, *words[1:]], cwd=cluster["workdir"], capture_output=True, text=True
+    try:
+        banner = wait_for(
+            lambda: "Ctrl-C" in (text := server_log.read_text()) and text, 60, "the banner"
         )
-        assert done.returncode == 0, f"{line}: {done.stderr[-3000:]}"
-        return
-    if words[1:3] == ["sim", "up"]:
-        assert line == SIM_UP, "the module's cluster runs this line: document that one"
-        return
-    done = run_mnnvl(cluster, line)
-    # Commands whose stdout is data (YAML, a table) write their result line to stderr.
-    on_stderr = words[1] in RESULT_ON_STDERR
-    result_line = (done.stderr if on_stderr else done.stdout).strip().splitlines()[-1]
-    result = json.loads(result_line)
-    assert result["ok"] is True
-    assert set(_verdicts(result)) <= {"PASS"}, f"{line}: verdicts {_verdicts(result)}"
-    if words[1] == "run" and "--sim" in words:
-        assert done.stderr.count("simulated cluster up") == 1
-        assert result["sim"]["leftover"] == result["sim"]["leftover_processes"] == []
+        assert "export KUBECONFIG=sim.kubeconfig" in banner, banner
+        script = build_script(banner, None if kubectl else str(not_run))
+        (tmp_path / "examples.sh").write_text(script)
+        started = time.monotonic()
+        done = subprocess.run(
+            ["bash", str(tmp_path / "examples.sh")], cwd=work, env=env, text=True,
+            stdin=subprocess.DEVNULL, capture_output=True, timeout=480,
+        )  # fmt: skip
+        took = time.monotonic() - started
+        failed_at = [ln for ln in done.stderr.splitlines() if ln.startswith("+ line ")][-1:]
+        assert done.returncode == 0, (
+            f"exit {done.returncode} at {failed_at} of\n{script}\n"
+            f"--- stderr ---\n{done.stderr[-6000:]}"
+        )
+        results = _json_lines(done.stdout)  # one per command, in order, each ok
+        commands = [ln.split()[1] for ln in script.splitlines() if ln.startswith("mnnvl ")]
+        on_stdout = [c for c in commands if c not in RESULT_ON_STDERR]
+        assert [r["command"] for r in results] == on_stdout
+        assert all(r["ok"] for r in results)
+        assert set(_verdicts(results)) == {"PASS"}, _verdicts(results)
+        embedded = [r["sim"] for r in results if "sim" in r]  # each `mnnvl run --sim`
+        assert embedded and all(s["leftover"] == s["leftover_processes"] == [] for s in embedded)
+        assert _left_in_cluster(str(work / "sim.kubeconfig.admin")) == []
+        server.send_signal(signal.SIGTERM)
+        out, _ = server.communicate(timeout=30)
+        assert server.returncode == 0 and json.loads(out.splitlines()[-1])["ok"] is True
+        assert _tagged_processes(tag) == [], "processes the examples started are still alive"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        for pid in _tagged_processes(tag):  # after a failure: what the examples started
+            os.kill(pid, signal.SIGKILL)
+    if not kubectl:
+        lines = not_run.read_text().splitlines() if not_run.exists() else []
+        warnings.warn(f"no kubectl on the PATH: {len(lines)} kubectl lines not run", stacklevel=1)
+    print(f"examples script: {len(results)} commands in {took:.0f} s")
 
 
-@pytest.mark.slow
-def test_sim_up_banner_examples_run_as_printed(cluster: dict[str, Any]) -> None:
-    banner = cluster["banner"]
-    assert "export KUBECONFIG=sim.kubeconfig" in banner  # the path as given, relative
-    lines = [ln.strip() for ln in banner.splitlines() if ln.strip().startswith("mnnvl ")]
-    assert lines, banner
-    for line in lines:
-        result = json.loads(run_mnnvl(cluster, line).stdout.strip().splitlines()[-1])
-        assert result["ok"] is True and _verdicts(result) and set(_verdicts(result)) == {"PASS"}
+def test_blocks_that_do_not_run_are_marked_and_listed() -> None:
+    marked = set()
+    for where, markers, text in doc_blocks():
+        if markers:
+            assert markers[0] in MARKERS and len(markers) == 1, f"{where}: unknown marker {markers}"
+            first = next(ln for ln in text.splitlines() if ln.split("#")[0].strip())
+            marked.add((where.split(":")[0], " ".join(first.split("#")[0].split()[:6])))
+    assert marked == EXCLUDED
 
 
-def test_every_surface_has_examples_and_only_gpu_examples_are_skipped() -> None:
-    sources = set(EXAMPLES.values())
-    assert {f"mnnvl {name} --help" for name in COMMANDS} <= sources  # every command's example
-    assert sum(s.startswith("README.md") for s in sources) >= 10
-    for line, why in NEEDS_GPUS.items():
-        assert line in EXAMPLES, f"stale entry (no such example any more): {line}"
-        gpus = int(_option(shlex.split(line), "--gpus-per-node", "0"))
-        assert gpus > 0 and why, f"{line}: only examples that need GPUs may be skipped"
+def test_every_command_has_a_help_example_and_the_docs_have_runnable_blocks() -> None:
+    assert {name for name, _ in help_examples()} == set(COMMANDS)
+    runnable = [w for w, markers, _ in doc_blocks() if not markers]
+    assert sum(w.startswith("README.md") for w in runnable) == 2, runnable
+    assert any(w.startswith("docs/usage.md") for w in runnable)
 
 
-def test_shell_lines_join_continuations_and_skip_other_blocks() -> None:
-    text = "```bash\nmnnvl run --a 1 \\\n  --b 2   # note\nkubectl get pods\n```\n"
-    text += "```yaml\nmnnvl: not a command\n```\n```\n$ make test\n```\n"
-    assert [(n, canonical(line)) for n, line in shell_lines(text)] == [(2, "mnnvl run --a 1 --b 2")]
+def test_fenced_blocks_keep_their_info_string_and_lines() -> None:
+    text = "```bash real-cluster\nmnnvl run \\\n  --b 2\n```\ntext\n```\nplain\n```\n"
+    assert list(fenced_blocks(text)) == [
+        (1, ["bash", "real-cluster"], ["mnnvl run \\", "  --b 2"]),
+        (6, [], ["plain"]),
+    ]

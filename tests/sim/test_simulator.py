@@ -98,6 +98,17 @@ def test_crud_conflict_not_found_and_label_selectors(k: Clients) -> None:
 
     patched = k.core.patch_namespaced_service("svc-a", NS, {"metadata": {"labels": {"x": "1"}}})
     assert patched.metadata.labels == {"app": "demo", "tier": "web", "x": "1"}
+    # A list body is an RFC 6902 JSON patch (`kubectl patch --type json`); "~1" is "/".
+    ops = [
+        {"op": "test", "path": "/metadata/labels/x", "value": "1"},
+        {"op": "add", "path": "/metadata/labels/y~1z", "value": "2"},
+    ]
+    assert k.core.patch_namespaced_service("svc-a", NS, ops).metadata.labels["y/z"] == "2"
+    with pytest.raises(ApiException) as failed:
+        bad = [{"op": "test", "path": "/metadata/labels/x", "value": "9"}]
+        k.core.patch_namespaced_service("svc-a", NS, bad)
+    assert failed.value.status == 422
+    assert k.core.read_namespaced_service("svc-a", NS).metadata.labels["x"] == "1"
     k.core.delete_namespaced_service("svc-a", NS)
     assert missing(lambda: k.core.read_namespaced_service("svc-a", NS))
 

@@ -331,7 +331,21 @@ def test_teardown_retries_have_room_for_every_attempt_at_the_delete_timeout() ->
     attempts = int(retry["limit"]) + 1
     backoffs = sum(15 * 2**i for i in range(attempts - 1))
     needed = attempts * DomainSpec(run_id="x").delete_timeout_s + backoffs
-    assert retry["backoff"]["maxDuration"] == "1h" and needed <= 3600
+    assert retry["backoff"]["maxDuration"] == "3600s" and needed <= 3600
+
+
+def test_kfp_and_argo_retry_a_task_alike() -> None:
+    """The same retries, backoff and window on both surfaces (KFP's compiled retryPolicy)."""
+    argo = yaml.safe_load((COMPILED / "mnnvl-training.workflowtemplate.yaml").read_text())
+    (teardown,) = [t for t in argo["spec"]["templates"] if t["name"] == "teardown"]
+    docs = yaml.safe_load_all((COMPILED / "mnnvl-training.kfp.yaml").read_text())
+    spec = next(d for d in docs if d and "root" in d)
+    kfp = spec["root"]["dag"]["tasks"]["teardown-domain"]["retryPolicy"]
+    argo_retry = teardown["retryStrategy"]
+    assert int(argo_retry["limit"]) == kfp["maxRetryCount"]
+    assert argo_retry["backoff"]["duration"] == kfp["backoffDuration"]
+    assert float(argo_retry["backoff"]["factor"]) == kfp["backoffFactor"]
+    assert argo_retry["backoff"]["maxDuration"] == kfp["backoffMaxDuration"]
 
 
 def test_the_parameter_check_accepts_exactly_the_argo_only_workflow_parameters() -> None:

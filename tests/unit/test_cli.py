@@ -35,10 +35,16 @@ def test_render_prints_every_object_as_yaml_with_valid_names(capsys):
     assert code == 0
     docs = list(yaml.safe_load_all("\n".join(lines)))
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["ComputeDomain", "Service", "Job", "Service", "Job"]
+    assert kinds == ["ComputeDomain", *["Service", "Job"] * 3]
     names = RunNames.for_run("demo-run")
     assert docs[0]["metadata"]["name"] == names.domain
-    assert {d["metadata"]["name"] for d in docs[3:]} == {names.job("verify")}
+    jobs = {d["metadata"]["name"]: d["spec"]["activeDeadlineSeconds"] for d in docs[2::2]}
+    # as a run creates them: the verify step's deadline for both verifications
+    assert jobs == {
+        names.job("verify-pre"): 1800,
+        names.job("train"): 7200,
+        names.job("verify-post"): 1800,
+    }
     for doc in docs:
         name = doc["metadata"]["name"]
         assert len(name) <= 63 and DNS1123_LABEL.match(name), name

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from kfp import compiler, components, dsl
 
-from mnnvl.components import kfp_components as kc
+from mnnvl.components.generated import kfp_components as kc
 from mnnvl.inputs import defaults
 from mnnvl.pipelines import kfp_pipeline as kp
 
@@ -62,7 +62,7 @@ def test_component_round_trips_through_yaml(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(kc.COMPONENTS))
 def test_checked_in_component_yaml_loads(name: str) -> None:
-    path = Path(kc.__file__).resolve().parent / f"{name}.yaml"
+    path = Path(kc.__file__).resolve().parents[1] / f"{name}.yaml"
     loaded = components.load_component_from_file(str(path))
     assert loaded.name == name.replace("_", "-")
 

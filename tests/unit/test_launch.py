@@ -180,7 +180,7 @@ def test_workers_get_torchruns_variables_and_the_parent_never_initialises_cuda(t
         # rank 0's init_process_group hosts the store: there is no agent store to join
         assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
         assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["TORCHELASTIC_RUN_ID"]
-        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and env["OMP_NUM_THREADS"] == "1"
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env["OMP_NUM_THREADS"] == "1"
         assert env["cuda_initialized"] is False
 
 

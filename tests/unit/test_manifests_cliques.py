@@ -93,16 +93,16 @@ def test_render_144_nodes_in_8_cliques_validates_against_kubernetes_and_both_crd
     assert sum(o["spec"]["completions"] for o in objs if o["kind"] == "Job") == 2 * 144
 
 
-def test_cli_render_of_144_nodes_writes_16_jobs_each_group_in_a_clique_of_its_own() -> None:
+def test_cli_render_of_144_nodes_writes_8_jobs_a_step_each_group_in_a_clique_of_its_own() -> None:
     cmd = [sys.executable, "-m", "mnnvl", "render", "--run-id", "big", "--nodes", "144"]
     cmd += ["--nodes-per-clique", "18", "--gpus-per-node", "4"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     docs = list(yaml.safe_load_all(proc.stdout))  # stdout is pure YAML
     jobs = [d for d in docs if d["kind"] == "Job"]
-    assert len(jobs) == 16
+    assert len(jobs) == 24  # verify-pre, train, verify-post: 8 groups each
     names = [d["metadata"]["name"] for d in docs if d["kind"] != "Service"]
-    assert len(set(names)) == len(names) == 17 and max(map(len, names)) <= 63
+    assert len(set(names)) == len(names) == 25 and max(map(len, names)) <= 63
     for job in jobs:  # the placement rule: one clique per group, no two groups in one clique
         group = job["metadata"]["labels"]["mnnvl.io/clique-group"]
         aff = job["spec"]["template"]["spec"]["affinity"]

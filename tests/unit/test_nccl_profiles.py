@@ -36,7 +36,7 @@ def test_pinned_variables_survive_a_profile_that_sets_them(greedy_profile: str) 
     changed = nccl.apply_profile(greedy_profile, fabric_present=True, environ=env)
     assert {k: env[k] for k in PINNED_VALUES} == PINNED_VALUES
     assert not set(changed) & set(contract_env.PINNED)
-    assert changed == {"NCCL_DEBUG": "WARN", "NCCL_MNNVL_ENABLE": "1"}
+    assert changed == {"NCCL_DEBUG": "WARN", "NCCL_MNNVL_ENABLE": "1", **nccl.ASYNC_ERROR_HANDLING}
 
 
 def test_pinned_variables_are_not_added_when_absent(greedy_profile: str) -> None:
@@ -58,7 +58,8 @@ def test_required_override_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     env = {"NCCL_MNNVL_ENABLE": "1"}
     with caplog.at_level(logging.INFO, logger="mnnvl.contract.nccl"):
         changed = nccl.apply_profile("single-host", fabric_present=False, environ=env)
-    assert env["NCCL_MNNVL_ENABLE"] == "0" and changed == {"NCCL_MNNVL_ENABLE": "0"}
+    assert env["NCCL_MNNVL_ENABLE"] == "0"
+    assert changed == {"NCCL_MNNVL_ENABLE": "0", **nccl.ASYNC_ERROR_HANDLING}
     assert any(
         r.levelno == logging.WARNING and "overriding NCCL_MNNVL_ENABLE=1 with 0" in r.getMessage()
         for r in caplog.records
@@ -66,10 +67,10 @@ def test_required_override_is_logged(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_user_values_win_over_profile_defaults(caplog: pytest.LogCaptureFixture) -> None:
-    env = {"NCCL_DEBUG": "WARN"}
+    env = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
     with caplog.at_level(logging.INFO, logger="mnnvl.contract.nccl"):
         changed = nccl.apply_profile("verify-strict", fabric_present=False, environ=env)
-    assert env["NCCL_DEBUG"] == "WARN"
+    assert env["NCCL_DEBUG"] == "WARN" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
     assert changed == {"NCCL_DEBUG_SUBSYS": "INIT,ENV"}
     assert any("set NCCL_DEBUG_SUBSYS=INIT,ENV" in r.getMessage() for r in caplog.records)
 
@@ -86,3 +87,17 @@ def test_verify_strict_forces_mnnvl_only_with_fabric() -> None:
 def test_unknown_profile_is_a_spec_error() -> None:
     with pytest.raises(SpecError, match="nccl_profile"):
         nccl.apply_profile("turbo", fabric_present=False, environ={})
+
+
+def test_every_profile_and_the_worker_launcher_agree_on_nccl_error_handling() -> None:
+    """How a worker ends after a collective error is one value, whichever profile a Job has
+    and whether or not the launcher's environment has it."""
+    from mnnvl.runtime.launch import parse, worker_env
+
+    key = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+    ns = parse(["--nnodes=1", "--nproc-per-node=1", "-m", "mnnvl.runtime.verify"])
+    launched = worker_env(0, ns)[key]
+    for name in nccl.PROFILES:
+        environ: dict[str, str] = {}
+        nccl.apply_profile(name, fabric_present=True, environ=environ)
+        assert nccl.pod_env(name)[key] == environ[key] == launched, name

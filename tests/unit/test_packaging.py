@@ -66,7 +66,7 @@ def test_wheel_carries_the_contract_package_and_the_generated_components(built_w
         "mnnvl/contract/nccl.py",
         "mnnvl/contract/exit_codes.py",
         "mnnvl/inputs/surface.py",
-        "mnnvl/components/kfp_components.py",
+        "mnnvl/components/generated/kfp_components.py",
         "mnnvl/components/launch_workload.yaml",
         "mnnvl/pipelines/compiled/mnnvl-custom.kfp.yaml",
     ):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from mnnvl.cli import main as cli
@@ -56,3 +57,34 @@ def test_mnnvl_run_gives_verification_the_verify_steps_job_timeout() -> None:
     assert by_task["verify-post"][0].job_timeout_s == verify_default
     assert by_task["train"][0].job_timeout_s == compiled_defaults(RUN_PIPELINE)["train_timeout_s"]
     assert by_task["verify-pre"][0].purpose == "verify-pre"
+
+
+def test_a_longer_training_deadline_leaves_the_verifications_at_theirs() -> None:
+    by_task = {p.task.name: p.specs for p in run_plan("--train-timeout-s", "28800")}
+    assert by_task["train"][0].job_timeout_s == 28800
+    assert by_task["verify-pre"][0].job_timeout_s == 1800.0
+    assert by_task["verify-post"][0].job_timeout_s == 1800.0
+
+
+def test_a_failed_verification_across_clique_groups_names_rank_0s_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The verify worker exits non-zero after printing a FAIL RESULT; the error and the
+    result name the Job it ran in: clique group 0's, as the run created it."""
+    from mnnvl import steps
+    from mnnvl.errors import VerificationFailed, WorkloadFailed
+    from mnnvl.inputs.names import RunNames
+    from mnnvl.inputs.spec import VerifyConfig, WorkloadSpec
+
+    result = {"kind": "verify", "verdict": "FAIL", "reasons": ["busbw below threshold"]}
+
+    def failed(*_: Any, **__: Any) -> Any:
+        raise WorkloadFailed("verify exited 4", result=result)
+
+    monkeypatch.setattr(steps, "launch", failed)
+    monkeypatch.setattr(steps, "_require_result", lambda launched, kind: launched.result)
+    workload = WorkloadSpec(run_id="r1", nodes=4, nodes_per_clique=2, gpus_per_node=0)
+    job = RunNames.for_run("r1").job("verify", 0)
+    with pytest.raises(VerificationFailed, match=f"Job {job}\\)"):
+        steps.verify(workload, VerifyConfig())
+    assert steps.verify(workload, VerifyConfig(), fail_on_fail=False).job == job

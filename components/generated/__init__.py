@@ -1,0 +1,1 @@
+"""Modules ``make compile`` writes (``python -m mnnvl.pipelines.compile``); never edit by hand."""
