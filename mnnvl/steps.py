@@ -441,7 +441,7 @@ def preflight(
     report_dir: str | None = None,
     fail_on_fail: bool = True,
 ) -> PreflightResult:
-    """Is the cluster ready for a run of ``workload``'s shape? Read-only (``mnnvl.driver.preflight``).
+    """Is the cluster ready for a run of ``workload``'s shape? (``mnnvl.driver.preflight``)
 
     Raises ``VerificationFailed`` (exit 4) naming each failing row and its fix, when
     ``fail_on_fail``; the report (``preflight.ctrf.json``) is written first.

@@ -120,9 +120,7 @@ def from_api_exception(e: ApiException, verb: str, what: str) -> MnnvlError:
     message = str(body.get("message") or e.reason or "").strip()
     reason = str(body.get("reason") or e.reason or "")
     if status in (401, 403):
-        return Forbidden(
-            f"{verb} {what} was refused ({status} {reason}: {message}); {RBAC_HINT}"
-        )
+        return Forbidden(f"{verb} {what} was refused ({status} {reason}: {message}); {RBAC_HINT}")
     if status == 404:
         details = body.get("details") or {}
         return NotFound(

@@ -11,6 +11,7 @@ SKIPPED (not readable, or not asked for).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -28,7 +29,9 @@ T = TypeVar("T")
 PASS, WARN, FAIL, SKIPPED = "PASS", "WARN", "FAIL", "SKIPPED"
 
 CRD = Kind("CustomResourceDefinition", "apiextensions.k8s.io", "v1", "customresourcedefinitions")
-RULES_REVIEW = Kind("SelfSubjectRulesReview", "authorization.k8s.io", "v1", "selfsubjectrulesreviews")
+RULES_REVIEW = Kind(
+    "SelfSubjectRulesReview", "authorization.k8s.io", "v1", "selfsubjectrulesreviews"
+)
 LOCAL_QUEUE = Kind("LocalQueue", "kueue.x-k8s.io", "v1beta2", "localqueues")
 CLUSTER_QUEUE = Kind("ClusterQueue", "kueue.x-k8s.io", "v1beta2", "clusterqueues")
 CD_CRD = "computedomains.resource.nvidia.com"
@@ -119,7 +122,7 @@ def _class_row(api: Api, workload: WorkloadSpec) -> Row:
     wanted = [CHANNEL_CLASS] + ([workload.gpu_device_class] if workload.gpus_per_node else [])
     for name in wanted:
         try:
-            spec = _read(lambda n=name: api.get(DEVICE_CLASS, "", n)).get("spec") or {}  # type: ignore[misc]
+            spec = _read(functools.partial(api.get, DEVICE_CLASS, "", name)).get("spec") or {}
         except NotFound:
             missing.append(name)
             continue
@@ -154,7 +157,9 @@ def clique_row(nodes: list[dict[str, Any]], workload: WorkloadSpec) -> Row:
     fitting = sum(1 for v in cliques.values() if v >= size)
     if fitting < workload.groups:
         need = f"{workload.groups} clique(s) of >= {size} nodes for --nodes {workload.nodes}"
-        return Row("clique-labels", FAIL, f"{text}; a run needs {need}", f"{fix}; or run fewer nodes")
+        return Row(
+            "clique-labels", FAIL, f"{text}; a run needs {need}", f"{fix}; or run fewer nodes"
+        )
     return Row("clique-labels", PASS, text)
 
 
@@ -199,7 +204,9 @@ def _gpu_row(api: Api, workload: WorkloadSpec, slices: list[dict[str, Any]]) -> 
     if workload.gpu_mode == "auto":
         return Row("gpu-stack", PASS, f"{text}; --gpu-mode auto runs as {mode}")
     if workload.gpu_mode == "claim" and not dra:
-        return Row("gpu-stack", FAIL, text, "no DRA GPUs here: run with --gpu-mode limits (or auto)")
+        return Row(
+            "gpu-stack", FAIL, text, "no DRA GPUs here: run with --gpu-mode limits (or auto)"
+        )
     if workload.gpu_mode == "limits" and mode == "claim":
         return Row("gpu-stack", FAIL, text, "GPUs come only from DRA: run with --gpu-mode claim")
     return Row("gpu-stack", PASS, f"{text}; --gpu-mode {workload.gpu_mode} fits")
@@ -230,7 +237,9 @@ def _kueue_row(api: Api, workload: WorkloadSpec) -> Row:
         cq_name = str(lq.get("spec", {}).get("clusterQueue", ""))
         cq = _read(lambda: api.get(CLUSTER_QUEUE, "", cq_name))
     except NotFound as e:
-        return Row("kueue", FAIL, str(e), "create the LocalQueue and its ClusterQueue, or fix --queue-name")
+        return Row(
+            "kueue", FAIL, str(e), "create the LocalQueue and its ClusterQueue, or fix --queue-name"
+        )
     except _Denied:
         return Row("kueue", SKIPPED, f"LocalQueue/ClusterQueue {NOT_READABLE}")
     return kueue_row(workload.queue_name, cq)
@@ -250,12 +259,17 @@ def kueue_row(queue: str, cq: dict[str, Any]) -> Row:
     )
     if not flavors:
         return Row("kueue", FAIL, text, "give the ClusterQueue a resource group with a flavor")
-    return Row("kueue", WARN, text, "check deviceClassMappings in kueue-system/kueue-manager-config")
+    return Row(
+        "kueue", WARN, text, "check deviceClassMappings in kueue-system/kueue-manager-config"
+    )
 
 
 def _permissions_row(api: Api, workload: WorkloadSpec) -> Row:
-    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview"}
-    review["spec"] = {"namespace": workload.namespace}  # type: ignore[assignment]
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectRulesReview",
+        "spec": {"namespace": workload.namespace},
+    }
     status = _read(lambda: api.create(RULES_REVIEW, "", review)).get("status") or {}
     return permissions_row(status.get("resourceRules") or [], workload)
 
@@ -287,7 +301,9 @@ def permissions_row(granted: list[dict[str, Any]], workload: WorkloadSpec) -> Ro
         return Row("runner-permissions", FAIL, f"missing in {ns}: {', '.join(missing)}", fix)
     kueue = missing_rules(granted, rbac.KUEUE_RULES) if workload.queue_name else []
     if kueue:
-        text = f"the Role's rules; missing {', '.join(kueue)}: waits can't say why Kueue holds a Job"
+        text = (
+            f"the Role's rules; missing {', '.join(kueue)}: waits can't say why Kueue holds a Job"
+        )
         return Row("runner-permissions", WARN, text, f"kubectl apply -n {ns} -k {KUEUE_RBAC}")
     return Row("runner-permissions", PASS, f"every rule of Role {rbac.RUNNER} in {ns}")
 

@@ -230,7 +230,9 @@ class Handler(BaseHTTPRequestHandler):
             self.server.count("GET", "openapi")
             return self._json(200, openapi_v3(parts[2:], self.server.crd_installed()))
         if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectrulesreviews"]:
-            review = Request("create", "authorization.k8s.io", "selfsubjectrulesreviews", "", "", "")
+            review = Request(
+                "create", "authorization.k8s.io", "selfsubjectrulesreviews", "", "", ""
+            )
             if self.user == ANONYMOUS:  # system:basic-user grants it to the authenticated only
                 raise forbidden(self.user, review)
             if method != "POST" or not isinstance(body, dict):

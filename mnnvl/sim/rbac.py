@@ -129,7 +129,9 @@ def rules_review(store: Store, user: User, namespace: str) -> Obj:
         rules: list[Obj] = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
     else:
         rules = []
-        scopes = [("clusterrolebindings", "")] + ([("rolebindings", namespace)] if namespace else [])
+        scopes = [("clusterrolebindings", "")] + (
+            [("rolebindings", namespace)] if namespace else []
+        )
         for plural, ns in scopes:
             for binding in store.list(plural, ns or None)[0]:
                 if not any(_applies(s, user, ns) for s in binding.get("subjects") or ()):
@@ -138,7 +140,10 @@ def rules_review(store: Store, user: User, namespace: str) -> Obj:
                 role_ns = ns if ref.get("kind") == "Role" else ""
                 role = store.find("roles" if role_ns else "clusterroles", role_ns, ref["name"])
                 rules += (role or {}).get("rules") or []
-    review = [{k: r[k] for k in ("verbs", "apiGroups", "resources", "resourceNames") if k in r} for r in rules]
+    review = [
+        {k: r[k] for k in ("verbs", "apiGroups", "resources", "resourceNames") if k in r}
+        for r in rules
+    ]
     return {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectRulesReview",

@@ -41,8 +41,9 @@ def test_preflight_runs_clean_on_each_stack_with_the_cluster_reader(
     found = rows(result)
     skipped = {k for k, r in found.items() if r["status"] != "PASS"}
     assert skipped == {"kueue"}, found  # no --queue-name given
-    assert "--gpu-mode auto runs as " + ("limits" if gpu_stack == "device-plugin" else "claim") in (
-        found["gpu-stack"]["saw"]
+    assert (
+        "--gpu-mode auto runs as " + ("limits" if gpu_stack == "device-plugin" else "claim")
+        in (found["gpu-stack"]["saw"])
     )
     assert found["imex-mode"]["saw"].startswith(imex_mode)
     assert "2 of 2 nodes carry" in found["clique-labels"]["saw"]
