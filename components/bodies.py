@@ -120,10 +120,7 @@ def preflight_cluster(params: dict[str, Any]) -> None:
     write_result(params["result"], workload.run_id, "preflight", outcome.to_dict())
     log.info("preflight:\n%s", outcome.table)
     if not outcome.passed:
-        failed = [r for r in outcome.rows if r["status"] == "FAIL"]
-        raise VerificationFailed(
-            "preflight: " + "; ".join(f"{r['check']} FAIL ({r['saw']}): {r['fix']}" for r in failed)
-        )
+        raise VerificationFailed(f"preflight: {steps.preflight_failure(outcome.rows)}")
 
 
 def teardown_domain(params: dict[str, Any]) -> None:

@@ -48,7 +48,7 @@ def verify_report(result: dict[str, Any]) -> dict[str, Any]:
     return _document(TOOL, tests, start, wall_ms, extra)
 
 
-PREFLIGHT_STATUS = {"PASS": "passed", "FAIL": "failed", "SKIPPED": "skipped", "WARN": "other"}
+PREFLIGHT_STATUS = {PASS: "passed", FAIL: "failed", "SKIPPED": "skipped", "WARN": "other"}
 
 
 def preflight_report(rows: list[dict[str, str]], start_s: float, wall_s: float) -> dict[str, Any]:

@@ -32,7 +32,8 @@ from mnnvl.driver import (
     wait_for_channel_template,
 )
 from mnnvl.driver.inspect import run_status
-from mnnvl.driver.preflight import FAIL, all_pass, check_cluster, table
+from mnnvl.driver.preflight import check_cluster, table
+from mnnvl.driver.preflight import failure as preflight_failure
 from mnnvl.errors import ClusterUnavailable, VerificationFailed, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.checks import check_dns_label
 from mnnvl.inputs.flags import to_args
@@ -141,8 +142,8 @@ class StatusResult(Result):
 @dataclass(frozen=True)
 class PreflightResult(Result):
     namespace: str
-    passed: bool  # no row FAILs
-    rows: list[dict[str, str]]  # check, status (PASS WARN FAIL SKIPPED), saw, fix
+    passed: bool  # no row fails
+    rows: list[dict[str, str]]  # check, status (the verdicts, WARN or SKIPPED), saw, fix
     table: str
     report_files: dict[str, str]
     elapsed_s: float
@@ -457,16 +458,13 @@ def preflight(
         from mnnvl.report import write_preflight_report
 
         files = write_preflight_report(found, report_dir, started, _since(start))
-    failed = [r for r in rows if r.status == FAIL]
+    failed = preflight_failure(found)
     if fail_on_fail and failed:
-        raise VerificationFailed(
-            "preflight: "
-            + "; ".join(f"{r.check} FAIL ({r.saw}): {r.fix}" for r in failed)
-            + (f"; report: {files['ctrf']}" if files else "")
-        )
+        report = f"; report: {files['ctrf']}" if files else ""
+        raise VerificationFailed(f"preflight: {failed}{report}")
     return PreflightResult(
         namespace=workload.namespace,
-        passed=all_pass(rows),
+        passed=not failed,
         rows=found,
         table=text,
         report_files=files,

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from mnnvl.contract import rbac
+from mnnvl.contract.result import FAIL, PASS
 from mnnvl.driver.api import COMPUTE_DOMAIN, DEVICE_CLASS, NODE, RESOURCE_SLICE, Api, Kind
 from mnnvl.driver.errors import DRA_INSTALL_HINT, Forbidden, NotFound
 from mnnvl.driver.gpus import CLUSTER_READER, GPU_DRIVER, choose_gpu_mode, device_plugin_nodes
@@ -26,7 +27,7 @@ from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import CLIQUE_LABEL
 
 T = TypeVar("T")
-PASS, WARN, FAIL, SKIPPED = "PASS", "WARN", "FAIL", "SKIPPED"
+WARN, SKIPPED = "WARN", "SKIPPED"  # beside the verdicts PASS and FAIL
 
 CRD = Kind("CustomResourceDefinition", "apiextensions.k8s.io", "v1", "customresourcedefinitions")
 RULES_REVIEW = Kind(
@@ -308,9 +309,10 @@ def permissions_row(granted: list[dict[str, Any]], workload: WorkloadSpec) -> Ro
     return Row("runner-permissions", PASS, f"every rule of Role {rbac.RUNNER} in {ns}")
 
 
-def all_pass(rows: list[Row]) -> bool:
-    """True when no row FAILs."""
-    return all(r.status != FAIL for r in rows)
+def failure(rows: list[dict[str, str]]) -> str:
+    """Each failing row with what it saw and its fix ("" when none fails)."""
+    failed = [r for r in rows if r["status"] == FAIL]
+    return "; ".join(f"{r['check']} {FAIL} ({r['saw']}): {r['fix']}" for r in failed)
 
 
 def table(rows: list[Row]) -> str:
