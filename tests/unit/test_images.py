@@ -172,8 +172,8 @@ def test_launcher_image_env_runs_help_every_component_and_a_report_with_a_plot(
     run_id = "image-check"
     with SimCluster(nodes=2) as sim:
         kube = sim.kubeconfig_path
-        done = run_component(launcher_env, "preflight_cluster",
-                             {"run_id": run_id, "gpus_per_node": 0}, tmp_path / "f", kube)  # fmt: skip
+        checks = {"run_id": run_id, "gpus_per_node": 0}
+        done = run_component(launcher_env, "preflight_cluster", checks, tmp_path / "f", kube)
         assert done.returncode == 0, done.stderr[-3000:]
         ctrf = json.loads((tmp_path / "f" / "ctrf").read_text())
         assert ctrf["results"]["tool"]["name"] == "mnnvl-preflight"
