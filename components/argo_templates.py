@@ -112,7 +112,7 @@ def _container(
     name: str, step: str, *, retries: bool = False, check: bool = False, lost_pod: bool = False
 ) -> Container:
     items = surface.step_inputs(step, ARGO)
-    args = [step, "--run-id", RUN_ID]
+    args = [step] + (["--run-id", RUN_ID] if step != "preflight" else [])
     for item in items:
         args += input_args(item)
     parameters = [parameter(item) for item in items]
@@ -132,7 +132,7 @@ def _container(
             ),
         ]
     args += ["--result-path", RESULT_PATH]
-    if step == "verify":
+    if step in ("verify", "preflight"):
         args += ["--report-dir", REPORT_DIR]
     parameters.append(
         Parameter(
@@ -159,6 +159,7 @@ def _container(
                 description="The step's JSON result",
             ),
             *(_verify_outputs() if step == "verify" else []),
+            *(_preflight_outputs() if step == "preflight" else []),
         ],
         retry_strategy=retry(lost_pod=lost_pod) if retries or lost_pod else None,
         active_deadline_seconds=(
@@ -192,6 +193,18 @@ def _verify_outputs() -> list[Parameter | Artifact]:
     ]
 
 
+def _preflight_outputs() -> list[Parameter | Artifact]:
+    """The checks as a CTRF report, saved when a failing row fails the step too."""
+    plain = m.ArchiveStrategy(none=m.NoneStrategy())
+    path = f"{REPORT_DIR}/preflight.ctrf.json"
+    return [Artifact(name="ctrf", path=path, optional=True, archive=plain)]
+
+
+def preflight_template(name: str = "preflight") -> Container:
+    """Check, read-only, that the cluster is ready for a run; exits 4 when a row FAILs."""
+    return _container(name, "preflight")
+
+
 def provision_template(name: str = "provision", *, check: bool = False) -> Container:
     """Create or adopt the ComputeDomain; idempotent, so it retries.
 
@@ -221,6 +234,7 @@ def teardown_template(name: str = "teardown") -> Container:
 
 
 STEP_TEMPLATES = {
+    "preflight": preflight_template,
     "train": train_template,
     "verify": verify_template,
     "launch": launch_template,

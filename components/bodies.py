@@ -104,5 +104,24 @@ def launch_workload(params: dict[str, Any]) -> None:
     publish_launch(workload.run_id, outcome, params["metrics"], params["result"])
 
 
+def preflight_cluster(params: dict[str, Any]) -> None:
+    """Check the cluster (read-only); the result and CTRF report are written before a failing
+    row fails the task."""
+    import shutil
+    import tempfile
+
+    params = _with_step_defaults("preflight", params)
+    (workload,) = surface.step_specs("preflight", params.pop("run_id"), params)
+    with tempfile.TemporaryDirectory(prefix="mnnvl-preflight-") as tmp:
+        outcome = steps.preflight(
+            workload, kubeconfig=kubeconfig(), report_dir=tmp, fail_on_fail=False
+        )
+        shutil.copyfile(outcome.report_files["ctrf"], params["ctrf"].path)
+    write_result(params["result"], workload.run_id, "preflight", outcome.to_dict())
+    log.info("preflight:\n%s", outcome.table)
+    if not outcome.passed:
+        raise VerificationFailed(f"preflight: {steps.preflight_failure(outcome.rows)}")
+
+
 def teardown_domain(params: dict[str, Any]) -> None:
     steps.teardown(surface.build(DomainSpec, _at_edge(params)), kubeconfig=kubeconfig())

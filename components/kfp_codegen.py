@@ -45,7 +45,7 @@ _OUTPUTS = {
     "metrics": ("Output[Metrics]", "numbers from the step's result"),
     "report": ("Output[HTML]", "HTML report"),
     "result": ("Output[Artifact]", "JSON of the step's result"),
-    "ctrf": ("Output[Artifact]", "the verdict as a CTRF test report (JSON, ctrf.io)"),
+    "ctrf": ("Output[Artifact]", "the verdict (or the checks) as a CTRF test report (ctrf.io)"),
 }
 
 
@@ -65,6 +65,14 @@ def step_components() -> list[Spec]:
     """The reusable components, one per step, in pipeline order."""
     step = lambda name: surface.step_inputs(name, KFP)  # noqa: E731
     return [
+        Spec(
+            "preflight_cluster",
+            "Check, read-only, that the cluster is ready for a run (CRD, DeviceClasses, cliques,\n"
+            "GPU stack and --gpu-mode, IMEX mode, Kueue queue, own permissions); the result and\n"
+            "CTRF report are written before a failing row fails the task.",
+            step("preflight"),
+            ("result", "ctrf"),
+        ),
         Spec(
             "provision_domain",
             "Create (or adopt) the run's ComputeDomain and wait for its channel claim template.",

@@ -1,4 +1,4 @@
-"""A verify RESULT as a CTRF report (Common Test Report Format, https://ctrf.io).
+"""A verify RESULT (and a preflight) as a CTRF report (Common Test Report Format, https://ctrf.io).
 
 CTRF is the JSON test report CI dashboards read and NVIDIA's own validation tooling writes:
 ``{"reportFormat": "CTRF", "specVersion", "results": {"tool", "summary", "tests": [...]}}``,
@@ -34,6 +34,42 @@ def verify_report(result: dict[str, Any]) -> dict[str, Any]:
     wall_ms = int(float(result.get("wall_s") or 0.0) * 1000)
     start = int(float(result.get("started_unix") or time.time() - wall_ms / 1000) * 1000)
     tests = _check_tests(result) + _size_tests(result) + _clique_tests(result)
+    extra = {
+        key: result.get(key)
+        for key in (
+            "verdict",
+            "judged_busbw_gbps",
+            "threshold_gbps",
+            "threshold_source",
+            "threshold_margin",
+            "world_size",
+        )
+    } | {"nccl": result.get("nccl"), "baseline": (result.get("baseline") or {}).get("key")}
+    return _document(TOOL, tests, start, wall_ms, extra)
+
+
+PREFLIGHT_STATUS = {PASS: "passed", FAIL: "failed", "SKIPPED": "skipped", "WARN": "other"}
+
+
+def preflight_report(rows: list[dict[str, str]], start_s: float, wall_s: float) -> dict[str, Any]:
+    """The CTRF document for ``mnnvl preflight``: one test per row (WARN is ``other``)."""
+    tests = []
+    for row in rows:
+        test = {
+            "name": row["check"],
+            "status": PREFLIGHT_STATUS[row["status"]],
+            "duration": 0,
+            "suite": ["preflight"],
+            "rawStatus": row["status"],
+            "message": row["saw"] + (f"; fix: {row['fix']}" if row["fix"] else ""),
+        }
+        tests.append(test)
+    return _document("mnnvl-preflight", tests, int(start_s * 1000), int(wall_s * 1000), {})
+
+
+def _document(
+    tool: str, tests: list[dict[str, Any]], start: int, wall_ms: int, extra: dict[str, Any]
+) -> dict[str, Any]:
     counts = {s: sum(t["status"] == s for t in tests) for s in STATUSES}
     return {
         "reportFormat": "CTRF",
@@ -41,7 +77,7 @@ def verify_report(result: dict[str, Any]) -> dict[str, Any]:
         "timestamp": datetime.datetime.fromtimestamp(start / 1000, datetime.UTC).isoformat(),
         "generatedBy": f"mnnvl-pipelines {__version__}",
         "results": {
-            "tool": {"name": TOOL, "version": __version__},
+            "tool": {"name": tool, "version": __version__},
             "summary": {
                 "tests": len(tests),
                 **counts,
@@ -51,18 +87,7 @@ def verify_report(result: dict[str, Any]) -> dict[str, Any]:
             },
             "tests": tests,
         },
-        "extra": {
-            key: result.get(key)
-            for key in (
-                "verdict",
-                "judged_busbw_gbps",
-                "threshold_gbps",
-                "threshold_source",
-                "threshold_margin",
-                "world_size",
-            )
-        }
-        | {"nccl": result.get("nccl"), "baseline": (result.get("baseline") or {}).get("key")},
+        "extra": extra,
     }
 
 

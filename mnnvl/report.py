@@ -338,6 +338,20 @@ def busbw_plot(result: dict[str, Any]) -> tuple[list[tuple[str, list[float], lis
     return series, why
 
 
+def write_preflight_report(
+    rows: list[dict[str, str]], out_dir: str, start_s: float, wall_s: float
+) -> dict[str, str]:
+    """Write preflight.json (the rows) and preflight.ctrf.json (CTRF); return their paths."""
+    from mnnvl import ctrf
+
+    os.makedirs(out_dir, exist_ok=True)
+    report = ctrf.preflight_report(rows, start_s, wall_s)
+    return {
+        "json": _write(os.path.join(out_dir, "preflight.json"), json.dumps(rows, indent=2)),
+        "ctrf": _write(os.path.join(out_dir, "preflight.ctrf.json"), json.dumps(report, indent=2)),
+    }
+
+
 def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     """Write verify.json, verify.md, verify.ctrf.json (CTRF), busbw.png and verify.html,
     and the key figures one per file (``KEY_FIGURES``); return the reports' paths."""

@@ -32,6 +32,8 @@ from mnnvl.driver import (
     wait_for_channel_template,
 )
 from mnnvl.driver.inspect import run_status
+from mnnvl.driver.preflight import check_cluster, table
+from mnnvl.driver.preflight import failure as preflight_failure
 from mnnvl.errors import ClusterUnavailable, VerificationFailed, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.checks import check_dns_label
 from mnnvl.inputs.flags import to_args
@@ -135,6 +137,16 @@ class StatusResult(Result):
     jobs: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     services: list[str]
+
+
+@dataclass(frozen=True)
+class PreflightResult(Result):
+    namespace: str
+    passed: bool  # no row fails
+    rows: list[dict[str, str]]  # check, status (the verdicts, WARN or SKIPPED), saw, fix
+    table: str
+    report_files: dict[str, str]
+    elapsed_s: float
 
 
 @dataclass(frozen=True)
@@ -421,3 +433,40 @@ def status(spec: DomainSpec, *, kubeconfig: str | None = None) -> StatusResult:
     with _api(kubeconfig, spec.api_outage_s) as api:
         found = run_status(api, spec.namespace, names)
     return StatusResult(run_id=spec.run_id, namespace=spec.namespace, **found)
+
+
+def preflight(
+    workload: WorkloadSpec,
+    *,
+    kubeconfig: str | None = None,
+    report_dir: str | None = None,
+    fail_on_fail: bool = True,
+) -> PreflightResult:
+    """Is the cluster ready for a run of ``workload``'s shape? (``mnnvl.driver.preflight``)
+
+    Raises ``VerificationFailed`` (exit 4) naming each failing row and its fix, when
+    ``fail_on_fail``; the report (``preflight.ctrf.json``) is written first.
+    """
+    start, started = time.monotonic(), time.time()
+    with _api(kubeconfig, workload.api_outage_s) as api:
+        rows = check_cluster(api, workload)
+    text = table(rows)
+    logger.info("preflight of namespace %s:\n%s", workload.namespace, text)
+    found = [r.to_dict() for r in rows]
+    files: dict[str, str] = {}
+    if report_dir:
+        from mnnvl.report import write_preflight_report
+
+        files = write_preflight_report(found, report_dir, started, _since(start))
+    failed = preflight_failure(found)
+    if fail_on_fail and failed:
+        report = f"; report: {files['ctrf']}" if files else ""
+        raise VerificationFailed(f"preflight: {failed}{report}")
+    return PreflightResult(
+        namespace=workload.namespace,
+        passed=not failed,
+        rows=found,
+        table=text,
+        report_files=files,
+        elapsed_s=_since(start),
+    )

@@ -21,6 +21,52 @@ LAUNCHER_IMAGE = DEFAULT_LAUNCHER_IMAGE
 
 
 @dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False)
+def preflight_cluster(
+    run_id: str,
+    result: Output[Artifact],
+    ctrf: Output[Artifact],
+    namespace: str = '',
+    nodes: int = 2,
+    nodes_per_clique: int = 0,
+    max_nodes_per_clique: int = 18,
+    gpus_per_node: int = 4,
+    gpu_mode: str = 'auto',
+    gpu_device_class: str = 'gpu.nvidia.com',
+    clique_label: str = 'nvidia.com/gpu.clique',
+    queue_name: str = '',
+    api_outage_s: float = 300.0,
+):
+    """Check, read-only, that the cluster is ready for a run (CRD, DeviceClasses, cliques,
+    GPU stack and --gpu-mode, IMEX mode, Kueue queue, own permissions); the result and
+    CTRF report are written before a failing row fails the task.
+
+    Args:
+        run_id: run id every object name and label derives from (the KFP job id).
+        result: JSON of the step's result.
+        ctrf: the verdict (or the checks) as a CTRF test report (ctrf.io).
+        namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
+        nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
+            of it).
+        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
+        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
+        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
+            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
+        gpu_device_class: DeviceClass for gpu_mode claim.
+        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
+            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
+        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
+            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
+    """
+    params = dict(locals())
+    from mnnvl.components import bodies
+
+    bodies.preflight_cluster(params)
+
+
+@dsl.component(base_image=LAUNCHER_IMAGE, install_kfp_package=False)
 def provision_domain(
     run_id: str,
     namespace: str = '',
@@ -252,7 +298,7 @@ def verify_nvlink(
         metrics: numbers from the step's result.
         report: HTML report.
         result: JSON of the step's result.
-        ctrf: the verdict as a CTRF test report (JSON, ctrf.io).
+        ctrf: the verdict (or the checks) as a CTRF test report (ctrf.io).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
@@ -892,6 +938,7 @@ def provision_custom(
 
 
 COMPONENTS = {
+    "preflight_cluster": preflight_cluster,
     "provision_domain": provision_domain,
     "train_sharded": train_sharded,
     "verify_nvlink": verify_nvlink,

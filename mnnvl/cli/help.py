@@ -48,6 +48,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "What the run has in the cluster now: its ComputeDomain and nodes, Jobs, pods, Services.",
         "mnnvl status --run-id demo --namespace team-a",
     ),
+    "preflight": (
+        "check that the cluster is ready for a run (read-only)",
+        "One row per check: the ComputeDomain CRD, the DeviceClasses, clique labels, IMEX "
+        "channel devices, the GPU stack and the --gpu-mode it needs, the IMEX mode, the Kueue "
+        "queue (--queue-name) and this account's permissions, each failing row with its fix. "
+        "Cluster-scoped rows need manifests/overlays/cluster-reader (else SKIPPED). Exit 0 when "
+        "no row fails, 4 when one does, 5 when the API is unreachable, 2 on bad input.",
+        "mnnvl preflight --namespace team-a --nodes 2 --gpus-per-node 0 --report-dir out/",
+    ),
     "run": (
         "provision, verify, train, verify, teardown",
         "The whole run in one process; teardown runs whatever happened before it.",

@@ -171,6 +171,12 @@ def cmd_status(ns: argparse.Namespace) -> dict[str, Any]:
     return found
 
 
+def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
+    values = {i.name: getattr(ns, i.name) for i in surface.step_inputs("preflight")}
+    (workload,) = surface.step_specs("preflight", "preflight", values | _own_namespace(ns))
+    return steps.preflight(workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir).to_dict()
+
+
 def _validate_objects(
     workload: WorkloadSpec, *, train: TrainConfig | None = None, verify: VerifyConfig | None = None
 ) -> None:
@@ -306,6 +312,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "verify": cmd_verify,
     "teardown": cmd_teardown,
     "status": cmd_status,
+    "preflight": cmd_preflight,
     "run": cmd_run,
     "render": cmd_render,
     "reap": cmd_reap,

@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_flags(p, (DomainSpec,), step="teardown")
     p = _subcommand(sub, "status")
     _spec_flags(p, (DomainSpec,), skip=_STATUS_SKIPS)
+    p = _subcommand(sub, "preflight")
+    flags.add_inputs(p, surface.step_inputs("preflight"))
+    p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
     for name in ("run", "render"):
         p = _subcommand(sub, name)
         # `run` names a run itself when no --run-id is given; `render` needs one.

@@ -90,9 +90,10 @@ CLUSTER_READER_RULES = (
     ),
     (
         "kueue.x-k8s.io",
-        ("resourceflavors", "clusterqueues"),
+        ("resourceflavors", "clusterqueues", "localqueues"),
         ("get", "list", "watch"),
-        "a queue's flavors, quotas and topology",
+        "a queue's flavors, quotas and topology; preflight follows --queue-name's LocalQueue "
+        "to its ClusterQueue",
     ),
 )
 

@@ -38,12 +38,12 @@ def resolve_gpu_mode(api: Api, workload: WorkloadSpec) -> WorkloadSpec:
     """The workload with ``gpu_mode`` ``auto`` decided (logged once, with why)."""
     if workload.gpu_mode != "auto" or workload.gpus_per_node == 0:
         return workload
-    mode, why = _choose(api, workload.gpu_device_class)
+    mode, why = choose_gpu_mode(api, workload.gpu_device_class)
     logger.info("--gpu-mode auto: %s (%s)", mode, why)
     return dataclasses.replace(workload, gpu_mode=mode)
 
 
-def _choose(api: Api, device_class: str) -> tuple[str, str]:
+def choose_gpu_mode(api: Api, device_class: str) -> tuple[str, str]:
     try:
         spec = api.get(DEVICE_CLASS, "", device_class).get("spec") or {}
         mapped: str | None = str(spec.get("extendedResourceName") or "")
@@ -51,7 +51,7 @@ def _choose(api: Api, device_class: str) -> tuple[str, str]:
         return "limits", f"no DeviceClass {device_class}: GPUs come from the device plugin"
     except MnnvlError:
         mapped = None  # not readable without the cluster reader
-    plugin_nodes = _device_plugin_nodes(api)
+    plugin_nodes = device_plugin_nodes(api)
     if plugin_nodes:
         return "limits", f"{plugin_nodes} node(s) offer {GPU_RESOURCE} (the device plugin)"
     if mapped == GPU_RESOURCE:
@@ -69,7 +69,7 @@ def _choose(api: Api, device_class: str) -> tuple[str, str]:
     )
 
 
-def _device_plugin_nodes(api: Api) -> int | None:
+def device_plugin_nodes(api: Api) -> int | None:
     """How many nodes have allocatable ``nvidia.com/gpu``; None when nodes are not readable."""
     try:
         nodes = api.list(NODE, "")["items"]

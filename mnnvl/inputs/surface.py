@@ -131,12 +131,19 @@ STEP_CLASSES: dict[str, tuple[type, ...]] = {
     "verify": (WorkloadSpec, VerifyConfig),
     "launch": (WorkloadSpec, LaunchSpec),
     "teardown": (DomainSpec,),
+    "preflight": (WorkloadSpec,),
 }
+# What preflight checks a run's shape against; the rest of a workload's inputs it ignores.
+PREFLIGHT_INPUTS = frozenset(
+    {"namespace", "nodes", "nodes_per_clique", "max_nodes_per_clique", "gpus_per_node"}
+    | {"gpu_mode", "gpu_device_class", "clique_label", "queue_name", "api_outage_s"}
+)
 # Inputs of a class that a step does not use.
 STEP_SKIPS: dict[str, frozenset[str]] = {
     "provision": frozenset({"delete_timeout_s"}),
     "train": frozenset({"purpose"}),
     "teardown": frozenset({"allocation_mode", "rct_timeout_s"}),
+    "preflight": frozenset(i.name for i in class_inputs(WorkloadSpec)) - PREFLIGHT_INPUTS,
 }
 # Step defaults that differ from the dataclass's, with the reason.
 STEP_DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {

@@ -29,7 +29,16 @@ from mnnvl.sim.admission import (
     validate,
 )
 from mnnvl.sim.model import dry_run_requested
-from mnnvl.sim.rbac import MASTERS, Authenticator, Request, User, allowed, forbidden
+from mnnvl.sim.rbac import (
+    ANONYMOUS,
+    MASTERS,
+    Authenticator,
+    Request,
+    User,
+    allowed,
+    forbidden,
+    rules_review,
+)
 from mnnvl.sim.schemas import SchemaAdmission
 from mnnvl.sim.selectors import merge_patch, object_matcher
 from mnnvl.sim.serving import ServingServer
@@ -220,6 +229,17 @@ class Handler(BaseHTTPRequestHandler):
         if parts[:2] == ["openapi", "v3"] and method == "GET":
             self.server.count("GET", "openapi")
             return self._json(200, openapi_v3(parts[2:], self.server.crd_installed()))
+        if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectrulesreviews"]:
+            review = Request(
+                "create", "authorization.k8s.io", "selfsubjectrulesreviews", "", "", ""
+            )
+            if self.user == ANONYMOUS:  # system:basic-user grants it to the authenticated only
+                raise forbidden(self.user, review)
+            if method != "POST" or not isinstance(body, dict):
+                raise ApiError(405, "MethodNotAllowed", "selfsubjectrulesreviews: only create")
+            self.server.count("POST", "selfsubjectrulesreviews", "authorization.k8s.io", "create")
+            ns = str((body.get("spec") or {}).get("namespace") or "")
+            return self._json(201, rules_review(self.server.store, self.user, ns))
         if not parts or parts[0] not in ("api", "apis") or len(parts) < 3:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         group, version, rest = (

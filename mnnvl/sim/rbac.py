@@ -121,6 +121,37 @@ def allowed(store: Store, user: User, req: Request) -> bool:
     return False
 
 
+def rules_review(store: Store, user: User, namespace: str) -> Obj:
+    """The ``SelfSubjectRulesReview`` kube-apiserver answers any authenticated user: the rules
+    of every ClusterRoleBinding and (in ``namespace``) RoleBinding naming the user, as
+    ``RulesFor`` in kubernetes' ``pkg/registry/rbac/validation/rule.go`` collects them."""
+    if MASTERS in user.groups:
+        rules: list[Obj] = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
+    else:
+        rules = []
+        scopes = [("clusterrolebindings", "")] + (
+            [("rolebindings", namespace)] if namespace else []
+        )
+        for plural, ns in scopes:
+            for binding in store.list(plural, ns or None)[0]:
+                if not any(_applies(s, user, ns) for s in binding.get("subjects") or ()):
+                    continue
+                ref = binding.get("roleRef") or {}
+                role_ns = ns if ref.get("kind") == "Role" else ""
+                role = store.find("roles" if role_ns else "clusterroles", role_ns, ref["name"])
+                rules += (role or {}).get("rules") or []
+    review = [
+        {k: r[k] for k in ("verbs", "apiGroups", "resources", "resourceNames") if k in r}
+        for r in rules
+    ]
+    return {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SelfSubjectRulesReview",
+        "spec": {"namespace": namespace},
+        "status": {"resourceRules": review, "nonResourceRules": [], "incomplete": False},
+    }
+
+
 def forbidden(user: User, req: Request) -> ApiError:
     """The 403 kube-apiserver answers (``responsewriters.Forbidden`` and ``NewForbidden``)."""
     resource = f"{req.resource}/{req.sub}" if req.sub else req.resource

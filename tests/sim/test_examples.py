@@ -64,6 +64,8 @@ EXCLUDED = {
     ("docs/real-cluster.md", "kubectl apply -n kubeflow -k manifests/overlays/kfp"),
     ("docs/real-cluster.md", "kubectl apply -n team-a -k manifests/overlays/argo"),
     ("docs/real-cluster.md", "mnnvl render --run-id demo --namespace team-a"),
+    ("docs/real-cluster.md", "mnnvl preflight --namespace team-a --nodes 4"),
+    ("docs/real-cluster.md", "kubectl apply -k manifests/overlays/cluster-reader"),
     ("docs/real-cluster.md", "mnnvl run --run-id demo --namespace team-a"),
     ("docs/usage.md", "kubectl apply -n argo -k manifests/overlays/argo"),
     ("docs/verification.md", "python -m pytest -q -m gpu"),

@@ -125,11 +125,15 @@ def test_dag_runs_provision_verify_train_verify_in_order() -> None:
 def test_every_step_uses_workflow_uid_as_run_id_and_writes_result() -> None:
     templates = aw.workflow_template_manifest()["spec"]["templates"]
     containers = [t for t in templates if "container" in t]
-    assert {t["name"] for t in containers} == {"provision", "train", "verify", "launch", "teardown"}
+    steps = {"provision", "train", "verify", "launch", "teardown"}
+    assert {t["name"] for t in containers} == steps | {"preflight"}
     for template in containers:
         args = template["container"]["args"]
         assert args[0] == template["name"]
-        assert args[args.index("--run-id") + 1] == "{{workflow.uid}}"
+        if template["name"] == "preflight":  # reads the cluster; no run, no run id
+            assert "--run-id" not in args
+        else:
+            assert args[args.index("--run-id") + 1] == "{{workflow.uid}}"
         assert args[args.index("--result-path") + 1] == "/tmp/result.json"
         result = template["outputs"]["parameters"][0]
         assert (result["name"], result["valueFrom"]["path"]) == ("result", "/tmp/result.json")
@@ -189,7 +193,8 @@ def test_template_commands_parse_with_the_cli() -> None:
         args = [_resolve(a, defaults) for a in template["container"]["args"]]
         assert not any("{{" in a for a in args), args
         ns = parser.parse_args(args)
-        assert ns.run_id == "0b7c0f4e-6d5c-4f7a-9d55-6f0e1f3c2a11"
+        if template["name"] != "preflight":
+            assert ns.run_id == "0b7c0f4e-6d5c-4f7a-9d55-6f0e1f3c2a11"
         assert ns.result_path == "/tmp/result.json"
 
 

@@ -40,6 +40,7 @@ def test_every_expected_file_is_produced(fresh: dict[str, Path]) -> None:
         "pipelines/compiled/mnnvl-custom.workflowtemplate.yaml",
         "pipelines/compiled/mnnvl-launch.workflowtemplate.yaml",
         "pipelines/compiled/mnnvl-verify-only.workflowtemplate.yaml",
+        "components/preflight_cluster.yaml",
         "components/provision_domain.yaml",
         "components/train_sharded.yaml",
         "components/verify_nvlink.yaml",

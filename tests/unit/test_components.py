@@ -20,6 +20,7 @@ EXPECTED_OUTPUTS = {
     "verify_nvlink": (set(), {"metrics", "report", "result", "ctrf"}),
     "launch_workload": (set(), {"metrics", "result"}),
     "teardown_domain": (set(), set()),
+    "preflight_cluster": (set(), {"result", "ctrf"}),
 }
 FIRST = "provision-training"
 

@@ -167,10 +167,17 @@ def test_launcher_image_env_runs_help_every_component_and_a_report_with_a_plot(
     )  # fmt: skip
     assert help_proc.returncode == 0 and "provision" in help_proc.stdout
     assert set(executors()) == {"provision_domain", "train_sharded", "verify_nvlink",
-                                "teardown_domain", "launch_workload"}  # fmt: skip
+                                "teardown_domain", "launch_workload",
+                                "preflight_cluster"}  # fmt: skip
     run_id = "image-check"
     with SimCluster(nodes=2) as sim:
         kube = sim.kubeconfig_path
+        checks = {"run_id": run_id, "gpus_per_node": 0}
+        done = run_component(launcher_env, "preflight_cluster", checks, tmp_path / "f", kube)
+        assert done.returncode == 0, done.stderr[-3000:]
+        ctrf = json.loads((tmp_path / "f" / "ctrf").read_text())
+        assert ctrf["results"]["tool"]["name"] == "mnnvl-preflight"
+        assert ctrf["results"]["summary"]["failed"] == 0
         done = run_component(launcher_env, "provision_domain", {"run_id": run_id},
                              tmp_path / "p", kube)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]

@@ -37,7 +37,9 @@ STEP_COMPONENT = {
     "verify": kc.verify_nvlink,
     "launch": kc.launch_workload,
     "teardown": kc.teardown_domain,
+    "preflight": kc.preflight_cluster,
 }
+NO_RUN_ID = {"preflight"}  # reads the cluster only: the CLI takes no --run-id
 CLI_ARGS = {"launch": ["--module", "pkg.entry"]}
 ARTIFACTS = {"run_id", "metrics", "report", "result", "ctrf"}
 
@@ -65,10 +67,12 @@ def _argo_defaults(step: str) -> dict[str, str]:
 
 
 def _cli_values(step: str) -> dict[str, Any]:
-    ns = build_parser().parse_args([step, "--run-id", "r1", *CLI_ARGS.get(step, [])])
+    run_id = [] if step in NO_RUN_ID else ["--run-id", "r1"]
+    ns = build_parser().parse_args([step, *run_id, *CLI_ARGS.get(step, [])])
     values: dict[str, Any] = {}
     for cls in surface.STEP_CLASSES[step]:
-        extra = {"command": ("x",)} if cls is LaunchSpec else {}
+        extra: dict[str, Any] = {"command": ("x",)} if cls is LaunchSpec else {}
+        extra |= {"run_id": "r1"} if step in NO_RUN_ID else {}
         obj = from_namespace(cls, ns, **extra)
         values |= {f.name: _as_surface(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if "namespace" in values:  # the specs resolve '' to the pod's own: compare what was given
@@ -219,3 +223,13 @@ def test_step_specs_build_what_the_step_runs() -> None:
     (domain,) = surface.step_specs("teardown", "r1", {"delete_timeout_s": 5})
     assert isinstance(domain, DomainSpec) and domain.delete_timeout_s == 5
     assert isinstance(surface.step_specs("train", "r1", {})[1], TrainConfig)
+
+
+def test_the_argo_preflight_template_reads_no_run_id_and_saves_its_ctrf_report() -> None:
+    for name in ("mnnvl-launch", "mnnvl-training"):
+        doc = yaml.safe_load((COMPILED_DIR / f"{name}.workflowtemplate.yaml").read_text())
+        (template,) = [t for t in doc["spec"]["templates"] if t["name"] == "preflight"]
+        args = template["container"]["args"]
+        assert args[0] == "preflight" and "--run-id" not in args and "--report-dir" in args
+        (ctrf,) = template["outputs"]["artifacts"]
+        assert ctrf["path"].endswith("/preflight.ctrf.json")
