@@ -80,6 +80,16 @@ def test_bad_input_exits_2_with_a_one_line_message(capsys, argv, field):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", ["00", "0x0", "-0", "+0", "false"])
+@pytest.mark.parametrize("command", ["train", "verify", "render", "launch"])
+def test_cumem_off_in_any_spelling_is_refused_before_anything_is_created(capsys, command, value):
+    argv = [command, "--run-id", "r1", "--env", f"NCCL_CUMEM_ENABLE={value}"]
+    code, lines, err = run_cli(capsys, [*argv, *(["--module", "m"] if command == "launch" else [])])
+    assert code == 2
+    result = last_json(err.splitlines() if command == "render" else lines)
+    assert "NCCL_CUMEM_ENABLE" in result["error"] and "silently disables MNNVL" in result["error"]
+
+
 def test_unknown_flag_is_a_usage_error_with_a_json_line(capsys):
     code, lines, _ = run_cli(capsys, ["provision", "--run-id", "r1", "--no-such-flag"])
     assert code == 2
