@@ -62,7 +62,7 @@ CUMEM_ON = ["1", "-2", "2", "0x1", "010", " 1", "", "99999999999999999999"]
 
 @pytest.mark.parametrize("value", CUMEM_OFF)
 def test_the_worker_refuses_every_spelling_nccl_reads_as_cumem_off(value: str) -> None:
-    with pytest.raises(SpecError, match="^NCCL_CUMEM_ENABLE: .*silently disables MNNVL"):
+    with pytest.raises(SpecError, match=r"^NCCL_CUMEM_ENABLE: .*silently disables MNNVL"):
         nccl.apply_profile("production", fabric_present=True, environ={"NCCL_CUMEM_ENABLE": value})
 
 
