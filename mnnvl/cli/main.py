@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -349,14 +350,37 @@ def _writable_problem(field: str, path: str | None) -> str:
     return ""
 
 
+def _folder_problem(field: str, path: str | None) -> str:
+    """Why reports cannot be written under ``path`` ("" when they can), found before anything
+    is created: a file is really created (and removed) in the nearest folder that exists, so
+    /proc, /sys, read-only mounts and missing permissions all show; nothing is left behind."""
+    if not path:
+        return ""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{field}: {path!r} is a file; name a directory"
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{field}: {existing!r} is a file, so {path!r} cannot be a directory"
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".mnnvl-check-")
+    except OSError as e:
+        return f"{field}: cannot write in {existing!r} ({e.strerror}); pick another directory"
+    os.close(fd)
+    os.remove(probe)
+    return ""
+
+
 def _path_problems(ns: argparse.Namespace) -> str:
-    """The first file argument that cannot be written: --result-path, and the kubeconfig
-    that ``sim up`` writes."""
-    if ns.command_name == "sim":
-        problem = _writable_problem("kubeconfig", ns.kubeconfig)
-        if problem:
-            return problem
-    return _writable_problem("result_path", ns.result_path)
+    """The first path argument that cannot be written: --result-path, --report-dir, and the
+    kubeconfig that ``sim up`` writes."""
+    problems = [
+        _writable_problem("--kubeconfig", ns.kubeconfig) if ns.command_name == "sim" else "",
+        _writable_problem("--result-path", ns.result_path),
+        _folder_problem("--report-dir", getattr(ns, "report_dir", None)),
+    ]
+    return next((p for p in problems if p), "")
 
 
 # Commands whose stdout is data for another program: their result line goes to stderr.
@@ -424,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
     except MnnvlError as e:
+        if isinstance(e, SpecError):  # named as typed: --rct-timeout-s, not rct_timeout_s
+            e = surface.respelled(e, ns.flag_names)
         logger.error("%s failed: %s", command, e)
         _emit(
             {

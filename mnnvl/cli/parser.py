@@ -240,4 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name, p in sub.choices.items():
         _common(p, writes_kubeconfig=name == "sim")
+        p.set_defaults(flag_names=flag_names(p))
     return parser
+
+
+def flag_names(p: argparse.ArgumentParser) -> dict[str, str]:
+    """Input name -> the flag that sets it on this command (errors name the flag)."""
+    names: dict[str, str] = {}
+    for action in p._actions:
+        long = [o for o in action.option_strings if o.startswith("--") and o[2:5] != "no-"]
+        if long and action.dest != "help":
+            names.setdefault(action.dest, long[0])
+    return names

@@ -405,7 +405,6 @@ class TrainConfig:
         self._apply_preset()
         check_range("steps", self.steps, 1, 10_000_000, integer=True)
         check_range("seq_len", self.seq_len, 0, 131072, integer=True)
-        check_range("batch_size", self.batch_size, 1, 4096, integer=True)
         check_range("lr", self.lr, 1e-8, 1.0)
         check_range("warmup_steps", self.warmup_steps, 0, 10_000_000, integer=True)
         if self.warmup_steps > self.steps:
@@ -413,7 +412,7 @@ class TrainConfig:
                 raise SpecError(
                     "warmup_steps",
                     f"{self.warmup_steps} is more than steps {self.steps} (the learning rate "
-                    f"would never reach its peak); pass --warmup-steps {self.steps} or fewer",
+                    f"would never reach its peak); set warmup_steps to {self.steps} or fewer",
                 )
             # The default warm-up on a run shorter than it: the whole run warms up.
             object.__setattr__(self, "warmup_steps", self.steps)
@@ -434,6 +433,7 @@ class TrainConfig:
         """Inputs left at auto (batch_size 0) take the preset's value; a given value wins."""
         check_choice("reshard_after_forward", self.reshard_after_forward, SWITCHES)
         check_choice("compile", self.compile, SWITCHES)
+        check_range("batch_size", self.batch_size, 0, 4096, integer=True)  # 0: the preset's
         if self.activation_checkpointing != "auto":
             parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
         preset = PRESET_TRAIN_DEFAULTS.get(self.model, PLAIN_TRAIN_DEFAULTS)

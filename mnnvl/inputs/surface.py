@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +123,21 @@ def class_inputs(cls: type) -> list[Input]:
         )
         for f in dataclasses.fields(cls)
     ]
+
+
+_INPUT_NAME = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+
+
+def respelled(error: SpecError, names: Mapping[str, str]) -> SpecError:
+    """``error`` with the inputs it names as a surface spells them (``names``: input -> its
+    name there, e.g. ``--warmup-steps`` on the CLI, ``train_timeout_s`` in a pipeline): the
+    field it is about and every input name of two or more words in its text. Input errors
+    are written in input names (``set warmup_steps to 10 or fewer``) for this."""
+    head, dot, detail = error.field.partition(".")
+    name = names.get(head, head)
+    field = name + ((" " if name.startswith("--") else ".") + detail if dot else "")
+    message = str(error).removeprefix(f"{error.field}: ")
+    return SpecError(field, _INPUT_NAME.sub(lambda m: names.get(m[0], m[0]), message))
 
 
 # ---- steps ---------------------------------------------------------------------------------
@@ -274,7 +291,10 @@ class Pipeline:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
         typed = {k: params[k].coerce(v) for k, v in values.items()}
         for task in self.tasks:
-            step_specs(task.step, run_id, self.task_arguments(task, typed))
+            try:
+                step_specs(task.step, run_id, self.task_arguments(task, typed))
+            except SpecError as e:  # named as the pipeline's parameter, not the step's input
+                raise respelled(e, task.renames) from None
 
 
 _PROVISION = Task("provision", "provision")
@@ -361,7 +381,14 @@ def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | st
             f"not {json.dumps(values)[:60]}",
         )
     snake = {k.replace("-", "_"): v for k, v in values.items() if k not in extra}
-    PIPELINES[name].check(snake)
+    try:
+        PIPELINES[name].check(snake)
+    except SpecError as e:
+        if not extra:
+            raise
+        # Argo's parameters are kebab case: name them so.
+        kebab = {p.name: p.kebab for p in PIPELINES[name].parameters()}
+        raise respelled(e, kebab) from None
 
 
 __all__ = ["ARGO", "CLI", "KFP", "PIPELINES", "Input", "Pipeline", "Task", "check_pipeline"]

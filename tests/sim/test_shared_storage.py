@@ -37,12 +37,12 @@ def _left(sim, run_id: str) -> list:
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        (["--checkpoint-dir", "/ckpt"], "checkpoint_dir"),
-        (["--pvc", f"{CLAIM}:/data", "--checkpoint-dir", "/ckpt/run"], "checkpoint_dir"),
-        (["--pvc", f"{CLAIM}:{MOUNT}:ro", "--checkpoint-dir", f"{MOUNT}/c"], "checkpoint_dir"),
-        (["--data", "/local/tokens.bin"], "data"),
-        (["--allow-local-checkpoint", "--checkpoint-dir", "/ckpt"], "allow_local_checkpoint"),
-        (["--pvc", "Bad_Claim:/x"], "pvc"),
+        (["--checkpoint-dir", "/ckpt"], "--checkpoint-dir"),
+        (["--pvc", f"{CLAIM}:/data", "--checkpoint-dir", "/ckpt/run"], "--checkpoint-dir"),
+        (["--pvc", f"{CLAIM}:{MOUNT}:ro", "--checkpoint-dir", f"{MOUNT}/c"], "--checkpoint-dir"),
+        (["--data", "/local/tokens.bin"], "--data"),
+        (["--allow-local-checkpoint", "--checkpoint-dir", "/ckpt"], "--allow-local-checkpoint"),
+        (["--pvc", "Bad_Claim:/x"], "--pvc"),
     ],
 )
 def test_paths_off_a_shared_volume_exit_2_before_anything_exists(sim, capsys, extra, field):

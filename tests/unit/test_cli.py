@@ -62,12 +62,13 @@ def test_render_with_gpu_claims_adds_the_gpu_template(capsys):
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["render", "--run-id", "r1", "--nodes", "40"], "nodes"),
-        (["render", "--run-id", "r1", "--namespace", "Bad_NS"], "namespace"),
-        (["render", "--run-id", "bad id!"], "run_id"),
+        (["render", "--run-id", "r1", "--nodes", "40"], "--nodes"),
+        (["render", "--run-id", "r1", "--namespace", "Bad_NS"], "--namespace"),
+        (["render", "--run-id", "bad id!"], "--run-id"),
         (["provision", "--namespace", "default"], "the following arguments are required"),
-        (["train", "--run-id", "r1", "--env", "NCCL_CUMEM_ENABLE=0"], "env.NCCL_CUMEM_ENABLE"),
-        (["verify", "--run-id", "r1", "--min-bytes", "4G", "--max-bytes", "1M"], "min_bytes"),
+        (["train", "--run-id", "r1", "--env", "NCCL_CUMEM_ENABLE=0"], "--env NCCL_CUMEM_ENABLE"),
+        (["verify", "--run-id", "r1", "--min-bytes", "4G", "--max-bytes", "1M"], "--min-bytes"),
+        (["provision", "--run-id", "r1", "--rct-timeout-s", "0"], "--rct-timeout-s"),
     ],
 )
 def test_bad_input_exits_2_with_a_one_line_message(capsys, argv, field):
@@ -78,6 +79,17 @@ def test_bad_input_exits_2_with_a_one_line_message(capsys, argv, field):
     assert result["error"].startswith(field + ":")
     assert "\n" not in result["error"]
     assert "Traceback" not in err
+
+
+def test_input_errors_name_the_flags_the_user_typed_in_the_hint_too(capsys):
+    code, lines, _ = run_cli(
+        capsys, ["train", "--run-id", "r1", "--steps", "4", "--warmup-steps", "9"]
+    )
+    assert code == 2
+    error = last_json(lines)["error"]
+    assert error.startswith("--warmup-steps: 9 is more than steps 4")
+    assert error.endswith("set --warmup-steps to 4 or fewer")
+    assert "warmup_steps" not in error
 
 
 @pytest.mark.parametrize("value", ["00", "0x0", "-0", "+0", "false"])
