@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnnvl import steps
-from mnnvl.errors import MnnvlError, TeardownIncomplete
+from mnnvl.errors import MnnvlError, NoCluster, SpecError, TeardownIncomplete
 from mnnvl.inputs import surface
 from mnnvl.manifests import render_run
 from mnnvl.report import num, verdict_numbers
@@ -99,18 +99,32 @@ def run_all(
         error = e
         raise
     finally:
-        try:
-            out[last.key] = _step_call(last, kubeconfig, report_dir)().to_dict()
-        except MnnvlError as e:
-            if error is None:
-                raise  # the run itself went well: the teardown failure is the result
-            # Raising here would replace the step's error (or the signal) with this one; it
-            # carries what the teardown may have left instead (the CLI reports it last).
-            logger.error("teardown after failure also failed: %s", e)
-            if isinstance(e, TeardownIncomplete):
-                error.leftovers, error.cleanup = e.leftovers, e.cleanup  # type: ignore[attr-defined]
+        if isinstance(error, NoCluster) and set(out) == {"run_id"}:
+            # The first step found no cluster to talk to: the run created nothing.
+            logger.info("teardown skipped: no cluster was reached, so the run created nothing")
+        else:
+            _teardown_after(last, error, out, kubeconfig)
     _log_summary(out)
     return out
+
+
+def _teardown_after(
+    last: PlannedTask, error: BaseException | None, out: dict[str, Any], kubeconfig: str | None
+) -> None:
+    """The run's teardown; after a failure (``error``) its own failure is logged, not raised."""
+    try:
+        out[last.key] = _step_call(last, kubeconfig, None)().to_dict()
+    except MnnvlError as e:
+        if error is None:
+            raise  # the run itself went well: the teardown failure is the result
+        if isinstance(e, SpecError):  # e.g. the namespace does not exist: nothing is there
+            logger.info("teardown: nothing to delete (%s)", e)
+            return
+        # Raising here would replace the step's error (or the signal) with this one; it
+        # carries what the teardown may have left instead (the CLI reports it last).
+        logger.error("teardown after failure also failed: %s", e)
+        if isinstance(e, TeardownIncomplete):
+            error.leftovers, error.cleanup = e.leftovers, e.cleanup  # type: ignore[attr-defined]
 
 
 def _log_summary(out: dict[str, Any]) -> None:

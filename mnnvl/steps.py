@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,10 +26,13 @@ from mnnvl.driver import (
     ensure_domain,
     launcher_owner,
     reap_namespace,
+    refused_namespace,
+    require_namespace,
     run_job,
     skip_foreign_namesakes,
     wait_for_channel_template,
 )
+from mnnvl.driver.errors import Refused
 from mnnvl.driver.inspect import run_status
 from mnnvl.errors import ClusterUnavailable, VerificationFailed, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.checks import check_dns_label
@@ -159,6 +162,19 @@ def _api(kubeconfig: str | None, outage_s: float | None = None) -> Iterator[Api]
 
 def _since(start: float) -> float:
     return round(time.monotonic() - start, 3)
+
+
+@contextmanager
+def _namespace_checked(namespace: str, touched: Callable[[], list[str]]) -> Iterator[None]:
+    """A teardown or reap in a namespace that does not exist is bad input naming it (exit 2),
+    not an unreachable cluster (exit 5): with the shipped Role (namespaced) its first list
+    there is refused. ``touched``: what was deleted or skipped so far (then it is no typo)."""
+    try:
+        yield
+    except Refused as e:
+        if touched() or not str(e).startswith("list "):
+            raise
+        raise refused_namespace(namespace, e) from e
 
 
 def provision(
@@ -353,10 +369,13 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
     # API outages are ridden out like in every step, but never past the teardown's deadline.
     outage_s = min(spec.api_outage_s, spec.delete_timeout_s)
     try:
-        with _api(kubeconfig, outage_s) as api:
+        touched = lambda: gone.deleted + gone.skipped  # noqa: E731
+        with _api(kubeconfig, outage_s) as api, _namespace_checked(spec.namespace, touched):
             delete_workload(api, spec.namespace, gone, deadline)
             skip_foreign_namesakes(api, spec.namespace, gone)
             delete_domain(api, spec.namespace, names.domain, deadline, gone)
+            if not touched():  # an empty namespace, or one that does not exist?
+                require_namespace(api, spec.namespace)
     except (ClusterUnavailable, WaitTimeout) as e:
         raise gone.incomplete(spec.namespace, e) from e
     message = f"deleted {len(gone.deleted)} objects of run {spec.run_id}"
@@ -396,8 +415,10 @@ def reap(
     verdict = Verdict(live_run_ids=live, all_dead=all_dead, older_than_s=older_than_s)
     ns = resolve_namespace(namespace or "")
     check_dns_label("namespace", ns)
-    with _api(kubeconfig) as api:
+    with _api(kubeconfig) as api, _namespace_checked(ns, list):
         out = reap_namespace(api, ns, verdict, timeout_s=timeout_s, dry_run=dry_run)
+        if not out.runs:
+            require_namespace(api, ns)
     return ReapResult(
         namespace=ns,
         runs=out.runs,

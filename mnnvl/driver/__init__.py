@@ -10,6 +10,8 @@ from mnnvl.driver.domain import (
     delete_domain,
     ensure_domain,
     launcher_owner,
+    refused_namespace,
+    require_namespace,
     wait_for_channel_template,
 )
 from mnnvl.driver.lifecycle import (
@@ -50,7 +52,9 @@ __all__ = [
     "parse_result",
     "rank0_pod",
     "reap_namespace",
+    "refused_namespace",
     "require_domain",
+    "require_namespace",
     "result_of_failed_job",
     "run_job",
     "skip_foreign_namesakes",

@@ -36,6 +36,7 @@ __all__ = [
     "CrdMissing",
     "MnnvlError",
     "NotFound",
+    "Refused",
     "SpecError",
     "VerificationFailed",
     "WaitTimeout",
@@ -64,6 +65,10 @@ class ApiError(MnnvlError):
         super().__init__(message)
         self.status = status
         self.reason = reason
+
+
+class Refused(ClusterUnavailable):
+    """401/403 on a healthy connection: this account may not do that (RBAC, credentials)."""
 
 
 class NotFound(ApiError):
@@ -114,9 +119,7 @@ def from_api_exception(e: ApiException, verb: str, what: str) -> MnnvlError:
     message = str(body.get("message") or e.reason or "").strip()
     reason = str(body.get("reason") or e.reason or "")
     if status in (401, 403):
-        return ClusterUnavailable(
-            f"{verb} {what} was refused ({status} {reason}: {message}); {RBAC_HINT}"
-        )
+        return Refused(f"{verb} {what} was refused ({status} {reason}: {message}); {RBAC_HINT}")
     if status == 404:
         details = body.get("details") or {}
         return NotFound(

@@ -116,6 +116,35 @@ def test_step_in_a_missing_namespace_exits_2_without_reading_namespaces(sim, cap
     assert left_of(sim, run_id) == []
 
 
+@pytest.mark.parametrize("account", ["runner", "admin"])
+@pytest.mark.parametrize("command", ["teardown", "reap"])
+def test_teardown_and_reap_in_a_missing_namespace_exit_2_naming_it(sim, capsys, account, command):
+    """A typo must not read as a clean namespace. The runner's namespaced Role is refused
+    there (403, before anything could answer 404); an account with rights beyond one namespace
+    lists an empty namespace that does not exist, and a dry-run create tells it (404)."""
+    kubeconfig = sim.kubeconfig_path if account == "runner" else sim.admin_kubeconfig_path
+    argv = ["--namespace", "no-such-ns", "--kubeconfig", kubeconfig]
+    which = ["--run-id", "typo"] if command == "teardown" else ["--all-dead"]
+    before = sim.request_counts
+    code, result = run_cli(capsys, [command, *which, *argv])
+    assert code == 2 and result["exit_code"] == 2, result
+    assert result["error"].startswith("--namespace: 'no-such-ns' does not exist")
+    assert "\n" not in result["error"] and "leftovers" not in result
+    seen = sim.request_counts - before
+    assert not any(resource == "namespaces" for _, resource in seen)  # never read
+    assert not [k for k in seen if k[0] == "DELETE"]
+    assert sim.objects() == [] or all(ns != "no-such-ns" for _, ns, _ in sim.objects())
+
+
+@pytest.mark.parametrize("command", ["teardown", "reap"])
+def test_teardown_and_reap_in_an_empty_namespace_still_succeed(sim, capsys, command):
+    which = ["--run-id", "never-ran"] if command == "teardown" else ["--all-dead"]
+    for kubeconfig in (sim.kubeconfig_path, sim.admin_kubeconfig_path):
+        argv = [command, *which, "--namespace", "team-b", "--kubeconfig", kubeconfig]
+        code, result = run_cli(capsys, argv)
+        assert code == 0 and result["deleted"] == [], result
+
+
 def test_warmup_longer_than_the_run_exits_2_before_any_request(sim, capsys):
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
     before = settled_request_count(sim)

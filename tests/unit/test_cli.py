@@ -128,6 +128,19 @@ def test_unreachable_cluster_exits_5(capsys, tmp_path):
     assert result["cleanup"] == "mnnvl teardown --run-id r1 --namespace default"
 
 
+def test_run_with_no_cluster_configured_says_only_what_is_true(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    code, lines, err = run_cli(capsys, ["run", "--run-id", "r1", "--report-dir", str(tmp_path)])
+    assert code == 5
+    result = last_json(lines)
+    assert result["error"].startswith("no Kubernetes configuration found")
+    assert "leftovers" not in result and "cleanup" not in result
+    assert "may be left" not in err and "also failed" not in err
+    assert "the run created nothing" in err
+
+
 def test_missing_kubeconfig_exits_5_naming_what_was_tried(capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     missing = tmp_path / "nope"
