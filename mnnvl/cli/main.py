@@ -231,9 +231,22 @@ def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
     return plan(values | _own_namespace(ns), ns.run_id, skip_verify=ns.skip_verify)
 
 
+def _fits_this_machine(nodes: int, gpus_per_node: int) -> None:
+    """A simulated cluster runs its pods as local processes: refuse one this machine cannot
+    hold before anything is built (``mnnvl.sim.procs.machine_problem``)."""
+    from mnnvl.sim.procs import machine_problem
+
+    problem = machine_problem(nodes, max(1, gpus_per_node))
+    if problem:
+        raise SpecError("nodes", problem)
+
+
 def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.run_id:
         ns.run_id = f"run-{uuid.uuid4().hex[:12]}"
+    if ns.sim:
+        shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
+        _fits_this_machine(shape.nodes, shape.gpus_per_node)
     planned = _run_plan(ns)  # every task's specs and objects build before any call
     if not ns.sim:
         return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir)
@@ -262,6 +275,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     check_range("gpus_per_node", ns.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
     check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
     check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
+    _fits_this_machine(ns.nodes, ns.gpus_per_node)
     namespaces = tuple(n.strip() for n in ns.namespaces.split(",") if n.strip())
     if not namespaces:
         raise SpecError("namespaces", "needs at least one namespace, e.g. default")
