@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.errors import SpecError
-from mnnvl.inputs.checks import parse_bytes, parse_env, parse_list
+from mnnvl.inputs.checks import parse_bytes, parse_env, parse_list, plain
 from mnnvl.inputs.spec import (
     ARGO,
     CLI,
@@ -53,6 +53,26 @@ class Input:
     surfaces: frozenset[str]
     why: str = ""
     choices: tuple[str, ...] = ()
+    valid: tuple[float, float] | str | None = None
+    example: tuple[str, ...] = ()
+
+    @property
+    def description(self) -> str:
+        """The help and the values a form takes: the choices, a range, a list's form."""
+        if self.choices:
+            values = "one of " + ", ".join(self.choices)
+        elif self.kind == "bool":
+            values = "true or false"
+        elif isinstance(self.valid, str):
+            values = self.valid
+        elif self.valid:
+            whole = "a whole number" if self.kind == "int" else "a number"
+            values = f"{whole} from {plain(self.valid[0])} to {plain(self.valid[1])}"
+        elif self.kind == "list":
+            values = f"a list of strings, e.g. {json.dumps(list(self.example))}"
+        else:
+            return self.help
+        return f"{self.help}. Valid: {values}"
 
     @property
     def kebab(self) -> str:
@@ -120,6 +140,8 @@ def class_inputs(cls: type) -> list[Input]:
             f.metadata.get("surfaces", frozenset()),
             f.metadata.get("why", ""),
             tuple(f.metadata.get("choices", ())),
+            f.metadata.get("valid"),
+            tuple(f.metadata.get("example", ())),
         )
         for f in dataclasses.fields(cls)
     ]
@@ -259,19 +281,33 @@ class Pipeline:
     defaults: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
     def parameters(self) -> list[Input]:
-        """The pipeline parameters (KFP and Argo alike): every task input, renamed, once."""
+        """The pipeline parameters (KFP and Argo alike): every task input, renamed, once.
+
+        A parameter renamed for one step's tasks says whose it is (``verify_timeout_s``: the
+        verify steps' Job deadline); one with a default of this pipeline's names the step's."""
         params: dict[str, Input] = {}
+        steps: dict[str, set[str]] = {}
         for task in self.tasks:
             for item in step_inputs(task.step, KFP):
                 if item.name in task.fixed:
                     continue
                 name = task.parameter_name(item.name)
-                item = dataclasses.replace(item, name=name)
+                renamed = dataclasses.replace(item, name=name)
+                if name != item.name:
+                    steps.setdefault(name, set()).add(task.step)
                 if name in self.defaults:
-                    item = dataclasses.replace(item, default=self.defaults[name][0])
-                known = params.setdefault(name, item)
-                if (known.default, known.kind) != (item.default, item.kind):
+                    default, why = self.defaults[name]
+                    renamed = dataclasses.replace(
+                        renamed,
+                        default=default,
+                        help=f"{item.help} (here {default}; the step's own is {item.default}: "
+                        f"{why})",
+                    )
+                known = params.setdefault(name, renamed)
+                if (known.default, known.kind) != (renamed.default, renamed.kind):
                     raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
+        for name, (step,) in ((n, s) for n, s in steps.items() if len(s) == 1):
+            params[name] = dataclasses.replace(params[name], help=f"{step} step: {params[name].help}")
         return list(params.values())
 
     def task_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
@@ -351,7 +387,7 @@ PIPELINES: dict[str, Pipeline] = {
 # no step input.
 ARGO_ONLY_PARAMETERS = frozenset(
     {
-        "service-account",
+        "launcher-service-account",
         "launcher-image",
         *(f"{s}-deadline-s" for s in ("train", "verify", "launch")),
     }
