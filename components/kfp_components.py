@@ -118,8 +118,8 @@ def train_sharded(
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
             Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it). Valid: a whole number from 1; more than max_nodes_per_clique only as a multiple
-            of nodes_per_clique.
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
             clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
             max_nodes_per_clique that divides nodes.
@@ -287,8 +287,8 @@ def verify_nvlink(
             Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it). Valid: a whole number from 1; more than max_nodes_per_clique only as a multiple
-            of nodes_per_clique.
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
             clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
             max_nodes_per_clique that divides nodes.
@@ -429,8 +429,8 @@ def launch_workload(
             Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it). Valid: a whole number from 1; more than max_nodes_per_clique only as a multiple
-            of nodes_per_clique.
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
             clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
             max_nodes_per_clique that divides nodes.
@@ -609,8 +609,8 @@ def provision_training(
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
             Valid: a number from 0 to 86400.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it). Valid: a whole number from 1; more than max_nodes_per_clique only as a multiple
-            of nodes_per_clique.
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
             clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
             max_nodes_per_clique that divides nodes.
@@ -807,8 +807,8 @@ def provision_verify_only(
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
             Valid: a number from 0 to 86400.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it). Valid: a whole number from 1; more than max_nodes_per_clique only as a multiple
-            of nodes_per_clique.
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
             clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
             max_nodes_per_clique that divides nodes.
@@ -969,8 +969,8 @@ def provision_custom(
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
             Valid: a number from 0 to 86400.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it). Valid: a whole number from 1; more than max_nodes_per_clique only as a multiple
-            of nodes_per_clique.
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
             clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
             max_nodes_per_clique that divides nodes.

@@ -215,7 +215,7 @@ class WorkloadSpec:
     nodes: int = opt(
         2,
         "worker pods, one per node; more than one clique needs nodes_per_clique (multiple of it)",
-        valid="a whole number from 1; more than max_nodes_per_clique only as a multiple of nodes_per_clique",
+        valid="a whole number from 1; over max_nodes_per_clique a multiple of nodes_per_clique",
     )
     nodes_per_clique: int = opt(
         0,

@@ -307,7 +307,8 @@ class Pipeline:
                 if (known.default, known.kind) != (renamed.default, renamed.kind):
                     raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
         for name, (step,) in ((n, s) for n, s in steps.items() if len(s) == 1):
-            params[name] = dataclasses.replace(params[name], help=f"{step} step: {params[name].help}")
+            item = params[name]
+            params[name] = dataclasses.replace(item, help=f"{step} step: {item.help}")
         return list(params.values())
 
     def task_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
