@@ -82,9 +82,7 @@ def _wf(name: str) -> str:
 def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
     """The pipeline's parameters (kebab-case), then the Argo-only ones its steps use."""
     params = [
-        Parameter(
-            name=p.kebab, value=p.text(), description=p.description, enum=t.parameter(p).enum
-        )
+        Parameter(name=p.kebab, value=p.text(), description=p.description, enum=t.parameter(p).enum)
         for p in plan.parameters()
     ]
     steps = {task.step for task in plan.tasks}
