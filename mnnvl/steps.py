@@ -22,6 +22,7 @@ from mnnvl.driver import (
     Deletions,
     Verdict,
     delete_domain,
+    delete_step_jobs,
     delete_workload,
     ensure_domain,
     launcher_owner,
@@ -85,6 +86,9 @@ class LaunchResult(Result):
     elapsed_s: float
     exit_code: int = 0
     restarts: list[dict[str, Any]] = field(default_factory=list)  # gang restarts, in order
+    # The step's Job as this step found it, "complete since <time> (created <time>)" when it
+    # had run before with the same inputs (its result is that run's); "" when created now.
+    adopted: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ class TrainResult(Result):
     restarts: int = 0  # gang restarts from the last checkpoint (mnnvl.driver.gang)
     steps_lost: int = 0  # steps rank 0 had logged past the checkpoints resumed from
     recovery_s: float | None = None  # failure to resumed training, the last restart
+    adopted: str = ""  # as LaunchResult.adopted
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,7 @@ class VerifyResult(Result):
     report_files: dict[str, str]
     raw: dict[str, Any]
     elapsed_s: float
+    adopted: str = ""  # as LaunchResult.adopted
 
 
 @dataclass(frozen=True)
@@ -215,6 +221,16 @@ def launch(
     start = time.monotonic()
     with _api(kubeconfig, workload.api_outage_s) as api:
         outcome = run_job(api, workload, module, args)
+    if outcome.adopted.startswith("complete"):
+        again = "; `mnnvl verify --measure-again` measures again" if module == VERIFY_MODULE else ""
+        logger.warning(
+            "Job %s/%s already ran with these inputs (%s): its result is returned again, "
+            "nothing ran now%s",
+            workload.namespace,
+            outcome.job,
+            outcome.adopted,
+            again,
+        )
     return LaunchResult(
         job=outcome.job,
         pods=outcome.pods,
@@ -222,6 +238,7 @@ def launch(
         log_tail=outcome.log_tail,
         elapsed_s=_since(start),
         restarts=outcome.restarts,
+        adopted=outcome.adopted,
     )
 
 
@@ -290,6 +307,7 @@ def train(
         restarts=len(launched.restarts),
         steps_lost=sum(r["steps_lost"] or 0 for r in launched.restarts),
         recovery_s=launched.restarts[-1]["recovery_s"] if launched.restarts else None,
+        adopted=launched.adopted,
     )
 
 
@@ -300,14 +318,24 @@ def verify(
     kubeconfig: str | None = None,
     report_dir: str | None = None,
     fail_on_fail: bool = True,
+    measure_again: bool = False,
 ) -> VerifyResult:
     """NVLink/NCCL verification on the domain's nodes.
 
     Raises ``VerificationFailed`` (when ``fail_on_fail``) on FAIL, and on NOT_JUDGED unless
-    ``config.allow_unjudged``: a verification that judged no bandwidth is no PASS.
+    ``config.allow_unjudged``: a verification that judged no bandwidth is no PASS. Run again
+    with the same inputs it returns the earlier Job's verdict (``adopted`` says from when);
+    ``measure_again`` deletes that Job first (its pods gone) and measures anew, on the same
+    domain, with these inputs.
     """
     start = time.monotonic()
     verify_workload = step_workload(workload, "verify")
+    if measure_again:
+        with _api(kubeconfig, workload.api_outage_s) as api:
+            deadline = Deadline(workload.pods_running_timeout_s)
+            args = to_args(config)
+            removed = delete_step_jobs(api, verify_workload, VERIFY_MODULE, args, deadline)
+        logger.info("verify: measuring again (deleted %s)", ", ".join(removed) or "nothing")
     if report_dir:
         from mnnvl.report import preload_plotting
 
@@ -339,6 +367,7 @@ def verify(
         report_files=files,
         raw=raw,
         elapsed_s=_since(start),
+        adopted=launched.adopted,
     )
     logger.info(
         "verify %s: %s (%s; %s)", launched.job, result.verdict, verdict_numbers(raw), nccl_line(raw)

@@ -157,6 +157,7 @@ def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
         kubeconfig=ns.kubeconfig,
         report_dir=ns.report_dir,
         fail_on_fail=ns.fail_on_fail,
+        measure_again=ns.measure_again,
     )
     return result.to_dict()
 

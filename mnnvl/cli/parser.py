@@ -183,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
                 default=True,
                 help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
             )
+            p.add_argument(
+                "--measure-again",
+                action="store_true",
+                help="run again, the same run id: delete this step's earlier verification Job "
+                "(whose verdict a rerun would return) and measure anew; the domain stays",
+            )
     p = _subcommand(sub, "teardown")
     _spec_flags(p, (DomainSpec,), step="teardown")
     p = _subcommand(sub, "status")

@@ -27,6 +27,7 @@ from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.driver.workload import (
     LogFollower,
     create_workload,
+    delete_step_jobs,
     delete_workload,
     parse_result,
     rank0_pod,
@@ -46,6 +47,7 @@ __all__ = [
     "create_or_adopt",
     "create_workload",
     "delete_domain",
+    "delete_step_jobs",
     "delete_workload",
     "ensure_domain",
     "launcher_owner",
