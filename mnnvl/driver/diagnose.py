@@ -204,12 +204,22 @@ def raise_on_stuck_pod(
         if found is None:
             continue
         group = (pod["metadata"].get("labels") or {}).get(LABEL_CLIQUE_GROUP)
-        shortage = ""
+        text = _failure_message(api, workload.namespace, domain, pod, found)
         if found.kind is Kind.UNSCHEDULABLE and group and workload.clique_affinity:
             found = replace(found, kind=Kind.NO_CLIQUE_ROOM)
-            shortage = f"{clique_shortage(api, workload, group, pods)}; "
-        text = _failure_message(api, workload.namespace, domain, pod, found)
-        raise found.error(shortage + text)
+            shortage = clique_shortage(api, workload, group, pods)
+            # Every node short of a resource: no clique would do, the scheduler's reason leads.
+            text = (
+                f"{text}; {shortage}" if every_node_short(found.message) else f"{shortage}; {text}"
+            )
+        raise found.error(text)
+
+
+def every_node_short(message: str) -> bool:
+    """Whether the scheduler refused every node for one lacking resource (``0/4 nodes are
+    available: 4 Insufficient nvidia.com/gpu.``): no node fits the pod, in any clique."""
+    m = re.search(r"0/(\d+) nodes are available: (\d+) Insufficient [^,.]+\.", message)
+    return bool(m) and m[1] == m[2]
 
 
 def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects) -> str:
