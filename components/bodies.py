@@ -114,6 +114,7 @@ def launch_workload(params: dict[str, Any]) -> None:
     """Run the user's workload; the result artifact is written even when it fails."""
     params = _with_step_defaults("launch", params)
     workload = surface.build(WorkloadSpec, params)
+    surface.check_launch_purpose(workload.purpose)
     launch = surface.build(LaunchSpec, params)
     try:
         outcome = steps.launch(

@@ -135,8 +135,8 @@ def train_sharded(
             DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
             Valid: true or false.
-        nccl_profile: production, verify-strict or single-host (README). Valid: one of
-            production, verify-strict, single-host.
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
@@ -304,8 +304,8 @@ def verify_nvlink(
             DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
             Valid: true or false.
-        nccl_profile: production, verify-strict or single-host (README). Valid: one of
-            production, verify-strict, single-host.
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
@@ -446,8 +446,8 @@ def launch_workload(
             DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
             Valid: true or false.
-        nccl_profile: production, verify-strict or single-host (README). Valid: one of
-            production, verify-strict, single-host.
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
@@ -626,8 +626,8 @@ def provision_training(
             DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
             Valid: true or false.
-        nccl_profile: production, verify-strict or single-host (README). Valid: one of
-            production, verify-strict, single-host.
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
@@ -824,8 +824,8 @@ def provision_verify_only(
             DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
             Valid: true or false.
-        nccl_profile: production, verify-strict or single-host (README). Valid: one of
-            production, verify-strict, single-host.
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
@@ -986,8 +986,8 @@ def provision_custom(
             DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one nvidia.com/gpu.clique.
             Valid: true or false.
-        nccl_profile: production, verify-strict or single-host (README). Valid: one of
-            production, verify-strict, single-host.
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
         rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to

@@ -11,6 +11,7 @@ builds every task's specs before anything is created, then sequences the steps.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -87,10 +88,12 @@ def run_all(
     """Run the planned tasks in order; the last one (teardown) runs always, also on signals.
 
     Returns the run id and each task's result dict by task key. Reports of a task go to
-    ``<report_dir>/<task name>`` when ``report_dir`` is set.
+    ``<report_dir>/<task name>`` when ``report_dir`` is set (``report_dir`` in the result).
     """
     *work, last = planned
     out: dict[str, Any] = {"run_id": last.specs[0].run_id}
+    if report_dir:
+        out["report_dir"] = os.path.abspath(report_dir)
     error: BaseException | None = None
     try:
         for item in work:
@@ -99,7 +102,7 @@ def run_all(
         error = e
         raise
     finally:
-        if isinstance(error, NoCluster) and set(out) == {"run_id"}:
+        if isinstance(error, NoCluster) and not set(out) - {"run_id", "report_dir"}:
             # The first step found no cluster to talk to: the run created nothing.
             logger.info("teardown skipped: no cluster was reached, so the run created nothing")
         else:
@@ -147,6 +150,8 @@ def _log_summary(out: dict[str, Any]) -> None:
         "teardown",
         len((out.get("teardown") or {}).get("deleted", [])),
     )
+    if "report_dir" in out:
+        logger.info("  %-12s %s/<task>", "reports", out["report_dir"])
     last_verify = out.get("verify_post") or out.get("verify_pre")
     if last_verify:
         from mnnvl.report import verify_table

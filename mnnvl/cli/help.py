@@ -70,7 +70,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "print the bus-bandwidth baseline table",
         "Print the all-reduce busbw baselines verify judges against when no --min-busbw-gbps "
         "is given (GPU model, GPUs, nodes, transport, NCCL versions, busbw, tolerance), each "
-        "with its source; the result line (stderr) holds the table as JSON. Needs no cluster.",
+        "with its source, on stderr; the JSON line on stdout holds the table. Needs no cluster.",
         "mnnvl baselines",
     ),
     "sim": (

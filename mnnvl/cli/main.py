@@ -39,6 +39,7 @@ from mnnvl.run import PlannedTask, plan, run_all, run_inputs
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
+DEFAULT_REPORTS = os.path.join("out", "reports")  # mnnvl run's, under the working directory
 
 
 class Interrupted(KeyboardInterrupt):
@@ -135,6 +136,7 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
     workload, launch = _workload(ns), _launch_spec(ns)
+    surface.check_launch_purpose(workload.purpose)
     args = list(launch.command)
     indexed_job(workload, launch.module, args)  # bad module names or env stop here
     return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
@@ -249,8 +251,9 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
         _fits_this_machine(shape.nodes, shape.gpus_per_node)
     planned = _run_plan(ns)  # every task's specs and objects build before any call
+    reports = _run_reports(ns)
     if not ns.sim:
-        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir)
+        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports)
     from mnnvl.sim import SimCluster
 
     domain = planned[0].specs[0]
@@ -261,7 +264,7 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
     ) as sim:
-        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=ns.report_dir)
+        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=reports)
         result["sim"] = {
             "url": sim.url,
             "requests": sim.request_count,
@@ -269,6 +272,18 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
             "leftover_processes": [list(p) for p in sim.processes()],  # (namespace, pod, pid)
         }
     return result
+
+
+def _run_reports(ns: argparse.Namespace) -> str | None:
+    """Where ``mnnvl run`` writes its reports: --report-dir (checked up front), else
+    ``out/reports/<run id>`` (none, with a warning, where that cannot be written); logged."""
+    folder = ns.report_dir or os.path.join(DEFAULT_REPORTS, ns.run_id)
+    problem = _folder_problem("--report-dir", folder)
+    if problem:  # only the default can be unwritable here
+        logger.warning("run: no reports (%s); pass --report-dir DIR to have them", problem)
+        return None
+    logger.info("run: reports go to %s/<task>", os.path.abspath(folder))
+    return folder
 
 
 def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
@@ -305,8 +320,8 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_baselines(ns: argparse.Namespace) -> dict[str, Any]:
-    """The baseline table on stdout (the result line goes to stderr)."""
-    print(baselines.table_text(), flush=True)
+    """The baseline table for people on stderr; the result line (stdout) holds it as JSON."""
+    print(baselines.table_text(), file=sys.stderr, flush=True)
     return {"version": baselines.TABLE_VERSION, "baselines": baselines.rows()}
 
 
@@ -399,7 +414,7 @@ def _path_problems(ns: argparse.Namespace) -> str:
 
 
 # Commands whose stdout is data for another program: their result line goes to stderr.
-RESULT_ON_STDERR = frozenset({"render", "baselines"})
+RESULT_ON_STDERR = frozenset({"render"})
 
 
 def _emit(payload: dict[str, Any], result_path: str | None) -> None:

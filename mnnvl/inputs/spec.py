@@ -249,7 +249,7 @@ class WorkloadSpec:
     )
     nccl_profile: str = opt(
         "production",
-        "production, verify-strict or single-host (README)",
+        "production, verify-strict or single-host (docs/verification.md, NCCL profiles)",
         choices=NCCL_PROFILES,
     )
     env: dict[str, str] = opt(
@@ -598,7 +598,8 @@ class VerifyConfig:
     stall_timeout_s: float = stall_timeout_opt()
     output_dir: str = opt(
         "",
-        "write verify.json/.md/.html and busbw.png here (rank 0)",
+        "a directory inside the worker pod where rank 0 writes verify.json/.md/.html and "
+        "busbw.png (e.g. on a pvc mount); the step's own reports go to --report-dir",
         surfaces=(CLI,),
         why="a directory inside the worker pod; pipelines get the reports as artifacts",
     )

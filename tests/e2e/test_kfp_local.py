@@ -193,6 +193,10 @@ def test_a_broken_kubeconfig_is_one_line_in_every_task(
 
 
 def test_custom_pipeline_runs_a_user_program_outside_the_package(sim: Any, tmp_path: Path) -> None:
+    # What earlier runs left (`make run`, then `make run PIPELINE=custom` twice).
+    for pipeline in ("mnnvl-training", "mnnvl-custom"):
+        (tmp_path / "reports" / pipeline).mkdir(parents=True)
+        (tmp_path / "reports" / pipeline / "train.html").write_text("<html>an earlier run</html>")
     outcome = local_run.run_pipeline(
         _arguments(pipeline="custom"),
         tmp_path,
@@ -213,4 +217,8 @@ def test_custom_pipeline_runs_a_user_program_outside_the_package(sim: Any, tmp_p
     assert metrics["exit_code"] == 0 and metrics["world_size"] == 2
     assert metrics["slope"] == result["slope"]
     assert "RESULT " in job["log_tail"]
+    # Its reports only: none of the training pipeline's, none of an earlier run's.
+    mine = tmp_path / "reports" / "mnnvl-custom"
+    assert sorted(p.name for p in mine.iterdir()) == ["verify-pre.html"]
+    assert set(outcome.reports.values()) == {str(mine / "verify-pre.html")}
     assert sim.objects() == []

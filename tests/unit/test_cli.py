@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -240,6 +242,71 @@ def test_each_command_lists_only_the_inputs_it_uses_in_groups(capsys):
     for title in ("domain (", "workload (", "training:", "verification:", "timeouts ("):
         assert f"\n{title}" in run, title
     assert run.count("\n  --run-id") == 1 and run.count("\n  --namespace") == 1
+
+
+def test_render_and_baselines_list_no_option_they_ignore(capsys):
+    render = _help_of(capsys, "render")
+    for ignored in ("--kubeconfig", "--rct-timeout-s", "--delete-timeout-s", "--api-outage-s",
+                    "--admission-timeout-s", "--pods-running-timeout-s",
+                    "--unschedulable-grace-s"):  # fmt: skip
+        assert ignored not in render, ignored
+    assert "--job-timeout-s" in render  # the Job carries it (activeDeadlineSeconds)
+    assert "--kubeconfig" not in _help_of(capsys, "baselines")
+    assert "--kubeconfig" in _help_of(capsys, "run")
+
+
+def _actions(name: str) -> dict[str, argparse.Action]:
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {a.dest: a for a in sub.choices[name]._actions}
+
+
+def _expanded(action: argparse.Action) -> str:
+    return " ".join(argparse.HelpFormatter("mnnvl")._expand_help(action).split())
+
+
+def test_sim_up_help_shows_every_default():
+    shown = {
+        dest: _expanded(action)
+        for dest, action in _actions("sim").items()
+        if action.option_strings
+        and dest not in ("help", "verbose")
+        and action.default is not None
+        and action.default is not False
+    }
+    assert {"nodes", "gpus_per_node", "cliques", "imex_delay_s", "namespaces"} <= set(shown)
+    for dest, text in shown.items():
+        assert "default: " in text, dest
+
+
+def test_help_points_only_at_documentation_that_exists(capsys):
+    root = Path(__file__).resolve().parents[2]
+    texts = [_help_of(capsys, name) for name in COMMANDS]
+    refs = {
+        m for t in texts for m in re.findall(r"\((docs/[\w-]+\.md), ([^)]+)\)", " ".join(t.split()))
+    }
+    assert ("docs/verification.md", "NCCL profiles") in refs  # --nccl-profile
+    for path, section in refs:
+        headings = re.findall(r"^#+ (.+)$", (root / path).read_text(), re.M)
+        assert section in headings, (path, section)
+    assert not any("(README)" in t for t in texts)
+
+
+def test_output_dir_and_report_dir_say_where_each_is():
+    for command in ("verify", "run"):
+        actions = _actions(command)
+        output_dir, report_dir = _expanded(actions["output_dir"]), _expanded(actions["report_dir"])
+        assert "inside the worker pod" in output_dir and "--report-dir" in output_dir
+        assert "on the machine this command runs on" in report_dir
+        assert "--output-dir" in report_dir
+
+
+@pytest.mark.parametrize("purpose", ["train", "verify", "verify-pre", "verify-post"])
+def test_launch_refuses_a_step_s_job_name(capsys, purpose):
+    argv = ["launch", "--run-id", "r1", "--purpose", purpose, "--module", "pkg.entry"]
+    code, lines, _ = run_cli(capsys, argv)
+    assert code == 2
+    assert last_json(lines)["error"].startswith(f"--purpose: {purpose!r} names the ")
 
 
 def test_mnnvl_alone_lists_the_commands_and_exits_2(capsys):

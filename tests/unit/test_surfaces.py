@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import re
 from typing import Any
 
 import pytest
@@ -255,3 +256,14 @@ def test_readme_and_usage_say_where_the_pipelines_defaults_differ_from_the_clis(
             for name, (default, _why) in plan.defaults.items():
                 cli = next(i.default for i in surface.step_inputs("train") if i.name == name)
                 assert f"`{name}` `{default}` (CLI `{cli}`" in text, (doc.name, name)
+
+
+def test_components_readme_shows_list_inputs_as_lists() -> None:
+    text = (COMPILED_DIR.parents[1] / "components" / "README.md").read_text()
+    lists = {
+        i.name for c in surface.SPEC_CLASSES for i in surface.class_inputs(c) if i.kind == "list"
+    }
+    for name in sorted(lists):
+        for example in re.findall(rf"`{name}` \(([^)]*)\)", text):
+            assert example.startswith(("a list", "`[")), (name, example)
+    assert '`env` (a list: `["' in text
