@@ -219,7 +219,7 @@ def every_node_short(message: str) -> bool:
     """Whether the scheduler refused every node for one lacking resource (``0/4 nodes are
     available: 4 Insufficient nvidia.com/gpu.``): no node fits the pod, in any clique."""
     m = re.search(r"0/(\d+) nodes are available: (\d+) Insufficient [^,.]+\.", message)
-    return bool(m) and m[1] == m[2]
+    return m is not None and m[1] == m[2]
 
 
 def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects) -> str:
