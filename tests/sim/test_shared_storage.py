@@ -125,5 +125,5 @@ def test_run_with_a_local_checkpoint_dir_stops_before_provisioning(sim, capsys):
     argv = ["run", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0"]
     argv += ["--checkpoint-dir", "/tmp/ckpt", "--kubeconfig", sim.kubeconfig_path]
     assert cli.main(argv) == 2
-    assert "checkpoint_dir: /tmp/ckpt is not under a mounted PVC" in capsys.readouterr().out
+    assert "--checkpoint-dir: /tmp/ckpt is not under a mounted PVC" in capsys.readouterr().out
     assert _left(sim, run_id) == []
