@@ -105,7 +105,7 @@ def input_args(item: Input) -> list[str]:
 def parameter(item: Input) -> Parameter:
     """An Argo parameter (template input or workflow parameter) for one input."""
     enum = ["true", "false"] if item.kind == "bool" else list(item.choices) or None
-    return Parameter(name=item.kebab, default=item.text(), description=item.help, enum=enum)
+    return Parameter(name=item.kebab, default=item.text(), description=item.description, enum=enum)
 
 
 def _container(

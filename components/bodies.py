@@ -1,13 +1,18 @@
 """What the generated KFP components do: inputs -> specs -> ``mnnvl.steps`` -> artifacts.
 
 Each function takes the component's arguments as one dict (``dict(locals())`` in the generated
-body) and runs inside the launcher image; it imports no kfp (artifacts are duck-typed).
+body) and runs inside the launcher image; it imports no kfp (artifacts are duck-typed). A step
+that fails on purpose (bad input, a failed workload, an unreachable cluster) logs one line,
+``<step> failed: <field>: <why>`` with the parameter as KFP names it, and exits with the CLI's
+exit code, without a traceback (``one_line``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from mnnvl import report, steps
 from mnnvl.components.artifacts import (
@@ -18,12 +23,31 @@ from mnnvl.components.artifacts import (
     write_result,
 )
 from mnnvl.contract.result import verdict_accepted
-from mnnvl.errors import VerificationFailed, WorkloadFailed
+from mnnvl.errors import MnnvlError, SpecError, VerificationFailed, WorkloadFailed
 from mnnvl.inputs import surface
 from mnnvl.inputs.namespace import resolve_namespace
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def one_line(step: str) -> Callable[[Callable[[dict[str, Any]], T]], Callable[[dict[str, Any]], T]]:
+    """The body of ``step``, whose deliberate failures end the task with one log line and
+    the error's exit code (2 bad input, 3 timeout, 4 workload, 5 cluster), not a traceback."""
+
+    def wrap(body: Callable[[dict[str, Any]], T]) -> Callable[[dict[str, Any]], T]:
+        @functools.wraps(body)
+        def run(params: dict[str, Any]) -> T:
+            try:
+                return body(params)
+            except MnnvlError as e:
+                log.error("%s failed: %s", step, e)
+                raise SystemExit(e.exit_code) from None
+
+        return run
+
+    return wrap
 
 
 def _with_step_defaults(step: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -36,6 +60,7 @@ def _at_edge(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "namespace": resolve_namespace(params.get("namespace"))}
 
 
+@one_line("provision")
 def provision_domain(params: dict[str, Any]) -> str:
     domain = surface.build(DomainSpec, _at_edge(params))
     return steps.provision(domain, kubeconfig=kubeconfig()).domain
@@ -45,11 +70,12 @@ def provision_for_pipeline(pipeline: str, params: dict[str, Any]) -> str:
     """Validate every parameter of ``pipeline`` (all tasks' specs), then provision."""
     run_id = params.pop("run_id")
     plan = surface.PIPELINES[pipeline]
-    plan.check(params, run_id)
+    one_line("provision")(lambda values: plan.check(values, run_id))(params)
     (task,) = [t for t in plan.tasks if t.step == "provision"]
     return provision_domain({**plan.task_arguments(task, params), "run_id": run_id})
 
 
+@one_line("train")
 def train_sharded(params: dict[str, Any]) -> None:
     params = _with_step_defaults("train", params)
     workload = surface.build(WorkloadSpec, params, purpose="train")
@@ -59,6 +85,7 @@ def train_sharded(params: dict[str, Any]) -> None:
     publish_train(workload.run_id, outcome, params["metrics"], params["report"], params["result"])
 
 
+@one_line("verify")
 def verify_nvlink(params: dict[str, Any]) -> None:
     params = _with_step_defaults("verify", params)
     workload = surface.build(WorkloadSpec, params)
@@ -82,10 +109,12 @@ def verify_nvlink(params: dict[str, Any]) -> None:
         )
 
 
+@one_line("launch")
 def launch_workload(params: dict[str, Any]) -> None:
     """Run the user's workload; the result artifact is written even when it fails."""
     params = _with_step_defaults("launch", params)
     workload = surface.build(WorkloadSpec, params)
+    surface.check_launch_purpose(workload.purpose)
     launch = surface.build(LaunchSpec, params)
     try:
         outcome = steps.launch(
@@ -123,5 +152,13 @@ def preflight_cluster(params: dict[str, Any]) -> None:
         raise VerificationFailed(f"preflight: {steps.preflight_failure(outcome.rows)}")
 
 
+@one_line("teardown")
 def teardown_domain(params: dict[str, Any]) -> None:
-    steps.teardown(surface.build(DomainSpec, _at_edge(params)), kubeconfig=kubeconfig())
+    """The exit handler. Its inputs are the pipeline's, which the first task validated before
+    it created anything: inputs it refuses (a namespace that is no name, or that does not
+    exist) mean this run created nothing, so it returns at once with nothing deleted."""
+    try:
+        spec = surface.build(DomainSpec, _at_edge(params))
+        steps.teardown(spec, kubeconfig=kubeconfig())
+    except SpecError as e:
+        log.warning("teardown: nothing to delete: %s", e)

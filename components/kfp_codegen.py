@@ -145,7 +145,7 @@ def _docstring(spec: Spec) -> list[str]:
     doc.append("    run_id: run id every object name and label derives from (the KFP job id).")
     doc += [f"    {o}: {_OUTPUTS[o][1]}." for o in spec.outputs]
     for item in spec.inputs:
-        wrapped = textwrap.wrap(f"{item.name}: {item.help}.", 88)
+        wrapped = textwrap.wrap(f"{item.name}: {item.description}.", 88)
         doc += ["    " + wrapped[0], *("        " + w for w in wrapped[1:])]
     if spec.returns:
         doc += ["", "Returns:", f"    {spec.returns}"]

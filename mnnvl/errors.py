@@ -18,6 +18,7 @@ __all__ = [
     "ConflictError",
     "CrdMissing",
     "MnnvlError",
+    "NoCluster",
     "NotProvisioned",
     "SpecError",
     "VerificationFailed",
@@ -76,6 +77,11 @@ class ClusterUnavailable(MnnvlError):
     """The Kubernetes API cannot be reached, refused us, or lacks a needed CRD."""
 
     exit_code = exit_codes.UNAVAILABLE
+
+
+class NoCluster(ClusterUnavailable):
+    """No cluster configuration could be loaded (none found, or a broken kubeconfig), so no
+    request was sent to any API."""
 
 
 class CrdMissing(ClusterUnavailable):

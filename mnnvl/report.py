@@ -88,7 +88,7 @@ def _threshold_line(result: dict[str, Any]) -> str:
     source = result.get("threshold_source", "none")
     if threshold is None:
         return "threshold: none (bandwidth not judged)"
-    return f"threshold: {threshold:.1f} GB/s ({source})"
+    return f"threshold: {gbps(threshold)} GB/s ({source})"
 
 
 _SOURCES = {
@@ -104,7 +104,7 @@ def headline(result: dict[str, Any]) -> list[str]:
     if not result.get("checks") and result.get("verdict") == FAIL:
         failed = [r for r in result.get("reasons", []) if not r.startswith(("note:", "WARN:"))][:1]
     threshold = result.get("threshold_gbps")
-    busbw = f"busbw {_fmt(result.get('judged_busbw_gbps'))} GB/s"
+    busbw = f"busbw {gbps(result.get('judged_busbw_gbps'))} GB/s"
     if threshold is None:
         against = f"{busbw}, not judged (no threshold)"
     else:
@@ -117,7 +117,7 @@ def headline(result: dict[str, Any]) -> list[str]:
             else _SOURCES.get(source, source)
         )
         margin = result.get("threshold_margin")
-        against = f"{busbw} vs threshold {threshold:.1f} GB/s ({source}: {origin})" + (
+        against = f"{busbw} vs threshold {gbps(threshold)} GB/s ({source}: {origin})" + (
             f", margin {margin:+.1%}" if margin is not None else ""
         )
     return [
@@ -188,8 +188,8 @@ def verify_table(result: dict[str, Any]) -> str:
     lines += [
         "",
         _threshold_line(result),
-        f"judged busbw: {_fmt(result.get('judged_busbw_gbps'))} GB/s, "
-        f"peak {_fmt(result.get('peak_busbw_gbps'))} GB/s, "
+        f"judged busbw: {gbps(result.get('judged_busbw_gbps'))} GB/s, "
+        f"peak {gbps(result.get('peak_busbw_gbps'))} GB/s, "
         f"world size {result.get('world_size')}, backend {result.get('backend')}",
         f"verdict: {result.get('verdict')}",
         *(f"  - {reason}" for reason in result.get("reasons", [])),
@@ -213,8 +213,8 @@ def verify_markdown(result: dict[str, Any]) -> str:
         f"- world size {result.get('world_size')}, backend {result.get('backend')}, "
         f"wall {_fmt(result.get('wall_s'))} s",
         f"- {_threshold_line(result)}",
-        f"- judged busbw {_fmt(result.get('judged_busbw_gbps'))} GB/s, "
-        f"peak {_fmt(result.get('peak_busbw_gbps'))} GB/s",
+        f"- judged busbw {gbps(result.get('judged_busbw_gbps'))} GB/s, "
+        f"peak {gbps(result.get('peak_busbw_gbps'))} GB/s",
         f"- NVLink: {topo.get('active_links', 0)} active links x "
         f"{_fmt(topo.get('link_speed_gbps'), 3)} GB/s (NVLink {_fmt(topo.get('nvlink_version'))}), "
         f"link limit {_fmt(topo.get('link_limit_gbps'))} GB/s",
@@ -263,7 +263,7 @@ def _plot(
     if xlim is not None and xlim[0] < xlim[1]:
         ax.set_xlim(*xlim)  # the swept sizes, also when no line is drawn
     if hline is not None:
-        ax.axhline(hline, color="red", linestyle="--", label=f"threshold {hline:.1f}")
+        ax.axhline(hline, color="red", linestyle="--", label=f"threshold {gbps(hline)}")
     if note:
         text = note.replace("; ", ";\n")
         ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", wrap=True)

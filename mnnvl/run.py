@@ -11,12 +11,13 @@ builds every task's specs before anything is created, then sequences the steps.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from mnnvl import steps
-from mnnvl.errors import MnnvlError, TeardownIncomplete
+from mnnvl.errors import MnnvlError, NoCluster, SpecError, TeardownIncomplete
 from mnnvl.inputs import surface
 from mnnvl.manifests import compute_domain, render_run
 from mnnvl.report import num, verdict_numbers
@@ -94,10 +95,12 @@ def run_all(
     """Run the planned tasks in order; the last one (teardown) runs always, also on signals.
 
     Returns the run id and each task's result dict by task key. Reports of a task go to
-    ``<report_dir>/<task name>`` when ``report_dir`` is set.
+    ``<report_dir>/<task name>`` when ``report_dir`` is set (``report_dir`` in the result).
     """
     *work, last = planned
     out: dict[str, Any] = {"run_id": last.specs[0].run_id}
+    if report_dir:
+        out["report_dir"] = os.path.abspath(report_dir)
     error: BaseException | None = None
     try:
         for item in work:
@@ -106,18 +109,32 @@ def run_all(
         error = e
         raise
     finally:
-        try:
-            out[last.key] = _step_call(last, kubeconfig, report_dir)().to_dict()
-        except MnnvlError as e:
-            if error is None:
-                raise  # the run itself went well: the teardown failure is the result
-            # Raising here would replace the step's error (or the signal) with this one; it
-            # carries what the teardown may have left instead (the CLI reports it last).
-            logger.error("teardown after failure also failed: %s", e)
-            if isinstance(e, TeardownIncomplete):
-                error.leftovers, error.cleanup = e.leftovers, e.cleanup  # type: ignore[attr-defined]
+        if isinstance(error, NoCluster) and not set(out) - {"run_id", "report_dir"}:
+            # The first step found no cluster to talk to: the run created nothing.
+            logger.info("teardown skipped: no cluster was reached, so the run created nothing")
+        else:
+            _teardown_after(last, error, out, kubeconfig)
     _log_summary(out)
     return out
+
+
+def _teardown_after(
+    last: PlannedTask, error: BaseException | None, out: dict[str, Any], kubeconfig: str | None
+) -> None:
+    """The run's teardown; after a failure (``error``) its own failure is logged, not raised."""
+    try:
+        out[last.key] = _step_call(last, kubeconfig, None)().to_dict()
+    except MnnvlError as e:
+        if error is None:
+            raise  # the run itself went well: the teardown failure is the result
+        if isinstance(e, SpecError):  # e.g. the namespace does not exist: nothing is there
+            logger.info("teardown: nothing to delete (%s)", e)
+            return
+        # Raising here would replace the step's error (or the signal) with this one; it
+        # carries what the teardown may have left instead (the CLI reports it last).
+        logger.error("teardown after failure also failed: %s", e)
+        if isinstance(e, TeardownIncomplete):
+            error.leftovers, error.cleanup = e.leftovers, e.cleanup  # type: ignore[attr-defined]
 
 
 def _log_summary(out: dict[str, Any]) -> None:
@@ -140,6 +157,8 @@ def _log_summary(out: dict[str, Any]) -> None:
         "teardown",
         len((out.get("teardown") or {}).get("deleted", [])),
     )
+    if "report_dir" in out:
+        logger.info("  %-12s %s/<task>", "reports", out["report_dir"])
     last_verify = out.get("verify_post") or out.get("verify_pre")
     if last_verify:
         from mnnvl.report import verify_table

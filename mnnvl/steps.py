@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,15 +22,19 @@ from mnnvl.driver import (
     Deletions,
     Verdict,
     delete_domain,
+    delete_step_jobs,
     delete_workload,
     ensure_domain,
     launcher_owner,
     reap_namespace,
     refuse_forced_single,
+    refused_namespace,
+    require_namespace,
     run_job,
     skip_foreign_namesakes,
     wait_for_channel_template,
 )
+from mnnvl.driver.errors import Refused
 from mnnvl.driver.inspect import run_status
 from mnnvl.driver.preflight import check_cluster, table
 from mnnvl.driver.preflight import failure as preflight_failure
@@ -85,6 +89,9 @@ class LaunchResult(Result):
     elapsed_s: float
     exit_code: int = 0
     restarts: list[dict[str, Any]] = field(default_factory=list)  # gang restarts, in order
+    # The step's Job as this step found it, "complete since <time> (created <time>)" when it
+    # had run before with the same inputs (its result is that run's); "" when created now.
+    adopted: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ class TrainResult(Result):
     restarts: int = 0  # gang restarts from the last checkpoint (mnnvl.driver.gang)
     steps_lost: int = 0  # steps rank 0 had logged past the checkpoints resumed from
     recovery_s: float | None = None  # failure to resumed training, the last restart
+    adopted: str = ""  # as LaunchResult.adopted
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class VerifyResult(Result):
     report_files: dict[str, str]
     raw: dict[str, Any]
     elapsed_s: float
+    adopted: str = ""  # as LaunchResult.adopted
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,19 @@ def _since(start: float) -> float:
     return round(time.monotonic() - start, 3)
 
 
+@contextmanager
+def _namespace_checked(namespace: str, touched: Callable[[], list[str]]) -> Iterator[None]:
+    """A teardown or reap in a namespace that does not exist is bad input naming it (exit 2),
+    not an unreachable cluster (exit 5): with the shipped Role (namespaced) its first list
+    there is refused. ``touched``: what was deleted or skipped so far (then it is no typo)."""
+    try:
+        yield
+    except Refused as e:
+        if touched() or not str(e).startswith("list "):
+            raise
+        raise refused_namespace(namespace, e) from e
+
+
 def provision(
     spec: DomainSpec, *, kubeconfig: str | None = None, owner_pod: bool = False
 ) -> ProvisionResult:
@@ -213,6 +235,16 @@ def launch(
     start = time.monotonic()
     with _api(kubeconfig, workload.api_outage_s) as api:
         outcome = run_job(api, workload, module, args)
+    if outcome.adopted.startswith("complete"):
+        again = "; `mnnvl verify --measure-again` measures again" if module == VERIFY_MODULE else ""
+        logger.warning(
+            "Job %s/%s already ran with these inputs (%s): its result is returned again, "
+            "nothing ran now%s",
+            workload.namespace,
+            outcome.job,
+            outcome.adopted,
+            again,
+        )
     return LaunchResult(
         job=outcome.job,
         pods=outcome.pods,
@@ -220,6 +252,7 @@ def launch(
         log_tail=outcome.log_tail,
         elapsed_s=_since(start),
         restarts=outcome.restarts,
+        adopted=outcome.adopted,
     )
 
 
@@ -288,6 +321,7 @@ def train(
         restarts=len(launched.restarts),
         steps_lost=sum(r["steps_lost"] or 0 for r in launched.restarts),
         recovery_s=launched.restarts[-1]["recovery_s"] if launched.restarts else None,
+        adopted=launched.adopted,
     )
 
 
@@ -298,14 +332,24 @@ def verify(
     kubeconfig: str | None = None,
     report_dir: str | None = None,
     fail_on_fail: bool = True,
+    measure_again: bool = False,
 ) -> VerifyResult:
     """NVLink/NCCL verification on the domain's nodes.
 
     Raises ``VerificationFailed`` (when ``fail_on_fail``) on FAIL, and on NOT_JUDGED unless
-    ``config.allow_unjudged``: a verification that judged no bandwidth is no PASS.
+    ``config.allow_unjudged``: a verification that judged no bandwidth is no PASS. Run again
+    with the same inputs it returns the earlier Job's verdict (``adopted`` says from when);
+    ``measure_again`` deletes that Job first (its pods gone) and measures anew, on the same
+    domain, with these inputs.
     """
     start = time.monotonic()
     verify_workload = step_workload(workload, "verify")
+    if measure_again:
+        with _api(kubeconfig, workload.api_outage_s) as api:
+            deadline = Deadline(workload.pods_running_timeout_s)
+            args = to_args(config)
+            removed = delete_step_jobs(api, verify_workload, VERIFY_MODULE, args, deadline)
+        logger.info("verify: measuring again (deleted %s)", ", ".join(removed) or "nothing")
     if report_dir:
         from mnnvl.report import preload_plotting
 
@@ -340,6 +384,7 @@ def verify(
         report_files=files,
         raw=raw,
         elapsed_s=_since(start),
+        adopted=launched.adopted,
     )
     logger.info(
         "verify %s: %s (%s; %s)", launched.job, result.verdict, verdict_numbers(raw), nccl_line(raw)
@@ -370,10 +415,13 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
     # API outages are ridden out like in every step, but never past the teardown's deadline.
     outage_s = min(spec.api_outage_s, spec.delete_timeout_s)
     try:
-        with _api(kubeconfig, outage_s) as api:
+        touched = lambda: gone.deleted + gone.skipped  # noqa: E731
+        with _api(kubeconfig, outage_s) as api, _namespace_checked(spec.namespace, touched):
             delete_workload(api, spec.namespace, gone, deadline)
             skip_foreign_namesakes(api, spec.namespace, gone)
             delete_domain(api, spec.namespace, names.domain, deadline, gone)
+            if not touched():  # an empty namespace, or one that does not exist?
+                require_namespace(api, spec.namespace)
     except (ClusterUnavailable, WaitTimeout) as e:
         raise gone.incomplete(spec.namespace, e) from e
     message = f"deleted {len(gone.deleted)} objects of run {spec.run_id}"
@@ -413,8 +461,10 @@ def reap(
     verdict = Verdict(live_run_ids=live, all_dead=all_dead, older_than_s=older_than_s)
     ns = resolve_namespace(namespace or "")
     check_dns_label("namespace", ns)
-    with _api(kubeconfig) as api:
+    with _api(kubeconfig) as api, _namespace_checked(ns, list):
         out = reap_namespace(api, ns, verdict, timeout_s=timeout_s, dry_run=dry_run)
+        if not out.runs:
+            require_namespace(api, ns)
     return ReapResult(
         namespace=ns,
         runs=out.runs,

@@ -11,7 +11,8 @@ launch) only when their pod was lost, and their retry adopts the step's Job; the
 carry an ``activeDeadlineSeconds``.
 
 Workflow parameters that exist only on Argo (``ARGO_ONLY``): the launcher pods' service
-account and image, and the launcher pods' deadlines.
+account (``launcher-service-account``; the workers' is ``worker-service-account``) and image,
+and the launcher pods' deadlines.
 
 Every WorkflowTemplate carries the launcher pods' pod-level settings (``workflow_settings``:
 non-root uid, seccomp, the ``/tmp`` volume), deletes succeeded pods at once (``podGC``; failed
@@ -42,10 +43,16 @@ ENTRYPOINT = "main"
 EXIT_HANDLER = "exit-handler"
 DEFAULT_SERVICE_ACCOUNT = lp.SERVICE_ACCOUNT
 WORKFLOW_TEMPLATES = (*surface.PIPELINES, LAUNCH_TEMPLATE_NAME)
+# Formerly `service-account`: renamed, as it names the launcher's account, not the workers'.
+LAUNCHER_SERVICE_ACCOUNT = "launcher-service-account"
 
 # Workflow parameters with no KFP twin, and why.
 ARGO_ONLY: dict[str, tuple[str, str]] = {
-    "service-account": (DEFAULT_SERVICE_ACCOUNT, "service account of the launcher pods"),
+    LAUNCHER_SERVICE_ACCOUNT: (
+        DEFAULT_SERVICE_ACCOUNT,
+        "service account of the launcher (step) pods, which holds the mnnvl-runner Role; the "
+        "worker pods' is worker-service-account",
+    ),
     t.LAUNCHER_IMAGE_INPUT: (DEFAULT_LAUNCHER_IMAGE, "image of the launcher (step) pods"),
     **{
         f"{step}-deadline-s": (seconds, f"activeDeadlineSeconds of each {step} launcher pod")
@@ -75,7 +82,7 @@ def _wf(name: str) -> str:
 def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
     """The pipeline's parameters (kebab-case), then the Argo-only ones its steps use."""
     params = [
-        Parameter(name=p.kebab, value=p.text(), description=p.help, enum=t.parameter(p).enum)
+        Parameter(name=p.kebab, value=p.text(), description=p.description, enum=t.parameter(p).enum)
         for p in plan.parameters()
     ]
     steps = {task.step for task in plan.tasks}
@@ -137,7 +144,7 @@ def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
         annotations={"workflows.argoproj.io/description": plan.description},
         entrypoint=ENTRYPOINT,
         on_exit=EXIT_HANDLER,
-        service_account_name=_wf("service-account"),
+        service_account_name=_wf(LAUNCHER_SERVICE_ACCOUNT),
         arguments=workflow_parameters(plan),
         **workflow_settings(),
     ) as wt:

@@ -158,7 +158,9 @@ def build_pipeline(name: str) -> Callable[..., None]:
         _wire(plan, dict(bound.arguments))
 
     pipeline.__name__ = name.replace("-", "_")
-    pipeline.__doc__ = plan.description
+    # KFP reads each parameter's description from the docstring's Args (the form shows it).
+    args = "\n".join(f"    {p.name}: {p.description}." for p in plan.parameters())
+    pipeline.__doc__ = f"{plan.description}\n\nArgs:\n{args}\n"
     pipeline.__signature__ = signature  # type: ignore[attr-defined]
     pipeline.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
     result: Callable[..., None] = dsl.pipeline(

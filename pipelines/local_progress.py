@@ -20,7 +20,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STARTED = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
 _PIPELINE = re.compile(r"Pipeline '([^']+)' finished with status (\w+)")
-# The last line of a task's traceback, e.g. "mnnvl.errors.VerificationFailed: ...".
+# A step's own one-line failure (``mnnvl.components.bodies.one_line``), as KFP's executor logs it.
+_FAILED = re.compile(r"ERROR\]: \w+ failed: (.+)$")
+# The last line of a task's traceback, e.g. "ValueError: ...".
 _ERROR = re.compile(
     r"^\s*((?:[\w]+\.)*\w*(?:Error|Exception|Failed|Timeout|Missing|Unavailable)): (.+)$"
 )
@@ -83,6 +85,8 @@ class KfpLogTap(io.TextIOBase):
             self._stage("%s: %s", stage, m.group(2))
             if m.group(2) != "SUCCESS" and stage in self.task_errors:
                 self._stage("%s: %s", stage, self.task_errors[stage])
+        elif self._task and (m := _FAILED.search(line)):
+            self.task_errors[self._task] = m.group(1)
         elif self._task and (m := _ERROR.match(line)):
             self.task_errors[self._task] = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"
         elif m := _PIPELINE.search(line):

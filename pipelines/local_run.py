@@ -173,7 +173,10 @@ def run_pipeline(
     wall_s = time.monotonic() - start
     new_dirs = sorted(set(pipeline_root.glob(f"{name}-*")) - before)
     run_dir = new_dirs[-1] if new_dirs else None
-    results, reports = collect_outputs(run_dir, out / "reports")
+    # Each pipeline's reports apart, and only this run's: no earlier run's beside them.
+    reports_dir = out / "reports" / name
+    shutil.rmtree(reports_dir, ignore_errors=True)
+    results, reports = collect_outputs(run_dir, reports_dir)
     return RunOutcome(not error, error, wall_s, run_dir, results, reports, dict(tap.task_errors))
 
 

@@ -14,7 +14,13 @@ staging="$(mktemp -d)"
 trap 'rm -rf "$staging"' EXIT
 fetch() {
   local to="$staging/${2#"$dir"/}"
-  mkdir -p "$(dirname "$to")"; echo "fetch $1"; curl -fsSL --retry 3 -o "$to" "$1"
+  mkdir -p "$(dirname "$to")"; echo "fetch $1"
+  curl -fsSL --retry 3 -o "$to" "$1" || {
+    echo "scripts/fetch-schemas.sh: cannot download $1 (offline, or a proxy in the way)." \
+      "Run scripts/fetch-schemas.sh DIR where the network is, copy DIR here and give it as" \
+      "MNNVL_SCHEMA_DIR (make test MNNVL_SCHEMA_DIR=DIR)." >&2
+    exit 1
+  }
 }
 
 for crd in computedomains computedomaincliques; do

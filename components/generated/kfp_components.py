@@ -45,20 +45,29 @@ def preflight_cluster(
         result: JSON of the step's result.
         ctrf: the verdict (or the checks) as a CTRF test report (ctrf.io).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
+            Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it).
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
-        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
+            number from 1 to 99.
+        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
+            number from 0 to 8.
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-        gpu_device_class: DeviceClass for gpu_mode claim.
+            Valid: one of auto, limits, claim.
+        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
+            DNS subdomain).
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
+            LocalQueue name of the namespace.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
+            Valid: a number from 0 to 86400.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -79,10 +88,14 @@ def provision_domain(
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
-        allocation_mode: IMEX channels per pod: Single (channel0) or All.
-        rct_timeout_s: wait for the DRA controller's channel claim template, s.
+            Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
+        allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
+            All.
+        rct_timeout_s: wait for the DRA controller's channel claim template, s. Valid: a number
+            from 0.1 to 86400.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
+            Valid: a number from 0 to 86400.
 
     Returns:
         The ComputeDomain name.
@@ -159,78 +172,109 @@ def train_sharded(
         report: HTML report.
         result: JSON of the step's result.
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
+            Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it).
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
-        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
-        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
+            number from 1 to 99.
+        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
+            number from 0 to 8.
+        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
+            reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-        gpu_device_class: DeviceClass for gpu_mode claim.
+            Valid: one of auto, limits, claim.
+        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
+            DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label).
+            (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-        nccl_profile: production, verify-strict or single-host (README).
-        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
-        service_account: service account of the worker pods ('' = namespace default).
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
+        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
+            list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
+            65535.
+        service_account: service account of the worker pods ('' = namespace default). Valid: ''
+            or a ServiceAccount name of the namespace.
         pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it).
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
-        priority_class: PriorityClass of the worker pods.
-        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline.
+        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
+        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
+        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
+        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
+            LocalQueue name of the namespace.
         topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique.
+            clique. Valid: true or false.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit.
+            no limit. Valid: a number from 0 to 2592000.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
+        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
+            512Mi or 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes.
+            minutes. Valid: a number from 1 to 86400.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
             another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s.
-        job_timeout_s: deadline for the Job to complete, s (activeDeadline).
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
+            fails, s. Valid: a number from 0 to 86400.
+        job_timeout_s: deadline for the Job to complete, s (activeDeadline). Valid: a number
+            from 1 to 604800.
+        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
+            to 2592000.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
             fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index.
-        image_pull_policy: Always, IfNotPresent or Never.
+            index. Valid: a whole number from 0 to 100.
+        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-        model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
-        steps: optimizer steps in total, across resumes.
-        seq_len: sequence length; 0 = the preset's.
-        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2).
-        lr: peak learning rate.
-        warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
-        min_lr_ratio: final learning rate as a fraction of the peak.
-        weight_decay: AdamW weight decay.
-        grad_clip: gradient norm clip; 0 = off.
-        dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32.
+            Valid: a number from 0 to 86400.
+        model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b. Valid: one of tiny, small,
+            125m, 350m, 1b, 3b, 8b.
+        steps: optimizer steps in total, across resumes. Valid: a whole number from 1 to
+            10000000.
+        seq_len: sequence length; 0 = the preset's. Valid: a whole number from 0 to 131072.
+        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2). Valid:
+            a whole number from 0 to 4096.
+        lr: peak learning rate. Valid: a number from 1e-08 to 1.
+        warmup_steps: linear warm-up steps before the cosine decay (capped at steps). Valid: a
+            whole number from 0 to 10000000.
+        min_lr_ratio: final learning rate as a fraction of the peak. Valid: a number from 0 to
+            1.
+        weight_decay: AdamW weight decay. Valid: a number from 0 to 10.
+        grad_clip: gradient norm clip; 0 = off. Valid: a number from 0 to 1000000.
+        dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32. Valid: one of auto, bf16, fp32.
         compile: torch.compile each block: true, false, or auto = on GPUs for the 125m preset
-            and larger (never on CPU).
+            and larger (never on CPU). Valid: one of auto, true, false.
         activation_checkpointing: recompute blocks' activations in the backward pass: auto,
             none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
-            every-2, else none).
+            every-2, else none). Valid: auto, none, full or every-N with N from 1 to 9999.
         reshard_after_forward: FSDP frees each block's gathered weights after forward (true) or
             keeps them for backward (false: one all-gather less, more memory); auto = the preset's
-            (8b: false).
-        data: synthetic, or a token file under a --pvc mount (.bin).
-        seed: random seed for weights and synthetic data.
-        checkpoint_dir: checkpoint directory under a --pvc mount; a rerun resumes.
-        checkpoint_every: steps between checkpoints; 0 = only at the end.
-        allow_local_checkpoint: accept checkpoint_dir/data outside a --pvc mount (single-node
-            runs only).
-        log_every: steps between logged metrics.
+            (8b: false). Valid: one of auto, true, false.
+        data: synthetic, or a token file under a pvc mount (.bin). Valid: synthetic, or an
+            absolute path under a pvc mount.
+        seed: random seed for weights and synthetic data. Valid: a whole number from 0 to
+            2147483647.
+        checkpoint_dir: checkpoint directory under a pvc mount; a rerun resumes. Valid: '' or an
+            absolute path under a pvc mount.
+        checkpoint_every: steps between checkpoints; 0 = only at the end. Valid: a whole number
+            from 0 to 10000000.
+        allow_local_checkpoint: accept checkpoint_dir/data outside a pvc mount (single-node runs
+            only). Valid: true or false.
+        log_every: steps between logged metrics. Valid: a whole number from 1 to 10000000.
         collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600.
+            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
         stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60.
+            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -300,69 +344,98 @@ def verify_nvlink(
         result: JSON of the step's result.
         ctrf: the verdict (or the checks) as a CTRF test report (ctrf.io).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
+            Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it).
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
-        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
-        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
+            number from 1 to 99.
+        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
+            number from 0 to 8.
+        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
+            reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-        gpu_device_class: DeviceClass for gpu_mode claim.
+            Valid: one of auto, limits, claim.
+        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
+            DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label).
+            (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-        nccl_profile: production, verify-strict or single-host (README).
-        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
-        service_account: service account of the worker pods ('' = namespace default).
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
+        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
+            list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
+            65535.
+        service_account: service account of the worker pods ('' = namespace default). Valid: ''
+            or a ServiceAccount name of the namespace.
         pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it).
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
-        priority_class: PriorityClass of the worker pods.
-        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline.
+        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
+        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
+        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
+        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
+            LocalQueue name of the namespace.
         topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique.
+            clique. Valid: true or false.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit.
+            no limit. Valid: a number from 0 to 2592000.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
+        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
+            512Mi or 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes.
+            minutes. Valid: a number from 1 to 86400.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
             another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s.
-        job_timeout_s: deadline for the Job to complete, s (activeDeadline).
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
+            fails, s. Valid: a number from 0 to 86400.
+        job_timeout_s: deadline for the Job to complete, s (activeDeadline). Valid: a number
+            from 1 to 604800.
+        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
+            to 2592000.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
             fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index.
-        image_pull_policy: Always, IfNotPresent or Never.
+            index. Valid: a whole number from 0 to 100.
+        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-        min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
-        max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
-        iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
-        warmup_iters: untimed all-reduces before each size; 0 = automatic.
+            Valid: a number from 0 to 86400.
+        min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU. Valid: a
+            whole number from 0 to 68719476736.
+        max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU. Valid: a
+            whole number from 0 to 68719476736.
+        iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent). Valid: a
+            whole number from 0 to 100000.
+        warmup_iters: untimed all-reduces before each size; 0 = automatic. Valid: a whole number
+            from 0 to 100000.
         min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
-            x efficiency.
+            x efficiency. Valid: a number from 0 to 100000.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
-            = not judged.
-        efficiency: fraction of the NVLink limit a derived threshold asks for.
-        judge_min_bytes: sizes from this one up are judged against the threshold.
+            = not judged. Valid: a number from 0 to 100000.
+        efficiency: fraction of the NVLink limit a derived threshold asks for. Valid: a number
+            from 0.01 to 1.
+        judge_min_bytes: sizes from this one up are judged against the threshold. Valid: a whole
+            number from 1 to 68719476736.
         fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
-            IN_PROGRESS), s.
-        cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
+            IN_PROGRESS), s. Valid: a number from 0 to 3600.
+        cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls. Valid: true or
+            false.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
-            success.
+            success. Valid: true or false.
         collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600.
+            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
         stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60.
+            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -417,52 +490,76 @@ def launch_workload(
         metrics: numbers from the step's result.
         result: JSON of the step's result.
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
+            Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
         purpose: Job name suffix: train, verify-pre, verify-post, verify or job.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it).
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
-        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
-        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
+            number from 1 to 99.
+        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
+            number from 0 to 8.
+        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
+            reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-        gpu_device_class: DeviceClass for gpu_mode claim.
+            Valid: one of auto, limits, claim.
+        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
+            DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label).
+            (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-        nccl_profile: production, verify-strict or single-host (README).
-        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
-        service_account: service account of the worker pods ('' = namespace default).
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
+        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
+            list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
+            65535.
+        service_account: service account of the worker pods ('' = namespace default). Valid: ''
+            or a ServiceAccount name of the namespace.
         pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it).
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
-        priority_class: PriorityClass of the worker pods.
-        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline.
+        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
+        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
+        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
+        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
+            LocalQueue name of the namespace.
         topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique.
+            clique. Valid: true or false.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit.
+            no limit. Valid: a number from 0 to 2592000.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
+        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
+            512Mi or 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes.
+            minutes. Valid: a number from 1 to 86400.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
             another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s.
-        job_timeout_s: deadline for the Job to complete, s (activeDeadline).
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
+            fails, s. Valid: a number from 0 to 86400.
+        job_timeout_s: deadline for the Job to complete, s (activeDeadline). Valid: a number
+            from 1 to 604800.
+        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
+            to 2592000.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
             fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index.
-        image_pull_policy: Always, IfNotPresent or Never.
+            index. Valid: a whole number from 0 to 100.
+        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
+            Valid: a number from 0 to 86400.
         module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
+            Valid: '' or a Python module name such as pkg.entry.
         command: with a module: its arguments; without: the program and its arguments (a list).
+            Valid: a list of strings, e.g. ["python3", "train.py", "--steps", "100"].
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -482,9 +579,12 @@ def teardown_domain(
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
-        delete_timeout_s: wait until each deleted object is gone (GET 404), s.
+            Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
+        delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a number
+            from 0.1 to 86400.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
+            Valid: a number from 0 to 86400.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -568,97 +668,142 @@ def provision_training(
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
-        allocation_mode: IMEX channels per pod: Single (channel0) or All.
-        rct_timeout_s: wait for the DRA controller's channel claim template, s.
+            Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
+        allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
+            All.
+        rct_timeout_s: wait for the DRA controller's channel claim template, s. Valid: a number
+            from 0.1 to 86400.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
+            Valid: a number from 0 to 86400.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it).
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
-        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
-        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
+            number from 1 to 99.
+        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
+            number from 0 to 8.
+        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
+            reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-        gpu_device_class: DeviceClass for gpu_mode claim.
+            Valid: one of auto, limits, claim.
+        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
+            DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label).
+            (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-        nccl_profile: production, verify-strict or single-host (README).
-        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
+        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
+            list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
+            65535.
         worker_service_account: service account of the worker pods ('' = namespace default).
+            Valid: '' or a ServiceAccount name of the namespace.
         pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it).
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
-        priority_class: PriorityClass of the worker pods.
-        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline.
+        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
+        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
+        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
+        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
+            LocalQueue name of the namespace.
         topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique.
+            clique. Valid: true or false.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit.
+            no limit. Valid: a number from 0 to 2592000.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
+        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
+            512Mi or 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes.
+            minutes. Valid: a number from 1 to 86400.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
             another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s.
-        verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
+            fails, s. Valid: a number from 0 to 86400.
+        verify_timeout_s: verify step: deadline for the Job to complete, s (activeDeadline).
+            Valid: a number from 1 to 604800.
+        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
+            to 2592000.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
             fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index.
-        image_pull_policy: Always, IfNotPresent or Never.
-        verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
-        verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
-        verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
-        verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
+            index. Valid: a whole number from 0 to 100.
+        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
+        verify_min_bytes: verify step: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1
+            KiB on CPU. Valid: a whole number from 0 to 68719476736.
+        verify_max_bytes: verify step: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB
+            on CPU. Valid: a whole number from 0 to 68719476736.
+        verify_iters: verify step: timed all-reduces per size; 0 = adaptive (mean known within 1
+            percent). Valid: a whole number from 0 to 100000.
+        verify_warmup_iters: verify step: untimed all-reduces before each size; 0 = automatic.
+            Valid: a whole number from 0 to 100000.
         min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
-            x efficiency.
+            x efficiency. Valid: a number from 0 to 100000.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
-            = not judged.
-        efficiency: fraction of the NVLink limit a derived threshold asks for.
-        verify_judge_min_bytes: sizes from this one up are judged against the threshold.
+            = not judged. Valid: a number from 0 to 100000.
+        efficiency: fraction of the NVLink limit a derived threshold asks for. Valid: a number
+            from 0.01 to 1.
+        verify_judge_min_bytes: verify step: sizes from this one up are judged against the
+            threshold. Valid: a whole number from 1 to 68719476736.
         fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
-            IN_PROGRESS), s.
-        verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
+            IN_PROGRESS), s. Valid: a number from 0 to 3600.
+        verify_cuda_graphs: verify step: also time small sizes as CUDA graphs and direct NCCL
+            calls. Valid: true or false.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
-            success.
+            success. Valid: true or false.
         collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600.
+            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
         stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60.
-        train_timeout_s: deadline for the Job to complete, s (activeDeadline).
-        model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b.
-        steps: optimizer steps in total, across resumes.
-        seq_len: sequence length; 0 = the preset's.
-        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2).
-        lr: peak learning rate.
-        warmup_steps: linear warm-up steps before the cosine decay (capped at steps).
-        min_lr_ratio: final learning rate as a fraction of the peak.
-        weight_decay: AdamW weight decay.
-        grad_clip: gradient norm clip; 0 = off.
-        dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32.
+            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+        train_timeout_s: train step: deadline for the Job to complete, s (activeDeadline).
+            Valid: a number from 1 to 604800.
+        model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b (here 1b; the step's own is
+            tiny: the shipped pipeline runs on GPU clusters; the CLI's default is a smoke test).
+            Valid: one of tiny, small, 125m, 350m, 1b, 3b, 8b.
+        steps: optimizer steps in total, across resumes (here 100; the step's own is 20: the
+            shipped pipeline runs on GPU clusters; the CLI's default is a smoke test). Valid: a
+            whole number from 1 to 10000000.
+        seq_len: sequence length; 0 = the preset's. Valid: a whole number from 0 to 131072.
+        batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2) (here
+            4; the step's own is 0: the shipped pipeline runs on GPU clusters; the CLI's default is
+            a smoke test). Valid: a whole number from 0 to 4096.
+        lr: peak learning rate. Valid: a number from 1e-08 to 1.
+        warmup_steps: linear warm-up steps before the cosine decay (capped at steps). Valid: a
+            whole number from 0 to 10000000.
+        min_lr_ratio: final learning rate as a fraction of the peak. Valid: a number from 0 to
+            1.
+        weight_decay: AdamW weight decay. Valid: a number from 0 to 10.
+        grad_clip: gradient norm clip; 0 = off. Valid: a number from 0 to 1000000.
+        dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32. Valid: one of auto, bf16, fp32.
         compile: torch.compile each block: true, false, or auto = on GPUs for the 125m preset
-            and larger (never on CPU).
+            and larger (never on CPU). Valid: one of auto, true, false.
         activation_checkpointing: recompute blocks' activations in the backward pass: auto,
             none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
-            every-2, else none).
+            every-2, else none). Valid: auto, none, full or every-N with N from 1 to 9999.
         reshard_after_forward: FSDP frees each block's gathered weights after forward (true) or
             keeps them for backward (false: one all-gather less, more memory); auto = the preset's
-            (8b: false).
-        data: synthetic, or a token file under a --pvc mount (.bin).
-        seed: random seed for weights and synthetic data.
-        checkpoint_dir: checkpoint directory under a --pvc mount; a rerun resumes.
-        checkpoint_every: steps between checkpoints; 0 = only at the end.
-        allow_local_checkpoint: accept checkpoint_dir/data outside a --pvc mount (single-node
-            runs only).
-        log_every: steps between logged metrics.
-        delete_timeout_s: wait until each deleted object is gone (GET 404), s.
+            (8b: false). Valid: one of auto, true, false.
+        data: synthetic, or a token file under a pvc mount (.bin). Valid: synthetic, or an
+            absolute path under a pvc mount.
+        seed: random seed for weights and synthetic data. Valid: a whole number from 0 to
+            2147483647.
+        checkpoint_dir: checkpoint directory under a pvc mount; a rerun resumes. Valid: '' or an
+            absolute path under a pvc mount.
+        checkpoint_every: steps between checkpoints; 0 = only at the end. Valid: a whole number
+            from 0 to 10000000.
+        allow_local_checkpoint: accept checkpoint_dir/data outside a pvc mount (single-node runs
+            only). Valid: true or false.
+        log_every: steps between logged metrics. Valid: a whole number from 1 to 10000000.
+        delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a number
+            from 0.1 to 86400.
 
     Returns:
         The ComputeDomain name.
@@ -725,71 +870,103 @@ def provision_verify_only(
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
-        allocation_mode: IMEX channels per pod: Single (channel0) or All.
-        rct_timeout_s: wait for the DRA controller's channel claim template, s.
+            Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
+        allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
+            All.
+        rct_timeout_s: wait for the DRA controller's channel claim template, s. Valid: a number
+            from 0.1 to 86400.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
+            Valid: a number from 0 to 86400.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it).
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
-        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
-        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
+            number from 1 to 99.
+        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
+            number from 0 to 8.
+        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
+            reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-        gpu_device_class: DeviceClass for gpu_mode claim.
+            Valid: one of auto, limits, claim.
+        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
+            DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label).
+            (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-        nccl_profile: production, verify-strict or single-host (README).
-        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
-        worker_service_account: service account of the worker pods ('' = namespace default).
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
+        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
+            list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
+            65535.
+        worker_service_account: verify step: service account of the worker pods ('' = namespace
+            default). Valid: '' or a ServiceAccount name of the namespace.
         pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it).
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
-        priority_class: PriorityClass of the worker pods.
-        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline.
+        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
+        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
+        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
+        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
+            LocalQueue name of the namespace.
         topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique.
+            clique. Valid: true or false.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit.
+            no limit. Valid: a number from 0 to 2592000.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
+        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
+            512Mi or 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes.
+            minutes. Valid: a number from 1 to 86400.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
             another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s.
-        verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
+            fails, s. Valid: a number from 0 to 86400.
+        verify_timeout_s: verify step: deadline for the Job to complete, s (activeDeadline).
+            Valid: a number from 1 to 604800.
+        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
+            to 2592000.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
             fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index.
-        image_pull_policy: Always, IfNotPresent or Never.
-        verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
-        verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
-        verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
-        verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
+            index. Valid: a whole number from 0 to 100.
+        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
+        verify_min_bytes: verify step: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1
+            KiB on CPU. Valid: a whole number from 0 to 68719476736.
+        verify_max_bytes: verify step: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB
+            on CPU. Valid: a whole number from 0 to 68719476736.
+        verify_iters: verify step: timed all-reduces per size; 0 = adaptive (mean known within 1
+            percent). Valid: a whole number from 0 to 100000.
+        verify_warmup_iters: verify step: untimed all-reduces before each size; 0 = automatic.
+            Valid: a whole number from 0 to 100000.
         min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
-            x efficiency.
+            x efficiency. Valid: a number from 0 to 100000.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
-            = not judged.
-        efficiency: fraction of the NVLink limit a derived threshold asks for.
-        verify_judge_min_bytes: sizes from this one up are judged against the threshold.
+            = not judged. Valid: a number from 0 to 100000.
+        efficiency: fraction of the NVLink limit a derived threshold asks for. Valid: a number
+            from 0.01 to 1.
+        verify_judge_min_bytes: verify step: sizes from this one up are judged against the
+            threshold. Valid: a whole number from 1 to 68719476736.
         fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
-            IN_PROGRESS), s.
-        verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
+            IN_PROGRESS), s. Valid: a number from 0 to 3600.
+        verify_cuda_graphs: verify step: also time small sizes as CUDA graphs and direct NCCL
+            calls. Valid: true or false.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
-            success.
+            success. Valid: true or false.
         collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600.
+            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
         stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60.
-        delete_timeout_s: wait until each deleted object is gone (GET 404), s.
+            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+        delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a number
+            from 0.1 to 86400.
 
     Returns:
         The ComputeDomain name.
@@ -859,74 +1036,109 @@ def provision_custom(
     Args:
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
-        allocation_mode: IMEX channels per pod: Single (channel0) or All.
-        rct_timeout_s: wait for the DRA controller's channel claim template, s.
+            Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
+        allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
+            All.
+        rct_timeout_s: wait for the DRA controller's channel claim template, s. Valid: a number
+            from 0.1 to 86400.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
             is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
+            Valid: a number from 0 to 86400.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
-            of it).
+            of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
+            nodes_per_clique.
         nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18).
-        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo).
-        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train).
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes.
+        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
+            number from 1 to 99.
+        gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
+            number from 0 to 8.
+        image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
+            reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
         gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
             limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-        gpu_device_class: DeviceClass for gpu_mode claim.
+            Valid: one of auto, limits, claim.
+        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
+            DNS subdomain).
         clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label).
+            (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-        nccl_profile: production, verify-strict or single-host (README).
-        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =).
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT).
+        nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
+            profiles). Valid: one of production, verify-strict, single-host.
+        env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
+            list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
+        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
+            65535.
         worker_service_account: service account of the worker pods ('' = namespace default).
+            Valid: '' or a ServiceAccount name of the namespace.
         pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it).
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable).
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable).
-        priority_class: PriorityClass of the worker pods.
-        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name.
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline.
+        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
+        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
+            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
+        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
+        queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
+            LocalQueue name of the namespace.
         topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique.
+            clique. Valid: true or false.
         admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit.
+            no limit. Valid: a number from 0 to 2592000.
         pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
+        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
+            512Mi or 16Gi.
         pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes.
+            minutes. Valid: a number from 1 to 86400.
         unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
             another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s.
-        verify_timeout_s: deadline for the Job to complete, s (activeDeadline).
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job.
+            fails, s. Valid: a number from 0 to 86400.
+        verify_timeout_s: verify step: deadline for the Job to complete, s (activeDeadline).
+            Valid: a number from 1 to 604800.
+        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
+            to 2592000.
         max_restarts: gang restarts of every rank (from the last checkpoint) before the step
             fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index.
-        image_pull_policy: Always, IfNotPresent or Never.
-        verify_min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU.
-        verify_max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU.
-        verify_iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent).
-        verify_warmup_iters: untimed all-reduces before each size; 0 = automatic.
+            index. Valid: a whole number from 0 to 100.
+        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
+        verify_min_bytes: verify step: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1
+            KiB on CPU. Valid: a whole number from 0 to 68719476736.
+        verify_max_bytes: verify step: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB
+            on CPU. Valid: a whole number from 0 to 68719476736.
+        verify_iters: verify step: timed all-reduces per size; 0 = adaptive (mean known within 1
+            percent). Valid: a whole number from 0 to 100000.
+        verify_warmup_iters: verify step: untimed all-reduces before each size; 0 = automatic.
+            Valid: a whole number from 0 to 100000.
         min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
-            x efficiency.
+            x efficiency. Valid: a number from 0 to 100000.
         min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
-            = not judged.
-        efficiency: fraction of the NVLink limit a derived threshold asks for.
-        verify_judge_min_bytes: sizes from this one up are judged against the threshold.
+            = not judged. Valid: a number from 0 to 100000.
+        efficiency: fraction of the NVLink limit a derived threshold asks for. Valid: a number
+            from 0.01 to 1.
+        verify_judge_min_bytes: verify step: sizes from this one up are judged against the
+            threshold. Valid: a whole number from 1 to 68719476736.
         fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
-            IN_PROGRESS), s.
-        verify_cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls.
+            IN_PROGRESS), s. Valid: a number from 0 to 3600.
+        verify_cuda_graphs: verify step: also time small sizes as CUDA graphs and direct NCCL
+            calls. Valid: true or false.
         allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
-            success.
+            success. Valid: true or false.
         collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600.
+            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
         stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60.
-        launch_timeout_s: deadline for the Job to complete, s (activeDeadline).
+            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+        launch_timeout_s: launch step: deadline for the Job to complete, s (activeDeadline).
+            Valid: a number from 1 to 604800.
         module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
+            Valid: '' or a Python module name such as pkg.entry.
         command: with a module: its arguments; without: the program and its arguments (a list).
-        delete_timeout_s: wait until each deleted object is gone (GET 404), s.
+            Valid: a list of strings, e.g. ["python3", "train.py", "--steps", "100"].
+        delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a number
+            from 0.1 to 86400.
 
     Returns:
         The ComputeDomain name.

@@ -79,9 +79,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "print the bus-bandwidth baseline table",
         "Print the all-reduce busbw baselines verify judges against when no --min-busbw-gbps "
         "is given (GPU model, GPUs per node, nodes, platform, transport, NCCL versions, busbw, "
-        "tolerance), each with its source and date; with --system, the row a run of --nodes x "
-        "--gpus-per-node GPUs gets (a partial NVL72 rack gets the rack's row). The result line "
-        "(stderr) holds the table as JSON. Needs no cluster.",
+        "tolerance), each with its source and date, on stderr; with --system, the row a run "
+        "of --nodes x --gpus-per-node GPUs gets (a partial NVL72 rack gets the rack's row). The "
+        "JSON line on stdout holds the table. Needs no cluster.",
         "mnnvl baselines --system gb200 --nodes 4 --gpus-per-node 4",
     ),
     "sim": (

@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -38,6 +39,7 @@ from mnnvl.run import PlannedTask, objects, plan, run_all
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
+DEFAULT_REPORTS = os.path.join("out", "reports")  # mnnvl run's, under the working directory
 
 
 class Interrupted(KeyboardInterrupt):
@@ -134,6 +136,7 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
     workload, launch = _workload(ns), _launch_spec(ns)
+    surface.check_launch_purpose(workload.purpose)
     args = list(launch.command)
     indexed_job(workload, launch.module, args)  # bad module names or env stop here
     return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
@@ -156,6 +159,7 @@ def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
         kubeconfig=ns.kubeconfig,
         report_dir=ns.report_dir,
         fail_on_fail=ns.fail_on_fail,
+        measure_again=ns.measure_again,
     )
     return result.to_dict()
 
@@ -217,12 +221,26 @@ def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
     return plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
 
 
+def _fits_this_machine(nodes: int, gpus_per_node: int) -> None:
+    """A simulated cluster runs its pods as local processes: refuse one this machine cannot
+    hold before anything is built (``mnnvl.sim.procs.machine_problem``)."""
+    from mnnvl.sim.procs import machine_problem
+
+    problem = machine_problem(nodes, max(1, gpus_per_node))
+    if problem:
+        raise SpecError("nodes", problem)
+
+
 def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.run_id:
         ns.run_id = f"run-{uuid.uuid4().hex[:12]}"
+    if ns.sim:
+        shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
+        _fits_this_machine(shape.nodes, shape.gpus_per_node)
     planned = _run_plan(ns)  # every task's specs and objects build before any call
+    reports = _run_reports(ns)
     if not ns.sim:
-        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir)
+        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports)
     from mnnvl.sim import SimCluster
     from mnnvl.sim.podenv import local_gpu_ids
 
@@ -243,7 +261,7 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         namespaces=(domain.namespace,),
         local_gpus=gpus,
     ) as sim:
-        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=ns.report_dir)
+        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=reports)
         result["sim"] = {
             "url": sim.url,
             "requests": sim.request_count,
@@ -253,11 +271,24 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _run_reports(ns: argparse.Namespace) -> str | None:
+    """Where ``mnnvl run`` writes its reports: --report-dir (checked up front), else
+    ``out/reports/<run id>`` (none, with a warning, where that cannot be written); logged."""
+    folder = ns.report_dir or os.path.join(DEFAULT_REPORTS, ns.run_id)
+    problem = _folder_problem("--report-dir", folder)
+    if problem:  # only the default can be unwritable here
+        logger.warning("run: no reports (%s); pass --report-dir DIR to have them", problem)
+        return None
+    logger.info("run: reports go to %s/<task>", os.path.abspath(folder))
+    return folder
+
+
 def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     check_range("nodes", ns.nodes, 1, 1024, integer=True)
     check_range("gpus_per_node", ns.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
     check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
     check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
+    _fits_this_machine(ns.nodes, ns.gpus_per_node)
     namespaces = tuple(n.strip() for n in ns.namespaces.split(",") if n.strip())
     if not namespaces:
         raise SpecError("namespaces", "needs at least one namespace, e.g. default")
@@ -291,16 +322,17 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_baselines(ns: argparse.Namespace) -> dict[str, Any]:
-    """The baseline table on stdout, or with --system the row one shape gets (the result line
-    goes to stderr)."""
+    """The baseline table for people on stderr, or with --system the row one shape gets; the
+    result line (stdout) holds it as JSON."""
     out: dict[str, Any] = {"version": baselines.TABLE_VERSION, "baselines": baselines.rows()}
     if not ns.system:
-        print(baselines.table_text(), flush=True)
+        print(baselines.table_text(), file=sys.stderr, flush=True)
         return out
     if ns.nodes < 1 or ns.gpus_per_node < 1:
         raise SpecError("nodes", "--nodes and --gpus-per-node must be at least 1")
     row = baselines.for_shape(ns.system, ns.nodes, ns.gpus_per_node, platform=ns.platform)
-    print(baselines.shape_text(ns.system, ns.nodes, ns.gpus_per_node, row), flush=True)
+    text = baselines.shape_text(ns.system, ns.nodes, ns.gpus_per_node, row)
+    print(text, file=sys.stderr, flush=True)
     shape = {"system": ns.system, "nodes": ns.nodes, "gpus_per_node": ns.gpus_per_node}
     return out | shape | {"platform": ns.platform, "row": baselines.as_dict(row) if row else None}
 
@@ -361,18 +393,41 @@ def _writable_problem(field: str, path: str | None) -> str:
     return ""
 
 
+def _folder_problem(field: str, path: str | None) -> str:
+    """Why reports cannot be written under ``path`` ("" when they can), found before anything
+    is created: a file is really created (and removed) in the nearest folder that exists, so
+    /proc, /sys, read-only mounts and missing permissions all show; nothing is left behind."""
+    if not path:
+        return ""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{field}: {path!r} is a file; name a directory"
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{field}: {existing!r} is a file, so {path!r} cannot be a directory"
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".mnnvl-check-")
+    except OSError as e:
+        return f"{field}: cannot write in {existing!r} ({e.strerror}); pick another directory"
+    os.close(fd)
+    os.remove(probe)
+    return ""
+
+
 def _path_problems(ns: argparse.Namespace) -> str:
-    """The first file argument that cannot be written: --result-path, and the kubeconfig
-    that ``sim up`` writes."""
-    if ns.command_name == "sim":
-        problem = _writable_problem("kubeconfig", ns.kubeconfig)
-        if problem:
-            return problem
-    return _writable_problem("result_path", ns.result_path)
+    """The first path argument that cannot be written: --result-path, --report-dir, and the
+    kubeconfig that ``sim up`` writes."""
+    problems = [
+        _writable_problem("--kubeconfig", ns.kubeconfig) if ns.command_name == "sim" else "",
+        _writable_problem("--result-path", ns.result_path),
+        _folder_problem("--report-dir", getattr(ns, "report_dir", None)),
+    ]
+    return next((p for p in problems if p), "")
 
 
 # Commands whose stdout is data for another program: their result line goes to stderr.
-RESULT_ON_STDERR = frozenset({"render", "baselines"})
+RESULT_ON_STDERR = frozenset({"render"})
 
 
 def _emit(payload: dict[str, Any], result_path: str | None) -> None:
@@ -436,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
     except MnnvlError as e:
+        if isinstance(e, SpecError):  # named as typed: --rct-timeout-s, not rct_timeout_s
+            e = surface.respelled(e, ns.flag_names)
         logger.error("%s failed: %s", command, e)
         _emit(
             {

@@ -15,13 +15,33 @@ from mnnvl.sim.stacks import GPU_STACKS, IMEX_MODES
 DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
 
 
-def _common(p: argparse.ArgumentParser, *, writes_kubeconfig: bool = False) -> None:
-    help_text = (
-        "where to write the simulator's kubeconfig (default: a temporary file)"
-        if writes_kubeconfig
-        else "kubeconfig path (default: in-cluster, $KUBECONFIG)"
-    )
-    p.add_argument("--kubeconfig", default=None, help=help_text)
+# Commands that talk to no cluster: no --kubeconfig.
+NO_CLUSTER = frozenset({"render", "baselines"})
+# What only a step talking to a cluster uses (its waits): no rendered object carries it.
+_RENDER_SKIPS = frozenset(
+    {
+        "rct_timeout_s",
+        "delete_timeout_s",
+        "api_outage_s",
+        "admission_timeout_s",
+        "pods_running_timeout_s",
+        "unschedulable_grace_s",
+    }
+)
+REPORT_DIR_HELP = (
+    "write the step's reports (JSON, Markdown, HTML, busbw PNG) here, on the machine this "
+    "command runs on (--output-dir is a directory inside the worker pod)"
+)
+
+
+def _common(p: argparse.ArgumentParser, name: str) -> None:
+    if name not in NO_CLUSTER:
+        help_text = (
+            "where to write the simulator's kubeconfig (default: a temporary file)"
+            if name == "sim"
+            else "kubeconfig path (default: in-cluster, $KUBECONFIG)"
+        )
+        p.add_argument("--kubeconfig", default=None, help=help_text)
     p.add_argument("--result-path", default=None, help="also write the result JSON to this file")
     p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
 
@@ -81,7 +101,9 @@ def _spec_flags(
         seen |= names
 
 
-def _run_flags(p: argparse.ArgumentParser, *, run_id_required: bool) -> None:
+def _run_flags(
+    p: argparse.ArgumentParser, *, run_id_required: bool, skip: frozenset[str] = frozenset()
+) -> None:
     """The flags of ``run`` and ``render``: the training pipeline's parameters, named as the
     KFP and Argo pipelines name them (``--train-timeout-s``, ``--verify-min-bytes``)."""
     groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()}
@@ -97,7 +119,8 @@ def _run_flags(p: argparse.ArgumentParser, *, run_id_required: bool) -> None:
         return groups[key]
 
     run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
-    flags.add_inputs(p, [run_id, *surface.run_parameters()], group=pick, required=run_id_required)
+    inputs = [run_id, *(i for i in surface.run_parameters() if i.name not in skip)]
+    flags.add_inputs(p, inputs, group=pick, required=run_id_required)
 
 
 def _launch_flags(p: argparse.ArgumentParser) -> None:
@@ -194,13 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
     for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
         p = _subcommand(sub, name)
         _spec_flags(p, (WorkloadSpec, cfg), step=name)
-        p.add_argument("--report-dir", default=None, help="write report files here")
+        p.add_argument("--report-dir", default=None, help=REPORT_DIR_HELP)
         if name == "verify":
             p.add_argument(
                 "--fail-on-fail",
                 action=argparse.BooleanOptionalAction,
                 default=True,
                 help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
+            )
+            p.add_argument(
+                "--measure-again",
+                action="store_true",
+                help="run again, the same run id: delete this step's earlier verification Job "
+                "(whose verdict a rerun would return) and measure anew; the domain stays",
             )
     p = _subcommand(sub, "teardown")
     _spec_flags(p, (DomainSpec,), step="teardown")
@@ -212,10 +241,18 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("run", "render"):
         p = _subcommand(sub, name)
         # `run` names a run itself when no --run-id is given; `render` needs one.
-        _run_flags(p, run_id_required=name == "render")
+        _run_flags(
+            p,
+            run_id_required=name == "render",
+            skip=_RENDER_SKIPS if name == "render" else frozenset(),
+        )
         if name == "run":
             p.add_argument(
-                "--report-dir", default=None, help="write the train and verify reports here"
+                "--report-dir",
+                default=None,
+                help="write each task's reports to DIR/<task> (verify-pre, train, verify-post) "
+                "on the machine this command runs on (default: out/reports/<run id>, printed; "
+                "--output-dir is a directory inside the worker pods)",
             )
             p.add_argument(
                 "--sim", action="store_true", help="run against an embedded simulated cluster"
@@ -234,18 +271,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--platform", default="", help="a provider's rows, e.g. eks ('' = any cluster)")
     p = _subcommand(sub, "sim")
     p.add_argument("action", choices=("up",), help="up: serve until Ctrl-C or SIGTERM")
-    p.add_argument("--nodes", type=int, default=2, help="simulated nodes")
     p.add_argument(
-        "--gpus-per-node", type=int, default=0, help="simulated GPUs per node (0 = CPU workers)"
+        "--nodes",
+        type=int,
+        default=2,
+        help="simulated nodes; each runs its pods as local processes, so at most what this "
+        "machine's memory holds (default: %(default)s)",
     )
     p.add_argument(
-        "--cliques", type=int, default=1, help="NVLink cliques (nvidia.com/gpu.clique values)"
+        "--gpus-per-node",
+        type=int,
+        default=0,
+        help="simulated GPUs per node (0 = CPU workers; default: %(default)s)",
+    )
+    p.add_argument(
+        "--cliques",
+        type=int,
+        default=1,
+        help="NVLink cliques (nvidia.com/gpu.clique values; default: %(default)s)",
     )
     p.add_argument(
         "--imex-delay-s",
         type=float,
         default=0.2,
-        help="how long each node's simulated IMEX daemon takes to get ready",
+        help="how long each node's simulated IMEX daemon takes to get ready, s "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--kueue",
@@ -287,5 +337,16 @@ def build_parser() -> argparse.ArgumentParser:
         "service account with manifests/base applied, as a run gets on a real cluster",
     )
     for name, p in sub.choices.items():
-        _common(p, writes_kubeconfig=name == "sim")
+        _common(p, name)
+        p.set_defaults(flag_names=flag_names(p))
     return parser
+
+
+def flag_names(p: argparse.ArgumentParser) -> dict[str, str]:
+    """Input name -> the flag that sets it on this command (errors name the flag)."""
+    names: dict[str, str] = {}
+    for action in p._actions:
+        long = [o for o in action.option_strings if o.startswith("--") and o[2:5] != "no-"]
+        if long and action.dest != "help":
+            names.setdefault(action.dest, long[0])
+    return names

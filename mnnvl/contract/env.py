@@ -8,6 +8,7 @@ is spelled here only. Standard library only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 # Rendezvous, in torchrun's names: the Job builder sets them, ``mnnvl.runtime.launch`` reads
@@ -67,16 +68,37 @@ JOB_OWNED = (
 )
 # Set on the GPU hosts to keep NVLink multicast off; nothing we ship may override them.
 PINNED = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
-# Values that silently disable MNNVL, with why; refused wherever a user can pass environment
-# and again in the worker before NCCL starts.
-FORBIDDEN = {
-    "NCCL_CUMEM_ENABLE": ("0", "silently disables MNNVL (NCCL needs cuMem for fabric memory)"),
-}
+# Variables whose value can silently disable MNNVL, with why; a value NCCL reads as "off" is
+# refused wherever a user can pass environment and again in the worker before NCCL starts.
+CUMEM_ENABLE = "NCCL_CUMEM_ENABLE"
+FORBIDDEN = {CUMEM_ENABLE: "silently disables MNNVL (NCCL needs cuMem for fabric memory)"}
+# NCCL reads an integer parameter with strtoll(value, nullptr, 0) and checks only errno, not
+# where parsing stopped (NVIDIA/nccl src/misc/param.cc, ncclLoadParam, v2.21.5-1 to v2.30.7-1):
+# leading white space and a sign are taken, 0x is hex, a leading 0 octal, and a value with no
+# digits ("false", "true", "off") is 0. Out of range (ERANGE) keeps the default.
+_STRTOLL = re.compile(r"[ \t\n\v\f\r]*([+-]?)(?:0[xX]([0-9a-fA-F]+)|(0[0-7]*)|([1-9][0-9]*))?")
+
+
+def cumem_param(value: str) -> int | None:
+    """What NCCL makes of ``NCCL_CUMEM_ENABLE=value``: strtoll's number kept as a C ``int``
+    (src/misc/cudawrap.cc, ncclCuMemEnable, the same releases), or None where NCCL keeps its
+    default (empty, or out of the 64-bit range)."""
+    sign, hex_digits, octal, decimal = _STRTOLL.match(value).groups()  # type: ignore[union-attr]
+    number = int(hex_digits, 16) if hex_digits else int(octal, 8) if octal else int(decimal or 0)
+    number = -number if sign == "-" else number
+    if not value or not -(2**63) <= number < 2**63:
+        return None
+    return (number + 2**31) % 2**32 - 2**31
 
 
 def forbidden_problem(environ: Mapping[str, str]) -> tuple[str, str] | None:
-    """``(name, reason)`` of the first variable in ``environ`` set to a forbidden value."""
-    for name, (value, why) in FORBIDDEN.items():
-        if str(environ.get(name, "")).strip() == value:
-            return name, f"{name}={value} {why}; unset it"
-    return None
+    """``(name, reason)`` of the first variable in ``environ`` set to a forbidden value: NCCL
+    uses cuMem for a positive ``NCCL_CUMEM_ENABLE`` or -2 (auto, the default) only."""
+    value = str(environ.get(CUMEM_ENABLE, ""))
+    param = cumem_param(value)
+    if param is None or param > 0 or param == -2:
+        return None
+    reads = "" if value.strip() == str(param) else f" (NCCL reads it as {param})"
+    return CUMEM_ENABLE, (
+        f"{CUMEM_ENABLE}={value}{reads} {FORBIDDEN[CUMEM_ENABLE]}; unset it (1 or -2 keep cuMem on)"
+    )

@@ -6,8 +6,9 @@ worker applies at start-up (one source of truth).
 Rules, in order:
 1. Machine-pinned variables (``NCCL_NVLS_ENABLE``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST``,
    ``NVSHMEM_DISABLE_NVLS``) are never written, whatever a profile says.
-2. ``NCCL_CUMEM_ENABLE=0`` is refused: NCCL's MNNVL path needs cuMem, so it silently
-   turns MNNVL off.
+2. ``NCCL_CUMEM_ENABLE`` set to anything NCCL reads as cuMem off (``0``, ``00``, ``0x0``,
+   ``false``: ``mnnvl.contract.env.forbidden_problem``) is refused: NCCL's MNNVL path needs
+   cuMem, so it silently turns MNNVL off.
 3. A profile's ``defaults`` fill in only what the user did not set; its ``required``
    values win over the user's and every such override is logged.
 """

@@ -11,6 +11,8 @@ from mnnvl.driver.domain import (
     ensure_domain,
     launcher_owner,
     refuse_forced_single,
+    refused_namespace,
+    require_namespace,
     wait_for_channel_template,
 )
 from mnnvl.driver.lifecycle import (
@@ -26,6 +28,7 @@ from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.driver.workload import (
     LogFollower,
     create_workload,
+    delete_step_jobs,
     delete_workload,
     parse_result,
     rank0_pod,
@@ -45,6 +48,7 @@ __all__ = [
     "create_or_adopt",
     "create_workload",
     "delete_domain",
+    "delete_step_jobs",
     "delete_workload",
     "ensure_domain",
     "launcher_owner",
@@ -52,7 +56,9 @@ __all__ = [
     "rank0_pod",
     "reap_namespace",
     "refuse_forced_single",
+    "refused_namespace",
     "require_domain",
+    "require_namespace",
     "result_of_failed_job",
     "run_job",
     "skip_foreign_namesakes",

@@ -41,6 +41,7 @@ from mnnvl.driver.retry import (
     retry_after_s,
 )
 from mnnvl.driver.stream import log_lines, watch_events
+from mnnvl.errors import NoCluster
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def _load_configuration(kubeconfig: str | None) -> client.Configuration:
         return cfg
     except (ConfigException, OSError, TypeError, ValueError) as e:
         tried.append(f"kubeconfig {path} ({e})")
-    raise ClusterUnavailable(
+    raise NoCluster(
         "no Kubernetes configuration found: tried "
         + "; ".join(tried)
         + ". Run inside a cluster, pass --kubeconfig PATH, or set KUBECONFIG"
@@ -135,13 +136,13 @@ def _check_kubeconfig_yaml(path: str) -> None:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ClusterUnavailable(
+        raise NoCluster(
             f"kubeconfig {path} is not valid YAML ({problem}{where}); "
             "fix the file or pass --kubeconfig with a working one"
         ) from e
     if not isinstance(doc, dict):
         found = "an empty file" if doc is None else f"a YAML {type(doc).__name__}"
-        raise ClusterUnavailable(
+        raise NoCluster(
             f"kubeconfig {path} is not a kubeconfig (a YAML mapping with clusters, contexts "
             f"and users; found {found}); pass --kubeconfig with a working one"
         )
@@ -315,10 +316,16 @@ class Api:
         lst["items"] = lst.get("items") or []
         return lst
 
-    def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Create from a dict body; raises ``AlreadyExists`` on 409."""
+    def create(
+        self, kind: Kind, namespace: str, body: dict[str, Any], *, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Create from a dict body; raises ``AlreadyExists`` on 409. ``dry_run``: the server
+        admits and validates it and stores nothing (``dryRun=All``)."""
         name = str(body.get("metadata", {}).get("name", ""))
-        obj: dict[str, Any] = self._json("POST", kind, namespace, about=name, body=body)
+        query = {"dryRun": "All" if dry_run else None}
+        obj: dict[str, Any] = self._json(
+            "POST", kind, namespace, about=name, body=body, query=query
+        )
         return obj
 
     def delete(

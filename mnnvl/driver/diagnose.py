@@ -235,14 +235,23 @@ def raise_on_stuck_pod(
         if found.kind is Kind.UNSCHEDULABLE:
             gpus = shortage_hint(api, _unschedulable(pod))
             shortage = f"{gpus}; " if gpus else ""
-        if found.kind in UNPLACED and group and workload.clique_affinity:
-            found = replace(found, kind=Kind.NO_CLIQUE_ROOM)
-            shortage += f"{clique_shortage(api, workload, group, pods)}; "
         failed = (pod.get("status") or {}).get("phase") == "Failed"
         tail = log_tail(api, workload.namespace, pod["metadata"]["name"]) if failed else ""
         found = imex_import(found, tail) or found
         text = _failure_message(api, workload.namespace, domain, pod, found, tail)
+        if found.kind in UNPLACED and group and workload.clique_affinity:
+            found = replace(found, kind=Kind.NO_CLIQUE_ROOM)
+            cliques = clique_shortage(api, workload, group, pods)
+            # Every node short of a resource: no clique would do, the scheduler's reason leads.
+            text = f"{text}; {cliques}" if every_node_short(found.message) else f"{cliques}; {text}"
         raise found.error(shortage + text)
+
+
+def every_node_short(message: str) -> bool:
+    """Whether the scheduler refused every node for one lacking resource (``0/4 nodes are
+    available: 4 Insufficient nvidia.com/gpu.``): no node fits the pod, in any clique."""
+    m = re.search(r"0/(\d+) nodes are available: (\d+) Insufficient [^,.]+\.", message)
+    return m is not None and m[1] == m[2]
 
 
 def label_shortage(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) -> Problem | None:

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, POD, RESOURCE_CLAIM_TEMPLATE, Api
-from mnnvl.driver.errors import ConflictError, MnnvlError, NotFound, SpecError, crd_missing
+from mnnvl.driver.errors import (
+    ConflictError,
+    MnnvlError,
+    NotFound,
+    Refused,
+    SpecError,
+    crd_missing,
+)
 from mnnvl.driver.ownership import Deletions, create_or_adopt
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.inputs.names import RunNames
@@ -178,6 +185,41 @@ def delete_domain(api: Api, namespace: str, name: str, deadline: Deadline, gone:
     )
     logger.info("ComputeDomain %s/%s gone after %.1f s", namespace, name, deadline.elapsed())
     return True
+
+
+def refused_namespace(namespace: str, error: Refused) -> SpecError:
+    """The error for a teardown or reap whose first list in ``namespace`` was refused: with
+    the shipped Role (namespaced) a namespace that does not exist answers 403, as does one
+    where the Role is not bound; nothing was deleted."""
+    refusal = str(error).partition("; ")[0]
+    return SpecError(
+        "namespace",
+        f"{namespace!r} does not exist, or this account has no mnnvl-runner Role there "
+        f"({refusal}); nothing was deleted: check the name (kubectl get namespaces) or bind "
+        f"the Role (kubectl apply -n {namespace} -k manifests/overlays/kfp, or "
+        "manifests/overlays/argo)",
+    )
+
+
+def require_namespace(api: Api, namespace: str) -> None:
+    """Raise ``SpecError`` when ``namespace`` does not exist, asked as a namespace-scoped
+    account may (it may not GET namespaces): a server-side dry run of a ComputeDomain create,
+    which stores nothing and which the NamespaceLifecycle admission answers 404 naming the
+    namespace. Asked by a teardown or reap that found nothing, where an account with rights
+    beyond one namespace lists an empty namespace that does not exist; any other answer
+    (created, 409, refused) means it exists or cannot be told, and nothing is raised."""
+    probe = compute_domain(DomainSpec(run_id="namespace-check", namespace=namespace))
+    try:
+        api.create(COMPUTE_DOMAIN, namespace, probe, dry_run=True)
+    except NotFound as e:
+        if e.details_kind == "namespaces":
+            raise SpecError(
+                "namespace",
+                f"{namespace!r} does not exist, so no object of a run can be there; check the "
+                "name (kubectl get namespaces)",
+            ) from e
+    except MnnvlError as e:
+        logger.debug("namespace %s: the dry-run create answered %s", namespace, e)
 
 
 def domain_state(api: Api, domain: Domain | str, namespace: str = "") -> str:

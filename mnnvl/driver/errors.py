@@ -34,9 +34,9 @@ __all__ = [
     "Conflict",
     "ConflictError",
     "CrdMissing",
-    "Forbidden",
     "MnnvlError",
     "NotFound",
+    "Refused",
     "SpecError",
     "VerificationFailed",
     "WaitTimeout",
@@ -65,6 +65,10 @@ class ApiError(MnnvlError):
         super().__init__(message)
         self.status = status
         self.reason = reason
+
+
+class Refused(ClusterUnavailable):
+    """401/403 on a healthy connection: this account may not do that (RBAC, credentials)."""
 
 
 class NotFound(ApiError):
@@ -101,11 +105,6 @@ def api_status_body(e: ApiException) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-class Forbidden(ClusterUnavailable):
-    """A 401/403: the account may not do this (exit 5, like any refusal); read-only checks
-    tell it from an outage to say which grant would allow it."""
-
-
 def crd_missing(namespace: str) -> CrdMissing:
     return CrdMissing(
         "the ComputeDomain API (computedomains.resource.nvidia.com) is not served in this "
@@ -120,7 +119,7 @@ def from_api_exception(e: ApiException, verb: str, what: str) -> MnnvlError:
     message = str(body.get("message") or e.reason or "").strip()
     reason = str(body.get("reason") or e.reason or "")
     if status in (401, 403):
-        return Forbidden(f"{verb} {what} was refused ({status} {reason}: {message}); {RBAC_HINT}")
+        return Refused(f"{verb} {what} was refused ({status} {reason}: {message}); {RBAC_HINT}")
     if status == 404:
         details = body.get("details") or {}
         return NotFound(

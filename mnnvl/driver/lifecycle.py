@@ -90,6 +90,7 @@ class JobOutcome:
     result: dict[str, Any] | None
     log_tail: str
     restarts: list[dict[str, Any]]  # one per gang restart (mnnvl.driver.gang.Restart.record)
+    adopted: str = ""  # rank 0's Job as this step found it ("complete since …"); "": created
 
 
 def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> JobOutcome:
@@ -107,7 +108,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     """
     require_domain(api, workload)
     workload = resolve_gpu_mode(api, workload)
-    jobs = create_workload(api, workload, module, args)
+    jobs, adopted = create_workload(api, workload, module, args)
     job = jobs[0]  # rank 0's Job (clique group 0 when the step has several)
 
     def follow(rank0: str) -> LogFollower:
@@ -153,6 +154,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
         result=result,
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
         restarts=watch.gang.summary(),
+        adopted=adopted,
     )
 
 

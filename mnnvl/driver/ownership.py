@@ -66,7 +66,8 @@ def missing_namespace(namespace: str) -> SpecError:
     return SpecError(
         "namespace",
         f"{namespace!r} does not exist (the API answered 404 for it when creating the run's "
-        f"first object); create it (kubectl create namespace {namespace}) or pass --namespace",
+        f"first object); create it (kubectl create namespace {namespace}) or set another "
+        "namespace",
     )
 
 

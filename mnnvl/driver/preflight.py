@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from mnnvl.contract import rbac
 from mnnvl.contract.result import FAIL, PASS
 from mnnvl.driver.api import COMPUTE_DOMAIN, DEVICE_CLASS, NODE, RESOURCE_SLICE, Api, Kind
-from mnnvl.driver.errors import DRA_INSTALL_HINT, Forbidden, NotFound
+from mnnvl.driver.errors import DRA_INSTALL_HINT, NotFound, Refused
 from mnnvl.driver.gpus import CLUSTER_READER, GPU_DRIVER, choose_gpu_mode, device_plugin_nodes
 from mnnvl.driver.kueue import KUEUE_RBAC
 from mnnvl.inputs.spec import WorkloadSpec
@@ -60,7 +60,7 @@ def _read(fn: Callable[[], T]) -> T:
     """``fn()``, with a refusal raised as ``_Denied`` (an outage still ends the command, exit 5)."""
     try:
         return fn()
-    except Forbidden as e:
+    except Refused as e:
         raise _Denied(str(e)) from e
 
 

@@ -63,20 +63,20 @@ class Verdict:
         """An empty or missing live list must never mean "everything" by accident."""
         check_range("older_than_s", self.older_than_s, 0, 10 * 365 * 86400)
         if self.all_dead and self.live_run_ids:
-            raise SpecError("all_dead", "contradicts live_run_ids; pass one or the other")
+            raise SpecError("all_dead", "contradicts live_run_ids; set one or the other")
         if self.all_dead or self.older_than_s > 0:
             return
         if self.live_run_ids is None:
             raise SpecError(
                 "live_run_ids",
-                "reap needs to know which runs are dead: pass --live-run-ids ID,... (runs "
-                "still going), an age bound --older-than-s, or --all-dead",
+                "reap needs to know which runs are dead: set live_run_ids ID,... (runs "
+                "still going), an age bound older_than_s, or all_dead",
             )
         if not self.live_run_ids:
             raise SpecError(
                 "live_run_ids",
-                "is empty, which would reap every run in the namespace; pass --all-dead to "
-                "mean that, or an age bound (--older-than-s)",
+                "is empty, which would reap every run in the namespace; set all_dead to "
+                "mean that, or an age bound (older_than_s)",
             )
 
     def is_dead(self, run: RunObjects, now: datetime) -> bool:

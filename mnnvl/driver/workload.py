@@ -50,9 +50,10 @@ def create_workload(
     module: str,
     args: list[str],
     deadline: Deadline | None = None,
-) -> list[str]:
+) -> tuple[list[str], str]:
     """Create (or adopt, when a step is retried) GPU template, Service and the Job (one per
-    clique group); return the Jobs' names, rank 0's Job first.
+    clique group); return the Jobs' names, rank 0's Job first, and, when this adopted rank 0's
+    Job, its state then (``job_state``: "complete since …"; "" when this created it).
 
     An adopted Job is logged with its state and since when (running, complete, failed): the
     lifecycle's waits then carry on from there, and a Job that failed fails the step with its
@@ -68,6 +69,7 @@ def create_workload(
     bodies.append((SERVICE, headless_service(workload)))
     jobs = indexed_jobs(workload, module, args)
     bodies += [(JOB, job) for job in jobs]
+    rank0_adopted = ""
     for kind, body in bodies:
         try:
             found, adopted = create_or_adopt(api, kind, body)
@@ -84,10 +86,12 @@ def create_workload(
             logger.info("created %s", what)
         elif kind is JOB:
             raise_recorded_failure(found)
-            logger.info("adopted %s, %s", what, job_state(found))
+            state = job_state(found)
+            logger.info("adopted %s, %s", what, state)
+            rank0_adopted = rank0_adopted or (state if body is jobs[0] else "")
         else:
             logger.info("adopted %s", what)
-    return [str(job["metadata"]["name"]) for job in jobs]
+    return [str(job["metadata"]["name"]) for job in jobs], rank0_adopted
 
 
 def job_state(job: dict[str, Any]) -> str:
@@ -188,6 +192,29 @@ def raise_recorded_failure(job: dict[str, Any]) -> None:
 
 
 FAILED_JOB_DELETE_S = 120.0  # how long a failed step waits for its Job's pods to be gone
+
+
+def delete_step_jobs(
+    api: Api, workload: WorkloadSpec, module: str, args: list[str], deadline: Deadline
+) -> list[str]:
+    """Delete the step's Jobs (complete, running or the record of a failure; only the run's)
+    and wait until they and their pods are gone, so that the step runs them anew; returns
+    what was deleted. The domain and everything else of the run stay."""
+    gone, ns = Deletions(workload.run_id), workload.namespace
+    for body in indexed_jobs(workload, module, args):
+        job = str(body["metadata"]["name"])
+        if gone.delete_named(api, JOB, ns, job, propagation="Foreground"):
+            wait_for(
+                api,
+                JOB,
+                ns,
+                name=job,
+                what=f"Job {ns}/{job} and its pods to be gone",
+                done=lambda objects: not objects,
+                deadline=deadline,
+                hint="check the pods' finalizers and the kubelet on their nodes",
+            )
+    return gone.deleted
 
 
 def remove_failed_jobs(

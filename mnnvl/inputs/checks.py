@@ -56,6 +56,11 @@ def check_run_id(value: str) -> None:
         )
 
 
+def plain(number: float) -> str:
+    """A number as typed: ``18000000``, not ``1.8e+07``; ``0``, not ``0.0``; ``0.001``."""
+    return str(int(number)) if float(number).is_integer() else f"{number:.6g}"
+
+
 def check_range(
     field_name: str, value: float, lo: float, hi: float, *, integer: bool = False
 ) -> None:
@@ -64,7 +69,9 @@ def check_range(
     if integer and not isinstance(value, int):
         raise SpecError(field_name, f"must be a whole number, got {value!r}")
     if math.isnan(value) or not lo <= value <= hi:
-        raise SpecError(field_name, f"{value!r} is out of range; allowed {lo:g}..{hi:g}")
+        raise SpecError(
+            field_name, f"{plain(value)} is out of range; allowed {plain(lo)} to {plain(hi)}"
+        )
 
 
 def check_choice(field_name: str, value: str, choices: tuple[str, ...]) -> None:

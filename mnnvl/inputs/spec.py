@@ -9,6 +9,7 @@ all produced from these declarations.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import MISSING, dataclass, field
 from typing import Any
@@ -55,6 +56,7 @@ RUN_ID_HELP = "run id every name and label derives from (KFP job id, Argo workfl
 RUN_ID_WHY = "pipelines supply it: KFP's job id, Argo's {{workflow.uid}}"
 OWNER_WHY = "found at run time (the launcher pod with --owner-pod), never typed in"
 EVERY_SURFACE = (CLI, KFP, ARGO)
+NAMESPACE_VALID = "'' or a namespace name (lowercase letters, digits and -, at most 63)"
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -66,16 +68,35 @@ def opt(
     surfaces: tuple[str, ...] = EVERY_SURFACE,
     why: str = "",
     choices: tuple[str, ...] = (),
+    valid: tuple[float, float] | str | None = None,
+    example: tuple[str, ...] = (),
 ) -> Any:
     """A field with its one line of help and the surfaces (cli, kfp, argo) that expose it.
 
     A field missing from a surface names the reason in ``why`` (a test checks that).
-    ``choices`` lists a closed set of values (Argo shows them as a drop-down).
+    ``choices`` lists a closed set of values (Argo shows them as a drop-down); ``valid`` is a
+    number's range, checked by ``check_declared`` and shown on every surface, or the valid
+    values in words where a check of their own decides; ``example`` is a list input's value.
     """
-    meta = {"help": help, "surfaces": frozenset(surfaces), "why": why, "choices": choices}
+    meta = {
+        "help": help,
+        "surfaces": frozenset(surfaces),
+        "why": why,
+        "choices": choices,
+        "valid": valid,
+        "example": example,
+    }
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def check_declared(spec: Any) -> None:
+    """Every number of ``spec`` within its declared range (``opt(valid=...)``), in order."""
+    for f in dataclasses.fields(spec):
+        if isinstance(f.metadata.get("valid"), tuple):
+            lo, hi = f.metadata["valid"]
+            check_range(f.name, getattr(spec, f.name), lo, hi, integer=f.type == "int")
 
 
 def _check_run_and_namespace(spec: Any) -> None:
@@ -93,6 +114,7 @@ def api_outage_opt() -> Any:
         300.0,
         "how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden "
         "out by every request and wait, s; a longer outage ends the step with exit 5",
+        valid=(0, 86400),
     )
 
 
@@ -103,6 +125,7 @@ def collective_timeout_opt() -> Any:
         300.0,
         "how long a collective waits for a dead or hung peer before the worker fails "
         "(retriable), s; NCCL's own default is 600",
+        valid=(1, 86400),
     )
 
 
@@ -113,12 +136,12 @@ def stall_timeout_opt() -> Any:
         0.0,
         "the pod stops its workers (retriable) when one made no progress for this long, s; "
         "0 = 2 x collective_timeout_s + 60",
+        valid=(0, 7 * 86400),
     )
 
 
 def check_stall_inputs(collective_timeout_s: float, stall_timeout_s: float) -> None:
-    check_range("collective_timeout_s", collective_timeout_s, 1, 86400)
-    check_range("stall_timeout_s", stall_timeout_s, 0, 7 * 86400)
+    """The stall timeout, when given, exceeds the collective timeout."""
     if stall_timeout_s and stall_timeout_s <= collective_timeout_s:
         raise SpecError(
             "stall_timeout_s",
@@ -155,24 +178,28 @@ class DomainSpec:
 
     run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
     namespace: str = opt(
-        "", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
+        "",
+        "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
+        valid=NAMESPACE_VALID,
     )
     allocation_mode: str = opt(
         "Single",
         "IMEX channels per pod: Single (channel0) or All",
         choices=ALLOCATION_MODES,
     )
-    rct_timeout_s: float = opt(120.0, "wait for the DRA controller's channel claim template, s")
-    delete_timeout_s: float = opt(300.0, "wait until each deleted object is gone (GET 404), s")
+    rct_timeout_s: float = opt(
+        120.0, "wait for the DRA controller's channel claim template, s", valid=(0.1, 86400)
+    )
+    delete_timeout_s: float = opt(
+        300.0, "wait until each deleted object is gone (GET 404), s", valid=(0.1, 86400)
+    )
     api_outage_s: float = api_outage_opt()
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
         _check_run_and_namespace(self)
+        check_declared(self)
         check_choice("allocation_mode", self.allocation_mode, ALLOCATION_MODES)
-        check_range("rct_timeout_s", self.rct_timeout_s, 0.1, 86400)
-        check_range("delete_timeout_s", self.delete_timeout_s, 0.1, 86400)
-        check_range("api_outage_s", self.api_outage_s, 0, 86400)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,21 +208,32 @@ class WorkloadSpec:
 
     run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
     namespace: str = opt(
-        "", "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)"
+        "",
+        "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
+        valid=NAMESPACE_VALID,
     )
     purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
     nodes: int = opt(
-        2, "worker pods, one per node; more than one clique needs nodes_per_clique (multiple of it)"
+        2,
+        "worker pods, one per node; more than one clique needs nodes_per_clique (multiple of it)",
+        valid="a whole number from 1; over max_nodes_per_clique a multiple of nodes_per_clique",
     )
     nodes_per_clique: int = opt(
         0,
         "nodes in each NVLink clique group (one Job each; HSDP training, per-clique verify); "
         "0 = all nodes in one clique",
+        valid="a whole number from 0 to max_nodes_per_clique that divides nodes",
     )
-    max_nodes_per_clique: int = opt(MAX_NODES, "most nodes one NVLink clique holds (NVL72: 18)")
-    gpus_per_node: int = opt(4, "GPUs per worker pod; 0 = one CPU process per pod (gloo)")
+    max_nodes_per_clique: int = opt(
+        MAX_NODES, "most nodes one NVLink clique holds (NVL72: 18)", valid=(1, 99)
+    )
+    gpus_per_node: int = opt(
+        4, "GPUs per worker pod; 0 = one CPU process per pod (gloo)", valid=(0, MAX_GPUS_PER_NODE)
+    )
     image: str = opt(
-        DEFAULT_IMAGE, "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)"
+        DEFAULT_IMAGE,
+        "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)",
+        valid="an image reference: [registry/]path[:tag][@sha256:digest], path in lowercase",
     )
     gpu_mode: str = opt(
         "auto",
@@ -203,7 +241,11 @@ class WorkloadSpec:
         "rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim)",
         choices=GPU_MODES,
     )
-    gpu_device_class: str = opt("gpu.nvidia.com", "DeviceClass for gpu_mode claim")
+    gpu_device_class: str = opt(
+        "gpu.nvidia.com",
+        "DeviceClass for gpu_mode claim",
+        valid="a DeviceClass name (lowercase DNS subdomain)",
+    )
     clique_affinity: bool = opt(
         True, "keep every pod (of each clique group) inside one NVLink clique (clique_label)"
     )
@@ -214,14 +256,20 @@ class WorkloadSpec:
     )
     nccl_profile: str = opt(
         "production",
-        "production, verify-strict or single-host (README)",
+        "production, verify-strict or single-host (docs/verification.md, NCCL profiles)",
         choices=NCCL_PROFILES,
     )
     env: dict[str, str] = opt(
-        factory=dict, help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)"
+        factory=dict,
+        help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)",
+        example=("NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"),
     )
-    rdzv_port: int = opt(29500, "rendezvous port on pod 0 (MASTER_PORT)")
-    service_account: str = opt("", "service account of the worker pods ('' = namespace default)")
+    rdzv_port: int = opt(29500, "rendezvous port on pod 0 (MASTER_PORT)", valid=(1024, 65535))
+    service_account: str = opt(
+        "",
+        "service account of the worker pods ('' = namespace default)",
+        valid="'' or a ServiceAccount name of the namespace",
+    )
     pod_security: str = opt(
         "restricted",
         "Pod Security Standard the worker pods meet: restricted (non-root uid 1000) or "
@@ -229,48 +277,78 @@ class WorkloadSpec:
         choices=POD_SECURITY_LEVELS,
     )
     node_selector: dict[str, str] = opt(
-        factory=dict, help="extra node selector for worker pods, KEY=VALUE (repeatable)"
+        factory=dict,
+        help="extra node selector for worker pods, KEY=VALUE (repeatable)",
+        example=("nvidia.com/gpu.product=NVIDIA-GB200",),
     )
     tolerations: tuple[str, ...] = opt(
-        (), "extra toleration for worker pods, key[=value]:Effect (repeatable)"
+        (),
+        "extra toleration for worker pods, key[=value]:Effect (repeatable)",
+        example=("nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"),
     )
-    priority_class: str = opt("", "PriorityClass of the worker pods")
-    queue_name: str = opt("", "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name")
+    priority_class: str = opt(
+        "",
+        "PriorityClass of the worker pods",
+        valid="'' or a PriorityClass name",
+    )
+    queue_name: str = opt(
+        "",
+        "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name",
+        valid="'' or a LocalQueue name of the namespace",
+    )
     topology_aware: bool = opt(
         False, "with queue_name: Kueue topology-aware scheduling, each group in one clique"
     )
     admission_timeout_s: float = opt(
-        0.0, "how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 = no limit"
+        0.0,
+        "how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 = no limit",
+        valid=(0, 30 * 86400),
     )
     pvc: tuple[str, ...] = opt(
-        (), "PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable)"
+        (),
+        "PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable)",
+        example=("shared-ckpt:/ckpt", "datasets:/data:ro"),
     )
-    shm_size: str = opt("16Gi", "size of the workers' /dev/shm, e.g. 16Gi")
+    shm_size: str = opt(
+        "16Gi",
+        "size of the workers' /dev/shm, e.g. 16Gi",
+        valid="a size in Mi or Gi, e.g. 512Mi or 16Gi",
+    )
     pods_running_timeout_s: float = opt(
-        900.0, "deadline for all worker pods to run, s; IMEX start-up can take minutes"
+        900.0,
+        "deadline for all worker pods to run, s; IMEX start-up can take minutes",
+        valid=(1, 86400),
     )
     unschedulable_grace_s: float = opt(
         60.0,
         "how long a pod may stay Unschedulable (or its node held by another ComputeDomain, or "
         "its creation refused by a ResourceQuota) before the step fails, s",
+        valid=(0, 86400),
     )
-    job_timeout_s: float = opt(7200.0, "deadline for the Job to complete, s (activeDeadline)")
-    ttl_after_finished_s: int = opt(3600, "ttlSecondsAfterFinished of the Job")
+    job_timeout_s: float = opt(
+        7200.0, "deadline for the Job to complete, s (activeDeadline)", valid=(1, 7 * 86400)
+    )
+    ttl_after_finished_s: int = opt(
+        3600, "ttlSecondsAfterFinished of the Job", valid=(0, 30 * 86400)
+    )
     max_restarts: int = opt(
         3,
         "gang restarts of every rank (from the last checkpoint) before the step fails; the "
         "Job's backoffLimitPerIndex is this, so that each restart has a retry on every index",
+        valid=(0, 100),
     )
-    image_pull_policy: str = opt("IfNotPresent", "Always, IfNotPresent or Never")
+    image_pull_policy: str = opt(
+        "IfNotPresent", "Always, IfNotPresent or Never", choices=("Always", "IfNotPresent", "Never")
+    )
     api_outage_s: float = api_outage_opt()
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
         _check_run_and_namespace(self)
+        check_declared(self)
         check_choice("purpose", self.purpose, PURPOSES)
         check_label_key("clique_label", self.clique_label)
         self._check_cliques()
-        check_range("gpus_per_node", self.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
         check_image("image", self.image)
         check_choice("gpu_mode", self.gpu_mode, GPU_MODES)
         if not DNS1123_SUBDOMAIN.match(self.gpu_device_class) or len(self.gpu_device_class) > 253:
@@ -279,8 +357,6 @@ class WorkloadSpec:
             )
         check_choice("nccl_profile", self.nccl_profile, NCCL_PROFILES)
         check_env("env", self.env)
-        check_range("rdzv_port", self.rdzv_port, 1024, 65535, integer=True)
-        check_range("api_outage_s", self.api_outage_s, 0, 86400)
         if self.service_account:
             check_dns_label("service_account", self.service_account, max_len=253)
         check_choice("pod_security", self.pod_security, POD_SECURITY_LEVELS)
@@ -288,18 +364,11 @@ class WorkloadSpec:
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
         parse_pvc(self.pvc)
-        check_range("admission_timeout_s", self.admission_timeout_s, 0, 30 * 86400)
-        check_range("pods_running_timeout_s", self.pods_running_timeout_s, 1, 86400)
-        check_range("unschedulable_grace_s", self.unschedulable_grace_s, 0, 86400)
-        check_range("job_timeout_s", self.job_timeout_s, 1, 7 * 86400)
-        check_range("ttl_after_finished_s", self.ttl_after_finished_s, 0, 30 * 86400, integer=True)
-        check_range("max_restarts", self.max_restarts, 0, 100, integer=True)
         check_choice(
             "image_pull_policy", self.image_pull_policy, ("Always", "IfNotPresent", "Never")
         )
 
     def _check_cliques(self) -> None:
-        check_range("max_nodes_per_clique", self.max_nodes_per_clique, 1, 99, integer=True)
         per = self.max_nodes_per_clique
         check_range("nodes_per_clique", self.nodes_per_clique, 0, per, integer=True)
         check_range("nodes", self.nodes, 1, MAX_GROUPS * per, integer=True)
@@ -369,16 +438,22 @@ class TrainConfig:
     model: str = opt(
         "tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b", choices=MODEL_PRESETS
     )
-    steps: int = opt(20, "optimizer steps in total, across resumes")
-    seq_len: int = opt(0, "sequence length; 0 = the preset's")
-    batch_size: int = opt(0, "sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2)")
-    lr: float = opt(3e-4, "peak learning rate")
-    warmup_steps: int = opt(
-        DEFAULT_WARMUP_STEPS, "linear warm-up steps before the cosine decay (capped at steps)"
+    steps: int = opt(20, "optimizer steps in total, across resumes", valid=(1, 10_000_000))
+    seq_len: int = opt(0, "sequence length; 0 = the preset's", valid=(0, 131072))
+    batch_size: int = opt(
+        0, "sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2)", valid=(0, 4096)
     )
-    min_lr_ratio: float = opt(0.1, "final learning rate as a fraction of the peak")
-    weight_decay: float = opt(0.1, "AdamW weight decay")
-    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off")
+    lr: float = opt(3e-4, "peak learning rate", valid=(1e-8, 1.0))
+    warmup_steps: int = opt(
+        DEFAULT_WARMUP_STEPS,
+        "linear warm-up steps before the cosine decay (capped at steps)",
+        valid=(0, 10_000_000),
+    )
+    min_lr_ratio: float = opt(
+        0.1, "final learning rate as a fraction of the peak", valid=(0.0, 1.0)
+    )
+    weight_decay: float = opt(0.1, "AdamW weight decay", valid=(0.0, 10.0))
+    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", valid=(0.0, 1e6))
     dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES)
     compile: str = opt(
         "auto",
@@ -390,6 +465,7 @@ class TrainConfig:
         "auto",
         f"recompute blocks' activations in the backward pass: {CHECKPOINTING_HELP}; "
         "auto = the preset's (8b: every-2, else none)",
+        valid="auto, none, full or every-N with N from 1 to 9999",
     )
     reshard_after_forward: str = opt(
         "auto",
@@ -397,45 +473,45 @@ class TrainConfig:
         "backward (false: one all-gather less, more memory); auto = the preset's (8b: false)",
         choices=SWITCHES,
     )
-    data: str = opt("synthetic", "synthetic, or a token file under a --pvc mount (.bin)")
-    seed: int = opt(0, "random seed for weights and synthetic data")
-    checkpoint_dir: str = opt("", "checkpoint directory under a --pvc mount; a rerun resumes")
-    checkpoint_every: int = opt(0, "steps between checkpoints; 0 = only at the end")
-    allow_local_checkpoint: bool = opt(
-        False, "accept checkpoint_dir/data outside a --pvc mount (single-node runs only)"
+    data: str = opt(
+        "synthetic",
+        "synthetic, or a token file under a pvc mount (.bin)",
+        valid="synthetic, or an absolute path under a pvc mount",
     )
-    log_every: int = opt(10, "steps between logged metrics")
+    seed: int = opt(0, "random seed for weights and synthetic data", valid=(0, 2**31 - 1))
+    checkpoint_dir: str = opt(
+        "",
+        "checkpoint directory under a pvc mount; a rerun resumes",
+        valid="'' or an absolute path under a pvc mount",
+    )
+    checkpoint_every: int = opt(
+        0, "steps between checkpoints; 0 = only at the end", valid=(0, 10_000_000)
+    )
+    allow_local_checkpoint: bool = opt(
+        False, "accept checkpoint_dir/data outside a pvc mount (single-node runs only)"
+    )
+    log_every: int = opt(10, "steps between logged metrics", valid=(1, 10_000_000))
     collective_timeout_s: float = collective_timeout_opt()
     stall_timeout_s: float = stall_timeout_opt()
 
     def __post_init__(self) -> None:
+        check_declared(self)
         check_choice("model", self.model, MODEL_PRESETS)
         self._apply_preset()
-        check_range("steps", self.steps, 1, 10_000_000, integer=True)
-        check_range("seq_len", self.seq_len, 0, 131072, integer=True)
-        check_range("batch_size", self.batch_size, 1, 4096, integer=True)
-        check_range("lr", self.lr, 1e-8, 1.0)
-        check_range("warmup_steps", self.warmup_steps, 0, 10_000_000, integer=True)
         if self.warmup_steps > self.steps:
             if self.warmup_steps != DEFAULT_WARMUP_STEPS:
                 raise SpecError(
                     "warmup_steps",
                     f"{self.warmup_steps} is more than steps {self.steps} (the learning rate "
-                    f"would never reach its peak); pass --warmup-steps {self.steps} or fewer",
+                    f"would never reach its peak); set warmup_steps to {self.steps} or fewer",
                 )
             # The default warm-up on a run shorter than it: the whole run warms up.
             object.__setattr__(self, "warmup_steps", self.steps)
-        check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        check_range("weight_decay", self.weight_decay, 0.0, 10.0)
-        check_range("grad_clip", self.grad_clip, 0.0, 1e6)
         check_choice("dtype", self.dtype, DTYPES)
         if not self.data:
             raise SpecError("data", "must be 'synthetic' or a path to a token file")
-        check_range("seed", self.seed, 0, 2**31 - 1, integer=True)
-        check_range("checkpoint_every", self.checkpoint_every, 0, 10_000_000, integer=True)
         if self.checkpoint_every and not self.checkpoint_dir:
             raise SpecError("checkpoint_every", "needs checkpoint_dir to be set")
-        check_range("log_every", self.log_every, 1, 10_000_000, integer=True)
         check_stall_inputs(self.collective_timeout_s, self.stall_timeout_s)
 
     def _apply_preset(self) -> None:
@@ -487,21 +563,40 @@ class VerifyConfig:
     NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.
     """
 
-    min_bytes: int = opt(0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU")
-    max_bytes: int = opt(0, "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU")
-    iters: int = opt(0, "timed all-reduces per size; 0 = adaptive (mean known within 1 percent)")
-    warmup_iters: int = opt(0, "untimed all-reduces before each size; 0 = automatic")
+    min_bytes: int = opt(
+        0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU", valid=(0, 1 << 36)
+    )
+    max_bytes: int = opt(
+        0, "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU", valid=(0, 1 << 36)
+    )
+    iters: int = opt(
+        0,
+        "timed all-reduces per size; 0 = adaptive (mean known within 1 percent)",
+        valid=(0, 100_000),
+    )
+    warmup_iters: int = opt(
+        0, "untimed all-reduces before each size; 0 = automatic", valid=(0, 100_000)
+    )
     min_busbw_gbps: float = opt(
-        0.0, "pass threshold, GB/s; 0 = a matching baseline, else active links x speed x efficiency"
+        0.0,
+        "pass threshold, GB/s; 0 = a matching baseline, else active links x speed x efficiency",
+        valid=(0.0, 100_000.0),
     )
     min_inter_clique_busbw_gbps: float = opt(
-        0.0, "pass threshold for the sweeps across clique groups, GB/s; 0 = not judged"
+        0.0,
+        "pass threshold for the sweeps across clique groups, GB/s; 0 = not judged",
+        valid=(0.0, 100_000.0),
     )
-    efficiency: float = opt(0.62, "fraction of the NVLink limit a derived threshold asks for")
-    judge_min_bytes: int = opt(1 << 30, "sizes from this one up are judged against the threshold")
+    efficiency: float = opt(
+        0.62, "fraction of the NVLink limit a derived threshold asks for", valid=(0.01, 1.0)
+    )
+    judge_min_bytes: int = opt(
+        1 << 30, "sizes from this one up are judged against the threshold", valid=(1, 1 << 36)
+    )
     fabric_wait_s: float = opt(
         60.0,
         "how long verify waits for a GPU fabric still registering (NOT_STARTED, IN_PROGRESS), s",
+        valid=(0.0, 3600.0),
     )
     cuda_graphs: bool = opt(True, "also time small sizes as CUDA graphs and direct NCCL calls")
     allow_unjudged: bool = opt(
@@ -511,25 +606,18 @@ class VerifyConfig:
     stall_timeout_s: float = stall_timeout_opt()
     output_dir: str = opt(
         "",
-        "write verify.json/.md/.html and busbw.png here (rank 0)",
+        "a directory inside the worker pod where rank 0 writes verify.json/.md/.html and "
+        "busbw.png (e.g. on a pvc mount); the step's own reports go to --report-dir",
         surfaces=(CLI,),
         why="a directory inside the worker pod; pipelines get the reports as artifacts",
     )
 
     def __post_init__(self) -> None:
-        check_range("min_bytes", self.min_bytes, 0, 1 << 36, integer=True)
-        check_range("max_bytes", self.max_bytes, 0, 1 << 36, integer=True)
+        check_declared(self)
         if self.min_bytes and self.max_bytes and self.min_bytes > self.max_bytes:
             raise SpecError(
                 "min_bytes", f"{self.min_bytes} is larger than max_bytes {self.max_bytes}"
             )
-        check_range("iters", self.iters, 0, 100_000, integer=True)
-        check_range("warmup_iters", self.warmup_iters, 0, 100_000, integer=True)
-        check_range("min_busbw_gbps", self.min_busbw_gbps, 0.0, 100_000.0)
-        check_range("min_inter_clique_busbw_gbps", self.min_inter_clique_busbw_gbps, 0.0, 100_000.0)
-        check_range("efficiency", self.efficiency, 0.01, 1.0)
-        check_range("judge_min_bytes", self.judge_min_bytes, 1, 1 << 36, integer=True)
-        check_range("fabric_wait_s", self.fabric_wait_s, 0.0, 3600.0)
         check_stall_inputs(self.collective_timeout_s, self.stall_timeout_s)
 
     @property
@@ -546,10 +634,14 @@ class LaunchSpec:
     ``NNODES``, ``NPROC_PER_NODE`` and ``JOB_COMPLETION_INDEX`` and starts its own processes."""
 
     module: str = opt(
-        "", "Python module to run once per GPU (torchrun's variables); '' = run `command`"
+        "",
+        "Python module to run once per GPU (torchrun's variables); '' = run `command`",
+        valid="'' or a Python module name such as pkg.entry",
     )
     command: tuple[str, ...] = opt(
-        (), "with a module: its arguments; without: the program and its arguments (a list)"
+        (),
+        "with a module: its arguments; without: the program and its arguments (a list)",
+        example=("python3", "train.py", "--steps", "100"),
     )
 
     def __post_init__(self) -> None:

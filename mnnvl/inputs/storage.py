@@ -92,7 +92,7 @@ def check_shared_storage(workload: _Mounts, config: _Paths) -> None:
         raise SpecError(
             "allow_local_checkpoint",
             f"only for single-node runs; with {workload.nodes} nodes mount a shared volume "
-            "(--pvc CLAIM:/mount/path)",
+            "(pvc CLAIM:/mount/path)",
         )
     paths = {"checkpoint_dir": config.checkpoint_dir}
     if config.data != "synthetic":
@@ -101,15 +101,15 @@ def check_shared_storage(workload: _Mounts, config: _Paths) -> None:
         if not path or local_ok:
             continue
         if not path.startswith("/"):
-            raise SpecError(name, f"{path!r} must be an absolute path under a --pvc mount")
+            raise SpecError(name, f"{path!r} must be an absolute path under a pvc mount")
         mount = mount_of(path, mounts)
         if mount is None:
             where = ", ".join(m.path for m in mounts) or "none"
-            single = ", or --allow-local-checkpoint (single node)" if workload.nodes == 1 else ""
+            single = ", or set allow_local_checkpoint (single node)" if workload.nodes == 1 else ""
             raise SpecError(
                 name,
                 f"{path} is not under a mounted PVC (mounts: {where}); every worker pod must "
-                f"see it: add --pvc CLAIM:/mount/path{single}",
+                f"see it: add a pvc CLAIM:/mount/path{single}",
             )
         if name == "checkpoint_dir" and mount.read_only:
             raise SpecError(name, f"{path} is under {mount.claim}, which is mounted read-only")

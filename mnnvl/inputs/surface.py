@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.errors import SpecError
-from mnnvl.inputs.checks import parse_bytes, parse_env, parse_list
+from mnnvl.inputs.checks import parse_bytes, parse_env, parse_list, plain
 from mnnvl.inputs.spec import (
     ARGO,
     CLI,
@@ -51,6 +53,26 @@ class Input:
     surfaces: frozenset[str]
     why: str = ""
     choices: tuple[str, ...] = ()
+    valid: tuple[float, float] | str | None = None
+    example: tuple[str, ...] = ()
+
+    @property
+    def description(self) -> str:
+        """The help and the values a form takes: the choices, a range, a list's form."""
+        if self.choices:
+            values = "one of " + ", ".join(self.choices)
+        elif self.kind == "bool":
+            values = "true or false"
+        elif isinstance(self.valid, str):
+            values = self.valid
+        elif self.valid:
+            whole = "a whole number" if self.kind == "int" else "a number"
+            values = f"{whole} from {plain(self.valid[0])} to {plain(self.valid[1])}"
+        elif self.kind == "list":
+            values = f"a list of strings, e.g. {json.dumps(list(self.example))}"
+        else:
+            return self.help
+        return f"{self.help}. Valid: {values}"
 
     @property
     def kebab(self) -> str:
@@ -118,9 +140,26 @@ def class_inputs(cls: type) -> list[Input]:
             f.metadata.get("surfaces", frozenset()),
             f.metadata.get("why", ""),
             tuple(f.metadata.get("choices", ())),
+            f.metadata.get("valid"),
+            tuple(f.metadata.get("example", ())),
         )
         for f in dataclasses.fields(cls)
     ]
+
+
+_INPUT_NAME = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+
+
+def respelled(error: SpecError, names: Mapping[str, str]) -> SpecError:
+    """``error`` with the inputs it names as a surface spells them (``names``: input -> its
+    name there, e.g. ``--warmup-steps`` on the CLI, ``train_timeout_s`` in a pipeline): the
+    field it is about and every input name of two or more words in its text. Input errors
+    are written in input names (``set warmup_steps to 10 or fewer``) for this."""
+    head, dot, detail = error.field.partition(".")
+    name = names.get(head, head)
+    field = name + ((" " if name.startswith("--") else ".") + detail if dot else "")
+    message = str(error).removeprefix(f"{error.field}: ")
+    return SpecError(field, _INPUT_NAME.sub(lambda m: names.get(m[0], m[0]), message))
 
 
 # ---- steps ---------------------------------------------------------------------------------
@@ -153,6 +192,17 @@ STEP_DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     },
     "launch": {"purpose": ("job", "a user's Job is named job, apart from train and verify")},
 }
+
+
+def check_launch_purpose(purpose: str) -> None:
+    """A launched workload's Job is never named as a step's own: ``train`` and ``verify*``
+    are the train and verify steps' Jobs (the same name would adopt or conflict with one)."""
+    if purpose != "job":
+        raise SpecError(
+            "purpose",
+            f"{purpose!r} names the {purpose.split('-')[0]} step's Job; a launched workload's "
+            "Job is job (leave purpose unset)",
+        )
 
 
 def step_inputs(step: str, surface: str | None = None) -> list[Input]:
@@ -206,6 +256,8 @@ def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
             out.append(build(cls, full))
     if step == "train":
         check_shared_storage(*out)
+    if step == "launch":
+        check_launch_purpose(out[0].purpose)
     return out
 
 
@@ -250,19 +302,34 @@ class Pipeline:
 
     def parameters(self, surface: str = KFP, *, own_defaults: bool = True) -> list[Input]:
         """The pipeline parameters (KFP and Argo alike; ``mnnvl run`` with ``CLI``): every task
-        input, renamed, once; ``own_defaults`` False keeps the steps' defaults."""
+        input, renamed, once; ``own_defaults`` False keeps the steps' defaults.
+
+        A parameter renamed for one step's tasks says whose it is (``verify_timeout_s``: the
+        verify steps' Job deadline); one with a default of this pipeline's names the step's."""
         params: dict[str, Input] = {}
+        steps: dict[str, set[str]] = {}
         for task in self.tasks:
             for item in step_inputs(task.step, surface):
                 if item.name in task.fixed:
                     continue
                 name = task.parameter_name(item.name)
-                item = dataclasses.replace(item, name=name)
+                renamed = dataclasses.replace(item, name=name)
+                if name != item.name:
+                    steps.setdefault(name, set()).add(task.step)
                 if own_defaults and name in self.defaults:
-                    item = dataclasses.replace(item, default=self.defaults[name][0])
-                known = params.setdefault(name, item)
-                if (known.default, known.kind) != (item.default, item.kind):
+                    default, why = self.defaults[name]
+                    renamed = dataclasses.replace(
+                        renamed,
+                        default=default,
+                        help=f"{item.help} (here {default}; the step's own is {item.default}: "
+                        f"{why})",
+                    )
+                known = params.setdefault(name, renamed)
+                if (known.default, known.kind) != (renamed.default, renamed.kind):
                     raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
+        for name, (step,) in ((n, s) for n, s in steps.items() if len(s) == 1):
+            item = params[name]
+            params[name] = dataclasses.replace(item, help=f"{step} step: {item.help}")
         return list(params.values())
 
     def task_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
@@ -283,10 +350,15 @@ class Pipeline:
         if unknown:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
         typed = {k: params[k].coerce(v) for k, v in values.items() if v is not None}
-        return [
-            (task, step_specs(task.step, run_id, self.task_arguments(task, typed)))
-            for task in self.tasks
-        ]
+        planned = []
+        for task in self.tasks:
+            try:
+                planned.append(
+                    (task, step_specs(task.step, run_id, self.task_arguments(task, typed)))
+                )
+            except SpecError as e:  # named as the pipeline's parameter, not the step's input
+                raise respelled(e, task.renames) from None
+        return planned
 
     def check(self, values: dict[str, Any], run_id: str = "check") -> None:
         """Validate every task's inputs from pipeline parameter values (strings are fine)."""
@@ -369,7 +441,7 @@ def run_parameters() -> list[Input]:
 # no step input.
 ARGO_ONLY_PARAMETERS = frozenset(
     {
-        "service-account",
+        "launcher-service-account",
         "launcher-image",
         *(f"{s}-deadline-s" for s in ("train", "verify", "launch")),
     }
@@ -399,7 +471,14 @@ def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | st
             f"not {json.dumps(values)[:60]}",
         )
     snake = {k.replace("-", "_"): v for k, v in values.items() if k not in extra}
-    PIPELINES[name].check(snake)
+    try:
+        PIPELINES[name].check(snake)
+    except SpecError as e:
+        if not extra:
+            raise
+        # Argo's parameters are kebab case: name them so.
+        kebab = {p.name: p.kebab for p in PIPELINES[name].parameters()}
+        raise respelled(e, kebab) from None
 
 
 __all__ = ["ARGO", "CLI", "KFP", "PIPELINES", "Input", "Pipeline", "Task", "check_pipeline"]

@@ -19,7 +19,7 @@ from mnnvl.sim.placement import TERMINAL
 from mnnvl.sim.podenv import ProcessEnv
 from mnnvl.sim.podlogs import follow_log
 from mnnvl.sim.podworker import MAX_GRACE_S, PodWorker
-from mnnvl.sim.procs import kill_all, members
+from mnnvl.sim.procs import Guard, kill_all, members
 from mnnvl.sim.selectors import label_matcher
 from mnnvl.sim.store import ApiError, Obj, Store, WatchEvent
 
@@ -46,6 +46,7 @@ class Kubelet(Controller):
         self.token = uuid.uuid4().hex[:12]  # marks this kubelet's containers (procs.MARKER_ENV)
         self.ran: dict[str, Obj] = {}  # container marker -> its pod's metadata
         self._lock = threading.Lock()
+        self._guard = Guard(self.token + "/")
 
     def stop(self) -> None:
         super().stop()
@@ -60,6 +61,7 @@ class Kubelet(Controller):
             w.finished.wait(MAX_GRACE_S + 6)
             shutil.rmtree(w.workdir, ignore_errors=True)
         kill_all(self.token + "/", {})  # whatever no worker knew of any more
+        self._guard.close()
         self.env.close()
 
     def on_events(self, events: list[WatchEvent]) -> None:

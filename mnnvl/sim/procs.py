@@ -25,6 +25,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -33,6 +34,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 MARKER_ENV = "MNNVL_SIM_CONTAINER"
 KILL_WAIT_S = 5.0  # how long to wait for a container's processes to exit after SIGKILL
+# Memory of one process of a simulated pod with torch imported (the pod's launcher and each
+# of its workers): RSS measured 225..290 MiB on CPU (a 2-node CPU run, Python 3.11, torch 2.13).
+PROCESS_MIB = 300
 
 
 class Container:
@@ -137,6 +141,51 @@ def kill_all(prefix: str, sessions: Mapping[int, str]) -> None:
                 os.close(fd)
 
 
+def machine_problem(nodes: int, workers_per_pod: int) -> str:
+    """Why this machine cannot run a simulated cluster of ``nodes`` ("" when it can): each
+    node runs one pod whose launcher and ``workers_per_pod`` workers are local processes of
+    about ``PROCESS_MIB`` each, and they must fit the memory available now (MemAvailable)."""
+    with open("/proc/meminfo", encoding="ascii") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    per_node = (1 + workers_per_pod) * PROCESS_MIB
+    most = kib // 1024 // per_node
+    if nodes <= most:
+        return ""
+    return (
+        f"{nodes} simulated nodes do not fit this machine: each runs a pod of "
+        f"{1 + workers_per_pod} local processes of about {PROCESS_MIB} MiB, so the "
+        f"{kib // 1024} MiB available now hold at most {most} nodes; simulate fewer nodes"
+    )
+
+
+class Guard:
+    """Kills every container of a kubelet (``prefix``) once this process is gone, however it
+    ends (SIGKILL included), as the kernel kills a node's containers with the node: a small
+    process of its own session waits for the end of a pipe that only this process can write
+    to, which the kernel closes when this process exits."""
+
+    def __init__(self, prefix: str) -> None:
+        read, self._write = os.pipe()  # not inherited by any child (PEP 446)
+        env = {k: v for k, v in os.environ.items() if k != MARKER_ENV}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys, mnnvl.sim.procs as p; p.guard(sys.argv[1])",
+                prefix,
+            ],
+            stdin=read,
+            env=env,
+            start_new_session=True,  # a Ctrl-C of the terminal's process group misses it
+        )
+        os.close(read)
+
+    def close(self) -> None:
+        """This process stops its containers itself: let the guard go."""
+        os.close(self._write)
+        self.proc.wait(KILL_WAIT_S + 5)
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid``, read from /proc."""
     children: dict[int, list[int]] = {}
@@ -152,3 +201,9 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def guard(prefix: str) -> None:
+    """The ``Guard``'s process: wait for the end of its stdin, then kill the containers."""
+    sys.stdin.buffer.read()  # returns at EOF: the simulator closed its end, or is gone
+    kill_all(prefix, {})

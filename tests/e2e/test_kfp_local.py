@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,6 @@ from typing import Any
 import pytest
 
 from mnnvl.components.generated import kfp_components as kc
-from mnnvl.errors import SpecError
 from mnnvl.inputs import surface
 from mnnvl.pipelines import kfp_pipeline as kp
 from mnnvl.pipelines import local_run
@@ -87,20 +87,26 @@ BAD_PARAMETERS = [
     ({"min_busbw_gbps": 1e9}, "min_busbw_gbps"),  # a verify parameter
     ({"model": "70b"}, "model"),  # a train parameter
     ({"nodes": 0}, "nodes"),  # every step's
+    ({"verify_timeout_s": 0}, "verify_timeout_s"),  # the verify steps' job_timeout_s
+    ({"warmup_steps": 50}, "warmup_steps"),  # more than steps: the hint names it too
 ]
 
 
 @pytest.mark.parametrize(("bad", "message"), BAD_PARAMETERS)
 def test_first_task_refuses_a_bad_parameter_of_any_step_before_calling_the_cluster(
-    sim: Any, bad: dict[str, Any], message: str
+    sim: Any, bad: dict[str, Any], message: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The provision task's own function, as its pod runs it (KUBECONFIG at the simulator).
     first = kc.FIRST_TASKS["mnnvl-training"].python_func
     before = sim.request_count
 
-    with pytest.raises(SpecError, match=f"^{message}: "):
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as exited:
         first(run_id="bad-input", **{**_arguments(), **bad})
 
+    assert exited.value.code == 2
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.startswith(f"provision failed: {message}: ") and "\n" not in line
+    assert "--" not in line  # named as KFP names it, no command-line flag
     assert sim.request_count == before
     assert sim.objects() == []
 
@@ -113,14 +119,22 @@ def test_bad_parameter_fails_the_pipeline_in_its_first_task_before_any_object_ex
     # The shipped pipeline, but for the pause between provision's retries (15 s, then 30 s).
     monkeypatch.setattr(surface, "STEP_RETRY_BACKOFF_S", 0)
     monkeypatch.setattr(kp, "PIPELINES", {"mnnvl-training": kp.build_pipeline("mnnvl-training")})
-    bad, message = BAD_PARAMETERS[1]
+    bad, message = BAD_PARAMETERS[-1]
     before = sim.request_count
     outcome = local_run.run_pipeline(
         {**_arguments(), **bad}, tmp_path, start=time.monotonic(), verbose=False
     )
 
     assert not outcome.succeeded
-    assert f"SpecError: {message}" in outcome.errors.get("provision", "")
+    error = outcome.errors.get("provision", "")
+    assert error.startswith(f"{message}: 50 is more than steps 10") and "\n" not in error
+    assert error.endswith("set warmup_steps to 10 or fewer")
+    provision, exit_handler = _task_logs(tmp_path, "provision-training", "teardown-domain")
+    assert "Traceback" not in provision
+    assert [line for line in provision if " failed: " in line] == [
+        next(line for line in provision if f"provision failed: {error}" in line)
+    ]
+    assert "Task 'teardown-domain' finished with status SUCCESS" in exit_handler[-1]
     assert outcome.run_dir is not None
     assert not (outcome.run_dir / "verify-nvlink").exists()  # nothing ran after provision
     assert sim.objects() == []
@@ -129,7 +143,61 @@ def test_bad_parameter_fails_the_pipeline_in_its_first_task_before_any_object_ex
     assert sim.request_count > before
 
 
+def _task_logs(out: Path, *tasks: str) -> list[list[str]]:
+    """Each task's lines of the kfp.local log, from its start to its status line."""
+    lines = local_run.ANSI.sub("", (out / "kfp-local.log").read_text()).splitlines()
+    found = []
+    for task in tasks:
+        start = next(i for i, line in enumerate(lines) if f"Executing task '{task}'" in line)
+        end = next(i for i in range(start, len(lines)) if f"Task '{task}' finished" in lines[i])
+        found.append(lines[start : end + 1])
+    return found
+
+
+@pytest.mark.parametrize("namespace", ["Not_A_Name", "no-such-namespace"])
+def test_a_namespace_that_can_hold_nothing_fails_in_one_line_and_the_exit_handler_succeeds(
+    sim: Any, tmp_path: Path, namespace: str
+) -> None:
+    start = time.monotonic()
+    outcome = local_run.run_pipeline(
+        {**_arguments(), "namespace": namespace}, tmp_path, start=start, verbose=False
+    )
+
+    assert not outcome.succeeded
+    # Not a name: refused as input (exit 2); absent: the namespaced Role is refused there (5).
+    assert namespace in outcome.errors["provision"] and "\n" not in outcome.errors["provision"]
+    provision, exit_handler = _task_logs(tmp_path, "provision-training", "teardown-domain")
+    assert "Traceback" not in "\n".join(provision + exit_handler)
+    assert "Task 'teardown-domain' finished with status SUCCESS" in exit_handler[-1]
+    assert any("teardown: nothing to delete: namespace: " in line for line in exit_handler)
+    assert time.monotonic() - start < 60  # no retries of the exit handler
+    assert sim.objects() == []
+
+
+def test_a_broken_kubeconfig_is_one_line_in_every_task(
+    sim: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("apiVersion: v1\nclusters: [\n  - bad: : :\n")
+    monkeypatch.setenv("KUBECONFIG", str(broken))
+    monkeypatch.setattr(kp, "RETRY_BACKOFF", "0s")
+    monkeypatch.setattr(kp, "PIPELINES", {"mnnvl-training": kp.build_pipeline("mnnvl-training")})
+    outcome = local_run.run_pipeline(_arguments(), tmp_path, start=time.monotonic(), verbose=False)
+
+    assert not outcome.succeeded
+    assert outcome.errors["provision"].startswith(f"kubeconfig {broken} is not valid YAML (")
+    provision, exit_handler = _task_logs(tmp_path, "provision-training", "teardown-domain")
+    logged = "\n".join(provision + exit_handler)
+    assert "Traceback" not in logged and "yaml.parser" not in logged
+    (failed,) = [line for line in exit_handler if "teardown failed: " in line]
+    assert f"kubeconfig {broken} is not valid YAML" in failed
+
+
 def test_custom_pipeline_runs_a_user_program_outside_the_package(sim: Any, tmp_path: Path) -> None:
+    # What earlier runs left (`make run`, then `make run PIPELINE=custom` twice).
+    for pipeline in ("mnnvl-training", "mnnvl-custom"):
+        (tmp_path / "reports" / pipeline).mkdir(parents=True)
+        (tmp_path / "reports" / pipeline / "train.html").write_text("<html>an earlier run</html>")
     outcome = local_run.run_pipeline(
         _arguments(pipeline="custom"),
         tmp_path,
@@ -150,4 +218,8 @@ def test_custom_pipeline_runs_a_user_program_outside_the_package(sim: Any, tmp_p
     assert metrics["exit_code"] == 0 and metrics["world_size"] == 2
     assert metrics["slope"] == result["slope"]
     assert "RESULT " in job["log_tail"]
+    # Its reports only: none of the training pipeline's, none of an earlier run's.
+    mine = tmp_path / "reports" / "mnnvl-custom"
+    assert sorted(p.name for p in mine.iterdir()) == ["verify-pre.html"]
+    assert set(outcome.reports.values()) == {str(mine / "verify-pre.html")}
     assert sim.objects() == []

@@ -53,7 +53,7 @@ def test_result_path_in_a_missing_directory_exits_2_before_anything_is_created(
     code, result = run_cli(capsys, [*argv, "--result-path", str(target)])
     assert code == 2 and result["exit_code"] == 2
     assert result["error"] == (
-        f"result_path: directory {str(target.parent)!r} does not exist; "
+        f"--result-path: directory {str(target.parent)!r} does not exist; "
         "create it or pick another path"
     )
     assert sim.request_count == before
@@ -109,11 +109,40 @@ def test_step_in_a_missing_namespace_exits_2_without_reading_namespaces(sim, cap
         assert "provision first (`mnnvl provision" in result["error"]
         assert seen[("POST", "services")] == seen[("POST", "jobs")] == 0
     else:  # provision learns it from its create's 404
-        assert result["error"].startswith("namespace: 'no-such-ns' does not exist")
+        assert result["error"].startswith("--namespace: 'no-such-ns' does not exist")
         assert "kubectl create namespace no-such-ns" in result["error"]
         assert seen[("POST", "computedomains")] == 1
     assert not any(resource == "namespaces" for _, resource in seen)
     assert left_of(sim, run_id) == []
+
+
+@pytest.mark.parametrize("account", ["runner", "admin"])
+@pytest.mark.parametrize("command", ["teardown", "reap"])
+def test_teardown_and_reap_in_a_missing_namespace_exit_2_naming_it(sim, capsys, account, command):
+    """A typo must not read as a clean namespace. The runner's namespaced Role is refused
+    there (403, before anything could answer 404); an account with rights beyond one namespace
+    lists an empty namespace that does not exist, and a dry-run create tells it (404)."""
+    kubeconfig = sim.kubeconfig_path if account == "runner" else sim.admin_kubeconfig_path
+    argv = ["--namespace", "no-such-ns", "--kubeconfig", kubeconfig]
+    which = ["--run-id", "typo"] if command == "teardown" else ["--all-dead"]
+    before = sim.request_counts
+    code, result = run_cli(capsys, [command, *which, *argv])
+    assert code == 2 and result["exit_code"] == 2, result
+    assert result["error"].startswith("--namespace: 'no-such-ns' does not exist")
+    assert "\n" not in result["error"] and "leftovers" not in result
+    seen = sim.request_counts - before
+    assert not any(resource == "namespaces" for _, resource in seen)  # never read
+    assert not [k for k in seen if k[0] == "DELETE"]
+    assert sim.objects() == [] or all(ns != "no-such-ns" for _, ns, _ in sim.objects())
+
+
+@pytest.mark.parametrize("command", ["teardown", "reap"])
+def test_teardown_and_reap_in_an_empty_namespace_still_succeed(sim, capsys, command):
+    which = ["--run-id", "never-ran"] if command == "teardown" else ["--all-dead"]
+    for kubeconfig in (sim.kubeconfig_path, sim.admin_kubeconfig_path):
+        argv = [command, *which, "--namespace", "team-b", "--kubeconfig", kubeconfig]
+        code, result = run_cli(capsys, argv)
+        assert code == 0 and result["deleted"] == [], result
 
 
 def test_warmup_longer_than_the_run_exits_2_before_any_request(sim, capsys):
@@ -122,7 +151,7 @@ def test_warmup_longer_than_the_run_exits_2_before_any_request(sim, capsys):
     argv = ["train", "--run-id", run_id, "--steps", "10", "--warmup-steps", "20"]
     code, result = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
     assert code == 2
-    assert result["error"].startswith("warmup_steps: 20 is more than steps 10")
+    assert result["error"].startswith("--warmup-steps: 20 is more than steps 10")
     assert sim.request_count == before
     assert left_of(sim, run_id) == []
 
@@ -153,9 +182,9 @@ def test_steps_without_namespace_use_the_pods_own_namespace(
         (["launch", "--command-json", "{}"],
          "command: --command-json '{}' is not a JSON list of strings"),
         (["launch", "--command-json", "[]"], "command: is empty: give the program to run"),
-        (["launch", "--module", "m", "--env", "A=1", "--env", "A=2"], "env: A is given twice"),
+        (["launch", "--module", "m", "--env", "A=1", "--env", "A=2"], "--env: A is given twice"),
         (["provision", "--pipeline", "mnnvl-training", "--pipeline-parameters", "[1,2]"],
-         "pipeline_parameters: must be a JSON object of name: value or Argo's"),
+         "--pipeline-parameters: must be a JSON object of name: value or Argo's"),
         (["provision", "--pipeline", "mnnvl-training",
           "--pipeline-parameters", '{"no_such_param": 1}'],
          "no_such_param: is not a parameter of pipeline mnnvl-training"),
@@ -186,8 +215,28 @@ def test_unwritable_result_path_exits_2_before_the_domain_is_created(sim, capsys
     argv = ["provision", "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
     code, result = run_cli(capsys, [*argv, "--result-path", "/proc/nope.json"])
     assert code == 2 and result["exit_code"] == 2, result
-    assert result["error"].startswith("result_path: cannot write '/proc/nope.json' (")
+    assert result["error"].startswith("--result-path: cannot write '/proc/nope.json' (")
     assert sim.request_count == before and left_of(sim, run_id) == []
+
+
+@pytest.mark.parametrize("step", ["verify", "train", "run"])
+@pytest.mark.parametrize("where", ["/proc/reports", "/sys/reports", "a-file", "a-file/sub"])
+def test_unwritable_report_dir_exits_2_before_anything_is_created(
+    sim, capsys, tmp_path, step, where
+):
+    (tmp_path / "a-file").write_text("not a directory")
+    target = where if where.startswith("/") else str(tmp_path / where)
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    before = settled_request_count(sim)
+    argv = [step, "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0"]
+    code, result = run_cli(
+        capsys, [*argv, "--kubeconfig", sim.kubeconfig_path, "--report-dir", target]
+    )
+    assert code == 2 and result["exit_code"] == 2, result
+    assert result["error"].startswith("--report-dir: ") and "\n" not in result["error"]
+    assert ("is a file" in result["error"]) == (not where.startswith("/"))
+    assert sim.request_count == before and left_of(sim, run_id) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the check left nothing
 
 
 def test_sim_up_with_a_kubeconfig_in_a_missing_directory_exits_2_naming_it(capsys, tmp_path):
@@ -195,7 +244,7 @@ def test_sim_up_with_a_kubeconfig_in_a_missing_directory_exits_2_naming_it(capsy
     code, result = run_cli(capsys, ["sim", "up", "--kubeconfig", str(target)])
     assert code == 2 and result["exit_code"] == 2, result
     assert result["error"] == (
-        f"kubeconfig: directory {str(target.parent)!r} does not exist; "
+        f"--kubeconfig: directory {str(target.parent)!r} does not exist; "
         "create it or pick another path"
     )
     assert not target.parent.exists()

@@ -209,3 +209,22 @@ def test_groups_of_three_on_cliques_of_two_fail_within_the_grace_naming_the_miss
     assert message.startswith("no NVLink clique with 3 free nodes for group g"), message
     assert "; cliques seen: " in message and "on 2 node(s)" in message, message
     assert "Unschedulable for more than 2 s" in message, message
+
+
+def test_when_no_node_has_the_gpus_at_all_the_schedulers_reason_leads_not_the_cliques(
+    run_id: str,
+) -> None:
+    workload = WorkloadSpec(
+        run_id=run_id, purpose="job", nodes=4, nodes_per_clique=2, gpus_per_node=4,
+        unschedulable_grace_s=1.0, pods_running_timeout_s=120,
+    )  # fmt: skip
+    with SimCluster(nodes=4, cliques=2, gpus_per_node=2, local_gpus=[]) as sim:
+        with pytest.raises(WorkloadFailed) as info:
+            _launch(sim, workload)
+        seed = sim.scheduler_seed
+    message = str(info.value)
+    assert info.value.exit_code == 4, f"seed {seed}: {message}"
+    first = message.split("; ")[0]
+    assert "Unschedulable for more than 1 s: 0/4 nodes are available: 4 Insufficient " in first
+    assert "no NVLink clique with 2 free nodes" in message  # still said, after the reason
+    assert message.index("Insufficient") < message.index("no NVLink clique"), message

@@ -394,7 +394,7 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
         steps.provision(domain, kubeconfig=sim.kubeconfig_path)
         api = Api.connect(sim.kubeconfig_path)
         try:
-            job = create_workload(api, workload, "sleeper", [])
+            job, _ = create_workload(api, workload, "sleeper", [])
             wait_for_pods_running(api, workload, job)
         finally:
             api.close()

@@ -6,9 +6,14 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import kubernetes
+
+from mnnvl.sim.procs import descendants
+from tests.sim.simkit import wait_for
 
 
 def test_sim_up_prints_how_to_use_it_answers_version_and_stops_on_sigterm(tmp_path: Path):
@@ -71,3 +76,109 @@ def test_sim_up_plays_the_dra_only_gpu_stack_with_host_managed_imex(tmp_path: Pa
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie no longer does: it holds nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(_alive(p) for p in pids)
+
+
+def _sim_up_with_a_running_pod(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
+    """``mnnvl sim up`` serving, and the pid of a pod process that would sleep for minutes."""
+    kc = tmp_path / "kubeconfig"
+    cmd = [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "1", "--gpus-per-node", "0"]
+    proc = subprocess.Popen(
+        [*cmd, "--kubeconfig", str(kc)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    wait_for(kc.exists, timeout=60)
+    api = kubernetes.config.new_client_from_config(config_file=f"{kc}.admin")
+    core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+    container = {"name": "main", "image": "sim", "command": ["python3", "-c", code]}
+    job = {"metadata": {"name": "sleeper"}, "spec": {"backoffLimit": 0, "template": {"spec": {
+        "restartPolicy": "Never", "containers": [container]}}}}  # fmt: skip
+    batch.create_namespaced_job("default", job)
+    pod = wait_for(lambda: core.list_namespaced_pod("default").items, timeout=30)[0]
+    log = wait_for(lambda: _log(core, pod.metadata.name), timeout=30)
+    return proc, int(log)
+
+
+def _log(core: Any, name: str) -> str:
+    try:
+        return str(core.read_namespaced_pod_log(name, "default")).strip()
+    except kubernetes.client.ApiException:
+        return ""
+
+
+def test_sigterm_ends_sim_up_within_seconds_and_its_pods_processes_with_it(tmp_path: Path):
+    proc, pid = _sim_up_with_a_running_pod(tmp_path)
+    try:
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        assert time.monotonic() - start < 10
+        assert _gone_within([pid], 2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_killed_simulator_leaves_no_pod_process(tmp_path: Path):
+    """SIGKILL runs no handler of the simulator's; its pods' processes go with it all the same,
+    as a node's containers go with the node."""
+    proc, pid = _sim_up_with_a_running_pod(tmp_path)
+    try:
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _gone_within([pid], 10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigterm_ends_mnnvl_run_sim_within_seconds_leaving_no_process(tmp_path: Path):
+    cmd = [sys.executable, "-m", "mnnvl", "run", "--sim", "--run-id", "term", "--nodes", "2"]
+    cmd += ["--gpus-per-node", "0", "--min-busbw-gbps", "0.001", "--steps", "100000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # training is under way
+            if "-train-0-" in line and " step " in line:
+                break
+        pods = wait_for(lambda: [p for p in descendants(proc.pid) if _alive(p)], timeout=30)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert time.monotonic() - start < 20
+        assert _gone_within(pods, 5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_simulated_cluster_larger_than_the_machine_is_refused_at_once_naming_the_limit():
+    cmd = [sys.executable, "-m", "mnnvl", "run", "--sim", "--nodes", "100000"]
+    start = time.monotonic()
+    done = subprocess.run(
+        [*cmd, "--nodes-per-clique", "10", "--gpus-per-node", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and time.monotonic() - start < 15
+    error = json.loads(done.stdout.splitlines()[-1])["error"]
+    assert error.startswith("--nodes: 100000 simulated nodes do not fit this machine")
+    assert "MiB available now hold at most" in error

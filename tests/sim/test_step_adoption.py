@@ -35,6 +35,7 @@ from tests.sim.test_rbac_least_privilege import REPO, role_rules
 SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 CLAIM, MOUNT = "adopt-ckpt", "/ckpt"
 ROLE = role_rules(REPO / "manifests" / "base" / "rbac.yaml")
+CDS = "/apis/resource.nvidia.com/v1beta1/namespaces/default/computedomains"
 WORKERS = {"done.py": "print('RESULT {\"ok\": true}', flush=True)\n"}
 
 
@@ -259,6 +260,47 @@ def test_a_step_run_again_after_its_job_completed_returns_its_result_and_says_so
     assert again.result == first.result == {"ok": True} and again.job == first.job
     adopted = [m for m in caplog.messages if m.startswith(f"adopted Job default/{job}, ")]
     assert len(adopted) == 1 and adopted[0].split(", ")[1].startswith("complete since 20")
+    # The result says so too, and the log in words a reader cannot miss.
+    assert first.adopted == "" and again.adopted.startswith("complete since 20")
+    assert again.to_dict()["adopted"] == again.adopted
+    assert any(
+        r.levelname == "WARNING" and "already ran with these inputs" in r.getMessage()
+        for r in caplog.records
+    )
     assert Raw(sim).get(f"/apis/batch/v1/namespaces/default/jobs/{job}")["metadata"]["uid"] == uid
     steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
     assert sim.objects(RunNames.for_run(run_id).selector) == []
+
+
+def test_verify_run_again_returns_its_verdict_and_says_from_when_until_asked_to_measure_again(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mnnvl.cli import main as cli
+
+    run_id = f"ad-{uuid.uuid4().hex[:8]}"
+    names = RunNames.for_run(run_id)
+    job, cd = names.job("verify"), f"{CDS}/{names.domain}"
+    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
+    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+    domain_uid = Raw(sim).get(cd)["metadata"]["uid"]
+    argv = ["verify", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0",
+            "--min-busbw-gbps", "0.001", "--kubeconfig", sim.kubeconfig_path]  # fmt: skip
+
+    def verify(*extra: str) -> tuple[dict[str, Any], str, str]:
+        assert cli.main([*argv, *extra]) == 0
+        out, err = capsys.readouterr()
+        uid = Raw(sim).get(f"/apis/batch/v1/namespaces/default/jobs/{job}")["metadata"]["uid"]
+        return json.loads(out.splitlines()[-1]), err, uid
+
+    first, _, first_uid = verify()
+    again, err, again_uid = verify()
+    assert first["adopted"] == "" and again["adopted"].startswith("complete since 20")
+    assert again_uid == first_uid and again["raw"] == first["raw"]
+    assert "already ran with these inputs" in err and "--measure-again" in err
+    measured, err, measured_uid = verify("--measure-again")
+    assert measured["adopted"] == "" and measured_uid != first_uid
+    assert measured["raw"]["wall_s"] != first["raw"]["wall_s"]  # a new measurement
+    assert f"verify: measuring again (deleted Job default/{job})" in err
+    assert Raw(sim).get(cd)["metadata"]["uid"] == domain_uid  # the domain stayed
+    steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+    assert sim.objects(names.selector) == []

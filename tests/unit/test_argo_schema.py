@@ -144,9 +144,10 @@ def test_long_steps_have_deadlines_and_service_account_is_a_parameter() -> None:
     templates = {t["name"]: t for t in spec["templates"]}
     for name in ("train", "verify", "launch"):
         assert templates[name]["activeDeadlineSeconds"] == "{{inputs.parameters.deadline-s}}"
-    assert spec["serviceAccountName"] == "{{workflow.parameters.service-account}}"
+    assert spec["serviceAccountName"] == "{{workflow.parameters.launcher-service-account}}"
     params = {p["name"] for p in spec["arguments"]["parameters"]}
-    assert "service-account" in params
+    assert {"launcher-service-account", "worker-service-account"} <= params
+    assert "service-account" not in params  # one name for two accounts was easy to confuse
 
 
 def test_every_task_argument_names_a_template_input_or_workflow_parameter() -> None:

@@ -110,10 +110,13 @@ def test_baselines_command_prints_the_table_with_sources(
 ) -> None:
     assert cli.main(["baselines"]) == 0
     out, err = capsys.readouterr()
-    assert "h200x2-nv18-p2p" in out and "346.7" in out and "312.0" in out
-    assert "github.com/NVIDIA/aicr" in out
-    result = json.loads(err.strip().splitlines()[-1])
-    assert result["ok"] and len(result["baselines"]) == len(baselines.BASELINES)
+    assert "h200x2-nv18-p2p" in err and "346.7" in err and "312.0" in err
+    assert "github.com/NVIDIA/aicr" in err
+    # Like every command: exactly one JSON line on stdout, last.
+    (line,) = out.strip().splitlines()
+    result = json.loads(line)
+    assert result["ok"] and result["command"] == "baselines"
+    assert len(result["baselines"]) == len(baselines.BASELINES)
 
 
 NVLS = {"version": "2.28.9", "transport": "MNNVL", "mnnvl": True, "nvls": True}
@@ -164,9 +167,9 @@ def test_baselines_command_shows_the_row_a_shape_gets(
 ) -> None:
     assert cli.main(["baselines", *argv]) == 0
     out, err = capsys.readouterr()
-    result = json.loads(err.strip().splitlines()[-1])
+    result = json.loads(out.strip().splitlines()[-1])
     assert (result["row"] or {}).get("key") == key
     if key:
-        assert f"row {key}" in out and f"{result['row']['floor_gbps']:.1f} GB/s" in out
+        assert f"row {key}" in err and f"{result['row']['floor_gbps']:.1f} GB/s" in err
     else:
-        assert "no baseline row; verify derives its threshold" in out
+        assert "no baseline row; verify derives its threshold" in err

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -68,12 +70,13 @@ def test_render_with_gpu_claims_adds_the_gpu_template(capsys):
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["render", "--run-id", "r1", "--nodes", "40"], "nodes"),
-        (["render", "--run-id", "r1", "--namespace", "Bad_NS"], "namespace"),
-        (["render", "--run-id", "bad id!"], "run_id"),
+        (["render", "--run-id", "r1", "--nodes", "40"], "--nodes"),
+        (["render", "--run-id", "r1", "--namespace", "Bad_NS"], "--namespace"),
+        (["render", "--run-id", "bad id!"], "--run-id"),
         (["provision", "--namespace", "default"], "the following arguments are required"),
-        (["train", "--run-id", "r1", "--env", "NCCL_CUMEM_ENABLE=0"], "env.NCCL_CUMEM_ENABLE"),
-        (["verify", "--run-id", "r1", "--min-bytes", "4G", "--max-bytes", "1M"], "min_bytes"),
+        (["train", "--run-id", "r1", "--env", "NCCL_CUMEM_ENABLE=0"], "--env NCCL_CUMEM_ENABLE"),
+        (["verify", "--run-id", "r1", "--min-bytes", "4G", "--max-bytes", "1M"], "--min-bytes"),
+        (["provision", "--run-id", "r1", "--rct-timeout-s", "0"], "--rct-timeout-s"),
     ],
 )
 def test_bad_input_exits_2_with_a_one_line_message(capsys, argv, field):
@@ -84,6 +87,27 @@ def test_bad_input_exits_2_with_a_one_line_message(capsys, argv, field):
     assert result["error"].startswith(field + ":")
     assert "\n" not in result["error"]
     assert "Traceback" not in err
+
+
+def test_input_errors_name_the_flags_the_user_typed_in_the_hint_too(capsys):
+    code, lines, _ = run_cli(
+        capsys, ["train", "--run-id", "r1", "--steps", "4", "--warmup-steps", "9"]
+    )
+    assert code == 2
+    error = last_json(lines)["error"]
+    assert error.startswith("--warmup-steps: 9 is more than steps 4")
+    assert error.endswith("set --warmup-steps to 4 or fewer")
+    assert "warmup_steps" not in error
+
+
+@pytest.mark.parametrize("value", ["00", "0x0", "-0", "+0", "false"])
+@pytest.mark.parametrize("command", ["train", "verify", "render", "launch"])
+def test_cumem_off_in_any_spelling_is_refused_before_anything_is_created(capsys, command, value):
+    argv = [command, "--run-id", "r1", "--env", f"NCCL_CUMEM_ENABLE={value}"]
+    code, lines, err = run_cli(capsys, [*argv, *(["--module", "m"] if command == "launch" else [])])
+    assert code == 2
+    result = last_json(err.splitlines() if command == "render" else lines)
+    assert "NCCL_CUMEM_ENABLE" in result["error"] and "silently disables MNNVL" in result["error"]
 
 
 def test_unknown_flag_is_a_usage_error_with_a_json_line(capsys):
@@ -110,6 +134,19 @@ def test_unreachable_cluster_exits_5(capsys, tmp_path):
     # to remove it
     assert any("ComputeDomain default/" in item for item in result["leftovers"])
     assert result["cleanup"] == "mnnvl teardown --run-id r1 --namespace default"
+
+
+def test_run_with_no_cluster_configured_says_only_what_is_true(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    code, lines, err = run_cli(capsys, ["run", "--run-id", "r1", "--report-dir", str(tmp_path)])
+    assert code == 5
+    result = last_json(lines)
+    assert result["error"].startswith("no Kubernetes configuration found")
+    assert "leftovers" not in result and "cleanup" not in result
+    assert "may be left" not in err and "also failed" not in err
+    assert "the run created nothing" in err
 
 
 def test_missing_kubeconfig_exits_5_naming_what_was_tried(capsys, tmp_path, monkeypatch):
@@ -211,6 +248,71 @@ def test_each_command_lists_only_the_inputs_it_uses_in_groups(capsys):
     for title in ("domain (", "workload (", "training:", "verification:", "timeouts ("):
         assert f"\n{title}" in run, title
     assert run.count("\n  --run-id") == 1 and run.count("\n  --namespace") == 1
+
+
+def test_render_and_baselines_list_no_option_they_ignore(capsys):
+    render = _help_of(capsys, "render")
+    for ignored in ("--kubeconfig", "--rct-timeout-s", "--delete-timeout-s", "--api-outage-s",
+                    "--admission-timeout-s", "--pods-running-timeout-s",
+                    "--unschedulable-grace-s"):  # fmt: skip
+        assert ignored not in render, ignored
+    assert "--job-timeout-s" in render  # the Job carries it (activeDeadlineSeconds)
+    assert "--kubeconfig" not in _help_of(capsys, "baselines")
+    assert "--kubeconfig" in _help_of(capsys, "run")
+
+
+def _actions(name: str) -> dict[str, argparse.Action]:
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {a.dest: a for a in sub.choices[name]._actions}
+
+
+def _expanded(action: argparse.Action) -> str:
+    return " ".join(argparse.HelpFormatter("mnnvl")._expand_help(action).split())
+
+
+def test_sim_up_help_shows_every_default():
+    shown = {
+        dest: _expanded(action)
+        for dest, action in _actions("sim").items()
+        if action.option_strings
+        and dest not in ("help", "verbose")
+        and action.default is not None
+        and action.default is not False
+    }
+    assert {"nodes", "gpus_per_node", "cliques", "imex_delay_s", "namespaces"} <= set(shown)
+    for dest, text in shown.items():
+        assert "default: " in text, dest
+
+
+def test_help_points_only_at_documentation_that_exists(capsys):
+    root = Path(__file__).resolve().parents[2]
+    texts = [_help_of(capsys, name) for name in COMMANDS]
+    refs = {
+        m for t in texts for m in re.findall(r"\((docs/[\w-]+\.md), ([^)]+)\)", " ".join(t.split()))
+    }
+    assert ("docs/verification.md", "NCCL profiles") in refs  # --nccl-profile
+    for path, section in refs:
+        headings = re.findall(r"^#+ (.+)$", (root / path).read_text(), re.M)
+        assert section in headings, (path, section)
+    assert not any("(README)" in t for t in texts)
+
+
+def test_output_dir_and_report_dir_say_where_each_is():
+    for command in ("verify", "run"):
+        actions = _actions(command)
+        output_dir, report_dir = _expanded(actions["output_dir"]), _expanded(actions["report_dir"])
+        assert "inside the worker pod" in output_dir and "--report-dir" in output_dir
+        assert "on the machine this command runs on" in report_dir
+        assert "--output-dir" in report_dir
+
+
+@pytest.mark.parametrize("purpose", ["train", "verify", "verify-pre", "verify-post"])
+def test_launch_refuses_a_step_s_job_name(capsys, purpose):
+    argv = ["launch", "--run-id", "r1", "--purpose", purpose, "--module", "pkg.entry"]
+    code, lines, _ = run_cli(capsys, argv)
+    assert code == 2
+    assert last_json(lines)["error"].startswith(f"--purpose: {purpose!r} names the ")
 
 
 def test_mnnvl_alone_lists_the_commands_and_exits_2(capsys):

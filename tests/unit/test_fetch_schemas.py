@@ -23,3 +23,6 @@ def test_a_failed_fetch_leaves_no_schema_directory(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert not target.exists(), sorted(p.name for p in target.rglob("*"))
+    # Where it fails, it says how to go on offline.
+    last = done.stderr.strip().splitlines()[-1]
+    assert "scripts/fetch-schemas.sh DIR" in last and "MNNVL_SCHEMA_DIR" in last

@@ -54,6 +54,30 @@ def test_cumem_disable_is_refused() -> None:
         nccl.apply_profile("production", fabric_present=False, environ={"NCCL_CUMEM_ENABLE": "0"})
 
 
+# What NCCL's strtoll(value, nullptr, 0) reads as cuMem off: no digits is 0, 0x hex, 0 octal,
+# and any negative but -2 (auto); a 64-bit number is kept as a C int (2**32 is 0).
+CUMEM_OFF = ["00", "0x0", "-0", "+0", "false", "true", " 0", "0abc", "-1", "08", "4294967296"]
+CUMEM_ON = ["1", "-2", "2", "0x1", "010", " 1", "", "99999999999999999999"]
+
+
+@pytest.mark.parametrize("value", CUMEM_OFF)
+def test_the_worker_refuses_every_spelling_nccl_reads_as_cumem_off(value: str) -> None:
+    with pytest.raises(SpecError, match=r"^NCCL_CUMEM_ENABLE: .*silently disables MNNVL"):
+        nccl.apply_profile("production", fabric_present=True, environ={"NCCL_CUMEM_ENABLE": value})
+
+
+@pytest.mark.parametrize("value", CUMEM_ON)
+def test_values_nccl_reads_as_cumem_on_or_its_default_pass(value: str) -> None:
+    env = {"NCCL_CUMEM_ENABLE": value}
+    nccl.apply_profile("production", fabric_present=True, environ=env)
+    assert env["NCCL_CUMEM_ENABLE"] == value
+
+
+def test_the_refusal_says_what_nccl_reads() -> None:
+    problem = contract_env.forbidden_problem({"NCCL_CUMEM_ENABLE": "false"})
+    assert problem is not None and "NCCL_CUMEM_ENABLE=false (NCCL reads it as 0)" in problem[1]
+
+
 def test_required_override_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     env = {"NCCL_MNNVL_ENABLE": "1"}
     with caplog.at_level(logging.INFO, logger="mnnvl.contract.nccl"):

@@ -169,3 +169,13 @@ def test_verdict_numbers_say_when_there_is_no_threshold_and_keep_small_figures()
     assert report.verdict_numbers(judged).startswith(
         "judged busbw 346.7 GB/s vs threshold 296.4 GB/s (derived)"
     )
+
+
+def test_a_small_user_threshold_prints_as_given_in_the_table_and_the_markdown(tmp_path: Path):
+    cpu = {**verify_result(), "threshold_gbps": 0.001, "threshold_source": "user"}
+    cpu["judged_busbw_gbps"] = 0.0042
+    table = report.verify_table(cpu)
+    assert "threshold 0.001 GB/s" in table and "threshold: 0.001 GB/s (user)" in table
+    assert "busbw 0.0042 GB/s" in table and "0.0 GB/s" not in table
+    files = report.write_verify_report(cpu, str(tmp_path))
+    assert "threshold: 0.001 GB/s" in Path(files["markdown"]).read_text()

@@ -104,7 +104,7 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
     ),
     (WorkloadSpec, {"run_id": RUN, "image_pull_policy": "always"}, "image_pull_policy", "one of"),
     (TrainConfig, {"steps": 3, "warmup_steps": 4}, "warmup_steps", "4 is more than steps 3"),
-    (TrainConfig, {"steps": 10, "warmup_steps": 11}, "warmup_steps", "--warmup-steps 10"),
+    (TrainConfig, {"steps": 10, "warmup_steps": 11}, "warmup_steps", "set warmup_steps to 10"),
     (TrainConfig, {"model": "70b"}, "model", "not one of"),
     (TrainConfig, {"steps": 0}, "steps", "out of range"),
     (TrainConfig, {"batch_size": -1}, "batch_size", "out of range"),
@@ -393,3 +393,18 @@ def test_scheduling_flags_parse_into_the_workload() -> None:
     assert workload.node_selector == {"pool": "gb200", "zone": ""}
     assert workload.tolerations == ("dedicated=ml:NoSchedule",)  # blank items are dropped
     assert (workload.priority_class, workload.queue_name) == ("training-high", "team-a")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"steps": 20_000_000}, "steps: 20000000 is out of range; allowed 1 to 10000000"),
+        ({"batch_size": -1}, "batch_size: -1 is out of range; allowed 0 to 4096"),
+        ({"lr": 2.0}, "lr: 2 is out of range; allowed 1e-08 to 1"),
+        ({"min_lr_ratio": 1.5}, "min_lr_ratio: 1.5 is out of range; allowed 0 to 1"),
+    ],
+)
+def test_ranges_print_as_numbers_are_typed_and_include_zero_where_it_is_valid(kwargs, message):
+    with pytest.raises(SpecError) as err:
+        TrainConfig(**kwargs)
+    assert str(err.value) == message

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import re
 from typing import Any
 
 import pytest
@@ -233,3 +234,50 @@ def test_the_argo_preflight_template_reads_no_run_id_and_saves_its_ctrf_report()
         assert args[0] == "preflight" and "--run-id" not in args and "--report-dir" in args
         (ctrf,) = template["outputs"]["artifacts"]
         assert ctrf["path"].endswith("/preflight.ctrf.json")
+
+
+@pytest.mark.parametrize("name", sorted(surface.PIPELINES))
+def test_every_kfp_form_parameter_explains_itself_with_its_valid_values(name: str) -> None:
+    kfp = next(yaml.safe_load_all((COMPILED_DIR / f"{name}.kfp.yaml").read_text()))
+    params = kfp["root"]["inputDefinitions"]["parameters"]
+    assert set(params) == {p.name for p in surface.PIPELINES[name].parameters()}
+    for key, param in params.items():
+        description = param.get("description", "")
+        assert ". Valid: " in description, key
+        if param["parameterType"] == "LIST":
+            example = description.split("e.g. ", 1)[1].rstrip(".")
+            assert json.loads(example) and all(isinstance(i, str) for i in json.loads(example))
+
+
+def test_argo_parameters_say_whose_they_are_and_accounts_cannot_be_confused() -> None:
+    doc = yaml.safe_load((COMPILED_DIR / "mnnvl-training.workflowtemplate.yaml").read_text())
+    described = {
+        p["name"]: p.get("description", "") for p in doc["spec"]["arguments"]["parameters"]
+    }
+    assert described["verify-timeout-s"] != described["train-timeout-s"]
+    assert described["verify-timeout-s"].startswith("verify step: deadline")
+    assert described["train-timeout-s"].startswith("train step: deadline")
+    assert "launcher" in described["launcher-service-account"]
+    assert "worker pods" in described["worker-service-account"]
+    assert "service-account" not in described
+
+
+def test_readme_and_usage_say_where_the_pipelines_defaults_differ_from_the_clis() -> None:
+    root = COMPILED_DIR.parents[1]
+    for doc in (root / "README.md", root / "docs" / "usage.md"):
+        text = " ".join(doc.read_text().split())
+        for plan in surface.PIPELINES.values():
+            for name, (default, _why) in plan.defaults.items():
+                cli = next(i.default for i in surface.step_inputs("train") if i.name == name)
+                assert f"`{name}` `{default}` (CLI `{cli}`" in text, (doc.name, name)
+
+
+def test_components_readme_shows_list_inputs_as_lists() -> None:
+    text = (COMPILED_DIR.parents[1] / "components" / "README.md").read_text()
+    lists = {
+        i.name for c in surface.SPEC_CLASSES for i in surface.class_inputs(c) if i.kind == "list"
+    }
+    for name in sorted(lists):
+        for example in re.findall(rf"`{name}` \(([^)]*)\)", text):
+            assert example.startswith(("a list", "`[")), (name, example)
+    assert '`env` (a list: `["' in text

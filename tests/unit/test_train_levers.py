@@ -106,7 +106,7 @@ def test_cli_refuses_a_bad_lever_with_exit_2_before_rendering_anything(
     assert cli.main(["render", "--run-id", "r1", *argv]) == 2
     out, err = capsys.readouterr()
     assert "kind:" not in out  # no object was rendered
-    assert argv[0].lstrip("-").replace("-", "_") in err
+    assert f"render failed: {argv[0]}: {argv[1]!r} is not one of" in err  # the flag typed
 
 
 def test_cli_defaults_reach_the_workers_as_the_presets_levers(
@@ -185,7 +185,7 @@ def test_argo_pipeline_check_refuses_a_bad_lever_before_provisioning() -> None:
             "mnnvl-training",
             [{"name": "activation-checkpointing", "value": "half"}],
         )
-    assert err.value.field == "activation_checkpointing"
+    assert err.value.field == "activation-checkpointing"  # as Argo names the parameter
 
 
 # ---- the sharded model on one gloo rank -----------------------------------------------------
