@@ -63,6 +63,7 @@ def preflight_cluster(
             DNS subdomain).
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
+            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
             LocalQueue name of the namespace.
         api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
@@ -194,6 +195,7 @@ def train_sharded(
             (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
+            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
@@ -367,6 +369,7 @@ def verify_nvlink(
             (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
+            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
@@ -513,6 +516,7 @@ def launch_workload(
             (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
+            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
@@ -697,6 +701,7 @@ def provision_training(
             (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
+            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
@@ -899,6 +904,7 @@ def provision_verify_only(
             (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
+            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
@@ -1065,6 +1071,7 @@ def provision_custom(
             (clique_label). Valid: true or false.
         clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
             or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
+            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a

@@ -253,6 +253,7 @@ class WorkloadSpec:
         CLIQUE_LABEL,
         "node label whose value names a node's NVLink clique (GPU Feature Discovery or the DRA "
         "driver set nvidia.com/gpu.clique; some providers use a key of their own)",
+        valid="a label key: [DNS-subdomain prefix/]name, name at most 63 characters",
     )
     nccl_profile: str = opt(
         "production",
