@@ -307,14 +307,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=GPU_STACKS,
         default="device-plugin",
         help="where GPUs come from: device-plugin (nvidia.com/gpu allocatable) or dra (only "
-        "gpu.nvidia.com ResourceSlices, as GPU Operator's GPUCluster)",
+        "gpu.nvidia.com ResourceSlices, as GPU Operator's GPUCluster; default: %(default)s)",
     )
     p.add_argument(
         "--imex-mode",
         choices=IMEX_MODES,
         default="daemons",
         help="who runs IMEX: daemons (the driver's, per domain) or hostManaged (the host's "
-        "nvidia-imex service: no daemons, node labels or status.nodes; channel Single)",
+        "nvidia-imex service: no daemons, node labels or status.nodes; channel Single; "
+        "default: %(default)s)",
     )
     p.add_argument(
         "--cluster-reader",

@@ -229,12 +229,11 @@ def raise_on_stuck_pod(
         if found is None:
             continue
         group = (pod["metadata"].get("labels") or {}).get(LABEL_CLIQUE_GROUP)
-        shortage = ""
         if found.kind in UNPLACED:
             found = label_shortage(workload, pod, grace.grace_s) or found
+        gpus = ""
         if found.kind is Kind.UNSCHEDULABLE:
             gpus = shortage_hint(api, _unschedulable(pod))
-            shortage = f"{gpus}; " if gpus else ""
         failed = (pod.get("status") or {}).get("phase") == "Failed"
         tail = log_tail(api, workload.namespace, pod["metadata"]["name"]) if failed else ""
         found = imex_import(found, tail) or found
@@ -244,7 +243,7 @@ def raise_on_stuck_pod(
             cliques = clique_shortage(api, workload, group, pods)
             # Every node short of a resource: no clique would do, the scheduler's reason leads.
             text = f"{text}; {cliques}" if every_node_short(found.message) else f"{cliques}; {text}"
-        raise found.error(shortage + text)
+        raise found.error(f"{text}; {gpus}" if gpus else text)
 
 
 def every_node_short(message: str) -> bool:

@@ -180,7 +180,7 @@ def test_a_broken_kubeconfig_is_one_line_in_every_task(
     broken = tmp_path / "kubeconfig"
     broken.write_text("apiVersion: v1\nclusters: [\n  - bad: : :\n")
     monkeypatch.setenv("KUBECONFIG", str(broken))
-    monkeypatch.setattr(kp, "RETRY_BACKOFF", "0s")
+    monkeypatch.setattr(surface, "STEP_RETRY_BACKOFF_S", 0)
     monkeypatch.setattr(kp, "PIPELINES", {"mnnvl-training": kp.build_pipeline("mnnvl-training")})
     outcome = local_run.run_pipeline(_arguments(), tmp_path, start=time.monotonic(), verbose=False)
 

@@ -116,12 +116,11 @@ def test_a_missing_secret_in_the_env_holds_the_container_until_it_is_created(sim
 
 def test_a_missing_service_account_fails_the_run_at_once_naming_it(sim, capsys):
     started = time.monotonic()
-    result = run(sim, capsys, "--run-id", "no-sa", "--service-account", "ghost")
+    result = run(sim, capsys, "--run-id", "no-sa", "--worker-service-account", "ghost")
     assert result["code"] == 4, result
     assert time.monotonic() - started < 45  # not the unschedulable grace nor a timeout
     assert 'serviceaccount "ghost" not found' in result["error"]
     assert "create that service account in namespace default" in result["error"]
-    assert "--service-account" in result["error"]
     assert sim.objects(RunNames.for_run("no-sa").selector) == []
 
 

@@ -256,7 +256,8 @@ def test_render_and_baselines_list_no_option_they_ignore(capsys):
                     "--admission-timeout-s", "--pods-running-timeout-s",
                     "--unschedulable-grace-s"):  # fmt: skip
         assert ignored not in render, ignored
-    assert "--job-timeout-s" in render  # the Job carries it (activeDeadlineSeconds)
+    # the Jobs carry them (activeDeadlineSeconds)
+    assert "--train-timeout-s" in render and "--verify-timeout-s" in render
     assert "--kubeconfig" not in _help_of(capsys, "baselines")
     assert "--kubeconfig" in _help_of(capsys, "run")
 
@@ -299,12 +300,14 @@ def test_help_points_only_at_documentation_that_exists(capsys):
 
 
 def test_output_dir_and_report_dir_say_where_each_is():
-    for command in ("verify", "run"):
-        actions = _actions(command)
-        output_dir, report_dir = _expanded(actions["output_dir"]), _expanded(actions["report_dir"])
-        assert "inside the worker pod" in output_dir and "--report-dir" in output_dir
-        assert "on the machine this command runs on" in report_dir
-        assert "--output-dir" in report_dir
+    actions = _actions("verify")
+    output_dir, report_dir = _expanded(actions["output_dir"]), _expanded(actions["report_dir"])
+    assert "inside the worker pod" in output_dir and "--report-dir" in output_dir
+    assert "on the machine this command runs on" in report_dir
+    assert "--output-dir" in report_dir
+    # A whole run writes its reports on this side only.
+    assert "output_dir" not in _actions("run")
+    assert "on the machine this command runs on" in _expanded(_actions("run")["report_dir"])
 
 
 @pytest.mark.parametrize("purpose", ["train", "verify", "verify-pre", "verify-post"])
