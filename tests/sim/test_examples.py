@@ -206,9 +206,17 @@ def test_the_documented_examples_run_in_order_as_one_script(tmp_path: Path) -> N
     kubectl = shutil.which("kubectl")
     not_run = tmp_path / "kubectl-not-run.txt"
     tag = uuid.uuid4().hex
+    # `mnnvl` on the PATH is this interpreter's (also under a venv without the entry point).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "mnnvl"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m mnnvl "$@"\n')
+    shim.chmod(0o755)
     env = {
         **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": os.pathsep.join(
+            (str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"])
+        ),
         "KUBECACHEDIR": str(tmp_path / "kube-cache"),  # kubectl's discovery cache, not ~/.kube
         TAG_ENV: tag,
     }
