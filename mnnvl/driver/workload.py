@@ -203,18 +203,25 @@ def delete_step_jobs(
     gone, ns = Deletions(workload.run_id), workload.namespace
     for body in indexed_jobs(workload, module, args):
         job = str(body["metadata"]["name"])
-        if gone.delete_named(api, JOB, ns, job, propagation="Foreground"):
-            wait_for(
-                api,
-                JOB,
-                ns,
-                name=job,
-                what=f"Job {ns}/{job} and its pods to be gone",
-                done=lambda objects: not objects,
-                deadline=deadline,
-                hint="check the pods' finalizers and the kubelet on their nodes",
-            )
+        _delete_job_and_wait(api, gone, ns, job, f"Job {ns}/{job}", deadline)
     return gone.deleted
+
+
+def _delete_job_and_wait(
+    api: Api, gone: Deletions, ns: str, job: str, what: str, deadline: Deadline
+) -> None:
+    """Delete a Job of the run in the foreground and wait until it and its pods are gone."""
+    if gone.delete_named(api, JOB, ns, job, propagation="Foreground"):
+        wait_for(
+            api,
+            JOB,
+            ns,
+            name=job,
+            what=f"{what} and its pods to be gone",
+            done=lambda objects: not objects,
+            deadline=deadline,
+            hint="check the pods' finalizers and the kubelet on their nodes",
+        )
 
 
 def remove_failed_jobs(
@@ -230,17 +237,7 @@ def remove_failed_jobs(
             if not wait:
                 gone.delete_named(api, JOB, ns, job, propagation="Background")
                 continue
-            if gone.delete_named(api, JOB, ns, job, propagation="Foreground"):
-                wait_for(
-                    api,
-                    JOB,
-                    ns,
-                    name=job,
-                    what=f"the failed Job {ns}/{job} and its pods to be gone",
-                    done=lambda objects: not objects,
-                    deadline=deadline,
-                    hint="check the pods' finalizers and the kubelet on their nodes",
-                )
+            _delete_job_and_wait(api, gone, ns, job, f"the failed Job {ns}/{job}", deadline)
     except MnnvlError as e:
         logger.warning("could not remove the failed step's Jobs: %s", e)
         return (
