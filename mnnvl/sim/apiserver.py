@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import queue
 import ssl
 import sys
@@ -426,21 +427,27 @@ class Handler(BaseHTTPRequestHandler):
             return
         deadline = time.monotonic() + timeout
         bookmarks = q.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        # kube-apiserver's cacher sends a bookmark every interval and one 2 s before a
+        # watch's deadline, none after that (cacheWatcher.nextBookmarkTime), so a client
+        # resumes from near now.
         every = self.server.bookmark_interval_s
+
+        def next_bookmark(now: float) -> float:
+            due = min(now + every, deadline - 2.0)
+            return due if bookmarks and due > now else math.inf
+
+        due = next_bookmark(time.monotonic())
         try:
             while not (self.server.stopping.is_set() or self.server.down.is_set()):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    # kube-apiserver's cacher also sends a bookmark just before a watch's
-                    # deadline (cacheWatcher.nextBookmarkTime), so the client resumes from now.
-                    if bookmarks:
-                        self._chunk(_bookmark(plural, store.resource_version))
+                now = time.monotonic()
+                if now >= deadline:
                     break
+                if now >= due:
+                    self._chunk(_bookmark(plural, store.resource_version))
+                    due = next_bookmark(now)
                 try:
-                    ev = sub.queue.get(timeout=min(left, every if bookmarks else 1.0))
+                    ev = sub.queue.get(timeout=min(deadline, due, now + 1.0) - now)
                 except queue.Empty:
-                    if bookmarks:
-                        self._chunk(_bookmark(plural, store.resource_version))
                     continue
                 if ev is None:
                     break

@@ -327,46 +327,41 @@ def test_a_refusal_once_the_api_answered_again_is_fatal_at_once(sim: SimCluster)
 
 
 def test_watch_bookmarks_advance_the_resume_point_so_a_quiet_watch_needs_no_relist(
-    run: Callable[..., Run], monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A watch on something quiet while the rest of the cluster is busy: bookmarks carry
     the resourceVersion forward, so resuming never falls out of the server's history."""
     with SimCluster(nodes=1, local_gpus=[], watch_history=20) as small:
-        monkeypatch.setattr(wait_module, "WATCH_CHUNK_S", 1.0)  # resume every second
-        stop = threading.Event()
+        monkeypatch.setattr(wait_module, "WATCH_CHUNK_S", 3.0)  # a bookmark 2 s before each end
+        with Api.connect(small.kubeconfig_path) as api, Api.connect(small.kubeconfig_path) as other:
+            watch, calls = api.watch, [0]
 
-        def churn() -> None:  # other objects change all the time
-            with Api.connect(small.kubeconfig_path) as api:
-                i = 0
-                while not stop.is_set():
-                    name = f"other-{i % 5}"
-                    api.delete(SERVICE, "default", name)
-                    api.create(SERVICE, "default", _service(name))
-                    i += 1
-                    # About 40 events a second: twice the history in each 1 s watch chunk, so a
-                    # watch resumed from its list's version falls out of it; one resumed from
-                    # a bookmark sent at the chunk's end does not, even on a loaded machine.
-                    stop.wait(0.05)
+            def busy_between_watches(*args: Any, **kwargs: Any) -> Any:
+                # Between two watches, other objects change 12 times: a resume from the last
+                # bookmark is 12 events behind (inside the history of 20); one from the list's
+                # version would be 24 behind by the third watch and get 410 Gone.
+                for i in range(6 if calls[0] else 0):
+                    other.delete(SERVICE, "default", f"other-{i}")
+                    other.create(SERVICE, "default", _service(f"other-{i}"))
+                calls[0] += 1
+                return watch(*args, **kwargs)
 
-        thread = threading.Thread(target=churn, daemon=True)
-        thread.start()
-        try:
-            with Api.connect(small.kubeconfig_path) as api:
-                lists_before = small.request_counts[("LIST", "resourceclaimtemplates")]
-                with pytest.raises(MnnvlError, match="timed out"):
-                    wait_for(
-                        api,
-                        RESOURCE_CLAIM_TEMPLATE,
-                        "default",
-                        name="never-there",
-                        what="a template that never comes",
-                        done=lambda objects: bool(objects),
-                        deadline=Deadline(5),
-                    )
-                relists = small.request_counts[("LIST", "resourceclaimtemplates")] - lists_before
-        finally:
-            stop.set()
-            thread.join(10)
+            for i in range(6):
+                other.create(SERVICE, "default", _service(f"other-{i}"))
+            monkeypatch.setattr(api, "watch", busy_between_watches)
+            lists_before = small.request_counts[("LIST", "resourceclaimtemplates")]
+            with pytest.raises(MnnvlError, match="timed out"):
+                wait_for(
+                    api,
+                    RESOURCE_CLAIM_TEMPLATE,
+                    "default",
+                    name="never-there",
+                    what="a template that never comes",
+                    done=lambda objects: bool(objects),
+                    deadline=Deadline(10),
+                )
+            relists = small.request_counts[("LIST", "resourceclaimtemplates")] - lists_before
+    assert calls[0] >= 3, f"only {calls[0]} watches: the test needs a third resume"
     assert relists == 1, f"the quiet watch was re-listed {relists - 1} times (410 Gone)"
 
 
