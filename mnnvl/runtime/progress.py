@@ -17,7 +17,9 @@ neither for gloo.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ PROGRESS_ENV = "MNNVL_PROGRESS_FILE"  # set per worker by mnnvl.runtime.launch
 SIGNAL_AT_ENV = "MNNVL_TEST_SIGNAL_AT"
 
 _seq = 0
+logger = logging.getLogger(__name__)
 
 
 def report(what: str, stall_timeout_s: float) -> None:
@@ -41,6 +44,24 @@ def report(what: str, stall_timeout_s: float) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"seq": _seq, "stall_timeout_s": stall_timeout_s, "what": what}, f)
     os.replace(tmp, path)
+
+
+def signal_at(point: int, rank: int, what: str, marker_dir: str | None = None) -> None:
+    """Test hook ``SIGNAL_AT_ENV``: that rank signals itself after ``point`` (``what``: a training
+    step or a sweep size); with ``marker_dir`` only once (a marker there stops a restarted run)."""
+    at = os.environ.get(SIGNAL_AT_ENV, "")
+    if not at:
+        return
+    at_point, at_rank, name = at.split(":")
+    if (int(at_point), int(at_rank)) != (point, rank):
+        return
+    if marker_dir is not None:
+        marker = os.path.join(marker_dir, f".signal-{at.replace(':', '-')}")
+        if os.path.exists(marker):
+            return
+        open(marker, "w").close()
+    logger.warning("test hook: %s to rank %d after %s %d", name, rank, what, point)
+    os.kill(os.getpid(), signal.Signals[name])
 
 
 def is_collective_timeout(error: BaseException) -> bool:
