@@ -27,7 +27,7 @@ from mnnvl import steps
 from mnnvl.cli.parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
 from mnnvl.driver.inspect import status_lines
-from mnnvl.errors import MnnvlError, SpecError
+from mnnvl.errors import Interrupted, MnnvlError, SpecError
 from mnnvl.inputs import baselines, flags, surface
 from mnnvl.inputs.checks import check_dns_label, check_range, parse_list
 from mnnvl.inputs.defaults import MAX_GPUS_PER_NODE
@@ -40,14 +40,6 @@ from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
 DEFAULT_REPORTS = os.path.join("out", "reports")  # mnnvl run's, under the working directory
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGINT arrived; raised in the main thread so ``finally`` blocks run."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.exit_code = exit_codes.INTERRUPTED_BASE + signum
 
 
 class _StderrHandler(logging.StreamHandler[Any]):
@@ -440,14 +432,12 @@ def _emit(payload: dict[str, Any], result_path: str | None) -> None:
     stream.flush()
 
 
-def _leftovers(e: BaseException) -> dict[str, Any]:
+def _leftovers(e: MnnvlError | Interrupted) -> dict[str, Any]:
     """What a teardown that could not finish left (see ``TeardownIncomplete``), logged last."""
-    leftovers = getattr(e, "leftovers", None)
-    if not leftovers:
+    if not e.leftovers:
         return {}
-    cleanup = getattr(e, "cleanup", "")
-    logger.error("may be left: %s; remove with `%s`", "; ".join(leftovers), cleanup)
-    return {"leftovers": list(leftovers), "cleanup": cleanup}
+    logger.error("may be left: %s; remove with `%s`", "; ".join(e.leftovers), e.cleanup)
+    return {"leftovers": list(e.leftovers), "cleanup": e.cleanup}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -490,28 +480,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
-    except MnnvlError as e:
+    except (MnnvlError, Interrupted) as e:
         if isinstance(e, SpecError):  # named as typed: --rct-timeout-s, not rct_timeout_s
             e = surface.respelled(e, ns.flag_names)
-        logger.error("%s failed: %s", command, e)
+        logger.error("%s %s", command, e if isinstance(e, Interrupted) else f"failed: {e}")
         _emit(
             {
                 "ok": False,
                 "command": command,
                 "error": str(e),
-                "exit_code": e.exit_code,
-                **_leftovers(e),
-            },
-            ns.result_path,
-        )
-        return e.exit_code
-    except Interrupted as e:
-        logger.error("%s interrupted by %s", command, e)
-        _emit(
-            {
-                "ok": False,
-                "command": command,
-                "error": f"interrupted by {e}",
                 "exit_code": e.exit_code,
                 **_leftovers(e),
             },

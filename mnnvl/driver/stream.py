@@ -15,7 +15,8 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from mnnvl.driver.errors import WatchExpired, from_api_exception
+from mnnvl.driver.retry import from_api_exception
+from mnnvl.errors import WatchExpired
 
 logger = logging.getLogger(__name__)
 

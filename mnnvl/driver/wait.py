@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mnnvl.driver.api import Api, Kind
-from mnnvl.driver.errors import MnnvlError, WaitTimeout, WatchExpired
+from mnnvl.errors import MnnvlError, WaitTimeout, WatchExpired
 
 logger = logging.getLogger(__name__)
 
