@@ -18,29 +18,8 @@ import signal
 from typing import Any
 
 from mnnvl.contract import exit_codes
-from mnnvl.contract.errors import MnnvlError, SpecError
-
-__all__ = [
-    "AlreadyExists",
-    "ApiError",
-    "ClusterUnavailable",
-    "CrdMissing",
-    "HttpConflict",
-    "Interrupted",
-    "MnnvlError",
-    "NoCluster",
-    "NotFound",
-    "NotOurs",
-    "NotProvisioned",
-    "ProblemKind",
-    "Refused",
-    "SpecError",
-    "TeardownIncomplete",
-    "VerificationFailed",
-    "WaitTimeout",
-    "WatchExpired",
-    "WorkloadFailed",
-]
+from mnnvl.contract.errors import MnnvlError
+from mnnvl.contract.errors import SpecError as SpecError  # one of this family's names
 
 DRA_INSTALL_HINT = (
     "install the NVIDIA DRA driver (chart nvidia/nvidia-dra-driver-gpu or "
@@ -85,8 +64,9 @@ class ProblemKind(enum.Enum):
     RESTARTS_EXHAUSTED = "restarts exhausted"
 
 
-class NotOurs(MnnvlError):
-    """An object with our name exists but belongs to another run (or to nobody)."""
+class NotAdoptable(MnnvlError):
+    """An object with a name this run needs exists and cannot be adopted: it belongs to another
+    run (or to nobody), is being deleted, or was made from another spec."""
 
     exit_code = exit_codes.BAD_INPUT
 
@@ -165,23 +145,17 @@ class Refused(ClusterUnavailable):
 class ApiError(MnnvlError):
     """The API refused a request for a reason no retry fixes (400, 422, unexpected 4xx/5xx)."""
 
-    def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-
 
 class NotFound(ApiError):
-    """404. ``details_kind``/``details_name`` say which object was missing, when the server said.
+    """404. ``details_kind`` says what kind of object was missing, when the server said.
 
     A missing object or namespace comes back as a ``Status`` naming it in ``details``; an
     unknown resource type (a CRD that is not installed) comes back without details.
     """
 
-    def __init__(self, message: str, *, details_kind: str = "", details_name: str = "") -> None:
-        super().__init__(message, status=404, reason="NotFound")
+    def __init__(self, message: str, *, details_kind: str = "") -> None:
+        super().__init__(message)
         self.details_kind = details_kind
-        self.details_name = details_name
 
 
 class HttpConflict(ApiError):

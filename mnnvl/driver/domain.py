@@ -18,8 +18,8 @@ from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.errors import (
     CrdMissing,
     MnnvlError,
+    NotAdoptable,
     NotFound,
-    NotOurs,
     Refused,
     SpecError,
 )
@@ -102,7 +102,7 @@ def wait_for_channel_template(api: Api, domain: Domain, deadline: Deadline) -> d
     def fail(objects: Objects) -> None:
         uid = owner_uid(objects)
         if uid is not None and uid != domain.uid:
-            raise NotOurs(
+            raise NotAdoptable(
                 f"an RCT named {domain.namespace}/{name} already exists; the DRA controller "
                 "cannot create the domain's channel template (that one is labelled "
                 f"{DOMAIN_LABEL}={uid or '<unset>'}, the domain's uid is {domain.uid}): "

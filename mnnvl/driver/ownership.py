@@ -21,8 +21,8 @@ from mnnvl.errors import (
     AlreadyExists,
     HttpConflict,
     MnnvlError,
+    NotAdoptable,
     NotFound,
-    NotOurs,
     SpecError,
     TeardownIncomplete,
 )
@@ -71,7 +71,7 @@ def missing_namespace(namespace: str) -> SpecError:
     )
 
 
-class StaleObject(NotOurs):
+class StaleObject(NotAdoptable):
     """An object of this run that failed (a Job) made from another spec: the step may
     replace it."""
 
@@ -87,7 +87,7 @@ def create_or_adopt(api: Api, kind: Kind, body: dict[str, Any]) -> tuple[dict[st
 
     Returns ``(object, adopted)``. Raises ``SpecError`` when the namespace does not exist,
     ``StaleObject`` for a failed object of the run made from another spec (the caller may
-    delete and recreate it) and ``NotOurs`` (exit 2) for anything else in the way.
+    delete and recreate it) and ``NotAdoptable`` (exit 2) for anything else in the way.
     """
     body = with_spec_hash(body)
     meta = body["metadata"]
@@ -122,13 +122,13 @@ def _check_adoptable(
         f"{meta.get('namespace')}) or use another run id"
     )
     if not owned_by_run(existing, run_id):
-        raise NotOurs(
+        raise NotAdoptable(
             f"{what} already exists and is not part of run {run_id!r} ({_owner_text(existing)}); "
             f"delete it if it is stale (kubectl delete {kind.plural} -n {meta.get('namespace')} "
             f"{meta.get('name')}) or use another run id"
         ) from cause
     if meta.get("deletionTimestamp"):
-        raise NotOurs(
+        raise NotAdoptable(
             f"{what} of run {run_id} is being deleted (a teardown is in progress); "
             "wait for it to finish, then try again"
         ) from cause
@@ -143,7 +143,7 @@ def _check_adoptable(
             f"{what} of run {run_id} failed earlier ({reason}) with another spec; {teardown}",
             existing,
         ) from cause
-    raise NotOurs(
+    raise NotAdoptable(
         f"{what} of run {run_id} exists with a different spec (spec-hash {have or 'none'}, "
         f"this step's {want}): another command or step made it with this run id; {teardown}"
     ) from cause

@@ -69,23 +69,18 @@ def from_api_exception(e: ApiException, verb: str, what: str) -> MnnvlError:
     if status == 404:
         details = body.get("details") or {}
         return NotFound(
-            f"{verb} {what}: not found ({message})",
-            details_kind=str(details.get("kind") or ""),
-            details_name=str(details.get("name") or ""),
+            f"{verb} {what}: not found ({message})", details_kind=str(details.get("kind") or "")
         )
     if status == 409:
-        conflict = AlreadyExists if verb == "create" else HttpConflict
-        return conflict(f"{verb} {what}: {message}", status=status, reason=reason)
+        return (AlreadyExists if verb == "create" else HttpConflict)(f"{verb} {what}: {message}")
     if status == 410:
-        return WatchExpired(f"{verb} {what}: {message}", status=status, reason=reason)
+        return WatchExpired(f"{verb} {what}: {message}")
     if status in TRANSIENT_STATUS:
         return ClusterUnavailable(
             f"{verb} {what}: the API server kept answering {status} {reason} ({message}); "
             "check the API server's health and load"
         )
-    return ApiError(
-        f"{verb} {what} failed: {status} {reason}: {message}", status=status, reason=reason
-    )
+    return ApiError(f"{verb} {what} failed: {status} {reason}: {message}")
 
 
 def retry_after_s(e: ApiException) -> float | None:

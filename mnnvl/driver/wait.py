@@ -66,10 +66,6 @@ class Deadline:
     def expired(self) -> bool:
         return self.remaining() <= 0
 
-    @property
-    def unlimited(self) -> bool:
-        return self.at == float("inf")
-
 
 @dataclass(frozen=True)
 class Source:

@@ -26,7 +26,7 @@ from mnnvl.driver.ownership import (
     owned_by_run,
 )
 from mnnvl.driver.wait import Deadline, Objects, wait_for
-from mnnvl.errors import MnnvlError, NotOurs, WaitTimeout, WorkloadFailed
+from mnnvl.errors import MnnvlError, NotAdoptable, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.defaults import PURPOSES
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
@@ -61,7 +61,7 @@ def create_workload(
     (:func:`record_failure`) raises that failure again at once. A failed Job or record made
     from other input is deleted (with its pods, waited gone within ``deadline``, by default
     the pods-running timeout) and created again. Any other object in the way is a
-    ``NotOurs`` naming it (see ``create_or_adopt``).
+    ``NotAdoptable`` naming it (see ``create_or_adopt``).
     """
     bodies: list[tuple[Kind, dict[str, Any]]] = []
     if wants_gpu_claim(workload):
@@ -121,7 +121,7 @@ def _replace_failed_job(
     )
     gone = Deletions(workload.run_id)
     if not gone.delete(api, JOB, stale.existing, propagation="Background") and gone.skipped:
-        raise NotOurs(f"cannot replace the failed Job: {gone.skipped[0]}") from stale
+        raise NotAdoptable(f"cannot replace the failed Job: {gone.skipped[0]}") from stale
     for kind, selector in ((POD, f"{JOB_NAME_LABEL}={job}"), (JOB, None)):
         wait_for(
             api,
