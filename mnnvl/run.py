@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnnvl import steps
-from mnnvl.errors import MnnvlError, NoCluster, SpecError, TeardownIncomplete
+from mnnvl.errors import Interrupted, MnnvlError, NoCluster, SpecError, TeardownIncomplete
 from mnnvl.inputs import surface
 from mnnvl.manifests import compute_domain, render_run
 from mnnvl.report import num, verdict_numbers
@@ -133,8 +133,8 @@ def _teardown_after(
         # Raising here would replace the step's error (or the signal) with this one; it
         # carries what the teardown may have left instead (the CLI reports it last).
         logger.error("teardown after failure also failed: %s", e)
-        if isinstance(e, TeardownIncomplete):
-            error.leftovers, error.cleanup = e.leftovers, e.cleanup  # type: ignore[attr-defined]
+        if isinstance(e, TeardownIncomplete) and isinstance(error, MnnvlError | Interrupted):
+            error.leftovers, error.cleanup = e.leftovers, e.cleanup
 
 
 def _log_summary(out: dict[str, Any]) -> None:

@@ -34,11 +34,16 @@ from mnnvl.driver import (
     skip_foreign_namesakes,
     wait_for_channel_template,
 )
-from mnnvl.driver.errors import Refused
 from mnnvl.driver.inspect import run_status
 from mnnvl.driver.preflight import check_cluster, table
 from mnnvl.driver.preflight import failure as preflight_failure
-from mnnvl.errors import ClusterUnavailable, VerificationFailed, WaitTimeout, WorkloadFailed
+from mnnvl.errors import (
+    ClusterUnavailable,
+    Refused,
+    VerificationFailed,
+    WaitTimeout,
+    WorkloadFailed,
+)
 from mnnvl.inputs.checks import check_dns_label
 from mnnvl.inputs.flags import to_args
 from mnnvl.inputs.names import RunNames

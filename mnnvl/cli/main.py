@@ -27,7 +27,7 @@ from mnnvl import steps
 from mnnvl.cli.parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
 from mnnvl.driver.inspect import status_lines
-from mnnvl.errors import MnnvlError, SpecError
+from mnnvl.errors import Interrupted, MnnvlError, SpecError
 from mnnvl.inputs import baselines, flags, surface
 from mnnvl.inputs.checks import check_dns_label, check_range, parse_list
 from mnnvl.inputs.defaults import MAX_GPUS_PER_NODE
@@ -40,14 +40,6 @@ from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
 DEFAULT_REPORTS = os.path.join("out", "reports")  # mnnvl run's, under the working directory
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGINT arrived; raised in the main thread so ``finally`` blocks run."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.exit_code = exit_codes.INTERRUPTED_BASE + signum
 
 
 class _StderrHandler(logging.StreamHandler[Any]):
@@ -440,14 +432,21 @@ def _emit(payload: dict[str, Any], result_path: str | None) -> None:
     stream.flush()
 
 
-def _leftovers(e: BaseException) -> dict[str, Any]:
+def _failed(
+    command: str | None, error: str, code: int, result_path: str | None = None, **extra: Any
+) -> int:
+    """Emit a failure's result line; returns its exit code."""
+    where = {"command": command} if command else {}
+    _emit({"ok": False, **where, "error": error, "exit_code": code, **extra}, result_path)
+    return code
+
+
+def _leftovers(e: MnnvlError | Interrupted) -> dict[str, Any]:
     """What a teardown that could not finish left (see ``TeardownIncomplete``), logged last."""
-    leftovers = getattr(e, "leftovers", None)
-    if not leftovers:
+    if not e.leftovers:
         return {}
-    cleanup = getattr(e, "cleanup", "")
-    logger.error("may be left: %s; remove with `%s`", "; ".join(leftovers), cleanup)
-    return {"leftovers": list(leftovers), "cleanup": cleanup}
+    logger.error("may be left: %s; remove with `%s`", "; ".join(e.leftovers), e.cleanup)
+    return {"leftovers": list(e.leftovers), "cleanup": e.cleanup}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,78 +456,27 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help or --version
         return int(e.code or 0)
     except UsageError as e:  # the usage is on stderr already
-        where = {"command": e.command} if e.command else {}
-        _emit(
-            {
-                "ok": False,
-                **where,
-                "error": f"{e} (see usage above)",
-                "exit_code": exit_codes.BAD_INPUT,
-            },
-            None,
-        )
-        return exit_codes.BAD_INPUT
+        return _failed(e.command, f"{e} (see usage above)", exit_codes.BAD_INPUT)
     if ns.command_name is None:  # `mnnvl` alone: what it can do, not an argparse complaint
         sys.stderr.write(parser.format_help())
-        _emit(
-            {
-                "ok": False,
-                "error": "no command given: mnnvl <command> --help",
-                "exit_code": exit_codes.BAD_INPUT,
-            },
-            None,
-        )
-        return exit_codes.BAD_INPUT
+        return _failed(None, "no command given: mnnvl <command> --help", exit_codes.BAD_INPUT)
     setup_logging(ns.verbose)
     command = ns.command_name if ns.command_name != "sim" else f"sim {ns.action}"
     bad_path = _path_problems(ns)
     if bad_path:
         logger.error("%s failed: %s", command, bad_path)
-        code = exit_codes.BAD_INPUT
-        _emit({"ok": False, "command": command, "error": bad_path, "exit_code": code}, None)
-        return code
+        return _failed(command, bad_path, exit_codes.BAD_INPUT)
     try:
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
-    except MnnvlError as e:
+    except (MnnvlError, Interrupted) as e:
         if isinstance(e, SpecError):  # named as typed: --rct-timeout-s, not rct_timeout_s
             e = surface.respelled(e, ns.flag_names)
-        logger.error("%s failed: %s", command, e)
-        _emit(
-            {
-                "ok": False,
-                "command": command,
-                "error": str(e),
-                "exit_code": e.exit_code,
-                **_leftovers(e),
-            },
-            ns.result_path,
-        )
-        return e.exit_code
-    except Interrupted as e:
-        logger.error("%s interrupted by %s", command, e)
-        _emit(
-            {
-                "ok": False,
-                "command": command,
-                "error": f"interrupted by {e}",
-                "exit_code": e.exit_code,
-                **_leftovers(e),
-            },
-            ns.result_path,
-        )
-        return e.exit_code
+        logger.error("%s %s", command, e if isinstance(e, Interrupted) else f"failed: {e}")
+        return _failed(command, str(e), e.exit_code, ns.result_path, **_leftovers(e))
     except Exception as e:
         logger.exception("%s failed unexpectedly", command)
-        _emit(
-            {
-                "ok": False,
-                "command": command,
-                "error": f"{type(e).__name__}: {e}",
-                "exit_code": exit_codes.UNEXPECTED,
-            },
-            ns.result_path,
-        )
-        return exit_codes.UNEXPECTED
+        error = f"{type(e).__name__}: {e}"
+        return _failed(command, error, exit_codes.UNEXPECTED, ns.result_path)
     _emit({"ok": True, "command": command, **result}, ns.result_path)
     return exit_codes.OK

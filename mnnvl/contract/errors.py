@@ -11,9 +11,12 @@ from mnnvl.contract import exit_codes
 
 
 class MnnvlError(Exception):
-    """Base of every error this product raises on purpose."""
+    """Base of every error this product raises on purpose. ``leftovers`` names what a
+    teardown that could not finish may have left, ``cleanup`` the command that removes it."""
 
     exit_code = exit_codes.UNEXPECTED
+    leftovers: tuple[str, ...] = ()
+    cleanup = ""
 
 
 class SpecError(MnnvlError, ValueError):

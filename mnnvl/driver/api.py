@@ -29,7 +29,6 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
 
-from mnnvl.driver.errors import ClusterUnavailable, MnnvlError, NotFound, from_api_exception
 from mnnvl.driver.retry import (
     DEFAULT_OUTAGE_S,
     MAX_ATTEMPTS,
@@ -38,10 +37,11 @@ from mnnvl.driver.retry import (
     Outage,
     RetryPolicy,
     backoff_s,
+    from_api_exception,
     retry_after_s,
 )
 from mnnvl.driver.stream import log_lines, watch_events
-from mnnvl.errors import NoCluster
+from mnnvl.errors import ClusterUnavailable, MnnvlError, NoCluster, NotFound
 
 logger = logging.getLogger(__name__)
 
@@ -340,7 +340,7 @@ class Api:
         """Delete one object; False when it was already gone (404 counts as success).
 
         With ``uid`` the server deletes only that very object (``preconditions.uid``) and
-        answers 409 (``Conflict``) when the name now belongs to another one.
+        answers 409 (``HttpConflict``) when the name now belongs to another one.
         """
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if propagation:

@@ -16,10 +16,10 @@ from typing import Any
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, POD, Api
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS, domain_nodes, domain_state
-from mnnvl.driver.errors import MnnvlError
 from mnnvl.driver.gpus import shortage_hint
-from mnnvl.driver.problem import Kind, Problem, exited_kind, problem
+from mnnvl.driver.problem import Problem, exited_kind, problem
 from mnnvl.driver.wait import Deadline, Objects
+from mnnvl.errors import MnnvlError, ProblemKind
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL
@@ -29,10 +29,10 @@ FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job 
 # Waiting reasons of an image that will not run: nothing changes until a person fixes the
 # image, the pull secret or the pull policy (the kubelet keeps retrying the pull).
 IMAGE_WAITING = {
-    "ImagePullBackOff": Kind.IMAGE_PULL,
-    "ErrImagePull": Kind.IMAGE_PULL,
-    "ErrImageNeverPull": Kind.IMAGE_PULL,
-    "InvalidImageName": Kind.IMAGE_REFERENCE,
+    "ImagePullBackOff": ProblemKind.IMAGE_PULL,
+    "ErrImagePull": ProblemKind.IMAGE_PULL,
+    "ErrImageNeverPull": ProblemKind.IMAGE_PULL,
+    "InvalidImageName": ProblemKind.IMAGE_REFERENCE,
 }
 # The scheduler's VolumeBinding plugin on a pod whose claim does not exist: no node can fit it
 # until someone creates the claim, so waiting out the grace only delays the answer.
@@ -54,7 +54,7 @@ HOST_IMEX = "host nvidia-imex daemon"
 SCHEDULER_TOTAL = re.compile(r"\b0/(\d+) nodes are available")
 NODE_AFFINITY_MISSES = re.compile(r"\b(\d+) node\(s\) didn't match Pod's node affinity/selector")
 CLAIMS_UNALLOCATABLE = "cannot allocate all claims"
-UNPLACED = (Kind.UNSCHEDULABLE, Kind.CLAIM_UNALLOCATABLE)
+UNPLACED = (ProblemKind.UNSCHEDULABLE, ProblemKind.CLAIM_UNALLOCATABLE)
 # The compute-domain kubelet plugin's prepare error while the node's IMEX daemon is not Ready in
 # the domain (AssertComputeDomainReady in cmd/compute-domain-kubelet-plugin/computedomain.go,
 # kubernetes-sigs/dra-driver-nvidia-gpu v25.12.0): the kubelet retries it. With
@@ -116,7 +116,8 @@ def _unschedulable(pod: dict[str, Any]) -> str:
     return ""
 
 
-def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
+def terminated(pod: dict[str, Any]) -> dict[str, Any]:
+    """The ``terminated`` state of the pod's first container that has one, or {}."""
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term is not None:
@@ -126,7 +127,7 @@ def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
 
 def exit_code(pod: dict[str, Any]) -> int | None:
     """The exit code of the pod's terminated container, or None while none terminated."""
-    term = _terminated(pod)
+    term = terminated(pod)
     return int(term.get("exitCode", 0)) if term else None
 
 
@@ -232,14 +233,14 @@ def raise_on_stuck_pod(
         if found.kind in UNPLACED:
             found = label_shortage(workload, pod, grace.grace_s) or found
         gpus = ""
-        if found.kind is Kind.UNSCHEDULABLE:
+        if found.kind is ProblemKind.UNSCHEDULABLE:
             gpus = shortage_hint(api, _unschedulable(pod))
         failed = (pod.get("status") or {}).get("phase") == "Failed"
         tail = log_tail(api, workload.namespace, pod["metadata"]["name"]) if failed else ""
         found = imex_import(found, tail) or found
         text = _failure_message(api, workload.namespace, domain, pod, found, tail)
         if found.kind in UNPLACED and group and workload.clique_affinity:
-            found = replace(found, kind=Kind.NO_CLIQUE_ROOM)
+            found = replace(found, kind=ProblemKind.NO_CLIQUE_ROOM)
             cliques = clique_shortage(api, workload, group, pods)
             # Every node short of a resource: no clique would do, the scheduler's reason leads.
             text = f"{text}; {cliques}" if every_node_short(found.message) else f"{cliques}; {text}"
@@ -268,7 +269,7 @@ def label_shortage(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) 
     if carrying >= workload.group_nodes:
         return None
     return problem(
-        Kind.NO_CLIQUE_LABEL,
+        ProblemKind.NO_CLIQUE_LABEL,
         pod=pod["metadata"]["name"],
         grace_s=grace_s,
         carrying=carrying,
@@ -316,7 +317,7 @@ def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects)
 def failed_problem(pod: dict[str, Any], **fields: Any) -> Problem:
     """The diagnosis of a pod whose container exited: its exit code and what it shows."""
     status = pod.get("status") or {}
-    term = _terminated(pod)
+    term = terminated(pod)
     code = exit_code(pod)
     kind = exited_kind(code, str(term.get("reason") or ""), str(status.get("reason") or ""))
     detail = str(status.get("message") or term.get("message") or "")
@@ -342,26 +343,26 @@ def pod_problem(
     if reason in IMAGE_WAITING:
         return problem(IMAGE_WAITING[reason], pod=name, detail=reason)
     if reason == "CrashLoopBackOff":
-        return problem(Kind.CRASH_LOOP, pod=name)
+        return problem(ProblemKind.CRASH_LOOP, pod=name)
     if reason == "CreateContainerConfigError":
-        return problem(Kind.CONFIG, pod=name, detail=said or reason)
+        return problem(ProblemKind.CONFIG, pod=name, detail=said or reason)
     unschedulable = _unschedulable(pod)
     if MISSING_CLAIM.search(unschedulable):
-        return problem(Kind.MISSING_CLAIM, pod=name, detail=unschedulable)
+        return problem(ProblemKind.MISSING_CLAIM, pod=name, detail=unschedulable)
     left = grace.left_s(f"unschedulable/{name}", bool(unschedulable))
     if left is not None and left <= 0:
         kind = (
-            Kind.CLAIM_UNALLOCATABLE
+            ProblemKind.CLAIM_UNALLOCATABLE
             if CLAIMS_UNALLOCATABLE in unschedulable
-            else Kind.UNSCHEDULABLE
+            else ProblemKind.UNSCHEDULABLE
         )
         return problem(kind, pod=name, grace_s=grace.grace_s, detail=unschedulable)
     message = str((prepare or {}).get("message") or "") if phase == "Pending" else ""
     if PREPARE_NAMESPACE.search(message):
-        return problem(Kind.PREPARE, pod=name, detail=message)
+        return problem(ProblemKind.PREPARE, pod=name, detail=message)
     left = grace.left_s(f"prepare/{name}", PREPARE_OTHER_DOMAIN in message)
     if left is not None and left <= 0:
-        return problem(Kind.NODE_HELD, pod=name, grace_s=grace.grace_s, detail=message)
+        return problem(ProblemKind.NODE_HELD, pod=name, grace_s=grace.grace_s, detail=message)
     return None
 
 
@@ -381,33 +382,33 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         "the nodes' clique labels (--clique-label)"
     )
     return {
-        Kind.IMAGE_PULL: "check the image name and the pull secret (with imagePullPolicy Never "
-        "the image must be on the node)",
-        Kind.IMAGE_REFERENCE: "check the image reference",
-        Kind.CONFIG: f"create the Secret or ConfigMap the message names in namespace "
+        ProblemKind.IMAGE_PULL: "check the image name and the pull secret (with imagePullPolicy "
+        "Never the image must be on the node)",
+        ProblemKind.IMAGE_REFERENCE: "check the image reference",
+        ProblemKind.CONFIG: f"create the Secret or ConfigMap the message names in namespace "
         f"{namespace}, or fix the reference (--env)",
-        Kind.MISSING_CLAIM: f"create that PersistentVolumeClaim in namespace {namespace} or "
-        "fix --pvc",
-        Kind.UNSCHEDULABLE: placement,
-        Kind.NO_CLIQUE_ROOM: placement,
-        Kind.NO_CLIQUE_LABEL: "label the nodes' cliques: GPU Feature Discovery (GPU Operator "
-        "ClusterPolicy) sets nvidia.com/gpu.clique, and so does the DRA driver's compute-domain "
-        "kubelet plugin with kubeletPlugin.containers.computeDomains.gpuCliqueLabelEnabled=true "
-        "(on in GPU Operator 26.7's GPUCluster), which removes the label while it restarts; "
-        "where a provider labels cliques under a key of its own, pass it as --clique-label "
-        "(docs/real-cluster.md)",
-        Kind.CLAIM_UNALLOCATABLE: f"{placement}; a node cannot allocate a claim when its device "
-        "is in use (another pod's GPU claim, or its IMEX channel held by another domain's pod) or "
-        "tainted: "
-        "the DRA driver's NVML health check taints a GPU after a fatal XID (gpu.nvidia.com/xid, "
-        "gpu.nvidia.com/gpu-lost: NoSchedule) and DRADeviceTaints (on by default from Kubernetes "
-        "1.36) keeps such a device out of new claims until the GPU is fixed and the kubelet "
-        "plugin restarts; see the taints with `kubectl get resourceslices -o yaml` (a cluster "
-        "read)",
-        Kind.PREPARE: prepare,
-        Kind.NODE_HELD: held,
-        Kind.PREPARE_PENDING: f"wait: the kubelet retries the prepare; if it lasts, {prepare}",
-        Kind.IMEX_NOT_READY: "the daemon did not become Ready: where the host runs its own "
+        ProblemKind.MISSING_CLAIM: f"create that PersistentVolumeClaim in namespace {namespace} "
+        "or fix --pvc",
+        ProblemKind.UNSCHEDULABLE: placement,
+        ProblemKind.NO_CLIQUE_ROOM: placement,
+        ProblemKind.NO_CLIQUE_LABEL: "label the nodes' cliques: GPU Feature Discovery (GPU "
+        "Operator ClusterPolicy) sets nvidia.com/gpu.clique, and so does the DRA driver's "
+        "compute-domain kubelet plugin with "
+        "kubeletPlugin.containers.computeDomains.gpuCliqueLabelEnabled=true (on in GPU Operator "
+        "26.7's GPUCluster), which removes the label while it restarts; where a provider labels "
+        "cliques under a key of its own, pass it as --clique-label (docs/real-cluster.md)",
+        ProblemKind.CLAIM_UNALLOCATABLE: f"{placement}; a node cannot allocate a claim when its "
+        "device is in use (another pod's GPU claim, or its IMEX channel held by another domain's "
+        "pod) or tainted: the DRA driver's NVML health check taints a GPU after a fatal XID "
+        "(gpu.nvidia.com/xid, gpu.nvidia.com/gpu-lost: NoSchedule) and DRADeviceTaints (on by "
+        "default from Kubernetes 1.36) keeps such a device out of new claims until the GPU is "
+        "fixed and the kubelet plugin restarts; see the taints with `kubectl get resourceslices "
+        "-o yaml` (a cluster read)",
+        ProblemKind.PREPARE: prepare,
+        ProblemKind.NODE_HELD: held,
+        ProblemKind.PREPARE_PENDING: "wait: the kubelet retries the prepare; if it lasts, "
+        f"{prepare}",
+        ProblemKind.IMEX_NOT_READY: "the daemon did not become Ready: where the host runs its own "
         "nvidia-imex.service, the ComputeDomain's daemon cannot take the GPU driver's IMEX "
         "session (its log: 'Failed to allocate Imex session ... NV_ERR_IN_USE'); disable it on "
         "every GPU node with `systemctl disable --now nvidia-imex.service && systemctl mask "
@@ -415,13 +416,14 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         f"node's daemon log and the kubelet plugin's ({KUBELET_PLUGIN_LOGS}); after "
         "ComputeDomainCliques was switched on over a live domain its nodes took 8 min 41 s "
         "(#1486): raise --pods-running-timeout-s",
-        Kind.IMEX_IMPORT: "the node's IMEX daemon stopped serving imports while its pod and "
+        ProblemKind.IMEX_IMPORT: "the node's IMEX daemon stopped serving imports while its pod and "
         "probes stay healthy (kubernetes-sigs/dra-driver-nvidia-gpu#1417, GB200 and GB300): "
         "`nvidia-imex-ctl -N` in the run's ComputeDomain daemon pods hangs or shows peers not "
         f"Connected; rebooting the node cleared it; {logs}",
-        Kind.OOM_KILLED: f"the container went over its memory limit; {logs}",
-        Kind.OUT_OF_MEMORY: f"GPU memory ran out: use smaller batches or more nodes; {logs}",
-        Kind.LOST_NODE: f"check `kubectl describe node {node}` and the IMEX daemon there; {logs}",
+        ProblemKind.OOM_KILLED: f"the container went over its memory limit; {logs}",
+        ProblemKind.OUT_OF_MEMORY: f"GPU memory ran out: use smaller batches or more nodes; {logs}",
+        ProblemKind.LOST_NODE: f"check `kubectl describe node {node}` and the IMEX daemon there; "
+        f"{logs}",
     }.get(found.kind, logs)
 
 
@@ -440,10 +442,14 @@ def _failure_message(
 def imex_import(found: Problem, log: str) -> Problem | None:
     """A failed worker whose log shows CUDA refusing to import a peer's memory through IMEX."""
     said = IMEX_IMPORT_REFUSED.search(log)
-    if said is None or found.kind not in (Kind.CRASHED, Kind.COLLECTIVE_TIMEOUT, Kind.STALLED):
+    if said is None or found.kind not in (
+        ProblemKind.CRASHED,
+        ProblemKind.COLLECTIVE_TIMEOUT,
+        ProblemKind.STALLED,
+    ):
         return None
     return problem(
-        Kind.IMEX_IMPORT,
+        ProblemKind.IMEX_IMPORT,
         pod=found.pod,
         exit_code=found.exit_code,
         permanent=found.permanent,
@@ -456,7 +462,7 @@ def prepare_pending(pod: dict[str, Any], prepare: dict[str, Any] | None) -> Prob
     message = str((prepare or {}).get("message") or "")
     if (pod.get("status") or {}).get("phase") != "Pending" or not PREPARE_NOT_READY.search(message):
         return None
-    return problem(Kind.PREPARE_PENDING, pod=pod["metadata"]["name"], detail=message)
+    return problem(ProblemKind.PREPARE_PENDING, pod=pod["metadata"]["name"], detail=message)
 
 
 def imex_not_ready(
@@ -478,7 +484,7 @@ def imex_not_ready(
         if node not in imex and status.get("status") == "Ready":
             continue
         return problem(
-            Kind.IMEX_NOT_READY,
+            ProblemKind.IMEX_NOT_READY,
             pod=pod["metadata"]["name"],
             name=pod["metadata"]["name"],
             node=node,
@@ -548,18 +554,18 @@ def job_failure(
     the indexes of ``status.failedIndexes`` come first (a pod that a restart deleted is not)."""
     ns = workload.namespace
     condition = f"{failed.get('reason')}: {failed.get('message')}"
-    head = problem(Kind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
+    head = problem(ProblemKind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
     if restarts:
         head += (
             f" after {restarts} restart(s) of every rank (--max-restarts {workload.max_restarts})"
         )
     pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
     bad = last_failures(pods, index_set(failed_indexes))
-    found = failed_problem(bad[0]) if bad else problem(Kind.CRASHED, permanent=True)
+    found = failed_problem(bad[0]) if bad else problem(ProblemKind.CRASHED, permanent=True)
     tail = log_tail(api, ns, bad[0]["metadata"]["name"]) if bad else ""
     found = imex_import(found, tail) or found
     if failed.get("reason") == "DeadlineExceeded":  # the Job condition's reason: API data
-        found = replace(found, kind=Kind.DEADLINE)
+        found = replace(found, kind=ProblemKind.DEADLINE)
     if not bad:
         evidence = f"no failed pod left to inspect; {domain_state(api, domain, ns)}"
         return replace(found, message=f"{head}; {evidence}")

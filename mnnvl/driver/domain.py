@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, POD, RESOURCE_CLAIM_TEMPLATE, Api
-from mnnvl.driver.errors import (
-    ConflictError,
+from mnnvl.driver.ownership import Deletions, create_or_adopt
+from mnnvl.driver.wait import Deadline, Objects, wait_for
+from mnnvl.errors import (
+    CrdMissing,
     MnnvlError,
+    NotAdoptable,
     NotFound,
     Refused,
     SpecError,
-    crd_missing,
 )
-from mnnvl.driver.ownership import Deletions, create_or_adopt
-from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import pod_namespace
 from mnnvl.inputs.spec import DomainSpec, OwnerRef
@@ -71,7 +71,7 @@ def ensure_domain(api: Api, spec: DomainSpec) -> Domain:
     except NotFound as e:
         # The namespace 404 is handled by create_or_adopt; the only other 404 for a POST
         # to the collection: the resource type is unknown.
-        raise crd_missing(spec.namespace) from e
+        raise CrdMissing(spec.namespace) from e
     meta = cd["metadata"]
     logger.info(
         "%s ComputeDomain %s/%s (uid %s)",
@@ -102,7 +102,7 @@ def wait_for_channel_template(api: Api, domain: Domain, deadline: Deadline) -> d
     def fail(objects: Objects) -> None:
         uid = owner_uid(objects)
         if uid is not None and uid != domain.uid:
-            raise ConflictError(
+            raise NotAdoptable(
                 f"an RCT named {domain.namespace}/{name} already exists; the DRA controller "
                 "cannot create the domain's channel template (that one is labelled "
                 f"{DOMAIN_LABEL}={uid or '<unset>'}, the domain's uid is {domain.uid}): "

@@ -52,10 +52,11 @@ from mnnvl.driver.diagnose import (
     imex_import,
     log_tail,
     pod_index,
+    terminated,
 )
-from mnnvl.driver.errors import NotFound, WorkloadFailed
-from mnnvl.driver.problem import Kind, problem
+from mnnvl.driver.problem import problem
 from mnnvl.driver.wait import Objects
+from mnnvl.errors import NotFound, ProblemKind, WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import JOB_NAME_LABEL
@@ -72,7 +73,7 @@ SWEEP_LINE = re.compile(r"\bsweep size (\d+) bytes done\b")
 
 
 @dataclass
-class Progress:
+class Rank0Progress:
     """The last step rank 0 logged and when (monotonic), and its first one; for a
     verification, the last sweep size it finished."""
 
@@ -106,7 +107,7 @@ class Restart:
     exit_code: int | None
     at: float  # monotonic time the driver saw the failure
     last_step: int | None  # rank 0's last logged step before it
-    after: Progress = field(default_factory=Progress)  # rank 0's log after the restart
+    after: Rank0Progress = field(default_factory=Rank0Progress)  # rank 0's log after the restart
 
     def record(self) -> dict[str, Any]:
         """``steps_lost``: steps rank 0 had logged past the step the restart resumed from;
@@ -141,7 +142,7 @@ class Gang:
         self.stranded_logged: set[str] = set()  # pod uids already logged
         self.first = True  # no pods seen yet: failures seen now may predate the step
 
-    def check(self, pods: Objects, rank0: Progress | None) -> bool:
+    def check(self, pods: Objects, rank0: Rank0Progress | None) -> bool:
         """Restart the gang when a pod of the current generation failed retriably; True when
         it did. Raises ``WorkloadFailed`` on an OOM kill, when a restart would use up an
         index's last retry, and past ``--max-restarts``."""
@@ -212,7 +213,7 @@ class Gang:
             if left > 0:
                 continue
             found = problem(
-                Kind.STRANDED,
+                ProblemKind.STRANDED,
                 pod=name,
                 name=name,
                 node=node,
@@ -232,7 +233,7 @@ class Gang:
         name, code = failed["metadata"]["name"], exit_code(failed)
         if len(self.restarts) >= self.workload.max_restarts:
             found = problem(
-                Kind.RESTARTS_EXHAUSTED,
+                ProblemKind.RESTARTS_EXHAUSTED,
                 pod=name,
                 exit_code=code,
                 restarts=len(self.restarts),
@@ -366,7 +367,7 @@ def _history(pods: Objects) -> set[str]:
         return set()  # the Job controller has replaced none yet: restart (nothing to delete)
     born = min(str(p["metadata"].get("creationTimestamp") or "") for p in live)
     return {
-        p["metadata"]["uid"] for p in failed if str(_terminated(p).get("finishedAt") or "~") < born
+        p["metadata"]["uid"] for p in failed if str(terminated(p).get("finishedAt") or "~") < born
     }
 
 
@@ -374,16 +375,8 @@ def _deleting(pod: dict[str, Any]) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
 
 
-def _terminated(pod: dict[str, Any]) -> dict[str, Any]:
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if term is not None:
-            return dict(term)
-    return {}
-
-
 def _oom_killed(pod: dict[str, Any]) -> bool:
-    return _terminated(pod).get("reason") == "OOMKilled"
+    return terminated(pod).get("reason") == "OOMKilled"
 
 
 def _disrupted(pod: dict[str, Any]) -> bool:

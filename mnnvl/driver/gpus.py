@@ -24,7 +24,7 @@ import dataclasses
 import logging
 
 from mnnvl.driver.api import DEVICE_CLASS, NODE, RESOURCE_SLICE, Api
-from mnnvl.driver.errors import MnnvlError, NotFound
+from mnnvl.errors import MnnvlError, NotFound
 from mnnvl.inputs.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api
 from mnnvl.driver.diagnose import pod_index, waiting_reason
-from mnnvl.driver.errors import NotFound
+from mnnvl.errors import NotFound
 from mnnvl.inputs.names import RunNames
 
 

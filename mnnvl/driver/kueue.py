@@ -34,8 +34,8 @@ import logging
 from typing import Any
 
 from mnnvl.driver.api import JOB, Api, Kind
-from mnnvl.driver.errors import MnnvlError, WorkloadFailed
 from mnnvl.driver.wait import Objects, Source
+from mnnvl.errors import MnnvlError, WorkloadFailed
 
 logger = logging.getLogger(__name__)
 

@@ -46,11 +46,9 @@ from mnnvl.driver.diagnose import (
     raise_on_stuck_pod,
 )
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
-from mnnvl.driver.errors import MnnvlError, NotFound, WaitTimeout, WorkloadFailed
 from mnnvl.driver.gang import Gang
 from mnnvl.driver.gpus import resolve_gpu_mode
 from mnnvl.driver.kueue import describe, evicted, raise_if_inadmissible, workload_source
-from mnnvl.driver.problem import Kind
 from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
 from mnnvl.driver.wait import Check, Deadline, Objects, Source, View, timeout_error, watch_until
 from mnnvl.driver.workload import (
@@ -62,7 +60,14 @@ from mnnvl.driver.workload import (
     remove_failed_jobs,
     result_of_failed_job,
 )
-from mnnvl.errors import NotProvisioned
+from mnnvl.errors import (
+    MnnvlError,
+    NotFound,
+    NotProvisioned,
+    ProblemKind,
+    WaitTimeout,
+    WorkloadFailed,
+)
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import (
@@ -125,8 +130,8 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
         # The failed Job's pods would hold their nodes' IMEX channel (and GPUs) until the
         # teardown, so the run's next step would wait on them: remove them now.
         # A pod stranded on a lost node never goes while the Node exists: delete, do not wait.
-        stranded = getattr(err, "problem_kind", None) is Kind.STRANDED
-        removed, deleted = remove_failed_jobs(api, workload, jobs, wait=not stranded)
+        wait = err.problem is not ProblemKind.STRANDED
+        removed, deleted = remove_failed_jobs(api, workload, jobs, wait=wait)
         err.args = (f"{err}; {removed}",)
         if deleted:  # not when a teardown took the Job: the run is ending
             record_failure(api, workload, indexed_jobs(workload, module, args)[0], err)
@@ -278,7 +283,7 @@ class JobWatch(Check):
                 culprits = str((found.get("status") or {}).get("failedIndexes") or "")
                 restarts = len(self.gang.restarts)
                 why = job_failure(self.api, self.workload, name, domain, failed, culprits, restarts)
-                if why.kind is Kind.DEADLINE:  # activeDeadlineSeconds
+                if why.kind is ProblemKind.DEADLINE:  # activeDeadlineSeconds
                     raise self._past_deadline(name, why.message)
                 raise why.error(why.message)
         every = [view["job"][name] for name in self.jobs]

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.driver.api import Api, Kind
-from mnnvl.driver.errors import (
+from mnnvl.errors import (
     AlreadyExists,
-    Conflict,
-    ConflictError,
+    HttpConflict,
     MnnvlError,
+    NotAdoptable,
     NotFound,
     SpecError,
+    TeardownIncomplete,
 )
-from mnnvl.errors import TeardownIncomplete
 from mnnvl.inputs.names import LABEL_MANAGED_BY, LABEL_RUN_ID, MANAGED_BY, RunNames
 from mnnvl.manifests import hash_of, with_spec_hash
 
@@ -71,7 +71,7 @@ def missing_namespace(namespace: str) -> SpecError:
     )
 
 
-class StaleObject(ConflictError):
+class StaleObject(NotAdoptable):
     """An object of this run that failed (a Job) made from another spec: the step may
     replace it."""
 
@@ -87,7 +87,7 @@ def create_or_adopt(api: Api, kind: Kind, body: dict[str, Any]) -> tuple[dict[st
 
     Returns ``(object, adopted)``. Raises ``SpecError`` when the namespace does not exist,
     ``StaleObject`` for a failed object of the run made from another spec (the caller may
-    delete and recreate it) and ``ConflictError`` (exit 2) for anything else in the way.
+    delete and recreate it) and ``NotAdoptable`` (exit 2) for anything else in the way.
     """
     body = with_spec_hash(body)
     meta = body["metadata"]
@@ -122,13 +122,13 @@ def _check_adoptable(
         f"{meta.get('namespace')}) or use another run id"
     )
     if not owned_by_run(existing, run_id):
-        raise ConflictError(
+        raise NotAdoptable(
             f"{what} already exists and is not part of run {run_id!r} ({_owner_text(existing)}); "
             f"delete it if it is stale (kubectl delete {kind.plural} -n {meta.get('namespace')} "
             f"{meta.get('name')}) or use another run id"
         ) from cause
     if meta.get("deletionTimestamp"):
-        raise ConflictError(
+        raise NotAdoptable(
             f"{what} of run {run_id} is being deleted (a teardown is in progress); "
             "wait for it to finish, then try again"
         ) from cause
@@ -143,7 +143,7 @@ def _check_adoptable(
             f"{what} of run {run_id} failed earlier ({reason}) with another spec; {teardown}",
             existing,
         ) from cause
-    raise ConflictError(
+    raise NotAdoptable(
         f"{what} of run {run_id} exists with a different spec (spec-hash {have or 'none'}, "
         f"this step's {want}): another command or step made it with this run id; {teardown}"
     ) from cause
@@ -169,7 +169,7 @@ class Deletions:
             return False
         try:
             deleted = api.delete(kind, namespace, name, propagation=propagation, uid=meta["uid"])
-        except Conflict:
+        except HttpConflict:
             self._skip(what, "was replaced by another object while being deleted")
             return False
         if deleted:

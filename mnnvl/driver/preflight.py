@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 from mnnvl.contract import rbac
 from mnnvl.contract.result import FAIL, PASS
 from mnnvl.driver.api import COMPUTE_DOMAIN, DEVICE_CLASS, NODE, RESOURCE_SLICE, Api, Kind
-from mnnvl.driver.errors import DRA_INSTALL_HINT, NotFound, Refused
 from mnnvl.driver.gpus import CLUSTER_READER, GPU_DRIVER, choose_gpu_mode, device_plugin_nodes
 from mnnvl.driver.kueue import KUEUE_RBAC
+from mnnvl.errors import DRA_INSTALL_HINT, NotFound, Refused
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import CLIQUE_LABEL
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api
 from mnnvl.driver.domain import delete_domain
-from mnnvl.driver.errors import NotFound, SpecError
 from mnnvl.driver.ownership import Deletions
 from mnnvl.driver.wait import Deadline
 from mnnvl.driver.workload import delete_workload
+from mnnvl.errors import NotFound, SpecError
 from mnnvl.inputs.checks import check_range
 from mnnvl.inputs.names import LABEL_RUN_ID, MANAGED_SELECTOR
 

@@ -3,7 +3,7 @@ into a :class:`~mnnvl.driver.problem.Problem`.
 
 The API's message is the only evidence (an Event carries no structured cause), so this is the
 one place that reads kube-apiserver's wording: the PodSecurity, webhook, ServiceAccount,
-validation, missing-object and ResourceQuota refusals each map to a ``Kind``. A refusal that
+validation, missing-object and ResourceQuota refusals each map to a ``ProblemKind``. A refusal that
 cannot clear by itself is ``permanent`` and fails the step at once; a quota (or an unknown
 refusal) may clear when other work ends and fails only after the unschedulable grace.
 """
@@ -14,8 +14,9 @@ import re
 from typing import Any
 
 from mnnvl.driver.diagnose import Grace, event_order
-from mnnvl.driver.problem import Kind, Problem, problem
+from mnnvl.driver.problem import Problem, problem
 from mnnvl.driver.wait import Objects
+from mnnvl.errors import ProblemKind
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import JOB_NAME_LABEL
 
@@ -25,10 +26,10 @@ POD_SECURITY_REFUSAL = re.compile(r'violates PodSecurity "([a-z]+):')
 # Fragments of kube-apiserver's refusals, most specific first (a missing service account's
 # message also ends in "not found").
 REFUSAL_KINDS = (
-    ("denied the request", Kind.WEBHOOK),
-    ("error looking up service account", Kind.SERVICE_ACCOUNT),
-    (" is invalid: ", Kind.INVALID_SPEC),
-    (" not found", Kind.MISSING_OBJECT),
+    ("denied the request", ProblemKind.WEBHOOK),
+    ("error looking up service account", ProblemKind.SERVICE_ACCOUNT),
+    (" is invalid: ", ProblemKind.INVALID_SPEC),
+    (" not found", ProblemKind.MISSING_OBJECT),
 )
 
 
@@ -56,13 +57,15 @@ def create_refusal(job: dict[str, Any], events: Objects, pods: Objects) -> str:
     return str(latest.get("message") or FAILED_CREATE)
 
 
-def refusal_kind(message: str) -> Kind:
+def refusal_kind(message: str) -> ProblemKind:
     """Which refusal the API's message is."""
     if POD_SECURITY_REFUSAL.search(message):
-        return Kind.POD_SECURITY
+        return ProblemKind.POD_SECURITY
     if QUOTA_REFUSAL.search(message):
-        return Kind.QUOTA
-    return next((kind for fragment, kind in REFUSAL_KINDS if fragment in message), Kind.REFUSED)
+        return ProblemKind.QUOTA
+    return next(
+        (kind for fragment, kind in REFUSAL_KINDS if fragment in message), ProblemKind.REFUSED
+    )
 
 
 def refusal_problem(workload: WorkloadSpec, job: str, message: str, grace: Grace) -> Problem | None:
@@ -85,18 +88,19 @@ def refusal_fix(found: Problem, namespace: str, message: str) -> str:
     level = POD_SECURITY_REFUSAL.search(message)
     quota = QUOTA_REFUSAL.search(message)
     fixes = {
-        Kind.POD_SECURITY: f"namespace {ns} enforces Pod Security level "
+        ProblemKind.POD_SECURITY: f"namespace {ns} enforces Pod Security level "
         f"{level.group(1) if level else '?'} (`kubectl get namespace {ns} --show-labels`): the "
         "worker pods pass restricted with --pod-security restricted (the default; the image "
         "must run as a non-root user), or label the namespace "
         "pod-security.kubernetes.io/enforce=baseline for --pod-security baseline",
-        Kind.WEBHOOK: "an admission webhook refused the pod: check its policy "
+        ProblemKind.WEBHOOK: "an admission webhook refused the pod: check its policy "
         "(`kubectl get validatingwebhookconfigurations`) with the cluster's administrators",
-        Kind.SERVICE_ACCOUNT: f"create that service account in namespace {ns} "
+        ProblemKind.SERVICE_ACCOUNT: f"create that service account in namespace {ns} "
         f"(`kubectl create serviceaccount -n {ns} <name>`) or pass another --service-account",
-        Kind.INVALID_SPEC: "the pod spec is invalid: fix the input named in the message",
-        Kind.MISSING_OBJECT: f"create the missing object the pod refers to in namespace {ns}",
-        Kind.QUOTA: f"ResourceQuota {quota.group(1) if quota else '?'} in namespace {ns} is "
+        ProblemKind.INVALID_SPEC: "the pod spec is invalid: fix the input named in the message",
+        ProblemKind.MISSING_OBJECT: "create the missing object the pod refers to in namespace "
+        f"{ns}",
+        ProblemKind.QUOTA: f"ResourceQuota {quota.group(1) if quota else '?'} in namespace {ns} is "
         "used up; wait for other work to end, raise the quota (`kubectl describe "
         f"resourcequota {quota.group(1) if quota else ''} -n {ns}`) or ask for fewer nodes",
     }

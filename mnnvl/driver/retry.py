@@ -7,17 +7,32 @@ authorizer's informers have synced, and refuses permitted requests meanwhile (40
 refusal right after the API was unreachable is the end of the outage, not a verdict. Such
 refusals are retried like the outage for at most ``RetryPolicy.refused_s`` from the first one,
 and never past ``outage_s``; a refusal on a healthy connection is fatal at once.
+What is not retried is mapped onto the error family here, exactly once
+(:func:`from_api_exception`), and chained with ``raise ... from e``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+
+from mnnvl.errors import (
+    AlreadyExists,
+    ApiError,
+    ClusterUnavailable,
+    HttpConflict,
+    MnnvlError,
+    NotFound,
+    Refused,
+    WatchExpired,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +47,40 @@ RETRY_AFTER_MAX_S = 30.0
 # How long 401/403 answers after an outage still count as part of it: a restarted API server's
 # RBAC caches sync in a few hundred ms on a small cluster and in seconds with many bindings.
 REFUSED_AFTER_OUTAGE_S = 30.0
+RBAC_HINT = (
+    "check that the namespace exists and that the launcher's service account has the "
+    "mnnvl-runner Role of manifests/base/rbac.yaml there (kubectl apply -n <namespace> -k "
+    "manifests/overlays/kfp, or manifests/overlays/argo); a Role only covers its own namespace"
+)
+
+
+def from_api_exception(e: ApiException, verb: str, what: str) -> MnnvlError:
+    """Map an ``ApiException`` of ``verb`` on ``what`` (e.g. "computedomains x") to the family."""
+    status = int(e.status or 0)
+    try:  # the ``Status`` object the API server sent with the error, if any
+        body: Any = json.loads(e.body) if e.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    message = str(body.get("message") or e.reason or "").strip()
+    reason = str(body.get("reason") or e.reason or "")
+    if status in (401, 403):
+        return Refused(f"{verb} {what} was refused ({status} {reason}: {message}); {RBAC_HINT}")
+    if status == 404:
+        details = body.get("details") or {}
+        return NotFound(
+            f"{verb} {what}: not found ({message})", details_kind=str(details.get("kind") or "")
+        )
+    if status == 409:
+        return (AlreadyExists if verb == "create" else HttpConflict)(f"{verb} {what}: {message}")
+    if status == 410:
+        return WatchExpired(f"{verb} {what}: {message}")
+    if status in TRANSIENT_STATUS:
+        return ClusterUnavailable(
+            f"{verb} {what}: the API server kept answering {status} {reason} ({message}); "
+            "check the API server's health and load"
+        )
+    return ApiError(f"{verb} {what} failed: {status} {reason}: {message}")
 
 
 def retry_after_s(e: ApiException) -> float | None:

@@ -15,7 +15,8 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from mnnvl.driver.errors import WatchExpired, from_api_exception
+from mnnvl.driver.retry import from_api_exception
+from mnnvl.errors import WatchExpired
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def _watch_error(status: dict[str, Any], what: str) -> Exception:
     code = int(status.get("code") or 0)
     message = f"watch {what}: {status.get('reason')}: {status.get('message')}"
     if code == 410:
-        return WatchExpired(message, status=410, reason="Gone")
+        return WatchExpired(message)
     return from_api_exception(
         ApiException(status=code, reason=str(status.get("reason"))), "watch", what
     )

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mnnvl.driver.api import Api, Kind
-from mnnvl.driver.errors import MnnvlError, WaitTimeout, WatchExpired
+from mnnvl.errors import MnnvlError, WaitTimeout, WatchExpired
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +65,6 @@ class Deadline:
     @property
     def expired(self) -> bool:
         return self.remaining() <= 0
-
-    @property
-    def unlimited(self) -> bool:
-        return self.at == float("inf")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ from typing import Any
 from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import container_started, pod_index
-from mnnvl.driver.errors import ConflictError, MnnvlError, WaitTimeout, WorkloadFailed
-from mnnvl.driver.gang import Progress
+from mnnvl.driver.gang import Rank0Progress
 from mnnvl.driver.ownership import (
     FAILURE_ANNOTATION,
     Deletions,
@@ -27,6 +26,7 @@ from mnnvl.driver.ownership import (
     owned_by_run,
 )
 from mnnvl.driver.wait import Deadline, Objects, wait_for
+from mnnvl.errors import MnnvlError, NotAdoptable, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.defaults import PURPOSES
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
@@ -61,7 +61,7 @@ def create_workload(
     (:func:`record_failure`) raises that failure again at once. A failed Job or record made
     from other input is deleted (with its pods, waited gone within ``deadline``, by default
     the pods-running timeout) and created again. Any other object in the way is a
-    ``ConflictError`` naming it (see ``create_or_adopt``).
+    ``NotAdoptable`` naming it (see ``create_or_adopt``).
     """
     bodies: list[tuple[Kind, dict[str, Any]]] = []
     if wants_gpu_claim(workload):
@@ -121,7 +121,7 @@ def _replace_failed_job(
     )
     gone = Deletions(workload.run_id)
     if not gone.delete(api, JOB, stale.existing, propagation="Background") and gone.skipped:
-        raise ConflictError(f"cannot replace the failed Job: {gone.skipped[0]}") from stale
+        raise NotAdoptable(f"cannot replace the failed Job: {gone.skipped[0]}") from stale
     for kind, selector in ((POD, f"{JOB_NAME_LABEL}={job}"), (JOB, None)):
         wait_for(
             api,
@@ -262,7 +262,7 @@ class LogFollower:
     ) -> None:
         self.api, self.namespace, self.pod = api, namespace, pod
         self.lines: list[str] = []
-        self.progress = Progress()  # the steps the pod logged, for progress lines
+        self.progress = Rank0Progress()  # the steps the pod logged, for progress lines
         self.error: str = ""
         self._sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
         self._thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)

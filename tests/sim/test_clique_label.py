@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from mnnvl import steps
-from mnnvl.driver.problem import Kind
-from mnnvl.errors import WaitTimeout, WorkloadFailed
+from mnnvl.errors import ProblemKind, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
@@ -82,7 +81,7 @@ def test_a_providers_clique_key_places_the_run_and_the_default_key_is_named(work
             assert time.monotonic() - start < 30
     message = str(info.value)
     assert info.value.exit_code == 4
-    assert info.value.problem_kind is Kind.NO_CLIQUE_LABEL
+    assert info.value.problem is ProblemKind.NO_CLIQUE_LABEL
     assert f"at most 0 of 2 nodes carry the clique label {DEFAULT}" in message
     assert "a clique group needs 2 nodes" in message and "--clique-label" in message
 
@@ -145,6 +144,6 @@ def test_an_imex_daemon_that_never_gets_ready_names_the_hosts_imex_service(worke
         _launch(sim, workload)
     message = str(info.value)
     assert info.value.exit_code == 3
-    assert info.value.problem_kind is Kind.IMEX_NOT_READY
+    assert info.value.problem is ProblemKind.IMEX_NOT_READY
     assert "whose IMEX daemon is not Ready in ComputeDomain default/" in message
     assert "NV_ERR_IN_USE" in message and "systemctl disable --now nvidia-imex.service" in message

@@ -9,7 +9,7 @@ from kubernetes.client.exceptions import ApiException
 from mnnvl.driver import api as api_module
 from mnnvl.driver import retry
 from mnnvl.driver.api import MAX_ATTEMPTS, Api, RetryPolicy
-from mnnvl.driver.errors import AlreadyExists, ApiError, ClusterUnavailable, NotFound
+from mnnvl.errors import AlreadyExists, ApiError, ClusterUnavailable, NotFound
 
 
 def make_api(monkeypatch, outage_s: float) -> Api:

@@ -13,7 +13,7 @@ from mnnvl import steps
 from mnnvl.cli import main as cli
 from mnnvl.driver import Api
 from mnnvl.driver.api import COMPUTE_DOMAIN, RESOURCE_CLAIM_TEMPLATE
-from mnnvl.errors import ConflictError, CrdMissing, TeardownIncomplete, WaitTimeout
+from mnnvl.errors import CrdMissing, NotAdoptable, TeardownIncomplete, WaitTimeout
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim import SimCluster
@@ -79,7 +79,7 @@ def test_foreign_domain_with_our_name_is_a_conflict(sim, capsys):
     }
     with Api.connect(sim.kubeconfig_path) as api:
         api.create(COMPUTE_DOMAIN, "default", body)
-        with pytest.raises(ConflictError, match=names.domain):
+        with pytest.raises(NotAdoptable, match=names.domain):
             steps.provision(spec, kubeconfig=sim.kubeconfig_path)
         code = cli.main(["provision", "--run-id", spec.run_id, "--kubeconfig", sim.kubeconfig_path])
         result = json.loads(capsys.readouterr().out.splitlines()[-1])
@@ -135,7 +135,7 @@ def test_rct_of_another_domain_is_a_conflict(sim):
     }
     with Api.connect(sim.kubeconfig_path) as api:
         api.create(RESOURCE_CLAIM_TEMPLATE, "default", squatter)
-        with pytest.raises(ConflictError, match="already exists; the DRA controller cannot"):
+        with pytest.raises(NotAdoptable, match="already exists; the DRA controller cannot"):
             steps.provision(spec, kubeconfig=sim.kubeconfig_path)
         api.delete(RESOURCE_CLAIM_TEMPLATE, "default", names.channel_template)
     steps.teardown(spec, kubeconfig=sim.kubeconfig_path)

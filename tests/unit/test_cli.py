@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mnnvl import steps
 from mnnvl.cli import main as cli
 from mnnvl.cli.help import COMMANDS
+from mnnvl.errors import Interrupted, TeardownIncomplete, WaitTimeout
 from mnnvl.inputs.checks import DNS1123_LABEL
 from mnnvl.inputs.names import LABEL_RUN_ID, RunNames
 from mnnvl.sim import SimCluster
@@ -147,6 +149,29 @@ def test_run_with_no_cluster_configured_says_only_what_is_true(capsys, tmp_path,
     assert "leftovers" not in result and "cleanup" not in result
     assert "may be left" not in err and "also failed" not in err
     assert "the run created nothing" in err
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"), [(WaitTimeout("channel template not created"), 3), (Interrupted(15), 143)]
+)
+def test_run_ends_with_the_steps_error_and_what_its_failed_teardown_left(
+    capsys, tmp_path, monkeypatch, failure, code
+):
+    def fail(*args, **kwargs):
+        raise failure
+
+    def teardown_fails(*args, **kwargs):
+        left = ["ComputeDomain default/x"]
+        raise TeardownIncomplete("API gone", exit_code=5, leftovers=left, cleanup="mnnvl teardown")
+
+    monkeypatch.setattr(steps, "provision", fail)
+    monkeypatch.setattr(steps, "teardown", teardown_fails)
+    got, lines, err = run_cli(capsys, ["run", "--run-id", "r1", "--report-dir", str(tmp_path)])
+    result = last_json(lines)
+    assert got == result["exit_code"] == code and result["error"] == str(failure)
+    assert result["leftovers"] == ["ComputeDomain default/x"]
+    assert result["cleanup"] == "mnnvl teardown"
+    assert "teardown after failure also failed: API gone" in err
 
 
 def test_missing_kubeconfig_exits_5_naming_what_was_tried(capsys, tmp_path, monkeypatch):

@@ -11,9 +11,9 @@ import pytest
 
 from mnnvl.driver import problem as problem_module
 from mnnvl.driver.diagnose import Grace, raise_on_stuck_pod
-from mnnvl.driver.errors import MnnvlError
-from mnnvl.driver.problem import TEMPLATES, Kind
+from mnnvl.driver.problem import TEMPLATES
 from mnnvl.driver.refusal import refusal_problem
+from mnnvl.errors import MnnvlError, ProblemKind
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP
 from mnnvl.inputs.spec import WorkloadSpec
 
@@ -146,19 +146,19 @@ def test_decisions_follow_the_kind():
     for case in ("pod security", "webhook", "service account", "invalid"):
         first = outcome[f"refusal {case}"][0]
         assert first is not None and first[1:] == (True, "WorkloadFailed", 4), case
-    assert outcome["refusal quota"] == (None, (Kind.QUOTA, False, "WorkloadFailed", 4))
+    assert outcome["refusal quota"] == (None, (ProblemKind.QUOTA, False, "WorkloadFailed", 4))
     assert outcome["refusal unknown"][0] is None
 
 
 @pytest.mark.parametrize(
     ("case", "kind"),
     [
-        ("crashed", Kind.CRASHED),
-        ("oom", Kind.OOM_KILLED),
-        ("stalled", Kind.STALLED),
-        ("collective", Kind.COLLECTIVE_TIMEOUT),
-        ("lost node", Kind.LOST_NODE),
-        ("missing claim", Kind.MISSING_CLAIM),
+        ("crashed", ProblemKind.CRASHED),
+        ("oom", ProblemKind.OOM_KILLED),
+        ("stalled", ProblemKind.STALLED),
+        ("collective", ProblemKind.COLLECTIVE_TIMEOUT),
+        ("lost node", ProblemKind.LOST_NODE),
+        ("missing claim", ProblemKind.MISSING_CLAIM),
     ],
 )
 def test_each_failure_has_its_own_kind(case, kind):
@@ -197,5 +197,5 @@ def test_a_gang_past_its_restarts_fails_with_the_pods_exit_code_however_it_is_wo
         return type(err).__name__, err.exit_code, getattr(err, "pod_exit_code", None)
 
     assert outcome() == ("WorkloadFailed", 4, 1)
-    monkeypatch.setitem(TEMPLATES, Kind.RESTARTS_EXHAUSTED, "zz {code}")
+    monkeypatch.setitem(TEMPLATES, ProblemKind.RESTARTS_EXHAUSTED, "zz {code}")
     assert outcome() == ("WorkloadFailed", 4, 1)

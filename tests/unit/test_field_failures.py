@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 
 from mnnvl.driver.diagnose import Grace, job_failure, pod_problem, pods_progress, raise_on_stuck_pod
-from mnnvl.driver.errors import MnnvlError
 from mnnvl.driver.kueue import describe, evicted
-from mnnvl.driver.problem import Kind
+from mnnvl.errors import MnnvlError, ProblemKind
 from mnnvl.inputs.spec import WorkloadSpec
 
 RUN = "field-a"
@@ -84,7 +83,7 @@ def test_no_node_with_the_clique_label_is_said_by_name_with_the_counts() -> None
     assert _stuck(_workload(), _pending(NO_LABEL), 60) is None  # a label may come back
     err = _stuck(_workload(), _pending(NO_LABEL), 0)
     assert err is not None and err.exit_code == 4
-    assert err.problem_kind is Kind.NO_CLIQUE_LABEL
+    assert err.problem is ProblemKind.NO_CLIQUE_LABEL
     message = str(err)
     assert (
         "at most 0 of 4 nodes carry the clique label nvidia.com/gpu.clique and a clique group "
@@ -96,24 +95,24 @@ def test_no_node_with_the_clique_label_is_said_by_name_with_the_counts() -> None
 def test_too_few_labelled_nodes_for_a_group_under_a_providers_key() -> None:
     workload = _workload(clique_label="cloud.example.com/nvlink-domain")
     err = _stuck(workload, _pending(ONE_LABELLED), 0)
-    assert err is not None and err.problem_kind is Kind.NO_CLIQUE_LABEL
+    assert err is not None and err.problem is ProblemKind.NO_CLIQUE_LABEL
     assert "at most 1 of 4 nodes carry the clique label cloud.example.com/nvlink-domain" in str(err)
 
 
 def test_a_node_selector_pod_is_not_blamed_on_the_label() -> None:
     # Kueue's topology assignment (or the user's selector) also fails the node affinity filter.
     err = _stuck(_workload(), _pending(NO_LABEL, {"kubernetes.io/hostname": "n3"}), 0)
-    assert err is not None and err.problem_kind is Kind.UNSCHEDULABLE
+    assert err is not None and err.problem is ProblemKind.UNSCHEDULABLE
     # Without clique affinity the label is asked for by nothing.
     err = _stuck(_workload(clique_affinity=False), _pending(NO_LABEL), 0)
-    assert err is not None and err.problem_kind is Kind.UNSCHEDULABLE
+    assert err is not None and err.problem is ProblemKind.UNSCHEDULABLE
 
 
 def test_a_claim_refused_by_a_device_taint_names_the_taint_and_the_health_check() -> None:
     assert _stuck(_workload(gpu_mode="claim"), _pending(TAINTED), 60) is None
     err = _stuck(_workload(gpu_mode="claim"), _pending(TAINTED), 0)
     assert err is not None and err.exit_code == 4
-    assert err.problem_kind is Kind.CLAIM_UNALLOCATABLE
+    assert err.problem is ProblemKind.CLAIM_UNALLOCATABLE
     message = str(err)
     assert "no node could allocate the pod's device claims" in message
     assert "DRADeviceTaints" in message and "gpu.nvidia.com/xid" in message
@@ -166,7 +165,7 @@ def test_an_imex_import_refused_in_the_workers_log_names_the_daemon_fix(said: st
     log = f"step 3 loss 2.1\n{said}\nTraceback (most recent call last): ..."
     condition = {"reason": "FailedIndexes", "message": "Job has failed indexes"}
     found = job_failure(Api([failed], log), _workload(max_restarts=0), "w", "d", condition, "1")  # type: ignore[arg-type]
-    assert found.kind is Kind.IMEX_IMPORT and found.exit_code == 1
+    assert found.kind is ProblemKind.IMEX_IMPORT and found.exit_code == 1
     assert said.strip() in found.message
     assert "although the domain's IMEX daemons look healthy" in found.message
     assert "#1417" in found.message and "nvidia-imex-ctl -N" in found.message

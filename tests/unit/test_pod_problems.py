@@ -7,7 +7,7 @@ import time
 import pytest
 
 from mnnvl.driver.diagnose import Grace, pod_problem
-from mnnvl.driver.problem import Kind
+from mnnvl.errors import ProblemKind
 
 
 def pod(phase="Pending", waiting="", unschedulable="", name="p-0"):
@@ -33,11 +33,11 @@ def prepare(message):
 @pytest.mark.parametrize(
     ("reason", "kind"),
     [
-        ("ErrImageNeverPull", Kind.IMAGE_PULL),
-        ("InvalidImageName", Kind.IMAGE_REFERENCE),
-        ("ImagePullBackOff", Kind.IMAGE_PULL),
-        ("CreateContainerConfigError", Kind.CONFIG),
-        ("CrashLoopBackOff", Kind.CRASH_LOOP),
+        ("ErrImageNeverPull", ProblemKind.IMAGE_PULL),
+        ("InvalidImageName", ProblemKind.IMAGE_REFERENCE),
+        ("ImagePullBackOff", ProblemKind.IMAGE_PULL),
+        ("CreateContainerConfigError", ProblemKind.CONFIG),
+        ("CrashLoopBackOff", ProblemKind.CRASH_LOOP),
     ],
 )
 def test_image_and_config_errors_are_fatal_at_once(reason, kind):
@@ -53,7 +53,7 @@ def test_container_creating_is_not_a_problem():
 def test_claim_in_another_namespace_than_its_domain_is_fatal_at_once():
     event = prepare("claim namespace team-b does not match ComputeDomain namespace team-a")
     found = pod_problem(pod(waiting="ContainerCreating"), event, retries=False, grace=Grace(60))
-    assert found is not None and found.kind is Kind.PREPARE and found.permanent
+    assert found is not None and found.kind is ProblemKind.PREPARE and found.permanent
     assert "claim namespace team-b does not match" in found.message
 
 
@@ -65,7 +65,7 @@ def test_node_held_by_another_domain_is_fatal_only_after_the_grace():
     assert 0 < (grace.recheck_in_s() or 0) <= 0.3
     time.sleep(0.35)
     found = pod_problem(stuck, event, retries=False, grace=grace)
-    assert found is not None and found.kind is Kind.NODE_HELD and not found.permanent
+    assert found is not None and found.kind is ProblemKind.NODE_HELD and not found.permanent
     assert "0.3 s" in found.message and "different ComputeDomain" in found.message
 
 
@@ -91,7 +91,7 @@ def test_a_failed_pod_is_fatal_only_without_retries():
     failed = pod(phase="Failed")
     failed["status"]["containerStatuses"] = [{"state": {"terminated": {"exitCode": 4}}}]
     found = pod_problem(failed, None, retries=False, grace=Grace(0))
-    assert found is not None and found.kind is Kind.CRASHED and found.exit_code == 4
+    assert found is not None and found.kind is ProblemKind.CRASHED and found.exit_code == 4
     assert found.permanent  # 4 is a code no retry changes
     assert pod_problem(failed, None, retries=True, grace=Grace(0)) is None
 

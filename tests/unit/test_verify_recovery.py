@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from mnnvl.cli.parser import build_parser
-from mnnvl.driver.gang import Progress
+from mnnvl.driver.gang import Rank0Progress
 from mnnvl.inputs import surface
 from mnnvl.inputs.flags import to_args
 from mnnvl.inputs.spec import VerifyConfig
@@ -63,7 +63,7 @@ def test_a_stopped_verify_worker_ends_its_pod_with_12_and_its_peer_times_out_nam
     assert "timed out after --collective-timeout-s 4" in peer
     assert '"verdict":"FAIL","reasons":["the all-reduce of 4096 bytes' in out[0][0]  # reported
     # The driver follows rank 0's log: its progress line names the last size rank 0 finished.
-    progress = Progress()
+    progress = Rank0Progress()
     for line in peer.splitlines():
         progress.line(line)
     assert progress.describe().startswith("rank 0 done with sweep size 2048 bytes, ")
