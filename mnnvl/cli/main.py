@@ -450,6 +450,19 @@ def _leftovers(e: BaseException) -> dict[str, Any]:
     return {"leftovers": list(leftovers), "cleanup": cleanup}
 
 
+def _groups_as_flags(ns: argparse.Namespace) -> None:
+    """``--<group>-json`` values as the flags of their inputs (errors name them group.input)."""
+    for group in surface.GROUPS:
+        text = getattr(ns, f"{group}_json", None)
+        if text is None:
+            continue
+        for key, value in surface.ungroup(group, text, vars(ns)).items():
+            if getattr(ns, key) is not None:
+                raise SpecError(key, f"is given twice: on its own and in --{group}-json")
+            setattr(ns, key, value)
+            ns.flag_names = {**ns.flag_names, key: f"{group}.{key}"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -488,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         _emit({"ok": False, "command": command, "error": bad_path, "exit_code": code}, None)
         return code
     try:
+        _groups_as_flags(ns)
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
     except MnnvlError as e:

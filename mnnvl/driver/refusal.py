@@ -93,7 +93,7 @@ def refusal_fix(found: Problem, namespace: str, message: str) -> str:
         Kind.WEBHOOK: "an admission webhook refused the pod: check its policy "
         "(`kubectl get validatingwebhookconfigurations`) with the cluster's administrators",
         Kind.SERVICE_ACCOUNT: f"create that service account in namespace {ns} "
-        f"(`kubectl create serviceaccount -n {ns} <name>`) or pass another --service-account",
+        f"(`kubectl create serviceaccount -n {ns} <name>`) or set another worker_service_account",
         Kind.INVALID_SPEC: "the pod spec is invalid: fix the input named in the message",
         Kind.MISSING_OBJECT: f"create the missing object the pod refers to in namespace {ns}",
         Kind.QUOTA: f"ResourceQuota {quota.group(1) if quota else '?'} in namespace {ns} is "
