@@ -450,7 +450,7 @@ def _leftovers(e: BaseException) -> dict[str, Any]:
     return {"leftovers": list(leftovers), "cleanup": cleanup}
 
 
-def _groups_as_flags(ns: argparse.Namespace) -> None:
+def groups_as_flags(ns: argparse.Namespace) -> None:
     """``--<group>-json`` values as the flags of their inputs (errors name them group.input)."""
     for group in surface.GROUPS:
         text = getattr(ns, f"{group}_json", None)
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         _emit({"ok": False, "command": command, "error": bad_path, "exit_code": code}, None)
         return code
     try:
-        _groups_as_flags(ns)
+        groups_as_flags(ns)
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
     except MnnvlError as e:
