@@ -107,6 +107,8 @@ class Input:
         """A surface value (typed from KFP, a string from Argo) as the surface's type."""
         if self.kind == "dict":
             return ungroup(self.name, value, {m.name for m in self.members})
+        if self.kind == "int" and isinstance(value, float) and value.is_integer():
+            return int(value)  # a JSON number inside a group: KFP writes 3 as 3.0
         if not isinstance(value, str) or self.kind == "str":
             return list(value) if self.kind == "list" else value
         text = value.strip()
@@ -276,6 +278,17 @@ def grouped(inputs: list[Input]) -> list[Input]:
         if group in members
     ]
     return [*members.get("", []), *groups]
+
+
+def grouped_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Flat input values as KFP and Argo take them: each grouped one inside its group."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in GROUP_OF:
+            out.setdefault(GROUP_OF[name], {})[name] = value
+        else:
+            out[name] = value
+    return out
 
 
 def ungroup(group: str, value: Any, used: Collection[str]) -> dict[str, Any]:

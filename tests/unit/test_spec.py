@@ -84,7 +84,12 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
     ),
     (WorkloadSpec, {"run_id": RUN, "rdzv_port": 80}, "rdzv_port", "out of range"),
     (WorkloadSpec, {"run_id": RUN, "rdzv_port": 70000}, "rdzv_port", "out of range"),
-    (WorkloadSpec, {"run_id": RUN, "worker_service_account": "Bad_SA"}, "worker_service_account", "DNS-1123"),
+    (
+        WorkloadSpec,
+        {"run_id": RUN, "worker_service_account": "Bad_SA"},
+        "worker_service_account",
+        "DNS-1123",
+    ),
     (WorkloadSpec, {"run_id": RUN, "shm_size": "16G"}, "shm_size", "512Mi or 16Gi"),
     (WorkloadSpec, {"run_id": RUN, "shm_size": "1Ti"}, "shm_size", "512Mi or 16Gi"),
     (WorkloadSpec, {"run_id": RUN, "job_timeout_s": 0}, "job_timeout_s", "out of range"),

@@ -335,14 +335,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
 
 
 def _given(plan: surface.Pipeline, values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` as the form takes them: each in its group, or a parameter of its own."""
-    groups = {p.name: p.group for p in plan.parameters()}
-    given: dict[str, Any] = {}
-    for key, value in values.items():
-        if groups[key]:
-            given.setdefault(groups[key], {})[key] = value
-        else:
-            given[key] = value
+    """``values`` as the form takes them, with a command where the custom pipeline needs one."""
+    given = surface.grouped_values(values)
     if plan.name == "mnnvl-custom" and not {"module", "command"} & set(values):
         given["command"] = ["python3", "x.py"]
     return given
