@@ -83,7 +83,6 @@ render: install ## print every object a run would create (no cluster needed)
 
 bench: install ## CPU benchmarks (simulator API requests, concurrency, make run, compile)
 	$(PY) bench/bench_api_requests.py
-	$(PY) bench/bench_concurrent_runs.py
 	$(PY) bench/bench_load.py
 	$(PY) bench/bench_compile.py
 	$(PY) bench/bench_make_run.py

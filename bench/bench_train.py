@@ -71,12 +71,6 @@ SAME_CONFIG = (
 )
 
 
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
-
-
 def train_args(args: argparse.Namespace) -> list[str]:
     """The training flags of one variant; batch 0, seq 0 and auto leave it to the preset."""
     return [
@@ -267,7 +261,9 @@ def main() -> int:
         if len(args.variant) < 2:
             parser.error("--compare-loss needs at least two --variant")
         args.log_every = 1
-    args.nproc = args.nproc or _gpu_count()
+    import torch
+
+    args.nproc = args.nproc or torch.cuda.device_count()
     if args.nproc < 1:
         print("no CUDA GPUs found", file=sys.stderr)
         return 1

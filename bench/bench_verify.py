@@ -39,12 +39,6 @@ from mnnvl.runtime.local import pod_entry_command
 WALL_GOAL_S = 20.0
 
 
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()
-
-
 def run_verify(nproc: int, max_bytes: str, degraded: bool, out_dir: str) -> dict[str, Any]:
     env = dict(os.environ)
     if degraded:
@@ -94,7 +88,9 @@ def main() -> int:
     parser.add_argument("--json-out", default="", help="also write the JSON summary here")
     parser.add_argument("--output-dir", default="", help="keep the report files here")
     args = parser.parse_args()
-    nproc = args.nproc or _gpu_count()
+    import torch
+
+    nproc = args.nproc or torch.cuda.device_count()
     if nproc < 1 or (nproc < 2 and args.degraded):
         raise SystemExit("needs a CUDA GPU (--degraded: at least 2)")
     with tempfile.TemporaryDirectory() as tmp:

@@ -74,12 +74,6 @@ def get_profile(name: str) -> Profile:
         raise SpecError("nccl_profile", f"{name!r} is not one of {', '.join(PROFILES)}") from None
 
 
-def refuse_forbidden(environ: MutableMapping[str, str]) -> None:
-    problem = contract_env.forbidden_problem(environ)
-    if problem:
-        raise SpecError(*problem)
-
-
 def pod_env(name: str) -> dict[str, str]:
     """Static env for worker pods; the fabric-dependent part is applied in the pod."""
     profile = get_profile(name)
@@ -100,7 +94,9 @@ def apply_profile(
 ) -> dict[str, str]:
     """Apply a profile to ``environ`` (default ``os.environ``); return what was changed."""
     env = os.environ if environ is None else environ
-    refuse_forbidden(env)
+    problem = contract_env.forbidden_problem(env)
+    if problem:
+        raise SpecError(*problem)
     profile = get_profile(name)
     changed: dict[str, str] = {}
     wanted = dict(profile.required)

@@ -5,7 +5,7 @@
 
 from mnnvl.inputs.defaults import CLIQUE_LABEL
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
-from mnnvl.manifests.domain import compute_domain, object_meta, owner_references
+from mnnvl.manifests.domain import compute_domain
 from mnnvl.manifests.render import render_run, step_workload
 from mnnvl.manifests.spec_hash import SPEC_HASH_ANNOTATION, hash_of, spec_hash, with_spec_hash
 from mnnvl.manifests.workload import (
@@ -20,7 +20,6 @@ from mnnvl.manifests.workload import (
     headless_service,
     indexed_job,
     indexed_jobs,
-    master_addr,
     rank0_job,
     step_selector,
 )
@@ -42,9 +41,6 @@ __all__ = [
     "headless_service",
     "indexed_job",
     "indexed_jobs",
-    "master_addr",
-    "object_meta",
-    "owner_references",
     "rank0_job",
     "render_run",
     "spec_hash",

@@ -185,18 +185,13 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
 
 
 def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
-    """The entry module on every node through ``mnnvl.runtime.launch`` (torchrun's static
-    options and worker variables; the workers forked from one torch import; the worst worker
-    exit code, not torchrun's blanket 1, becomes the container's); ``$(VAR)`` is
-    expanded by the kubelet from the env. A clique group's pods leave the node rank to the
-    launcher: the group's first node rank plus the Job's completion index (the kubelet
-    cannot add).
+    """The entry module on every node through ``mnnvl.runtime.launch``; ``$(VAR)`` is expanded
+    by the kubelet from the env. A clique group's pods leave the node rank to the launcher
+    (the group's first node rank plus the completion index: the kubelet cannot add).
 
-    ``module`` empty: ``args`` is the whole command, run as given (once per pod); it reads the
-    rendezvous from the env (MASTER_ADDR, WORLD_SIZE, NODE_RANK, ...). With clique groups it
-    runs through the launcher's ``--exec``, which sets ``NODE_RANK`` to the group's first node
-    rank plus the completion index and then becomes the program (the image needs
-    mnnvl-pipelines, as for a module entry point, but no shell).
+    ``module`` empty: ``args`` is the whole command, run as given once per pod, reading the
+    rendezvous from the env; with clique groups through the launcher's ``--exec``, which sets
+    ``NODE_RANK`` and then becomes the program (no shell needed in the image).
     """
     if not all(isinstance(a, str) for a in args):
         raise SpecError("command", "every argument must be a string")
@@ -218,7 +213,6 @@ def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
         "--master-port=$(MASTER_PORT)",
         "-m",
         module,
-        # "$$" is the kubelet's escape for "$": user arguments reach the program verbatim.
         *(a.replace("$", "$$") for a in args),
     ]
 

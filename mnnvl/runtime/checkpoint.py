@@ -1,5 +1,5 @@
 """Sharded checkpoints with torch.distributed.checkpoint (DCP), written without stopping
-training, and automatic resume.
+training, and automatic resume (docs/training.md).
 
 Layout under the checkpoint directory (which every rank must see, e.g. a shared volume)::
 
@@ -7,32 +7,19 @@ Layout under the checkpoint directory (which every rank must see, e.g. a shared 
     latest               text "step-<N>"; written by rank 0, atomically, only after every
                          rank finished its part of step-<N>
 
-A save (every rank calls ``save``) first waits for the previous one, so at most one is in
-flight and host memory holds at most one staged copy of the state. Each rank writes its small
-extra state at once; model and optimizer state are staged off the GPU into pinned host memory
-by a background thread (non-blocking copies on a stream of its own; on CPU the same path with
-plain copies) and written by ``dcp.async_save`` in another thread, over a
-gloo group of the checkpoint's own (NCCL has no CPU side, and training's collectives keep
-their group). Training carries on; ``wait_staged`` holds the next optimizer step until the
-staging copy is done, so the checkpoint is the state of step N exactly.
+At most one save is in flight. Model and optimizer state are staged into pinned host memory
+by a background thread and written by ``dcp.async_save`` over a gloo group of the
+checkpoint's own; ``wait_staged`` holds the next optimizer step until the copy is done, so the
+checkpoint is the state of step N exactly. Until rank 0 writes ``latest`` (after DCP's
+coordinator gathered every rank's write results) it names the previous checkpoint, so a crash
+during a save leaves that one valid.
 
-Rank 0's write ends only after every rank's write results reached it (DCP's coordinator
-gathers them before it writes ``.metadata``); then rank 0 writes ``latest``. Until then
-``latest`` names the previous checkpoint: a crash or kill during a background save leaves
-that one valid, the partial ``step-<N>`` is ignored on resume and replaced by the next save of
-that step. ``wait`` waits for the save in flight (training's end waits for its final save
-before reporting success); a failed background write raises there.
-
-Staging memory is bounded to one host copy of this rank's state, kept from one save to the
-next (as torchtitan's pinned-memory mode keeps one CPU copy): the host buffers are allocated
-and pinned by the first save and refilled by the later ones, so only the first pays for the
-pinning. ``DefaultStager`` cannot do that: torch 2.11 closes its state-dict stager after every
-stage, which empties its buffer cache and its copy table (reusing it for the next save raised
-``KeyError: <class 'type'>`` deep-copying the optimizer state). ``mode``: ``async`` (the
-default, reused buffers), ``async-fresh`` (a new ``DefaultStager`` per save, closed after its
-write) or ``sync`` (``dcp.save`` in the training thread, the "before"); the last two are
-benchmark levers. The newest ``keep`` complete checkpoints are kept; older ones are deleted by
-rank 0 once a newer one is complete.
+The host buffers are kept from one save to the next (as torchtitan's pinned-memory mode
+does). ``DefaultStager`` cannot do that: torch 2.11 closes its state-dict stager after every
+stage, which empties its buffer cache and its copy table (reusing it raised ``KeyError:
+<class 'type'>`` deep-copying the optimizer state). ``mode``: ``async`` (reused buffers),
+``async-fresh`` (a new ``DefaultStager`` per save) or ``sync`` (``dcp.save`` in the training
+thread); the last two are benchmark levers. The newest ``keep`` complete checkpoints are kept.
 
 Test hook: ``MNNVL_TEST_CHECKPOINT_DELAY=<step>:<rank>:<seconds>`` makes that rank's write of
 that step's checkpoint start late, in the background, to hold a save in flight.
@@ -121,10 +108,7 @@ class Checkpointer:
     def save(
         self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
     ) -> Path:
-        """Start a collective save (every rank must call); return the checkpoint's path.
-
-        Returns once the state is being staged; ``latest`` names it only when it is complete.
-        """
+        """Start a collective save (every rank calls it); returns once the state is being staged."""
         started = time.perf_counter()
         self.wait()  # the previous save: at most one in flight
         path = self.root / f"step-{step}"
@@ -140,7 +124,8 @@ class Checkpointer:
         writer = _writer(path, step, self.rank)
         if not self.asynchronous:
             dcp.save(state, storage_writer=writer)
-            self._pending = _done(self._commit(path, started))
+            self._pending = Future()
+            self._pending.set_result(self._commit(path, started))
         else:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()  # the state of step N is final before it is copied
@@ -260,13 +245,10 @@ class Checkpointer:
 
 
 class _ReusedStager(AsyncStager):
-    """Stages into host buffers kept across saves, in a thread of its own: pinned memory and
-    non-blocking copies on a stream of its own where CUDA is, plain copies on CPU. No shared
-    memory: the write runs in a thread, not a process (and a pod's /dev/shm is small).
-
-    The buffers are found by the device storage they copy (the sharded parameters and the
-    optimizer state keep theirs from step to step); a save refills them only after the one
-    before it was written, so a write never reads a buffer being refilled."""
+    """Stages into host buffers kept across saves (found by the device storage they copy),
+    in a thread of its own: pinned memory and non-blocking copies on a stream of its own
+    where CUDA is. No shared memory: the write runs in a thread (a pod's /dev/shm is small).
+    A save refills the buffers only after the one before it was written."""
 
     _synchronize_after_execute = False  # the caller waits for the copy (``wait_staged``)
 
@@ -304,8 +286,7 @@ class _ReusedStager(AsyncStager):
 
 
 def _fresh_stager() -> DefaultStager:
-    """A single-use ``DefaultStager``: pinned memory, a staging thread and non-blocking copies
-    where CUDA is; on CPU the same thread with plain copies; no shared memory."""
+    """A single-use ``DefaultStager`` staged like ``_ReusedStager``."""
     cuda = torch.cuda.is_available()
     return DefaultStager(
         StagingOptions(
@@ -340,12 +321,6 @@ def _why(error: dcp.CheckpointException) -> str:
     failures = sorted(getattr(error, "failures", {}).items())
     words = [f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in failures]
     return "; ".join(words) or str(error).splitlines()[0]
-
-
-def _done(value: Path) -> Future[Path]:
-    future: Future[Path] = Future()
-    future.set_result(value)
-    return future
 
 
 def _rng_state() -> dict[str, Any]:

@@ -1,32 +1,21 @@
-"""All-reduce bus-bandwidth sweep (float32 sum), measured the way nccl-tests measures it.
+"""All-reduce bus-bandwidth sweep (float32 sum, in place), measured as nccl-tests measures it.
 
-``algbw = bytes / time`` and ``busbw = algbw * 2(n-1)/n`` (nccl-tests' all-reduce factor),
-with ``bytes`` the size of each rank's buffer and ``time`` the mean time of one all-reduce
-over a timed loop, as nccl-tests reports it. One rank moves no data (its all-reduce is a
-no-op a microsecond long, which would read as petabytes per second): its rows keep the time,
-give ``algbw_gbps`` null and ``busbw_gbps`` 0, and the reports print "n/a: one rank".
-Each size runs ``reps`` such loops; the reported time is the median loop's mean, taken
-across ranks as the slowest rank's (a collective is only as fast as its slowest member).
+``algbw = bytes / time`` and ``busbw = algbw * 2(n-1)/n`` (nccl-tests' all-reduce factor), with
+``bytes`` each rank's buffer and ``time`` the mean of one call over a timed loop; the reported
+time is the median loop's, the slowest rank's. One rank moves no data: its rows keep the time,
+give ``algbw_gbps`` null and ``busbw_gbps`` 0.
 
-On CUDA each loop is timed with CUDA events around ``k`` calls issued straight on the
-process group. Below ~150 µs per call the same loop is also timed through a second
-communicator driven by NCCL's C API (``nccl_direct``, like nccl-tests), or, where that is
-unavailable, as one captured CUDA graph (like ``all_reduce_perf -G``), and the fastest
-counts: at 1 MiB torch's own per-call host work (~9 µs on 2 x H200, torch 2.11 + NCCL 2.28)
-exceeds what the GPUs need, so only the direct path shows the fabric's small-message
-latency. On CPU (gloo) the loop is timed with ``time.perf_counter``.
+CUDA loops are timed with CUDA events around calls issued straight on the process group; below
+``GRAPH_BELOW_S`` per call also through a second communicator on NCCL's C API (``nccl_direct``,
+like nccl-tests) or, without it, one captured CUDA graph (like ``all_reduce_perf -G``), and the
+fastest counts: at 1 MiB torch's own per-call host work (~9 us on 2 x H200, torch 2.11 + NCCL
+2.28) exceeds what the GPUs need. CPU (gloo) loops use ``time.perf_counter``.
 
-Adaptive iteration counts: unless ``iters`` is given, each size runs at least
-``min_reps`` loops and stops as soon as the 95 % confidence interval of the mean loop time
-is within ``rel_ci`` of the mean (at most ``reps`` loops); large sizes, which are steady,
-stop after the minimum. The whole sweep warms up once at the largest size (like
-nccl-tests); each size adds one warm-up call from 64 MiB up and five below.
-
-Every size is checked once before timing, on every path that is timed: rank ``r`` fills
-even elements with ``r + 1`` and odd ones with ``r + 2``; the sum must be exact (small
-integers are exact in float32). A path that returns a wrong sum is not timed and marks
-the size incorrect, so a fast wrong path never wins. One buffer of the largest size is
-allocated; smaller sizes are views of it.
+Unless ``iters`` is given, a size stops once the 95 % confidence interval of the mean loop time
+is within ``rel_ci`` (``min_reps`` to ``reps`` loops). The sweep warms up once at the largest
+size, like nccl-tests. Every size is checked on every timed path first (rank ``r`` fills even
+elements with ``r + 1``, odd ones with ``r + 2``; the sum must be exact): a wrong path is not
+timed and marks the size incorrect. Smaller sizes are views of one largest buffer.
 """
 
 from __future__ import annotations
@@ -179,10 +168,12 @@ def run_sweep(
     # connections are then in their steady state when the small sizes are timed.
     for _ in range(plan.warmup_iters or 5):
         dist.all_reduce(buf, group=group)
-    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     timings["warmup"] = round(time.perf_counter() - t0, 3)
     t0 = time.perf_counter()
-    direct = _direct_comm(plan, device) if group is None else None
+    cuda_direct = device.type == "cuda" and plan.direct_nccl and plan.cuda_graphs
+    direct = DirectComm.create(device) if cuda_direct and group is None else None
     timings["direct_init"] = round(time.perf_counter() - t0, 3)
     try:
         for size in plan.sizes:
@@ -246,11 +237,6 @@ def _gather_own(
     return [t.tolist() for t in everyone]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _sig(value: float) -> float:
     """Six significant digits: enough for 0.001 GB/s on gloo and 346.712 GB/s on NVLink."""
     return float(f"{value:.6g}")
@@ -306,12 +292,6 @@ def _time_cpu(
     if own is not None:
         own.append(spent["outside"] / max(1, spent["calls"]))
     return median
-
-
-def _direct_comm(plan: SweepPlan, device: torch.device) -> DirectComm | None:
-    if device.type != "cuda" or not plan.direct_nccl or not plan.cuda_graphs:
-        return None
-    return DirectComm.create(device)
 
 
 def _time_cuda(

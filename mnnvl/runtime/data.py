@@ -12,7 +12,6 @@ import logging
 import mmap
 import os
 import struct
-from typing import Protocol
 
 import torch
 
@@ -24,12 +23,6 @@ logger = logging.getLogger(__name__)
 HEADER_MAGIC = b"MNNVLTOK"
 HEADER = struct.Struct("<8sIIQ")
 _NOISE = 0.05
-
-
-class Batches(Protocol):
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(inputs, targets)``, both int64 ``[batch, seq_len]`` on the CPU."""
-        ...
 
 
 def _generator(seed: int, rank: int, step: int) -> torch.Generator:
@@ -144,7 +137,8 @@ def write_token_file(path: str, tokens: list[int] | torch.Tensor, *, width: int 
 
 def build_batches(
     data: str, *, vocab_size: int, seq_len: int, batch_size: int, seed: int, rank: int, world: int
-) -> Batches:
+) -> SyntheticBatches | TokenFileBatches:
+    """``batch(step)`` of either: ``(inputs, targets)``, int64 ``[batch, seq_len]`` on the CPU."""
     if data == "synthetic":
         return SyntheticBatches(
             vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size, seed=seed, rank=rank

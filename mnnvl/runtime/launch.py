@@ -3,46 +3,26 @@ worst worker exit code as the container's.
 
 ``python -m mnnvl.runtime.launch [--nnodes N] [--nproc-per-node P] [--node-rank R]
 [--master-addr A] [--master-port PORT] -m MODULE [ARGS]`` takes the static part of
-torchrun's command line and starts the same workers without torchrun's start-up: torchrun
-imports torch in its agent and then again in every worker (about 4 s each on a 2 x H200
-host, one after the other), while this process imports torch once and forks the workers.
-Each runs ``MODULE`` as ``__main__`` with the variables torchrun gives its workers:
-``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
-``GROUP_WORLD_SIZE``, ``ROLE_*``, ``MASTER_ADDR``, ``MASTER_PORT`` and ``TORCHELASTIC_*``
-(no agent store: rank 0 hosts the rendezvous store on ``MASTER_PORT``, as ``env://``
-expects), ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` (the contract's, unless set) and
-``OMP_NUM_THREADS=1`` with several workers unless set.
+torchrun's command line and starts the same workers (``MODULE`` as ``__main__`` with
+torchrun's worker variables, no agent store: rank 0 hosts the rendezvous store as ``env://``
+expects) without torchrun's start-up: torchrun imports torch in its agent and again in every
+worker (about 4 s each on a 2 x H200 host, one after the other).
 
-CUDA: this process must never touch CUDA. A CUDA context does not survive ``fork``; a
-worker forked from a process that initialised CUDA fails at its first CUDA call. So the
-parent imports torch and calls nothing of it (no ``torch.cuda`` call, no tensor); every
-worker picks its own device after the fork. A test checks that ``torch.cuda`` is never
-initialised here.
+This process must never touch CUDA: a CUDA context does not survive ``fork``, so the parent
+imports torch and calls nothing of it; every worker picks its own device (a test checks it).
 
-Exit status, which the Job's podFailurePolicy reads: the workers' worst exit code by
-:func:`mnnvl.contract.exit_codes.worst_exit_code` (torchrun alone turns any worker failure
-into 1, so a Job could not tell a bad input (2) or a failed verification (4) from a crash
-worth retrying). The first worker that fails stops the others at once (SIGTERM, then
-SIGKILL after ``--grace-s``), as torchrun does. SIGTERM, SIGINT or SIGHUP to this process
-(SIGTERM on pod deletion) stops every worker the same way and exits 128 + the signal
-number (143 for SIGTERM). No elastic restarts: the driver restarts every rank (the Job's
-``backoffLimitPerIndex`` replaces the pods).
+Exit status, which the Job's podFailurePolicy reads: the workers' worst exit code
+(:func:`mnnvl.contract.exit_codes.worst_exit_code`; torchrun turns any failure into 1, so a
+Job could not tell bad input (2) or a failed verification (4) from a crash worth retrying).
+The first failed worker, SIGTERM/SIGINT/SIGHUP (then 128 + the signal) or a worker silent
+past its stall timeout (:mod:`mnnvl.runtime.progress`; then ``exit_codes.STALLED``) stops
+every worker: SIGTERM followed by SIGCONT (a stopped worker ends at once), SIGKILL after
+``--grace-s``. No elastic restarts: the driver restarts every rank.
 
-Progress watchdog: every worker gets ``MNNVL_PROGRESS_FILE`` (:mod:`mnnvl.runtime.progress`)
-and reports each step it finished there, with the stall timeout it wants to be held to. A
-worker that made no progress for that long (hung in a collective, a wedged GPU, stopped)
-stops every worker of the node, as a failure does, and the node exits with
-``exit_codes.STALLED`` (retriable), logging the last progress seen. SIGCONT follows SIGTERM,
-so a stopped worker takes its SIGTERM at once instead of at SIGKILL.
-
-A clique group's pod (one Indexed Job per group) gets no ``--node-rank``: its node rank is
-the group's first node rank (``MNNVL_NODE_RANK_BASE``) plus ``JOB_COMPLETION_INDEX``,
-added here because the kubelet's ``$(VAR)`` expansion cannot add. Bad options are a usage
-error (exit 2) before any worker starts.
-
-``python -m mnnvl.runtime.launch --exec -- PROGRAM [ARGS]`` is a clique group's custom
-command: it sets ``NODE_RANK`` to the same sum and replaces itself with ``PROGRAM`` (no
-shell needed in the image; the program's exit code is the container's).
+A clique group's pod gets no ``--node-rank``: its node rank is ``MNNVL_NODE_RANK_BASE`` plus
+``JOB_COMPLETION_INDEX``, added here because the kubelet's ``$(VAR)`` expansion cannot add.
+``--exec -- PROGRAM [ARGS]`` (a clique group's custom command) sets ``NODE_RANK`` to that sum
+and replaces itself with ``PROGRAM``. Bad options are a usage error (exit 2).
 """
 
 from __future__ import annotations

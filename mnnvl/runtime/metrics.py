@@ -118,15 +118,10 @@ class Throughput:
 
 
 class StepSplit:
-    """Where a training step's time goes: forward, backward, optimizer.
-
-    CUDA events on the compute stream (no host sync here; ``collect`` reads them after the
-    trainer's own sync), the host clock on CPU. A phase's time includes the communication
-    the compute stream had to wait for; ``other`` is the rest of the measured step time
-    (host work, data). The first ``skip_first`` steps this process runs (compilation,
-    warm-up) are left out, counted from the first step it runs, so a resumed run skips its
-    own warm-up too. Each step marks the phases by name, in order.
-    """
+    """Where a training step's time goes: forward, backward, optimizer (each with the
+    communication the compute stream waited for), ``other`` the rest. CUDA events read by
+    ``collect`` after the trainer's own sync (the host clock on CPU); the first ``skip_first``
+    steps this process runs (compilation, warm-up; also after a resume) are left out."""
 
     PHASES = ("forward", "backward", "optimizer")
 

@@ -1,17 +1,10 @@
 """Process group setup and FSDP2 sharding of the decoder.
 
 Order follows torchtitan: activation checkpointing, then ``torch.compile`` per block, then
-``fully_shard`` per block, then the root. FSDP1 is not used.
-
-Activation checkpointing (``TrainConfig.activation_checkpointing``: none, full, every-N) and
-``reshard_after_forward`` are training inputs. Two more levers, measured in
-``bench/bench_train.py`` and not worth an input (no gain on 2 x H200), stay a benchmark-only
-override in ``MNNVL_TRAIN_TUNING`` (comma-separated ``key=value``; empty = the defaults):
-``prefetch=N`` prefetches the next N blocks' all-gathers explicitly in forward and backward,
-``optim=foreach`` uses the foreach AdamW instead of the fused one; ``ckpt=sync`` writes
-checkpoints in the training thread (the "before" of the background saves) and
-``ckpt=async-fresh`` stages each save with a new ``DefaultStager``
-(:mod:`mnnvl.runtime.checkpoint`).
+``fully_shard`` per block, then the root. ``MNNVL_TRAIN_TUNING`` (comma-separated
+``key=value``) holds benchmark-only levers measured in ``bench/bench_train.py`` and not worth
+an input: ``prefetch=N`` (explicit all-gather prefetch of N blocks), ``optim=foreach`` and
+``ckpt=sync`` / ``ckpt=async-fresh`` (:mod:`mnnvl.runtime.checkpoint`).
 """
 
 from __future__ import annotations
@@ -76,22 +69,17 @@ class DistInfo:
 
 
 def fabric_identity(device: torch.device, *, nvml_module: Any = None) -> str | None:
-    """This GPU's ``<clusterUuid>/<cliqueId>`` on a completed NVLink fabric, else None.
-
-    The verify step's NVML probe, with the GPU looked up by UUID (``CUDA_VISIBLE_DEVICES``
-    renumbers CUDA indexes; NVML's do not follow). NVML missing or failing reads as no
-    fabric; the verify step reports why. ``nvml_module`` stands in for ``pynvml`` in tests.
-    """
+    """This GPU's ``<clusterUuid>/<cliqueId>`` on a completed NVLink fabric, else None (also
+    when NVML is missing: the verify step reports why). The GPU is looked up by UUID:
+    ``CUDA_VISIBLE_DEVICES`` renumbers CUDA indexes, NVML's do not follow."""
     if device.type != "cuda":
         return None
     return nvml.fabric_identity(nvml.check_gpus(devices.nvml_ids(device), nvml=nvml_module))
 
 
 def init_distributed(timeout_s: float | None = None) -> DistInfo:
-    """Apply the NCCL profile, then join the process group torchrun describes in env.
-
-    ``timeout_s`` bounds every collective of the group (NCCL and gloo alike; torch's
-    default, 10 min for NCCL, when None): a dead or hung peer fails the others after it."""
+    """Apply the NCCL profile, then join the process group torchrun describes in env;
+    ``timeout_s`` bounds every collective (None: torch's default, 10 min for NCCL)."""
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get(contract_env.WORLD_SIZE, "1"))
@@ -125,13 +113,9 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
 
 
 def _rendezvous(rank: int, world: int, timeout_s: float | None) -> dict[str, Any]:
-    """The ``env://`` rendezvous store with a join timeout of its own.
-
-    ``env://`` would wait for rank 0's store only as long as the collective timeout, but the
-    ranks of a gang start minutes apart on a cluster (a restarted rank 0 is rescheduled, waits
-    for its IMEX channel, pulls its image) while a rank already running gives up and fails
-    the gang again. Ranks wait up to ``JOIN_TIMEOUT_S`` for each other, torchrun's rendezvous
-    ``join_timeout`` default; the collective timeout still bounds every collective."""
+    """The ``env://`` rendezvous store with a join timeout of its own: ``env://`` waits only
+    the collective timeout, but a gang's ranks start minutes apart on a cluster (a restarted
+    rank 0 is rescheduled, waits for its IMEX channel, pulls its image)."""
     if contract_env.MASTER_ADDR not in os.environ:
         return {}  # no rendezvous described: init_process_group says what is missing
     store = dist.TCPStore(
@@ -217,11 +201,7 @@ def build_sharded_model(
     reshard: bool = True,
     compile: bool = False,
 ) -> Transformer:
-    """Build, wrap and shard the model; on CUDA it is built on meta and initialised sharded.
-
-    ``ac_every``: checkpoint every N-th block's activations (0 = none, 1 = all);
-    ``reshard``: FSDP's ``reshard_after_forward`` for the blocks.
-    """
+    """Build, wrap and shard the model; on CUDA it is built on meta and initialised sharded."""
     on_meta = dist_info.is_cuda
     levers = tuning()
     model = build_model(cfg, device="meta" if on_meta else dist_info.device)

@@ -1,23 +1,20 @@
-"""Worker progress for the launcher's watchdog: a worker reports each step it finished (a
-sweep size done, a checkpoint written) to a small file the launcher names; the launcher
-stops a node whose worker made no progress within the stall timeout that worker asked for.
+"""Worker progress for the launcher's watchdog, and who a timed-out collective waited for.
 
-A file, not a pipe: a worker that is stopped or wedged cannot block on a full pipe, and the
-launcher needs nothing but a read per second. The content is one JSON object, replaced
-atomically: ``{"seq": n, "stall_timeout_s": s, "what": "step 1450"}``. The launcher never
-compares clocks with the worker: it notes when ``seq`` last changed on its own clock.
-Standard library only at import (the launcher imports it before torch).
-
-``Arrivals`` is the other half, inside a worker: each rank records the last step it finished
-in the process group's store (on rank 0's node), so that a rank whose collective timed out
-can name the ranks that never arrived and their pods; torch's own timeout message names
-neither for gloo.
+A worker reports each thing it finished (a step, a sweep size, a checkpoint) to a file the
+launcher names, one JSON object replaced atomically (``{"seq": n, "stall_timeout_s": s,
+"what": "step 1450"}``): a stopped or wedged worker cannot block on it as on a full pipe, and
+the launcher notes when ``seq`` changed on its own clock. Standard library only at import
+(the launcher imports it before torch). ``Arrivals``: each rank's last step and heartbeat in
+the process group's store, so a rank whose collective timed out can name the ranks that never
+arrived (torch's own message names none for gloo).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +24,7 @@ PROGRESS_ENV = "MNNVL_PROGRESS_FILE"  # set per worker by mnnvl.runtime.launch
 SIGNAL_AT_ENV = "MNNVL_TEST_SIGNAL_AT"
 
 _seq = 0
+logger = logging.getLogger(__name__)
 
 
 def report(what: str, stall_timeout_s: float) -> None:
@@ -43,6 +41,24 @@ def report(what: str, stall_timeout_s: float) -> None:
     os.replace(tmp, path)
 
 
+def signal_at(point: int, rank: int, what: str, marker_dir: str | None = None) -> None:
+    """Test hook ``SIGNAL_AT_ENV``: that rank signals itself after ``point`` (``what``: a training
+    step or a sweep size); with ``marker_dir`` only once (a marker there stops a restarted run)."""
+    at = os.environ.get(SIGNAL_AT_ENV, "")
+    if not at:
+        return
+    at_point, at_rank, name = at.split(":")
+    if (int(at_point), int(at_rank)) != (point, rank):
+        return
+    if marker_dir is not None:
+        marker = os.path.join(marker_dir, f".signal-{at.replace(':', '-')}")
+        if os.path.exists(marker):
+            return
+        open(marker, "w").close()
+    logger.warning("test hook: %s to rank %d after %s %d", name, rank, what, point)
+    os.kill(os.getpid(), signal.Signals[name])
+
+
 def is_collective_timeout(error: BaseException) -> bool:
     """A collective that gave up on a peer (gloo: "Timed out waiting ...", NCCL with
     blocking wait: "... operation timeout"); other runtime errors, a peer's closed
@@ -52,12 +68,10 @@ def is_collective_timeout(error: BaseException) -> bool:
 
 
 class SweepProgress:
-    """The all-reduce sweep's progress (``collectives.SweepPlan.progress``): each size
-    started and done, and every timed loop inside a size (at most once a second), is
-    reported to the launcher's watchdog, so that a sweep that moves never looks stalled
-    however long its largest size takes; ``log`` (rank 0's) gets one line per size done,
-    ``SWEEP_DONE``, which the driver's progress lines show. ``doing`` names the size in
-    progress for a timed-out collective's message."""
+    """The all-reduce sweep's progress (``collectives.SweepPlan.progress``): sizes started and
+    done and timed loops (at most once a second) go to the watchdog, so a moving sweep never
+    looks stalled; ``log`` gets ``SWEEP_DONE`` per size (the driver's progress lines show it);
+    ``doing`` names the size in progress for a timed-out collective's message."""
 
     SWEEP_DONE = "sweep size %d bytes done (%s)"
 

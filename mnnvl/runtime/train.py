@@ -2,31 +2,23 @@
 
 FSDP2 over all ranks, bf16 compute with fp32 master weights and reductions on GPU (fp32 on
 CPU/gloo), blocks compiled where ``TrainConfig.compiles`` says, fused AdamW, linear warm-up
-then cosine decay to ``min_lr_ratio``, gradient clipping, periodic sharded checkpoints
-written in the background (:mod:`mnnvl.runtime.checkpoint`; the run succeeds only once its
-final one is complete) with automatic resume. Rank 0 logs metrics to stderr and ends with one
-``RESULT {json}`` line on stdout, ``checkpoint_stall_s`` (how long saves held training up)
-among them.
+then cosine decay to ``min_lr_ratio``, gradient clipping, sharded checkpoints written in the
+background (:mod:`mnnvl.runtime.checkpoint`; the run succeeds only once its final one is
+complete) with automatic resume of the step, optimizer, LR schedule and RNG (the data order
+is a function of the step, so a restarted run continues the same loss curve). Rank 0 logs
+metrics to stderr and ends with one ``RESULT {json}`` line on stdout.
 
-Non-finite loss or gradient norm: a device-side flag is accumulated every step without a
-host sync and checked (all-reduced) at every log step and before every checkpoint, so a
-NaN fails the run on all ranks within ``log_every`` steps and never reaches a checkpoint.
-Exit code 4 (WorkloadFailed).
+Non-finite loss or gradient norm: a device-side flag is accumulated every step without a host
+sync and all-reduced at every log step and before every checkpoint, so a NaN fails the run
+(exit 4) within ``log_every`` steps and never reaches a checkpoint. Every collective is bounded
+by ``--collective-timeout-s`` (exit 11, retriable, naming the collective, the step and the
+ranks that did not arrive); progress goes to the launcher's watchdog (``--stall-timeout-s``).
+CUDA out of memory is one line with the levers and exit 10; weights and optimizer state that
+cannot fit are refused (exit 2) before the model is built (:mod:`mnnvl.runtime.memory`).
 
-A lost or hung peer: every collective is bounded by ``--collective-timeout-s``; a timed-out
-one ends the worker with exit 11 (retriable) naming the collective and the step, and every
-finished step, process-group start and checkpoint is reported to the launcher's progress
-watchdog (``--stall-timeout-s``, :mod:`mnnvl.runtime.progress`). CUDA out of memory is one
-line with the levers and exit 10 (not retried); a configuration whose weights and optimizer
-state cannot fit the GPU is refused (exit 2) before the model is built
-(:mod:`mnnvl.runtime.memory`). Resume restores the step, the optimizer, the LR schedule and
-the RNG, and the data order is a function of the step, so a restarted run continues the same
-loss curve.
-
-Test hooks: ``MNNVL_TEST_INJECT_NAN_STEP=<n>`` multiplies the loss of step ``n`` by NaN on
-every rank, to exercise that path; ``MNNVL_TEST_SIGNAL_AT=<step>:<rank>:<SIGNAME>`` sends
-the signal to that rank's own process after it finished that step (SIGKILL: a lost worker,
-SIGSTOP: a hung one), once per checkpoint directory.
+Test hooks: ``MNNVL_TEST_INJECT_NAN_STEP=<n>`` multiplies step ``n``'s loss by NaN on every
+rank; ``MNNVL_TEST_SIGNAL_AT=<step>:<rank>:<SIGNAME>`` signals that rank after that step,
+once per checkpoint directory (:func:`mnnvl.runtime.progress.signal_at`).
 """
 
 from __future__ import annotations
@@ -35,7 +27,6 @@ import argparse
 import logging
 import math
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -164,22 +155,6 @@ class Trainer:
         split.mark("optimizer")
         return loss.detach()
 
-    def signal_hook(self, step: int) -> None:
-        """``SIGNAL_AT_ENV``: fire once; a marker in the checkpoint directory keeps the
-        restarted run from firing again."""
-        at = os.environ.get(SIGNAL_AT_ENV, "")
-        if not at:
-            return
-        at_step, rank, name = at.split(":")
-        if (int(at_step), int(rank)) != (step, self.info.rank):
-            return
-        marker = os.path.join(self.cfg.checkpoint_dir or ".", f".signal-{at.replace(':', '-')}")
-        if os.path.exists(marker):
-            return
-        open(marker, "w").close()
-        logger.warning("test hook: %s to rank %d after step %d", name, self.info.rank, step)
-        os.kill(os.getpid(), signal.Signals[name])
-
     def sync(self, step: int, loss: torch.Tensor) -> float:
         """All-reduce loss and the finite flag (a host sync); raise on all ranks if non-finite."""
         stats = torch.stack([loss.float(), (~self.finite).float()])
@@ -208,7 +183,7 @@ class Trainer:
             thr.exclude(self.held_s)
             self.held_s = 0.0
             progress.report(f"step {step}", cfg.stall_s)
-            self.signal_hook(step)
+            progress.signal_at(step, self.info.rank, "step", cfg.checkpoint_dir or ".")
             is_log = step in (first, cfg.steps) or step % cfg.log_every == 0
             save = self.ckpt is not None and (
                 step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)

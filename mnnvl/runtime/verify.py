@@ -1,39 +1,21 @@
 """NVLink/NCCL verification inside a worker pod: ``python -m mnnvl.runtime.verify``.
 
-Launched by torchrun, one process per GPU (NCCL), or one CPU process per pod (gloo).
-Each rank checks its GPU through NVML, applies the NCCL profile (``MNNVL_NCCL_PROFILE``,
-default ``verify-strict``) knowing whether the GPU sits on an MNNVL fabric, then joins the
-process group; rank 0 collects every rank's NVML summary, runs the all-reduce sweep with
-the others, judges, writes the report files and prints ``RESULT {json}``.
-
-Verdict: FAIL on an inactive NVLink link of a GPU that has NVLink, a fabric that is not
-ready or differs across ranks, a COMPLETED fabric without an IMEX channel, a wrong
-all-reduce sum, bus bandwidth under the threshold, a pod that asked for GPUs and sees
-none, or a pod whose channel claim brought no IMEX channel device (``MNNVL_IMEX_CHANNELS``).
-PASS only when a bandwidth threshold was applied and met. NOT_JUDGED when nothing
-failed but no bandwidth could be judged (one rank, no NVLink detected and no
-``--min-busbw-gbps``, NVML missing, CPU/gloo): it is no PASS. NVLink error counters are reported
-but never fail the run: NVML counts them since the driver loaded, replays and recoveries
-are corrected by the link layer, and a link that degrades enough to matter shows up as an
-inactive link or low bandwidth, which are judged.
-
-RESULT also records which transport NCCL used for the measured communicator (MNNVL,
-NVLink P2P, PCIe P2P, SHM or network, read from NCCL's INFO log) and the NCCL version, and
-the time each phase took (``timings_s``).
+One process per GPU (NCCL) or one CPU process per pod (gloo). Each rank checks its GPUs
+through NVML, applies the NCCL profile (``MNNVL_NCCL_PROFILE``, default ``verify-strict``)
+knowing whether the GPU sits on an MNNVL fabric, and joins the process group; rank 0 gathers
+every rank's NVML summary, runs the all-reduce sweep with the others, judges
+(:mod:`mnnvl.runtime.verdict`: PASS, FAIL or NOT_JUDGED, which is no PASS), prints
+``RESULT {json}`` (with the transport NCCL used and ``timings_s``), then writes the report.
 
 Exit code 0 on PASS (and on NOT_JUDGED with ``--allow-unjudged``), 4 on FAIL or on
-NOT_JUDGED without it, 2 on bad input; the RESULT line is printed either way, before the
-report files and the plot are written.
+NOT_JUDGED without it, 2 on bad input; the RESULT line is printed either way.
 
-A lost or hung peer: every collective is bounded by ``--collective-timeout-s`` (NCCL and
-gloo; the start-up rendezvous waits ``--fabric-wait-s`` longer, for peers still waiting for
-their fabric); a timed-out one ends the worker with exit 11 (retriable) naming the sweep
-size it was in. The process group's start and every sweep size (and every timed loop inside
-one) are reported to the launcher's progress watchdog (``--stall-timeout-s``,
-:mod:`mnnvl.runtime.progress`), so a hung rank ends its pod with exit 12.
-
-Test hook: ``MNNVL_TEST_SIGNAL_AT=<bytes>:<rank>:<SIGNAME>`` sends the signal to that rank's
-own process once it finished the sweep size of ``bytes`` (SIGSTOP: a hung worker).
+Every collective is bounded by ``--collective-timeout-s`` (the start-up rendezvous waits
+``--fabric-wait-s`` longer, for peers still waiting for their fabric); a timed-out one exits
+11 (retriable) naming the sweep size. Every sweep size and timed loop is reported to the
+launcher's watchdog (``--stall-timeout-s``, :mod:`mnnvl.runtime.progress`), so a hung rank
+ends its pod with exit 12. Test hook: ``MNNVL_TEST_SIGNAL_AT=<bytes>:<rank>:<SIGNAME>``
+(:func:`mnnvl.runtime.progress.signal_at`).
 """
 
 from __future__ import annotations
@@ -42,10 +24,10 @@ import argparse
 import datetime
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 _STARTED = time.monotonic()  # before the heavy imports, so the breakdown counts them
@@ -72,10 +54,7 @@ from mnnvl.runtime import (  # noqa: E402
     progress,
 )
 from mnnvl.runtime.local import free_port  # noqa: E402
-from mnnvl.runtime.verdict import (  # noqa: E402
-    exit_code,
-    judge,
-)
+from mnnvl.runtime.verdict import exit_code, judge  # noqa: E402
 
 logger = logging.getLogger("mnnvl.runtime.verify")
 
@@ -83,9 +62,6 @@ DEFAULT_PROFILE = "verify-strict"
 GPU_SIZES = (1 << 20, 4 << 30)
 CPU_SIZES = (1 << 10, 1 << 20)
 SIGNAL_AT_ENV = progress.SIGNAL_AT_ENV
-
-
-# ---- process side ------------------------------------------------------------------------
 
 
 def parse_config(argv: Sequence[str] | None) -> VerifyConfig:
@@ -125,15 +101,6 @@ def _sweep_plan(
         rel_ci=0.01 if cuda else 0.05,
         progress=sweep,
     )
-
-
-def signal_hook(size: int) -> None:
-    """``SIGNAL_AT_ENV``: this rank signals itself after the sweep size it names."""
-    at = os.environ.get(SIGNAL_AT_ENV, "")
-    if at and at.split(":")[:2] == [str(size), os.environ.get("RANK", "0")]:
-        name = at.split(":")[2]
-        logger.warning("test hook: %s to rank %s after sweep size %d", name, at.split(":")[1], size)
-        os.kill(os.getpid(), signal.Signals[name])
 
 
 class Phases:
@@ -287,9 +254,10 @@ def _timed_out(error: BaseException, cfg: VerifyConfig, doing: str) -> int:
         f"{doing} timed out after --collective-timeout-s {cfg.collective_timeout_s:g} (a lost "
         f"or hung peer; the step may be retried): {first}"
     )
-    logger.error("rank %s: a collective in %s", os.environ.get("RANK", "0"), reason)
-    if os.environ.get("RANK", "0") == "0":
-        emit_result(_failed_result(reason, _STARTED))
+    rank = os.environ.get("RANK", "0")
+    logger.error("rank %s: a collective in %s", rank, reason)
+    if rank == "0":
+        emit_result(_failed_result(reason))
     return COLLECTIVE_TIMEOUT
 
 
@@ -297,7 +265,7 @@ class DevicesMissing(VerificationFailed):
     """The pod asked for GPUs and this worker sees none, or it has no IMEX channel device."""
 
 
-def _failed_result(reason: str, started: float, backend: str | None = None) -> dict[str, Any]:
+def _failed_result(reason: str, backend: str | None = None) -> dict[str, Any]:
     return {
         "kind": "verify",
         "verdict": FAIL,
@@ -312,7 +280,7 @@ def _failed_result(reason: str, started: float, backend: str | None = None) -> d
         "sizes": [],
         "topology": None,
         "nodes": [],
-        "wall_s": round(time.monotonic() - started, 3),
+        "wall_s": round(time.monotonic() - _STARTED, 3),
     }
 
 
@@ -328,21 +296,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep: progress.SweepProgress | None = None
     try:
         cfg = parse_config(argv)
+        hook = partial(progress.signal_at, rank=int(rank), what="sweep size")
         sweep = progress.SweepProgress(
-            cfg.stall_s, log=logger.info if rank == "0" else None, on_done=signal_hook
+            cfg.stall_s, log=logger.info if rank == "0" else None, on_done=hook
         )
         result = run(cfg, phases, sweep)
     except SpecError as e:
         logger.error("%s", e)
-        if os.environ.get("RANK", "0") == "0":
-            emit_result(_failed_result(str(e), _STARTED))
+        if rank == "0":
+            emit_result(_failed_result(str(e)))
         return SpecError.exit_code
     except WorkloadFailed as e:
         # GPUs or the IMEX channel missing, or a pod placed in the wrong clique group: the
         # pod is named.
         logger.error("%s", e)
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            emit_result(_failed_result(str(e), _STARTED, backend="none"))
+            emit_result(_failed_result(str(e), backend="none"))
         return e.exit_code
     except (RuntimeError, OSError) as e:
         if sweep is not None and progress.is_collective_timeout(e):
@@ -350,8 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # NCCL init or a collective broke (e.g. NCCL_MNNVL_ENABLE=1 on a broken IMEX
         # domain): that is a verification failure, and the launcher still gets a RESULT.
         logger.exception("verification aborted")
-        if os.environ.get("RANK", "0") == "0":
-            emit_result(_failed_result(f"aborted: {e}", _STARTED))
+        if rank == "0":
+            emit_result(_failed_result(f"aborted: {e}"))
         return VerificationFailed.exit_code
     code = exit_code(result["verdict"], cfg.allow_unjudged)
     if result["verdict"] == FAIL:
