@@ -4,8 +4,10 @@ Each template runs ``mnnvl <step> --run-id {{workflow.uid}} ...`` in the launche
 exposes the step's JSON result (``--result-path /tmp/result.json``) as the output parameter
 ``result``. Template inputs are the step's inputs, named after the CLI flags they feed
 (``gpus-per-node`` -> ``--gpus-per-node``), with the same defaults as the CLI and KFP; list
-inputs (``env``, ``node-selector``, ``tolerations``, ``command``) are JSON lists. Every
-template also takes ``launcher-image`` (its own image).
+inputs (``env``, ``node-selector``, ``tolerations``, ``command``) are JSON lists, and the
+inputs past the essential ones come in groups (``placement``, ``pod``, ``deadlines``,
+``recovery``, ``train``, ``verify``), each a JSON object of some of its inputs by name
+(``--placement-json``). Every template also takes ``launcher-image`` (its own image).
 
 Every template is a launcher pod with the settings of ``mnnvl.components.launcher_pod``
 (non-root, read-only root file system with ``/tmp`` an ``emptyDir``, no privilege escalation,
@@ -99,7 +101,8 @@ def input_args(item: Input) -> list[str]:
     if item.kind == "bool":
         # The CLI takes --x/--no-x; an Argo expression picks one from "true"/"false".
         return [f"{{{{={ref} == 'true' ? '{item.flag}' : '--no-{item.kebab}'}}}}"]
-    return [JSON_FLAGS.get(item.name, item.flag), f"{{{{inputs.parameters.{item.kebab}}}}}"]
+    flag = item.flag + "-json" if item.kind == "dict" else JSON_FLAGS.get(item.name, item.flag)
+    return [flag, f"{{{{inputs.parameters.{item.kebab}}}}}"]
 
 
 def parameter(item: Input) -> Parameter:
@@ -111,7 +114,7 @@ def parameter(item: Input) -> Parameter:
 def _container(
     name: str, step: str, *, retries: bool = False, check: bool = False, lost_pod: bool = False
 ) -> Container:
-    items = surface.step_inputs(step, ARGO)
+    items = surface.grouped(surface.step_inputs(step, ARGO))
     args = [step] + (["--run-id", RUN_ID] if step != "preflight" else [])
     for item in items:
         args += input_args(item)

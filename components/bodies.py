@@ -41,6 +41,9 @@ def one_line(step: str) -> Callable[[Callable[[dict[str, Any]], T]], Callable[[d
         def run(params: dict[str, Any]) -> T:
             try:
                 return body(params)
+            except SpecError as e:  # named as KFP has it: verify.min_bytes
+                log.error("%s failed: %s", step, surface.respelled(e, surface.GROUP_PATHS))
+                raise SystemExit(e.exit_code) from None
             except MnnvlError as e:
                 log.error("%s failed: %s", step, e)
                 raise SystemExit(e.exit_code) from None
@@ -51,18 +54,22 @@ def one_line(step: str) -> Callable[[Callable[[dict[str, Any]], T]], Callable[[d
 
 
 def _with_step_defaults(step: str, params: dict[str, Any]) -> dict[str, Any]:
-    defaults = {i.name: i.default for i in surface.step_inputs(step) if not i.required}
-    return _at_edge({**defaults, **params})
+    inputs = surface.step_inputs(step)
+    defaults = {i.name: i.default for i in inputs if not i.required}
+    return _at_edge({**defaults, **surface.flatten(params, inputs)})
 
 
-def _at_edge(params: dict[str, Any]) -> dict[str, Any]:
-    """An empty namespace is the launcher pod's own (else default), resolved here."""
+def _at_edge(params: dict[str, Any], step: str = "") -> dict[str, Any]:
+    """Groups as their inputs (``step``'s); an empty namespace is the launcher pod's own
+    (else default), resolved here."""
+    if step:
+        params = surface.flatten(params, surface.step_inputs(step))
     return {**params, "namespace": resolve_namespace(params.get("namespace"))}
 
 
 @one_line("provision")
 def provision_domain(params: dict[str, Any]) -> str:
-    domain = surface.build(DomainSpec, _at_edge(params))
+    domain = surface.build(DomainSpec, _at_edge(params, "provision"))
     return steps.provision(domain, kubeconfig=kubeconfig()).domain
 
 
@@ -72,7 +79,7 @@ def provision_for_pipeline(pipeline: str, params: dict[str, Any]) -> str:
     plan = surface.PIPELINES[pipeline]
     one_line("provision")(lambda values: plan.check(values, run_id))(params)
     (task,) = [t for t in plan.tasks if t.step == "provision"]
-    return provision_domain({**plan.task_arguments(task, params), "run_id": run_id})
+    return provision_domain({**plan.component_arguments(task, params), "run_id": run_id})
 
 
 @one_line("train")
@@ -158,7 +165,7 @@ def teardown_domain(params: dict[str, Any]) -> None:
     it created anything: inputs it refuses (a namespace that is no name, or that does not
     exist) mean this run created nothing, so it returns at once with nothing deleted."""
     try:
-        spec = surface.build(DomainSpec, _at_edge(params))
+        spec = surface.build(DomainSpec, _at_edge(params, "teardown"))
         steps.teardown(spec, kubeconfig=kubeconfig())
     except SpecError as e:
         log.warning("teardown: nothing to delete: %s", e)

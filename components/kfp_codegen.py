@@ -27,7 +27,9 @@ Each component is a signature and a docstring; the body calls ``mnnvl.components
 inside the launcher image (which carries ``mnnvl-pipelines[kfp]``; nothing is pip-installed at
 run time). Object names come from ``run_id`` (pass ``dsl.PIPELINE_JOB_ID_PLACEHOLDER``), which
 lets the teardown exit task find everything without reading other tasks' outputs. Repeatable
-inputs (``env``, ``node_selector``, ``tolerations``, ``command``) are lists of strings.
+inputs (``env``, ``node_selector``, ``tolerations``, ``command``) are lists of strings; the
+inputs past the essential ones come in groups (``placement``, ``pod``, ``deadlines``,
+``recovery``, ``train``, ``verify``), each a dict of some of its inputs by name.
 """
 
 from typing import List
@@ -40,7 +42,14 @@ from mnnvl.inputs.defaults import DEFAULT_LAUNCHER_IMAGE
 LAUNCHER_IMAGE = DEFAULT_LAUNCHER_IMAGE
 '''
 
-_TYPES = {"int": "int", "float": "float", "str": "str", "bool": "bool", "list": "List[str]"}
+_TYPES = {
+    "int": "int",
+    "float": "float",
+    "str": "str",
+    "bool": "bool",
+    "list": "List[str]",
+    "dict": "dict",
+}
 _OUTPUTS = {
     "metrics": ("Output[Metrics]", "numbers from the step's result"),
     "report": ("Output[HTML]", "HTML report"),
@@ -63,7 +72,7 @@ class Spec:
 
 def step_components() -> list[Spec]:
     """The reusable components, one per step, in pipeline order."""
-    step = lambda name: surface.step_inputs(name, KFP)  # noqa: E731
+    step = lambda name: surface.grouped(surface.step_inputs(name, KFP))  # noqa: E731
     return [
         Spec(
             "preflight_cluster",
@@ -116,7 +125,7 @@ def pipeline_first_tasks() -> list[Spec]:
                 first_task_name(name),
                 f"First task of {name}: validate every pipeline parameter, then provision\n"
                 "the ComputeDomain, so bad input fails before any object exists.",
-                pipeline.parameters(),
+                pipeline.grouped_parameters(),
                 returns="The ComputeDomain name.",
                 body=f"bodies.provision_for_pipeline({name!r}, params)",
             )

@@ -81,7 +81,7 @@ def examples() -> dict[str, str]:
         nodes=4,
         gpus_per_node=4,
         gpu_mode="claim",
-        service_account="mnnvl-worker",
+        worker_service_account="mnnvl-worker",
         env={"NCCL_SOCKET_IFNAME": "eth0"},
         owner=owner,
     )

@@ -83,7 +83,7 @@ def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
     """The pipeline's parameters (kebab-case), then the Argo-only ones its steps use."""
     params = [
         Parameter(name=p.kebab, value=p.text(), description=p.description, enum=t.parameter(p).enum)
-        for p in plan.parameters()
+        for p in plan.grouped_parameters(ARGO)
     ]
     steps = {task.step for task in plan.tasks}
     for name, (default, description) in ARGO_ONLY.items():
@@ -94,7 +94,7 @@ def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
 
 def _arguments(plan: surface.Pipeline, task: surface.Task, template: Container) -> dict[str, str]:
     """Each template input from its workflow parameter, or the task's fixed value."""
-    by_input = {i.kebab: i for i in surface.step_inputs(task.step, ARGO)}
+    by_input = {i.kebab: i for i in surface.grouped(surface.step_inputs(task.step, ARGO))}
     args: dict[str, str] = {}
     for param in template.inputs if isinstance(template.inputs, list) else []:
         name = str(getattr(param, "name", ""))

@@ -16,10 +16,12 @@ REG/runtime:TAG --out DIR`` writes the whole set with your images instead of the
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import hashlib
 import json
 import logging
+import re
 import subprocess
 import sys
 import tempfile
@@ -69,8 +71,23 @@ def _kfp_pipeline(func: Any, **kwargs: Any) -> Callable[[Path], None]:
         from kfp import compiler
 
         compiler.Compiler().compile(func, str(path), **kwargs)
+        _sort_dict_defaults(path)
 
     return write
+
+
+_DICT_DEFAULT = re.compile(r"^(#    \w+: dict \[Default: )(\{.*\})\]$", re.MULTILINE)
+
+
+def _sort_dict_defaults(path: Path) -> None:
+    """KFP's header comment prints a dict default's keys in protobuf map order, which
+    changes from one process to the next: list them sorted, so a compile is reproducible."""
+    text = path.read_text(encoding="utf-8")
+    fixed = _DICT_DEFAULT.sub(
+        lambda m: f"{m[1]}{dict(sorted(ast.literal_eval(m[2]).items()))}]", text
+    )
+    if fixed != text:
+        path.write_text(fixed, encoding="utf-8")
 
 
 def _kfp_k8s(func: Any, name: str, images: dict[str, str] | None = None) -> Callable[[Path], None]:

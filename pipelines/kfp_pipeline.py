@@ -46,7 +46,14 @@ STEP_COMPONENTS = {
     "launch": kc.launch_workload,
     "teardown": kc.teardown_domain,
 }
-_TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool, "list": list[str]}
+_TYPES: dict[str, Any] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list": list[str],
+    "dict": dict,
+}
 
 
 def task_names(name: str) -> dict[str, str]:
@@ -102,7 +109,7 @@ def _signature(plan: surface.Pipeline) -> inspect.Signature:
                 default=p.default,
                 annotation=_TYPES[p.kind],
             )
-            for p in plan.parameters()
+            for p in plan.grouped_parameters()
         ]
     )
 
@@ -111,7 +118,7 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
     """Create the tasks: provision (validating everything) -> ... ; teardown on exit."""
     teardown_task = plan.tasks[-1]
     teardown = _retried(
-        kc.teardown_domain(run_id=RUN_ID, **plan.task_arguments(teardown_task, values)),
+        kc.teardown_domain(run_id=RUN_ID, **plan.component_arguments(teardown_task, values)),
         teardown_task.step,
         teardown_task.name,
     )
@@ -123,7 +130,7 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
         for task in plan.tasks[1:-1]:
             component = STEP_COMPONENTS[task.step]
             current = _retried(
-                component(run_id=RUN_ID, **plan.task_arguments(task, values)),
+                component(run_id=RUN_ID, **plan.component_arguments(task, values)),
                 task.step,
                 task.name,
                 WORKLOAD_RETRY_MAX_DURATION,
@@ -159,7 +166,7 @@ def build_pipeline(name: str) -> Callable[..., None]:
 
     pipeline.__name__ = name.replace("-", "_")
     # KFP reads each parameter's description from the docstring's Args (the form shows it).
-    args = "\n".join(f"    {p.name}: {p.description}." for p in plan.parameters())
+    args = "\n".join(f"    {p.name}: {p.description}." for p in plan.grouped_parameters())
     pipeline.__doc__ = f"{plan.description}\n\nArgs:\n{args}\n"
     pipeline.__signature__ = signature  # type: ignore[attr-defined]
     pipeline.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mnnvl.inputs import surface
 from mnnvl.pipelines.local_progress import ANSI, KfpLogTap, ObjectWatcher
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def pipeline_arguments(
     if gpus_per_node == 0 and not per_clique:
         # Clique groups keep their affinity: the simulator labels one clique per group.
         arguments["clique_affinity"] = False
-    return arguments
+    return surface.grouped_values(arguments)
 
 
 @dataclass

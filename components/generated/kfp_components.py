@@ -7,7 +7,9 @@ Each component is a signature and a docstring; the body calls ``mnnvl.components
 inside the launcher image (which carries ``mnnvl-pipelines[kfp]``; nothing is pip-installed at
 run time). Object names come from ``run_id`` (pass ``dsl.PIPELINE_JOB_ID_PLACEHOLDER``), which
 lets the teardown exit task find everything without reading other tasks' outputs. Repeatable
-inputs (``env``, ``node_selector``, ``tolerations``, ``command``) are lists of strings.
+inputs (``env``, ``node_selector``, ``tolerations``, ``command``) are lists of strings; the
+inputs past the essential ones come in groups (``placement``, ``pod``, ``deadlines``,
+``recovery``, ``train``, ``verify``), each a dict of some of its inputs by name.
 """
 
 from typing import List
@@ -27,14 +29,10 @@ def preflight_cluster(
     ctrf: Output[Artifact],
     namespace: str = '',
     nodes: int = 2,
-    nodes_per_clique: int = 0,
-    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
-    gpu_mode: str = 'auto',
-    gpu_device_class: str = 'gpu.nvidia.com',
-    clique_label: str = 'nvidia.com/gpu.clique',
     queue_name: str = '',
-    api_outage_s: float = 300.0,
+    placement: dict = {'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_label': 'nvidia.com/gpu.clique'},
+    deadlines: dict = {'api_outage_s': 300.0},
 ):
     """Check, read-only, that the cluster is ready for a run (CRD, DeviceClasses, cliques,
     GPU stack and --gpu-mode, IMEX mode, Kueue queue, own permissions); the result and
@@ -49,26 +47,27 @@ def preflight_cluster(
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
             nodes_per_clique.
-        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
-            max_nodes_per_clique that divides nodes.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
-            number from 1 to 99.
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
             number from 0 to 8.
-        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
-            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-            Valid: one of auto, limits, claim.
-        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
-            DNS subdomain).
-        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
-            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
             LocalQueue name of the namespace.
-        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
-            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-            Valid: a number from 0 to 86400.
+        placement: where the worker pods run: NVLink clique groups, GPUs and node selection.
+            Valid: a JSON object of some of these keys (the rest keep their defaults):
+            nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes; max_nodes_per_clique: most nodes one NVLink
+            clique holds (NVL72: 18). Valid: a whole number from 1 to 99; gpu_mode: auto (at run
+            time: claim where GPUs come only from the DRA driver, else limits; rendered as limits),
+            limits (device plugin nvidia.com/gpu) or claim (DRA claim). Valid: one of auto, limits,
+            claim; gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name
+            (lowercase DNS subdomain); clique_label: node label whose value names a node's NVLink
+            clique (GPU Feature Discovery or the DRA driver set nvidia.com/gpu.clique; some
+            providers use a key of their own). Valid: a label key: [DNS-subdomain prefix/]name, name
+            at most 63 characters.
+        deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
+            (the rest keep their defaults): api_outage_s: how long an unreachable or overloaded
+            Kubernetes API (restart, fail-over) is ridden out by every request and wait, s; a longer
+            outage ends the step with exit 5. Valid: a number from 0 to 86400.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -80,9 +79,8 @@ def preflight_cluster(
 def provision_domain(
     run_id: str,
     namespace: str = '',
-    allocation_mode: str = 'Single',
-    rct_timeout_s: float = 120.0,
-    api_outage_s: float = 300.0,
+    placement: dict = {'allocation_mode': 'Single'},
+    deadlines: dict = {'rct_timeout_s': 120.0, 'api_outage_s': 300.0},
 ) -> str:
     """Create (or adopt) the run's ComputeDomain and wait for its channel claim template.
 
@@ -90,13 +88,16 @@ def provision_domain(
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
             Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
-        allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
+        placement: where the worker pods run: NVLink clique groups, GPUs and node selection.
+            Valid: a JSON object of some of these keys (the rest keep their defaults):
+            allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
             All.
-        rct_timeout_s: wait for the DRA controller's channel claim template, s. Valid: a number
-            from 0.1 to 86400.
-        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
-            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-            Valid: a number from 0 to 86400.
+        deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
+            (the rest keep their defaults): rct_timeout_s: wait for the DRA controller's channel
+            claim template, s. Valid: a number from 0.1 to 86400; api_outage_s: how long an
+            unreachable or overloaded Kubernetes API (restart, fail-over) is ridden out by every
+            request and wait, s; a longer outage ends the step with exit 5. Valid: a number from 0
+            to 86400.
 
     Returns:
         The ComputeDomain name.
@@ -115,55 +116,21 @@ def train_sharded(
     result: Output[Artifact],
     namespace: str = '',
     nodes: int = 2,
-    nodes_per_clique: int = 0,
-    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'auto',
-    gpu_device_class: str = 'gpu.nvidia.com',
-    clique_affinity: bool = True,
-    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
-    rdzv_port: int = 29500,
-    service_account: str = '',
-    pod_security: str = 'restricted',
-    node_selector: List[str] = [],
-    tolerations: List[str] = [],
-    priority_class: str = '',
     queue_name: str = '',
-    topology_aware: bool = False,
-    admission_timeout_s: float = 0.0,
-    pvc: List[str] = [],
-    shm_size: str = '16Gi',
-    pods_running_timeout_s: float = 900.0,
-    unschedulable_grace_s: float = 60.0,
     job_timeout_s: float = 7200.0,
-    ttl_after_finished_s: int = 3600,
-    max_restarts: int = 3,
-    image_pull_policy: str = 'IfNotPresent',
-    api_outage_s: float = 300.0,
     model: str = 'tiny',
     steps: int = 20,
-    seq_len: int = 0,
     batch_size: int = 0,
-    lr: float = 0.0003,
-    warmup_steps: int = 5,
-    min_lr_ratio: float = 0.1,
-    weight_decay: float = 0.1,
-    grad_clip: float = 1.0,
-    dtype: str = 'auto',
-    compile: str = 'auto',
-    activation_checkpointing: str = 'auto',
-    reshard_after_forward: str = 'auto',
     data: str = 'synthetic',
-    seed: int = 0,
-    checkpoint_dir: str = '',
-    checkpoint_every: int = 0,
-    allow_local_checkpoint: bool = False,
-    log_every: int = 10,
-    collective_timeout_s: float = 300.0,
-    stall_timeout_s: float = 0.0,
+    placement: dict = {'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    deadlines: dict = {'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'api_outage_s': 300.0},
+    recovery: dict = {'max_restarts': 3, 'checkpoint_dir': '', 'checkpoint_every': 0, 'allow_local_checkpoint': False, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0},
+    train: dict = {'seq_len': 0, 'lr': 0.0003, 'warmup_steps': 5, 'min_lr_ratio': 0.1, 'weight_decay': 0.1, 'grad_clip': 1.0, 'dtype': 'auto', 'compile': 'auto', 'activation_checkpointing': 'auto', 'reshard_after_forward': 'auto', 'seed': 0, 'log_every': 10},
 ):
     """Run FSDP2 training as a multi-node Indexed Job inside the run's ComputeDomain.
 
@@ -177,106 +144,99 @@ def train_sharded(
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
             nodes_per_clique.
-        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
-            max_nodes_per_clique that divides nodes.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
-            number from 1 to 99.
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
             number from 0 to 8.
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
             reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
-        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
-            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-            Valid: one of auto, limits, claim.
-        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
-            DNS subdomain).
-        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label). Valid: true or false.
-        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
-            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
-            65535.
-        service_account: service account of the worker pods ('' = namespace default). Valid: ''
-            or a ServiceAccount name of the namespace.
-        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
-            restricted, baseline.
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
-        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
             LocalQueue name of the namespace.
-        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique. Valid: true or false.
-        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit. Valid: a number from 0 to 2592000.
-        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
-            512Mi or 16Gi.
-        pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes. Valid: a number from 1 to 86400.
-        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s. Valid: a number from 0 to 86400.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline). Valid: a number
             from 1 to 604800.
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
-            to 2592000.
-        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index. Valid: a whole number from 0 to 100.
-        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
-        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
-            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-            Valid: a number from 0 to 86400.
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b. Valid: one of tiny, small,
             125m, 350m, 1b, 3b, 8b.
         steps: optimizer steps in total, across resumes. Valid: a whole number from 1 to
             10000000.
-        seq_len: sequence length; 0 = the preset's. Valid: a whole number from 0 to 131072.
         batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2). Valid:
             a whole number from 0 to 4096.
-        lr: peak learning rate. Valid: a number from 1e-08 to 1.
-        warmup_steps: linear warm-up steps before the cosine decay (capped at steps). Valid: a
-            whole number from 0 to 10000000.
-        min_lr_ratio: final learning rate as a fraction of the peak. Valid: a number from 0 to
-            1.
-        weight_decay: AdamW weight decay. Valid: a number from 0 to 10.
-        grad_clip: gradient norm clip; 0 = off. Valid: a number from 0 to 1000000.
-        dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32. Valid: one of auto, bf16, fp32.
-        compile: torch.compile each block: true, false, or auto = on GPUs for the 125m preset
-            and larger (never on CPU). Valid: one of auto, true, false.
-        activation_checkpointing: recompute blocks' activations in the backward pass: auto,
-            none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
-            every-2, else none). Valid: auto, none, full or every-N with N from 1 to 9999.
-        reshard_after_forward: FSDP frees each block's gathered weights after forward (true) or
-            keeps them for backward (false: one all-gather less, more memory); auto = the preset's
-            (8b: false). Valid: one of auto, true, false.
         data: synthetic, or a token file under a pvc mount (.bin). Valid: synthetic, or an
             absolute path under a pvc mount.
-        seed: random seed for weights and synthetic data. Valid: a whole number from 0 to
-            2147483647.
-        checkpoint_dir: checkpoint directory under a pvc mount; a rerun resumes. Valid: '' or an
-            absolute path under a pvc mount.
-        checkpoint_every: steps between checkpoints; 0 = only at the end. Valid: a whole number
-            from 0 to 10000000.
-        allow_local_checkpoint: accept checkpoint_dir/data outside a pvc mount (single-node runs
-            only). Valid: true or false.
-        log_every: steps between logged metrics. Valid: a whole number from 1 to 10000000.
-        collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
-        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+        placement: where the worker pods run: NVLink clique groups, GPUs and node selection.
+            Valid: a JSON object of some of these keys (the rest keep their defaults):
+            nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes; max_nodes_per_clique: most nodes one NVLink
+            clique holds (NVL72: 18). Valid: a whole number from 1 to 99; gpu_mode: auto (at run
+            time: claim where GPUs come only from the DRA driver, else limits; rendered as limits),
+            limits (device plugin nvidia.com/gpu) or claim (DRA claim). Valid: one of auto, limits,
+            claim; gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name
+            (lowercase DNS subdomain); clique_affinity: keep every pod (of each clique group) inside
+            one NVLink clique (clique_label). Valid: true or false; clique_label: node label whose
+            value names a node's NVLink clique (GPU Feature Discovery or the DRA driver set
+            nvidia.com/gpu.clique; some providers use a key of their own). Valid: a label key: [DNS-
+            subdomain prefix/]name, name at most 63 characters; node_selector: extra node selector
+            for worker pods, KEY=VALUE (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu.product=NVIDIA-GB200"]; tolerations: extra toleration for worker pods,
+            key[=value]:Effect (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"]; priority_class: PriorityClass
+            of the worker pods. Valid: '' or a PriorityClass name; topology_aware: with queue_name:
+            Kueue topology-aware scheduling, each group in one clique. Valid: true or false.
+        pod: the worker pods' template. Valid: a JSON object of some of these keys (the rest
+            keep their defaults): rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole
+            number from 1024 to 65535; worker_service_account: service account of the worker pods
+            ('' = namespace default). Valid: '' or a ServiceAccount name of the namespace;
+            pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline; pvc: PersistentVolumeClaim mounted in every worker,
+            CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
+            ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
+            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
+            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
+        deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
+            (the rest keep their defaults): admission_timeout_s: how long the Job may stay queued
+            (suspended, e.g. by Kueue), s; 0 = no limit. Valid: a number from 0 to 2592000;
+            pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
+            minutes. Valid: a number from 1 to 86400; unschedulable_grace_s: how long a pod may stay
+            Unschedulable (or its node held by another ComputeDomain, or its creation refused by a
+            ResourceQuota) before the step fails, s. Valid: a number from 0 to 86400; api_outage_s:
+            how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden out
+            by every request and wait, s; a longer outage ends the step with exit 5. Valid: a number
+            from 0 to 86400.
+        recovery: gang restarts, hang detection and checkpoints. Valid: a JSON object of some of
+            these keys (the rest keep their defaults): max_restarts: gang restarts of every rank
+            (from the last checkpoint) before the step fails; the Job's backoffLimitPerIndex is
+            this, so that each restart has a retry on every index. Valid: a whole number from 0 to
+            100; checkpoint_dir: checkpoint directory under a pvc mount; a rerun resumes. Valid: ''
+            or an absolute path under a pvc mount; checkpoint_every: steps between checkpoints; 0 =
+            only at the end. Valid: a whole number from 0 to 10000000; allow_local_checkpoint:
+            accept checkpoint_dir/data outside a pvc mount (single-node runs only). Valid: true or
+            false; collective_timeout_s: how long a collective waits for a dead or hung peer before
+            the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
+            86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
+            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+        train: the training run's optimiser, numerics and logging. Valid: a JSON object of some
+            of these keys (the rest keep their defaults): seq_len: sequence length; 0 = the
+            preset's. Valid: a whole number from 0 to 131072; lr: peak learning rate. Valid: a
+            number from 1e-08 to 1; warmup_steps: linear warm-up steps before the cosine decay
+            (capped at steps). Valid: a whole number from 0 to 10000000; min_lr_ratio: final
+            learning rate as a fraction of the peak. Valid: a number from 0 to 1; weight_decay:
+            AdamW weight decay. Valid: a number from 0 to 10; grad_clip: gradient norm clip; 0 =
+            off. Valid: a number from 0 to 1000000; dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or
+            fp32. Valid: one of auto, bf16, fp32; compile: torch.compile each block: true, false, or
+            auto = on GPUs for the 125m preset and larger (never on CPU). Valid: one of auto, true,
+            false; activation_checkpointing: recompute blocks' activations in the backward pass:
+            auto, none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
+            every-2, else none). Valid: auto, none, full or every-N with N from 1 to 9999;
+            reshard_after_forward: FSDP frees each block's gathered weights after forward (true) or
+            keeps them for backward (false: one all-gather less, more memory); auto = the preset's
+            (8b: false). Valid: one of auto, true, false; seed: random seed for weights and
+            synthetic data. Valid: a whole number from 0 to 2147483647; log_every: steps between
+            logged metrics. Valid: a whole number from 1 to 10000000.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -294,47 +254,17 @@ def verify_nvlink(
     namespace: str = '',
     purpose: str = 'verify',
     nodes: int = 2,
-    nodes_per_clique: int = 0,
-    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'auto',
-    gpu_device_class: str = 'gpu.nvidia.com',
-    clique_affinity: bool = True,
-    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
-    rdzv_port: int = 29500,
-    service_account: str = '',
-    pod_security: str = 'restricted',
-    node_selector: List[str] = [],
-    tolerations: List[str] = [],
-    priority_class: str = '',
     queue_name: str = '',
-    topology_aware: bool = False,
-    admission_timeout_s: float = 0.0,
-    pvc: List[str] = [],
-    shm_size: str = '16Gi',
-    pods_running_timeout_s: float = 900.0,
-    unschedulable_grace_s: float = 60.0,
     job_timeout_s: float = 1800.0,
-    ttl_after_finished_s: int = 3600,
-    max_restarts: int = 3,
-    image_pull_policy: str = 'IfNotPresent',
-    api_outage_s: float = 300.0,
-    min_bytes: int = 0,
-    max_bytes: int = 0,
-    iters: int = 0,
-    warmup_iters: int = 0,
-    min_busbw_gbps: float = 0.0,
-    min_inter_clique_busbw_gbps: float = 0.0,
-    efficiency: float = 0.62,
-    judge_min_bytes: int = 1073741824,
-    fabric_wait_s: float = 60.0,
-    cuda_graphs: bool = True,
-    allow_unjudged: bool = False,
-    collective_timeout_s: float = 300.0,
-    stall_timeout_s: float = 0.0,
+    placement: dict = {'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    deadlines: dict = {'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'api_outage_s': 300.0, 'fabric_wait_s': 60.0},
+    recovery: dict = {'max_restarts': 3, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0},
+    verify: dict = {'min_bytes': 0, 'max_bytes': 0, 'iters': 0, 'warmup_iters': 0, 'min_busbw_gbps': 0.0, 'min_inter_clique_busbw_gbps': 0.0, 'efficiency': 0.62, 'judge_min_bytes': 1073741824, 'cuda_graphs': True, 'allow_unjudged': False},
 ):
     """Check NVLink/IMEX health and all-reduce bus bandwidth across the run's nodes; the
     metrics and report are written before a FAIL verdict fails the task.
@@ -351,94 +281,86 @@ def verify_nvlink(
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
             nodes_per_clique.
-        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
-            max_nodes_per_clique that divides nodes.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
-            number from 1 to 99.
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
             number from 0 to 8.
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
             reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
-        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
-            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-            Valid: one of auto, limits, claim.
-        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
-            DNS subdomain).
-        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label). Valid: true or false.
-        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
-            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
-            65535.
-        service_account: service account of the worker pods ('' = namespace default). Valid: ''
-            or a ServiceAccount name of the namespace.
-        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
-            restricted, baseline.
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
-        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
             LocalQueue name of the namespace.
-        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique. Valid: true or false.
-        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit. Valid: a number from 0 to 2592000.
-        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
-            512Mi or 16Gi.
-        pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes. Valid: a number from 1 to 86400.
-        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s. Valid: a number from 0 to 86400.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline). Valid: a number
             from 1 to 604800.
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
-            to 2592000.
-        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index. Valid: a whole number from 0 to 100.
-        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+        placement: where the worker pods run: NVLink clique groups, GPUs and node selection.
+            Valid: a JSON object of some of these keys (the rest keep their defaults):
+            nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes; max_nodes_per_clique: most nodes one NVLink
+            clique holds (NVL72: 18). Valid: a whole number from 1 to 99; gpu_mode: auto (at run
+            time: claim where GPUs come only from the DRA driver, else limits; rendered as limits),
+            limits (device plugin nvidia.com/gpu) or claim (DRA claim). Valid: one of auto, limits,
+            claim; gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name
+            (lowercase DNS subdomain); clique_affinity: keep every pod (of each clique group) inside
+            one NVLink clique (clique_label). Valid: true or false; clique_label: node label whose
+            value names a node's NVLink clique (GPU Feature Discovery or the DRA driver set
+            nvidia.com/gpu.clique; some providers use a key of their own). Valid: a label key: [DNS-
+            subdomain prefix/]name, name at most 63 characters; node_selector: extra node selector
+            for worker pods, KEY=VALUE (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu.product=NVIDIA-GB200"]; tolerations: extra toleration for worker pods,
+            key[=value]:Effect (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"]; priority_class: PriorityClass
+            of the worker pods. Valid: '' or a PriorityClass name; topology_aware: with queue_name:
+            Kueue topology-aware scheduling, each group in one clique. Valid: true or false.
+        pod: the worker pods' template. Valid: a JSON object of some of these keys (the rest
+            keep their defaults): rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole
+            number from 1024 to 65535; worker_service_account: service account of the worker pods
+            ('' = namespace default). Valid: '' or a ServiceAccount name of the namespace;
+            pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline; pvc: PersistentVolumeClaim mounted in every worker,
+            CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
+            ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
+            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
+            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
             Never.
-        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
-            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-            Valid: a number from 0 to 86400.
-        min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU. Valid: a
-            whole number from 0 to 68719476736.
-        max_bytes: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU. Valid: a
-            whole number from 0 to 68719476736.
-        iters: timed all-reduces per size; 0 = adaptive (mean known within 1 percent). Valid: a
-            whole number from 0 to 100000.
-        warmup_iters: untimed all-reduces before each size; 0 = automatic. Valid: a whole number
-            from 0 to 100000.
-        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
-            x efficiency. Valid: a number from 0 to 100000.
-        min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
-            = not judged. Valid: a number from 0 to 100000.
-        efficiency: fraction of the NVLink limit a derived threshold asks for. Valid: a number
-            from 0.01 to 1.
-        judge_min_bytes: sizes from this one up are judged against the threshold. Valid: a whole
-            number from 1 to 68719476736.
-        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
-            IN_PROGRESS), s. Valid: a number from 0 to 3600.
-        cuda_graphs: also time small sizes as CUDA graphs and direct NCCL calls. Valid: true or
-            false.
-        allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
+        deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
+            (the rest keep their defaults): admission_timeout_s: how long the Job may stay queued
+            (suspended, e.g. by Kueue), s; 0 = no limit. Valid: a number from 0 to 2592000;
+            pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
+            minutes. Valid: a number from 1 to 86400; unschedulable_grace_s: how long a pod may stay
+            Unschedulable (or its node held by another ComputeDomain, or its creation refused by a
+            ResourceQuota) before the step fails, s. Valid: a number from 0 to 86400; api_outage_s:
+            how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden out
+            by every request and wait, s; a longer outage ends the step with exit 5. Valid: a number
+            from 0 to 86400; fabric_wait_s: how long verify waits for a GPU fabric still registering
+            (NOT_STARTED, IN_PROGRESS), s. Valid: a number from 0 to 3600.
+        recovery: gang restarts, hang detection and checkpoints. Valid: a JSON object of some of
+            these keys (the rest keep their defaults): max_restarts: gang restarts of every rank
+            (from the last checkpoint) before the step fails; the Job's backoffLimitPerIndex is
+            this, so that each restart has a retry on every index. Valid: a whole number from 0 to
+            100; collective_timeout_s: how long a collective waits for a dead or hung peer before
+            the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
+            86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
+            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+        verify: the verification sweep and its thresholds. Valid: a JSON object of some of these
+            keys (the rest keep their defaults): min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1
+            MiB on GPU, 1 KiB on CPU. Valid: a whole number from 0 to 68719476736; max_bytes:
+            largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU. Valid: a whole number
+            from 0 to 68719476736; iters: timed all-reduces per size; 0 = adaptive (mean known
+            within 1 percent). Valid: a whole number from 0 to 100000; warmup_iters: untimed all-
+            reduces before each size; 0 = automatic. Valid: a whole number from 0 to 100000;
+            min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency. Valid: a number from 0 to 100000; min_inter_clique_busbw_gbps: pass
+            threshold for the sweeps across clique groups, GB/s; 0 = not judged. Valid: a number
+            from 0 to 100000; efficiency: fraction of the NVLink limit a derived threshold asks for.
+            Valid: a number from 0.01 to 1; judge_min_bytes: sizes from this one up are judged
+            against the threshold. Valid: a whole number from 1 to 68719476736; cuda_graphs: also
+            time small sizes as CUDA graphs and direct NCCL calls. Valid: true or false;
+            allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success. Valid: true or false.
-        collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
-        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -454,36 +376,18 @@ def launch_workload(
     namespace: str = '',
     purpose: str = 'job',
     nodes: int = 2,
-    nodes_per_clique: int = 0,
-    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'auto',
-    gpu_device_class: str = 'gpu.nvidia.com',
-    clique_affinity: bool = True,
-    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
-    rdzv_port: int = 29500,
-    service_account: str = '',
-    pod_security: str = 'restricted',
-    node_selector: List[str] = [],
-    tolerations: List[str] = [],
-    priority_class: str = '',
     queue_name: str = '',
-    topology_aware: bool = False,
-    admission_timeout_s: float = 0.0,
-    pvc: List[str] = [],
-    shm_size: str = '16Gi',
-    pods_running_timeout_s: float = 900.0,
-    unschedulable_grace_s: float = 60.0,
     job_timeout_s: float = 7200.0,
-    ttl_after_finished_s: int = 3600,
-    max_restarts: int = 3,
-    image_pull_policy: str = 'IfNotPresent',
-    api_outage_s: float = 300.0,
     module: str = '',
     command: List[str] = [],
+    placement: dict = {'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    deadlines: dict = {'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'api_outage_s': 300.0},
+    recovery: dict = {'max_restarts': 3},
 ):
     """Run your image and command (or a Python module, once per GPU) on every node of the
     run's ComputeDomain; numbers of its ``RESULT {json}`` line become metrics.
@@ -498,72 +402,70 @@ def launch_workload(
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
             nodes_per_clique.
-        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
-            max_nodes_per_clique that divides nodes.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
-            number from 1 to 99.
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
             number from 0 to 8.
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
             reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
-        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
-            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-            Valid: one of auto, limits, claim.
-        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
-            DNS subdomain).
-        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label). Valid: true or false.
-        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
-            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
-            65535.
-        service_account: service account of the worker pods ('' = namespace default). Valid: ''
-            or a ServiceAccount name of the namespace.
-        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
-            restricted, baseline.
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
-        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
             LocalQueue name of the namespace.
-        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique. Valid: true or false.
-        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit. Valid: a number from 0 to 2592000.
-        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
-            512Mi or 16Gi.
-        pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes. Valid: a number from 1 to 86400.
-        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s. Valid: a number from 0 to 86400.
         job_timeout_s: deadline for the Job to complete, s (activeDeadline). Valid: a number
             from 1 to 604800.
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
-            to 2592000.
-        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index. Valid: a whole number from 0 to 100.
-        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
-        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
-            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-            Valid: a number from 0 to 86400.
         module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
             Valid: '' or a Python module name such as pkg.entry.
         command: with a module: its arguments; without: the program and its arguments (a list).
             Valid: a list of strings, e.g. ["python3", "train.py", "--steps", "100"].
+        placement: where the worker pods run: NVLink clique groups, GPUs and node selection.
+            Valid: a JSON object of some of these keys (the rest keep their defaults):
+            nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
+            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes; max_nodes_per_clique: most nodes one NVLink
+            clique holds (NVL72: 18). Valid: a whole number from 1 to 99; gpu_mode: auto (at run
+            time: claim where GPUs come only from the DRA driver, else limits; rendered as limits),
+            limits (device plugin nvidia.com/gpu) or claim (DRA claim). Valid: one of auto, limits,
+            claim; gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name
+            (lowercase DNS subdomain); clique_affinity: keep every pod (of each clique group) inside
+            one NVLink clique (clique_label). Valid: true or false; clique_label: node label whose
+            value names a node's NVLink clique (GPU Feature Discovery or the DRA driver set
+            nvidia.com/gpu.clique; some providers use a key of their own). Valid: a label key: [DNS-
+            subdomain prefix/]name, name at most 63 characters; node_selector: extra node selector
+            for worker pods, KEY=VALUE (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu.product=NVIDIA-GB200"]; tolerations: extra toleration for worker pods,
+            key[=value]:Effect (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"]; priority_class: PriorityClass
+            of the worker pods. Valid: '' or a PriorityClass name; topology_aware: with queue_name:
+            Kueue topology-aware scheduling, each group in one clique. Valid: true or false.
+        pod: the worker pods' template. Valid: a JSON object of some of these keys (the rest
+            keep their defaults): rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole
+            number from 1024 to 65535; worker_service_account: service account of the worker pods
+            ('' = namespace default). Valid: '' or a ServiceAccount name of the namespace;
+            pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline; pvc: PersistentVolumeClaim mounted in every worker,
+            CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
+            ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
+            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
+            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
+        deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
+            (the rest keep their defaults): admission_timeout_s: how long the Job may stay queued
+            (suspended, e.g. by Kueue), s; 0 = no limit. Valid: a number from 0 to 2592000;
+            pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
+            minutes. Valid: a number from 1 to 86400; unschedulable_grace_s: how long a pod may stay
+            Unschedulable (or its node held by another ComputeDomain, or its creation refused by a
+            ResourceQuota) before the step fails, s. Valid: a number from 0 to 86400; api_outage_s:
+            how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden out
+            by every request and wait, s; a longer outage ends the step with exit 5. Valid: a number
+            from 0 to 86400.
+        recovery: gang restarts, hang detection and checkpoints. Valid: a JSON object of some of
+            these keys (the rest keep their defaults): max_restarts: gang restarts of every rank
+            (from the last checkpoint) before the step fails; the Job's backoffLimitPerIndex is
+            this, so that each restart has a retry on every index. Valid: a whole number from 0 to
+            100.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -575,8 +477,7 @@ def launch_workload(
 def teardown_domain(
     run_id: str,
     namespace: str = '',
-    delete_timeout_s: float = 300.0,
-    api_outage_s: float = 300.0,
+    deadlines: dict = {'delete_timeout_s': 300.0, 'api_outage_s': 300.0},
 ):
     """Delete every object of the run (workload first, then the ComputeDomain); idempotent.
 
@@ -584,11 +485,11 @@ def teardown_domain(
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
             Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
-        delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a number
-            from 0.1 to 86400.
-        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
-            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-            Valid: a number from 0 to 86400.
+        deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
+            (the rest keep their defaults): delete_timeout_s: wait until each deleted object is gone
+            (GET 404), s. Valid: a number from 0.1 to 86400; api_outage_s: how long an unreachable
+            or overloaded Kubernetes API (restart, fail-over) is ridden out by every request and
+            wait, s; a longer outage ends the step with exit 5. Valid: a number from 0 to 86400.
     """
     params = dict(locals())
     from mnnvl.components import bodies
@@ -600,71 +501,24 @@ def teardown_domain(
 def provision_training(
     run_id: str,
     namespace: str = '',
-    allocation_mode: str = 'Single',
-    rct_timeout_s: float = 120.0,
-    api_outage_s: float = 300.0,
     nodes: int = 2,
-    nodes_per_clique: int = 0,
-    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'auto',
-    gpu_device_class: str = 'gpu.nvidia.com',
-    clique_affinity: bool = True,
-    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
-    rdzv_port: int = 29500,
-    worker_service_account: str = '',
-    pod_security: str = 'restricted',
-    node_selector: List[str] = [],
-    tolerations: List[str] = [],
-    priority_class: str = '',
     queue_name: str = '',
-    topology_aware: bool = False,
-    admission_timeout_s: float = 0.0,
-    pvc: List[str] = [],
-    shm_size: str = '16Gi',
-    pods_running_timeout_s: float = 900.0,
-    unschedulable_grace_s: float = 60.0,
     verify_timeout_s: float = 1800.0,
-    ttl_after_finished_s: int = 3600,
-    max_restarts: int = 3,
-    image_pull_policy: str = 'IfNotPresent',
-    verify_min_bytes: int = 0,
-    verify_max_bytes: int = 0,
-    verify_iters: int = 0,
-    verify_warmup_iters: int = 0,
-    min_busbw_gbps: float = 0.0,
-    min_inter_clique_busbw_gbps: float = 0.0,
-    efficiency: float = 0.62,
-    verify_judge_min_bytes: int = 1073741824,
-    fabric_wait_s: float = 60.0,
-    verify_cuda_graphs: bool = True,
-    allow_unjudged: bool = False,
-    collective_timeout_s: float = 300.0,
-    stall_timeout_s: float = 0.0,
     train_timeout_s: float = 7200.0,
     model: str = '1b',
     steps: int = 100,
-    seq_len: int = 0,
     batch_size: int = 4,
-    lr: float = 0.0003,
-    warmup_steps: int = 5,
-    min_lr_ratio: float = 0.1,
-    weight_decay: float = 0.1,
-    grad_clip: float = 1.0,
-    dtype: str = 'auto',
-    compile: str = 'auto',
-    activation_checkpointing: str = 'auto',
-    reshard_after_forward: str = 'auto',
     data: str = 'synthetic',
-    seed: int = 0,
-    checkpoint_dir: str = '',
-    checkpoint_every: int = 0,
-    allow_local_checkpoint: bool = False,
-    log_every: int = 10,
-    delete_timeout_s: float = 300.0,
+    placement: dict = {'allocation_mode': 'Single', 'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    deadlines: dict = {'rct_timeout_s': 120.0, 'api_outage_s': 300.0, 'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'fabric_wait_s': 60.0, 'delete_timeout_s': 300.0},
+    recovery: dict = {'max_restarts': 3, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0, 'checkpoint_dir': '', 'checkpoint_every': 0, 'allow_local_checkpoint': False},
+    train: dict = {'seq_len': 0, 'lr': 0.0003, 'warmup_steps': 5, 'min_lr_ratio': 0.1, 'weight_decay': 0.1, 'grad_clip': 1.0, 'dtype': 'auto', 'compile': 'auto', 'activation_checkpointing': 'auto', 'reshard_after_forward': 'auto', 'seed': 0, 'log_every': 10},
+    verify: dict = {'min_bytes': 0, 'max_bytes': 0, 'iters': 0, 'warmup_iters': 0, 'min_busbw_gbps': 0.0, 'min_inter_clique_busbw_gbps': 0.0, 'efficiency': 0.62, 'judge_min_bytes': 1073741824, 'cuda_graphs': True, 'allow_unjudged': False},
 ) -> str:
     """First task of mnnvl-training: validate every pipeline parameter, then provision
     the ComputeDomain, so bad input fails before any object exists.
@@ -673,101 +527,21 @@ def provision_training(
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
             Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
-        allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
-            All.
-        rct_timeout_s: wait for the DRA controller's channel claim template, s. Valid: a number
-            from 0.1 to 86400.
-        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
-            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-            Valid: a number from 0 to 86400.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
             nodes_per_clique.
-        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
-            max_nodes_per_clique that divides nodes.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
-            number from 1 to 99.
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
             number from 0 to 8.
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
             reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
-        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
-            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-            Valid: one of auto, limits, claim.
-        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
-            DNS subdomain).
-        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label). Valid: true or false.
-        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
-            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
-            65535.
-        worker_service_account: service account of the worker pods ('' = namespace default).
-            Valid: '' or a ServiceAccount name of the namespace.
-        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
-            restricted, baseline.
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
-        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
             LocalQueue name of the namespace.
-        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique. Valid: true or false.
-        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit. Valid: a number from 0 to 2592000.
-        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
-            512Mi or 16Gi.
-        pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes. Valid: a number from 1 to 86400.
-        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s. Valid: a number from 0 to 86400.
         verify_timeout_s: verify step: deadline for the Job to complete, s (activeDeadline).
             Valid: a number from 1 to 604800.
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
-            to 2592000.
-        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index. Valid: a whole number from 0 to 100.
-        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
-        verify_min_bytes: verify step: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1
-            KiB on CPU. Valid: a whole number from 0 to 68719476736.
-        verify_max_bytes: verify step: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB
-            on CPU. Valid: a whole number from 0 to 68719476736.
-        verify_iters: verify step: timed all-reduces per size; 0 = adaptive (mean known within 1
-            percent). Valid: a whole number from 0 to 100000.
-        verify_warmup_iters: verify step: untimed all-reduces before each size; 0 = automatic.
-            Valid: a whole number from 0 to 100000.
-        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
-            x efficiency. Valid: a number from 0 to 100000.
-        min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
-            = not judged. Valid: a number from 0 to 100000.
-        efficiency: fraction of the NVLink limit a derived threshold asks for. Valid: a number
-            from 0.01 to 1.
-        verify_judge_min_bytes: verify step: sizes from this one up are judged against the
-            threshold. Valid: a whole number from 1 to 68719476736.
-        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
-            IN_PROGRESS), s. Valid: a number from 0 to 3600.
-        verify_cuda_graphs: verify step: also time small sizes as CUDA graphs and direct NCCL
-            calls. Valid: true or false.
-        allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
-            success. Valid: true or false.
-        collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
-        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
         train_timeout_s: train step: deadline for the Job to complete, s (activeDeadline).
             Valid: a number from 1 to 604800.
         model: model preset: tiny, small, 125m, 350m, 1b, 3b, 8b (here 1b; the step's own is
@@ -776,39 +550,105 @@ def provision_training(
         steps: optimizer steps in total, across resumes (here 100; the step's own is 20: the
             shipped pipeline runs on GPU clusters; the CLI's default is a smoke test). Valid: a
             whole number from 1 to 10000000.
-        seq_len: sequence length; 0 = the preset's. Valid: a whole number from 0 to 131072.
         batch_size: sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2) (here
             4; the step's own is 0: the shipped pipeline runs on GPU clusters; the CLI's default is
             a smoke test). Valid: a whole number from 0 to 4096.
-        lr: peak learning rate. Valid: a number from 1e-08 to 1.
-        warmup_steps: linear warm-up steps before the cosine decay (capped at steps). Valid: a
-            whole number from 0 to 10000000.
-        min_lr_ratio: final learning rate as a fraction of the peak. Valid: a number from 0 to
-            1.
-        weight_decay: AdamW weight decay. Valid: a number from 0 to 10.
-        grad_clip: gradient norm clip; 0 = off. Valid: a number from 0 to 1000000.
-        dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32. Valid: one of auto, bf16, fp32.
-        compile: torch.compile each block: true, false, or auto = on GPUs for the 125m preset
-            and larger (never on CPU). Valid: one of auto, true, false.
-        activation_checkpointing: recompute blocks' activations in the backward pass: auto,
-            none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
-            every-2, else none). Valid: auto, none, full or every-N with N from 1 to 9999.
-        reshard_after_forward: FSDP frees each block's gathered weights after forward (true) or
-            keeps them for backward (false: one all-gather less, more memory); auto = the preset's
-            (8b: false). Valid: one of auto, true, false.
         data: synthetic, or a token file under a pvc mount (.bin). Valid: synthetic, or an
             absolute path under a pvc mount.
-        seed: random seed for weights and synthetic data. Valid: a whole number from 0 to
-            2147483647.
-        checkpoint_dir: checkpoint directory under a pvc mount; a rerun resumes. Valid: '' or an
-            absolute path under a pvc mount.
-        checkpoint_every: steps between checkpoints; 0 = only at the end. Valid: a whole number
-            from 0 to 10000000.
-        allow_local_checkpoint: accept checkpoint_dir/data outside a pvc mount (single-node runs
-            only). Valid: true or false.
-        log_every: steps between logged metrics. Valid: a whole number from 1 to 10000000.
-        delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a number
-            from 0.1 to 86400.
+        placement: where the worker pods run: NVLink clique groups, GPUs and node selection.
+            Valid: a JSON object of some of these keys (the rest keep their defaults):
+            allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
+            All; nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training,
+            per-clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes; max_nodes_per_clique: most nodes one NVLink
+            clique holds (NVL72: 18). Valid: a whole number from 1 to 99; gpu_mode: auto (at run
+            time: claim where GPUs come only from the DRA driver, else limits; rendered as limits),
+            limits (device plugin nvidia.com/gpu) or claim (DRA claim). Valid: one of auto, limits,
+            claim; gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name
+            (lowercase DNS subdomain); clique_affinity: keep every pod (of each clique group) inside
+            one NVLink clique (clique_label). Valid: true or false; clique_label: node label whose
+            value names a node's NVLink clique (GPU Feature Discovery or the DRA driver set
+            nvidia.com/gpu.clique; some providers use a key of their own). Valid: a label key: [DNS-
+            subdomain prefix/]name, name at most 63 characters; node_selector: extra node selector
+            for worker pods, KEY=VALUE (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu.product=NVIDIA-GB200"]; tolerations: extra toleration for worker pods,
+            key[=value]:Effect (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"]; priority_class: PriorityClass
+            of the worker pods. Valid: '' or a PriorityClass name; topology_aware: with queue_name:
+            Kueue topology-aware scheduling, each group in one clique. Valid: true or false.
+        pod: the worker pods' template. Valid: a JSON object of some of these keys (the rest
+            keep their defaults): rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole
+            number from 1024 to 65535; worker_service_account: service account of the worker pods
+            ('' = namespace default). Valid: '' or a ServiceAccount name of the namespace;
+            pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline; pvc: PersistentVolumeClaim mounted in every worker,
+            CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
+            ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
+            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
+            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
+        deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
+            (the rest keep their defaults): rct_timeout_s: wait for the DRA controller's channel
+            claim template, s. Valid: a number from 0.1 to 86400; api_outage_s: how long an
+            unreachable or overloaded Kubernetes API (restart, fail-over) is ridden out by every
+            request and wait, s; a longer outage ends the step with exit 5. Valid: a number from 0
+            to 86400; admission_timeout_s: how long the Job may stay queued (suspended, e.g. by
+            Kueue), s; 0 = no limit. Valid: a number from 0 to 2592000; pods_running_timeout_s:
+            deadline for all worker pods to run, s; IMEX start-up can take minutes. Valid: a number
+            from 1 to 86400; unschedulable_grace_s: how long a pod may stay Unschedulable (or its
+            node held by another ComputeDomain, or its creation refused by a ResourceQuota) before
+            the step fails, s. Valid: a number from 0 to 86400; fabric_wait_s: how long verify waits
+            for a GPU fabric still registering (NOT_STARTED, IN_PROGRESS), s. Valid: a number from 0
+            to 3600; delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a
+            number from 0.1 to 86400.
+        recovery: gang restarts, hang detection and checkpoints. Valid: a JSON object of some of
+            these keys (the rest keep their defaults): max_restarts: gang restarts of every rank
+            (from the last checkpoint) before the step fails; the Job's backoffLimitPerIndex is
+            this, so that each restart has a retry on every index. Valid: a whole number from 0 to
+            100; collective_timeout_s: how long a collective waits for a dead or hung peer before
+            the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
+            86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
+            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800;
+            checkpoint_dir: checkpoint directory under a pvc mount; a rerun resumes. Valid: '' or an
+            absolute path under a pvc mount; checkpoint_every: steps between checkpoints; 0 = only
+            at the end. Valid: a whole number from 0 to 10000000; allow_local_checkpoint: accept
+            checkpoint_dir/data outside a pvc mount (single-node runs only). Valid: true or false.
+        train: the training run's optimiser, numerics and logging. Valid: a JSON object of some
+            of these keys (the rest keep their defaults): seq_len: sequence length; 0 = the
+            preset's. Valid: a whole number from 0 to 131072; lr: peak learning rate. Valid: a
+            number from 1e-08 to 1; warmup_steps: linear warm-up steps before the cosine decay
+            (capped at steps). Valid: a whole number from 0 to 10000000; min_lr_ratio: final
+            learning rate as a fraction of the peak. Valid: a number from 0 to 1; weight_decay:
+            AdamW weight decay. Valid: a number from 0 to 10; grad_clip: gradient norm clip; 0 =
+            off. Valid: a number from 0 to 1000000; dtype: auto (bf16 on GPU, fp32 on CPU), bf16 or
+            fp32. Valid: one of auto, bf16, fp32; compile: torch.compile each block: true, false, or
+            auto = on GPUs for the 125m preset and larger (never on CPU). Valid: one of auto, true,
+            false; activation_checkpointing: recompute blocks' activations in the backward pass:
+            auto, none, full or every-N (every N-th block, e.g. every-2); auto = the preset's (8b:
+            every-2, else none). Valid: auto, none, full or every-N with N from 1 to 9999;
+            reshard_after_forward: FSDP frees each block's gathered weights after forward (true) or
+            keeps them for backward (false: one all-gather less, more memory); auto = the preset's
+            (8b: false). Valid: one of auto, true, false; seed: random seed for weights and
+            synthetic data. Valid: a whole number from 0 to 2147483647; log_every: steps between
+            logged metrics. Valid: a whole number from 1 to 10000000.
+        verify: the verification sweep and its thresholds. Valid: a JSON object of some of these
+            keys (the rest keep their defaults): min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1
+            MiB on GPU, 1 KiB on CPU. Valid: a whole number from 0 to 68719476736; max_bytes:
+            largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU. Valid: a whole number
+            from 0 to 68719476736; iters: timed all-reduces per size; 0 = adaptive (mean known
+            within 1 percent). Valid: a whole number from 0 to 100000; warmup_iters: untimed all-
+            reduces before each size; 0 = automatic. Valid: a whole number from 0 to 100000;
+            min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency. Valid: a number from 0 to 100000; min_inter_clique_busbw_gbps: pass
+            threshold for the sweeps across clique groups, GB/s; 0 = not judged. Valid: a number
+            from 0 to 100000; efficiency: fraction of the NVLink limit a derived threshold asks for.
+            Valid: a number from 0.01 to 1; judge_min_bytes: sizes from this one up are judged
+            against the threshold. Valid: a whole number from 1 to 68719476736; cuda_graphs: also
+            time small sizes as CUDA graphs and direct NCCL calls. Valid: true or false;
+            allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
+            success. Valid: true or false.
 
     Returns:
         The ComputeDomain name.
@@ -823,51 +663,18 @@ def provision_training(
 def provision_verify_only(
     run_id: str,
     namespace: str = '',
-    allocation_mode: str = 'Single',
-    rct_timeout_s: float = 120.0,
-    api_outage_s: float = 300.0,
     nodes: int = 2,
-    nodes_per_clique: int = 0,
-    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'auto',
-    gpu_device_class: str = 'gpu.nvidia.com',
-    clique_affinity: bool = True,
-    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
-    rdzv_port: int = 29500,
-    worker_service_account: str = '',
-    pod_security: str = 'restricted',
-    node_selector: List[str] = [],
-    tolerations: List[str] = [],
-    priority_class: str = '',
     queue_name: str = '',
-    topology_aware: bool = False,
-    admission_timeout_s: float = 0.0,
-    pvc: List[str] = [],
-    shm_size: str = '16Gi',
-    pods_running_timeout_s: float = 900.0,
-    unschedulable_grace_s: float = 60.0,
     verify_timeout_s: float = 1800.0,
-    ttl_after_finished_s: int = 3600,
-    max_restarts: int = 3,
-    image_pull_policy: str = 'IfNotPresent',
-    verify_min_bytes: int = 0,
-    verify_max_bytes: int = 0,
-    verify_iters: int = 0,
-    verify_warmup_iters: int = 0,
-    min_busbw_gbps: float = 0.0,
-    min_inter_clique_busbw_gbps: float = 0.0,
-    efficiency: float = 0.62,
-    verify_judge_min_bytes: int = 1073741824,
-    fabric_wait_s: float = 60.0,
-    verify_cuda_graphs: bool = True,
-    allow_unjudged: bool = False,
-    collective_timeout_s: float = 300.0,
-    stall_timeout_s: float = 0.0,
-    delete_timeout_s: float = 300.0,
+    placement: dict = {'allocation_mode': 'Single', 'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    deadlines: dict = {'rct_timeout_s': 120.0, 'api_outage_s': 300.0, 'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'fabric_wait_s': 60.0, 'delete_timeout_s': 300.0},
+    recovery: dict = {'max_restarts': 3, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0},
+    verify: dict = {'min_bytes': 0, 'max_bytes': 0, 'iters': 0, 'warmup_iters': 0, 'min_busbw_gbps': 0.0, 'min_inter_clique_busbw_gbps': 0.0, 'efficiency': 0.62, 'judge_min_bytes': 1073741824, 'cuda_graphs': True, 'allow_unjudged': False},
 ) -> str:
     """First task of mnnvl-verify-only: validate every pipeline parameter, then provision
     the ComputeDomain, so bad input fails before any object exists.
@@ -876,103 +683,93 @@ def provision_verify_only(
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
             Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
-        allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
-            All.
-        rct_timeout_s: wait for the DRA controller's channel claim template, s. Valid: a number
-            from 0.1 to 86400.
-        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
-            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-            Valid: a number from 0 to 86400.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
             nodes_per_clique.
-        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
-            max_nodes_per_clique that divides nodes.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
-            number from 1 to 99.
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
             number from 0 to 8.
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
             reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
-        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
-            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-            Valid: one of auto, limits, claim.
-        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
-            DNS subdomain).
-        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label). Valid: true or false.
-        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
-            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
-            65535.
-        worker_service_account: verify step: service account of the worker pods ('' = namespace
-            default). Valid: '' or a ServiceAccount name of the namespace.
-        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
-            restricted, baseline.
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
-        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
             LocalQueue name of the namespace.
-        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique. Valid: true or false.
-        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit. Valid: a number from 0 to 2592000.
-        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
-            512Mi or 16Gi.
-        pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes. Valid: a number from 1 to 86400.
-        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s. Valid: a number from 0 to 86400.
         verify_timeout_s: verify step: deadline for the Job to complete, s (activeDeadline).
             Valid: a number from 1 to 604800.
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
-            to 2592000.
-        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index. Valid: a whole number from 0 to 100.
-        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+        placement: where the worker pods run: NVLink clique groups, GPUs and node selection.
+            Valid: a JSON object of some of these keys (the rest keep their defaults):
+            allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
+            All; nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training,
+            per-clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes; max_nodes_per_clique: most nodes one NVLink
+            clique holds (NVL72: 18). Valid: a whole number from 1 to 99; gpu_mode: auto (at run
+            time: claim where GPUs come only from the DRA driver, else limits; rendered as limits),
+            limits (device plugin nvidia.com/gpu) or claim (DRA claim). Valid: one of auto, limits,
+            claim; gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name
+            (lowercase DNS subdomain); clique_affinity: keep every pod (of each clique group) inside
+            one NVLink clique (clique_label). Valid: true or false; clique_label: node label whose
+            value names a node's NVLink clique (GPU Feature Discovery or the DRA driver set
+            nvidia.com/gpu.clique; some providers use a key of their own). Valid: a label key: [DNS-
+            subdomain prefix/]name, name at most 63 characters; node_selector: extra node selector
+            for worker pods, KEY=VALUE (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu.product=NVIDIA-GB200"]; tolerations: extra toleration for worker pods,
+            key[=value]:Effect (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"]; priority_class: PriorityClass
+            of the worker pods. Valid: '' or a PriorityClass name; topology_aware: with queue_name:
+            Kueue topology-aware scheduling, each group in one clique. Valid: true or false.
+        pod: the worker pods' template. Valid: a JSON object of some of these keys (the rest
+            keep their defaults): rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole
+            number from 1024 to 65535; worker_service_account: service account of the worker pods
+            ('' = namespace default). Valid: '' or a ServiceAccount name of the namespace;
+            pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline; pvc: PersistentVolumeClaim mounted in every worker,
+            CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
+            ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
+            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
+            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
             Never.
-        verify_min_bytes: verify step: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1
-            KiB on CPU. Valid: a whole number from 0 to 68719476736.
-        verify_max_bytes: verify step: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB
-            on CPU. Valid: a whole number from 0 to 68719476736.
-        verify_iters: verify step: timed all-reduces per size; 0 = adaptive (mean known within 1
-            percent). Valid: a whole number from 0 to 100000.
-        verify_warmup_iters: verify step: untimed all-reduces before each size; 0 = automatic.
-            Valid: a whole number from 0 to 100000.
-        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
-            x efficiency. Valid: a number from 0 to 100000.
-        min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
-            = not judged. Valid: a number from 0 to 100000.
-        efficiency: fraction of the NVLink limit a derived threshold asks for. Valid: a number
-            from 0.01 to 1.
-        verify_judge_min_bytes: verify step: sizes from this one up are judged against the
-            threshold. Valid: a whole number from 1 to 68719476736.
-        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
-            IN_PROGRESS), s. Valid: a number from 0 to 3600.
-        verify_cuda_graphs: verify step: also time small sizes as CUDA graphs and direct NCCL
-            calls. Valid: true or false.
-        allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
+        deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
+            (the rest keep their defaults): rct_timeout_s: wait for the DRA controller's channel
+            claim template, s. Valid: a number from 0.1 to 86400; api_outage_s: how long an
+            unreachable or overloaded Kubernetes API (restart, fail-over) is ridden out by every
+            request and wait, s; a longer outage ends the step with exit 5. Valid: a number from 0
+            to 86400; admission_timeout_s: how long the Job may stay queued (suspended, e.g. by
+            Kueue), s; 0 = no limit. Valid: a number from 0 to 2592000; pods_running_timeout_s:
+            deadline for all worker pods to run, s; IMEX start-up can take minutes. Valid: a number
+            from 1 to 86400; unschedulable_grace_s: how long a pod may stay Unschedulable (or its
+            node held by another ComputeDomain, or its creation refused by a ResourceQuota) before
+            the step fails, s. Valid: a number from 0 to 86400; fabric_wait_s: how long verify waits
+            for a GPU fabric still registering (NOT_STARTED, IN_PROGRESS), s. Valid: a number from 0
+            to 3600; delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a
+            number from 0.1 to 86400.
+        recovery: gang restarts, hang detection and checkpoints. Valid: a JSON object of some of
+            these keys (the rest keep their defaults): max_restarts: gang restarts of every rank
+            (from the last checkpoint) before the step fails; the Job's backoffLimitPerIndex is
+            this, so that each restart has a retry on every index. Valid: a whole number from 0 to
+            100; collective_timeout_s: how long a collective waits for a dead or hung peer before
+            the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
+            86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
+            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+        verify: the verification sweep and its thresholds. Valid: a JSON object of some of these
+            keys (the rest keep their defaults): min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1
+            MiB on GPU, 1 KiB on CPU. Valid: a whole number from 0 to 68719476736; max_bytes:
+            largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU. Valid: a whole number
+            from 0 to 68719476736; iters: timed all-reduces per size; 0 = adaptive (mean known
+            within 1 percent). Valid: a whole number from 0 to 100000; warmup_iters: untimed all-
+            reduces before each size; 0 = automatic. Valid: a whole number from 0 to 100000;
+            min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency. Valid: a number from 0 to 100000; min_inter_clique_busbw_gbps: pass
+            threshold for the sweeps across clique groups, GB/s; 0 = not judged. Valid: a number
+            from 0 to 100000; efficiency: fraction of the NVLink limit a derived threshold asks for.
+            Valid: a number from 0.01 to 1; judge_min_bytes: sizes from this one up are judged
+            against the threshold. Valid: a whole number from 1 to 68719476736; cuda_graphs: also
+            time small sizes as CUDA graphs and direct NCCL calls. Valid: true or false;
+            allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
             success. Valid: true or false.
-        collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
-        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
-        delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a number
-            from 0.1 to 86400.
 
     Returns:
         The ComputeDomain name.
@@ -987,54 +784,21 @@ def provision_verify_only(
 def provision_custom(
     run_id: str,
     namespace: str = '',
-    allocation_mode: str = 'Single',
-    rct_timeout_s: float = 120.0,
-    api_outage_s: float = 300.0,
     nodes: int = 2,
-    nodes_per_clique: int = 0,
-    max_nodes_per_clique: int = 18,
     gpus_per_node: int = 4,
     image: str = 'ghcr.io/mnnvl-pipelines/runtime:0.1.0',
-    gpu_mode: str = 'auto',
-    gpu_device_class: str = 'gpu.nvidia.com',
-    clique_affinity: bool = True,
-    clique_label: str = 'nvidia.com/gpu.clique',
     nccl_profile: str = 'production',
     env: List[str] = [],
-    rdzv_port: int = 29500,
-    worker_service_account: str = '',
-    pod_security: str = 'restricted',
-    node_selector: List[str] = [],
-    tolerations: List[str] = [],
-    priority_class: str = '',
     queue_name: str = '',
-    topology_aware: bool = False,
-    admission_timeout_s: float = 0.0,
-    pvc: List[str] = [],
-    shm_size: str = '16Gi',
-    pods_running_timeout_s: float = 900.0,
-    unschedulable_grace_s: float = 60.0,
     verify_timeout_s: float = 1800.0,
-    ttl_after_finished_s: int = 3600,
-    max_restarts: int = 3,
-    image_pull_policy: str = 'IfNotPresent',
-    verify_min_bytes: int = 0,
-    verify_max_bytes: int = 0,
-    verify_iters: int = 0,
-    verify_warmup_iters: int = 0,
-    min_busbw_gbps: float = 0.0,
-    min_inter_clique_busbw_gbps: float = 0.0,
-    efficiency: float = 0.62,
-    verify_judge_min_bytes: int = 1073741824,
-    fabric_wait_s: float = 60.0,
-    verify_cuda_graphs: bool = True,
-    allow_unjudged: bool = False,
-    collective_timeout_s: float = 300.0,
-    stall_timeout_s: float = 0.0,
     launch_timeout_s: float = 7200.0,
     module: str = '',
     command: List[str] = [],
-    delete_timeout_s: float = 300.0,
+    placement: dict = {'allocation_mode': 'Single', 'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    deadlines: dict = {'rct_timeout_s': 120.0, 'api_outage_s': 300.0, 'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'fabric_wait_s': 60.0, 'delete_timeout_s': 300.0},
+    recovery: dict = {'max_restarts': 3, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0},
+    verify: dict = {'min_bytes': 0, 'max_bytes': 0, 'iters': 0, 'warmup_iters': 0, 'min_busbw_gbps': 0.0, 'min_inter_clique_busbw_gbps': 0.0, 'efficiency': 0.62, 'judge_min_bytes': 1073741824, 'cuda_graphs': True, 'allow_unjudged': False},
 ) -> str:
     """First task of mnnvl-custom: validate every pipeline parameter, then provision
     the ComputeDomain, so bad input fails before any object exists.
@@ -1043,109 +807,99 @@ def provision_custom(
         run_id: run id every object name and label derives from (the KFP job id).
         namespace: namespace of the ComputeDomain and Jobs ('' = the pod's own, else default).
             Valid: '' or a namespace name (lowercase letters, digits and -, at most 63).
-        allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
-            All.
-        rct_timeout_s: wait for the DRA controller's channel claim template, s. Valid: a number
-            from 0.1 to 86400.
-        api_outage_s: how long an unreachable or overloaded Kubernetes API (restart, fail-over)
-            is ridden out by every request and wait, s; a longer outage ends the step with exit 5.
-            Valid: a number from 0 to 86400.
         nodes: worker pods, one per node; more than one clique needs nodes_per_clique (multiple
             of it). Valid: a whole number from 1; over max_nodes_per_clique a multiple of
             nodes_per_clique.
-        nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training, per-
-            clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
-            max_nodes_per_clique that divides nodes.
-        max_nodes_per_clique: most nodes one NVLink clique holds (NVL72: 18). Valid: a whole
-            number from 1 to 99.
         gpus_per_node: GPUs per worker pod; 0 = one CPU process per pod (gloo). Valid: a whole
             number from 0 to 8.
         image: worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train). Valid: an image
             reference: [registry/]path[:tag][@sha256:digest], path in lowercase.
-        gpu_mode: auto (at run time: claim where GPUs come only from the DRA driver, else
-            limits; rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim).
-            Valid: one of auto, limits, claim.
-        gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name (lowercase
-            DNS subdomain).
-        clique_affinity: keep every pod (of each clique group) inside one NVLink clique
-            (clique_label). Valid: true or false.
-        clique_label: node label whose value names a node's NVLink clique (GPU Feature Discovery
-            or the DRA driver set nvidia.com/gpu.clique; some providers use a key of their own).
-            Valid: a label key: [DNS-subdomain prefix/]name, name at most 63 characters.
         nccl_profile: production, verify-strict or single-host (docs/verification.md, NCCL
             profiles). Valid: one of production, verify-strict, single-host.
         env: extra worker environment, NAME=VALUE (repeatable; values may hold , =). Valid: a
             list of strings, e.g. ["NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"].
-        rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole number from 1024 to
-            65535.
-        worker_service_account: service account of the worker pods ('' = namespace default).
-            Valid: '' or a ServiceAccount name of the namespace.
-        pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
-            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
-            restricted, baseline.
-        node_selector: extra node selector for worker pods, KEY=VALUE (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu.product=NVIDIA-GB200"].
-        tolerations: extra toleration for worker pods, key[=value]:Effect (repeatable). Valid: a
-            list of strings, e.g. ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"].
-        priority_class: PriorityClass of the worker pods. Valid: '' or a PriorityClass name.
         queue_name: Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name. Valid: '' or a
             LocalQueue name of the namespace.
-        topology_aware: with queue_name: Kueue topology-aware scheduling, each group in one
-            clique. Valid: true or false.
-        admission_timeout_s: how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 =
-            no limit. Valid: a number from 0 to 2592000.
-        pvc: PersistentVolumeClaim mounted in every worker, CLAIM:/mount/path[:ro] (repeatable).
-            Valid: a list of strings, e.g. ["shared-ckpt:/ckpt", "datasets:/data:ro"].
-        shm_size: size of the workers' /dev/shm, e.g. 16Gi. Valid: a size in Mi or Gi, e.g.
-            512Mi or 16Gi.
-        pods_running_timeout_s: deadline for all worker pods to run, s; IMEX start-up can take
-            minutes. Valid: a number from 1 to 86400.
-        unschedulable_grace_s: how long a pod may stay Unschedulable (or its node held by
-            another ComputeDomain, or its creation refused by a ResourceQuota) before the step
-            fails, s. Valid: a number from 0 to 86400.
         verify_timeout_s: verify step: deadline for the Job to complete, s (activeDeadline).
             Valid: a number from 1 to 604800.
-        ttl_after_finished_s: ttlSecondsAfterFinished of the Job. Valid: a whole number from 0
-            to 2592000.
-        max_restarts: gang restarts of every rank (from the last checkpoint) before the step
-            fails; the Job's backoffLimitPerIndex is this, so that each restart has a retry on every
-            index. Valid: a whole number from 0 to 100.
-        image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
-        verify_min_bytes: verify step: smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1
-            KiB on CPU. Valid: a whole number from 0 to 68719476736.
-        verify_max_bytes: verify step: largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB
-            on CPU. Valid: a whole number from 0 to 68719476736.
-        verify_iters: verify step: timed all-reduces per size; 0 = adaptive (mean known within 1
-            percent). Valid: a whole number from 0 to 100000.
-        verify_warmup_iters: verify step: untimed all-reduces before each size; 0 = automatic.
-            Valid: a whole number from 0 to 100000.
-        min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
-            x efficiency. Valid: a number from 0 to 100000.
-        min_inter_clique_busbw_gbps: pass threshold for the sweeps across clique groups, GB/s; 0
-            = not judged. Valid: a number from 0 to 100000.
-        efficiency: fraction of the NVLink limit a derived threshold asks for. Valid: a number
-            from 0.01 to 1.
-        verify_judge_min_bytes: verify step: sizes from this one up are judged against the
-            threshold. Valid: a whole number from 1 to 68719476736.
-        fabric_wait_s: how long verify waits for a GPU fabric still registering (NOT_STARTED,
-            IN_PROGRESS), s. Valid: a number from 0 to 3600.
-        verify_cuda_graphs: verify step: also time small sizes as CUDA graphs and direct NCCL
-            calls. Valid: true or false.
-        allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
-            success. Valid: true or false.
-        collective_timeout_s: how long a collective waits for a dead or hung peer before the
-            worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to 86400.
-        stall_timeout_s: the pod stops its workers (retriable) when one made no progress for
-            this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
         launch_timeout_s: launch step: deadline for the Job to complete, s (activeDeadline).
             Valid: a number from 1 to 604800.
         module: Python module to run once per GPU (torchrun's variables); '' = run `command`.
             Valid: '' or a Python module name such as pkg.entry.
         command: with a module: its arguments; without: the program and its arguments (a list).
             Valid: a list of strings, e.g. ["python3", "train.py", "--steps", "100"].
-        delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a number
-            from 0.1 to 86400.
+        placement: where the worker pods run: NVLink clique groups, GPUs and node selection.
+            Valid: a JSON object of some of these keys (the rest keep their defaults):
+            allocation_mode: IMEX channels per pod: Single (channel0) or All. Valid: one of Single,
+            All; nodes_per_clique: nodes in each NVLink clique group (one Job each; HSDP training,
+            per-clique verify); 0 = all nodes in one clique. Valid: a whole number from 0 to
+            max_nodes_per_clique that divides nodes; max_nodes_per_clique: most nodes one NVLink
+            clique holds (NVL72: 18). Valid: a whole number from 1 to 99; gpu_mode: auto (at run
+            time: claim where GPUs come only from the DRA driver, else limits; rendered as limits),
+            limits (device plugin nvidia.com/gpu) or claim (DRA claim). Valid: one of auto, limits,
+            claim; gpu_device_class: DeviceClass for gpu_mode claim. Valid: a DeviceClass name
+            (lowercase DNS subdomain); clique_affinity: keep every pod (of each clique group) inside
+            one NVLink clique (clique_label). Valid: true or false; clique_label: node label whose
+            value names a node's NVLink clique (GPU Feature Discovery or the DRA driver set
+            nvidia.com/gpu.clique; some providers use a key of their own). Valid: a label key: [DNS-
+            subdomain prefix/]name, name at most 63 characters; node_selector: extra node selector
+            for worker pods, KEY=VALUE (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu.product=NVIDIA-GB200"]; tolerations: extra toleration for worker pods,
+            key[=value]:Effect (repeatable). Valid: a list of strings, e.g.
+            ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"]; priority_class: PriorityClass
+            of the worker pods. Valid: '' or a PriorityClass name; topology_aware: with queue_name:
+            Kueue topology-aware scheduling, each group in one clique. Valid: true or false.
+        pod: the worker pods' template. Valid: a JSON object of some of these keys (the rest
+            keep their defaults): rdzv_port: rendezvous port on pod 0 (MASTER_PORT). Valid: a whole
+            number from 1024 to 65535; worker_service_account: service account of the worker pods
+            ('' = namespace default). Valid: '' or a ServiceAccount name of the namespace;
+            pod_security: Pod Security Standard the worker pods meet: restricted (non-root uid 1000)
+            or baseline (the image's own user, root allowed, for images that need it). Valid: one of
+            restricted, baseline; pvc: PersistentVolumeClaim mounted in every worker,
+            CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
+            ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
+            Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
+            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
+            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
+            Never.
+        deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
+            (the rest keep their defaults): rct_timeout_s: wait for the DRA controller's channel
+            claim template, s. Valid: a number from 0.1 to 86400; api_outage_s: how long an
+            unreachable or overloaded Kubernetes API (restart, fail-over) is ridden out by every
+            request and wait, s; a longer outage ends the step with exit 5. Valid: a number from 0
+            to 86400; admission_timeout_s: how long the Job may stay queued (suspended, e.g. by
+            Kueue), s; 0 = no limit. Valid: a number from 0 to 2592000; pods_running_timeout_s:
+            deadline for all worker pods to run, s; IMEX start-up can take minutes. Valid: a number
+            from 1 to 86400; unschedulable_grace_s: how long a pod may stay Unschedulable (or its
+            node held by another ComputeDomain, or its creation refused by a ResourceQuota) before
+            the step fails, s. Valid: a number from 0 to 86400; fabric_wait_s: how long verify waits
+            for a GPU fabric still registering (NOT_STARTED, IN_PROGRESS), s. Valid: a number from 0
+            to 3600; delete_timeout_s: wait until each deleted object is gone (GET 404), s. Valid: a
+            number from 0.1 to 86400.
+        recovery: gang restarts, hang detection and checkpoints. Valid: a JSON object of some of
+            these keys (the rest keep their defaults): max_restarts: gang restarts of every rank
+            (from the last checkpoint) before the step fails; the Job's backoffLimitPerIndex is
+            this, so that each restart has a retry on every index. Valid: a whole number from 0 to
+            100; collective_timeout_s: how long a collective waits for a dead or hung peer before
+            the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
+            86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
+            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+        verify: the verification sweep and its thresholds. Valid: a JSON object of some of these
+            keys (the rest keep their defaults): min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1
+            MiB on GPU, 1 KiB on CPU. Valid: a whole number from 0 to 68719476736; max_bytes:
+            largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU. Valid: a whole number
+            from 0 to 68719476736; iters: timed all-reduces per size; 0 = adaptive (mean known
+            within 1 percent). Valid: a whole number from 0 to 100000; warmup_iters: untimed all-
+            reduces before each size; 0 = automatic. Valid: a whole number from 0 to 100000;
+            min_busbw_gbps: pass threshold, GB/s; 0 = a matching baseline, else active links x speed
+            x efficiency. Valid: a number from 0 to 100000; min_inter_clique_busbw_gbps: pass
+            threshold for the sweeps across clique groups, GB/s; 0 = not judged. Valid: a number
+            from 0 to 100000; efficiency: fraction of the NVLink limit a derived threshold asks for.
+            Valid: a number from 0.01 to 1; judge_min_bytes: sizes from this one up are judged
+            against the threshold. Valid: a whole number from 1 to 68719476736; cuda_graphs: also
+            time small sizes as CUDA graphs and direct NCCL calls. Valid: true or false;
+            allow_unjudged: accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as
+            success. Valid: true or false.
 
     Returns:
         The ComputeDomain name.

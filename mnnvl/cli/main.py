@@ -449,6 +449,19 @@ def _leftovers(e: MnnvlError | Interrupted) -> dict[str, Any]:
     return {"leftovers": list(e.leftovers), "cleanup": e.cleanup}
 
 
+def groups_as_flags(ns: argparse.Namespace) -> None:
+    """``--<group>-json`` values as the flags of their inputs (errors name them group.input)."""
+    for group in surface.GROUPS:
+        text = getattr(ns, f"{group}_json", None)
+        if text is None:
+            continue
+        for key, value in surface.ungroup(group, text, vars(ns)).items():
+            if getattr(ns, key) is not None:
+                raise SpecError(key, f"is given twice: on its own and in --{group}-json")
+            setattr(ns, key, value)
+            ns.flag_names = {**ns.flag_names, key: f"{group}.{key}"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -467,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s failed: %s", command, bad_path)
         return _failed(command, bad_path, exit_codes.BAD_INPUT)
     try:
+        groups_as_flags(ns)
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
     except (MnnvlError, Interrupted) as e:

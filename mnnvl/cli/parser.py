@@ -46,23 +46,36 @@ def _common(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
 
 
-# Help groups, in the order --help lists them; ``_group_of`` puts each input in one.
-GROUPS = {
-    "domain": "domain (the run and its ComputeDomain)",
-    "workload": "workload (the Job on the domain's nodes)",
-    "training": "training",
-    "verification": "verification",
-    "timeouts": "timeouts (seconds)",
-}
-_CLASS_GROUPS = {
-    DomainSpec: "domain",
-    WorkloadSpec: "workload",
-    LaunchSpec: "workload",
-    TrainConfig: "training",
-    VerifyConfig: "verification",
+# Help groups, in the order --help lists them: the inputs of their own, then KFP's and
+# Argo's groups (``surface.GROUPS``).
+HELP_GROUPS = {
+    "": "inputs",
+    **{name: f"{name}: {about}" for name, (about, _) in surface.GROUPS.items()},
 }
 # Inputs a command does not use (the rest of its specs' CLI inputs are its flags).
 _STATUS_SKIPS = frozenset({"allocation_mode", "rct_timeout_s", "delete_timeout_s"})
+
+
+def _grouped_flags(
+    p: argparse.ArgumentParser,
+    inputs: list[surface.Input],
+    *,
+    defaults: dict[str, Any] | None = None,
+    required: bool = True,
+) -> None:
+    """One flag per input under its group's heading in --help, and ``--<group>-json``: the
+    group's inputs as one JSON object, as the Argo templates pass them."""
+    groups = {key: p.add_argument_group(title) for key, title in HELP_GROUPS.items()}
+    flags.add_inputs(
+        p, inputs, defaults=defaults, group=lambda i: groups[i.group], required=required
+    )
+    for name in dict.fromkeys(i.group for i in inputs if i.group):
+        groups[name].add_argument(
+            f"--{name}-json",
+            default=None,
+            metavar="JSON",
+            help=f"some of the {name} inputs as one JSON object, e.g. as Argo passes them",
+        )
 
 
 def _spec_flags(
@@ -73,54 +86,25 @@ def _spec_flags(
     skip: frozenset[str] = frozenset(),
     run_id_required: bool = True,
 ) -> None:
-    """Every CLI input of ``classes`` that the command uses, in its help group."""
-    groups: dict[str, Any] = {}
-
-    def group_of(cls: type) -> Any:
-        def pick(item: surface.Input) -> Any:
-            key = "timeouts" if item.name.endswith("_timeout_s") else _CLASS_GROUPS[cls]
-            if key not in groups:
-                groups[key] = p.add_argument_group(GROUPS[key])
-            return groups[key]
-
-        return pick
-
+    """Every CLI input of ``classes`` that the command uses."""
     skip = skip | surface.STEP_SKIPS.get(step, frozenset())
-    overrides = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step, {}).items()}
-    seen: set[str] = set()
+    inputs: dict[str, surface.Input] = {}
     for cls in classes:
-        names = {i.name for i in surface.class_inputs(cls)}
-        flags.add_arguments(
-            p,
-            cls,
-            skip=tuple(skip | seen),
-            defaults=overrides,
-            group=group_of(cls),
-            required=run_id_required,
-        )
-        seen |= names
+        for item in surface.class_inputs(cls):
+            if item.name not in skip:
+                inputs.setdefault(item.name, item)
+    overrides = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step, {}).items()}
+    _grouped_flags(p, list(inputs.values()), defaults=overrides, required=run_id_required)
 
 
 def _run_flags(
     p: argparse.ArgumentParser, *, run_id_required: bool, skip: frozenset[str] = frozenset()
 ) -> None:
     """The flags of ``run`` and ``render``: the training pipeline's parameters, named as the
-    KFP and Argo pipelines name them (``--train-timeout-s``, ``--verify-min-bytes``)."""
-    groups = {key: p.add_argument_group(title) for key, title in GROUPS.items()}
-    classes = {i.name: c for c in reversed(_CLASS_GROUPS) for i in surface.class_inputs(c)}
-
-    def pick(item: surface.Input) -> Any:
-        if item.name.endswith("_timeout_s"):
-            key = "timeouts"
-        elif item.name.startswith("verify_"):
-            key = "verification"
-        else:
-            key = _CLASS_GROUPS.get(classes.get(item.name, WorkloadSpec), "workload")
-        return groups[key]
-
+    KFP and Argo pipelines name them (``--train-timeout-s``)."""
     run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
     inputs = [run_id, *(i for i in surface.run_parameters() if i.name not in skip)]
-    flags.add_inputs(p, inputs, group=pick, required=run_id_required)
+    _grouped_flags(p, inputs, required=run_id_required)
 
 
 def _launch_flags(p: argparse.ArgumentParser) -> None:
@@ -236,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _subcommand(sub, "status")
     _spec_flags(p, (DomainSpec,), skip=_STATUS_SKIPS)
     p = _subcommand(sub, "preflight")
-    flags.add_inputs(p, surface.step_inputs("preflight"))
+    _grouped_flags(p, surface.step_inputs("preflight"), required=False)
     p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
     for name in ("run", "render"):
         p = _subcommand(sub, name)

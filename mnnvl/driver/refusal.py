@@ -96,7 +96,7 @@ def refusal_fix(found: Problem, namespace: str, message: str) -> str:
         ProblemKind.WEBHOOK: "an admission webhook refused the pod: check its policy "
         "(`kubectl get validatingwebhookconfigurations`) with the cluster's administrators",
         ProblemKind.SERVICE_ACCOUNT: f"create that service account in namespace {ns} "
-        f"(`kubectl create serviceaccount -n {ns} <name>`) or pass another --service-account",
+        f"(`kubectl create serviceaccount -n {ns} <name>`) or set another worker_service_account",
         ProblemKind.INVALID_SPEC: "the pod spec is invalid: fix the input named in the message",
         ProblemKind.MISSING_OBJECT: "create the missing object the pod refers to in namespace "
         f"{ns}",

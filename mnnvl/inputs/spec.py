@@ -266,7 +266,7 @@ class WorkloadSpec:
         example=("NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"),
     )
     rdzv_port: int = opt(29500, "rendezvous port on pod 0 (MASTER_PORT)", valid=(1024, 65535))
-    service_account: str = opt(
+    worker_service_account: str = opt(
         "",
         "service account of the worker pods ('' = namespace default)",
         valid="'' or a ServiceAccount name of the namespace",
@@ -358,8 +358,8 @@ class WorkloadSpec:
             )
         check_choice("nccl_profile", self.nccl_profile, NCCL_PROFILES)
         check_env("env", self.env)
-        if self.service_account:
-            check_dns_label("service_account", self.service_account, max_len=253)
+        if self.worker_service_account:
+            check_dns_label("worker_service_account", self.worker_service_account, max_len=253)
         check_choice("pod_security", self.pod_security, POD_SECURITY_LEVELS)
         self._check_scheduling()
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):

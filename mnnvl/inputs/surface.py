@@ -15,10 +15,11 @@ Standard library only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,8 @@ class Input:
     choices: tuple[str, ...] = ()
     valid: tuple[float, float] | str | None = None
     example: tuple[str, ...] = ()
+    group: str = ""  # the group it is in on KFP and Argo ('' = a parameter of its own)
+    members: tuple[Input, ...] = ()  # a group's inputs (kind dict)
 
     @property
     def description(self) -> str:
@@ -70,6 +73,9 @@ class Input:
             values = f"{whole} from {plain(self.valid[0])} to {plain(self.valid[1])}"
         elif self.kind == "list":
             values = f"a list of strings, e.g. {json.dumps(list(self.example))}"
+        elif self.kind == "dict":
+            values = "a JSON object of some of these keys (the rest keep their defaults): "
+            values += "; ".join(f"{m.name}: {m.description}" for m in self.members)
         else:
             return self.help
         return f"{self.help}. Valid: {values}"
@@ -93,10 +99,16 @@ class Input:
             return "true" if value else "false"
         if self.kind == "list":
             return json.dumps(list(value))
+        if self.kind == "dict":
+            return json.dumps(value)
         return str(value)
 
     def coerce(self, value: Any) -> Any:
         """A surface value (typed from KFP, a string from Argo) as the surface's type."""
+        if self.kind == "dict":
+            return ungroup(self.name, value, {m.name for m in self.members})
+        if self.kind == "int" and isinstance(value, float) and value.is_integer():
+            return int(value)  # a JSON number inside a group: KFP writes 3 as 3.0
         if not isinstance(value, str) or self.kind == "str":
             return list(value) if self.kind == "list" else value
         text = value.strip()
@@ -131,7 +143,12 @@ def _surface_default(f: dataclasses.Field[Any]) -> Any:
 
 def class_inputs(cls: type) -> list[Input]:
     """The inputs a spec dataclass declares, in declaration order."""
-    return [
+    return list(_class_inputs(cls))
+
+
+@functools.cache
+def _class_inputs(cls: type) -> tuple[Input, ...]:
+    return tuple(
         Input(
             f.name,
             _kind(cls, f),
@@ -142,9 +159,168 @@ def class_inputs(cls: type) -> list[Input]:
             tuple(f.metadata.get("choices", ())),
             f.metadata.get("valid"),
             tuple(f.metadata.get("example", ())),
+            GROUP_OF.get(f.name, ""),
         )
         for f in dataclasses.fields(cls)
+    )
+
+
+# ---- groups: how KFP and Argo carry the inputs past the essential ones -----------------------
+
+# On KFP and Argo, each group is one parameter (a KFP dict, an Argo JSON object) holding its
+# inputs by name; the rest are parameters of their own. The CLI keeps one flag per input and
+# lists them under these groups in --help.
+GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "placement": (
+        "where the worker pods run: NVLink clique groups, GPUs and node selection",
+        (
+            "nodes_per_clique",
+            "max_nodes_per_clique",
+            "gpu_mode",
+            "gpu_device_class",
+            "clique_affinity",
+            "clique_label",
+            "allocation_mode",
+            "node_selector",
+            "tolerations",
+            "priority_class",
+            "topology_aware",
+        ),
+    ),
+    "pod": (
+        "the worker pods' template",
+        (
+            "worker_service_account",
+            "pod_security",
+            "pvc",
+            "shm_size",
+            "image_pull_policy",
+            "rdzv_port",
+            "ttl_after_finished_s",
+        ),
+    ),
+    "deadlines": (
+        "deadlines and graces, in seconds",
+        (
+            "rct_timeout_s",
+            "pods_running_timeout_s",
+            "unschedulable_grace_s",
+            "admission_timeout_s",
+            "api_outage_s",
+            "delete_timeout_s",
+            "fabric_wait_s",
+        ),
+    ),
+    "recovery": (
+        "gang restarts, hang detection and checkpoints",
+        (
+            "max_restarts",
+            "collective_timeout_s",
+            "stall_timeout_s",
+            "checkpoint_dir",
+            "checkpoint_every",
+            "allow_local_checkpoint",
+        ),
+    ),
+    "train": (
+        "the training run's optimiser, numerics and logging",
+        (
+            "seq_len",
+            "lr",
+            "warmup_steps",
+            "min_lr_ratio",
+            "weight_decay",
+            "grad_clip",
+            "dtype",
+            "compile",
+            "activation_checkpointing",
+            "reshard_after_forward",
+            "seed",
+            "log_every",
+        ),
+    ),
+    "verify": (
+        "the verification sweep and its thresholds",
+        (
+            "min_bytes",
+            "max_bytes",
+            "iters",
+            "warmup_iters",
+            "judge_min_bytes",
+            "min_busbw_gbps",
+            "min_inter_clique_busbw_gbps",
+            "efficiency",
+            "cuda_graphs",
+            "allow_unjudged",
+        ),
+    ),
+}
+GROUP_OF = {name: group for group, (_, names) in GROUPS.items() for name in names}
+# Where a grouped input stands on KFP and Argo: verify.min_bytes.
+GROUP_PATHS = {name: f"{group}.{name}" for name, group in GROUP_OF.items()}
+
+
+def grouped(inputs: list[Input]) -> list[Input]:
+    """``inputs`` as KFP and Argo have them: the ungrouped ones, then one input per group."""
+    members: dict[str, list[Input]] = {}
+    for item in inputs:
+        members.setdefault(item.group, []).append(item)
+    groups = [
+        Input(
+            group,
+            "dict",
+            {m.name: m.default for m in members[group]},
+            help,
+            frozenset().union(*(m.surfaces for m in members[group])),
+            members=tuple(members[group]),
+        )
+        for group, (help, _) in GROUPS.items()
+        if group in members
     ]
+    return [*members.get("", []), *groups]
+
+
+def grouped_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Flat input values as KFP and Argo take them: each grouped one inside its group."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in GROUP_OF:
+            out.setdefault(GROUP_OF[name], {})[name] = value
+        else:
+            out[name] = value
+    return out
+
+
+def ungroup(group: str, value: Any, used: Collection[str]) -> dict[str, Any]:
+    """A group's value (a dict, or its JSON from Argo) as the values of its inputs in
+    ``used``; keys of the group that are not (another step's) are dropped."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError as e:
+            raise SpecError(group, f"is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise SpecError(group, f"must be a JSON object of input: value, not {value!r}")
+    known = GROUPS[group][1]
+    for key in value:
+        if key not in known:
+            raise SpecError(
+                f"{group}.{key}", f"is not an input of {group}; valid: {', '.join(known)}"
+            )
+    return {k: v for k, v in value.items() if k in used and v is not None}
+
+
+def flatten(values: dict[str, Any], inputs: list[Input]) -> dict[str, Any]:
+    """``values`` with each group (a dict, or its JSON) replaced by its inputs' values."""
+    groups = {g.name: g for g in grouped(inputs) if g.kind == "dict"}
+    flat = {k: v for k, v in values.items() if k not in groups}
+    for name in set(values) & set(groups):
+        used = {m.name for m in groups[name].members}
+        for key, value in ungroup(name, values[name], used).items():
+            if flat.get(key) is not None and flat[key] != value:
+                raise SpecError(key, f"is given twice: on its own and in {name}")
+            flat[key] = value
+    return flat
 
 
 _INPUT_NAME = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
@@ -246,8 +422,9 @@ def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
 
 def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
     """Every spec a step builds from its inputs (raises ``SpecError`` on the first bad one)."""
-    full = {i.name: i.default for i in step_inputs(step) if not i.required}
-    full |= {k: v for k, v in values.items() if v is not None}
+    inputs = step_inputs(step)
+    full = {i.name: i.default for i in inputs if not i.required}
+    full |= {k: v for k, v in flatten(values, inputs).items() if v is not None}
     out = []
     for cls in STEP_CLASSES[step]:
         if cls in (DomainSpec, WorkloadSpec):
@@ -263,19 +440,10 @@ def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
 
 # ---- pipelines -----------------------------------------------------------------------------
 
-WORKER_SA = {"service_account": "worker_service_account"}
-VERIFY_RENAMES = {
-    **WORKER_SA,
-    "job_timeout_s": "verify_timeout_s",
-    "min_bytes": "verify_min_bytes",
-    "max_bytes": "verify_max_bytes",
-    "iters": "verify_iters",
-    "warmup_iters": "verify_warmup_iters",
-    "judge_min_bytes": "verify_judge_min_bytes",
-    "cuda_graphs": "verify_cuda_graphs",
-}
-TRAIN_RENAMES = {**WORKER_SA, "job_timeout_s": "train_timeout_s"}
-LAUNCH_RENAMES = {**WORKER_SA, "job_timeout_s": "launch_timeout_s"}
+# The one input two steps of a pipeline share with other values: each Job's deadline.
+VERIFY_RENAMES = {"job_timeout_s": "verify_timeout_s"}
+TRAIN_RENAMES = {"job_timeout_s": "train_timeout_s"}
+LAUNCH_RENAMES = {"job_timeout_s": "launch_timeout_s"}
 
 
 @dataclass(frozen=True)
@@ -332,6 +500,19 @@ class Pipeline:
             params[name] = dataclasses.replace(item, help=f"{step} step: {item.help}")
         return list(params.values())
 
+    def grouped_parameters(self, surface: str = KFP) -> list[Input]:
+        """The parameters as KFP and Argo have them (``grouped``)."""
+        return grouped(self.parameters(surface))
+
+    def component_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
+        """The task's component (or template) inputs from the grouped pipeline parameters:
+        a group goes whole to every task with inputs in it."""
+        return {
+            item.name: task.fixed.get(item.name, values.get(task.parameter_name(item.name)))
+            for item in grouped(step_inputs(task.step, KFP))
+            if item.name in task.fixed or task.parameter_name(item.name) in values
+        }
+
     def task_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
         """The task's step inputs from the pipeline's parameter values."""
         args = {
@@ -345,11 +526,12 @@ class Pipeline:
         """Every task with the specs its step builds from pipeline parameter values (strings
         are fine; unset parameters take the step's default). The one walk over a pipeline's
         tasks: ``mnnvl run``, ``mnnvl render`` and the pipelines' first-task check use it."""
-        params = {p.name: p for p in self.parameters(CLI) + self.parameters()}
+        params = {p.name: p for p in self.parameters(CLI) + self.grouped_parameters()}
         unknown = sorted(set(values) - set(params))
         if unknown:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
-        typed = {k: params[k].coerce(v) for k, v in values.items() if v is not None}
+        flat = flatten(values, self.parameters())
+        typed = {k: params[k].coerce(v) for k, v in flat.items() if v is not None}
         planned = []
         for task in self.tasks:
             try:
@@ -478,7 +660,7 @@ def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | st
             raise
         # Argo's parameters are kebab case: name them so.
         kebab = {p.name: p.kebab for p in PIPELINES[name].parameters()}
-        raise respelled(e, kebab) from None
+        raise respelled(e, kebab | GROUP_PATHS) from None
 
 
 __all__ = ["ARGO", "CLI", "KFP", "PIPELINES", "Input", "Pipeline", "Task", "check_pipeline"]

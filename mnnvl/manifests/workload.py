@@ -352,11 +352,11 @@ def pod_spec(
     if wants_gpu_claim(workload):
         claims.append({"name": GPU_CLAIM, "resourceClaimTemplateName": names.gpu_template})
     spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": names.service(workload.purpose)}
-    if workload.service_account:
-        spec["serviceAccountName"] = workload.service_account
+    if workload.worker_service_account:
+        spec["serviceAccountName"] = workload.worker_service_account
     spec |= {
         # Workers never call the API; mount a token only for an account the user chose.
-        "automountServiceAccountToken": bool(workload.service_account),
+        "automountServiceAccountToken": bool(workload.worker_service_account),
         # Workers need no per-Service variables; a busy namespace would add hundreds.
         "enableServiceLinks": False,
         "resourceClaims": claims,

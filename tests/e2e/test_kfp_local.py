@@ -84,12 +84,18 @@ def test_impossible_threshold_fails_the_pipeline_and_still_tears_down(
 
 
 BAD_PARAMETERS = [
-    ({"min_busbw_gbps": 1e9}, "min_busbw_gbps"),  # a verify parameter
+    ({"verify": {"min_busbw_gbps": 1e9}}, "verify.min_busbw_gbps"),  # in a group
     ({"model": "70b"}, "model"),  # a train parameter
     ({"nodes": 0}, "nodes"),  # every step's
     ({"verify_timeout_s": 0}, "verify_timeout_s"),  # the verify steps' job_timeout_s
-    ({"warmup_steps": 50}, "warmup_steps"),  # more than steps: the hint names it too
+    ({"train": {"warmup_steps": 50}}, "train.warmup_steps"),  # more than steps: the hint too
 ]
+
+
+def _with(bad: dict[str, Any]) -> dict[str, Any]:
+    """The local run's arguments with ``bad`` in them (a group's keys added to the group's)."""
+    args = _arguments()
+    return args | {k: args.get(k, {}) | v if isinstance(v, dict) else v for k, v in bad.items()}
 
 
 @pytest.mark.parametrize(("bad", "message"), BAD_PARAMETERS)
@@ -101,7 +107,7 @@ def test_first_task_refuses_a_bad_parameter_of_any_step_before_calling_the_clust
     before = sim.request_count
 
     with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as exited:
-        first(run_id="bad-input", **{**_arguments(), **bad})
+        first(run_id="bad-input", **_with(bad))
 
     assert exited.value.code == 2
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -121,14 +127,12 @@ def test_bad_parameter_fails_the_pipeline_in_its_first_task_before_any_object_ex
     monkeypatch.setattr(kp, "PIPELINES", {"mnnvl-training": kp.build_pipeline("mnnvl-training")})
     bad, message = BAD_PARAMETERS[-1]
     before = sim.request_count
-    outcome = local_run.run_pipeline(
-        {**_arguments(), **bad}, tmp_path, start=time.monotonic(), verbose=False
-    )
+    outcome = local_run.run_pipeline(_with(bad), tmp_path, start=time.monotonic(), verbose=False)
 
     assert not outcome.succeeded
     error = outcome.errors.get("provision", "")
     assert error.startswith(f"{message}: 50 is more than steps 10") and "\n" not in error
-    assert error.endswith("set warmup_steps to 10 or fewer")
+    assert error.endswith("set train.warmup_steps to 10 or fewer")
     provision, exit_handler = _task_logs(tmp_path, "provision-training", "teardown-domain")
     assert "Traceback" not in provision
     assert [line for line in provision if " failed: " in line] == [

@@ -263,15 +263,16 @@ def test_help_shows_required_inputs_as_required_and_no_placeholder_defaults(caps
 def test_each_command_lists_only_the_inputs_it_uses_in_groups(capsys):
     status = _help_of(capsys, "status")
     assert "--allocation-mode" not in status and "--rct-timeout-s" not in status
-    assert "--delete-timeout-s" not in status and "domain (the run" in status
+    assert "--delete-timeout-s" not in status and "\ndeadlines: " in status
     assert "--purpose" not in _help_of(capsys, "run")
     assert "--purpose" not in _help_of(capsys, "train")
     teardown = _help_of(capsys, "teardown")
     assert "--allocation-mode" not in teardown and "--delete-timeout-s" in teardown
     assert "--delete-timeout-s" not in _help_of(capsys, "provision")
     run = _help_of(capsys, "run")
-    for title in ("domain (", "workload (", "training:", "verification:", "timeouts ("):
+    for title in ("inputs:", "placement: ", "pod: ", "deadlines: ", "recovery: ", "train: "):
         assert f"\n{title}" in run, title
+    assert "--verify-json" in run and "\n  --min-bytes" in run
     assert run.count("\n  --run-id") == 1 and run.count("\n  --namespace") == 1
 
 

@@ -155,13 +155,12 @@ def test_pipeline_parameters_reach_the_tasks(training_ir: dict[str, Any]) -> Non
         "nodes",
         "gpus_per_node",
         "image",
-        "gpu_mode",
+        "placement",
         "model",
         "steps",
-        "min_busbw_gbps",
-        "allocation_mode",
+        "verify",
         "train_timeout_s",
-        "checkpoint_dir",
+        "recovery",
     ):
         assert param in inputs, param
 
@@ -170,9 +169,9 @@ def test_pipeline_parameters_reach_the_tasks(training_ir: dict[str, Any]) -> Non
 
     assert source("train-sharded", "model") == "pipelinechannel--model"
     assert source("train-sharded", "job_timeout_s") == "pipelinechannel--train_timeout_s"
-    assert source("verify-nvlink", "min_busbw_gbps") == "pipelinechannel--min_busbw_gbps"
+    assert source("verify-nvlink", "verify") == "pipelinechannel--verify"
     assert source("verify-nvlink-2", "job_timeout_s") == "pipelinechannel--verify_timeout_s"
-    assert source(FIRST, "allocation_mode") == "pipelinechannel--allocation_mode"
+    assert source(FIRST, "placement") == "pipelinechannel--placement"
     # The first task gets every pipeline parameter, to validate them all before provisioning.
     assert set(tasks[FIRST]["inputs"]["parameters"]) == set(inputs) | {"run_id"}
     assert tasks["teardown-domain"]["inputs"]["parameters"]["namespace"] == {

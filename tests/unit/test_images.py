@@ -189,7 +189,7 @@ def test_launcher_image_env_runs_help_every_component_and_a_report_with_a_plot(
         assert bad.returncode == 2, log[-3000:]
         assert "ERROR]: train failed: nodes: 0 is out of range" in log and "Traceback" not in log
         verify_params = {"run_id": run_id, "nodes": 2, "gpus_per_node": 0,
-                         "max_bytes": 64 << 10, "min_busbw_gbps": 1e-6}  # fmt: skip
+                         "verify": {"max_bytes": 64 << 10, "min_busbw_gbps": 1e-6}}  # fmt: skip
         done = run_component(launcher_env, "verify_nvlink", verify_params, tmp_path / "v", kube)
         assert done.returncode == 0, done.stderr[-3000:]
         done = run_component(launcher_env, "teardown_domain", {"run_id": run_id},

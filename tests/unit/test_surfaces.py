@@ -51,20 +51,29 @@ def _as_surface(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def _ungrouped(values: dict[str, Any], *, kebab: bool = False) -> dict[str, Any]:
+    """A surface's inputs with each group's (a dict, or Argo's JSON) in their own right."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in surface.GROUPS:
+            out[name] = value
+            continue
+        for key, member in (json.loads(value) if kebab else value).items():
+            out[key.replace("_", "-") if kebab else key] = member
+    return out
+
+
 def _kfp_defaults(step: str) -> dict[str, Any]:
     params = inspect.signature(STEP_COMPONENT[step].python_func).parameters
-    return {n: p.default for n, p in params.items() if n not in ARTIFACTS}
+    return _ungrouped({n: p.default for n, p in params.items() if n not in ARTIFACTS})
 
 
-def _argo_defaults(step: str) -> dict[str, str]:
+def _argo_defaults(step: str) -> dict[str, Any]:
     doc = yaml.safe_load((COMPILED_DIR / "mnnvl-launch.workflowtemplate.yaml").read_text())
     (template,) = [t for t in doc["spec"]["templates"] if t["name"] == step]
     transport = {at.LAUNCHER_IMAGE_INPUT, at.DEADLINE_INPUT}
-    return {
-        p["name"]: p["default"]
-        for p in template["inputs"]["parameters"]
-        if p["name"] not in transport
-    }
+    params = {p["name"]: p["default"] for p in template["inputs"]["parameters"]}
+    return _ungrouped({k: v for k, v in params.items() if k not in transport}, kebab=True)
 
 
 def _cli_values(step: str) -> dict[str, Any]:
@@ -101,8 +110,8 @@ def test_every_step_input_is_on_every_surface_with_the_same_default(step: str) -
     for item in inputs:
         if KFP in item.surfaces:
             assert kfp[item.name] == item.default, (step, item.name)
-        if ARGO in item.surfaces:
-            assert argo[item.kebab] == item.text(), (step, item.name)
+        if ARGO in item.surfaces:  # a string of its own, a JSON value in a group
+            assert argo[item.kebab] == (item.default if item.group else item.text()), item.name
         given = item.flag in CLI_ARGS.get(step, []) or item.name == "command"
         if CLI in item.surfaces and not item.required and not given:
             # The CLI's defaults and the pipelines' defaults build the same spec.
@@ -144,21 +153,24 @@ def test_kfp_and_argo_pipelines_take_the_same_parameters_and_defaults(name: str)
     argo_params = {p["name"]: p["value"] for p in argo["spec"]["arguments"]["parameters"]}
     argo_only = set(aw.ARGO_ONLY) & set(argo_params)
     assert set(argo_params) - argo_only == set(kfp_params)
+    kfp_flat = _ungrouped(kfp_params)
+    argo_flat = _ungrouped({k: v for k, v in argo_params.items() if k not in argo_only}, kebab=True)
     for p in surface.PIPELINES[name].parameters():
-        assert argo_params[p.kebab] == p.text(), p.name
-        kfp_default = kfp_params[p.kebab]
+        assert argo_flat[p.kebab] == (p.default if p.group else p.text()), p.name
+        kfp_default = kfp_flat[p.name if p.group else p.kebab]
         assert kfp_default == p.default or float(kfp_default) == p.default, p.name
 
 
 def test_argo_offers_every_closed_set_of_values_as_a_drop_down_holding_its_default() -> None:
     doc = yaml.safe_load((COMPILED_DIR / "mnnvl-training.workflowtemplate.yaml").read_text())
     enums = {p["name"]: p.get("enum") for p in doc["spec"]["arguments"]["parameters"]}
-    closed = {p.kebab: p for p in surface.PIPELINES["mnnvl-training"].parameters() if p.choices}
-    assert {"model", "dtype", "gpu-mode", "nccl-profile", "reshard-after-forward"} <= set(closed)
+    training = surface.PIPELINES["mnnvl-training"].grouped_parameters()
+    closed = {p.kebab: p for p in training if p.choices}
+    assert {"model", "nccl-profile"} <= set(closed)
     for name, item in closed.items():
         assert enums[name] == list(item.choices), name
         assert item.text() in enums[name], name
-    assert enums["activation-checkpointing"] is None  # every-N is open-ended
+    assert enums["train"] is None  # a group's values are a JSON object
     for template in doc["spec"]["templates"]:
         for p in (template.get("inputs") or {}).get("parameters") or []:
             if p["name"] in closed:
@@ -168,7 +180,7 @@ def test_argo_offers_every_closed_set_of_values_as_a_drop_down_holding_its_defau
 def test_pipeline_functions_take_the_declared_parameters() -> None:
     for name, func in kp.PIPELINES.items():
         params = inspect.signature(func.pipeline_func).parameters  # type: ignore[attr-defined]
-        assert list(params) == [p.name for p in surface.PIPELINES[name].parameters()]
+        assert list(params) == [p.name for p in surface.PIPELINES[name].grouped_parameters()]
 
 
 def test_env_with_commas_and_equals_travels_through_argo_to_the_workload() -> None:
@@ -201,13 +213,16 @@ def test_env_with_commas_and_equals_travels_through_argo_to_the_workload() -> No
         ([{"name": "nodes", "value": "0"}], "nodes"),  # Argo's {{workflow.parameters.json}}
         ({"train-timeout-s": "soon"}, "train_timeout_s"),
         ({"env": '["NOEQUALS"]'}, "env"),
-        ({"verify-max-bytes": "lots"}, "verify_max_bytes"),
+        ({"verify": {"max_bytes": "lots"}}, "max_bytes"),
+        ([{"name": "verify", "value": '{"max_bytes": "lots"}'}], "verify.max_bytes"),
+        ({"verify": {"max_byte": 1}}, "verify.max_byte"),
+        ([{"name": "train", "value": "[1]"}], "train"),
     ],
 )
 def test_pipeline_check_names_the_bad_parameter(values: Any, field: str) -> None:
     with pytest.raises(SpecError) as err:
         surface.check_pipeline("mnnvl-training", values)
-    assert err.value.field in (field, field.removeprefix("verify_"))
+    assert err.value.field == field
 
 
 def test_custom_pipeline_needs_a_module_or_a_command() -> None:
@@ -240,7 +255,7 @@ def test_the_argo_preflight_template_reads_no_run_id_and_saves_its_ctrf_report()
 def test_every_kfp_form_parameter_explains_itself_with_its_valid_values(name: str) -> None:
     kfp = next(yaml.safe_load_all((COMPILED_DIR / f"{name}.kfp.yaml").read_text()))
     params = kfp["root"]["inputDefinitions"]["parameters"]
-    assert set(params) == {p.name for p in surface.PIPELINES[name].parameters()}
+    assert set(params) == {p.name for p in surface.PIPELINES[name].grouped_parameters()}
     for key, param in params.items():
         description = param.get("description", "")
         assert ". Valid: " in description, key
@@ -255,10 +270,10 @@ def test_argo_parameters_say_whose_they_are_and_accounts_cannot_be_confused() ->
         p["name"]: p.get("description", "") for p in doc["spec"]["arguments"]["parameters"]
     }
     assert described["verify-timeout-s"] != described["train-timeout-s"]
+    assert "worker_service_account: service account of the worker pods" in described["pod"]
     assert described["verify-timeout-s"].startswith("verify step: deadline")
     assert described["train-timeout-s"].startswith("train step: deadline")
     assert "launcher" in described["launcher-service-account"]
-    assert "worker pods" in described["worker-service-account"]
     assert "service-account" not in described
 
 
@@ -281,3 +296,84 @@ def test_components_readme_shows_list_inputs_as_lists() -> None:
         for example in re.findall(rf"`{name}` \(([^)]*)\)", text):
             assert example.startswith(("a list", "`[")), (name, example)
     assert '`env` (a list: `["' in text
+
+
+# A value other than the default for inputs whose range or choices do not give one alone.
+OTHER = {
+    "namespace": "team-a",
+    "image": "registry.example/train:2",
+    "env": ["NCCL_DEBUG=INFO"],
+    "node_selector": ["pool=gb200"],
+    "tolerations": ["gpu:NoSchedule"],
+    "pvc": ["ckpt:/ckpt"],
+    "shm_size": "8Gi",
+    "max_nodes_per_clique": 16,
+    "nodes_per_clique": 1,
+    "checkpoint_dir": "/ckpt/run",
+    "data": "synthetic",
+    "gpu_device_class": "gpu.example.com",
+    "clique_label": "example.com/clique",
+    "queue_name": "team-queue",
+    "worker_service_account": "trainer",
+    "priority_class": "high",
+    "min_bytes": 1 << 20,
+    "judge_min_bytes": 1 << 22,
+    "activation_checkpointing": "every-2",
+    "warmup_steps": 2,
+    "module": "pkg.entry",
+    "command": ["python3", "y.py"],
+}
+
+
+# What an input needs beside it to be valid.
+COMPANIONS: dict[str, dict[str, Any]] = {
+    "topology_aware": {"queue_name": "team-queue"},
+    "checkpoint_dir": {"pvc": ["ckpt:/ckpt"]},
+    "checkpoint_every": {"checkpoint_dir": "/ckpt/run", "pvc": ["ckpt:/ckpt"]},
+    "allow_local_checkpoint": {"nodes": 1},
+}
+
+
+def _given(plan: surface.Pipeline, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` as the form takes them, with a command where the custom pipeline needs one."""
+    given = surface.grouped_values(values)
+    if plan.name == "mnnvl-custom" and not {"module", "command"} & set(values):
+        given["command"] = ["python3", "x.py"]
+    return given
+
+
+def _other(item: surface.Input) -> Any:
+    if item.name in OTHER:
+        return OTHER[item.name]
+    if item.kind == "bool":
+        return not item.default
+    if item.choices:
+        return next(c for c in item.choices if c != item.default)
+    assert item.kind in ("int", "float"), f"give {item.name} a value in OTHER"
+    low, high = item.valid if isinstance(item.valid, tuple) else (0, 10)
+    value = (low + high) / 2 if item.kind == "float" else int(low + (high - low) // 3)
+    return value if value != item.default else low
+
+
+@pytest.mark.parametrize("name", sorted(surface.PIPELINES))
+def test_a_form_of_at_most_20_parameters_still_sets_every_input(name: str) -> None:
+    """The KFP form holds the essential inputs and one parameter per group; every input is
+    still settable, through its group where it has one, and reaches the step's specs."""
+    plan = surface.PIPELINES[name]
+    form = plan.grouped_parameters()
+    assert len(form) <= 20, [p.name for p in form]
+    for item in plan.parameters():
+        value = _other(item)
+        given = _given(plan, {**COMPANIONS.get(item.name, {}), item.name: value})
+        reached = False
+        for task, specs in plan.plan(given, "r1"):
+            field = next((k for k, v in task.renames.items() if v == item.name), item.name)
+            if field not in {i.name for i in surface.step_inputs(task.step)}:
+                continue
+            for spec in specs:
+                if field in {f.name for f in dataclasses.fields(spec)}:
+                    got = getattr(spec, field)
+                    got = [f"{k}={v}" for k, v in got.items()] if isinstance(got, dict) else got
+                    assert _as_surface(got) == value, (item.name, task.name)
+                    reached = True
+        assert reached, item.name

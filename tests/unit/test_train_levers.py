@@ -14,7 +14,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.distributed.tensor import DTensor
 
 from mnnvl.cli import main as cli
-from mnnvl.cli.main import build_parser
+from mnnvl.cli.main import build_parser, groups_as_flags
 from mnnvl.components.generated import kfp_components as kc
 from mnnvl.errors import SpecError
 from mnnvl.inputs import surface
@@ -130,10 +130,12 @@ def test_cli_flags_override_the_preset_on_the_workers() -> None:
 
 def test_kfp_component_takes_the_levers_and_its_values_reach_the_workers() -> None:
     params = inspect.signature(kc.train_sharded.python_func).parameters
-    assert params["activation_checkpointing"].default == "auto"
-    assert params["reshard_after_forward"].default == "auto"
+    assert params["train"].default["activation_checkpointing"] == "auto"
+    assert params["train"].default["reshard_after_forward"] == "auto"
     assert params["batch_size"].default == 0
-    typed = {"model": "8b", **USER_8B}  # what KFP hands the component body
+    # what KFP hands the component body: the levers in the train group
+    grouped = {k: v for k, v in USER_8B.items() if k != "batch_size"}
+    typed = {"model": "8b", "batch_size": USER_8B["batch_size"], "train": grouped}
     _, cfg = surface.step_specs("train", "r1", typed)
     assert levers(worker_config(cfg)) == (2, "full", "true")
     _, auto = surface.step_specs("train", "r1", {"model": "8b"})
@@ -165,8 +167,7 @@ def _argo_train_args(values: dict[str, str]) -> list[str]:
             {
                 "model": "8b",
                 "batch-size": "2",
-                "activation-checkpointing": "full",
-                "reshard-after-forward": "true",
+                "train": '{"activation_checkpointing": "full", "reshard_after_forward": "true"}',
             },
             (2, "full", "true"),
         ),
@@ -175,7 +176,9 @@ def _argo_train_args(values: dict[str, str]) -> list[str]:
 def test_argo_parameters_reach_the_workers(values: dict[str, str], expected: tuple) -> None:
     args = _argo_train_args(values)
     assert args[0] == "train"
-    cfg = from_namespace(TrainConfig, build_parser().parse_args(args))
+    ns = build_parser().parse_args(args)
+    groups_as_flags(ns)
+    cfg = from_namespace(TrainConfig, ns)
     assert levers(worker_config(cfg)) == expected
 
 
@@ -183,9 +186,9 @@ def test_argo_pipeline_check_refuses_a_bad_lever_before_provisioning() -> None:
     with pytest.raises(SpecError) as err:
         surface.check_pipeline(
             "mnnvl-training",
-            [{"name": "activation-checkpointing", "value": "half"}],
+            [{"name": "train", "value": '{"activation_checkpointing": "half"}'}],
         )
-    assert err.value.field == "activation-checkpointing"  # as Argo names the parameter
+    assert err.value.field == "train.activation_checkpointing"  # as Argo's form holds it
 
 
 # ---- the sharded model on one gloo rank -----------------------------------------------------
