@@ -13,13 +13,18 @@ slow tests first).
 The simulated scheduler breaks ties and orders its queue from a seed: one per session, from
 ``MNNVL_SIM_SEED`` or drawn here, shown in the report header and beside every failure, so a
 placement race a test ran into can be replayed with ``MNNVL_SIM_SEED=<seed>``.
+
+``clock``: fake monotonic seconds for what takes a clock (``Grace``, ``Deadline``); they move
+only when the test calls ``clock.sleep``. ``eventually``: poll a condition until it holds.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,6 +48,36 @@ def find_schema_dir() -> Path:
 @pytest.fixture(scope="session")
 def schema_dir() -> Path:
     return find_schema_dir()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def eventually(cond: Callable[[], object], timeout_s: float = 30.0, what: str = "") -> object:
+    """``cond()``'s first truthy value, polled; fails after a timeout generous on a loaded box."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := cond()):
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what or cond}"
+        time.sleep(0.05)
+    return value
+
+
+@pytest.fixture(name="eventually")
+def eventually_fixture() -> Callable[..., object]:
+    return eventually
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
