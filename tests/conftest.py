@@ -15,16 +15,14 @@ The simulated scheduler breaks ties and orders its queue from a seed: one per se
 placement race a test ran into can be replayed with ``MNNVL_SIM_SEED=<seed>``.
 
 ``clock``: fake monotonic seconds for what takes a clock (``Grace``, ``Deadline``); they move
-only when the test calls ``clock.sleep``. ``eventually``: poll a condition until it holds.
+only when the test calls ``clock.sleep``.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,20 +62,6 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
-
-
-def eventually(cond: Callable[[], object], timeout_s: float = 30.0, what: str = "") -> object:
-    """``cond()``'s first truthy value, polled; fails after a timeout generous on a loaded box."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := cond()):
-        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what or cond}"
-        time.sleep(0.05)
-    return value
-
-
-@pytest.fixture(name="eventually")
-def eventually_fixture() -> Callable[..., object]:
-    return eventually
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

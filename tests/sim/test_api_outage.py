@@ -36,6 +36,7 @@ from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import assert_nothing_left
+from tests.sim.simkit import wait_for as until
 
 OUTAGE_S = 6.0
 TOLERANCE_S = 30.0
@@ -113,13 +114,6 @@ def serving(sim: SimCluster) -> bool:
     server = sim._server
     assert server is not None
     return not server.down.is_set() and server.caches_synced()
-
-
-def until(cond: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.05)
 
 
 def background(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
