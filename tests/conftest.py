@@ -13,6 +13,9 @@ slow tests first).
 The simulated scheduler breaks ties and orders its queue from a seed: one per session, from
 ``MNNVL_SIM_SEED`` or drawn here, shown in the report header and beside every failure, so a
 placement race a test ran into can be replayed with ``MNNVL_SIM_SEED=<seed>``.
+
+``clock``: fake monotonic seconds for what takes a clock (``Grace``, ``Deadline``); they move
+only when the test calls ``clock.sleep``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,22 @@ def find_schema_dir() -> Path:
 @pytest.fixture(scope="session")
 def schema_dir() -> Path:
     return find_schema_dir()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

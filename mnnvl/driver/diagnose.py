@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -176,11 +176,11 @@ class Grace:
     Unschedulable is often transient (claims being allocated, a previous Job's pods still
     releasing their nodes' channel, an autoscaler adding nodes), and so is a node that still
     carries another domain's label while that domain's pods leave. Keys are
-    ``<what>/<pod>``; a key no longer observed is forgotten.
+    ``<what>/<pod>``; a key no longer observed is forgotten. ``clock``: monotonic seconds.
     """
 
-    def __init__(self, grace_s: float) -> None:
-        self.grace_s = grace_s
+    def __init__(self, grace_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.grace_s, self.clock = grace_s, clock
         self._since: dict[str, float] = {}
 
     def left_s(self, key: str, bad: bool) -> float | None:
@@ -188,8 +188,8 @@ class Grace:
         if not bad:
             self._since.pop(key, None)
             return None
-        since = self._since.setdefault(key, time.monotonic())
-        return self.grace_s - (time.monotonic() - since)
+        since = self._since.setdefault(key, self.clock())
+        return self.grace_s - (self.clock() - since)
 
     def retain(self, pods: Iterable[str]) -> None:
         alive = set(pods)
@@ -200,7 +200,7 @@ class Grace:
         """When the first grace period ends, so a wait re-checks without a new event."""
         if not self._since:
             return None
-        now = time.monotonic()
+        now = self.clock()
         return max(0.0, min(self.grace_s - (now - since) for since in self._since.values()))
 
 

@@ -49,18 +49,18 @@ LISTING_GRACE_S = 60.0
 
 
 class Deadline:
-    """A point on the monotonic clock; ``timeout_s`` of 0 or less means no limit."""
+    """A point on ``clock`` (monotonic seconds); ``timeout_s`` of 0 or less means no limit."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.start = time.monotonic()
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s, self.clock = timeout_s, clock
+        self.start = clock()
         self.at = self.start + timeout_s if timeout_s > 0 else float("inf")
 
     def remaining(self) -> float:
-        return self.at - time.monotonic()
+        return self.at - self.clock()
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        return self.clock() - self.start
 
     @property
     def expired(self) -> bool:
@@ -123,12 +123,12 @@ def watch_until(
         for key, source in sources.items()
     ]
     view: View = {}
-    next_progress = time.monotonic() + progress_every_s
+    next_progress = deadline.clock() + progress_every_s
     try:
         for w in watchers:
             w.start()
         while True:
-            now = time.monotonic()
+            now = deadline.clock()
             synced = len(view) == len(sources)
             wake = [deadline.remaining(), next_progress - now]
             soon = check.recheck_in(view) if synced else None
@@ -153,7 +153,7 @@ def watch_until(
                 _settle_listing(events, view, sources)
                 raise on_timeout(view)
             if time.monotonic() >= next_progress:
-                next_progress = time.monotonic() + progress_every_s
+                next_progress = deadline.clock() + progress_every_s
                 line = check.progress(view) if len(view) == len(sources) else "listing"
                 logger.info("waiting %.0f s: %s", deadline.elapsed(), line)
     finally:

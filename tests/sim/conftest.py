@@ -12,6 +12,7 @@
   names the run id's ``prefix``, ``WorkloadSpec`` overrides and ``leave_nothing`` (assert
   that no object and no process of the run is left after the teardown). Modules with runs
   of their own shape define their own ``run``.
+- ``eventually``: :func:`tests.sim.simkit.wait_for`, for a test that polls an outcome.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from mnnvl import steps
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from tests.sim.simkit import Raw, assert_nothing_left
+from tests.sim.simkit import Raw, assert_nothing_left, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,11 @@ def workers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     for name, source in getattr(request.module, "WORKERS", {}).items():
         (path / name).write_text(source)
     return str(path)
+
+
+@pytest.fixture
+def eventually() -> Any:
+    return wait_for
 
 
 @pytest.fixture(scope="module")

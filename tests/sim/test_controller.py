@@ -56,7 +56,8 @@ def test_events_made_before_start_are_delivered_and_a_failed_pass_does_not_end_t
         store.create("services", service("later"))
         wait_for(lambda: ("ADDED", "later") in ctl.seen(), what="an event after a failed pass")
         store.create("namespaces", {"metadata": {"name": "x"}})  # not one of its kinds
-        time.sleep(0.2)
+        store.create("services", service("last"))
+        wait_for(lambda: ("ADDED", "last") in ctl.seen(), what="an event after the namespace")
         assert all(e.resource == "services" for b in ctl.bursts for e in b)
     finally:
         ctl.stop()
@@ -84,8 +85,9 @@ def test_requeue_and_wake_at_arrive_later_and_the_earliest_wake_up_wins() -> Non
         ctl.wake_at(now + 0.2)
         ctl.wake_at(now + 5.0)  # later than the one armed: folded into it
         wait_for(lambda: ctl.bursts, what="the wake-up")
-        time.sleep(0.3)
-        assert len(ctl.bursts) == 1
+        ctl.requeue(0.1, "services", "default", "after")  # later than a second 0.2 s wake-up
+        wait_for(lambda: len(ctl.bursts) > 1, what="the requeued event")
+        assert [e.obj["metadata"]["name"] for e in ctl.bursts[1]] == ["after"]
     finally:
         ctl.stop()
 

@@ -114,7 +114,7 @@ def test_rct_that_never_appears_times_out_naming_it(sim):
     start = time.monotonic()
     with pytest.raises(WaitTimeout) as info:
         steps.provision(spec, kubeconfig=sim.kubeconfig_path)
-    assert 0.9 < time.monotonic() - start < 4
+    assert 0.9 < time.monotonic() - start < 20  # the 1 s timeout, not a longer wait
     assert names.channel_template in str(info.value)
     assert "controller" in str(info.value)
     steps.teardown(spec, kubeconfig=sim.kubeconfig_path)
@@ -141,7 +141,7 @@ def test_rct_of_another_domain_is_a_conflict(sim):
     steps.teardown(spec, kubeconfig=sim.kubeconfig_path)
 
 
-def test_wait_survives_watch_expiry(sim):
+def test_wait_survives_watch_expiry(sim, eventually):
     # The controller is held back, so provision must watch; the first two watches get 410
     # Gone; the template appears later (made here, as the controller would) and is seen.
     spec = new_spec(rct_timeout_s=20)
@@ -150,16 +150,11 @@ def test_wait_survives_watch_expiry(sim):
     sim.faults.expire_watches(2)
 
     def controller() -> None:
+        eventually(lambda: sim.faults._watch_expiries == 0, what="both watches to expire")
         with Api.connect(sim.kubeconfig_path) as api:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                lst = api.list(
-                    COMPUTE_DOMAIN, "default", field_selector=f"metadata.name={names.domain}"
-                )
-                if lst["items"]:
-                    break
-                time.sleep(0.05)
-            time.sleep(0.5)
+            lst = api.list(
+                COMPUTE_DOMAIN, "default", field_selector=f"metadata.name={names.domain}"
+            )
             uid = lst["items"][0]["metadata"]["uid"]
             meta = {"name": names.channel_template, "namespace": "default"}
             meta["labels"] = {DOMAIN_LABEL: uid}

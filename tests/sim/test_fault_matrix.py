@@ -148,14 +148,13 @@ def in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseExc
 
 
 def wait_running(sim: SimCluster, job: str, count: int = 2, timeout_s: float = 60) -> None:
-    raw = Raw(sim)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pods = raw.call("GET", "/api/v1/namespaces/default/pods", labelSelector=f"job-name={job}")
-        if sum(p["status"].get("phase") == "Running" for p in pods["items"]) >= count:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"pods of {job} never Running")
+    def running() -> bool:
+        pods = Raw(sim).call(
+            "GET", "/api/v1/namespaces/default/pods", labelSelector=f"job-name={job}"
+        )
+        return sum(p["status"].get("phase") == "Running" for p in pods["items"]) >= count
+
+    wait_for(running, timeout_s, f"pods of {job} Running")
 
 
 # ---- rows -----------------------------------------------------------------------------------
@@ -389,10 +388,7 @@ def sigterm(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def wait_gone(sim: SimCluster, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while sim.objects():
-        assert time.monotonic() < deadline, f"still there: {sim.objects()}"
-        time.sleep(0.1)
+    wait_for(lambda: not sim.objects(), timeout_s, "nothing left")
 
 
 def count(sim: SimCluster, kind: str, name_part: str) -> int:
@@ -405,10 +401,8 @@ def test_sigterm_mid_provision_then_the_rerun_adopts_and_the_exit_handler_cleans
     r = run(rct_timeout_s=60)
     sim.faults.no_rct(r.names.domain)  # provision is certainly still waiting when killed
     proc = launcher(r, "provision", "--rct-timeout-s", "60")
-    deadline = time.monotonic() + 60
-    while count(sim, "ComputeDomain", r.names.domain) == 0:
-        assert time.monotonic() < deadline and proc.poll() is None, "provision never created"
-        time.sleep(0.1)
+    wait_for(lambda: count(sim, "ComputeDomain", r.names.domain), 60, "the domain created")
+    assert proc.poll() is None
     result = sigterm(proc)
     assert result["exit_code"] == 143 and "SIGTERM" in result["error"]
     sim.faults.allow_rct(r.names.domain)
@@ -585,9 +579,7 @@ def train_with_a_fault(
         lambda: outcome.append(steps.train(workload, config, kubeconfig=r.kc))
     )
     latest = os.path.join(sim.pvc_dir("default", CLAIM), r.id, "latest")
-    deadline = time.monotonic() + 120
-    while not os.path.exists(latest) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: os.path.exists(latest), 120, "the first checkpoint")
     job = r.names.job("train")
     pods = Raw(sim).call("GET", "/api/v1/namespaces/default/pods", labelSelector=f"job-name={job}")
     victim, node = next(

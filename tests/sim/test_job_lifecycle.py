@@ -82,7 +82,7 @@ def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, r
     start = time.monotonic()
     with pytest.raises(WorkloadFailed) as info:
         steps.launch(workload, "exit_on_index_1", ["4"], kubeconfig=sim.kubeconfig_path)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 45  # not the 60 s deadlines
     message = str(info.value)
     assert f"Job default/{job} failed (PodFailurePolicy" in message
     assert "failed with exit code 4" in message  # the container's code, not torchrun's 1
@@ -99,7 +99,7 @@ def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, 
     start = time.monotonic()
     with pytest.raises(WorkloadFailed) as info:
         steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
-    assert time.monotonic() - start < 20  # not the 60 s pods-running deadline
+    assert time.monotonic() - start < 45  # not the 60 s pods-running deadline
     message = str(info.value)
     assert f"Job default/{job} failed (MaxFailedIndexesExceeded" in message
     # The first failure restarts the gang (one retry per index): the message names the pod of
@@ -173,7 +173,7 @@ def test_pod_turning_unschedulable_during_the_wait_fails_after_the_grace(sim, ru
     start = time.monotonic()
     with pytest.raises(WorkloadFailed) as info:
         steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
-    assert ADMISSION_DELAY_S + 2.0 <= time.monotonic() - start < ADMISSION_DELAY_S + 15
+    assert ADMISSION_DELAY_S + 2.0 <= time.monotonic() - start < ADMISSION_DELAY_S + 40
     assert "Unschedulable for more than 2 s" in str(info.value)
     assert info.value.exit_code == 4
 
@@ -189,7 +189,7 @@ def test_workload_steps_without_a_domain_fail_in_seconds_asking_to_provision(
         argv += ["--module", "quick"]
     start = time.monotonic()
     assert cli.main(argv) == 2
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60  # not the 900 s pods-running timeout
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert "does not exist; provision first" in out["error"]
     assert [o for o in sim.objects() if run_id in o[2]] == []
@@ -232,7 +232,7 @@ def test_node_still_labelled_for_another_domain_fails_after_the_grace(sim, run):
         start = time.monotonic()
         with pytest.raises(WorkloadFailed) as info:
             steps.launch(workload, "quick", [], kubeconfig=sim.kubeconfig_path)
-        assert 2.0 <= time.monotonic() - start < 20
+        assert 2.0 <= time.monotonic() - start < 45  # the grace, not the 60 s deadline
     finally:
         core.patch_node(
             "sim-node-1", {"metadata": {"labels": {"resource.nvidia.com/computeDomain": None}}}
@@ -243,7 +243,7 @@ def test_node_still_labelled_for_another_domain_fails_after_the_grace(sim, run):
     assert info.value.exit_code == 4
 
 
-def test_second_run_competing_for_the_same_nodes_fails_after_the_grace(sim, run, workers):
+def test_second_run_competing_for_the_same_nodes_fails_after_the_grace(sim, run, eventually):
     # The first run holds both nodes' IMEX channel; the scheduler marks the second run's pods
     # Unschedulable a moment after they are created, after the wait's first list.
     _, workload = run
@@ -263,11 +263,8 @@ def test_second_run_competing_for_the_same_nodes_fails_after_the_grace(sim, run,
     thread.start()
     try:
         holder_job = RunNames.for_run(holder).job("job")
-        deadline = time.monotonic() + 60
-        while sum(1 for o in sim.objects() if o[0] == "Pod" and holder_job in o[2]) < 2:
-            assert time.monotonic() < deadline, "the first run's pods never appeared"
-            time.sleep(0.2)
-        time.sleep(2)  # both of them bound and running
+        pods = lambda: [p for p in sim.store.list("pods")[0] if holder_job in str(p)]  # noqa: E731
+        eventually(lambda: [p["status"].get("phase") for p in pods()] == ["Running"] * 2, 60)
         start = time.monotonic()
         with pytest.raises(WorkloadFailed) as info:
             steps.launch(
@@ -276,7 +273,7 @@ def test_second_run_competing_for_the_same_nodes_fails_after_the_grace(sim, run,
                 [],
                 kubeconfig=sim.kubeconfig_path,
             )
-        assert 2.0 <= time.monotonic() - start < 20  # not the 60 s pods-running deadline
+        assert 2.0 <= time.monotonic() - start < 45  # not the 60 s pods-running deadline
         assert "Unschedulable for more than 2 s" in str(info.value)
         assert "0/2 nodes are available" in str(info.value)
         assert info.value.exit_code == 4

@@ -187,7 +187,7 @@ def test_admitted_workload_is_reported_and_the_job_runs(run_on, caplog) -> None:
     )
 
 
-def test_clique_groups_are_one_gang_no_pod_starts_with_quota_for_one_group(run_on) -> None:
+def test_clique_groups_are_one_gang_no_pod_starts_with_quota_for_one_group(run_on, eventually):
     # Two groups of two nodes on two cliques; the ClusterQueue has room for one group only.
     # Admitting group by group would start one group that then waits at the rendezvous
     # holding its nodes; as one Workload, nothing starts and the step reports "queued".
@@ -214,10 +214,7 @@ def test_clique_groups_are_one_gang_no_pod_starts_with_quota_for_one_group(run_o
         step = threading.Thread(target=launch)
         step.start()
         # While the step waits in the queue: one Workload for the whole run, and no pod.
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and not _workloads(sim):
-            time.sleep(0.05)
-        time.sleep(0.5)  # a pod the stand-in let through would have been created by now
+        eventually(lambda: _workloads(sim), what="the run's Workload")
         assert len(_workloads(sim)) == 1
         assert r.pods_created() == 0
         step.join(30)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 
 from kubernetes import client, config
 
@@ -13,7 +12,9 @@ from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim import SimCluster
 
 
-def test_domain_owned_by_the_launcher_pod_is_collected_when_the_pod_is_deleted(monkeypatch):
+def test_domain_owned_by_the_launcher_pod_is_collected_when_the_pod_is_deleted(
+    monkeypatch, eventually
+):
     run_id = "owned-run"
     with SimCluster(nodes=1) as sim:
         core = client.CoreV1Api(
@@ -47,9 +48,6 @@ def test_domain_owned_by_the_launcher_pod_is_collected_when_the_pod_is_deleted(m
         ]
 
         core.delete_namespaced_pod("launcher", "default")  # e.g. a run terminated hard
-        deadline = time.monotonic() + 20
-        while sim.objects(selector) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert sim.objects(selector) == []
+        eventually(lambda: not sim.objects(selector), what="the run's objects collected")
         assert sim.store.find("computedomains", "default", result.domain) is None
         assert sim.store.find("resourceclaimtemplates", "default", result.channel_template) is None

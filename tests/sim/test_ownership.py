@@ -11,7 +11,6 @@ import json
 import textwrap
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,6 +28,7 @@ from mnnvl.manifests import SPEC_HASH_ANNOTATION
 from mnnvl.runtime.local import free_port
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import foreign_domain
+from tests.sim.simkit import wait_for as wait_until
 
 RESULT_ONE = textwrap.dedent(
     """
@@ -68,13 +68,6 @@ def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, d
 
 def left_of(sim: SimCluster, run_id: str) -> list[tuple[str, str, str]]:
     return sim.objects(RunNames.for_run(run_id).selector)
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
 
 
 def test_teardown_leaves_a_foreign_domain_with_the_runs_name_alone(sim, capsys):

@@ -114,7 +114,9 @@ def test_webhook_denial_answers_a_client_with_the_webhooks_message(sim, core):
     )
 
 
-def test_quota_refusal_is_a_failed_create_event_and_the_job_controller_retries(sim, core):
+def test_quota_refusal_is_a_failed_create_event_and_the_job_controller_retries(
+    sim, core, eventually
+):
     ns = "default"
     core.create_namespaced_resource_quota(
         ns, {"metadata": {"name": "q1"}, "spec": {"hard": {"pods": "1"}}}
@@ -140,9 +142,7 @@ def test_quota_refusal_is_a_failed_create_event_and_the_job_controller_retries(s
             for e in core.list_namespaced_event(ns, field_selector="involvedObject.name=two").items
             if e.reason == "SuccessfulCreate"
         ]
-        deadline = time.monotonic() + 30
-        while len(created()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        eventually(lambda: len(created()) >= 2, what="the second pod created")
         assert len(created()) == 2
     finally:
         batch.delete_namespaced_job("two", ns, propagation_policy="Background")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from mnnvl.cli import main as cli
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
-from tests.sim.simkit import create_claim
+from tests.sim.simkit import create_claim, wait_for
 
 CLAIM = "team-ckpt"
 MOUNT = "/mnt/shared"
@@ -73,9 +72,7 @@ def test_every_worker_pod_mounts_the_claims():
 
 
 def _delete_job_once_checkpointed(sim, job: str, latest: Path, killed: threading.Event) -> None:
-    deadline = time.monotonic() + 120
-    while not latest.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(latest.exists, 120, "the first checkpoint")
     batch = client.BatchV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
     batch.delete_namespaced_job(job, "default", propagation_policy="Background")
     killed.set()

@@ -100,13 +100,15 @@ def test_gated_pod_is_never_scheduled_until_its_last_gate_is_removed(raw: Raw) -
     ]
     path = "/api/v1/namespaces/default/pods/gated"
     raw.call("PATCH", path, {"spec": {"schedulingGates": [{"name": "example.com/b"}]}})
-    time.sleep(1.0)  # four times the scheduler's delay: an ungated pod would be bound by now
+    raw.create_pod(pod_body("probe"))  # seen after the patch: an ungated pod is bound no later
+    wait_for(lambda: raw.pod("probe")["spec"].get("nodeName"), what="probe bound")
     pod = raw.pod("gated")
     assert "nodeName" not in pod["spec"]
     assert [c["reason"] for c in pod["status"]["conditions"]] == ["SchedulingGated"]
     raw.call("PATCH", path, {"spec": {"schedulingGates": None}})
     wait_for(lambda: raw.pod("gated")["spec"].get("nodeName"), what="gated pod bound")
     raw.call("DELETE", path, gracePeriodSeconds=0)
+    raw.call("DELETE", "/api/v1/namespaces/default/pods/probe", gracePeriodSeconds=0)
 
 
 # ---- deletion -------------------------------------------------------------------------------

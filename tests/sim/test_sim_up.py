@@ -88,10 +88,7 @@ def _alive(pid: int) -> bool:
 
 
 def _gone_within(pids: list[int], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not any(_alive(p) for p in pids)
+    return bool(wait_for(lambda: not any(map(_alive, pids)), seconds, "the pods' processes end"))
 
 
 def _sim_up_with_a_running_pod(tmp_path: Path) -> tuple[subprocess.Popen[str], int]:
