@@ -170,91 +170,39 @@ def _class_inputs(cls: type) -> tuple[Input, ...]:
 # On KFP and Argo, each group is one parameter (a KFP dict, an Argo JSON object) holding its
 # inputs by name; the rest are parameters of their own. The CLI keeps one flag per input and
 # lists them under these groups in --help.
-GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+_GROUPS = {  # name: (what it holds, its inputs)
     "placement": (
         "where the worker pods run: NVLink clique groups, GPUs and node selection",
-        (
-            "nodes_per_clique",
-            "max_nodes_per_clique",
-            "gpu_mode",
-            "gpu_device_class",
-            "clique_affinity",
-            "clique_label",
-            "allocation_mode",
-            "node_selector",
-            "tolerations",
-            "priority_class",
-            "topology_aware",
-        ),
+        "nodes_per_clique max_nodes_per_clique gpu_mode gpu_device_class clique_affinity "
+        "clique_label allocation_mode node_selector tolerations priority_class topology_aware",
     ),
     "pod": (
         "the worker pods' template",
-        (
-            "worker_service_account",
-            "pod_security",
-            "pvc",
-            "shm_size",
-            "image_pull_policy",
-            "rdzv_port",
-            "ttl_after_finished_s",
-        ),
+        "worker_service_account pod_security pvc shm_size image_pull_policy rdzv_port "
+        "ttl_after_finished_s",
     ),
     "deadlines": (
         "deadlines and graces, in seconds",
-        (
-            "rct_timeout_s",
-            "pods_running_timeout_s",
-            "unschedulable_grace_s",
-            "admission_timeout_s",
-            "api_outage_s",
-            "delete_timeout_s",
-            "fabric_wait_s",
-        ),
+        "rct_timeout_s pods_running_timeout_s unschedulable_grace_s admission_timeout_s "
+        "api_outage_s delete_timeout_s fabric_wait_s",
     ),
     "recovery": (
         "gang restarts, hang detection and checkpoints",
-        (
-            "max_restarts",
-            "collective_timeout_s",
-            "stall_timeout_s",
-            "checkpoint_dir",
-            "checkpoint_every",
-            "allow_local_checkpoint",
-        ),
+        "max_restarts collective_timeout_s stall_timeout_s checkpoint_dir checkpoint_every "
+        "allow_local_checkpoint",
     ),
     "train": (
         "the training run's optimiser, numerics and logging",
-        (
-            "seq_len",
-            "lr",
-            "warmup_steps",
-            "min_lr_ratio",
-            "weight_decay",
-            "grad_clip",
-            "dtype",
-            "compile",
-            "activation_checkpointing",
-            "reshard_after_forward",
-            "seed",
-            "log_every",
-        ),
+        "seq_len lr warmup_steps min_lr_ratio weight_decay grad_clip dtype compile "
+        "activation_checkpointing reshard_after_forward seed log_every",
     ),
     "verify": (
         "the verification sweep and its thresholds",
-        (
-            "min_bytes",
-            "max_bytes",
-            "iters",
-            "warmup_iters",
-            "judge_min_bytes",
-            "min_busbw_gbps",
-            "min_inter_clique_busbw_gbps",
-            "efficiency",
-            "cuda_graphs",
-            "allow_unjudged",
-        ),
+        "min_bytes max_bytes iters warmup_iters judge_min_bytes min_busbw_gbps "
+        "min_inter_clique_busbw_gbps efficiency cuda_graphs allow_unjudged",
     ),
 }
+GROUPS = {name: (about, tuple(inputs.split())) for name, (about, inputs) in _GROUPS.items()}
 GROUP_OF = {name: group for group, (_, names) in GROUPS.items() for name in names}
 # Where a grouped input stands on KFP and Argo: verify.min_bytes.
 GROUP_PATHS = {name: f"{group}.{name}" for name, group in GROUP_OF.items()}

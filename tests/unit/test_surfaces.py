@@ -362,6 +362,8 @@ def test_a_form_of_at_most_20_parameters_still_sets_every_input(name: str) -> No
     plan = surface.PIPELINES[name]
     form = plan.grouped_parameters()
     assert len(form) <= 20, [p.name for p in form]
+    declared = {i.name for cls in surface.SPEC_CLASSES for i in surface.class_inputs(cls)}
+    assert set(surface.GROUP_OF) <= declared  # every grouped name is an input
     for item in plan.parameters():
         value = _other(item)
         given = _given(plan, {**COMPANIONS.get(item.name, {}), item.name: value})
