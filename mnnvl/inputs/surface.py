@@ -388,20 +388,21 @@ def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
 
 # ---- pipelines -----------------------------------------------------------------------------
 
-# The one input two steps of a pipeline share with other values: each Job's deadline.
-VERIFY_RENAMES = {"job_timeout_s": "verify_timeout_s"}
-TRAIN_RENAMES = {"job_timeout_s": "train_timeout_s"}
-LAUNCH_RENAMES = {"job_timeout_s": "launch_timeout_s"}
-
 
 @dataclass(frozen=True)
 class Task:
-    """One task of a pipeline: which step, inputs fixed per task, step input -> parameter."""
+    """One task of a pipeline: which step, and inputs fixed per task."""
 
     name: str
     step: str
     fixed: dict[str, Any] = field(default_factory=dict)
-    renames: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def renames(self) -> dict[str, str]:
+        """Step input -> pipeline parameter: the one input steps share with other values,
+        each Job's deadline (``train_timeout_s``, ``verify_timeout_s``, ``launch_timeout_s``)."""
+        workload = self.step in ("train", "verify", "launch")
+        return {"job_timeout_s": f"{self.step}_timeout_s"} if workload else {}
 
     def parameter_name(self, input_name: str) -> str:
         return self.renames.get(input_name, input_name)
@@ -507,7 +508,7 @@ STEP_RETRY_WINDOW_S = 3600
 
 _PROVISION = Task("provision", "provision")
 _TEARDOWN = Task("teardown", "teardown")
-_PRE = Task("verify-pre", "verify", {"purpose": "verify-pre"}, VERIFY_RENAMES)
+_PRE = Task("verify-pre", "verify", {"purpose": "verify-pre"})
 _GPU_RUN = "the shipped pipeline runs on GPU clusters; the CLI's default is a smoke test"
 
 PIPELINES: dict[str, Pipeline] = {
@@ -520,8 +521,8 @@ PIPELINES: dict[str, Pipeline] = {
             (
                 _PROVISION,
                 _PRE,
-                Task("train", "train", {}, TRAIN_RENAMES),
-                Task("verify-post", "verify", {"purpose": "verify-post"}, VERIFY_RENAMES),
+                Task("train", "train"),
+                Task("verify-post", "verify", {"purpose": "verify-post"}),
                 _TEARDOWN,
             ),
             {
@@ -535,7 +536,7 @@ PIPELINES: dict[str, Pipeline] = {
             "Provision a ComputeDomain, verify NVLink across its nodes, and always tear down.",
             (
                 _PROVISION,
-                Task("verify", "verify", {"purpose": "verify"}, VERIFY_RENAMES),
+                Task("verify", "verify", {"purpose": "verify"}),
                 _TEARDOWN,
             ),
         ),
@@ -546,7 +547,7 @@ PIPELINES: dict[str, Pipeline] = {
             (
                 _PROVISION,
                 _PRE,
-                Task("launch", "launch", {"purpose": "job"}, LAUNCH_RENAMES),
+                Task("launch", "launch", {"purpose": "job"}),
                 _TEARDOWN,
             ),
         ),
