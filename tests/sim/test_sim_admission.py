@@ -148,10 +148,10 @@ def watch_lines(raw: Raw, path: str, **query: Any) -> list[dict[str, Any]]:
 
 def test_watch_sends_bookmarks_only_when_asked(raw: Raw, sim: SimCluster) -> None:
     rv = raw.call("GET", PODS)["metadata"]["resourceVersion"]
-    quiet = watch_lines(raw, PODS, resourceVersion=rv, timeoutSeconds=2)
+    quiet = watch_lines(raw, PODS, resourceVersion=rv, timeoutSeconds=3)
     assert quiet == []
     marked = watch_lines(
-        raw, PODS, resourceVersion=rv, timeoutSeconds=2, allowWatchBookmarks="true"
+        raw, PODS, resourceVersion=rv, timeoutSeconds=3, allowWatchBookmarks="true"
     )
     assert marked and all(e["type"] == "BOOKMARK" for e in marked)
     assert marked[0]["object"]["kind"] == "Pod"
