@@ -25,7 +25,7 @@ from typing import Any
 
 from mnnvl.contract.result import parse_result
 from mnnvl.runtime.local import torchrun_command
-from mnnvl.sim.procs import descendants
+from mnnvl.sim.core.procs import descendants
 
 STEP_LINE = re.compile(r"step (\d+) loss ([0-9.]+)")
 

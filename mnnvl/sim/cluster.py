@@ -19,29 +19,30 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from mnnvl.contract import rbac
-from mnnvl.sim.admission import PodAdmission, ensure_default_service_account, scheduling_gated
-from mnnvl.sim.apiserver import ApiServer
-from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
-from mnnvl.sim.faults import Faults
-from mnnvl.sim.jobs import JobController
-from mnnvl.sim.kubelet import Kubelet
-from mnnvl.sim.kueue import KueueConfig, KueueStandIn
-from mnnvl.sim.nodelifecycle import (
+from mnnvl.sim.api.apiserver import ApiServer
+from mnnvl.sim.api.faults import Faults
+from mnnvl.sim.api.rbac import ADMIN_USER, grant_cluster_reader, grant_runner, service_account_user
+from mnnvl.sim.api.resources import ensure_default_service_account, scheduling_gated
+from mnnvl.sim.api.schemas import SchemaAdmission, crd_object
+from mnnvl.sim.api.selectors import label_matcher
+from mnnvl.sim.api.store import Obj, Store
+from mnnvl.sim.api.tls import self_signed
+from mnnvl.sim.core.jobs import JobController
+from mnnvl.sim.core.kubelet import Kubelet
+from mnnvl.sim.core.podenv import local_gpu_ids
+from mnnvl.sim.core.scheduler import Scheduler
+from mnnvl.sim.nvidia.dra import LABEL_CLIQUE, ComputeDomainDriver
+from mnnvl.sim.nvidia.stacks import check_stack, node_gpus
+from mnnvl.sim.nvidia.stacks import seed as seed_stack
+from mnnvl.sim.policy.admission import PodAdmission
+from mnnvl.sim.policy.kueue import KueueConfig, KueueStandIn
+from mnnvl.sim.policy.nodelifecycle import (
     DEFAULT_TOLERATION_S,
     POD_GC_QUARANTINE_S,
     NodeLifecycle,
     default_tolerations,
     node_unreachable,
 )
-from mnnvl.sim.podenv import local_gpu_ids
-from mnnvl.sim.rbac import ADMIN_USER, grant_cluster_reader, grant_runner, service_account_user
-from mnnvl.sim.scheduler import Scheduler
-from mnnvl.sim.schemas import SchemaAdmission, crd_object
-from mnnvl.sim.selectors import label_matcher
-from mnnvl.sim.stacks import check_stack, node_gpus
-from mnnvl.sim.stacks import seed as seed_stack
-from mnnvl.sim.store import Obj, Store
-from mnnvl.sim.tls import self_signed
 
 log = logging.getLogger(__name__)
 SEED_ENV = "MNNVL_SIM_SEED"
@@ -116,13 +117,13 @@ class SimCluster:
         cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas).
 
         ``gpu_stack`` ("device-plugin" or "dra") and ``imex_mode`` ("daemons" or
-        "hostManaged") pick the NVIDIA stack it plays (:mod:`mnnvl.sim.stacks`);
+        "hostManaged") pick the NVIDIA stack it plays (:mod:`mnnvl.sim.nvidia.stacks`);
         ``cluster_reader`` binds ``manifests/overlays/cluster-reader`` to the runner.
         ``clique_label`` is the node label that carries each node's clique (a provider's own
         key, say); "" labels no node (no GPU Feature Discovery, and the DRA driver's
         gpuCliqueLabelEnabled off). The DRA driver still knows every node's clique (from NVML).
         ``tls`` serves HTTPS with a fresh self-signed certificate the kubeconfigs trust (what
-        kubectl needs to send their tokens: ``mnnvl.sim.tls``)."""
+        kubectl needs to send their tokens: ``mnnvl.sim.api.tls``)."""
         check_stack(gpu_stack, imex_mode)
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
