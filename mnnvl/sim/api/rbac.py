@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mnnvl.contract import rbac
@@ -103,12 +104,14 @@ def _rule_allows(rule: Obj, req: Request) -> bool:
     return not names or req.name in names
 
 
-def allowed(store: Store, user: User, req: Request) -> bool:
+def bound_rules(store: Store, user: User, namespace: str) -> Iterator[Obj]:
+    """The rules of every ClusterRoleBinding and (in ``namespace``) RoleBinding naming the
+    user, as ``RulesFor`` in kubernetes' ``pkg/registry/rbac/validation/rule.go`` collects
+    them; everything for ``system:masters``."""
     if MASTERS in user.groups:
-        return True
-    scopes = [("clusterrolebindings", "")]
-    if req.namespace:
-        scopes.append(("rolebindings", req.namespace))
+        yield {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}
+        return
+    scopes = [("clusterrolebindings", "")] + ([("rolebindings", namespace)] if namespace else [])
     for plural, ns in scopes:
         for binding in store.list(plural, ns or None)[0]:
             if not any(_applies(s, user, ns) for s in binding.get("subjects") or ()):
@@ -116,30 +119,16 @@ def allowed(store: Store, user: User, req: Request) -> bool:
             ref = binding.get("roleRef") or {}
             role_ns = ns if ref.get("kind") == "Role" else ""
             role = store.find("roles" if role_ns else "clusterroles", role_ns, ref.get("name", ""))
-            if role and any(_rule_allows(r, req) for r in role.get("rules") or ()):
-                return True
-    return False
+            yield from (role or {}).get("rules") or ()
+
+
+def allowed(store: Store, user: User, req: Request) -> bool:
+    return any(_rule_allows(r, req) for r in bound_rules(store, user, req.namespace))
 
 
 def rules_review(store: Store, user: User, namespace: str) -> Obj:
-    """The ``SelfSubjectRulesReview`` kube-apiserver answers any authenticated user: the rules
-    of every ClusterRoleBinding and (in ``namespace``) RoleBinding naming the user, as
-    ``RulesFor`` in kubernetes' ``pkg/registry/rbac/validation/rule.go`` collects them."""
-    if MASTERS in user.groups:
-        rules: list[Obj] = [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]
-    else:
-        rules = []
-        scopes = [("clusterrolebindings", "")] + (
-            [("rolebindings", namespace)] if namespace else []
-        )
-        for plural, ns in scopes:
-            for binding in store.list(plural, ns or None)[0]:
-                if not any(_applies(s, user, ns) for s in binding.get("subjects") or ()):
-                    continue
-                ref = binding.get("roleRef") or {}
-                role_ns = ns if ref.get("kind") == "Role" else ""
-                role = store.find("roles" if role_ns else "clusterroles", role_ns, ref["name"])
-                rules += (role or {}).get("rules") or []
+    """The ``SelfSubjectRulesReview`` kube-apiserver answers any authenticated user."""
+    rules = list(bound_rules(store, user, namespace))
     review = [
         {k: r[k] for k in ("verbs", "apiGroups", "resources", "resourceNames") if k in r}
         for r in rules

@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 # A pod or Service name under ``.svc``, completed by the search list or written out with the
 # simulated cluster's domain (cluster.local), as a pod's resolver would resolve it.
 DNS_RE = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.svc(?:\.cluster\.local)?(?![A-Za-z0-9.-])")
+# What the container image itself provides, the image being this Python environment: the
+# search path for executables and what the interpreter needs to import the product and its
+# libraries (torch's CUDA libraries among them). Nothing else of the simulator's environment
+# reaches a pod: it starts with its spec's env and these.
+IMAGE_ENV = ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
 VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -168,18 +173,15 @@ class ProcessEnv:
             pod_env[e["name"]] = (
                 field_ref(pod, ref) if ref else expand(str(e.get("value", "")), pod_env)
             )
-        host = pod_env.get(MASTER_ADDR, "").removesuffix(".cluster.local")
-        parts = host.split(".")
-        if len(parts) >= 4 and parts[-1] == "svc":  # <pod-host>.<service>.<namespace>.svc
-            pod_env[MASTER_PORT] = str(self.service_port(parts[-2], parts[-3]))
-        if MASTER_ADDR in pod_env:
-            pod_env[MASTER_ADDR] = "127.0.0.1"
+        service = self.service_of(pod_env.get(MASTER_ADDR, ""))
+        if service and len(pod_env[MASTER_ADDR].removesuffix(".cluster.local").split(".")) >= 4:
+            pod_env[MASTER_PORT] = str(self.service_port(*service))  # <pod-host>.<service>.<ns>.svc
         mounts = claim_mounts(pod, container, self.claim_dir)
         if workdir:  # values naming a device directory point into the pod's own /dev
             mounts[IMEX_CHANNEL_DIR] = os.path.join(
                 self.devices_dir(workdir), os.path.basename(IMEX_CHANNEL_DIR)
             )
-        pod_env = {k: at_host(DNS_RE.sub("127.0.0.1", v), mounts) for k, v in pod_env.items()}
+        pod_env = {k: at_host(DNS_RE.sub(self._resolve, v), mounts) for k, v in pod_env.items()}
         pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
         pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
         cmd = [
@@ -190,7 +192,21 @@ class ProcessEnv:
             cmd[0] = sys.executable
         if not cmd:
             raise OSError("container has no command (the simulator has no images)")
-        return cmd, {**os.environ, **pod_env}
+        return cmd, {**{k: os.environ[k] for k in IMAGE_ENV if k in os.environ}, **pod_env}
+
+    def service_of(self, name: str) -> tuple[str, str] | None:
+        """(namespace, Service) of a ``….<service>.<namespace>.svc`` name when that Service
+        exists: cluster DNS has records only for the Services there are."""
+        parts = name.removesuffix(".cluster.local").split(".")
+        if len(parts) < 3 or parts[-1] != "svc":
+            return None
+        found = self.store.find("services", parts[-2], parts[-3])
+        return (parts[-2], parts[-3]) if found is not None else None
+
+    def _resolve(self, m: re.Match[str]) -> str:
+        """A ``.svc`` name as the pod's resolver answers it: this machine for a Service that
+        exists; as written otherwise, so that resolving it fails (no such name) as on a cluster."""
+        return "127.0.0.1" if self.service_of(m.group(0)) else m.group(0)
 
 
 def claim_mounts(pod: Obj, container: Obj, claim_dir: Callable[[str, str], str]) -> dict[str, str]:
