@@ -4,7 +4,7 @@ defaults and validation (the registry strategies of kube-apiserver)."""
 from __future__ import annotations
 
 from mnnvl.sim.api.model import RESOURCES, ApiError, Obj
-from mnnvl.sim.api.schemas import SchemaAdmission
+from mnnvl.sim.api.schemas import SchemaAdmission, invalid
 from mnnvl.sim.api.store import Store, now_iso
 
 CD = "computedomains"
@@ -156,65 +156,51 @@ def validate(
     resource: str, new: Obj, old: Obj | None, schemas: SchemaAdmission | None = None
 ) -> None:
     """Admission the CRD schemas and built-in validation perform for the objects we model."""
-    name = new.get("metadata", {}).get("name", "")
     if resource == CD:
-        _validate_cd(name, new, old, schemas.driver_version if schemas else "v0.4.0")
+        _validate_cd(new, old, schemas.driver_version if schemas else "v0.4.0")
     elif (
         resource == "resourceclaimtemplates"
         and old is not None
         and old.get("spec") != new.get("spec")
     ):
-        raise _invalid("ResourceClaimTemplate", name, "spec: Invalid value: field is immutable")
+        raise invalid(resource, new, ["spec: Invalid value: field is immutable"])
     if schemas is not None:
         schemas.check(resource, new)
 
 
-def _validate_cd(name: str, new: Obj, old: Obj | None, driver_version: str) -> None:
+def _validate_cd(new: Obj, old: Obj | None, driver_version: str) -> None:
     spec = new.get("spec")
     if not isinstance(spec, dict) or not isinstance(spec.get("channel"), dict):
-        raise _invalid("ComputeDomain", name, "spec.channel: Required value")
+        raise invalid(CD, new, ["spec.channel: Required value"])
     channel = spec["channel"]
     if not (channel.get("resourceClaimTemplate") or {}).get("name"):
-        raise _invalid(
-            "ComputeDomain", name, "spec.channel.resourceClaimTemplate.name: Required value"
-        )
+        raise invalid(CD, new, ["spec.channel.resourceClaimTemplate.name: Required value"])
     mode = channel.setdefault("allocationMode", "Single")
     if mode not in ("All", "Single"):
-        raise _invalid(
-            "ComputeDomain",
-            name,
-            f"spec.channel.allocationMode: Unsupported "
-            f'value: "{mode}": supported values: "All", "Single"',
+        raise invalid(
+            CD,
+            new,
+            [
+                f'spec.channel.allocationMode: Unsupported value: "{mode}": '
+                'supported values: "All", "Single"'
+            ],
         )
     # v25.12.0: numNodes required, any integer; v0.4.0: optional, default 0, minimum 0.
     if "numNodes" not in spec and driver_version != "v0.4.0":
-        raise _invalid("ComputeDomain", name, "spec.numNodes: Required value")
+        raise invalid(CD, new, ["spec.numNodes: Required value"])
     nodes = spec.setdefault("numNodes", 0)
     minimum = 0 if driver_version == "v0.4.0" else -(2**63)
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < minimum:
-        raise _invalid(
-            "ComputeDomain",
-            name,
-            f"spec.numNodes: Invalid value: {nodes}: "
-            "spec.numNodes in body should be greater than or equal to 0",
+        raise invalid(
+            CD,
+            new,
+            [
+                f"spec.numNodes: Invalid value: {nodes}: "
+                "spec.numNodes in body should be greater than or equal to 0"
+            ],
         )
     if old is not None and old.get("spec") != spec:
-        raise _invalid(
-            "ComputeDomain",
-            name,
-            'spec: Invalid value: "object": A computeDomain.spec is immutable',
-        )
-
-
-def _invalid(kind: str, name: str, msg: str) -> ApiError:
-    group = "resource.nvidia.com" if kind == "ComputeDomain" else ""
-    qual = f"{kind}.{group}" if group else kind
-    return ApiError(
-        422,
-        "Invalid",
-        f'{qual} "{name}" is invalid: {msg}',
-        {"name": name, "group": group, "kind": kind},
-    )
+        raise invalid(CD, new, ['spec: Invalid value: "object": A computeDomain.spec is immutable'])
 
 
 def default_on_create(resource: str, obj: Obj) -> None:
