@@ -406,14 +406,15 @@ class SimCluster:
             return f.read()
 
 
-def _usage(kubeconfig: str, admin: str, url: str, nodes: int, cliques: int) -> str:
+def _usage(sim: SimCluster) -> str:
+    kubeconfig, admin = sim.kubeconfig_path, sim.admin_kubeconfig_path
     # The example runs as printed: its pods fit in one clique (the default affinity), and
     # CPU workers have no NVLink to derive a threshold from, so it gives one (a single
     # node has no bus to measure at all).
-    run_nodes = max(nodes // cliques, 1)
+    run_nodes = max(sim.nodes // sim.cliques, 1)
     judge = "--min-busbw-gbps 0.001" if run_nodes > 1 else "--allow-unjudged"
     return (
-        f"simulated cluster with {nodes} node(s) serving at {url}\n"
+        f"simulated cluster with {sim.nodes} node(s) serving at {sim.url}\n"
         f"  {kubeconfig}: the mnnvl-runner service account (manifests/base RBAC, enforced)\n"
         f"  {admin}: a cluster admin, to set up namespaces, PVCs and quotas\n"
         "in another shell:\n"
@@ -425,20 +426,9 @@ def _usage(kubeconfig: str, admin: str, url: str, nodes: int, cliques: int) -> s
     )
 
 
-def serve(
-    nodes: int = 2,
-    gpus_per_node: int = 0,
-    kubeconfig_path: str | None = None,
-    imex_delay_s: float = 0.2,
-    cliques: int = 1,
-    kueue: bool = False,
-    admin_kubeconfig_path: str | None = None,
-    namespaces: tuple[str, ...] = ("default",),
-    gpu_stack: str = "device-plugin",
-    imex_mode: str = "daemons",
-    cluster_reader: bool = False,
-) -> str:
-    """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
+def serve(**options: Any) -> str:
+    """Run a SimCluster (``options``: its keyword arguments; TLS on, as kubectl sends its
+    token only over TLS) until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
 
     Returns the kubeconfig path it served (a temporary file unless ``kubeconfig_path``).
     """
@@ -449,40 +439,21 @@ def serve(
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with SimCluster(
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            cliques=cliques,
-            kueue=kueue,
-            imex_delay_s=imex_delay_s,
-            kubeconfig_path=kubeconfig_path,
-            admin_kubeconfig_path=admin_kubeconfig_path,
-            namespaces=namespaces,
-            gpu_stack=gpu_stack,
-            imex_mode=imex_mode,
-            cluster_reader=cluster_reader,
-            tls=True,  # kubectl sends its token only over TLS
-        ) as sim:
+        with SimCluster(**options, tls=True) as sim:
             print(sim.kubeconfig_path, flush=True)
-            print(
-                json.dumps(
-                    {
-                        "kubeconfig": sim.kubeconfig_path,
-                        "admin_kubeconfig": sim.admin_kubeconfig_path,
-                        "server": sim.url,
-                        "nodes": nodes,
-                        "gpus_per_node": gpus_per_node,
-                        "cliques": cliques,
-                        "gpu_stack": gpu_stack,
-                        "imex_mode": imex_mode,
-                        "cluster_reader": cluster_reader,
-                        "local_gpus": sim.local_gpus,
-                    }
-                ),
-                flush=True,
+            shape = (
+                "nodes",
+                "gpus_per_node",
+                "cliques",
+                "gpu_stack",
+                "imex_mode",
+                "cluster_reader",
             )
-            usage = _usage(sim.kubeconfig_path, sim.admin_kubeconfig_path, sim.url, nodes, cliques)
-            print(usage, file=sys.stderr, flush=True)
+            info: dict[str, Any] = {"kubeconfig": sim.kubeconfig_path, "server": sim.url}
+            info |= {"admin_kubeconfig": sim.admin_kubeconfig_path, "local_gpus": sim.local_gpus}
+            info |= {k: getattr(sim, k) for k in shape}
+            print(json.dumps(info), flush=True)
+            print(_usage(sim), file=sys.stderr, flush=True)
             done.wait()
             return sim.kubeconfig_path
     finally:

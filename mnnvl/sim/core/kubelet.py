@@ -8,6 +8,7 @@ import logging
 import shutil
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,7 +19,6 @@ from mnnvl.sim.api.model import TERMINAL
 from mnnvl.sim.api.selectors import label_matcher
 from mnnvl.sim.api.store import ApiError, Obj, Store, WatchEvent
 from mnnvl.sim.core.podenv import ProcessEnv
-from mnnvl.sim.core.podlogs import follow_log
 from mnnvl.sim.core.podworker import MAX_GRACE_S, PodWorker
 from mnnvl.sim.core.procs import Guard, kill_all, members
 from mnnvl.sim.nvidia.dra import ComputeDomainDriver, channel_domain
@@ -193,4 +193,29 @@ class Kubelet(Controller):
                 "BadRequest",
                 f'container "{cname}" in pod "{name}" is waiting to start: ContainerCreating',
             )
-        return follow_log(worker, container, follow, tail_lines, stop)
+        if container and container != worker.container.get("name"):
+            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
+        return self._follow(worker, follow, tail_lines, stop)
+
+    @staticmethod
+    def _follow(
+        worker: PodWorker, follow: bool, tail_lines: int | None, stop: threading.Event
+    ) -> Iterator[bytes]:
+        """Chunks of the worker's log file; with ``follow`` until its container has ended."""
+        with open(worker.log_path, "rb") as f:
+            data = f.read()
+            if tail_lines is not None:
+                lines = data.splitlines(keepends=True)
+                data = b"".join(lines[-tail_lines:]) if tail_lines > 0 else b""
+            yield data
+            while follow and not stop.is_set():
+                more = f.read()
+                if more:
+                    yield more
+                elif worker.finished.is_set() or (
+                    worker.proc is not None and worker.proc.exited.is_set()
+                ):
+                    yield f.read()
+                    return
+                else:
+                    time.sleep(0.05)  # file tail on the server side; clients never poll
