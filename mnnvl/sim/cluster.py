@@ -183,7 +183,11 @@ class SimCluster:
         for part in self._parts:
             part.start()
         self._server = ApiServer(
-            self.store, self.faults, kubelet, lambda: self.crd_installed, self._tls_context()
+            self.store,
+            self.faults,
+            kubelet.log_stream,
+            lambda: self.crd_installed,
+            self._tls_context(),
         )
         self._server.schemas = self.schemas
         self._server.validators.append(self.admission.admit)

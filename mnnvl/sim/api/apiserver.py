@@ -43,7 +43,7 @@ from mnnvl.sim.api.resources import (
 from mnnvl.sim.api.schemas import SchemaAdmission
 from mnnvl.sim.api.selectors import merge_patch, object_matcher
 from mnnvl.sim.api.serving import ServingServer
-from mnnvl.sim.api.store import RESOURCES, ApiError, Obj, Store, not_found
+from mnnvl.sim.api.store import RESOURCES, ApiError, Obj, Store
 
 log = logging.getLogger(__name__)
 KUEUE_GROUP = "kueue.x-k8s.io"
@@ -63,18 +63,6 @@ READYZ_UNSYNCED = (
 )
 
 
-class LogSource(Protocol):
-    def log_stream(
-        self,
-        ns: str,
-        name: str,
-        container: str | None,
-        follow: bool,
-        tail_lines: int | None,
-        stop: threading.Event,
-    ) -> Iterator[bytes]: ...
-
-
 class FaultHooks(Protocol):
     def request_error(self, method: str, path: str) -> int | None: ...
     def take_watch_expiry(self) -> bool: ...
@@ -85,7 +73,7 @@ class ApiServer(ServingServer):
         self,
         store: Store,
         faults: FaultHooks,
-        logs: LogSource | None = None,
+        logs: Callable[..., Iterator[bytes]],
         crd_installed: Callable[[], bool] = lambda: True,
         tls: ssl.SSLContext | None = None,
     ) -> None:
@@ -294,16 +282,7 @@ class Handler(BaseHTTPRequestHandler):
         if verb == "LIST":
             match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
             items, rv = store.list(plural, ns or None, match)
-            rt = RESOURCES[plural]
-            return self._json(
-                200,
-                {
-                    "kind": f"{rt.kind}List",
-                    "apiVersion": rt.api_version,
-                    "metadata": {"resourceVersion": str(rv)},
-                    "items": items,
-                },
-            )
+            return self._json(200, _list(plural, items, {"resourceVersion": str(rv)}))
         if verb == "GET":
             return self._json(200, store.get(plural, ns, name))
         if verb == "POST":
@@ -338,19 +317,6 @@ class Handler(BaseHTTPRequestHandler):
                     plural, ns, name, policy, grace_s, precondition_uid=uid, dry_run=dry_run
                 ),
             )
-        self._write(verb, plural, ns, name, sub, body, dry_run)
-
-    def _write(
-        self,
-        verb: str,
-        plural: str,
-        ns: str,
-        name: str,
-        sub: str | None,
-        body: Any,
-        dry_run: bool,
-    ) -> None:
-        store = self.server.store
         with store.lock:  # read-modify-write of one object must not interleave
             old = store.get(plural, ns, name)
             if verb == "PUT":
@@ -382,16 +348,7 @@ class Handler(BaseHTTPRequestHandler):
                 q.get("propagationPolicy"),
                 dry_run=dry_run,
             )
-        rt = RESOURCES[plural]
-        self._json(
-            200,
-            {
-                "kind": f"{rt.kind}List",
-                "apiVersion": rt.api_version,
-                "metadata": {},
-                "items": items,
-            },
-        )
+        self._json(200, _list(plural, items, {}))
 
     # ----- streams ---------------------------------------------------------------------
     def _start_stream(self, ctype: str) -> None:
@@ -460,8 +417,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _logs(self, ns: str, name: str, q: dict[str, str]) -> None:
         pod = self.server.store.get("pods", ns, name)
-        if self.server.logs is None:
-            raise not_found("pods", name)
         if not (pod.get("spec") or {}).get("nodeName"):
             # kube-apiserver has no kubelet to ask for an unscheduled pod's log: it answers
             # an empty log (200), not an error (registry/core/pod LogLocation).
@@ -470,7 +425,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         tail = int(q["tailLines"]) if q.get("tailLines") else None
         stop = threading.Event()
-        stream = self.server.logs.log_stream(
+        stream = self.server.logs(
             ns,
             pod["metadata"]["name"],
             q.get("container"),
@@ -491,6 +446,16 @@ class Handler(BaseHTTPRequestHandler):
             self._end_stream()
         finally:
             stop.set()
+
+
+def _list(plural: str, items: list[Obj], metadata: Obj) -> Obj:
+    rt = RESOURCES[plural]
+    return {
+        "kind": f"{rt.kind}List",
+        "apiVersion": rt.api_version,
+        "metadata": metadata,
+        "items": items,
+    }
 
 
 def _bookmark(plural: str, rv: int) -> bytes:
