@@ -62,7 +62,6 @@ class Store(Deletion):
         self._floor = 0  # events with rv <= floor are no longer retained
         self._subs: list[Subscription] = []
         self.sticky: Callable[[str, str, str], bool] = lambda resource, ns, name: False
-        self.closed = False
 
     # ----- reads -------------------------------------------------------------------------
     @property
@@ -408,7 +407,6 @@ class Store(Deletion):
     def close(self) -> None:
         """Wake every watcher with None so its thread ends."""
         with self.lock:
-            self.closed = True
             subs, self._subs = self._subs, []
         for sub in subs:
             sub.queue.put(None)

@@ -46,15 +46,9 @@ COMPONENT = "compute-domain-controller"
 
 
 class PrepareError(Exception):
-    """NodePrepareResources failed; the kubelet retries (the pod stays ContainerCreating).
-
-    The message is what the driver's ``applyComputeDomainChannelConfig`` returns; ``permanent``
-    marks the errors the driver wraps as permanent (the kubelet still retries the pod).
-    """
-
-    def __init__(self, message: str, permanent: bool = False) -> None:
-        super().__init__(message)
-        self.permanent = permanent
+    """NodePrepareResources failed with the message the driver's
+    ``applyComputeDomainChannelConfig`` returns; the kubelet retries (the pod stays
+    ContainerCreating), also after the errors the driver marks permanent."""
 
 
 @dataclass
@@ -319,8 +313,7 @@ class ComputeDomainDriver(Controller):
             if domains[0]["metadata"]["namespace"] != ns:
                 raise PrepareError(
                     "error asserting ComputeDomain's namespace: the ResourceClaim's namespace "
-                    "is different than the ComputeDomain's namespace",
-                    permanent=True,
+                    "is different than the ComputeDomain's namespace"
                 )
             holder = self._channels.get(node)
             if holder not in (None, claim_uid):
