@@ -44,7 +44,7 @@ from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
 from mnnvl.runtime.progress import SIGNAL_AT_ENV
 from mnnvl.sim import SimCluster
-from mnnvl.sim.podenv import local_gpu_ids
+from mnnvl.sim.core.podenv import local_gpu_ids
 
 NS, CLAIM, MOUNT = "default", "bench-ckpt", "/ckpt"
 # A pod's log line: the time, then under torchrun "[rank0] INFO mnnvl.runtime.train: ".

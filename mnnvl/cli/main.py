@@ -215,8 +215,8 @@ def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
 
 def _fits_this_machine(nodes: int, gpus_per_node: int) -> None:
     """A simulated cluster runs its pods as local processes: refuse one this machine cannot
-    hold before anything is built (``mnnvl.sim.procs.machine_problem``)."""
-    from mnnvl.sim.procs import machine_problem
+    hold before anything is built (``mnnvl.sim.core.procs.machine_problem``)."""
+    from mnnvl.sim.core.procs import machine_problem
 
     problem = machine_problem(nodes, max(1, gpus_per_node))
     if problem:
@@ -234,7 +234,7 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.sim:
         return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports)
     from mnnvl.sim import SimCluster
-    from mnnvl.sim.podenv import local_gpu_ids
+    from mnnvl.sim.core.podenv import local_gpu_ids
 
     domain = planned[0].specs[0]
     workload = next(p.specs[0] for p in planned if p.task.step == "train")

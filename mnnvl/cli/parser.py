@@ -10,7 +10,7 @@ from mnnvl import __version__
 from mnnvl.cli.help import COMMANDS
 from mnnvl.inputs import flags, surface
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
-from mnnvl.sim.stacks import GPU_STACKS, IMEX_MODES
+from mnnvl.sim.nvidia.stacks import GPU_STACKS, IMEX_MODES
 
 DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
 

@@ -19,29 +19,30 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from mnnvl.contract import rbac
-from mnnvl.sim.admission import PodAdmission, ensure_default_service_account, scheduling_gated
-from mnnvl.sim.apiserver import ApiServer
-from mnnvl.sim.dra import LABEL_CLIQUE, ComputeDomainDriver
-from mnnvl.sim.faults import Faults
-from mnnvl.sim.jobs import JobController
-from mnnvl.sim.kubelet import Kubelet
-from mnnvl.sim.kueue import KueueConfig, KueueStandIn
-from mnnvl.sim.nodelifecycle import (
+from mnnvl.sim.api.apiserver import ApiServer
+from mnnvl.sim.api.faults import Faults
+from mnnvl.sim.api.rbac import ADMIN_USER, grant_cluster_reader, grant_runner, service_account_user
+from mnnvl.sim.api.resources import ensure_default_service_account, scheduling_gated
+from mnnvl.sim.api.schemas import SchemaAdmission, crd_object
+from mnnvl.sim.api.selectors import label_matcher
+from mnnvl.sim.api.store import Obj, Store
+from mnnvl.sim.api.tls import self_signed
+from mnnvl.sim.core.jobs import JobController
+from mnnvl.sim.core.kubelet import Kubelet
+from mnnvl.sim.core.podenv import local_gpu_ids
+from mnnvl.sim.core.scheduler import Scheduler
+from mnnvl.sim.nvidia.dra import LABEL_CLIQUE, ComputeDomainDriver
+from mnnvl.sim.nvidia.stacks import check_stack, node_gpus
+from mnnvl.sim.nvidia.stacks import seed as seed_stack
+from mnnvl.sim.policy.admission import PodAdmission
+from mnnvl.sim.policy.kueue import KueueConfig, KueueStandIn
+from mnnvl.sim.policy.nodelifecycle import (
     DEFAULT_TOLERATION_S,
     POD_GC_QUARANTINE_S,
     NodeLifecycle,
     default_tolerations,
     node_unreachable,
 )
-from mnnvl.sim.podenv import local_gpu_ids
-from mnnvl.sim.rbac import ADMIN_USER, grant_cluster_reader, grant_runner, service_account_user
-from mnnvl.sim.scheduler import Scheduler
-from mnnvl.sim.schemas import SchemaAdmission, crd_object
-from mnnvl.sim.selectors import label_matcher
-from mnnvl.sim.stacks import check_stack, node_gpus
-from mnnvl.sim.stacks import seed as seed_stack
-from mnnvl.sim.store import Obj, Store
-from mnnvl.sim.tls import self_signed
 
 log = logging.getLogger(__name__)
 SEED_ENV = "MNNVL_SIM_SEED"
@@ -116,13 +117,13 @@ class SimCluster:
         cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas).
 
         ``gpu_stack`` ("device-plugin" or "dra") and ``imex_mode`` ("daemons" or
-        "hostManaged") pick the NVIDIA stack it plays (:mod:`mnnvl.sim.stacks`);
+        "hostManaged") pick the NVIDIA stack it plays (:mod:`mnnvl.sim.nvidia.stacks`);
         ``cluster_reader`` binds ``manifests/overlays/cluster-reader`` to the runner.
         ``clique_label`` is the node label that carries each node's clique (a provider's own
         key, say); "" labels no node (no GPU Feature Discovery, and the DRA driver's
         gpuCliqueLabelEnabled off). The DRA driver still knows every node's clique (from NVML).
         ``tls`` serves HTTPS with a fresh self-signed certificate the kubeconfigs trust (what
-        kubectl needs to send their tokens: ``mnnvl.sim.tls``)."""
+        kubectl needs to send their tokens: ``mnnvl.sim.api.tls``)."""
         check_stack(gpu_stack, imex_mode)
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
@@ -182,7 +183,11 @@ class SimCluster:
         for part in self._parts:
             part.start()
         self._server = ApiServer(
-            self.store, self.faults, kubelet, lambda: self.crd_installed, self._tls_context()
+            self.store,
+            self.faults,
+            kubelet.log_stream,
+            lambda: self.crd_installed,
+            self._tls_context(),
         )
         self._server.schemas = self.schemas
         self._server.validators.append(self.admission.admit)
@@ -405,14 +410,15 @@ class SimCluster:
             return f.read()
 
 
-def _usage(kubeconfig: str, admin: str, url: str, nodes: int, cliques: int) -> str:
+def _usage(sim: SimCluster) -> str:
+    kubeconfig, admin = sim.kubeconfig_path, sim.admin_kubeconfig_path
     # The example runs as printed: its pods fit in one clique (the default affinity), and
     # CPU workers have no NVLink to derive a threshold from, so it gives one (a single
     # node has no bus to measure at all).
-    run_nodes = max(nodes // cliques, 1)
+    run_nodes = max(sim.nodes // sim.cliques, 1)
     judge = "--min-busbw-gbps 0.001" if run_nodes > 1 else "--allow-unjudged"
     return (
-        f"simulated cluster with {nodes} node(s) serving at {url}\n"
+        f"simulated cluster with {sim.nodes} node(s) serving at {sim.url}\n"
         f"  {kubeconfig}: the mnnvl-runner service account (manifests/base RBAC, enforced)\n"
         f"  {admin}: a cluster admin, to set up namespaces, PVCs and quotas\n"
         "in another shell:\n"
@@ -424,20 +430,9 @@ def _usage(kubeconfig: str, admin: str, url: str, nodes: int, cliques: int) -> s
     )
 
 
-def serve(
-    nodes: int = 2,
-    gpus_per_node: int = 0,
-    kubeconfig_path: str | None = None,
-    imex_delay_s: float = 0.2,
-    cliques: int = 1,
-    kueue: bool = False,
-    admin_kubeconfig_path: str | None = None,
-    namespaces: tuple[str, ...] = ("default",),
-    gpu_stack: str = "device-plugin",
-    imex_mode: str = "daemons",
-    cluster_reader: bool = False,
-) -> str:
-    """Run a SimCluster until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
+def serve(**options: Any) -> str:
+    """Run a SimCluster (``options``: its keyword arguments; TLS on, as kubectl sends its
+    token only over TLS) until SIGINT/SIGTERM; print its kubeconfig path and one JSON line.
 
     Returns the kubeconfig path it served (a temporary file unless ``kubeconfig_path``).
     """
@@ -448,40 +443,21 @@ def serve(
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with SimCluster(
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            cliques=cliques,
-            kueue=kueue,
-            imex_delay_s=imex_delay_s,
-            kubeconfig_path=kubeconfig_path,
-            admin_kubeconfig_path=admin_kubeconfig_path,
-            namespaces=namespaces,
-            gpu_stack=gpu_stack,
-            imex_mode=imex_mode,
-            cluster_reader=cluster_reader,
-            tls=True,  # kubectl sends its token only over TLS
-        ) as sim:
+        with SimCluster(**options, tls=True) as sim:
             print(sim.kubeconfig_path, flush=True)
-            print(
-                json.dumps(
-                    {
-                        "kubeconfig": sim.kubeconfig_path,
-                        "admin_kubeconfig": sim.admin_kubeconfig_path,
-                        "server": sim.url,
-                        "nodes": nodes,
-                        "gpus_per_node": gpus_per_node,
-                        "cliques": cliques,
-                        "gpu_stack": gpu_stack,
-                        "imex_mode": imex_mode,
-                        "cluster_reader": cluster_reader,
-                        "local_gpus": sim.local_gpus,
-                    }
-                ),
-                flush=True,
+            shape = (
+                "nodes",
+                "gpus_per_node",
+                "cliques",
+                "gpu_stack",
+                "imex_mode",
+                "cluster_reader",
             )
-            usage = _usage(sim.kubeconfig_path, sim.admin_kubeconfig_path, sim.url, nodes, cliques)
-            print(usage, file=sys.stderr, flush=True)
+            info: dict[str, Any] = {"kubeconfig": sim.kubeconfig_path, "server": sim.url}
+            info |= {"admin_kubeconfig": sim.admin_kubeconfig_path, "local_gpus": sim.local_gpus}
+            info |= {k: getattr(sim, k) for k in shape}
+            print(json.dumps(info), flush=True)
+            print(_usage(sim), file=sys.stderr, flush=True)
             done.wait()
             return sim.kubeconfig_path
     finally:

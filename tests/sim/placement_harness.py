@@ -8,10 +8,10 @@ from typing import Any
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import indexed_jobs
-from mnnvl.sim.dra import CHANNEL_CLASS
-from mnnvl.sim.faults import Faults
-from mnnvl.sim.scheduler import INDEX_LABEL, Scheduler
-from mnnvl.sim.store import Store
+from mnnvl.sim.api.faults import Faults
+from mnnvl.sim.api.store import Store
+from mnnvl.sim.core.scheduler import INDEX_LABEL, Scheduler
+from mnnvl.sim.nvidia.dra import CHANNEL_CLASS
 
 CLIQUE = "nvidia.com/gpu.clique"
 NS = "default"

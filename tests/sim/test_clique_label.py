@@ -20,8 +20,8 @@ from mnnvl.errors import ProblemKind, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.sim.kueue import KueueConfig
-from mnnvl.sim.kueue_tas import HOSTNAME, INDEX_LABEL
+from mnnvl.sim.policy.kueue import KueueConfig
+from mnnvl.sim.policy.kueue_tas import HOSTNAME, INDEX_LABEL
 
 PROVIDER = "cloud.example.com/nvlink-domain"
 DEFAULT = "nvidia.com/gpu.clique"

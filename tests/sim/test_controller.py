@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from mnnvl.sim.controller import Controller
-from mnnvl.sim.store import Store, WatchEvent
+from mnnvl.sim.api.controller import Controller
+from mnnvl.sim.api.store import Store, WatchEvent
 from tests.sim.simkit import wait_for
 
 

@@ -32,7 +32,7 @@ from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.sim.nodelifecycle import OUT_OF_SERVICE
+from mnnvl.sim.policy.nodelifecycle import OUT_OF_SERVICE
 from tests.sim.simkit import (
     CD_PATH,
     Raw,

@@ -19,7 +19,7 @@ from mnnvl.errors import SpecError, VerificationFailed, WaitTimeout
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, VerifyConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.sim.dra import LABEL_CD, LABEL_CLIQUE
+from mnnvl.sim.nvidia.dra import LABEL_CD, LABEL_CLIQUE
 from tests.sim.simkit import assert_nothing_left
 
 SIM = dict(nodes=2, imex_mode="hostManaged")

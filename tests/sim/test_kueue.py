@@ -20,8 +20,8 @@ from mnnvl.errors import WaitTimeout, WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from mnnvl.sim.kueue import KueueConfig
-from mnnvl.sim.kueue_tas import CLIQUE, HOSTNAME, INDEX_LABEL
+from mnnvl.sim.policy.kueue import KueueConfig
+from mnnvl.sim.policy.kueue_tas import CLIQUE, HOSTNAME, INDEX_LABEL
 from tests.sim.test_rbac_least_privilege import role_rules
 
 QUICK = textwrap.dedent(

@@ -23,7 +23,7 @@ from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.manifests import indexed_jobs
 from mnnvl.sim import SimCluster
-from mnnvl.sim.store import Store
+from mnnvl.sim.api.store import Store
 from tests.sim.placement_harness import CLIQUE, add_pods, cluster, schedule
 
 TWO_BY_TWO = WorkloadSpec(run_id="race", nodes=4, nodes_per_clique=2, gpus_per_node=0)

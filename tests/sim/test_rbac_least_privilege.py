@@ -192,7 +192,7 @@ def test_the_runner_is_refused_what_its_role_lacks_with_the_real_403() -> None:
 
 
 def test_rules_match_subresources_resource_names_and_groups_as_rbac_does() -> None:
-    from mnnvl.sim.rbac import Request, allowed, service_account_user
+    from mnnvl.sim.api.rbac import Request, allowed, service_account_user
 
     user = service_account_user("ns", "sa")
     with SimCluster(nodes=1, namespaces=("ns",)) as sim:

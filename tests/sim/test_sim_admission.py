@@ -15,7 +15,7 @@ from kubernetes.client import ApiException
 from mnnvl.inputs.spec import DomainSpec
 from mnnvl.manifests import compute_domain
 from mnnvl.sim import SimCluster
-from mnnvl.sim.schemas import SchemaAdmission
+from mnnvl.sim.api.schemas import SchemaAdmission
 from tests.sim.simkit import CD_PATH, Raw, pod_body
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"

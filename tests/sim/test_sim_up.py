@@ -12,7 +12,7 @@ from typing import Any
 
 import kubernetes
 
-from mnnvl.sim.procs import descendants
+from mnnvl.sim.core.procs import descendants
 from tests.sim.simkit import wait_for
 
 

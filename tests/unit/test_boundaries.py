@@ -96,6 +96,10 @@ LAYER_OF = {
     "mnnvl.manifests": "manifests",
     "mnnvl.runtime": "runtime",
     "mnnvl.sim": "sim",
+    "mnnvl.sim.api": "sim.api",
+    "mnnvl.sim.core": "sim.core",
+    "mnnvl.sim.nvidia": "sim.nvidia",
+    "mnnvl.sim.policy": "sim.policy",
     "mnnvl.driver": "driver",
     "mnnvl.steps": "steps",
     "mnnvl.run": "steps",
@@ -104,6 +108,11 @@ LAYER_OF = {
     "mnnvl.components": "components",
     "mnnvl.pipelines": "pipelines",
 }
+# The simulator's parts (mnnvl/sim/README.md): the API server below all; the NVIDIA driver and
+# the cluster policy on the API; the core (Jobs, scheduler, kubelet) also calls the driver;
+# ``mnnvl.sim.cluster`` wires them all.
+SIM_API = {"sim.api", "inputs", "base", "contract"}
+SIM = {"sim", "sim.core", "sim.nvidia", "sim.policy"} | SIM_API
 MAY_IMPORT = {
     "contract": {"contract"},
     "base": {"base", "contract"},
@@ -111,14 +120,18 @@ MAY_IMPORT = {
     "report": {"report", "inputs", "base", "contract"},
     "manifests": {"manifests", "inputs", "base", "contract"},
     "runtime": {"runtime", "report", "inputs", "base", "contract"},
-    "sim": {"sim", "inputs", "base", "contract"},
+    "sim.api": SIM_API,
+    "sim.nvidia": {"sim.nvidia"} | SIM_API,
+    "sim.policy": {"sim.policy"} | SIM_API,
+    "sim.core": {"sim.core", "sim.nvidia"} | SIM_API,
+    "sim": SIM,
     "driver": {"driver", "manifests", "inputs", "base", "contract"},
     "steps": {"steps", "driver", "manifests", "report", "inputs", "base", "contract"},
-    "cli": {"cli", "steps", "sim", "driver", "manifests", "report", "inputs", "base", "contract"},
+    "cli": {"cli", "steps", "driver", "manifests", "report"} | SIM,
     # The KFP/Argo front ends: component bodies call the steps, never the driver.
     "components": {"components", "steps", "manifests", "report", "inputs", "base", "contract"},
     # `make run` starts the simulator, as `mnnvl run --sim` does.
-    "pipelines": {"pipelines", "components", "sim", "report", "inputs", "base", "contract"},
+    "pipelines": {"pipelines", "components", "report"} | SIM,
 }
 
 

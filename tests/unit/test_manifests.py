@@ -35,7 +35,7 @@ from mnnvl.manifests import (
     render_run,
     step_workload,
 )
-from mnnvl.sim.podsecurity import ENFORCE_LABEL, violation
+from mnnvl.sim.policy.podsecurity import ENFORCE_LABEL, violation
 from mnnvl.yaml_stream import to_yaml
 
 K8S = "1.34.0"

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from mnnvl.cli import main as cli
-from mnnvl.sim import SimCluster, podenv
+from mnnvl.sim import SimCluster
+from mnnvl.sim.core import podenv
 
 
 def test_more_gpus_than_the_machine_has_exits_2_before_the_simulator_starts(

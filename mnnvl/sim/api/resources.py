@@ -1,0 +1,247 @@
+"""What the simulated API server serves per resource: discovery documents, OpenAPI v3, create
+defaults and validation (the registry strategies of kube-apiserver)."""
+
+from __future__ import annotations
+
+from mnnvl.sim.api.model import RESOURCES, ApiError, Obj
+from mnnvl.sim.api.schemas import SchemaAdmission, invalid
+from mnnvl.sim.api.store import Store, now_iso
+
+CD = "computedomains"
+DEFAULT_SERVICE_ACCOUNT = "default"
+
+
+# The short names and the ``all`` category kubectl resolves through discovery (``kubectl get
+# ns``, ``kubectl get all``): each kind's ShortNames()/Categories() in kubernetes
+# pkg/registry/*/*/storage/storage.go (jobs, the DRA kinds and ComputeDomains have none).
+SHORT_NAMES = {
+    "namespaces": ["ns"],
+    "nodes": ["no"],
+    "pods": ["po"],
+    "services": ["svc"],
+    "events": ["ev"],
+    "resourcequotas": ["quota"],
+    "serviceaccounts": ["sa"],
+    "configmaps": ["cm"],
+    "persistentvolumeclaims": ["pvc"],
+    "customresourcedefinitions": ["crd", "crds"],
+}
+CATEGORY_ALL = {"pods", "services", "jobs"}
+
+
+def _discovery_groups() -> dict[tuple[str, str], list[Obj]]:
+    groups: dict[tuple[str, str], list[Obj]] = {}
+    for rt in RESOURCES.values():
+        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        entries = groups.setdefault((rt.group, rt.version), [])
+        entries.append(
+            {
+                "name": rt.plural,
+                "singularName": rt.kind.lower(),
+                "kind": rt.kind,
+                "namespaced": rt.namespaced,
+                "verbs": verbs,
+                "shortNames": SHORT_NAMES.get(rt.plural, []),
+                "categories": ["all"] if rt.plural in CATEGORY_ALL else [],
+            }
+        )
+        if rt.status_subresource:
+            entries.append(
+                {
+                    "name": f"{rt.plural}/status",
+                    "singularName": "",
+                    "kind": rt.kind,
+                    "namespaced": rt.namespaced,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
+    groups[("", "v1")].append(
+        {
+            "name": "pods/log",
+            "singularName": "",
+            "kind": "Pod",
+            "namespaced": True,
+            "verbs": ["get"],
+        }
+    )
+    return groups
+
+
+DISCOVERY = _discovery_groups()
+
+
+def discovery(parts: list[str], crd_installed: bool) -> Obj:
+    """The discovery documents (/version, /api, /apis, /api/v1, /apis/<group>/<version>)."""
+    if parts == ["version"]:
+        # Every field a real kube-apiserver's /version has (clients' models require them).
+        return {
+            "major": "1",
+            "minor": "34",
+            "gitVersion": "v1.34.0-mnnvl-sim",
+            "gitCommit": "0000000000000000000000000000000000000000",
+            "gitTreeState": "clean",
+            "buildDate": "2025-08-27T00:00:00Z",
+            "goVersion": "go1.24.6",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
+    if parts == ["api"]:
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    gvs = {gv for gv in _served(crd_installed) if gv[0]}
+    if parts == ["apis"]:
+        groups = [
+            {
+                "name": g,
+                "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
+            }
+            for g, v in sorted(gvs)
+        ]
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+    gv = ("", parts[1]) if parts[0] == "api" else (parts[1], parts[2])
+    if gv not in DISCOVERY or (gv[0] and gv not in gvs):
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": "/".join(p for p in gv if p),
+        "resources": DISCOVERY[gv],
+    }
+
+
+def _served(crd_installed: bool) -> list[tuple[str, str]]:
+    return [gv for gv in DISCOVERY if gv[0] != "resource.nvidia.com" or crd_installed]
+
+
+def openapi_v3(parts: list[str], crd_installed: bool) -> Obj:
+    """``/openapi/v3`` and its group-version documents, as much as kubectl reads: each kind's
+    PATCH operation (``x-kubernetes-group-version-kind``) with the ``fieldValidation`` query
+    parameter, which is how kubectl decides that the server validates fields, so it sends
+    ``fieldValidation=Strict`` instead of validating against schemas itself
+    (kubernetes/cli-runtime ``pkg/resource/query_param_verifier_v3.go``, kubectl
+    ``pkg/validation/schema.go`` ``paramVerifyingSchema``, v0.32.4). Without it kubectl falls
+    back to ``/openapi/v2`` and, on a 404 there, refuses to apply. No schemas are served
+    (``kubectl explain`` has nothing to show)."""
+    paths = {("api/" if not g else f"apis/{g}/") + v: (g, v) for g, v in _served(crd_installed)}
+    if not parts:
+        return {"paths": {p: {"serverRelativeURL": f"/openapi/v3/{p}?hash=sim"} for p in paths}}
+    gv = paths.get("/".join(parts))
+    if gv is None:
+        raise ApiError(404, "NotFound", "the server could not find the requested resource")
+    query = [
+        {"name": n, "in": "query", "schema": {"type": "string"}}
+        for n in ("dryRun", "fieldManager", "fieldValidation")
+    ]
+    operations = {}
+    for rt in RESOURCES.values():
+        if (rt.group, rt.version) == gv:
+            scope = "/namespaces/{namespace}" if rt.namespaced else ""
+            prefix = f"/apis/{rt.group}" if rt.group else "/api"
+            gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
+            operations[f"{prefix}/{rt.version}{scope}/{rt.plural}/{{name}}"] = {
+                "patch": {
+                    "x-kubernetes-action": "patch",
+                    "x-kubernetes-group-version-kind": gvk,
+                    "parameters": query,
+                }
+            }
+    return {
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.34.0-mnnvl-sim"},
+        "paths": operations,
+    }
+
+
+def validate(
+    resource: str, new: Obj, old: Obj | None, schemas: SchemaAdmission | None = None
+) -> None:
+    """Admission the CRD schemas and built-in validation perform for the objects we model."""
+    if resource == CD:
+        _validate_cd(new, old, schemas.driver_version if schemas else "v0.4.0")
+    elif (
+        resource == "resourceclaimtemplates"
+        and old is not None
+        and old.get("spec") != new.get("spec")
+    ):
+        raise invalid(resource, new, ["spec: Invalid value: field is immutable"])
+    if schemas is not None:
+        schemas.check(resource, new)
+
+
+def _validate_cd(new: Obj, old: Obj | None, driver_version: str) -> None:
+    spec = new.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("channel"), dict):
+        raise invalid(CD, new, ["spec.channel: Required value"])
+    channel = spec["channel"]
+    if not (channel.get("resourceClaimTemplate") or {}).get("name"):
+        raise invalid(CD, new, ["spec.channel.resourceClaimTemplate.name: Required value"])
+    mode = channel.setdefault("allocationMode", "Single")
+    if mode not in ("All", "Single"):
+        raise invalid(
+            CD,
+            new,
+            [
+                f'spec.channel.allocationMode: Unsupported value: "{mode}": '
+                'supported values: "All", "Single"'
+            ],
+        )
+    # v25.12.0: numNodes required, any integer; v0.4.0: optional, default 0, minimum 0.
+    if "numNodes" not in spec and driver_version != "v0.4.0":
+        raise invalid(CD, new, ["spec.numNodes: Required value"])
+    nodes = spec.setdefault("numNodes", 0)
+    minimum = 0 if driver_version == "v0.4.0" else -(2**63)
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < minimum:
+        raise invalid(
+            CD,
+            new,
+            [
+                f"spec.numNodes: Invalid value: {nodes}: "
+                "spec.numNodes in body should be greater than or equal to 0"
+            ],
+        )
+    if old is not None and old.get("spec") != spec:
+        raise invalid(CD, new, ['spec: Invalid value: "object": A computeDomain.spec is immutable'])
+
+
+def default_on_create(resource: str, obj: Obj) -> None:
+    """Status is not accepted on create for resources with a status subresource."""
+    if RESOURCES[resource].status_subresource:
+        obj.pop("status", None)
+    if resource == "pods":
+        obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+        scheduling_gated(obj)
+    elif resource == "namespaces":
+        obj["status"] = {"phase": "Active"}
+    elif resource == "persistentvolumeclaims":
+        # No volumes are modelled: a claim is bound as it is created (its host directory is
+        # made on first mount).
+        obj["status"] = {"phase": "Bound"}
+    elif resource == "services":
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("clusterIP", "10.96.0.10")
+        spec.setdefault("type", "ClusterIP")
+
+
+def scheduling_gated(pod: Obj) -> None:
+    """A new pod with scheduling gates is created PodScheduled=False, reason SchedulingGated
+    (kube-apiserver's pod strategy, ``applySchedulingGatedCondition``)."""
+    if not (pod.get("spec") or {}).get("schedulingGates"):
+        return
+    pod.setdefault("status", {})["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "SchedulingGated",
+            "message": "Scheduling is blocked due to non-empty scheduling gates",
+            "lastProbeTime": None,
+            "lastTransitionTime": now_iso(),
+        }
+    ]
+
+
+def ensure_default_service_account(store: Store, namespace: str) -> None:
+    """What kube-controller-manager's serviceaccounts controller does for every namespace:
+    create its ``default`` ServiceAccount (at once here; a moment later on a real cluster)."""
+    if store.find("serviceaccounts", namespace, DEFAULT_SERVICE_ACCOUNT) is None:
+        body = {"metadata": {"name": DEFAULT_SERVICE_ACCOUNT, "namespace": namespace}}
+        store.create("serviceaccounts", body)

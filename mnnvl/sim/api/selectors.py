@@ -1,0 +1,153 @@
+"""Label and field selectors, JSON merge patch and JSON patch, as the API server applies them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from mnnvl.sim.api.store import ApiError, Obj, clone
+
+_SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_terms(text: str) -> list[str]:
+    """Split on commas that are not inside parentheses."""
+    terms: list[str] = []
+    depth, cur = 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            terms.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    terms.append(cur)
+    return [t.strip() for t in terms if t.strip()]
+
+
+Labels = dict[str, str]
+
+
+def _label_check(term: str) -> Callable[[Labels], bool]:
+    m = _SET_RE.match(term)
+    if m:
+        key, vals = m.group(1), {v.strip() for v in m.group(3).split(",")}
+        positive = m.group(2) == "in"
+        return lambda lb: (lb.get(key) in vals) == positive
+    if "!=" in term:
+        key, val = (x.strip() for x in term.split("!=", 1))
+        return lambda lb: lb.get(key) != val
+    if "=" in term:
+        key, val = (x.strip() for x in term.replace("==", "=").split("=", 1))
+        return lambda lb: lb.get(key) == val
+    if term.startswith("!"):
+        absent = term[1:].strip()
+        return lambda lb: absent not in lb
+    if re.fullmatch(r"[A-Za-z0-9./_-]+", term):
+        return lambda lb: term in lb
+    raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}")
+
+
+def label_matcher(selector: str | None) -> Callable[[Labels], bool]:
+    """Parse ``a=b,c!=d,e in (x,y),f notin (z),g,!h`` into a predicate over a label dict."""
+    checks = [_label_check(t) for t in _split_terms(selector or "")]
+    return lambda labels: all(c(labels) for c in checks)
+
+
+def _field(obj: Obj, path: str) -> str:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return "" if cur is None else str(cur)
+
+
+# Field selectors a real API server accepts per resource (besides metadata.name and, for
+# namespaced kinds, metadata.namespace), mapped to the object path they read.
+FIELD_LABELS: dict[str, dict[str, str]] = {
+    "pods": {
+        "spec.nodeName": "spec.nodeName",
+        "spec.restartPolicy": "spec.restartPolicy",
+        "spec.schedulerName": "spec.schedulerName",
+        "spec.serviceAccountName": "spec.serviceAccountName",
+        "spec.hostNetwork": "spec.hostNetwork",
+        "status.phase": "status.phase",
+        "status.podIP": "status.podIP",
+        "status.nominatedNodeName": "status.nominatedNodeName",
+    },
+    "events": {
+        **{
+            f"involvedObject.{k}": f"involvedObject.{k}"
+            for k in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion")
+        },
+        "involvedObject.fieldPath": "involvedObject.fieldPath",
+        "reason": "reason",
+        "reportingComponent": "reportingComponent",
+        "source": "source.component",
+        "type": "type",
+    },
+    "nodes": {"spec.unschedulable": "spec.unschedulable"},
+    "namespaces": {"status.phase": "status.phase"},
+    "services": {"spec.clusterIP": "spec.clusterIP", "spec.type": "spec.type"},
+    "jobs": {"status.successful": "status.succeeded"},
+}
+COMMON_FIELDS = {"metadata.name": "metadata.name", "metadata.namespace": "metadata.namespace"}
+
+
+def field_matcher(selector: str | None, resource: str | None = None) -> Callable[[Obj], bool]:
+    """``metadata.name=x,status.phase!=Running`` (= / == / !=). With ``resource``, only the
+    field labels the real API server supports for it; others are a 400."""
+    checks = [_field_check(t, resource) for t in _split_terms(selector or "")]
+    return lambda obj: all(c(obj) for c in checks)
+
+
+def _field_check(term: str, resource: str | None) -> Callable[[Obj], bool]:
+    neg = "!=" in term
+    path, sep, val = term.replace("!=", "=").replace("==", "=").partition("=")
+    if not sep:
+        raise ApiError(400, "BadRequest", f"invalid field selector: {term!r}")
+    p, v = path.strip(), val.strip()
+    if resource is not None:
+        known = {**COMMON_FIELDS, **FIELD_LABELS.get(resource, {})}
+        if p not in known:
+            raise ApiError(400, "BadRequest", f"field label not supported: {p}")
+        p = known[p]
+    if p == "spec.hostNetwork" or p == "spec.unschedulable":
+        return lambda o: ((_field(o, p).lower() == "true") == (v == "true")) != neg
+    return lambda o: (_field(o, p) == v) != neg
+
+
+def object_matcher(
+    label_selector: str | None, field_selector: str | None, resource: str | None = None
+) -> Callable[[Obj], bool]:
+    lm, fm = label_matcher(label_selector), field_matcher(field_selector, resource)
+    return lambda o: lm(o.get("metadata", {}).get("labels") or {}) and fm(o)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (also used for strategic merge patches: lists replace)."""
+    if not isinstance(patch, dict):
+        return clone(patch)
+    result = clone(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            result.pop(k, None)
+        else:
+            result[k] = merge_patch(result.get(k), v)
+    return result
+
+
+def tolerates(tolerations: list[Obj], taint: Obj) -> bool:
+    """core/v1 ``Toleration.ToleratesTaint``: empty effect or key (with Exists) match any."""
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if t.get("key") and t["key"] != taint.get("key"):
+            continue
+        if not t.get("key") and op != "Exists":
+            continue
+        if op == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False

@@ -1,0 +1,1 @@
+"""Cluster policy: pod admission, PodSecurity, the Kueue stand-in, node lifecycle."""

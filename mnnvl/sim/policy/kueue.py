@@ -1,0 +1,485 @@
+"""A Kueue stand-in (``SimCluster(kueue=True)``): queued Jobs wait suspended in a Workload.
+
+Like Kueue's Job webhook, a Job created with the label ``kueue.x-k8s.io/queue-name`` is stored
+with ``spec.suspend: true``. Like Kueue's Job reconciler, each such Job gets one
+``kueue.x-k8s.io/v1beta2`` Workload (label ``kueue.x-k8s.io/job-uid``, owned by the Job, one pod
+set ``main`` of ``parallelism`` pods). Like Kueue's workload controller and scheduler (v0.19, whose
+default ``UnadmittedWorkloadsObservability`` gives the granular reasons), the Workload's
+``QuotaReserved`` condition says why it waits, with Kueue's own messages:
+
+- ``Misconfigured``: the LocalQueue or its ClusterQueue does not exist, or a DeviceClass the pods'
+  claim templates ask for is not in ``deviceClassMappings`` (Kueue v0.18+ DRA accounting);
+- ``WaitingForQuota`` / ``ExceedsMaxQuota``: the ClusterQueue's quota (``pods``,
+  ``nvidia.com/gpu`` limits, mapped DRA devices) is used by admitted Workloads, or too small;
+- ``TopologyPlacementFailed``: a pod set with a topology request (``podset-required-topology``
+  or ``podset-slice-required-topology``) has fewer free topology domains (e.g. NVLink cliques)
+  with room for a slice than it has slices.
+
+When it fits (after ``admission_delay_s``), the Workload gets ``QuotaReserved`` and ``Admitted``
+and the Job is un-suspended: all its pods at once, never part of them (a Workload is admitted
+whole). Re-evaluated whenever a Job, node or Workload changes.
+
+``waitForPodsReady`` (on by default from Kueue v0.19, ``KueueConfig.pods_ready_timeout_s``): an
+admitted Workload whose Job does not have all its pods Ready (or Succeeded) within the timeout of
+its admission is evicted as Kueue's workload controller does it: ``Evicted=True`` (reason
+``PodsReadyTimeout``, "Exceeded the PodsReady timeout <ns>/<name>"), ``status.requeueState``
+count + 1 and ``requeueAt`` after a back-off of base x 2^(count-1) (at most the maximum), the
+admission cleared (``QuotaReserved=False``, ``Requeued=False`` with the eviction's reason), the
+Job suspended and its pod template restored from the Workload's pod set. After the back-off
+``Requeued=True`` (``BackoffFinished``) and it is admitted again like a new one; ``Evicted``
+turns False ("Previously: ..."). Not modelled: the recovery timeout (a pod failing after
+PodsReady), ``backoffLimitCount``, flavors beyond one, cohorts, preemption, admission checks,
+priorities. A pod set with a topology request is
+admitted with a topology assignment, its pods are created gated and ungated onto their domain
+(:mod:`mnnvl.sim.policy.kueue_tas`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from mnnvl.sim.api.controller import Controller
+from mnnvl.sim.api.model import finished, iso_after
+from mnnvl.sim.api.store import ApiError, Obj, Store, WatchEvent, now_iso
+from mnnvl.sim.policy import kueue_tas as tas
+
+log = logging.getLogger(__name__)
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+FLAVOR = "default-flavor"
+TOPOLOGY = "default"
+GPU = "nvidia.com/gpu"
+WRITTEN = ("QuotaReserved", "Admitted")  # the conditions admission writes
+
+
+@dataclass(frozen=True)
+class KueueConfig:
+    """What a Kueue administrator set up.
+
+    ``local_queues``: LocalQueue name -> ClusterQueue name (None: any name, one ClusterQueue
+    ``cluster-queue``). ``quotas``: ClusterQueue -> resource -> nominal quota; a ClusterQueue
+    absent here does not exist (None: ``cluster-queue`` with ``pods`` = the cluster's nodes).
+    ``device_class_mappings``: DeviceClass -> quota resource name (None: every class maps to
+    its own name). Only the resources a ClusterQueue lists are checked. ``topology_levels``:
+    the node labels of the flavor's Topology, highest first.
+    """
+
+    local_queues: dict[str, str] | None = None
+    quotas: dict[str, dict[str, int]] | None = None
+    device_class_mappings: dict[str, str] | None = None
+    topology_levels: tuple[str, ...] = tas.DEFAULT_LEVELS
+    # waitForPodsReady: Kueue v0.19's defaults (timeout 30 min; back-off 60 s doubling, at most
+    # 3600 s; apis/config/v1beta2/defaults.go); 0 turns it off.
+    pods_ready_timeout_s: float = 1800.0
+    requeue_base_s: float = 60.0
+    requeue_max_s: float = 3600.0
+
+
+@dataclass
+class _Verdict:
+    reason: str = ""
+    message: str = ""
+    cluster_queue: str = ""
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+def queued(obj: Obj) -> bool:
+    return QUEUE_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
+
+
+def workload_name(job: Obj) -> str:
+    """``job-<name>-<5 hex>``, as Kueue names a Job's Workload (unique per Job uid)."""
+    meta = job["metadata"]
+    digest = hashlib.sha1(f"{meta['name']}/{meta['uid']}".encode()).hexdigest()[:5]
+    return f"job-{meta['name']}"[:57] + f"-{digest}"
+
+
+class KueueStandIn(Controller):
+    name = "sim-kueue"
+    kinds = ("jobs", "nodes", "workloads", "pods")  # pods: the TAS ungater acts on new ones
+
+    def __init__(
+        self, store: Store, admission_delay_s: float = 0.5, config: KueueConfig | None = None
+    ) -> None:
+        super().__init__(store)
+        self.admission_delay_s = admission_delay_s
+        self.config = config or KueueConfig()
+        self._seen: dict[str, float] = {}  # job uid -> monotonic time first seen
+        self._admitted: dict[str, float] = {}  # workload uid -> monotonic time admitted
+        self._ready: set[str] = set()  # workload uids whose pods were all Ready once
+        self._requeue_at: dict[str, float] = {}  # workload uid -> monotonic end of its back-off
+
+    def mutate(self, resource: str, obj: Obj) -> None:
+        """Admission webhook: queued Jobs are created suspended."""
+        if resource == "jobs" and queued(obj):
+            obj.setdefault("spec", {})["suspend"] = True
+
+    def on_events(self, events: list[WatchEvent]) -> None:
+        self._admit()  # every pass looks at every queued Job
+
+    # ---- one pass -------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        jobs = sorted(
+            (j for j in self.store.list("jobs")[0] if queued(j)),
+            key=lambda j: str(j["metadata"]["creationTimestamp"]),
+        )
+        workloads = {
+            (w["metadata"]["namespace"], (w["metadata"].get("labels") or {}).get(JOB_UID_LABEL)): w
+            for w in self.store.list("workloads")[0]
+        }
+        used: dict[str, dict[str, int]] = {}
+        nodes = self.store.list("nodes")[0]
+        taken: set[str] = set()  # nodes of admitted pod sets with a topology assignment
+        running: list[tuple[Obj, Obj]] = []
+        pending: list[tuple[Obj, Obj]] = []
+        for job in jobs:
+            wl = workloads.get((job["metadata"]["namespace"], job["metadata"]["uid"]))
+            if wl is None:
+                # Kueue's job reconciler makes no Workload for a Job that is finished or being
+                # deleted (jobframework's ReconcileGenericJob drops finalizers and returns): one
+                # made now would block the Job's foreground deletion as its dependent.
+                if finished(job.get("status") or {}) or job["metadata"].get("deletionTimestamp"):
+                    continue
+                wl = self._create_workload(job)
+                if wl is None:
+                    continue
+            admission = (wl.get("status") or {}).get("admission")
+            if admission is None:
+                pending.append((job, wl))
+            elif not finished(job.get("status") or {}):
+                cq = used.setdefault(admission["clusterQueue"], {})
+                for res, n in _usage(admission).items():
+                    cq[res] = cq.get(res, 0) + n
+                taken.update(tas.assigned_nodes(admission, nodes))
+                running.append((job, wl))
+        now = time.monotonic()
+        for (
+            job,
+            wl,
+        ) in running:  # the topology ungater: pods of admitted Workloads onto their domain
+            tas.ungate(self.store, wl)
+            self._check_pods_ready(job, wl, now)
+        for job, wl in pending:
+            due = self._seen.setdefault(job["metadata"]["uid"], now) + self.admission_delay_s
+            due = max(due, self._requeue_at.get(wl["metadata"]["uid"], 0.0))
+            if due > now:
+                self.wake_at(due)
+                continue
+            self._backoff_finished(wl)
+            verdict = self._evaluate(job, used, taken, nodes)
+            if verdict.reason:
+                self._set_pending(wl, verdict)
+                continue
+            cq = used.setdefault(verdict.cluster_queue, {})
+            for res, n in verdict.usage.items():
+                cq[res] = cq.get(res, 0) + n
+            request = tas.topology_request(job)
+            placed = tas.place(nodes, request, _count(job), taken) if request else []
+            taken.update(n["metadata"]["name"] for n in placed)
+            self._admit_workload(job, wl, verdict, placed)
+
+    def _create_workload(self, job: Obj) -> Obj | None:
+        meta = job["metadata"]
+        pod_set: Obj = {
+            "name": "main",
+            "count": int(job["spec"].get("parallelism", 1)),
+            "template": job["spec"]["template"],
+        }
+        request = tas.topology_request(job)
+        if request is not None:
+            notes = job["spec"]["template"]["metadata"]["annotations"]
+            pod_set["topologyRequest"] = {
+                "podIndexLabel": tas.INDEX_LABEL,
+                **(
+                    {"required": notes[tas.REQUIRED_TOPOLOGY]}
+                    if tas.REQUIRED_TOPOLOGY in notes
+                    else {}
+                ),
+                **(
+                    {"podSetSliceRequiredTopology": request[0], "podSetSliceSize": request[1]}
+                    if tas.SLICE_TOPOLOGY in notes
+                    else {}
+                ),
+            }
+        body = {
+            "metadata": {
+                "name": workload_name(job),
+                "namespace": meta["namespace"],
+                "labels": {JOB_UID_LABEL: meta["uid"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": {
+                "queueName": (meta.get("labels") or {})[QUEUE_LABEL],
+                "podSets": [pod_set],
+            },
+        }
+        try:
+            return self.store.create("workloads", body)
+        except ApiError as e:  # the Job went away meanwhile, or a previous pass made it
+            log.debug("kueue stand-in: no workload for job %s: %s", meta["name"], e.message)
+            return None
+
+    # ---- admission decisions ----------------------------------------------------------------
+
+    def _queues(self) -> tuple[dict[str, str] | None, dict[str, dict[str, int]]]:
+        quotas = self.config.quotas
+        if quotas is None:
+            quotas = {"cluster-queue": {"pods": len(self.store.list("nodes")[0])}}
+        return self.config.local_queues, quotas
+
+    def _evaluate(
+        self, job: Obj, used: dict[str, dict[str, int]], taken: set[str], nodes: list[Obj]
+    ) -> _Verdict:
+        local_queues, quotas = self._queues()
+        lq = job["metadata"]["labels"][QUEUE_LABEL]
+        cq = "cluster-queue" if local_queues is None else local_queues.get(lq, "")
+        if not cq:
+            return _Verdict("Misconfigured", f"LocalQueue {lq} doesn't exist")
+        if cq not in quotas:
+            return _Verdict("Misconfigured", f"ClusterQueue {cq} doesn't exist")
+        requests, error = self._requests(job)
+        if error:
+            return _Verdict("Misconfigured", error)
+        for res, nominal in quotas[cq].items():
+            want, have = requests.get(res, 0), used.get(cq, {}).get(res, 0)
+            if want > nominal:
+                return _Verdict(
+                    "ExceedsMaxQuota",
+                    f"couldn't assign flavors to pod set main: insufficient quota for {res} in "
+                    f"flavor {FLAVOR}, previously considered podsets requests (0) + current "
+                    f"podset request ({want}) > maximum capacity ({nominal})",
+                )
+            if want + have > nominal:
+                return _Verdict(
+                    "WaitingForQuota",
+                    f"couldn't assign flavors to pod set main: insufficient unused quota for "
+                    f"{res} in flavor {FLAVOR}, {want + have - nominal} more needed",
+                )
+        request = tas.topology_request(job)
+        if request is not None and not tas.place(nodes, request, _count(job), taken):
+            count, size = _count(job), request[1]
+            return _Verdict(
+                "TopologyPlacementFailed",
+                f"couldn't assign flavors to pod set main: topology {TOPOLOGY!r} doesn't allow "
+                f"to fit any of {count // size} slice(s)".replace("'", '"'),
+            )
+        return _Verdict(cluster_queue=cq, usage=requests)
+
+    def _requests(self, job: Obj) -> tuple[dict[str, int], str]:
+        """The pod set's quota usage, or Kueue's message for an unmapped DeviceClass."""
+        count = int(job["spec"].get("parallelism", 1))
+        spec = job["spec"]["template"].get("spec") or {}
+        per_pod: dict[str, int] = {"pods": 1}
+        for c in spec.get("containers") or []:
+            limits = (c.get("resources") or {}).get("limits") or {}
+            if GPU in limits:
+                per_pod[GPU] = per_pod.get(GPU, 0) + int(limits[GPU])
+        mappings = self.config.device_class_mappings
+        ns = job["metadata"]["namespace"]
+        for j, ref in enumerate(spec.get("resourceClaims") or []):
+            rct = self.store.find(
+                "resourceclaimtemplates", ns, ref.get("resourceClaimTemplateName", "")
+            )
+            devices = (((rct or {}).get("spec") or {}).get("spec") or {}).get("devices") or {}
+            for req in devices.get("requests") or []:
+                exactly = req.get("exactly") or {}
+                dc = exactly.get("deviceClassName", "")
+                name = dc if mappings is None else mappings.get(dc, "")
+                if not name:
+                    return {}, (
+                        f"spec.podSets[0].template.spec.resourceClaims[{j}]."
+                        f'resourceClaimTemplateName: Not found: "DeviceClass {dc} is not mapped '
+                        'in DRA configuration for podset main"'
+                    )
+                per_pod[name] = per_pod.get(name, 0) + int(exactly.get("count", 1))
+        return {res: n * count for res, n in per_pod.items()}, ""
+
+    # ---- waitForPodsReady ---------------------------------------------------------------------
+
+    def _check_pods_ready(self, job: Obj, wl: Obj, now: float) -> None:
+        """Evict an admitted Workload whose pods are not all Ready within the timeout."""
+        uid, timeout = wl["metadata"]["uid"], self.config.pods_ready_timeout_s
+        if not timeout or uid in self._ready or finished(job.get("status") or {}):
+            return
+        pods = self.store.list("pods", job["metadata"]["namespace"], lambda p: _owned(p, job))[0]
+        if sum(1 for p in pods if _ready(p)) >= _count(job):
+            self._ready.add(uid)
+            return
+        due = self._admitted.setdefault(uid, now) + timeout
+        if due > now:
+            self.wake_at(due)
+            return
+        meta = wl["metadata"]
+        message = f"Exceeded the PodsReady timeout {meta['namespace']}/{meta['name']}"
+        count = int(((wl.get("status") or {}).get("requeueState") or {}).get("count") or 0) + 1
+        backoff = min(self.config.requeue_base_s * 2 ** (count - 1), self.config.requeue_max_s)
+        self._requeue_at[uid] = now + backoff
+        self._admitted.pop(uid, None)
+        stamp = now_iso()
+        evicted = {"type": "Evicted", "status": "True", "reason": "PodsReadyTimeout"}
+        unreserved = {"type": "QuotaReserved", "status": "False", "reason": "Pending"}
+        requeued = {"type": "Requeued", "status": "False", "reason": "PodsReadyTimeout"}
+        not_admitted = {"type": "Admitted", "status": "False", "reason": "NoReservation"}
+        new = [evicted, unreserved, requeued, not_admitted]
+        replaced = {c["type"] for c in new}
+
+        def write(o: Obj) -> None:
+            st = o.setdefault("status", {})
+            st.pop("admission", None)
+            st["requeueState"] = {"count": count, "requeueAt": iso_after(backoff)}
+            kept = [c for c in st.get("conditions") or [] if c["type"] not in replaced]
+            st["conditions"] = kept + [
+                {**c, "message": message, "lastTransitionTime": stamp} for c in new
+            ]
+
+        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        template = wl["spec"]["podSets"][0]["template"]
+
+        def stop(o: Obj) -> None:  # the Job reconciler: suspend, restore the pod set info
+            o["spec"]["suspend"] = True
+            o["spec"]["template"] = template
+
+        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], stop)
+        log.info("kueue stand-in: evicted %s: %s", meta["name"], message)
+
+    def _backoff_finished(self, wl: Obj) -> None:
+        """A requeued Workload whose back-off ended: Requeued=True, then evaluated anew."""
+        if self._requeue_at.pop(wl["metadata"]["uid"], None) is None:
+            return
+        cond = {
+            "type": "Requeued",
+            "status": "True",
+            "reason": "BackoffFinished",
+            "message": "The workload backoff was finished",
+            "lastTransitionTime": now_iso(),
+        }
+
+        def write(o: Obj) -> None:
+            st = o.setdefault("status", {})
+            st["conditions"] = [c for c in st.get("conditions") or [] if c["type"] != "Requeued"]
+            st["conditions"].append(cond)
+
+        meta = wl["metadata"]
+        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+
+    # ---- writes -----------------------------------------------------------------------------
+
+    def _set_pending(self, wl: Obj, verdict: _Verdict) -> None:
+        cond = {
+            "type": "QuotaReserved",
+            "status": "False",
+            "reason": verdict.reason,
+            "message": verdict.message,
+        }
+
+        def write(o: Obj) -> bool:
+            conds = (o.get("status") or {}).get("conditions") or []
+            old = next((c for c in conds if c.get("type") == "QuotaReserved"), None)
+            if old and (old["reason"], old["message"]) == (verdict.reason, verdict.message):
+                return False  # unchanged: no write, no event
+            rest = [c for c in conds if c.get("type") != "QuotaReserved"]
+            o.setdefault("status", {})["conditions"] = [
+                *rest,
+                {**cond, "lastTransitionTime": now_iso()},
+            ]
+            return True
+
+        meta = wl["metadata"]
+        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+
+    def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict, placed: list[Obj]) -> None:
+        """Admit with the topology assignment of ``placed`` (one node per pod, in rank order;
+        [] without a topology request), then start the Job as Kueue's Job reconciler does."""
+        stamp = now_iso()
+        levels = self.config.topology_levels
+        topology = {"topologyAssignment": tas.assignment(levels, placed)} if placed else {}
+        admission = {
+            "clusterQueue": verdict.cluster_queue,
+            "podSetAssignments": [
+                {
+                    "name": "main",
+                    "flavors": {res: FLAVOR for res in verdict.usage},
+                    "resourceUsage": {res: str(n) for res, n in verdict.usage.items()},
+                    "count": int(job["spec"].get("parallelism", 1)),
+                    **topology,
+                }
+            ],
+        }
+        conds = [
+            {
+                "type": "QuotaReserved",
+                "status": "True",
+                "reason": "QuotaReserved",
+                "message": f"Quota reserved in ClusterQueue {verdict.cluster_queue}",
+                "lastTransitionTime": stamp,
+            },
+            {
+                "type": "Admitted",
+                "status": "True",
+                "reason": "Admitted",
+                "message": "The workload is admitted",
+                "lastTransitionTime": stamp,
+            },
+        ]
+
+        def write(o: Obj) -> None:
+            st = o.setdefault("status", {})
+            kept = [c for c in st.get("conditions") or [] if c["type"] not in WRITTEN]
+            for c in kept:
+                if c["type"] == "Evicted" and c["status"] == "True":
+                    c.update(status="False", message=f"Previously: {c['message']}")
+                    c["lastTransitionTime"] = stamp
+            st.update(admission=admission, conditions=kept + conds)
+
+        meta = wl["metadata"]
+        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        self._admitted[meta["uid"]] = time.monotonic()
+        self._ready.discard(meta["uid"])
+        gated = bool(placed)
+
+        def start(o: Obj) -> None:  # RunWithPodSetsInfo: unsuspend, merge the pod set info
+            o["spec"]["suspend"] = False
+            if gated:
+                tas.gate_template(o["spec"]["template"], meta["name"])
+
+        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], start)
+
+
+def _owned(pod: Obj, job: Obj) -> bool:
+    refs = pod["metadata"].get("ownerReferences") or []
+    return any(r.get("uid") == job["metadata"]["uid"] for r in refs)
+
+
+def _ready(pod: Obj) -> bool:
+    """Counted by Kueue's PodsReady: a pod Ready or Succeeded (not one being deleted)."""
+    if pod["metadata"].get("deletionTimestamp"):
+        return False
+    status = pod.get("status") or {}
+    conds = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+    return ready or status.get("phase") == "Succeeded"
+
+
+def _count(job: Obj) -> int:
+    return int(job["spec"].get("parallelism", 1))
+
+
+def _usage(admission: Obj) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for psa in admission.get("podSetAssignments") or []:
+        for res, n in (psa.get("resourceUsage") or {}).items():
+            total[res] = total.get(res, 0) + int(n)
+    return total

@@ -1,0 +1,189 @@
+"""Kueue topology-aware scheduling (TAS) for the Kueue stand-in: assignment, gate, ungater.
+
+As Kueue does it (kubernetes-sigs/kueue):
+
+- Admission gives a pod set with a topology request (``podset-required-topology``: all pods in
+  one domain; ``podset-slice-required-topology`` + ``podset-slice-size``: each slice in one
+  domain) a ``topologyAssignment`` on the Workload (``status.admission.podSetAssignments[]``,
+  v1beta2 shape: ``levels`` plus ``slices`` of ``domainCount``/``valuesPerLevel``/``podCounts``;
+  ``apis/kueue/v1beta2/workload_types.go``). The assignment is at the Topology's lowest level;
+  when that is ``kubernetes.io/hostname`` it names nodes and omits the higher levels.
+- Starting the Job merges into its pod template the label ``kueue.x-k8s.io/podset``, the
+  annotation ``kueue.x-k8s.io/workload`` and the scheduling gate ``kueue.x-k8s.io/topology``
+  (``pkg/podset/podset.go`` ``FromAssignment``/``Merge``, ``pkg/controller/jobframework/
+  reconciler.go``), so every pod is created gated and the scheduler leaves it alone.
+- The topology ungater (``pkg/controller/tas/topology_ungater.go``) maps each gated pod to a
+  domain by its rank, the Job's completion index (the pod set's ``podIndexLabel``), expanding
+  the assignment's domains in order by their pod counts; it removes the gate and adds the
+  domain's level labels to ``spec.nodeSelector``.
+
+The stand-in's notion of capacity is one pod per free node (TAS counts resources per node;
+the product's pods take a whole node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mnnvl.sim.api.model import TERMINAL
+from mnnvl.sim.api.store import Obj, Store
+
+TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
+WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
+PODSET_LABEL = "kueue.x-k8s.io/podset"
+REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+SLICE_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
+SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+HOSTNAME = "kubernetes.io/hostname"
+CLIQUE = "nvidia.com/gpu.clique"
+# The Topology the product's docs have an administrator create (nvlink: clique, then host).
+DEFAULT_LEVELS = (CLIQUE, HOSTNAME)
+
+
+def topology_request(job: Obj) -> tuple[str, int] | None:
+    """(topology level, slice size) of the Job's pod set; None without a topology request.
+    A required topology is one slice of all the pods."""
+    notes = (job["spec"]["template"].get("metadata") or {}).get("annotations") or {}
+    count = int(job["spec"].get("parallelism", 1))
+    if SLICE_TOPOLOGY in notes:
+        return notes[SLICE_TOPOLOGY], max(1, int(notes.get(SLICE_SIZE, "1")))
+    if REQUIRED_TOPOLOGY in notes:
+        return notes[REQUIRED_TOPOLOGY], count
+    return None
+
+
+def place(nodes: list[Obj], request: tuple[str, int], count: int, taken: set[str]) -> list[Obj]:
+    """One node per pod, each slice inside one domain of the request's level (the domain with
+    the most free nodes first, as Kueue's default BestFit starts from the largest); [] when
+    some slice does not fit."""
+    level, size = request
+    free: dict[str, list[Obj]] = {}
+    for node in sorted(nodes, key=lambda n: n["metadata"]["name"]):
+        domain = (node["metadata"].get("labels") or {}).get(level)
+        if (
+            domain
+            and node["metadata"]["name"] not in taken
+            and not node["spec"].get("unschedulable")
+        ):
+            free.setdefault(domain, []).append(node)
+    chosen: list[Obj] = []
+    for _ in range(count // size):
+        domain = max(free, key=lambda d: len(free[d]), default=None)
+        if domain is None or len(free[domain]) < size:
+            return []
+        chosen += free[domain][:size]
+        free[domain] = free[domain][size:]
+    return chosen
+
+
+def assignment(levels: tuple[str, ...], placed: list[Obj]) -> Obj:
+    """The Workload's ``topologyAssignment`` for pods placed on ``placed`` (in rank order):
+    consecutive pods in one lowest-level domain share a domain entry."""
+    keys = [HOSTNAME] if levels[-1] == HOSTNAME else list(levels)
+    domains: list[tuple[list[str], int]] = []
+    for node in placed:
+        labels = node["metadata"].get("labels") or {}
+        values = [labels.get(k, "") for k in keys]
+        if domains and domains[-1][0] == values:
+            domains[-1] = (values, domains[-1][1] + 1)
+        else:
+            domains.append((values, 1))
+    slice_ = {
+        "domainCount": len(domains),
+        "valuesPerLevel": [
+            {"individual": {"roots": [values[i] for values, _ in domains]}}
+            for i in range(len(keys))
+        ],
+        "podCounts": {"individual": [n for _, n in domains]},
+    }
+    return {"levels": keys, "slices": [slice_]}
+
+
+def domains(topology: Obj) -> list[tuple[dict[str, str], int]]:
+    """(node selector, pod count) per domain of a ``topologyAssignment``, in order."""
+    keys = topology.get("levels") or []
+    result = []
+    for s in topology.get("slices") or []:
+        counts = s["podCounts"]
+        for i in range(int(s["domainCount"])):
+            values = [
+                v["universal"] if "universal" in v else _individual(v["individual"], i)
+                for v in s["valuesPerLevel"]
+            ]
+            n = counts["universal"] if "universal" in counts else counts["individual"][i]
+            result.append((dict(zip(keys, values, strict=True)), int(n)))
+    return result
+
+
+def _individual(values: Obj, i: int) -> str:
+    return f"{values.get('prefix') or ''}{values['roots'][i]}{values.get('suffix') or ''}"
+
+
+def assigned_nodes(admission: Obj, nodes: list[Obj]) -> set[str]:
+    """The nodes an admitted Workload's assignments hold (one pod per node)."""
+    held: set[str] = set()
+    for psa in admission.get("podSetAssignments") or []:
+        for selector, count in domains(psa.get("topologyAssignment") or {}):
+            matching = [
+                n["metadata"]["name"]
+                for n in sorted(nodes, key=lambda n: n["metadata"]["name"])
+                if n["metadata"]["name"] not in held
+                and all(
+                    (n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items()
+                )
+            ]
+            held.update(matching[:count])
+    return held
+
+
+def gate_template(template: Obj, workload: str) -> None:
+    """What starting a TAS Job merges into its pod template (the gate, once)."""
+    meta = template.setdefault("metadata", {})
+    meta.setdefault("labels", {})[PODSET_LABEL] = "main"
+    meta.setdefault("annotations", {})[WORKLOAD_ANNOTATION] = workload
+    gates = template.setdefault("spec", {}).setdefault("schedulingGates", [])
+    if {"name": TOPOLOGY_GATE} not in gates:
+        gates.append({"name": TOPOLOGY_GATE})
+
+
+def ungate(store: Store, wl: Obj) -> None:
+    """The topology ungater for one admitted Workload: each gated pod of the pod set loses the
+    gate and gets the node selector of the domain its completion index falls in."""
+    psa = ((wl.get("status") or {}).get("admission") or {}).get("podSetAssignments") or [{}]
+    topology = psa[0].get("topologyAssignment")
+    if not topology:
+        return
+    by_rank = [selector for selector, n in domains(topology) for _ in range(n)]
+    ns, name = wl["metadata"]["namespace"], wl["metadata"]["name"]
+    pods, _ = store.list("pods", ns, lambda p: _gated_pod_of(p, name))
+    for pod in pods:
+        rank = int(pod["metadata"]["labels"].get(INDEX_LABEL, "-1"))
+        if 0 <= rank < len(by_rank):
+            store.mutate("pods", ns, pod["metadata"]["name"], _ungater(by_rank[rank]))
+
+
+def _gated_pod_of(pod: Obj, workload: str) -> bool:
+    meta = pod["metadata"]
+    return (
+        (meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION) == workload
+        and (meta.get("labels") or {}).get(PODSET_LABEL) == "main"
+        and (pod.get("status") or {}).get("phase") not in TERMINAL
+        and {"name": TOPOLOGY_GATE} in (pod["spec"].get("schedulingGates") or [])
+    )
+
+
+def _ungater(selector: dict[str, str]) -> Callable[[Obj], bool]:
+    def write(pod: Obj) -> bool:
+        gates = pod["spec"].get("schedulingGates") or []
+        if {"name": TOPOLOGY_GATE} not in gates:
+            return False  # ungated meanwhile: nothing to write
+        rest = [g for g in gates if g != {"name": TOPOLOGY_GATE}]
+        if rest:
+            pod["spec"]["schedulingGates"] = rest
+        else:
+            del pod["spec"]["schedulingGates"]  # an empty list is not kept, as the API drops it
+        pod["spec"].setdefault("nodeSelector", {}).update(selector)
+        return True
+
+    return write
