@@ -43,6 +43,12 @@ def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
         )
 
 
+def check_subdomain(field_name: str, value: str, kind: str) -> None:
+    """A name of a cluster-wide or namespaced object that is a DNS subdomain (<= 253)."""
+    if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
+        raise SpecError(field_name, f"{value!r} is not a {kind} name")
+
+
 def check_run_id(value: str) -> None:
     if not isinstance(value, str) or not value:
         raise SpecError(
