@@ -169,11 +169,6 @@ def test_bad_input_is_refused_with_a_one_line_message_naming_the_field(
     assert err.exit_code == 2
 
 
-def test_enough_distinct_bad_inputs_are_covered() -> None:
-    assert len(BAD_INPUTS) >= 25
-    assert len({f for _, _, f, _ in BAD_INPUTS}) >= 25
-
-
 def test_spec_error_is_also_a_value_error() -> None:
     with pytest.raises(ValueError, match="nodes"):
         WorkloadSpec(run_id=RUN, nodes=0)
@@ -314,8 +309,7 @@ ROUND_TRIPS: list[tuple[type, Any]] = [
 @pytest.mark.parametrize(("cls", "cfg"), ROUND_TRIPS)
 def test_config_flags_round_trip_to_an_equal_dataclass(cls: type, cfg: Any) -> None:
     first, second = _round_trip(cls, cfg)
-    assert first == cfg
-    assert second == cfg
+    assert first == cfg == second
 
 
 def test_workload_flags_round_trip_including_env_and_booleans() -> None:
@@ -342,12 +336,8 @@ def test_workload_flags_round_trip_including_env_and_booleans() -> None:
         image_pull_policy="Always",
         owner=owner,
     )
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, WorkloadSpec)
-    first = from_namespace(WorkloadSpec, parser.parse_args(to_args(cfg)), owner=owner)
-    assert first == cfg
-    argv = to_args(first)
-    assert from_namespace(WorkloadSpec, parser.parse_args(argv), owner=owner) == cfg
+    first, second = _round_trip(WorkloadSpec, cfg, owner=owner)
+    assert first == cfg == second
 
 
 def test_unset_flags_keep_the_dataclass_defaults() -> None:
