@@ -58,8 +58,6 @@ from mnnvl.report import (
 
 logger = logging.getLogger(__name__)
 
-REAP_TIMEOUT_S = 300.0
-
 
 @dataclass(frozen=True)
 class Result:
@@ -296,13 +294,9 @@ def train(
     )
     return TrainResult(
         job=launched.job,
-        final_loss=raw.get("final_loss"),
-        tokens_per_s=raw.get("tokens_per_s"),
-        mfu=raw.get("mfu"),
-        steps=raw.get("steps"),
+        **{k: raw.get(k) for k in ("final_loss", "tokens_per_s", "mfu", "steps", "peak_mem_gib")},
         start_step=int(raw.get("start_step") or 0),
         checkpoint=str(raw.get("checkpoint") or ""),
-        peak_mem_gib=raw.get("peak_mem_gib"),
         report_files=files,
         raw=raw,
         elapsed_s=_since(start),
@@ -359,9 +353,7 @@ def verify(
     result = VerifyResult(
         job=launched.job,
         verdict=str(raw.get("verdict")),
-        threshold_gbps=raw.get("threshold_gbps"),
-        peak_busbw_gbps=raw.get("peak_busbw_gbps"),
-        judged_busbw_gbps=raw.get("judged_busbw_gbps"),
+        **{k: raw.get(k) for k in ("threshold_gbps", "peak_busbw_gbps", "judged_busbw_gbps")},
         sizes=list(raw.get("sizes") or []),
         report_files=files,
         raw=raw,
@@ -430,7 +422,7 @@ def reap(
     all_dead: bool = False,
     dry_run: bool = False,
     kubeconfig: str | None = None,
-    timeout_s: float = REAP_TIMEOUT_S,
+    timeout_s: float = 300.0,
 ) -> ReapResult:
     """Delete objects of dead runs: not in ``live_run_ids`` (or every run with ``all_dead``),
     and idle at least ``older_than_s`` when that is > 0. ``dry_run`` deletes nothing.

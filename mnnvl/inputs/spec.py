@@ -540,14 +540,8 @@ class TrainConfig(_WorkerTimeouts):
 
 @dataclass(frozen=True, kw_only=True)
 class VerifyConfig(_WorkerTimeouts):
-    """NVLink/NCCL verification (runs in worker pods as ``python -m mnnvl.runtime.verify``).
-
-    Sizes of 0 mean "pick for the device": 1 MiB..4 GiB on GPUs, 1 KiB..1 MiB on CPU.
-    ``min_busbw_gbps`` of 0 means "a matching baseline (``mnnvl.inputs.baselines``) x (1 - its
-    tolerance), else derive the threshold from the detected topology" (active links x
-    per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
-    NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.
-    """
+    """NVLink/NCCL verification (runs in worker pods as ``python -m mnnvl.runtime.verify``);
+    the help texts say what 0 picks."""
 
     min_bytes: int = opt(
         0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU", valid=(0, 1 << 36)
