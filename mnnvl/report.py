@@ -2,8 +2,6 @@
 
 Standard library only, plus matplotlib when installed (imported lazily, Agg backend, so it
 works without a display). Without matplotlib the PNG is skipped and the HTML has no plot.
-The launcher side calls these from the RESULT dict; KFP and Argo publish the files as
-artifacts.
 """
 
 from __future__ import annotations

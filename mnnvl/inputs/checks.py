@@ -1,8 +1,6 @@
 """Checks and parsers for input values: each bad value raises ``SpecError`` naming the field.
 
-Pure functions of their arguments (no defaults, no environment, no files); the values they
-check against come from ``mnnvl.inputs.defaults`` and ``mnnvl.contract``. Standard library only;
-``mnnvl.inputs.spec`` builds its validated dataclasses from these.
+Pure functions of their arguments (no environment, no files), standard library only.
 """
 
 from __future__ import annotations
