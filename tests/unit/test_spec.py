@@ -13,13 +13,7 @@ from mnnvl.errors import SpecError
 from mnnvl.inputs import namespace
 from mnnvl.inputs.checks import parse_bytes, parse_env
 from mnnvl.inputs.flags import add_arguments, from_namespace, to_args
-from mnnvl.inputs.spec import (
-    DomainSpec,
-    OwnerRef,
-    TrainConfig,
-    VerifyConfig,
-    WorkloadSpec,
-)
+from mnnvl.inputs.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
 
 RUN = "run-1"
 
@@ -96,12 +90,7 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
         "out of range",
     ),
     (WorkloadSpec, {"run_id": RUN, "ttl_after_finished_s": -1}, "ttl_after_finished_s", "range"),
-    (
-        WorkloadSpec,
-        {"run_id": RUN, "max_restarts": 101},
-        "max_restarts",
-        "out of range",
-    ),
+    (WorkloadSpec, {"run_id": RUN, "max_restarts": 101}, "max_restarts", "out of range"),
     (WorkloadSpec, {"run_id": RUN, "image_pull_policy": "always"}, "image_pull_policy", "one of"),
     (TrainConfig, {"steps": 3, "warmup_steps": 4}, "warmup_steps", "4 is more than steps 3"),
     (TrainConfig, {"steps": 10, "warmup_steps": 11}, "warmup_steps", "set warmup_steps to 10"),
