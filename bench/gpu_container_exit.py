@@ -1,9 +1,10 @@
 """On a GPU, through the simulated cluster: a pod's main process SIGKILLed while its worker (in
 a session of its own) holds 80 GiB of GPU memory and a port. Is the memory free, and the worker
 gone, when the pod is reported Failed, and does the retried pod (which could not fit beside a
-live worker) run? Prints one ``GPUEXIT {json}`` line.
+live worker) run? The pod runs the programs of tests/sim/test_container_exit.py, its listener
+holding GPU memory first. Prints one ``GPUEXIT {json}`` line.
 
-    python bench/gpu_container_exit.py
+    python -m bench.gpu_container_exit
 """
 
 import json
@@ -11,32 +12,20 @@ import os
 import subprocess
 import tempfile
 import time
-import urllib.request
+
+import kubernetes
 
 from mnnvl.ports import free_port
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import wait_for
+from tests.sim.test_container_exit import LISTENER, alive, exit_job, launcher, pid_line
 
 GIB = 80  # two of these do not fit on one H200: a retry next to a live worker would OOM
 CHILD = (
-    "import os, socket, time, torch\n"
+    "import os, torch\n"
     "x = torch.ones(int(os.environ['GIB']) * 2**30, dtype=torch.uint8, device='cuda')\n"
     "torch.cuda.synchronize()\n"
-    "s = socket.socket(); s.bind(('127.0.0.1', int(os.environ['PORT']))); s.listen()\n"
-    "print('ready', flush=True)\n"
-    "time.sleep(600)\n"
-)
-MAIN = (
-    "import os, subprocess, sys, time\n"
-    f"child = subprocess.Popen([sys.executable, '-c', {CHILD!r}], start_new_session=True,\n"
-    "                         stdout=subprocess.PIPE, text=True)\n"
-    "if child.stdout.readline() != 'ready\\n':\n"
-    "    sys.exit(3)\n"
-    "print(f'main {os.getpid()} child {child.pid}', flush=True)\n"
-    "if os.path.exists(os.environ['FLAG']):\n"
-    "    sys.exit(0)\n"
-    "open(os.environ['FLAG'], 'w').close()\n"
-    "time.sleep(600)\n"
-)
+) + LISTENER
 
 
 def smi() -> dict:
@@ -53,52 +42,22 @@ def smi() -> dict:
     return {"memory_used_mib": used, "apps": apps}
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
 def main() -> None:
-    flag = os.path.join(tempfile.mkdtemp(), "flag")
-    env = [
-        {"name": "PORT", "value": str(free_port())},
-        {"name": "FLAG", "value": flag},
-        {"name": "GIB", "value": str(GIB)},
-    ]
+    env = {"PORT": str(free_port()), "FLAG": os.path.join(tempfile.mkdtemp(), "flag"), "GIB": GIB}
     container = {
         "name": "main",
         "image": "sim",
-        "command": ["python3", "-c", MAIN],
-        "env": env,
+        "command": ["python3", "-c", launcher(CHILD)],
+        "env": [{"name": k, "value": str(v)} for k, v in env.items()],
         "resources": {"limits": {"nvidia.com/gpu": 1}},
-    }
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "gpu"},
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": 1,
-            "parallelism": 1,
-            "backoffLimitPerIndex": 1,
-            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
-        },
     }
     out: dict = {"before": smi()}
     with SimCluster(nodes=1, gpus_per_node=1) as sim:
         out["local_gpus"] = sim.local_gpus
-        with open(sim.admin_kubeconfig_path, encoding="utf-8") as f:
-            token = json.load(f)["users"][0]["user"]["token"]  # a platform admin makes the Job
-        req = urllib.request.Request(
-            sim.url + "/apis/batch/v1/namespaces/default/jobs",
-            data=json.dumps(job).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+        admin = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
+        kubernetes.client.BatchV1Api(admin).create_namespaced_job(
+            "default", exit_job("gpu", container)
         )
-        urllib.request.urlopen(req).read()
 
         def pods() -> list:
             return [
@@ -107,23 +66,8 @@ def main() -> None:
                 if p["metadata"]["labels"].get("job-name") == "gpu"
             ]
 
-        deadline = time.monotonic() + 120
-        first = None
-        while time.monotonic() < deadline:
-            ps = pods()
-            if ps:
-                first = ps[0]["metadata"]["name"]
-                lines = [
-                    ln
-                    for ln in sim.pod_log("default", first).splitlines()
-                    if ln.startswith("main ")
-                ]
-                if lines:
-                    main_pid, child = (int(w) for w in lines[0].split()[1::2])
-                    break
-            time.sleep(0.05)
-        else:
-            raise SystemExit(f"never ready: {sim.pod_log('default', first or '')}")
+        first = wait_for(pods, 120, "the pod")[0]["metadata"]["name"]
+        main_pid, child = wait_for(lambda: pid_line(sim, first, "main"), 120, "GPU memory held")
         out["running"] = smi()
         out["processes_running"] = sim.processes("job-name=gpu")
         t0 = time.monotonic()

@@ -53,9 +53,8 @@ PREFLIGHT_STATUS = {PASS: "passed", FAIL: "failed", "SKIPPED": "skipped", "WARN"
 
 def preflight_report(rows: list[dict[str, str]], start_s: float, wall_s: float) -> dict[str, Any]:
     """The CTRF document for ``mnnvl preflight``: one test per row (WARN is ``other``)."""
-    tests = []
-    for row in rows:
-        test = {
+    tests = [
+        {
             "name": row["check"],
             "status": PREFLIGHT_STATUS[row["status"]],
             "duration": 0,
@@ -63,7 +62,8 @@ def preflight_report(rows: list[dict[str, str]], start_s: float, wall_s: float) 
             "rawStatus": row["status"],
             "message": row["saw"] + (f"; fix: {row['fix']}" if row["fix"] else ""),
         }
-        tests.append(test)
+        for row in rows
+    ]
     return _document("mnnvl-preflight", tests, int(start_s * 1000), int(wall_s * 1000), {})
 
 
@@ -116,15 +116,11 @@ def _check_tests(result: dict[str, Any]) -> list[dict[str, Any]]:
         return []  # a grouped run: each clique is a test (``_clique_tests``)
     if not checks:  # aborted before judging: the reason is the only test
         return [_test("verification", str(result.get("verdict")), result["reasons"], 0.0, "run")]
-    tests = []
-    for check in checks:
-        phase = "nvml" if check["name"] in NVML_CHECKS else "sweep"
-        tests.append(
-            _test(
-                check["name"], check["status"], check["messages"], timings.get(phase, 0), "checks"
-            )
-        )
-    return tests
+    return [
+        _test(c["name"], c["status"], c["messages"], timings.get(phase, 0), "checks")
+        for c in checks
+        for phase in ["nvml" if c["name"] in NVML_CHECKS else "sweep"]
+    ]
 
 
 def _busbw(row: dict[str, Any]) -> str:

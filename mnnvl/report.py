@@ -2,8 +2,6 @@
 
 Standard library only, plus matplotlib when installed (imported lazily, Agg backend, so it
 works without a display). Without matplotlib the PNG is skipped and the HTML has no plot.
-The launcher side calls these from the RESULT dict; KFP and Argo publish the files as
-artifacts.
 """
 
 from __future__ import annotations
@@ -53,11 +51,7 @@ def verdict_numbers(result: dict[str, Any]) -> str:
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+    return "-" if value is None else num(value, digits)
 
 
 def bandwidth(row: dict[str, Any], key: str, digits: int = 2) -> str:
@@ -309,9 +303,11 @@ def _html(title: str, body_md: str, png: str | None) -> str:
     )
 
 
-def _write(path: str, text: str) -> str:
+def _write(out_dir: str, name: str, content: Any) -> str:
+    """Write ``content`` (text, else JSON) to ``out_dir/name``; return the path."""
+    path = os.path.join(out_dir, name)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+        f.write(content if isinstance(content, str) else json.dumps(content, indent=2))
     return path
 
 
@@ -333,9 +329,7 @@ def busbw_plot(result: dict[str, Any]) -> tuple[list[tuple[str, list[float], lis
     if result.get("verdict") != NOT_JUDGED:
         return series, ""
     why = next((r for r in result.get("reasons", []) if r.startswith(NOT_JUDGED)), NOT_JUDGED)
-    if not any(r["busbw_gbps"] for r in sizes):
-        return [], why
-    return series, why
+    return (series if any(r["busbw_gbps"] for r in sizes) else []), why
 
 
 def write_preflight_report(
@@ -347,26 +341,23 @@ def write_preflight_report(
     os.makedirs(out_dir, exist_ok=True)
     report = ctrf.preflight_report(rows, start_s, wall_s)
     return {
-        "json": _write(os.path.join(out_dir, "preflight.json"), json.dumps(rows, indent=2)),
-        "ctrf": _write(os.path.join(out_dir, "preflight.ctrf.json"), json.dumps(report, indent=2)),
+        "json": _write(out_dir, "preflight.json", rows),
+        "ctrf": _write(out_dir, "preflight.ctrf.json", report),
     }
 
 
 def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     """Write verify.json, verify.md, verify.ctrf.json (CTRF), busbw.png and verify.html,
     and the key figures one per file (``KEY_FIGURES``); return the reports' paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    files = {"json": _write(os.path.join(out_dir, "verify.json"), json.dumps(result, indent=2))}
-    markdown = verify_markdown(result)
-    files["markdown"] = _write(os.path.join(out_dir, "verify.md"), markdown)
     from mnnvl import ctrf
 
-    files["ctrf"] = _write(
-        os.path.join(out_dir, CTRF_FILE), json.dumps(ctrf.verify_report(result), indent=2)
-    )
+    os.makedirs(out_dir, exist_ok=True)
+    markdown = verify_markdown(result)
+    files = {"json": _write(out_dir, "verify.json", result)}
+    files["markdown"] = _write(out_dir, "verify.md", markdown)
+    files["ctrf"] = _write(out_dir, CTRF_FILE, ctrf.verify_report(result))
     for key, (name, _) in KEY_FIGURES.items():
-        value = result.get(key)
-        _write(os.path.join(out_dir, name), "" if value is None else str(value))
+        _write(out_dir, name, "" if result.get(key) is None else str(result[key]))
     png = os.path.join(out_dir, "busbw.png")
     series, note = busbw_plot(result)
     swept = [r["bytes"] for r in result.get("sizes", [])]
@@ -385,9 +376,7 @@ def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     if drawn:
         files["png"] = png
     title = f"NVLink verification: {result.get('verdict')}"
-    files["html"] = _write(
-        os.path.join(out_dir, "verify.html"), _html(title, markdown, png if drawn else None)
-    )
+    files["html"] = _write(out_dir, "verify.html", _html(title, markdown, files.get("png")))
     return files
 
 
@@ -429,9 +418,9 @@ def train_markdown(result: dict[str, Any]) -> str:
 def write_train_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     """Write train.json, train.md, loss.png and train.html; return their paths."""
     os.makedirs(out_dir, exist_ok=True)
-    files = {"json": _write(os.path.join(out_dir, "train.json"), json.dumps(result, indent=2))}
     markdown = train_markdown(result)
-    files["markdown"] = _write(os.path.join(out_dir, "train.md"), markdown)
+    files = {"json": _write(out_dir, "train.json", result)}
+    files["markdown"] = _write(out_dir, "train.md", markdown)
     losses = result.get("losses") or []
     png = os.path.join(out_dir, "loss.png")
     drawn = bool(losses) and _plot(
@@ -443,7 +432,5 @@ def write_train_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     )
     if drawn:
         files["png"] = png
-    files["html"] = _write(
-        os.path.join(out_dir, "train.html"), _html("Training run", markdown, png if drawn else None)
-    )
+    files["html"] = _write(out_dir, "train.html", _html("Training run", markdown, files.get("png")))
     return files

@@ -48,19 +48,20 @@ from mnnvl.inputs.checks import check_dns_label
 from mnnvl.inputs.flags import to_args
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import resolve_namespace
-from mnnvl.inputs.spec import (
-    DomainSpec,
-    TrainConfig,
-    VerifyConfig,
-    WorkloadSpec,
-)
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.inputs.storage import check_shared_storage
 from mnnvl.manifests import TRAIN_MODULE, VERIFY_MODULE, rank0_job, step_workload
-from mnnvl.report import nccl_line, num, verdict_numbers
+from mnnvl.report import (
+    nccl_line,
+    num,
+    preload_plotting,
+    verdict_numbers,
+    write_preflight_report,
+    write_train_report,
+    write_verify_report,
+)
 
 logger = logging.getLogger(__name__)
-
-REAP_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -175,15 +176,6 @@ class ReapResult(Result):
     idle_s: dict[str, float] = field(default_factory=dict)
 
 
-@contextmanager
-def _api(kubeconfig: str | None, outage_s: float | None = None) -> Iterator[Api]:
-    api = Api.connect(kubeconfig, outage_s=outage_s)
-    try:
-        yield api
-    finally:
-        api.close()
-
-
 def _since(start: float) -> float:
     return round(time.monotonic() - start, 3)
 
@@ -211,7 +203,7 @@ def provision(
     a KFP launcher pod ends before the exit handler's teardown would run).
     """
     start = time.monotonic()
-    with _api(kubeconfig, spec.api_outage_s) as api:
+    with Api.connect(kubeconfig, outage_s=spec.api_outage_s) as api:
         if owner_pod and spec.owner is None:
             spec = dataclasses.replace(spec, owner=launcher_owner(api, spec.namespace))
         domain = ensure_domain(api, spec)
@@ -238,7 +230,7 @@ def launch(
     RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown.
     """
     start = time.monotonic()
-    with _api(kubeconfig, workload.api_outage_s) as api:
+    with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
         outcome = run_job(api, workload, module, args)
     if outcome.adopted.startswith("complete"):
         again = "; `mnnvl verify --measure-again` measures again" if module == VERIFY_MODULE else ""
@@ -291,18 +283,12 @@ def train(
     if not config.checkpoint_dir:
         logger.warning("train: no --checkpoint-dir, so a restart starts over from step 0")
     if report_dir:
-        from mnnvl.report import preload_plotting
-
         preload_plotting()
     launched = launch(
         step_workload(workload, "train"), TRAIN_MODULE, to_args(config), kubeconfig=kubeconfig
     )
     raw = _require_result(launched, "train")
-    files: dict[str, str] = {}
-    if report_dir:
-        from mnnvl.report import write_train_report
-
-        files = write_train_report(raw, report_dir)
+    files = write_train_report(raw, report_dir) if report_dir else {}
     if raw.get("start_step"):
         logger.info("train: resumed from step %s (%s)", raw["start_step"], raw.get("resumed_from"))
     logger.info(
@@ -313,13 +299,9 @@ def train(
     )
     return TrainResult(
         job=launched.job,
-        final_loss=raw.get("final_loss"),
-        tokens_per_s=raw.get("tokens_per_s"),
-        mfu=raw.get("mfu"),
-        steps=raw.get("steps"),
+        **{k: raw.get(k) for k in ("final_loss", "tokens_per_s", "mfu", "steps", "peak_mem_gib")},
         start_step=int(raw.get("start_step") or 0),
         checkpoint=str(raw.get("checkpoint") or ""),
-        peak_mem_gib=raw.get("peak_mem_gib"),
         report_files=files,
         raw=raw,
         elapsed_s=_since(start),
@@ -350,14 +332,12 @@ def verify(
     start = time.monotonic()
     verify_workload = step_workload(workload, "verify")
     if measure_again:
-        with _api(kubeconfig, workload.api_outage_s) as api:
+        with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
             deadline = Deadline(workload.pods_running_timeout_s)
             args = to_args(config)
             removed = delete_step_jobs(api, verify_workload, VERIFY_MODULE, args, deadline)
         logger.info("verify: measuring again (deleted %s)", ", ".join(removed) or "nothing")
     if report_dir:
-        from mnnvl.report import preload_plotting
-
         preload_plotting()
     try:
         launched = launch(verify_workload, VERIFY_MODULE, to_args(config), kubeconfig=kubeconfig)
@@ -374,17 +354,11 @@ def verify(
             elapsed_s=_since(start),
         )
     raw = _require_result(launched, "verify")
-    files: dict[str, str] = {}
-    if report_dir:
-        from mnnvl.report import write_verify_report
-
-        files = write_verify_report(raw, report_dir)
+    files = write_verify_report(raw, report_dir) if report_dir else {}
     result = VerifyResult(
         job=launched.job,
         verdict=str(raw.get("verdict")),
-        threshold_gbps=raw.get("threshold_gbps"),
-        peak_busbw_gbps=raw.get("peak_busbw_gbps"),
-        judged_busbw_gbps=raw.get("judged_busbw_gbps"),
+        **{k: raw.get(k) for k in ("threshold_gbps", "peak_busbw_gbps", "judged_busbw_gbps")},
         sizes=list(raw.get("sizes") or []),
         report_files=files,
         raw=raw,
@@ -417,11 +391,11 @@ def teardown(spec: DomainSpec, *, kubeconfig: str | None = None) -> TeardownResu
     names = RunNames.for_run(spec.run_id)
     deadline = Deadline(spec.delete_timeout_s)
     gone = Deletions(spec.run_id)
-    # API outages are ridden out like in every step, but never past the teardown's deadline.
-    outage_s = min(spec.api_outage_s, spec.delete_timeout_s)
+    touched = lambda: gone.deleted + gone.skipped  # noqa: E731
     try:
-        touched = lambda: gone.deleted + gone.skipped  # noqa: E731
-        with _api(kubeconfig, outage_s) as api, _namespace_checked(spec.namespace, touched):
+        # API outages are ridden out like in every step, but never past the teardown's deadline.
+        api = Api.connect(kubeconfig, outage_s=min(spec.api_outage_s, spec.delete_timeout_s))
+        with api, _namespace_checked(spec.namespace, touched):
             delete_workload(api, spec.namespace, gone, deadline)
             skip_foreign_namesakes(api, spec.namespace, gone)
             delete_domain(api, spec.namespace, names.domain, deadline, gone)
@@ -453,7 +427,7 @@ def reap(
     all_dead: bool = False,
     dry_run: bool = False,
     kubeconfig: str | None = None,
-    timeout_s: float = REAP_TIMEOUT_S,
+    timeout_s: float = 300.0,
 ) -> ReapResult:
     """Delete objects of dead runs: not in ``live_run_ids`` (or every run with ``all_dead``),
     and idle at least ``older_than_s`` when that is > 0. ``dry_run`` deletes nothing.
@@ -466,7 +440,7 @@ def reap(
     verdict = Verdict(live_run_ids=live, all_dead=all_dead, older_than_s=older_than_s)
     ns = resolve_namespace(namespace or "")
     check_dns_label("namespace", ns)
-    with _api(kubeconfig) as api, _namespace_checked(ns, list):
+    with Api.connect(kubeconfig) as api, _namespace_checked(ns, list):
         out = reap_namespace(api, ns, verdict, timeout_s=timeout_s, dry_run=dry_run)
         if not out.runs:
             require_namespace(api, ns)
@@ -485,7 +459,7 @@ def reap(
 def status(spec: DomainSpec, *, kubeconfig: str | None = None) -> StatusResult:
     """What the run has in the cluster now (read-only): domain and its nodes, Jobs, pods."""
     names = RunNames.for_run(spec.run_id)
-    with _api(kubeconfig, spec.api_outage_s) as api:
+    with Api.connect(kubeconfig, outage_s=spec.api_outage_s) as api:
         found = run_status(api, spec.namespace, names)
     return StatusResult(run_id=spec.run_id, namespace=spec.namespace, **found)
 
@@ -503,16 +477,12 @@ def preflight(
     ``fail_on_fail``; the report (``preflight.ctrf.json``) is written first.
     """
     start, started = time.monotonic(), time.time()
-    with _api(kubeconfig, workload.api_outage_s) as api:
+    with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
         rows = check_cluster(api, workload)
     text = table(rows)
     logger.info("preflight of namespace %s:\n%s", workload.namespace, text)
     found = [r.to_dict() for r in rows]
-    files: dict[str, str] = {}
-    if report_dir:
-        from mnnvl.report import write_preflight_report
-
-        files = write_preflight_report(found, report_dir, started, _since(start))
+    files = write_preflight_report(found, report_dir, started, _since(start)) if report_dir else {}
     failed = preflight_failure(found)
     if fail_on_fail and failed:
         report = f"; report: {files['ctrf']}" if files else ""

@@ -11,10 +11,8 @@ import yaml
 
 
 def to_yaml(objs: list[dict[str, Any]]) -> str:
-    """A multi-document YAML stream (``---`` before each object).
-
-    Block style, keys in builder order, no line folding (commands and env stay on one line).
-    """
+    """``---`` before each object, block style, keys in builder order, no line folding
+    (commands and env stay on one line)."""
     return yaml.safe_dump_all(
         objs,
         explicit_start=True,

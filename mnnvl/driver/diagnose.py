@@ -261,9 +261,8 @@ def label_shortage(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) 
     Kueue's topology assignment), whose misses are not the label's alone."""
     said = _unschedulable(pod)
     total, misses = SCHEDULER_TOTAL.search(said), NODE_AFFINITY_MISSES.search(said)
-    if not workload.clique_affinity or (pod.get("spec") or {}).get("nodeSelector"):
-        return None
-    if total is None or misses is None:
+    selected = (pod.get("spec") or {}).get("nodeSelector")
+    if not workload.clique_affinity or selected or total is None or misses is None:
         return None
     carrying = int(total[1]) - int(misses[1])
     if carrying >= workload.group_nodes:

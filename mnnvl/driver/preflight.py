@@ -146,7 +146,7 @@ def clique_row(nodes: list[dict[str, Any]], workload: WorkloadSpec) -> Row:
         for n in nodes
         if key in (n["metadata"].get("labels") or {})
     )
-    size = workload.nodes_per_clique or workload.nodes
+    size = workload.group_nodes
     text = f"{sum(cliques.values())} of {len(nodes)} nodes carry {key}" + (
         f"; cliques: {', '.join(f'{k}={v}' for k, v in sorted(cliques.items()))}" if cliques else ""
     )
@@ -157,8 +157,7 @@ def clique_row(nodes: list[dict[str, Any]], workload: WorkloadSpec) -> Row:
     )
     if not cliques:
         return Row("clique-labels", FAIL, text, fix)
-    fitting = sum(1 for v in cliques.values() if v >= size)
-    if fitting < workload.groups:
+    if sum(v >= size for v in cliques.values()) < workload.groups:
         need = f"{workload.groups} clique(s) of >= {size} nodes for --nodes {workload.nodes}"
         return Row(
             "clique-labels", FAIL, f"{text}; a run needs {need}", f"{fix}; or run fewer nodes"

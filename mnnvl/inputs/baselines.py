@@ -41,13 +41,13 @@ class Baseline:
     nodes: tuple[int, int]  # the node counts it judges, inclusive
     transport: str  # a transport_key value
     nccl_min: str  # inclusive, "2.28"
-    nccl_max: str  # exclusive, "" = open
     busbw_gbps: float  # float32 sum, large messages (judged sizes)
     tolerance: float  # the verdict's floor is busbw x (1 - tolerance)
     source: str  # "published" or "measured"
     date: str  # when the figure was measured, else when its source published it
     citation: str
     platform: str = ""  # "": any cluster; a provider ("eks"): only when asked for
+    nccl_max: str = ""  # exclusive, "" = open
 
     @property
     def floor_gbps(self) -> float:
@@ -62,7 +62,6 @@ BASELINES: tuple[Baseline, ...] = (
         nodes=(1, 1),
         transport="NVLink P2P",
         nccl_min="2.28",
-        nccl_max="",
         busbw_gbps=346.7,
         tolerance=0.10,
         source="measured",
@@ -80,7 +79,6 @@ BASELINES: tuple[Baseline, ...] = (
         nodes=(1, 1),
         transport="NVLS",
         nccl_min="2.17",
-        nccl_max="",
         busbw_gbps=480.0,
         tolerance=0.10,
         source="published",
@@ -99,7 +97,6 @@ BASELINES: tuple[Baseline, ...] = (
         nodes=NVL72,
         transport="MNNVL NVLS",
         nccl_min="2.25",
-        nccl_max="",
         busbw_gbps=770.0,
         tolerance=0.2208,  # 770 x (1 - 0.2208) = 600: AICR's GB200 floor
         source="published",
@@ -119,7 +116,6 @@ BASELINES: tuple[Baseline, ...] = (
         nodes=NVL72,
         transport="MNNVL NVLS",
         nccl_min="2.25",
-        nccl_max="",
         busbw_gbps=895.08,
         tolerance=0.0805,  # 895.08 x (1 - 0.0805) = 823: AICR's generic GB300 floor
         source="published",
@@ -138,7 +134,6 @@ BASELINES: tuple[Baseline, ...] = (
         nodes=NVL72,
         transport="MNNVL NVLS",
         nccl_min="2.25",
-        nccl_max="",
         busbw_gbps=841.17,
         tolerance=0.1678,  # 841.17 x (1 - 0.1678) = 700: AICR's GB300 EKS floor
         source="published",

@@ -1,8 +1,6 @@
 """Checks and parsers for input values: each bad value raises ``SpecError`` naming the field.
 
-Pure functions of their arguments (no defaults, no environment, no files); the values they
-check against come from ``mnnvl.inputs.defaults`` and ``mnnvl.contract``. Standard library only;
-``mnnvl.inputs.spec`` builds its validated dataclasses from these.
+Pure functions of their arguments (no environment, no files), standard library only.
 """
 
 from __future__ import annotations
@@ -41,6 +39,12 @@ def check_dns_label(field_name: str, value: str, *, max_len: int = 63) -> None:
             f"{value!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
             "starting and ending with a letter or digit)",
         )
+
+
+def check_subdomain(field_name: str, value: str, kind: str) -> None:
+    """A name of a cluster-wide or namespaced object that is a DNS subdomain (<= 253)."""
+    if len(value) > 253 or not DNS1123_SUBDOMAIN.match(value):
+        raise SpecError(field_name, f"{value!r} is not a {kind} name")
 
 
 def check_run_id(value: str) -> None:

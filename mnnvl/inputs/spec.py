@@ -17,7 +17,6 @@ from typing import Any
 from mnnvl.errors import SpecError
 from mnnvl.inputs.checks import (
     CHECKPOINTING_HELP,
-    DNS1123_SUBDOMAIN,
     check_choice,
     check_dns_label,
     check_env,
@@ -26,6 +25,7 @@ from mnnvl.inputs.checks import (
     check_label_value,
     check_range,
     check_run_id,
+    check_subdomain,
     parse_checkpointing,
     parse_toleration,
 )
@@ -92,11 +92,15 @@ def opt(
 
 
 def check_declared(spec: Any) -> None:
-    """Every number of ``spec`` within its declared range (``opt(valid=...)``), in order."""
+    """Every number of ``spec`` within its declared range (``opt(valid=...)``) and every value
+    with declared ``choices`` one of them, in field order."""
     for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
         if isinstance(f.metadata.get("valid"), tuple):
             lo, hi = f.metadata["valid"]
-            check_range(f.name, getattr(spec, f.name), lo, hi, integer=f.type == "int")
+            check_range(f.name, value, lo, hi, integer=f.type == "int")
+        if f.metadata.get("choices"):
+            check_choice(f.name, value, f.metadata["choices"])
 
 
 def _check_run_and_namespace(spec: Any) -> None:
@@ -108,8 +112,17 @@ def _check_run_and_namespace(spec: Any) -> None:
     check_dns_label("namespace", spec.namespace)
 
 
+# Inputs several specs share, declared once (a pipeline that runs both workers, or every
+# step, has one parameter for each).
+def namespace_opt() -> Any:
+    return opt(
+        "",
+        "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
+        valid=NAMESPACE_VALID,
+    )
+
+
 def api_outage_opt() -> Any:
-    """The ``api_outage_s`` input, declared here once for every step's spec."""
     return opt(
         300.0,
         "how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden "
@@ -119,8 +132,6 @@ def api_outage_opt() -> Any:
 
 
 def collective_timeout_opt() -> Any:
-    """The ``collective_timeout_s`` input, declared here once for the training and the
-    verification workers (a pipeline that runs both shares one parameter)."""
     return opt(
         300.0,
         "how long a collective waits for a dead or hung peer before the worker fails "
@@ -130,8 +141,6 @@ def collective_timeout_opt() -> Any:
 
 
 def stall_timeout_opt() -> Any:
-    """The ``stall_timeout_s`` input, declared here once for the training and the
-    verification workers."""
     return opt(
         0.0,
         "the pod stops its workers (retriable) when one made no progress for this long, s; "
@@ -140,21 +149,26 @@ def stall_timeout_opt() -> Any:
     )
 
 
-def check_stall_inputs(collective_timeout_s: float, stall_timeout_s: float) -> None:
-    """The stall timeout, when given, exceeds the collective timeout."""
-    if stall_timeout_s and stall_timeout_s <= collective_timeout_s:
-        raise SpecError(
-            "stall_timeout_s",
-            f"{stall_timeout_s:g} must exceed collective_timeout_s "
-            f"{collective_timeout_s:g} (a collective may wait that long on a slow peer)",
-        )
+class _WorkerTimeouts:
+    """The collective and stall timeouts of the training and the verification workers."""
 
+    collective_timeout_s: float
+    stall_timeout_s: float
 
-def stall_seconds(collective_timeout_s: float, stall_timeout_s: float) -> float:
-    """The stall timeout in force. Derived: between two progress reports a worker may block
-    in a collective for up to the collective timeout, twice (a training checkpoint save is
-    barriers around a write), plus a minute for the write itself."""
-    return stall_timeout_s or 2 * collective_timeout_s + 60
+    def _check_stall(self) -> None:
+        if self.stall_timeout_s and self.stall_timeout_s <= self.collective_timeout_s:
+            raise SpecError(
+                "stall_timeout_s",
+                f"{self.stall_timeout_s:g} must exceed collective_timeout_s "
+                f"{self.collective_timeout_s:g} (a collective may wait that long on a slow peer)",
+            )
+
+    @property
+    def stall_s(self) -> float:
+        """The stall timeout in force. Derived: between two progress reports a worker may block
+        in a collective for up to the collective timeout, twice (a training checkpoint save is
+        barriers around a write), plus a minute for the write itself."""
+        return self.stall_timeout_s or 2 * self.collective_timeout_s + 60
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,11 +191,7 @@ class DomainSpec:
     """What provision and teardown need: which run, where, and how the channel is allocated."""
 
     run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
-    namespace: str = opt(
-        "",
-        "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
-        valid=NAMESPACE_VALID,
-    )
+    namespace: str = namespace_opt()
     allocation_mode: str = opt(
         "Single",
         "IMEX channels per pod: Single (channel0) or All",
@@ -199,7 +209,6 @@ class DomainSpec:
     def __post_init__(self) -> None:
         _check_run_and_namespace(self)
         check_declared(self)
-        check_choice("allocation_mode", self.allocation_mode, ALLOCATION_MODES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,11 +216,7 @@ class WorkloadSpec:
     """The multi-node Indexed Job: shape, image, placement, NCCL profile and deadlines."""
 
     run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
-    namespace: str = opt(
-        "",
-        "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
-        valid=NAMESPACE_VALID,
-    )
+    namespace: str = namespace_opt()
     purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
     nodes: int = opt(
         2,
@@ -351,23 +356,14 @@ class WorkloadSpec:
         check_label_key("clique_label", self.clique_label)
         self._check_cliques()
         check_image("image", self.image)
-        check_choice("gpu_mode", self.gpu_mode, GPU_MODES)
-        if not DNS1123_SUBDOMAIN.match(self.gpu_device_class) or len(self.gpu_device_class) > 253:
-            raise SpecError(
-                "gpu_device_class", f"{self.gpu_device_class!r} is not a DeviceClass name"
-            )
-        check_choice("nccl_profile", self.nccl_profile, NCCL_PROFILES)
+        check_subdomain("gpu_device_class", self.gpu_device_class, "DeviceClass")
         check_env("env", self.env)
         if self.worker_service_account:
             check_dns_label("worker_service_account", self.worker_service_account, max_len=253)
-        check_choice("pod_security", self.pod_security, POD_SECURITY_LEVELS)
         self._check_scheduling()
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
         parse_pvc(self.pvc)
-        check_choice(
-            "image_pull_policy", self.image_pull_policy, ("Always", "IfNotPresent", "Never")
-        )
 
     def _check_cliques(self) -> None:
         per = self.max_nodes_per_clique
@@ -401,10 +397,8 @@ class WorkloadSpec:
             check_label_value("node_selector", value)
         for item in self.tolerations:
             parse_toleration(item)
-        if self.priority_class and not DNS1123_SUBDOMAIN.match(self.priority_class):
-            raise SpecError(
-                "priority_class", f"{self.priority_class!r} is not a PriorityClass name"
-            )
+        if self.priority_class:
+            check_subdomain("priority_class", self.priority_class, "PriorityClass")
         if self.queue_name:
             check_dns_label("queue_name", self.queue_name)
 
@@ -429,7 +423,7 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(_WorkerTimeouts):
     """The sharded training step (runs in worker pods as ``python -m mnnvl.runtime.train``).
 
     ``batch_size`` 0 and the levers left at ``auto`` take the model preset's values
@@ -497,7 +491,6 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_declared(self)
-        check_choice("model", self.model, MODEL_PRESETS)
         self._apply_preset()
         if self.warmup_steps > self.steps:
             if self.warmup_steps != DEFAULT_WARMUP_STEPS:
@@ -508,17 +501,14 @@ class TrainConfig:
                 )
             # The default warm-up on a run shorter than it: the whole run warms up.
             object.__setattr__(self, "warmup_steps", self.steps)
-        check_choice("dtype", self.dtype, DTYPES)
         if not self.data:
             raise SpecError("data", "must be 'synthetic' or a path to a token file")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise SpecError("checkpoint_every", "needs checkpoint_dir to be set")
-        check_stall_inputs(self.collective_timeout_s, self.stall_timeout_s)
+        self._check_stall()
 
     def _apply_preset(self) -> None:
         """Inputs left at auto (batch_size 0) take the preset's value; a given value wins."""
-        check_choice("reshard_after_forward", self.reshard_after_forward, SWITCHES)
-        check_choice("compile", self.compile, SWITCHES)
         if self.activation_checkpointing != "auto":
             parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
         preset = PRESET_TRAIN_DEFAULTS.get(self.model, PLAIN_TRAIN_DEFAULTS)
@@ -547,22 +537,11 @@ class TrainConfig:
             return self.compile == "true"
         return on_gpu and self.model in COMPILED_PRESETS
 
-    @property
-    def stall_s(self) -> float:
-        """The stall timeout in force (``stall_seconds``)."""
-        return stall_seconds(self.collective_timeout_s, self.stall_timeout_s)
-
 
 @dataclass(frozen=True, kw_only=True)
-class VerifyConfig:
-    """NVLink/NCCL verification (runs in worker pods as ``python -m mnnvl.runtime.verify``).
-
-    Sizes of 0 mean "pick for the device": 1 MiB..4 GiB on GPUs, 1 KiB..1 MiB on CPU.
-    ``min_busbw_gbps`` of 0 means "a matching baseline (``mnnvl.inputs.baselines``) x (1 - its
-    tolerance), else derive the threshold from the detected topology" (active links x
-    per-link speed x ``efficiency``). ``allow_unjudged`` accepts a
-    NOT_JUDGED verdict (no threshold could be applied, e.g. CPU/gloo) as success.
-    """
+class VerifyConfig(_WorkerTimeouts):
+    """NVLink/NCCL verification (runs in worker pods as ``python -m mnnvl.runtime.verify``);
+    the help texts say what 0 picks."""
 
     min_bytes: int = opt(
         0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU", valid=(0, 1 << 36)
@@ -619,12 +598,7 @@ class VerifyConfig:
             raise SpecError(
                 "min_bytes", f"{self.min_bytes} is larger than max_bytes {self.max_bytes}"
             )
-        check_stall_inputs(self.collective_timeout_s, self.stall_timeout_s)
-
-    @property
-    def stall_s(self) -> float:
-        """The stall timeout in force (``stall_seconds``)."""
-        return stall_seconds(self.collective_timeout_s, self.stall_timeout_s)
+        self._check_stall()
 
 
 @dataclass(frozen=True, kw_only=True)

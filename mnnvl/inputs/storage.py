@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mnnvl.errors import SpecError
+from mnnvl.inputs.checks import check_subdomain
 
-CLAIM_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 PVC_ITEM = re.compile(r"^(?P<claim>[^:]+):(?P<path>/[^:]*)(?P<ro>:ro)?$")
 RESERVED_MOUNTS = ("/dev/shm", "/dev", "/proc", "/sys", "/")
 
@@ -37,8 +37,7 @@ def parse_pvc(items: tuple[str, ...]) -> list[PvcMount]:
         if not m:
             raise SpecError("pvc", f"{item!r} must look like CLAIM:/mount/path or CLAIM:/path:ro")
         claim, path = m["claim"], m["path"].rstrip("/") or "/"
-        if len(claim) > 253 or not CLAIM_NAME.match(claim):
-            raise SpecError("pvc", f"{claim!r} is not a PersistentVolumeClaim name")
+        check_subdomain("pvc", claim, "PersistentVolumeClaim")
         if path in RESERVED_MOUNTS or "/../" in path + "/" or "//" in path:
             raise SpecError("pvc", f"{item!r}: {path!r} cannot be a mount path")
         if any(path == o.path for o in mounts):

@@ -17,7 +17,7 @@ from typing import Any
 from mnnvl.errors import SpecError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
-from mnnvl.manifests.domain import object_meta
+from mnnvl.manifests.domain import object_meta, require
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceClaimTemplate"
@@ -32,8 +32,7 @@ def wants_gpu_claim(workload: WorkloadSpec) -> bool:
 
 def gpu_claim_template(workload: WorkloadSpec) -> dict[str, Any]:
     """A template asking for exactly ``gpus_per_node`` devices of ``gpu_device_class``."""
-    if not isinstance(workload, WorkloadSpec):
-        raise SpecError("workload", f"expected a WorkloadSpec, got {type(workload).__name__}")
+    require(workload, WorkloadSpec, "workload")
     if not wants_gpu_claim(workload):
         raise SpecError(
             "gpu_mode",

@@ -18,6 +18,12 @@ KIND = "ComputeDomain"
 COMPONENT = "compute-domain"
 
 
+def require(value: object, kind: type, field: str) -> None:
+    """A builder given something else than its spec: a caller's mistake, named."""
+    if not isinstance(value, kind):
+        raise SpecError(field, f"expected a {kind.__name__}, got {type(value).__name__}")
+
+
 def owner_references(owner: OwnerRef | None) -> list[dict[str, Any]]:
     """Owner references backing up teardown through garbage collection.
 
@@ -52,8 +58,7 @@ def object_meta(
 
 def compute_domain(spec: DomainSpec) -> dict[str, Any]:
     """The run's ComputeDomain; the DRA controller creates the channel template it names."""
-    if not isinstance(spec, DomainSpec):
-        raise SpecError("domain", f"expected a DomainSpec, got {type(spec).__name__}")
+    require(spec, DomainSpec, "domain")
     names = RunNames.for_run(spec.run_id)
     return {
         "apiVersion": API_VERSION,

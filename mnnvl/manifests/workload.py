@@ -21,7 +21,7 @@ from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.inputs.storage import parse_pvc
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
-from mnnvl.manifests.domain import object_meta
+from mnnvl.manifests.domain import object_meta, require
 
 CONTAINER = "worker"
 # The runtime image's USER (images/runtime.Dockerfile): the uid and gid the worker pods run as
@@ -56,12 +56,6 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-def _check_workload(workload: object) -> WorkloadSpec:
-    if not isinstance(workload, WorkloadSpec):
-        raise SpecError("workload", f"expected a WorkloadSpec, got {type(workload).__name__}")
-    return workload
-
-
 def kueue_gang(workload: WorkloadSpec) -> bool:
     """Clique groups under Kueue: one Job (one Kueue Workload) for every group, admitted
     whole or not at all; Kueue's TAS places each group's slice of it in one clique."""
@@ -93,7 +87,7 @@ def headless_service(workload: WorkloadSpec) -> dict[str, Any]:
     ``publishNotReadyAddresses`` is on because the workers rendezvous before any readiness
     (they have no probes, and pod 0's address must resolve while the others start).
     """
-    workload = _check_workload(workload)
+    require(workload, WorkloadSpec, "workload")
     names = RunNames.for_run(workload.run_id)
     return {
         "apiVersion": "v1",
@@ -153,7 +147,7 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
     applies the same rule at start-up). Machine-pinned and Job-owned names never get here:
     ``WorkloadSpec`` refuses them, so nobody believes they changed them.
     """
-    workload = _check_workload(workload)
+    require(workload, WorkloadSpec, "workload")
     env = {
         contract_env.MASTER_ADDR: master_addr(workload),
         contract_env.MASTER_PORT: str(workload.rdzv_port),
@@ -402,7 +396,7 @@ def indexed_job(
     index whose failed pod had ``job-index-failure-count`` >= the limit. So ``max_restarts``
     restarts leave each index at most that many failures, and the next one fails the Job.
     """
-    workload = _check_workload(workload)
+    require(workload, WorkloadSpec, "workload")
     names = RunNames.for_run(workload.run_id)
     job = names.job(workload.purpose, group)
     job_labels = names.labels(workload.purpose)
@@ -443,7 +437,7 @@ def indexed_job(
 def indexed_jobs(workload: WorkloadSpec, module: str, args: list[str]) -> list[dict[str, Any]]:
     """The step's Jobs: one, or one per clique group, all in one rendezvous. Under Kueue the
     groups are one Job, so that Kueue admits them together or not at all."""
-    workload = _check_workload(workload)
+    require(workload, WorkloadSpec, "workload")
     if workload.groups == 1 or kueue_gang(workload):
         return [indexed_job(workload, module, args)]
     return [indexed_job(workload, module, args, g) for g in range(workload.groups)]

@@ -43,7 +43,7 @@ def judge(
     threshold, source = threshold_gbps(cfg, topo, baseline)
     if world_size < 2:
         threshold, source = None, "none"
-    judged = judged_busbw(sizes, cfg.judge_min_bytes)
+    judged = collectives.judged_busbw(sizes, cfg.judge_min_bytes)
     unjudged = _why_unjudged(cfg, summaries, sizes, world_size, backend, threshold, source)
     if unjudged is None and threshold is not None and judged < threshold:
         checks[BANDWIDTH] = [
@@ -203,9 +203,6 @@ def threshold_gbps(
         derived = topo["active_links"] * topo["link_speed_gbps"] * cfg.efficiency
         return round(derived, 3), "derived"
     return None, "none"
-
-
-judged_busbw = collectives.judged_busbw
 
 
 def _notes(summaries: Sequence[dict[str, Any]]) -> list[str]:

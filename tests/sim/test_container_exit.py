@@ -28,20 +28,41 @@ LISTENER = (
     "print('bound', flush=True)\n"
     "time.sleep(300)\n"
 )
-# The main process starts the listener in a session of its own; the first attempt (no
-# $FLAG yet) then works on until it is killed, a later one exits 0 once its listener bound.
-LAUNCHER = (
-    "import os, subprocess, sys, time\n"
-    f"child = subprocess.Popen([sys.executable, '-c', {LISTENER!r}], start_new_session=True,\n"
-    "                         stdout=subprocess.PIPE, text=True)\n"
-    "if child.stdout.readline() != 'bound\\n':\n"
-    "    sys.exit(3)\n"
-    "print(f'main {os.getpid()} child {child.pid}', flush=True)\n"
-    "if os.path.exists(os.environ['FLAG']):\n"
-    "    sys.exit(0)\n"
-    "open(os.environ['FLAG'], 'w').close()\n"
-    "time.sleep(300)\n"
-)
+
+
+def launcher(listener: str) -> str:
+    """The main process starts ``listener`` in a session of its own; the first attempt (no
+    $FLAG yet) then works on until it is killed, a later one exits 0 once its listener bound."""
+    return (
+        "import os, subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {listener!r}], start_new_session=True,\n"
+        "                         stdout=subprocess.PIPE, text=True)\n"
+        "if child.stdout.readline() != 'bound\\n':\n"
+        "    sys.exit(3)\n"
+        "print(f'main {os.getpid()} child {child.pid}', flush=True)\n"
+        "if os.path.exists(os.environ['FLAG']):\n"
+        "    sys.exit(0)\n"
+        "open(os.environ['FLAG'], 'w').close()\n"
+        "time.sleep(300)\n"
+    )
+
+
+def exit_job(name: str, container: dict[str, Any]) -> dict[str, Any]:
+    """An Indexed Job of one pod running ``container``, retried once."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimitPerIndex": 1,
+            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+        },
+    }
+
+
 # Starts a daemon (new session, its parent exits at once: it is re-parented away from the
 # container's tree), prints its pid and works on.
 DAEMONIZER = (
@@ -86,21 +107,12 @@ def test_killing_only_the_main_process_takes_its_worker_down_before_the_pod_fail
 ) -> None:
     port = free_port()
     env = [{"name": "PORT", "value": str(port)}, {"name": "FLAG", "value": str(tmp_path / "f")}]
-    container = {"name": "main", "image": "sim", "command": ["python3", "-c", LAUNCHER]}
-    spec = {"restartPolicy": "Never", "containers": [{**container, "env": env}]}
-    job = {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "exit"},
-        "spec": {
-            "completionMode": "Indexed",
-            "completions": 1,
-            "parallelism": 1,
-            "backoffLimitPerIndex": 1,
-            "template": {"spec": spec},
-        },
-    }
-    raw.call("POST", JOBS, job)
+    command = ["python3", "-c", launcher(LISTENER)]
+    raw.call(
+        "POST",
+        JOBS,
+        exit_job("exit", {"name": "main", "image": "sim", "command": command, "env": env}),
+    )
     first = wait_for(lambda: job_pods(raw, "exit"), what="the first pod")[0]["metadata"]["name"]
     main, child = wait_for(lambda: pid_line(sim, first, "main"), 30, "the listener bound")
     assert os.getsid(child) == child != os.getsid(main)  # a session of its own

@@ -17,6 +17,7 @@ from mnnvl.runtime.cliques import combine, judge_inter
 from mnnvl.runtime.verdict import judge
 from tests.unit.ctrf_schema import SCHEMA
 from tests.unit.fake_pynvml import FakeNvml, h200
+from tests.unit.test_report_cliques import ROW, clique
 
 SHM = "h200-0:123:456 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"
 P2P = "h200-0:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
@@ -68,29 +69,11 @@ def test_p2p_off_verdict_as_ctrf_validates_and_lists_every_check(tmp_path: Path)
 
 def test_a_grouped_run_has_a_test_per_clique_and_across_cliques() -> None:
     cfg = VerifyConfig()
-    row = {"bytes": 1 << 30, "time_us": 1.0, "algbw_gbps": 1.0, "busbw_gbps": 300.0}
     cliques = [
-        {
-            "group": g,
-            "ranks": [2 * g, 2 * g + 1],
-            "nodes": [f"pod-g{g}-0", f"pod-g{g}-1"],
-            "verdict": verdict,
-            "reasons": reasons,
-            "threshold_gbps": 296.4,
-            "threshold_source": "derived",
-            "judged_busbw_gbps": busbw,
-            "peak_busbw_gbps": busbw,
-            "topology": {},
-            "sizes": [{**row, "busbw_gbps": busbw, "correct": True}],
-            "worst_node": None,
-        }
-        for g, verdict, busbw, reasons in (
-            (0, "PASS", 340.0, []),
-            (1, "FAIL", 27.0, ["busbw 27.0 GB/s is below the derived threshold 296.4 GB/s"]),
-        )
+        clique(0, "PASS", 340.0, []),
+        clique(1, "FAIL", 27.0, ["busbw 27.0 GB/s is below the derived threshold 296.4 GB/s"]),
     ]
-    spanning = [{**row, "correct": True}]
-    inter = {"spanning": judge_inter(cfg, spanning, "all"), "leaders": judge_inter(cfg, [], "l")}
+    inter = {"spanning": judge_inter(cfg, [ROW], "all"), "leaders": judge_inter(cfg, [], "l")}
     result = {"kind": "verify", **combine(cliques, inter), "world_size": 4, "wall_s": 1.0}
     doc = ctrf.verify_report(result)
     jsonschema.validate(doc, SCHEMA)

@@ -16,6 +16,7 @@ from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import fabric_health, nvml
 from mnnvl.runtime.verdict import judge
 from tests.unit.fake_pynvml import FakeGpu, FakeNvml, gb200, h200
+from tests.unit.test_baselines import sweep
 
 pynvml = pytest.importorskip("pynvml")
 
@@ -46,13 +47,6 @@ def summaries(gpus: list[FakeGpu], imex: str) -> list[dict[str, Any]]:
         summary.update(rank=rank, host=f"worker-{rank}")
         out.append(summary)
     return out
-
-
-def sweep(busbw: float) -> list[dict[str, Any]]:
-    return [
-        {"bytes": s, "time_us": 1.0, "algbw_gbps": busbw, "busbw_gbps": busbw, "correct": True}
-        for s in (1 << 20, 1 << 30, 4 << 30)
-    ]
 
 
 def test_decoding_follows_nvmls_field_layout() -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import nvml
-from mnnvl.runtime.verdict import exit_code, judge, judged_busbw, threshold_gbps
+from mnnvl.runtime.collectives import judged_busbw
+from mnnvl.runtime.verdict import exit_code, judge, threshold_gbps
 from tests.unit.fake_pynvml import (
     CLUSTER_B,
     FakeGpu,
