@@ -199,8 +199,9 @@ class SimCluster:
         self._server.start_serving()
         runner = service_account_user(self.namespaces[0], rbac.RUNNER)
         auth = self._server.authenticator
-        self._write_kubeconfig(self.kubeconfig_path, rbac.RUNNER, auth.issue(runner))
+        # The admin's first: whoever waits for the kubeconfig then finds both.
         self._write_kubeconfig(self.admin_kubeconfig_path, "admin", auth.issue(ADMIN_USER))
+        self._write_kubeconfig(self.kubeconfig_path, rbac.RUNNER, auth.issue(runner))
         log.info(
             "simulated cluster up at %s (%d nodes, kubeconfig %s, %s=%d reproduces its placements)",
             self.url,
