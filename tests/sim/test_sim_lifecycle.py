@@ -139,10 +139,14 @@ def test_pod_deleted_while_waiting_for_imex_releases_the_node(env: Any) -> None:
 def test_cli_sim_up_with_two_cliques_labels_half_the_nodes_each(tmp_path: Any) -> None:
     kc = tmp_path / "kubeconfig"
     cmd = [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "8", "--cliques", "2"]
-    proc = subprocess.Popen([*cmd, "--kubeconfig", str(kc)], stderr=subprocess.DEVNULL)
+    err = tmp_path / "sim.err"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen([*cmd, "--kubeconfig", str(kc)], stderr=stderr)
     try:
-        wait_for(kc.exists, timeout=60)
-        api = kubernetes.config.new_client_from_config(config_file=f"{kc}.admin")
+        admin = tmp_path / "kubeconfig.admin"
+        wait_for(lambda: admin.exists() or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, err.read_text()[-2000:]
+        api = kubernetes.config.new_client_from_config(config_file=str(admin))
         nodes = kubernetes.client.CoreV1Api(api).list_node().items
         cliques = [n.metadata.labels["nvidia.com/gpu.clique"] for n in nodes]
         assert len(nodes) == 8 and len(set(cliques)) == 2

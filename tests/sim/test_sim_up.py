@@ -95,14 +95,15 @@ def _sim_up_with_a_running_pod(tmp_path: Path) -> tuple[subprocess.Popen[str], i
     """``mnnvl sim up`` serving, and the pid of a pod process that would sleep for minutes."""
     kc = tmp_path / "kubeconfig"
     cmd = [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "1", "--gpus-per-node", "0"]
-    proc = subprocess.Popen(
-        [*cmd, "--kubeconfig", str(kc)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    wait_for(kc.exists, timeout=60)
-    api = kubernetes.config.new_client_from_config(config_file=f"{kc}.admin")
+    err = tmp_path / "sim.err"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [*cmd, "--kubeconfig", str(kc)], stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+    admin = tmp_path / "kubeconfig.admin"
+    wait_for(lambda: admin.exists() or proc.poll() is not None, timeout=60)
+    assert proc.poll() is None, err.read_text()[-2000:]
+    api = kubernetes.config.new_client_from_config(config_file=str(admin))
     core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
     code = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
     container = {"name": "main", "image": "sim", "command": ["python3", "-c", code]}
