@@ -390,19 +390,23 @@ class Api:
         )
         yield from watch_events(resp, what)
 
-    def pod_log(self, namespace: str, pod: str, *, container: str = "worker") -> str:
-        """The whole log of one container (empty when the pod has no log yet)."""
-        resp = self.call(
+    def _log(self, namespace: str, pod: str, container: str, follow: bool) -> Any:
+        return self.call(
             self._raw,
             "GET",
             POD,
             namespace,
             pod,
             sub="log",
-            query={"container": container},
+            query={"container": container, "follow": "true" if follow else None},
+            timeout=(CONNECT_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S),
             what=f"pods/log {namespace}/{pod}",
-            verb="get",
+            verb="follow" if follow else "get",
         )
+
+    def pod_log(self, namespace: str, pod: str, *, container: str = "worker") -> str:
+        """The whole log of one container (empty when the pod has no log yet)."""
+        resp = self._log(namespace, pod, container, follow=False)
         try:
             return bytes(resp.data or b"").decode("utf-8", errors="replace")
         finally:
@@ -410,19 +414,7 @@ class Api:
 
     def follow_log(self, namespace: str, pod: str, *, container: str = "worker") -> Iterator[str]:
         """Lines of one container's log as they are written, until the container ends."""
-        resp = self.call(
-            self._raw,
-            "GET",
-            POD,
-            namespace,
-            pod,
-            sub="log",
-            query={"container": container, "follow": "true"},
-            timeout=(CONNECT_TIMEOUT_S, None),
-            what=f"pods/log {namespace}/{pod}",
-            verb="follow",
-        )
-        yield from log_lines(resp)
+        yield from log_lines(self._log(namespace, pod, container, follow=True))
 
 
 class _NoDiscovery:
