@@ -299,8 +299,7 @@ class Api:
 
     def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         """The object; raises ``NotFound`` when there is none."""
-        obj: dict[str, Any] = self._json("GET", kind, namespace, name)
-        return obj
+        return self._json("GET", kind, namespace, name)
 
     def list(
         self,
@@ -323,10 +322,7 @@ class Api:
         admits and validates it and stores nothing (``dryRun=All``)."""
         name = str(body.get("metadata", {}).get("name", ""))
         query = {"dryRun": "All" if dry_run else None}
-        obj: dict[str, Any] = self._json(
-            "POST", kind, namespace, about=name, body=body, query=query
-        )
-        return obj
+        return self._json("POST", kind, namespace, about=name, body=body, query=query)
 
     def delete(
         self,

@@ -297,7 +297,7 @@ def wait_for(
         return timeout_error(what, deadline, state(view.get("it", {})), hint)
 
     check = _Predicates(done, fail, recheck_in, lambda objects: f"{what}; now: {state(objects)}")
-    found: Objects = watch_until(
+    return watch_until(
         api,
         namespace,
         {"it": Source(kind, name=name, label_selector=label_selector)},
@@ -305,7 +305,6 @@ def wait_for(
         deadline=deadline,
         on_timeout=on_timeout,
     )
-    return found
 
 
 def timeout_error(what: str, deadline: Deadline, state: str, hint: str) -> WaitTimeout:

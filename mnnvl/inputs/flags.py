@@ -112,8 +112,7 @@ def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """Build ``cls`` from parsed flags; unset flags keep the dataclass default."""
     names = {i.name for i in class_inputs(cls)}
     values = {n: getattr(ns, n) for n in names if getattr(ns, n, None) is not None}
-    result: T = build(cls, values, **extra)
-    return result
+    return build(cls, values, **extra)
 
 
 def to_args(cfg: Any) -> list[str]:
