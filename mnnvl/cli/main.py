@@ -183,10 +183,7 @@ def _validate_objects(
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
     objs = objects(_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
-    return {
-        "run_id": ns.run_id,
-        "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs],
-    }
+    return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 
 
 def _comma_list(text: str) -> list[str]:

@@ -15,14 +15,7 @@ from typing import Any
 from mnnvl.driver.api import COMPUTE_DOMAIN, POD, RESOURCE_CLAIM_TEMPLATE, Api
 from mnnvl.driver.ownership import Deletions, create_or_adopt
 from mnnvl.driver.wait import Deadline, Objects, wait_for
-from mnnvl.errors import (
-    CrdMissing,
-    MnnvlError,
-    NotAdoptable,
-    NotFound,
-    Refused,
-    SpecError,
-)
+from mnnvl.errors import CrdMissing, MnnvlError, NotAdoptable, NotFound, Refused, SpecError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import pod_namespace
 from mnnvl.inputs.spec import DomainSpec, OwnerRef

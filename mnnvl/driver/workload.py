@@ -45,11 +45,7 @@ logger = logging.getLogger(__name__)
 
 
 def create_workload(
-    api: Api,
-    workload: WorkloadSpec,
-    module: str,
-    args: list[str],
-    deadline: Deadline | None = None,
+    api: Api, workload: WorkloadSpec, module: str, args: list[str], deadline: Deadline | None = None
 ) -> tuple[list[str], str]:
     """Create (or adopt, when a step is retried) GPU template, Service and the Job (one per
     clique group); return the Jobs' names, rank 0's Job first, and, when this adopted rank 0's
