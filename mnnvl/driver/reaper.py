@@ -112,9 +112,8 @@ def activity_times(obj: dict[str, Any], now: datetime) -> list[datetime | None]:
     return [_parse_time(s) for s in stamps]
 
 
-def find_runs(api: Api, namespace: str, now: datetime | None = None) -> dict[str, RunObjects]:
+def find_runs(api: Api, namespace: str, now: datetime) -> dict[str, RunObjects]:
     """Objects we manage in ``namespace``, grouped by run id, with each run's last activity."""
-    now = now or datetime.now(UTC)
     runs: dict[str, RunObjects] = {}
     for kind in (COMPUTE_DOMAIN, JOB, SERVICE, RESOURCE_CLAIM_TEMPLATE, POD):
         try:
