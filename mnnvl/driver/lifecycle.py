@@ -35,6 +35,7 @@ from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, JOB, POD, Api
 from mnnvl.driver.diagnose import (
+    LOG_TAIL_LINES,
     PREPARE_FAILED,
     Grace,
     describe_pods,
@@ -80,7 +81,6 @@ from mnnvl.manifests import (
 
 logger = logging.getLogger(__name__)
 
-LOG_TAIL_LINES = 20
 PREPARE_EVENTS = f"involvedObject.kind=Pod,reason={PREPARE_FAILED}"
 JOB_EVENTS = "involvedObject.kind=Job,involvedObject.name={job}"
 LOG_DRAIN_S = 10.0  # how long the rank-0 log stream may take to finish after the Job completed
