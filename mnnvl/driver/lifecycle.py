@@ -290,7 +290,7 @@ class JobWatch(Check):
         if all(_condition(j, "Complete") is not None for j in every):
             return dict(view["pods"])
         # Suspended first: a Job Kueue evicted loses its pods, which is no gang restart.
-        job = next((j for j in every if (j.get("spec") or {}).get("suspend")), None)
+        job = self._suspended(view)
         if job is not None:  # any group still queued: the step is queued
             self._queued(job, view)
             return None
@@ -493,9 +493,9 @@ class JobWatch(Check):
             return None if left is None else max(0.0, left)
         times = [self.grace.recheck_in_s(), self.refusal_grace.recheck_in_s()]
         times.append(self.gang.stranded.recheck_in_s())
-        for deadline in (self.job_deadline or self.pods_deadline,):
-            if deadline is not None:
-                times.append(max(0.0, deadline.remaining()))
+        deadline = self.job_deadline or self.pods_deadline
+        if deadline is not None:
+            times.append(max(0.0, deadline.remaining()))
         found = [t for t in times if t is not None]
         return min(found) if found else None
 
