@@ -146,14 +146,13 @@ def _reap_flags(p: argparse.ArgumentParser) -> None:
 
 def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
     help_text, what, example = COMMANDS[name]
-    parser: argparse.ArgumentParser = sub.add_parser(
+    return sub.add_parser(
         name,
         help=help_text,
         description=what,
         epilog=f"example:\n  {example}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    return parser
 
 
 def _pipeline_check_flags(p: argparse.ArgumentParser) -> None:
