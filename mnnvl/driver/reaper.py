@@ -117,9 +117,7 @@ def find_runs(api: Api, namespace: str, now: datetime) -> dict[str, RunObjects]:
     runs: dict[str, RunObjects] = {}
     for kind in (COMPUTE_DOMAIN, JOB, SERVICE, RESOURCE_CLAIM_TEMPLATE, POD):
         try:
-            items: list[dict[str, Any]] = api.list(
-                kind, namespace, label_selector=MANAGED_SELECTOR
-            )["items"]
+            items = api.list(kind, namespace, label_selector=MANAGED_SELECTOR)["items"]
         except NotFound:
             # No ComputeDomain CRD: nothing of that kind can be left over.
             continue
