@@ -195,13 +195,8 @@ class Api:
     def call(
         self, fn: Callable[..., T], *args: Any, what: str = "", verb: str = "", **kw: Any
     ) -> T:
-        """Call ``fn`` retrying transient failures; map the rest to the error family.
-
-        Transient failures are retried at least ``MAX_ATTEMPTS`` times and for as long as the
-        API has been unreachable for less than the policy's ``outage_s``; then the last one is
-        raised as ``ClusterUnavailable`` (exit 5) saying how long the API was gone. A 401/403
-        is transient only while it ends an outage (:meth:`Outage.refusal_in_outage`).
-        """
+        """Call ``fn`` retrying transient failures (see the module); map the rest to the error
+        family. Past ``outage_s`` the last failure is ``ClusterUnavailable`` (exit 5)."""
         label = what or getattr(fn, "__name__", "request")
         attempt = 0
         while True:
