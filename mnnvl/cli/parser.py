@@ -19,14 +19,8 @@ DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shel
 NO_CLUSTER = frozenset({"render", "baselines"})
 # What only a step talking to a cluster uses (its waits): no rendered object carries it.
 _RENDER_SKIPS = frozenset(
-    {
-        "rct_timeout_s",
-        "delete_timeout_s",
-        "api_outage_s",
-        "admission_timeout_s",
-        "pods_running_timeout_s",
-        "unschedulable_grace_s",
-    }
+    {"rct_timeout_s", "delete_timeout_s", "api_outage_s", "admission_timeout_s"}
+    | {"pods_running_timeout_s", "unschedulable_grace_s"}
 )
 REPORT_DIR_HELP = (
     "write the step's reports (JSON, Markdown, HTML, busbw PNG) here, on the machine this "
