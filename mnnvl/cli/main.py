@@ -145,15 +145,14 @@ def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _workload(ns), flags.from_namespace(VerifyConfig, ns)
     _validate_objects(workload, verify=config)
-    result = steps.verify(
+    return steps.verify(
         workload,
         config,
         kubeconfig=ns.kubeconfig,
         report_dir=ns.report_dir,
         fail_on_fail=ns.fail_on_fail,
         measure_again=ns.measure_again,
-    )
-    return result.to_dict()
+    ).to_dict()
 
 
 def cmd_teardown(ns: argparse.Namespace) -> dict[str, Any]:
@@ -184,10 +183,7 @@ def _validate_objects(
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
     objs = objects(_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
-    return {
-        "run_id": ns.run_id,
-        "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs],
-    }
+    return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 
 
 def _comma_list(text: str) -> list[str]:
@@ -281,7 +277,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
     check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
     _fits_this_machine(ns.nodes, ns.gpus_per_node)
-    namespaces = tuple(n.strip() for n in ns.namespaces.split(",") if n.strip())
+    namespaces = tuple(_comma_list(ns.namespaces))
     if not namespaces:
         raise SpecError("namespaces", "needs at least one namespace, e.g. default")
     for name in namespaces:
@@ -303,14 +299,8 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             imex_mode=ns.imex_mode,
             cluster_reader=ns.cluster_reader,
         )
-    return {
-        "kubeconfig": served,
-        "nodes": ns.nodes,
-        "gpus_per_node": ns.gpus_per_node,
-        "cliques": ns.cliques,
-        "gpu_stack": ns.gpu_stack,
-        "imex_mode": ns.imex_mode,
-    }
+    shown = ("nodes", "gpus_per_node", "cliques", "gpu_stack", "imex_mode")
+    return {"kubeconfig": served} | {key: getattr(ns, key) for key in shown}
 
 
 def cmd_baselines(ns: argparse.Namespace) -> dict[str, Any]:

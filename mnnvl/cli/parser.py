@@ -19,14 +19,8 @@ DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shel
 NO_CLUSTER = frozenset({"render", "baselines"})
 # What only a step talking to a cluster uses (its waits): no rendered object carries it.
 _RENDER_SKIPS = frozenset(
-    {
-        "rct_timeout_s",
-        "delete_timeout_s",
-        "api_outage_s",
-        "admission_timeout_s",
-        "pods_running_timeout_s",
-        "unschedulable_grace_s",
-    }
+    {"rct_timeout_s", "delete_timeout_s", "api_outage_s", "admission_timeout_s"}
+    | {"pods_running_timeout_s", "unschedulable_grace_s"}
 )
 REPORT_DIR_HELP = (
     "write the step's reports (JSON, Markdown, HTML, busbw PNG) here, on the machine this "
@@ -146,14 +140,13 @@ def _reap_flags(p: argparse.ArgumentParser) -> None:
 
 def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
     help_text, what, example = COMMANDS[name]
-    parser: argparse.ArgumentParser = sub.add_parser(
+    return sub.add_parser(
         name,
         help=help_text,
         description=what,
         epilog=f"example:\n  {example}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    return parser
 
 
 def _pipeline_check_flags(p: argparse.ArgumentParser) -> None:

@@ -195,13 +195,8 @@ class Api:
     def call(
         self, fn: Callable[..., T], *args: Any, what: str = "", verb: str = "", **kw: Any
     ) -> T:
-        """Call ``fn`` retrying transient failures; map the rest to the error family.
-
-        Transient failures are retried at least ``MAX_ATTEMPTS`` times and for as long as the
-        API has been unreachable for less than the policy's ``outage_s``; then the last one is
-        raised as ``ClusterUnavailable`` (exit 5) saying how long the API was gone. A 401/403
-        is transient only while it ends an outage (:meth:`Outage.refusal_in_outage`).
-        """
+        """Call ``fn`` retrying transient failures (see the module); map the rest to the error
+        family. Past ``outage_s`` the last failure is ``ClusterUnavailable`` (exit 5)."""
         label = what or getattr(fn, "__name__", "request")
         attempt = 0
         while True:
@@ -299,8 +294,7 @@ class Api:
 
     def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         """The object; raises ``NotFound`` when there is none."""
-        obj: dict[str, Any] = self._json("GET", kind, namespace, name)
-        return obj
+        return self._json("GET", kind, namespace, name)
 
     def list(
         self,
@@ -323,10 +317,7 @@ class Api:
         admits and validates it and stores nothing (``dryRun=All``)."""
         name = str(body.get("metadata", {}).get("name", ""))
         query = {"dryRun": "All" if dry_run else None}
-        obj: dict[str, Any] = self._json(
-            "POST", kind, namespace, about=name, body=body, query=query
-        )
-        return obj
+        return self._json("POST", kind, namespace, about=name, body=body, query=query)
 
     def delete(
         self,
@@ -390,19 +381,23 @@ class Api:
         )
         yield from watch_events(resp, what)
 
-    def pod_log(self, namespace: str, pod: str, *, container: str = "worker") -> str:
-        """The whole log of one container (empty when the pod has no log yet)."""
-        resp = self.call(
+    def _log(self, namespace: str, pod: str, container: str, follow: bool) -> Any:
+        return self.call(
             self._raw,
             "GET",
             POD,
             namespace,
             pod,
             sub="log",
-            query={"container": container},
+            query={"container": container, "follow": "true" if follow else None},
+            timeout=(CONNECT_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S),
             what=f"pods/log {namespace}/{pod}",
-            verb="get",
+            verb="follow" if follow else "get",
         )
+
+    def pod_log(self, namespace: str, pod: str, *, container: str = "worker") -> str:
+        """The whole log of one container (empty when the pod has no log yet)."""
+        resp = self._log(namespace, pod, container, follow=False)
         try:
             return bytes(resp.data or b"").decode("utf-8", errors="replace")
         finally:
@@ -410,19 +405,7 @@ class Api:
 
     def follow_log(self, namespace: str, pod: str, *, container: str = "worker") -> Iterator[str]:
         """Lines of one container's log as they are written, until the container ends."""
-        resp = self.call(
-            self._raw,
-            "GET",
-            POD,
-            namespace,
-            pod,
-            sub="log",
-            query={"container": container, "follow": "true"},
-            timeout=(CONNECT_TIMEOUT_S, None),
-            what=f"pods/log {namespace}/{pod}",
-            verb="follow",
-        )
-        yield from log_lines(resp)
+        yield from log_lines(self._log(namespace, pod, container, follow=True))
 
 
 class _NoDiscovery:

@@ -350,11 +350,8 @@ def pod_problem(
         return problem(ProblemKind.MISSING_CLAIM, pod=name, detail=unschedulable)
     left = grace.left_s(f"unschedulable/{name}", bool(unschedulable))
     if left is not None and left <= 0:
-        kind = (
-            ProblemKind.CLAIM_UNALLOCATABLE
-            if CLAIMS_UNALLOCATABLE in unschedulable
-            else ProblemKind.UNSCHEDULABLE
-        )
+        claims = CLAIMS_UNALLOCATABLE in unschedulable
+        kind = ProblemKind.CLAIM_UNALLOCATABLE if claims else ProblemKind.UNSCHEDULABLE
         return problem(kind, pod=name, grace_s=grace.grace_s, detail=unschedulable)
     message = str((prepare or {}).get("message") or "") if phase == "Pending" else ""
     if PREPARE_NAMESPACE.search(message):
@@ -441,11 +438,8 @@ def _failure_message(
 def imex_import(found: Problem, log: str) -> Problem | None:
     """A failed worker whose log shows CUDA refusing to import a peer's memory through IMEX."""
     said = IMEX_IMPORT_REFUSED.search(log)
-    if said is None or found.kind not in (
-        ProblemKind.CRASHED,
-        ProblemKind.COLLECTIVE_TIMEOUT,
-        ProblemKind.STALLED,
-    ):
+    exits = (ProblemKind.CRASHED, ProblemKind.COLLECTIVE_TIMEOUT, ProblemKind.STALLED)
+    if said is None or found.kind not in exits:
         return None
     return problem(
         ProblemKind.IMEX_IMPORT,

@@ -15,14 +15,7 @@ from typing import Any
 from mnnvl.driver.api import COMPUTE_DOMAIN, POD, RESOURCE_CLAIM_TEMPLATE, Api
 from mnnvl.driver.ownership import Deletions, create_or_adopt
 from mnnvl.driver.wait import Deadline, Objects, wait_for
-from mnnvl.errors import (
-    CrdMissing,
-    MnnvlError,
-    NotAdoptable,
-    NotFound,
-    Refused,
-    SpecError,
-)
+from mnnvl.errors import CrdMissing, MnnvlError, NotAdoptable, NotFound, Refused, SpecError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import pod_namespace
 from mnnvl.inputs.spec import DomainSpec, OwnerRef
@@ -110,7 +103,8 @@ def wait_for_channel_template(api: Api, domain: Domain, deadline: Deadline) -> d
             )
 
     def describe(objects: Objects) -> str:
-        return f"ResourceClaimTemplate {name} absent; {domain_state(api, domain)}"
+        state = domain_state(api, domain.name, domain.namespace)
+        return f"ResourceClaimTemplate {name} absent; {state}"
 
     objects = wait_for(
         api,
@@ -222,15 +216,13 @@ def require_namespace(api: Api, namespace: str) -> None:
         logger.debug("namespace %s: the dry-run create answered %s", namespace, e)
 
 
-def domain_state(api: Api, domain: Domain | str, namespace: str = "") -> str:
+def domain_state(api: Api, name: str, namespace: str) -> str:
     """A one-line summary of the domain's status for error messages (diagnostics only)."""
-    return domain_nodes(api, domain, namespace)[0]
+    return domain_nodes(api, name, namespace)[0]
 
 
-def domain_nodes(api: Api, domain: Domain | str, namespace: str = "") -> tuple[str, dict[str, str]]:
+def domain_nodes(api: Api, name: str, namespace: str) -> tuple[str, dict[str, str]]:
     """``(summary, {node: IMEX status})`` from the domain's ``status.nodes`` (never raises)."""
-    name = domain.name if isinstance(domain, Domain) else domain
-    namespace = domain.namespace if isinstance(domain, Domain) else namespace
     try:
         cd = api.get(COMPUTE_DOMAIN, namespace, name)
     except MnnvlError as e:

@@ -151,12 +151,7 @@ class Gang:
             self.old |= _history(pods)
         for each in pods.values():
             self.attempts.setdefault(_key(each), set()).add(each["metadata"]["uid"])
-        failed = [
-            p
-            for p in sorted(pods.values(), key=pod_index)
-            if (p.get("status") or {}).get("phase") == "Failed"
-            and p["metadata"]["uid"] not in self.old
-        ]
+        failed = self._new_failures(pods)
         for each in failed:
             if _oom_killed(each):
                 raise WorkloadFailed(self._oom_message(each), pod_exit_code=exit_code(each))
@@ -247,7 +242,6 @@ class Gang:
                 f"pod {name} {found.message}{why}; check `kubectl logs -n {ns} {name}`; "
                 f"last log lines:\n{tail}"
             )
-        why = ""
         spent = next((p for p in self._to_delete(pods, failed) if not self._has_retry(p)), None)
         if spent is not None:
             why = (
@@ -255,7 +249,6 @@ class Gang:
                 f"{pod_index(spent)}: it has had {self._failures(spent)} failure(s), "
                 f"--max-restarts {self.workload.max_restarts}"
             )
-        if why:
             raise WorkloadFailed(
                 f"pod {name} failed with exit code {code} {why}; check "
                 f"`kubectl logs -n {self.workload.namespace} {name}`",
@@ -311,15 +304,19 @@ class Gang:
             f"{name}` and `kubectl describe pod -n {self.workload.namespace} {name}`"
         )
 
+    def _new_failures(self, pods: Objects) -> list[dict[str, Any]]:
+        """The failed pods of the current generation, by index."""
+        return [
+            p
+            for p in sorted(pods.values(), key=pod_index)
+            if (p.get("status") or {}).get("phase") == "Failed"
+            and p["metadata"]["uid"] not in self.old
+        ]
+
     def _replacements(self, pods: Objects) -> set[str]:
         """Uids of the pods the Job controller already made in place of a pod of this
         generation that failed: they belong to the next generation."""
-        failed = {
-            _key(p)
-            for p in pods.values()
-            if (p.get("status") or {}).get("phase") == "Failed"
-            and p["metadata"]["uid"] not in self.old
-        }
+        failed = {_key(p) for p in self._new_failures(pods)}
         return {
             p["metadata"]["uid"]
             for p in pods.values()

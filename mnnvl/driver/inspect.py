@@ -78,13 +78,8 @@ def _exists(api: Api, namespace: str, name: str) -> bool:
 def _job(job: dict[str, Any]) -> dict[str, Any]:
     status = job.get("status") or {}
     done = [c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"]
-    return {
-        "name": job["metadata"]["name"],
-        "active": status.get("active", 0),
-        "succeeded": status.get("succeeded", 0),
-        "failed": status.get("failed", 0),
-        "conditions": done,
-    }
+    counts = {k: status.get(k, 0) for k in ("active", "succeeded", "failed")}
+    return {"name": job["metadata"]["name"], **counts, "conditions": done}
 
 
 def _pod(pod: dict[str, Any]) -> dict[str, Any]:

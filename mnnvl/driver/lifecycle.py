@@ -35,6 +35,7 @@ from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, JOB, POD, Api
 from mnnvl.driver.diagnose import (
+    LOG_TAIL_LINES,
     PREPARE_FAILED,
     Grace,
     describe_pods,
@@ -80,7 +81,6 @@ from mnnvl.manifests import (
 
 logger = logging.getLogger(__name__)
 
-LOG_TAIL_LINES = 20
 PREPARE_EVENTS = f"involvedObject.kind=Pod,reason={PREPARE_FAILED}"
 JOB_EVENTS = "involvedObject.kind=Job,involvedObject.name={job}"
 LOG_DRAIN_S = 10.0  # how long the rank-0 log stream may take to finish after the Job completed
@@ -290,7 +290,7 @@ class JobWatch(Check):
         if all(_condition(j, "Complete") is not None for j in every):
             return dict(view["pods"])
         # Suspended first: a Job Kueue evicted loses its pods, which is no gang restart.
-        job = next((j for j in every if (j.get("spec") or {}).get("suspend")), None)
+        job = self._suspended(view)
         if job is not None:  # any group still queued: the step is queued
             self._queued(job, view)
             return None
@@ -493,9 +493,9 @@ class JobWatch(Check):
             return None if left is None else max(0.0, left)
         times = [self.grace.recheck_in_s(), self.refusal_grace.recheck_in_s()]
         times.append(self.gang.stranded.recheck_in_s())
-        for deadline in (self.job_deadline or self.pods_deadline,):
-            if deadline is not None:
-                times.append(max(0.0, deadline.remaining()))
+        deadline = self.job_deadline or self.pods_deadline
+        if deadline is not None:
+            times.append(max(0.0, deadline.remaining()))
         found = [t for t in times if t is not None]
         return min(found) if found else None
 

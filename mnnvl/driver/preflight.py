@@ -90,14 +90,7 @@ def check_cluster(api: Api, workload: WorkloadSpec) -> list[Row]:
 
 def _cached(fn: Callable[[], list[Any]]) -> Callable[[], list[Any]]:
     """``fn``, read once (the nodes and ResourceSlices feed several rows)."""
-    memo: list[list[Any]] = []
-
-    def get() -> list[Any]:
-        if not memo:
-            memo.append(_read(fn))
-        return memo[0]
-
-    return get
+    return functools.cache(lambda: _read(fn))
 
 
 def _crd_row(api: Api, ns: str) -> Row:

@@ -112,15 +112,12 @@ def activity_times(obj: dict[str, Any], now: datetime) -> list[datetime | None]:
     return [_parse_time(s) for s in stamps]
 
 
-def find_runs(api: Api, namespace: str, now: datetime | None = None) -> dict[str, RunObjects]:
+def find_runs(api: Api, namespace: str, now: datetime) -> dict[str, RunObjects]:
     """Objects we manage in ``namespace``, grouped by run id, with each run's last activity."""
-    now = now or datetime.now(UTC)
     runs: dict[str, RunObjects] = {}
     for kind in (COMPUTE_DOMAIN, JOB, SERVICE, RESOURCE_CLAIM_TEMPLATE, POD):
         try:
-            items: list[dict[str, Any]] = api.list(
-                kind, namespace, label_selector=MANAGED_SELECTOR
-            )["items"]
+            items = api.list(kind, namespace, label_selector=MANAGED_SELECTOR)["items"]
         except NotFound:
             # No ComputeDomain CRD: nothing of that kind can be left over.
             continue

@@ -107,7 +107,6 @@ class RetryPolicy:
     """
 
     outage_s: float = DEFAULT_OUTAGE_S
-    report_every_s: float = OUTAGE_REPORT_EVERY_S
     refused_s: float = REFUSED_AFTER_OUTAGE_S
 
 
@@ -129,7 +128,7 @@ class Outage:
             self._refused_since = None
             if self._since is not None:
                 down_s = time.monotonic() - self._since
-                if down_s >= self.policy.report_every_s:
+                if down_s >= OUTAGE_REPORT_EVERY_S:
                     logger.info("API reachable again after %.0f s", down_s)
                 self._back_at = time.monotonic()
             self._since = None
@@ -161,12 +160,13 @@ class Outage:
 
     def down(self, silent_since: float | None = None) -> tuple[float, float]:
         """Seconds the API has been unreachable, and seconds until the next progress line
-        is due (a retry sleeps no longer, so the line comes at least every report_every_s).
+        is due (a retry sleeps no longer, so the line comes at least every
+        ``OUTAGE_REPORT_EVERY_S``).
 
         ``silent_since``: when the failed request was sent, for a request that timed out
         waiting for an answer: a hung API server has been unreachable since then (or since
         the last answer any request got), not only since the client gave up waiting."""
-        every = self.policy.report_every_s
+        every = OUTAGE_REPORT_EVERY_S
         with self._lock:
             now = time.monotonic()
             if self._since is None:

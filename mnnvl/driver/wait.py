@@ -25,14 +25,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from mnnvl.driver.api import Api, Kind
 from mnnvl.errors import MnnvlError, WaitTimeout, WatchExpired
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 Objects = dict[str, dict[str, Any]]
 """Objects a source's selector matches, by name (empty when none exist)."""
 View = dict[str, Objects]
@@ -107,15 +106,12 @@ def watch_until(
     *,
     deadline: Deadline,
     on_timeout: Callable[[View], MnnvlError],
-    progress_every_s: float | None = None,
 ) -> Any:
     """Run ``check`` on every change of ``sources`` until it returns a value (returned here).
 
     Raises what ``check`` raises, a watch thread's API error, or ``on_timeout(view)`` at the
-    deadline. Logs ``check.progress(view)`` at least every ``progress_every_s`` (default
-    ``PROGRESS_EVERY_S``).
+    deadline. Logs ``check.progress(view)`` at least every ``PROGRESS_EVERY_S``.
     """
-    progress_every_s = progress_every_s or PROGRESS_EVERY_S
     events: queue.Queue[tuple[str, str, Any]] = queue.Queue()
     stop = threading.Event()
     watchers = [
@@ -123,7 +119,7 @@ def watch_until(
         for key, source in sources.items()
     ]
     view: View = {}
-    next_progress = deadline.clock() + progress_every_s
+    next_progress = deadline.clock() + PROGRESS_EVERY_S
     try:
         for w in watchers:
             w.start()
@@ -153,7 +149,7 @@ def watch_until(
                 _settle_listing(events, view, sources)
                 raise on_timeout(view)
             if time.monotonic() >= next_progress:
-                next_progress = deadline.clock() + progress_every_s
+                next_progress = deadline.clock() + PROGRESS_EVERY_S
                 line = check.progress(view) if len(view) == len(sources) else "listing"
                 logger.info("waiting %.0f s: %s", deadline.elapsed(), line)
     finally:
@@ -251,19 +247,15 @@ class _Predicates(Check):
         self,
         done: Callable[[Objects], bool],
         fail: Callable[[Objects], None] | None,
-        recheck_in: Callable[[Objects], float | None] | None,
         progress: Callable[[Objects], str],
     ) -> None:
-        self.done, self.fail, self._recheck_in, self._progress = done, fail, recheck_in, progress
+        self.done, self.fail, self._progress = done, fail, progress
 
     def __call__(self, view: View) -> Objects | None:
         objects = view["it"]
         if self.fail is not None:
             self.fail(objects)
         return dict(objects) if self.done(objects) else None
-
-    def recheck_in(self, view: View) -> float | None:
-        return self._recheck_in(view["it"]) if self._recheck_in else None
 
     def progress(self, view: View) -> str:
         return self._progress(view["it"])
@@ -282,22 +274,20 @@ def wait_for(
     fail: Callable[[Objects], None] | None = None,
     describe: Callable[[Objects], str] | None = None,
     hint: str = "",
-    recheck_in: Callable[[Objects], float | None] | None = None,
 ) -> Objects:
     """Block until ``done(objects)`` is true; return the objects seen at that moment.
 
     ``what`` names the goal for messages ("ResourceClaimTemplate x to exist"). ``fail``
     raises to stop early. On the deadline raises ``WaitTimeout`` with ``describe(objects)``
-    (the last observed state) and ``hint`` (what to check next). ``recheck_in`` may name
-    seconds after which ``fail``/``done`` must run again even without an event.
+    (the last observed state) and ``hint`` (what to check next).
     """
     state = describe or _default_state
 
     def on_timeout(view: View) -> MnnvlError:
         return timeout_error(what, deadline, state(view.get("it", {})), hint)
 
-    check = _Predicates(done, fail, recheck_in, lambda objects: f"{what}; now: {state(objects)}")
-    found: Objects = watch_until(
+    check = _Predicates(done, fail, lambda objects: f"{what}; now: {state(objects)}")
+    return watch_until(
         api,
         namespace,
         {"it": Source(kind, name=name, label_selector=label_selector)},
@@ -305,7 +295,6 @@ def wait_for(
         deadline=deadline,
         on_timeout=on_timeout,
     )
-    return found
 
 
 def timeout_error(what: str, deadline: Deadline, state: str, hint: str) -> WaitTimeout:

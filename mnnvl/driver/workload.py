@@ -10,7 +10,6 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from mnnvl.contract.result import parse_result as worker_result
@@ -45,11 +44,7 @@ logger = logging.getLogger(__name__)
 
 
 def create_workload(
-    api: Api,
-    workload: WorkloadSpec,
-    module: str,
-    args: list[str],
-    deadline: Deadline | None = None,
+    api: Api, workload: WorkloadSpec, module: str, args: list[str], deadline: Deadline | None = None
 ) -> tuple[list[str], str]:
     """Create (or adopt, when a step is retried) GPU template, Service and the Job (one per
     clique group); return the Jobs' names, rank 0's Job first, and, when this adopted rank 0's
@@ -257,14 +252,11 @@ def remove_failed_jobs(
 class LogFollower:
     """Follows one pod's log in a thread, echoing lines to stderr with a prefix and keeping them."""
 
-    def __init__(
-        self, api: Api, namespace: str, pod: str, *, sink: Callable[[str], None] | None = None
-    ) -> None:
+    def __init__(self, api: Api, namespace: str, pod: str) -> None:
         self.api, self.namespace, self.pod = api, namespace, pod
         self.lines: list[str] = []
         self.progress = Rank0Progress()  # the steps the pod logged, for progress lines
         self.error: str = ""
-        self._sink = sink or (lambda line: print(line, file=sys.stderr, flush=True))
         self._thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)
 
     def start(self) -> LogFollower:
@@ -276,7 +268,7 @@ class LogFollower:
             for line in self.api.follow_log(self.namespace, self.pod, container=CONTAINER):
                 self.lines.append(line)
                 self.progress.line(line)
-                self._sink(f"[{self.pod}] {line}")
+                print(f"[{self.pod}] {line}", file=sys.stderr, flush=True)
         except MnnvlError as e:
             # The stream is a convenience; the launcher re-reads the log when it needs it.
             self.error = str(e)

@@ -38,26 +38,10 @@ def _metavar(item: Input) -> str:
 
 
 def add_arguments(
-    parser: argparse.ArgumentParser,
-    cls: type,
-    *,
-    skip: tuple[str, ...] | frozenset[str] = (),
-    defaults: dict[str, Any] | None = None,
-    group: Callable[[Input], Any] | None = None,
-    required: bool = False,
+    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
 ) -> None:
-    """Add one ``--flag`` per CLI field of ``cls``; ``defaults`` override the dataclass's.
-
-    ``group`` picks the argument group each flag is listed under in ``--help``; a field with
-    no default is a required flag when ``required`` is True (else the caller supplies it).
-    """
-    add_inputs(
-        parser,
-        [i for i in class_inputs(cls) if i.name not in skip],
-        defaults=defaults,
-        group=group,
-        required=required,
-    )
+    """Add one ``--flag`` per CLI field of ``cls``."""
+    add_inputs(parser, [i for i in class_inputs(cls) if i.name not in skip])
 
 
 def add_inputs(
@@ -68,7 +52,11 @@ def add_inputs(
     group: Callable[[Input], Any] | None = None,
     required: bool = False,
 ) -> None:
-    """Add one ``--flag`` per CLI input of ``inputs`` (see ``add_arguments``)."""
+    """Add one ``--flag`` per CLI input of ``inputs``; ``defaults`` override the dataclass's.
+
+    ``group`` picks the argument group each flag is listed under in ``--help``; a field with
+    no default is a required flag when ``required`` is True (else the caller supplies it).
+    """
     defaults = defaults or {}
     for item in inputs:
         if CLI not in item.surfaces or item.name in REMAINDER_FIELDS:
@@ -112,8 +100,7 @@ def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """Build ``cls`` from parsed flags; unset flags keep the dataclass default."""
     names = {i.name for i in class_inputs(cls)}
     values = {n: getattr(ns, n) for n in names if getattr(ns, n, None) is not None}
-    result: T = build(cls, values, **extra)
-    return result
+    return build(cls, values, **extra)
 
 
 def to_args(cfg: Any) -> list[str]:

@@ -525,31 +525,18 @@ PIPELINES: dict[str, Pipeline] = {
                 Task("verify-post", "verify", {"purpose": "verify-post"}),
                 _TEARDOWN,
             ),
-            {
-                "model": ("1b", _GPU_RUN),
-                "steps": (100, _GPU_RUN),
-                "batch_size": (4, _GPU_RUN),
-            },
+            {"model": ("1b", _GPU_RUN), "steps": (100, _GPU_RUN), "batch_size": (4, _GPU_RUN)},
         ),
         Pipeline(
             "mnnvl-verify-only",
             "Provision a ComputeDomain, verify NVLink across its nodes, and always tear down.",
-            (
-                _PROVISION,
-                Task("verify", "verify", {"purpose": "verify"}),
-                _TEARDOWN,
-            ),
+            (_PROVISION, Task("verify", "verify", {"purpose": "verify"}), _TEARDOWN),
         ),
         Pipeline(
             "mnnvl-custom",
             "Provision a ComputeDomain, verify NVLink (gate), run your own image and command "
             "on its nodes, and always tear down.",
-            (
-                _PROVISION,
-                _PRE,
-                Task("launch", "launch", {"purpose": "job"}),
-                _TEARDOWN,
-            ),
+            (_PROVISION, _PRE, Task("launch", "launch", {"purpose": "job"}), _TEARDOWN),
         ),
     )
 }
@@ -571,11 +558,8 @@ def run_parameters() -> list[Input]:
 # deadlines, ``pipelines.argo_workflow.ARGO_ONLY``): in ``{{workflow.parameters.json}}``, but
 # no step input.
 ARGO_ONLY_PARAMETERS = frozenset(
-    {
-        "launcher-service-account",
-        "launcher-image",
-        *(f"{s}-deadline-s" for s in ("train", "verify", "launch")),
-    }
+    {"launcher-service-account", "launcher-image"}
+    | {f"{s}-deadline-s" for s in ("train", "verify", "launch")}
 )
 
 
