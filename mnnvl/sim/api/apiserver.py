@@ -134,7 +134,6 @@ class Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
-    # ----- plumbing --------------------------------------------------------------------
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
         if code == 429:  # what a real API server's priority and fairness answers
@@ -327,7 +326,6 @@ class Handler(BaseHTTPRequestHandler):
             )
         self._json(200, _list(plural, items, {}))
 
-    # ----- streams ---------------------------------------------------------------------
     def _start_stream(self, ctype: str) -> None:
         self.send_response(200)
         self.send_header("Content-Type", ctype)

@@ -96,7 +96,6 @@ class JobController(Controller):
         # A pod that lost its Job (orphaned): its tracking finalizer is released by name.
         return ("", ev.obj["metadata"]["name"]) if ev.namespace else None
 
-    # ----- reconcile -------------------------------------------------------------------
     def sync(self, ns: str, name: str) -> None:
         job = self.store.find("jobs", ns, name)
         if job is None or job["metadata"].get("deletionTimestamp"):

@@ -69,7 +69,6 @@ class Scheduler(Controller):
             self._release_claims()
         self._schedule_pending()
 
-    # ----- claims ----------------------------------------------------------------------
     def _release_claims(self) -> None:
         """Deallocate claims whose consuming pods have ended or gone (frees channel-0)."""
         live = {
@@ -157,7 +156,6 @@ class Scheduler(Controller):
         )
         return name
 
-    # ----- scheduling ------------------------------------------------------------------
     def _schedule_pending(self) -> None:
         pods, _ = self.store.list("pods", None, _unbound)
         now = time.monotonic()
@@ -225,11 +223,7 @@ class Scheduler(Controller):
     def _bind(self, pod: Obj, claims: list[Obj], node: str, free: list[str] | None) -> None:
         """Allocate the claims on ``node`` (GPU claims from its ``free`` devices, when its
         GPUs are DRA devices; one result per device) and bind the pod."""
-        ns, name, uid = (
-            pod["metadata"]["namespace"],
-            pod["metadata"]["name"],
-            pod["metadata"]["uid"],
-        )
+        ns, name, uid = (pod["metadata"][k] for k in ("namespace", "name", "uid"))
         for claim in claims:
             channel = channel_domain(claim) is not None
             results = []

@@ -120,8 +120,6 @@ class KueueStandIn(Controller):
     def on_events(self, events: list[WatchEvent]) -> None:
         self._admit()  # every pass looks at every queued Job
 
-    # ---- one pass -------------------------------------------------------------------------
-
     def _admit(self) -> None:
         jobs = sorted(
             (j for j in self.store.list("jobs")[0] if queued(j)),
@@ -222,8 +220,6 @@ class KueueStandIn(Controller):
             log.debug("kueue stand-in: no workload for job %s: %s", meta["name"], e.message)
             return None
 
-    # ---- admission decisions ----------------------------------------------------------------
-
     def _queues(self) -> tuple[dict[str, str] | None, dict[str, dict[str, int]]]:
         quotas = self.config.quotas
         if quotas is None:
@@ -297,8 +293,6 @@ class KueueStandIn(Controller):
                 per_pod[name] = per_pod.get(name, 0) + int(exactly.get("count", 1))
         return {res: n * count for res, n in per_pod.items()}, ""
 
-    # ---- waitForPodsReady ---------------------------------------------------------------------
-
     def _check_pods_ready(self, job: Obj, wl: Obj, now: float) -> None:
         """Evict an admitted Workload whose pods are not all Ready within the timeout."""
         uid, timeout = wl["metadata"]["uid"], self.config.pods_ready_timeout_s
@@ -362,8 +356,6 @@ class KueueStandIn(Controller):
             meta["name"],
             lambda o: _replace_conditions(o.setdefault("status", {}), [cond]),
         )
-
-    # ---- writes -----------------------------------------------------------------------------
 
     def _set_pending(self, wl: Obj, verdict: _Verdict) -> None:
         cond = {"type": "QuotaReserved", "status": "False", "reason": verdict.reason}
