@@ -26,7 +26,7 @@ from typing import Any
 from mnnvl.sim.api.controller import Controller
 from mnnvl.sim.api.events import record_event
 from mnnvl.sim.api.faults import Faults
-from mnnvl.sim.api.model import TERMINAL
+from mnnvl.sim.api.model import TERMINAL, controller_ref
 from mnnvl.sim.api.store import ApiError, Obj, Store, WatchEvent, clone, now_iso
 from mnnvl.sim.core.affinity import AFFINITY
 from mnnvl.sim.core.placement import NODE_AFFINITY, UNSCHEDULABLE, Context
@@ -140,16 +140,7 @@ class Scheduler(Controller):
                         **(tmeta.get("annotations") or {}),
                         "resource.kubernetes.io/pod-claim-name": entry["name"],
                     },
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "v1",
-                            "kind": "Pod",
-                            "name": pod["metadata"]["name"],
-                            "uid": pod["metadata"]["uid"],
-                            "controller": True,
-                            "blockOwnerDeletion": True,
-                        }
-                    ],
+                    "ownerReferences": [controller_ref(pod, "v1", "Pod")],
                 },
                 "spec": clone(tspec.get("spec") or {}),
             },

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 
 from mnnvl.sim.api.controller import Controller
-from mnnvl.sim.api.model import finished, iso_after
+from mnnvl.sim.api.model import controller_ref, finished, iso_after
 from mnnvl.sim.api.store import ApiError, Obj, Store, WatchEvent, now_iso
 from mnnvl.sim.policy import kueue_tas as tas
 
@@ -198,16 +198,7 @@ class KueueStandIn(Controller):
                 "name": workload_name(job),
                 "namespace": meta["namespace"],
                 "labels": {JOB_UID_LABEL: meta["uid"]},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [controller_ref(job, "batch/v1", "Job")],
             },
             "spec": {
                 "queueName": (meta.get("labels") or {})[QUEUE_LABEL],
