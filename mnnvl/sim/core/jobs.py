@@ -52,10 +52,7 @@ def _last_failed(pods: list[Obj], index: int) -> Obj | None:
     failed = [p for p in pods if pod_index(p) == index and phase(p) == "Failed"]
     return max(
         failed,
-        key=lambda p: (
-            absolute_failures(p),
-            p["metadata"].get("creationTimestamp", ""),
-        ),
+        key=lambda p: (absolute_failures(p), p["metadata"].get("creationTimestamp", "")),
         default=None,
     )
 
@@ -323,10 +320,7 @@ class JobController(Controller):
             spec["hostname"] = f"{jname}-{index}"
             ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_LABEL}']"}}
             for c in spec.get("containers") or []:
-                c["env"] = [
-                    *(c.get("env") or []),
-                    {"name": JOB_COMPLETION_INDEX, "valueFrom": ref},
-                ]
+                c["env"] = [*(c.get("env") or []), {"name": JOB_COMPLETION_INDEX, "valueFrom": ref}]
         pod_meta = {
             "name": name,
             "namespace": job["metadata"]["namespace"],

@@ -266,9 +266,7 @@ class PodWorker:
                     if self.cancel.is_set():
                         return False
                     self._event(
-                        "Warning",
-                        "FailedPrepareDynamicResources",
-                        prepare_failure(claim, e),
+                        "Warning", "FailedPrepareDynamicResources", prepare_failure(claim, e)
                     )
                     if self.cancel.wait(0.5):  # the real kubelet retries with back-off
                         return False

@@ -256,14 +256,8 @@ class Scheduler(Controller):
             "lastProbeTime": None,
         }
         _set_condition_on(self.store, bound, cond)
-        record_event(
-            self.store,
-            bound,
-            "Normal",
-            "Scheduled",
-            f"Successfully assigned {ns}/{name} to {node}",
-            "default-scheduler",
-        )
+        msg = f"Successfully assigned {ns}/{name} to {node}"
+        record_event(self.store, bound, "Normal", "Scheduled", msg, "default-scheduler")
 
 
 def _unbound(pod: Obj) -> bool:

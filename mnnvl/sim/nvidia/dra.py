@@ -205,15 +205,12 @@ class ComputeDomainDriver(Controller):
         elif (rct["metadata"].get("labels") or {}).get(LABEL_CD) != uid:
             if uid not in self._warned:  # the real controller retries forever; say it once
                 self._warned.add(uid)
-                record_event(
-                    self.store,
-                    cd,
-                    "Warning",
-                    "FailedCreateResourceClaimTemplate",
+                msg = (
                     f'error creating ResourceClaimTemplate "{tname}": '
-                    f'resourceclaimtemplates "{tname}" already exists',
-                    COMPONENT,
+                    f'resourceclaimtemplates "{tname}" already exists'
                 )
+                reason = "FailedCreateResourceClaimTemplate"
+                record_event(self.store, cd, "Warning", reason, msg, COMPONENT)
             return
         self._write_status(ns, name, uid)
 

@@ -176,11 +176,7 @@ class KueueStandIn(Controller):
 
     def _create_workload(self, job: Obj) -> Obj | None:
         meta = job["metadata"]
-        pod_set: Obj = {
-            "name": "main",
-            "count": _count(job),
-            "template": job["spec"]["template"],
-        }
+        pod_set: Obj = {"name": "main", "count": _count(job), "template": job["spec"]["template"]}
         request = tas.topology_request(job)
         if request is not None:
             notes = job["spec"]["template"]["metadata"]["annotations"]
@@ -200,10 +196,7 @@ class KueueStandIn(Controller):
                 "labels": {JOB_UID_LABEL: meta["uid"]},
                 "ownerReferences": [controller_ref(job, "batch/v1", "Job")],
             },
-            "spec": {
-                "queueName": (meta.get("labels") or {})[QUEUE_LABEL],
-                "podSets": [pod_set],
-            },
+            "spec": {"queueName": (meta.get("labels") or {})[QUEUE_LABEL], "podSets": [pod_set]},
         }
         try:
             return self.store.create("workloads", body)
