@@ -58,7 +58,6 @@ OUR_KINDS = (
 
 
 def scheduler_seed_from(seed: int | None) -> int:
-    """The given seed, else ``$MNNVL_SIM_SEED``, else a fresh random one."""
     if seed is not None:
         return int(seed)
     text = os.environ.get(SEED_ENV, "")
@@ -161,7 +160,6 @@ class SimCluster:
         self._parts: list[Any] = []
         self._started = self._stopped = False
 
-    # ----- lifecycle -------------------------------------------------------------------
     def start(self) -> SimCluster:
         if self._started:
             return self
@@ -356,7 +354,6 @@ class SimCluster:
         (the container exits 137 and the pod fails, as under a real kubelet)."""
         self._kubelet.signal_pod(namespace, name, sig)
 
-    # ----- observation -----------------------------------------------------------------
     @property
     def url(self) -> str:
         if self._server is None:

@@ -47,15 +47,10 @@ from mnnvl.sim.api.store import RESOURCES, ApiError, Obj, Store
 
 log = logging.getLogger(__name__)
 KUEUE_GROUP = "kueue.x-k8s.io"
-RBAC_VERBS = {
-    "GET": "get",
-    "LIST": "list",
-    "WATCH": "watch",
-    "POST": "create",
-    "PUT": "update",
-    "PATCH": "patch",
-    "DELETE": "delete",
-}
+RBAC_VERBS = {v: v.lower() for v in ("GET", "LIST", "WATCH", "PATCH", "DELETE")}
+RBAC_VERBS |= {"POST": "create", "PUT": "update"}
+FAULT_REASONS = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError"}
+FAULT_REASONS |= {503: "ServiceUnavailable", 404: "NotFound", 403: "Forbidden"}
 # /readyz of a kube-apiserver whose informers have not synced (healthz.handleRootHealth answers
 # 500 with each check's line; reasons are withheld from this public endpoint).
 READYZ_UNSYNCED = (
@@ -135,21 +130,10 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.close()
 
     def do_GET(self) -> None:
-        self._handle("GET")
+        self._handle(self.command)
 
-    def do_POST(self) -> None:
-        self._handle("POST")
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
-    def do_PUT(self) -> None:
-        self._handle("PUT")
-
-    def do_PATCH(self) -> None:
-        self._handle("PATCH")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-    # ----- plumbing --------------------------------------------------------------------
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
         if code == 429:  # what a real API server's priority and fairness answers
@@ -187,15 +171,7 @@ class Handler(BaseHTTPRequestHandler):
             code = self.server.faults.request_error(method, self.path)
             if code is not None:
                 self.server.count(method, "fault")
-                reason = {
-                    409: "Conflict",
-                    429: "TooManyRequests",
-                    500: "InternalError",
-                    503: "ServiceUnavailable",
-                    404: "NotFound",
-                    403: "Forbidden",
-                }
-                raise ApiError(code, reason.get(code, "InternalError"), "injected fault")
+                raise ApiError(code, FAULT_REASONS.get(code, "InternalError"), "injected fault")
             self._route(method, parts, q, body)
         except ApiError as e:
             self._json(e.code, e.status())
@@ -350,7 +326,6 @@ class Handler(BaseHTTPRequestHandler):
             )
         self._json(200, _list(plural, items, {}))
 
-    # ----- streams ---------------------------------------------------------------------
     def _start_stream(self, ctype: str) -> None:
         self.send_response(200)
         self.send_header("Content-Type", ctype)

@@ -39,14 +39,12 @@ class Controller:
         self._timers_lock = threading.Lock()
         self._wake_at = 0.0
 
-    # ----- hooks -----------------------------------------------------------------------
     def on_events(self, events: list[WatchEvent]) -> None:
         """One burst of events, oldest first."""
 
     def on_tick(self) -> None:
         """The periodic resync (only with ``period_s``)."""
 
-    # ----- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()

@@ -49,7 +49,6 @@ class Faults:
         self.schedule_delay_s = schedule_delay_s
         self.outage_hook: Callable[[float, float], None] | None = None  # set by the cluster
 
-    # ----- the API server itself -------------------------------------------------------
     def api_outage(self, seconds: float, unsynced_s: float = UNSYNCED_S) -> None:
         """From now, for ``seconds``, the API server refuses connections and has cut every
         open one (watches, followed logs); controllers, kubelet and pods keep running. Then,
@@ -59,7 +58,6 @@ class Faults:
             raise RuntimeError("the simulated cluster is not running")
         self.outage_hook(seconds, unsynced_s)
 
-    # ----- API requests ----------------------------------------------------------------
     def fail_requests(self, method: str, path_substring: str, status: int, count: int = 1) -> None:
         """The next ``count`` requests with this HTTP method whose path contains the substring
         get ``status`` with a Status body."""
@@ -67,7 +65,6 @@ class Faults:
             self._requests.append([method.upper(), path_substring, int(status), int(count)])
 
     def clear_requests(self) -> None:
-        """Drop every pending request fault (``fail_requests`` rules)."""
         with self._lock:
             self._requests.clear()
 
@@ -106,7 +103,6 @@ class Faults:
                 return True
             return self._random is not None and self._rng.random() < self._random[2]
 
-    # ----- pods ------------------------------------------------------------------------
     def fail_pod(
         self, job_name: str, index: int = 0, mode: str = "Failed", exit_code: int = 1
     ) -> None:
@@ -128,7 +124,6 @@ class Faults:
                     return f
         return None
 
-    # ----- controller faults -----------------------------------------------------------
     def stick_finalizer(self, kind: str, name: str) -> None:
         """The object (kind "ComputeDomain" or a plural, and name) never loses its finalizers."""
         with self._lock:

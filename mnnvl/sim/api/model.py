@@ -145,6 +145,12 @@ def dry_run_requested(verb: str, q: dict[str, str]) -> bool:
     return True
 
 
+def controller_ref(owner: Obj, api_version: str, kind: str) -> Obj:
+    """The ownerReference a controller puts on what it creates for ``owner``."""
+    ref = {"apiVersion": api_version, "kind": kind, "name": owner["metadata"]["name"]}
+    return ref | {"uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
 def finished(status: Obj) -> bool:
     return any(
         c.get("type") in ("Complete", "Failed") and c.get("status") == "True"

@@ -24,10 +24,7 @@ from mnnvl.sim.api.model import RESOURCES, ApiError, Obj
 
 K8S_VERSION = "1.34.0"
 STRICT = ("jobs", "pods", "services", "resourceclaimtemplates")
-DRIVER_LINES = {
-    "v25.12.0": "nvidia-dra-driver/crds",
-    "v0.4.0": "nvidia-dra-driver/v0.4.0/crds",
-}
+DRIVER_LINES = {"v25.12.0": "nvidia-dra-driver/crds", "v0.4.0": "nvidia-dra-driver/v0.4.0/crds"}
 CRD_NAME = "computedomains.resource.nvidia.com"
 CD_CRD_FILE = "resource.nvidia.com_computedomains.yaml"
 VALIDATION_MODULES = ("jsonschema", "kubernetes_validate", "referencing", "yaml")

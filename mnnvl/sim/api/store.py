@@ -63,7 +63,6 @@ class Store(Deletion):
         self._subs: list[Subscription] = []
         self.sticky: Callable[[str, str, str], bool] = lambda resource, ns, name: False
 
-    # ----- reads -------------------------------------------------------------------------
     @property
     def resource_version(self) -> int:
         return self._rv
@@ -92,7 +91,6 @@ class Store(Deletion):
             items = [clone(o) for o in objs if match is None or match(o)]
             return items, self._rv
 
-    # ----- writes ------------------------------------------------------------------------
     def create(self, resource: str, obj: Obj, *, dry_run: bool = False) -> Obj:
         """POST semantics; ``dry_run`` (``dryRun=All``) checks everything and returns what
         would be stored, without a resourceVersion, storing and announcing nothing."""
@@ -342,7 +340,6 @@ class Store(Deletion):
         if key[1] and key[0] != "namespaces":
             self._finish_namespace(key[1])
 
-    # ----- watch -------------------------------------------------------------------------
     def _emit(self, type_: str, key: Key, obj: Obj) -> None:
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from mnnvl.contract.env import JOB_COMPLETION_INDEX
 from mnnvl.sim.api.controller import Controller
 from mnnvl.sim.api.events import record_event
-from mnnvl.sim.api.model import ApiError, finished
+from mnnvl.sim.api.model import ApiError, controller_ref, finished
 from mnnvl.sim.api.store import Obj, Store, WatchEvent, clone, now_iso
 from mnnvl.sim.core.jobstatus import (
     TRACKING_FINALIZER,
@@ -52,10 +52,7 @@ def _last_failed(pods: list[Obj], index: int) -> Obj | None:
     failed = [p for p in pods if pod_index(p) == index and phase(p) == "Failed"]
     return max(
         failed,
-        key=lambda p: (
-            absolute_failures(p),
-            p["metadata"].get("creationTimestamp", ""),
-        ),
+        key=lambda p: (absolute_failures(p), p["metadata"].get("creationTimestamp", "")),
         default=None,
     )
 
@@ -96,7 +93,6 @@ class JobController(Controller):
         # A pod that lost its Job (orphaned): its tracking finalizer is released by name.
         return ("", ev.obj["metadata"]["name"]) if ev.namespace else None
 
-    # ----- reconcile -------------------------------------------------------------------
     def sync(self, ns: str, name: str) -> None:
         job = self.store.find("jobs", ns, name)
         if job is None or job["metadata"].get("deletionTimestamp"):
@@ -290,14 +286,8 @@ class JobController(Controller):
             except ApiError as e:
                 self._create_refused(job, e)
                 break  # the rest of this batch waits for the retry, as in the real controller
-            record_event(
-                self.store,
-                job,
-                "Normal",
-                "SuccessfulCreate",
-                f"Created pod: {pod['metadata']['name']}",
-                "job-controller",
-            )
+            msg = f"Created pod: {pod['metadata']['name']}"
+            record_event(self.store, job, "Normal", "SuccessfulCreate", msg, "job-controller")
             self._create_failures.pop(job["metadata"]["uid"], None)
         return created
 
@@ -306,14 +296,8 @@ class JobController(Controller):
         ns, name, uid = (job["metadata"][k] for k in ("namespace", "name", "uid"))
         if "being terminated" in err.message:
             return  # the namespace is going away: the real controller stays silent
-        record_event(
-            self.store,
-            job,
-            "Warning",
-            "FailedCreate",
-            f"Error creating: {err.message}",
-            "job-controller",
-        )
+        msg = f"Error creating: {err.message}"
+        record_event(self.store, job, "Warning", "FailedCreate", msg, "job-controller")
         failures = self._create_failures[uid] = self._create_failures.get(uid, 0) + 1
         self.requeue(min(API_BACKOFF_S * 2 ** (failures - 1), MAX_API_BACKOFF_S), "jobs", ns, name)
 
@@ -336,24 +320,13 @@ class JobController(Controller):
             spec["hostname"] = f"{jname}-{index}"
             ref = {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_LABEL}']"}}
             for c in spec.get("containers") or []:
-                c["env"] = [
-                    *(c.get("env") or []),
-                    {"name": JOB_COMPLETION_INDEX, "valueFrom": ref},
-                ]
-        owner = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "name": jname,
-            "uid": uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+                c["env"] = [*(c.get("env") or []), {"name": JOB_COMPLETION_INDEX, "valueFrom": ref}]
         pod_meta = {
             "name": name,
             "namespace": job["metadata"]["namespace"],
             "labels": labels,
             "annotations": annotations,
-            "ownerReferences": [owner],
+            "ownerReferences": [controller_ref(job, "batch/v1", "Job")],
             # Keeps a finished pod until the controller has counted it in the Job's status.
             "finalizers": [TRACKING_FINALIZER],
         }
@@ -382,15 +355,10 @@ class JobController(Controller):
             self._ttl(job, result)
 
     def _record_end(self, job: Obj, fail: tuple[str, str] | None) -> None:
-        reason = "Completed" if fail is None else fail[0]
-        record_event(
-            self.store,
-            job,
-            "Normal" if fail is None else "Warning",
-            reason,
-            "Job completed" if fail is None else fail[1],
-            "job-controller",
-        )
+        if fail is None:
+            record_event(self.store, job, "Normal", "Completed", "Job completed", "job-controller")
+        else:
+            record_event(self.store, job, "Warning", *fail, "job-controller")
 
     def _ttl(self, job: Obj, status: Obj) -> None:
         ttl = job["spec"].get("ttlSecondsAfterFinished")

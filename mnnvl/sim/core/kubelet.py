@@ -110,11 +110,7 @@ class Kubelet(Controller):
         self._remove(key, worker)
 
     def _finish_delete(self, pod: Obj) -> None:
-        ns, name, uid = (
-            pod["metadata"]["namespace"],
-            pod["metadata"]["name"],
-            pod["metadata"]["uid"],
-        )
+        ns, name, uid = (pod["metadata"][k] for k in ("namespace", "name", "uid"))
         current = self.store.find("pods", ns, name)
         if current is not None and current["metadata"]["uid"] == uid:
             try:
@@ -173,7 +169,6 @@ class Kubelet(Controller):
                 del self.workers[key]
         shutil.rmtree(worker.workdir, ignore_errors=True)
 
-    # ----- logs ------------------------------------------------------------------------
     def log_stream(
         self,
         ns: str,

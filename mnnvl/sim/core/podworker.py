@@ -71,7 +71,6 @@ class PodWorker:
         self.index = int(idx) if idx is not None else None
         self.thread = threading.Thread(target=self._run, name=f"sim-pod-{self.name}", daemon=True)
 
-    # ----- status helpers --------------------------------------------------------------
     def _status(self, phase: str, state: Obj, ready: bool, last: Obj | None = None) -> None:
         if self.node in self.k.unreachable:
             return  # a kubelet the API server cannot hear from reports nothing
@@ -124,7 +123,6 @@ class PodWorker:
             return
         record_event(self.k.store, self.pod, type_, reason, message, "kubelet")
 
-    # ----- lifecycle -------------------------------------------------------------------
     def _run(self) -> None:
         try:
             self._lifecycle()
@@ -224,7 +222,6 @@ class PodWorker:
         )
 
     def running(self) -> Container | None:
-        """The container while it runs, else None."""
         proc = self.proc
         return proc if proc is not None and not proc.exited.is_set() else None
 
@@ -269,9 +266,7 @@ class PodWorker:
                     if self.cancel.is_set():
                         return False
                     self._event(
-                        "Warning",
-                        "FailedPrepareDynamicResources",
-                        prepare_failure(claim, e),
+                        "Warning", "FailedPrepareDynamicResources", prepare_failure(claim, e)
                     )
                     if self.cancel.wait(0.5):  # the real kubelet retries with back-off
                         return False

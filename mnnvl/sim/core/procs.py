@@ -45,7 +45,6 @@ class Container:
     def __init__(
         self, cmd: list[str], env: dict[str, str], cwd: str, log_path: str, marker: str
     ) -> None:
-        """Start ``cmd`` in a new session, stdout and stderr appended to ``log_path``."""
         self.marker = marker
         self.exited = threading.Event()  # the main process has exited and the rest is gone
         with open(log_path, "ab") as logf:
@@ -70,7 +69,6 @@ class Container:
         return 128 - code if code < 0 else code
 
     def signal(self, sig: int) -> None:
-        """Send ``sig`` to every process of the container."""
         for pid, _ in members(self.marker, {self.pid: self.marker}):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -167,13 +165,9 @@ class Guard:
     def __init__(self, prefix: str) -> None:
         read, self._write = os.pipe()  # not inherited by any child (PEP 446)
         env = {k: v for k, v in os.environ.items() if k != MARKER_ENV}
+        code = "import sys, mnnvl.sim.core.procs as p; p.guard(sys.argv[1])"
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import sys, mnnvl.sim.core.procs as p; p.guard(sys.argv[1])",
-                prefix,
-            ],
+            [sys.executable, "-c", code, prefix],
             stdin=read,
             env=env,
             start_new_session=True,  # a Ctrl-C of the terminal's process group misses it

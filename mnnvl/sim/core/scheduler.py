@@ -26,7 +26,7 @@ from typing import Any
 from mnnvl.sim.api.controller import Controller
 from mnnvl.sim.api.events import record_event
 from mnnvl.sim.api.faults import Faults
-from mnnvl.sim.api.model import TERMINAL
+from mnnvl.sim.api.model import TERMINAL, controller_ref
 from mnnvl.sim.api.store import ApiError, Obj, Store, WatchEvent, clone, now_iso
 from mnnvl.sim.core.affinity import AFFINITY
 from mnnvl.sim.core.placement import NODE_AFFINITY, UNSCHEDULABLE, Context
@@ -69,7 +69,6 @@ class Scheduler(Controller):
             self._release_claims()
         self._schedule_pending()
 
-    # ----- claims ----------------------------------------------------------------------
     def _release_claims(self) -> None:
         """Deallocate claims whose consuming pods have ended or gone (frees channel-0)."""
         live = {
@@ -141,23 +140,13 @@ class Scheduler(Controller):
                         **(tmeta.get("annotations") or {}),
                         "resource.kubernetes.io/pod-claim-name": entry["name"],
                     },
-                    "ownerReferences": [
-                        {
-                            "apiVersion": "v1",
-                            "kind": "Pod",
-                            "name": pod["metadata"]["name"],
-                            "uid": pod["metadata"]["uid"],
-                            "controller": True,
-                            "blockOwnerDeletion": True,
-                        }
-                    ],
+                    "ownerReferences": [controller_ref(pod, "v1", "Pod")],
                 },
                 "spec": clone(tspec.get("spec") or {}),
             },
         )
         return name
 
-    # ----- scheduling ------------------------------------------------------------------
     def _schedule_pending(self) -> None:
         pods, _ = self.store.list("pods", None, _unbound)
         now = time.monotonic()
@@ -225,11 +214,7 @@ class Scheduler(Controller):
     def _bind(self, pod: Obj, claims: list[Obj], node: str, free: list[str] | None) -> None:
         """Allocate the claims on ``node`` (GPU claims from its ``free`` devices, when its
         GPUs are DRA devices; one result per device) and bind the pod."""
-        ns, name, uid = (
-            pod["metadata"]["namespace"],
-            pod["metadata"]["name"],
-            pod["metadata"]["uid"],
-        )
+        ns, name, uid = (pod["metadata"][k] for k in ("namespace", "name", "uid"))
         for claim in claims:
             channel = channel_domain(claim) is not None
             results = []
@@ -271,14 +256,8 @@ class Scheduler(Controller):
             "lastProbeTime": None,
         }
         _set_condition_on(self.store, bound, cond)
-        record_event(
-            self.store,
-            bound,
-            "Normal",
-            "Scheduled",
-            f"Successfully assigned {ns}/{name} to {node}",
-            "default-scheduler",
-        )
+        msg = f"Successfully assigned {ns}/{name} to {node}"
+        record_event(self.store, bound, "Normal", "Scheduled", msg, "default-scheduler")
 
 
 def _unbound(pod: Obj) -> bool:

@@ -169,7 +169,6 @@ class ComputeDomainDriver(Controller):
         for cd in domains:
             self.reconcile(ns, cd["metadata"]["name"])
 
-    # ----- controller ------------------------------------------------------------------
     def reconcile(self, ns: str, name: str) -> None:
         cd = self.store.find(CD, ns, name)
         if cd is None:
@@ -206,15 +205,12 @@ class ComputeDomainDriver(Controller):
         elif (rct["metadata"].get("labels") or {}).get(LABEL_CD) != uid:
             if uid not in self._warned:  # the real controller retries forever; say it once
                 self._warned.add(uid)
-                record_event(
-                    self.store,
-                    cd,
-                    "Warning",
-                    "FailedCreateResourceClaimTemplate",
+                msg = (
                     f'error creating ResourceClaimTemplate "{tname}": '
-                    f'resourceclaimtemplates "{tname}" already exists',
-                    COMPONENT,
+                    f'resourceclaimtemplates "{tname}" already exists'
                 )
+                reason = "FailedCreateResourceClaimTemplate"
+                record_event(self.store, cd, "Warning", reason, msg, COMPONENT)
             return
         self._write_status(ns, name, uid)
 
@@ -244,11 +240,7 @@ class ComputeDomainDriver(Controller):
             o["status"] = {"status": "Ready" if ready else "NotReady", "nodes": nodes}
 
         cd = self.store.find(CD, ns, name)
-        if (
-            cd is not None
-            and cd["metadata"]["uid"] == uid
-            and not cd["metadata"].get("deletionTimestamp")
-        ):
+        if cd and cd["metadata"]["uid"] == uid and not cd["metadata"].get("deletionTimestamp"):
             self.store.mutate(CD, ns, name, write)
 
     def _teardown(self, cd: Obj) -> None:
@@ -289,13 +281,11 @@ class ComputeDomainDriver(Controller):
         controller and pod GC deal with them)."""
         with self._lock:
             daemon = self._daemons.pop(node, None)
-            if daemon is not None:
-                self._stop_daemon(daemon)
-        if daemon is None:
-            return
+            if daemon is None:
+                return
+            self._stop_daemon(daemon)
         self._write_status(daemon.namespace, daemon.name, daemon.uid)
 
-    # ----- kubelet plugin --------------------------------------------------------------
     def prepare(self, node: str, claim: Obj, cancel: threading.Event) -> list[str]:
         """NodePrepareResources for a channel claim; returns, once the node's IMEX daemon (or
         host service) is Ready, the channel devices injected (``channel0``; none on a node
@@ -379,14 +369,8 @@ class ComputeDomainDriver(Controller):
         }
         index = min(set(range(len(used) + 1)) - used)
         node_no = int(node.rsplit("-", 1)[-1]) if node.rsplit("-", 1)[-1].isdigit() else 0
-        daemon = Daemon(
-            meta["uid"],
-            meta["namespace"],
-            meta["name"],
-            clique,
-            index,
-            f"10.128.{node_no // 250}.{node_no % 250 + 2}",
-        )
+        ip = f"10.128.{node_no // 250}.{node_no % 250 + 2}"
+        daemon = Daemon(meta["uid"], meta["namespace"], meta["name"], clique, index, ip)
         self._daemons[node] = daemon
         daemon.timer = threading.Timer(
             max(self.faults.imex_delay_s, 0.0), self._daemon_ready, (daemon,)

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 
 from mnnvl.sim.api.controller import Controller
-from mnnvl.sim.api.model import finished, iso_after
+from mnnvl.sim.api.model import controller_ref, finished, iso_after
 from mnnvl.sim.api.store import ApiError, Obj, Store, WatchEvent, now_iso
 from mnnvl.sim.policy import kueue_tas as tas
 
@@ -120,8 +120,6 @@ class KueueStandIn(Controller):
     def on_events(self, events: list[WatchEvent]) -> None:
         self._admit()  # every pass looks at every queued Job
 
-    # ---- one pass -------------------------------------------------------------------------
-
     def _admit(self) -> None:
         jobs = sorted(
             (j for j in self.store.list("jobs")[0] if queued(j)),
@@ -151,16 +149,12 @@ class KueueStandIn(Controller):
             if admission is None:
                 pending.append((job, wl))
             elif not finished(job.get("status") or {}):
-                cq = used.setdefault(admission["clusterQueue"], {})
-                for res, n in _usage(admission).items():
-                    cq[res] = cq.get(res, 0) + n
+                _charge(used, admission["clusterQueue"], _usage(admission))
                 taken.update(tas.assigned_nodes(admission, nodes))
                 running.append((job, wl))
         now = time.monotonic()
-        for (
-            job,
-            wl,
-        ) in running:  # the topology ungater: pods of admitted Workloads onto their domain
+        # The topology ungater: pods of admitted Workloads onto their domain.
+        for job, wl in running:
             tas.ungate(self.store, wl)
             self._check_pods_ready(job, wl, now)
         for job, wl in pending:
@@ -174,9 +168,7 @@ class KueueStandIn(Controller):
             if verdict.reason:
                 self._set_pending(wl, verdict)
                 continue
-            cq = used.setdefault(verdict.cluster_queue, {})
-            for res, n in verdict.usage.items():
-                cq[res] = cq.get(res, 0) + n
+            _charge(used, verdict.cluster_queue, verdict.usage)
             request = tas.topology_request(job)
             placed = tas.place(nodes, request, _count(job), taken) if request else []
             taken.update(n["metadata"]["name"] for n in placed)
@@ -184,55 +176,33 @@ class KueueStandIn(Controller):
 
     def _create_workload(self, job: Obj) -> Obj | None:
         meta = job["metadata"]
-        pod_set: Obj = {
-            "name": "main",
-            "count": int(job["spec"].get("parallelism", 1)),
-            "template": job["spec"]["template"],
-        }
+        pod_set: Obj = {"name": "main", "count": _count(job), "template": job["spec"]["template"]}
         request = tas.topology_request(job)
         if request is not None:
             notes = job["spec"]["template"]["metadata"]["annotations"]
-            pod_set["topologyRequest"] = {
-                "podIndexLabel": tas.INDEX_LABEL,
-                **(
-                    {"required": notes[tas.REQUIRED_TOPOLOGY]}
-                    if tas.REQUIRED_TOPOLOGY in notes
-                    else {}
-                ),
-                **(
-                    {"podSetSliceRequiredTopology": request[0], "podSetSliceSize": request[1]}
-                    if tas.SLICE_TOPOLOGY in notes
-                    else {}
-                ),
-            }
+            topology: Obj = {"podIndexLabel": tas.INDEX_LABEL}
+            if tas.REQUIRED_TOPOLOGY in notes:
+                topology["required"] = notes[tas.REQUIRED_TOPOLOGY]
+            if tas.SLICE_TOPOLOGY in notes:
+                topology |= {
+                    "podSetSliceRequiredTopology": request[0],
+                    "podSetSliceSize": request[1],
+                }
+            pod_set["topologyRequest"] = topology
         body = {
             "metadata": {
                 "name": workload_name(job),
                 "namespace": meta["namespace"],
                 "labels": {JOB_UID_LABEL: meta["uid"]},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "name": meta["name"],
-                        "uid": meta["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [controller_ref(job, "batch/v1", "Job")],
             },
-            "spec": {
-                "queueName": (meta.get("labels") or {})[QUEUE_LABEL],
-                "podSets": [pod_set],
-            },
+            "spec": {"queueName": (meta.get("labels") or {})[QUEUE_LABEL], "podSets": [pod_set]},
         }
         try:
             return self.store.create("workloads", body)
         except ApiError as e:  # the Job went away meanwhile, or a previous pass made it
             log.debug("kueue stand-in: no workload for job %s: %s", meta["name"], e.message)
             return None
-
-    # ---- admission decisions ----------------------------------------------------------------
 
     def _queues(self) -> tuple[dict[str, str] | None, dict[str, dict[str, int]]]:
         quotas = self.config.quotas
@@ -280,7 +250,7 @@ class KueueStandIn(Controller):
 
     def _requests(self, job: Obj) -> tuple[dict[str, int], str]:
         """The pod set's quota usage, or Kueue's message for an unmapped DeviceClass."""
-        count = int(job["spec"].get("parallelism", 1))
+        count = _count(job)
         spec = job["spec"]["template"].get("spec") or {}
         per_pod: dict[str, int] = {"pods": 1}
         for c in spec.get("containers") or []:
@@ -307,8 +277,6 @@ class KueueStandIn(Controller):
                 per_pod[name] = per_pod.get(name, 0) + int(exactly.get("count", 1))
         return {res: n * count for res, n in per_pod.items()}, ""
 
-    # ---- waitForPodsReady ---------------------------------------------------------------------
-
     def _check_pods_ready(self, job: Obj, wl: Obj, now: float) -> None:
         """Evict an admitted Workload whose pods are not all Ready within the timeout."""
         uid, timeout = wl["metadata"]["uid"], self.config.pods_ready_timeout_s
@@ -334,16 +302,14 @@ class KueueStandIn(Controller):
         requeued = {"type": "Requeued", "status": "False", "reason": "PodsReadyTimeout"}
         not_admitted = {"type": "Admitted", "status": "False", "reason": "NoReservation"}
         new = [evicted, unreserved, requeued, not_admitted]
-        replaced = {c["type"] for c in new}
 
         def write(o: Obj) -> None:
             st = o.setdefault("status", {})
             st.pop("admission", None)
             st["requeueState"] = {"count": count, "requeueAt": iso_after(backoff)}
-            kept = [c for c in st.get("conditions") or [] if c["type"] not in replaced]
-            st["conditions"] = kept + [
-                {**c, "message": message, "lastTransitionTime": stamp} for c in new
-            ]
+            _replace_conditions(
+                st, [{**c, "message": message, "lastTransitionTime": stamp} for c in new]
+            )
 
         self.store.mutate("workloads", meta["namespace"], meta["name"], write)
         template = wl["spec"]["podSets"][0]["template"]
@@ -367,34 +333,25 @@ class KueueStandIn(Controller):
             "lastTransitionTime": now_iso(),
         }
 
-        def write(o: Obj) -> None:
-            st = o.setdefault("status", {})
-            st["conditions"] = [c for c in st.get("conditions") or [] if c["type"] != "Requeued"]
-            st["conditions"].append(cond)
-
         meta = wl["metadata"]
-        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
-
-    # ---- writes -----------------------------------------------------------------------------
+        self.store.mutate(
+            "workloads",
+            meta["namespace"],
+            meta["name"],
+            lambda o: _replace_conditions(o.setdefault("status", {}), [cond]),
+        )
 
     def _set_pending(self, wl: Obj, verdict: _Verdict) -> None:
-        cond = {
-            "type": "QuotaReserved",
-            "status": "False",
-            "reason": verdict.reason,
-            "message": verdict.message,
-        }
+        cond = {"type": "QuotaReserved", "status": "False", "reason": verdict.reason}
+        cond["message"] = verdict.message
 
         def write(o: Obj) -> bool:
             conds = (o.get("status") or {}).get("conditions") or []
             old = next((c for c in conds if c.get("type") == "QuotaReserved"), None)
             if old and (old["reason"], old["message"]) == (verdict.reason, verdict.message):
                 return False  # unchanged: no write, no event
-            rest = [c for c in conds if c.get("type") != "QuotaReserved"]
-            o.setdefault("status", {})["conditions"] = [
-                *rest,
-                {**cond, "lastTransitionTime": now_iso()},
-            ]
+            st = o.setdefault("status", {})
+            _replace_conditions(st, [{**cond, "lastTransitionTime": now_iso()}])
             return True
 
         meta = wl["metadata"]
@@ -413,26 +370,18 @@ class KueueStandIn(Controller):
                     "name": "main",
                     "flavors": {res: FLAVOR for res in verdict.usage},
                     "resourceUsage": {res: str(n) for res, n in verdict.usage.items()},
-                    "count": int(job["spec"].get("parallelism", 1)),
+                    "count": _count(job),
                     **topology,
                 }
             ],
         }
+        messages = {
+            "QuotaReserved": f"Quota reserved in ClusterQueue {verdict.cluster_queue}",
+            "Admitted": "The workload is admitted",
+        }
         conds = [
-            {
-                "type": "QuotaReserved",
-                "status": "True",
-                "reason": "QuotaReserved",
-                "message": f"Quota reserved in ClusterQueue {verdict.cluster_queue}",
-                "lastTransitionTime": stamp,
-            },
-            {
-                "type": "Admitted",
-                "status": "True",
-                "reason": "Admitted",
-                "message": "The workload is admitted",
-                "lastTransitionTime": stamp,
-            },
+            {"type": t, "status": "True", "reason": t, "message": m, "lastTransitionTime": stamp}
+            for t, m in messages.items()
         ]
 
         def write(o: Obj) -> None:
@@ -471,6 +420,19 @@ def _ready(pod: Obj) -> bool:
     conds = status.get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
     return ready or status.get("phase") == "Succeeded"
+
+
+def _charge(used: dict[str, dict[str, int]], cluster_queue: str, usage: dict[str, int]) -> None:
+    cq = used.setdefault(cluster_queue, {})
+    for res, n in usage.items():
+        cq[res] = cq.get(res, 0) + n
+
+
+def _replace_conditions(status: Obj, new: list[Obj]) -> None:
+    """Drop the conditions of the types in ``new``, then append ``new``."""
+    types = {c["type"] for c in new}
+    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") not in types]
+    status["conditions"] += new
 
 
 def _count(job: Obj) -> int:

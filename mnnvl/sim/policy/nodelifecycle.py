@@ -143,16 +143,12 @@ class NodeLifecycle(Controller):
         if due is None or now - self._tainted_at[name] < due:
             return
         ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        msg = f"Marking for deletion Pod {ns}/{pod_name}"
         record_event(
-            self.store,
-            pod,
-            "Normal",
-            "TaintManagerEviction",
-            f"Marking for deletion Pod {ns}/{pod_name}",
-            "taint-eviction-controller",
+            self.store, pod, "Normal", "TaintManagerEviction", msg, "taint-eviction-controller"
         )
         why = ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")
-        self._condition(pod, *why)
+        self.store.mutate("pods", ns, pod_name, lambda o: _set_condition(o, *why))
         self._delete(pod, None)
 
     def _orphan(self, pod: Obj, now: float) -> None:
@@ -173,14 +169,6 @@ class NodeLifecycle(Controller):
 
         self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], fail)
         self._delete(pod, 0)
-
-    def _condition(self, pod: Obj, reason: str, message: str) -> None:
-        self.store.mutate(
-            "pods",
-            pod["metadata"]["namespace"],
-            pod["metadata"]["name"],
-            lambda o: _set_condition(o, reason, message),
-        )
 
     def _delete(self, pod: Obj, grace_s: float | None) -> None:
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
