@@ -105,8 +105,6 @@ class Input:
 
     def coerce(self, value: Any) -> Any:
         """A surface value (typed from KFP, a string from Argo) as the surface's type."""
-        if self.kind == "dict":
-            return ungroup(self.name, value, {m.name for m in self.members})
         if self.kind == "int" and isinstance(value, float) and value.is_integer():
             return int(value)  # a JSON number inside a group: KFP writes 3 as 3.0
         if not isinstance(value, str) or self.kind == "str":
@@ -260,10 +258,9 @@ def ungroup(group: str, value: Any, used: Collection[str]) -> dict[str, Any]:
 
 def flatten(values: dict[str, Any], inputs: list[Input]) -> dict[str, Any]:
     """``values`` with each group (a dict, or its JSON) replaced by its inputs' values."""
-    groups = {g.name: g for g in grouped(inputs) if g.kind == "dict"}
-    flat = {k: v for k, v in values.items() if k not in groups}
-    for name in set(values) & set(groups):
-        used = {m.name for m in groups[name].members}
+    used = {i.name for i in inputs}
+    flat = {k: v for k, v in values.items() if k not in GROUPS}
+    for name in GROUPS.keys() & values.keys():
         for key, value in ungroup(name, values[name], used).items():
             if flat.get(key) is not None and flat[key] != value:
                 raise SpecError(key, f"is given twice: on its own and in {name}")
