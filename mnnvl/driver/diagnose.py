@@ -22,7 +22,7 @@ from mnnvl.driver.wait import Deadline, Objects
 from mnnvl.errors import MnnvlError, ProblemKind
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.inputs.spec import WorkloadSpec
-from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL
+from mnnvl.manifests import JOB_NAME_LABEL
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job controller
@@ -103,6 +103,10 @@ def container_started(pod: dict[str, Any]) -> bool:
     return False
 
 
+def pod_phase(pod: dict[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "")
+
+
 def node_of(pod: dict[str, Any]) -> str:
     """The pod's node for messages; "no node" until the scheduler bound it."""
     return str((pod.get("spec") or {}).get("nodeName") or "no node")
@@ -132,8 +136,7 @@ def exit_code(pod: dict[str, Any]) -> int | None:
 
 
 def _pod_state(pod: dict[str, Any]) -> str:
-    status = pod.get("status") or {}
-    phase = status.get("phase", "Pending")
+    phase = pod_phase(pod) or "Pending"
     reason = waiting_reason(pod) or (_unschedulable(pod) and "Unschedulable")
     return f"{pod['metadata']['name']} {phase}{'/' + reason if reason else ''} on {node_of(pod)}"
 
@@ -161,7 +164,7 @@ def event_order(event: dict[str, Any]) -> tuple[str, int]:
 
 def log_tail(api: Api, namespace: str, pod: str) -> str:
     try:
-        lines = api.pod_log(namespace, pod, container=CONTAINER).splitlines()
+        lines = api.pod_log(namespace, pod).splitlines()
     except MnnvlError as e:
         return f"(log unreadable: {e})"
     return "\n".join(lines[-LOG_TAIL_LINES:]) or "(empty log)"
@@ -235,7 +238,7 @@ def raise_on_stuck_pod(
         gpus = ""
         if found.kind is ProblemKind.UNSCHEDULABLE:
             gpus = shortage_hint(api, _unschedulable(pod))
-        failed = (pod.get("status") or {}).get("phase") == "Failed"
+        failed = pod_phase(pod) == "Failed"
         tail = log_tail(api, workload.namespace, pod["metadata"]["name"]) if failed else ""
         found = imex_import(found, tail) or found
         text = _failure_message(api, workload.namespace, domain, pod, found, tail)
@@ -313,7 +316,7 @@ def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects)
     )
 
 
-def failed_problem(pod: dict[str, Any], **fields: Any) -> Problem:
+def failed_problem(pod: dict[str, Any]) -> Problem:
     """The diagnosis of a pod whose container exited: its exit code and what it shows."""
     status = pod.get("status") or {}
     term = terminated(pod)
@@ -326,7 +329,6 @@ def failed_problem(pod: dict[str, Any], **fields: Any) -> Problem:
         exit_code=code,
         permanent=code in NON_RETRIABLE_EXIT_CODES,
         detail=detail,
-        **fields,
     )
 
 
@@ -335,8 +337,7 @@ def pod_problem(
 ) -> Problem | None:
     """Why this pod will not get to Running by itself, or None when it still may."""
     name = pod["metadata"]["name"]
-    phase = (pod.get("status") or {}).get("phase")
-    if phase == "Failed" and not retries:
+    if pod_phase(pod) == "Failed" and not retries:
         return failed_problem(pod)
     reason, said = waiting_state(pod)
     if reason in IMAGE_WAITING:
@@ -353,7 +354,7 @@ def pod_problem(
         claims = CLAIMS_UNALLOCATABLE in unschedulable
         kind = ProblemKind.CLAIM_UNALLOCATABLE if claims else ProblemKind.UNSCHEDULABLE
         return problem(kind, pod=name, grace_s=grace.grace_s, detail=unschedulable)
-    message = str((prepare or {}).get("message") or "") if phase == "Pending" else ""
+    message = str((prepare or {}).get("message") or "") if pod_phase(pod) == "Pending" else ""
     if PREPARE_NAMESPACE.search(message):
         return problem(ProblemKind.PREPARE, pod=name, detail=message)
     left = grace.left_s(f"prepare/{name}", PREPARE_OTHER_DOMAIN in message)
@@ -453,7 +454,7 @@ def imex_import(found: Problem, log: str) -> Problem | None:
 def prepare_pending(pod: dict[str, Any], prepare: dict[str, Any] | None) -> Problem | None:
     """A Pending pod whose channel prepare waits for the node's IMEX daemon (transient)."""
     message = str((prepare or {}).get("message") or "")
-    if (pod.get("status") or {}).get("phase") != "Pending" or not PREPARE_NOT_READY.search(message):
+    if pod_phase(pod) != "Pending" or not PREPARE_NOT_READY.search(message):
         return None
     return problem(ProblemKind.PREPARE_PENDING, pod=pod["metadata"]["name"], detail=message)
 
@@ -534,9 +535,8 @@ def job_failure(
     api: Api,
     workload: WorkloadSpec,
     job: str,
-    domain: str,
     failed: dict[str, Any],
-    failed_indexes: str = "",
+    failed_indexes: str,
     restarts: int = 0,
 ) -> Problem:
     """The Job's Failed condition plus its last failures: kind ``DEADLINE`` when the Job ran
@@ -545,7 +545,7 @@ def job_failure(
     inspect), and the last failed pods of the other indexes with their exit codes. After gang
     restarts an index has a failed pod per attempt: the last one is why the Job failed, and
     the indexes of ``status.failedIndexes`` come first (a pod that a restart deleted is not)."""
-    ns = workload.namespace
+    ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
     condition = f"{failed.get('reason')}: {failed.get('message')}"
     head = problem(ProblemKind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
     if restarts:
@@ -588,7 +588,7 @@ def last_failures(pods: Iterable[dict[str, Any]], culprits: set[int]) -> list[di
     latest: dict[str, dict[str, Any]] = {}
     for pod in pods:
         index = pod_index(pod)
-        if (pod.get("status") or {}).get("phase") == "Failed" and (
+        if pod_phase(pod) == "Failed" and (
             index not in latest or attempt(pod) > attempt(latest[index])
         ):
             latest[index] = pod
@@ -616,8 +616,8 @@ def pods_progress(
     workload: WorkloadSpec,
     objects: Objects,
     running: int,
-    refused: str = "",
-    events: Objects | None = None,
+    refused: str,
+    events: Objects,
 ) -> str:
     """One progress line: pods Running x/N, the API's refusal to create pods (``refused``),
     the slowest pod and why, the domain's nodes."""
@@ -626,7 +626,7 @@ def pods_progress(
     waiting = [
         p
         for p in sorted(objects.values(), key=pod_index)
-        if (p.get("status") or {}).get("phase") not in ("Running", "Succeeded")
+        if pod_phase(p) not in ("Running", "Succeeded")
     ]
     line = f"pods Running {running}/{workload.nodes}"
     if refused:
@@ -637,7 +637,7 @@ def pods_progress(
         why = _unschedulable(pod) or waiting_reason(pod) or "waiting to be scheduled"
         if why == "ContainerCreating" and node:
             why += f" ({imex_wait(node, imex, '')})"
-        pending = prepare_pending(pod, prepare_events(events or {}).get(pod["metadata"]["name"]))
+        pending = prepare_pending(pod, prepare_events(events).get(pod["metadata"]["name"]))
         if pending is not None:
             why += f"; {pending.message}"
         line += f"; slowest: {_pod_state(pod)}: {why}"

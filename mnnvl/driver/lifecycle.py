@@ -29,7 +29,6 @@ followed again when its new pod runs; progress lines show rank 0's last step and
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +42,7 @@ from mnnvl.driver.diagnose import (
     imex_not_ready,
     job_failure,
     pod_index,
+    pod_phase,
     pods_progress,
     raise_on_stuck_pod,
 )
@@ -62,7 +62,6 @@ from mnnvl.driver.workload import (
     result_of_failed_job,
 )
 from mnnvl.errors import (
-    MnnvlError,
     NotFound,
     NotProvisioned,
     ProblemKind,
@@ -72,7 +71,6 @@ from mnnvl.errors import (
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import (
-    CONTAINER,
     JOB_NAME_LABEL,
     KUEUE_QUEUE_LABEL,
     indexed_jobs,
@@ -83,7 +81,6 @@ logger = logging.getLogger(__name__)
 
 PREPARE_EVENTS = f"involvedObject.kind=Pod,reason={PREPARE_FAILED}"
 JOB_EVENTS = "involvedObject.kind=Job,involvedObject.name={job}"
-LOG_DRAIN_S = 10.0  # how long the rank-0 log stream may take to finish after the Job completed
 
 
 @dataclass(frozen=True)
@@ -116,17 +113,12 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     jobs, adopted = create_workload(api, workload, module, args)
     job = jobs[0]  # rank 0's Job (clique group 0 when the step has several)
 
-    def follow(rank0: str) -> LogFollower:
-        return LogFollower(api, workload.namespace, rank0).start()
-
-    watch = JobWatch(api, workload, jobs, on_running=follow)
+    watch = JobWatch(api, workload, jobs, follow=True)
     try:
         pods = watch.run()
     except (WorkloadFailed, WaitTimeout) as err:
         if isinstance(err, WorkloadFailed):
-            err.result = err.result or result_of_failed_job(
-                api, workload, job, watch.follower, drain_s=LOG_DRAIN_S
-            )
+            err.result = err.result or result_of_failed_job(api, workload, job, watch.follower)
         # The failed Job's pods would hold their nodes' IMEX channel (and GPUs) until the
         # teardown, so the run's next step would wait on them: remove them now.
         # A pod stranded on a lost node never goes while the Node exists: delete, do not wait.
@@ -144,14 +136,13 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
             job,
         )
         raise
-    follower = watch.follower
     rank0 = rank0_pod(pods, job)
-    text = follower.text if follower is not None and follower.join(LOG_DRAIN_S) else ""
+    text = watch.follower.drained() if watch.follower is not None else ""
     result = parse_result(text)
     if result is None:
         # The stream was cut or not finished (or the Job completed before it started):
         # the stored log is the record.
-        text = api.pod_log(workload.namespace, rank0, container=CONTAINER)
+        text = api.pod_log(workload.namespace, rank0)
         result = parse_result(text)
     return JobOutcome(
         job=job,
@@ -165,12 +156,12 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
 
 def wait_for_job(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:
     """The lifecycle's waits for an existing Job, until it is complete; returns its pods."""
-    return JobWatch(api, workload, job, on_running=lambda rank0: None).run()
+    return JobWatch(api, workload, job).run()
 
 
 def wait_for_pods_running(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:
     """The lifecycle's waits up to every index having a pod Running (or the Job complete)."""
-    return JobWatch(api, workload, job, on_running=lambda rank0: None, until_running=True).run()
+    return JobWatch(api, workload, job, until_running=True).run()
 
 
 def require_domain(api: Api, workload: WorkloadSpec) -> None:
@@ -202,14 +193,15 @@ def running_indexes(pods: Objects) -> int:
         {
             ((p["metadata"].get("labels") or {}).get(JOB_NAME_LABEL), pod_index(p))
             for p in pods.values()
-            if (p.get("status") or {}).get("phase") in ("Running", "Succeeded")
+            if pod_phase(p) in ("Running", "Succeeded")
         }
     )
 
 
 class JobWatch(Check):
     """The lifecycle's check over ``job`` (the step's Jobs: one, or one per clique group),
-    ``pods`` and ``events`` (prepare errors). ``self.job`` is rank 0's Job."""
+    ``pods`` and ``events`` (prepare errors). ``self.job`` is rank 0's Job; ``follow``: follow
+    rank 0's log once its pod runs."""
 
     def __init__(
         self,
@@ -217,12 +209,12 @@ class JobWatch(Check):
         workload: WorkloadSpec,
         jobs: str | list[str],
         *,
-        on_running: Callable[[str], LogFollower | None],
+        follow: bool = False,
         until_running: bool = False,
     ) -> None:
         self.jobs = [jobs] if isinstance(jobs, str) else list(jobs)
         self.api, self.workload, self.job = api, workload, self.jobs[0]
-        self.on_running, self.until_running = on_running, until_running
+        self.follow, self.until_running = follow, until_running
         self.grace = Grace(workload.unschedulable_grace_s)
         self.refusal_grace = Grace(workload.unschedulable_grace_s)
         self.refusals: dict[str, str] = {}  # Job -> its latest refused create's message
@@ -254,16 +246,13 @@ class JobWatch(Check):
         kueue = workload_source(self.api, ns, job_src) if self.workload.queue_name else None
         if kueue is not None:
             sources["workloads"] = kueue
+        never = Deadline(0)  # each phase keeps its own deadline
         pods: Objects = watch_until(
-            self.api, ns, sources, self, deadline=Deadline(0), on_timeout=self._never
+            self.api, ns, sources, self, deadline=never, on_timeout=lambda view: AssertionError()
         )
         if not self.until_running:
             logger.info("Job %s/%s complete", ns, self.job)
         return pods
-
-    @staticmethod
-    def _never(view: View) -> MnnvlError:
-        return MnnvlError("the lifecycle wait has no overall deadline")
 
     # ---- the check -------------------------------------------------------------------
 
@@ -279,15 +268,13 @@ class JobWatch(Check):
             # FailureTarget (Kubernetes >= 1.31) comes first; Failed only once the pods are gone.
             failed = _condition(found, "Failed") or _condition(found, "FailureTarget")
             if failed is not None:
-                domain = RunNames.for_run(self.workload.run_id).domain
                 culprits = str((found.get("status") or {}).get("failedIndexes") or "")
                 restarts = len(self.gang.restarts)
-                why = job_failure(self.api, self.workload, name, domain, failed, culprits, restarts)
+                why = job_failure(self.api, self.workload, name, failed, culprits, restarts)
                 if why.kind is ProblemKind.DEADLINE:  # activeDeadlineSeconds
                     raise self._past_deadline(name, why.message)
                 raise why.error(why.message)
-        every = [view["job"][name] for name in self.jobs]
-        if all(_condition(j, "Complete") is not None for j in every):
+        if all(_condition(view["job"][name], "Complete") for name in self.jobs):
             return dict(view["pods"])
         # Suspended first: a Job Kueue evicted loses its pods, which is no gang restart.
         job = self._suspended(view)
@@ -424,7 +411,7 @@ class JobWatch(Check):
             logger.info("pods %d/%d Running", running, workload.nodes)
         if running >= workload.nodes:
             self.job_deadline = Deadline(workload.job_timeout_s)
-            self.follower = self.on_running(rank0_pod(pods, self.job))
+            self._follow(rank0_pod(pods, self.job))
             return
         if self.pods_deadline is not None and self.pods_deadline.expired:
             names = RunNames.for_run(workload.run_id)
@@ -457,15 +444,19 @@ class JobWatch(Check):
                 if (
                     (meta.get("labels") or {}).get(JOB_NAME_LABEL) == self.job
                     and pod_index(pod) == "0"
-                    and (pod.get("status") or {}).get("phase") == "Running"
+                    and pod_phase(pod) == "Running"
                     and meta["uid"] not in self.gang.old
                     and not meta.get("deletionTimestamp")
                 ):
-                    self.follower = self.on_running(name)
+                    self._follow(name)
                     if self.follower is not None:
                         self.gang.restarts[-1].after = self.follower.progress
                     break
         return False
+
+    def _follow(self, rank0: str) -> None:
+        if self.follow:
+            self.follower = LogFollower(self.api, self.workload.namespace, rank0)
 
     def _replacements_placed(self, view: View) -> None:
         """After a restart the replacement pods face the same checks as the first ones (an

@@ -105,7 +105,7 @@ def watch_until(
     check: Check,
     *,
     deadline: Deadline,
-    on_timeout: Callable[[View], MnnvlError],
+    on_timeout: Callable[[View], Exception],
 ) -> Any:
     """Run ``check`` on every change of ``sources`` until it returns a value (returned here).
 
