@@ -513,19 +513,18 @@ def describe_pods(
     ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
     if not objects:
         return f"no pods of Job {job} ({pod_events(api, ns, job)})"
-    states = [_pod_state(p) for p in sorted(objects.values(), key=pod_index)]
+    pods = sorted(objects.values(), key=pod_index)
     summary, imex = domain_nodes(api, domain, ns)
-    stuck = [p for p in objects.values() if waiting_reason(p) == "ContainerCreating"]
     detail = ""
-    if stuck:
-        pod = sorted(stuck, key=pod_index)[0]
-        name, node = pod["metadata"]["name"], str(pod["spec"].get("nodeName"))
+    stuck = next((p for p in pods if waiting_reason(p) == "ContainerCreating"), None)
+    if stuck is not None:
+        name, node = stuck["metadata"]["name"], str(stuck["spec"].get("nodeName"))
         events = pod_events(api, ns, name)
         detail = (
             f"; pod {name} stuck ContainerCreating {deadline.elapsed():.0f} s: "
             f"{imex_wait(node, imex, events)}; events: {events}"
         )
-    return f"{', '.join(states)}{detail}; {summary}"
+    return f"{', '.join(_pod_state(p) for p in pods)}{detail}; {summary}"
 
 
 # ---- a failed Job ------------------------------------------------------------------------------

@@ -273,8 +273,7 @@ class Gang:
             )
 
     def _retriable(self, pod: dict[str, Any]) -> bool:
-        code = exit_code(pod)
-        if code in NON_RETRIABLE_EXIT_CODES:
+        if exit_code(pod) in NON_RETRIABLE_EXIT_CODES:
             return False
         # A DisruptionTarget pod (node lost, evicted, preempted): the Job's podFailurePolicy
         # ignores it, so its failure uses up no retry.

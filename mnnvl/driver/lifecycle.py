@@ -51,7 +51,7 @@ from mnnvl.driver.gang import Gang
 from mnnvl.driver.gpus import resolve_gpu_mode
 from mnnvl.driver.kueue import describe, evicted, raise_if_inadmissible, workload_source
 from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
-from mnnvl.driver.wait import Check, Deadline, Objects, Source, View, timeout_error, watch_until
+from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
 from mnnvl.driver.workload import (
     LogFollower,
     create_workload,
@@ -198,7 +198,7 @@ def running_indexes(pods: Objects) -> int:
     )
 
 
-class JobWatch(Check):
+class JobWatch:
     """The lifecycle's check over ``job`` (the step's Jobs: one, or one per clique group),
     ``pods`` and ``events`` (prepare errors). ``self.job`` is rank 0's Job; ``follow``: follow
     rank 0's log once its pod runs."""
@@ -248,7 +248,14 @@ class JobWatch(Check):
             sources["workloads"] = kueue
         never = Deadline(0)  # each phase keeps its own deadline
         pods: Objects = watch_until(
-            self.api, ns, sources, self, deadline=never, on_timeout=lambda view: AssertionError()
+            self.api,
+            ns,
+            sources,
+            self.check,
+            deadline=never,
+            on_timeout=lambda view: AssertionError(),
+            progress=self.progress,
+            recheck_in=self.recheck_in,
         )
         if not self.until_running:
             logger.info("Job %s/%s complete", ns, self.job)
@@ -256,7 +263,7 @@ class JobWatch(Check):
 
     # ---- the check -------------------------------------------------------------------
 
-    def __call__(self, view: View) -> Objects | None:
+    def check(self, view: View) -> Objects | None:
         ns = self.workload.namespace
         for name in self.jobs:
             found = view["job"].get(name)
@@ -271,8 +278,13 @@ class JobWatch(Check):
                 culprits = str((found.get("status") or {}).get("failedIndexes") or "")
                 restarts = len(self.gang.restarts)
                 why = job_failure(self.api, self.workload, name, failed, culprits, restarts)
-                if why.kind is ProblemKind.DEADLINE:  # activeDeadlineSeconds
-                    raise self._past_deadline(name, why.message)
+                if why.kind is ProblemKind.DEADLINE:  # the Job's activeDeadlineSeconds: exit 3
+                    raise WaitTimeout(
+                        f"deadline passed: Job {ns}/{name} ran longer than --job-timeout-s "
+                        f"{self.workload.job_timeout_s:g} s and the Job controller stopped it "
+                        f"({why.message}); raise --job-timeout-s or check "
+                        f"`kubectl logs -n {ns} -l {JOB_NAME_LABEL}={name}`"
+                    )
                 raise why.error(why.message)
         if all(_condition(view["job"][name], "Complete") for name in self.jobs):
             return dict(view["pods"])
@@ -283,7 +295,6 @@ class JobWatch(Check):
             return None
         if self.pods_deadline is not None and self._restarted(view):
             return None
-        job = view["job"][self.job]
         if self.pods_deadline is None:
             if self.queued_logged:
                 waited = self.admission.elapsed()
@@ -301,20 +312,11 @@ class JobWatch(Check):
             raise timeout_error(
                 f"Job {ns}/{self.job} to complete",
                 self.job_deadline,
-                f"Job status {(job.get('status') or {})}",
+                f"Job status {view['job'][self.job].get('status') or {}}",
                 f"raise --job-timeout-s or check "
                 f"`kubectl logs -n {ns} -l {JOB_NAME_LABEL}={self.job}`",
             )
         return None
-
-    def _past_deadline(self, job: str, evidence: str) -> WaitTimeout:
-        """A deadline passed (exit 3): the Job ran past --job-timeout-s and was stopped."""
-        ns = self.workload.namespace
-        return WaitTimeout(
-            f"deadline passed: Job {ns}/{job} ran longer than --job-timeout-s "
-            f"{self.workload.job_timeout_s:g} s and the Job controller stopped it ({evidence}); "
-            f"raise --job-timeout-s or check `kubectl logs -n {ns} -l {JOB_NAME_LABEL}={job}`"
-        )
 
     def _queued(self, job: dict[str, Any], view: View) -> None:
         workloads = view.get("workloads")
@@ -411,7 +413,8 @@ class JobWatch(Check):
             logger.info("pods %d/%d Running", running, workload.nodes)
         if running >= workload.nodes:
             self.job_deadline = Deadline(workload.job_timeout_s)
-            self._follow(rank0_pod(pods, self.job))
+            if self.follow:
+                self.follower = LogFollower(self.api, workload.namespace, rank0_pod(pods, self.job))
             return
         if self.pods_deadline is not None and self.pods_deadline.expired:
             names = RunNames.for_run(workload.run_id)
@@ -431,32 +434,27 @@ class JobWatch(Check):
         """Gang restart on a retriable pod failure (True: the pods are being replaced); after
         one, follow rank 0's new pod once it runs."""
         pods = view["pods"]
-        rank0 = self.follower.progress if self.follower is not None else None
         self.gang.check_stranded(pods)
-        if self.gang.check(pods, rank0):
+        if self.gang.check(pods, self.follower.progress if self.follower is not None else None):
             self.follower = None
             return True
-        if self.gang.restarts and self.job_deadline is not None:
-            self._replacements_placed(view)
-        if self.gang.restarts and self.follower is None and self.job_deadline is not None:
-            for name, pod in sorted(pods.items()):
-                meta = pod["metadata"]
-                if (
-                    (meta.get("labels") or {}).get(JOB_NAME_LABEL) == self.job
-                    and pod_index(pod) == "0"
-                    and pod_phase(pod) == "Running"
-                    and meta["uid"] not in self.gang.old
-                    and not meta.get("deletionTimestamp")
-                ):
-                    self._follow(name)
-                    if self.follower is not None:
-                        self.gang.restarts[-1].after = self.follower.progress
-                    break
+        if not self.gang.restarts or self.job_deadline is None:
+            return False
+        self._replacements_placed(view)
+        if self.follow and self.follower is None:
+            rank0 = [
+                name
+                for name, pod in sorted(pods.items())
+                if (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == self.job
+                and pod_index(pod) == "0"
+                and pod_phase(pod) == "Running"
+                and pod["metadata"]["uid"] not in self.gang.old
+                and not pod["metadata"].get("deletionTimestamp")
+            ]
+            if rank0:
+                self.follower = LogFollower(self.api, self.workload.namespace, rank0[0])
+                self.gang.restarts[-1].after = self.follower.progress
         return False
-
-    def _follow(self, rank0: str) -> None:
-        if self.follow:
-            self.follower = LogFollower(self.api, self.workload.namespace, rank0)
 
     def _replacements_placed(self, view: View) -> None:
         """After a restart the replacement pods face the same checks as the first ones (an
