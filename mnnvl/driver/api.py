@@ -42,7 +42,7 @@ from mnnvl.driver.retry import (
     from_api_exception,
     retry_after_s,
 )
-from mnnvl.errors import ClusterUnavailable, MnnvlError, NoCluster, NotFound, WatchExpired
+from mnnvl.errors import ClusterUnavailable, MnnvlError, NoCluster, NotFound
 from mnnvl.manifests import CONTAINER
 
 logger = logging.getLogger(__name__)
@@ -417,15 +417,12 @@ class Api:
             resp.release_conn()
 
 
-def _watch_error(status: dict[str, Any], what: str) -> Exception:
-    """The error for a watch ERROR event (its object is a ``Status``)."""
-    code = int(status.get("code") or 0)
-    message = f"watch {what}: {status.get('reason')}: {status.get('message')}"
-    if code == 410:
-        return WatchExpired(message)
-    return from_api_exception(
-        ApiException(status=code, reason=str(status.get("reason"))), "watch", what
-    )
+def _watch_error(status: dict[str, Any], what: str) -> MnnvlError:
+    """The error for a watch ERROR event: its object is the ``Status`` an error answer carries
+    (410 Gone: ``WatchExpired``)."""
+    error = ApiException(status=int(status.get("code") or 0), reason=str(status.get("reason")))
+    error.body = json.dumps(status)
+    return from_api_exception(error, "watch", what)
 
 
 class _NoDiscovery:

@@ -238,10 +238,15 @@ def raise_on_stuck_pod(
         gpus = ""
         if found.kind is ProblemKind.UNSCHEDULABLE:
             gpus = shortage_hint(api, _unschedulable(pod))
-        failed = pod_phase(pod) == "Failed"
-        tail = log_tail(api, workload.namespace, pod["metadata"]["name"]) if failed else ""
+        ns, name, node = workload.namespace, pod["metadata"]["name"], node_of(pod)
+        tail = log_tail(api, ns, name) if pod_phase(pod) == "Failed" else ""
         found = imex_import(found, tail) or found
-        text = _failure_message(api, workload.namespace, domain, pod, found, tail)
+        text = (
+            f"pod {ns}/{name} on {node}: {found.message}; events: {pod_events(api, ns, name)}; "
+            f"{domain_state(api, domain, ns)}; {hint(found, ns, node)}"
+        )
+        if tail:
+            text += f"; last log lines:\n{tail}"
         if found.kind in UNPLACED and group and workload.clique_affinity:
             found = replace(found, kind=ProblemKind.NO_CLIQUE_ROOM)
             cliques = clique_shortage(api, workload, group, pods)
@@ -370,10 +375,6 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         "the node's IMEX channel cannot be prepared for this domain; check the driver's "
         f"kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})"
     )
-    held = (
-        f"the node still carries another domain's label; check `kubectl describe node {node}` "
-        f"(label resource.nvidia.com/computeDomain) and {KUBELET_PLUGIN_LOGS}"
-    )
     placement = (
         "check free GPUs and channel devices per node (one pod per node per domain) and "
         "the nodes' clique labels (--clique-label)"
@@ -402,7 +403,9 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         "fixed and the kubelet plugin restarts; see the taints with `kubectl get resourceslices "
         "-o yaml` (a cluster read)",
         ProblemKind.PREPARE: prepare,
-        ProblemKind.NODE_HELD: held,
+        ProblemKind.NODE_HELD: "the node still carries another domain's label; check "
+        f"`kubectl describe node {node}` (label resource.nvidia.com/computeDomain) and "
+        f"{KUBELET_PLUGIN_LOGS}",
         ProblemKind.PREPARE_PENDING: "wait: the kubelet retries the prepare; if it lasts, "
         f"{prepare}",
         ProblemKind.IMEX_NOT_READY: "the daemon did not become Ready: where the host runs its own "
@@ -422,18 +425,6 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         ProblemKind.LOST_NODE: f"check `kubectl describe node {node}` and the IMEX daemon there; "
         f"{logs}",
     }.get(found.kind, logs)
-
-
-def _failure_message(
-    api: Api, namespace: str, domain: str, pod: dict[str, Any], found: Problem, tail: str
-) -> str:
-    name, node = pod["metadata"]["name"], node_of(pod)
-    message = (
-        f"pod {namespace}/{name} on {node}: {found.message}; "
-        f"events: {pod_events(api, namespace, name)}; "
-        f"{domain_state(api, domain, namespace)}; {hint(found, namespace, node)}"
-    )
-    return f"{message}; last log lines:\n{tail}" if tail else message
 
 
 def imex_import(found: Problem, log: str) -> Problem | None:

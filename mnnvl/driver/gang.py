@@ -291,13 +291,8 @@ class Gang:
 
     def _oom_message(self, pod: dict[str, Any]) -> str:
         name = pod["metadata"]["name"]
-        limit = next(
-            (
-                ((c.get("resources") or {}).get("limits") or {}).get("memory")
-                for c in (pod.get("spec") or {}).get("containers") or []
-            ),
-            None,
-        )
+        worker = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        limit = ((worker.get("resources") or {}).get("limits") or {}).get("memory")
         return (
             f"pod {name} was OOM-killed (exit code 137, host memory past the container's "
             f"limit {limit or 'none: the node ran out'}); a restart would allocate the same, "

@@ -246,13 +246,12 @@ class JobWatch:
         kueue = workload_source(self.api, ns, job_src) if self.workload.queue_name else None
         if kueue is not None:
             sources["workloads"] = kueue
-        never = Deadline(0)  # each phase keeps its own deadline
         pods: Objects = watch_until(
             self.api,
             ns,
             sources,
             self.check,
-            deadline=never,
+            deadline=Deadline(0),  # none overall: each phase keeps its own
             on_timeout=lambda view: AssertionError(),
             progress=self.progress,
             recheck_in=self.recheck_in,

@@ -297,14 +297,13 @@ def result_of_failed_job(
     return None
 
 
-def rank0_pod(pods: Objects, job: str | None = None) -> str:
-    """The running pod with index 0 (of ``job``, rank 0's Job, when the step has several)."""
+def rank0_pod(pods: Objects, job: str) -> str:
+    """The running pod with index 0 of ``job`` (rank 0's Job), the oldest first."""
     for name, pod in sorted(
-        pods.items(), key=lambda item: str(item[1]["metadata"].get("creationTimestamp"))
+        pods.items(), key=lambda kv: str(kv[1]["metadata"].get("creationTimestamp"))
     ):
-        if job is not None and pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL) != job:
-            continue
-        if pod_index(pod) == "0" and pod_phase(pod) in ("Running", "Succeeded"):
+        in_job = (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job
+        if in_job and pod_index(pod) == "0" and pod_phase(pod) in ("Running", "Succeeded"):
             return name
     raise WorkloadFailed(f"no running pod with index 0 among {sorted(pods)}")
 
