@@ -155,31 +155,25 @@ def _timed_out(error: Exception) -> bool:
 class Api:
     """One connection to an API server. Thread-safe for concurrent calls."""
 
-    def __init__(self, api_client: client.ApiClient, policy: RetryPolicy | None = None) -> None:
-        self.client = api_client
-        self.policy = policy or RetryPolicy()
-        self._outage = Outage(self.policy)
+    def __init__(self, api_client: client.ApiClient, policy: RetryPolicy) -> None:
+        self.client, self.policy = api_client, policy
+        self.outage = Outage(self.policy)  # shared by the Api's threads; waits read it too
         # Paths are built here, so the discovery a DynamicClient would do (extra requests
         # and a cache file under /tmp) is skipped.
         self._dynamic = DynamicClient(api_client, discoverer=_NoDiscovery)
         self.host = api_client.configuration.host
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, *, outage_s: float | None = None) -> Api:
+    def connect(cls, kubeconfig: str | None = None, *, outage_s: float = DEFAULT_OUTAGE_S) -> Api:
         """A client from ``kubeconfig`` (see ``_load_configuration``) tolerating API outages
-        up to ``outage_s`` (default ``DEFAULT_OUTAGE_S``)."""
+        up to ``outage_s``."""
         cfg = _load_configuration(kubeconfig)
         # urllib3's own retries are off: :meth:`call` is the one place that retries.
         cfg.retries = 0
-        policy = RetryPolicy(DEFAULT_OUTAGE_S if outage_s is None else outage_s)
-        return cls(client.ApiClient(configuration=cfg), policy)
+        return cls(client.ApiClient(configuration=cfg), RetryPolicy(outage_s))
 
     def close(self) -> None:
         self.client.close()
-
-    def outage_unsettled(self, settle_s: float) -> bool:
-        """True while the API is unreachable, and for ``settle_s`` after it answered again."""
-        return self._outage.unsettled(settle_s)
 
     def __enter__(self) -> Api:
         return self
@@ -201,20 +195,20 @@ class Api:
             except ApiException as e:
                 if e.status in (401, 403):  # fatal, unless the tail of an outage (retry.py)
                     refused = f"{verb} {what} answered {e.status} {e.reason}"
-                    if not self._outage.refusal_in_outage(refused):
+                    if not self.outage.refusal_in_outage(refused):
                         raise from_api_exception(e, verb, what) from e
                 elif e.status not in TRANSIENT_STATUS:
-                    self._outage.up()  # an answer: the API is reachable
+                    self.outage.up()  # an answer: the API is reachable
                     raise from_api_exception(e, verb, what) from e
                 error: Exception = e
                 delay = retry_after_s(e)
             except (urllib3.exceptions.HTTPError, ConnectionError) as e:
                 error, delay = e, None
             else:
-                self._outage.up()
+                self.outage.up()
                 return found
             hung = _timed_out(error)
-            down_s, report_in_s = self._outage.down(sent if hung else None)
+            down_s, report_in_s = self.outage.down(sent if hung else None)
             attempt += 1
             if attempt >= MAX_ATTEMPTS and down_s >= self.policy.outage_s:
                 raise self._gave_up(error, verb, what, down_s) from error

@@ -583,12 +583,9 @@ def last_failures(pods: Iterable[dict[str, Any]], culprits: set[int]) -> list[di
         ):
             latest[index] = pod
 
-    def culprit(pod: dict[str, Any]) -> bool:
-        index = pod_index(pod)
-        return index.isdigit() and int(index) in culprits
-
+    blamed = {str(index) for index in culprits}
     newest = sorted(sorted(latest.values(), key=pod_index), key=attempt, reverse=True)
-    return sorted(newest, key=lambda p: not culprit(p))  # stable: the newest first in each
+    return sorted(newest, key=lambda p: pod_index(p) not in blamed)  # stable: newest first in each
 
 
 def index_set(text: str) -> set[int]:
@@ -613,16 +610,12 @@ def pods_progress(
     the slowest pod and why, the domain's nodes."""
     ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
     summary, imex = domain_nodes(api, domain, ns)
-    waiting = [
-        p
-        for p in sorted(objects.values(), key=pod_index)
-        if pod_phase(p) not in ("Running", "Succeeded")
-    ]
+    pods = sorted(objects.values(), key=pod_index)
+    pod = next((p for p in pods if pod_phase(p) not in ("Running", "Succeeded")), None)
     line = f"pods Running {running}/{workload.nodes}"
     if refused:
         line += f"; pod creation refused: {refused}"
-    if waiting:
-        pod = waiting[0]
+    if pod is not None:
         node = (pod.get("spec") or {}).get("nodeName")
         why = _unschedulable(pod) or waiting_reason(pod) or "waiting to be scheduled"
         if why == "ContainerCreating" and node:

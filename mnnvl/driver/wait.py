@@ -118,14 +118,14 @@ def watch_until(
             soon = recheck_in(view) if synced else None
             if soon is not None:
                 wake.append(soon)
-            if api.outage_unsettled(STALE_S):
+            if api.outage.unsettled(STALE_S):
                 wake = [STALE_S]
             try:
                 key, etype, payload = events.get(timeout=max(0.0, min(wake)))
                 _apply(view, key, etype, payload)
             except queue.Empty:
                 pass
-            if api.outage_unsettled(STALE_S):
+            if api.outage.unsettled(STALE_S):
                 # During an API outage (retried in Api.call, which logs it) the view may be
                 # stale: no verdict, no deadline until the API answers and the watches resume.
                 continue
