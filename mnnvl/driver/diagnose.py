@@ -599,12 +599,7 @@ def index_set(text: str) -> set[int]:
 
 
 def pods_progress(
-    api: Api,
-    workload: WorkloadSpec,
-    objects: Objects,
-    running: int,
-    refused: str,
-    events: Objects,
+    api: Api, workload: WorkloadSpec, objects: Objects, running: int, refused: str, events: Objects
 ) -> str:
     """One progress line: pods Running x/N, the API's refusal to create pods (``refused``),
     the slowest pod and why, the domain's nodes."""

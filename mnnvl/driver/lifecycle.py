@@ -159,11 +159,6 @@ def wait_for_job(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Obje
     return JobWatch(api, workload, job).run()
 
 
-def wait_for_pods_running(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:
-    """The lifecycle's waits up to every index having a pod Running (or the Job complete)."""
-    return JobWatch(api, workload, job, until_running=True).run()
-
-
 def require_domain(api: Api, workload: WorkloadSpec) -> None:
     """Fail in seconds, before creating anything, when the run's ComputeDomain is missing."""
     names = RunNames.for_run(workload.run_id)
@@ -204,17 +199,11 @@ class JobWatch:
     rank 0's log once its pod runs."""
 
     def __init__(
-        self,
-        api: Api,
-        workload: WorkloadSpec,
-        jobs: str | list[str],
-        *,
-        follow: bool = False,
-        until_running: bool = False,
+        self, api: Api, workload: WorkloadSpec, jobs: str | list[str], *, follow: bool = False
     ) -> None:
         self.jobs = [jobs] if isinstance(jobs, str) else list(jobs)
         self.api, self.workload, self.job = api, workload, self.jobs[0]
-        self.follow, self.until_running = follow, until_running
+        self.follow = follow
         self.grace = Grace(workload.unschedulable_grace_s)
         self.refusal_grace = Grace(workload.unschedulable_grace_s)
         self.refusals: dict[str, str] = {}  # Job -> its latest refused create's message
@@ -256,8 +245,7 @@ class JobWatch:
             progress=self.progress,
             recheck_in=self.recheck_in,
         )
-        if not self.until_running:
-            logger.info("Job %s/%s complete", ns, self.job)
+        logger.info("Job %s/%s complete", ns, self.job)
         return pods
 
     # ---- the check -------------------------------------------------------------------
@@ -305,8 +293,6 @@ class JobWatch:
             self.pods_deadline = Deadline(self.workload.pods_running_timeout_s)
         if self.job_deadline is None:
             self._starting(view)
-            if self.until_running and self.job_deadline is not None:
-                return dict(view["pods"])
         elif self.job_deadline.expired:
             raise timeout_error(
                 f"Job {ns}/{self.job} to complete",
@@ -479,22 +465,22 @@ class JobWatch:
         if self._suspended(view) is not None:
             left = self._admission_left()
             return None if left is None else max(0.0, left)
-        times = [self.grace.recheck_in_s(), self.refusal_grace.recheck_in_s()]
-        times.append(self.gang.stranded.recheck_in_s())
         deadline = self.job_deadline or self.pods_deadline
-        if deadline is not None:
-            times.append(max(0.0, deadline.remaining()))
-        found = [t for t in times if t is not None]
-        return min(found) if found else None
+        times = [
+            self.grace.recheck_in_s(),
+            self.refusal_grace.recheck_in_s(),
+            self.gang.stranded.recheck_in_s(),
+            None if deadline is None else max(0.0, deadline.remaining()),
+        ]
+        return min((t for t in times if t is not None), default=None)
 
     def progress(self, view: View) -> str:
         job = self._suspended(view)
         if job is not None:
-            kueue = f"; Kueue: {describe(view['workloads'])}" if "workloads" in view else ""
             line = f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s"
             if self.evictions:
                 line += f" since eviction {self.evictions} ({self.queued_s:.0f} s before)"
-            return line + kueue
+            return line + (f"; Kueue: {describe(view['workloads'])}" if "workloads" in view else "")
         if self.job_deadline is not None:
             line = (
                 f"Job {self.workload.namespace}/{self.job} running for "
