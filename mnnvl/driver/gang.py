@@ -350,12 +350,13 @@ def _history(pods: Objects) -> set[str]:
     every failed pod once an index has succeeded: the Job controller never runs that index
     again, so restarted ranks would wait for it. The API's timestamps are RFC 3339 in UTC
     with whole seconds, so they compare as text."""
-    phases = [(pod_phase(p), p) for p in pods.values()]
-    failed = [p for phase, p in phases if phase == "Failed"]
-    if any(phase == "Succeeded" for phase, _ in phases):
+    failed = [p for p in pods.values() if pod_phase(p) == "Failed"]
+    if any(pod_phase(p) == "Succeeded" for p in pods.values()):
         return {p["metadata"]["uid"] for p in failed}
     live = [
-        p for phase, p in phases if phase != "Failed" and not p["metadata"].get("deletionTimestamp")
+        p
+        for p in pods.values()
+        if pod_phase(p) != "Failed" and not p["metadata"].get("deletionTimestamp")
     ]
     if not live:
         return set()  # the Job controller has replaced none yet: restart (nothing to delete)
