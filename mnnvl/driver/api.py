@@ -9,7 +9,8 @@ fail-over is ridden out, with a progress line at least every 15 s. 401/403 are r
 right after the API was unreachable, as a restarted API server's (``RetryPolicy.refused_s``).
 Bodies are plain dicts and responses are decoded JSON: kubernetes 30.1's typed models
 predate ``resource.k8s.io/v1`` and would drop fields such as ``resourceClaimTemplateName``.
-Streamed responses (watches, followed logs) are opened here and read by :mod:`mnnvl.driver.stream`.
+Streamed responses (watches, followed logs) are read line by line, and their connection is
+released also when the caller stops early.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic import DynamicClient
+from kubernetes.watch.watch import iter_resp_lines
 
 from mnnvl.driver.retry import (
     DEFAULT_OUTAGE_S,
@@ -40,8 +42,8 @@ from mnnvl.driver.retry import (
     from_api_exception,
     retry_after_s,
 )
-from mnnvl.driver.stream import log_lines, watch_events
 from mnnvl.errors import ClusterUnavailable, MnnvlError, NoCluster, NotFound
+from mnnvl.manifests import CONTAINER
 
 logger = logging.getLogger(__name__)
 
@@ -70,13 +72,8 @@ class Kind:
 
     def path(self, namespace: str, name: str = "", sub: str = "") -> str:
         root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        path = f"{root}/namespaces/{namespace}" if namespace else root
-        path += f"/{self.plural}"
-        if name:
-            path += f"/{name}"
-        if sub:
-            path += f"/{sub}"
-        return path
+        parts = [root, f"namespaces/{namespace}" if namespace else "", self.plural, name, sub]
+        return "/".join(part for part in parts if part)
 
     def describe(self, namespace: str, name: str = "") -> str:
         if not namespace:
@@ -158,31 +155,25 @@ def _timed_out(error: Exception) -> bool:
 class Api:
     """One connection to an API server. Thread-safe for concurrent calls."""
 
-    def __init__(self, api_client: client.ApiClient, policy: RetryPolicy | None = None) -> None:
-        self.client = api_client
-        self.policy = policy or RetryPolicy()
-        self._outage = Outage(self.policy)
+    def __init__(self, api_client: client.ApiClient, policy: RetryPolicy) -> None:
+        self.client, self.policy = api_client, policy
+        self.outage = Outage(self.policy)  # shared by the Api's threads; waits read it too
         # Paths are built here, so the discovery a DynamicClient would do (extra requests
         # and a cache file under /tmp) is skipped.
         self._dynamic = DynamicClient(api_client, discoverer=_NoDiscovery)
         self.host = api_client.configuration.host
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, *, outage_s: float | None = None) -> Api:
+    def connect(cls, kubeconfig: str | None = None, *, outage_s: float = DEFAULT_OUTAGE_S) -> Api:
         """A client from ``kubeconfig`` (see ``_load_configuration``) tolerating API outages
-        up to ``outage_s`` (default ``DEFAULT_OUTAGE_S``)."""
+        up to ``outage_s``."""
         cfg = _load_configuration(kubeconfig)
         # urllib3's own retries are off: :meth:`call` is the one place that retries.
         cfg.retries = 0
-        policy = RetryPolicy(DEFAULT_OUTAGE_S if outage_s is None else outage_s)
-        return cls(client.ApiClient(configuration=cfg), policy)
+        return cls(client.ApiClient(configuration=cfg), RetryPolicy(outage_s))
 
     def close(self) -> None:
         self.client.close()
-
-    def outage_unsettled(self, settle_s: float) -> bool:
-        """True while the API is unreachable, and for ``settle_s`` after it answered again."""
-        return self._outage.unsettled(settle_s)
 
     def __enter__(self) -> Api:
         return self
@@ -192,52 +183,50 @@ class Api:
 
     # ---- the retry helper -----------------------------------------------------------
 
-    def call(
-        self, fn: Callable[..., T], *args: Any, what: str = "", verb: str = "", **kw: Any
-    ) -> T:
-        """Call ``fn`` retrying transient failures (see the module); map the rest to the error
-        family. Past ``outage_s`` the last failure is ``ClusterUnavailable`` (exit 5)."""
-        label = what or getattr(fn, "__name__", "request")
+    def call(self, fn: Callable[[], T], verb: str, what: str) -> T:
+        """Call ``fn`` (``verb`` on ``what``, for messages) retrying transient failures (see the
+        module); map the rest to the error family. Past ``outage_s`` the last failure is
+        ``ClusterUnavailable`` (exit 5)."""
         attempt = 0
         while True:
             sent = time.monotonic()
             try:
-                found = fn(*args, **kw)
+                found = fn()
             except ApiException as e:
                 if e.status in (401, 403):  # fatal, unless the tail of an outage (retry.py)
-                    refused = f"{verb} {label} answered {e.status} {e.reason}"
-                    if not self._outage.refusal_in_outage(refused):
-                        raise from_api_exception(e, verb or "request", label) from e
+                    refused = f"{verb} {what} answered {e.status} {e.reason}"
+                    if not self.outage.refusal_in_outage(refused):
+                        raise from_api_exception(e, verb, what) from e
                 elif e.status not in TRANSIENT_STATUS:
-                    self._outage.up()  # an answer: the API is reachable
-                    raise from_api_exception(e, verb or "request", label) from e
+                    self.outage.up()  # an answer: the API is reachable
+                    raise from_api_exception(e, verb, what) from e
                 error: Exception = e
                 delay = retry_after_s(e)
             except (urllib3.exceptions.HTTPError, ConnectionError) as e:
                 error, delay = e, None
             else:
-                self._outage.up()
+                self.outage.up()
                 return found
             hung = _timed_out(error)
-            down_s, report_in_s = self._outage.down(sent if hung else None)
+            down_s, report_in_s = self.outage.down(sent if hung else None)
             attempt += 1
             if attempt >= MAX_ATTEMPTS and down_s >= self.policy.outage_s:
-                raise self._gave_up(error, verb, label, down_s) from error
+                raise self._gave_up(error, verb, what, down_s) from error
             delay = backoff_s(attempt - 1) if delay is None else delay
-            logger.debug("%s %s: %s, retrying in %.2f s", verb, label, error, delay)
+            logger.debug("%s %s: %s, retrying in %.2f s", verb, what, error, delay)
             time.sleep(max(0.0, min(delay, report_in_s)))
 
-    def _gave_up(self, error: Exception, verb: str, label: str, down_s: float) -> MnnvlError:
+    def _gave_up(self, error: Exception, verb: str, what: str, down_s: float) -> MnnvlError:
         """The error for a transient failure that lasted past the outage tolerance."""
         lasted = (
             f"for {down_s:.0f} s, longer than --api-outage-s {self.policy.outage_s:g} tolerates"
         )
         if isinstance(error, ApiException):
-            mapped = str(from_api_exception(error, verb or "request", label))
+            mapped = str(from_api_exception(error, verb, what))
             head, _, hint = mapped.partition("; ")
             return ClusterUnavailable(f"{head} {lasted}; {hint}")
         return ClusterUnavailable(
-            f"cannot reach the Kubernetes API at {self.host} {lasted} ({verb} {label}): "
+            f"cannot reach the Kubernetes API at {self.host} {lasted} ({verb} {what}): "
             f"{error}; check that the cluster is up and the kubeconfig points at it"
         )
 
@@ -290,7 +279,7 @@ class Api:
 
         what = kind.describe(namespace, name or about)
         verb = "list" if (method, name) == ("GET", "") else _VERBS.get(method, method.lower())
-        return self.call(once, what=what, verb=verb)
+        return self.call(once, verb, what)
 
     def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         """The object; raises ``NotFound`` when there is none."""
@@ -358,7 +347,10 @@ class Api:
 
         The server-side ``timeoutSeconds`` and the client read timeout both come from
         ``timeout_s``, so a watch never outlives the caller's deadline. ``BOOKMARK`` events
-        come through (they advance the resume point). Raises ``WatchExpired`` on 410 Gone.
+        come through: their object carries only ``metadata.resourceVersion``, the point a
+        resumed watch starts from (so a quiet watch never falls out of the server's history and
+        needs no re-list). Raises ``WatchExpired`` on 410 Gone and the mapped API error on any
+        other ERROR event.
         """
         query = {
             "watch": "true",
@@ -369,43 +361,62 @@ class Api:
             "fieldSelector": field_selector,
         }
         what = kind.describe(namespace)
+        timeout = (CONNECT_TIMEOUT_S, max(0.05, timeout_s))
         resp = self.call(
-            self._raw,
-            "GET",
-            kind,
-            namespace,
-            query=query,
-            timeout=(CONNECT_TIMEOUT_S, max(0.05, timeout_s)),
-            what=what,
-            verb="watch",
+            lambda: self._raw("GET", kind, namespace, query=query, timeout=timeout), "watch", what
         )
-        yield from watch_events(resp, what)
+        try:
+            for line in iter_resp_lines(resp):
+                event = json.loads(line)
+                etype, obj = event.get("type", ""), event.get("object") or {}
+                if etype == "ERROR":
+                    raise _watch_error(obj, what)
+                yield etype, obj
+        except (urllib3.exceptions.HTTPError, ConnectionError) as e:
+            # A read timeout or a dropped stream ends this watch; the caller re-watches or
+            # stops at its deadline.
+            logger.debug("watch %s ended: %s", what, e)
+        finally:
+            resp.release_conn()
 
-    def _log(self, namespace: str, pod: str, container: str, follow: bool) -> Any:
+    def _log(self, namespace: str, pod: str, follow: bool) -> Any:
+        query = {"container": CONTAINER, "follow": "true" if follow else None}
+        timeout = (CONNECT_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S)
         return self.call(
-            self._raw,
-            "GET",
-            POD,
-            namespace,
-            pod,
-            sub="log",
-            query={"container": container, "follow": "true" if follow else None},
-            timeout=(CONNECT_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S),
-            what=f"pods/log {namespace}/{pod}",
-            verb="follow" if follow else "get",
+            lambda: self._raw("GET", POD, namespace, pod, sub="log", query=query, timeout=timeout),
+            "follow" if follow else "get",
+            f"pods/log {namespace}/{pod}",
         )
 
-    def pod_log(self, namespace: str, pod: str, *, container: str = "worker") -> str:
-        """The whole log of one container (empty when the pod has no log yet)."""
-        resp = self._log(namespace, pod, container, follow=False)
+    def pod_log(self, namespace: str, pod: str) -> str:
+        """The whole log of the pod's worker container (empty when the pod has no log yet)."""
+        resp = self._log(namespace, pod, follow=False)
         try:
             return bytes(resp.data or b"").decode("utf-8", errors="replace")
         finally:
             resp.release_conn()
 
-    def follow_log(self, namespace: str, pod: str, *, container: str = "worker") -> Iterator[str]:
-        """Lines of one container's log as they are written, until the container ends."""
-        yield from log_lines(self._log(namespace, pod, container, follow=True))
+    def follow_log(self, namespace: str, pod: str) -> Iterator[str]:
+        """Lines of the worker container's log as they are written, until the container ends.
+
+        A stream cut by the API server (a restart) just ends: the caller reads the stored log
+        when it needs the whole of it.
+        """
+        resp = self._log(namespace, pod, follow=True)
+        try:
+            yield from iter_resp_lines(resp)
+        except (urllib3.exceptions.HTTPError, ConnectionError) as e:
+            logger.info("log stream cut (%s); the whole log is read again when the Job ends", e)
+        finally:
+            resp.release_conn()
+
+
+def _watch_error(status: dict[str, Any], what: str) -> MnnvlError:
+    """The error for a watch ERROR event: its object is the ``Status`` an error answer carries
+    (410 Gone: ``WatchExpired``)."""
+    error = ApiException(status=int(status.get("code") or 0), reason=str(status.get("reason")))
+    error.body = json.dumps(status)
+    return from_api_exception(error, "watch", what)
 
 
 class _NoDiscovery:

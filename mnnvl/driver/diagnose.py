@@ -22,7 +22,7 @@ from mnnvl.driver.wait import Deadline, Objects
 from mnnvl.errors import MnnvlError, ProblemKind
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.inputs.spec import WorkloadSpec
-from mnnvl.manifests import CONTAINER, JOB_NAME_LABEL
+from mnnvl.manifests import JOB_NAME_LABEL
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job controller
@@ -103,6 +103,10 @@ def container_started(pod: dict[str, Any]) -> bool:
     return False
 
 
+def pod_phase(pod: dict[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "")
+
+
 def node_of(pod: dict[str, Any]) -> str:
     """The pod's node for messages; "no node" until the scheduler bound it."""
     return str((pod.get("spec") or {}).get("nodeName") or "no node")
@@ -132,8 +136,7 @@ def exit_code(pod: dict[str, Any]) -> int | None:
 
 
 def _pod_state(pod: dict[str, Any]) -> str:
-    status = pod.get("status") or {}
-    phase = status.get("phase", "Pending")
+    phase = pod_phase(pod) or "Pending"
     reason = waiting_reason(pod) or (_unschedulable(pod) and "Unschedulable")
     return f"{pod['metadata']['name']} {phase}{'/' + reason if reason else ''} on {node_of(pod)}"
 
@@ -161,7 +164,7 @@ def event_order(event: dict[str, Any]) -> tuple[str, int]:
 
 def log_tail(api: Api, namespace: str, pod: str) -> str:
     try:
-        lines = api.pod_log(namespace, pod, container=CONTAINER).splitlines()
+        lines = api.pod_log(namespace, pod).splitlines()
     except MnnvlError as e:
         return f"(log unreadable: {e})"
     return "\n".join(lines[-LOG_TAIL_LINES:]) or "(empty log)"
@@ -235,10 +238,15 @@ def raise_on_stuck_pod(
         gpus = ""
         if found.kind is ProblemKind.UNSCHEDULABLE:
             gpus = shortage_hint(api, _unschedulable(pod))
-        failed = (pod.get("status") or {}).get("phase") == "Failed"
-        tail = log_tail(api, workload.namespace, pod["metadata"]["name"]) if failed else ""
+        ns, name, node = workload.namespace, pod["metadata"]["name"], node_of(pod)
+        tail = log_tail(api, ns, name) if pod_phase(pod) == "Failed" else ""
         found = imex_import(found, tail) or found
-        text = _failure_message(api, workload.namespace, domain, pod, found, tail)
+        text = (
+            f"pod {ns}/{name} on {node}: {found.message}; events: {pod_events(api, ns, name)}; "
+            f"{domain_state(api, domain, ns)}; {hint(found, ns, node)}"
+        )
+        if tail:
+            text += f"; last log lines:\n{tail}"
         if found.kind in UNPLACED and group and workload.clique_affinity:
             found = replace(found, kind=ProblemKind.NO_CLIQUE_ROOM)
             cliques = clique_shortage(api, workload, group, pods)
@@ -313,7 +321,7 @@ def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects)
     )
 
 
-def failed_problem(pod: dict[str, Any], **fields: Any) -> Problem:
+def failed_problem(pod: dict[str, Any]) -> Problem:
     """The diagnosis of a pod whose container exited: its exit code and what it shows."""
     status = pod.get("status") or {}
     term = terminated(pod)
@@ -326,7 +334,6 @@ def failed_problem(pod: dict[str, Any], **fields: Any) -> Problem:
         exit_code=code,
         permanent=code in NON_RETRIABLE_EXIT_CODES,
         detail=detail,
-        **fields,
     )
 
 
@@ -335,8 +342,7 @@ def pod_problem(
 ) -> Problem | None:
     """Why this pod will not get to Running by itself, or None when it still may."""
     name = pod["metadata"]["name"]
-    phase = (pod.get("status") or {}).get("phase")
-    if phase == "Failed" and not retries:
+    if pod_phase(pod) == "Failed" and not retries:
         return failed_problem(pod)
     reason, said = waiting_state(pod)
     if reason in IMAGE_WAITING:
@@ -353,7 +359,7 @@ def pod_problem(
         claims = CLAIMS_UNALLOCATABLE in unschedulable
         kind = ProblemKind.CLAIM_UNALLOCATABLE if claims else ProblemKind.UNSCHEDULABLE
         return problem(kind, pod=name, grace_s=grace.grace_s, detail=unschedulable)
-    message = str((prepare or {}).get("message") or "") if phase == "Pending" else ""
+    message = str((prepare or {}).get("message") or "") if pod_phase(pod) == "Pending" else ""
     if PREPARE_NAMESPACE.search(message):
         return problem(ProblemKind.PREPARE, pod=name, detail=message)
     left = grace.left_s(f"prepare/{name}", PREPARE_OTHER_DOMAIN in message)
@@ -368,10 +374,6 @@ def hint(found: Problem, namespace: str, node: str) -> str:
     prepare = (
         "the node's IMEX channel cannot be prepared for this domain; check the driver's "
         f"kubelet-plugin logs ({KUBELET_PLUGIN_LOGS})"
-    )
-    held = (
-        f"the node still carries another domain's label; check `kubectl describe node {node}` "
-        f"(label resource.nvidia.com/computeDomain) and {KUBELET_PLUGIN_LOGS}"
     )
     placement = (
         "check free GPUs and channel devices per node (one pod per node per domain) and "
@@ -401,7 +403,9 @@ def hint(found: Problem, namespace: str, node: str) -> str:
         "fixed and the kubelet plugin restarts; see the taints with `kubectl get resourceslices "
         "-o yaml` (a cluster read)",
         ProblemKind.PREPARE: prepare,
-        ProblemKind.NODE_HELD: held,
+        ProblemKind.NODE_HELD: "the node still carries another domain's label; check "
+        f"`kubectl describe node {node}` (label resource.nvidia.com/computeDomain) and "
+        f"{KUBELET_PLUGIN_LOGS}",
         ProblemKind.PREPARE_PENDING: "wait: the kubelet retries the prepare; if it lasts, "
         f"{prepare}",
         ProblemKind.IMEX_NOT_READY: "the daemon did not become Ready: where the host runs its own "
@@ -423,18 +427,6 @@ def hint(found: Problem, namespace: str, node: str) -> str:
     }.get(found.kind, logs)
 
 
-def _failure_message(
-    api: Api, namespace: str, domain: str, pod: dict[str, Any], found: Problem, tail: str
-) -> str:
-    name, node = pod["metadata"]["name"], node_of(pod)
-    message = (
-        f"pod {namespace}/{name} on {node}: {found.message}; "
-        f"events: {pod_events(api, namespace, name)}; "
-        f"{domain_state(api, domain, namespace)}; {hint(found, namespace, node)}"
-    )
-    return f"{message}; last log lines:\n{tail}" if tail else message
-
-
 def imex_import(found: Problem, log: str) -> Problem | None:
     """A failed worker whose log shows CUDA refusing to import a peer's memory through IMEX."""
     said = IMEX_IMPORT_REFUSED.search(log)
@@ -453,7 +445,7 @@ def imex_import(found: Problem, log: str) -> Problem | None:
 def prepare_pending(pod: dict[str, Any], prepare: dict[str, Any] | None) -> Problem | None:
     """A Pending pod whose channel prepare waits for the node's IMEX daemon (transient)."""
     message = str((prepare or {}).get("message") or "")
-    if (pod.get("status") or {}).get("phase") != "Pending" or not PREPARE_NOT_READY.search(message):
+    if pod_phase(pod) != "Pending" or not PREPARE_NOT_READY.search(message):
         return None
     return problem(ProblemKind.PREPARE_PENDING, pod=pod["metadata"]["name"], detail=message)
 
@@ -512,19 +504,18 @@ def describe_pods(
     ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
     if not objects:
         return f"no pods of Job {job} ({pod_events(api, ns, job)})"
-    states = [_pod_state(p) for p in sorted(objects.values(), key=pod_index)]
+    pods = sorted(objects.values(), key=pod_index)
     summary, imex = domain_nodes(api, domain, ns)
-    stuck = [p for p in objects.values() if waiting_reason(p) == "ContainerCreating"]
     detail = ""
-    if stuck:
-        pod = sorted(stuck, key=pod_index)[0]
-        name, node = pod["metadata"]["name"], str(pod["spec"].get("nodeName"))
+    stuck = next((p for p in pods if waiting_reason(p) == "ContainerCreating"), None)
+    if stuck is not None:
+        name, node = stuck["metadata"]["name"], str(stuck["spec"].get("nodeName"))
         events = pod_events(api, ns, name)
         detail = (
             f"; pod {name} stuck ContainerCreating {deadline.elapsed():.0f} s: "
             f"{imex_wait(node, imex, events)}; events: {events}"
         )
-    return f"{', '.join(states)}{detail}; {summary}"
+    return f"{', '.join(_pod_state(p) for p in pods)}{detail}; {summary}"
 
 
 # ---- a failed Job ------------------------------------------------------------------------------
@@ -534,9 +525,8 @@ def job_failure(
     api: Api,
     workload: WorkloadSpec,
     job: str,
-    domain: str,
     failed: dict[str, Any],
-    failed_indexes: str = "",
+    failed_indexes: str,
     restarts: int = 0,
 ) -> Problem:
     """The Job's Failed condition plus its last failures: kind ``DEADLINE`` when the Job ran
@@ -545,7 +535,7 @@ def job_failure(
     inspect), and the last failed pods of the other indexes with their exit codes. After gang
     restarts an index has a failed pod per attempt: the last one is why the Job failed, and
     the indexes of ``status.failedIndexes`` come first (a pod that a restart deleted is not)."""
-    ns = workload.namespace
+    ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
     condition = f"{failed.get('reason')}: {failed.get('message')}"
     head = problem(ProblemKind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
     if restarts:
@@ -588,17 +578,14 @@ def last_failures(pods: Iterable[dict[str, Any]], culprits: set[int]) -> list[di
     latest: dict[str, dict[str, Any]] = {}
     for pod in pods:
         index = pod_index(pod)
-        if (pod.get("status") or {}).get("phase") == "Failed" and (
+        if pod_phase(pod) == "Failed" and (
             index not in latest or attempt(pod) > attempt(latest[index])
         ):
             latest[index] = pod
 
-    def culprit(pod: dict[str, Any]) -> bool:
-        index = pod_index(pod)
-        return index.isdigit() and int(index) in culprits
-
+    blamed = {str(index) for index in culprits}
     newest = sorted(sorted(latest.values(), key=pod_index), key=attempt, reverse=True)
-    return sorted(newest, key=lambda p: not culprit(p))  # stable: the newest first in each
+    return sorted(newest, key=lambda p: pod_index(p) not in blamed)  # stable: newest first in each
 
 
 def index_set(text: str) -> set[int]:
@@ -612,32 +599,23 @@ def index_set(text: str) -> set[int]:
 
 
 def pods_progress(
-    api: Api,
-    workload: WorkloadSpec,
-    objects: Objects,
-    running: int,
-    refused: str = "",
-    events: Objects | None = None,
+    api: Api, workload: WorkloadSpec, objects: Objects, running: int, refused: str, events: Objects
 ) -> str:
     """One progress line: pods Running x/N, the API's refusal to create pods (``refused``),
     the slowest pod and why, the domain's nodes."""
     ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
     summary, imex = domain_nodes(api, domain, ns)
-    waiting = [
-        p
-        for p in sorted(objects.values(), key=pod_index)
-        if (p.get("status") or {}).get("phase") not in ("Running", "Succeeded")
-    ]
+    pods = sorted(objects.values(), key=pod_index)
+    pod = next((p for p in pods if pod_phase(p) not in ("Running", "Succeeded")), None)
     line = f"pods Running {running}/{workload.nodes}"
     if refused:
         line += f"; pod creation refused: {refused}"
-    if waiting:
-        pod = waiting[0]
+    if pod is not None:
         node = (pod.get("spec") or {}).get("nodeName")
         why = _unschedulable(pod) or waiting_reason(pod) or "waiting to be scheduled"
         if why == "ContainerCreating" and node:
             why += f" ({imex_wait(node, imex, '')})"
-        pending = prepare_pending(pod, prepare_events(events or {}).get(pod["metadata"]["name"]))
+        pending = prepare_pending(pod, prepare_events(events).get(pod["metadata"]["name"]))
         if pending is not None:
             why += f"; {pending.message}"
         line += f"; slowest: {_pod_state(pod)}: {why}"

@@ -52,6 +52,7 @@ from mnnvl.driver.diagnose import (
     imex_import,
     log_tail,
     pod_index,
+    pod_phase,
     terminated,
 )
 from mnnvl.driver.problem import problem
@@ -153,7 +154,7 @@ class Gang:
             self.attempts.setdefault(_key(each), set()).add(each["metadata"]["uid"])
         failed = self._new_failures(pods)
         for each in failed:
-            if _oom_killed(each):
+            if terminated(each).get("reason") == "OOMKilled":
                 raise WorkloadFailed(self._oom_message(each), pod_exit_code=exit_code(each))
         pod: dict[str, Any] | None = next((p for p in failed if self._retriable(p)), None)
         if pod is None:
@@ -177,7 +178,7 @@ class Gang:
             self.workload.max_restarts,
             rank0.describe() if rank0 is not None else "rank 0 not followed yet",
         )
-        self._delete_others(pods, pod)
+        self._delete_others(pods)
         self.old |= generation
         return True
 
@@ -242,7 +243,7 @@ class Gang:
                 f"pod {name} {found.message}{why}; check `kubectl logs -n {ns} {name}`; "
                 f"last log lines:\n{tail}"
             )
-        spent = next((p for p in self._to_delete(pods, failed) if not self._has_retry(p)), None)
+        spent = next((p for p in self._to_delete(pods) if not self._has_retry(p)), None)
         if spent is not None:
             why = (
                 f"and restarting every rank would fail pod {spent['metadata']['name']}'s index "
@@ -272,10 +273,11 @@ class Gang:
             )
 
     def _retriable(self, pod: dict[str, Any]) -> bool:
-        code = exit_code(pod)
-        if code in NON_RETRIABLE_EXIT_CODES:
+        if exit_code(pod) in NON_RETRIABLE_EXIT_CODES:
             return False
-        return _disrupted(pod) or self._has_retry(pod)
+        # A DisruptionTarget pod (node lost, evicted, preempted): the Job's podFailurePolicy
+        # ignores it, so its failure uses up no retry.
+        return bool(_disruption(pod)) or self._has_retry(pod)
 
     def _has_retry(self, pod: dict[str, Any]) -> bool:
         """Whether one more counted failure of this pod leaves its index a retry."""
@@ -289,13 +291,8 @@ class Gang:
 
     def _oom_message(self, pod: dict[str, Any]) -> str:
         name = pod["metadata"]["name"]
-        limit = next(
-            (
-                ((c.get("resources") or {}).get("limits") or {}).get("memory")
-                for c in (pod.get("spec") or {}).get("containers") or []
-            ),
-            None,
-        )
+        worker = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        limit = ((worker.get("resources") or {}).get("limits") or {}).get("memory")
         return (
             f"pod {name} was OOM-killed (exit code 137, host memory past the container's "
             f"limit {limit or 'none: the node ran out'}); a restart would allocate the same, "
@@ -309,8 +306,7 @@ class Gang:
         return [
             p
             for p in sorted(pods.values(), key=pod_index)
-            if (p.get("status") or {}).get("phase") == "Failed"
-            and p["metadata"]["uid"] not in self.old
+            if pod_phase(p) == "Failed" and p["metadata"]["uid"] not in self.old
         ]
 
     def _replacements(self, pods: Objects) -> set[str]:
@@ -320,24 +316,23 @@ class Gang:
         return {
             p["metadata"]["uid"]
             for p in pods.values()
-            if _key(p) in failed and (p.get("status") or {}).get("phase") != "Failed"
+            if _key(p) in failed and pod_phase(p) != "Failed"
         }
 
-    def _to_delete(self, pods: Objects, failed: dict[str, Any]) -> list[dict[str, Any]]:
+    def _to_delete(self, pods: Objects) -> list[dict[str, Any]]:
+        """The live pods of this generation (not the failed ones, nor their replacements)."""
         fresh = self._replacements(pods)
-        out = []
-        for pod in pods.values():
-            meta = pod["metadata"]
-            phase = (pod.get("status") or {}).get("phase")
-            if pod is failed or phase in ("Failed", "Succeeded") or meta.get("deletionTimestamp"):
-                continue
-            if meta["uid"] not in fresh:
-                out.append(pod)
-        return out
+        return [
+            p
+            for p in pods.values()
+            if pod_phase(p) not in ("Failed", "Succeeded")
+            and not p["metadata"].get("deletionTimestamp")
+            and p["metadata"]["uid"] not in fresh
+        ]
 
-    def _delete_others(self, pods: Objects, failed: dict[str, Any]) -> None:
+    def _delete_others(self, pods: Objects) -> None:
         ns = self.workload.namespace
-        for pod in self._to_delete(pods, failed):
+        for pod in self._to_delete(pods):
             meta = pod["metadata"]
             logger.info("deleting pod %s/%s so that it restarts with the others", ns, meta["name"])
             self.api.delete(POD, ns, meta["name"], uid=meta["uid"])
@@ -355,11 +350,14 @@ def _history(pods: Objects) -> set[str]:
     every failed pod once an index has succeeded: the Job controller never runs that index
     again, so restarted ranks would wait for it. The API's timestamps are RFC 3339 in UTC
     with whole seconds, so they compare as text."""
-    phases = [((p.get("status") or {}).get("phase"), p) for p in pods.values()]
-    failed = [p for phase, p in phases if phase == "Failed"]
-    if any(phase == "Succeeded" for phase, _ in phases):
+    failed = [p for p in pods.values() if pod_phase(p) == "Failed"]
+    if any(pod_phase(p) == "Succeeded" for p in pods.values()):
         return {p["metadata"]["uid"] for p in failed}
-    live = [p for phase, p in phases if phase != "Failed" and not _deleting(p)]
+    live = [
+        p
+        for p in pods.values()
+        if pod_phase(p) != "Failed" and not p["metadata"].get("deletionTimestamp")
+    ]
     if not live:
         return set()  # the Job controller has replaced none yet: restart (nothing to delete)
     born = min(str(p["metadata"].get("creationTimestamp") or "") for p in live)
@@ -368,27 +366,13 @@ def _history(pods: Objects) -> set[str]:
     }
 
 
-def _deleting(pod: dict[str, Any]) -> bool:
-    return bool(pod["metadata"].get("deletionTimestamp"))
-
-
-def _oom_killed(pod: dict[str, Any]) -> bool:
-    return terminated(pod).get("reason") == "OOMKilled"
-
-
-def _disrupted(pod: dict[str, Any]) -> bool:
-    """A ``DisruptionTarget`` pod (node lost, evicted, preempted): the Job's podFailurePolicy
-    ignores it, so its failure uses up no retry."""
-    return bool(_disruption(pod))
-
-
 def _stranded(pod: dict[str, Any]) -> str:
     """The ``DisruptionTarget`` condition of a pod the taint manager deleted (its node carries a
     ``NoExecute`` not-ready/unreachable taint) that is still Terminating; "" otherwise."""
     why = _disruption(pod)
     if not why.startswith("DeletionByTaintManager") or not pod["metadata"].get("deletionTimestamp"):
         return ""
-    if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+    if pod_phase(pod) in ("Failed", "Succeeded"):
         return ""
     return why if (pod.get("spec") or {}).get("nodeName") else ""
 

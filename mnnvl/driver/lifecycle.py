@@ -29,7 +29,6 @@ followed again when its new pod runs; progress lines show rank 0's last step and
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +42,7 @@ from mnnvl.driver.diagnose import (
     imex_not_ready,
     job_failure,
     pod_index,
+    pod_phase,
     pods_progress,
     raise_on_stuck_pod,
 )
@@ -51,7 +51,7 @@ from mnnvl.driver.gang import Gang
 from mnnvl.driver.gpus import resolve_gpu_mode
 from mnnvl.driver.kueue import describe, evicted, raise_if_inadmissible, workload_source
 from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
-from mnnvl.driver.wait import Check, Deadline, Objects, Source, View, timeout_error, watch_until
+from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
 from mnnvl.driver.workload import (
     LogFollower,
     create_workload,
@@ -62,7 +62,6 @@ from mnnvl.driver.workload import (
     result_of_failed_job,
 )
 from mnnvl.errors import (
-    MnnvlError,
     NotFound,
     NotProvisioned,
     ProblemKind,
@@ -72,7 +71,6 @@ from mnnvl.errors import (
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import (
-    CONTAINER,
     JOB_NAME_LABEL,
     KUEUE_QUEUE_LABEL,
     indexed_jobs,
@@ -83,7 +81,6 @@ logger = logging.getLogger(__name__)
 
 PREPARE_EVENTS = f"involvedObject.kind=Pod,reason={PREPARE_FAILED}"
 JOB_EVENTS = "involvedObject.kind=Job,involvedObject.name={job}"
-LOG_DRAIN_S = 10.0  # how long the rank-0 log stream may take to finish after the Job completed
 
 
 @dataclass(frozen=True)
@@ -116,17 +113,12 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     jobs, adopted = create_workload(api, workload, module, args)
     job = jobs[0]  # rank 0's Job (clique group 0 when the step has several)
 
-    def follow(rank0: str) -> LogFollower:
-        return LogFollower(api, workload.namespace, rank0).start()
-
-    watch = JobWatch(api, workload, jobs, on_running=follow)
+    watch = JobWatch(api, workload, jobs, follow=True)
     try:
         pods = watch.run()
     except (WorkloadFailed, WaitTimeout) as err:
         if isinstance(err, WorkloadFailed):
-            err.result = err.result or result_of_failed_job(
-                api, workload, job, watch.follower, drain_s=LOG_DRAIN_S
-            )
+            err.result = err.result or result_of_failed_job(api, workload, job, watch.follower)
         # The failed Job's pods would hold their nodes' IMEX channel (and GPUs) until the
         # teardown, so the run's next step would wait on them: remove them now.
         # A pod stranded on a lost node never goes while the Node exists: delete, do not wait.
@@ -144,14 +136,13 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
             job,
         )
         raise
-    follower = watch.follower
     rank0 = rank0_pod(pods, job)
-    text = follower.text if follower is not None and follower.join(LOG_DRAIN_S) else ""
+    text = watch.follower.drained() if watch.follower is not None else ""
     result = parse_result(text)
     if result is None:
         # The stream was cut or not finished (or the Job completed before it started):
         # the stored log is the record.
-        text = api.pod_log(workload.namespace, rank0, container=CONTAINER)
+        text = api.pod_log(workload.namespace, rank0)
         result = parse_result(text)
     return JobOutcome(
         job=job,
@@ -165,12 +156,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
 
 def wait_for_job(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:
     """The lifecycle's waits for an existing Job, until it is complete; returns its pods."""
-    return JobWatch(api, workload, job, on_running=lambda rank0: None).run()
-
-
-def wait_for_pods_running(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:
-    """The lifecycle's waits up to every index having a pod Running (or the Job complete)."""
-    return JobWatch(api, workload, job, on_running=lambda rank0: None, until_running=True).run()
+    return JobWatch(api, workload, job).run()
 
 
 def require_domain(api: Api, workload: WorkloadSpec) -> None:
@@ -202,27 +188,22 @@ def running_indexes(pods: Objects) -> int:
         {
             ((p["metadata"].get("labels") or {}).get(JOB_NAME_LABEL), pod_index(p))
             for p in pods.values()
-            if (p.get("status") or {}).get("phase") in ("Running", "Succeeded")
+            if pod_phase(p) in ("Running", "Succeeded")
         }
     )
 
 
-class JobWatch(Check):
+class JobWatch:
     """The lifecycle's check over ``job`` (the step's Jobs: one, or one per clique group),
-    ``pods`` and ``events`` (prepare errors). ``self.job`` is rank 0's Job."""
+    ``pods`` and ``events`` (prepare errors). ``self.job`` is rank 0's Job; ``follow``: follow
+    rank 0's log once its pod runs."""
 
     def __init__(
-        self,
-        api: Api,
-        workload: WorkloadSpec,
-        jobs: str | list[str],
-        *,
-        on_running: Callable[[str], LogFollower | None],
-        until_running: bool = False,
+        self, api: Api, workload: WorkloadSpec, jobs: str | list[str], *, follow: bool = False
     ) -> None:
         self.jobs = [jobs] if isinstance(jobs, str) else list(jobs)
         self.api, self.workload, self.job = api, workload, self.jobs[0]
-        self.on_running, self.until_running = on_running, until_running
+        self.follow = follow
         self.grace = Grace(workload.unschedulable_grace_s)
         self.refusal_grace = Grace(workload.unschedulable_grace_s)
         self.refusals: dict[str, str] = {}  # Job -> its latest refused create's message
@@ -255,19 +236,21 @@ class JobWatch(Check):
         if kueue is not None:
             sources["workloads"] = kueue
         pods: Objects = watch_until(
-            self.api, ns, sources, self, deadline=Deadline(0), on_timeout=self._never
+            self.api,
+            ns,
+            sources,
+            self.check,
+            deadline=Deadline(0),  # none overall: each phase keeps its own
+            on_timeout=lambda view: AssertionError(),
+            progress=self.progress,
+            recheck_in=self.recheck_in,
         )
-        if not self.until_running:
-            logger.info("Job %s/%s complete", ns, self.job)
+        logger.info("Job %s/%s complete", ns, self.job)
         return pods
-
-    @staticmethod
-    def _never(view: View) -> MnnvlError:
-        return MnnvlError("the lifecycle wait has no overall deadline")
 
     # ---- the check -------------------------------------------------------------------
 
-    def __call__(self, view: View) -> Objects | None:
+    def check(self, view: View) -> Objects | None:
         ns = self.workload.namespace
         for name in self.jobs:
             found = view["job"].get(name)
@@ -279,15 +262,18 @@ class JobWatch(Check):
             # FailureTarget (Kubernetes >= 1.31) comes first; Failed only once the pods are gone.
             failed = _condition(found, "Failed") or _condition(found, "FailureTarget")
             if failed is not None:
-                domain = RunNames.for_run(self.workload.run_id).domain
                 culprits = str((found.get("status") or {}).get("failedIndexes") or "")
                 restarts = len(self.gang.restarts)
-                why = job_failure(self.api, self.workload, name, domain, failed, culprits, restarts)
-                if why.kind is ProblemKind.DEADLINE:  # activeDeadlineSeconds
-                    raise self._past_deadline(name, why.message)
+                why = job_failure(self.api, self.workload, name, failed, culprits, restarts)
+                if why.kind is ProblemKind.DEADLINE:  # the Job's activeDeadlineSeconds: exit 3
+                    raise WaitTimeout(
+                        f"deadline passed: Job {ns}/{name} ran longer than --job-timeout-s "
+                        f"{self.workload.job_timeout_s:g} s and the Job controller stopped it "
+                        f"({why.message}); raise --job-timeout-s or check "
+                        f"`kubectl logs -n {ns} -l {JOB_NAME_LABEL}={name}`"
+                    )
                 raise why.error(why.message)
-        every = [view["job"][name] for name in self.jobs]
-        if all(_condition(j, "Complete") is not None for j in every):
+        if all(_condition(view["job"][name], "Complete") for name in self.jobs):
             return dict(view["pods"])
         # Suspended first: a Job Kueue evicted loses its pods, which is no gang restart.
         job = self._suspended(view)
@@ -296,7 +282,6 @@ class JobWatch(Check):
             return None
         if self.pods_deadline is not None and self._restarted(view):
             return None
-        job = view["job"][self.job]
         if self.pods_deadline is None:
             if self.queued_logged:
                 waited = self.admission.elapsed()
@@ -308,26 +293,15 @@ class JobWatch(Check):
             self.pods_deadline = Deadline(self.workload.pods_running_timeout_s)
         if self.job_deadline is None:
             self._starting(view)
-            if self.until_running and self.job_deadline is not None:
-                return dict(view["pods"])
         elif self.job_deadline.expired:
             raise timeout_error(
                 f"Job {ns}/{self.job} to complete",
                 self.job_deadline,
-                f"Job status {(job.get('status') or {})}",
+                f"Job status {view['job'][self.job].get('status') or {}}",
                 f"raise --job-timeout-s or check "
                 f"`kubectl logs -n {ns} -l {JOB_NAME_LABEL}={self.job}`",
             )
         return None
-
-    def _past_deadline(self, job: str, evidence: str) -> WaitTimeout:
-        """A deadline passed (exit 3): the Job ran past --job-timeout-s and was stopped."""
-        ns = self.workload.namespace
-        return WaitTimeout(
-            f"deadline passed: Job {ns}/{job} ran longer than --job-timeout-s "
-            f"{self.workload.job_timeout_s:g} s and the Job controller stopped it ({evidence}); "
-            f"raise --job-timeout-s or check `kubectl logs -n {ns} -l {JOB_NAME_LABEL}={job}`"
-        )
 
     def _queued(self, job: dict[str, Any], view: View) -> None:
         workloads = view.get("workloads")
@@ -424,7 +398,8 @@ class JobWatch(Check):
             logger.info("pods %d/%d Running", running, workload.nodes)
         if running >= workload.nodes:
             self.job_deadline = Deadline(workload.job_timeout_s)
-            self.follower = self.on_running(rank0_pod(pods, self.job))
+            if self.follow:
+                self.follower = LogFollower(self.api, workload.namespace, rank0_pod(pods, self.job))
             return
         if self.pods_deadline is not None and self.pods_deadline.expired:
             names = RunNames.for_run(workload.run_id)
@@ -444,27 +419,26 @@ class JobWatch(Check):
         """Gang restart on a retriable pod failure (True: the pods are being replaced); after
         one, follow rank 0's new pod once it runs."""
         pods = view["pods"]
-        rank0 = self.follower.progress if self.follower is not None else None
         self.gang.check_stranded(pods)
-        if self.gang.check(pods, rank0):
+        if self.gang.check(pods, self.follower.progress if self.follower is not None else None):
             self.follower = None
             return True
-        if self.gang.restarts and self.job_deadline is not None:
-            self._replacements_placed(view)
-        if self.gang.restarts and self.follower is None and self.job_deadline is not None:
-            for name, pod in sorted(pods.items()):
-                meta = pod["metadata"]
-                if (
-                    (meta.get("labels") or {}).get(JOB_NAME_LABEL) == self.job
-                    and pod_index(pod) == "0"
-                    and (pod.get("status") or {}).get("phase") == "Running"
-                    and meta["uid"] not in self.gang.old
-                    and not meta.get("deletionTimestamp")
-                ):
-                    self.follower = self.on_running(name)
-                    if self.follower is not None:
-                        self.gang.restarts[-1].after = self.follower.progress
-                    break
+        if not self.gang.restarts or self.job_deadline is None:
+            return False
+        self._replacements_placed(view)
+        if self.follow and self.follower is None:
+            rank0 = [
+                name
+                for name, pod in sorted(pods.items())
+                if (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == self.job
+                and pod_index(pod) == "0"
+                and pod_phase(pod) == "Running"
+                and pod["metadata"]["uid"] not in self.gang.old
+                and not pod["metadata"].get("deletionTimestamp")
+            ]
+            if rank0:
+                self.follower = LogFollower(self.api, self.workload.namespace, rank0[0])
+                self.gang.restarts[-1].after = self.follower.progress
         return False
 
     def _replacements_placed(self, view: View) -> None:
@@ -491,22 +465,22 @@ class JobWatch(Check):
         if self._suspended(view) is not None:
             left = self._admission_left()
             return None if left is None else max(0.0, left)
-        times = [self.grace.recheck_in_s(), self.refusal_grace.recheck_in_s()]
-        times.append(self.gang.stranded.recheck_in_s())
         deadline = self.job_deadline or self.pods_deadline
-        if deadline is not None:
-            times.append(max(0.0, deadline.remaining()))
-        found = [t for t in times if t is not None]
-        return min(found) if found else None
+        times = [
+            self.grace.recheck_in_s(),
+            self.refusal_grace.recheck_in_s(),
+            self.gang.stranded.recheck_in_s(),
+            None if deadline is None else max(0.0, deadline.remaining()),
+        ]
+        return min((t for t in times if t is not None), default=None)
 
     def progress(self, view: View) -> str:
         job = self._suspended(view)
         if job is not None:
-            kueue = f"; Kueue: {describe(view['workloads'])}" if "workloads" in view else ""
             line = f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s"
             if self.evictions:
                 line += f" since eviction {self.evictions} ({self.queued_s:.0f} s before)"
-            return line + kueue
+            return line + (f"; Kueue: {describe(view['workloads'])}" if "workloads" in view else "")
         if self.job_deadline is not None:
             line = (
                 f"Job {self.workload.namespace}/{self.job} running for "

@@ -60,17 +60,6 @@ def failed_reason(obj: dict[str, Any]) -> str:
     return ""
 
 
-def missing_namespace(namespace: str) -> SpecError:
-    """The error for a create answered 404 on the namespace (never GET a namespace: a
-    namespace-scoped service account may not)."""
-    return SpecError(
-        "namespace",
-        f"{namespace!r} does not exist (the API answered 404 for it when creating the run's "
-        f"first object); create it (kubectl create namespace {namespace}) or set another "
-        "namespace",
-    )
-
-
 class StaleObject(NotAdoptable):
     """An object of this run that failed (a Job) made from another spec: the step may
     replace it."""
@@ -97,9 +86,15 @@ def create_or_adopt(api: Api, kind: Kind, body: dict[str, Any]) -> tuple[dict[st
         try:
             return api.create(kind, namespace, body), False
         except NotFound as e:
-            if e.details_kind == "namespaces":
-                raise missing_namespace(namespace) from e
-            raise
+            if e.details_kind != "namespaces":
+                raise
+            # Told by the create's 404, never by a GET: a namespace-scoped account may not.
+            raise SpecError(
+                "namespace",
+                f"{namespace!r} does not exist (the API answered 404 for it when creating the "
+                f"run's first object); create it (kubectl create namespace {namespace}) or set "
+                "another namespace",
+            ) from e
         except AlreadyExists as e:
             try:
                 existing = api.get(kind, namespace, name)

@@ -15,7 +15,7 @@ import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from mnnvl.contract import rbac
 from mnnvl.contract.result import FAIL, PASS
@@ -26,7 +26,6 @@ from mnnvl.errors import DRA_INSTALL_HINT, NotFound, Refused
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import CLIQUE_LABEL
 
-T = TypeVar("T")
 WARN, SKIPPED = "WARN", "SKIPPED"  # beside the verdicts PASS and FAIL
 
 CRD = Kind("CustomResourceDefinition", "apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -52,30 +51,20 @@ class Row:
         return asdict(self)
 
 
-class _Denied(Exception):
-    pass
-
-
-def _read(fn: Callable[[], T]) -> T:
-    """``fn()``, with a refusal raised as ``_Denied`` (an outage still ends the command, exit 5)."""
-    try:
-        return fn()
-    except Refused as e:
-        raise _Denied(str(e)) from e
-
-
 def _row(check: str, fn: Callable[[], Row]) -> Row:
+    """``fn()``, or SKIPPED where a read was refused (an outage still ends the command, exit 5)."""
     try:
         return fn()
-    except _Denied:
+    except Refused:
         return Row(check, SKIPPED, NOT_READABLE)
 
 
 def check_cluster(api: Api, workload: WorkloadSpec) -> list[Row]:
     """Every row, in the order a run needs them."""
     ns = workload.namespace
-    nodes = _cached(lambda: api.list(NODE, "")["items"])
-    slices = _cached(lambda: api.list(RESOURCE_SLICE, "")["items"])
+    # Read once: the nodes and ResourceSlices feed several rows.
+    nodes = functools.cache(lambda: api.list(NODE, "")["items"])
+    slices = functools.cache(lambda: api.list(RESOURCE_SLICE, "")["items"])
     return [
         _row("computedomain-crd", lambda: _crd_row(api, ns)),
         _row("device-classes", lambda: _class_row(api, workload)),
@@ -88,20 +77,15 @@ def check_cluster(api: Api, workload: WorkloadSpec) -> list[Row]:
     ]
 
 
-def _cached(fn: Callable[[], list[Any]]) -> Callable[[], list[Any]]:
-    """``fn``, read once (the nodes and ResourceSlices feed several rows)."""
-    return functools.cache(lambda: _read(fn))
-
-
 def _crd_row(api: Api, ns: str) -> Row:
     fix = DRA_INSTALL_HINT
     try:
-        crd = _read(lambda: api.get(CRD, "", CD_CRD))
+        crd = api.get(CRD, "", CD_CRD)
     except NotFound:
         return Row("computedomain-crd", FAIL, f"CRD {CD_CRD} not installed", fix)
-    except _Denied:  # the namespaced Role can still tell whether the API is served
+    except Refused:  # the namespaced Role can still tell whether the API is served
         try:
-            _read(lambda: api.list(COMPUTE_DOMAIN, ns))
+            api.list(COMPUTE_DOMAIN, ns)
         except NotFound:
             return Row("computedomain-crd", FAIL, f"{CD_CRD}/v1beta1 not served", fix)
         return Row("computedomain-crd", PASS, f"v1beta1 served (the CRD itself: {NOT_READABLE})")
@@ -116,7 +100,7 @@ def _class_row(api: Api, workload: WorkloadSpec) -> Row:
     wanted = [CHANNEL_CLASS] + ([workload.gpu_device_class] if workload.gpus_per_node else [])
     for name in wanted:
         try:
-            spec = _read(functools.partial(api.get, DEVICE_CLASS, "", name)).get("spec") or {}
+            spec = api.get(DEVICE_CLASS, "", name).get("spec") or {}
         except NotFound:
             missing.append(name)
             continue
@@ -190,7 +174,7 @@ def _gpu_row(api: Api, workload: WorkloadSpec, slices: list[dict[str, Any]]) -> 
         return Row("gpu-stack", PASS, "--gpus-per-node 0: CPU workers, no GPUs asked for")
     plugin = device_plugin_nodes(api)
     if plugin is None:
-        raise _Denied("nodes")
+        raise Refused("list nodes")
     dra = sum(
         len(s["spec"].get("devices") or []) for s in slices if s["spec"].get("driver") == GPU_DRIVER
     )
@@ -228,14 +212,13 @@ def _kueue_row(api: Api, workload: WorkloadSpec) -> Row:
     if not workload.queue_name:
         return Row("kueue", SKIPPED, "no --queue-name given")
     try:
-        lq = _read(lambda: api.get(LOCAL_QUEUE, workload.namespace, workload.queue_name))
-        cq_name = str(lq.get("spec", {}).get("clusterQueue", ""))
-        cq = _read(lambda: api.get(CLUSTER_QUEUE, "", cq_name))
+        lq = api.get(LOCAL_QUEUE, workload.namespace, workload.queue_name)
+        cq = api.get(CLUSTER_QUEUE, "", str(lq.get("spec", {}).get("clusterQueue", "")))
     except NotFound as e:
         return Row(
             "kueue", FAIL, str(e), "create the LocalQueue and its ClusterQueue, or fix --queue-name"
         )
-    except _Denied:
+    except Refused:
         return Row("kueue", SKIPPED, f"LocalQueue/ClusterQueue {NOT_READABLE}")
     return kueue_row(workload.queue_name, cq)
 
@@ -265,7 +248,7 @@ def _permissions_row(api: Api, workload: WorkloadSpec) -> Row:
         "kind": "SelfSubjectRulesReview",
         "spec": {"namespace": workload.namespace},
     }
-    status = _read(lambda: api.create(RULES_REVIEW, "", review)).get("status") or {}
+    status = api.create(RULES_REVIEW, "", review).get("status") or {}
     return permissions_row(status.get("resourceRules") or [], workload)
 
 

@@ -94,14 +94,10 @@ class Problem:
     exit_code: int | None = None
     permanent: bool = True
 
-    def step_exit_code(self) -> int:
-        """The step's exit code: 3 when a deadline passed, else 4 (the workload failed)."""
-        return exit_codes.TIMEOUT if self.kind in TIMED_OUT else exit_codes.FAILED
-
     def error(self, text: str) -> WaitTimeout | WorkloadFailed:
         """The step's error carrying ``text`` (the message with its evidence and hint) and
-        the kind (callers decide by it)."""
-        if self.step_exit_code() == exit_codes.TIMEOUT:
+        the kind (callers decide by it): exit 3 when a deadline passed, else 4."""
+        if self.kind in TIMED_OUT:
             return WaitTimeout(text, problem=self.kind)
         return WorkloadFailed(text, pod_exit_code=self.exit_code, problem=self.kind)
 

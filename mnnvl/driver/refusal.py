@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mnnvl.driver.diagnose import Grace, event_order
+from mnnvl.driver.diagnose import Grace, event_order, pod_phase
 from mnnvl.driver.problem import Problem, problem
 from mnnvl.driver.wait import Objects
 from mnnvl.errors import ProblemKind
@@ -41,7 +41,7 @@ def create_refusal(job: dict[str, Any], events: Objects, pods: Objects) -> str:
         p
         for p in pods.values()
         if (p["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == name
-        and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and pod_phase(p) not in ("Succeeded", "Failed")
     ]
     if len(live) >= int((job.get("spec") or {}).get("parallelism") or 1):
         return ""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnnvl.driver.api import Api, Kind
-from mnnvl.errors import MnnvlError, WaitTimeout, WatchExpired
+from mnnvl.errors import WaitTimeout, WatchExpired
 
 logger = logging.getLogger(__name__)
 
@@ -82,35 +82,23 @@ class Source:
         return ",".join(parts) or None
 
 
-class Check:
-    """What a wait does with the objects it sees; subclasses or instances override these."""
-
-    def __call__(self, view: View) -> Any:
-        """Raise to fail, return non-None to finish the wait with that value."""
-        raise NotImplementedError
-
-    def recheck_in(self, view: View) -> float | None:
-        """Seconds after which the check must run again even without an event, or None."""
-        return None
-
-    def progress(self, view: View) -> str:
-        """One line naming what the wait waits for and how far it got."""
-        return ""
-
-
 def watch_until(
     api: Api,
     namespace: str,
     sources: dict[str, Source],
-    check: Check,
+    check: Callable[[View], Any],
     *,
     deadline: Deadline,
-    on_timeout: Callable[[View], MnnvlError],
+    on_timeout: Callable[[View], Exception],
+    progress: Callable[[View], str],
+    recheck_in: Callable[[View], float | None] = lambda view: None,
 ) -> Any:
-    """Run ``check`` on every change of ``sources`` until it returns a value (returned here).
+    """Run ``check`` on every change of ``sources`` until it returns non-None (returned here).
 
-    Raises what ``check`` raises, a watch thread's API error, or ``on_timeout(view)`` at the
-    deadline. Logs ``check.progress(view)`` at least every ``PROGRESS_EVERY_S``.
+    ``check`` raises to end the wait early. ``recheck_in(view)``: seconds after which the check
+    must run again even without an event, or None. Raises what ``check`` raises, a watch
+    thread's API error, or ``on_timeout(view)`` at the deadline. Logs ``progress(view)`` (what
+    the wait waits for and how far it got) at least every ``PROGRESS_EVERY_S``.
     """
     events: queue.Queue[tuple[str, str, Any]] = queue.Queue()
     stop = threading.Event()
@@ -127,17 +115,17 @@ def watch_until(
             now = deadline.clock()
             synced = len(view) == len(sources)
             wake = [deadline.remaining(), next_progress - now]
-            soon = check.recheck_in(view) if synced else None
+            soon = recheck_in(view) if synced else None
             if soon is not None:
                 wake.append(soon)
-            if api.outage_unsettled(STALE_S):
+            if api.outage.unsettled(STALE_S):
                 wake = [STALE_S]
             try:
                 key, etype, payload = events.get(timeout=max(0.0, min(wake)))
                 _apply(view, key, etype, payload)
             except queue.Empty:
                 pass
-            if api.outage_unsettled(STALE_S):
+            if api.outage.unsettled(STALE_S):
                 # During an API outage (retried in Api.call, which logs it) the view may be
                 # stale: no verdict, no deadline until the API answers and the watches resume.
                 continue
@@ -150,7 +138,7 @@ def watch_until(
                 raise on_timeout(view)
             if time.monotonic() >= next_progress:
                 next_progress = deadline.clock() + PROGRESS_EVERY_S
-                line = check.progress(view) if len(view) == len(sources) else "listing"
+                line = progress(view) if len(view) == len(sources) else "listing"
                 logger.info("waiting %.0f s: %s", deadline.elapsed(), line)
     finally:
         stop.set()
@@ -242,25 +230,6 @@ class _Watcher(threading.Thread):
 # ---- the common case: one source, a done predicate, an optional fail predicate -----------------
 
 
-class _Predicates(Check):
-    def __init__(
-        self,
-        done: Callable[[Objects], bool],
-        fail: Callable[[Objects], None] | None,
-        progress: Callable[[Objects], str],
-    ) -> None:
-        self.done, self.fail, self._progress = done, fail, progress
-
-    def __call__(self, view: View) -> Objects | None:
-        objects = view["it"]
-        if self.fail is not None:
-            self.fail(objects)
-        return dict(objects) if self.done(objects) else None
-
-    def progress(self, view: View) -> str:
-        return self._progress(view["it"])
-
-
 def wait_for(
     api: Api,
     kind: Kind,
@@ -283,17 +252,19 @@ def wait_for(
     """
     state = describe or _default_state
 
-    def on_timeout(view: View) -> MnnvlError:
-        return timeout_error(what, deadline, state(view.get("it", {})), hint)
+    def check(view: View) -> Objects | None:
+        if fail is not None:
+            fail(view["it"])
+        return dict(view["it"]) if done(view["it"]) else None
 
-    check = _Predicates(done, fail, lambda objects: f"{what}; now: {state(objects)}")
     return watch_until(
         api,
         namespace,
         {"it": Source(kind, name=name, label_selector=label_selector)},
         check,
         deadline=deadline,
-        on_timeout=on_timeout,
+        on_timeout=lambda view: timeout_error(what, deadline, state(view.get("it", {})), hint),
+        progress=lambda view: f"{what}; now: {state(view['it'])}",
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
-from mnnvl.driver.diagnose import container_started, pod_index
+from mnnvl.driver.diagnose import container_started, pod_index, pod_phase
 from mnnvl.driver.gang import Rank0Progress
 from mnnvl.driver.ownership import (
     FAILURE_ANNOTATION,
@@ -30,7 +30,6 @@ from mnnvl.inputs.defaults import PURPOSES
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import (
-    CONTAINER,
     JOB_NAME_LABEL,
     KUEUE_QUEUE_LABEL,
     gpu_claim_template,
@@ -44,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 
 def create_workload(
-    api: Api, workload: WorkloadSpec, module: str, args: list[str], deadline: Deadline | None = None
+    api: Api, workload: WorkloadSpec, module: str, args: list[str]
 ) -> tuple[list[str], str]:
     """Create (or adopt, when a step is retried) GPU template, Service and the Job (one per
     clique group); return the Jobs' names, rank 0's Job first, and, when this adopted rank 0's
@@ -54,8 +53,8 @@ def create_workload(
     lifecycle's waits then carry on from there, and a Job that failed fails the step with its
     own diagnosis. The record of this step's earlier failure with the same inputs
     (:func:`record_failure`) raises that failure again at once. A failed Job or record made
-    from other input is deleted (with its pods, waited gone within ``deadline``, by default
-    the pods-running timeout) and created again. Any other object in the way is a
+    from other input is deleted (with its pods, waited gone within the pods-running timeout)
+    and created again. Any other object in the way is a
     ``NotAdoptable`` naming it (see ``create_or_adopt``).
     """
     bodies: list[tuple[Kind, dict[str, Any]]] = []
@@ -71,9 +70,7 @@ def create_workload(
         except StaleObject as stale:
             if kind is not JOB:
                 raise
-            _replace_failed_job(
-                api, workload, stale, deadline or Deadline(workload.pods_running_timeout_s)
-            )
+            _replace_failed_job(api, workload, stale)
             found, adopted = create_or_adopt(api, kind, body)
         meta = body["metadata"]
         what = f"{kind.kind} {meta['namespace']}/{meta['name']}"
@@ -102,9 +99,7 @@ def job_state(job: dict[str, Any]) -> str:
     return f"running since {status.get('startTime') or 'its creation'} ({created})"
 
 
-def _replace_failed_job(
-    api: Api, workload: WorkloadSpec, stale: StaleObject, deadline: Deadline
-) -> None:
+def _replace_failed_job(api: Api, workload: WorkloadSpec, stale: StaleObject) -> None:
     """Delete a Failed Job of this step (uid precondition) and wait until it and its pods are
     gone, so the new pods never meet the old ones on a node's IMEX channel or hostname."""
     job = str(stale.existing["metadata"]["name"])
@@ -114,21 +109,11 @@ def _replace_failed_job(
         job,
         failed_reason(stale.existing),
     )
-    gone = Deletions(workload.run_id)
-    if not gone.delete(api, JOB, stale.existing, propagation="Background") and gone.skipped:
+    ns, gone = workload.namespace, Deletions(workload.run_id)
+    deadline = Deadline(workload.pods_running_timeout_s)
+    _delete_job_and_wait(api, gone, ns, job, f"the failed Job {ns}/{job}", deadline)
+    if gone.skipped:
         raise NotAdoptable(f"cannot replace the failed Job: {gone.skipped[0]}") from stale
-    for kind, selector in ((POD, f"{JOB_NAME_LABEL}={job}"), (JOB, None)):
-        wait_for(
-            api,
-            kind,
-            workload.namespace,
-            name=job if kind is JOB else None,
-            label_selector=selector,
-            what=f"the failed Job {workload.namespace}/{job} and its pods to be gone",
-            done=lambda objects: not objects,
-            deadline=deadline,
-            hint="check the pods' finalizers and the kubelet on their nodes",
-        )
 
 
 RECORD_MAX_BYTES = 64 * 1024  # an object's annotations may hold 256 KiB in all
@@ -249,6 +234,9 @@ def remove_failed_jobs(
     return f"removed {removed} and its pods, so the run's next step finds the nodes free", rank0
 
 
+LOG_DRAIN_S = 10.0  # how long the rank-0 log stream may take to finish after the Job ended
+
+
 class LogFollower:
     """Follows one pod's log in a thread, echoing lines to stderr with a prefix and keeping them."""
 
@@ -256,32 +244,23 @@ class LogFollower:
         self.api, self.namespace, self.pod = api, namespace, pod
         self.lines: list[str] = []
         self.progress = Rank0Progress()  # the steps the pod logged, for progress lines
-        self.error: str = ""
         self._thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)
-
-    def start(self) -> LogFollower:
         self._thread.start()
-        return self
 
     def _run(self) -> None:
         try:
-            for line in self.api.follow_log(self.namespace, self.pod, container=CONTAINER):
+            for line in self.api.follow_log(self.namespace, self.pod):
                 self.lines.append(line)
                 self.progress.line(line)
                 print(f"[{self.pod}] {line}", file=sys.stderr, flush=True)
         except MnnvlError as e:
             # The stream is a convenience; the launcher re-reads the log when it needs it.
-            self.error = str(e)
             logger.debug("log stream of %s ended: %s", self.pod, e)
 
-    def join(self, timeout_s: float) -> bool:
-        """Wait for the stream to end; True when it did."""
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
+    def drained(self) -> str:
+        """The log followed, once the stream ended within ``LOG_DRAIN_S`` (else "")."""
+        self._thread.join(LOG_DRAIN_S)
+        return "" if self._thread.is_alive() else "\n".join(self.lines)
 
 
 def parse_result(log_text: str) -> dict[str, Any] | None:
@@ -293,28 +272,22 @@ def parse_result(log_text: str) -> dict[str, Any] | None:
 
 
 def result_of_failed_job(
-    api: Api,
-    workload: WorkloadSpec,
-    job: str,
-    follower: LogFollower | None,
-    *,
-    drain_s: float = 5.0,
+    api: Api, workload: WorkloadSpec, job: str, follower: LogFollower | None
 ) -> dict[str, Any] | None:
     """Rank 0's RESULT from a failed Job's log, if it printed one before exiting; else that of
     a failed pod (a worker that found its node unusable, e.g. no GPUs, reports before the
     process group exists, and its pod may fail the Job before rank 0 has printed)."""
-    if follower is not None and follower.join(drain_s):
-        found = parse_result(follower.text)
-        if found is not None:
-            return found
+    found = parse_result(follower.drained()) if follower is not None else None
+    if found is not None:
+        return found
     pods = api.list(POD, workload.namespace, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
-    failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
+    failed = [p for p in pods if pod_phase(p) == "Failed"]
     rank0 = [p for p in pods if pod_index(p) == "0"]
     for pod in rank0 + sorted((p for p in failed if p not in rank0), key=pod_index):
         if not container_started(pod):
             continue  # never ran (unscheduled, still creating): no log and no result yet
         try:
-            text = api.pod_log(workload.namespace, pod["metadata"]["name"], container=CONTAINER)
+            text = api.pod_log(workload.namespace, pod["metadata"]["name"])
         except MnnvlError as e:
             logger.warning("could not read the log of %s: %s", pod["metadata"]["name"], e)
             continue
@@ -324,14 +297,13 @@ def result_of_failed_job(
     return None
 
 
-def rank0_pod(pods: Objects, job: str | None = None) -> str:
-    """The running pod with index 0 (of ``job``, rank 0's Job, when the step has several)."""
+def rank0_pod(pods: Objects, job: str) -> str:
+    """The running pod with index 0 of ``job`` (rank 0's Job), the oldest first."""
     for name, pod in sorted(
-        pods.items(), key=lambda item: str(item[1]["metadata"].get("creationTimestamp"))
+        pods.items(), key=lambda kv: str(kv[1]["metadata"].get("creationTimestamp"))
     ):
-        if job is not None and pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL) != job:
-            continue
-        if pod_index(pod) == "0" and pod.get("status", {}).get("phase") in ("Running", "Succeeded"):
+        in_job = (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job
+        if in_job and pod_index(pod) == "0" and pod_phase(pod) in ("Running", "Succeeded"):
             return name
     raise WorkloadFailed(f"no running pod with index 0 among {sorted(pods)}")
 

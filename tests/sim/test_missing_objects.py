@@ -14,7 +14,7 @@ from kubernetes import client, config
 
 from mnnvl.cli import main as cli
 from mnnvl.driver import Api
-from mnnvl.driver.lifecycle import wait_for_pods_running
+from mnnvl.driver.lifecycle import wait_for_job
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
@@ -153,7 +153,7 @@ def test_a_missing_config_map_fails_the_wait_at_once_naming_it(sim):
     started = time.monotonic()
     try:
         with Api.connect(sim.kubeconfig_path) as api, pytest.raises(WorkloadFailed) as info:
-            wait_for_pods_running(api, workload, "cm-job")
+            wait_for_job(api, workload, "cm-job")
     finally:
         batch.delete_namespaced_job("cm-job", "default", propagation_policy="Background")
     assert time.monotonic() - started < 30

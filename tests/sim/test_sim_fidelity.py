@@ -382,7 +382,6 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
     first would fail the running pods with IMEXDomainLost (previous test)."""
     from mnnvl import steps
     from mnnvl.driver.api import Api
-    from mnnvl.driver.lifecycle import wait_for_pods_running
     from mnnvl.driver.workload import create_workload
     from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 
@@ -396,8 +395,9 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
         steps.provision(domain, kubeconfig=sim.kubeconfig_path)
         api = Api.connect(sim.kubeconfig_path)
         try:
-            job, _ = create_workload(api, workload, "sleeper", [])
-            wait_for_pods_running(api, workload, job)
+            (job,), _ = create_workload(api, workload, "sleeper", [])
+            running = f"batch.kubernetes.io/job-name={job}"
+            wait_for(lambda: len(sim.processes(running)) == 2, timeout=60, what="2 pods running")
         finally:
             api.close()
         result = steps.teardown(domain, kubeconfig=sim.kubeconfig_path)

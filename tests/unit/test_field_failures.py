@@ -164,7 +164,7 @@ def test_an_imex_import_refused_in_the_workers_log_names_the_daemon_fix(said: st
     }
     log = f"step 3 loss 2.1\n{said}\nTraceback (most recent call last): ..."
     condition = {"reason": "FailedIndexes", "message": "Job has failed indexes"}
-    found = job_failure(Api([failed], log), _workload(max_restarts=0), "w", "d", condition, "1")  # type: ignore[arg-type]
+    found = job_failure(Api([failed], log), _workload(max_restarts=0), "w", condition, "1")  # type: ignore[arg-type]
     assert found.kind is ProblemKind.IMEX_IMPORT and found.exit_code == 1
     assert said.strip() in found.message
     assert "although the domain's IMEX daemons look healthy" in found.message
