@@ -105,7 +105,7 @@ def _load_configuration(kubeconfig: str | None) -> client.Configuration:
             return cfg
         except ConfigException as e:
             tried.append(f"in-cluster config ({e})")
-    else:
+    elif not kubeconfig:
         tried.append("in-cluster config (KUBERNETES_SERVICE_HOST not set)")
     env_path = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
     path = kubeconfig or env_path or os.path.expanduser("~/.kube/config")

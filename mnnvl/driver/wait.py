@@ -136,7 +136,7 @@ def watch_until(
             if deadline.expired:
                 _settle_listing(events, view, sources)
                 raise on_timeout(view)
-            if time.monotonic() >= next_progress:
+            if deadline.clock() >= next_progress:
                 next_progress = deadline.clock() + PROGRESS_EVERY_S
                 line = progress(view) if len(view) == len(sources) else "listing"
                 logger.info("waiting %.0f s: %s", deadline.elapsed(), line)

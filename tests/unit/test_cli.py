@@ -151,6 +151,15 @@ def test_run_with_no_cluster_configured_says_only_what_is_true(capsys, tmp_path,
     assert "the run created nothing" in err
 
 
+def test_an_explicit_kubeconfig_that_fails_is_the_only_thing_tried(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # in a pod, yet --kubeconfig wins
+    missing = tmp_path / "missing.kubeconfig"
+    code, lines, _ = run_cli(capsys, ["status", "--run-id", "r1", "--kubeconfig", str(missing)])
+    assert code == 5
+    error = last_json(lines)["error"]
+    assert f"kubeconfig {missing}" in error and "in-cluster" not in error
+
+
 @pytest.mark.parametrize(
     ("failure", "code"), [(WaitTimeout("channel template not created"), 3), (Interrupted(15), 143)]
 )
