@@ -36,11 +36,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 def peak_bf16_flops(device_name: str) -> float | None:
     """Dense bf16 peak FLOP/s of one device by its CUDA name, or None when unknown."""
-    upper = device_name.upper()
-    for key, peak in PEAK_BF16_FLOPS:
-        if key in upper:
-            return peak
-    return None
+    return next((peak for key, peak in PEAK_BF16_FLOPS if key in device_name.upper()), None)
 
 
 def worker_unit(device: torch.device) -> str:

@@ -43,22 +43,12 @@ def _load() -> ctypes.CDLL | None:
     if missing:
         logger.info("direct NCCL timing unavailable: %s missing", ", ".join(missing))
         return None
-    lib.ncclAllReduce.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ]
-    lib.ncclCommInitRank.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_int,
-        _UniqueId,
-        ctypes.c_int,
-    ]
-    lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+    ptr, c_int = ctypes.c_void_p, ctypes.c_int
+    # ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
+    lib.ncclAllReduce.argtypes = [ptr, ptr, ctypes.c_size_t, c_int, c_int, ptr, ptr]
+    # ncclCommInitRank(&comm, nranks, commId, rank)
+    lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ptr), c_int, _UniqueId, c_int]
+    lib.ncclCommDestroy.argtypes = [ptr]
     return lib
 
 
