@@ -175,7 +175,6 @@ class Trainer:
     def run(self) -> float:
         cfg, first = self.cfg, self.start_step + 1
         thr, marked = metrics.Throughput(), self.start_step
-        thr.start()
         for step in range(first, cfg.steps + 1):
             self.phase = f"step {step} (FSDP all-gather / reduce-scatter)"
             self.arrivals.step = step
