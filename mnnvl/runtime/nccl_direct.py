@@ -70,14 +70,12 @@ class DirectComm:
         shared = [b""]
         if dist.get_rank() == 0:
             rc = lib.ncclGetUniqueId(ctypes.byref(uid))
-            shared = [
-                ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid)) if rc == 0 else b""
-            ]
+            shared = [bytes(uid) if rc == 0 else b""]
         dist.broadcast_object_list(shared, src=0)  # an empty id tells every rank to skip
         if not shared[0]:
             logger.warning("direct NCCL timing skipped: ncclGetUniqueId failed on rank 0")
             return None
-        ctypes.memmove(ctypes.addressof(uid), shared[0], ctypes.sizeof(uid))
+        uid = _UniqueId.from_buffer_copy(shared[0])
         comm = ctypes.c_void_p()
         with torch.cuda.device(device):
             rc = lib.ncclCommInitRank(
