@@ -19,7 +19,7 @@ does). ``DefaultStager`` cannot do that: torch 2.11 closes its state-dict stager
 stage, which empties its buffer cache and its copy table (reusing it raised ``KeyError:
 <class 'type'>`` deep-copying the optimizer state). ``mode``: ``async`` (reused buffers),
 ``async-fresh`` (a new ``DefaultStager`` per save) or ``sync`` (``dcp.save`` in the training
-thread); the last two are benchmark levers. The newest ``keep`` complete checkpoints are kept.
+thread); the last two are benchmark levers. The newest ``KEEP`` complete checkpoints are kept.
 
 Test hook: ``MNNVL_TEST_CHECKPOINT_DELAY=<step>:<rank>:<seconds>`` makes that rank's write of
 that step's checkpoint start late, in the background, to hold a save in flight.
@@ -51,7 +51,7 @@ from mnnvl.errors import MnnvlError
 logger = logging.getLogger(__name__)
 
 LATEST = "latest"
-MODES = ("async", "async-fresh", "sync")
+KEEP = 2  # complete checkpoints kept
 DELAY_ENV = "MNNVL_TEST_CHECKPOINT_DELAY"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -68,20 +68,10 @@ class _DelayedWriter(dcp.FileSystemWriter):
 
 class Checkpointer:
     def __init__(
-        self,
-        root: str,
-        *,
-        rank: int,
-        keep: int = 2,
-        mode: str = "async",
-        timeout_s: float | None = None,
+        self, root: str, *, rank: int, mode: str = "async", timeout_s: float | None = None
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"checkpoint mode {mode!r} is not one of {', '.join(MODES)}")
         self.root = Path(root)
         self.rank = rank
-        self.keep = max(1, keep)
-        self.mode = mode
         self.asynchronous = mode != "sync"
         timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
         # Collective: every rank builds its Checkpointer in the same order.
@@ -229,7 +219,7 @@ class Checkpointer:
         return path
 
     def _prune(self, newest: int) -> None:
-        """Delete the step directories below ``newest`` but the ``keep - 1`` newest complete
+        """Delete the step directories below ``newest`` but the ``KEEP - 1`` newest complete
         ones (a partial one below it is an interrupted save: deleted too)."""
         older = sorted(
             (int(m.group(1)), p)
@@ -237,7 +227,7 @@ class Checkpointer:
             if p.is_dir() and (m := _STEP_DIR.match(p.name)) and int(m.group(1)) < newest
         )
         complete = [p for _, p in older if (p / ".metadata").is_file()]
-        kept = set(complete[len(complete) - (self.keep - 1) :]) if self.keep > 1 else set()
+        kept = set(complete[len(complete) - (KEEP - 1) :])
         for _step, old in older:
             if old not in kept:
                 shutil.rmtree(old, ignore_errors=True)

@@ -16,7 +16,7 @@ when it is late by more than a tenth of a call.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,9 +27,9 @@ from mnnvl.inputs.spec import VerifyConfig
 from mnnvl.runtime import collectives, nvml
 from mnnvl.runtime.groups import Groups
 from mnnvl.runtime.progress import SweepProgress
+from mnnvl.runtime.verdict import judge
 
 STRAGGLER_SHARE = 0.1  # late by more than this share of a call's time: named as straggler
-Judge = Callable[..., dict[str, Any]]
 
 
 def _sweeps(
@@ -68,7 +68,8 @@ def _labelled(plan: collectives.SweepPlan, label: str) -> collectives.SweepPlan:
 def worst_node(summaries: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> dict | None:
     """The node to look at first in one clique: an NVML problem, else a clear straggler."""
     for summary in summaries:
-        problems = nvml.local_problems(summary, summary["rank"])
+        checks = nvml.local_checks(summary, summary["rank"]).values()
+        problems = [problem for found in checks for problem in found]
         if problems:
             return {"pod": summary["host"], "rank": summary["rank"], "why": problems[0]}
     timed = [row for row in rows if row.get("rank_own_us")]
@@ -117,7 +118,6 @@ def measure(
     summaries: Sequence[dict[str, Any]],
     device: torch.device,
     placed: Groups,
-    judge: Judge,
     backend: str,
 ) -> dict[str, Any]:
     """Sweep and judge per clique and across cliques; the RESULT fields of a grouped run."""

@@ -55,8 +55,7 @@ class SweepPlan:
     iters: int = 0  # 0 = adaptive: loops until the mean is known within ``rel_ci``
     reps: int = 5  # most loops per size (exactly this many when ``iters`` is given)
     target_s: float = 0.08  # timed work per size at most (``reps`` loops)
-    cuda_graphs: bool = True
-    direct_nccl: bool = True
+    cuda_graphs: bool = True  # also the direct NCCL path (``nccl_direct``)
     min_reps: int = 3
     rel_ci: float = 0.01
     # Told (size, "start" | "loop" | "done") between calls: the launcher's stall watchdog
@@ -79,10 +78,6 @@ def sweep_sizes(min_bytes: int, max_bytes: int) -> list[int]:
         size *= 2
     sizes.append(hi)
     return sizes
-
-
-def bus_factor(world_size: int) -> float:
-    return 2.0 * (world_size - 1) / world_size if world_size > 0 else 0.0
 
 
 def judged_busbw(sizes: Sequence[dict[str, Any]], judge_min_bytes: int) -> float:
@@ -172,8 +167,8 @@ def run_sweep(
         torch.cuda.synchronize(device)
     timings["warmup"] = round(time.perf_counter() - t0, 3)
     t0 = time.perf_counter()
-    cuda_direct = device.type == "cuda" and plan.direct_nccl and plan.cuda_graphs
-    direct = DirectComm.create(device) if cuda_direct and group is None else None
+    cuda_direct = device.type == "cuda" and plan.cuda_graphs and group is None
+    direct = DirectComm.create(device) if cuda_direct else None
     timings["direct_init"] = round(time.perf_counter() - t0, 3)
     try:
         for size in plan.sizes:
@@ -204,7 +199,7 @@ def run_sweep(
     dist.all_reduce(ok_all, op=dist.ReduceOp.MIN, group=group)
     del buf
     lags = _gather_own(own, device, group, world)
-    factor = bus_factor(world)
+    factor = 2.0 * (world - 1) / world  # nccl-tests' all-reduce bus factor
     rows: list[dict[str, Any]] = []
     table = zip(plan.sizes, summary.tolist(), ok_all.tolist(), strict=True)
     for i, (size, t, good) in enumerate(table):
@@ -259,9 +254,7 @@ def _slow_down_s() -> float:
     return float(ms or 0) / 1e3
 
 
-def _time_cpu(
-    view: torch.Tensor, plan: SweepPlan, group: Group = None, own: list[float] | None = None
-) -> float:
+def _time_cpu(view: torch.Tensor, plan: SweepPlan, group: Group, own: list[float]) -> float:
     """Seconds per call (the slowest rank's); ``own`` receives this rank's mean seconds per
     call spent outside the collective (what the others waited for when it is late)."""
     delay = _slow_down_s()
@@ -289,13 +282,12 @@ def _time_cpu(
         return _agreed(elapsed, view.device, group) / calls
 
     median = adaptive_median(loop, plan, loops)
-    if own is not None:
-        own.append(spent["outside"] / max(1, spent["calls"]))
+    own.append(spent["outside"] / max(1, spent["calls"]))
     return median
 
 
 def _time_cuda(
-    view: torch.Tensor, plan: SweepPlan, direct: DirectComm | None = None, group: Group = None
+    view: torch.Tensor, plan: SweepPlan, direct: DirectComm | None, group: Group
 ) -> tuple[float, str, bool]:
     """(seconds per call on the fastest correct path, that path, every path correct)."""
     for _ in range(warmup_calls(plan, view.numel() * ELEMENT_BYTES)):

@@ -107,16 +107,13 @@ def wait_for_fabric(
     """
     start = clock()
     summary = check()
-    while _registering(summary):
-        waited = clock() - start
-        if waited >= wait_s:
-            summary["fabric_waited_s"] = round(waited, 1)
-            return summary
+    while _registering(summary) and (waited := clock() - start) < wait_s:
         logger.info("GPU fabric still registering; checking again (%.0f of %g s)", waited, wait_s)
-        sleep(min(poll_s, max(wait_s - waited, 0.0)))
+        sleep(min(poll_s, wait_s - waited))
         summary = check()
-    if clock() - start > 0:
-        summary["fabric_waited_s"] = round(clock() - start, 1)
+    waited = clock() - start
+    if waited > 0 or _registering(summary):
+        summary["fabric_waited_s"] = round(waited, 1)
     return summary
 
 

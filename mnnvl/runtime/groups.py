@@ -45,9 +45,9 @@ class Groups:
         return [g * self.size for g in range(self.count)]
 
 
-def clique_label(environ: Mapping[str, str] | None = None) -> str:
+def clique_label() -> str:
     """The node label the placement kept each group inside (``--clique-label``)."""
-    return (os.environ if environ is None else environ).get(CLIQUE_LABEL) or defaults.CLIQUE_LABEL
+    return os.environ.get(CLIQUE_LABEL) or defaults.CLIQUE_LABEL
 
 
 def _int_env(environ: Mapping[str, str], name: str, default: int) -> int:

@@ -94,7 +94,6 @@ def exec_program(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         os.execvpe(args[0], args, env)
     except OSError as e:
         raise SpecError("command", f"cannot run {args[0]!r} in this image: {e}") from None
-    return 1  # not reached: exec replaced this process
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -236,13 +235,12 @@ def _stop(children: dict[int, int], codes: Codes, grace_s: float) -> None:
 
 
 def supervise(
-    children: dict[int, int], grace_s: float, watchdog: Watchdog | None = None
+    children: dict[int, int], grace_s: float, watchdog: Watchdog
 ) -> tuple[Codes, int | None, Stall | None]:
     """Wait for the workers with ``WATCHED`` blocked: each SIGCHLD reaps, the first failure,
     a stop signal or a stalled worker stops the rest. Returns (the codes, the stop signal or
     None, the stall or None)."""
     codes: Codes = []
-    watchdog = watchdog or Watchdog({})
     while children:
         _reap(children, codes)
         for _, rank, _ in codes:

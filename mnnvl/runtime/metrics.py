@@ -36,11 +36,7 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 
 def peak_bf16_flops(device_name: str) -> float | None:
     """Dense bf16 peak FLOP/s of one device by its CUDA name, or None when unknown."""
-    upper = device_name.upper()
-    for key, peak in PEAK_BF16_FLOPS:
-        if key in upper:
-            return peak
-    return None
+    return next((peak for key, peak in PEAK_BF16_FLOPS if key in device_name.upper()), None)
 
 
 def worker_unit(device: torch.device) -> str:
@@ -75,19 +71,17 @@ def peak_mem_gib(device: torch.device) -> float:
 
 
 class Throughput:
-    """Tokens/s between sync points; call ``start`` before the first step and ``mark`` only
-    right after a device sync. The first window (compilation, allocator warm-up) is excluded
-    from ``overall`` unless it is the only one.
+    """Tokens/s between sync points, from its creation right before the first step; call
+    ``mark`` only right after a device sync. The first window (compilation, allocator
+    warm-up) is excluded from ``overall`` unless it is the only one.
     """
 
     def __init__(self) -> None:
-        self.t_start = self.t_first = self.t_last = 0.0
+        self.t_start = time.perf_counter()
+        self.t_first = self.t_last = 0.0
         self.first_tokens = self.tokens_after_first = 0
         self.marks = 0
         self.paused_s = self.paused_total_s = 0.0
-
-    def start(self) -> None:
-        self.t_start = time.perf_counter()
 
     def exclude(self, seconds: float) -> None:
         """Leave time spent outside training steps (checkpoint saves) out of the rates."""

@@ -43,22 +43,12 @@ def _load() -> ctypes.CDLL | None:
     if missing:
         logger.info("direct NCCL timing unavailable: %s missing", ", ".join(missing))
         return None
-    lib.ncclAllReduce.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ]
-    lib.ncclCommInitRank.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p),
-        ctypes.c_int,
-        _UniqueId,
-        ctypes.c_int,
-    ]
-    lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+    ptr, c_int = ctypes.c_void_p, ctypes.c_int
+    # ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
+    lib.ncclAllReduce.argtypes = [ptr, ptr, ctypes.c_size_t, c_int, c_int, ptr, ptr]
+    # ncclCommInitRank(&comm, nranks, commId, rank)
+    lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ptr), c_int, _UniqueId, c_int]
+    lib.ncclCommDestroy.argtypes = [ptr]
     return lib
 
 
@@ -80,14 +70,12 @@ class DirectComm:
         shared = [b""]
         if dist.get_rank() == 0:
             rc = lib.ncclGetUniqueId(ctypes.byref(uid))
-            shared = [
-                ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid)) if rc == 0 else b""
-            ]
+            shared = [bytes(uid) if rc == 0 else b""]
         dist.broadcast_object_list(shared, src=0)  # an empty id tells every rank to skip
         if not shared[0]:
             logger.warning("direct NCCL timing skipped: ncclGetUniqueId failed on rank 0")
             return None
-        ctypes.memmove(ctypes.addressof(uid), shared[0], ctypes.sizeof(uid))
+        uid = _UniqueId.from_buffer_copy(shared[0])
         comm = ctypes.c_void_p()
         with torch.cuda.device(device):
             rc = lib.ncclCommInitRank(

@@ -69,7 +69,8 @@ def classify(lines: Iterable[str], *, nvlink_active: bool) -> dict[str, Any]:
     if worst is None:
         transport = "none"
     elif worst == "network":
-        transport = f"network ({detail['network'].split('/')[0]}/{_net_name(detail)})"
+        kind, _, rest = detail["network"].partition("/")  # NET/IB/0/GDRDMA
+        transport = f"network ({kind}/{rest.split('/')[0] or '?'})"
     elif worst == "P2P":
         transport = "NVLink P2P" if nvlink_active else "PCIe P2P"
     else:
@@ -81,11 +82,6 @@ def classify(lines: Iterable[str], *, nvlink_active: bool) -> dict[str, Any]:
         "nvls": nvls,
         "log_version": version,
     }
-
-
-def _net_name(detail: dict[str, str]) -> str:
-    parts = detail["network"].split("/")
-    return parts[1] if len(parts) > 1 else "?"
 
 
 class NcclLog:

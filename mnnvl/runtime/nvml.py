@@ -80,7 +80,7 @@ def check_gpus(
         logger.warning("NVML init failed: %s", e)
         return {"nvml": f"unavailable: {e}", "gpus": []}
     try:
-        gpus = [_check_gpu(nvml, _handle(nvml, dev), dev, imex_path) for dev in devices]
+        gpus = [_check_gpu(nvml, dev, imex_path) for dev in devices]
     except nvml.NVMLError as e:
         logger.warning("NVML query failed: %s", e)
         return {"nvml": f"unavailable: {e}", "gpus": []}
@@ -89,17 +89,15 @@ def check_gpus(
     return {"nvml": "ok", "gpus": gpus}
 
 
-def _handle(nvml: Any, dev: str | int) -> Any:
-    if isinstance(dev, str):
-        return nvml.nvmlDeviceGetHandleByUUID(dev)
-    return nvml.nvmlDeviceGetHandleByIndex(dev)
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _check_gpu(nvml: Any, handle: Any, dev: str | int, imex_path: str) -> dict[str, Any]:
+def _check_gpu(nvml: Any, dev: str | int, imex_path: str) -> dict[str, Any]:
+    if isinstance(dev, str):
+        handle = nvml.nvmlDeviceGetHandleByUUID(dev)
+    else:
+        handle = nvml.nvmlDeviceGetHandleByIndex(dev)
     return {
         "device": dev,
         "name": _text(nvml.nvmlDeviceGetName(handle)),
@@ -209,9 +207,7 @@ def fabric_info(nvml: Any, handle: Any) -> dict[str, Any]:
 
 def _fabric_struct(nvml: Any, handle: Any) -> Any | None:
     absent = _absent_errors(nvml)
-    mismatch = tuple(
-        getattr(nvml, n) for n in ("NVMLError_ArgumentVersionMismatch",) if hasattr(nvml, n)
-    )
+    mismatch = getattr(nvml, "NVMLError_ArgumentVersionMismatch", ())
     if hasattr(nvml, "nvmlDeviceGetGpuFabricInfoV"):
         # Newest structure first: a driver older than the structure says "version mismatch".
         for struct, version in (
@@ -250,7 +246,7 @@ def is_mnnvl_fabric(fabric: dict[str, Any] | None) -> bool:
 
 
 def fabric_present(summary: dict[str, Any]) -> bool:
-    return any(is_mnnvl_fabric(g["fabric"]) for g in summary.get("gpus", []))
+    return fabric_identity(summary) is not None
 
 
 def fabric_identity(summary: dict[str, Any]) -> str | None:
@@ -268,11 +264,6 @@ def _where(summary: dict[str, Any], rank: int, gpu: dict[str, Any]) -> str:
 
 # The checks a verdict reports one by one (and the CTRF report lists as tests).
 LINKS, FABRIC, HEALTH = "NVML links", "fabric state", "fabric health"
-
-
-def local_problems(summary: dict[str, Any], rank: int) -> list[str]:
-    """Reasons to FAIL found on one rank's GPUs alone."""
-    return [p for problems in local_checks(summary, rank).values() for p in problems]
 
 
 def local_checks(summary: dict[str, Any], rank: int) -> dict[str, list[str]]:

@@ -36,9 +36,9 @@ TUNING_CHOICES = {"optim": ("fused", "foreach"), "ckpt": ("async", "async-fresh"
 TUNING_MOVED = {"ac": "--activation-checkpointing", "reshard": "--reshard-after-forward"}
 
 
-def tuning(environ: dict[str, str] | None = None) -> dict[str, str]:
+def tuning() -> dict[str, str]:
     """The levers of ``MNNVL_TRAIN_TUNING`` over their defaults; unknown keys are bad input."""
-    text = (os.environ if environ is None else environ).get(TUNING_ENV, "")
+    text = os.environ.get(TUNING_ENV, "")
     found = dict(TUNING_DEFAULTS)
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, _, value = item.partition("=")
@@ -57,11 +57,9 @@ def tuning(environ: dict[str, str] | None = None) -> dict[str, str]:
 @dataclass(frozen=True, kw_only=True)
 class DistInfo:
     rank: int
-    local_rank: int
     world_size: int
     device: torch.device
     groups: groups.Groups | None = None  # None: one group (FSDP over all ranks)
-    fabric: str | None = None  # this GPU's NVLink clusterUuid/cliqueId, None without a fabric
 
     @property
     def is_cuda(self) -> bool:
@@ -77,9 +75,9 @@ def fabric_identity(device: torch.device, *, nvml_module: Any = None) -> str | N
     return nvml.fabric_identity(nvml.check_gpus(devices.nvml_ids(device), nvml=nvml_module))
 
 
-def init_distributed(timeout_s: float | None = None) -> DistInfo:
+def init_distributed(timeout_s: float) -> DistInfo:
     """Apply the NCCL profile, then join the process group torchrun describes in env;
-    ``timeout_s`` bounds every collective (None: torch's default, 10 min for NCCL)."""
+    ``timeout_s`` bounds every collective."""
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get(contract_env.WORLD_SIZE, "1"))
@@ -88,7 +86,7 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
     if problem:
         raise WorkloadFailed(problem)
     use_cuda = visible > 0
-    timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+    timeout = datetime.timedelta(seconds=timeout_s)
     profile = os.environ.get(contract_env.NCCL_PROFILE, "production")
     placed = groups.from_env(rank, world)  # a pod in the wrong group fails before NCCL starts
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
@@ -102,17 +100,10 @@ def init_distributed(timeout_s: float | None = None) -> DistInfo:
         dist.init_process_group("gloo", timeout=timeout, **joined)
     logger.info("rank %s/%s on %s (NCCL profile %s)", rank, world, device, profile)
     groups.check_fabric(placed, rank, fabric)
-    return DistInfo(
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world,
-        device=device,
-        groups=placed,
-        fabric=fabric,
-    )
+    return DistInfo(rank=rank, world_size=world, device=device, groups=placed)
 
 
-def _rendezvous(rank: int, world: int, timeout_s: float | None) -> dict[str, Any]:
+def _rendezvous(rank: int, world: int, timeout_s: float) -> dict[str, Any]:
     """The ``env://`` rendezvous store with a join timeout of its own: ``env://`` waits only
     the collective timeout, but a gang's ranks start minutes apart on a cluster (a restarted
     rank 0 is rescheduled, waits for its IMEX channel, pulls its image)."""
@@ -123,7 +114,7 @@ def _rendezvous(rank: int, world: int, timeout_s: float | None) -> dict[str, Any
         int(os.environ[contract_env.MASTER_PORT]),
         world,
         is_master=rank == 0,
-        timeout=datetime.timedelta(seconds=max(JOIN_TIMEOUT_S, timeout_s or 0)),
+        timeout=datetime.timedelta(seconds=max(JOIN_TIMEOUT_S, timeout_s)),
     )
     return {"store": store, "rank": rank, "world_size": world}
 
@@ -148,7 +139,7 @@ def ac_words(every: int) -> str:
     return f"activation checkpointing on 1 block in {every}"
 
 
-def apply_activation_checkpointing(model: Transformer, every: int = 1) -> None:
+def apply_activation_checkpointing(model: Transformer, every: int) -> None:
     """Recompute the activations of every ``every``-th block (1 = all blocks, 0 = none):
     blocks 0, N, 2N, ... are wrapped."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper

@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 PROGRESS_ENV = "MNNVL_PROGRESS_FILE"  # set per worker by mnnvl.runtime.launch
@@ -70,18 +69,13 @@ def is_collective_timeout(error: BaseException) -> bool:
 class SweepProgress:
     """The all-reduce sweep's progress (``collectives.SweepPlan.progress``): sizes started and
     done and timed loops (at most once a second) go to the watchdog, so a moving sweep never
-    looks stalled; ``log`` gets ``SWEEP_DONE`` per size (the driver's progress lines show it);
-    ``doing`` names the size in progress for a timed-out collective's message."""
+    looks stalled; rank 0 logs ``SWEEP_DONE`` per size to ``log`` (the driver's progress lines
+    show it); ``doing`` names the size in progress for a timed-out collective's message."""
 
     SWEEP_DONE = "sweep size %d bytes done (%s)"
 
-    def __init__(
-        self,
-        stall_timeout_s: float,
-        log: Callable[..., None] | None = None,
-        on_done: Callable[[int], None] | None = None,
-    ) -> None:
-        self.stall_timeout_s, self.log, self.on_done = stall_timeout_s, log, on_done
+    def __init__(self, stall_timeout_s: float, rank: int, log: logging.Logger) -> None:
+        self.stall_timeout_s, self.rank, self.log = stall_timeout_s, rank, log
         self.label = "the sweep across all ranks"  # the per-clique run names each sweep
         self.doing = "start-up"
         self.reported = 0.0
@@ -97,10 +91,9 @@ class SweepProgress:
         state = "done" if event == "done" else "running"
         report(f"sweep size {size} bytes {state} ({self.label})", self.stall_timeout_s)
         if event == "done":
-            if self.log is not None:
-                self.log(self.SWEEP_DONE, size, self.label)
-            if self.on_done is not None:
-                self.on_done(size)
+            if self.rank == 0:
+                self.log.info(self.SWEEP_DONE, size, self.label)
+            signal_at(size, self.rank, "sweep size")
 
 
 class Arrivals:
@@ -119,7 +112,8 @@ class Arrivals:
 
         # No public accessor for the store init_process_group made; it is the rendezvous's.
         self.store = dist.distributed_c10d._get_default_store()
-        self.rank, self.world_size, self.step = rank, world_size, 0
+        self.rank, self.world_size = rank, world_size
+        self.step = 0  # the step this rank is in now, set by the trainer
         self.host = os.environ.get("HOSTNAME", "") or "?"
         threading.Thread(target=self._beat, name="mnnvl-heartbeat", daemon=True).start()
 
@@ -130,10 +124,6 @@ class Arrivals:
             except RuntimeError:
                 return  # the store is gone: the process group is being torn down
             time.sleep(1.0)
-
-    def mark(self, step: int) -> None:
-        """The step this rank is in now."""
-        self.step = step
 
     def behind(self) -> str:
         """The ranks that fell silent, else those in an earlier step than the furthest, with
@@ -193,8 +183,9 @@ class Watchdog:
         self.files = files  # global rank -> progress file
         self.seen = {rank: Seen() for rank in files}
 
-    def poll(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+    def stalled(self) -> Stall | None:
+        """The first watched worker whose last progress is older than its stall timeout."""
+        now = time.monotonic()
         for rank, path in self.files.items():
             try:
                 with open(path, encoding="utf-8") as f:
@@ -205,11 +196,6 @@ class Watchdog:
             if data.get("seq") != seen.seq:
                 seen.seq, seen.what, seen.at = data["seq"], str(data.get("what", "")), now
                 seen.stall_timeout_s = float(data.get("stall_timeout_s") or 0)
-
-    def stalled(self, now: float | None = None) -> Stall | None:
-        """The first watched worker whose last progress is older than its stall timeout."""
-        now = time.monotonic() if now is None else now
-        self.poll(now)
         for rank, seen in sorted(self.seen.items()):
             age = now - seen.at
             if seen.seq and seen.stall_timeout_s > 0 and age > seen.stall_timeout_s:

@@ -42,6 +42,7 @@ from mnnvl.inputs import flags, spec
 from mnnvl.runtime import memory, metrics, progress
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.data import build_batches
+from mnnvl.runtime.groups import Groups
 from mnnvl.runtime.model import Transformer, flops_per_token, preset
 from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distributed, tuning
 
@@ -118,6 +119,8 @@ class Trainer:
         self.phase = "start-up"  # where a collective timeout happened, for its message
         self.arrivals = progress.Arrivals(info.rank, info.world_size)
         self.tokens_per_step = cfg.batch_size * self.mcfg.seq_len * info.world_size
+        self.flops = flops_per_token(self.mcfg, self.mcfg.seq_len)
+        self.peak = metrics.device_peak_flops(info.device)
         # The first two steps this process runs (also after a resume) compile and warm the
         # allocator: left out of the split.
         self.split = metrics.StepSplit(info.device, skip_first=2)
@@ -171,14 +174,10 @@ class Trainer:
 
     def run(self) -> float:
         cfg, first = self.cfg, self.start_step + 1
-        tokens_per_step = self.tokens_per_step
-        flops = flops_per_token(self.mcfg, self.mcfg.seq_len)
-        peak = metrics.device_peak_flops(self.info.device)
         thr, marked = metrics.Throughput(), self.start_step
-        thr.start()
         for step in range(first, cfg.steps + 1):
             self.phase = f"step {step} (FSDP all-gather / reduce-scatter)"
-            self.arrivals.mark(step)
+            self.arrivals.step = step
             loss = self.step(step)
             thr.exclude(self.held_s)
             self.held_s = 0.0
@@ -193,13 +192,13 @@ class Trainer:
                 mean_loss = self.sync(step, loss)
                 self.split.collect()  # events are complete after the sync
             if is_log:
-                rate = thr.mark(tokens_per_step * (step - marked))
+                rate = thr.mark(self.tokens_per_step * (step - marked))
                 if step == first:
                     self.first_step_s = round(thr.t_first - thr.t_start, 3)
                 marked = step
                 self.losses.append([step, mean_loss])
                 per_gpu = rate / self.info.world_size
-                mfu = metrics.mfu(flops, per_gpu, peak)
+                mfu = metrics.mfu(self.flops, per_gpu, self.peak)
                 logger.info(
                     "step %d loss %.4f lr %.3g tok/s %.0f (%.0f/%s) mfu %s mem %.2f GiB",
                     step,
@@ -229,24 +228,22 @@ class Trainer:
 
     def mesh(self) -> dict[str, Any]:
         """The device mesh: ``shape``, ``dims``, ``groups`` (NVLink cliques) and ``sharding``."""
-        placed = self.info.groups
-        count = placed.count if placed else 1
+        placed = self.info.groups or Groups(count=1, size=self.info.world_size, index=0)
         return {
-            "shape": list(placed.mesh_shape if placed else (self.info.world_size,)),
-            "dims": list(placed.mesh_dims if placed else ("shard",)),
-            "groups": count,
-            "sharding": "HSDP" if count > 1 else "FSDP",
+            "shape": list(placed.mesh_shape),
+            "dims": list(placed.mesh_dims),
+            "groups": placed.count,
+            "sharding": "HSDP" if placed.count > 1 else "FSDP",
         }
 
     def result(self, tokens_per_s: float, wall_s: float) -> dict[str, Any]:
         per_gpu = tokens_per_s / self.info.world_size
-        peak = metrics.device_peak_flops(self.info.device)
         return {
             "kind": "train",
             "final_loss": self.last_loss if math.isfinite(self.last_loss) else None,
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_gpu": per_gpu,
-            "mfu": metrics.mfu(flops_per_token(self.mcfg, self.mcfg.seq_len), per_gpu, peak),
+            "mfu": metrics.mfu(self.flops, per_gpu, self.peak),
             "steps": self.cfg.steps,
             "start_step": self.start_step,
             "resumed_from": self.resumed_from,
@@ -288,13 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        cfg = parse_config(argv)
-    except MnnvlError as e:
-        logger.error("%s", e)
-        return e.exit_code
     t0 = time.perf_counter()
     try:
+        cfg = parse_config(argv)
         tuning()  # bad levers are bad input, found before the process group exists
         info = init_distributed(cfg.collective_timeout_s)
         progress.report("process group ready", cfg.stall_s)
@@ -311,8 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.resume()
         tokens_per_s = trainer.run()
         if info.rank == 0:
-            result = trainer.result(tokens_per_s, time.perf_counter() - t0)
-            emit_result(result)
+            emit_result(trainer.result(tokens_per_s, time.perf_counter() - t0))
         return 0
     except MnnvlError as e:
         logger.error("training failed: %s", e)

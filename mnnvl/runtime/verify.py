@@ -27,7 +27,6 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 _STARTED = time.monotonic()  # before the heavy imports, so the breakdown counts them
@@ -134,7 +133,7 @@ def run(cfg: VerifyConfig, phases: Phases, sweep: progress.SweepProgress) -> dic
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     problem = devices.missing_gpus_problem(visible) or devices.missing_channel_problem()
     if problem:
-        raise DevicesMissing(problem)
+        raise VerificationFailed(problem)
     cuda = visible > 0
     device = torch.device("cuda", local_rank % visible) if cuda else None
     if device is not None:
@@ -193,17 +192,16 @@ def _measure(
     result: dict[str, Any] = {"kind": "verify"}
     dev = device or torch.device("cpu")
     if placed.count > 1:
-        result.update(cliques.measure(cfg, plan, summaries, dev, placed, judge, backend))
+        result.update(cliques.measure(cfg, plan, summaries, dev, placed, backend))
         sizes = result.pop("sizes")
-        phases.mark("sweep")
-        # Not judged across cliques: the cross-clique communicators rightly use the network.
-        result["nccl"] = _transport(ncclog, summary, world)
     else:
         sizes = collectives.run_sweep(plan, dev, timings)
-        phases.seconds.update({f"sweep_{k}": v for k, v in timings.items()})
-        phases.mark("sweep")
-        # Read after the sweep: NCCL connects each algorithm's channels on first use.
-        result["nccl"] = _transport(ncclog, summary, world)
+    phases.seconds.update({f"sweep_{k}": v for k, v in timings.items()})
+    phases.mark("sweep")
+    # Read after the sweep: NCCL connects each algorithm's channels on first use.
+    result["nccl"] = _transport(ncclog, summary, world)
+    if placed.count == 1:
+        # A grouped run's transport is not judged: across cliques it rightly is the network.
         result.update(judge(cfg, summaries, sizes, world, backend, result["nccl"]))
     result.update(world_size=world, backend=backend, sizes=sizes, nodes=summaries)
     result["allow_unjudged"] = cfg.allow_unjudged
@@ -261,10 +259,6 @@ def _timed_out(error: BaseException, cfg: VerifyConfig, doing: str) -> int:
     return COLLECTIVE_TIMEOUT
 
 
-class DevicesMissing(VerificationFailed):
-    """The pod asked for GPUs and this worker sees none, or it has no IMEX channel device."""
-
-
 def _failed_result(reason: str, backend: str | None = None) -> dict[str, Any]:
     return {
         "kind": "verify",
@@ -296,10 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sweep: progress.SweepProgress | None = None
     try:
         cfg = parse_config(argv)
-        hook = partial(progress.signal_at, rank=int(rank), what="sweep size")
-        sweep = progress.SweepProgress(
-            cfg.stall_s, log=logger.info if rank == "0" else None, on_done=hook
-        )
+        sweep = progress.SweepProgress(cfg.stall_s, int(rank), logger)
         result = run(cfg, phases, sweep)
     except SpecError as e:
         logger.error("%s", e)

@@ -46,7 +46,7 @@ def test_repeated_background_saves_one_in_flight_each_the_state_of_its_step(
     gloo_one_rank: None, tmp_path: Path, slow_writes: None, mode: str
 ) -> None:
     """Host buffers reused from save to save (the default) or a new stager per save."""
-    info = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    info = DistInfo(rank=0, world_size=1, device=torch.device("cpu"))
     trainer = Trainer(TrainConfig(model="tiny", steps=SAVES * 2, warmup_steps=1), info)
     ckpt = Checkpointer(str(tmp_path), rank=0, mode=mode)
     trainer.ckpt = ckpt  # its steps wait for a save's copy before the optimizer changes state
@@ -85,7 +85,7 @@ def test_repeated_background_saves_one_in_flight_each_the_state_of_its_step(
 def test_a_failed_background_write_never_becomes_latest(
     gloo_one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    info = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    info = DistInfo(rank=0, world_size=1, device=torch.device("cpu"))
     trainer = Trainer(TrainConfig(model="tiny", steps=4, warmup_steps=1), info)
     ckpt = Checkpointer(str(tmp_path), rank=0)
     trainer.step(1)

@@ -62,7 +62,7 @@ def test_a_bad_compile_value_is_refused_naming_the_choices() -> None:
 def test_the_choice_is_in_the_log_line_and_the_result(
     gloo_one_rank: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    info = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    info = DistInfo(rank=0, world_size=1, device=torch.device("cpu"))
     caplog.set_level(logging.INFO, logger="mnnvl.runtime.train")
     trainer = train.Trainer(TrainConfig(model="tiny", steps=2, log_every=1), info)
     trainer.run()

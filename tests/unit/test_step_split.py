@@ -30,7 +30,7 @@ def trainer(info: DistInfo, ckpt: Path, steps: int) -> Trainer:
 def test_resumed_run_leaves_its_own_first_steps_out_of_the_split(
     gloo_one_rank: None, tmp_path: Path
 ) -> None:
-    info = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    info = DistInfo(rank=0, world_size=1, device=torch.device("cpu"))
     first = trainer(info, tmp_path, steps=6)
     first.run()
     assert first.split.steps == 4  # steps 3..6: steps 1 and 2 compile and warm up

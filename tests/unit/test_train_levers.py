@@ -196,7 +196,7 @@ def test_argo_pipeline_check_refuses_a_bad_lever_before_provisioning() -> None:
 
 @pytest.fixture(scope="module")
 def one_rank(gloo_one_rank: None) -> DistInfo:
-    return DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    return DistInfo(rank=0, world_size=1, device=torch.device("cpu"))
 
 
 def _sharded(info: DistInfo, cfg: TrainConfig) -> Any:
