@@ -54,22 +54,16 @@ def one_line(step: str) -> Callable[[Callable[[dict[str, Any]], T]], Callable[[d
 
 
 def _with_step_defaults(step: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Groups as their inputs, the step's defaults for inputs left out of a group; an empty
+    namespace is the launcher pod's own (else default), resolved here."""
     inputs = surface.step_inputs(step)
-    defaults = {i.name: i.default for i in inputs if not i.required}
-    return _at_edge({**defaults, **surface.flatten(params, inputs)})
-
-
-def _at_edge(params: dict[str, Any], step: str = "") -> dict[str, Any]:
-    """Groups as their inputs (``step``'s); an empty namespace is the launcher pod's own
-    (else default), resolved here."""
-    if step:
-        params = surface.flatten(params, surface.step_inputs(step))
+    params = {i.name: i.default for i in inputs if not i.required} | surface.flatten(params, inputs)
     return {**params, "namespace": resolve_namespace(params.get("namespace"))}
 
 
 @one_line("provision")
 def provision_domain(params: dict[str, Any]) -> str:
-    domain = surface.build(DomainSpec, _at_edge(params, "provision"))
+    domain = surface.build(DomainSpec, _with_step_defaults("provision", params))
     return steps.provision(domain, kubeconfig=kubeconfig()).domain
 
 
@@ -129,12 +123,8 @@ def launch_workload(params: dict[str, Any]) -> None:
         )
     except WorkloadFailed as err:
         # The failed pod's own exit code when the driver saw one; else the step's.
-        code = err.pod_exit_code
-        failed = {
-            "exit_code": code if code is not None else err.exit_code,
-            "error": str(err),
-            "result": err.result,
-        }
+        code = err.pod_exit_code if err.pod_exit_code is not None else err.exit_code
+        failed = {"exit_code": code, "error": str(err), "result": err.result}
         write_result(params["result"], workload.run_id, workload.purpose, failed)
         raise
     publish_launch(workload.run_id, outcome, params["metrics"], params["result"])
@@ -165,7 +155,7 @@ def teardown_domain(params: dict[str, Any]) -> None:
     it created anything: inputs it refuses (a namespace that is no name, or that does not
     exist) mean this run created nothing, so it returns at once with nothing deleted."""
     try:
-        spec = surface.build(DomainSpec, _at_edge(params, "teardown"))
+        spec = surface.build(DomainSpec, _with_step_defaults("teardown", params))
         steps.teardown(spec, kubeconfig=kubeconfig())
     except SpecError as e:
         log.warning("teardown: nothing to delete: %s", e)
