@@ -9,10 +9,10 @@ exit code, without a traceback (``one_line``).
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 from mnnvl import report, steps
 from mnnvl.components.artifacts import (
@@ -29,28 +29,21 @@ from mnnvl.inputs.namespace import resolve_namespace
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-def one_line(step: str) -> Callable[[Callable[[dict[str, Any]], T]], Callable[[dict[str, Any]], T]]:
-    """The body of ``step``, whose deliberate failures end the task with one log line and
-    the error's exit code (2 bad input, 3 timeout, 4 workload, 5 cluster), not a traceback."""
-
-    def wrap(body: Callable[[dict[str, Any]], T]) -> Callable[[dict[str, Any]], T]:
-        @functools.wraps(body)
-        def run(params: dict[str, Any]) -> T:
-            try:
-                return body(params)
-            except SpecError as e:  # named as KFP has it: verify.min_bytes
-                log.error("%s failed: %s", step, surface.respelled(e, surface.GROUP_PATHS))
-                raise SystemExit(e.exit_code) from None
-            except MnnvlError as e:
-                log.error("%s failed: %s", step, e)
-                raise SystemExit(e.exit_code) from None
-
-        return run
-
-    return wrap
+@contextlib.contextmanager
+def one_line(step: str) -> Iterator[None]:
+    """``step``'s deliberate failures end the task with one log line and the error's exit
+    code (2 bad input, 3 timeout, 4 workload, 5 cluster), not a traceback. A decorator of
+    a body too."""
+    try:
+        yield
+    except SpecError as e:  # named as KFP has it: verify.min_bytes
+        log.error("%s failed: %s", step, surface.respelled(e, surface.GROUP_PATHS))
+        raise SystemExit(e.exit_code) from None
+    except MnnvlError as e:
+        log.error("%s failed: %s", step, e)
+        raise SystemExit(e.exit_code) from None
 
 
 def _with_step_defaults(step: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +64,8 @@ def provision_for_pipeline(pipeline: str, params: dict[str, Any]) -> str:
     """Validate every parameter of ``pipeline`` (all tasks' specs), then provision."""
     run_id = params.pop("run_id")
     plan = surface.PIPELINES[pipeline]
-    one_line("provision")(lambda values: plan.check(values, run_id))(params)
+    with one_line("provision"):
+        plan.check(params, run_id)
     (task,) = [t for t in plan.tasks if t.step == "provision"]
     return provision_domain({**plan.component_arguments(task, params), "run_id": run_id})
 
