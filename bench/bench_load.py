@@ -37,7 +37,6 @@ from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.manifests import headless_service, indexed_job
 
 TRIVIAL = ["python3", "-c", "print('RESULT {\"ok\": true}')"]
-STEPS = ("provision", "launch", "teardown")
 MODULE = "mnnvl.runtime.train"
 
 
@@ -124,14 +123,8 @@ def part(name: str, runs: int, nodes: int, error_rate: float, with_launch: bool)
     kubeconfig = parent.recv()
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=runs) as pool:
-        results = list(
-            pool.map(
-                one_run,
-                [f"{name}-{i:04d}" for i in range(runs)],
-                [kubeconfig] * runs,
-                [with_launch] * runs,
-            )
-        )
+        run_ids = [f"{name}-{i:04d}" for i in range(runs)]
+        results = list(pool.map(lambda run_id: one_run(run_id, kubeconfig, with_launch), run_ids))
     wall = time.monotonic() - start
     parent.send("stop")
     sim = parent.recv()
@@ -149,7 +142,7 @@ def part(name: str, runs: int, nodes: int, error_rate: float, with_launch: bool)
         f"injected_errors={sim['injected']}",
         f"sim_peak_rss_mib={sim['peak_rss_mib']:.0f}",
     ]
-    for step in STEPS:
+    for step in ("provision", "launch", "teardown"):
         times = sorted(r[step] for r in results if step in r)
         if times:
             p99 = times[min(len(times) - 1, int(0.99 * len(times)))]

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from mnnvl import steps
-from mnnvl.driver.diagnose import pod_index
+from mnnvl.driver.diagnose import exit_code, pod_index
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
 from mnnvl.runtime.progress import SIGNAL_AT_ENV
@@ -95,21 +95,13 @@ class Watcher(threading.Thread):
                 )
                 phase = (pod.get("status") or {}).get("phase", "")
                 seen.setdefault("phases", {}).setdefault(phase, time.time())
-                seen["exit"] = _exit_code(pod) if phase == "Failed" else seen.get("exit")
+                seen["exit"] = exit_code(pod) if phase == "Failed" else seen.get("exit")
                 seen["log"] = self.sim.pod_log(NS, meta["name"]) or seen.get("log", "")
 
     def close(self) -> None:
         self.stop.set()
         self.join()
         logging.getLogger("mnnvl.driver").removeHandler(self.handler)
-
-
-def _exit_code(pod: dict[str, Any]) -> int | None:
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        done = (status.get("state") or {}).get("terminated")
-        if done:
-            return int(done.get("exitCode"))
-    return None
 
 
 def timeline(w: Watcher, nodes: int) -> dict[str, Any]:
@@ -216,8 +208,11 @@ def main() -> int:
         args.nodes = max(1, local)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     gpus = None if args.gpus_per_node else []  # CPU runs see no GPU even on a GPU machine
-    figures: dict[str, Any] = {"model": args.model, "nodes": args.nodes}
-    figures["gpus_per_node"] = args.gpus_per_node
+    figures: dict[str, Any] = {
+        "model": args.model,
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+    }
     with SimCluster(nodes=args.nodes, gpus_per_node=args.gpus_per_node, local_gpus=gpus) as sim:
         _claim(sim)
         for fault in args.faults.split(","):

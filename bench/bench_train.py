@@ -133,13 +133,11 @@ def parse_variant(text: str, base: argparse.Namespace) -> tuple[str, argparse.Na
         key, _, value = item.partition("=")
         if key == "tuning":
             tuning = value
-        elif key in ("preset",):
-            ns.preset = value
         elif key in ("batch", "seq", "nproc"):
             setattr(ns, key, int(value))
         elif key == "compile":
             ns.compile = {"0": "false", "1": "true"}.get(value, value)
-        elif key in ("ac", "reshard"):
+        elif key in ("preset", "ac", "reshard"):
             setattr(ns, key, value)
         else:
             raise SystemExit(f"--variant {text!r}: unknown key {key!r}")
@@ -192,25 +190,11 @@ def compare(rows: list[dict[str, Any]]) -> None:
         if r["mfu"] is not None and first["mfu"] is not None:
             r["dmfu"] = round(r["mfu"] - first["mfu"], 4)
         r["loss_gap"] = loss_gap(same["losses"], r["losses"]) if same is not r else None
-        single = next(
-            (o for o in ok if o["gpus"] == 1 and all(o[k] == r[k] for k in SAME_CONFIG)),
-            None,
-        )
-        if (
-            single is not None
-            and r["gpus"] > 1
-            and r.get("step_split_ms")
-            and single.get("step_split_ms")
-        ):
-            r["exposed_comm_ms"] = round(
-                r["step_split_ms"]["step"] - single["step_split_ms"]["step"], 1
-            )
-
-
-def same_data(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Same seed, batch, sequence length and GPU count: the same tokens at every step."""
-    keys = ("preset", "batch_per_gpu", "seq_len", "gpus")
-    return all(a[k] == b[k] for k in keys)
+        one_gpu = [o for o in ok if o["gpus"] == 1 and all(o[k] == r[k] for k in SAME_CONFIG)]
+        split = r.get("step_split_ms")
+        single = one_gpu[0].get("step_split_ms") if one_gpu else None
+        if r["gpus"] > 1 and split and single:
+            r["exposed_comm_ms"] = round(split["step"] - single["step"], 1)
 
 
 def print_loss_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -228,7 +212,9 @@ def print_loss_comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     gaps = []
     for r in ok[1:]:
         gap = loss_gap(first["losses"], r["losses"])
-        data = "same data" if same_data(first, r) else "other batch/seq/GPUs: other data"
+        # Same seed, batch, sequence length and GPU count: the same tokens at every step.
+        same = all(first[k] == r[k] for k in ("preset", "batch_per_gpu", "seq_len", "gpus"))
+        data = "same data" if same else "other batch/seq/GPUs: other data"
         gaps.append({"label": r["label"], "vs": first["label"], "max_rel_loss_diff": gap})
         shown = "n/a" if gap is None else f"{gap:.2e}"
         w(f"largest relative loss difference, {r['label']} vs {first['label']} "

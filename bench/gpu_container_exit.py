@@ -29,17 +29,14 @@ CHILD = (
 
 
 def smi() -> dict:
-    used = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    apps = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    return {"memory_used_mib": used, "apps": apps}
+    def query(what: str, fmt: str) -> str:
+        cmd = ["nvidia-smi", f"--query-{what}", f"--format={fmt}"]
+        return subprocess.run(cmd, capture_output=True, text=True).stdout
+
+    return {
+        "memory_used_mib": query("gpu=memory.used", "csv,noheader,nounits").split(),
+        "apps": query("compute-apps=pid,used_memory", "csv,noheader").strip(),
+    }
 
 
 def main() -> None:

@@ -16,8 +16,8 @@ no capabilities, small requests). Provision and teardown retry for exit codes a 
 launch retry only when their pod was lost (a drain, an eviction, an OOM-killed launcher):
 the retry adopts the step's Job and carries on.
 
-Call the ``*_template()`` builders inside a hera ``WorkflowTemplate``/``Workflow`` context
-(see ``mnnvl.pipelines.argo_workflow``); they register themselves there.
+Call ``step_template()`` inside a hera ``WorkflowTemplate``/``Workflow`` context (see
+``mnnvl.pipelines.argo_workflow``); each template registers itself there.
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ PIPELINE_PARAMETERS_INPUT = "pipeline-parameters"
 # Transport flags: Argo hands a list over as one JSON string.
 JSON_FLAGS = {"command": "--command-json"}
 DEADLINES = {"train": "28800", "verify": "3600", "launch": "28800"}
+# In the order the WorkflowTemplates list them.
+STEPS = ("provision", "preflight", "train", "verify", "launch", "teardown")
+LAUNCH_DESCRIPTION = (
+    "Run the user's image and command on every node of the run's domain; retried if lost."
+)
 RETRY_EXPRESSION = exit_codes.argo_retry_expression()
 LOST_POD_RETRY_EXPRESSION = exit_codes.argo_lost_pod_retry_expression()
 
@@ -111,9 +116,9 @@ def parameter(item: Input) -> Parameter:
     return Parameter(name=item.kebab, default=item.text(), description=item.description, enum=enum)
 
 
-def _container(
-    name: str, step: str, *, retries: bool = False, check: bool = False, lost_pod: bool = False
-) -> Container:
+def step_template(step: str, *, check: bool = False) -> Container:
+    """The template of ``step`` (named after it). ``check``: provision first validates a whole
+    pipeline's parameters (the pipeline's first task)."""
     items = surface.grouped(surface.step_inputs(step, ARGO))
     args = [step] + (["--run-id", RUN_ID] if step != "preflight" else [])
     for item in items:
@@ -144,13 +149,13 @@ def _container(
             description="Image of this step's pod (mnnvl-pipelines, no torch)",
         )
     )
-    deadline = DEADLINES.get(step)
+    deadline = DEADLINES.get(step)  # the workload steps: train, verify, launch
     if deadline is not None:
         parameters.append(
             Parameter(name=DEADLINE_INPUT, default=deadline, description="Pod deadline (s)")
         )
     return Container(
-        name=name,
+        name=step,
         image=f"{{{{inputs.parameters.{LAUNCHER_IMAGE_INPUT}}}}}",
         command=["mnnvl"],
         args=args,
@@ -161,10 +166,11 @@ def _container(
                 value_from=m.ValueFrom(path=RESULT_PATH, default="{}"),
                 description="The step's JSON result",
             ),
-            *(_verify_outputs() if step == "verify" else []),
-            *(_preflight_outputs() if step == "preflight" else []),
+            *_report_outputs(step),
         ],
-        retry_strategy=retry(lost_pod=lost_pod) if retries or lost_pod else None,
+        # Preflight only reads; provision and teardown are idempotent; a workload step retries
+        # only when its pod was lost.
+        retry_strategy=None if step == "preflight" else retry(lost_pod=deadline is not None),
         active_deadline_seconds=(
             f"{{{{inputs.parameters.{DEADLINE_INPUT}}}}}" if deadline is not None else None
         ),
@@ -172,14 +178,22 @@ def _container(
     )
 
 
-def _verify_outputs() -> list[Parameter | Artifact]:
-    """The verdict's key figures as parameters, the HTML and CTRF reports as artifacts.
+def _report_outputs(step: str) -> list[Parameter | Artifact]:
+    """verify: the verdict's key figures as parameters, the HTML and CTRF reports as
+    artifacts; preflight: the checks as a CTRF report.
 
-    Argo saves outputs of a failed step too, so a FAIL verdict still publishes them; a Job
-    that ended without a verdict leaves the defaults (``""``) and no artifacts (optional).
+    Argo saves outputs of a failed step too, so a FAIL verdict or a failing row still
+    publishes them; a Job that ended without a verdict leaves the defaults (``""``) and no
+    artifacts (optional).
     """
     from mnnvl.report import CTRF_FILE, KEY_FIGURES
 
+    plain = m.ArchiveStrategy(none=m.NoneStrategy())  # served as is (the UI shows the HTML)
+    if step == "preflight":
+        path = f"{REPORT_DIR}/preflight.ctrf.json"
+        return [Artifact(name="ctrf", path=path, optional=True, archive=plain)]
+    if step != "verify":
+        return []
     figures = [
         Parameter(
             name=name.replace("_", "-"),
@@ -188,58 +202,8 @@ def _verify_outputs() -> list[Parameter | Artifact]:
         )
         for name, (file, description) in KEY_FIGURES.items()
     ]
-    plain = m.ArchiveStrategy(none=m.NoneStrategy())  # served as is (the UI shows the HTML)
     return [
         *figures,
         Artifact(name="report", path=f"{REPORT_DIR}/verify.html", optional=True, archive=plain),
         Artifact(name="ctrf", path=f"{REPORT_DIR}/{CTRF_FILE}", optional=True, archive=plain),
     ]
-
-
-def _preflight_outputs() -> list[Parameter | Artifact]:
-    """The checks as a CTRF report, saved when a failing row fails the step too."""
-    plain = m.ArchiveStrategy(none=m.NoneStrategy())
-    path = f"{REPORT_DIR}/preflight.ctrf.json"
-    return [Artifact(name="ctrf", path=path, optional=True, archive=plain)]
-
-
-def preflight_template(name: str = "preflight") -> Container:
-    """Check, read-only, that the cluster is ready for a run; exits 4 when a row FAILs."""
-    return _container(name, "preflight")
-
-
-def provision_template(name: str = "provision", *, check: bool = False) -> Container:
-    """Create or adopt the ComputeDomain; idempotent, so it retries.
-
-    ``check``: first validate a whole pipeline's parameters (the pipeline's first task).
-    """
-    return _container(name, "provision", retries=True, check=check)
-
-
-def train_template(name: str = "train") -> Container:
-    """Run the multi-node training Job; retried only when the step's pod was lost."""
-    return _container(name, "train", lost_pod=True)
-
-
-def verify_template(name: str = "verify") -> Container:
-    """Run the NVLink verification Job; exits 4 on a FAIL verdict; retried if its pod is lost."""
-    return _container(name, "verify", lost_pod=True)
-
-
-def launch_template(name: str = "launch") -> Container:
-    """Run the user's image and command on every node of the run's domain; retried if lost."""
-    return _container(name, "launch", lost_pod=True)
-
-
-def teardown_template(name: str = "teardown") -> Container:
-    """Delete the run's objects (workload, then ComputeDomain); idempotent, so it retries."""
-    return _container(name, "teardown", retries=True)
-
-
-STEP_TEMPLATES = {
-    "preflight": preflight_template,
-    "train": train_template,
-    "verify": verify_template,
-    "launch": launch_template,
-    "teardown": teardown_template,
-}

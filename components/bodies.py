@@ -9,10 +9,10 @@ exit code, without a traceback (``one_line``).
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 from mnnvl import report, steps
 from mnnvl.components.artifacts import (
@@ -29,47 +29,34 @@ from mnnvl.inputs.namespace import resolve_namespace
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-def one_line(step: str) -> Callable[[Callable[[dict[str, Any]], T]], Callable[[dict[str, Any]], T]]:
-    """The body of ``step``, whose deliberate failures end the task with one log line and
-    the error's exit code (2 bad input, 3 timeout, 4 workload, 5 cluster), not a traceback."""
-
-    def wrap(body: Callable[[dict[str, Any]], T]) -> Callable[[dict[str, Any]], T]:
-        @functools.wraps(body)
-        def run(params: dict[str, Any]) -> T:
-            try:
-                return body(params)
-            except SpecError as e:  # named as KFP has it: verify.min_bytes
-                log.error("%s failed: %s", step, surface.respelled(e, surface.GROUP_PATHS))
-                raise SystemExit(e.exit_code) from None
-            except MnnvlError as e:
-                log.error("%s failed: %s", step, e)
-                raise SystemExit(e.exit_code) from None
-
-        return run
-
-    return wrap
+@contextlib.contextmanager
+def one_line(step: str) -> Iterator[None]:
+    """``step``'s deliberate failures end the task with one log line and the error's exit
+    code (2 bad input, 3 timeout, 4 workload, 5 cluster), not a traceback. A decorator of
+    a body too."""
+    try:
+        yield
+    except SpecError as e:  # named as KFP has it: verify.min_bytes
+        log.error("%s failed: %s", step, surface.respelled(e, surface.GROUP_PATHS))
+        raise SystemExit(e.exit_code) from None
+    except MnnvlError as e:
+        log.error("%s failed: %s", step, e)
+        raise SystemExit(e.exit_code) from None
 
 
 def _with_step_defaults(step: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Groups as their inputs, the step's defaults for inputs left out of a group; an empty
+    namespace is the launcher pod's own (else default), resolved here."""
     inputs = surface.step_inputs(step)
-    defaults = {i.name: i.default for i in inputs if not i.required}
-    return _at_edge({**defaults, **surface.flatten(params, inputs)})
-
-
-def _at_edge(params: dict[str, Any], step: str = "") -> dict[str, Any]:
-    """Groups as their inputs (``step``'s); an empty namespace is the launcher pod's own
-    (else default), resolved here."""
-    if step:
-        params = surface.flatten(params, surface.step_inputs(step))
+    params = {i.name: i.default for i in inputs if not i.required} | surface.flatten(params, inputs)
     return {**params, "namespace": resolve_namespace(params.get("namespace"))}
 
 
 @one_line("provision")
 def provision_domain(params: dict[str, Any]) -> str:
-    domain = surface.build(DomainSpec, _at_edge(params, "provision"))
+    domain = surface.build(DomainSpec, _with_step_defaults("provision", params))
     return steps.provision(domain, kubeconfig=kubeconfig()).domain
 
 
@@ -77,7 +64,8 @@ def provision_for_pipeline(pipeline: str, params: dict[str, Any]) -> str:
     """Validate every parameter of ``pipeline`` (all tasks' specs), then provision."""
     run_id = params.pop("run_id")
     plan = surface.PIPELINES[pipeline]
-    one_line("provision")(lambda values: plan.check(values, run_id))(params)
+    with one_line("provision"):
+        plan.check(params, run_id)
     (task,) = [t for t in plan.tasks if t.step == "provision"]
     return provision_domain({**plan.component_arguments(task, params), "run_id": run_id})
 
@@ -129,12 +117,8 @@ def launch_workload(params: dict[str, Any]) -> None:
         )
     except WorkloadFailed as err:
         # The failed pod's own exit code when the driver saw one; else the step's.
-        code = err.pod_exit_code
-        failed = {
-            "exit_code": code if code is not None else err.exit_code,
-            "error": str(err),
-            "result": err.result,
-        }
+        code = err.pod_exit_code if err.pod_exit_code is not None else err.exit_code
+        failed = {"exit_code": code, "error": str(err), "result": err.result}
         write_result(params["result"], workload.run_id, workload.purpose, failed)
         raise
     publish_launch(workload.run_id, outcome, params["metrics"], params["result"])
@@ -165,7 +149,7 @@ def teardown_domain(params: dict[str, Any]) -> None:
     it created anything: inputs it refuses (a namespace that is no name, or that does not
     exist) mean this run created nothing, so it returns at once with nothing deleted."""
     try:
-        spec = surface.build(DomainSpec, _at_edge(params, "teardown"))
+        spec = surface.build(DomainSpec, _with_step_defaults("teardown", params))
         steps.teardown(spec, kubeconfig=kubeconfig())
     except SpecError as e:
         log.warning("teardown: nothing to delete: %s", e)

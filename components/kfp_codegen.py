@@ -118,34 +118,27 @@ def step_components() -> list[Spec]:
 
 def pipeline_first_tasks() -> list[Spec]:
     """Per pipeline: provision after validating every pipeline parameter (nothing exists yet)."""
-    out = []
-    for name, pipeline in surface.PIPELINES.items():
-        out.append(
-            Spec(
-                first_task_name(name),
-                f"First task of {name}: validate every pipeline parameter, then provision\n"
-                "the ComputeDomain, so bad input fails before any object exists.",
-                pipeline.grouped_parameters(),
-                returns="The ComputeDomain name.",
-                body=f"bodies.provision_for_pipeline({name!r}, params)",
-            )
+    return [
+        Spec(
+            first_task_name(name),
+            f"First task of {name}: validate every pipeline parameter, then provision\n"
+            "the ComputeDomain, so bad input fails before any object exists.",
+            pipeline.grouped_parameters(),
+            returns="The ComputeDomain name.",
+            body=f"bodies.provision_for_pipeline({name!r}, params)",
         )
-    return out
+        for name, pipeline in surface.PIPELINES.items()
+    ]
 
 
 def first_task_name(pipeline: str) -> str:
     return "provision_" + pipeline.removeprefix("mnnvl-").replace("-", "_")
 
 
-def _literal(item: Input) -> str:
-    return repr(item.default)
-
-
 def _signature(spec: Spec) -> list[str]:
     lines = ["    run_id: str,"]
     lines += [f"    {o}: {_OUTPUTS[o][0]}," for o in spec.outputs]
-    for item in spec.inputs:
-        lines.append(f"    {item.name}: {_TYPES[item.kind]} = {_literal(item)},")
+    lines += [f"    {i.name}: {_TYPES[i.kind]} = {i.default!r}," for i in spec.inputs]
     return lines
 
 

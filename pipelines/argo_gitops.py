@@ -30,20 +30,6 @@ FABRIC_CHECK_NAME = "mnnvl-nightly-fabric-check"
 REAP_NAME = "mnnvl-reap"
 
 
-def template_manifest(name: str) -> dict[str, Any]:
-    """A shipped WorkflowTemplate (``argo_workflow.WORKFLOW_TEMPLATES``)."""
-    return aw.workflow_template_manifest(name)
-
-
-def training_template_manifest() -> dict[str, Any]:
-    return template_manifest(aw.TEMPLATE_NAME)
-
-
-def verify_only_template_manifest() -> dict[str, Any]:
-    """provision -> verify, teardown on exit: a fabric health check without training."""
-    return template_manifest(VERIFY_ONLY_NAME)
-
-
 def _cron(name: str, schedule: str, description: str, **workflow_spec: Any) -> CronWorkflow:
     return CronWorkflow(
         name=name,

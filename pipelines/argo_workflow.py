@@ -25,6 +25,7 @@ it is set on hera's objects; nothing edits hera's output.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hera.workflows import DAG, Container, Parameter, Task, Workflow, WorkflowTemplate
@@ -92,33 +93,30 @@ def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
     return params
 
 
-def _arguments(plan: surface.Pipeline, task: surface.Task, template: Container) -> dict[str, str]:
-    """Each template input from its workflow parameter, or the task's fixed value."""
-    by_input = {i.kebab: i for i in surface.grouped(surface.step_inputs(task.step, ARGO))}
+def _arguments(plan: surface.Pipeline, task: surface.Task) -> dict[str, str]:
+    """Each input of the task's template (``step_template``): from its workflow parameter,
+    or the task's fixed value."""
     args: dict[str, str] = {}
-    for param in template.inputs if isinstance(template.inputs, list) else []:
-        name = str(getattr(param, "name", ""))
-        item = by_input.get(name)
-        if item is not None and item.name in task.fixed:
-            args[name] = item.text(task.fixed[item.name])
-        elif item is not None:
-            args[name] = _wf(task.parameter_name(item.name).replace("_", "-"))
-        elif name == t.DEADLINE_INPUT:
-            args[name] = _wf(f"{task.step}-deadline-s")
-        elif name == t.LAUNCHER_IMAGE_INPUT:
-            args[name] = _wf(t.LAUNCHER_IMAGE_INPUT)
-        elif name == t.PIPELINE_INPUT:
-            args[name] = plan.name
-        elif name == t.PIPELINE_PARAMETERS_INPUT:
-            args[name] = "{{workflow.parameters.json}}"
+    for item in surface.grouped(surface.step_inputs(task.step, ARGO)):
+        if item.name in task.fixed:
+            args[item.kebab] = item.text(task.fixed[item.name])
+        else:
+            args[item.kebab] = _wf(task.parameter_name(item.name).replace("_", "-"))
+    if task.step == "provision":  # the first task: it validates every workflow parameter
+        args[t.PIPELINE_INPUT] = plan.name
+        args[t.PIPELINE_PARAMETERS_INPUT] = "{{workflow.parameters.json}}"
+    args[t.LAUNCHER_IMAGE_INPUT] = _wf(t.LAUNCHER_IMAGE_INPUT)
+    if task.step in t.DEADLINES:
+        args[t.DEADLINE_INPUT] = _wf(f"{task.step}-deadline-s")
     return args
 
 
 def _register_templates(*, check: bool, service_account: str = "") -> dict[str, Container]:
     """The step templates; with a fixed ``service_account`` each names it itself, so a
     caller's workflow that reaches one by ``templateRef`` runs it under that account."""
-    templates = {"provision": t.provision_template(check=check)}
-    templates |= {step: make() for step, make in t.STEP_TEMPLATES.items()}
+    templates = {
+        step: t.step_template(step, check=check and step == "provision") for step in t.STEPS
+    }
     for template in templates.values():
         template.service_account_name = service_account or None
     return templates
@@ -130,7 +128,7 @@ def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
         with WorkflowTemplate(
             name=name,
             labels=labels(name),
-            annotations={"workflows.argoproj.io/description": t.launch_template.__doc__ or ""},
+            annotations={"workflows.argoproj.io/description": t.LAUNCH_DESCRIPTION},
             entrypoint="launch",
             service_account_name=DEFAULT_SERVICE_ACCOUNT,
             **workflow_settings(),
@@ -151,18 +149,20 @@ def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
         templates = _register_templates(check=True)
         *main, teardown = plan.tasks
         with DAG(name=ENTRYPOINT):
-            previous = None
-            for task in main:
-                template = templates[task.step]
-                current = Task(
-                    name=task.name, template=template, arguments=_arguments(plan, task, template)
+            tasks = [
+                Task(
+                    name=task.name, template=templates[task.step], arguments=_arguments(plan, task)
                 )
-                if previous is not None:
-                    previous >> current
-                previous = current
+                for task in main
+            ]
+            for before, after in itertools.pairwise(tasks):
+                before >> after
         with DAG(name=EXIT_HANDLER):
-            template = templates["teardown"]
-            Task(name="teardown", template=template, arguments=_arguments(plan, teardown, template))
+            Task(
+                name="teardown",
+                template=templates["teardown"],
+                arguments=_arguments(plan, teardown),
+            )
     return wt
 
 
@@ -173,17 +173,12 @@ def workflow_template_manifest(name: str = TEMPLATE_NAME) -> dict[str, Any]:
     return build_workflow_template(name).to_dict()
 
 
-def build_workflow(arguments: dict[str, str] | None = None) -> Workflow:
-    """A Workflow that runs the training template (what ``argo submit --from`` creates)."""
-    params = arguments or {"nodes": "2", "gpus-per-node": "4"}
+def workflow_manifest() -> dict[str, Any]:
+    """A Workflow that runs the training template (what ``argo submit --from`` creates), as a
+    plain dict."""
     return Workflow(
         generate_name=f"{TEMPLATE_NAME}-",
         labels=labels(TEMPLATE_NAME),
         workflow_template_ref=m.WorkflowTemplateRef(name=TEMPLATE_NAME),
-        arguments=[Parameter(name=k, value=v) for k, v in sorted(params.items())],
-    )
-
-
-def workflow_manifest(arguments: dict[str, str] | None = None) -> dict[str, Any]:
-    """The Workflow as a plain dict, ready for YAML."""
-    return build_workflow(arguments).to_dict()
+        arguments=[Parameter(name="gpus-per-node", value="4"), Parameter(name="nodes", value="2")],
+    ).to_dict()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -32,9 +33,6 @@ from mnnvl.components import launcher_pod as lp
 from mnnvl.components.generated import kfp_components as kc
 from mnnvl.inputs import surface
 
-TRAINING_PIPELINE_NAME = "mnnvl-training"
-VERIFY_ONLY_PIPELINE_NAME = "mnnvl-verify-only"
-CUSTOM_PIPELINE_NAME = "mnnvl-custom"
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 RETRY_MAX_DURATION = f"{surface.STEP_RETRY_WINDOW_S}s"
 # Argo, which runs KFP's tasks, counts the window from the first attempt's start, and a
@@ -61,42 +59,35 @@ def task_names(name: str) -> dict[str, str]:
     use) -> the task's name in ``surface.PIPELINES`` (``verify-nvlink-2`` -> ``verify-post``)."""
     plan = surface.PIPELINES[name]
     components = [kc.FIRST_TASKS[name], *(STEP_COMPONENTS[t.step] for t in plan.tasks[1:])]
-    seen: dict[str, int] = {}
+    seen: Counter[str] = Counter()
     out = {}
     for task, component in zip(plan.tasks, components, strict=True):
-        seen[component.name] = seen.get(component.name, 0) + 1
+        seen[component.name] += 1
         count = seen[component.name]
         out[component.name + (f"-{count}" if count > 1 else "")] = task.name
     return out
 
 
-def _launcher_pod(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
-    """The launcher-pod settings of ``launcher_pod`` that kfp-kubernetes can carry: user,
-    group, non-root, requests and limits, labels (see that module for the rest)."""
+def _configured(
+    task: dsl.PipelineTask, step: str, display_name: str, retry_max_duration: str | None
+) -> dsl.PipelineTask:
+    """``task`` uncached, retried within ``retry_max_duration`` (None: never), with the
+    launcher-pod settings of ``launcher_pod`` that kfp-kubernetes can carry: user, group,
+    non-root, requests and limits, labels (see that module for the rest)."""
     kubernetes.set_security_context(
         task, run_as_user=lp.UID, run_as_group=lp.GID, run_as_non_root=lp.RUN_AS_NON_ROOT
     )
     for key, value in lp.labels(step).items():
         kubernetes.add_pod_label(task, key, value)
     task.set_cpu_request(lp.CPU_REQUEST).set_memory_request(lp.MEMORY_REQUEST)
-    return task.set_memory_limit(lp.MEMORY_LIMIT)
-
-
-def _retried(
-    task: dsl.PipelineTask, step: str, display_name: str, max_duration: str = RETRY_MAX_DURATION
-) -> dsl.PipelineTask:
-    _launcher_pod(task, step).set_caching_options(False)
-    task.set_retry(
-        num_retries=surface.STEP_RETRIES,
-        backoff_duration=f"{surface.STEP_RETRY_BACKOFF_S}s",
-        backoff_factor=float(surface.STEP_RETRY_FACTOR),
-        backoff_max_duration=max_duration,
-    )
-    return task.set_display_name(display_name)
-
-
-def _once(task: dsl.PipelineTask, step: str, display_name: str) -> dsl.PipelineTask:
-    _launcher_pod(task, step).set_caching_options(False)
+    task.set_memory_limit(lp.MEMORY_LIMIT).set_caching_options(False)
+    if retry_max_duration is not None:
+        task.set_retry(
+            num_retries=surface.STEP_RETRIES,
+            backoff_duration=f"{surface.STEP_RETRY_BACKOFF_S}s",
+            backoff_factor=float(surface.STEP_RETRY_FACTOR),
+            backoff_max_duration=retry_max_duration,
+        )
     return task.set_display_name(display_name)
 
 
@@ -117,19 +108,20 @@ def _signature(plan: surface.Pipeline) -> inspect.Signature:
 def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
     """Create the tasks: provision (validating everything) -> ... ; teardown on exit."""
     teardown_task = plan.tasks[-1]
-    teardown = _retried(
+    teardown = _configured(
         kc.teardown_domain(run_id=RUN_ID, **plan.component_arguments(teardown_task, values)),
         teardown_task.step,
         teardown_task.name,
+        RETRY_MAX_DURATION,
     )
     with dsl.ExitHandler(teardown, name="mnnvl-run"):
         first = kc.FIRST_TASKS[plan.name]
         # Not retried: a bad parameter must fail in one attempt, not after every backoff.
         # Provisioning still rides out API outages (the driver retries each request).
-        previous = _once(first(run_id=RUN_ID, **values), "provision", "provision")
+        previous = _configured(first(run_id=RUN_ID, **values), "provision", "provision", None)
         for task in plan.tasks[1:-1]:
             component = STEP_COMPONENTS[task.step]
-            current = _retried(
+            current = _configured(
                 component(run_id=RUN_ID, **plan.component_arguments(task, values)),
                 task.step,
                 task.name,
@@ -137,21 +129,6 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
             )
             current.after(previous)
             previous = current
-
-
-# Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
-# as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the exit
-# handler's teardown; each step has its own deadline (job_timeout_s).
-TTL_AFTER_SUCCESS_S = 86400
-TTL_AFTER_FAILURE_S = 7 * 86400
-
-
-def pipeline_config() -> dsl.PipelineConfig:
-    """KFP 2.17 run settings (``PipelineConfig``) every pipeline carries."""
-    return dsl.PipelineConfig(
-        ttl_seconds_after_success=TTL_AFTER_SUCCESS_S,
-        ttl_seconds_after_failure=TTL_AFTER_FAILURE_S,
-    )
 
 
 def build_pipeline(name: str) -> Callable[..., None]:
@@ -170,8 +147,14 @@ def build_pipeline(name: str) -> Callable[..., None]:
     pipeline.__doc__ = f"{plan.description}\n\nArgs:\n{args}\n"
     pipeline.__signature__ = signature  # type: ignore[attr-defined]
     pipeline.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    # Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
+    # as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the
+    # exit handler's teardown; each step has its own deadline (job_timeout_s).
+    config = dsl.PipelineConfig(
+        ttl_seconds_after_success=86400, ttl_seconds_after_failure=7 * 86400
+    )
     result: Callable[..., None] = dsl.pipeline(
-        name=name, description=plan.description, pipeline_config=pipeline_config()
+        name=name, description=plan.description, pipeline_config=config
     )(pipeline)
     return result
 
@@ -192,22 +175,18 @@ class _Pipelines(Mapping[str, Callable[..., None]]):
         return pipeline_named(name)
 
     def __iter__(self) -> Iterator[str]:
-        return iter((TRAINING_PIPELINE_NAME, VERIFY_ONLY_PIPELINE_NAME, CUSTOM_PIPELINE_NAME))
+        return iter(surface.PIPELINES)
 
     def __len__(self) -> int:
-        return 3
+        return len(surface.PIPELINES)
 
 
 PIPELINES: Mapping[str, Callable[..., None]] = _Pipelines()
-_BY_ATTRIBUTE = {
-    "training_pipeline": TRAINING_PIPELINE_NAME,
-    "verify_only_pipeline": VERIFY_ONLY_PIPELINE_NAME,
-    "custom_pipeline": CUSTOM_PIPELINE_NAME,
-}
 
 
 def __getattr__(attribute: str) -> Callable[..., None]:
     """``training_pipeline``, ``verify_only_pipeline``, ``custom_pipeline``, built on use."""
-    if attribute in _BY_ATTRIBUTE:
-        return pipeline_named(_BY_ATTRIBUTE[attribute])
+    name = "mnnvl-" + attribute.removesuffix("_pipeline").replace("_", "-")
+    if attribute.endswith("_pipeline") and name in surface.PIPELINES:
+        return pipeline_named(name)
     raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")

@@ -21,14 +21,13 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from mnnvl.inputs import surface
 from mnnvl.pipelines.local_progress import ANSI, KfpLogTap, ObjectWatcher
@@ -39,20 +38,6 @@ DEFAULT_OUT = Path("out") / "local-run"
 LOCAL_IMAGE = "ghcr.io/mnnvl-pipelines/runtime:0.1.0"  # any valid ref: the sim runs it locally
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "custom_trainer.py"
 PIPELINE_NAMES = {"training": "mnnvl-training", "custom": "mnnvl-custom"}
-
-
-def local_gpu_count() -> int:
-    """GPUs on this machine (``nvidia-smi -L``), 0 when there is no driver."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        log.warning("nvidia-smi -L failed (%s); running on CPU", e)
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def pipeline_arguments(
@@ -129,19 +114,6 @@ def collect_outputs(
     return results, reports
 
 
-@contextlib.contextmanager
-def _environ(name: str, value: str) -> Iterator[None]:
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
 def run_pipeline(
     arguments: dict[str, Any],
     out: Path,
@@ -185,27 +157,23 @@ def _num(value: Any, digits: int) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "n/a"
 
 
-def _emit(text: str = "") -> None:
-    sys.stdout.write(text + "\n")
-
-
 def _summary(
     outcome: RunOutcome, created: list[str], leftover: list[str], log_path: Path, name: str
 ) -> None:
     from mnnvl.report import verify_table
 
     state = "SUCCEEDED" if outcome.succeeded else f"FAILED ({outcome.error})"
-    _emit(f"\n{name}: {state} in {outcome.wall_s:.1f} s")
+    print(f"\n{name}: {state} in {outcome.wall_s:.1f} s")
     for stage, message in outcome.errors.items():
-        _emit(f"  {stage} failed: {message}")
-    _emit(f"\nObjects the run created ({len(created)}):")
+        print(f"  {stage} failed: {message}")
+    print(f"\nObjects the run created ({len(created)}):")
     for line in created:
-        _emit(f"  {line}")
+        print(f"  {line}")
     train = outcome.results.get("train")
     if train:
         raw = train.get("raw") or {}
-        _emit("\nTraining:")
-        _emit(
+        print("\nTraining:")
+        print(
             f"  model {raw.get('model')} on {raw.get('world_size')} ranks ({raw.get('device')}): "
             f"{train.get('steps')} steps, final loss {_num(train.get('final_loss'), 4)}, "
             f"{_num(train.get('tokens_per_s'), 0)} tokens/s, MFU {_num(train.get('mfu'), 3)}, "
@@ -214,28 +182,28 @@ def _summary(
         mesh = raw.get("mesh") or {}
         if mesh.get("groups", 1) > 1:
             dims = " x ".join(f"{n} {d}" for n, d in zip(mesh["shape"], mesh["dims"], strict=True))
-            _emit(f"  mesh: {mesh['sharding']} over {mesh['groups']} clique groups ({dims})")
+            print(f"  mesh: {mesh['sharding']} over {mesh['groups']} clique groups ({dims})")
     job = outcome.results.get("job")
     if job:
-        _emit("\nYour workload (launch step):")
+        print("\nYour workload (launch step):")
         wall = _num(job.get("elapsed_s"), 1)
-        _emit(f"  Job {job.get('job')}: exit code {job.get('exit_code')}, {wall} s")
-        _emit(f"  RESULT {json.dumps(job.get('result'))}")
+        print(f"  Job {job.get('job')}: exit code {job.get('exit_code')}, {wall} s")
+        print(f"  RESULT {json.dumps(job.get('result'))}")
     for purpose in ("verify-pre", "verify-post", "verify"):
         result = outcome.results.get(purpose)
         if result:
-            _emit(f"\nVerification ({purpose}): {result.get('verdict')}")
-            _emit(verify_table(result.get("raw") or {}))
-    _emit("\nReports:")
+            print(f"\nVerification ({purpose}): {result.get('verdict')}")
+            print(verify_table(result.get("raw") or {}))
+    print("\nReports:")
     for purpose, path in outcome.reports.items():
-        _emit(f"  {purpose}: {path}")
+        print(f"  {purpose}: {path}")
     if outcome.run_dir is not None:
-        _emit(f"  KFP artifacts: {outcome.run_dir}")
-    _emit(f"  kfp.local log: {log_path}")
+        print(f"  KFP artifacts: {outcome.run_dir}")
+    print(f"  kfp.local log: {log_path}")
     if leftover:
-        _emit(f"\nTeardown LEFT {len(leftover)}: {', '.join(leftover)}")
+        print(f"\nTeardown LEFT {len(leftover)}: {', '.join(leftover)}")
     else:
-        _emit("\nTeardown: nothing of the run is left: no object, no process of its pods.")
+        print("\nTeardown: nothing of the run is left: no object, no process of its pods.")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -275,10 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     from mnnvl.sim import SimCluster
+    from mnnvl.sim.core.podenv import local_gpu_ids
 
     gpus = args.gpus_per_node
     if gpus is None:
-        gpus = local_gpu_count() // max(1, args.nodes)
+        gpus = len(local_gpu_ids()) // max(1, args.nodes)
     args.out.mkdir(parents=True, exist_ok=True)
     log.info("starting a simulated cluster: %d nodes x %d GPUs", args.nodes, gpus)
     cliques = args.nodes // args.nodes_per_clique if args.nodes_per_clique else 1
@@ -286,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     try:
         with (
-            _environ("KUBECONFIG", str(sim.kubeconfig_path)),
+            mock.patch.dict(os.environ, {"KUBECONFIG": str(sim.kubeconfig_path)}),
             ObjectWatcher(sim, start=start) as watcher,
         ):
             arguments = pipeline_arguments(args, gpus, args.pipeline)

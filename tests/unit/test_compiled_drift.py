@@ -16,11 +16,10 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_compiled_files_match_a_fresh_compile(fresh: dict[str, Path]) -> None:
-    checked_in = mc.default_paths()
     stale = [
         rel
         for rel, path in sorted(fresh.items())
-        if not checked_in[rel].is_file() or checked_in[rel].read_bytes() != path.read_bytes()
+        if not (mc.ROOT / rel).is_file() or (mc.ROOT / rel).read_bytes() != path.read_bytes()
     ]
     assert not stale, f"stale compiled files {stale}: run `make compile` and commit the result"
 
@@ -65,8 +64,7 @@ def test_every_expected_file_is_produced(fresh: dict[str, Path]) -> None:
 
 def test_check_mode_reports_a_stale_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # Point the checked-in locations at an empty directory: everything is stale, exit 1.
-    monkeypatch.setattr(mc, "COMPILED_DIR", tmp_path / "compiled")
-    monkeypatch.setattr(mc, "COMPONENTS_DIR", tmp_path / "components")
+    monkeypatch.setattr(mc, "ROOT", tmp_path)
     assert mc.main(["--check"]) == 1
     monkeypatch.undo()
     assert mc.main(["--check"]) == 0

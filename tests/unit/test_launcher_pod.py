@@ -17,7 +17,7 @@ from hera.workflows import Container
 
 from mnnvl.components import launcher_pod as lp
 from mnnvl.inputs import surface
-from mnnvl.pipelines import argo_gitops, argo_workflow
+from mnnvl.pipelines import argo_workflow
 
 REPO = Path(__file__).resolve().parents[2]
 COMPILED = REPO / "pipelines" / "compiled"
@@ -126,4 +126,4 @@ def test_the_hera_workflow_template_itself_is_hardened_and_is_what_ships(name: s
     assert containers and all(
         [v.name for v in c.volumes or []] == [lp.TMP_VOLUME] for c in containers
     )
-    assert template.to_dict() == argo_gitops.template_manifest(name)
+    assert template.to_dict() == argo_workflow.workflow_template_manifest(name)
