@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mnnvl.sim.api.controller import Controller
@@ -52,7 +53,6 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 FLAVOR = "default-flavor"
 TOPOLOGY = "default"
 GPU = "nvidia.com/gpu"
-WRITTEN = ("QuotaReserved", "Admitted")  # the conditions admission writes
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ class _Verdict:
     message: str = ""
     cluster_queue: str = ""
     usage: dict[str, int] = field(default_factory=dict)
+    placed: list[Obj] = field(default_factory=list)  # one node per pod, in rank order (TAS)
 
 
 def queued(obj: Obj) -> bool:
@@ -169,26 +170,12 @@ class KueueStandIn(Controller):
                 self._set_pending(wl, verdict)
                 continue
             _charge(used, verdict.cluster_queue, verdict.usage)
-            request = tas.topology_request(job)
-            placed = tas.place(nodes, request, _count(job), taken) if request else []
-            taken.update(n["metadata"]["name"] for n in placed)
-            self._admit_workload(job, wl, verdict, placed)
+            taken.update(n["metadata"]["name"] for n in verdict.placed)
+            self._admit_workload(job, wl, verdict)
 
     def _create_workload(self, job: Obj) -> Obj | None:
         meta = job["metadata"]
-        pod_set: Obj = {"name": "main", "count": _count(job), "template": job["spec"]["template"]}
-        request = tas.topology_request(job)
-        if request is not None:
-            notes = job["spec"]["template"]["metadata"]["annotations"]
-            topology: Obj = {"podIndexLabel": tas.INDEX_LABEL}
-            if tas.REQUIRED_TOPOLOGY in notes:
-                topology["required"] = notes[tas.REQUIRED_TOPOLOGY]
-            if tas.SLICE_TOPOLOGY in notes:
-                topology |= {
-                    "podSetSliceRequiredTopology": request[0],
-                    "podSetSliceSize": request[1],
-                }
-            pod_set["topologyRequest"] = topology
+        pod_set = {"name": "main", "count": _count(job), "template": job["spec"]["template"]}
         body = {
             "metadata": {
                 "name": workload_name(job),
@@ -204,16 +191,12 @@ class KueueStandIn(Controller):
             log.debug("kueue stand-in: no workload for job %s: %s", meta["name"], e.message)
             return None
 
-    def _queues(self) -> tuple[dict[str, str] | None, dict[str, dict[str, int]]]:
-        quotas = self.config.quotas
-        if quotas is None:
-            quotas = {"cluster-queue": {"pods": len(self.store.list("nodes")[0])}}
-        return self.config.local_queues, quotas
-
     def _evaluate(
         self, job: Obj, used: dict[str, dict[str, int]], taken: set[str], nodes: list[Obj]
     ) -> _Verdict:
-        local_queues, quotas = self._queues()
+        local_queues, quotas = self.config.local_queues, self.config.quotas
+        if quotas is None:
+            quotas = {"cluster-queue": {"pods": len(nodes)}}
         lq = job["metadata"]["labels"][QUEUE_LABEL]
         cq = "cluster-queue" if local_queues is None else local_queues.get(lq, "")
         if not cq:
@@ -239,14 +222,15 @@ class KueueStandIn(Controller):
                     f"{res} in flavor {FLAVOR}, {want + have - nominal} more needed",
                 )
         request = tas.topology_request(job)
-        if request is not None and not tas.place(nodes, request, _count(job), taken):
+        placed = tas.place(nodes, request, _count(job), taken) if request else []
+        if request and not placed:
             count, size = _count(job), request[1]
             return _Verdict(
                 "TopologyPlacementFailed",
                 f"couldn't assign flavors to pod set main: topology {TOPOLOGY!r} doesn't allow "
                 f"to fit any of {count // size} slice(s)".replace("'", '"'),
             )
-        return _Verdict(cluster_queue=cq, usage=requests)
+        return _Verdict(cluster_queue=cq, usage=requests, placed=placed)
 
     def _requests(self, job: Obj) -> tuple[dict[str, int], str]:
         """The pod set's quota usage, or Kueue's message for an unmapped DeviceClass."""
@@ -296,71 +280,55 @@ class KueueStandIn(Controller):
         backoff = min(self.config.requeue_base_s * 2 ** (count - 1), self.config.requeue_max_s)
         self._requeue_at[uid] = now + backoff
         self._admitted.pop(uid, None)
-        stamp = now_iso()
-        evicted = {"type": "Evicted", "status": "True", "reason": "PodsReadyTimeout"}
-        unreserved = {"type": "QuotaReserved", "status": "False", "reason": "Pending"}
-        requeued = {"type": "Requeued", "status": "False", "reason": "PodsReadyTimeout"}
-        not_admitted = {"type": "Admitted", "status": "False", "reason": "NoReservation"}
-        new = [evicted, unreserved, requeued, not_admitted]
+        new = [
+            _condition("Evicted", "True", "PodsReadyTimeout", message),
+            _condition("QuotaReserved", "False", "Pending", message),
+            _condition("Requeued", "False", "PodsReadyTimeout", message),
+            _condition("Admitted", "False", "NoReservation", message),
+        ]
 
         def write(o: Obj) -> None:
             st = o.setdefault("status", {})
             st.pop("admission", None)
             st["requeueState"] = {"count": count, "requeueAt": iso_after(backoff)}
-            _replace_conditions(
-                st, [{**c, "message": message, "lastTransitionTime": stamp} for c in new]
-            )
+            _set_conditions(st, new)
 
-        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        self._mutate("workloads", wl, write)
         template = wl["spec"]["podSets"][0]["template"]
 
         def stop(o: Obj) -> None:  # the Job reconciler: suspend, restore the pod set info
             o["spec"]["suspend"] = True
             o["spec"]["template"] = template
 
-        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], stop)
+        self._mutate("jobs", job, stop)
         log.info("kueue stand-in: evicted %s: %s", meta["name"], message)
 
     def _backoff_finished(self, wl: Obj) -> None:
         """A requeued Workload whose back-off ended: Requeued=True, then evaluated anew."""
         if self._requeue_at.pop(wl["metadata"]["uid"], None) is None:
             return
-        cond = {
-            "type": "Requeued",
-            "status": "True",
-            "reason": "BackoffFinished",
-            "message": "The workload backoff was finished",
-            "lastTransitionTime": now_iso(),
-        }
-
-        meta = wl["metadata"]
-        self.store.mutate(
-            "workloads",
-            meta["namespace"],
-            meta["name"],
-            lambda o: _replace_conditions(o.setdefault("status", {}), [cond]),
+        cond = _condition(
+            "Requeued", "True", "BackoffFinished", "The workload backoff was finished"
         )
+        self._mutate("workloads", wl, lambda o: _set_conditions(o.setdefault("status", {}), [cond]))
 
     def _set_pending(self, wl: Obj, verdict: _Verdict) -> None:
-        cond = {"type": "QuotaReserved", "status": "False", "reason": verdict.reason}
-        cond["message"] = verdict.message
+        cond = _condition("QuotaReserved", "False", verdict.reason, verdict.message)
 
         def write(o: Obj) -> bool:
-            conds = (o.get("status") or {}).get("conditions") or []
-            old = next((c for c in conds if c.get("type") == "QuotaReserved"), None)
-            if old and (old["reason"], old["message"]) == (verdict.reason, verdict.message):
-                return False  # unchanged: no write, no event
             st = o.setdefault("status", {})
-            _replace_conditions(st, [{**cond, "lastTransitionTime": now_iso()}])
+            old = next((c for c in st.get("conditions") or [] if c["type"] == cond["type"]), None)
+            if old and (old["reason"], old["message"]) == (cond["reason"], cond["message"]):
+                return False  # unchanged: no write, no event
+            _set_conditions(st, [cond])
             return True
 
-        meta = wl["metadata"]
-        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        self._mutate("workloads", wl, write)
 
-    def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict, placed: list[Obj]) -> None:
-        """Admit with the topology assignment of ``placed`` (one node per pod, in rank order;
-        [] without a topology request), then start the Job as Kueue's Job reconciler does."""
-        stamp = now_iso()
+    def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict) -> None:
+        """Admit with the topology assignment of ``verdict.placed``, then start the Job as
+        Kueue's Job reconciler does."""
+        placed = verdict.placed
         levels = self.config.topology_levels
         topology = {"topologyAssignment": tas.assignment(levels, placed)} if placed else {}
         admission = {
@@ -375,26 +343,23 @@ class KueueStandIn(Controller):
                 }
             ],
         }
-        messages = {
-            "QuotaReserved": f"Quota reserved in ClusterQueue {verdict.cluster_queue}",
-            "Admitted": "The workload is admitted",
-        }
-        conds = [
-            {"type": t, "status": "True", "reason": t, "message": m, "lastTransitionTime": stamp}
-            for t, m in messages.items()
+        quota = f"Quota reserved in ClusterQueue {verdict.cluster_queue}"
+        new = [
+            _condition("QuotaReserved", "True", "QuotaReserved", quota),
+            _condition("Admitted", "True", "Admitted", "The workload is admitted"),
         ]
 
         def write(o: Obj) -> None:
             st = o.setdefault("status", {})
-            kept = [c for c in st.get("conditions") or [] if c["type"] not in WRITTEN]
-            for c in kept:
+            for c in st.get("conditions") or []:
                 if c["type"] == "Evicted" and c["status"] == "True":
                     c.update(status="False", message=f"Previously: {c['message']}")
-                    c["lastTransitionTime"] = stamp
-            st.update(admission=admission, conditions=kept + conds)
+                    c["lastTransitionTime"] = now_iso()
+            st["admission"] = admission
+            _set_conditions(st, new)
 
         meta = wl["metadata"]
-        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        self._mutate("workloads", wl, write)
         self._admitted[meta["uid"]] = time.monotonic()
         self._ready.discard(meta["uid"])
         gated = bool(placed)
@@ -404,7 +369,10 @@ class KueueStandIn(Controller):
             if gated:
                 tas.gate_template(o["spec"]["template"], meta["name"])
 
-        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], start)
+        self._mutate("jobs", job, start)
+
+    def _mutate(self, resource: str, obj: Obj, fn: Callable[[Obj], object]) -> None:
+        self.store.mutate(resource, obj["metadata"]["namespace"], obj["metadata"]["name"], fn)
 
 
 def _owned(pod: Obj, job: Obj) -> bool:
@@ -428,11 +396,15 @@ def _charge(used: dict[str, dict[str, int]], cluster_queue: str, usage: dict[str
         cq[res] = cq.get(res, 0) + n
 
 
-def _replace_conditions(status: Obj, new: list[Obj]) -> None:
-    """Drop the conditions of the types in ``new``, then append ``new``."""
-    types = {c["type"] for c in new}
-    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") not in types]
-    status["conditions"] += new
+def _condition(type_: str, status: str, reason: str, message: str) -> Obj:
+    return {"type": type_, "status": status, "reason": reason, "message": message}
+
+
+def _set_conditions(status: Obj, new: list[Obj]) -> None:
+    """Replace the conditions of the types in ``new`` with ``new``, stamped now."""
+    types, stamp = {c["type"] for c in new}, now_iso()
+    kept = [c for c in status.get("conditions") or [] if c.get("type") not in types]
+    status["conditions"] = kept + [{**c, "lastTransitionTime": stamp} for c in new]
 
 
 def _count(job: Obj) -> int:
@@ -440,8 +412,5 @@ def _count(job: Obj) -> int:
 
 
 def _usage(admission: Obj) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for psa in admission.get("podSetAssignments") or []:
-        for res, n in (psa.get("resourceUsage") or {}).items():
-            total[res] = total.get(res, 0) + int(n)
-    return total
+    usage = admission["podSetAssignments"][0]["resourceUsage"]
+    return {res: int(n) for res, n in usage.items()}

@@ -101,23 +101,15 @@ def assignment(levels: tuple[str, ...], placed: list[Obj]) -> Obj:
 
 
 def domains(topology: Obj) -> list[tuple[dict[str, str], int]]:
-    """(node selector, pod count) per domain of a ``topologyAssignment``, in order."""
+    """(node selector, pod count) per domain of a ``topologyAssignment`` :func:`assignment`
+    wrote (``individual`` values and counts only), in order."""
     keys = topology.get("levels") or []
     result = []
     for s in topology.get("slices") or []:
-        counts = s["podCounts"]
-        for i in range(int(s["domainCount"])):
-            values = [
-                v["universal"] if "universal" in v else _individual(v["individual"], i)
-                for v in s["valuesPerLevel"]
-            ]
-            n = counts["universal"] if "universal" in counts else counts["individual"][i]
-            result.append((dict(zip(keys, values, strict=True)), int(n)))
+        for i, count in enumerate(s["podCounts"]["individual"]):
+            values = [v["individual"]["roots"][i] for v in s["valuesPerLevel"]]
+            result.append((dict(zip(keys, values, strict=True)), int(count)))
     return result
-
-
-def _individual(values: Obj, i: int) -> str:
-    return f"{values.get('prefix') or ''}{values['roots'][i]}{values.get('suffix') or ''}"
 
 
 def assigned_nodes(admission: Obj, nodes: list[Obj]) -> set[str]:
