@@ -261,16 +261,8 @@ class ComputeDomainDriver(Controller):
                 f"IMEX domain of ComputeDomain {ns}/{name} (uid {uid}) was torn down under the "
                 "running container: the ComputeDomain was deleted before its workload",
             )
-        nodes, _ = self.store.list(
-            "nodes", None, lambda o: (o["metadata"].get("labels") or {}).get(LABEL_CD) == uid
-        )
-        for n in nodes:
-            self.store.mutate(
-                "nodes",
-                "",
-                n["metadata"]["name"],
-                lambda o: o["metadata"]["labels"].pop(LABEL_CD, None),
-            )
+        for n in self.store.list("nodes")[0]:
+            self._unlabel(n["metadata"]["name"], uid)
         left = self.store.mutate(CD, ns, name, _drop_finalizer)
         if left is not None and FINALIZER in (left["metadata"].get("finalizers") or []):
             self.requeue(0.5, CD, ns, name)  # the real controller retries with back-off
@@ -348,19 +340,21 @@ class ComputeDomainDriver(Controller):
             if uid is None or self._channels.get(node) != claim["metadata"]["uid"]:
                 return
             del self._channels[node]
-
-            def unlabel(o: Obj) -> bool:
-                labels = o["metadata"].get("labels") or {}
-                if labels.get(LABEL_CD) != uid:
-                    return False
-                del labels[LABEL_CD]
-                return True
-
-            self.store.mutate("nodes", "", node, unlabel)
+            self._unlabel(node, uid)
             daemon = self._daemons.pop(node, None)
             if daemon is not None:
                 self._stop_daemon(daemon)
                 self._write_status(daemon.namespace, daemon.name, daemon.uid)
+
+    def _unlabel(self, node: str, uid: str) -> None:
+        """Drop the node's ComputeDomain label if it names ``uid`` (a write returning False
+        is discarded, so another domain's label stays)."""
+        self.store.mutate(
+            "nodes",
+            "",
+            node,
+            lambda o: (o["metadata"].get("labels") or {}).pop(LABEL_CD, None) == uid,
+        )
 
     def _start_daemon(self, node: str, cd: Obj, clique: str) -> Daemon:
         meta = cd["metadata"]

@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -119,9 +120,7 @@ class KueueStandIn(Controller):
             obj.setdefault("spec", {})["suspend"] = True
 
     def on_events(self, events: list[WatchEvent]) -> None:
-        self._admit()  # every pass looks at every queued Job
-
-    def _admit(self) -> None:
+        """Every pass looks at every queued Job, whatever the events."""
         jobs = sorted(
             (j for j in self.store.list("jobs")[0] if queued(j)),
             key=lambda j: str(j["metadata"]["creationTimestamp"]),
@@ -130,7 +129,7 @@ class KueueStandIn(Controller):
             (w["metadata"]["namespace"], (w["metadata"].get("labels") or {}).get(JOB_UID_LABEL)): w
             for w in self.store.list("workloads")[0]
         }
-        used: dict[str, dict[str, int]] = {}
+        used: defaultdict[str, Counter[str]] = defaultdict(Counter)  # ClusterQueue -> usage
         nodes = self.store.list("nodes")[0]
         taken: set[str] = set()  # nodes of admitted pod sets with a topology assignment
         running: list[tuple[Obj, Obj]] = []
@@ -150,7 +149,7 @@ class KueueStandIn(Controller):
             if admission is None:
                 pending.append((job, wl))
             elif not finished(job.get("status") or {}):
-                _charge(used, admission["clusterQueue"], _usage(admission))
+                used[admission["clusterQueue"]].update(_usage(admission))
                 taken.update(tas.assigned_nodes(admission, nodes))
                 running.append((job, wl))
         now = time.monotonic()
@@ -169,7 +168,7 @@ class KueueStandIn(Controller):
             if verdict.reason:
                 self._set_pending(wl, verdict)
                 continue
-            _charge(used, verdict.cluster_queue, verdict.usage)
+            used[verdict.cluster_queue].update(verdict.usage)
             taken.update(n["metadata"]["name"] for n in verdict.placed)
             self._admit_workload(job, wl, verdict)
 
@@ -192,7 +191,7 @@ class KueueStandIn(Controller):
             return None
 
     def _evaluate(
-        self, job: Obj, used: dict[str, dict[str, int]], taken: set[str], nodes: list[Obj]
+        self, job: Obj, used: defaultdict[str, Counter[str]], taken: set[str], nodes: list[Obj]
     ) -> _Verdict:
         local_queues, quotas = self.config.local_queues, self.config.quotas
         if quotas is None:
@@ -207,7 +206,7 @@ class KueueStandIn(Controller):
         if error:
             return _Verdict("Misconfigured", error)
         for res, nominal in quotas[cq].items():
-            want, have = requests.get(res, 0), used.get(cq, {}).get(res, 0)
+            want, have = requests.get(res, 0), used[cq][res]
             if want > nominal:
                 return _Verdict(
                     "ExceedsMaxQuota",
@@ -236,11 +235,11 @@ class KueueStandIn(Controller):
         """The pod set's quota usage, or Kueue's message for an unmapped DeviceClass."""
         count = _count(job)
         spec = job["spec"]["template"].get("spec") or {}
-        per_pod: dict[str, int] = {"pods": 1}
+        per_pod = Counter({"pods": 1})
         for c in spec.get("containers") or []:
             limits = (c.get("resources") or {}).get("limits") or {}
             if GPU in limits:
-                per_pod[GPU] = per_pod.get(GPU, 0) + int(limits[GPU])
+                per_pod[GPU] += int(limits[GPU])
         mappings = self.config.device_class_mappings
         ns = job["metadata"]["namespace"]
         for j, ref in enumerate(spec.get("resourceClaims") or []):
@@ -258,7 +257,7 @@ class KueueStandIn(Controller):
                         f'resourceClaimTemplateName: Not found: "DeviceClass {dc} is not mapped '
                         'in DRA configuration for podset main"'
                     )
-                per_pod[name] = per_pod.get(name, 0) + int(exactly.get("count", 1))
+                per_pod[name] += int(exactly.get("count", 1))
         return {res: n * count for res, n in per_pod.items()}, ""
 
     def _check_pods_ready(self, job: Obj, wl: Obj, now: float) -> None:
@@ -388,12 +387,6 @@ def _ready(pod: Obj) -> bool:
     conds = status.get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
     return ready or status.get("phase") == "Succeeded"
-
-
-def _charge(used: dict[str, dict[str, int]], cluster_queue: str, usage: dict[str, int]) -> None:
-    cq = used.setdefault(cluster_queue, {})
-    for res, n in usage.items():
-        cq[res] = cq.get(res, 0) + n
 
 
 def _condition(type_: str, status: str, reason: str, message: str) -> Obj:

@@ -111,14 +111,10 @@ class NodeLifecycle(Controller):
         self._gone_at: dict[str, float] = {}  # node name -> when its object was first missed
 
     def on_tick(self) -> None:
-        self.sync()
-
-    def sync(self) -> None:
         nodes = {n["metadata"]["name"]: n for n in self.store.list("nodes")[0]}
         now = time.monotonic()
         for name, node in nodes.items():
-            taints = [t for t in node["spec"].get("taints") or [] if t["effect"] == "NoExecute"]
-            if taints:
+            if any(t["effect"] == "NoExecute" for t in node["spec"].get("taints") or []):
                 self._tainted_at.setdefault(name, now)
             else:
                 self._tainted_at.pop(name, None)
@@ -171,28 +167,24 @@ class NodeLifecycle(Controller):
         self._delete(pod, 0)
 
     def _delete(self, pod: Obj, grace_s: float | None) -> None:
-        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        current = self.store.find("pods", ns, name)
-        if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
-            return
-        if grace_s is None and current["metadata"].get("deletionTimestamp"):
-            return
+        """Delete this pod (a pod of the same name made since is left alone); a second
+        graceful delete of a Terminating pod changes nothing."""
+        ns, name, uid = (
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            pod["metadata"]["uid"],
+        )
         try:
-            self.store.delete("pods", ns, name, grace_s=grace_s)
-        except ApiError as e:  # gone meanwhile
+            self.store.delete("pods", ns, name, grace_s=grace_s, precondition_uid=uid)
+        except ApiError as e:  # gone or replaced meanwhile
             log.debug("node lifecycle: delete pod %s/%s: %s", ns, name, e)
 
 
 def _set_condition(pod: Obj, reason: str, message: str) -> None:
-    cond = {
-        "type": "DisruptionTarget",
-        "status": "True",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now_iso(),
-    }
-    conds = [c for c in pod["status"].get("conditions") or [] if c["type"] != cond["type"]]
-    pod["status"]["conditions"] = [*conds, cond]
+    """The ``DisruptionTarget`` condition, replacing any earlier one."""
+    conds = [c for c in pod["status"].get("conditions") or [] if c["type"] != "DisruptionTarget"]
+    cond = {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}
+    pod["status"]["conditions"] = [*conds, {**cond, "lastTransitionTime": now_iso()}]
 
 
 def _ready(node: Obj) -> bool:
