@@ -1,21 +1,13 @@
 """What the control plane does about a node that stopped answering, as upstream does it.
 
-- ``default_tolerations``: the DefaultTolerationSeconds admission plugin. A pod that does not
-  tolerate ``node.kubernetes.io/not-ready:NoExecute`` or ``node.kubernetes.io/unreachable:
-  NoExecute`` gets a toleration for it with ``tolerationSeconds`` (kube-apiserver's
-  ``--default-not-ready-toleration-seconds``/``--default-unreachable-toleration-seconds``,
-  300 s by default).
-- ``NodeLifecycle``: the taint-eviction controller (pkg/controller/tainteviction) and the pod
-  garbage collector (pkg/controller/podgc). For a pod bound to a node with a ``NoExecute``
-  taint it does not tolerate, or once the shortest ``tolerationSeconds`` of the ones it does
-  tolerate has passed, the taint-eviction controller records a ``TaintManagerEviction`` Event
-  ("Marking for deletion Pod ns/name"), adds the ``DisruptionTarget`` condition (reason
-  ``DeletionByTaintManager``) and deletes the pod with its grace period. A pod on an
-  unreachable node stays Terminating after that: no kubelet finishes it. Pod GC then marks
-  ``Failed`` and force-deletes (grace 0) a pod whose node object has been gone for the
-  quarantine time (40 s upstream; ``DisruptionTarget`` reason ``DeletionByPodGC``, "PodGC:
-  node no longer exists") and a Terminating pod on a not-ready node tainted
-  ``node.kubernetes.io/out-of-service``.
+``default_tolerations`` is the DefaultTolerationSeconds admission plugin (kube-apiserver's
+``--default-not-ready-toleration-seconds``/``--default-unreachable-toleration-seconds``);
+``node_unreachable`` what the node lifecycle controller does to a node that stopped reporting;
+``NodeLifecycle`` the taint-eviction controller (pkg/controller/tainteviction) and the pod
+garbage collector (pkg/controller/podgc). A pod evicted from an unreachable node stays
+Terminating, as no kubelet finishes it, until pod GC marks it ``Failed`` and force-deletes it:
+once its node object has been gone for the quarantine time, or when the not-ready node is
+tainted ``node.kubernetes.io/out-of-service``.
 """
 
 from __future__ import annotations
