@@ -54,8 +54,7 @@ class PodAdmission:
         if namespace is None or namespace["metadata"].get("deletionTimestamp"):
             return  # NamespaceLifecycle, which runs first, refuses it (the store's create)
         self._service_account(ns, name, pod)
-        found = violation(namespace, pod)
-        if found:
+        if found := violation(namespace, pod):
             raise forbidden(name, found)
         job = (meta.get("labels") or {}).get("job-name")
         with self._lock:

@@ -1,37 +1,20 @@
 """A Kueue stand-in (``SimCluster(kueue=True)``): queued Jobs wait suspended in a Workload.
 
-Like Kueue's Job webhook, a Job created with the label ``kueue.x-k8s.io/queue-name`` is stored
-with ``spec.suspend: true``. Like Kueue's Job reconciler, each such Job gets one
-``kueue.x-k8s.io/v1beta2`` Workload (label ``kueue.x-k8s.io/job-uid``, owned by the Job, one pod
-set ``main`` of ``parallelism`` pods). Like Kueue's workload controller and scheduler (v0.19, whose
-default ``UnadmittedWorkloadsObservability`` gives the granular reasons), the Workload's
-``QuotaReserved`` condition says why it waits, with Kueue's own messages:
+As Kueue v0.19 does it: its Job webhook stores a Job labelled ``kueue.x-k8s.io/queue-name``
+suspended; its Job reconciler makes one ``kueue.x-k8s.io/v1beta2`` Workload per Job; its
+scheduler admits a Workload whole once it fits the ClusterQueue's quota (``pods``,
+``nvidia.com/gpu`` limits, DRA devices through ``deviceClassMappings``) and, for a topology
+request, the free topology domains (:mod:`mnnvl.sim.policy.kueue_tas`), and un-suspends the Job.
+Until then ``QuotaReserved=False`` names the reason with Kueue's message (the granular reasons
+of the default ``UnadmittedWorkloadsObservability``).
 
-- ``Misconfigured``: the LocalQueue or its ClusterQueue does not exist, or a DeviceClass the pods'
-  claim templates ask for is not in ``deviceClassMappings`` (Kueue v0.18+ DRA accounting);
-- ``WaitingForQuota`` / ``ExceedsMaxQuota``: the ClusterQueue's quota (``pods``,
-  ``nvidia.com/gpu`` limits, mapped DRA devices) is used by admitted Workloads, or too small;
-- ``TopologyPlacementFailed``: a pod set with a topology request (``podset-required-topology``
-  or ``podset-slice-required-topology``) has fewer free topology domains (e.g. NVLink cliques)
-  with room for a slice than it has slices.
-
-When it fits (after ``admission_delay_s``), the Workload gets ``QuotaReserved`` and ``Admitted``
-and the Job is un-suspended: all its pods at once, never part of them (a Workload is admitted
-whole). Re-evaluated whenever a Job, node or Workload changes.
-
-``waitForPodsReady`` (on by default from Kueue v0.19, ``KueueConfig.pods_ready_timeout_s``): an
-admitted Workload whose Job does not have all its pods Ready (or Succeeded) within the timeout of
-its admission is evicted as Kueue's workload controller does it: ``Evicted=True`` (reason
-``PodsReadyTimeout``, "Exceeded the PodsReady timeout <ns>/<name>"), ``status.requeueState``
-count + 1 and ``requeueAt`` after a back-off of base x 2^(count-1) (at most the maximum), the
-admission cleared (``QuotaReserved=False``, ``Requeued=False`` with the eviction's reason), the
-Job suspended and its pod template restored from the Workload's pod set. After the back-off
-``Requeued=True`` (``BackoffFinished``) and it is admitted again like a new one; ``Evicted``
-turns False ("Previously: ..."). Not modelled: the recovery timeout (a pod failing after
-PodsReady), ``backoffLimitCount``, flavors beyond one, cohorts, preemption, admission checks,
-priorities. A pod set with a topology request is
-admitted with a topology assignment, its pods are created gated and ungated onto their domain
-(:mod:`mnnvl.sim.policy.kueue_tas`).
+``waitForPodsReady`` (on by default from v0.19): an admitted Workload whose pods are not all
+Ready (or Succeeded) within the timeout is evicted as Kueue's workload controller does it
+(``Evicted=True``, ``PodsReadyTimeout``; ``status.requeueState`` count + 1; the Job suspended
+and its template restored), requeued after a back-off of base x 2^(count-1) (at most the
+maximum) and then admitted like a new one. Not modelled: the recovery timeout (a pod failing
+after PodsReady), ``backoffLimitCount``, flavors beyond one, cohorts, preemption, admission
+checks, priorities.
 """
 
 from __future__ import annotations
@@ -132,8 +115,8 @@ class KueueStandIn(Controller):
         used: defaultdict[str, Counter[str]] = defaultdict(Counter)  # ClusterQueue -> usage
         nodes = self.store.list("nodes")[0]
         taken: set[str] = set()  # nodes of admitted pod sets with a topology assignment
-        running: list[tuple[Obj, Obj]] = []
         pending: list[tuple[Obj, Obj]] = []
+        now = time.monotonic()
         for job in jobs:
             wl = workloads.get((job["metadata"]["namespace"], job["metadata"]["uid"]))
             if wl is None:
@@ -151,12 +134,8 @@ class KueueStandIn(Controller):
             elif not finished(job.get("status") or {}):
                 used[admission["clusterQueue"]].update(_usage(admission))
                 taken.update(tas.assigned_nodes(admission, nodes))
-                running.append((job, wl))
-        now = time.monotonic()
-        # The topology ungater: pods of admitted Workloads onto their domain.
-        for job, wl in running:
-            tas.ungate(self.store, wl)
-            self._check_pods_ready(job, wl, now)
+                tas.ungate(self.store, wl)  # the topology ungater: pods onto their domain
+                self._check_pods_ready(job, wl, now)
         for job, wl in pending:
             due = self._seen.setdefault(job["metadata"]["uid"], now) + self.admission_delay_s
             due = max(due, self._requeue_at.get(wl["metadata"]["uid"], 0.0))
@@ -182,7 +161,7 @@ class KueueStandIn(Controller):
                 "labels": {JOB_UID_LABEL: meta["uid"]},
                 "ownerReferences": [controller_ref(job, "batch/v1", "Job")],
             },
-            "spec": {"queueName": (meta.get("labels") or {})[QUEUE_LABEL], "podSets": [pod_set]},
+            "spec": {"queueName": meta["labels"][QUEUE_LABEL], "podSets": [pod_set]},
         }
         try:
             return self.store.create("workloads", body)
@@ -223,11 +202,10 @@ class KueueStandIn(Controller):
         request = tas.topology_request(job)
         placed = tas.place(nodes, request, _count(job), taken) if request else []
         if request and not placed:
-            count, size = _count(job), request[1]
             return _Verdict(
                 "TopologyPlacementFailed",
-                f"couldn't assign flavors to pod set main: topology {TOPOLOGY!r} doesn't allow "
-                f"to fit any of {count // size} slice(s)".replace("'", '"'),
+                f"couldn't assign flavors to pod set main: topology \"{TOPOLOGY}\" doesn't allow "
+                f"to fit any of {_count(job) // request[1]} slice(s)",
             )
         return _Verdict(cluster_queue=cq, usage=requests, placed=placed)
 
@@ -263,7 +241,7 @@ class KueueStandIn(Controller):
     def _check_pods_ready(self, job: Obj, wl: Obj, now: float) -> None:
         """Evict an admitted Workload whose pods are not all Ready within the timeout."""
         uid, timeout = wl["metadata"]["uid"], self.config.pods_ready_timeout_s
-        if not timeout or uid in self._ready or finished(job.get("status") or {}):
+        if not timeout or uid in self._ready:
             return
         pods = self.store.list("pods", job["metadata"]["namespace"], lambda p: _owned(p, job))[0]
         if sum(1 for p in pods if _ready(p)) >= _count(job):
@@ -327,21 +305,15 @@ class KueueStandIn(Controller):
     def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict) -> None:
         """Admit with the topology assignment of ``verdict.placed``, then start the Job as
         Kueue's Job reconciler does."""
-        placed = verdict.placed
-        levels = self.config.topology_levels
-        topology = {"topologyAssignment": tas.assignment(levels, placed)} if placed else {}
-        admission = {
-            "clusterQueue": verdict.cluster_queue,
-            "podSetAssignments": [
-                {
-                    "name": "main",
-                    "flavors": {res: FLAVOR for res in verdict.usage},
-                    "resourceUsage": {res: str(n) for res, n in verdict.usage.items()},
-                    "count": _count(job),
-                    **topology,
-                }
-            ],
+        psa: Obj = {
+            "name": "main",
+            "flavors": {res: FLAVOR for res in verdict.usage},
+            "resourceUsage": {res: str(n) for res, n in verdict.usage.items()},
+            "count": _count(job),
         }
+        if verdict.placed:
+            psa["topologyAssignment"] = tas.assignment(self.config.topology_levels, verdict.placed)
+        admission = {"clusterQueue": verdict.cluster_queue, "podSetAssignments": [psa]}
         quota = f"Quota reserved in ClusterQueue {verdict.cluster_queue}"
         new = [
             _condition("QuotaReserved", "True", "QuotaReserved", quota),
@@ -361,11 +333,10 @@ class KueueStandIn(Controller):
         self._mutate("workloads", wl, write)
         self._admitted[meta["uid"]] = time.monotonic()
         self._ready.discard(meta["uid"])
-        gated = bool(placed)
 
         def start(o: Obj) -> None:  # RunWithPodSetsInfo: unsuspend, merge the pod set info
             o["spec"]["suspend"] = False
-            if gated:
+            if verdict.placed:
                 tas.gate_template(o["spec"]["template"], meta["name"])
 
         self._mutate("jobs", job, start)

@@ -33,18 +33,11 @@ CHECK_PERIOD_S = 0.2  # how often due evictions and orphans are looked at
 
 def default_tolerations(pod: Obj, seconds: float) -> None:
     """DefaultTolerationSeconds: add the not-ready/unreachable NoExecute tolerations a pod lacks."""
-    spec = pod.setdefault("spec", {})
-    tolerations = spec.setdefault("tolerations", [])
+    tolerations = pod.setdefault("spec", {}).setdefault("tolerations", [])
     for key in (NOT_READY, UNREACHABLE):
-        if not tolerates(list(tolerations), {"key": key, "effect": "NoExecute"}):
-            tolerations.append(
-                {
-                    "key": key,
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": int(seconds),
-                }
-            )
+        taint = {"key": key, "effect": "NoExecute"}
+        if not tolerates(tolerations, taint):
+            tolerations.append({**taint, "operator": "Exists", "tolerationSeconds": int(seconds)})
 
 
 def eviction_due_in(pod: Obj, taints: list[Obj]) -> float | None:

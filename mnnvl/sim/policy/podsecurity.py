@@ -18,7 +18,6 @@ from mnnvl.sim.api.model import Obj
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"
-LEVELS = ("privileged", "baseline", "restricted")
 # Capabilities the baseline level lets a container add (check_capabilities_baseline.go).
 BASELINE_CAPABILITIES = frozenset(
     [
@@ -144,16 +143,12 @@ def _restricted_volumes(spec: Obj) -> tuple[str, str] | None:
     return "restricted volume types", detail
 
 
-def _explicit_or_implicit(
-    spec: Obj, field: str, ok: Callable[[Any], bool]
-) -> tuple[list[str], list[str]]:
-    """Who sets ``field`` to a bad value (pod and/or containers), and who leaves it unset
-    without a good pod-level value."""
-    setters: list[str] = []
+def _explicit_or_implicit(spec: Obj, field: str, ok: Callable[[Any], bool]) -> tuple[str, str]:
+    """Who sets ``field`` to a bad value (``pod and container "a"``), and who leaves it unset
+    without a good pod-level value (``pod or container "b"``); "" for nobody."""
     pod_value = _sc(spec).get(field)
     pod_ok = pod_value is not None and ok(pod_value)
-    if pod_value is not None and not pod_ok:
-        setters.append("pod")
+    setters = ["pod"] if pod_value is not None and not pod_ok else []
     explicit, implicit = [], []
     for c in _containers(spec):
         value = _sc(c).get(field)
@@ -163,47 +158,35 @@ def _explicit_or_implicit(
             implicit.append(c.get("name", ""))
     if explicit:
         setters.append(_who("container", explicit))
-    return setters, implicit
+    return " and ".join(setters), f"pod or {_who('container', implicit)}" if implicit else ""
 
 
 def _run_as_non_root(spec: Obj) -> tuple[str, str] | None:
-    setters, implicit = _explicit_or_implicit(spec, "runAsNonRoot", lambda v: v is True)
-    reason = "runAsNonRoot != true"
+    setters, unset = _explicit_or_implicit(spec, "runAsNonRoot", lambda v: v is True)
     if setters:
-        return reason, " and ".join(setters) + " must not set securityContext.runAsNonRoot=false"
-    if implicit:
-        return (
-            reason,
-            f"pod or {_who('container', implicit)} must set securityContext.runAsNonRoot=true",
-        )
+        return "runAsNonRoot != true", f"{setters} must not set securityContext.runAsNonRoot=false"
+    if unset:
+        return "runAsNonRoot != true", f"{unset} must set securityContext.runAsNonRoot=true"
     return None
 
 
 def _run_as_user(spec: Obj) -> tuple[str, str] | None:
-    setters = ["pod"] if _sc(spec).get("runAsUser") == 0 else []
-    bad = _containers_that(spec, lambda sc: sc.get("runAsUser") == 0)
-    if bad:
-        setters.append(_who("container", bad))
-    return ("runAsUser=0", " and ".join(setters) + " must not set runAsUser=0") if setters else None
+    setters, _ = _explicit_or_implicit(spec, "runAsUser", lambda v: v != 0)
+    return ("runAsUser=0", f"{setters} must not set runAsUser=0") if setters else None
 
 
 def _seccomp_restricted(spec: Obj) -> tuple[str, str] | None:
     def ok(profile: Any) -> bool:
         return (profile or {}).get("type") in ("RuntimeDefault", "Localhost")
 
-    setters, implicit = _explicit_or_implicit(spec, "seccompProfile", ok)
+    setters, unset = _explicit_or_implicit(spec, "seccompProfile", ok)
+    field = "securityContext.seccompProfile.type"
     if setters:
         profiles = (_sc(o).get("seccompProfile") for o in [spec, *_containers(spec)])
-        values = {str(p.get("type")) for p in profiles if p is not None and not ok(p)}
-        return "seccompProfile", (
-            " and ".join(setters)
-            + f" must not set securityContext.seccompProfile.type to {_quote(sorted(values))}"
-        )
-    if implicit:
-        who = f"pod or {_who('container', implicit)}"
-        return "seccompProfile", (
-            f'{who} must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"'
-        )
+        values = sorted({str(p.get("type")) for p in profiles if p is not None and not ok(p)})
+        return "seccompProfile", f"{setters} must not set {field} to {_quote(values)}"
+    if unset:
+        return "seccompProfile", f'{unset} must set {field} to "RuntimeDefault" or "Localhost"'
     return None
 
 
@@ -225,6 +208,7 @@ RESTRICTED: tuple[Check, ...] = (
     _run_as_user,
     _seccomp_restricted,
 )
+CHECKS = {"privileged": (), "baseline": BASELINE, "restricted": RESTRICTED}
 
 
 def violation(namespace: Obj, pod: Obj) -> str | None:
@@ -232,13 +216,10 @@ def violation(namespace: Obj, pod: Obj) -> str | None:
     refuses the pod, else None (no label, ``privileged``, or the pod passes)."""
     labels = (namespace.get("metadata") or {}).get("labels") or {}
     level = labels.get(ENFORCE_LABEL, "privileged")
-    if level not in LEVELS:
+    if level not in CHECKS:
         level = "restricted"  # an unparsable label fails closed, as upstream does
-    if level == "privileged":
-        return None
     spec = pod.get("spec") or {}
-    checks = RESTRICTED if level == "restricted" else BASELINE
-    failed = [found for check in checks if (found := check(spec)) is not None]
+    failed = [found for check in CHECKS[level] if (found := check(spec)) is not None]
     if not failed:
         return None
     version = labels.get(ENFORCE_VERSION_LABEL, "latest")
