@@ -80,9 +80,7 @@ class PodAdmission:
             )
 
     def _quota(self, ns: str, name: str, pod: Obj) -> None:
-        quotas = sorted(
-            self.store.list("resourcequotas", ns)[0], key=lambda q: q["metadata"]["name"]
-        )
+        quotas = self.store.list("resourcequotas", ns)[0]  # sorted by name, as the API lists
         if not quotas:
             return
         delta = _pod_usage(pod)

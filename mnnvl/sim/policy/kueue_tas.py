@@ -40,11 +40,10 @@ def topology_request(job: Obj) -> tuple[str, int] | None:
     """(topology level, slice size) of the Job's pod set; None without a topology request.
     A required topology is one slice of all the pods."""
     notes = (job["spec"]["template"].get("metadata") or {}).get("annotations") or {}
-    count = int(job["spec"].get("parallelism", 1))
     if SLICE_TOPOLOGY in notes:
         return notes[SLICE_TOPOLOGY], max(1, int(notes.get(SLICE_SIZE, "1")))
     if REQUIRED_TOPOLOGY in notes:
-        return notes[REQUIRED_TOPOLOGY], count
+        return notes[REQUIRED_TOPOLOGY], int(job["spec"].get("parallelism", 1))
     return None
 
 

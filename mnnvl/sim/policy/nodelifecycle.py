@@ -105,11 +105,13 @@ class NodeLifecycle(Controller):
                 self._tainted_at.pop(name, None)
         pods, _ = self.store.list("pods", None, lambda o: bool(o["spec"].get("nodeName")))
         for pod in pods:
-            bound = nodes.get(pod["spec"]["nodeName"])
-            if bound is None:
-                self._orphan(pod, now)
-            else:
-                self._evict_if_due(pod, bound, now)
+            node = pod["spec"]["nodeName"]
+            if node in nodes:
+                self._evict_if_due(pod, nodes[node], now)
+            elif now - self._gone_at.setdefault(node, now) >= self.quarantine_s:  # podgc gcOrphaned
+                self._fail_and_force_delete(
+                    pod, ("DeletionByPodGC", "PodGC: node no longer exists")
+                )
         self._gone_at = {k: v for k, v in self._gone_at.items() if k not in nodes}
 
     def _evict_if_due(self, pod: Obj, node: Obj, now: float) -> None:
@@ -131,12 +133,6 @@ class NodeLifecycle(Controller):
         why = ("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint")
         self.store.mutate("pods", ns, pod_name, lambda o: _set_condition(o, *why))
         self._delete(pod, None)
-
-    def _orphan(self, pod: Obj, now: float) -> None:
-        node = pod["spec"]["nodeName"]
-        if now - self._gone_at.setdefault(node, now) < self.quarantine_s:
-            return
-        self._fail_and_force_delete(pod, ("DeletionByPodGC", "PodGC: node no longer exists"))
 
     def _fail_and_force_delete(self, pod: Obj, why: tuple[str, str] | None) -> None:
         """podgc's markFailedAndDeletePod: phase Failed (and the condition, in the same status
