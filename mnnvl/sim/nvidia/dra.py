@@ -166,15 +166,9 @@ class ComputeDomainDriver(Controller):
 
     def _on_template(self, ns: str, name: str) -> None:
         """A template came or went: reconcile domains that want this name (recreate / unstick)."""
-        domains, _ = self.store.list(
-            CD,
-            ns,
-            lambda o: (
-                o["spec"].get("channel", {}).get("resourceClaimTemplate", {}).get("name") == name
-            ),
-        )
-        for cd in domains:
-            self.reconcile(ns, cd["metadata"]["name"])
+        for cd in self.store.list(CD, ns)[0]:
+            if cd["spec"].get("channel", {}).get("resourceClaimTemplate", {}).get("name") == name:
+                self.reconcile(ns, cd["metadata"]["name"])
 
     def reconcile(self, ns: str, name: str) -> None:
         cd = self.store.find(CD, ns, name)

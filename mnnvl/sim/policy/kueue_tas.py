@@ -17,7 +17,7 @@ the product's pods take a whole node).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import partial
 from itertools import groupby
 
 from mnnvl.sim.api.store import Obj, Store
@@ -146,20 +146,17 @@ def ungate(store: Store, wl: Obj) -> None:
     for pod in pods:
         rank = int(pod["metadata"]["labels"].get(INDEX_LABEL, "-1"))
         if 0 <= rank < len(by_rank):
-            store.mutate("pods", ns, pod["metadata"]["name"], _ungater(by_rank[rank]))
+            store.mutate("pods", ns, pod["metadata"]["name"], partial(_ungate, by_rank[rank]))
 
 
-def _ungater(selector: dict[str, str]) -> Callable[[Obj], bool]:
-    def write(pod: Obj) -> bool:
-        gates = pod["spec"].get("schedulingGates") or []
-        if GATE not in gates:
-            return False  # ungated meanwhile: nothing to write
-        rest = [g for g in gates if g != GATE]
-        if rest:
-            pod["spec"]["schedulingGates"] = rest
-        else:
-            del pod["spec"]["schedulingGates"]  # an empty list is not kept, as the API drops it
-        pod["spec"].setdefault("nodeSelector", {}).update(selector)
-        return True
-
-    return write
+def _ungate(selector: dict[str, str], pod: Obj) -> bool:
+    gates = pod["spec"].get("schedulingGates") or []
+    if GATE not in gates:
+        return False  # ungated meanwhile: nothing to write
+    rest = [g for g in gates if g != GATE]
+    if rest:
+        pod["spec"]["schedulingGates"] = rest
+    else:
+        del pod["spec"]["schedulingGates"]  # an empty list is not kept, as the API drops it
+    pod["spec"].setdefault("nodeSelector", {}).update(selector)
+    return True
