@@ -1,15 +1,12 @@
 """ComputeDomain controller and kubelet plugin with the NVIDIA DRA driver's semantics.
 
-Controller (one thread, fed by the store's watch fan-out): finalizer, workload
-ResourceClaimTemplate, ``status`` (``Ready`` iff ``len(nodes) >= numNodes`` and every node Ready),
-and deletion (delete the RCT, drop node labels, remove the finalizer).
-
-Kubelet plugin (called by the simulated kubelet): ``prepare`` labels the node with the domain's
-UID, starts the node's simulated IMEX daemon (Ready after ``faults.imex_delay_s``) and blocks
-until it is Ready, exactly where the real plugin holds a pod in ContainerCreating;
-``unprepare`` drops the label and the node's entry in ``status.nodes``. ``prepare`` returns the
-channel devices the claim injects: none on a node without a clique ID (no
-``nvidia.com/gpu.clique`` label), as upstream's ``CliqueID() == ""`` branch.
+The controller (fed by the store's watch fan-out) keeps the finalizer, the workload
+ResourceClaimTemplate and ``status`` (``Ready`` iff ``len(nodes) >= numNodes`` and every node
+Ready), and on deletion drops the template, the node labels and the finalizer. The kubelet
+plugin's ``prepare`` labels the node, starts its simulated IMEX daemon (Ready after
+``faults.imex_delay_s``) and blocks until it is Ready, exactly where the real plugin holds a
+pod in ContainerCreating; a node without a clique ID gets no channel device (upstream's
+``CliqueID() == ""`` branch).
 
 Host-managed IMEX (``imex_mode="hostManaged"``, upstream ``onAddOrUpdateHostManaged`` in
 ``cmd/compute-domain-controller/computedomain.go`` and
@@ -18,7 +15,7 @@ Host-managed IMEX (``imex_mode="hostManaged"``, upstream ``onAddOrUpdateHostMana
 template, with ``allocationMode`` forced to ``Single`` (``channelAllocationModeFor``), and marks
 the domain Ready at once; no daemons, node labels or ``status.nodes``. ``prepare`` checks the
 host's ``nvidia-imex`` service (down on the nodes in ``faults.host_imex_down``) only on a node
-with a clique ID, and prepares a node without one with no channel device.
+with a clique ID.
 """
 
 from __future__ import annotations
@@ -65,6 +62,11 @@ class Daemon:
     stopped: threading.Event = field(default_factory=threading.Event)
     timer: threading.Timer | None = None
 
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.timer is not None:
+            self.timer.cancel()
+
 
 def prepare_failure(claim: Obj, err: Exception) -> str:
     """The kubelet's FailedPrepareDynamicResources message, wrapped as the driver wraps it."""
@@ -77,28 +79,38 @@ def prepare_failure(claim: Obj, err: Exception) -> str:
     )
 
 
-def channel_template_spec(uid: str, allocation_mode: str) -> Obj:
-    """The workload claim template spec the real controller generates."""
+def channel_template(ns: str, name: str, uid: str, allocation_mode: str) -> Obj:
+    """The workload claim template the real controller generates."""
     return {
-        "spec": {
-            "devices": {
-                "requests": [{"name": "channel", "exactly": {"deviceClassName": CHANNEL_CLASS}}],
-                "config": [
-                    {
-                        "requests": ["channel"],
-                        "opaque": {
-                            "driver": DRIVER,
-                            "parameters": {
-                                "apiVersion": "resource.nvidia.com/v1beta1",
-                                "kind": "ComputeDomainChannelConfig",
-                                "domainID": uid,
-                                "allocationMode": allocation_mode,
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "finalizers": [FINALIZER],
+            "labels": {LABEL_CD: uid, LABEL_TARGET: "Workload"},
+        },
+        "spec": {  # a ResourceClaimTemplate's spec holds the claim's spec
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "channel", "exactly": {"deviceClassName": CHANNEL_CLASS}}
+                    ],
+                    "config": [
+                        {
+                            "requests": ["channel"],
+                            "opaque": {
+                                "driver": DRIVER,
+                                "parameters": {
+                                    "apiVersion": "resource.nvidia.com/v1beta1",
+                                    "kind": "ComputeDomainChannelConfig",
+                                    "domainID": uid,
+                                    "allocationMode": allocation_mode,
+                                },
                             },
-                        },
-                    }
-                ],
+                        }
+                    ],
+                }
             }
-        }
+        },
     }
 
 
@@ -122,16 +134,12 @@ class ComputeDomainDriver(Controller):
     kinds = (CD, RCT)
 
     def __init__(
-        self,
-        store: Store,
-        faults: Faults,
-        cliques: dict[str, str] | None = None,
-        imex_mode: str = "daemons",
+        self, store: Store, faults: Faults, cliques: dict[str, str], imex_mode: str
     ) -> None:
         super().__init__(store)
         self.faults = faults
         # node -> clique ID as the GPUs report it (NVML), whatever label the nodes carry.
-        self.cliques = cliques or {}
+        self.cliques = cliques
         self.host_managed = imex_mode == "hostManaged"
         self._lock = threading.RLock()
         self._daemons: dict[str, Daemon] = {}  # node -> daemon
@@ -144,30 +152,23 @@ class ComputeDomainDriver(Controller):
         super().stop()
         with self._lock:
             for d in self._daemons.values():
-                self._stop_daemon(d)
+                d.stop()
 
     def on_events(self, events: list[WatchEvent]) -> None:
         for ev in events:  # each event on its own: one failed reconcile leaves the rest
             try:
-                if ev.resource == CD:
-                    if ev.type != "DELETED":
-                        self.reconcile(ev.namespace, ev.obj["metadata"]["name"])
-                else:
+                if ev.resource == RCT:
                     self._on_template(ev.namespace, ev.obj["metadata"]["name"])
+                elif ev.type != "DELETED":
+                    self.reconcile(ev.namespace, ev.obj["metadata"]["name"])
             except Exception:
                 log.exception("ComputeDomain controller: reconcile failed")
 
     def _on_template(self, ns: str, name: str) -> None:
         """A template came or went: reconcile domains that want this name (recreate / unstick)."""
-        domains, _ = self.store.list(
-            CD,
-            ns,
-            lambda o: (
-                o["spec"].get("channel", {}).get("resourceClaimTemplate", {}).get("name") == name
-            ),
-        )
-        for cd in domains:
-            self.reconcile(ns, cd["metadata"]["name"])
+        for cd in self.store.list(CD, ns)[0]:
+            if cd["spec"].get("channel", {}).get("resourceClaimTemplate", {}).get("name") == name:
+                self.reconcile(ns, cd["metadata"]["name"])
 
     def reconcile(self, ns: str, name: str) -> None:
         cd = self.store.find(CD, ns, name)
@@ -187,21 +188,8 @@ class ComputeDomainDriver(Controller):
         tname = cd["spec"]["channel"]["resourceClaimTemplate"]["name"]
         rct = self.store.find(RCT, ns, tname)
         if rct is None:
-            self.store.create(
-                RCT,
-                {
-                    "metadata": {
-                        "name": tname,
-                        "namespace": ns,
-                        "finalizers": [FINALIZER],
-                        "labels": {LABEL_CD: uid, LABEL_TARGET: "Workload"},
-                    },
-                    "spec": channel_template_spec(
-                        uid,
-                        "Single" if self.host_managed else cd["spec"]["channel"]["allocationMode"],
-                    ),
-                },
-            )
+            mode = "Single" if self.host_managed else cd["spec"]["channel"]["allocationMode"]
+            self.store.create(RCT, channel_template(ns, tname, uid, mode))
         elif (rct["metadata"].get("labels") or {}).get(LABEL_CD) != uid:
             if uid not in self._warned:  # the real controller retries forever; say it once
                 self._warned.add(uid)
@@ -216,20 +204,17 @@ class ComputeDomainDriver(Controller):
 
     def _write_status(self, ns: str, name: str, uid: str) -> None:
         with self._lock:
-            nodes = sorted(
-                (
-                    {
-                        "name": n,
-                        "ipAddress": d.ip,
-                        "cliqueID": d.clique,
-                        "index": d.index,
-                        "status": "Ready" if d.ready.is_set() else "NotReady",
-                    }
-                    for n, d in self._daemons.items()
-                    if d.uid == uid
-                ),
-                key=lambda e: str(e["name"]),
-            )
+            nodes = [
+                {
+                    "name": n,
+                    "ipAddress": d.ip,
+                    "cliqueID": d.clique,
+                    "index": d.index,
+                    "status": "Ready" if d.ready.is_set() else "NotReady",
+                }
+                for n, d in sorted(self._daemons.items())  # by node name
+                if d.uid == uid
+            ]
 
         def write(o: Obj) -> None:
             if self.host_managed:  # Ready means admitted with its template, nothing more
@@ -253,7 +238,7 @@ class ComputeDomainDriver(Controller):
         with self._lock:
             lost = {node for node, d in self._daemons.items() if d.uid == uid}
             for node in lost:
-                self._stop_daemon(self._daemons.pop(node))
+                self._daemons.pop(node).stop()
         if lost:
             self.on_imex_lost(
                 uid,
@@ -261,16 +246,8 @@ class ComputeDomainDriver(Controller):
                 f"IMEX domain of ComputeDomain {ns}/{name} (uid {uid}) was torn down under the "
                 "running container: the ComputeDomain was deleted before its workload",
             )
-        nodes, _ = self.store.list(
-            "nodes", None, lambda o: (o["metadata"].get("labels") or {}).get(LABEL_CD) == uid
-        )
-        for n in nodes:
-            self.store.mutate(
-                "nodes",
-                "",
-                n["metadata"]["name"],
-                lambda o: o["metadata"]["labels"].pop(LABEL_CD, None),
-            )
+        for n in self.store.list("nodes")[0]:
+            self._unlabel(n["metadata"]["name"], uid)
         left = self.store.mutate(CD, ns, name, _drop_finalizer)
         if left is not None and FINALIZER in (left["metadata"].get("finalizers") or []):
             self.requeue(0.5, CD, ns, name)  # the real controller retries with back-off
@@ -283,7 +260,7 @@ class ComputeDomainDriver(Controller):
             daemon = self._daemons.pop(node, None)
             if daemon is None:
                 return
-            self._stop_daemon(daemon)
+            daemon.stop()
         self._write_status(daemon.namespace, daemon.name, daemon.uid)
 
     def prepare(self, node: str, claim: Obj, cancel: threading.Event) -> list[str]:
@@ -305,12 +282,12 @@ class ComputeDomainDriver(Controller):
                     "error asserting ComputeDomain's namespace: the ResourceClaim's namespace "
                     "is different than the ComputeDomain's namespace"
                 )
-            holder = self._channels.get(node)
-            if holder not in (None, claim_uid):
+            if self._channels.get(node) not in (None, claim_uid):
                 raise PrepareError(f"channel 0 on node {node} already prepared for another claim")
             labels = self.store.get("nodes", "", node)["metadata"].get("labels") or {}
             # The GPUs' clique ID (NVML), which the label only mirrors: none, no channel.
-            channels = ["channel0"] if self.cliques.get(node, labels.get(LABEL_CLIQUE)) else []
+            clique = self.cliques.get(node, labels.get(LABEL_CLIQUE, ""))
+            channels = ["channel0"] if clique else []
             if self.host_managed:
                 if channels and node in self.faults.host_imex_down:
                     raise PrepareError(
@@ -333,7 +310,6 @@ class ComputeDomainDriver(Controller):
             self._channels[node] = claim_uid
             daemon = self._daemons.get(node)
             if daemon is None or daemon.uid != uid:
-                clique = self.cliques.get(node, labels.get(LABEL_CLIQUE, ""))
                 daemon = self._start_daemon(node, domains[0], clique)
         while not daemon.ready.wait(0.05):
             if cancel.is_set() or daemon.stopped.is_set():
@@ -348,19 +324,18 @@ class ComputeDomainDriver(Controller):
             if uid is None or self._channels.get(node) != claim["metadata"]["uid"]:
                 return
             del self._channels[node]
+            self._unlabel(node, uid)
+            self.node_lost(node)  # its daemon stops and leaves the status, as a lost node's
 
-            def unlabel(o: Obj) -> bool:
-                labels = o["metadata"].get("labels") or {}
-                if labels.get(LABEL_CD) != uid:
-                    return False
-                del labels[LABEL_CD]
-                return True
-
-            self.store.mutate("nodes", "", node, unlabel)
-            daemon = self._daemons.pop(node, None)
-            if daemon is not None:
-                self._stop_daemon(daemon)
-                self._write_status(daemon.namespace, daemon.name, daemon.uid)
+    def _unlabel(self, node: str, uid: str) -> None:
+        """Drop the node's ComputeDomain label if it names ``uid`` (a write returning False
+        is discarded, so another domain's label stays)."""
+        self.store.mutate(
+            "nodes",
+            "",
+            node,
+            lambda o: (o["metadata"].get("labels") or {}).pop(LABEL_CD, None) == uid,
+        )
 
     def _start_daemon(self, node: str, cd: Obj, clique: str) -> Daemon:
         meta = cd["metadata"]
@@ -386,12 +361,6 @@ class ComputeDomainDriver(Controller):
                 return
             daemon.ready.set()
         self._write_status(daemon.namespace, daemon.name, daemon.uid)
-
-    @staticmethod
-    def _stop_daemon(daemon: Daemon) -> None:
-        daemon.stopped.set()
-        if daemon.timer is not None:
-            daemon.timer.cancel()
 
 
 def _drop_finalizer(obj: Obj) -> None:

@@ -1,18 +1,14 @@
 """The NVIDIA stack a simulated cluster plays: where GPUs come from, who runs IMEX.
 
-GPU stacks (``SimCluster(gpu_stack=…)``):
-
-- ``device-plugin``: the NVIDIA device plugin gives every node ``nvidia.com/gpu`` allocatable,
-  and the DRA driver's ``gpu.nvidia.com`` DeviceClass maps that extended resource
-  (``extendedResourceName: nvidia.com/gpu``, as the driver's chart renders it on
-  ``resource.k8s.io/v1``: ``templates/deviceclass-gpu.yaml`` of
-  kubernetes-sigs/dra-driver-nvidia-gpu),
-  so ``nvidia.com/gpu`` limits and ``gpu.nvidia.com`` claims draw on one count per node.
-- ``dra``: no device plugin (GPU Operator v26.7.0's ``GPUCluster``, EKS Auto Mode): nodes have
-  no ``nvidia.com/gpu``, the ``gpu.nvidia.com`` DeviceClass maps no extended resource
-  (``manifests/state-dra-driver/0400_deviceclass-gpu.yaml`` of NVIDIA/gpu-operator v26.7.0), and
-  each node's GPUs are devices ``gpu-0`` … in a ResourceSlice of driver ``gpu.nvidia.com``; a
-  claim is allocated device by device.
+GPU stacks (``SimCluster(gpu_stack=…)``): ``device-plugin``, where the NVIDIA device plugin gives
+every node ``nvidia.com/gpu`` allocatable and the DRA driver's ``gpu.nvidia.com`` DeviceClass
+maps that extended resource (``extendedResourceName``, as ``templates/deviceclass-gpu.yaml`` of
+kubernetes-sigs/dra-driver-nvidia-gpu renders it on ``resource.k8s.io/v1``), so ``nvidia.com/gpu``
+limits and ``gpu.nvidia.com`` claims draw on one count per node; or ``dra``, with no device
+plugin (GPU Operator v26.7.0's ``GPUCluster``, EKS Auto Mode): the DeviceClass maps nothing
+(``manifests/state-dra-driver/0400_deviceclass-gpu.yaml`` of NVIDIA/gpu-operator v26.7.0) and
+each node's GPUs are devices ``gpu-0`` … in a ResourceSlice of driver ``gpu.nvidia.com``, a
+claim allocated device by device.
 
 IMEX modes (``SimCluster(imex_mode=…)``, the driver's ``resources.computeDomains.imex.mode``):
 ``daemons`` (driverManaged: an IMEX daemon per node and domain) or ``hostManaged`` (the

@@ -4,6 +4,7 @@ webhooks, ResourceQuota)."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass
 
 from mnnvl.sim.api.model import ApiError, Obj
@@ -49,10 +50,11 @@ class PodAdmission:
         meta = pod.get("metadata") or {}
         ns = meta.get("namespace") or "default"
         name = meta.get("name") or meta.get("generateName") or "Unknown"
-        self._service_account(ns, name, pod)
         namespace = self.store.find("namespaces", "", ns)
-        found = violation(namespace, pod) if namespace is not None else None
-        if found:
+        if namespace is None or namespace["metadata"].get("deletionTimestamp"):
+            return  # NamespaceLifecycle, which runs first, refuses it (the store's create)
+        self._service_account(ns, name, pod)
+        if found := violation(namespace, pod):
             raise forbidden(name, found)
         job = (meta.get("labels") or {}).get("job-name")
         with self._lock:
@@ -68,9 +70,6 @@ class PodAdmission:
         """The ServiceAccount plugin (a mutating one, so it runs before the validating plugins):
         an unset ``serviceAccountName`` becomes ``default``, and the account must exist
         (plugin/pkg/admission/serviceaccount, ``Admit``)."""
-        namespace = self.store.find("namespaces", "", ns)
-        if namespace is None or namespace["metadata"].get("deletionTimestamp"):
-            return  # NamespaceLifecycle, which runs first, refuses it (the store's create)
         spec = pod.setdefault("spec", {})
         account = spec.setdefault("serviceAccountName", DEFAULT_SERVICE_ACCOUNT)
         if self.store.find("serviceaccounts", ns, account) is None:
@@ -81,25 +80,22 @@ class PodAdmission:
             )
 
     def _quota(self, ns: str, name: str, pod: Obj) -> None:
-        quotas = sorted(
-            self.store.list("resourcequotas", ns)[0], key=lambda q: q["metadata"]["name"]
-        )
+        quotas = self.store.list("resourcequotas", ns)[0]  # sorted by name, as the API lists
         if not quotas:
             return
-        delta = pod_usage(pod)
-        used: dict[str, int] = {}
+        delta = _pod_usage(pod)
+        used: Counter[str] = Counter()
         for other in self.store.list("pods", ns)[0]:
             # Terminal pods no longer count (QuotaV1Pod); terminating ones still do.
             if (other.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                for key, value in pod_usage(other).items():
-                    used[key] = used.get(key, 0) + value
+                used.update(_pod_usage(other))
         for quota in quotas:
             hard = {
                 k: q
                 for k, v in ((quota.get("spec") or {}).get("hard") or {}).items()
                 if (q := _quantity(v)) is not None
             }
-            exceeded = sorted(k for k in hard if k in delta and used.get(k, 0) + delta[k] > hard[k])
+            exceeded = sorted(k for k in hard if k in delta and used[k] + delta[k] > hard[k])
             if exceeded:
                 raise forbidden(
                     name,
@@ -109,11 +105,11 @@ class PodAdmission:
                 )
 
 
-def pod_usage(pod: Obj) -> dict[str, int]:
+def _pod_usage(pod: Obj) -> Counter[str]:
     """What a pod charges to a quota: ``pods`` and ``count/pods``, and its integer requests
     and limits (``requests.nvidia.com/gpu``; an extended resource's request defaults to its
     limit)."""
-    usage = {"pods": 1, "count/pods": 1}
+    usage = Counter({"pods": 1, "count/pods": 1})
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         limits, requests = res.get("limits") or {}, res.get("requests") or {}
@@ -124,8 +120,7 @@ def pod_usage(pod: Obj) -> dict[str, int]:
             ):
                 value = _quantity(amount)
                 if value is not None:
-                    key = f"{kind}.{resource}"
-                    usage[key] = usage.get(key, 0) + value
+                    usage[f"{kind}.{resource}"] += value
     return usage
 
 

@@ -1,37 +1,20 @@
 """A Kueue stand-in (``SimCluster(kueue=True)``): queued Jobs wait suspended in a Workload.
 
-Like Kueue's Job webhook, a Job created with the label ``kueue.x-k8s.io/queue-name`` is stored
-with ``spec.suspend: true``. Like Kueue's Job reconciler, each such Job gets one
-``kueue.x-k8s.io/v1beta2`` Workload (label ``kueue.x-k8s.io/job-uid``, owned by the Job, one pod
-set ``main`` of ``parallelism`` pods). Like Kueue's workload controller and scheduler (v0.19, whose
-default ``UnadmittedWorkloadsObservability`` gives the granular reasons), the Workload's
-``QuotaReserved`` condition says why it waits, with Kueue's own messages:
+As Kueue v0.19 does it: its Job webhook stores a Job labelled ``kueue.x-k8s.io/queue-name``
+suspended; its Job reconciler makes one ``kueue.x-k8s.io/v1beta2`` Workload per Job; its
+scheduler admits a Workload whole once it fits the ClusterQueue's quota (``pods``,
+``nvidia.com/gpu`` limits, DRA devices through ``deviceClassMappings``) and, for a topology
+request, the free topology domains (:mod:`mnnvl.sim.policy.kueue_tas`), and un-suspends the Job.
+Until then ``QuotaReserved=False`` names the reason with Kueue's message (the granular reasons
+of the default ``UnadmittedWorkloadsObservability``).
 
-- ``Misconfigured``: the LocalQueue or its ClusterQueue does not exist, or a DeviceClass the pods'
-  claim templates ask for is not in ``deviceClassMappings`` (Kueue v0.18+ DRA accounting);
-- ``WaitingForQuota`` / ``ExceedsMaxQuota``: the ClusterQueue's quota (``pods``,
-  ``nvidia.com/gpu`` limits, mapped DRA devices) is used by admitted Workloads, or too small;
-- ``TopologyPlacementFailed``: a pod set with a topology request (``podset-required-topology``
-  or ``podset-slice-required-topology``) has fewer free topology domains (e.g. NVLink cliques)
-  with room for a slice than it has slices.
-
-When it fits (after ``admission_delay_s``), the Workload gets ``QuotaReserved`` and ``Admitted``
-and the Job is un-suspended: all its pods at once, never part of them (a Workload is admitted
-whole). Re-evaluated whenever a Job, node or Workload changes.
-
-``waitForPodsReady`` (on by default from Kueue v0.19, ``KueueConfig.pods_ready_timeout_s``): an
-admitted Workload whose Job does not have all its pods Ready (or Succeeded) within the timeout of
-its admission is evicted as Kueue's workload controller does it: ``Evicted=True`` (reason
-``PodsReadyTimeout``, "Exceeded the PodsReady timeout <ns>/<name>"), ``status.requeueState``
-count + 1 and ``requeueAt`` after a back-off of base x 2^(count-1) (at most the maximum), the
-admission cleared (``QuotaReserved=False``, ``Requeued=False`` with the eviction's reason), the
-Job suspended and its pod template restored from the Workload's pod set. After the back-off
-``Requeued=True`` (``BackoffFinished``) and it is admitted again like a new one; ``Evicted``
-turns False ("Previously: ..."). Not modelled: the recovery timeout (a pod failing after
-PodsReady), ``backoffLimitCount``, flavors beyond one, cohorts, preemption, admission checks,
-priorities. A pod set with a topology request is
-admitted with a topology assignment, its pods are created gated and ungated onto their domain
-(:mod:`mnnvl.sim.policy.kueue_tas`).
+``waitForPodsReady`` (on by default from v0.19): an admitted Workload whose pods are not all
+Ready (or Succeeded) within the timeout is evicted as Kueue's workload controller does it
+(``Evicted=True``, ``PodsReadyTimeout``; ``status.requeueState`` count + 1; the Job suspended
+and its template restored), requeued after a back-off of base x 2^(count-1) (at most the
+maximum) and then admitted like a new one. Not modelled: the recovery timeout (a pod failing
+after PodsReady), ``backoffLimitCount``, flavors beyond one, cohorts, preemption, admission
+checks, priorities.
 """
 
 from __future__ import annotations
@@ -39,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mnnvl.sim.api.controller import Controller
@@ -52,7 +37,6 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 FLAVOR = "default-flavor"
 TOPOLOGY = "default"
 GPU = "nvidia.com/gpu"
-WRITTEN = ("QuotaReserved", "Admitted")  # the conditions admission writes
 
 
 @dataclass(frozen=True)
@@ -84,6 +68,7 @@ class _Verdict:
     message: str = ""
     cluster_queue: str = ""
     usage: dict[str, int] = field(default_factory=dict)
+    placed: list[Obj] = field(default_factory=list)  # one node per pod, in rank order (TAS)
 
 
 def queued(obj: Obj) -> bool:
@@ -118,9 +103,7 @@ class KueueStandIn(Controller):
             obj.setdefault("spec", {})["suspend"] = True
 
     def on_events(self, events: list[WatchEvent]) -> None:
-        self._admit()  # every pass looks at every queued Job
-
-    def _admit(self) -> None:
+        """Every pass looks at every queued Job, whatever the events."""
         jobs = sorted(
             (j for j in self.store.list("jobs")[0] if queued(j)),
             key=lambda j: str(j["metadata"]["creationTimestamp"]),
@@ -129,11 +112,11 @@ class KueueStandIn(Controller):
             (w["metadata"]["namespace"], (w["metadata"].get("labels") or {}).get(JOB_UID_LABEL)): w
             for w in self.store.list("workloads")[0]
         }
-        used: dict[str, dict[str, int]] = {}
+        used: defaultdict[str, Counter[str]] = defaultdict(Counter)  # ClusterQueue -> usage
         nodes = self.store.list("nodes")[0]
         taken: set[str] = set()  # nodes of admitted pod sets with a topology assignment
-        running: list[tuple[Obj, Obj]] = []
         pending: list[tuple[Obj, Obj]] = []
+        now = time.monotonic()
         for job in jobs:
             wl = workloads.get((job["metadata"]["namespace"], job["metadata"]["uid"]))
             if wl is None:
@@ -149,14 +132,10 @@ class KueueStandIn(Controller):
             if admission is None:
                 pending.append((job, wl))
             elif not finished(job.get("status") or {}):
-                _charge(used, admission["clusterQueue"], _usage(admission))
+                used[admission["clusterQueue"]].update(_usage(admission))
                 taken.update(tas.assigned_nodes(admission, nodes))
-                running.append((job, wl))
-        now = time.monotonic()
-        # The topology ungater: pods of admitted Workloads onto their domain.
-        for job, wl in running:
-            tas.ungate(self.store, wl)
-            self._check_pods_ready(job, wl, now)
+                tas.ungate(self.store, wl)  # the topology ungater: pods onto their domain
+                self._check_pods_ready(job, wl, now)
         for job, wl in pending:
             due = self._seen.setdefault(job["metadata"]["uid"], now) + self.admission_delay_s
             due = max(due, self._requeue_at.get(wl["metadata"]["uid"], 0.0))
@@ -168,27 +147,13 @@ class KueueStandIn(Controller):
             if verdict.reason:
                 self._set_pending(wl, verdict)
                 continue
-            _charge(used, verdict.cluster_queue, verdict.usage)
-            request = tas.topology_request(job)
-            placed = tas.place(nodes, request, _count(job), taken) if request else []
-            taken.update(n["metadata"]["name"] for n in placed)
-            self._admit_workload(job, wl, verdict, placed)
+            used[verdict.cluster_queue].update(verdict.usage)
+            taken.update(n["metadata"]["name"] for n in verdict.placed)
+            self._admit_workload(job, wl, verdict)
 
     def _create_workload(self, job: Obj) -> Obj | None:
         meta = job["metadata"]
-        pod_set: Obj = {"name": "main", "count": _count(job), "template": job["spec"]["template"]}
-        request = tas.topology_request(job)
-        if request is not None:
-            notes = job["spec"]["template"]["metadata"]["annotations"]
-            topology: Obj = {"podIndexLabel": tas.INDEX_LABEL}
-            if tas.REQUIRED_TOPOLOGY in notes:
-                topology["required"] = notes[tas.REQUIRED_TOPOLOGY]
-            if tas.SLICE_TOPOLOGY in notes:
-                topology |= {
-                    "podSetSliceRequiredTopology": request[0],
-                    "podSetSliceSize": request[1],
-                }
-            pod_set["topologyRequest"] = topology
+        pod_set = {"name": "main", "count": _count(job), "template": job["spec"]["template"]}
         body = {
             "metadata": {
                 "name": workload_name(job),
@@ -196,7 +161,7 @@ class KueueStandIn(Controller):
                 "labels": {JOB_UID_LABEL: meta["uid"]},
                 "ownerReferences": [controller_ref(job, "batch/v1", "Job")],
             },
-            "spec": {"queueName": (meta.get("labels") or {})[QUEUE_LABEL], "podSets": [pod_set]},
+            "spec": {"queueName": meta["labels"][QUEUE_LABEL], "podSets": [pod_set]},
         }
         try:
             return self.store.create("workloads", body)
@@ -204,16 +169,12 @@ class KueueStandIn(Controller):
             log.debug("kueue stand-in: no workload for job %s: %s", meta["name"], e.message)
             return None
 
-    def _queues(self) -> tuple[dict[str, str] | None, dict[str, dict[str, int]]]:
-        quotas = self.config.quotas
-        if quotas is None:
-            quotas = {"cluster-queue": {"pods": len(self.store.list("nodes")[0])}}
-        return self.config.local_queues, quotas
-
     def _evaluate(
-        self, job: Obj, used: dict[str, dict[str, int]], taken: set[str], nodes: list[Obj]
+        self, job: Obj, used: defaultdict[str, Counter[str]], taken: set[str], nodes: list[Obj]
     ) -> _Verdict:
-        local_queues, quotas = self._queues()
+        local_queues, quotas = self.config.local_queues, self.config.quotas
+        if quotas is None:
+            quotas = {"cluster-queue": {"pods": len(nodes)}}
         lq = job["metadata"]["labels"][QUEUE_LABEL]
         cq = "cluster-queue" if local_queues is None else local_queues.get(lq, "")
         if not cq:
@@ -224,7 +185,7 @@ class KueueStandIn(Controller):
         if error:
             return _Verdict("Misconfigured", error)
         for res, nominal in quotas[cq].items():
-            want, have = requests.get(res, 0), used.get(cq, {}).get(res, 0)
+            want, have = requests.get(res, 0), used[cq][res]
             if want > nominal:
                 return _Verdict(
                     "ExceedsMaxQuota",
@@ -239,24 +200,24 @@ class KueueStandIn(Controller):
                     f"{res} in flavor {FLAVOR}, {want + have - nominal} more needed",
                 )
         request = tas.topology_request(job)
-        if request is not None and not tas.place(nodes, request, _count(job), taken):
-            count, size = _count(job), request[1]
+        placed = tas.place(nodes, request, _count(job), taken) if request else []
+        if request and not placed:
             return _Verdict(
                 "TopologyPlacementFailed",
-                f"couldn't assign flavors to pod set main: topology {TOPOLOGY!r} doesn't allow "
-                f"to fit any of {count // size} slice(s)".replace("'", '"'),
+                f"couldn't assign flavors to pod set main: topology \"{TOPOLOGY}\" doesn't allow "
+                f"to fit any of {_count(job) // request[1]} slice(s)",
             )
-        return _Verdict(cluster_queue=cq, usage=requests)
+        return _Verdict(cluster_queue=cq, usage=requests, placed=placed)
 
     def _requests(self, job: Obj) -> tuple[dict[str, int], str]:
         """The pod set's quota usage, or Kueue's message for an unmapped DeviceClass."""
         count = _count(job)
         spec = job["spec"]["template"].get("spec") or {}
-        per_pod: dict[str, int] = {"pods": 1}
+        per_pod = Counter({"pods": 1})
         for c in spec.get("containers") or []:
             limits = (c.get("resources") or {}).get("limits") or {}
             if GPU in limits:
-                per_pod[GPU] = per_pod.get(GPU, 0) + int(limits[GPU])
+                per_pod[GPU] += int(limits[GPU])
         mappings = self.config.device_class_mappings
         ns = job["metadata"]["namespace"]
         for j, ref in enumerate(spec.get("resourceClaims") or []):
@@ -274,13 +235,13 @@ class KueueStandIn(Controller):
                         f'resourceClaimTemplateName: Not found: "DeviceClass {dc} is not mapped '
                         'in DRA configuration for podset main"'
                     )
-                per_pod[name] = per_pod.get(name, 0) + int(exactly.get("count", 1))
+                per_pod[name] += int(exactly.get("count", 1))
         return {res: n * count for res, n in per_pod.items()}, ""
 
     def _check_pods_ready(self, job: Obj, wl: Obj, now: float) -> None:
         """Evict an admitted Workload whose pods are not all Ready within the timeout."""
         uid, timeout = wl["metadata"]["uid"], self.config.pods_ready_timeout_s
-        if not timeout or uid in self._ready or finished(job.get("status") or {}):
+        if not timeout or uid in self._ready:
             return
         pods = self.store.list("pods", job["metadata"]["namespace"], lambda p: _owned(p, job))[0]
         if sum(1 for p in pods if _ready(p)) >= _count(job):
@@ -296,115 +257,92 @@ class KueueStandIn(Controller):
         backoff = min(self.config.requeue_base_s * 2 ** (count - 1), self.config.requeue_max_s)
         self._requeue_at[uid] = now + backoff
         self._admitted.pop(uid, None)
-        stamp = now_iso()
-        evicted = {"type": "Evicted", "status": "True", "reason": "PodsReadyTimeout"}
-        unreserved = {"type": "QuotaReserved", "status": "False", "reason": "Pending"}
-        requeued = {"type": "Requeued", "status": "False", "reason": "PodsReadyTimeout"}
-        not_admitted = {"type": "Admitted", "status": "False", "reason": "NoReservation"}
-        new = [evicted, unreserved, requeued, not_admitted]
+        new = [
+            _condition("Evicted", "True", "PodsReadyTimeout", message),
+            _condition("QuotaReserved", "False", "Pending", message),
+            _condition("Requeued", "False", "PodsReadyTimeout", message),
+            _condition("Admitted", "False", "NoReservation", message),
+        ]
 
         def write(o: Obj) -> None:
             st = o.setdefault("status", {})
             st.pop("admission", None)
             st["requeueState"] = {"count": count, "requeueAt": iso_after(backoff)}
-            _replace_conditions(
-                st, [{**c, "message": message, "lastTransitionTime": stamp} for c in new]
-            )
+            _set_conditions(st, new)
 
-        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        self._mutate("workloads", wl, write)
         template = wl["spec"]["podSets"][0]["template"]
 
         def stop(o: Obj) -> None:  # the Job reconciler: suspend, restore the pod set info
             o["spec"]["suspend"] = True
             o["spec"]["template"] = template
 
-        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], stop)
+        self._mutate("jobs", job, stop)
         log.info("kueue stand-in: evicted %s: %s", meta["name"], message)
 
     def _backoff_finished(self, wl: Obj) -> None:
         """A requeued Workload whose back-off ended: Requeued=True, then evaluated anew."""
         if self._requeue_at.pop(wl["metadata"]["uid"], None) is None:
             return
-        cond = {
-            "type": "Requeued",
-            "status": "True",
-            "reason": "BackoffFinished",
-            "message": "The workload backoff was finished",
-            "lastTransitionTime": now_iso(),
-        }
-
-        meta = wl["metadata"]
-        self.store.mutate(
-            "workloads",
-            meta["namespace"],
-            meta["name"],
-            lambda o: _replace_conditions(o.setdefault("status", {}), [cond]),
+        cond = _condition(
+            "Requeued", "True", "BackoffFinished", "The workload backoff was finished"
         )
+        self._mutate("workloads", wl, lambda o: _set_conditions(o.setdefault("status", {}), [cond]))
 
     def _set_pending(self, wl: Obj, verdict: _Verdict) -> None:
-        cond = {"type": "QuotaReserved", "status": "False", "reason": verdict.reason}
-        cond["message"] = verdict.message
+        cond = _condition("QuotaReserved", "False", verdict.reason, verdict.message)
 
         def write(o: Obj) -> bool:
-            conds = (o.get("status") or {}).get("conditions") or []
-            old = next((c for c in conds if c.get("type") == "QuotaReserved"), None)
-            if old and (old["reason"], old["message"]) == (verdict.reason, verdict.message):
-                return False  # unchanged: no write, no event
             st = o.setdefault("status", {})
-            _replace_conditions(st, [{**cond, "lastTransitionTime": now_iso()}])
+            old = next((c for c in st.get("conditions") or [] if c["type"] == cond["type"]), None)
+            if old and (old["reason"], old["message"]) == (cond["reason"], cond["message"]):
+                return False  # unchanged: no write, no event
+            _set_conditions(st, [cond])
             return True
 
-        meta = wl["metadata"]
-        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        self._mutate("workloads", wl, write)
 
-    def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict, placed: list[Obj]) -> None:
-        """Admit with the topology assignment of ``placed`` (one node per pod, in rank order;
-        [] without a topology request), then start the Job as Kueue's Job reconciler does."""
-        stamp = now_iso()
-        levels = self.config.topology_levels
-        topology = {"topologyAssignment": tas.assignment(levels, placed)} if placed else {}
-        admission = {
-            "clusterQueue": verdict.cluster_queue,
-            "podSetAssignments": [
-                {
-                    "name": "main",
-                    "flavors": {res: FLAVOR for res in verdict.usage},
-                    "resourceUsage": {res: str(n) for res, n in verdict.usage.items()},
-                    "count": _count(job),
-                    **topology,
-                }
-            ],
+    def _admit_workload(self, job: Obj, wl: Obj, verdict: _Verdict) -> None:
+        """Admit with the topology assignment of ``verdict.placed``, then start the Job as
+        Kueue's Job reconciler does."""
+        psa: Obj = {
+            "name": "main",
+            "flavors": {res: FLAVOR for res in verdict.usage},
+            "resourceUsage": {res: str(n) for res, n in verdict.usage.items()},
+            "count": _count(job),
         }
-        messages = {
-            "QuotaReserved": f"Quota reserved in ClusterQueue {verdict.cluster_queue}",
-            "Admitted": "The workload is admitted",
-        }
-        conds = [
-            {"type": t, "status": "True", "reason": t, "message": m, "lastTransitionTime": stamp}
-            for t, m in messages.items()
+        if verdict.placed:
+            psa["topologyAssignment"] = tas.assignment(self.config.topology_levels, verdict.placed)
+        admission = {"clusterQueue": verdict.cluster_queue, "podSetAssignments": [psa]}
+        quota = f"Quota reserved in ClusterQueue {verdict.cluster_queue}"
+        new = [
+            _condition("QuotaReserved", "True", "QuotaReserved", quota),
+            _condition("Admitted", "True", "Admitted", "The workload is admitted"),
         ]
 
         def write(o: Obj) -> None:
             st = o.setdefault("status", {})
-            kept = [c for c in st.get("conditions") or [] if c["type"] not in WRITTEN]
-            for c in kept:
+            for c in st.get("conditions") or []:
                 if c["type"] == "Evicted" and c["status"] == "True":
                     c.update(status="False", message=f"Previously: {c['message']}")
-                    c["lastTransitionTime"] = stamp
-            st.update(admission=admission, conditions=kept + conds)
+                    c["lastTransitionTime"] = now_iso()
+            st["admission"] = admission
+            _set_conditions(st, new)
 
         meta = wl["metadata"]
-        self.store.mutate("workloads", meta["namespace"], meta["name"], write)
+        self._mutate("workloads", wl, write)
         self._admitted[meta["uid"]] = time.monotonic()
         self._ready.discard(meta["uid"])
-        gated = bool(placed)
 
         def start(o: Obj) -> None:  # RunWithPodSetsInfo: unsuspend, merge the pod set info
             o["spec"]["suspend"] = False
-            if gated:
+            if verdict.placed:
                 tas.gate_template(o["spec"]["template"], meta["name"])
 
-        self.store.mutate("jobs", job["metadata"]["namespace"], job["metadata"]["name"], start)
+        self._mutate("jobs", job, start)
+
+    def _mutate(self, resource: str, obj: Obj, fn: Callable[[Obj], object]) -> None:
+        self.store.mutate(resource, obj["metadata"]["namespace"], obj["metadata"]["name"], fn)
 
 
 def _owned(pod: Obj, job: Obj) -> bool:
@@ -422,17 +360,15 @@ def _ready(pod: Obj) -> bool:
     return ready or status.get("phase") == "Succeeded"
 
 
-def _charge(used: dict[str, dict[str, int]], cluster_queue: str, usage: dict[str, int]) -> None:
-    cq = used.setdefault(cluster_queue, {})
-    for res, n in usage.items():
-        cq[res] = cq.get(res, 0) + n
+def _condition(type_: str, status: str, reason: str, message: str) -> Obj:
+    return {"type": type_, "status": status, "reason": reason, "message": message}
 
 
-def _replace_conditions(status: Obj, new: list[Obj]) -> None:
-    """Drop the conditions of the types in ``new``, then append ``new``."""
-    types = {c["type"] for c in new}
-    status["conditions"] = [c for c in status.get("conditions") or [] if c.get("type") not in types]
-    status["conditions"] += new
+def _set_conditions(status: Obj, new: list[Obj]) -> None:
+    """Replace the conditions of the types in ``new`` with ``new``, stamped now."""
+    types, stamp = {c["type"] for c in new}, now_iso()
+    kept = [c for c in status.get("conditions") or [] if c.get("type") not in types]
+    status["conditions"] = kept + [{**c, "lastTransitionTime": stamp} for c in new]
 
 
 def _count(job: Obj) -> int:
@@ -440,8 +376,5 @@ def _count(job: Obj) -> int:
 
 
 def _usage(admission: Obj) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for psa in admission.get("podSetAssignments") or []:
-        for res, n in (psa.get("resourceUsage") or {}).items():
-            total[res] = total.get(res, 0) + int(n)
-    return total
+    usage = admission["podSetAssignments"][0]["resourceUsage"]
+    return {res: int(n) for res, n in usage.items()}

@@ -1,21 +1,15 @@
 """Kueue topology-aware scheduling (TAS) for the Kueue stand-in: assignment, gate, ungater.
 
-As Kueue does it (kubernetes-sigs/kueue):
-
-- Admission gives a pod set with a topology request (``podset-required-topology``: all pods in
-  one domain; ``podset-slice-required-topology`` + ``podset-slice-size``: each slice in one
-  domain) a ``topologyAssignment`` on the Workload (``status.admission.podSetAssignments[]``,
-  v1beta2 shape: ``levels`` plus ``slices`` of ``domainCount``/``valuesPerLevel``/``podCounts``;
-  ``apis/kueue/v1beta2/workload_types.go``). The assignment is at the Topology's lowest level;
-  when that is ``kubernetes.io/hostname`` it names nodes and omits the higher levels.
-- Starting the Job merges into its pod template the label ``kueue.x-k8s.io/podset``, the
-  annotation ``kueue.x-k8s.io/workload`` and the scheduling gate ``kueue.x-k8s.io/topology``
-  (``pkg/podset/podset.go`` ``FromAssignment``/``Merge``, ``pkg/controller/jobframework/
-  reconciler.go``), so every pod is created gated and the scheduler leaves it alone.
-- The topology ungater (``pkg/controller/tas/topology_ungater.go``) maps each gated pod to a
-  domain by its rank, the Job's completion index (the pod set's ``podIndexLabel``), expanding
-  the assignment's domains in order by their pod counts; it removes the gate and adds the
-  domain's level labels to ``spec.nodeSelector``.
+As Kueue does it (kubernetes-sigs/kueue): admission gives a pod set with a topology request
+(``podset-required-topology``: all pods in one domain; ``podset-slice-required-topology`` +
+``podset-slice-size``: each slice in one domain) a v1beta2 ``topologyAssignment``
+(``apis/kueue/v1beta2/workload_types.go``), at the Topology's lowest level, which names only
+the nodes when that is ``kubernetes.io/hostname``. Starting the Job merges the podset label,
+the workload annotation and the ``kueue.x-k8s.io/topology`` scheduling gate into its pod
+template (``pkg/podset/podset.go`` ``FromAssignment``/``Merge``), so every pod is created
+gated; the topology ungater (``pkg/controller/tas/topology_ungater.go``) maps each gated pod to
+a domain by its completion index (the pod set's ``podIndexLabel``), removes the gate and adds
+the domain's level labels to ``spec.nodeSelector``.
 
 The stand-in's notion of capacity is one pod per free node (TAS counts resources per node;
 the product's pods take a whole node).
@@ -23,12 +17,13 @@ the product's pods take a whole node).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import partial
+from itertools import groupby
 
-from mnnvl.sim.api.model import TERMINAL
 from mnnvl.sim.api.store import Obj, Store
 
 TOPOLOGY_GATE = "kueue.x-k8s.io/topology"
+GATE = {"name": TOPOLOGY_GATE}
 WORKLOAD_ANNOTATION = "kueue.x-k8s.io/workload"
 PODSET_LABEL = "kueue.x-k8s.io/podset"
 REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
@@ -45,11 +40,10 @@ def topology_request(job: Obj) -> tuple[str, int] | None:
     """(topology level, slice size) of the Job's pod set; None without a topology request.
     A required topology is one slice of all the pods."""
     notes = (job["spec"]["template"].get("metadata") or {}).get("annotations") or {}
-    count = int(job["spec"].get("parallelism", 1))
     if SLICE_TOPOLOGY in notes:
         return notes[SLICE_TOPOLOGY], max(1, int(notes.get(SLICE_SIZE, "1")))
     if REQUIRED_TOPOLOGY in notes:
-        return notes[REQUIRED_TOPOLOGY], count
+        return notes[REQUIRED_TOPOLOGY], int(job["spec"].get("parallelism", 1))
     return None
 
 
@@ -81,43 +75,28 @@ def assignment(levels: tuple[str, ...], placed: list[Obj]) -> Obj:
     """The Workload's ``topologyAssignment`` for pods placed on ``placed`` (in rank order):
     consecutive pods in one lowest-level domain share a domain entry."""
     keys = [HOSTNAME] if levels[-1] == HOSTNAME else list(levels)
-    domains: list[tuple[list[str], int]] = []
-    for node in placed:
-        labels = node["metadata"].get("labels") or {}
-        values = [labels.get(k, "") for k in keys]
-        if domains and domains[-1][0] == values:
-            domains[-1] = (values, domains[-1][1] + 1)
-        else:
-            domains.append((values, 1))
+    per_pod = [tuple((n["metadata"].get("labels") or {}).get(k, "") for k in keys) for n in placed]
+    runs = [(values, len(list(pods))) for values, pods in groupby(per_pod)]
     slice_ = {
-        "domainCount": len(domains),
+        "domainCount": len(runs),
         "valuesPerLevel": [
-            {"individual": {"roots": [values[i] for values, _ in domains]}}
-            for i in range(len(keys))
+            {"individual": {"roots": [values[i] for values, _ in runs]}} for i in range(len(keys))
         ],
-        "podCounts": {"individual": [n for _, n in domains]},
+        "podCounts": {"individual": [n for _, n in runs]},
     }
     return {"levels": keys, "slices": [slice_]}
 
 
 def domains(topology: Obj) -> list[tuple[dict[str, str], int]]:
-    """(node selector, pod count) per domain of a ``topologyAssignment``, in order."""
+    """(node selector, pod count) per domain of a ``topologyAssignment`` :func:`assignment`
+    wrote (``individual`` values and counts only), in order."""
     keys = topology.get("levels") or []
     result = []
     for s in topology.get("slices") or []:
-        counts = s["podCounts"]
-        for i in range(int(s["domainCount"])):
-            values = [
-                v["universal"] if "universal" in v else _individual(v["individual"], i)
-                for v in s["valuesPerLevel"]
-            ]
-            n = counts["universal"] if "universal" in counts else counts["individual"][i]
-            result.append((dict(zip(keys, values, strict=True)), int(n)))
+        for i, count in enumerate(s["podCounts"]["individual"]):
+            values = [v["individual"]["roots"][i] for v in s["valuesPerLevel"]]
+            result.append((dict(zip(keys, values, strict=True)), int(count)))
     return result
-
-
-def _individual(values: Obj, i: int) -> str:
-    return f"{values.get('prefix') or ''}{values['roots'][i]}{values.get('suffix') or ''}"
 
 
 def assigned_nodes(admission: Obj, nodes: list[Obj]) -> set[str]:
@@ -143,8 +122,8 @@ def gate_template(template: Obj, workload: str) -> None:
     meta.setdefault("labels", {})[PODSET_LABEL] = "main"
     meta.setdefault("annotations", {})[WORKLOAD_ANNOTATION] = workload
     gates = template.setdefault("spec", {}).setdefault("schedulingGates", [])
-    if {"name": TOPOLOGY_GATE} not in gates:
-        gates.append({"name": TOPOLOGY_GATE})
+    if GATE not in gates:
+        gates.append(dict(GATE))
 
 
 def ungate(store: Store, wl: Obj) -> None:
@@ -156,34 +135,28 @@ def ungate(store: Store, wl: Obj) -> None:
         return
     by_rank = [selector for selector, n in domains(topology) for _ in range(n)]
     ns, name = wl["metadata"]["namespace"], wl["metadata"]["name"]
-    pods, _ = store.list("pods", ns, lambda p: _gated_pod_of(p, name))
+    pods, _ = store.list(
+        "pods",
+        ns,
+        lambda p: (
+            (p["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION) == name
+            and GATE in (p["spec"].get("schedulingGates") or [])
+        ),
+    )
     for pod in pods:
         rank = int(pod["metadata"]["labels"].get(INDEX_LABEL, "-1"))
         if 0 <= rank < len(by_rank):
-            store.mutate("pods", ns, pod["metadata"]["name"], _ungater(by_rank[rank]))
+            store.mutate("pods", ns, pod["metadata"]["name"], partial(_ungate, by_rank[rank]))
 
 
-def _gated_pod_of(pod: Obj, workload: str) -> bool:
-    meta = pod["metadata"]
-    return (
-        (meta.get("annotations") or {}).get(WORKLOAD_ANNOTATION) == workload
-        and (meta.get("labels") or {}).get(PODSET_LABEL) == "main"
-        and (pod.get("status") or {}).get("phase") not in TERMINAL
-        and {"name": TOPOLOGY_GATE} in (pod["spec"].get("schedulingGates") or [])
-    )
-
-
-def _ungater(selector: dict[str, str]) -> Callable[[Obj], bool]:
-    def write(pod: Obj) -> bool:
-        gates = pod["spec"].get("schedulingGates") or []
-        if {"name": TOPOLOGY_GATE} not in gates:
-            return False  # ungated meanwhile: nothing to write
-        rest = [g for g in gates if g != {"name": TOPOLOGY_GATE}]
-        if rest:
-            pod["spec"]["schedulingGates"] = rest
-        else:
-            del pod["spec"]["schedulingGates"]  # an empty list is not kept, as the API drops it
-        pod["spec"].setdefault("nodeSelector", {}).update(selector)
-        return True
-
-    return write
+def _ungate(selector: dict[str, str], pod: Obj) -> bool:
+    gates = pod["spec"].get("schedulingGates") or []
+    if GATE not in gates:
+        return False  # ungated meanwhile: nothing to write
+    rest = [g for g in gates if g != GATE]
+    if rest:
+        pod["spec"]["schedulingGates"] = rest
+    else:
+        del pod["spec"]["schedulingGates"]  # an empty list is not kept, as the API drops it
+    pod["spec"].setdefault("nodeSelector", {}).update(selector)
+    return True

@@ -1,21 +1,13 @@
 """What the control plane does about a node that stopped answering, as upstream does it.
 
-- ``default_tolerations``: the DefaultTolerationSeconds admission plugin. A pod that does not
-  tolerate ``node.kubernetes.io/not-ready:NoExecute`` or ``node.kubernetes.io/unreachable:
-  NoExecute`` gets a toleration for it with ``tolerationSeconds`` (kube-apiserver's
-  ``--default-not-ready-toleration-seconds``/``--default-unreachable-toleration-seconds``,
-  300 s by default).
-- ``NodeLifecycle``: the taint-eviction controller (pkg/controller/tainteviction) and the pod
-  garbage collector (pkg/controller/podgc). For a pod bound to a node with a ``NoExecute``
-  taint it does not tolerate, or once the shortest ``tolerationSeconds`` of the ones it does
-  tolerate has passed, the taint-eviction controller records a ``TaintManagerEviction`` Event
-  ("Marking for deletion Pod ns/name"), adds the ``DisruptionTarget`` condition (reason
-  ``DeletionByTaintManager``) and deletes the pod with its grace period. A pod on an
-  unreachable node stays Terminating after that: no kubelet finishes it. Pod GC then marks
-  ``Failed`` and force-deletes (grace 0) a pod whose node object has been gone for the
-  quarantine time (40 s upstream; ``DisruptionTarget`` reason ``DeletionByPodGC``, "PodGC:
-  node no longer exists") and a Terminating pod on a not-ready node tainted
-  ``node.kubernetes.io/out-of-service``.
+``default_tolerations`` is the DefaultTolerationSeconds admission plugin (kube-apiserver's
+``--default-not-ready-toleration-seconds``/``--default-unreachable-toleration-seconds``);
+``node_unreachable`` what the node lifecycle controller does to a node that stopped reporting;
+``NodeLifecycle`` the taint-eviction controller (pkg/controller/tainteviction) and the pod
+garbage collector (pkg/controller/podgc). A pod evicted from an unreachable node stays
+Terminating, as no kubelet finishes it, until pod GC marks it ``Failed`` and force-deletes it:
+once its node object has been gone for the quarantine time, or when the not-ready node is
+tainted ``node.kubernetes.io/out-of-service``.
 """
 
 from __future__ import annotations
@@ -41,18 +33,11 @@ CHECK_PERIOD_S = 0.2  # how often due evictions and orphans are looked at
 
 def default_tolerations(pod: Obj, seconds: float) -> None:
     """DefaultTolerationSeconds: add the not-ready/unreachable NoExecute tolerations a pod lacks."""
-    spec = pod.setdefault("spec", {})
-    tolerations = spec.setdefault("tolerations", [])
+    tolerations = pod.setdefault("spec", {}).setdefault("tolerations", [])
     for key in (NOT_READY, UNREACHABLE):
-        if not tolerates(list(tolerations), {"key": key, "effect": "NoExecute"}):
-            tolerations.append(
-                {
-                    "key": key,
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": int(seconds),
-                }
-            )
+        taint = {"key": key, "effect": "NoExecute"}
+        if not tolerates(tolerations, taint):
+            tolerations.append({**taint, "operator": "Exists", "tolerationSeconds": int(seconds)})
 
 
 def eviction_due_in(pod: Obj, taints: list[Obj]) -> float | None:
@@ -111,24 +96,22 @@ class NodeLifecycle(Controller):
         self._gone_at: dict[str, float] = {}  # node name -> when its object was first missed
 
     def on_tick(self) -> None:
-        self.sync()
-
-    def sync(self) -> None:
         nodes = {n["metadata"]["name"]: n for n in self.store.list("nodes")[0]}
         now = time.monotonic()
         for name, node in nodes.items():
-            taints = [t for t in node["spec"].get("taints") or [] if t["effect"] == "NoExecute"]
-            if taints:
+            if any(t["effect"] == "NoExecute" for t in node["spec"].get("taints") or []):
                 self._tainted_at.setdefault(name, now)
             else:
                 self._tainted_at.pop(name, None)
         pods, _ = self.store.list("pods", None, lambda o: bool(o["spec"].get("nodeName")))
         for pod in pods:
-            bound = nodes.get(pod["spec"]["nodeName"])
-            if bound is None:
-                self._orphan(pod, now)
-            else:
-                self._evict_if_due(pod, bound, now)
+            node = pod["spec"]["nodeName"]
+            if node in nodes:
+                self._evict_if_due(pod, nodes[node], now)
+            elif now - self._gone_at.setdefault(node, now) >= self.quarantine_s:  # podgc gcOrphaned
+                self._fail_and_force_delete(
+                    pod, ("DeletionByPodGC", "PodGC: node no longer exists")
+                )
         self._gone_at = {k: v for k, v in self._gone_at.items() if k not in nodes}
 
     def _evict_if_due(self, pod: Obj, node: Obj, now: float) -> None:
@@ -151,12 +134,6 @@ class NodeLifecycle(Controller):
         self.store.mutate("pods", ns, pod_name, lambda o: _set_condition(o, *why))
         self._delete(pod, None)
 
-    def _orphan(self, pod: Obj, now: float) -> None:
-        node = pod["spec"]["nodeName"]
-        if now - self._gone_at.setdefault(node, now) < self.quarantine_s:
-            return
-        self._fail_and_force_delete(pod, ("DeletionByPodGC", "PodGC: node no longer exists"))
-
     def _fail_and_force_delete(self, pod: Obj, why: tuple[str, str] | None) -> None:
         """podgc's markFailedAndDeletePod: phase Failed (and the condition, in the same status
         patch), then a delete with grace 0."""
@@ -171,28 +148,24 @@ class NodeLifecycle(Controller):
         self._delete(pod, 0)
 
     def _delete(self, pod: Obj, grace_s: float | None) -> None:
-        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-        current = self.store.find("pods", ns, name)
-        if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
-            return
-        if grace_s is None and current["metadata"].get("deletionTimestamp"):
-            return
+        """Delete this pod (a pod of the same name made since is left alone); a second
+        graceful delete of a Terminating pod changes nothing."""
+        ns, name, uid = (
+            pod["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            pod["metadata"]["uid"],
+        )
         try:
-            self.store.delete("pods", ns, name, grace_s=grace_s)
-        except ApiError as e:  # gone meanwhile
+            self.store.delete("pods", ns, name, grace_s=grace_s, precondition_uid=uid)
+        except ApiError as e:  # gone or replaced meanwhile
             log.debug("node lifecycle: delete pod %s/%s: %s", ns, name, e)
 
 
 def _set_condition(pod: Obj, reason: str, message: str) -> None:
-    cond = {
-        "type": "DisruptionTarget",
-        "status": "True",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": now_iso(),
-    }
-    conds = [c for c in pod["status"].get("conditions") or [] if c["type"] != cond["type"]]
-    pod["status"]["conditions"] = [*conds, cond]
+    """The ``DisruptionTarget`` condition, replacing any earlier one."""
+    conds = [c for c in pod["status"].get("conditions") or [] if c["type"] != "DisruptionTarget"]
+    cond = {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}
+    pod["status"]["conditions"] = [*conds, {**cond, "lastTransitionTime": now_iso()}]
 
 
 def _ready(node: Obj) -> bool:

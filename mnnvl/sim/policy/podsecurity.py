@@ -18,7 +18,6 @@ from mnnvl.sim.api.model import Obj
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"
-LEVELS = ("privileged", "baseline", "restricted")
 # Capabilities the baseline level lets a container add (check_capabilities_baseline.go).
 BASELINE_CAPABILITIES = frozenset(
     [
@@ -61,30 +60,38 @@ def _sc(obj: Obj) -> dict[str, Any]:
     return obj.get("securityContext") or {}
 
 
-def _quote(items: list[str] | set[str]) -> str:
+def _quote(items: list[str]) -> str:
     return '"' + '", "'.join(items) + '"'
 
 
-def _noun(singular: str, items: list[str] | set[str]) -> str:
-    return singular if len(items) == 1 else singular + "s"
+def _who(noun: str, items: list[str]) -> str:
+    """``container "a"`` or ``containers "a", "b"``."""
+    return f"{noun if len(items) == 1 else noun + 's'} {_quote(items)}"
 
 
 def _containers_that(spec: Obj, bad: Callable[[dict[str, Any]], bool]) -> list[str]:
     return [c.get("name", "") for c in _containers(spec) if bad(_sc(c))]
 
 
-def _capabilities_baseline(spec: Obj) -> tuple[str, str] | None:
-    extra: set[str] = set()
-    bad = []
+def _adding(spec: Obj, allowed: frozenset[str]) -> str:
+    """Which containers add capabilities outside ``allowed``, and which ones ("" if none)."""
+    bad, extra = [], set()
     for c in _containers(spec):
-        added = set((_sc(c).get("capabilities") or {}).get("add") or []) - BASELINE_CAPABILITIES
+        added = set((_sc(c).get("capabilities") or {}).get("add") or []) - allowed
         if added:
             bad.append(c.get("name", ""))
             extra |= added
     if not bad:
-        return None
-    detail = f"{_noun('container', bad)} {_quote(bad)} must not include {_quote(sorted(extra))}"
-    return "non-default capabilities", detail + " in securityContext.capabilities.add"
+        return ""
+    return (
+        f"{_who('container', bad)} must not include {_quote(sorted(extra))} in "
+        "securityContext.capabilities.add"
+    )
+
+
+def _capabilities_baseline(spec: Obj) -> tuple[str, str] | None:
+    detail = _adding(spec, BASELINE_CAPABILITIES)
+    return ("non-default capabilities", detail) if detail else None
 
 
 def _host_namespaces(spec: Obj) -> tuple[str, str] | None:
@@ -94,46 +101,32 @@ def _host_namespaces(spec: Obj) -> tuple[str, str] | None:
 
 def _host_path_volumes(spec: Obj) -> tuple[str, str] | None:
     bad = [v.get("name", "") for v in spec.get("volumes") or [] if "hostPath" in v]
-    return ("hostPath volumes", f"{_noun('volume', bad)} {_quote(bad)}") if bad else None
+    return ("hostPath volumes", _who("volume", bad)) if bad else None
 
 
 def _privileged(spec: Obj) -> tuple[str, str] | None:
     bad = _containers_that(spec, lambda sc: sc.get("privileged") is True)
-    detail = f"{_noun('container', bad)} {_quote(bad)} must not set securityContext.privileged=true"
+    detail = f"{_who('container', bad)} must not set securityContext.privileged=true"
     return ("privileged", detail) if bad else None
 
 
 def _allow_privilege_escalation(spec: Obj) -> tuple[str, str] | None:
     bad = _containers_that(spec, lambda sc: sc.get("allowPrivilegeEscalation") is not False)
-    if not bad:
-        return None
-    who = f"{_noun('container', bad)} {_quote(bad)}"
-    return "allowPrivilegeEscalation != false", (
-        f"{who} must set securityContext.allowPrivilegeEscalation=false"
-    )
+    detail = f"{_who('container', bad)} must set securityContext.allowPrivilegeEscalation=false"
+    return ("allowPrivilegeEscalation != false", detail) if bad else None
 
 
 def _capabilities_restricted(spec: Obj) -> tuple[str, str] | None:
-    missing, adding, extra = [], [], set()
-    for c in _containers(spec):
-        caps = _sc(c).get("capabilities")
-        if caps is None or "ALL" not in (caps.get("drop") or []):
-            missing.append(c.get("name", ""))
-        added = set((caps or {}).get("add") or []) - {"NET_BIND_SERVICE"}
-        if added:
-            adding.append(c.get("name", ""))
-            extra |= added
+    missing = _containers_that(
+        spec, lambda sc: "ALL" not in ((sc.get("capabilities") or {}).get("drop") or [])
+    )
     details = []
     if missing:
         details.append(
-            f"{_noun('container', missing)} {_quote(missing)} must set "
-            'securityContext.capabilities.drop=["ALL"]'
+            f'{_who("container", missing)} must set securityContext.capabilities.drop=["ALL"]'
         )
-    if adding:
-        details.append(
-            f"{_noun('container', adding)} {_quote(adding)} must not include "
-            f"{_quote(sorted(extra))} in securityContext.capabilities.add"
-        )
+    if adding := _adding(spec, frozenset(["NET_BIND_SERVICE"])):
+        details.append(adding)
     return ("unrestricted capabilities", "; ".join(details)) if details else None
 
 
@@ -146,21 +139,16 @@ def _restricted_volumes(spec: Obj) -> tuple[str, str] | None:
     if not bad:
         return None
     uses = "uses" if len(bad) == 1 else "use"
-    kind_noun = "restricted volume type" + ("" if len(kinds) == 1 else "s")
-    detail = f"{_noun('volume', bad)} {_quote(bad)} {uses} {kind_noun} {_quote(sorted(kinds))}"
+    detail = f"{_who('volume', bad)} {uses} {_who('restricted volume type', sorted(kinds))}"
     return "restricted volume types", detail
 
 
-def _explicit_or_implicit(
-    spec: Obj, field: str, ok: Callable[[Any], bool]
-) -> tuple[list[str], list[str], bool]:
-    """Who sets ``field`` to a bad value (pod and/or containers), who leaves it unset without a
-    good pod-level value, and whether the pod-level value is good."""
-    setters: list[str] = []
+def _explicit_or_implicit(spec: Obj, field: str, ok: Callable[[Any], bool]) -> tuple[str, str]:
+    """Who sets ``field`` to a bad value (``pod and container "a"``), and who leaves it unset
+    without a good pod-level value (``pod or container "b"``); "" for nobody."""
     pod_value = _sc(spec).get(field)
     pod_ok = pod_value is not None and ok(pod_value)
-    if pod_value is not None and not pod_ok:
-        setters.append("pod")
+    setters = ["pod"] if pod_value is not None and not pod_ok else []
     explicit, implicit = [], []
     for c in _containers(spec):
         value = _sc(c).get(field)
@@ -169,46 +157,36 @@ def _explicit_or_implicit(
         elif value is None and not pod_ok:
             implicit.append(c.get("name", ""))
     if explicit:
-        setters.append(f"{_noun('container', explicit)} {_quote(explicit)}")
-    return setters, implicit, pod_ok
+        setters.append(_who("container", explicit))
+    return " and ".join(setters), f"pod or {_who('container', implicit)}" if implicit else ""
 
 
 def _run_as_non_root(spec: Obj) -> tuple[str, str] | None:
-    setters, implicit, _ = _explicit_or_implicit(spec, "runAsNonRoot", lambda v: v is True)
-    reason = "runAsNonRoot != true"
+    setters, unset = _explicit_or_implicit(spec, "runAsNonRoot", lambda v: v is True)
     if setters:
-        return reason, " and ".join(setters) + " must not set securityContext.runAsNonRoot=false"
-    if implicit:
-        who = f"pod or {_noun('container', implicit)} {_quote(implicit)}"
-        return reason, f"{who} must set securityContext.runAsNonRoot=true"
+        return "runAsNonRoot != true", f"{setters} must not set securityContext.runAsNonRoot=false"
+    if unset:
+        return "runAsNonRoot != true", f"{unset} must set securityContext.runAsNonRoot=true"
     return None
 
 
 def _run_as_user(spec: Obj) -> tuple[str, str] | None:
-    setters = ["pod"] if _sc(spec).get("runAsUser") == 0 else []
-    bad = _containers_that(spec, lambda sc: sc.get("runAsUser") == 0)
-    if bad:
-        setters.append(f"{_noun('container', bad)} {_quote(bad)}")
-    return ("runAsUser=0", " and ".join(setters) + " must not set runAsUser=0") if setters else None
+    setters, _ = _explicit_or_implicit(spec, "runAsUser", lambda v: v != 0)
+    return ("runAsUser=0", f"{setters} must not set runAsUser=0") if setters else None
 
 
 def _seccomp_restricted(spec: Obj) -> tuple[str, str] | None:
     def ok(profile: Any) -> bool:
         return (profile or {}).get("type") in ("RuntimeDefault", "Localhost")
 
-    setters, implicit, _ = _explicit_or_implicit(spec, "seccompProfile", ok)
+    setters, unset = _explicit_or_implicit(spec, "seccompProfile", ok)
+    field = "securityContext.seccompProfile.type"
     if setters:
         profiles = (_sc(o).get("seccompProfile") for o in [spec, *_containers(spec)])
-        values = {str(p.get("type")) for p in profiles if p is not None and not ok(p)}
-        return "seccompProfile", (
-            " and ".join(setters)
-            + f" must not set securityContext.seccompProfile.type to {_quote(sorted(values))}"
-        )
-    if implicit:
-        who = f"pod or {_noun('container', implicit)} {_quote(implicit)}"
-        return "seccompProfile", (
-            f'{who} must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"'
-        )
+        values = sorted({str(p.get("type")) for p in profiles if p is not None and not ok(p)})
+        return "seccompProfile", f"{setters} must not set {field} to {_quote(values)}"
+    if unset:
+        return "seccompProfile", f'{unset} must set {field} to "RuntimeDefault" or "Localhost"'
     return None
 
 
@@ -230,6 +208,7 @@ RESTRICTED: tuple[Check, ...] = (
     _run_as_user,
     _seccomp_restricted,
 )
+CHECKS = {"privileged": (), "baseline": BASELINE, "restricted": RESTRICTED}
 
 
 def violation(namespace: Obj, pod: Obj) -> str | None:
@@ -237,15 +216,12 @@ def violation(namespace: Obj, pod: Obj) -> str | None:
     refuses the pod, else None (no label, ``privileged``, or the pod passes)."""
     labels = (namespace.get("metadata") or {}).get("labels") or {}
     level = labels.get(ENFORCE_LABEL, "privileged")
-    if level not in LEVELS:
+    if level not in CHECKS:
         level = "restricted"  # an unparsable label fails closed, as upstream does
-    if level == "privileged":
-        return None
     spec = pod.get("spec") or {}
-    checks = RESTRICTED if level == "restricted" else BASELINE
-    failed = [found for check in checks if (found := check(spec)) is not None]
+    failed = [found for check in CHECKS[level] if (found := check(spec)) is not None]
     if not failed:
         return None
     version = labels.get(ENFORCE_VERSION_LABEL, "latest")
-    details = ", ".join(f"{reason} ({detail})" if detail else reason for reason, detail in failed)
+    details = ", ".join(f"{reason} ({detail})" for reason, detail in failed)
     return f'violates PodSecurity "{level}:{version}": {details}'
