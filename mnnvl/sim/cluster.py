@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
 import random
-import shutil
 import signal
 import ssl
 import sys
@@ -181,11 +181,7 @@ class SimCluster:
         for part in self._parts:
             part.start()
         self._server = ApiServer(
-            self.store,
-            self.faults,
-            kubelet.log_stream,
-            lambda: self.crd_installed,
-            self._tls_context(),
+            self.store, self.faults, kubelet.log_stream, self.crd_installed, self._tls_context()
         )
         self._server.schemas = self.schemas
         self._server.validators.append(self.admission.admit)
@@ -214,16 +210,15 @@ class SimCluster:
         if not self._tls:
             return None
         self._ca_pem, key = self_signed()
-        where = tempfile.mkdtemp(prefix="mnnvl-sim-tls-")  # loaded, then removed at once
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        # ssl loads a key only from a file: one only we can read (mkstemp), removed at once.
+        fd, path = tempfile.mkstemp(prefix="mnnvl-sim-tls-", suffix=".pem")
         try:
-            for name, text in (("cert.pem", self._ca_pem), ("key.pem", key)):
-                fd = os.open(os.path.join(where, name), os.O_WRONLY | os.O_CREAT, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(os.path.join(where, "cert.pem"), os.path.join(where, "key.pem"))
+            with os.fdopen(fd, "w") as f:
+                f.write(self._ca_pem + key)
+            context.load_cert_chain(path)
         finally:
-            shutil.rmtree(where)
+            os.remove(path)
         return context
 
     def _default_tolerations(self, resource: str, obj: Obj) -> None:
@@ -248,15 +243,11 @@ class SimCluster:
             part.stop()
         self.store.close()
         for path in (self.kubeconfig_path, self.admin_kubeconfig_path):
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(path)
-            except OSError as e:
-                log.debug("kubeconfig cleanup: %s", e)
         if self._own_kubeconfig:
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(self.kubeconfig_path))
-            except OSError as e:
-                log.debug("kubeconfig cleanup: %s", e)
 
     def __enter__(self) -> SimCluster:
         return self.start()
@@ -278,8 +269,9 @@ class SimCluster:
             grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
         if self.cluster_reader:
             grant_cluster_reader(self.store, self.namespaces[0])
+        gpus = node_gpus(self.gpu_stack, self.gpus_per_node)
+        resources = {**gpus, "cpu": "64", "memory": "512Gi", "pods": "110"}
         for name, clique in self.node_cliques.items():
-            gpus = node_gpus(self.gpu_stack, self.gpus_per_node)
             labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
             labels |= {self.clique_label: clique} if self.clique_label else {}
             self.store.create(
@@ -291,8 +283,8 @@ class SimCluster:
                     },
                     "spec": {},
                     "status": {
-                        "capacity": {**gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
-                        "allocatable": {**gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
+                        "capacity": resources,
+                        "allocatable": resources,
                         "conditions": [
                             {"type": "Ready", "status": "True", "reason": "KubeletReady"}
                         ],

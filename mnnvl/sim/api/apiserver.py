@@ -17,10 +17,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from mnnvl.sim.api import protobuf
+from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.model import dry_run_requested
 from mnnvl.sim.api.rbac import (
     ANONYMOUS,
@@ -58,19 +59,14 @@ READYZ_UNSYNCED = (
 )
 
 
-class FaultHooks(Protocol):
-    def request_error(self, method: str, path: str) -> int | None: ...
-    def take_watch_expiry(self) -> bool: ...
-
-
 class ApiServer(ServingServer):
     def __init__(
         self,
         store: Store,
-        faults: FaultHooks,
+        faults: Faults,
         logs: Callable[..., Iterator[bytes]],
-        crd_installed: Callable[[], bool] = lambda: True,
-        tls: ssl.SSLContext | None = None,
+        crd_installed: bool,
+        tls: ssl.SSLContext | None,
     ) -> None:
         super().__init__(Handler)
         self.store, self.faults, self.logs, self.crd_installed = store, faults, logs, crd_installed
@@ -190,10 +186,10 @@ class Handler(BaseHTTPRequestHandler):
             and (len(parts) == 2) == (parts[0] == "api")
         ):
             self.server.count("GET", "discovery")
-            return self._json(200, discovery(parts, self.server.crd_installed()))
+            return self._json(200, discovery(parts, self.server.crd_installed))
         if parts[:2] == ["openapi", "v3"] and method == "GET":
             self.server.count("GET", "openapi")
-            return self._json(200, openapi_v3(parts[2:], self.server.crd_installed()))
+            return self._json(200, openapi_v3(parts[2:], self.server.crd_installed))
         if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectrulesreviews"]:
             review = Request(
                 "create", "authorization.k8s.io", "selfsubjectrulesreviews", "", "", ""
@@ -219,7 +215,7 @@ class Handler(BaseHTTPRequestHandler):
             rt is None
             or (rt.group, rt.version) != (group, version)
             or len(rest) > 3
-            or (plural == CD and not self.server.crd_installed())
+            or (plural == CD and not self.server.crd_installed)
             or (rt.group == KUEUE_GROUP and not self.server.kueue_served)
         ):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")

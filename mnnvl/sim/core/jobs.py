@@ -29,6 +29,7 @@ from mnnvl.sim.core.jobstatus import (
     TRACKING_FINALIZER,
     Progress,
     absolute_failures,
+    add_condition,
     condition,
     count_progress,
     failed_indexes_failure,
@@ -182,16 +183,11 @@ class JobController(Controller):
         progress = count_progress(job, self._owned_pods(job), self._counted)
 
         def write(o: Obj) -> None:
-            st = o.get("status") or {}
-            cs = [c for c in st.get("conditions") or [] if c["type"] != "Suspended"]
-            old = next((c for c in st.get("conditions") or [] if c["type"] == "Suspended"), None)
-            if old is not None and old["status"] == "True":
-                cs.append(old)
-            else:
-                cs.append(condition("Suspended", ("JobSuspended", "Job suspended"), now_iso()))
+            st = o.setdefault("status", {})
+            conds = st.setdefault("conditions", [])
+            add_condition(conds, "Suspended", ("JobSuspended", "Job suspended"), now_iso())
             st.pop("startTime", None)
-            st.update(active=0, ready=0, terminating=progress.terminating, conditions=cs)
-            o["status"] = st
+            st.update(active=0, ready=0, terminating=progress.terminating)
 
         self.store.mutate("jobs", ns, name, write)
 
@@ -241,42 +237,35 @@ class JobController(Controller):
     ) -> list[Obj]:
         """The pods active after creating the missing ones, or deleting all once the Job failed.
         With ``only_replace_failed`` an index whose pod is still terminating waits for it."""
-        if fail is None and len(progress.done) < progress.completions:
-            skip = progress.done | progress.failed_idx
-            if only_replace_failed(job):
-                skip |= {
-                    pod_index(p)
-                    for p in pods
-                    if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL
-                }
-            created = self._create_pods(
-                job, progress.active, skip, progress.indexed, progress.completions, pods
-            )
-            return progress.active + created
         if fail is not None:
             for p in progress.active:
                 self.store.delete("pods", job["metadata"]["namespace"], p["metadata"]["name"])
             return []
-        return progress.active
+        if len(progress.done) >= progress.completions:
+            return progress.active
+        skip = progress.done | progress.failed_idx
+        if only_replace_failed(job):
+            skip |= {
+                pod_index(p)
+                for p in pods
+                if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL
+            }
+        return progress.active + self._create_pods(job, progress, skip, pods)
 
     def _create_pods(
-        self,
-        job: Obj,
-        active: list[Obj],
-        skip: set[int],
-        indexed: bool,
-        completions: int,
-        pods: list[Obj],
+        self, job: Obj, progress: Progress, skip: set[int], pods: list[Obj]
     ) -> list[Obj]:
         parallelism = int(job["spec"].get("parallelism", 1))
-        busy = {pod_index(p) for p in active}
-        want = [i for i in range(completions) if i not in skip and i not in busy]
-        if not indexed:
+        active, completions, indexed = progress.active, progress.completions, progress.indexed
+        if indexed:
+            skip = skip | {pod_index(p) for p in active}
+            want = [i for i in range(completions) if i not in skip]
+        else:
             want = list(range(max(0, min(completions - len(skip), parallelism) - len(active))))
         created = []
         for i in want[: max(0, parallelism - len(active))]:
             pod = self._pod(job, i if indexed else None)
-            if indexed and job["spec"].get("backoffLimitPerIndex") is not None:
+            if indexed and progress.per_index is not None:
                 pod["metadata"]["annotations"].update(
                     replacement_counts(job, _last_failed(pods, i))
                 )
@@ -351,14 +340,9 @@ class JobController(Controller):
 
         self.store.mutate("jobs", ns, name, write)
         if finished(result) and not finished(job.get("status") or {}):
-            self._record_end(job, fail)
+            end = ("Normal", "Completed", "Job completed") if fail is None else ("Warning", *fail)
+            record_event(self.store, job, *end, "job-controller")
             self._ttl(job, result)
-
-    def _record_end(self, job: Obj, fail: tuple[str, str] | None) -> None:
-        if fail is None:
-            record_event(self.store, job, "Normal", "Completed", "Job completed", "job-controller")
-        else:
-            record_event(self.store, job, "Warning", *fail, "job-controller")
 
     def _ttl(self, job: Obj, status: Obj) -> None:
         ttl = job["spec"].get("ttlSecondsAfterFinished")

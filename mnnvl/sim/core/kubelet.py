@@ -51,15 +51,12 @@ class Kubelet(Controller):
     def stop(self) -> None:
         super().stop()
         with self._lock:
-            workers = list(self.workers.values())
-        killers = [threading.Thread(target=w.kill, daemon=True) for w in workers]
-        for t in killers:
+            workers = list(self.workers.items())
+        removers = [threading.Thread(target=self._remove, args=kw, daemon=True) for kw in workers]
+        for t in removers:
             t.start()
-        for t in killers:
-            t.join(timeout=MAX_GRACE_S + 6)
-        for w in workers:
-            w.finished.wait(MAX_GRACE_S + 6)
-            shutil.rmtree(w.workdir, ignore_errors=True)
+        for t in removers:
+            t.join(timeout=2 * (MAX_GRACE_S + 6))
         kill_all(self.token + "/", {})  # whatever no worker knew of any more
         self._guard.close()
         self.env.close()
@@ -87,7 +84,7 @@ class Kubelet(Controller):
                 self._spawn(self._finish_delete, ev.obj)
             elif not worker.terminating:
                 worker.terminating = True
-                self._spawn(self._terminate, key, worker, grace)
+                self._spawn(self._remove, key, worker, grace, True)
             return
         node = ev.obj["spec"].get("nodeName")
         phase = (ev.obj.get("status") or {}).get("phase")
@@ -99,15 +96,6 @@ class Kubelet(Controller):
     @staticmethod
     def _spawn(fn: Callable[..., None], *args: Any) -> None:
         threading.Thread(target=fn, args=args, daemon=True).start()
-
-    def _terminate(self, key: tuple[str, str], worker: PodWorker, grace_s: float) -> None:
-        """A Terminating pod: stop its container, delete it for good (it 404s), then drop
-        its log (readable while the pod is Terminating, as on a real node)."""
-        worker.kill(grace_s)
-        worker.finished.wait(MAX_GRACE_S + 6)
-        worker.mark_terminated()
-        self._finish_delete(worker.pod)
-        self._remove(key, worker)
 
     def _finish_delete(self, pod: Obj) -> None:
         ns, name, uid = (pod["metadata"][k] for k in ("namespace", "name", "uid"))
@@ -160,10 +148,20 @@ class Kubelet(Controller):
                 w.lose_imex(message)
 
     def _remove(
-        self, key: tuple[str, str], worker: PodWorker, grace_s: float | None = None
+        self,
+        key: tuple[str, str],
+        worker: PodWorker,
+        grace_s: float | None = None,
+        terminating: bool = False,
     ) -> None:
+        """Stop the pod's container and forget it. A Terminating pod then gets its last status
+        and is deleted for good (it 404s) before its log goes (readable while the pod is
+        Terminating, as on a real node)."""
         worker.kill(grace_s)
         worker.finished.wait(MAX_GRACE_S + 6)
+        if terminating:
+            worker.mark_terminated()
+            self._finish_delete(worker.pod)
         with self._lock:
             if self.workers.get(key) is worker:
                 del self.workers[key]
