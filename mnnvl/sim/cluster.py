@@ -100,29 +100,15 @@ class SimCluster:
         tls: bool = False,
         clique_label: str = LABEL_CLIQUE,
     ) -> None:
-        """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
-        "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
-        ``watch_history`` events are kept for watches to resume from (older: 410 Gone).
-        ``scheduler_seed`` draws the scheduler's tie-breaks and queue order (default:
-        ``$MNNVL_SIM_SEED``, else a fresh random seed, logged and kept in ``scheduler_seed``).
-        ``default_toleration_s`` is kube-apiserver's ``--default-unreachable-toleration-seconds``
-        (and not-ready): how long a pod stays on a lost node before the taint-eviction
-        controller deletes it; ``pod_gc_quarantine_s`` how long a deleted node's pods are left
-        before pod GC fails and force-deletes them (upstream: 300 s and 40 s).
-
-        ``kubeconfig_path`` authenticates as the ``mnnvl-runner`` service account of the first
-        namespace, with ``manifests/base`` applied in every namespace (and bound to that
-        account there); ``admin_kubeconfig_path`` (default: ``<kubeconfig>.admin``) as a
-        cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas).
-
-        ``gpu_stack`` ("device-plugin" or "dra") and ``imex_mode`` ("daemons" or
-        "hostManaged") pick the NVIDIA stack it plays (:mod:`mnnvl.sim.nvidia.stacks`);
-        ``cluster_reader`` binds ``manifests/overlays/cluster-reader`` to the runner.
-        ``clique_label`` is the node label that carries each node's clique (a provider's own
-        key, say); "" labels no node (no GPU Feature Discovery, and the DRA driver's
-        gpuCliqueLabelEnabled off). The DRA driver still knows every node's clique (from NVML).
-        ``tls`` serves HTTPS with a fresh self-signed certificate the kubeconfigs trust (what
-        kubectl needs to send their tokens: ``mnnvl.sim.api.tls``)."""
+        """The settings are those of ``mnnvl/sim/README.md``'s table. ``kubeconfig_path``
+        authenticates as the ``mnnvl-runner`` service account of the first namespace (with
+        ``manifests/base`` applied and bound to it in every namespace), ``admin_kubeconfig_path``
+        as a cluster administrator, for what a platform team sets up (namespaces, PVCs,
+        quotas). ``default_toleration_s`` is kube-apiserver's
+        ``--default-unreachable-toleration-seconds`` (and not-ready): how long a pod stays on a
+        lost node before the taint-eviction controller deletes it; ``pod_gc_quarantine_s`` how
+        long a deleted node's pods are left before pod GC fails and force-deletes them
+        (upstream: 300 s and 40 s)."""
         check_stack(gpu_stack, imex_mode)
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
@@ -328,14 +314,9 @@ class SimCluster:
         os.replace(tmp, path)
 
     def lose_node(self, name: str, deleted_after_s: float | None = None) -> None:
-        """The node drops off the network, as a crashed or powered-off machine does: its
-        containers stop answering (they are stopped, not killed: peers see silence), its
-        kubelet reports nothing more, its IMEX daemon leaves the domain, and the node
-        lifecycle controller marks it Ready Unknown and taints it ``unreachable``. Its pods
-        are evicted after their toleration (``default_toleration_s``) and stay Terminating
-        until the node object is deleted (``deleted_after_s``: what a cloud provider's node
-        controller does once the instance is gone) or tainted ``out-of-service``; then pod GC
-        fails and force-deletes them."""
+        """The node drops off the network, as a crashed or powered-off machine does (the
+        README's "node lost" row); ``deleted_after_s`` then deletes the Node object, as a cloud
+        provider's node controller does once the instance is gone."""
         node_unreachable(self.store, name, deleted_after_s)
         self._kubelet.node_unreachable(name)
         self._driver.node_lost(name)

@@ -22,55 +22,47 @@ class Deletion:
     delete: Callable[..., Obj]
     mutate: Callable[..., Any]
 
-    def _dry_delete(
-        self, resource: str, obj: Obj, propagation: str | None, grace_s: float | None
-    ) -> Obj:
-        """What a delete would answer, changing nothing: an object that would stay (finalizers,
-        a bound pod's grace period, a namespace's contents) comes back marked for deletion."""
-        obj = clone(obj)
-        meta = obj["metadata"]
-        if meta.get("deletionTimestamp"):
+    def _terminating(self, obj: Obj, grace_s: float | None) -> Obj:
+        """A namespace or a pod bound to a node marked Terminating (a copy; ``obj`` itself
+        when it already is): the namespace until every object in it is gone, the pod for its
+        grace period, until its kubelet has stopped it and deletes it again with grace 0."""
+        if obj["metadata"].get("deletionTimestamp"):
             return obj
-        if resource == "namespaces":
-            meta["deletionTimestamp"] = now_iso()
-            obj["status"] = {"phase": "Terminating"}
-        elif resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName"):
-            grace = _grace_s(obj, grace_s)
-            meta.update(deletionTimestamp=iso_after(grace), deletionGracePeriodSeconds=grace)
+        obj = clone(obj)
+        if obj["kind"] == "Namespace":
+            obj["metadata"]["deletionTimestamp"] = now_iso()
+            obj.update(spec={"finalizers": ["kubernetes"]}, status={"phase": "Terminating"})
         else:
-            foreground = propagation == "Foreground" and bool(self._dependents(meta["uid"]))
-            if foreground:
-                meta["finalizers"] = [*(meta.get("finalizers") or []), FOREGROUND]
-            if meta.get("finalizers"):
-                meta.update(deletionTimestamp=now_iso(), deletionGracePeriodSeconds=0)
+            grace = _grace_s(obj, grace_s)
+            obj["metadata"].update(
+                deletionTimestamp=iso_after(grace), deletionGracePeriodSeconds=grace
+            )
         return obj
 
-    def _terminate_pod(self, key: Key, obj: Obj, grace_s: float | None) -> Obj:
-        if obj["metadata"].get("deletionTimestamp"):
-            return clone(obj)
-        grace = _grace_s(obj, grace_s)
+    def _finalizing(self, obj: Obj, finalizers: list[str], grace_s: float | None) -> Obj | None:
+        """The object marked for deletion while ``finalizers`` hold it (a copy; ``obj`` itself
+        when it already is), or None when nothing holds it. Grace 0 (a kubelet's final
+        delete) ends the grace period: the object goes as soon as its last finalizer does."""
+        if not finalizers:
+            return None
+        meta = obj["metadata"]
+        shorten = grace_s == 0 and meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp") and not shorten and finalizers == meta.get("finalizers"):
+            return obj
         obj = clone(obj)
-        obj["metadata"]["deletionTimestamp"] = iso_after(grace)
-        obj["metadata"]["deletionGracePeriodSeconds"] = grace
-        self._objs[key] = obj
-        self._emit("MODIFIED", key, obj)
-        return clone(obj)
+        obj["metadata"].setdefault("deletionTimestamp", now_iso())
+        obj["metadata"].setdefault("deletionGracePeriodSeconds", 0)
+        if shorten:
+            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+        obj["metadata"]["finalizers"] = finalizers
+        return obj
 
-    def _delete_namespace(self, key: Key, obj: Obj) -> Obj:
-        """Terminating until every object in it is gone (finalizers included), then 404."""
-        name = key[2]
-        if not obj["metadata"].get("deletionTimestamp"):
-            obj = clone(obj)
-            obj["metadata"]["deletionTimestamp"] = now_iso()
-            obj["spec"] = {"finalizers": ["kubernetes"]}
-            obj["status"] = {"phase": "Terminating"}
-            self._objs[key] = obj
-            self._emit("MODIFIED", key, obj)
-        for dep in sorted(k for k in self._objs if k[1] == name and k[0] != "namespaces"):
+    def _delete_contents(self, ns: str) -> None:
+        """A Terminating namespace: everything in it is deleted, then the namespace goes."""
+        for dep in sorted(k for k in self._objs if k[1] == ns and k[0] != "namespaces"):
             if dep in self._objs and not self._objs[dep]["metadata"].get("deletionTimestamp"):
                 self.delete(dep[0], dep[1], dep[2], "Background")
-        self._finish_namespace(name)
-        return clone(self._objs.get(key, obj))
+        self._finish_namespace(ns)
 
     def _finish_namespace(self, ns: str) -> None:
         nskey = ("namespaces", "", ns)

@@ -26,6 +26,9 @@ class ResourceType:
 
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
+DRA_GROUP = "resource.k8s.io"
+CD_GROUP = "resource.nvidia.com"
+CRD_GROUP, CRD_KIND = "apiextensions.k8s.io", "CustomResourceDefinition"
 TERMINAL = ("Succeeded", "Failed")  # the pod phases a pod never leaves
 RESOURCES: dict[str, ResourceType] = {
     r.plural: r
@@ -51,25 +54,16 @@ RESOURCES: dict[str, ResourceType] = {
             )
         ),
         ResourceType(
-            "resourceclaimtemplates", "resource.k8s.io", "v1", "ResourceClaimTemplate", True, False
+            "resourceclaimtemplates", DRA_GROUP, "v1", "ResourceClaimTemplate", True, False
         ),
-        ResourceType("resourceclaims", "resource.k8s.io", "v1", "ResourceClaim", True, True),
+        ResourceType("resourceclaims", DRA_GROUP, "v1", "ResourceClaim", True, True),
         # Published by the DRA driver stand-in (``mnnvl.sim.nvidia.stacks``), read-only to runs.
-        ResourceType("deviceclasses", "resource.k8s.io", "v1", "DeviceClass", False, False),
-        ResourceType("resourceslices", "resource.k8s.io", "v1", "ResourceSlice", False, False),
-        ResourceType(
-            "computedomains", "resource.nvidia.com", "v1beta1", "ComputeDomain", True, True
-        ),
+        ResourceType("deviceclasses", DRA_GROUP, "v1", "DeviceClass", False, False),
+        ResourceType("resourceslices", DRA_GROUP, "v1", "ResourceSlice", False, False),
+        ResourceType("computedomains", CD_GROUP, "v1beta1", "ComputeDomain", True, True),
         # Written by the Kueue stand-in only (kueue.py); v1beta2 is Kueue's storage version.
         ResourceType("workloads", "kueue.x-k8s.io", "v1beta2", "Workload", True, True),
-        ResourceType(
-            "customresourcedefinitions",
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-            False,
-            True,
-        ),
+        ResourceType("customresourcedefinitions", CRD_GROUP, "v1", CRD_KIND, False, True),
     )
 }
 KIND_TO_PLURAL = {r.kind.lower(): r.plural for r in RESOURCES.values()}

@@ -271,12 +271,8 @@ class Store(Deletion):
         dry_run: bool = False,
     ) -> Obj:
         """DELETE semantics: finalizers, graceful pod termination, propagation, namespaces.
-
-        A pod bound to a node only gets ``deletionTimestamp`` (now + grace period) and stays
-        Terminating until its kubelet has stopped it and deletes it again with ``grace_s=0``.
         ``precondition_uid`` (``preconditions.uid``) that is not the object's → 409 Conflict.
-        ``dry_run``: the object as the delete would leave it; nothing changes.
-        """
+        ``dry_run``: the object as the delete would leave it; nothing changes."""
         with self.lock:
             key = (resource, ns, name)
             obj = self._objs.get(key)
@@ -290,45 +286,35 @@ class Store(Deletion):
                     f"UID in precondition: {precondition_uid}, "
                     f"UID in object meta: {obj['metadata']['uid']}",
                 )
-            if dry_run:
-                return self._dry_delete(resource, obj, propagation, grace_s)
             # batch/v1 Jobs orphan their pods unless asked otherwise, like the real API server.
             policy = propagation or ("Orphan" if resource == "jobs" else "Background")
             uid = obj["metadata"]["uid"]
-            if policy == "Orphan":
-                self._orphan(uid)
             finalizers = list(obj["metadata"].get("finalizers") or [])
             if policy == "Foreground" and self._dependents(uid):
                 finalizers = list(dict.fromkeys([*finalizers, FOREGROUND]))
+            graceful = resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName")
+            if resource == "namespaces" or graceful:
+                marked: Obj | None = self._terminating(obj, grace_s)
+            else:
+                marked = self._finalizing(obj, finalizers, grace_s)
+            if dry_run:
+                return clone(marked or obj)
+            if policy == "Orphan":
+                self._orphan(uid)
+            if marked is None:
+                self._remove(key)
+                return clone(obj)
+            if marked is not obj:
+                self._objs[key] = marked
+                self._emit("MODIFIED", key, marked)
             if resource == "namespaces":
-                return self._delete_namespace(key, obj)
-            if resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName"):
-                return self._terminate_pod(key, obj, grace_s)
-            if finalizers:
-                # grace 0 (a kubelet's final delete) ends the grace period: the object goes
-                # as soon as its last finalizer does.
-                shorten = grace_s == 0 and obj["metadata"].get("deletionGracePeriodSeconds")
-                if (
-                    not obj["metadata"].get("deletionTimestamp")
-                    or shorten
-                    or finalizers != (obj["metadata"].get("finalizers") or [])
-                ):
-                    obj = clone(obj)
-                    obj["metadata"].setdefault("deletionTimestamp", now_iso())
-                    obj["metadata"].setdefault("deletionGracePeriodSeconds", 0)
-                    if shorten:
-                        obj["metadata"]["deletionGracePeriodSeconds"] = 0
-                    obj["metadata"]["finalizers"] = finalizers
-                    self._objs[key] = obj
-                    self._emit("MODIFIED", key, obj)
-                if FOREGROUND in finalizers:
-                    for dep in self._dependents(uid):
-                        if dep in self._objs:
-                            self.delete(dep[0], dep[1], dep[2], "Foreground")
-                    self._finish_foreground(uid)
-                return clone(self._objs.get(key, obj))
-            self._remove(key)
-            return clone(obj)
+                self._delete_contents(name)
+            elif not graceful and FOREGROUND in finalizers:
+                for dep in self._dependents(uid):
+                    if dep in self._objs:
+                        self.delete(dep[0], dep[1], dep[2], "Foreground")
+                self._finish_foreground(uid)
+            return clone(self._objs.get(key, marked))
 
     def _remove(self, key: Key) -> None:
         obj = self._objs.pop(key)

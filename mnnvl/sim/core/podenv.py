@@ -135,25 +135,21 @@ class ProcessEnv:
         """Why the kubelet cannot build the container's config (its CreateContainerConfigError
         message, as ``makeEnvironmentVariables`` words it), or "": a Secret or ConfigMap the
         env refers to (``valueFrom``, ``envFrom``) that does not exist and is not optional."""
-        ns = pod["metadata"]["namespace"]
-        refs = [
-            (kind, ref)
-            for e in container.get("env") or []
-            for kind, ref in (
-                ("secret", (e.get("valueFrom") or {}).get("secretKeyRef")),
-                ("configmap", (e.get("valueFrom") or {}).get("configMapKeyRef")),
-            )
-            if ref
-        ]
-        refs += [
-            (kind, ref)
-            for e in container.get("envFrom") or []
-            for kind, ref in (("secret", e.get("secretRef")), ("configmap", e.get("configMapRef")))
-            if ref
-        ]
+        ns, refs = pod["metadata"]["namespace"], []
+        for e in container.get("env") or []:
+            source = e.get("valueFrom") or {}
+            refs += [
+                ("secret", source.get("secretKeyRef")),
+                ("configmap", source.get("configMapKeyRef")),
+            ]
+        for e in container.get("envFrom") or []:
+            refs += [("secret", e.get("secretRef")), ("configmap", e.get("configMapRef"))]
         for kind, ref in refs:
-            plural = "secrets" if kind == "secret" else "configmaps"
-            if not ref.get("optional") and self.store.find(plural, ns, ref["name"]) is None:
+            if (
+                ref
+                and not ref.get("optional")
+                and self.store.find(f"{kind}s", ns, ref["name"]) is None
+            ):
                 return f'{kind} "{ref["name"]}" not found'
         return ""
 
