@@ -24,7 +24,7 @@ from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.rbac import ADMIN_USER, grant_cluster_reader, grant_runner, service_account_user
 from mnnvl.sim.api.resources import ensure_default_service_account, scheduling_gated
 from mnnvl.sim.api.schemas import SchemaAdmission, crd_object
-from mnnvl.sim.api.selectors import label_matcher
+from mnnvl.sim.api.selectors import object_matcher
 from mnnvl.sim.api.store import Obj, Store
 from mnnvl.sim.api.tls import self_signed
 from mnnvl.sim.core.jobs import JobController
@@ -349,15 +349,12 @@ class SimCluster:
 
     def objects(self, label_selector: str | None = None) -> list[tuple[str, str, str]]:
         """(kind, namespace, name) of every workload-side object that exists now."""
-        match = label_matcher(label_selector)
-        out = []
-        for plural in OUR_KINDS:
-            for o in self.store.list(plural)[0]:
-                if match(o["metadata"].get("labels") or {}):
-                    out.append(
-                        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
-                    )
-        return out
+        match = object_matcher(label_selector, None)
+        return [
+            (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+            for plural in OUR_KINDS
+            for o in self.store.list(plural, None, match)[0]
+        ]
 
     def processes(self, label_selector: str | None = None) -> list[tuple[str, str, int]]:
         """(namespace, pod, pid) of every live process that a container of a pod (matching

@@ -12,19 +12,8 @@ _SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
 
 
 def _split_terms(text: str) -> list[str]:
-    """Split on commas that are not inside parentheses."""
-    terms: list[str] = []
-    depth, cur = 0, ""
-    for ch in text:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            terms.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    terms.append(cur)
-    return [t.strip() for t in terms if t.strip()]
+    """Split on commas that are not inside parentheses (``a in (x,y)``)."""
+    return [t.strip() for t in re.split(r",(?![^(]*\))", text) if t.strip()]
 
 
 Labels = dict[str, str]

@@ -58,6 +58,12 @@ def _last_failed(pods: list[Obj], index: int) -> Obj | None:
     )
 
 
+def _suspended(status: Obj) -> bool:
+    return any(
+        c["type"] == "Suspended" and c["status"] == "True" for c in status.get("conditions") or []
+    )
+
+
 def _ts(iso: str) -> float:
     return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
 
@@ -148,20 +154,14 @@ class JobController(Controller):
 
     def _release_orphans(self, ns: str, name: str) -> None:
         """The Job is gone or going (or the pod lost its owner): its pods keep no finalizer."""
-        pods, _ = self.store.list(
-            "pods",
-            ns or None,
-            lambda o: (
-                TRACKING_FINALIZER in (o["metadata"].get("finalizers") or [])
-                and (
-                    (not ns and o["metadata"]["name"] == name)
-                    or any(
-                        r.get("name") == name for r in o["metadata"].get("ownerReferences") or []
-                    )
-                )
-            ),
-        )
-        for p in pods:
+
+        def held(pod: Obj) -> bool:
+            meta = pod["metadata"]
+            owners = {r.get("name") for r in meta.get("ownerReferences") or []}
+            named = name in owners or (not ns and meta["name"] == name)
+            return named and TRACKING_FINALIZER in (meta.get("finalizers") or [])
+
+        for p in self.store.list("pods", ns or None, held)[0]:
             self._drop_finalizer(p)
 
     def _drop_finalizer(self, pod: Obj) -> None:
@@ -177,8 +177,7 @@ class JobController(Controller):
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         for p in progress.active:
             self.store.delete("pods", ns, p["metadata"]["name"])
-        conds = (job.get("status") or {}).get("conditions") or []
-        if not any(c["type"] == "Suspended" and c["status"] == "True" for c in conds):
+        if not _suspended(job.get("status") or {}):
             record_event(self.store, job, "Normal", "Suspended", "Job suspended", "job-controller")
         progress = count_progress(job, self._owned_pods(job), self._counted)
 
@@ -193,10 +192,7 @@ class JobController(Controller):
 
     def _resume(self, job: Obj, status: Obj) -> str:
         """The Job's startTime; a Job leaving suspension gets Suspended=False and a new one."""
-        suspended = next(
-            (c for c in status.get("conditions") or [] if c["type"] == "Suspended"), None
-        )
-        if suspended is None or suspended["status"] != "True":
+        if not _suspended(status):
             return str(status.get("startTime") or now_iso())
         now = now_iso()
         record_event(self.store, job, "Normal", "Resumed", "Job resumed", "job-controller")
