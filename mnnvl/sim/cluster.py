@@ -46,6 +46,8 @@ from mnnvl.sim.policy.nodelifecycle import (
 
 log = logging.getLogger(__name__)
 SEED_ENV = "MNNVL_SIM_SEED"
+# What ``serve`` prints of the cluster's shape (besides where to reach it).
+SHAPE = ("nodes", "gpus_per_node", "cliques", "gpu_stack", "imex_mode", "cluster_reader")
 OUR_KINDS = (
     "computedomains",
     "resourceclaimtemplates",
@@ -153,9 +155,8 @@ class SimCluster:
         self._seed()
         driver = ComputeDomainDriver(self.store, self.faults, self.node_cliques, self.imex_mode)
         kubelet = Kubelet(self.store, self.faults, driver, self.gpus_per_node, self.local_gpus)
-        self._kubelet = kubelet
         driver.on_imex_lost = kubelet.imex_lost
-        self._driver = driver
+        self._driver, self._kubelet = driver, kubelet
         self._parts = [
             driver,
             Scheduler(self.store, self.faults, self.scheduler_seed),
@@ -255,32 +256,20 @@ class SimCluster:
             grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
         if self.cluster_reader:
             grant_cluster_reader(self.store, self.namespaces[0])
-        gpus = node_gpus(self.gpu_stack, self.gpus_per_node)
-        resources = {**gpus, "cpu": "64", "memory": "512Gi", "pods": "110"}
+        resources = node_gpus(self.gpu_stack, self.gpus_per_node)
+        resources |= {"cpu": "64", "memory": "512Gi", "pods": "110"}
         for name, clique in self.node_cliques.items():
             labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
             labels |= {self.clique_label: clique} if self.clique_label else {}
-            self.store.create(
-                "nodes",
-                {
-                    "metadata": {
-                        "name": name,
-                        "labels": labels | {"nvidia.com/gpu.present": "true"},
-                    },
-                    "spec": {},
-                    "status": {
-                        "capacity": resources,
-                        "allocatable": resources,
-                        "conditions": [
-                            {"type": "Ready", "status": "True", "reason": "KubeletReady"}
-                        ],
-                        "addresses": [
-                            {"type": "InternalIP", "address": "127.0.0.1"},
-                            {"type": "Hostname", "address": name},
-                        ],
-                    },
-                },
-            )
+            labels["nvidia.com/gpu.present"] = "true"
+            addresses = [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": name},
+            ]
+            status = {"capacity": resources, "allocatable": resources, "addresses": addresses}
+            status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+            node = {"metadata": {"name": name, "labels": labels}, "spec": {}, "status": status}
+            self.store.create("nodes", node)
         seed_stack(
             self.store, self.gpu_stack, self.imex_mode, list(self.node_cliques), self.gpus_per_node
         )
@@ -291,22 +280,14 @@ class SimCluster:
         cluster = {"server": self.url}
         if self._ca_pem:
             cluster["certificate-authority-data"] = base64.b64encode(self._ca_pem.encode()).decode()
+        context = {"cluster": "mnnvl-sim", "user": user, "namespace": self.namespaces[0]}
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "mnnvl-sim",
             "clusters": [{"name": "mnnvl-sim", "cluster": cluster}],
             "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [
-                {
-                    "name": "mnnvl-sim",
-                    "context": {
-                        "cluster": "mnnvl-sim",
-                        "user": user,
-                        "namespace": self.namespaces[0],
-                    },
-                }
-            ],
+            "contexts": [{"name": "mnnvl-sim", "context": context}],
         }
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -413,17 +394,9 @@ def serve(**options: Any) -> str:
     try:
         with SimCluster(**options, tls=True) as sim:
             print(sim.kubeconfig_path, flush=True)
-            shape = (
-                "nodes",
-                "gpus_per_node",
-                "cliques",
-                "gpu_stack",
-                "imex_mode",
-                "cluster_reader",
-            )
             info: dict[str, Any] = {"kubeconfig": sim.kubeconfig_path, "server": sim.url}
             info |= {"admin_kubeconfig": sim.admin_kubeconfig_path, "local_gpus": sim.local_gpus}
-            info |= {k: getattr(sim, k) for k in shape}
+            info |= {k: getattr(sim, k) for k in SHAPE}
             print(json.dumps(info), flush=True)
             print(_usage(sim), file=sys.stderr, flush=True)
             done.wait()

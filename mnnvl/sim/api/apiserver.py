@@ -235,19 +235,11 @@ class Handler(BaseHTTPRequestHandler):
             return self._logs(ns, name, q)
         if sub and sub != "status":
             raise ApiError(404, "NotFound", f"unknown subresource {sub}")
-        self._verb(verb, plural, ns, name, sub or None, q, body)
+        self._verb(verb, request, q, body)
 
-    def _verb(
-        self,
-        verb: str,
-        plural: str,
-        ns: str,
-        name: str,
-        sub: str | None,
-        q: dict[str, str],
-        body: Any,
-    ) -> None:
+    def _verb(self, verb: str, request: Request, q: dict[str, str], body: Any) -> None:
         store = self.server.store
+        plural, ns, name, sub = request.resource, request.namespace, request.name, request.sub
         if verb == "WATCH":
             return self._watch(plural, ns or None, q)
         dry_run = dry_run_requested(verb, q)
@@ -302,9 +294,9 @@ class Handler(BaseHTTPRequestHandler):
             new.setdefault("metadata", {}).update(name=name)
             if ns:
                 new["metadata"]["namespace"] = ns
-            if sub is None:
+            if not sub:
                 validate(plural, new, old, self.server.schemas)
-            result = store.update(plural, ns, name, new, sub, dry_run=dry_run)
+            result = store.update(plural, ns, name, new, sub or None, dry_run=dry_run)
         self._json(200, result)
 
     def _delete_collection(self, plural: str, ns: str, q: dict[str, str], dry_run: bool) -> None:

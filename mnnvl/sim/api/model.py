@@ -115,12 +115,7 @@ def resolve_kind(kind: str) -> str:
     return low if low in RESOURCES else KIND_TO_PLURAL.get(low, low)
 
 
-_OPTIONS_KIND = {
-    "POST": "CreateOptions",
-    "PUT": "UpdateOptions",
-    "PATCH": "PatchOptions",
-    "DELETE": "DeleteOptions",
-}
+_OPTIONS_KIND = {"POST": "Create", "PUT": "Update", "PATCH": "Patch", "DELETE": "Delete"}
 
 
 def dry_run_requested(verb: str, q: dict[str, str]) -> bool:
@@ -133,7 +128,7 @@ def dry_run_requested(verb: str, q: dict[str, str]) -> bool:
         raise ApiError(
             422,
             "Invalid",
-            f'{_OPTIONS_KIND[verb]}.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
+            f'{_OPTIONS_KIND[verb]}Options.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
             f'[]string{{"{value}"}}: supported values: "All"',
         )
     return True

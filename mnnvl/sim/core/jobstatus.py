@@ -164,7 +164,8 @@ def parse_indexes(text: str | None) -> set[int]:
 
 
 def limit_failure(job: Obj, progress: Progress) -> tuple[str, str] | None:
-    """A FailJob verdict, else BackoffLimitExceeded once more pods failed than allowed."""
+    """A FailJob verdict, else BackoffLimitExceeded once more pods failed than allowed, else
+    MaxFailedIndexesExceeded once more indexes failed than allowed."""
     per_index = progress.per_index
     limit = int(job["spec"].get("backoffLimit", 6 if per_index is None else 2**31 - 1))
     for _, action, why in progress.counted:
@@ -172,16 +173,10 @@ def limit_failure(job: Obj, progress: Progress) -> tuple[str, str] | None:
             return ("PodFailurePolicy", why)
     if progress.failed > limit:
         return ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-    max_failed = job["spec"].get("maxFailedIndexes")
-    if (
-        per_index is not None
-        and max_failed is not None
-        and (len(progress.failed_idx) > int(max_failed))
-    ):
-        return (
-            "MaxFailedIndexesExceeded",
-            "Job has exceeded the specified maximal number of failed indexes",
-        )
+    max_failed = job["spec"].get("maxFailedIndexes")  # only valid with backoffLimitPerIndex
+    if max_failed is not None and len(progress.failed_idx) > int(max_failed):
+        why = "Job has exceeded the specified maximal number of failed indexes"
+        return ("MaxFailedIndexesExceeded", why)
     return None
 
 

@@ -176,7 +176,8 @@ class Kubelet(Controller):
         tail_lines: int | None,
         stop: threading.Event,
     ) -> Iterator[bytes]:
-        """The container's log (raises before the first byte when it has not started)."""
+        """Chunks of the container's log; with ``follow`` until the container has ended. It
+        raises before the first chunk when the container has not started."""
         with self._lock:
             worker = self.workers.get((ns, name))
         if worker is None or not worker.started.is_set():
@@ -188,13 +189,6 @@ class Kubelet(Controller):
             )
         if container and container != worker.container.get("name"):
             raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
-        return self._follow(worker, follow, tail_lines, stop)
-
-    @staticmethod
-    def _follow(
-        worker: PodWorker, follow: bool, tail_lines: int | None, stop: threading.Event
-    ) -> Iterator[bytes]:
-        """Chunks of the worker's log file; with ``follow`` until its container has ended."""
         with open(worker.log_path, "rb") as f:
             data = f.read()
             if tail_lines is not None:

@@ -120,14 +120,7 @@ class Context:
         self.devices = slice_gpus(store)
         self.taken: dict[str, set[str]] = {}
         self.needs_channel = any(channel_domain(c) is not None for c in claims)
-        bound, _ = store.list(
-            "pods",
-            None,
-            lambda o: (
-                bool(o["spec"].get("nodeName"))
-                and (o.get("status") or {}).get("phase") not in TERMINAL
-            ),
-        )
+        bound, _ = store.list("pods", None, _holds_its_node)
         self.gpus: dict[str, int] = {}
         self.requested: dict[str, dict[str, int]] = {}  # node -> non-zero requests
         self.real: dict[str, dict[str, int]] = {}  # node -> requests as written
@@ -236,6 +229,13 @@ class Context:
         ]
         spread = abs(fractions[0] - fractions[1]) / 2
         return int((1 - spread) * MAX_SCORE)
+
+
+def _holds_its_node(pod: Obj) -> bool:
+    """Bound and not finished: the pod uses its node's resources."""
+    return (
+        bool(pod["spec"].get("nodeName")) and (pod.get("status") or {}).get("phase") not in TERMINAL
+    )
 
 
 def _labels(node: Obj) -> dict[str, str]:

@@ -86,12 +86,7 @@ class PodWorker:
             "state": state,
             "lastState": last or {},
         }
-        flags = {
-            "Initialized": True,
-            "ContainersReady": ready,
-            "Ready": ready,
-            "PodScheduled": True,
-        }
+        flags = dict(Initialized=True, ContainersReady=ready, Ready=ready, PodScheduled=True)
 
         def write(o: Obj) -> None:
             st = o.setdefault("status", {})
@@ -234,11 +229,10 @@ class PodWorker:
                     "Warning", "FailedPrepareDynamicResources", f"resource claim {cname} not found"
                 )
                 return False
+            # recorded before prepare: a half-done prepare (node labelled, channel taken) must
+            # be undone when the pod goes away while it waits for IMEX
+            self.claims.append(claim)
             while True:
-                if claim not in self.claims:
-                    # recorded before prepare: a half-done prepare (node labelled, channel
-                    # taken) must be undone when the pod goes away while it waits for IMEX
-                    self.claims.append(claim)
                 try:
                     self._inject(self.k.driver.prepare(self.node, claim, self.cancel))
                     break
