@@ -275,12 +275,10 @@ class Handler(BaseHTTPRequestHandler):
             grace = opts.get("gracePeriodSeconds", q.get("gracePeriodSeconds"))
             grace_s = None if grace is None else float(grace)
             uid = (opts.get("preconditions") or {}).get("uid")
-            return self._json(
-                200,
-                store.delete(
-                    plural, ns, name, policy, grace_s, precondition_uid=uid, dry_run=dry_run
-                ),
+            deleted = store.delete(
+                plural, ns, name, policy, grace_s, precondition_uid=uid, dry_run=dry_run
             )
+            return self._json(200, deleted)
         with store.lock:  # read-modify-write of one object must not interleave
             old = store.get(plural, ns, name)
             if verb == "PUT":

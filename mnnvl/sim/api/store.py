@@ -180,15 +180,9 @@ class Store(Deletion):
                 )
             return self._replace(key, old, clone(new), subresource, dry_run)
 
-    def mutate(
-        self,
-        resource: str,
-        ns: str,
-        name: str,
-        fn: Callable[[Obj], Any],
-        subresource: str | None = "all",
-    ) -> Obj | None:
-        """Controller read-modify-write under the lock; returns None when the object is gone."""
+    def mutate(self, resource: str, ns: str, name: str, fn: Callable[[Obj], Any]) -> Obj | None:
+        """Controller read-modify-write under the lock, status included; returns None when the
+        object is gone (``fn`` returning False: nothing to write)."""
         with self.lock:
             key = (resource, ns, name)
             old = self._objs.get(key)
@@ -197,7 +191,7 @@ class Store(Deletion):
             new = clone(old)
             if fn(new) is False:
                 return clone(old)
-            return self._replace(key, old, new, subresource)
+            return self._replace(key, old, new, "all")
 
     def _replace(
         self, key: Key, old: Obj, new: Obj, subresource: str | None, dry_run: bool = False

@@ -72,9 +72,9 @@ class JobController(Controller):
     name = "sim-job-controller"
     kinds = ("jobs", "pods")
 
-    def __init__(self, store: Store, admit: Callable[[str, Obj], None] | None = None) -> None:
+    def __init__(self, store: Store, admit: Callable[[str, Obj], None]) -> None:
         super().__init__(store)
-        self.admit = admit or (lambda resource, obj: None)
+        self.admit = admit  # the API server's admission of a pod it creates
         self._create_failures: dict[str, int] = {}  # Job uid -> refused creates in a row
         self._ttl_armed: set[str] = set()
         # Pods already in their Job's status (what the real controller keeps in

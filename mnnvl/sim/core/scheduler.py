@@ -113,15 +113,12 @@ class Scheduler(Controller):
         ns, tname = pod["metadata"]["namespace"], entry["resourceClaimTemplateName"]
         rct = self.store.find("resourceclaimtemplates", ns, tname)
         if rct is None or rct["metadata"].get("deletionTimestamp"):
-            record_event(
-                self.store,
-                pod,
-                "Warning",
-                "FailedResourceClaimCreation",
+            msg = (
                 f"PodResourceClaim {entry['name']}: resource claim template "
-                f'"{tname}": resourceclaimtemplate.resource.k8s.io "{tname}" not found',
-                "resource_claim",
+                f'"{tname}": resourceclaimtemplate.resource.k8s.io "{tname}" not found'
             )
+            reason = "FailedResourceClaimCreation"
+            record_event(self.store, pod, "Warning", reason, msg, "resource_claim")
             return None
         tspec = rct.get("spec") or {}
         name = f"{pod['metadata']['name']}-{entry['name']}-{rand5()}"
