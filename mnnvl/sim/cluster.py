@@ -15,7 +15,6 @@ import tempfile
 import threading
 import uuid
 from collections import Counter
-from types import FrameType, TracebackType
 from typing import Any
 
 from mnnvl.contract import rbac
@@ -29,7 +28,7 @@ from mnnvl.sim.api.store import Obj, Store
 from mnnvl.sim.api.tls import self_signed
 from mnnvl.sim.core.jobs import JobController
 from mnnvl.sim.core.kubelet import Kubelet
-from mnnvl.sim.core.podenv import local_gpu_ids
+from mnnvl.sim.core.podenv import ProcessEnv, local_gpu_ids
 from mnnvl.sim.core.scheduler import Scheduler
 from mnnvl.sim.nvidia.dra import LABEL_CLIQUE, ComputeDomainDriver
 from mnnvl.sim.nvidia.stacks import check_stack, node_gpus
@@ -154,7 +153,8 @@ class SimCluster:
         self._started = True
         self._seed()
         driver = ComputeDomainDriver(self.store, self.faults, self.node_cliques, self.imex_mode)
-        kubelet = Kubelet(self.store, self.faults, driver, self.gpus_per_node, self.local_gpus)
+        env = ProcessEnv(self.store, self.gpus_per_node, self.local_gpus)
+        kubelet = Kubelet(self.store, self.faults, driver, env)
         driver.on_imex_lost = kubelet.imex_lost
         self._driver, self._kubelet = driver, kubelet
         self._parts = [
@@ -239,12 +239,7 @@ class SimCluster:
     def __enter__(self) -> SimCluster:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def _seed(self) -> None:
@@ -387,7 +382,7 @@ def serve(**options: Any) -> str:
     """
     done = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         done.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

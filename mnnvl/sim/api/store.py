@@ -18,11 +18,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mnnvl.sim.api.deletion import FOREGROUND, Deletion
-from mnnvl.sim.api.model import RESOURCES, ApiError, Key, Obj, clone, not_found, now_iso
+from mnnvl.sim.api.model import (
+    RESOURCES,
+    ApiError,
+    Key,
+    Obj,
+    clone,
+    iso_after,
+    not_found,
+    now_iso,
+)
 from mnnvl.sim.api.objindex import ObjectIndex
 
 __all__ = ["RESOURCES", "ApiError", "Obj", "Store", "clone", "not_found", "now_iso"]
+FOREGROUND = "foregroundDeletion"
 
 
 @dataclass
@@ -49,7 +58,7 @@ class Subscription:
         )
 
 
-class Store(Deletion):
+class Store:
     """Objects keyed by (plural, namespace, name); all methods are thread-safe."""
 
     def __init__(self, history: int = 10000) -> None:
@@ -284,7 +293,7 @@ class Store(Deletion):
             policy = propagation or ("Orphan" if resource == "jobs" else "Background")
             uid = obj["metadata"]["uid"]
             finalizers = list(obj["metadata"].get("finalizers") or [])
-            if policy == "Foreground" and self._dependents(uid):
+            if policy == "Foreground" and self._objs.owned_by(uid):
                 finalizers = list(dict.fromkeys([*finalizers, FOREGROUND]))
             graceful = resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName")
             if resource == "namespaces" or graceful:
@@ -304,9 +313,9 @@ class Store(Deletion):
             if resource == "namespaces":
                 self._delete_contents(name)
             elif not graceful and FOREGROUND in finalizers:
-                for dep in self._dependents(uid):
+                for dep in self._objs.owned_by(uid):
                     if dep in self._objs:
-                        self.delete(dep[0], dep[1], dep[2], "Foreground")
+                        self.delete(*dep, "Foreground")
                 self._finish_foreground(uid)
             return clone(self._objs.get(key, marked))
 
@@ -319,6 +328,88 @@ class Store(Deletion):
             self._finish_foreground(str(ref.get("uid")))
         if key[1] and key[0] != "namespaces":
             self._finish_namespace(key[1])
+
+    def _terminating(self, obj: Obj, grace_s: float | None) -> Obj:
+        """A namespace or a pod bound to a node marked Terminating (a copy; ``obj`` itself
+        when it already is): the namespace until every object in it is gone, the pod for its
+        grace period, until its kubelet has stopped it and deletes it again with grace 0."""
+        if obj["metadata"].get("deletionTimestamp"):
+            return obj
+        obj = clone(obj)
+        if obj["kind"] == "Namespace":
+            obj["metadata"]["deletionTimestamp"] = now_iso()
+            obj.update(spec={"finalizers": ["kubernetes"]}, status={"phase": "Terminating"})
+        else:
+            grace = _grace_s(obj, grace_s)
+            obj["metadata"].update(
+                deletionTimestamp=iso_after(grace), deletionGracePeriodSeconds=grace
+            )
+        return obj
+
+    def _finalizing(
+        self, obj: Obj, finalizers: builtins.list[str], grace_s: float | None
+    ) -> Obj | None:
+        """The object marked for deletion while ``finalizers`` hold it (a copy; ``obj`` itself
+        when it already is), or None when nothing holds it. Grace 0 (a kubelet's final
+        delete) ends the grace period: the object goes as soon as its last finalizer does."""
+        if not finalizers:
+            return None
+        meta = obj["metadata"]
+        shorten = grace_s == 0 and meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp") and not shorten and finalizers == meta.get("finalizers"):
+            return obj
+        obj = clone(obj)
+        obj["metadata"].setdefault("deletionTimestamp", now_iso())
+        obj["metadata"].setdefault("deletionGracePeriodSeconds", 0)
+        if shorten:
+            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+        obj["metadata"]["finalizers"] = finalizers
+        return obj
+
+    def _delete_contents(self, ns: str) -> None:
+        """A Terminating namespace: everything in it is deleted, then the namespace goes."""
+        for dep in sorted(k for k in self._objs if k[1] == ns and k[0] != "namespaces"):
+            if dep in self._objs and not self._objs[dep]["metadata"].get("deletionTimestamp"):
+                self.delete(*dep, "Background")
+        self._finish_namespace(ns)
+
+    def _finish_namespace(self, ns: str) -> None:
+        nskey = ("namespaces", "", ns)
+        nsobj = self._objs.get(nskey)
+        if nsobj is None or not nsobj["metadata"].get("deletionTimestamp"):
+            return
+        if not any(k[1] == ns for k in self._objs if k[0] != "namespaces"):
+            self._remove(nskey)
+
+    def _finish_foreground(self, owner_uid: str) -> None:
+        """Drop ``foregroundDeletion`` once no dependent blocks the owner's deletion any more."""
+        key = self._uids.get(owner_uid)
+        if key is None or FOREGROUND not in (self._objs[key]["metadata"].get("finalizers") or []):
+            return
+        if any(
+            r.get("uid") == owner_uid and r.get("blockOwnerDeletion")
+            for dep in self._objs.owned_by(owner_uid)
+            for r in self._objs[dep]["metadata"].get("ownerReferences") or []
+        ):
+            return
+        self.mutate(*key, lambda o: o["metadata"]["finalizers"].remove(FOREGROUND))
+
+    def _collect(self, uid: str) -> None:
+        """Garbage collection: delete dependents whose owners are all gone."""
+        for dep in self._objs.owned_by(uid):
+            if dep not in self._objs:
+                continue
+            refs = self._objs[dep]["metadata"].get("ownerReferences") or []
+            if not any(r.get("uid") in self._uids for r in refs):
+                self.delete(*dep, "Background")
+
+    def _orphan(self, uid: str) -> None:
+        def drop_owner(o: Obj) -> None:
+            refs = o["metadata"]["ownerReferences"]
+            refs[:] = [r for r in refs if r.get("uid") != uid]
+
+        for dep in self._objs.owned_by(uid):
+            self.mutate(*dep, drop_owner)
 
     def _emit(self, type_: str, key: Key, obj: Obj) -> None:
         self._rv += 1
@@ -387,3 +478,9 @@ class Store(Deletion):
             subs, self._subs = self._subs, []
         for sub in subs:
             sub.queue.put(None)
+
+
+def _grace_s(pod: Obj, grace_s: float | None) -> int:
+    """The delete's grace period, else the pod's, else Kubernetes' default of 30 s."""
+    grace = grace_s if grace_s is not None else pod["spec"].get("terminationGracePeriodSeconds")
+    return 30 if grace is None else max(int(grace), 0)

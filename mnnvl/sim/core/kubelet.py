@@ -31,16 +31,10 @@ class Kubelet(Controller):
     kinds = ("pods",)
 
     def __init__(
-        self,
-        store: Store,
-        faults: Faults,
-        driver: ComputeDomainDriver,
-        gpus_per_node: int,
-        local_gpus: list[str],
+        self, store: Store, faults: Faults, driver: ComputeDomainDriver, env: ProcessEnv
     ) -> None:
         super().__init__(store)
-        self.faults, self.driver = faults, driver
-        self.env = ProcessEnv(store, gpus_per_node, local_gpus)
+        self.faults, self.driver, self.env = faults, driver, env
         self.workers: dict[tuple[str, str], PodWorker] = {}
         self.unreachable: set[str] = set()  # nodes whose kubelet the API server lost
         self.token = uuid.uuid4().hex[:12]  # marks this kubelet's containers (procs.MARKER_ENV)
