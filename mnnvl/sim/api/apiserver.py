@@ -221,7 +221,7 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         label = f"{plural}/{sub}" if sub else plural
         if method == "GET" and not name:
-            verb = "WATCH" if q.get("watch", "").lower() in ("true", "1") else "LIST"
+            verb = "WATCH" if _flag(q, "watch") else "LIST"
         else:
             verb = "GET" if method == "GET" else method
         rbac_verb = RBAC_VERBS[verb] if name or verb != "DELETE" else "deletecollection"
@@ -344,7 +344,7 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
             return
         deadline = time.monotonic() + timeout
-        bookmarks = q.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        bookmarks = _flag(q, "allowWatchBookmarks")
         # kube-apiserver's cacher sends a bookmark every interval and one 2 s before a
         # watch's deadline, none after that (cacheWatcher.nextBookmarkTime), so a client
         # resumes from near now.
@@ -386,14 +386,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         tail = int(q["tailLines"]) if q.get("tailLines") else None
         stop = threading.Event()
-        stream = self.server.logs(
-            ns,
-            pod["metadata"]["name"],
-            q.get("container"),
-            q.get("follow", "").lower() in ("true", "1"),
-            tail,
-            stop,
-        )
+        stream = self.server.logs(ns, name, q.get("container"), _flag(q, "follow"), tail, stop)
         first = next(stream, None)  # errors (container not started) surface before headers
         self._start_stream("text/plain")
         try:
@@ -407,6 +400,10 @@ class Handler(BaseHTTPRequestHandler):
             self._end_stream()
         finally:
             stop.set()
+
+
+def _flag(q: dict[str, str], key: str) -> bool:
+    return q.get(key, "").lower() in ("true", "1")
 
 
 def _list(plural: str, items: list[Obj], metadata: Obj) -> Obj:

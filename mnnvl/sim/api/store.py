@@ -230,7 +230,7 @@ class Store:
             else:
                 meta.pop(k, None)
         new["apiVersion"], new["kind"] = rt.api_version, rt.kind
-        if self.sticky(key[0], key[1], key[2]):
+        if self.sticky(*key):
             # A stuck finalizer (fault injection) can never be removed.
             meta["finalizers"] = list(
                 dict.fromkeys((meta.get("finalizers") or []) + (old_meta.get("finalizers") or []))

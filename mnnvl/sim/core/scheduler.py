@@ -15,7 +15,6 @@ retried whenever pods, nodes or templates change.
 
 from __future__ import annotations
 
-import logging
 import random
 import secrets
 import string
@@ -28,13 +27,12 @@ from mnnvl.sim.api.controller import Controller
 from mnnvl.sim.api.events import record_event
 from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.model import TERMINAL, controller_ref
-from mnnvl.sim.api.store import ApiError, Obj, Store, WatchEvent, clone, now_iso
+from mnnvl.sim.api.store import Obj, Store, WatchEvent, clone, now_iso
 from mnnvl.sim.core.affinity import AFFINITY
 from mnnvl.sim.core.placement import NODE_AFFINITY, UNSCHEDULABLE, Context
 from mnnvl.sim.nvidia.dra import DRIVER, channel_domain
 from mnnvl.sim.nvidia.stacks import GPU_DRIVER
 
-log = logging.getLogger(__name__)
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 JOB_LABEL = "batch.kubernetes.io/job-name"
 
@@ -238,14 +236,8 @@ class Scheduler(Controller):
                 reservedFor=[{"resource": "pods", "name": name, "uid": uid}],
             )
             self.store.mutate("resourceclaims", ns, claim["metadata"]["name"], allocated)
-        try:
-            bound = self.store.mutate(
-                "pods", ns, name, lambda o: o["spec"].__setitem__("nodeName", node)
-            )
-        except ApiError as e:
-            log.debug("bind %s failed: %s", name, e)
-            return
-        if bound is None:
+        bound = self.store.mutate("pods", ns, name, lambda o: o["spec"].update(nodeName=node))
+        if bound is None:  # deleted meanwhile
             return
         self._set_scheduled(bound, "True")
         msg = f"Successfully assigned {ns}/{name} to {node}"
