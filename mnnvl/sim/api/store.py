@@ -115,6 +115,7 @@ class Store:
                 raise ApiError(
                     422, "Invalid", f"{rt.kind} is invalid: metadata.name: Required value"
                 )
+            details = {"name": name, "group": rt.group, "kind": resource}
             if rt.namespaced:
                 meta["namespace"] = ns = ns or "default"
                 nsobj = self._objs.get(("namespaces", "", ns))
@@ -126,16 +127,11 @@ class Store:
                         "Forbidden",
                         f'{resource} "{name}" is forbidden: unable to create new content in '
                         f"namespace {ns} because it is being terminated",
-                        {"name": name, "group": rt.group, "kind": resource},
+                        details,
                     )
             key = (resource, ns, name)
             if key in self._objs:
-                raise ApiError(
-                    409,
-                    "AlreadyExists",
-                    f'{resource} "{name}" already exists',
-                    {"name": name, "group": rt.group, "kind": resource},
-                )
+                raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists', details)
             obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
             for k in ("deletionTimestamp", "resourceVersion"):
@@ -242,14 +238,10 @@ class Store:
             k: v for k, v in old.items() if k not in strip
         }:
             meta["generation"] = old_meta.get("generation", 1) + 1
-        meta.pop("resourceVersion", None)
-        if new == {
-            **old,
-            "metadata": {k: v for k, v in old_meta.items() if k != "resourceVersion"},
-        }:
+        meta["resourceVersion"] = old_meta["resourceVersion"]  # a new one once it is stored
+        if new == old:
             return clone(old)  # no-op writes do not bump the resourceVersion
         if dry_run:
-            meta["resourceVersion"] = old_meta["resourceVersion"]
             return clone(new)
         self._objs[key] = new
         if (
