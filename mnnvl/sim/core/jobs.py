@@ -41,7 +41,7 @@ from mnnvl.sim.core.jobstatus import (
     replacement_counts,
     target_failure,
 )
-from mnnvl.sim.core.scheduler import INDEX_LABEL, JOB_LABEL, TERMINAL, rand5
+from mnnvl.sim.core.scheduler import INDEX_LABEL, JOB_LABEL, rand5
 
 log = logging.getLogger(__name__)
 UID_LABEL = "batch.kubernetes.io/controller-uid"
@@ -186,7 +186,7 @@ class JobController(Controller):
             conds = st.setdefault("conditions", [])
             add_condition(conds, "Suspended", ("JobSuspended", "Job suspended"), now_iso())
             st.pop("startTime", None)
-            st.update(active=0, ready=0, terminating=progress.terminating)
+            st.update(active=0, ready=0, terminating=len(progress.terminating))
 
         self.store.mutate("jobs", ns, name, write)
 
@@ -241,11 +241,7 @@ class JobController(Controller):
             return progress.active
         skip = progress.done | progress.failed_idx
         if only_replace_failed(job):
-            skip |= {
-                pod_index(p)
-                for p in pods
-                if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL
-            }
+            skip |= {pod_index(p) for p in progress.terminating}
         return progress.active + self._create_pods(job, progress, skip, pods)
 
     def _create_pods(

@@ -74,7 +74,7 @@ class Progress:
     counted: list[tuple[Obj, str, str]]  # failed pods counted in this sync: action, why
     failed_idx: set[int]  # indexes out of retries (backoffLimitPerIndex or FailIndex)
     fresh: list[Obj]  # terminal pods not counted before this sync
-    terminating: int = 0  # pods being deleted that have not reached a terminal phase
+    terminating: list[Obj]  # pods being deleted that have not reached a terminal phase
 
 
 def only_replace_failed(job: Obj) -> bool:
@@ -116,9 +116,9 @@ def count_progress(job: Obj, pods: list[Obj], counted_uids: set[str]) -> Progres
         counted=counted,
         failed_idx=failed_idx,
         fresh=fresh,
-        terminating=len(
-            [p for p in pods if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL]
-        ),
+        terminating=[
+            p for p in pods if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL
+        ],
     )
 
 
@@ -207,7 +207,7 @@ def job_status(
         "active": len(active),
         "succeeded": progress.succeeded,
         "failed": progress.failed,
-        "terminating": progress.terminating,
+        "terminating": len(progress.terminating),
         "uncountedTerminatedPods": {},
         "ready": len([p for p in active if ready(p)]),
     }
@@ -218,7 +218,7 @@ def job_status(
     if progress.per_index is not None:
         st["failedIndexes"] = compress_indexes(progress.failed_idx)
     conds = list(old.get("conditions") or [])
-    settled = progress.terminating == 0 and not active
+    settled = not progress.terminating and not active
     if fail is not None:
         add_condition(conds, "FailureTarget", fail, now)
         if settled:
