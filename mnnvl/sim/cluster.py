@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
 import random
-import shutil
 import signal
 import ssl
 import sys
@@ -15,7 +15,6 @@ import tempfile
 import threading
 import uuid
 from collections import Counter
-from types import FrameType, TracebackType
 from typing import Any
 
 from mnnvl.contract import rbac
@@ -24,12 +23,12 @@ from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.rbac import ADMIN_USER, grant_cluster_reader, grant_runner, service_account_user
 from mnnvl.sim.api.resources import ensure_default_service_account, scheduling_gated
 from mnnvl.sim.api.schemas import SchemaAdmission, crd_object
-from mnnvl.sim.api.selectors import label_matcher
+from mnnvl.sim.api.selectors import object_matcher
 from mnnvl.sim.api.store import Obj, Store
 from mnnvl.sim.api.tls import self_signed
 from mnnvl.sim.core.jobs import JobController
 from mnnvl.sim.core.kubelet import Kubelet
-from mnnvl.sim.core.podenv import local_gpu_ids
+from mnnvl.sim.core.podenv import ProcessEnv, local_gpu_ids
 from mnnvl.sim.core.scheduler import Scheduler
 from mnnvl.sim.nvidia.dra import LABEL_CLIQUE, ComputeDomainDriver
 from mnnvl.sim.nvidia.stacks import check_stack, node_gpus
@@ -46,6 +45,8 @@ from mnnvl.sim.policy.nodelifecycle import (
 
 log = logging.getLogger(__name__)
 SEED_ENV = "MNNVL_SIM_SEED"
+# What ``serve`` prints of the cluster's shape (besides where to reach it).
+SHAPE = ("nodes", "gpus_per_node", "cliques", "gpu_stack", "imex_mode", "cluster_reader")
 OUR_KINDS = (
     "computedomains",
     "resourceclaimtemplates",
@@ -100,29 +101,15 @@ class SimCluster:
         tls: bool = False,
         clique_label: str = LABEL_CLIQUE,
     ) -> None:
-        """``driver_version`` picks the ComputeDomain CRD line ("v25.12.0": numNodes required;
-        "v0.4.0": optional); CRD files come from ``schema_dir`` or ``$MNNVL_SCHEMA_DIR``.
-        ``watch_history`` events are kept for watches to resume from (older: 410 Gone).
-        ``scheduler_seed`` draws the scheduler's tie-breaks and queue order (default:
-        ``$MNNVL_SIM_SEED``, else a fresh random seed, logged and kept in ``scheduler_seed``).
-        ``default_toleration_s`` is kube-apiserver's ``--default-unreachable-toleration-seconds``
-        (and not-ready): how long a pod stays on a lost node before the taint-eviction
-        controller deletes it; ``pod_gc_quarantine_s`` how long a deleted node's pods are left
-        before pod GC fails and force-deletes them (upstream: 300 s and 40 s).
-
-        ``kubeconfig_path`` authenticates as the ``mnnvl-runner`` service account of the first
-        namespace, with ``manifests/base`` applied in every namespace (and bound to that
-        account there); ``admin_kubeconfig_path`` (default: ``<kubeconfig>.admin``) as a
-        cluster administrator, for what a platform team sets up (namespaces, PVCs, quotas).
-
-        ``gpu_stack`` ("device-plugin" or "dra") and ``imex_mode`` ("daemons" or
-        "hostManaged") pick the NVIDIA stack it plays (:mod:`mnnvl.sim.nvidia.stacks`);
-        ``cluster_reader`` binds ``manifests/overlays/cluster-reader`` to the runner.
-        ``clique_label`` is the node label that carries each node's clique (a provider's own
-        key, say); "" labels no node (no GPU Feature Discovery, and the DRA driver's
-        gpuCliqueLabelEnabled off). The DRA driver still knows every node's clique (from NVML).
-        ``tls`` serves HTTPS with a fresh self-signed certificate the kubeconfigs trust (what
-        kubectl needs to send their tokens: ``mnnvl.sim.api.tls``)."""
+        """The settings are those of ``mnnvl/sim/README.md``'s table. ``kubeconfig_path``
+        authenticates as the ``mnnvl-runner`` service account of the first namespace (with
+        ``manifests/base`` applied and bound to it in every namespace), ``admin_kubeconfig_path``
+        as a cluster administrator, for what a platform team sets up (namespaces, PVCs,
+        quotas). ``default_toleration_s`` is kube-apiserver's
+        ``--default-unreachable-toleration-seconds`` (and not-ready): how long a pod stays on a
+        lost node before the taint-eviction controller deletes it; ``pod_gc_quarantine_s`` how
+        long a deleted node's pods are left before pod GC fails and force-deletes them
+        (upstream: 300 s and 40 s)."""
         check_stack(gpu_stack, imex_mode)
         if nodes < 1 or cliques < 1 or gpus_per_node < 0 or cliques > nodes:
             raise ValueError("need nodes >= 1, 1 <= cliques <= nodes, gpus_per_node >= 0")
@@ -166,10 +153,10 @@ class SimCluster:
         self._started = True
         self._seed()
         driver = ComputeDomainDriver(self.store, self.faults, self.node_cliques, self.imex_mode)
-        kubelet = Kubelet(self.store, self.faults, driver, self.gpus_per_node, self.local_gpus)
-        self._kubelet = kubelet
+        env = ProcessEnv(self.store, self.gpus_per_node, self.local_gpus)
+        kubelet = Kubelet(self.store, self.faults, driver, env)
         driver.on_imex_lost = kubelet.imex_lost
-        self._driver = driver
+        self._driver, self._kubelet = driver, kubelet
         self._parts = [
             driver,
             Scheduler(self.store, self.faults, self.scheduler_seed),
@@ -181,11 +168,7 @@ class SimCluster:
         for part in self._parts:
             part.start()
         self._server = ApiServer(
-            self.store,
-            self.faults,
-            kubelet.log_stream,
-            lambda: self.crd_installed,
-            self._tls_context(),
+            self.store, self.faults, kubelet.log_stream, self.crd_installed, self._tls_context()
         )
         self._server.schemas = self.schemas
         self._server.validators.append(self.admission.admit)
@@ -214,16 +197,15 @@ class SimCluster:
         if not self._tls:
             return None
         self._ca_pem, key = self_signed()
-        where = tempfile.mkdtemp(prefix="mnnvl-sim-tls-")  # loaded, then removed at once
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        # ssl loads a key only from a file: one only we can read (mkstemp), removed at once.
+        fd, path = tempfile.mkstemp(prefix="mnnvl-sim-tls-", suffix=".pem")
         try:
-            for name, text in (("cert.pem", self._ca_pem), ("key.pem", key)):
-                fd = os.open(os.path.join(where, name), os.O_WRONLY | os.O_CREAT, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(os.path.join(where, "cert.pem"), os.path.join(where, "key.pem"))
+            with os.fdopen(fd, "w") as f:
+                f.write(self._ca_pem + key)
+            context.load_cert_chain(path)
         finally:
-            shutil.rmtree(where)
+            os.remove(path)
         return context
 
     def _default_tolerations(self, resource: str, obj: Obj) -> None:
@@ -248,25 +230,16 @@ class SimCluster:
             part.stop()
         self.store.close()
         for path in (self.kubeconfig_path, self.admin_kubeconfig_path):
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(path)
-            except OSError as e:
-                log.debug("kubeconfig cleanup: %s", e)
         if self._own_kubeconfig:
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(self.kubeconfig_path))
-            except OSError as e:
-                log.debug("kubeconfig cleanup: %s", e)
 
     def __enter__(self) -> SimCluster:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def _seed(self) -> None:
@@ -278,31 +251,20 @@ class SimCluster:
             grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
         if self.cluster_reader:
             grant_cluster_reader(self.store, self.namespaces[0])
+        resources = node_gpus(self.gpu_stack, self.gpus_per_node)
+        resources |= {"cpu": "64", "memory": "512Gi", "pods": "110"}
         for name, clique in self.node_cliques.items():
-            gpus = node_gpus(self.gpu_stack, self.gpus_per_node)
             labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
             labels |= {self.clique_label: clique} if self.clique_label else {}
-            self.store.create(
-                "nodes",
-                {
-                    "metadata": {
-                        "name": name,
-                        "labels": labels | {"nvidia.com/gpu.present": "true"},
-                    },
-                    "spec": {},
-                    "status": {
-                        "capacity": {**gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
-                        "allocatable": {**gpus, "cpu": "64", "memory": "512Gi", "pods": "110"},
-                        "conditions": [
-                            {"type": "Ready", "status": "True", "reason": "KubeletReady"}
-                        ],
-                        "addresses": [
-                            {"type": "InternalIP", "address": "127.0.0.1"},
-                            {"type": "Hostname", "address": name},
-                        ],
-                    },
-                },
-            )
+            labels["nvidia.com/gpu.present"] = "true"
+            addresses = [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": name},
+            ]
+            status = {"capacity": resources, "allocatable": resources, "addresses": addresses}
+            status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+            node = {"metadata": {"name": name, "labels": labels}, "spec": {}, "status": status}
+            self.store.create("nodes", node)
         seed_stack(
             self.store, self.gpu_stack, self.imex_mode, list(self.node_cliques), self.gpus_per_node
         )
@@ -313,22 +275,14 @@ class SimCluster:
         cluster = {"server": self.url}
         if self._ca_pem:
             cluster["certificate-authority-data"] = base64.b64encode(self._ca_pem.encode()).decode()
+        context = {"cluster": "mnnvl-sim", "user": user, "namespace": self.namespaces[0]}
         cfg = {
             "apiVersion": "v1",
             "kind": "Config",
             "current-context": "mnnvl-sim",
             "clusters": [{"name": "mnnvl-sim", "cluster": cluster}],
             "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [
-                {
-                    "name": "mnnvl-sim",
-                    "context": {
-                        "cluster": "mnnvl-sim",
-                        "user": user,
-                        "namespace": self.namespaces[0],
-                    },
-                }
-            ],
+            "contexts": [{"name": "mnnvl-sim", "context": context}],
         }
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
@@ -336,14 +290,9 @@ class SimCluster:
         os.replace(tmp, path)
 
     def lose_node(self, name: str, deleted_after_s: float | None = None) -> None:
-        """The node drops off the network, as a crashed or powered-off machine does: its
-        containers stop answering (they are stopped, not killed: peers see silence), its
-        kubelet reports nothing more, its IMEX daemon leaves the domain, and the node
-        lifecycle controller marks it Ready Unknown and taints it ``unreachable``. Its pods
-        are evicted after their toleration (``default_toleration_s``) and stay Terminating
-        until the node object is deleted (``deleted_after_s``: what a cloud provider's node
-        controller does once the instance is gone) or tainted ``out-of-service``; then pod GC
-        fails and force-deletes them."""
+        """The node drops off the network, as a crashed or powered-off machine does (the
+        README's "node lost" row); ``deleted_after_s`` then deletes the Node object, as a cloud
+        provider's node controller does once the instance is gone."""
         node_unreachable(self.store, name, deleted_after_s)
         self._kubelet.node_unreachable(name)
         self._driver.node_lost(name)
@@ -376,15 +325,12 @@ class SimCluster:
 
     def objects(self, label_selector: str | None = None) -> list[tuple[str, str, str]]:
         """(kind, namespace, name) of every workload-side object that exists now."""
-        match = label_matcher(label_selector)
-        out = []
-        for plural in OUR_KINDS:
-            for o in self.store.list(plural)[0]:
-                if match(o["metadata"].get("labels") or {}):
-                    out.append(
-                        (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
-                    )
-        return out
+        match = object_matcher(label_selector, None)
+        return [
+            (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+            for plural in OUR_KINDS
+            for o in self.store.list(plural, None, match)[0]
+        ]
 
     def processes(self, label_selector: str | None = None) -> list[tuple[str, str, int]]:
         """(namespace, pod, pid) of every live process that a container of a pod (matching
@@ -436,24 +382,16 @@ def serve(**options: Any) -> str:
     """
     done = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         done.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with SimCluster(**options, tls=True) as sim:
             print(sim.kubeconfig_path, flush=True)
-            shape = (
-                "nodes",
-                "gpus_per_node",
-                "cliques",
-                "gpu_stack",
-                "imex_mode",
-                "cluster_reader",
-            )
             info: dict[str, Any] = {"kubeconfig": sim.kubeconfig_path, "server": sim.url}
             info |= {"admin_kubeconfig": sim.admin_kubeconfig_path, "local_gpus": sim.local_gpus}
-            info |= {k: getattr(sim, k) for k in shape}
+            info |= {k: getattr(sim, k) for k in SHAPE}
             print(json.dumps(info), flush=True)
             print(_usage(sim), file=sys.stderr, flush=True)
             done.wait()

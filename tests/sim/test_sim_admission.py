@@ -95,7 +95,7 @@ def test_computedomain_checked_against_the_crd_schema_from_configuration(
     bad["spec"]["channel"]["resourceClaimTemplate"]["name"] = 7
     code, message = rejected(raw, "POST", CDS, bad)
     assert code == 422 and "spec.channel.resourceClaimTemplate.name" in message
-    assert SchemaAdmission(str(schema_dir), "v25.12.0").crd_validation
+    assert SchemaAdmission(str(schema_dir), "v25.12.0").crd_path is not None
     with pytest.raises(FileNotFoundError, match="MNNVL_SCHEMA_DIR"):
         SchemaAdmission(str(tmp_path), "v25.12.0")
 

@@ -17,10 +17,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from mnnvl.sim.api import protobuf
+from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.model import dry_run_requested
 from mnnvl.sim.api.rbac import (
     ANONYMOUS,
@@ -58,19 +59,14 @@ READYZ_UNSYNCED = (
 )
 
 
-class FaultHooks(Protocol):
-    def request_error(self, method: str, path: str) -> int | None: ...
-    def take_watch_expiry(self) -> bool: ...
-
-
 class ApiServer(ServingServer):
     def __init__(
         self,
         store: Store,
-        faults: FaultHooks,
+        faults: Faults,
         logs: Callable[..., Iterator[bytes]],
-        crd_installed: Callable[[], bool] = lambda: True,
-        tls: ssl.SSLContext | None = None,
+        crd_installed: bool,
+        tls: ssl.SSLContext | None,
     ) -> None:
         super().__init__(Handler)
         self.store, self.faults, self.logs, self.crd_installed = store, faults, logs, crd_installed
@@ -190,10 +186,10 @@ class Handler(BaseHTTPRequestHandler):
             and (len(parts) == 2) == (parts[0] == "api")
         ):
             self.server.count("GET", "discovery")
-            return self._json(200, discovery(parts, self.server.crd_installed()))
+            return self._json(200, discovery(parts, self.server.crd_installed))
         if parts[:2] == ["openapi", "v3"] and method == "GET":
             self.server.count("GET", "openapi")
-            return self._json(200, openapi_v3(parts[2:], self.server.crd_installed()))
+            return self._json(200, openapi_v3(parts[2:], self.server.crd_installed))
         if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectrulesreviews"]:
             review = Request(
                 "create", "authorization.k8s.io", "selfsubjectrulesreviews", "", "", ""
@@ -219,13 +215,13 @@ class Handler(BaseHTTPRequestHandler):
             rt is None
             or (rt.group, rt.version) != (group, version)
             or len(rest) > 3
-            or (plural == CD and not self.server.crd_installed())
+            or (plural == CD and not self.server.crd_installed)
             or (rt.group == KUEUE_GROUP and not self.server.kueue_served)
         ):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         label = f"{plural}/{sub}" if sub else plural
         if method == "GET" and not name:
-            verb = "WATCH" if q.get("watch", "").lower() in ("true", "1") else "LIST"
+            verb = "WATCH" if _flag(q, "watch") else "LIST"
         else:
             verb = "GET" if method == "GET" else method
         rbac_verb = RBAC_VERBS[verb] if name or verb != "DELETE" else "deletecollection"
@@ -239,19 +235,11 @@ class Handler(BaseHTTPRequestHandler):
             return self._logs(ns, name, q)
         if sub and sub != "status":
             raise ApiError(404, "NotFound", f"unknown subresource {sub}")
-        self._verb(verb, plural, ns, name, sub or None, q, body)
+        self._verb(verb, request, q, body)
 
-    def _verb(
-        self,
-        verb: str,
-        plural: str,
-        ns: str,
-        name: str,
-        sub: str | None,
-        q: dict[str, str],
-        body: Any,
-    ) -> None:
+    def _verb(self, verb: str, request: Request, q: dict[str, str], body: Any) -> None:
         store = self.server.store
+        plural, ns, name, sub = request.resource, request.namespace, request.name, request.sub
         if verb == "WATCH":
             return self._watch(plural, ns or None, q)
         dry_run = dry_run_requested(verb, q)
@@ -287,12 +275,10 @@ class Handler(BaseHTTPRequestHandler):
             grace = opts.get("gracePeriodSeconds", q.get("gracePeriodSeconds"))
             grace_s = None if grace is None else float(grace)
             uid = (opts.get("preconditions") or {}).get("uid")
-            return self._json(
-                200,
-                store.delete(
-                    plural, ns, name, policy, grace_s, precondition_uid=uid, dry_run=dry_run
-                ),
+            deleted = store.delete(
+                plural, ns, name, policy, grace_s, precondition_uid=uid, dry_run=dry_run
             )
+            return self._json(200, deleted)
         with store.lock:  # read-modify-write of one object must not interleave
             old = store.get(plural, ns, name)
             if verb == "PUT":
@@ -306,9 +292,9 @@ class Handler(BaseHTTPRequestHandler):
             new.setdefault("metadata", {}).update(name=name)
             if ns:
                 new["metadata"]["namespace"] = ns
-            if sub is None:
+            if not sub:
                 validate(plural, new, old, self.server.schemas)
-            result = store.update(plural, ns, name, new, sub, dry_run=dry_run)
+            result = store.update(plural, ns, name, new, sub or None, dry_run=dry_run)
         self._json(200, result)
 
     def _delete_collection(self, plural: str, ns: str, q: dict[str, str], dry_run: bool) -> None:
@@ -358,7 +344,7 @@ class Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
             return
         deadline = time.monotonic() + timeout
-        bookmarks = q.get("allowWatchBookmarks", "").lower() in ("true", "1")
+        bookmarks = _flag(q, "allowWatchBookmarks")
         # kube-apiserver's cacher sends a bookmark every interval and one 2 s before a
         # watch's deadline, none after that (cacheWatcher.nextBookmarkTime), so a client
         # resumes from near now.
@@ -400,14 +386,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         tail = int(q["tailLines"]) if q.get("tailLines") else None
         stop = threading.Event()
-        stream = self.server.logs(
-            ns,
-            pod["metadata"]["name"],
-            q.get("container"),
-            q.get("follow", "").lower() in ("true", "1"),
-            tail,
-            stop,
-        )
+        stream = self.server.logs(ns, name, q.get("container"), _flag(q, "follow"), tail, stop)
         first = next(stream, None)  # errors (container not started) surface before headers
         self._start_stream("text/plain")
         try:
@@ -421,6 +400,10 @@ class Handler(BaseHTTPRequestHandler):
             self._end_stream()
         finally:
             stop.set()
+
+
+def _flag(q: dict[str, str], key: str) -> bool:
+    return q.get(key, "").lower() in ("true", "1")
 
 
 def _list(plural: str, items: list[Obj], metadata: Obj) -> Obj:

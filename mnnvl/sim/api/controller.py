@@ -87,7 +87,6 @@ class Controller:
         except Exception:
             log.exception("%s: pass failed", self.name)
 
-    # ----- wake-ups --------------------------------------------------------------------
     def requeue(self, delay_s: float, resource: str, namespace: str = "", name: str = "") -> None:
         """Feed a ``SYNC`` event for this object to the loop after ``delay_s`` seconds."""
         ev = WatchEvent(0, resource, namespace, "SYNC", {"metadata": {"name": name}})

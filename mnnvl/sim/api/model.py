@@ -26,6 +26,9 @@ class ResourceType:
 
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
+DRA_GROUP = "resource.k8s.io"
+CD_GROUP = "resource.nvidia.com"
+CRD_GROUP, CRD_KIND = "apiextensions.k8s.io", "CustomResourceDefinition"
 TERMINAL = ("Succeeded", "Failed")  # the pod phases a pod never leaves
 RESOURCES: dict[str, ResourceType] = {
     r.plural: r
@@ -51,25 +54,16 @@ RESOURCES: dict[str, ResourceType] = {
             )
         ),
         ResourceType(
-            "resourceclaimtemplates", "resource.k8s.io", "v1", "ResourceClaimTemplate", True, False
+            "resourceclaimtemplates", DRA_GROUP, "v1", "ResourceClaimTemplate", True, False
         ),
-        ResourceType("resourceclaims", "resource.k8s.io", "v1", "ResourceClaim", True, True),
+        ResourceType("resourceclaims", DRA_GROUP, "v1", "ResourceClaim", True, True),
         # Published by the DRA driver stand-in (``mnnvl.sim.nvidia.stacks``), read-only to runs.
-        ResourceType("deviceclasses", "resource.k8s.io", "v1", "DeviceClass", False, False),
-        ResourceType("resourceslices", "resource.k8s.io", "v1", "ResourceSlice", False, False),
-        ResourceType(
-            "computedomains", "resource.nvidia.com", "v1beta1", "ComputeDomain", True, True
-        ),
+        ResourceType("deviceclasses", DRA_GROUP, "v1", "DeviceClass", False, False),
+        ResourceType("resourceslices", DRA_GROUP, "v1", "ResourceSlice", False, False),
+        ResourceType("computedomains", CD_GROUP, "v1beta1", "ComputeDomain", True, True),
         # Written by the Kueue stand-in only (kueue.py); v1beta2 is Kueue's storage version.
         ResourceType("workloads", "kueue.x-k8s.io", "v1beta2", "Workload", True, True),
-        ResourceType(
-            "customresourcedefinitions",
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-            False,
-            True,
-        ),
+        ResourceType("customresourcedefinitions", CRD_GROUP, "v1", CRD_KIND, False, True),
     )
 }
 KIND_TO_PLURAL = {r.kind.lower(): r.plural for r in RESOURCES.values()}
@@ -121,12 +115,7 @@ def resolve_kind(kind: str) -> str:
     return low if low in RESOURCES else KIND_TO_PLURAL.get(low, low)
 
 
-_OPTIONS_KIND = {
-    "POST": "CreateOptions",
-    "PUT": "UpdateOptions",
-    "PATCH": "PatchOptions",
-    "DELETE": "DeleteOptions",
-}
+_OPTIONS_KIND = {"POST": "Create", "PUT": "Update", "PATCH": "Patch", "DELETE": "Delete"}
 
 
 def dry_run_requested(verb: str, q: dict[str, str]) -> bool:
@@ -139,7 +128,7 @@ def dry_run_requested(verb: str, q: dict[str, str]) -> bool:
         raise ApiError(
             422,
             "Invalid",
-            f'{_OPTIONS_KIND[verb]}.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
+            f'{_OPTIONS_KIND[verb]}Options.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
             f'[]string{{"{value}"}}: supported values: "All"',
         )
     return True

@@ -77,34 +77,30 @@ def _empty(value: int | bytes) -> bool:
         return False
 
 
-def _strings(fields: Fields, wanted: dict[int, str], what: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for number, value in fields:
+def _only(data: bytes, wanted: dict[int, str], what: str) -> dict[str, bytes]:
+    """A message's ``wanted`` fields (number -> name); any other field that is set is a 415."""
+    out: dict[str, bytes] = {}
+    for number, value in _fields(data):
         if number in wanted and isinstance(value, bytes):
-            if value:
-                out[wanted[number]] = value.decode()
+            out[wanted[number]] = value
         elif not _empty(value):
             raise unsupported(f"{what} field {number} is set")
     return out
+
+
+def _strings(data: bytes, wanted: dict[int, str], what: str) -> dict[str, str]:
+    return {k: v.decode() for k, v in _only(data, wanted, what).items() if v}
 
 
 def decode(body: bytes) -> Obj:
     """The JSON form of a protobuf Namespace or ServiceAccount with only a name (and namespace)."""
     if not body.startswith(MAGIC):
         raise unsupported("no k8s protobuf envelope")
-    parts: dict[int, bytes] = {}  # runtime.Unknown: 1 typeMeta, 2 raw
-    for number, value in _fields(body[len(MAGIC) :]):
-        if number in (1, 2) and isinstance(value, bytes):
-            parts[number] = value
-        elif not _empty(value):
-            raise unsupported(f"envelope field {number} is set")
-    kind = _strings(_fields(parts.get(1, b"")), {1: "apiVersion", 2: "kind"}, "typeMeta")
+    # runtime.Unknown around the object: its typeMeta, then the object's own bytes
+    envelope = _only(body[len(MAGIC) :], {1: "typeMeta", 2: "raw"}, "envelope")
+    kind = _strings(envelope.get("typeMeta", b""), {1: "apiVersion", 2: "kind"}, "typeMeta")
     if (kind.get("apiVersion"), kind.get("kind")) not in {("v1", k) for k in KINDS}:
         raise unsupported(f"got {kind.get('apiVersion')} {kind.get('kind')}")
-    meta: Obj = {}
-    for number, value in _fields(parts.get(2, b"")):
-        if number == 1 and isinstance(value, bytes):
-            meta = dict(_strings(_fields(value), {1: "name", 3: "namespace"}, "metadata"))
-        elif not _empty(value):
-            raise unsupported(f"{kind['kind']} field {number} is set")
+    obj = _only(envelope.get("raw", b""), {1: "metadata"}, kind["kind"])
+    meta = _strings(obj.get("metadata", b""), {1: "name", 3: "namespace"}, "metadata")
     return {**kind, "metadata": meta}

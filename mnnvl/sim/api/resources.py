@@ -32,38 +32,24 @@ CATEGORY_ALL = {"pods", "services", "jobs"}
 def _discovery_groups() -> dict[tuple[str, str], list[Obj]]:
     groups: dict[tuple[str, str], list[Obj]] = {}
     for rt in RESOURCES.values():
-        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
         entries = groups.setdefault((rt.group, rt.version), [])
+        common = {"singularName": "", "kind": rt.kind, "namespaced": rt.namespaced}
         entries.append(
-            {
+            common
+            | {
                 "name": rt.plural,
                 "singularName": rt.kind.lower(),
-                "kind": rt.kind,
-                "namespaced": rt.namespaced,
-                "verbs": verbs,
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
                 "shortNames": SHORT_NAMES.get(rt.plural, []),
                 "categories": ["all"] if rt.plural in CATEGORY_ALL else [],
             }
         )
         if rt.status_subresource:
             entries.append(
-                {
-                    "name": f"{rt.plural}/status",
-                    "singularName": "",
-                    "kind": rt.kind,
-                    "namespaced": rt.namespaced,
-                    "verbs": ["get", "patch", "update"],
-                }
+                common | {"name": f"{rt.plural}/status", "verbs": ["get", "patch", "update"]}
             )
-    groups[("", "v1")].append(
-        {
-            "name": "pods/log",
-            "singularName": "",
-            "kind": "Pod",
-            "namespaced": True,
-            "verbs": ["get"],
-        }
-    )
+        if rt.plural == "pods":
+            entries.append(common | {"name": "pods/log", "verbs": ["get"]})
     return groups
 
 
@@ -169,38 +155,38 @@ def validate(
 
 
 def _validate_cd(new: Obj, old: Obj | None, driver_version: str) -> None:
+    error = _cd_error(new, old, driver_version)
+    if error:
+        raise invalid(CD, new, [error])
+
+
+def _cd_error(new: Obj, old: Obj | None, driver_version: str) -> str:
+    """The first of the driver CRD's rules (and defaults) the ComputeDomain breaks, or ""."""
     spec = new.get("spec")
     if not isinstance(spec, dict) or not isinstance(spec.get("channel"), dict):
-        raise invalid(CD, new, ["spec.channel: Required value"])
+        return "spec.channel: Required value"
     channel = spec["channel"]
     if not (channel.get("resourceClaimTemplate") or {}).get("name"):
-        raise invalid(CD, new, ["spec.channel.resourceClaimTemplate.name: Required value"])
+        return "spec.channel.resourceClaimTemplate.name: Required value"
     mode = channel.setdefault("allocationMode", "Single")
     if mode not in ("All", "Single"):
-        raise invalid(
-            CD,
-            new,
-            [
-                f'spec.channel.allocationMode: Unsupported value: "{mode}": '
-                'supported values: "All", "Single"'
-            ],
+        return (
+            f'spec.channel.allocationMode: Unsupported value: "{mode}": '
+            'supported values: "All", "Single"'
         )
     # v25.12.0: numNodes required, any integer; v0.4.0: optional, default 0, minimum 0.
     if "numNodes" not in spec and driver_version != "v0.4.0":
-        raise invalid(CD, new, ["spec.numNodes: Required value"])
+        return "spec.numNodes: Required value"
     nodes = spec.setdefault("numNodes", 0)
     minimum = 0 if driver_version == "v0.4.0" else -(2**63)
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < minimum:
-        raise invalid(
-            CD,
-            new,
-            [
-                f"spec.numNodes: Invalid value: {nodes}: "
-                "spec.numNodes in body should be greater than or equal to 0"
-            ],
+        return (
+            f"spec.numNodes: Invalid value: {nodes}: "
+            "spec.numNodes in body should be greater than or equal to 0"
         )
     if old is not None and old.get("spec") != spec:
-        raise invalid(CD, new, ['spec: Invalid value: "object": A computeDomain.spec is immutable'])
+        return 'spec: Invalid value: "object": A computeDomain.spec is immutable'
+    return ""
 
 
 def default_on_create(resource: str, obj: Obj) -> None:

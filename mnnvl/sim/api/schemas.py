@@ -58,10 +58,6 @@ class SchemaAdmission:
                 ", ".join(self.missing),
             )
 
-    @property
-    def crd_validation(self) -> bool:
-        return self.crd_path is not None
-
     def check(self, resource: str, obj: Obj) -> None:
         """Raise the 422 a real API server answers for an object its schema rejects."""
         if self.missing:

@@ -12,19 +12,8 @@ _SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
 
 
 def _split_terms(text: str) -> list[str]:
-    """Split on commas that are not inside parentheses."""
-    terms: list[str] = []
-    depth, cur = 0, ""
-    for ch in text:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            terms.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    terms.append(cur)
-    return [t.strip() for t in terms if t.strip()]
+    """Split on commas that are not inside parentheses (``a in (x,y)``)."""
+    return [t.strip() for t in re.split(r",(?![^(]*\))", text) if t.strip()]
 
 
 Labels = dict[str, str]
@@ -64,35 +53,22 @@ def _field(obj: Obj, path: str) -> str:
 
 
 # Field selectors a real API server accepts per resource (besides metadata.name and, for
-# namespaced kinds, metadata.namespace), mapped to the object path they read.
-FIELD_LABELS: dict[str, dict[str, str]] = {
-    "pods": {
-        "spec.nodeName": "spec.nodeName",
-        "spec.restartPolicy": "spec.restartPolicy",
-        "spec.schedulerName": "spec.schedulerName",
-        "spec.serviceAccountName": "spec.serviceAccountName",
-        "spec.hostNetwork": "spec.hostNetwork",
-        "status.phase": "status.phase",
-        "status.podIP": "status.podIP",
-        "status.nominatedNodeName": "status.nominatedNodeName",
-    },
+# namespaced kinds, metadata.namespace); each reads the object path of its name, except those
+# in FIELD_PATHS.
+FIELD_LABELS: dict[str, set[str]] = {
+    "pods": {f"spec.{k}" for k in ("nodeName", "restartPolicy", "schedulerName", "hostNetwork")}
+    | {"spec.serviceAccountName", "status.phase", "status.podIP", "status.nominatedNodeName"},
     "events": {
-        **{
-            f"involvedObject.{k}": f"involvedObject.{k}"
-            for k in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion")
-        },
-        "involvedObject.fieldPath": "involvedObject.fieldPath",
-        "reason": "reason",
-        "reportingComponent": "reportingComponent",
-        "source": "source.component",
-        "type": "type",
-    },
-    "nodes": {"spec.unschedulable": "spec.unschedulable"},
-    "namespaces": {"status.phase": "status.phase"},
-    "services": {"spec.clusterIP": "spec.clusterIP", "spec.type": "spec.type"},
-    "jobs": {"status.successful": "status.succeeded"},
+        f"involvedObject.{k}"
+        for k in ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
+    }
+    | {"reason", "reportingComponent", "source", "type"},
+    "nodes": {"spec.unschedulable"},
+    "namespaces": {"status.phase"},
+    "services": {"spec.clusterIP", "spec.type"},
+    "jobs": {"status.successful"},
 }
-COMMON_FIELDS = {"metadata.name": "metadata.name", "metadata.namespace": "metadata.namespace"}
+FIELD_PATHS = {"source": "source.component", "status.successful": "status.succeeded"}
 
 
 def field_matcher(selector: str | None, resource: str | None = None) -> Callable[[Obj], bool]:
@@ -109,10 +85,9 @@ def _field_check(term: str, resource: str | None) -> Callable[[Obj], bool]:
         raise ApiError(400, "BadRequest", f"invalid field selector: {term!r}")
     p, v = path.strip(), val.strip()
     if resource is not None:
-        known = {**COMMON_FIELDS, **FIELD_LABELS.get(resource, {})}
-        if p not in known:
+        if p not in {"metadata.name", "metadata.namespace"} | FIELD_LABELS.get(resource, set()):
             raise ApiError(400, "BadRequest", f"field label not supported: {p}")
-        p = known[p]
+        p = FIELD_PATHS.get(p, p)
     if p == "spec.hostNetwork" or p == "spec.unschedulable":
         return lambda o: ((_field(o, p).lower() == "true") == (v == "true")) != neg
     return lambda o: (_field(o, p) == v) != neg

@@ -18,11 +18,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mnnvl.sim.api.deletion import FOREGROUND, Deletion
-from mnnvl.sim.api.model import RESOURCES, ApiError, Key, Obj, clone, not_found, now_iso
+from mnnvl.sim.api.model import (
+    RESOURCES,
+    ApiError,
+    Key,
+    Obj,
+    clone,
+    iso_after,
+    not_found,
+    now_iso,
+)
 from mnnvl.sim.api.objindex import ObjectIndex
 
 __all__ = ["RESOURCES", "ApiError", "Obj", "Store", "clone", "not_found", "now_iso"]
+FOREGROUND = "foregroundDeletion"
 
 
 @dataclass
@@ -49,7 +58,7 @@ class Subscription:
         )
 
 
-class Store(Deletion):
+class Store:
     """Objects keyed by (plural, namespace, name); all methods are thread-safe."""
 
     def __init__(self, history: int = 10000) -> None:
@@ -106,6 +115,7 @@ class Store(Deletion):
                 raise ApiError(
                     422, "Invalid", f"{rt.kind} is invalid: metadata.name: Required value"
                 )
+            details = {"name": name, "group": rt.group, "kind": resource}
             if rt.namespaced:
                 meta["namespace"] = ns = ns or "default"
                 nsobj = self._objs.get(("namespaces", "", ns))
@@ -117,16 +127,11 @@ class Store(Deletion):
                         "Forbidden",
                         f'{resource} "{name}" is forbidden: unable to create new content in '
                         f"namespace {ns} because it is being terminated",
-                        {"name": name, "group": rt.group, "kind": resource},
+                        details,
                     )
             key = (resource, ns, name)
             if key in self._objs:
-                raise ApiError(
-                    409,
-                    "AlreadyExists",
-                    f'{resource} "{name}" already exists',
-                    {"name": name, "group": rt.group, "kind": resource},
-                )
+                raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists', details)
             obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
             for k in ("deletionTimestamp", "resourceVersion"):
@@ -180,15 +185,9 @@ class Store(Deletion):
                 )
             return self._replace(key, old, clone(new), subresource, dry_run)
 
-    def mutate(
-        self,
-        resource: str,
-        ns: str,
-        name: str,
-        fn: Callable[[Obj], Any],
-        subresource: str | None = "all",
-    ) -> Obj | None:
-        """Controller read-modify-write under the lock; returns None when the object is gone."""
+    def mutate(self, resource: str, ns: str, name: str, fn: Callable[[Obj], Any]) -> Obj | None:
+        """Controller read-modify-write under the lock, status included; returns None when the
+        object is gone (``fn`` returning False: nothing to write)."""
         with self.lock:
             key = (resource, ns, name)
             old = self._objs.get(key)
@@ -197,7 +196,7 @@ class Store(Deletion):
             new = clone(old)
             if fn(new) is False:
                 return clone(old)
-            return self._replace(key, old, new, subresource)
+            return self._replace(key, old, new, "all")
 
     def _replace(
         self, key: Key, old: Obj, new: Obj, subresource: str | None, dry_run: bool = False
@@ -227,7 +226,7 @@ class Store(Deletion):
             else:
                 meta.pop(k, None)
         new["apiVersion"], new["kind"] = rt.api_version, rt.kind
-        if self.sticky(key[0], key[1], key[2]):
+        if self.sticky(*key):
             # A stuck finalizer (fault injection) can never be removed.
             meta["finalizers"] = list(
                 dict.fromkeys((meta.get("finalizers") or []) + (old_meta.get("finalizers") or []))
@@ -239,14 +238,10 @@ class Store(Deletion):
             k: v for k, v in old.items() if k not in strip
         }:
             meta["generation"] = old_meta.get("generation", 1) + 1
-        meta.pop("resourceVersion", None)
-        if new == {
-            **old,
-            "metadata": {k: v for k, v in old_meta.items() if k != "resourceVersion"},
-        }:
+        meta["resourceVersion"] = old_meta["resourceVersion"]  # a new one once it is stored
+        if new == old:
             return clone(old)  # no-op writes do not bump the resourceVersion
         if dry_run:
-            meta["resourceVersion"] = old_meta["resourceVersion"]
             return clone(new)
         self._objs[key] = new
         if (
@@ -271,12 +266,8 @@ class Store(Deletion):
         dry_run: bool = False,
     ) -> Obj:
         """DELETE semantics: finalizers, graceful pod termination, propagation, namespaces.
-
-        A pod bound to a node only gets ``deletionTimestamp`` (now + grace period) and stays
-        Terminating until its kubelet has stopped it and deletes it again with ``grace_s=0``.
         ``precondition_uid`` (``preconditions.uid``) that is not the object's → 409 Conflict.
-        ``dry_run``: the object as the delete would leave it; nothing changes.
-        """
+        ``dry_run``: the object as the delete would leave it; nothing changes."""
         with self.lock:
             key = (resource, ns, name)
             obj = self._objs.get(key)
@@ -290,45 +281,35 @@ class Store(Deletion):
                     f"UID in precondition: {precondition_uid}, "
                     f"UID in object meta: {obj['metadata']['uid']}",
                 )
-            if dry_run:
-                return self._dry_delete(resource, obj, propagation, grace_s)
             # batch/v1 Jobs orphan their pods unless asked otherwise, like the real API server.
             policy = propagation or ("Orphan" if resource == "jobs" else "Background")
             uid = obj["metadata"]["uid"]
+            finalizers = list(obj["metadata"].get("finalizers") or [])
+            if policy == "Foreground" and self._objs.owned_by(uid):
+                finalizers = list(dict.fromkeys([*finalizers, FOREGROUND]))
+            graceful = resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName")
+            if resource == "namespaces" or graceful:
+                marked: Obj | None = self._terminating(obj, grace_s)
+            else:
+                marked = self._finalizing(obj, finalizers, grace_s)
+            if dry_run:
+                return clone(marked or obj)
             if policy == "Orphan":
                 self._orphan(uid)
-            finalizers = list(obj["metadata"].get("finalizers") or [])
-            if policy == "Foreground" and self._dependents(uid):
-                finalizers = list(dict.fromkeys([*finalizers, FOREGROUND]))
+            if marked is None:
+                self._remove(key)
+                return clone(obj)
+            if marked is not obj:
+                self._objs[key] = marked
+                self._emit("MODIFIED", key, marked)
             if resource == "namespaces":
-                return self._delete_namespace(key, obj)
-            if resource == "pods" and grace_s != 0 and obj["spec"].get("nodeName"):
-                return self._terminate_pod(key, obj, grace_s)
-            if finalizers:
-                # grace 0 (a kubelet's final delete) ends the grace period: the object goes
-                # as soon as its last finalizer does.
-                shorten = grace_s == 0 and obj["metadata"].get("deletionGracePeriodSeconds")
-                if (
-                    not obj["metadata"].get("deletionTimestamp")
-                    or shorten
-                    or finalizers != (obj["metadata"].get("finalizers") or [])
-                ):
-                    obj = clone(obj)
-                    obj["metadata"].setdefault("deletionTimestamp", now_iso())
-                    obj["metadata"].setdefault("deletionGracePeriodSeconds", 0)
-                    if shorten:
-                        obj["metadata"]["deletionGracePeriodSeconds"] = 0
-                    obj["metadata"]["finalizers"] = finalizers
-                    self._objs[key] = obj
-                    self._emit("MODIFIED", key, obj)
-                if FOREGROUND in finalizers:
-                    for dep in self._dependents(uid):
-                        if dep in self._objs:
-                            self.delete(dep[0], dep[1], dep[2], "Foreground")
-                    self._finish_foreground(uid)
-                return clone(self._objs.get(key, obj))
-            self._remove(key)
-            return clone(obj)
+                self._delete_contents(name)
+            elif not graceful and FOREGROUND in finalizers:
+                for dep in self._objs.owned_by(uid):
+                    if dep in self._objs:
+                        self.delete(*dep, "Foreground")
+                self._finish_foreground(uid)
+            return clone(self._objs.get(key, marked))
 
     def _remove(self, key: Key) -> None:
         obj = self._objs.pop(key)
@@ -339,6 +320,88 @@ class Store(Deletion):
             self._finish_foreground(str(ref.get("uid")))
         if key[1] and key[0] != "namespaces":
             self._finish_namespace(key[1])
+
+    def _terminating(self, obj: Obj, grace_s: float | None) -> Obj:
+        """A namespace or a pod bound to a node marked Terminating (a copy; ``obj`` itself
+        when it already is): the namespace until every object in it is gone, the pod for its
+        grace period, until its kubelet has stopped it and deletes it again with grace 0."""
+        if obj["metadata"].get("deletionTimestamp"):
+            return obj
+        obj = clone(obj)
+        if obj["kind"] == "Namespace":
+            obj["metadata"]["deletionTimestamp"] = now_iso()
+            obj.update(spec={"finalizers": ["kubernetes"]}, status={"phase": "Terminating"})
+        else:
+            grace = _grace_s(obj, grace_s)
+            obj["metadata"].update(
+                deletionTimestamp=iso_after(grace), deletionGracePeriodSeconds=grace
+            )
+        return obj
+
+    def _finalizing(
+        self, obj: Obj, finalizers: builtins.list[str], grace_s: float | None
+    ) -> Obj | None:
+        """The object marked for deletion while ``finalizers`` hold it (a copy; ``obj`` itself
+        when it already is), or None when nothing holds it. Grace 0 (a kubelet's final
+        delete) ends the grace period: the object goes as soon as its last finalizer does."""
+        if not finalizers:
+            return None
+        meta = obj["metadata"]
+        shorten = grace_s == 0 and meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp") and not shorten and finalizers == meta.get("finalizers"):
+            return obj
+        obj = clone(obj)
+        obj["metadata"].setdefault("deletionTimestamp", now_iso())
+        obj["metadata"].setdefault("deletionGracePeriodSeconds", 0)
+        if shorten:
+            obj["metadata"]["deletionGracePeriodSeconds"] = 0
+        obj["metadata"]["finalizers"] = finalizers
+        return obj
+
+    def _delete_contents(self, ns: str) -> None:
+        """A Terminating namespace: everything in it is deleted, then the namespace goes."""
+        for dep in sorted(k for k in self._objs if k[1] == ns and k[0] != "namespaces"):
+            if dep in self._objs and not self._objs[dep]["metadata"].get("deletionTimestamp"):
+                self.delete(*dep, "Background")
+        self._finish_namespace(ns)
+
+    def _finish_namespace(self, ns: str) -> None:
+        nskey = ("namespaces", "", ns)
+        nsobj = self._objs.get(nskey)
+        if nsobj is None or not nsobj["metadata"].get("deletionTimestamp"):
+            return
+        if not any(k[1] == ns for k in self._objs if k[0] != "namespaces"):
+            self._remove(nskey)
+
+    def _finish_foreground(self, owner_uid: str) -> None:
+        """Drop ``foregroundDeletion`` once no dependent blocks the owner's deletion any more."""
+        key = self._uids.get(owner_uid)
+        if key is None or FOREGROUND not in (self._objs[key]["metadata"].get("finalizers") or []):
+            return
+        if any(
+            r.get("uid") == owner_uid and r.get("blockOwnerDeletion")
+            for dep in self._objs.owned_by(owner_uid)
+            for r in self._objs[dep]["metadata"].get("ownerReferences") or []
+        ):
+            return
+        self.mutate(*key, lambda o: o["metadata"]["finalizers"].remove(FOREGROUND))
+
+    def _collect(self, uid: str) -> None:
+        """Garbage collection: delete dependents whose owners are all gone."""
+        for dep in self._objs.owned_by(uid):
+            if dep not in self._objs:
+                continue
+            refs = self._objs[dep]["metadata"].get("ownerReferences") or []
+            if not any(r.get("uid") in self._uids for r in refs):
+                self.delete(*dep, "Background")
+
+    def _orphan(self, uid: str) -> None:
+        def drop_owner(o: Obj) -> None:
+            refs = o["metadata"]["ownerReferences"]
+            refs[:] = [r for r in refs if r.get("uid") != uid]
+
+        for dep in self._objs.owned_by(uid):
+            self.mutate(*dep, drop_owner)
 
     def _emit(self, type_: str, key: Key, obj: Obj) -> None:
         self._rv += 1
@@ -407,3 +470,9 @@ class Store(Deletion):
             subs, self._subs = self._subs, []
         for sub in subs:
             sub.queue.put(None)
+
+
+def _grace_s(pod: Obj, grace_s: float | None) -> int:
+    """The delete's grace period, else the pod's, else Kubernetes' default of 30 s."""
+    grace = grace_s if grace_s is not None else pod["spec"].get("terminationGracePeriodSeconds")
+    return 30 if grace is None else max(int(grace), 0)

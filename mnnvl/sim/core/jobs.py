@@ -29,6 +29,7 @@ from mnnvl.sim.core.jobstatus import (
     TRACKING_FINALIZER,
     Progress,
     absolute_failures,
+    add_condition,
     condition,
     count_progress,
     failed_indexes_failure,
@@ -40,7 +41,7 @@ from mnnvl.sim.core.jobstatus import (
     replacement_counts,
     target_failure,
 )
-from mnnvl.sim.core.scheduler import INDEX_LABEL, JOB_LABEL, TERMINAL, rand5
+from mnnvl.sim.core.scheduler import INDEX_LABEL, JOB_LABEL, rand5
 
 log = logging.getLogger(__name__)
 UID_LABEL = "batch.kubernetes.io/controller-uid"
@@ -57,6 +58,12 @@ def _last_failed(pods: list[Obj], index: int) -> Obj | None:
     )
 
 
+def _suspended(status: Obj) -> bool:
+    return any(
+        c["type"] == "Suspended" and c["status"] == "True" for c in status.get("conditions") or []
+    )
+
+
 def _ts(iso: str) -> float:
     return float(calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ")))
 
@@ -65,9 +72,9 @@ class JobController(Controller):
     name = "sim-job-controller"
     kinds = ("jobs", "pods")
 
-    def __init__(self, store: Store, admit: Callable[[str, Obj], None] | None = None) -> None:
+    def __init__(self, store: Store, admit: Callable[[str, Obj], None]) -> None:
         super().__init__(store)
-        self.admit = admit or (lambda resource, obj: None)
+        self.admit = admit  # the API server's admission of a pod it creates
         self._create_failures: dict[str, int] = {}  # Job uid -> refused creates in a row
         self._ttl_armed: set[str] = set()
         # Pods already in their Job's status (what the real controller keeps in
@@ -147,20 +154,14 @@ class JobController(Controller):
 
     def _release_orphans(self, ns: str, name: str) -> None:
         """The Job is gone or going (or the pod lost its owner): its pods keep no finalizer."""
-        pods, _ = self.store.list(
-            "pods",
-            ns or None,
-            lambda o: (
-                TRACKING_FINALIZER in (o["metadata"].get("finalizers") or [])
-                and (
-                    (not ns and o["metadata"]["name"] == name)
-                    or any(
-                        r.get("name") == name for r in o["metadata"].get("ownerReferences") or []
-                    )
-                )
-            ),
-        )
-        for p in pods:
+
+        def held(pod: Obj) -> bool:
+            meta = pod["metadata"]
+            owners = {r.get("name") for r in meta.get("ownerReferences") or []}
+            named = name in owners or (not ns and meta["name"] == name)
+            return named and TRACKING_FINALIZER in (meta.get("finalizers") or [])
+
+        for p in self.store.list("pods", ns or None, held)[0]:
             self._drop_finalizer(p)
 
     def _drop_finalizer(self, pod: Obj) -> None:
@@ -176,31 +177,22 @@ class JobController(Controller):
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         for p in progress.active:
             self.store.delete("pods", ns, p["metadata"]["name"])
-        conds = (job.get("status") or {}).get("conditions") or []
-        if not any(c["type"] == "Suspended" and c["status"] == "True" for c in conds):
+        if not _suspended(job.get("status") or {}):
             record_event(self.store, job, "Normal", "Suspended", "Job suspended", "job-controller")
         progress = count_progress(job, self._owned_pods(job), self._counted)
 
         def write(o: Obj) -> None:
-            st = o.get("status") or {}
-            cs = [c for c in st.get("conditions") or [] if c["type"] != "Suspended"]
-            old = next((c for c in st.get("conditions") or [] if c["type"] == "Suspended"), None)
-            if old is not None and old["status"] == "True":
-                cs.append(old)
-            else:
-                cs.append(condition("Suspended", ("JobSuspended", "Job suspended"), now_iso()))
+            st = o.setdefault("status", {})
+            conds = st.setdefault("conditions", [])
+            add_condition(conds, "Suspended", ("JobSuspended", "Job suspended"), now_iso())
             st.pop("startTime", None)
-            st.update(active=0, ready=0, terminating=progress.terminating, conditions=cs)
-            o["status"] = st
+            st.update(active=0, ready=0, terminating=len(progress.terminating))
 
         self.store.mutate("jobs", ns, name, write)
 
     def _resume(self, job: Obj, status: Obj) -> str:
         """The Job's startTime; a Job leaving suspension gets Suspended=False and a new one."""
-        suspended = next(
-            (c for c in status.get("conditions") or [] if c["type"] == "Suspended"), None
-        )
-        if suspended is None or suspended["status"] != "True":
+        if not _suspended(status):
             return str(status.get("startTime") or now_iso())
         now = now_iso()
         record_event(self.store, job, "Normal", "Resumed", "Job resumed", "job-controller")
@@ -241,42 +233,31 @@ class JobController(Controller):
     ) -> list[Obj]:
         """The pods active after creating the missing ones, or deleting all once the Job failed.
         With ``only_replace_failed`` an index whose pod is still terminating waits for it."""
-        if fail is None and len(progress.done) < progress.completions:
-            skip = progress.done | progress.failed_idx
-            if only_replace_failed(job):
-                skip |= {
-                    pod_index(p)
-                    for p in pods
-                    if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL
-                }
-            created = self._create_pods(
-                job, progress.active, skip, progress.indexed, progress.completions, pods
-            )
-            return progress.active + created
         if fail is not None:
             for p in progress.active:
                 self.store.delete("pods", job["metadata"]["namespace"], p["metadata"]["name"])
             return []
-        return progress.active
+        if len(progress.done) >= progress.completions:
+            return progress.active
+        skip = progress.done | progress.failed_idx
+        if only_replace_failed(job):
+            skip |= {pod_index(p) for p in progress.terminating}
+        return progress.active + self._create_pods(job, progress, skip, pods)
 
     def _create_pods(
-        self,
-        job: Obj,
-        active: list[Obj],
-        skip: set[int],
-        indexed: bool,
-        completions: int,
-        pods: list[Obj],
+        self, job: Obj, progress: Progress, skip: set[int], pods: list[Obj]
     ) -> list[Obj]:
         parallelism = int(job["spec"].get("parallelism", 1))
-        busy = {pod_index(p) for p in active}
-        want = [i for i in range(completions) if i not in skip and i not in busy]
-        if not indexed:
+        active, completions, indexed = progress.active, progress.completions, progress.indexed
+        if indexed:
+            skip = skip | {pod_index(p) for p in active}
+            want = [i for i in range(completions) if i not in skip]
+        else:
             want = list(range(max(0, min(completions - len(skip), parallelism) - len(active))))
         created = []
         for i in want[: max(0, parallelism - len(active))]:
             pod = self._pod(job, i if indexed else None)
-            if indexed and job["spec"].get("backoffLimitPerIndex") is not None:
+            if indexed and progress.per_index is not None:
                 pod["metadata"]["annotations"].update(
                     replacement_counts(job, _last_failed(pods, i))
                 )
@@ -351,14 +332,9 @@ class JobController(Controller):
 
         self.store.mutate("jobs", ns, name, write)
         if finished(result) and not finished(job.get("status") or {}):
-            self._record_end(job, fail)
+            end = ("Normal", "Completed", "Job completed") if fail is None else ("Warning", *fail)
+            record_event(self.store, job, *end, "job-controller")
             self._ttl(job, result)
-
-    def _record_end(self, job: Obj, fail: tuple[str, str] | None) -> None:
-        if fail is None:
-            record_event(self.store, job, "Normal", "Completed", "Job completed", "job-controller")
-        else:
-            record_event(self.store, job, "Warning", *fail, "job-controller")
 
     def _ttl(self, job: Obj, status: Obj) -> None:
         ttl = job["spec"].get("ttlSecondsAfterFinished")

@@ -12,26 +12,18 @@ from mnnvl.sim.core.scheduler import INDEX_LABEL, TERMINAL
 
 def compress_indexes(indexes: set[int]) -> str:
     """{0,1,2,5} -> "0-2,5" (the format of status.completedIndexes)."""
-    out: list[str] = []
-    run: list[int] = []
+    runs: list[list[int]] = []
     for i in sorted(indexes):
-        if run and i != run[-1] + 1:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-            run = []
-        run.append(i)
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def failure_action(job: Obj, pod: Obj) -> str:
-    """podFailurePolicy verdict for a failed pod: FailJob | FailIndex | Ignore | Count."""
-    hit = matching_rule(job, pod)
-    return "Count" if hit is None else hit[1]
-
-
-def matching_rule(job: Obj, pod: Obj) -> tuple[int, str, str] | None:
-    """(rule index, action, why) of the first podFailurePolicy rule that matches a failed pod."""
+def failure_action(job: Obj, pod: Obj) -> tuple[str, str]:
+    """podFailurePolicy verdict for a failed pod, (FailJob | FailIndex | Ignore | Count, why):
+    the first rule that matches, else Count."""
     rules = ((job["spec"].get("podFailurePolicy") or {}).get("rules")) or []
     st = pod.get("status") or {}
     codes = [
@@ -39,8 +31,10 @@ def matching_rule(job: Obj, pod: Obj) -> tuple[int, str, str] | None:
         for cs in st.get("containerStatuses") or []
     ]
     conds = {(c.get("type"), c.get("status")) for c in st.get("conditions") or []}
-    meta = pod["metadata"]
+    where = f"{pod['metadata'].get('namespace')}/{pod['metadata']['name']}"
     for i, rule in enumerate(rules):
+        action = str(rule["action"])
+        matching = f"matching {action} rule at index {i}"
         on_codes = rule.get("onExitCodes")
         if on_codes:
             vals, op = set(on_codes.get("values") or []), on_codes.get("operator", "In")
@@ -51,19 +45,13 @@ def matching_rule(job: Obj, pod: Obj) -> tuple[int, str, str] | None:
                     and (code in vals) == (op == "In")
                     and on_codes.get("containerName") in (None, name)
                 ):
-                    why = (
-                        f"Container {name} for pod {meta.get('namespace')}/{meta['name']} "
-                        f"failed with exit code {code} matching {rule['action']} rule at index {i}"
+                    return action, (
+                        f"Container {name} for pod {where} failed with exit code {code} {matching}"
                     )
-                    return i, str(rule["action"]), why
         for pat in rule.get("onPodConditions") or []:
             if (pat.get("type"), pat.get("status", "True")) in conds:
-                why = (
-                    f"Pod {meta.get('namespace')}/{meta['name']} has condition {pat.get('type')} "
-                    f"matching {rule['action']} rule at index {i}"
-                )
-                return i, str(rule["action"]), why
-    return None
+                return action, f"Pod {where} has condition {pat.get('type')} {matching}"
+    return "Count", ""
 
 
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
@@ -83,10 +71,10 @@ class Progress:
     done: set[int]  # completed indexes
     succeeded: int  # completed indexes (Indexed) or Succeeded pods (NonIndexed)
     failed: int  # failed pods counted so far (not Ignored by podFailurePolicy)
-    counted: list[tuple[Obj, str]]  # failed pods counted in this sync, with their action
+    counted: list[tuple[Obj, str, str]]  # failed pods counted in this sync: action, why
     failed_idx: set[int]  # indexes out of retries (backoffLimitPerIndex or FailIndex)
     fresh: list[Obj]  # terminal pods not counted before this sync
-    terminating: int = 0  # pods being deleted that have not reached a terminal phase
+    terminating: list[Obj]  # pods being deleted that have not reached a terminal phase
 
 
 def only_replace_failed(job: Obj) -> bool:
@@ -108,14 +96,14 @@ def count_progress(job: Obj, pods: list[Obj], counted_uids: set[str]) -> Progres
     fresh = [p for p in pods if phase(p) in TERMINAL and p["metadata"]["uid"] not in counted_uids]
     wins = [p for p in fresh if phase(p) == "Succeeded"]
     done = parse_indexes(st.get("completedIndexes")) | {pod_index(p) for p in wins}
-    actions = [(p, failure_action(job, p)) for p in fresh if phase(p) == "Failed"]
-    counted = [(p, a) for p, a in actions if a != "Ignore"]
+    verdicts = [(p, *failure_action(job, p)) for p in fresh if phase(p) == "Failed"]
+    counted = [(p, action, why) for p, action, why in verdicts if action != "Ignore"]
     failed_idx = parse_indexes(st.get("failedIndexes"))
     if per_index is not None:
         failed_idx |= {
             pod_index(p)
-            for p, a in counted
-            if a == "FailIndex" or failure_count(p) >= int(per_index)
+            for p, action, _ in counted
+            if action == "FailIndex" or failure_count(p) >= int(per_index)
         }
     return Progress(
         indexed=indexed,
@@ -128,9 +116,9 @@ def count_progress(job: Obj, pods: list[Obj], counted_uids: set[str]) -> Progres
         counted=counted,
         failed_idx=failed_idx,
         fresh=fresh,
-        terminating=len(
-            [p for p in pods if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL]
-        ),
+        terminating=[
+            p for p in pods if p["metadata"].get("deletionTimestamp") and phase(p) not in TERMINAL
+        ],
     )
 
 
@@ -145,7 +133,7 @@ def replacement_counts(job: Obj, replaced: Obj | None) -> dict[str, str]:
     if replaced is None:
         return {FAILURE_COUNT: "0"}
     failures, ignored = failure_count(replaced), _annotation_int(replaced, IGNORED_COUNT)
-    if failure_action(job, replaced) == "Ignore":
+    if failure_action(job, replaced)[0] == "Ignore":
         ignored += 1
     else:
         failures += 1
@@ -176,25 +164,19 @@ def parse_indexes(text: str | None) -> set[int]:
 
 
 def limit_failure(job: Obj, progress: Progress) -> tuple[str, str] | None:
-    """A FailJob verdict, else BackoffLimitExceeded once more pods failed than allowed."""
+    """A FailJob verdict, else BackoffLimitExceeded once more pods failed than allowed, else
+    MaxFailedIndexesExceeded once more indexes failed than allowed."""
     per_index = progress.per_index
     limit = int(job["spec"].get("backoffLimit", 6 if per_index is None else 2**31 - 1))
-    for pod, action in progress.counted:
-        hit = matching_rule(job, pod)
-        if action == "FailJob" and hit is not None:
-            return ("PodFailurePolicy", hit[2])
+    for _, action, why in progress.counted:
+        if action == "FailJob":
+            return ("PodFailurePolicy", why)
     if progress.failed > limit:
         return ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
-    max_failed = job["spec"].get("maxFailedIndexes")
-    if (
-        per_index is not None
-        and max_failed is not None
-        and (len(progress.failed_idx) > int(max_failed))
-    ):
-        return (
-            "MaxFailedIndexesExceeded",
-            "Job has exceeded the specified maximal number of failed indexes",
-        )
+    max_failed = job["spec"].get("maxFailedIndexes")  # only valid with backoffLimitPerIndex
+    if max_failed is not None and len(progress.failed_idx) > int(max_failed):
+        why = "Job has exceeded the specified maximal number of failed indexes"
+        return ("MaxFailedIndexesExceeded", why)
     return None
 
 
@@ -225,7 +207,7 @@ def job_status(
         "active": len(active),
         "succeeded": progress.succeeded,
         "failed": progress.failed,
-        "terminating": progress.terminating,
+        "terminating": len(progress.terminating),
         "uncountedTerminatedPods": {},
         "ready": len([p for p in active if ready(p)]),
     }
@@ -236,7 +218,7 @@ def job_status(
     if progress.per_index is not None:
         st["failedIndexes"] = compress_indexes(progress.failed_idx)
     conds = list(old.get("conditions") or [])
-    settled = progress.terminating == 0 and not active
+    settled = not progress.terminating and not active
     if fail is not None:
         add_condition(conds, "FailureTarget", fail, now)
         if settled:

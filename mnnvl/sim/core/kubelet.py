@@ -31,16 +31,10 @@ class Kubelet(Controller):
     kinds = ("pods",)
 
     def __init__(
-        self,
-        store: Store,
-        faults: Faults,
-        driver: ComputeDomainDriver,
-        gpus_per_node: int,
-        local_gpus: list[str],
+        self, store: Store, faults: Faults, driver: ComputeDomainDriver, env: ProcessEnv
     ) -> None:
         super().__init__(store)
-        self.faults, self.driver = faults, driver
-        self.env = ProcessEnv(store, gpus_per_node, local_gpus)
+        self.faults, self.driver, self.env = faults, driver, env
         self.workers: dict[tuple[str, str], PodWorker] = {}
         self.unreachable: set[str] = set()  # nodes whose kubelet the API server lost
         self.token = uuid.uuid4().hex[:12]  # marks this kubelet's containers (procs.MARKER_ENV)
@@ -51,15 +45,12 @@ class Kubelet(Controller):
     def stop(self) -> None:
         super().stop()
         with self._lock:
-            workers = list(self.workers.values())
-        killers = [threading.Thread(target=w.kill, daemon=True) for w in workers]
-        for t in killers:
+            workers = list(self.workers.items())
+        removers = [threading.Thread(target=self._remove, args=kw, daemon=True) for kw in workers]
+        for t in removers:
             t.start()
-        for t in killers:
-            t.join(timeout=MAX_GRACE_S + 6)
-        for w in workers:
-            w.finished.wait(MAX_GRACE_S + 6)
-            shutil.rmtree(w.workdir, ignore_errors=True)
+        for t in removers:
+            t.join(timeout=2 * (MAX_GRACE_S + 6))
         kill_all(self.token + "/", {})  # whatever no worker knew of any more
         self._guard.close()
         self.env.close()
@@ -87,7 +78,7 @@ class Kubelet(Controller):
                 self._spawn(self._finish_delete, ev.obj)
             elif not worker.terminating:
                 worker.terminating = True
-                self._spawn(self._terminate, key, worker, grace)
+                self._spawn(self._remove, key, worker, grace, True)
             return
         node = ev.obj["spec"].get("nodeName")
         phase = (ev.obj.get("status") or {}).get("phase")
@@ -99,15 +90,6 @@ class Kubelet(Controller):
     @staticmethod
     def _spawn(fn: Callable[..., None], *args: Any) -> None:
         threading.Thread(target=fn, args=args, daemon=True).start()
-
-    def _terminate(self, key: tuple[str, str], worker: PodWorker, grace_s: float) -> None:
-        """A Terminating pod: stop its container, delete it for good (it 404s), then drop
-        its log (readable while the pod is Terminating, as on a real node)."""
-        worker.kill(grace_s)
-        worker.finished.wait(MAX_GRACE_S + 6)
-        worker.mark_terminated()
-        self._finish_delete(worker.pod)
-        self._remove(key, worker)
 
     def _finish_delete(self, pod: Obj) -> None:
         ns, name, uid = (pod["metadata"][k] for k in ("namespace", "name", "uid"))
@@ -160,10 +142,20 @@ class Kubelet(Controller):
                 w.lose_imex(message)
 
     def _remove(
-        self, key: tuple[str, str], worker: PodWorker, grace_s: float | None = None
+        self,
+        key: tuple[str, str],
+        worker: PodWorker,
+        grace_s: float | None = None,
+        terminating: bool = False,
     ) -> None:
+        """Stop the pod's container and forget it. A Terminating pod then gets its last status
+        and is deleted for good (it 404s) before its log goes (readable while the pod is
+        Terminating, as on a real node)."""
         worker.kill(grace_s)
         worker.finished.wait(MAX_GRACE_S + 6)
+        if terminating:
+            worker.mark_terminated()
+            self._finish_delete(worker.pod)
         with self._lock:
             if self.workers.get(key) is worker:
                 del self.workers[key]
@@ -178,7 +170,8 @@ class Kubelet(Controller):
         tail_lines: int | None,
         stop: threading.Event,
     ) -> Iterator[bytes]:
-        """The container's log (raises before the first byte when it has not started)."""
+        """Chunks of the container's log; with ``follow`` until the container has ended. It
+        raises before the first chunk when the container has not started."""
         with self._lock:
             worker = self.workers.get((ns, name))
         if worker is None or not worker.started.is_set():
@@ -190,13 +183,6 @@ class Kubelet(Controller):
             )
         if container and container != worker.container.get("name"):
             raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
-        return self._follow(worker, follow, tail_lines, stop)
-
-    @staticmethod
-    def _follow(
-        worker: PodWorker, follow: bool, tail_lines: int | None, stop: threading.Event
-    ) -> Iterator[bytes]:
-        """Chunks of the worker's log file; with ``follow`` until its container has ended."""
         with open(worker.log_path, "rb") as f:
             data = f.read()
             if tail_lines is not None:

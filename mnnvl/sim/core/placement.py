@@ -14,6 +14,7 @@ picks the highest total and breaks ties at random.
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from typing import Any
 
 from mnnvl.sim.api.model import TERMINAL, Obj
@@ -120,24 +121,15 @@ class Context:
         self.devices = slice_gpus(store)
         self.taken: dict[str, set[str]] = {}
         self.needs_channel = any(channel_domain(c) is not None for c in claims)
-        bound, _ = store.list(
-            "pods",
-            None,
-            lambda o: (
-                bool(o["spec"].get("nodeName"))
-                and (o.get("status") or {}).get("phase") not in TERMINAL
-            ),
-        )
-        self.gpus: dict[str, int] = {}
-        self.requested: dict[str, dict[str, int]] = {}  # node -> non-zero requests
-        self.real: dict[str, dict[str, int]] = {}  # node -> requests as written
+        bound, _ = store.list("pods", None, _holds_its_node)
+        self.gpus: Counter[str] = Counter()
+        self.requested: defaultdict[str, Counter[str]] = defaultdict(Counter)  # non-zero
+        self.real: defaultdict[str, Counter[str]] = defaultdict(Counter)  # as written
         for p in bound:
             node = p["spec"]["nodeName"]
-            self.gpus[node] = self.gpus.get(node, 0) + pod_gpus(p)
-            for into, non_zero in ((self.requested, True), (self.real, False)):
-                used = into.setdefault(node, dict.fromkeys(DEFAULT_REQUEST, 0))
-                for r, v in pod_requests(p, non_zero).items():
-                    used[r] += v
+            self.gpus[node] += pod_gpus(p)
+            self.requested[node].update(pod_requests(p, non_zero=True))
+            self.real[node].update(pod_requests(p, non_zero=False))
         self.channels: set[str] = set()
         for c in store.list("resourceclaims")[0]:
             for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
@@ -146,7 +138,7 @@ class Context:
                 if r.get("device") == "channel-0":
                     self.channels.add(r["pool"])
                 elif r.get("device") == "gpu":
-                    self.gpus[r["pool"]] = self.gpus.get(r["pool"], 0) + claim_gpus(c)
+                    self.gpus[r["pool"]] += claim_gpus(c)
                 elif r.get("driver") == GPU_DRIVER:
                     self.taken.setdefault(r["pool"], set()).add(r["device"])
         placed = [
@@ -173,7 +165,7 @@ class Context:
         alloc = int((node.get("status") or {}).get("allocatable", {}).get(GPU) or 0)
         free = self.free_gpus(name)
         need = self.limit_gpus + (self.claim_gpus if free is None else 0)
-        if need and self.gpus.get(name, 0) + need > alloc:
+        if need and self.gpus[name] + need > alloc:
             return f"Insufficient {GPU}"
         why = self.inter_pod.misfit(labels)
         if why is not None:
@@ -219,7 +211,7 @@ class Context:
         """NodeResourcesFit's LeastAllocated over CPU and memory (weight 1 each)."""
         name, alloc = node["metadata"]["name"], self._allocatable(node)
         incoming = pod_requests(self.pod, non_zero=True)
-        used = self.requested.get(name) or dict.fromkeys(DEFAULT_REQUEST, 0)
+        used = self.requested[name]
         total = 0
         for r, cap in alloc.items():
             want = used[r] + incoming[r]
@@ -230,12 +222,19 @@ class Context:
         """NodeResourcesBalancedAllocation: 1 - the spread of CPU and memory fractions."""
         name, alloc = node["metadata"]["name"], self._allocatable(node)
         incoming = pod_requests(self.pod, non_zero=False)
-        used = self.real.get(name) or dict.fromkeys(DEFAULT_REQUEST, 0)
+        used = self.real[name]
         fractions = [
             min((used[r] + incoming[r]) / cap, 1.0) if cap else 1.0 for r, cap in alloc.items()
         ]
         spread = abs(fractions[0] - fractions[1]) / 2
         return int((1 - spread) * MAX_SCORE)
+
+
+def _holds_its_node(pod: Obj) -> bool:
+    """Bound and not finished: the pod uses its node's resources."""
+    return (
+        bool(pod["spec"].get("nodeName")) and (pod.get("status") or {}).get("phase") not in TERMINAL
+    )
 
 
 def _labels(node: Obj) -> dict[str, str]:

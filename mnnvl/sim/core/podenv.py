@@ -18,7 +18,6 @@ from mnnvl.ports import free_port
 from mnnvl.sim.api.model import Obj
 from mnnvl.sim.api.store import Store
 from mnnvl.sim.core.placement import claim_gpus, pod_gpus
-from mnnvl.sim.nvidia.stacks import GPU_CLASS
 
 log = logging.getLogger(__name__)
 # A pod or Service name under ``.svc``, completed by the search list or written out with the
@@ -34,13 +33,7 @@ VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 def expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes ``$(VAR)`` expansion: unknown variables stay as written, ``$$`` -> ``$``."""
-
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return VAR_RE.sub(sub, text)
+    return VAR_RE.sub(lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)
 
 
 _NAME = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -126,7 +119,7 @@ class ProcessEnv:
             claim = self.store.find(
                 "resourceclaims", pod["metadata"]["namespace"], entry.get("resourceClaimName") or ""
             )
-            want += claim_gpus(claim) if claim and GPU_CLASS in str(claim.get("spec")) else 0
+            want += claim_gpus(claim) if claim else 0
         if g <= 0 or want <= 0 or len(self.local_gpus) < (i + 1) * g:
             return ""
         return ",".join(self.local_gpus[i * g : (i + 1) * g][:want])
@@ -135,25 +128,21 @@ class ProcessEnv:
         """Why the kubelet cannot build the container's config (its CreateContainerConfigError
         message, as ``makeEnvironmentVariables`` words it), or "": a Secret or ConfigMap the
         env refers to (``valueFrom``, ``envFrom``) that does not exist and is not optional."""
-        ns = pod["metadata"]["namespace"]
-        refs = [
-            (kind, ref)
-            for e in container.get("env") or []
-            for kind, ref in (
-                ("secret", (e.get("valueFrom") or {}).get("secretKeyRef")),
-                ("configmap", (e.get("valueFrom") or {}).get("configMapKeyRef")),
-            )
-            if ref
-        ]
-        refs += [
-            (kind, ref)
-            for e in container.get("envFrom") or []
-            for kind, ref in (("secret", e.get("secretRef")), ("configmap", e.get("configMapRef")))
-            if ref
-        ]
+        ns, refs = pod["metadata"]["namespace"], []
+        for e in container.get("env") or []:
+            source = e.get("valueFrom") or {}
+            refs += [
+                ("secret", source.get("secretKeyRef")),
+                ("configmap", source.get("configMapKeyRef")),
+            ]
+        for e in container.get("envFrom") or []:
+            refs += [("secret", e.get("secretRef")), ("configmap", e.get("configMapRef"))]
         for kind, ref in refs:
-            plural = "secrets" if kind == "secret" else "configmaps"
-            if not ref.get("optional") and self.store.find(plural, ns, ref["name"]) is None:
+            if (
+                ref
+                and not ref.get("optional")
+                and self.store.find(f"{kind}s", ns, ref["name"]) is None
+            ):
                 return f'{kind} "{ref["name"]}" not found'
         return ""
 

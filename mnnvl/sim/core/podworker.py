@@ -86,12 +86,7 @@ class PodWorker:
             "state": state,
             "lastState": last or {},
         }
-        flags = {
-            "Initialized": True,
-            "ContainersReady": ready,
-            "Ready": ready,
-            "PodScheduled": True,
-        }
+        flags = dict(Initialized=True, ContainersReady=ready, Ready=ready, PodScheduled=True)
 
         def write(o: Obj) -> None:
             st = o.setdefault("status", {})
@@ -104,17 +99,13 @@ class PodWorker:
             )
             st.setdefault("startTime", now)
             old = {x["type"]: x for x in st.get("conditions") or []}
-            conds = []
+            st["conditions"] = []
             for t, v in flags.items():
-                prev = old.get(t)
                 val = "True" if v else "False"
-                if prev is not None and prev.get("status") == val:
-                    conds.append(prev)
-                else:
-                    conds.append(
-                        {"type": t, "status": val, "lastTransitionTime": now, "lastProbeTime": None}
-                    )
-            st["conditions"] = conds
+                cond = {"type": t, "status": val, "lastTransitionTime": now, "lastProbeTime": None}
+                if t in old and old[t].get("status") == val:
+                    cond = old[t]  # unchanged: it keeps its transition time
+                st["conditions"].append(cond)
 
         self.k.store.mutate("pods", self.ns, self.name, write)
 
@@ -146,14 +137,7 @@ class PodWorker:
             if self.lost is not None:
                 self._imex_lost(code, started)
                 return
-            term = {
-                "terminated": {
-                    "exitCode": code,
-                    "reason": "Completed" if code == 0 else "OOMKilled" if self.oom else "Error",
-                    "startedAt": started,
-                    "finishedAt": now_iso(),
-                }
-            }
+            term = _terminated(code, started, "OOMKilled" if self.oom else "Error")
             if policy == "Never" or (policy == "OnFailure" and code == 0):
                 self._unprepare()
                 self._status("Succeeded" if code == 0 else "Failed", term, False)
@@ -203,17 +187,8 @@ class PodWorker:
         """The container died because its node's IMEX daemon went away: the pod fails."""
         self._unprepare()
         msg = str(self.lost)
-        term = {
-            "terminated": {
-                "exitCode": code,
-                "reason": "Error",
-                "message": msg,
-                "startedAt": started,
-                "finishedAt": now_iso(),
-            }
-        }
         self._event("Warning", "IMEXDomainLost", msg)
-        self._status("Failed", term, False)
+        self._status("Failed", _terminated(code, started, "Error", message=msg), False)
         self.k.store.mutate(
             "pods",
             self.ns,
@@ -254,11 +229,10 @@ class PodWorker:
                     "Warning", "FailedPrepareDynamicResources", f"resource claim {cname} not found"
                 )
                 return False
+            # recorded before prepare: a half-done prepare (node labelled, channel taken) must
+            # be undone when the pod goes away while it waits for IMEX
+            self.claims.append(claim)
             while True:
-                if claim not in self.claims:
-                    # recorded before prepare: a half-done prepare (node labelled, channel
-                    # taken) must be undone when the pod goes away while it waits for IMEX
-                    self.claims.append(claim)
                 try:
                     self._inject(self.k.driver.prepare(self.node, claim, self.cancel))
                     break
@@ -332,14 +306,7 @@ class PodWorker:
         if self.exit_code is None and self.proc is None:
             state: Obj = {"terminated": {"exitCode": code, "reason": "ContainerStatusUnknown"}}
         else:
-            state = {
-                "terminated": {
-                    "exitCode": code,
-                    "reason": "Completed" if code == 0 else "Error",
-                    "startedAt": self.started_at,
-                    "finishedAt": now_iso(),
-                }
-            }
+            state = _terminated(code, self.started_at, "Error")
         self._status("Succeeded" if code == 0 else "Failed", state, False)
 
     def kill(self, grace_s: float | None = None) -> None:
@@ -351,3 +318,10 @@ class PodWorker:
         if grace_s is None:
             grace_s = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
         proc.stop(min(grace_s, MAX_GRACE_S))
+
+
+def _terminated(code: int, started: str | None, failure: str, **more: str) -> Obj:
+    """A container's terminated state: reason Completed for exit code 0, else ``failure``."""
+    reason = "Completed" if code == 0 else failure
+    state = {"exitCode": code, "reason": reason, **more, "startedAt": started}
+    return {"terminated": state | {"finishedAt": now_iso()}}

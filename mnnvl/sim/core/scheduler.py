@@ -15,11 +15,11 @@ retried whenever pods, nodes or templates change.
 
 from __future__ import annotations
 
-import logging
 import random
 import secrets
 import string
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -27,13 +27,12 @@ from mnnvl.sim.api.controller import Controller
 from mnnvl.sim.api.events import record_event
 from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.model import TERMINAL, controller_ref
-from mnnvl.sim.api.store import ApiError, Obj, Store, WatchEvent, clone, now_iso
+from mnnvl.sim.api.store import Obj, Store, WatchEvent, clone, now_iso
 from mnnvl.sim.core.affinity import AFFINITY
 from mnnvl.sim.core.placement import NODE_AFFINITY, UNSCHEDULABLE, Context
 from mnnvl.sim.nvidia.dra import DRIVER, channel_domain
 from mnnvl.sim.nvidia.stacks import GPU_DRIVER
 
-log = logging.getLogger(__name__)
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 JOB_LABEL = "batch.kubernetes.io/job-name"
 
@@ -80,11 +79,9 @@ class Scheduler(Controller):
             st = claim.get("status") or {}
             users = [r for r in st.get("reservedFor") or [] if r.get("uid") in live]
             if st.get("allocation") and not users:
+                meta = claim["metadata"]
                 self.store.mutate(
-                    "resourceclaims",
-                    claim["metadata"]["namespace"],
-                    claim["metadata"]["name"],
-                    lambda o: o.__setitem__("status", {}),
+                    "resourceclaims", meta["namespace"], meta["name"], lambda o: o.update(status={})
                 )
 
     def _ensure_claims(self, pod: Obj) -> list[Obj] | None:
@@ -102,10 +99,8 @@ class Scheduler(Controller):
                 if cname is None:
                     return None
                 statuses[entry["name"]] = cname
-                new_statuses = [{"name": k, "resourceClaimName": v} for k, v in statuses.items()]
-                self.store.mutate(
-                    "pods", ns, pname, _setter("status", new_statuses, "resourceClaimStatuses")
-                )
+                new = [{"name": k, "resourceClaimName": v} for k, v in statuses.items()]
+                self.store.mutate("pods", ns, pname, _set_status(resourceClaimStatuses=new))
             claim = self.store.find("resourceclaims", ns, cname or "")
             if claim is None:
                 return None
@@ -116,15 +111,12 @@ class Scheduler(Controller):
         ns, tname = pod["metadata"]["namespace"], entry["resourceClaimTemplateName"]
         rct = self.store.find("resourceclaimtemplates", ns, tname)
         if rct is None or rct["metadata"].get("deletionTimestamp"):
-            record_event(
-                self.store,
-                pod,
-                "Warning",
-                "FailedResourceClaimCreation",
+            msg = (
                 f"PodResourceClaim {entry['name']}: resource claim template "
-                f'"{tname}": resourceclaimtemplate.resource.k8s.io "{tname}" not found',
-                "resource_claim",
+                f'"{tname}": resourceclaimtemplate.resource.k8s.io "{tname}" not found'
             )
+            reason = "FailedResourceClaimCreation"
+            record_event(self.store, pod, "Warning", reason, msg, "resource_claim")
             return None
         tspec = rct.get("spec") or {}
         name = f"{pod['metadata']['name']}-{entry['name']}-{rand5()}"
@@ -170,19 +162,18 @@ class Scheduler(Controller):
         nodes = sorted(
             self.store.list("nodes")[0], key=lambda n: _node_order(n["metadata"]["name"])
         )
-        labels = pod["metadata"].get("labels") or {}
-        index = labels.get(INDEX_LABEL)
-        fault = self.faults.pod_fault(
-            labels.get(JOB_LABEL), int(index) if index else None, "Unschedulable"
-        )
-        reasons: dict[str, int] = {}
-        feasible: list[Obj] = []
-        ctx = Context(self.store, pod, claims, nodes)
         missing = missing_claim(self.store, pod)
         if missing:
             self._unschedulable(pod, prefilter_message(len(nodes), missing))
             return
-        if fault is not None:
+        labels = pod["metadata"].get("labels") or {}
+        index = labels.get(INDEX_LABEL)
+        reasons: Counter[str] = Counter()
+        feasible: list[Obj] = []
+        ctx = Context(self.store, pod, claims, nodes)
+        if self.faults.pod_fault(
+            labels.get(JOB_LABEL), int(index) if index else None, "Unschedulable"
+        ):
             reasons["node(s) were unschedulable (simulated fault)"] = len(nodes)
         else:
             for node in nodes:
@@ -190,7 +181,7 @@ class Scheduler(Controller):
                 if why is None:
                     feasible.append(node)
                 else:
-                    reasons[why] = reasons.get(why, 0) + 1
+                    reasons[why] += 1
         if feasible:
             scores = ctx.scores(feasible)
             best = max(scores.values())
@@ -200,16 +191,26 @@ class Scheduler(Controller):
         self._unschedulable(pod, unschedulable_message(len(nodes), reasons))
 
     def _unschedulable(self, pod: Obj, msg: str) -> None:
-        cond = {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": "Unschedulable",
-            "message": msg,
-            "lastTransitionTime": now_iso(),
-            "lastProbeTime": None,
-        }
-        _set_condition_on(self.store, pod, cond)
+        self._set_scheduled(pod, "False", reason="Unschedulable", message=msg)
         record_event(self.store, pod, "Warning", "FailedScheduling", msg, "default-scheduler")
+
+    def _set_scheduled(self, pod: Obj, status: str, **why: str) -> None:
+        """Set the pod's PodScheduled condition (left as it is when its status, reason and
+        message are unchanged)."""
+        cond: Obj = {"type": "PodScheduled", "status": status, **why}
+        cond |= {"lastTransitionTime": now_iso(), "lastProbeTime": None}
+
+        def write(o: Obj) -> bool:
+            conds = o.setdefault("status", {}).setdefault("conditions", [])
+            old = next((c for c in conds if c["type"] == "PodScheduled"), None)
+            if old is not None and all(
+                old.get(k) == cond.get(k) for k in ("status", "reason", "message")
+            ):
+                return False
+            o["status"]["conditions"] = [c for c in conds if c["type"] != "PodScheduled"] + [cond]
+            return True
+
+        self.store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], write)
 
     def _bind(self, pod: Obj, claims: list[Obj], node: str, free: list[str] | None) -> None:
         """Allocate the claims on ``node`` (GPU claims from its ``free`` devices, when its
@@ -219,43 +220,26 @@ class Scheduler(Controller):
             channel = channel_domain(claim) is not None
             results = []
             for r in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
-                if channel or free is None:
-                    device = "channel-0" if channel else "gpu"
-                    results.append((r["name"], DRIVER if channel else GPU_DRIVER, device))
-                    continue
-                count = int((r.get("exactly") or {}).get("count") or 1)
-                results += [(r["name"], GPU_DRIVER, d) for d in free[:count]]
-                free = free[count:]
-            status = {
-                "allocation": {
-                    "devices": {
-                        "results": [
-                            {"request": req, "driver": drv, "pool": node, "device": dev}
-                            for req, drv, dev in results
-                        ]
-                    }
-                },
-                "reservedFor": [{"resource": "pods", "name": name, "uid": uid}],
-            }
-            self.store.mutate(
-                "resourceclaims", ns, claim["metadata"]["name"], _setter("status", status)
+                if channel:
+                    devices = [(DRIVER, "channel-0")]
+                elif free is None:
+                    devices = [(GPU_DRIVER, "gpu")]
+                else:
+                    count = int((r.get("exactly") or {}).get("count") or 1)
+                    devices, free = [(GPU_DRIVER, d) for d in free[:count]], free[count:]
+                results += [
+                    {"request": r["name"], "driver": drv, "pool": node, "device": dev}
+                    for drv, dev in devices
+                ]
+            allocated = _set_status(
+                allocation={"devices": {"results": results}},
+                reservedFor=[{"resource": "pods", "name": name, "uid": uid}],
             )
-        try:
-            bound = self.store.mutate(
-                "pods", ns, name, lambda o: o["spec"].__setitem__("nodeName", node)
-            )
-        except ApiError as e:
-            log.debug("bind %s failed: %s", name, e)
+            self.store.mutate("resourceclaims", ns, claim["metadata"]["name"], allocated)
+        bound = self.store.mutate("pods", ns, name, lambda o: o["spec"].update(nodeName=node))
+        if bound is None:  # deleted meanwhile
             return
-        if bound is None:
-            return
-        cond = {
-            "type": "PodScheduled",
-            "status": "True",
-            "lastTransitionTime": now_iso(),
-            "lastProbeTime": None,
-        }
-        _set_condition_on(self.store, bound, cond)
+        self._set_scheduled(bound, "True")
         msg = f"Successfully assigned {ns}/{name} to {node}"
         record_event(self.store, bound, "Normal", "Scheduled", msg, "default-scheduler")
 
@@ -305,32 +289,11 @@ def unschedulable_message(total: int, reasons: dict[str, int]) -> str:
     )
 
 
-def _setter(key: str, value: Any, sub: str | None = None) -> Callable[[Obj], None]:
-    """A mutate function setting o[key] = value, or o[key][sub] = value."""
-
-    def fn(o: Obj) -> None:
-        if sub is None:
-            o[key] = value
-        else:
-            o.setdefault(key, {})[sub] = value
-
-    return fn
+def _set_status(**fields: Any) -> Callable[[Obj], None]:
+    """A ``Store.mutate`` function that sets these fields of the object's status."""
+    return lambda o: o.setdefault("status", {}).update(fields)
 
 
 def _node_order(name: str) -> tuple[str, int]:
     base, _, num = name.rpartition("-")
     return (base, int(num)) if num.isdigit() else (name, 0)
-
-
-def _set_condition_on(store: Store, pod: Obj, cond: Obj) -> None:
-    def write(o: Obj) -> bool:
-        conds = o.setdefault("status", {}).setdefault("conditions", [])
-        old = next((c for c in conds if c["type"] == cond["type"]), None)
-        if old is not None and all(
-            old.get(k) == cond.get(k) for k in ("status", "reason", "message")
-        ):
-            return False
-        o["status"]["conditions"] = [c for c in conds if c["type"] != cond["type"]] + [cond]
-        return True
-
-    store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], write)
