@@ -118,6 +118,7 @@ def test_fail_index_rule_stops_retrying_that_index(raw: Raw) -> None:
 SLEEP = "import time; time.sleep(300)"
 INDEX = "batch.kubernetes.io/job-completion-index"
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
+TRACKING = "batch.kubernetes.io/job-tracking"
 
 
 def running_pod(raw: Raw, name: str, index: int) -> dict[str, Any]:
@@ -211,3 +212,27 @@ def test_kueue_stand_in_admits_queued_jobs_in_turn_as_capacity_frees() -> None:
         first_end = conditions(raw, "first")["Complete"]["lastTransitionTime"]
         second_start = raw.get(f"{JOBS}/second")["status"]["startTime"]
         assert second_start >= first_end
+
+
+def test_an_orphaned_pod_loses_its_tracking_finalizer_and_no_namesake_does(raw: Raw) -> None:
+    # The Job controller releases a pod without a controlling Job by that pod alone: a pod of
+    # the same name in another namespace, whose Job still runs, keeps its finalizer.
+    raw.call("POST", "/api/v1/namespaces", {"metadata": {"name": "other"}})
+    wait_for(lambda: raw.get("/api/v1/namespaces/other/serviceaccounts/default"))
+    body = job("kept", "0", completions=1)
+    body["spec"]["template"]["spec"]["containers"][0]["command"][2] = SLEEP
+    raw.call("POST", "/apis/batch/v1/namespaces/other/jobs", body)
+    pods = "/api/v1/namespaces/other/pods"
+    kept = wait_for(lambda: raw.call("GET", pods, labelSelector="job-name=kept")["items"])[0]
+    name = kept["metadata"]["name"]
+    assert kept["metadata"]["finalizers"] == [TRACKING]
+    orphan = {
+        "metadata": {"name": name, "finalizers": [TRACKING]},
+        "spec": {"containers": [{"name": "main", "image": "sim", "command": ["true"]}]},
+    }
+    raw.call("POST", PODS, orphan)
+    wait_for(lambda: not raw.get(f"{PODS}/{name}")["metadata"].get("finalizers"))
+    assert raw.get(f"{pods}/{name}")["metadata"]["finalizers"] == [TRACKING]
+    raw.call(
+        "DELETE", "/apis/batch/v1/namespaces/other/jobs/kept", {"propagationPolicy": "Background"}
+    )

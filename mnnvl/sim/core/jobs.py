@@ -97,8 +97,8 @@ class JobController(Controller):
         for ref in ev.obj["metadata"].get("ownerReferences") or []:
             if ref.get("kind") == "Job" and ref.get("controller"):
                 return ev.namespace, ref["name"]
-        # A pod that lost its Job (orphaned): its tracking finalizer is released by name.
-        return ("", ev.obj["metadata"]["name"]) if ev.namespace else None
+        # A pod that lost its Job (orphaned): its tracking finalizer is released by its uid.
+        return ("", ev.obj["metadata"]["uid"]) if ev.namespace else None
 
     def sync(self, ns: str, name: str) -> None:
         job = self.store.find("jobs", ns, name)
@@ -153,12 +153,13 @@ class JobController(Controller):
                 self._drop_finalizer(p)
 
     def _release_orphans(self, ns: str, name: str) -> None:
-        """The Job is gone or going (or the pod lost its owner): its pods keep no finalizer."""
+        """The Job ``ns/name`` is gone or going, or (``ns`` empty) the pod of uid ``name`` lost
+        its owner: those pods keep no finalizer."""
 
         def held(pod: Obj) -> bool:
             meta = pod["metadata"]
             owners = {r.get("name") for r in meta.get("ownerReferences") or []}
-            named = name in owners or (not ns and meta["name"] == name)
+            named = name in owners if ns else meta["uid"] == name
             return named and TRACKING_FINALIZER in (meta.get("finalizers") or [])
 
         for p in self.store.list("pods", ns or None, held)[0]:
