@@ -362,7 +362,7 @@ def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     series, note = busbw_plot(result)
     swept = [r["bytes"] for r in result.get("sizes", [])]
     ranks = result.get("world_size")
-    drawn = _plot(
+    if _plot(
         png,
         f"all_reduce busbw ({ranks} rank{'' if ranks == 1 else 's'}): {result.get('verdict')}",
         series,
@@ -372,8 +372,7 @@ def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
         hline=result.get("threshold_gbps"),
         note=note,
         xlim=(min(swept), max(swept)) if swept else None,
-    )
-    if drawn:
+    ):
         files["png"] = png
     title = f"NVLink verification: {result.get('verdict')}"
     files["html"] = _write(out_dir, "verify.html", _html(title, markdown, files.get("png")))
@@ -423,14 +422,13 @@ def write_train_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     files["markdown"] = _write(out_dir, "train.md", markdown)
     losses = result.get("losses") or []
     png = os.path.join(out_dir, "loss.png")
-    drawn = bool(losses) and _plot(
+    if losses and _plot(
         png,
         f"training loss ({result.get('model', '')})",
         [("loss", [float(p[0]) for p in losses], [float(p[1]) for p in losses])],
         xlabel="step",
         ylabel="loss",
-    )
-    if drawn:
+    ):
         files["png"] = png
     files["html"] = _write(out_dir, "train.html", _html("Training run", markdown, files.get("png")))
     return files

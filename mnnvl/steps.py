@@ -330,17 +330,16 @@ def verify(
     domain, with these inputs.
     """
     start = time.monotonic()
-    verify_workload = step_workload(workload, "verify")
+    verify_workload, args = step_workload(workload, "verify"), to_args(config)
     if measure_again:
         with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
             deadline = Deadline(workload.pods_running_timeout_s)
-            args = to_args(config)
             removed = delete_step_jobs(api, verify_workload, VERIFY_MODULE, args, deadline)
         logger.info("verify: measuring again (deleted %s)", ", ".join(removed) or "nothing")
     if report_dir:
         preload_plotting()
     try:
-        launched = launch(verify_workload, VERIFY_MODULE, to_args(config), kubeconfig=kubeconfig)
+        launched = launch(verify_workload, VERIFY_MODULE, args, kubeconfig=kubeconfig)
     except WorkloadFailed as err:
         # The worker exits non-zero on a FAIL verdict after printing its RESULT: keep the
         # numbers and report them; anything else (no RESULT) is a real workload failure.

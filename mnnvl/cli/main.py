@@ -21,7 +21,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from mnnvl import steps
 from mnnvl.cli.parser import UsageError, build_parser
@@ -40,6 +40,7 @@ from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
 DEFAULT_REPORTS = os.path.join("out", "reports")  # mnnvl run's, under the working directory
+T = TypeVar("T")
 
 
 class _StderrHandler(logging.StreamHandler[Any]):
@@ -68,31 +69,23 @@ def setup_logging(verbose: int) -> None:
 # ---- commands -------------------------------------------------------------------------------
 
 
-def _require_run_id(ns: argparse.Namespace) -> None:
-    if not getattr(ns, "run_id", None):
-        raise SpecError(
-            "run_id", "is required (--run-id, e.g. the KFP job id or Argo workflow uid)"
-        )
-
-
 def _own_namespace(ns: argparse.Namespace) -> dict[str, str]:
     """The namespace to work in: --namespace, else the pod's own, else default (resolved
     here, at the edge: building a spec reads no environment)."""
     return {"namespace": resolve_namespace(getattr(ns, "namespace", None))}
 
 
-def _domain(ns: argparse.Namespace) -> DomainSpec:
-    _require_run_id(ns)
-    return flags.from_namespace(DomainSpec, ns, **_own_namespace(ns))
-
-
-def _workload(ns: argparse.Namespace) -> WorkloadSpec:
-    _require_run_id(ns)
-    return flags.from_namespace(WorkloadSpec, ns, **_own_namespace(ns))
+def _run_spec(cls: type[T], ns: argparse.Namespace) -> T:
+    """The run's ``DomainSpec`` or ``WorkloadSpec`` from the command's flags."""
+    if not ns.run_id:
+        raise SpecError(
+            "run_id", "is required (--run-id, e.g. the KFP job id or Argo workflow uid)"
+        )
+    return flags.from_namespace(cls, ns, **_own_namespace(ns))
 
 
 def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
-    domain = _domain(ns)
+    domain = _run_spec(DomainSpec, ns)
     if ns.pipeline:  # the pipeline's first task: all of its parameters, before any object
         surface.check_pipeline(ns.pipeline, ns.pipeline_parameters)
     return steps.provision(domain, kubeconfig=ns.kubeconfig, owner_pod=ns.owner_pod).to_dict()
@@ -127,24 +120,33 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 
 
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
-    workload, launch = _workload(ns), _launch_spec(ns)
+    workload, launch = _run_spec(WorkloadSpec, ns), _launch_spec(ns)
     surface.check_launch_purpose(workload.purpose)
     args = list(launch.command)
     indexed_job(workload, launch.module, args)  # bad module names or env stop here
     return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
 
 
+def _validate_objects(
+    workload: WorkloadSpec, train: TrainConfig | None, verify: VerifyConfig | None
+) -> None:
+    """Build every object the step will create, so bad input fails before any API call."""
+    render_run(
+        DomainSpec(run_id=workload.run_id, namespace=workload.namespace), workload, train, verify
+    )
+
+
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
-    workload, config = _workload(ns), flags.from_namespace(TrainConfig, ns)
-    _validate_objects(workload, train=config)
+    workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(TrainConfig, ns)
+    _validate_objects(workload, config, None)
     return steps.train(
         workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
     ).to_dict()
 
 
 def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
-    workload, config = _workload(ns), flags.from_namespace(VerifyConfig, ns)
-    _validate_objects(workload, verify=config)
+    workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(VerifyConfig, ns)
+    _validate_objects(workload, None, config)
     return steps.verify(
         workload,
         config,
@@ -156,11 +158,11 @@ def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_teardown(ns: argparse.Namespace) -> dict[str, Any]:
-    return steps.teardown(_domain(ns), kubeconfig=ns.kubeconfig).to_dict()
+    return steps.teardown(_run_spec(DomainSpec, ns), kubeconfig=ns.kubeconfig).to_dict()
 
 
 def cmd_status(ns: argparse.Namespace) -> dict[str, Any]:
-    found = steps.status(_domain(ns), kubeconfig=ns.kubeconfig).to_dict()
+    found = steps.status(_run_spec(DomainSpec, ns), kubeconfig=ns.kubeconfig).to_dict()
     for line in status_lines(found, RunNames.for_run(found["run_id"])):
         logger.info("%s", line)
     return found
@@ -170,14 +172,6 @@ def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
     values = {i.name: getattr(ns, i.name) for i in surface.step_inputs("preflight")}
     (workload,) = surface.step_specs("preflight", "preflight", values | _own_namespace(ns))
     return steps.preflight(workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir).to_dict()
-
-
-def _validate_objects(
-    workload: WorkloadSpec, *, train: TrainConfig | None = None, verify: VerifyConfig | None = None
-) -> None:
-    """Build every object the step will create, so bad input fails before any API call."""
-    domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
-    render_run(domain, workload, train, verify)
 
 
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:

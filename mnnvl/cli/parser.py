@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 from mnnvl import __version__
 from mnnvl.cli.help import COMMANDS
 from mnnvl.inputs import flags, surface
-from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim.nvidia.stacks import GPU_STACKS, IMEX_MODES
 
 DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
@@ -72,23 +72,10 @@ def _grouped_flags(
         )
 
 
-def _spec_flags(
-    p: argparse.ArgumentParser,
-    classes: tuple[type, ...],
-    *,
-    step: str = "",
-    skip: frozenset[str] = frozenset(),
-    run_id_required: bool = True,
-) -> None:
-    """Every CLI input of ``classes`` that the command uses."""
-    skip = skip | surface.STEP_SKIPS.get(step, frozenset())
-    inputs: dict[str, surface.Input] = {}
-    for cls in classes:
-        for item in surface.class_inputs(cls):
-            if item.name not in skip:
-                inputs.setdefault(item.name, item)
-    overrides = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step, {}).items()}
-    _grouped_flags(p, list(inputs.values()), defaults=overrides, required=run_id_required)
+def _step_flags(p: argparse.ArgumentParser, step: str) -> None:
+    """Every CLI input of ``step``, at the step's defaults."""
+    presets = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step, {}).items()}
+    _grouped_flags(p, surface.step_inputs(step), defaults=presets)
 
 
 def _run_flags(
@@ -102,7 +89,7 @@ def _run_flags(
 
 
 def _launch_flags(p: argparse.ArgumentParser) -> None:
-    _spec_flags(p, (WorkloadSpec, LaunchSpec), step="launch")
+    _step_flags(p, "launch")
     p.add_argument(
         "--command",
         dest="as_command",
@@ -186,14 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command_name", metavar="<command>", title="commands")
     p = _subcommand(sub, "provision")
-    _spec_flags(p, (DomainSpec,), step="provision")
+    _step_flags(p, "provision")
     p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
     _pipeline_check_flags(p)
     p = _subcommand(sub, "launch")
     _launch_flags(p)
-    for name, cfg in (("train", TrainConfig), ("verify", VerifyConfig)):
+    for name in ("train", "verify"):
         p = _subcommand(sub, name)
-        _spec_flags(p, (WorkloadSpec, cfg), step=name)
+        _step_flags(p, name)
         p.add_argument("--report-dir", default=None, help=REPORT_DIR_HELP)
         if name == "verify":
             p.add_argument(
@@ -209,11 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
                 "(whose verdict a rerun would return) and measure anew; the domain stays",
             )
     p = _subcommand(sub, "teardown")
-    _spec_flags(p, (DomainSpec,), step="teardown")
+    _step_flags(p, "teardown")
     p = _subcommand(sub, "status")
-    _spec_flags(p, (DomainSpec,), skip=_STATUS_SKIPS)
+    _grouped_flags(p, [i for i in surface.class_inputs(DomainSpec) if i.name not in _STATUS_SKIPS])
     p = _subcommand(sub, "preflight")
-    _grouped_flags(p, surface.step_inputs("preflight"), required=False)
+    _step_flags(p, "preflight")
     p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
     for name in ("run", "render"):
         p = _subcommand(sub, name)

@@ -23,7 +23,7 @@ gb200 --nodes 4 --gpus-per-node 4`` shows the row a shape gets. Standard library
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -168,6 +168,20 @@ def _in_range(version: str | None, lo: str, hi: str) -> bool:
     return v >= _version(lo) and (not hi or v < _version(hi))
 
 
+def _rows(
+    names: Sequence[str], nodes: int, gpus_per_node: int, platform: str
+) -> Iterator[Baseline]:
+    """The rows of this shape and platform whose models name every one of the GPUs."""
+    # "H200" must not match "GH200": compare whole words of NVML's name.
+    words = [name.replace("-", " ").split() for name in names]
+    for row in BASELINES:
+        low, high = row.nodes
+        shape = row.gpus_per_node == gpus_per_node and low <= nodes <= high
+        models = all(any(m in w for m in row.models) for w in words)
+        if row.platform == platform and shape and models:
+            yield row
+
+
 def match(
     gpu_names: Sequence[str],
     gpus: int,
@@ -180,43 +194,18 @@ def match(
     names = [n for n in gpu_names if n]
     if not names or nodes < 1 or gpus % nodes:
         return None
-    key = transport_key(nccl)
-    version = (nccl or {}).get("version")
-    for row in BASELINES:
-        if (
-            _fits(row, nodes, gpus // nodes, platform)
-            and row.transport == key
-            and _in_range(version, row.nccl_min, row.nccl_max)
-            and all(any(_model_in(m, n) for m in row.models) for n in names)
-        ):
-            return row
-    return None
+    key, version = transport_key(nccl), (nccl or {}).get("version")
+    rows = _rows(names, nodes, gpus // nodes, platform)
+    return next(
+        (r for r in rows if r.transport == key and _in_range(version, r.nccl_min, r.nccl_max)),
+        None,
+    )
 
 
-def for_shape(
-    system: str, nodes: int, gpus_per_node: int, transport: str = "", platform: str = ""
-) -> Baseline | None:
+def for_shape(system: str, nodes: int, gpus_per_node: int, platform: str = "") -> Baseline | None:
     """The row a run of this shape on this system would be judged against (any NCCL version
-    the row covers; with ``transport``, only a row of that transport)."""
-    name = f"NVIDIA {system.upper()}"
-    for row in BASELINES:
-        if (
-            _fits(row, nodes, gpus_per_node, platform)
-            and transport in ("", row.transport)
-            and any(_model_in(m, name) for m in row.models)
-        ):
-            return row
-    return None
-
-
-def _fits(row: Baseline, nodes: int, gpus_per_node: int, platform: str) -> bool:
-    low, high = row.nodes
-    return row.platform == platform and row.gpus_per_node == gpus_per_node and low <= nodes <= high
-
-
-def _model_in(model: str, name: str) -> bool:
-    # "H200" must not match "GH200": compare whole words of NVML's name.
-    return model in name.replace("-", " ").split()
+    the row covers)."""
+    return next(_rows([f"NVIDIA {system.upper()}"], nodes, gpus_per_node, platform), None)
 
 
 def as_dict(row: Baseline) -> dict[str, Any]:

@@ -63,37 +63,26 @@ def add_inputs(
             continue
         default = defaults.get(item.name, item.default)
         text = _help(item, default) if required or not item.required else item.help
-        preset = defaults.get(item.name)
         target = group(item) if group else parser
+        shared: dict[str, Any] = {
+            "dest": item.name,
+            "default": defaults.get(item.name),
+            "help": text,
+        }
         if item.kind == "bool":
-            target.add_argument(
-                item.flag,
-                dest=item.name,
-                action=argparse.BooleanOptionalAction,
-                default=preset,
-                help=text,
-            )
-            continue
-        extra: dict[str, Any] = {"metavar": _metavar(item), "help": text}
-        if item.choices == SWITCHES:
+            target.add_argument(item.flag, action=argparse.BooleanOptionalAction, **shared)
+        elif item.choices == SWITCHES:
             # auto/true/false: a bare --flag is true and --no-flag false, as for a boolean.
             target.add_argument(
-                item.flag, dest=item.name, nargs="?", const="true", default=preset, **extra
+                item.flag, nargs="?", const="true", metavar=_metavar(item), **shared
             )
-            target.add_argument(
-                "--no-" + item.kebab,
-                dest=item.name,
-                action="store_const",
-                const="false",
-                default=preset,
-                help=f"the same as {item.flag} false",
-            )
-            continue
-        if item.kind == "list":
-            target.add_argument(item.flag, dest=item.name, action="append", default=None, **extra)
+            no = shared | {"help": f"the same as {item.flag} false"}
+            target.add_argument("--no-" + item.kebab, action="store_const", const="false", **no)
+        elif item.kind == "list":
+            target.add_argument(item.flag, action="append", metavar=_metavar(item), **shared)
         else:
             need = required and item.required
-            target.add_argument(item.flag, dest=item.name, default=preset, required=need, **extra)
+            target.add_argument(item.flag, required=need, metavar=_metavar(item), **shared)
 
 
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:

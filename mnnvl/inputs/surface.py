@@ -340,8 +340,9 @@ def step_inputs(step: str, surface: str | None = None) -> list[Input]:
     return [i for i in seen.values() if surface is None or surface in i.surfaces]
 
 
-def spec_values(cls: type, values: dict[str, Any]) -> dict[str, Any]:
-    """Keyword arguments for ``cls`` from surface values (lists -> dict/tuple, sizes -> int)."""
+def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
+    """A validated ``cls`` from surface values (lists -> dict/tuple, sizes -> int); unset
+    inputs keep the dataclass default."""
     by_name = {i.name: i for i in class_inputs(cls)}
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -357,12 +358,7 @@ def spec_values(cls: type, values: dict[str, Any]) -> dict[str, Any]:
         else:
             value = item.coerce(value)
         kwargs[f.name] = value
-    return kwargs
-
-
-def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
-    """A validated ``cls`` from surface values; unset inputs keep the dataclass default."""
-    return cls(**{**spec_values(cls, values), **extra})
+    return cls(**(kwargs | extra))
 
 
 def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:

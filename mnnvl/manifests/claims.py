@@ -17,7 +17,7 @@ from typing import Any
 from mnnvl.errors import SpecError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
-from mnnvl.manifests.domain import object_meta, require
+from mnnvl.manifests.domain import object_meta
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceClaimTemplate"
@@ -32,7 +32,6 @@ def wants_gpu_claim(workload: WorkloadSpec) -> bool:
 
 def gpu_claim_template(workload: WorkloadSpec) -> dict[str, Any]:
     """A template asking for exactly ``gpus_per_node`` devices of ``gpu_device_class``."""
-    require(workload, WorkloadSpec, "workload")
     if not wants_gpu_claim(workload):
         raise SpecError(
             "gpu_mode",

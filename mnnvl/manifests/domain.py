@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mnnvl.errors import SpecError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, OwnerRef
 
@@ -18,47 +17,33 @@ KIND = "ComputeDomain"
 COMPONENT = "compute-domain"
 
 
-def require(value: object, kind: type, field: str) -> None:
-    """A builder given something else than its spec: a caller's mistake, named."""
-    if not isinstance(value, kind):
-        raise SpecError(field, f"expected a {kind.__name__}, got {type(value).__name__}")
-
-
-def owner_references(owner: OwnerRef | None) -> list[dict[str, Any]]:
-    """Owner references backing up teardown through garbage collection.
+def object_meta(
+    name: str, namespace: str, labels: dict[str, str], owner: OwnerRef | None
+) -> dict[str, Any]:
+    """``metadata`` for a namespaced object of the run, with owner references backing up
+    teardown through garbage collection.
 
     ``controller`` and ``blockOwnerDeletion`` stay false: the owner (a launcher pod or an
     Argo Workflow) does not manage these objects, and blocking its deletion on ours would
     need extra RBAC (``update`` on the owner's finalizers) for no gain.
     """
-    if owner is None:
-        return []
-    return [
-        {
-            "apiVersion": owner.api_version,
-            "kind": owner.kind,
-            "name": owner.name,
-            "uid": owner.uid,
-            "controller": False,
-            "blockOwnerDeletion": False,
-        }
-    ]
-
-
-def object_meta(
-    name: str, namespace: str, labels: dict[str, str], owner: OwnerRef | None
-) -> dict[str, Any]:
-    """``metadata`` for a namespaced object of the run."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
-    refs = owner_references(owner)
-    if refs:
-        meta["ownerReferences"] = refs
+    if owner is not None:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": owner.api_version,
+                "kind": owner.kind,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": False,
+                "blockOwnerDeletion": False,
+            }
+        ]
     return meta
 
 
 def compute_domain(spec: DomainSpec) -> dict[str, Any]:
     """The run's ComputeDomain; the DRA controller creates the channel template it names."""
-    require(spec, DomainSpec, "domain")
     names = RunNames.for_run(spec.run_id)
     return {
         "apiVersion": API_VERSION,

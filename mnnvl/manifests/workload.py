@@ -9,7 +9,6 @@ as a ``gpu.nvidia.com`` claim, never both.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from mnnvl.contract import env as contract_env
@@ -18,10 +17,10 @@ from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.errors import SpecError
 from mnnvl.inputs.checks import parse_toleration
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
-from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.inputs.spec import MODULE_NAME, WorkloadSpec
 from mnnvl.inputs.storage import parse_pvc
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
-from mnnvl.manifests.domain import object_meta, require
+from mnnvl.manifests.domain import object_meta
 
 CONTAINER = "worker"
 # The runtime image's USER (images/runtime.Dockerfile): the uid and gid the worker pods run as
@@ -52,8 +51,6 @@ KUEUE_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 
 # Set by the Job itself; a user value would break the rendezvous or the node rank.
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def kueue_gang(workload: WorkloadSpec) -> bool:
@@ -87,7 +84,6 @@ def headless_service(workload: WorkloadSpec) -> dict[str, Any]:
     ``publishNotReadyAddresses`` is on because the workers rendezvous before any readiness
     (they have no probes, and pod 0's address must resolve while the others start).
     """
-    require(workload, WorkloadSpec, "workload")
     names = RunNames.for_run(workload.run_id)
     return {
         "apiVersion": "v1",
@@ -147,7 +143,6 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
     applies the same rule at start-up). Machine-pinned and Job-owned names never get here:
     ``WorkloadSpec`` refuses them, so nobody believes they changed them.
     """
-    require(workload, WorkloadSpec, "workload")
     env = {
         contract_env.MASTER_ADDR: master_addr(workload),
         contract_env.MASTER_PORT: str(workload.rdzv_port),
@@ -193,7 +188,7 @@ def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
         # "$$" is the kubelet's escape for "$": the user's words reach the program verbatim.
         verbatim = [a.replace("$", "$$") for a in args]
         return ["python3", "-m", LAUNCH_MODULE, "--exec", "--", *verbatim] if grouped else verbatim
-    if not isinstance(module, str) or not _MODULE.match(module):
+    if not isinstance(module, str) or not MODULE_NAME.match(module):
         raise SpecError("module", f"{module!r} is not a Python module name like {TRAIN_MODULE}")
     rank = [] if grouped else ["--node-rank=$(JOB_COMPLETION_INDEX)"]
     return [
@@ -396,7 +391,6 @@ def indexed_job(
     index whose failed pod had ``job-index-failure-count`` >= the limit. So ``max_restarts``
     restarts leave each index at most that many failures, and the next one fails the Job.
     """
-    require(workload, WorkloadSpec, "workload")
     names = RunNames.for_run(workload.run_id)
     job = names.job(workload.purpose, group)
     job_labels = names.labels(workload.purpose)
@@ -437,7 +431,6 @@ def indexed_job(
 def indexed_jobs(workload: WorkloadSpec, module: str, args: list[str]) -> list[dict[str, Any]]:
     """The step's Jobs: one, or one per clique group, all in one rendezvous. Under Kueue the
     groups are one Job, so that Kueue admits them together or not at all."""
-    require(workload, WorkloadSpec, "workload")
     if workload.groups == 1 or kueue_gang(workload):
         return [indexed_job(workload, module, args)]
     return [indexed_job(workload, module, args, g) for g in range(workload.groups)]
