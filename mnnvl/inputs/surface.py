@@ -119,6 +119,8 @@ class Input:
                 return parse_bytes(self.name, text) if self.name in SIZE_FIELDS else int(text)
             if self.kind == "float":
                 return float(text)
+        except SpecError:
+            raise  # a size's own check already names the input and the forms it takes
         except ValueError as e:
             raise SpecError(self.name, f"{value!r} is not a valid {self.kind} ({e})") from None
         return list(parse_list(text, self.name)) if text else []

@@ -225,6 +225,14 @@ def test_pipeline_check_names_the_bad_parameter(values: Any, field: str) -> None
     assert err.value.field == field
 
 
+def test_a_bad_size_is_named_once_as_the_surface_spells_it() -> None:
+    with pytest.raises(SpecError) as err:
+        surface.check_pipeline(
+            "mnnvl-training", [{"name": "verify", "value": '{"min_bytes": "1X"}'}]
+        )
+    assert str(err.value) == "verify.min_bytes: '1X' is not a size like 1M, 64MiB or 4G"
+
+
 def test_custom_pipeline_needs_a_module_or_a_command() -> None:
     with pytest.raises(SpecError, match=r"^command: .*give a module or a command"):
         surface.check_pipeline("mnnvl-custom", {})
