@@ -14,10 +14,9 @@ from typing import Any
 from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
-from mnnvl.errors import SpecError
 from mnnvl.inputs.checks import parse_toleration
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
-from mnnvl.inputs.spec import MODULE_NAME, WorkloadSpec
+from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.inputs.storage import parse_pvc
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
@@ -182,14 +181,12 @@ def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
     rendezvous from the env; with clique groups through the launcher's ``--exec``, which sets
     ``NODE_RANK`` and then becomes the program (no shell needed in the image).
     """
-    if not all(isinstance(a, str) for a in args):
-        raise SpecError("command", "every argument must be a string")
+    # The module and the words were checked once, on the spec (LaunchSpec); only steps' own
+    # constants reach here otherwise.
     if module == "" and args:
         # "$$" is the kubelet's escape for "$": the user's words reach the program verbatim.
         verbatim = [a.replace("$", "$$") for a in args]
         return ["python3", "-m", LAUNCH_MODULE, "--exec", "--", *verbatim] if grouped else verbatim
-    if not isinstance(module, str) or not MODULE_NAME.match(module):
-        raise SpecError("module", f"{module!r} is not a Python module name like {TRAIN_MODULE}")
     rank = [] if grouped else ["--node-rank=$(JOB_COMPLETION_INDEX)"]
     return [
         "python3",

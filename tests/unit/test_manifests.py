@@ -419,12 +419,6 @@ def test_dollar_in_user_arguments_is_escaped_for_the_kubelet() -> None:
     assert "/ckpt/$$(HOME)/$$x" in command
 
 
-@pytest.mark.parametrize("module", ["", "a b", "mnnvl.runtime.train;rm", "1abc"])
-def test_module_must_be_a_python_module_name(module: str) -> None:
-    with pytest.raises(SpecError, match=r"^module: "):
-        indexed_job(WORKLOADS["limits"], module, [])
-
-
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_worker_runs_without_privilege(name: str) -> None:
     job = train_job(WORKLOADS[name])

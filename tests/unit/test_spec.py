@@ -13,7 +13,14 @@ from mnnvl.errors import SpecError
 from mnnvl.inputs import namespace
 from mnnvl.inputs.checks import parse_bytes, parse_env
 from mnnvl.inputs.flags import add_arguments, from_namespace, to_args
-from mnnvl.inputs.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import (
+    DomainSpec,
+    LaunchSpec,
+    OwnerRef,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+)
 
 RUN = "run-1"
 
@@ -141,6 +148,11 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
         "PriorityClass",
     ),
     (WorkloadSpec, {"run_id": RUN, "queue_name": "Team Queue"}, "queue_name", "DNS-1123"),
+    (LaunchSpec, {"module": "a b"}, "module", "not a Python module name"),
+    (LaunchSpec, {"module": "mnnvl.runtime.train;rm"}, "module", "not a Python module name"),
+    (LaunchSpec, {"module": "1abc"}, "module", "not a Python module name"),
+    (LaunchSpec, {"command": ("python3", 1)}, "command", "must be a string"),
+    (LaunchSpec, {}, "command", "give a module or a command"),
 ]
 
 
