@@ -111,7 +111,8 @@ def _replace_failed_job(api: Api, workload: WorkloadSpec, stale: StaleObject) ->
     )
     ns, gone = workload.namespace, Deletions(workload.run_id)
     deadline = Deadline(workload.pods_running_timeout_s)
-    _delete_job_and_wait(api, gone, ns, job, f"the failed Job {ns}/{job}", deadline)
+    what = f"the failed Job {ns}/{job}"
+    _delete_job_and_wait(api, gone, ns, job, what, deadline, existing=stale.existing)
     if gone.skipped:
         raise NotAdoptable(f"cannot replace the failed Job: {gone.skipped[0]}") from stale
 
@@ -188,10 +189,22 @@ def delete_step_jobs(
 
 
 def _delete_job_and_wait(
-    api: Api, gone: Deletions, ns: str, job: str, what: str, deadline: Deadline
+    api: Api,
+    gone: Deletions,
+    ns: str,
+    job: str,
+    what: str,
+    deadline: Deadline,
+    existing: dict[str, Any] | None = None,
 ) -> None:
-    """Delete a Job of the run in the foreground and wait until it and its pods are gone."""
-    if gone.delete_named(api, JOB, ns, job, propagation="Foreground"):
+    """Delete a Job of the run in the foreground and wait until it and its pods are gone;
+    ``existing``: the Job as already read, deleted only while it is still that object (uid
+    precondition), not whatever bears its name by then."""
+    if existing is not None:
+        deleted = gone.delete(api, JOB, existing, propagation="Foreground")
+    else:
+        deleted = gone.delete_named(api, JOB, ns, job, propagation="Foreground")
+    if deleted:
         wait_for(
             api,
             JOB,
