@@ -137,6 +137,10 @@ class Checkpointer:
         )
         return path
 
+    def busy(self) -> bool:
+        """Whether a save is still being staged or written."""
+        return self._pending is not None and not self._pending.done()
+
     def wait_staged(self) -> float:
         """Wait until the save in flight has copied the state (before it changes again);
         return the seconds waited, which count to that save's stall."""

@@ -74,6 +74,11 @@ class Throughput:
     """Tokens/s between sync points, from its creation right before the first step; call
     ``mark`` only right after a device sync. The first window (compilation, allocator
     warm-up) is excluded from ``overall`` unless it is the only one.
+
+    A checkpoint written in the background can slow the steps that run beside it (its copies
+    share the GPU's copy engines and the host; its first save pins its host buffers) without
+    holding any step up: ``checkpoint_lost_s`` counts that, as the time the windows that ran
+    beside a save took past the median rate of the windows that did not.
     """
 
     def __init__(self) -> None:
@@ -82,13 +87,20 @@ class Throughput:
         self.first_tokens = self.tokens_after_first = 0
         self.marks = 0
         self.paused_s = self.paused_total_s = 0.0
+        self.windows: list[tuple[int, float, bool]] = []  # (tokens, seconds, beside a save)
+        self._saving = False
 
     def exclude(self, seconds: float) -> None:
         """Leave time spent outside training steps (checkpoint saves) out of the rates."""
         self.paused_s += seconds
 
-    def mark(self, tokens_since_last: int) -> float:
-        """Record a sync point; return tokens/s since the previous one."""
+    def save_started(self) -> None:
+        """A checkpoint save began: the window now running shares the machine with it."""
+        self._saving = True
+
+    def mark(self, tokens_since_last: int, saving: bool = False) -> float:
+        """Record a sync point; return tokens/s since the previous one. ``saving``: a save is
+        still being written, so the next window runs beside it too."""
         now = time.perf_counter()
         prev = self.t_last if self.marks else self.t_start
         elapsed = now - prev - self.paused_s
@@ -97,10 +109,20 @@ class Throughput:
         else:
             self.tokens_after_first += tokens_since_last
             self.paused_total_s += self.paused_s
+            self.windows.append((tokens_since_last, max(elapsed, 1e-9), self._saving))
+        self._saving = saving
         self.paused_s = 0.0
         self.t_last = now
         self.marks += 1
         return tokens_since_last / max(elapsed, 1e-9)
+
+    def checkpoint_lost_s(self) -> float:
+        """Seconds the windows beside a background save took past the median clean rate."""
+        clean = sorted(t / s for t, s, beside in self.windows if not beside and t)
+        if not clean:
+            return 0.0
+        rate = clean[len(clean) // 2]
+        return round(sum(max(0.0, s - t / rate) for t, s, beside in self.windows if beside), 3)
 
     def overall(self) -> float:
         if self.marks > 1:

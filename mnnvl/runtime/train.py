@@ -114,6 +114,7 @@ class Trainer:
         self.losses: list[list[float]] = []
         self.last_loss, self.checkpoint, self.start_step = float("nan"), "", 0
         self.resumed_from = ""  # the checkpoint this run continued from
+        self.checkpoint_lost_s = 0.0  # steps slowed beside background saves (metrics.Throughput)
         self.first_step_s: float | None = None  # incl. compiling the blocks and warm-up
         self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
         self.phase = "start-up"  # where a collective timeout happened, for its message
@@ -192,7 +193,8 @@ class Trainer:
                 mean_loss = self.sync(step, loss)
                 self.split.collect()  # events are complete after the sync
             if is_log:
-                rate = thr.mark(self.tokens_per_step * (step - marked))
+                saving = self.ckpt is not None and self.ckpt.busy()
+                rate = thr.mark(self.tokens_per_step * (step - marked), saving)
                 if step == first:
                     self.first_step_s = round(thr.t_first - thr.t_start, 3)
                 marked = step
@@ -215,6 +217,7 @@ class Trainer:
                 t_save = time.perf_counter()
                 self.phase = f"the checkpoint save of step {step} (barrier)"
                 self.ckpt.save(step, self.model, self.opt, extra)
+                thr.save_started()
                 progress.report(f"checkpoint step {step} started", cfg.stall_s)
                 thr.exclude(time.perf_counter() - t_save)
         if self.ckpt is not None:
@@ -224,6 +227,7 @@ class Trainer:
             if done is not None:
                 self.checkpoint = str(done)
                 progress.report(f"checkpoint {done.name} complete", cfg.stall_s)
+        self.checkpoint_lost_s = thr.checkpoint_lost_s()
         return thr.overall()
 
     def mesh(self) -> dict[str, Any]:
@@ -250,6 +254,8 @@ class Trainer:
             "checkpoint": self.checkpoint,
             "checkpoint_stall_s": self.ckpt.stall_summary() if self.ckpt else None,
             "checkpoint_final_wait_s": round(self.ckpt.final_wait_s, 3) if self.ckpt else None,
+            # Steps slowed beside a background save (no figure above holds it: see Throughput).
+            "checkpoint_lost_s": self.checkpoint_lost_s if self.ckpt else None,
             "peak_mem_gib": metrics.peak_mem_gib(self.info.device),
             "world_size": self.info.world_size,
             "mesh": self.mesh(),
