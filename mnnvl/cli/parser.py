@@ -125,6 +125,19 @@ def _reap_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
 
 
+def _logs_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-id", required=True, help="the run whose worker pod to read")
+    p.add_argument(
+        "--namespace",
+        default=None,
+        help="the run's namespace (default: the pod's own, else default)",
+    )
+    p.add_argument(
+        "--rank", type=int, default=0, help="node rank of the pod to read (default: %(default)s)"
+    )
+    p.add_argument("--follow", action="store_true", help="stream the log until the container ends")
+
+
 def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
     help_text, what, example = COMMANDS[name]
     return sub.add_parser(
@@ -199,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     _step_flags(p, "teardown")
     p = _subcommand(sub, "status")
     _grouped_flags(p, [i for i in surface.class_inputs(DomainSpec) if i.name not in _STATUS_SKIPS])
+    _logs_flags(_subcommand(sub, "logs"))
     p = _subcommand(sub, "preflight")
     _step_flags(p, "preflight")
     p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
