@@ -2,9 +2,9 @@
 
 Every command validates its input before any API call (bad input exits 2), logs progress to
 stderr, and ends with exactly one JSON line on stdout: ``{"ok": true, "command": ...,
-...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` and ``logs`` write that line
-to stderr instead, so their stdout is pure YAML (``mnnvl render … | kubectl apply -f -``) or
-the pod's log.
+...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` and ``logs``
+write that line to stderr instead, so their stdout is pure YAML (``mnnvl render … |
+kubectl apply -f -``) or the pod's log.
 Exit codes come from the error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification
 failed, 5 cluster or CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
 """
@@ -383,7 +383,7 @@ def _writable_problem(field: str, path: str | None) -> str:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as e:
-        return f"{field}: cannot write {path!r} ({e.strerror}); pick another path"
+        return f"{field}: {path!r} is not writable ({e.strerror}); pick another path"
     if not existed:
         os.remove(path)  # the check leaves nothing behind
     return ""
@@ -405,7 +405,7 @@ def _folder_problem(field: str, path: str | None) -> str:
     try:
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".mnnvl-check-")
     except OSError as e:
-        return f"{field}: cannot write in {existing!r} ({e.strerror}); pick another directory"
+        return f"{field}: {existing!r} is not writable ({e.strerror}); pick another directory"
     os.close(fd)
     os.remove(probe)
     return ""

@@ -66,3 +66,14 @@ def test_status_in_a_namespace_that_does_not_exist_is_bad_input(launched, capsys
     assert cli.main([*args, "--kubeconfig", sim.kubeconfig_path]) == 2
     error = json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
     assert "'nowhere' does not exist" in error, error
+
+
+def test_verify_again_with_a_new_threshold_names_measure_again(launched, capsys):
+    sim, run_id = launched
+    argv = ["verify", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0"]
+    argv += ["--kubeconfig", sim.kubeconfig_path, "--min-busbw-gbps"]
+    assert cli.main([*argv, "0.001"]) == 0
+    assert cli.main([*argv, "0.002"]) == 2
+    error = json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
+    assert "add --measure-again" in error, error
+    assert cli.main([*argv, "0.002", "--measure-again"]) == 0
