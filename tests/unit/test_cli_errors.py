@@ -55,3 +55,10 @@ def test_an_unknown_flag_is_named_on_stderr_too(capsys):
     error, err = _failed(capsys, [*VERIFY, "--bogus"])
     assert "unrecognized arguments: --bogus" in error
     assert "error: unrecognized arguments: --bogus" in err
+
+
+def test_a_kfp_components_unknown_group_key_keeps_one_prefix_on_every_key():
+    with pytest.raises(SpecError) as e:
+        surface.ungroup("verify", {"min_busbw": 5}, [])
+    said = str(surface.respelled(e.value, surface.GROUP_PATHS))  # how a component names it
+    assert "verify.verify." not in said and ", verify.iters," in said, said
