@@ -181,6 +181,16 @@ class Parser(argparse.ArgumentParser):
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise UsageError(self.prog, message)
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, but an unknown flag is reported by the command it was given to (its
+        usage and name), not by ``mnnvl`` itself."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = getattr(self, "commands", {})
+            command = commands.get(getattr(ns, "command_name", None), self)
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mnnvl", description=DESCRIPTION)
@@ -316,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
         "PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the mnnvl-runner "
         "service account with manifests/base applied, as a run gets on a real cluster",
     )
+    parser.commands = sub.choices  # type: ignore[attr-defined]
     for name, p in sub.choices.items():
         _common(p, name)
         p.set_defaults(flag_names=flag_names(p))
