@@ -124,7 +124,9 @@ def _check_adoptable(
     )
     if kind.kind == "Job" and (meta.get("labels") or {}).get(LABEL_COMPONENT) == "verify":
         # `mnnvl verify` replaces its own earlier measurement when asked; the domain stays.
-        teardown = f"to verify again with these inputs, add --measure-again; or {teardown}"
+        teardown = (
+            f"to measure again with these inputs, `mnnvl verify … --measure-again`; or {teardown}"
+        )
     if not owned_by_run(existing, run_id):
         raise NotAdoptable(
             f"{what} already exists and is not part of run {run_id!r} ({_owner_text(existing)}); "

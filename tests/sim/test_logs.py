@@ -75,5 +75,5 @@ def test_verify_again_with_a_new_threshold_names_measure_again(launched, capsys)
     assert cli.main([*argv, "0.001"]) == 0
     assert cli.main([*argv, "0.002"]) == 2
     error = json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
-    assert "add --measure-again" in error, error
+    assert "to measure again with these inputs, `mnnvl verify … --measure-again`" in error, error
     assert cli.main([*argv, "0.002", "--measure-again"]) == 0
