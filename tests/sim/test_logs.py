@@ -10,6 +10,8 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.cli import main as cli
+from mnnvl.contract.env import NODE_RANK_BASE
+from mnnvl.driver.inspect import node_rank
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
 
@@ -26,6 +28,16 @@ def launched() -> Iterator[tuple[SimCluster, str]]:
         steps.launch(workload, "", ["python3", "-c", SAY], kubeconfig=sim.kubeconfig_path)
         yield sim, domain.run_id
         steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+
+
+def test_a_clique_groups_pod_has_its_groups_first_rank_plus_its_index():
+    def pod(index: str, base: str | None) -> dict:
+        env = [{"name": NODE_RANK_BASE, "value": base}] if base else []
+        meta = {"annotations": {"batch.kubernetes.io/job-completion-index": index}}
+        return {"metadata": meta, "spec": {"containers": [{"env": env}]}}
+
+    ranks = [node_rank(pod(i, base)) for i, base in (("1", None), ("1", "4"), ("", "4"))]
+    assert ranks == [1, 5, None]  # group 0's pod 1; group 1 of 4 nodes, pod 1; not indexed
 
 
 def _logs(sim: SimCluster, *args: str) -> int:
