@@ -21,6 +21,14 @@ if ! command -v "$ENGINE" >/dev/null; then
   echo "error: no container engine: install docker (or set CONTAINER_ENGINE=podman)" >&2
   exit 2
 fi
+# Asked once, quietly: without a running engine every build below would fail with the same
+# daemon error, printed again by each step.
+if ! "$ENGINE" info >/dev/null 2>&1; then
+  echo "error: no $ENGINE engine answers ($ENGINE info failed): start it (or set" \
+    "CONTAINER_ENGINE=podman), or build where one runs (a CI job, a build VM):" \
+    "make images REGISTRY=your.registry/ml TAG=x.y.z PUSH=1" >&2
+  exit 2
+fi
 BUILDX=0
 if "$ENGINE" buildx version >/dev/null 2>&1; then BUILDX=1; fi
 

@@ -48,6 +48,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "What the run has in the cluster now: its ComputeDomain and nodes, Jobs, pods, Services.",
         "mnnvl status --run-id demo --namespace team-a",
     ),
+    "logs": (
+        "print the log of one of the run's worker pods",
+        "Print the log of the run's worker pod of node rank --rank (default 0) on stdout: the "
+        "pod of the run's latest step (the result line goes to stderr). --follow streams it "
+        "until the container ends.",
+        "mnnvl logs --run-id demo --namespace team-a --rank 1",
+    ),
     "preflight": (
         "check that the cluster is ready for a run (read-only)",
         "One row per check: the ComputeDomain CRD, the DeviceClasses, clique labels, IMEX "

@@ -2,8 +2,9 @@
 
 Every command validates its input before any API call (bad input exits 2), logs progress to
 stderr, and ends with exactly one JSON line on stdout: ``{"ok": true, "command": ...,
-...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` writes that line
-to stderr instead, so its stdout is pure YAML (``mnnvl render … | kubectl apply -f -``).
+...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` and ``logs``
+write that line to stderr instead, so their stdout is pure YAML (``mnnvl render … |
+kubectl apply -f -``) or the pod's log.
 Exit codes come from the error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification
 failed, 5 cluster or CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
 """
@@ -26,7 +27,8 @@ from typing import Any, TypeVar
 from mnnvl import steps
 from mnnvl.cli.parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
-from mnnvl.driver.inspect import status_lines
+from mnnvl.driver.api import Api
+from mnnvl.driver.inspect import rank_pod, status_lines
 from mnnvl.errors import Interrupted, MnnvlError, SpecError
 from mnnvl.inputs import baselines, flags, surface
 from mnnvl.inputs.checks import check_dns_label, check_range, parse_list
@@ -166,6 +168,23 @@ def cmd_status(ns: argparse.Namespace) -> dict[str, Any]:
     for line in status_lines(found, RunNames.for_run(found["run_id"])):
         logger.info("%s", line)
     return found
+
+
+def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
+    """The log of the run's worker pod of one node rank, on stdout as it is read."""
+    names, namespace = RunNames.for_run(ns.run_id), _own_namespace(ns)["namespace"]
+    check_dns_label("namespace", namespace)
+    check_range("rank", ns.rank, 0, 1 << 20, integer=True)
+    with Api.connect(ns.kubeconfig) as api:
+        pod = rank_pod(api, namespace, names, ns.rank)
+        logger.info("logs of pod %s/%s (node rank %d)", namespace, pod, ns.rank)
+        if ns.follow:
+            for line in api.follow_log(namespace, pod):
+                print(line, flush=True)
+        else:
+            sys.stdout.write(api.pod_log(namespace, pod))
+            sys.stdout.flush()
+    return {"run_id": ns.run_id, "namespace": namespace, "rank": ns.rank, "pod": pod}
 
 
 def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
@@ -320,6 +339,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "verify": cmd_verify,
     "teardown": cmd_teardown,
     "status": cmd_status,
+    "logs": cmd_logs,
     "preflight": cmd_preflight,
     "run": cmd_run,
     "render": cmd_render,
@@ -363,7 +383,7 @@ def _writable_problem(field: str, path: str | None) -> str:
         with open(path, "a", encoding="utf-8"):
             pass
     except OSError as e:
-        return f"{field}: cannot write {path!r} ({e.strerror}); pick another path"
+        return f"{field}: {path!r} is not writable ({e.strerror}); pick another path"
     if not existed:
         os.remove(path)  # the check leaves nothing behind
     return ""
@@ -385,7 +405,7 @@ def _folder_problem(field: str, path: str | None) -> str:
     try:
         fd, probe = tempfile.mkstemp(dir=existing, prefix=".mnnvl-check-")
     except OSError as e:
-        return f"{field}: cannot write in {existing!r} ({e.strerror}); pick another directory"
+        return f"{field}: {existing!r} is not writable ({e.strerror}); pick another directory"
     os.close(fd)
     os.remove(probe)
     return ""
@@ -403,7 +423,7 @@ def _path_problems(ns: argparse.Namespace) -> str:
 
 
 # Commands whose stdout is data for another program: their result line goes to stderr.
-RESULT_ON_STDERR = frozenset({"render"})
+RESULT_ON_STDERR = frozenset({"render", "logs"})
 
 
 def _emit(payload: dict[str, Any], result_path: str | None) -> None:

@@ -125,6 +125,19 @@ def _reap_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
 
 
+def _logs_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-id", required=True, help="the run whose worker pod to read")
+    p.add_argument(
+        "--namespace",
+        default=None,
+        help="the run's namespace (default: the pod's own, else default)",
+    )
+    p.add_argument(
+        "--rank", type=int, default=0, help="node rank of the pod to read (default: %(default)s)"
+    )
+    p.add_argument("--follow", action="store_true", help="stream the log until the container ends")
+
+
 def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
     help_text, what, example = COMMANDS[name]
     return sub.add_parser(
@@ -165,7 +178,18 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise UsageError(self.prog, message)
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, but an unknown flag is reported by the command it was given to (its
+        usage and name), not by ``mnnvl`` itself."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            commands = getattr(self, "commands", {})
+            command = commands.get(getattr(ns, "command_name", None), self)
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     _step_flags(p, "teardown")
     p = _subcommand(sub, "status")
     _grouped_flags(p, [i for i in surface.class_inputs(DomainSpec) if i.name not in _STATUS_SKIPS])
+    _logs_flags(_subcommand(sub, "logs"))
     p = _subcommand(sub, "preflight")
     _step_flags(p, "preflight")
     p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
@@ -301,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
         "PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the mnnvl-runner "
         "service account with manifests/base applied, as a run gets on a real cluster",
     )
+    parser.commands = sub.choices  # type: ignore[attr-defined]
     for name, p in sub.choices.items():
         _common(p, name)
         p.set_defaults(flag_names=flag_names(p))

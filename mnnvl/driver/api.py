@@ -42,7 +42,7 @@ from mnnvl.driver.retry import (
     from_api_exception,
     retry_after_s,
 )
-from mnnvl.errors import ClusterUnavailable, MnnvlError, NoCluster, NotFound
+from mnnvl.errors import ClusterUnavailable, MnnvlError, NoCluster, NotFound, SpecError
 from mnnvl.manifests import CONTAINER
 
 logger = logging.getLogger(__name__)
@@ -109,6 +109,9 @@ def _load_configuration(kubeconfig: str | None) -> client.Configuration:
         tried.append("in-cluster config (KUBERNETES_SERVICE_HOST not set)")
     env_path = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
     path = kubeconfig or env_path or os.path.expanduser("~/.kube/config")
+    if (kubeconfig or env_path) and not os.path.exists(path):  # a typo, not a missing cluster
+        given = "kubeconfig" if kubeconfig else "KUBECONFIG"
+        raise SpecError(given, f"{path!r} does not exist; check the path")
     _check_kubeconfig_yaml(path)
     try:
         config.load_kube_config(config_file=path, client_configuration=cfg)

@@ -13,7 +13,11 @@ and the ResourceSlices. ``auto`` becomes, in this order:
   from the DRA driver (GPU Operator v26.7.0's ``GPUCluster`` renders ``gpu.nvidia.com`` without
   ``extendedResourceName``, ``manifests/state-dra-driver/0400_deviceclass-gpu.yaml``);
 - ``limits`` when neither can be read; a pod then Unschedulable with ``Insufficient
-  nvidia.com/gpu`` names ``--gpu-mode claim`` (:func:`shortage_hint`).
+  nvidia.com/gpu`` names ``--gpus-per-node 0`` and ``--gpu-mode claim`` (:func:`shortage_hint`).
+
+Where nodes and ResourceSlices are readable and show no GPU at all, ``auto`` refuses the step
+before any object is created, naming ``--gpus-per-node 0``. The scheduler's message alone cannot
+say so: ``Insufficient nvidia.com/gpu`` reads the same for GPUs in use and for none at all.
 
 The pure builders render ``auto`` as ``limits`` (``mnnvl render`` needs no cluster).
 """
@@ -24,7 +28,7 @@ import dataclasses
 import logging
 
 from mnnvl.driver.api import DEVICE_CLASS, NODE, RESOURCE_SLICE, Api
-from mnnvl.errors import MnnvlError, NotFound
+from mnnvl.errors import MnnvlError, NotFound, SpecError
 from mnnvl.inputs.spec import WorkloadSpec
 
 logger = logging.getLogger(__name__)
@@ -32,6 +36,10 @@ logger = logging.getLogger(__name__)
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_DRIVER = "gpu.nvidia.com"
 CLUSTER_READER = "manifests/overlays/cluster-reader"
+NO_GPUS = (
+    f"no node of this cluster has a GPU (none offers {GPU_RESOURCE} and the DRA driver "
+    "publishes no GPU device); for CPU workers pass --gpus-per-node 0"
+)
 
 
 def resolve_gpu_mode(api: Api, workload: WorkloadSpec) -> WorkloadSpec:
@@ -44,6 +52,11 @@ def resolve_gpu_mode(api: Api, workload: WorkloadSpec) -> WorkloadSpec:
 
 
 def choose_gpu_mode(api: Api, device_class: str) -> tuple[str, str]:
+    """(mode, why) for ``auto``. Raises ``SpecError`` where the cluster shows it has no GPU of
+    any kind (nodes and ResourceSlices readable): no pod asking for GPUs could ever start."""
+    plugin_nodes = device_plugin_nodes(api)
+    if plugin_nodes == 0 and dra_gpu_devices(api) == 0:
+        raise SpecError("gpus_per_node", NO_GPUS)
     try:
         spec = api.get(DEVICE_CLASS, "", device_class).get("spec") or {}
         mapped: str | None = str(spec.get("extendedResourceName") or "")
@@ -51,7 +64,6 @@ def choose_gpu_mode(api: Api, device_class: str) -> tuple[str, str]:
         return "limits", f"no DeviceClass {device_class}: GPUs come from the device plugin"
     except MnnvlError:
         mapped = None  # not readable without the cluster reader
-    plugin_nodes = device_plugin_nodes(api)
     if plugin_nodes:
         return "limits", f"{plugin_nodes} node(s) offer {GPU_RESOURCE} (the device plugin)"
     if mapped == GPU_RESOURCE:
@@ -82,24 +94,32 @@ def device_plugin_nodes(api: Api) -> int | None:
     )
 
 
+def dra_gpu_devices(api: Api) -> int | None:
+    """How many GPU devices the DRA driver publishes; None when ResourceSlices are not readable."""
+    try:
+        slices = api.list(RESOURCE_SLICE, "")["items"]
+    except MnnvlError:
+        return None
+    return sum(
+        len((s.get("spec") or {}).get("devices") or [])
+        for s in slices
+        if (s.get("spec") or {}).get("driver") == GPU_DRIVER
+    )
+
+
 def shortage_hint(api: Api, unschedulable: str) -> str:
     """For a pod the scheduler finds no free ``nvidia.com/gpu`` for: where the cluster's GPUs
     come only from the DRA driver, say so and name ``--gpu-mode claim`` ("" otherwise)."""
     if f"Insufficient {GPU_RESOURCE}" not in unschedulable:
         return ""
-    try:
-        slices = api.list(RESOURCE_SLICE, "")["items"]
-    except MnnvlError:
+    devices = dra_gpu_devices(api)
+    if devices is None:
         return (
-            f"no node has a free {GPU_RESOURCE}: where GPUs come only from the DRA driver (no "
-            "device plugin: GPU Operator GPUCluster, EKS Auto Mode) run with --gpu-mode claim "
-            f"(with {CLUSTER_READER} granted, --gpu-mode auto finds that out itself)"
+            f"no node has a free {GPU_RESOURCE}: on a cluster without GPUs pass --gpus-per-node "
+            "0 (CPU workers); where GPUs come only from the DRA driver (no device plugin: GPU "
+            "Operator GPUCluster, EKS Auto Mode) run with --gpu-mode claim (with "
+            f"{CLUSTER_READER} granted, --gpu-mode auto finds out either itself)"
         )
-    devices = sum(
-        len((s.get("spec") or {}).get("devices") or [])
-        for s in slices
-        if (s.get("spec") or {}).get("driver") == GPU_DRIVER
-    )
     if not devices:
         return ""
     return (

@@ -1,17 +1,77 @@
-"""What a run has in the cluster right now, for `mnnvl status` (read-only)."""
+"""What a run has in the cluster right now, for `mnnvl status` and `mnnvl logs` (read-only)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from mnnvl.contract.env import NODE_RANK_BASE
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api
 from mnnvl.driver.diagnose import pod_index, waiting_reason
-from mnnvl.errors import NotFound
+from mnnvl.driver.domain import refused_namespace, require_namespace
+from mnnvl.errors import NotFound, Refused, SpecError
 from mnnvl.inputs.names import RunNames
+
+
+@contextmanager
+def _namespace_named(namespace: str) -> Iterator[None]:
+    """A read refused in ``namespace`` is bad input naming it (exit 2), as for teardown: with
+    the shipped Role (namespaced) a namespace that does not exist answers 403."""
+    try:
+        yield
+    except Refused as e:
+        raise refused_namespace(namespace, e) from e
 
 
 def run_status(api: Api, namespace: str, names: RunNames) -> dict[str, Any]:
     """The run's ComputeDomain (status and nodes), channel template, Jobs, pods and Services."""
+    with _namespace_named(namespace):
+        found = _run_status(api, namespace, names)
+    if not found["domain"] and not found["pods"]:  # a typo in the namespace, or nothing yet?
+        require_namespace(api, namespace)
+    return found
+
+
+def node_rank(pod: dict[str, Any]) -> int | None:
+    """The pod's node rank: its completion index plus its clique group's first rank."""
+    index = pod_index(pod)
+    if not index.isdigit():
+        return None
+    env = [e for c in (pod.get("spec") or {}).get("containers") or [] for e in c.get("env") or []]
+    base = next((e.get("value") for e in env if e.get("name") == NODE_RANK_BASE), None) or "0"
+    return int(index) + int(base)
+
+
+def rank_pod(api: Api, namespace: str, names: RunNames, rank: int) -> str:
+    """The name of the run's newest worker pod of node rank ``rank`` (its latest step's).
+
+    Raises ``SpecError`` (exit 2) for a namespace that does not exist, a run with no pods
+    there, and a rank none of its pods has; each says what to check next.
+    """
+    with _namespace_named(namespace):
+        pods = _items(api, POD, namespace, names.selector)
+    if not pods:
+        require_namespace(api, namespace)
+        raise SpecError(
+            "run_id",
+            f"run {names.run_id!r} has no worker pods in namespace {namespace!r} (none yet, "
+            "torn down, or another run id or namespace); check with "
+            f"`mnnvl status --run-id {names.run_id} --namespace {namespace}`",
+        )
+    ranked = [p for p in pods if node_rank(p) == rank]
+    if not ranked:
+        ranks = sorted({r for r in map(node_rank, pods) if r is not None})
+        raise SpecError(
+            "rank",
+            f"run {names.run_id!r} has no pod of node rank {rank}; its pods have ranks "
+            f"{', '.join(map(str, ranks)) or 'none'}: pass one of them",
+        )
+    newest = max(ranked, key=lambda p: str(p["metadata"].get("creationTimestamp")))
+    return str(newest["metadata"]["name"])
+
+
+def _run_status(api: Api, namespace: str, names: RunNames) -> dict[str, Any]:
     return {
         "domain": _domain(api, namespace, names.domain),
         "channel_template": _exists(api, namespace, names.channel_template),

@@ -26,7 +26,13 @@ from mnnvl.errors import (
     SpecError,
     TeardownIncomplete,
 )
-from mnnvl.inputs.names import LABEL_MANAGED_BY, LABEL_RUN_ID, MANAGED_BY, RunNames
+from mnnvl.inputs.names import (
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_RUN_ID,
+    MANAGED_BY,
+    RunNames,
+)
 from mnnvl.manifests import hash_of, with_spec_hash
 
 logger = logging.getLogger(__name__)
@@ -116,6 +122,11 @@ def _check_adoptable(
         f"tear the run down (mnnvl teardown --run-id {run_id} --namespace "
         f"{meta.get('namespace')}) or use another run id"
     )
+    if kind.kind == "Job" and (meta.get("labels") or {}).get(LABEL_COMPONENT) == "verify":
+        # `mnnvl verify` replaces its own earlier measurement when asked; the domain stays.
+        teardown = (
+            f"to measure again with these inputs, `mnnvl verify … --measure-again`; or {teardown}"
+        )
     if not owned_by_run(existing, run_id):
         raise NotAdoptable(
             f"{what} already exists and is not part of run {run_id!r} ({_owner_text(existing)}); "

@@ -20,7 +20,13 @@ from typing import Any
 from mnnvl.contract import rbac
 from mnnvl.contract.result import FAIL, PASS
 from mnnvl.driver.api import COMPUTE_DOMAIN, DEVICE_CLASS, NODE, RESOURCE_SLICE, Api, Kind
-from mnnvl.driver.gpus import CLUSTER_READER, GPU_DRIVER, choose_gpu_mode, device_plugin_nodes
+from mnnvl.driver.gpus import (
+    CLUSTER_READER,
+    GPU_DRIVER,
+    NO_GPUS,
+    choose_gpu_mode,
+    device_plugin_nodes,
+)
 from mnnvl.driver.kueue import KUEUE_RBAC
 from mnnvl.errors import DRA_INSTALL_HINT, NotFound, Refused
 from mnnvl.inputs.spec import WorkloadSpec
@@ -178,6 +184,9 @@ def _gpu_row(api: Api, workload: WorkloadSpec, slices: list[dict[str, Any]]) -> 
     dra = sum(
         len(s["spec"].get("devices") or []) for s in slices if s["spec"].get("driver") == GPU_DRIVER
     )
+    if not plugin and not dra:
+        text = f"device plugin on no node, no DRA GPU device: {NO_GPUS}"
+        return Row("gpu-stack", FAIL, text, "for CPU workers pass --gpus-per-node 0")
     mode, why = choose_gpu_mode(api, workload.gpu_device_class)
     text = f"device plugin on {plugin} node(s), {dra} DRA GPU device(s); {why}"
     if workload.gpu_mode == "auto":

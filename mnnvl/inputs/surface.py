@@ -15,6 +15,7 @@ Standard library only.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import re
@@ -252,9 +253,10 @@ def ungroup(group: str, value: Any, used: Collection[str]) -> dict[str, Any]:
     known = GROUPS[group][1]
     for key in value:
         if key not in known:
-            raise SpecError(
-                f"{group}.{key}", f"is not an input of {group}; valid: {', '.join(known)}"
-            )
+            close = difflib.get_close_matches(str(key), known, n=1)
+            guess = f"did you mean {group}.{close[0]}? " if close else ""
+            keys = ", ".join(f"{group}.{k}" for k in known)
+            raise SpecError(f"{group}.{key}", f"is not a key of {group}; {guess}its keys: {keys}")
     return {k: v for k, v in value.items() if k in used and v is not None}
 
 
@@ -270,7 +272,8 @@ def flatten(values: dict[str, Any], inputs: list[Input]) -> dict[str, Any]:
     return flat
 
 
-_INPUT_NAME = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+# An input's name in an error's text; a group's key (``verify.min_bytes``) keeps its spelling.
+_INPUT_NAME = re.compile(r"(?<!\.)\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
 
 
 def respelled(error: SpecError, names: Mapping[str, str]) -> SpecError:

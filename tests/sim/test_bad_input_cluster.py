@@ -215,7 +215,7 @@ def test_unwritable_result_path_exits_2_before_the_domain_is_created(sim, capsys
     argv = ["provision", "--run-id", run_id, "--kubeconfig", sim.kubeconfig_path]
     code, result = run_cli(capsys, [*argv, "--result-path", "/proc/nope.json"])
     assert code == 2 and result["exit_code"] == 2, result
-    assert result["error"].startswith("--result-path: cannot write '/proc/nope.json' (")
+    assert result["error"].startswith("--result-path: '/proc/nope.json' is not writable (")
     assert sim.request_count == before and left_of(sim, run_id) == []
 
 

@@ -56,7 +56,6 @@ MARKERS = {
 # dropped): a new one is a choice made here.
 EXCLUDED = {
     ("README.md", "make run"),
-    ("README.md", "kubectl apply -n argo -k manifests/overlays/argo"),
     ("README.md", "mnnvl run --run-id demo --namespace team-a"),
     ("docs/placement.md", "mnnvl provision --run-id racks --namespace team-a"),
     ("docs/real-cluster.md", "helm repo add nvidia https://helm.ngc.nvidia.com/nvidia &&"),

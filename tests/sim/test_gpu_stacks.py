@@ -86,7 +86,10 @@ def test_default_gpu_mode_on_dra_only_gpus_fails_in_the_grace_naming_gpu_mode_cl
     assert "\n" not in message
     # The scheduler's reason first, then what it means here.
     assert message.index("Insufficient nvidia.com/gpu") < message.index("no node has a free")
-    assert "no node has a free nvidia.com/gpu: where GPUs come only from the" in message
+    assert (
+        "no node has a free nvidia.com/gpu: on a cluster without GPUs pass --gpus-per-node 0"
+        in (message)
+    )
     assert "run with --gpu-mode claim" in message and "Insufficient nvidia.com/gpu" in message
     assert took < 15, f"failed after {took:.1f} s, not within the grace"
 

@@ -58,6 +58,13 @@ def test_a_dra_only_stack_with_gpu_mode_limits_fails_naming_gpu_mode_claim(capsy
     assert "gpu-stack FAIL" in result["error"] and "--gpu-mode claim" in result["error"]
 
 
+def test_gpus_asked_of_a_cluster_without_gpus_fail_naming_gpus_per_node_0(capsys):
+    with SimCluster(nodes=2, gpus_per_node=0, cluster_reader=True) as sim:
+        result = preflight(sim, capsys, "--gpus-per-node", "4")
+    assert result["code"] == exit_codes.FAILED
+    assert "gpu-stack FAIL" in result["error"] and "--gpus-per-node 0" in result["error"]
+
+
 def test_no_computedomain_crd_fails_naming_the_dra_driver_install(capsys):
     with SimCluster(nodes=2, crd_installed=False, cluster_reader=True) as sim:
         result = preflight(sim, capsys, "--gpus-per-node", "0")

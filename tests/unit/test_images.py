@@ -211,6 +211,21 @@ esac
 """
 
 
+def test_make_images_without_an_engine_says_so_once_and_where_to_build(tmp_path):
+    fake = tmp_path / "bin" / "docker"
+    fake.parent.mkdir()
+    daemon = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock."
+    script = ["#!/usr/bin/env bash", '[ "$1 $2" = "buildx version" ] && exit 0']
+    fake.write_text("\n".join([*script, f'echo "{daemon}" >&2', "exit 1", ""]))
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "scripts/build-images.sh"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and daemon not in proc.stderr, proc.stderr
+    assert "no docker engine answers" in proc.stderr and "PUSH=1" in proc.stderr
+
+
 @pytest.mark.parametrize("buildx", [True, False])
 def test_make_images_tags_both_images_and_pins_each_base_by_digest(tmp_path, buildx):
     fake = tmp_path / "bin" / "docker"
