@@ -96,10 +96,13 @@ class Problem:
 
     def error(self, text: str) -> WaitTimeout | WorkloadFailed:
         """The step's error carrying ``text`` (the message with its evidence and hint) and
-        the kind (callers decide by it): exit 3 when a deadline passed, else 4."""
+        the kind (callers decide by it): exit 3 when a deadline passed, else 4, and whether it
+        is ``permanent`` (a failed step records only those: see ``record_failure``)."""
         if self.kind in TIMED_OUT:
             return WaitTimeout(text, problem=self.kind)
-        return WorkloadFailed(text, pod_exit_code=self.exit_code, problem=self.kind)
+        return WorkloadFailed(
+            text, pod_exit_code=self.exit_code, problem=self.kind, permanent=self.permanent
+        )
 
 
 def problem(

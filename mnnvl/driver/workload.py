@@ -25,7 +25,7 @@ from mnnvl.driver.ownership import (
     owned_by_run,
 )
 from mnnvl.driver.wait import Deadline, Objects, wait_for
-from mnnvl.errors import MnnvlError, NotAdoptable, WaitTimeout, WorkloadFailed
+from mnnvl.errors import MnnvlError, NotAdoptable, WorkloadFailed
 from mnnvl.inputs.defaults import PURPOSES
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
@@ -121,13 +121,22 @@ RECORD_MAX_BYTES = 64 * 1024  # an object's annotations may hold 256 KiB in all
 
 
 def record_failure(api: Api, workload: WorkloadSpec, job: dict[str, Any], err: MnnvlError) -> None:
-    """Leave the record of a failed step where its Job was (the step deleted it: a Job that a
-    teardown or a person deleted leaves none): a Job of the same name and spec hash that
-    never runs a pod (suspended, parallelism 0, outside any Kueue queue),
+    """Leave the record of a step that failed for good where its Job was (the step deleted it:
+    a Job that a teardown or a person deleted leaves none): a Job of the same name and spec
+    hash that never runs a pod (suspended, parallelism 0, outside any Kueue queue),
     annotated with the failure. A retry of the step with the same inputs meets it on create
     and fails again at once with this failure (:func:`raise_recorded_failure`) instead of
     running the workload again; other input replaces it; teardown deletes it with the run.
-    Best effort: the step's own error stands whatever happens here."""
+
+    Only a permanent failure is recorded (``WorkloadFailed.permanent``: a crash with a code a
+    retry cannot change, a diverged loss, an image that cannot run, the restarts used up).
+    A deadline that passed (exit 3) and a cause the cluster may clear (a pod that could not
+    be placed, a quota, a node held by another domain, an IMEX daemon not Ready, a node lost)
+    leave no record: the rerun runs the step again, with whatever timeouts and graces it is
+    given then. Best effort: the step's own error stands whatever happens here."""
+    if not isinstance(err, WorkloadFailed) or not err.permanent:
+        logger.info("the failure may clear: a rerun of the step runs it again")
+        return
     body = with_spec_hash(job)  # the hash of the Job as created, not of the record
     meta = body["metadata"]
     labels = {k: v for k, v in meta["labels"].items() if k != KUEUE_QUEUE_LABEL}
@@ -167,8 +176,6 @@ def raise_recorded_failure(job: dict[str, Any]) -> None:
         "inputs fails the same way; run it with other inputs, or tear the run down and "
         "provision again)"
     )
-    if failure["exit_code"] == WaitTimeout.exit_code:
-        raise WaitTimeout(message)
     raise WorkloadFailed(message, result=failure["result"], pod_exit_code=failure["pod_exit_code"])
 
 
