@@ -16,6 +16,7 @@ from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import container_started, pod_index, pod_phase
 from mnnvl.driver.gang import Rank0Progress
+from mnnvl.driver.gpus import with_gpu_mode
 from mnnvl.driver.ownership import (
     FAILURE_ANNOTATION,
     Deletions,
@@ -61,7 +62,7 @@ def create_workload(
     if wants_gpu_claim(workload):
         bodies.append((RESOURCE_CLAIM_TEMPLATE, gpu_claim_template(workload)))
     bodies.append((SERVICE, headless_service(workload)))
-    jobs = indexed_jobs(workload, module, args)
+    jobs = [with_gpu_mode(job, workload) for job in indexed_jobs(workload, module, args)]
     bodies += [(JOB, job) for job in jobs]
     rank0_adopted = ""
     for kind, body in bodies:
