@@ -132,8 +132,7 @@ def raise_if_inadmissible(workloads: Objects, namespace: str, queue: str) -> Non
             continue  # an administrator's pause (stopPolicy Hold): it ends when they resume
         raise WorkloadFailed(
             f'Kueue will not admit Workload {namespace}/{name}: {reason}: "{message}"; '
-            f"{_hint(message, queue, namespace)}",
-            permanent=False,  # fixed in the cluster, not in the step's input: a rerun may pass
+            f"{_hint(message, queue, namespace)}"
         )
 
 

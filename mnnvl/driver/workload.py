@@ -129,12 +129,13 @@ def record_failure(api: Api, workload: WorkloadSpec, job: dict[str, Any], err: M
     and fails again at once with this failure (:func:`raise_recorded_failure`) instead of
     running the workload again; other input replaces it; teardown deletes it with the run.
 
-    Only a permanent failure is recorded (``WorkloadFailed.permanent``: a crash with a code a
-    retry cannot change, a diverged loss, an image that cannot run, the restarts used up).
-    A deadline that passed (exit 3) and a cause the cluster may clear (a pod that could not
-    be placed, a quota, a node held by another domain, an IMEX daemon not Ready, a node lost)
-    leave no record: the rerun runs the step again, with whatever timeouts and graces it is
-    given then. Best effort: the step's own error stands whatever happens here."""
+    Only a permanent failure is recorded (``WorkloadFailed.permanent``: a worker's exit that
+    ended the step, with a code a restart cannot change or its restarts spent; a refusal no
+    waiting clears). A deadline that passed (exit 3) and a cause the cluster may clear (a pod
+    that could not be placed, a quota, a node held by another domain, a pod stranded on a lost
+    node, an IMEX daemon not Ready) leave no record: the rerun runs the step again, with the
+    timeouts and graces it is given then. Best effort: the step's own error stands whatever
+    happens here."""
     if not isinstance(err, WorkloadFailed) or not err.permanent:
         logger.info("the failure may clear: a rerun of the step runs it again")
         return
