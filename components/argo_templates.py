@@ -152,7 +152,11 @@ def step_template(step: str, *, check: bool = False) -> Container:
     deadline = DEADLINES.get(step)  # the workload steps: train, verify, launch
     if deadline is not None:
         parameters.append(
-            Parameter(name=DEADLINE_INPUT, default=deadline, description="Pod deadline (s)")
+            Parameter(
+                name=DEADLINE_INPUT,
+                default=deadline,
+                description="Pod deadline (s); must cover the step's own timeouts",
+            )
         )
     return Container(
         name=step,

@@ -94,7 +94,9 @@ class WorkloadFailed(MnnvlError):
     ``result`` holds rank 0's RESULT line when the worker printed one before failing
     (the verification worker does so for a FAIL verdict), so callers keep the numbers.
     ``pod_exit_code`` is the failed pod's container exit code when one was seen, ``problem``
-    what the driver diagnosed (None when it diagnosed nothing).
+    what the driver diagnosed (None when it diagnosed nothing). ``permanent`` is False when the
+    cause may clear without a change of input (a pod that could not be placed, a quota, a
+    node held by another domain): a rerun of the step then runs it again.
     """
 
     exit_code = exit_codes.FAILED
@@ -106,11 +108,13 @@ class WorkloadFailed(MnnvlError):
         result: dict[str, Any] | None = None,
         pod_exit_code: int | None = None,
         problem: ProblemKind | None = None,
+        permanent: bool = True,
     ) -> None:
         super().__init__(message)
         self.result = result
         self.pod_exit_code = pod_exit_code
         self.problem = problem
+        self.permanent = permanent
 
 
 class VerificationFailed(WorkloadFailed):

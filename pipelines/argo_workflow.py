@@ -56,7 +56,10 @@ ARGO_ONLY: dict[str, tuple[str, str]] = {
     ),
     t.LAUNCHER_IMAGE_INPUT: (DEFAULT_LAUNCHER_IMAGE, "image of the launcher (step) pods"),
     **{
-        f"{step}-deadline-s": (seconds, f"activeDeadlineSeconds of each {step} launcher pod")
+        f"{step}-deadline-s": (
+            seconds,
+            surface.LAUNCHER_DEADLINE_HELP.format(step=step, margin=surface.LAUNCHER_MARGIN_S),
+        )
         for step, seconds in t.DEADLINES.items()
     },
 }

@@ -14,9 +14,10 @@ validates every parameter before it creates anything. Every task gets the run id
 caching is off everywhere. Teardown and the workload tasks (train, verify, launch) retry;
 the first task does not (it validates, and a bad parameter must fail in one attempt). KFP's
 retry policy cannot condition on an exit code, so a workload task is retried after its
-workload failed too: that retry meets the record of the failure and fails again at once with
-the same message (``mnnvl.driver.workload.record_failure``), and a retry after its pod was
-lost adopts the step's Job and carries on (docs/recovery.md).
+workload failed too: after a permanent failure that retry meets the record of the failure and
+fails again at once with the same message (``mnnvl.driver.workload.record_failure``); after one
+the cluster may clear (an unschedulable pod, a quota, a passed deadline) it runs the step
+again; a retry after its pod was lost adopts the step's Job and carries on (docs/recovery.md).
 """
 
 from __future__ import annotations

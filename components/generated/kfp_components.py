@@ -127,7 +127,7 @@ def train_sharded(
     batch_size: int = 0,
     data: str = 'synthetic',
     placement: dict = {'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
-    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 0, 'image_pull_policy': 'IfNotPresent'},
     deadlines: dict = {'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'api_outage_s': 300.0},
     recovery: dict = {'max_restarts': 3, 'checkpoint_dir': '', 'checkpoint_every': 0, 'allow_local_checkpoint': False, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0},
     train: dict = {'seq_len': 0, 'lr': 0.0003, 'warmup_steps': 5, 'min_lr_ratio': 0.1, 'weight_decay': 0.1, 'grad_clip': 1.0, 'dtype': 'auto', 'compile': 'auto', 'activation_checkpointing': 'auto', 'reshard_after_forward': 'auto', 'seed': 0, 'log_every': 10},
@@ -194,9 +194,10 @@ def train_sharded(
             CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
             ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
             Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
-            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
-            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
+            ttlSecondsAfterFinished of the Job, s; 0 = none: a finished Job stays until teardown, so
+            the step run again returns its result instead of running it again. Valid: a whole number
+            from 0 to 2592000; image_pull_policy: Always, IfNotPresent or Never. Valid: one of
+            Always, IfNotPresent, Never.
         deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
             (the rest keep their defaults): admission_timeout_s: how long the Job may stay queued
             (suspended, e.g. by Kueue), s; 0 = no limit. Valid: a number from 0 to 2592000;
@@ -261,7 +262,7 @@ def verify_nvlink(
     queue_name: str = '',
     job_timeout_s: float = 1800.0,
     placement: dict = {'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
-    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 0, 'image_pull_policy': 'IfNotPresent'},
     deadlines: dict = {'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'api_outage_s': 300.0, 'fabric_wait_s': 60.0},
     recovery: dict = {'max_restarts': 3, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0},
     verify: dict = {'min_bytes': 0, 'max_bytes': 0, 'iters': 0, 'warmup_iters': 0, 'min_busbw_gbps': 0.0, 'min_inter_clique_busbw_gbps': 0.0, 'efficiency': 0.62, 'judge_min_bytes': 1073741824, 'cuda_graphs': True, 'allow_unjudged': False},
@@ -323,9 +324,10 @@ def verify_nvlink(
             CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
             ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
             Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
-            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
-            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
+            ttlSecondsAfterFinished of the Job, s; 0 = none: a finished Job stays until teardown, so
+            the step run again returns its result instead of running it again. Valid: a whole number
+            from 0 to 2592000; image_pull_policy: Always, IfNotPresent or Never. Valid: one of
+            Always, IfNotPresent, Never.
         deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
             (the rest keep their defaults): admission_timeout_s: how long the Job may stay queued
             (suspended, e.g. by Kueue), s; 0 = no limit. Valid: a number from 0 to 2592000;
@@ -385,7 +387,7 @@ def launch_workload(
     module: str = '',
     command: List[str] = [],
     placement: dict = {'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
-    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 0, 'image_pull_policy': 'IfNotPresent'},
     deadlines: dict = {'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'api_outage_s': 300.0},
     recovery: dict = {'max_restarts': 3},
 ):
@@ -448,9 +450,10 @@ def launch_workload(
             CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
             ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
             Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
-            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
-            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
+            ttlSecondsAfterFinished of the Job, s; 0 = none: a finished Job stays until teardown, so
+            the step run again returns its result instead of running it again. Valid: a whole number
+            from 0 to 2592000; image_pull_policy: Always, IfNotPresent or Never. Valid: one of
+            Always, IfNotPresent, Never.
         deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
             (the rest keep their defaults): admission_timeout_s: how long the Job may stay queued
             (suspended, e.g. by Kueue), s; 0 = no limit. Valid: a number from 0 to 2592000;
@@ -514,7 +517,7 @@ def provision_training(
     batch_size: int = 4,
     data: str = 'synthetic',
     placement: dict = {'allocation_mode': 'Single', 'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
-    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 0, 'image_pull_policy': 'IfNotPresent'},
     deadlines: dict = {'rct_timeout_s': 120.0, 'api_outage_s': 300.0, 'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'fabric_wait_s': 60.0, 'delete_timeout_s': 300.0},
     recovery: dict = {'max_restarts': 3, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0, 'checkpoint_dir': '', 'checkpoint_every': 0, 'allow_local_checkpoint': False},
     train: dict = {'seq_len': 0, 'lr': 0.0003, 'warmup_steps': 5, 'min_lr_ratio': 0.1, 'weight_decay': 0.1, 'grad_clip': 1.0, 'dtype': 'auto', 'compile': 'auto', 'activation_checkpointing': 'auto', 'reshard_after_forward': 'auto', 'seed': 0, 'log_every': 10},
@@ -586,9 +589,10 @@ def provision_training(
             CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
             ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
             Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
-            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
-            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
+            ttlSecondsAfterFinished of the Job, s; 0 = none: a finished Job stays until teardown, so
+            the step run again returns its result instead of running it again. Valid: a whole number
+            from 0 to 2592000; image_pull_policy: Always, IfNotPresent or Never. Valid: one of
+            Always, IfNotPresent, Never.
         deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
             (the rest keep their defaults): rct_timeout_s: wait for the DRA controller's channel
             claim template, s. Valid: a number from 0.1 to 86400; api_outage_s: how long an
@@ -671,7 +675,7 @@ def provision_verify_only(
     queue_name: str = '',
     verify_timeout_s: float = 1800.0,
     placement: dict = {'allocation_mode': 'Single', 'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
-    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 0, 'image_pull_policy': 'IfNotPresent'},
     deadlines: dict = {'rct_timeout_s': 120.0, 'api_outage_s': 300.0, 'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'fabric_wait_s': 60.0, 'delete_timeout_s': 300.0},
     recovery: dict = {'max_restarts': 3, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0},
     verify: dict = {'min_bytes': 0, 'max_bytes': 0, 'iters': 0, 'warmup_iters': 0, 'min_busbw_gbps': 0.0, 'min_inter_clique_busbw_gbps': 0.0, 'efficiency': 0.62, 'judge_min_bytes': 1073741824, 'cuda_graphs': True, 'allow_unjudged': False},
@@ -729,9 +733,10 @@ def provision_verify_only(
             CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
             ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
             Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
-            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
-            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
+            ttlSecondsAfterFinished of the Job, s; 0 = none: a finished Job stays until teardown, so
+            the step run again returns its result instead of running it again. Valid: a whole number
+            from 0 to 2592000; image_pull_policy: Always, IfNotPresent or Never. Valid: one of
+            Always, IfNotPresent, Never.
         deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
             (the rest keep their defaults): rct_timeout_s: wait for the DRA controller's channel
             claim template, s. Valid: a number from 0.1 to 86400; api_outage_s: how long an
@@ -795,7 +800,7 @@ def provision_custom(
     module: str = '',
     command: List[str] = [],
     placement: dict = {'allocation_mode': 'Single', 'nodes_per_clique': 0, 'max_nodes_per_clique': 18, 'gpu_mode': 'auto', 'gpu_device_class': 'gpu.nvidia.com', 'clique_affinity': True, 'clique_label': 'nvidia.com/gpu.clique', 'node_selector': [], 'tolerations': [], 'priority_class': '', 'topology_aware': False},
-    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 3600, 'image_pull_policy': 'IfNotPresent'},
+    pod: dict = {'rdzv_port': 29500, 'worker_service_account': '', 'pod_security': 'restricted', 'pvc': [], 'shm_size': '16Gi', 'ttl_after_finished_s': 0, 'image_pull_policy': 'IfNotPresent'},
     deadlines: dict = {'rct_timeout_s': 120.0, 'api_outage_s': 300.0, 'admission_timeout_s': 0.0, 'pods_running_timeout_s': 900.0, 'unschedulable_grace_s': 60.0, 'fabric_wait_s': 60.0, 'delete_timeout_s': 300.0},
     recovery: dict = {'max_restarts': 3, 'collective_timeout_s': 300.0, 'stall_timeout_s': 0.0},
     verify: dict = {'min_bytes': 0, 'max_bytes': 0, 'iters': 0, 'warmup_iters': 0, 'min_busbw_gbps': 0.0, 'min_inter_clique_busbw_gbps': 0.0, 'efficiency': 0.62, 'judge_min_bytes': 1073741824, 'cuda_graphs': True, 'allow_unjudged': False},
@@ -859,9 +864,10 @@ def provision_custom(
             CLAIM:/mount/path[:ro] (repeatable). Valid: a list of strings, e.g. ["shared-
             ckpt:/ckpt", "datasets:/data:ro"]; shm_size: size of the workers' /dev/shm, e.g. 16Gi.
             Valid: a size in Mi or Gi, e.g. 512Mi or 16Gi; ttl_after_finished_s:
-            ttlSecondsAfterFinished of the Job. Valid: a whole number from 0 to 2592000;
-            image_pull_policy: Always, IfNotPresent or Never. Valid: one of Always, IfNotPresent,
-            Never.
+            ttlSecondsAfterFinished of the Job, s; 0 = none: a finished Job stays until teardown, so
+            the step run again returns its result instead of running it again. Valid: a whole number
+            from 0 to 2592000; image_pull_policy: Always, IfNotPresent or Never. Valid: one of
+            Always, IfNotPresent, Never.
         deadlines: deadlines and graces, in seconds. Valid: a JSON object of some of these keys
             (the rest keep their defaults): rct_timeout_s: wait for the DRA controller's channel
             claim template, s. Valid: a number from 0.1 to 86400; api_outage_s: how long an

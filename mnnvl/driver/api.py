@@ -5,7 +5,9 @@ a retry can fix (429, 500, 502, 503, 504, connection refused/reset and read time
 ``Retry-After`` honoured; capped, jittered exponential backoff) and maps everything else to the
 error family once. Retries go on while the API has been unreachable for less than the run's
 outage tolerance (:class:`RetryPolicy`, ``--api-outage-s``): an API server restart or HA
-fail-over is ridden out, with a progress line at least every 15 s. 401/403 are retried only
+fail-over is ridden out, with a progress line at least every 15 s. A request that keeps failing
+while others are answered (a webhook answering 500) counts its own time and gives up past the
+same tolerance, naming itself. 401/403 are retried only
 right after the API was unreachable, as a restarted API server's (``RetryPolicy.refused_s``).
 Bodies are plain dicts and responses are decoded JSON: kubernetes 30.1's typed models
 predate ``resource.k8s.io/v1`` and would drop fields such as ``resourceClaimTemplateName``.
@@ -190,7 +192,7 @@ class Api:
         """Call ``fn`` (``verb`` on ``what``, for messages) retrying transient failures (see the
         module); map the rest to the error family. Past ``outage_s`` the last failure is
         ``ClusterUnavailable`` (exit 5)."""
-        attempt = 0
+        attempt, failing_since, next_report = 0, 0.0, float("inf")
         while True:
             sent = time.monotonic()
             try:
@@ -211,13 +213,32 @@ class Api:
                 self.outage.up()
                 return found
             hung = _timed_out(error)
-            down_s, report_in_s = self.outage.down(sent if hung else None)
+            outage_s, report_in_s = self.outage.down(sent if hung else None)
+            if not attempt:  # this request's own clock: other requests' answers do not reset it
+                failing_since, next_report = sent, sent + OUTAGE_REPORT_EVERY_S
             attempt += 1
+            now = time.monotonic()
+            down_s = max(outage_s, now - failing_since)
+            if now >= next_report and down_s > outage_s:  # failing while other requests pass
+                next_report = now + OUTAGE_REPORT_EVERY_S
+                self._still_failing(error, verb, what, down_s)
             if attempt >= MAX_ATTEMPTS and down_s >= self.policy.outage_s:
                 raise self._gave_up(error, verb, what, down_s) from error
             delay = backoff_s(attempt - 1) if delay is None else delay
             logger.debug("%s %s: %s, retrying in %.2f s", verb, what, error, delay)
             time.sleep(max(0.0, min(delay, report_in_s)))
+
+    def _still_failing(self, error: Exception, verb: str, what: str, down_s: float) -> None:
+        said = f"{error.status} {error.reason}" if isinstance(error, ApiException) else error
+        logger.warning(
+            "%s %s has failed for %.0f s while other requests are answered (%s); retrying for "
+            "up to %g s (--api-outage-s)",
+            verb,
+            what,
+            down_s,
+            said,
+            self.policy.outage_s,
+        )
 
     def _gave_up(self, error: Exception, verb: str, what: str, down_s: float) -> MnnvlError:
         """The error for a transient failure that lasted past the outage tolerance."""

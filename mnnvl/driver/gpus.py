@@ -19,17 +19,25 @@ Where nodes and ResourceSlices are readable and show no GPU at all, ``auto`` ref
 before any object is created, naming ``--gpus-per-node 0``. The scheduler's message alone cannot
 say so: ``Insufficient nvidia.com/gpu`` reads the same for GPUs in use and for none at all.
 
-The pure builders render ``auto`` as ``limits`` (``mnnvl render`` needs no cluster).
+The decision is part of the Job's identity (its pod template asks for GPUs one way or the
+other), so it is recorded on the Job (``GPU_MODE_ANNOTATION``) and a step that meets its own
+Job (a retry after its pod was lost, a rerun) takes it from there instead of deciding again:
+the cluster reader bound or unbound meanwhile, or a device-plugin pool scaled, never turns
+the step's own Job into "a different spec". The pure builders render ``auto`` as ``limits``
+(``mnnvl render`` needs no cluster).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
-from mnnvl.driver.api import DEVICE_CLASS, NODE, RESOURCE_SLICE, Api
+from mnnvl.driver.api import DEVICE_CLASS, JOB, NODE, RESOURCE_SLICE, Api
+from mnnvl.driver.ownership import FAILURE_ANNOTATION, owned_by_run
 from mnnvl.errors import MnnvlError, NotFound, SpecError
 from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.manifests import rank0_job
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +48,45 @@ NO_GPUS = (
     f"no node of this cluster has a GPU (none offers {GPU_RESOURCE} and the DRA driver "
     "publishes no GPU device); for CPU workers pass --gpus-per-node 0"
 )
+# On each Job of a step: the GPU mode its pods ask for (limits or claim).
+GPU_MODE_ANNOTATION = "mnnvl.io/gpu-mode"
+GPU_MODES = ("limits", "claim")
 
 
 def resolve_gpu_mode(api: Api, workload: WorkloadSpec) -> WorkloadSpec:
-    """The workload with ``gpu_mode`` ``auto`` decided (logged once, with why)."""
+    """The workload with ``gpu_mode`` ``auto`` decided (logged once, with why): as recorded
+    on the step's Job when it exists, else from what the cluster shows now."""
     if workload.gpu_mode != "auto" or workload.gpus_per_node == 0:
         return workload
-    mode, why = choose_gpu_mode(api, workload.gpu_device_class)
+    mode, why = recorded_gpu_mode(api, workload) or choose_gpu_mode(api, workload.gpu_device_class)
     logger.info("--gpu-mode auto: %s (%s)", mode, why)
     return dataclasses.replace(workload, gpu_mode=mode)
+
+
+def recorded_gpu_mode(api: Api, workload: WorkloadSpec) -> tuple[str, str] | None:
+    """The mode the step's rank-0 Job was created with, when that Job exists, is the run's
+    and is not the record of a failed step (other input may replace that)."""
+    ns, name = workload.namespace, rank0_job(workload)
+    try:
+        job = api.get(JOB, ns, name)
+    except NotFound:
+        return None
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    mode = annotations.get(GPU_MODE_ANNOTATION)
+    if mode not in GPU_MODES or FAILURE_ANNOTATION in annotations:
+        return None
+    if not owned_by_run(job, workload.run_id):
+        return None
+    return str(mode), f"as decided when Job {ns}/{name} of this step was created"
+
+
+def with_gpu_mode(job: dict[str, Any], workload: WorkloadSpec) -> dict[str, Any]:
+    """``job`` annotated with the GPU mode its pods ask for (see ``GPU_MODE_ANNOTATION``)."""
+    if workload.gpus_per_node == 0:
+        return job
+    meta = job["metadata"]
+    annotations = {**(meta.get("annotations") or {}), GPU_MODE_ANNOTATION: workload.gpu_mode}
+    return {**job, "metadata": {**meta, "annotations": annotations}}
 
 
 def choose_gpu_mode(api: Api, device_class: str) -> tuple[str, str]:

@@ -96,10 +96,17 @@ class Problem:
 
     def error(self, text: str) -> WaitTimeout | WorkloadFailed:
         """The step's error carrying ``text`` (the message with its evidence and hint) and
-        the kind (callers decide by it): exit 3 when a deadline passed, else 4."""
+        the kind (callers decide by it): exit 3 when a deadline passed, else 4, and whether a
+        rerun of the step with the same inputs fails the same way (``permanent``; a failed step
+        records only those, see ``record_failure``): when no waiting clears the problem, and
+        when a worker's exit ended the step (a code a restart cannot change, or its restarts
+        spent)."""
         if self.kind in TIMED_OUT:
             return WaitTimeout(text, problem=self.kind)
-        return WorkloadFailed(text, pod_exit_code=self.exit_code, problem=self.kind)
+        final = self.permanent or self.exit_code is not None
+        return WorkloadFailed(
+            text, pod_exit_code=self.exit_code, problem=self.kind, permanent=final
+        )
 
 
 def problem(

@@ -8,7 +8,10 @@ exactly as teardown does (each delete checks ownership and sends a uid precondit
 A run is dead when it is not among the live run ids the caller listed (or ``all_dead``), and,
 with an age bound, when it has been idle at least that long. Idle means since the run's last
 activity: its newest object, or the latest transition of any of its pods; a run with a pod
-Running is active now.
+Running, or with a Job waiting for admission (suspended by Kueue: its step waits with no limit
+unless ``--admission-timeout-s`` is set, and nothing transitions meanwhile), is active now. A
+queued Job whose step is gone goes with its owner (the launcher pod or Workflow, through
+garbage collection) or when the caller names its run dead.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api
 from mnnvl.driver.domain import delete_domain
-from mnnvl.driver.ownership import Deletions
+from mnnvl.driver.ownership import FAILURE_ANNOTATION, Deletions
 from mnnvl.driver.wait import Deadline
 from mnnvl.driver.workload import delete_workload
 from mnnvl.errors import NotFound, SpecError
@@ -100,6 +103,8 @@ def activity_times(obj: dict[str, Any], now: datetime) -> list[datetime | None]:
     status = obj.get("status") or {}
     if obj.get("kind") == "Pod" and status.get("phase") == "Running":
         return [now]
+    if obj.get("kind") == "Job" and _queued(obj):
+        return [now]
     stamps: list[Any] = [
         obj.get("metadata", {}).get("creationTimestamp"),
         status.get("startTime"),
@@ -110,6 +115,18 @@ def activity_times(obj: dict[str, Any], now: datetime) -> list[datetime | None]:
         for state in (container.get("state") or {}).values():
             stamps += [(state or {}).get("startedAt"), (state or {}).get("finishedAt")]
     return [_parse_time(s) for s in stamps]
+
+
+def _queued(job: dict[str, Any]) -> bool:
+    """A Job waiting for admission: suspended, not finished, and not the record of a failed
+    step (suspended too, but a leftover)."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    conditions = (job.get("status") or {}).get("conditions") or []
+    finished = any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
+    )
+    suspended = bool((job.get("spec") or {}).get("suspend"))
+    return suspended and not finished and FAILURE_ANNOTATION not in annotations
 
 
 def find_runs(api: Api, namespace: str, now: datetime) -> dict[str, RunObjects]:

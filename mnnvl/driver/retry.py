@@ -102,7 +102,10 @@ class RetryPolicy:
 
     ``outage_s`` is the longest outage tolerated (``--api-outage-s``): counted from the first
     failed request after the last answer, over every request of one :class:`Api` (so several
-    watches retrying at once report one outage). 0 keeps only the ``MAX_ATTEMPTS`` quick tries.
+    watches retrying at once report one outage), and for each request from its own first
+    failure, which no other request's answer resets (a pod delete a webhook keeps answering
+    500 fails after ``outage_s`` while the watches are answered). 0 keeps only the
+    ``MAX_ATTEMPTS`` quick tries.
     ``refused_s`` is how long 401/403 answers right after an outage are retried as part of it.
     """
 

@@ -16,6 +16,7 @@ from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import container_started, pod_index, pod_phase
 from mnnvl.driver.gang import Rank0Progress
+from mnnvl.driver.gpus import with_gpu_mode
 from mnnvl.driver.ownership import (
     FAILURE_ANNOTATION,
     Deletions,
@@ -25,7 +26,7 @@ from mnnvl.driver.ownership import (
     owned_by_run,
 )
 from mnnvl.driver.wait import Deadline, Objects, wait_for
-from mnnvl.errors import MnnvlError, NotAdoptable, WaitTimeout, WorkloadFailed
+from mnnvl.errors import MnnvlError, NotAdoptable, WorkloadFailed
 from mnnvl.inputs.defaults import PURPOSES
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
@@ -61,7 +62,7 @@ def create_workload(
     if wants_gpu_claim(workload):
         bodies.append((RESOURCE_CLAIM_TEMPLATE, gpu_claim_template(workload)))
     bodies.append((SERVICE, headless_service(workload)))
-    jobs = indexed_jobs(workload, module, args)
+    jobs = [with_gpu_mode(job, workload) for job in indexed_jobs(workload, module, args)]
     bodies += [(JOB, job) for job in jobs]
     rank0_adopted = ""
     for kind, body in bodies:
@@ -121,13 +122,23 @@ RECORD_MAX_BYTES = 64 * 1024  # an object's annotations may hold 256 KiB in all
 
 
 def record_failure(api: Api, workload: WorkloadSpec, job: dict[str, Any], err: MnnvlError) -> None:
-    """Leave the record of a failed step where its Job was (the step deleted it: a Job that a
-    teardown or a person deleted leaves none): a Job of the same name and spec hash that
-    never runs a pod (suspended, parallelism 0, outside any Kueue queue),
+    """Leave the record of a step that failed for good where its Job was (the step deleted it:
+    a Job that a teardown or a person deleted leaves none): a Job of the same name and spec
+    hash that never runs a pod (suspended, parallelism 0, outside any Kueue queue),
     annotated with the failure. A retry of the step with the same inputs meets it on create
     and fails again at once with this failure (:func:`raise_recorded_failure`) instead of
     running the workload again; other input replaces it; teardown deletes it with the run.
-    Best effort: the step's own error stands whatever happens here."""
+
+    Only a permanent failure is recorded (``WorkloadFailed.permanent``: a worker's exit that
+    ended the step, with a code a restart cannot change or its restarts spent; a refusal no
+    waiting clears). A deadline that passed (exit 3) and a cause the cluster may clear (a pod
+    that could not be placed, a quota, a node held by another domain, a pod stranded on a lost
+    node, an IMEX daemon not Ready) leave no record: the rerun runs the step again, with the
+    timeouts and graces it is given then. Best effort: the step's own error stands whatever
+    happens here."""
+    if not isinstance(err, WorkloadFailed) or not err.permanent:
+        logger.info("the failure may clear: a rerun of the step runs it again")
+        return
     body = with_spec_hash(job)  # the hash of the Job as created, not of the record
     meta = body["metadata"]
     labels = {k: v for k, v in meta["labels"].items() if k != KUEUE_QUEUE_LABEL}
@@ -167,8 +178,6 @@ def raise_recorded_failure(job: dict[str, Any]) -> None:
         "inputs fails the same way; run it with other inputs, or tear the run down and "
         "provision again)"
     )
-    if failure["exit_code"] == WaitTimeout.exit_code:
-        raise WaitTimeout(message)
     raise WorkloadFailed(message, result=failure["result"], pod_exit_code=failure["pod_exit_code"])
 
 

@@ -335,7 +335,10 @@ class WorkloadSpec:
         7200.0, "deadline for the Job to complete, s (activeDeadline)", valid=(1, 7 * 86400)
     )
     ttl_after_finished_s: int = opt(
-        3600, "ttlSecondsAfterFinished of the Job", valid=(0, 30 * 86400)
+        0,
+        "ttlSecondsAfterFinished of the Job, s; 0 = none: a finished Job stays until teardown, "
+        "so the step run again returns its result instead of running it again",
+        valid=(0, 30 * 86400),
     )
     max_restarts: int = opt(
         3,

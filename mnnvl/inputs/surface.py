@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.errors import SpecError
-from mnnvl.inputs.checks import parse_bytes, parse_env, parse_list, plain
+from mnnvl.inputs.checks import check_range, parse_bytes, parse_env, parse_list, plain
 from mnnvl.inputs.spec import (
     ARGO,
     CLI,
@@ -559,6 +559,60 @@ ARGO_ONLY_PARAMETERS = frozenset(
     {"launcher-service-account", "launcher-image"}
     | {f"{s}-deadline-s" for s in ("train", "verify", "launch")}
 )
+# A workload step's launcher beyond its waits: creating the Job, reading its result, and for a
+# failed one removing its Jobs (at most 120 s) and leaving the record of the failure.
+LAUNCHER_MARGIN_S = 300.0
+LAUNCHER_DEADLINE_HELP = (
+    "activeDeadlineSeconds of each {step} launcher pod (Argo stops the step at it, without a "
+    "retry, and the exit handler tears the run down); it must cover the step's own timeouts, "
+    "deadlines.admission_timeout_s (set one when queue-name is) + "
+    "deadlines.pods_running_timeout_s + {step}-timeout-s + {margin:g} s, which the first task "
+    "checks"
+)
+
+
+def _whole_seconds(name: str, value: Any) -> float:
+    try:
+        seconds = int(str(value))
+    except ValueError:
+        raise SpecError(name, f"must be a whole number of seconds, got {value!r}") from None
+    check_range(name, seconds, 1, 30 * 86400, integer=True)
+    return float(seconds)
+
+
+def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict[str, Any]) -> None:
+    """Refuse a launcher pod deadline (Argo's ``<step>-deadline-s``) shorter than what its
+    workload step may take by its own timeouts: Argo would stop the step while its Job still
+    runs, and the exit handler would tear the training down. The tightest step is named."""
+    rooms = []
+    for task, specs in planned:
+        name = f"{task.step}-deadline-s"
+        workload = next((s for s in specs if isinstance(s, WorkloadSpec)), None)
+        if workload is not None and values.get(name) is not None:
+            deadline_s = _whole_seconds(name, values[name])
+            waits = workload.pods_running_timeout_s + workload.job_timeout_s + LAUNCHER_MARGIN_S
+            rooms.append((deadline_s - waits, task, workload, deadline_s))
+    for room, task, workload, deadline_s in sorted(rooms, key=lambda r: r[0]):
+        name, timeout = f"{task.step}-deadline-s", task.parameter_name("job_timeout_s")
+        took = f"{timeout} {workload.job_timeout_s:g} s + pods_running_timeout_s "
+        took += f"{workload.pods_running_timeout_s:g} s"
+        if workload.queue_name and not workload.admission_timeout_s:
+            raise SpecError(
+                name,
+                f"{deadline_s:g} s bounds the {task.step} launcher pod, but queue_name is set and "
+                "admission_timeout_s is 0 (no limit): a Job queued long would be cut by the pod's "
+                f"deadline; set admission_timeout_s to at most {max(0.0, room):g} s ({name} less "
+                f"{took} and {LAUNCHER_MARGIN_S:g} s), or raise {name}",
+            )
+        need = deadline_s - room + workload.admission_timeout_s
+        if deadline_s < need:
+            raise SpecError(
+                name,
+                f"{deadline_s:g} s, the {task.step} launcher pod's deadline, is shorter than the "
+                f"step may take: {took} + admission_timeout_s {workload.admission_timeout_s:g} s "
+                f"+ {LAUNCHER_MARGIN_S:g} s = {need:g} s; raise {name} to at least {need:.0f} or "
+                f"lower {timeout}",
+            )
 
 
 def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | str) -> None:
@@ -585,7 +639,9 @@ def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | st
         )
     snake = {k.replace("-", "_"): v for k, v in values.items() if k not in extra}
     try:
-        PIPELINES[name].check(snake)
+        planned = PIPELINES[name].plan(snake, "check")
+        if extra:
+            check_launcher_deadlines(planned, values)
     except SpecError as e:
         if not extra:
             raise

@@ -419,10 +419,18 @@ def indexed_job(
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": pod_failure_policy(),
             "activeDeadlineSeconds": int(workload.job_timeout_s),
-            "ttlSecondsAfterFinished": workload.ttl_after_finished_s,
+            # No TTL by default: teardown deletes the Job (the reaper backs it up), and until
+            # then a rerun of the step adopts it and returns its result.
+            **ttl(workload),
             "template": {"metadata": template, "spec": pod_spec(workload, module, args, group)},
         },
     }
+
+
+def ttl(workload: WorkloadSpec) -> dict[str, int]:
+    """``ttlSecondsAfterFinished`` when one was asked for (0: none)."""
+    seconds = workload.ttl_after_finished_s
+    return {"ttlSecondsAfterFinished": seconds} if seconds else {}
 
 
 def indexed_jobs(workload: WorkloadSpec, module: str, args: list[str]) -> list[dict[str, Any]]:

@@ -511,3 +511,37 @@ def test_mnnvl_run_rides_out_an_api_server_restart_during_training(
             "after the API authorized again"
         )
     assert lag_s < BACKOFF_MAX_S + 2  # the next retry of the longest backoff
+
+
+def test_a_request_that_keeps_failing_gives_up_while_other_requests_are_answered(
+    sim: SimCluster,
+) -> None:
+    """A webhook answering 500 to one pod delete while the watches and lists are answered:
+    the delete fails (exit 5) naming itself once it failed longer than --api-outage-s."""
+    outage_s = 2.0
+    sim.faults.fail_requests("DELETE", "/pods/never-deleted", 500, count=10**6)
+    stop = threading.Event()
+    try:
+        with Api.connect(sim.kubeconfig_path, outage_s=outage_s) as api:
+
+            def others() -> None:  # other requests of the same client keep being answered
+                while not stop.wait(0.1):
+                    api.list(POD, "default")
+
+            busy = threading.Thread(target=others, daemon=True)
+            busy.start()
+            started = time.monotonic()
+            thread, out = background(lambda: api.delete(POD, "default", "never-deleted"))
+            with pytest.raises(MnnvlError) as info:
+                finished(thread, out, timeout_s=30)
+            took = time.monotonic() - started
+            stop.set()
+            busy.join()
+    finally:
+        sim.faults.clear_requests()
+    err = info.value
+    assert err.exit_code == 5
+    assert "delete pods default/never-deleted" in str(err) and "500" in str(err)
+    assert f"longer than --api-outage-s {outage_s:g}" in str(err)
+    assert outage_s <= took < outage_s + 2 * BACKOFF_MAX_S, f"gave up after {took:.1f} s"
+    print(f"a delete answered 500 while other requests passed gave up after {took:.2f} s")

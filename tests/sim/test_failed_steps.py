@@ -138,3 +138,24 @@ def test_a_step_retried_after_its_workload_failed_fails_at_once_without_a_new_jo
     # Other input (the workload fixed) replaces the record and runs.
     assert steps.launch(workload, "done", [], kubeconfig=sim.kubeconfig_path).result == {"ok": True}
     assert pods_created(sim, job) == created + workload.nodes
+
+
+def test_a_step_failed_by_a_cause_the_cluster_clears_runs_again_when_rerun(
+    sim: SimCluster, workload: WorkloadSpec
+) -> None:
+    """An unschedulable pod is no verdict on the inputs: once the node is free, the step run
+    again with the same inputs runs (no record of the failure replays it)."""
+    workload = dataclasses.replace(workload, unschedulable_grace_s=1.0)
+    job = RunNames.for_run(workload.run_id).job("train")
+    sim.faults.fail_pod(job, index=1, mode="Unschedulable")
+    with pytest.raises(WorkloadFailed) as info:
+        steps.launch(workload, "done", [], kubeconfig=sim.kubeconfig_path)
+    assert info.value.exit_code == 4 and "Unschedulable" in str(info.value)
+    selector = RunNames.for_run(workload.run_id).selector
+    assert [o for o in sim.objects(selector) if o[0] in ("Job", "Pod")] == []  # no record
+    created = pods_created(sim, job)
+
+    sim.faults.clear_pod_faults(job)  # the node is free again
+    rerun = steps.launch(workload, "done", [], kubeconfig=sim.kubeconfig_path)
+    assert rerun.result == {"ok": True}
+    assert pods_created(sim, job) == created + workload.nodes

@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 
 from mnnvl import steps
+from mnnvl.contract.rbac import CLUSTER_READER
+from mnnvl.driver.gpus import GPU_MODE_ANNOTATION
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from tests.sim.simkit import assert_nothing_left
+from tests.sim.simkit import Raw, assert_nothing_left
 
 SIM = dict(nodes=2, gpus_per_node=4, gpu_stack="dra")
 DONE = ["python3", "-c", "import time; time.sleep(0.5); print('RESULT {\"ok\": true}')"]
@@ -124,3 +126,26 @@ def test_default_gpu_mode_with_the_cluster_reader_keeps_limits_beside_the_device
         assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
         template = RunNames.for_run(workload.run_id).gpu_template
         assert cluster.store.find("resourceclaimtemplates", "default", template) is None
+
+
+@pytest.mark.slow
+def test_default_gpu_mode_decided_once_a_rerun_adopts_its_job_after_the_reader_was_unbound():
+    """``auto`` chose claim with the cluster reader; unbound, it would choose limits. The
+    rerun takes the decision recorded on its Job and adopts it (not "a different spec")."""
+    cluster = SimCluster(nodes=2, gpus_per_node=4, gpu_stack="dra", cluster_reader=True)
+    with cluster, _run(cluster) as workload:
+        first = steps.launch(workload, "", DONE, kubeconfig=cluster.kubeconfig_path)
+        job = RunNames.for_run(workload.run_id).job("job")
+        created = cluster.store.find("jobs", "default", job)
+        assert created is not None
+        assert created["metadata"]["annotations"][GPU_MODE_ANNOTATION] == "claim"
+        path = f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{CLUSTER_READER}"
+        Raw(cluster).call("DELETE", path)
+
+        again = steps.launch(workload, "", DONE, kubeconfig=cluster.kubeconfig_path)
+        assert again.result == first.result == {"ok": True}
+        assert again.adopted.startswith("complete since")
+        assert (
+            cluster.store.find("jobs", "default", job)["metadata"]["uid"]
+            == created["metadata"]["uid"]
+        )

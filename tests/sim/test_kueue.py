@@ -352,3 +352,30 @@ def test_a_gang_restart_under_kueue_is_no_eviction(run_on, caplog) -> None:
     assert any("restarting every rank" in m for m in caplog.messages)
     assert not any("suspended again" in m or "Evicted" in m for m in caplog.messages)
     assert workload[2].startswith("job-")  # one Workload, admitted once
+
+
+def test_a_run_queued_longer_than_the_reapers_age_bound_is_not_reaped(run_on, eventually) -> None:
+    """The hourly reaper (an age bound, no live list) leaves a run whose Job waits for
+    admission alone: nothing transitions while it is queued, yet its step is waiting."""
+    config = KueueConfig(local_queues={"team": "gpu-cq"}, quotas={"gpu-cq": {"pods": 1}})
+    with _sim(config) as sim, run_on(sim, queue_name="team", admission_timeout_s=8) as r:
+        ended: dict[str, BaseException] = {}
+
+        def launch() -> None:
+            try:
+                r.launch()
+            except WaitTimeout as e:
+                ended["error"] = e
+
+        step = threading.Thread(target=launch, daemon=True)
+        step.start()
+        job = RunNames.for_run(r.run_id).job("job")
+        eventually(lambda: sim.store.find("jobs", "default", job) is not None, 10, "the Job")
+        created = time.monotonic()
+        eventually(lambda: time.monotonic() - created > 3, 5, "the run idle past the bound")
+        reaped = steps.reap(
+            "default", live_run_ids=None, older_than_s=2.0, kubeconfig=sim.kubeconfig_path
+        )
+        assert reaped.runs == [] and reaped.deleted == []
+        step.join(30)
+        assert not step.is_alive() and ended["error"].exit_code == 3  # admission timeout

@@ -316,7 +316,10 @@ def test_job_is_indexed_one_pod_per_node_and_fails_fast() -> None:
     assert train_job(WorkloadSpec(run_id=RUN, max_restarts=0))["spec"]["backoffLimitPerIndex"] == 0
     assert spec["maxFailedIndexes"] == 0
     assert spec["activeDeadlineSeconds"] == 90
-    assert spec["ttlSecondsAfterFinished"] == workload.ttl_after_finished_s
+    # A finished Job stays until teardown unless a TTL is asked for: a rerun finds its result.
+    assert "ttlSecondsAfterFinished" not in train_job(WorkloadSpec(run_id=RUN))["spec"]
+    with_ttl = train_job(WorkloadSpec(run_id=RUN, ttl_after_finished_s=600))["spec"]
+    assert with_ttl["ttlSecondsAfterFinished"] == 600
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     rules = spec["podFailurePolicy"]["rules"]
     assert rules[0] == {

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from mnnvl.driver.ownership import FAILURE_ANNOTATION
 from mnnvl.driver.reaper import RunObjects, Verdict, activity_times
 from mnnvl.errors import SpecError
 from mnnvl.inputs.spec import DomainSpec, OwnerRef, WorkloadSpec
@@ -86,6 +87,30 @@ def test_reap_dead_means_not_live_and_idle_long_enough():
     assert everything.is_dead(run_idle_for(0), NOW)
     age_only = Verdict(live_run_ids=None, all_dead=False, older_than_s=60)
     assert age_only.is_dead(run_idle_for(61), NOW) and not age_only.is_dead(run_idle_for(59), NOW)
+
+
+def test_a_run_queued_for_admission_longer_than_the_age_bound_is_not_reaped():
+    """The shipped hourly reaper (--older-than-s) must not delete a run whose Job waits in a
+    Kueue queue (suspended) with no limit: waiting for admission is activity now. The record of
+    a failed step is suspended too, and is a leftover."""
+    hourly = Verdict(live_run_ids=None, all_dead=False, older_than_s=172800)
+    queued = {
+        "kind": "Job",
+        "metadata": {"creationTimestamp": stamp(3 * 86400), "annotations": {}},
+        "spec": {"suspend": True},
+        "status": {"conditions": [{"type": "Suspended", "lastTransitionTime": stamp(3 * 86400)}]},
+    }
+    run = RunObjects("r1", "ns")
+    for when in activity_times(queued, NOW):
+        run.saw(when)
+    assert not hourly.is_dead(run, NOW)
+
+    record = copy.deepcopy(queued)
+    record["metadata"]["annotations"][FAILURE_ANNOTATION] = "{}"
+    left = RunObjects("r2", "ns")
+    for when in activity_times(record, NOW):
+        left.saw(when)
+    assert hourly.is_dead(left, NOW)
 
 
 def test_activity_is_the_latest_object_or_pod_transition_and_running_is_now():

@@ -387,3 +387,46 @@ def test_a_form_of_at_most_20_parameters_still_sets_every_input(name: str) -> No
                     assert _as_surface(got) == value, (item.name, task.name)
                     reached = True
         assert reached, item.name
+
+
+def _argo_parameters(pipeline: str, **overrides: str) -> list[dict[str, Any]]:
+    """The Argo workflow's parameters as the first task gets them
+    ({{workflow.parameters.json}}): the shipped defaults, with ``overrides``."""
+    from mnnvl.pipelines import argo_workflow as aw
+
+    params = aw.workflow_parameters(surface.PIPELINES[pipeline])
+    values = {p.name: str(p.value) for p in params} | overrides
+    return [{"name": name, "value": value} for name, value in values.items()]
+
+
+def test_a_training_longer_than_its_launcher_pods_deadline_is_refused_naming_both() -> None:
+    """On Argo the train launcher pod's deadline (8 h) would stop a 7-day training and tear it
+    down: the first task refuses the combination before anything is created."""
+    surface.check_pipeline("mnnvl-training", _argo_parameters("mnnvl-training"))
+    with pytest.raises(SpecError) as err:
+        surface.check_pipeline(
+            "mnnvl-training", _argo_parameters("mnnvl-training", **{"train-timeout-s": "604800"})
+        )
+    message = str(err.value)
+    assert err.value.field == "train-deadline-s" and "\n" not in message
+    assert "train-timeout-s 604800 s" in message and "deadlines.pods_running_timeout_s" in message
+    assert "raise train-deadline-s to at least 606000 or lower train-timeout-s" in message
+    surface.check_pipeline(
+        "mnnvl-training",
+        _argo_parameters(
+            "mnnvl-training", **{"train-timeout-s": "604800", "train-deadline-s": "606000"}
+        ),
+    )
+
+
+def test_a_queue_with_no_admission_limit_under_a_launcher_deadline_is_refused() -> None:
+    queued = {"queue-name": "team-a"}
+    with pytest.raises(SpecError) as err:
+        surface.check_pipeline("mnnvl-training", _argo_parameters("mnnvl-training", **queued))
+    # The tightest step is named: verify's 1 h pod deadline leaves 600 s of queueing.
+    assert err.value.field == "verify-deadline-s"
+    assert "set deadlines.admission_timeout_s to at most 600 s" in str(err.value)
+    limited = '{"admission_timeout_s": 600}'
+    surface.check_pipeline(
+        "mnnvl-training", _argo_parameters("mnnvl-training", **queued, deadlines=limited)
+    )

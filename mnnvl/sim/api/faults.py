@@ -111,6 +111,11 @@ class Faults:
         with self._lock:
             self._pods.append(PodFault(job_name, index, mode, exit_code))
 
+    def clear_pod_faults(self, job_name: str) -> None:
+        """Lift every pod fault of that Job (an unschedulable index becomes placeable)."""
+        with self._lock:
+            self._pods = [f for f in self._pods if f.job_name != job_name]
+
     def pod_fault(
         self, job_name: str | None, index: int | None, *modes: str, consume: bool = False
     ) -> PodFault | None:
