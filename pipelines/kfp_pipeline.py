@@ -22,15 +22,17 @@ lost adopts the step's Job and carries on (docs/recovery.md).
 from __future__ import annotations
 
 import functools
-import inspect
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from kfp import dsl, kubernetes
+from kfp.dsl.component_factory import extract_component_interface
+from kfp.dsl.graph_component import GraphComponent
 
+from mnnvl.components import kfp_components as kc
+from mnnvl.components import kfp_entry
 from mnnvl.components import launcher_pod as lp
-from mnnvl.components.generated import kfp_components as kc
 from mnnvl.inputs import surface
 
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
@@ -44,14 +46,10 @@ STEP_COMPONENTS = {
     "launch": kc.launch_workload,
     "teardown": kc.teardown_domain,
 }
-_TYPES: dict[str, Any] = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "list": list[str],
-    "dict": dict,
-}
+
+
+class Pipeline(kc.FloatsTakeInts, GraphComponent):
+    """A KFP pipeline whose float parameters take ints (``train_timeout_s=3600``)."""
 
 
 def task_names(name: str) -> dict[str, str]:
@@ -91,20 +89,6 @@ def _configured(
     return task.set_display_name(display_name)
 
 
-def _signature(plan: surface.Pipeline) -> inspect.Signature:
-    return inspect.Signature(
-        [
-            inspect.Parameter(
-                p.name,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                default=p.default,
-                annotation=_TYPES[p.kind],
-            )
-            for p in plan.grouped_parameters()
-        ]
-    )
-
-
 def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
     """Create the tasks: provision (validating everything) -> ... ; teardown on exit."""
     teardown_task = plan.tasks[-1]
@@ -134,7 +118,8 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
 def build_pipeline(name: str) -> Callable[..., None]:
     """The ``@dsl.pipeline`` function of ``name``, its signature from the field declarations."""
     plan = surface.PIPELINES[name]
-    signature = _signature(plan)
+    parameters = plan.grouped_parameters()
+    signature = kfp_entry.signature(parameters)
 
     def pipeline(*args: Any, **kwargs: Any) -> None:
         bound = signature.bind(*args, **kwargs)
@@ -143,8 +128,9 @@ def build_pipeline(name: str) -> Callable[..., None]:
 
     pipeline.__name__ = name.replace("-", "_")
     # KFP reads each parameter's description from the docstring's Args (the form shows it).
-    args = "\n".join(f"    {p.name}: {p.description}." for p in plan.grouped_parameters())
-    pipeline.__doc__ = f"{plan.description}\n\nArgs:\n{args}\n"
+    pipeline.__doc__ = kfp_entry.docstring(
+        plan.description, [(p.name, p.description) for p in parameters]
+    )
     pipeline.__signature__ = signature  # type: ignore[attr-defined]
     pipeline.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
     # Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
@@ -153,10 +139,10 @@ def build_pipeline(name: str) -> Callable[..., None]:
     config = dsl.PipelineConfig(
         ttl_seconds_after_success=86400, ttl_seconds_after_failure=7 * 86400
     )
-    result: Callable[..., None] = dsl.pipeline(
-        name=name, description=plan.description, pipeline_config=config
-    )(pipeline)
-    return result
+    # What @dsl.pipeline does (kfp/dsl/component_factory.py, create_graph_component_from_func),
+    # with floats that take ints.
+    spec = extract_component_interface(pipeline, name=name, description=plan.description)
+    return Pipeline(component_spec=spec, pipeline_func=pipeline, pipeline_config=config)
 
 
 @functools.cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 from kfp import compiler, components, dsl
 
-from mnnvl.components.generated import kfp_components as kc
+from mnnvl.components import kfp_components as kc
 from mnnvl.inputs import defaults
 from mnnvl.pipelines import kfp_pipeline as kp
 
@@ -63,20 +64,44 @@ def test_component_round_trips_through_yaml(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(kc.COMPONENTS))
 def test_checked_in_component_yaml_loads(name: str) -> None:
-    path = Path(kc.__file__).resolve().parents[1] / f"{name}.yaml"
+    path = Path(kc.__file__).resolve().parent / f"{name}.yaml"
     loaded = components.load_component_from_file(str(path))
     assert loaded.name == name.replace("_", "-")
 
 
-@pytest.mark.parametrize("name", sorted(kc.COMPONENTS))
-def test_component_runs_in_launcher_image_without_pip(name: str, tmp_path: Path) -> None:
-    (ir,) = _compile(kc.COMPONENTS[name], tmp_path / "c.yaml")
-    (executor,) = ir["deploymentSpec"]["executors"].values()
-    container = executor["container"]
-    assert container["image"] == defaults.DEFAULT_LAUNCHER_IMAGE
-    script = " ".join(container["command"])
-    assert "pip install" not in script
-    assert "from mnnvl.components import bodies" in script
+def test_every_component_runs_the_same_few_embedded_lines_in_the_launcher_image(
+    tmp_path: Path,
+) -> None:
+    """Nothing per component is embedded (no signature, no docstring): each task's pod looks
+    its component up in the launcher image's mnnvl, so no component source is generated."""
+    programs = set()
+    for name, component in {**kc.COMPONENTS, **kc.FIRST_TASKS}.items():
+        (ir,) = _compile(component, tmp_path / f"{name}.yaml")
+        (executor,) = ir["deploymentSpec"]["executors"].values()
+        container = executor["container"]
+        assert container["image"] == defaults.DEFAULT_LAUNCHER_IMAGE
+        assert "pip install" not in " ".join(container["command"])
+        assert container["args"][-1] == component.component_spec.name.replace("-", "_")
+        programs.add(container["command"][-1])
+    (program,) = programs
+    assert len(program.splitlines()) < 15
+    assert "mnnvl.components.kfp_entry" in program
+
+
+def test_the_embedded_program_runs_the_components_body() -> None:
+    """What the pod runs: the embedded module's lookup of the component by name gives the
+    function with the component's signature, which hands its arguments to the body."""
+    (program,) = {
+        c.component_spec.implementation.container.command[-1] for c in kc.COMPONENTS.values()
+    }
+    module: dict[str, Any] = {}
+    exec(compile(program, "ephemeral_component.py", "exec"), module)
+    func = module["__getattr__"]("teardown_domain")
+    assert inspect.signature(func) == inspect.signature(kc.teardown_domain.python_func)
+    # A namespace that is no name: teardown refuses it and deletes nothing, without a cluster.
+    assert func(run_id="r1", namespace="Not_A_Name") is None
+    with pytest.raises(AttributeError, match="no KFP component 'nope'"):
+        module["__getattr__"]("nope")
 
 
 def test_metrics_and_report_artifact_types(tmp_path: Path) -> None:
@@ -192,3 +217,31 @@ def test_verify_only_pipeline_shape(verify_only_ir: dict[str, Any]) -> None:
     assert root["teardown-domain"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     assert all(t["cachingOptions"] == {} for t in tasks.values())
     assert verify_only_ir["pipelineInfo"]["name"] == "mnnvl-verify-only"
+
+
+def test_a_float_input_takes_an_int_in_a_users_pipeline(tmp_path: Path) -> None:
+    """``job_timeout_s=3600`` means 3600.0: KFP's own type check refuses an int for a float."""
+
+    @dsl.pipeline(name="mine")
+    def mine():  # KFP reads a "None" return annotation as an output
+        kc.verify_nvlink(run_id="r1", job_timeout_s=3600, nodes=2)
+
+    (ir,) = _compile(mine, tmp_path / "mine.yaml")
+    given = _all_tasks(ir)["verify-nvlink"]["inputs"]["parameters"]
+    assert given["job_timeout_s"]["runtimeValue"]["constant"] == 3600.0
+    assert given["nodes"]["runtimeValue"]["constant"] == 2  # an int input stays an int
+
+
+def test_a_local_pipeline_run_takes_an_int_for_a_float_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``verify_timeout_s=3600`` from Python reaches the run, whose first task judges the
+    parameters (here it refuses the namespace, so no cluster is needed)."""
+    from kfp import local
+
+    monkeypatch.setattr(local.config.LocalExecutionConfig, "instance", None)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
+    with pytest.raises(RuntimeError, match="provision"):
+        kp.verify_only_pipeline(verify_timeout_s=3600, namespace="Not_A_Name")
+    out = capfd.readouterr()
+    assert "provision failed: namespace" in out.out + out.err

@@ -14,7 +14,7 @@ import yaml
 
 from mnnvl.cli.main import build_parser
 from mnnvl.components import argo_templates as at
-from mnnvl.components.generated import kfp_components as kc
+from mnnvl.components import kfp_components as kc
 from mnnvl.errors import SpecError
 from mnnvl.inputs import surface
 from mnnvl.inputs.flags import from_namespace
