@@ -21,9 +21,8 @@ lost adopts the step's Job and carries on (docs/recovery.md).
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from kfp import dsl, kubernetes
@@ -145,34 +144,8 @@ def build_pipeline(name: str) -> Callable[..., None]:
     return Pipeline(component_spec=spec, pipeline_func=pipeline, pipeline_config=config)
 
 
-@functools.cache
-def pipeline_named(name: str) -> Callable[..., None]:
-    """Pipeline ``name``, built on first use: building one takes a noticeable part of a
-    second (kfp inspects the call stack in every task setter), and ``make run`` needs one."""
-    return build_pipeline(name)
-
-
-class _Pipelines(Mapping[str, Callable[..., None]]):
-    """Every pipeline by name, each built when it is first looked up."""
-
-    def __getitem__(self, name: str) -> Callable[..., None]:
-        if name not in surface.PIPELINES:
-            raise KeyError(name)
-        return pipeline_named(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(surface.PIPELINES)
-
-    def __len__(self) -> int:
-        return len(surface.PIPELINES)
-
-
-PIPELINES: Mapping[str, Callable[..., None]] = _Pipelines()
-
-
-def __getattr__(attribute: str) -> Callable[..., None]:
-    """``training_pipeline``, ``verify_only_pipeline``, ``custom_pipeline``, built on use."""
-    name = "mnnvl-" + attribute.removesuffix("_pipeline").replace("_", "-")
-    if attribute.endswith("_pipeline") and name in surface.PIPELINES:
-        return pipeline_named(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+PIPELINES = {name: build_pipeline(name) for name in surface.PIPELINES}
+"""Every pipeline by name, built at import (a fraction of a second in all)."""
+training_pipeline = PIPELINES["mnnvl-training"]
+verify_only_pipeline = PIPELINES["mnnvl-verify-only"]
+custom_pipeline = PIPELINES["mnnvl-custom"]
