@@ -64,6 +64,8 @@ COMPONENTS = {s.name: _component(s) for s in SPECS.values() if not s.pipeline}
 """The reusable components, in pipeline order."""
 FIRST_TASKS = {s.pipeline: _component(s) for s in SPECS.values() if s.pipeline}
 """Pipeline name -> its validating first task."""
+STEP_COMPONENTS = {SPECS[name].step: c for name, c in COMPONENTS.items()}
+"""Step -> its component."""
 
 preflight_cluster = COMPONENTS["preflight_cluster"]
 provision_domain = COMPONENTS["provision_domain"]

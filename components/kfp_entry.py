@@ -24,7 +24,7 @@ from mnnvl.inputs import surface
 from mnnvl.inputs.spec import KFP
 from mnnvl.inputs.surface import Input
 
-TYPES: dict[str, Any] = {
+_TYPE: dict[str, Any] = {  # an input's kind -> its KFP type
     "int": int,
     "float": float,
     "str": str,
@@ -47,6 +47,7 @@ class Spec:
     """One component: its name, what it does, its inputs and outputs, and its body."""
 
     name: str
+    step: str
     summary: str
     inputs: list[Input]
     outputs: tuple[str, ...] = ()
@@ -66,9 +67,20 @@ def signature(
     """``inputs`` as a Python signature (their defaults and KFP types), after ``first``."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     params = [
-        inspect.Parameter(i.name, kind, default=i.default, annotation=TYPES[i.kind]) for i in inputs
+        inspect.Parameter(i.name, kind, default=i.default, annotation=_TYPE[i.kind]) for i in inputs
     ]
     return inspect.Signature([*(first or []), *params])
+
+
+def named(func: Any, name: str, sig: inspect.Signature, doc: str) -> Any:
+    """``func`` under ``name``, with ``sig`` and ``doc``: what KFP reads of a function."""
+    func.__name__ = func.__qualname__ = name
+    func.__signature__ = sig
+    func.__annotations__ = {p.name: p.annotation for p in sig.parameters.values()}
+    if sig.return_annotation is not inspect.Signature.empty:
+        func.__annotations__["return"] = sig.return_annotation
+    func.__doc__ = doc
+    return func
 
 
 def signed(func: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
@@ -77,17 +89,11 @@ def signed(func: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
     first = [inspect.Parameter("run_id", kind, annotation=str)]
     first += [inspect.Parameter(o, kind, annotation=_OUTPUTS[o][0]) for o in spec.outputs]
     sig = signature(spec.inputs, first)
-    if spec.returns:
-        sig = sig.replace(return_annotation=str)
-    func.__name__ = func.__qualname__ = spec.name
-    func.__signature__ = sig  # type: ignore[attr-defined]
-    func.__annotations__ = {p.name: p.annotation for p in sig.parameters.values()}
-    if spec.returns:
-        func.__annotations__["return"] = str
     args = [("run_id", _RUN_ID), *((o, _OUTPUTS[o][1]) for o in spec.outputs)]
     args += [(i.name, i.description) for i in spec.inputs]
-    func.__doc__ = docstring(spec.summary, args, spec.returns)
-    return func
+    returns = str if spec.returns else inspect.Signature.empty
+    doc = docstring(spec.summary, args, spec.returns)
+    return named(func, spec.name, sig.replace(return_annotation=returns), doc)
 
 
 def executable(name: str) -> Callable[..., Any]:
@@ -110,7 +116,8 @@ def executable(name: str) -> Callable[..., Any]:
 def _step(
     name: str, step: str, summary: str, outputs: tuple[str, ...] = (), returns: str = ""
 ) -> Spec:
-    return Spec(name, summary, surface.grouped(surface.step_inputs(step, KFP)), outputs, returns)
+    inputs = surface.grouped(surface.step_inputs(step, KFP))
+    return Spec(name, step, summary, inputs, outputs, returns)
 
 
 def first_task_name(pipeline: str) -> str:
@@ -162,6 +169,7 @@ _STEPS = [
 _FIRSTS = [
     Spec(
         first_task_name(name),
+        "provision",
         f"First task of {name}: validate every pipeline parameter, then provision\n"
         "the ComputeDomain, so bad input fails before any object exists.",
         pipeline.grouped_parameters(),

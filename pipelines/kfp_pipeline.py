@@ -39,12 +39,6 @@ RETRY_MAX_DURATION = f"{surface.STEP_RETRY_WINDOW_S}s"
 # Argo, which runs KFP's tasks, counts the window from the first attempt's start, and a
 # workload task may be lost late in its Job: the longest job_timeout_s (7 days).
 WORKLOAD_RETRY_MAX_DURATION = f"{7 * 86400}s"
-STEP_COMPONENTS = {
-    "train": kc.train_sharded,
-    "verify": kc.verify_nvlink,
-    "launch": kc.launch_workload,
-    "teardown": kc.teardown_domain,
-}
 
 
 class Pipeline(kc.FloatsTakeInts, GraphComponent):
@@ -55,7 +49,7 @@ def task_names(name: str) -> dict[str, str]:
     """KFP's name of each task of pipeline ``name`` (its component's, ``-2`` on the second
     use) -> the task's name in ``surface.PIPELINES`` (``verify-nvlink-2`` -> ``verify-post``)."""
     plan = surface.PIPELINES[name]
-    components = [kc.FIRST_TASKS[name], *(STEP_COMPONENTS[t.step] for t in plan.tasks[1:])]
+    components = [kc.FIRST_TASKS[name], *(kc.STEP_COMPONENTS[t.step] for t in plan.tasks[1:])]
     seen: Counter[str] = Counter()
     out = {}
     for task, component in zip(plan.tasks, components, strict=True):
@@ -103,7 +97,7 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
         # Provisioning still rides out API outages (the driver retries each request).
         previous = _configured(first(run_id=RUN_ID, **values), "provision", "provision", None)
         for task in plan.tasks[1:-1]:
-            component = STEP_COMPONENTS[task.step]
+            component = kc.STEP_COMPONENTS[task.step]
             current = _configured(
                 component(run_id=RUN_ID, **plan.component_arguments(task, values)),
                 task.step,
@@ -125,13 +119,10 @@ def build_pipeline(name: str) -> Callable[..., None]:
         bound.apply_defaults()
         _wire(plan, dict(bound.arguments))
 
-    pipeline.__name__ = name.replace("-", "_")
     # KFP reads each parameter's description from the docstring's Args (the form shows it).
-    pipeline.__doc__ = kfp_entry.docstring(
-        plan.description, [(p.name, p.description) for p in parameters]
-    )
-    pipeline.__signature__ = signature  # type: ignore[attr-defined]
-    pipeline.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    args = [(p.name, p.description) for p in parameters]
+    doc = kfp_entry.docstring(plan.description, args)
+    kfp_entry.named(pipeline, name.replace("-", "_"), signature, doc)
     # Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
     # as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the
     # exit handler's teardown; each step has its own deadline (job_timeout_s).

@@ -67,6 +67,7 @@ def test_wheel_carries_the_contract_package_and_the_kfp_components(built_wheel):
         "mnnvl/contract/exit_codes.py",
         "mnnvl/inputs/surface.py",
         "mnnvl/components/kfp_components.py",
+        "mnnvl/components/kfp_entry.py",
         "mnnvl/components/launch_workload.yaml",
         "mnnvl/pipelines/compiled/mnnvl-custom.kfp.yaml",
     ):
