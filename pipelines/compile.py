@@ -165,7 +165,6 @@ def retag_file(path: Path, images: dict[str, str]) -> None:
 def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], None]]:
     """Relative output path (from the repository root) -> writer."""
     from mnnvl.components.kfp_components import COMPONENTS
-    from mnnvl.pipelines import argo_gitops as gitops
     from mnnvl.pipelines import argo_workflow as aw
     from mnnvl.pipelines import kfp_pipeline as kp
 
@@ -187,8 +186,8 @@ def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], 
         list(kfp), "KFP Pipeline + PipelineVersion CRs (Kubernetes-native API server mode)"
     )
     argo = templates | {
-        f"{gitops.FABRIC_CHECK_NAME}.cronworkflow.yaml": gitops.fabric_check_cron_manifest,
-        f"{gitops.REAP_NAME}.cronworkflow.yaml": gitops.reap_cron_manifest,
+        f"{aw.FABRIC_CHECK_NAME}.cronworkflow.yaml": aw.fabric_check_cron_manifest,
+        f"{aw.REAP_NAME}.cronworkflow.yaml": aw.reap_cron_manifest,
     }
     for name, make in argo.items():
         out[f"pipelines/gitops/argo/{name}"] = _yaml_doc(make)
