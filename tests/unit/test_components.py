@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,20 +90,39 @@ def test_every_component_runs_the_same_few_embedded_lines_in_the_launcher_image(
     assert "mnnvl.components.kfp_entry" in program
 
 
-def test_the_embedded_program_runs_the_components_body() -> None:
-    """What the pod runs: the embedded module's lookup of the component by name gives the
-    function with the component's signature, which hands its arguments to the body."""
-    (program,) = {
-        c.component_spec.implementation.container.command[-1] for c in kc.COMPONENTS.values()
+@pytest.mark.parametrize(
+    ("name", "code", "line"),
+    [
+        ("teardown_domain", 0, "teardown: nothing to delete: namespace"),
+        ("provision_verify_only", 2, "provision failed: namespace"),
+    ],
+)
+def test_the_embedded_program_runs_the_components_body_as_its_pod_does(
+    name: str, code: int, line: str, tmp_path: Path
+) -> None:
+    """The component's container command, run as its pod runs it (KFP's executor in its
+    runtime mode): it finds the component's function in mnnvl and hands it the task's
+    inputs. A namespace that is no name needs no cluster: teardown deletes nothing, the
+    first task refuses it."""
+    (component,) = [
+        c
+        for c in [*kc.COMPONENTS.values(), *kc.FIRST_TASKS.values()]
+        if c.python_func.__name__ == name
+    ]
+    container = component.component_spec.implementation.container
+    executor_input = {
+        "inputs": {"parameterValues": {"run_id": "r1", "namespace": "Not_A_Name"}},
+        "outputs": {"outputFile": str(tmp_path / "output.json")},
     }
-    module: dict[str, Any] = {}
-    exec(compile(program, "ephemeral_component.py", "exec"), module)
-    func = module["__getattr__"]("teardown_domain")
-    assert inspect.signature(func) == inspect.signature(kc.teardown_domain.python_func)
-    # A namespace that is no name: teardown refuses it and deletes nothing, without a cluster.
-    assert func(run_id="r1", namespace="Not_A_Name") is None
-    with pytest.raises(AttributeError, match="no KFP component 'nope'"):
-        module["__getattr__"]("nope")
+    shell, flag, script, program = container.command
+    assert "import mnnvl.components.kfp_entry" in program  # the same lines for every component
+    script = script.replace("python3 ", f"{sys.executable} ")
+    args = [json.dumps(executor_input) if a == "{{$}}" else a for a in container.args]
+    done = subprocess.run(
+        [shell, flag, script, program, *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == code, done.stdout + done.stderr
+    assert line in done.stdout + done.stderr
 
 
 def test_metrics_and_report_artifact_types(tmp_path: Path) -> None:
