@@ -30,6 +30,8 @@ CASES = {
     "mnnvl.runtime.train mnnvl.runtime.verify": ("kfp", "hera", "kubernetes"),
     "mnnvl.components.artifacts mnnvl.components": ("torch", "kubernetes"),
     "mnnvl.components.bodies": ("torch", "kfp", "hera"),
+    # Building the KFP components reads declarations only; the bodies load when a pod runs one.
+    "mnnvl.components.kfp_components": ("torch", "hera", "matplotlib"),
     # The launcher-pod settings both the KFP and the Argo side read.
     "mnnvl.components.launcher_pod": HEAVY,
 }
