@@ -15,6 +15,7 @@ import tempfile
 from typing import Any, Protocol
 
 from mnnvl.contract.result import NOT_JUDGED, PASS
+from mnnvl.units import human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +33,6 @@ class MetricsArtifact(PathArtifact, Protocol):
 def kubeconfig() -> str | None:
     """The kubeconfig to use: ``KUBECONFIG`` when set (local runs), else in-cluster config."""
     return os.environ.get("KUBECONFIG") or None
-
-
-def size_label(num_bytes: int) -> str:
-    """``1048576`` -> ``1MiB``; metric names stay short and sort by unit."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:g}{unit}"
-        value /= 1024
-    return f"{num_bytes}B"
 
 
 def _log_numbers(metrics: MetricsArtifact, values: dict[str, Any]) -> None:
@@ -125,8 +116,9 @@ def publish_verify(
         "threshold_gbps": result.threshold_gbps,
         "world_size": raw.get("world_size"),
     }
-    for row in result.sizes or []:
-        values[f"busbw_gbps_{size_label(int(row['bytes']))}"] = row.get("busbw_gbps")
+    for row in result.sizes or []:  # busbw_gbps_1MiB: short names, sorted by unit
+        size = human_bytes(int(row["bytes"])).replace(" ", "")
+        values[f"busbw_gbps_{size}"] = row.get("busbw_gbps")
     _log_numbers(metrics, values)
     with tempfile.TemporaryDirectory(prefix="mnnvl-verify-report-") as tmp:
         files = report.write_verify_report(raw, tmp)

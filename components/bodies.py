@@ -1,7 +1,7 @@
-"""What the generated KFP components do: inputs -> specs -> ``mnnvl.steps`` -> artifacts.
+"""What the KFP components do: inputs -> specs -> ``mnnvl.steps`` -> artifacts.
 
-Each function takes the component's arguments as one dict (``dict(locals())`` in the generated
-body) and runs inside the launcher image; it imports no kfp (artifacts are duck-typed). A step
+Each function takes the component's arguments as one dict (``kfp_entry.executable`` hands them
+over) and runs inside the launcher image; it imports no kfp (artifacts are duck-typed). A step
 that fails on purpose (bad input, a failed workload, an unreachable cluster) logs one line,
 ``<step> failed: <field>: <why>`` with the parameter as KFP names it, and exits with the CLI's
 exit code, without a traceback (``one_line``).

@@ -3,7 +3,7 @@
 A launcher pod (one per step) runs ``mnnvl <step>`` in the launcher image and only talks to the
 API server, so it is small, non-root and unprivileged. The KFP pipelines
 (``mnnvl.pipelines.kfp_pipeline``) and the Argo templates (``mnnvl.components.argo_templates``,
-``mnnvl.pipelines.argo_gitops``) read these values from here and nowhere else. This module
+``mnnvl.pipelines.argo_workflow``) read these values from here and nowhere else. This module
 imports neither kfp nor hera: each side turns the values into its own objects.
 
 What each side can carry: kfp-kubernetes 2.17 sets only ``runAsUser``, ``runAsGroup`` and

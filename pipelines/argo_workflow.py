@@ -21,6 +21,11 @@ it is set on hera's objects; nothing edits hera's output.
 
 ``argo submit --from workflowtemplate/mnnvl-training -p nodes=4`` runs one, as does applying
 ``workflow_manifest()`` (a Workflow with ``workflowTemplateRef``).
+
+Two CronWorkflows ship for GitOps: a nightly fabric check (``mnnvl-verify-only`` with its
+defaults) and an hourly ``mnnvl reap``. They reference WorkflowTemplates by name and name no
+namespace: kustomize (or ``kubectl apply -n``) places them, and ``{{workflow.namespace}}`` is
+where they run.
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from hera.workflows import DAG, Container, Parameter, Task, Workflow, WorkflowTemplate
+from hera.workflows import (
+    DAG,
+    Container,
+    CronWorkflow,
+    Parameter,
+    Task,
+    Workflow,
+    WorkflowTemplate,
+)
 from hera.workflows import models as m
 
 from mnnvl.components import argo_templates as t
@@ -185,3 +198,70 @@ def workflow_manifest() -> dict[str, Any]:
         workflow_template_ref=m.WorkflowTemplateRef(name=TEMPLATE_NAME),
         arguments=[Parameter(name="gpus-per-node", value="4"), Parameter(name="nodes", value="2")],
     ).to_dict()
+
+
+VERIFY_ONLY_NAME = "mnnvl-verify-only"
+FABRIC_CHECK_NAME = "mnnvl-nightly-fabric-check"
+REAP_NAME = "mnnvl-reap"
+
+
+def _cron(name: str, schedule: str, description: str, **workflow_spec: Any) -> CronWorkflow:
+    return CronWorkflow(
+        name=name,
+        labels=labels(name),
+        annotations={"workflows.argoproj.io/description": description},
+        schedules=[schedule],
+        timezone="UTC",
+        concurrency_policy="Forbid",
+        starting_deadline_seconds=3600,
+        successful_jobs_history_limit=3,
+        failed_jobs_history_limit=7,
+        **workflow_spec,
+    )
+
+
+def fabric_check_cron_manifest() -> dict[str, Any]:
+    """Every night: the verify-only template with its defaults (patch them with kustomize)."""
+    settings = workflow_settings()
+    cron = _cron(
+        FABRIC_CHECK_NAME,
+        "0 2 * * *",
+        "Nightly NVLink fabric check (mnnvl-verify-only).",
+        workflow_template_ref=m.WorkflowTemplateRef(name=VERIFY_ONLY_NAME),
+        # The pods are the referenced template's (hardened there); the Workflow's own lifetime
+        # is set here.
+        ttl_strategy=settings["ttl_strategy"],
+        pod_gc=settings["pod_gc"],
+    )
+    return cron.to_dict()
+
+
+def reap_cron_manifest() -> dict[str, Any]:
+    """Every hour: ``mnnvl reap`` of runs older than two days whose exit handler never ran.
+
+    Two days exceeds the longest run the templates allow (train 8 h, verifies 1 h each).
+    """
+    with _cron(
+        REAP_NAME,
+        "17 * * * *",
+        "Hourly clean-up of orphaned runs (mnnvl reap).",
+        entrypoint="reap",
+        service_account_name=DEFAULT_SERVICE_ACCOUNT,
+        **workflow_settings(),
+    ) as cron:
+        Container(
+            name="reap",
+            inputs=[Parameter(name="older-than-s", value="172800")],
+            image=DEFAULT_LAUNCHER_IMAGE,
+            command=["mnnvl"],
+            args=[
+                "reap",
+                "--namespace",
+                "{{workflow.namespace}}",
+                "--older-than-s",
+                "{{inputs.parameters.older-than-s}}",
+            ],
+            retry_strategy=t.retry(backoff=False),
+            **t.launcher_pod("reap"),
+        )
+    return cron.to_dict()

@@ -22,16 +22,17 @@ again; a retry after its pod was lost adopts the step's Job and carries on (docs
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from kfp import dsl, kubernetes
+from kfp.dsl.component_factory import extract_component_interface
+from kfp.dsl.graph_component import GraphComponent
 
+from mnnvl.components import kfp_components as kc
+from mnnvl.components import kfp_entry
 from mnnvl.components import launcher_pod as lp
-from mnnvl.components.generated import kfp_components as kc
 from mnnvl.inputs import surface
 
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
@@ -39,27 +40,17 @@ RETRY_MAX_DURATION = f"{surface.STEP_RETRY_WINDOW_S}s"
 # Argo, which runs KFP's tasks, counts the window from the first attempt's start, and a
 # workload task may be lost late in its Job: the longest job_timeout_s (7 days).
 WORKLOAD_RETRY_MAX_DURATION = f"{7 * 86400}s"
-STEP_COMPONENTS = {
-    "train": kc.train_sharded,
-    "verify": kc.verify_nvlink,
-    "launch": kc.launch_workload,
-    "teardown": kc.teardown_domain,
-}
-_TYPES: dict[str, Any] = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "list": list[str],
-    "dict": dict,
-}
+
+
+class Pipeline(kc.FloatsTakeInts, GraphComponent):
+    """A KFP pipeline whose float parameters take ints (``train_timeout_s=3600``)."""
 
 
 def task_names(name: str) -> dict[str, str]:
     """KFP's name of each task of pipeline ``name`` (its component's, ``-2`` on the second
     use) -> the task's name in ``surface.PIPELINES`` (``verify-nvlink-2`` -> ``verify-post``)."""
     plan = surface.PIPELINES[name]
-    components = [kc.FIRST_TASKS[name], *(STEP_COMPONENTS[t.step] for t in plan.tasks[1:])]
+    components = [kc.FIRST_TASKS[name], *(kc.STEP_COMPONENTS[t.step] for t in plan.tasks[1:])]
     seen: Counter[str] = Counter()
     out = {}
     for task, component in zip(plan.tasks, components, strict=True):
@@ -92,20 +83,6 @@ def _configured(
     return task.set_display_name(display_name)
 
 
-def _signature(plan: surface.Pipeline) -> inspect.Signature:
-    return inspect.Signature(
-        [
-            inspect.Parameter(
-                p.name,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                default=p.default,
-                annotation=_TYPES[p.kind],
-            )
-            for p in plan.grouped_parameters()
-        ]
-    )
-
-
 def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
     """Create the tasks: provision (validating everything) -> ... ; teardown on exit."""
     teardown_task = plan.tasks[-1]
@@ -121,7 +98,7 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
         # Provisioning still rides out API outages (the driver retries each request).
         previous = _configured(first(run_id=RUN_ID, **values), "provision", "provision", None)
         for task in plan.tasks[1:-1]:
-            component = STEP_COMPONENTS[task.step]
+            component = kc.STEP_COMPONENTS[task.step]
             current = _configured(
                 component(run_id=RUN_ID, **plan.component_arguments(task, values)),
                 task.step,
@@ -135,59 +112,32 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
 def build_pipeline(name: str) -> Callable[..., None]:
     """The ``@dsl.pipeline`` function of ``name``, its signature from the field declarations."""
     plan = surface.PIPELINES[name]
-    signature = _signature(plan)
+    parameters = plan.grouped_parameters()
+    signature = kfp_entry.signature(parameters)
 
     def pipeline(*args: Any, **kwargs: Any) -> None:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         _wire(plan, dict(bound.arguments))
 
-    pipeline.__name__ = name.replace("-", "_")
     # KFP reads each parameter's description from the docstring's Args (the form shows it).
-    args = "\n".join(f"    {p.name}: {p.description}." for p in plan.grouped_parameters())
-    pipeline.__doc__ = f"{plan.description}\n\nArgs:\n{args}\n"
-    pipeline.__signature__ = signature  # type: ignore[attr-defined]
-    pipeline.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    args = [(p.name, p.description) for p in parameters]
+    doc = kfp_entry.docstring(plan.description, args)
+    kfp_entry.named(pipeline, name.replace("-", "_"), signature, doc)
     # Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
     # as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the
     # exit handler's teardown; each step has its own deadline (job_timeout_s).
     config = dsl.PipelineConfig(
         ttl_seconds_after_success=86400, ttl_seconds_after_failure=7 * 86400
     )
-    result: Callable[..., None] = dsl.pipeline(
-        name=name, description=plan.description, pipeline_config=config
-    )(pipeline)
-    return result
+    # What @dsl.pipeline does (kfp/dsl/component_factory.py, create_graph_component_from_func),
+    # with floats that take ints.
+    spec = extract_component_interface(pipeline, name=name, description=plan.description)
+    return Pipeline(component_spec=spec, pipeline_func=pipeline, pipeline_config=config)
 
 
-@functools.cache
-def pipeline_named(name: str) -> Callable[..., None]:
-    """Pipeline ``name``, built on first use: building one takes a noticeable part of a
-    second (kfp inspects the call stack in every task setter), and ``make run`` needs one."""
-    return build_pipeline(name)
-
-
-class _Pipelines(Mapping[str, Callable[..., None]]):
-    """Every pipeline by name, each built when it is first looked up."""
-
-    def __getitem__(self, name: str) -> Callable[..., None]:
-        if name not in surface.PIPELINES:
-            raise KeyError(name)
-        return pipeline_named(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(surface.PIPELINES)
-
-    def __len__(self) -> int:
-        return len(surface.PIPELINES)
-
-
-PIPELINES: Mapping[str, Callable[..., None]] = _Pipelines()
-
-
-def __getattr__(attribute: str) -> Callable[..., None]:
-    """``training_pipeline``, ``verify_only_pipeline``, ``custom_pipeline``, built on use."""
-    name = "mnnvl-" + attribute.removesuffix("_pipeline").replace("_", "-")
-    if attribute.endswith("_pipeline") and name in surface.PIPELINES:
-        return pipeline_named(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+PIPELINES = {name: build_pipeline(name) for name in surface.PIPELINES}
+"""Every pipeline by name, built at import (a fraction of a second in all)."""
+training_pipeline = PIPELINES["mnnvl-training"]
+verify_only_pipeline = PIPELINES["mnnvl-verify-only"]
+custom_pipeline = PIPELINES["mnnvl-custom"]

@@ -2,7 +2,7 @@
 
 One declaration per input (``mnnvl.inputs.spec.opt``: default, help, surfaces) feeds three surfaces:
 the CLI flags (``mnnvl.inputs.flags``), the KFP component signatures and pipeline parameters
-(generated ``mnnvl.components.generated.kfp_components``, ``mnnvl.pipelines.kfp_pipeline``) and the
+(``mnnvl.components.kfp_components``, ``mnnvl.pipelines.kfp_pipeline``, built at import) and the
 Argo template inputs and workflow parameters (``mnnvl.components.argo_templates``,
 ``mnnvl.pipelines.argo_workflow``). Where a step or a pipeline uses another default than the
 dataclass, the override and its reason are written here, once.

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mnnvl.components.generated import kfp_components as kc
+from mnnvl.components import kfp_components as kc
 from mnnvl.inputs import surface
 from mnnvl.pipelines import kfp_pipeline as kp
 from mnnvl.pipelines import local_run

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +12,7 @@ import pytest
 import yaml
 from kfp import compiler, components, dsl
 
-from mnnvl.components.generated import kfp_components as kc
+from mnnvl.components import kfp_components as kc
 from mnnvl.inputs import defaults
 from mnnvl.pipelines import kfp_pipeline as kp
 
@@ -63,20 +66,63 @@ def test_component_round_trips_through_yaml(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(kc.COMPONENTS))
 def test_checked_in_component_yaml_loads(name: str) -> None:
-    path = Path(kc.__file__).resolve().parents[1] / f"{name}.yaml"
+    path = Path(kc.__file__).resolve().parent / f"{name}.yaml"
     loaded = components.load_component_from_file(str(path))
     assert loaded.name == name.replace("_", "-")
 
 
-@pytest.mark.parametrize("name", sorted(kc.COMPONENTS))
-def test_component_runs_in_launcher_image_without_pip(name: str, tmp_path: Path) -> None:
-    (ir,) = _compile(kc.COMPONENTS[name], tmp_path / "c.yaml")
-    (executor,) = ir["deploymentSpec"]["executors"].values()
-    container = executor["container"]
-    assert container["image"] == defaults.DEFAULT_LAUNCHER_IMAGE
-    script = " ".join(container["command"])
-    assert "pip install" not in script
-    assert "from mnnvl.components import bodies" in script
+def test_every_component_runs_the_same_few_embedded_lines_in_the_launcher_image(
+    tmp_path: Path,
+) -> None:
+    """Nothing per component is embedded (no signature, no docstring): each task's pod looks
+    its component up in the launcher image's mnnvl, so no component source is generated."""
+    programs = set()
+    for name, component in {**kc.COMPONENTS, **kc.FIRST_TASKS}.items():
+        (ir,) = _compile(component, tmp_path / f"{name}.yaml")
+        (executor,) = ir["deploymentSpec"]["executors"].values()
+        container = executor["container"]
+        assert container["image"] == defaults.DEFAULT_LAUNCHER_IMAGE
+        assert "pip install" not in " ".join(container["command"])
+        assert container["args"][-1] == component.component_spec.name.replace("-", "_")
+        programs.add(container["command"][-1])
+    (program,) = programs
+    assert len(program.splitlines()) < 15
+    assert "mnnvl.components.kfp_entry" in program
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "line"),
+    [
+        ("teardown_domain", 0, "teardown: nothing to delete: namespace"),
+        ("provision_verify_only", 2, "provision failed: namespace"),
+    ],
+)
+def test_the_embedded_program_runs_the_components_body_as_its_pod_does(
+    name: str, code: int, line: str, tmp_path: Path
+) -> None:
+    """The component's container command, run as its pod runs it (KFP's executor in its
+    runtime mode): it finds the component's function in mnnvl and hands it the task's
+    inputs. A namespace that is no name needs no cluster: teardown deletes nothing, the
+    first task refuses it."""
+    (component,) = [
+        c
+        for c in [*kc.COMPONENTS.values(), *kc.FIRST_TASKS.values()]
+        if c.python_func.__name__ == name
+    ]
+    container = component.component_spec.implementation.container
+    executor_input = {
+        "inputs": {"parameterValues": {"run_id": "r1", "namespace": "Not_A_Name"}},
+        "outputs": {"outputFile": str(tmp_path / "output.json")},
+    }
+    shell, flag, script, program = container.command
+    assert "import mnnvl.components.kfp_entry" in program  # the same lines for every component
+    script = script.replace("python3 ", f"{sys.executable} ")
+    args = [json.dumps(executor_input) if a == "{{$}}" else a for a in container.args]
+    done = subprocess.run(
+        [shell, flag, script, program, *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == code, done.stdout + done.stderr
+    assert line in done.stdout + done.stderr
 
 
 def test_metrics_and_report_artifact_types(tmp_path: Path) -> None:
@@ -192,3 +238,31 @@ def test_verify_only_pipeline_shape(verify_only_ir: dict[str, Any]) -> None:
     assert root["teardown-domain"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     assert all(t["cachingOptions"] == {} for t in tasks.values())
     assert verify_only_ir["pipelineInfo"]["name"] == "mnnvl-verify-only"
+
+
+def test_a_float_input_takes_an_int_in_a_users_pipeline(tmp_path: Path) -> None:
+    """``job_timeout_s=3600`` means 3600.0: KFP's own type check refuses an int for a float."""
+
+    @dsl.pipeline(name="mine")
+    def mine():  # KFP reads a "None" return annotation as an output
+        kc.verify_nvlink(run_id="r1", job_timeout_s=3600, nodes=2)
+
+    (ir,) = _compile(mine, tmp_path / "mine.yaml")
+    given = _all_tasks(ir)["verify-nvlink"]["inputs"]["parameters"]
+    assert given["job_timeout_s"]["runtimeValue"]["constant"] == 3600.0
+    assert given["nodes"]["runtimeValue"]["constant"] == 2  # an int input stays an int
+
+
+def test_a_local_pipeline_run_takes_an_int_for_a_float_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``verify_timeout_s=3600`` from Python reaches the run, whose first task judges the
+    parameters (here it refuses the namespace, so no cluster is needed)."""
+    from kfp import local
+
+    monkeypatch.setattr(local.config.LocalExecutionConfig, "instance", None)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
+    with pytest.raises(RuntimeError, match="provision"):
+        kp.verify_only_pipeline(verify_timeout_s=3600, namespace="Not_A_Name")
+    out = capfd.readouterr()
+    assert "provision failed: namespace" in out.out + out.err

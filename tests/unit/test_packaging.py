@@ -57,7 +57,7 @@ def test_version_flag_prints_the_package_version(capsys):
     assert capsys.readouterr().out.strip() == f"mnnvl {mnnvl.__version__}"
 
 
-def test_wheel_carries_the_contract_package_and_the_generated_components(built_wheel):
+def test_wheel_carries_the_contract_package_and_the_kfp_components(built_wheel):
     wheel, _ = built_wheel
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -66,7 +66,8 @@ def test_wheel_carries_the_contract_package_and_the_generated_components(built_w
         "mnnvl/contract/nccl.py",
         "mnnvl/contract/exit_codes.py",
         "mnnvl/inputs/surface.py",
-        "mnnvl/components/generated/kfp_components.py",
+        "mnnvl/components/kfp_components.py",
+        "mnnvl/components/kfp_entry.py",
         "mnnvl/components/launch_workload.yaml",
         "mnnvl/pipelines/compiled/mnnvl-custom.kfp.yaml",
     ):

@@ -14,7 +14,7 @@ import yaml
 
 from mnnvl.cli.main import build_parser
 from mnnvl.components import argo_templates as at
-from mnnvl.components.generated import kfp_components as kc
+from mnnvl.components import kfp_components as kc
 from mnnvl.errors import SpecError
 from mnnvl.inputs import surface
 from mnnvl.inputs.flags import from_namespace
@@ -32,14 +32,7 @@ from mnnvl.pipelines import argo_workflow as aw
 from mnnvl.pipelines import kfp_pipeline as kp
 from mnnvl.pipelines.compile import COMPILED_DIR
 
-STEP_COMPONENT = {
-    "provision": kc.provision_domain,
-    "train": kc.train_sharded,
-    "verify": kc.verify_nvlink,
-    "launch": kc.launch_workload,
-    "teardown": kc.teardown_domain,
-    "preflight": kc.preflight_cluster,
-}
+STEP_COMPONENT = kc.STEP_COMPONENTS
 NO_RUN_ID = {"preflight"}  # reads the cluster only: the CLI takes no --run-id
 CLI_ARGS = {"launch": ["--module", "pkg.entry"]}
 ARTIFACTS = {"run_id", "metrics", "report", "result", "ctrf"}

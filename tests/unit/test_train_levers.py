@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 
 from mnnvl.cli import main as cli
 from mnnvl.cli.main import build_parser, groups_as_flags
-from mnnvl.components.generated import kfp_components as kc
+from mnnvl.components import kfp_components as kc
 from mnnvl.errors import SpecError
 from mnnvl.inputs import surface
 from mnnvl.inputs.flags import from_namespace

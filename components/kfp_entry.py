@@ -1,0 +1,188 @@
+"""What a KFP component's pod runs; ``__getattr__`` below is the one function KFP embeds.
+
+A lightweight component's pod writes the embedded source to a module and runs the function its
+``--function_to_execute`` names (``train_sharded``, …). That module defines no such name, so
+Python asks its ``__getattr__`` (PEP 562), which returns the component's function from the
+``mnnvl`` installed in the launcher image (``executable``): its signature, defaults and
+docstring come from the step's input declarations (``mnnvl.inputs.surface``), and its body
+hands the arguments to ``mnnvl.components.bodies``. So every component embeds the same few
+lines and nothing is generated. The pod imports kfp in its runtime mode (``_KFP_RUNTIME``),
+where only the artifact types exist: this module needs no more (the components themselves are
+``mnnvl.components.kfp_components``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kfp.dsl import HTML, Artifact, Metrics, Output
+
+from mnnvl.inputs import surface
+from mnnvl.inputs.spec import KFP
+from mnnvl.inputs.surface import Input
+
+_TYPE: dict[str, Any] = {  # an input's kind -> its KFP type
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list": list[str],
+    "dict": dict,
+}
+_OUTPUTS = {
+    "metrics": (Output[Metrics], "numbers from the step's result"),
+    "report": (Output[HTML], "HTML report"),
+    "result": (Output[Artifact], "JSON of the step's result"),
+    "ctrf": (Output[Artifact], "the verdict (or the checks) as a CTRF test report (ctrf.io)"),
+}
+_DOMAIN = "The ComputeDomain name."
+_RUN_ID = "run id every object name and label derives from (the KFP job id)"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One component: its name, what it does, its inputs and outputs, and its body."""
+
+    name: str
+    step: str
+    summary: str
+    inputs: list[Input]
+    outputs: tuple[str, ...] = ()
+    returns: str = ""
+    pipeline: str = ""  # a pipeline's first task: validate all its parameters, then provision
+
+
+def docstring(summary: str, args: list[tuple[str, str]], returns: str = "") -> str:
+    """A Google-style docstring: KFP reads each input's description from its ``Args``."""
+    lines = [summary, "", "Args:", *(f"    {name}: {text}." for name, text in args)]
+    return "\n".join([*lines, *(["", "Returns:", f"    {returns}"] if returns else [])]) + "\n"
+
+
+def signature(
+    inputs: list[Input], first: list[inspect.Parameter] | None = None
+) -> inspect.Signature:
+    """``inputs`` as a Python signature (their defaults and KFP types), after ``first``."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [
+        inspect.Parameter(i.name, kind, default=i.default, annotation=_TYPE[i.kind]) for i in inputs
+    ]
+    return inspect.Signature([*(first or []), *params])
+
+
+def named(func: Any, name: str, sig: inspect.Signature, doc: str) -> Any:
+    """``func`` under ``name``, with ``sig`` and ``doc``: what KFP reads of a function."""
+    func.__name__ = func.__qualname__ = name
+    func.__signature__ = sig
+    func.__annotations__ = {p.name: p.annotation for p in sig.parameters.values()}
+    if sig.return_annotation is not inspect.Signature.empty:
+        func.__annotations__["return"] = sig.return_annotation
+    func.__doc__ = doc
+    return func
+
+
+def signed(func: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
+    """``func`` as component ``spec``: its name, signature, annotations and docstring."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    first = [inspect.Parameter("run_id", kind, annotation=str)]
+    first += [inspect.Parameter(o, kind, annotation=_OUTPUTS[o][0]) for o in spec.outputs]
+    sig = signature(spec.inputs, first)
+    args = [("run_id", _RUN_ID), *((o, _OUTPUTS[o][1]) for o in spec.outputs)]
+    args += [(i.name, i.description) for i in spec.inputs]
+    returns = str if spec.returns else inspect.Signature.empty
+    doc = docstring(spec.summary, args, spec.returns)
+    return named(func, spec.name, sig.replace(return_annotation=returns), doc)
+
+
+def executable(name: str) -> Callable[..., Any]:
+    """Component ``name``'s function as its pod runs it: the arguments, as one dict, to its
+    body in ``mnnvl.components.bodies``."""
+    if name not in SPECS:
+        raise AttributeError(f"no KFP component {name!r}; the components are {sorted(SPECS)}")
+    spec = SPECS[name]
+
+    def run(**params: Any) -> Any:
+        from mnnvl.components import bodies
+
+        if spec.pipeline:
+            return bodies.provision_for_pipeline(spec.pipeline, params)
+        return getattr(bodies, spec.name)(params)
+
+    return signed(run, spec)
+
+
+def _step(
+    name: str, step: str, summary: str, outputs: tuple[str, ...] = (), returns: str = ""
+) -> Spec:
+    inputs = surface.grouped(surface.step_inputs(step, KFP))
+    return Spec(name, step, summary, inputs, outputs, returns)
+
+
+def first_task_name(pipeline: str) -> str:
+    """``mnnvl-verify-only`` -> ``provision_verify_only``."""
+    return "provision_" + pipeline.removeprefix("mnnvl-").replace("-", "_")
+
+
+_STEPS = [
+    _step(
+        "preflight_cluster",
+        "preflight",
+        "Check, read-only, that the cluster is ready for a run (CRD, DeviceClasses, cliques,\n"
+        "GPU stack and --gpu-mode, IMEX mode, Kueue queue, own permissions); the result and\n"
+        "CTRF report are written before a failing row fails the task.",
+        ("result", "ctrf"),
+    ),
+    _step(
+        "provision_domain",
+        "provision",
+        "Create (or adopt) the run's ComputeDomain and wait for its channel claim template.",
+        returns=_DOMAIN,
+    ),
+    _step(
+        "train_sharded",
+        "train",
+        "Run FSDP2 training as a multi-node Indexed Job inside the run's ComputeDomain.",
+        ("metrics", "report", "result"),
+    ),
+    _step(
+        "verify_nvlink",
+        "verify",
+        "Check NVLink/IMEX health and all-reduce bus bandwidth across the run's nodes; the\n"
+        "metrics and report are written before a FAIL verdict fails the task.",
+        ("metrics", "report", "result", "ctrf"),
+    ),
+    _step(
+        "launch_workload",
+        "launch",
+        "Run your image and command (or a Python module, once per GPU) on every node of the\n"
+        "run's ComputeDomain; numbers of its ``RESULT {json}`` line become metrics.",
+        ("metrics", "result"),
+    ),
+    _step(
+        "teardown_domain",
+        "teardown",
+        "Delete every object of the run (workload first, then the ComputeDomain); idempotent.",
+    ),
+]
+_FIRSTS = [
+    Spec(
+        first_task_name(name),
+        "provision",
+        f"First task of {name}: validate every pipeline parameter, then provision\n"
+        "the ComputeDomain, so bad input fails before any object exists.",
+        pipeline.grouped_parameters(),
+        returns=_DOMAIN,
+        pipeline=name,
+    )
+    for name, pipeline in surface.PIPELINES.items()
+]
+SPECS = {spec.name: spec for spec in [*_STEPS, *_FIRSTS]}
+
+
+def __getattr__(name: str) -> Any:
+    """Component ``name``'s function, as the launcher image's ``mnnvl`` builds it."""
+    import mnnvl.components.kfp_entry as entry  # not `from`: it would ask this for __path__
+
+    return entry.executable(name)
