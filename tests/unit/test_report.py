@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mnnvl import report
+from mnnvl import report, report_train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -96,8 +96,9 @@ def test_transport_and_nccl_version_lead_the_table_and_the_markdown(tmp_path: Pa
     assert first[0] == "verdict: PASS"
     assert first[3] == "transport: NCCL 2.28.9 over NVLink P2P"
     report.write_verify_report(verify_result(), str(tmp_path))
-    head = (tmp_path / "verify.md").read_text().splitlines()[:5]
-    assert head[4] == "- transport: NCCL 2.28.9 over NVLink P2P"
+    head = (tmp_path / "verify.md").read_text().splitlines()[:6]
+    assert head[2] == "**verdict: PASS; failed checks: none**"
+    assert head[5] == "- transport: NCCL 2.28.9 over NVLink P2P"
     gloo = {**verify_result("NOT_JUDGED"), "backend": "gloo", "nccl": None}
     assert "gloo on CPU (no NCCL, no NVLink)" in report.verify_table(gloo).splitlines()[3]
 
@@ -122,7 +123,7 @@ def test_train_report(tmp_path: Path) -> None:
         "checkpoint_final_wait_s": 12.4,
         "losses": [[0, 10.0], [10, 5.0], [20, 2.5]],
     }
-    files = report.write_train_report(result, str(tmp_path))
+    files = report_train.write_train_report(result, str(tmp_path))
     assert set(files) == {"json", "markdown", "png", "html"}
     assert Path(files["png"]).read_bytes().startswith(PNG_MAGIC)
     markdown = Path(files["markdown"]).read_text()
