@@ -10,6 +10,7 @@ reads "—". ``goodput`` is productive training time over the train step's wall 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -18,6 +19,12 @@ from mnnvl import report_doc as doc
 from mnnvl.report import draw_plot, num, write_file
 
 MISSING = "—"
+# Figure -> (file, description): one value per file, for Argo output parameters.
+TRAIN_FIGURES = {
+    "goodput": ("goodput.txt", "productive training time / the train step's wall time"),
+    "restarts": ("restarts.txt", "gang restarts of the train step"),
+    "faults": ("faults.json", "each restart: what failed, when, what it cost (JSON list)"),
+}
 # Record key -> column title; the first columns name the fault, the last four its cost.
 FAULT_COLUMNS = {
     "n": "#",
@@ -183,8 +190,9 @@ def train_markdown(result: dict[str, Any]) -> str:
 
 
 def write_train_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
-    """Write train.json, train.md, loss.png and train.html; return their paths. ``result``:
-    the worker's RESULT, with the launcher's ``faults`` and ``goodput`` when it has them."""
+    """Write train.json, train.md, loss.png and train.html, and the figures one per file
+    (``TRAIN_FIGURES``); return the reports' paths. ``result``: the worker's RESULT, with the
+    launcher's ``faults`` and ``goodput`` when it has them."""
     os.makedirs(out_dir, exist_ok=True)
     files = {"json": write_file(out_dir, "train.json", result)}
     losses = result.get("losses") or []
@@ -197,6 +205,12 @@ def write_train_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
         ylabel="loss",
     ):
         files["png"] = png
+    faults = result.get("faults") or []
+    figures = {"goodput": result.get("goodput"), "restarts": len(faults), "faults": faults}
+    for key, (name, _) in TRAIN_FIGURES.items():
+        value = figures[key]
+        text = json.dumps(value) if key == "faults" else "" if value is None else str(value)
+        write_file(out_dir, name, text + "\n")  # Argo trims the newline off a parameter
     blocks = train_blocks(result, files.get("png"))
     files["markdown"] = write_file(out_dir, "train.md", doc.markdown(blocks))
     files["html"] = write_file(out_dir, "train.html", doc.page("Training run", blocks))

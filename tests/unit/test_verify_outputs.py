@@ -96,3 +96,28 @@ def test_argo_verify_template_exports_reports_and_key_figures_the_report_writes(
     assert float(argo_reads("judged-busbw-gbps")) == 339.1
     jsonschema.validate(json.loads(local["ctrf"].read_text()), SCHEMA)
     assert "<html" in local["report"].read_text().lower()
+
+
+def test_argo_train_template_lists_each_restart_and_the_goodput_from_the_report(
+    tmp_path: Path,
+) -> None:
+    from mnnvl.report_train import write_train_report
+
+    doc = yaml.safe_load((COMPILED / "mnnvl-training.workflowtemplate.yaml").read_text())
+    template = next(t for t in doc["spec"]["templates"] if t["name"] == "train")
+    args = template["container"]["args"]
+    report_dir = args[args.index("--report-dir") + 1]
+    outputs = template["outputs"]
+    paths = {p["name"]: p["valueFrom"]["path"] for p in outputs["parameters"]}
+    paths |= {a["name"]: a["path"] for a in outputs["artifacts"]}
+    assert {"goodput", "restarts", "faults", "report"} <= set(paths)
+    fault = {"pod": "job-1-x", "exit_code": 137, "steps_lost": 3, "recovery_s": 9.5}
+    result = {"steps": 40, "losses": [], "faults": [fault], "goodput": 0.61}
+    write_train_report(result, str(tmp_path))
+    local = {
+        n: tmp_path / Path(p).relative_to(report_dir) for n, p in paths.items() if n != "result"
+    }
+    # Argo trims one trailing newline off a parameter read from a file (SaveParameters).
+    read = {n: local[n].read_text().removesuffix("\n") for n in ("goodput", "restarts", "faults")}
+    assert read == {"goodput": "0.61", "restarts": "1", "faults": json.dumps([fault])}
+    assert "<table>" in local["report"].read_text()
