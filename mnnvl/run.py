@@ -140,7 +140,8 @@ def _teardown_after(
 
 def _log_summary(out: dict[str, Any]) -> None:
     """The run in a few lines: each task's outcome, each restart with its cost, where the
-    reports are. The verdict tables and progress came with each step."""
+    reports are. The verdict tables, the progress and the teardown's count came with each
+    step."""
     logger.info("run %s summary:", out["run_id"])
     for key in ("verify_pre", "train", "verify_post"):
         task = out.get(key)
@@ -157,7 +158,5 @@ def _log_summary(out: dict[str, Any]) -> None:
         logger.info("  %-12s %s", key.replace("_", "-"), text)
         for n, fault in enumerate(task.get("faults") or [], 1):
             logger.info("  %-12s %s", "", fault_line(fault, n))
-    teardown = out.get("teardown") or {}
-    logger.info("  %-12s deleted %d objects", "teardown", len(teardown.get("deleted", [])))
     if "report_dir" in out:
         logger.info("  %-12s %s/<task>", "reports", out["report_dir"])

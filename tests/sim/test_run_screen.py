@@ -25,7 +25,10 @@ def test_a_two_node_run_fits_one_screen_with_a_progress_line_and_its_eta(tmp_pat
     )
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
-    assert len(lines) <= SCREEN_LINES, done.stderr
+    # The 15 s progress lines come with time, not with the run: a loaded machine adds one per
+    # 15 s a step waits. The budget leaves room for a minute of them.
+    waits = [ln for ln in lines if re.search(r"^\S+ INFO  waiting \d+ s: ", ln)]
+    assert len(lines) - len(waits) <= SCREEN_LINES - 4, done.stderr
     progress = [ln for ln in lines if re.search(r"train: step \d+/20, .*tokens/s, ETA \d+", ln)]
     assert len(progress) == 1, done.stderr
     assert any(re.search(r"verify: \d+ of \d+ sizes done", ln) for ln in lines), done.stderr
