@@ -121,3 +121,41 @@ def test_argo_train_template_lists_each_restart_and_the_goodput_from_the_report(
     read = {n: local[n].read_text().removesuffix("\n") for n in ("goodput", "restarts", "faults")}
     assert read == {"goodput": "0.61", "restarts": "1", "faults": json.dumps([fault])}
     assert "<table>" in local["report"].read_text()
+
+
+def test_kfp_train_logs_restarts_and_goodput_and_its_report_lists_each_restart(
+    tmp_path: Path,
+) -> None:
+    from mnnvl.steps import TrainResult
+
+    fault = {"pod": "job-1-x", "exit_code": 137, "steps_lost": 3, "recovery_s": 9.5}
+    raw = {"kind": "train", "steps": 40, "final_loss": 4.9, "tokens_per_s": 2000.0, "losses": []}
+    outcome = TrainResult(
+        job="run-train",
+        final_loss=4.9,
+        tokens_per_s=2000.0,
+        mfu=None,
+        steps=40,
+        start_step=10,
+        checkpoint="",
+        peak_mem_gib=None,
+        report_files={},
+        raw=raw,
+        elapsed_s=30.0,
+        restarts=1,
+        steps_lost=3,
+        recovery_s=9.5,
+        faults=[fault],
+        goodput=0.61,
+    )
+    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "html", "result")}
+    artifacts.publish_train("run", outcome, out["metrics"], out["html"], out["result"])
+    logged = out["metrics"].metrics
+    assert {k: logged.get(k) for k in ("restarts", "steps_redone", "goodput")} == {
+        "restarts": 1.0,
+        "steps_redone": 3.0,
+        "goodput": 0.61,
+    }
+    page = Path(out["html"].path).read_text()
+    assert "<td>job-1-x</td><td>—</td><td>—</td><td>137</td>" in page and "goodput 61%" in page
+    assert json.loads(Path(out["result"].path).read_text())["faults"] == [fault]
