@@ -117,6 +117,8 @@ def goodput(raw: dict[str, Any], wall_s: float) -> float | None:
 
 
 def goodput_line(result: dict[str, Any]) -> str:
+    """The goodput, the restarts and the steps redone, from a result's ``goodput`` and
+    ``faults``."""
     value = result.get("goodput")
     faults = result.get("faults") or []
     restarts = f"{len(faults)} restart{'' if len(faults) == 1 else 's'}"

@@ -151,7 +151,7 @@ def _log_summary(out: dict[str, Any]) -> None:
             text = (
                 f"{num(task['steps'])} steps, loss {num(task['final_loss'], 4)}, "
                 f"{num(task['tokens_per_s'], 0)} tokens/s; "
-                f"{goodput_line(task['raw'] | {k: task[k] for k in ('faults', 'goodput')})}"
+                f"{goodput_line(task)}"
             )
         else:
             text = f"{task['verdict']}, {verdict_numbers(task['raw'] or task)}"

@@ -36,7 +36,7 @@ class ProgressLine:
             if not eta:
                 return None  # the first step's line: its rate includes compiling
             self.text += f", ETA {eta}"
-        elif sweep:
+        elif sweep and sweep.group(4) != "0":
             size, label, done, total = sweep.groups()
             self.text = f"verify: {done} of {total} sizes done ({human_bytes(int(size))}, {label})"
         else:
