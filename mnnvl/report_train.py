@@ -124,7 +124,7 @@ def goodput_line(result: dict[str, Any]) -> str:
     restarts = f"{len(faults)} restart{'' if len(faults) == 1 else 's'}"
     redone = sum(f.get("steps_lost") or 0 for f in faults)
     share = MISSING if value is None else f"{value:.0%}"
-    return f"goodput {share} of the train step's wall time; {restarts}, {redone} steps redone"
+    return f"goodput {share} of the train step's wall time; {restarts}, steps redone: {redone}"
 
 
 _METRICS = (

@@ -47,7 +47,7 @@ def test_a_killed_worker_shows_in_the_summary_and_the_train_report_with_its_cost
     assert restart.group(1).startswith(RunNames.for_run(run_id).job("train") + "-1-")
     assert re.search(r"first resumed step after \d+\.\d s; steps redone: \d+", restart.group(0))
     assert re.search(
-        r"goodput \d+% of the train step's wall time; 1 restart, \d+ steps redone", summary
+        r"goodput \d+% of the train step's wall time; 1 restart, steps redone: \d+", summary
     )
 
     # The train report: Markdown and a real HTML table, the same row in both.

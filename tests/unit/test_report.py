@@ -254,7 +254,7 @@ def test_a_restart_shows_every_key_it_has_and_a_dash_for_the_rest(tmp_path: Path
     )
     result = {"steps": 10, "faults": [today, FULL_FAULT], "goodput": 0.42, "losses": []}
     md = Path(report_train.write_train_report(result, str(tmp_path))["markdown"]).read_text()
-    assert "goodput 42% of the train step's wall time; 2 restarts, 10 steps redone" in md
+    assert "goodput 42% of the train step's wall time; 2 restarts, steps redone: 10" in md
     assert "| 1 | — | — | job-1-abcde | — | — | — | 137 | — | — | — |" in md
     assert "| 1 | 2025-12-03 13:53:20 | killed | job-1-abcde | node-3 | 1 | 2 | 137 |" in md
 
