@@ -36,7 +36,7 @@ from mnnvl.inputs.surface import Input
 
 RUN_ID = "{{workflow.uid}}"
 RESULT_PATH = "/tmp/result.json"
-REPORT_DIR = "/tmp/report"  # verify: report files, the CTRF report and the key figures
+REPORT_DIR = "/tmp/report"  # verify, train, preflight: report files and key figures
 RETRY_LIMIT = str(surface.STEP_RETRIES)  # Argo's schema types IntOrString as string
 LAUNCHER_IMAGE_INPUT = "launcher-image"
 DEADLINE_INPUT = "deadline-s"
@@ -140,7 +140,7 @@ def step_template(step: str, *, check: bool = False) -> Container:
             ),
         ]
     args += ["--result-path", RESULT_PATH]
-    if step in ("verify", "preflight"):
+    if step in ("verify", "preflight", "train"):
         args += ["--report-dir", REPORT_DIR]
     parameters.append(
         Parameter(
@@ -184,30 +184,35 @@ def step_template(step: str, *, check: bool = False) -> Container:
 
 def _report_outputs(step: str) -> list[Parameter | Artifact]:
     """verify: the verdict's key figures as parameters, the HTML and CTRF reports as
-    artifacts; preflight: the checks as a CTRF report.
+    artifacts; train: goodput, restarts and each restart's cost (``faults``, JSON) as
+    parameters, the HTML report as an artifact; preflight: the checks as a CTRF report.
 
     Argo saves outputs of a failed step too, so a FAIL verdict or a failing row still
     publishes them; a Job that ended without a verdict leaves the defaults (``""``) and no
     artifacts (optional).
     """
     from mnnvl.report import CTRF_FILE, KEY_FIGURES
+    from mnnvl.report_train import TRAIN_FIGURES
 
     plain = m.ArchiveStrategy(none=m.NoneStrategy())  # served as is (the UI shows the HTML)
     if step == "preflight":
         path = f"{REPORT_DIR}/preflight.ctrf.json"
         return [Artifact(name="ctrf", path=path, optional=True, archive=plain)]
-    if step != "verify":
+    if step not in ("verify", "train"):
         return []
-    figures = [
+    figures = TRAIN_FIGURES if step == "train" else KEY_FIGURES
+    outputs: list[Parameter | Artifact] = [
         Parameter(
             name=name.replace("_", "-"),
             value_from=m.ValueFrom(path=f"{REPORT_DIR}/{file}", default=""),
             description=description,
         )
-        for name, (file, description) in KEY_FIGURES.items()
+        for name, (file, description) in figures.items()
     ]
-    return [
-        *figures,
-        Artifact(name="report", path=f"{REPORT_DIR}/verify.html", optional=True, archive=plain),
-        Artifact(name="ctrf", path=f"{REPORT_DIR}/{CTRF_FILE}", optional=True, archive=plain),
-    ]
+    outputs.append(
+        Artifact(name="report", path=f"{REPORT_DIR}/{step}.html", optional=True, archive=plain)
+    )
+    if step == "verify":
+        ctrf = Artifact(name="ctrf", path=f"{REPORT_DIR}/{CTRF_FILE}", optional=True, archive=plain)
+        outputs.append(ctrf)
+    return outputs

@@ -64,8 +64,9 @@ def publish_train(
     html: PathArtifact,
     result_artifact: PathArtifact,
 ) -> None:
-    """Log training metrics, write the training report (loss curve) and the raw result."""
-    from mnnvl import report
+    """Log training metrics (each restart's cost summed, goodput), write the training report
+    (loss curve, each restart) and the raw result."""
+    from mnnvl import report_train
 
     raw = dict(result.raw or {})
     mesh = raw.get("mesh") or {}
@@ -84,10 +85,13 @@ def publish_train(
             "peak_mem_gib": result.peak_mem_gib,
             "world_size": raw.get("world_size"),
             "wall_s": raw.get("wall_s"),
+            "restarts": result.restarts,
+            "steps_redone": result.steps_lost,
+            "goodput": result.goodput,
         },
     )
     with tempfile.TemporaryDirectory(prefix="mnnvl-train-report-") as tmp:
-        _copy(report.write_train_report(raw, tmp)["html"], html)
+        _copy(report_train.write_train_report(result.for_report(), tmp)["html"], html)
     write_result(result_artifact, run_id, "train", result.to_dict())
     log.info(
         "train: loss %s, %s tokens/s, MFU %s", result.final_loss, result.tokens_per_s, result.mfu

@@ -6,8 +6,6 @@ works without a display). Without matplotlib the PNG is skipped and the HTML has
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import logging
 import os
@@ -15,7 +13,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from mnnvl.contract.result import FAIL, NOT_JUDGED, ONE_RANK
+from mnnvl import report_doc as doc
+from mnnvl.contract.result import FAIL, NOT_JUDGED, ONE_RANK, PASS
 from mnnvl.units import human_bytes
 
 logger = logging.getLogger(__name__)
@@ -191,46 +190,77 @@ def verify_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
+def _fabric(fabric: Any) -> str:
+    if not fabric:
+        return "fabric: not reported (no NVLink fabric seen)"
+    if isinstance(fabric, dict):
+        return "fabric: " + ", ".join(f"{k} {v}" for k, v in fabric.items())
+    return f"fabric: {fabric}"
+
+
+def check_rows(result: dict[str, Any]) -> list[list[str]]:
+    """(check, status, what it said) for each check of the verdict."""
+    return [
+        [c["name"], c["status"], "; ".join(c.get("messages") or [])]
+        for c in result.get("checks") or []
+    ]
+
+
+def verdict_lines(result: dict[str, Any]) -> list[str]:
+    """The verdict as a short table for logs: each judged check with its status, the ones
+    not judged on one line."""
+    rows = [r for r in check_rows(result) if r[1] != NOT_JUDGED]
+    width = max((len(r[0]) for r in rows), default=0)
+    lines = [f"{name.ljust(width)}  {status}  {said}".rstrip() for name, status, said in rows]
+    skipped = [r[0] for r in check_rows(result) if r[1] == NOT_JUDGED]
+    return lines + ([f"not judged: {', '.join(skipped)}"] if skipped else [])
+
+
+def verify_blocks(result: dict[str, Any], png: str | None = None) -> list[doc.Block]:
+    """The verification report: the verdict first, then the figures, the plot, the tables."""
+    topo = result.get("topology") or {}
+    head = headline(result)
+    return [
+        doc.Heading(f"NVLink verification: {result.get('verdict')}"),
+        doc.Verdict(f"{head[0]}; {head[1]}", good=result.get("verdict") == PASS),
+        doc.Items(
+            [
+                head[2],
+                nccl_line(result),
+                f"world size {result.get('world_size')}, backend {result.get('backend')}, "
+                f"wall {_fmt(result.get('wall_s'))} s",
+                _threshold_line(result),
+                f"judged busbw {gbps(result.get('judged_busbw_gbps'))} GB/s, "
+                f"peak {gbps(result.get('peak_busbw_gbps'))} GB/s",
+                f"NVLink: {topo.get('active_links', 0)} active links x "
+                f"{_fmt(topo.get('link_speed_gbps'), 3)} GB/s "
+                f"(NVLink {_fmt(topo.get('nvlink_version'))}), "
+                f"link limit {_fmt(topo.get('link_limit_gbps'))} GB/s",
+                _fabric(topo.get("fabric")),
+                *worst_lines(result),
+            ],
+            strong=1,
+        ),
+        doc.Plot(png, "all-reduce bus bandwidth by message size"),
+        doc.Heading("Checks", 2),
+        doc.Table(["check", "status", "said"], check_rows(result)),
+        doc.Heading("Bus bandwidth by message size", 2),
+        doc.Table(_SIZE_HEADER, _size_rows(result)),
+        *(
+            block
+            for title, part in clique_parts(result)
+            for block in (doc.Heading(title, 2), doc.Table(_SIZE_HEADER, _size_rows(part)))
+        ),
+        doc.Heading("Reasons", 2),
+        doc.Items(result.get("reasons") or ["none"]),
+    ]
 
 
 def verify_markdown(result: dict[str, Any]) -> str:
-    topo = result.get("topology") or {}
-    lines = [
-        f"# NVLink verification: {result.get('verdict')}",
-        "",
-        *(f"- **{line}**" for line in headline(result)[1:3]),
-        f"- {nccl_line(result)}",
-        f"- world size {result.get('world_size')}, backend {result.get('backend')}, "
-        f"wall {_fmt(result.get('wall_s'))} s",
-        f"- {_threshold_line(result)}",
-        f"- judged busbw {gbps(result.get('judged_busbw_gbps'))} GB/s, "
-        f"peak {gbps(result.get('peak_busbw_gbps'))} GB/s",
-        f"- NVLink: {topo.get('active_links', 0)} active links x "
-        f"{_fmt(topo.get('link_speed_gbps'), 3)} GB/s (NVLink {_fmt(topo.get('nvlink_version'))}), "
-        f"link limit {_fmt(topo.get('link_limit_gbps'))} GB/s",
-        f"- fabric: {json.dumps(topo.get('fabric'))}",
-        *(f"- {line}" for line in worst_lines(result)),
-        "",
-        _md_table(_SIZE_HEADER, _size_rows(result)),
-        "",
-        *(
-            line
-            for title, part in clique_parts(result)
-            for line in (f"## {title}", "", _md_table(_SIZE_HEADER, _size_rows(part)), "")
-        ),
-        "## Reasons",
-        "",
-        *([f"- {r}" for r in result.get("reasons", [])] or ["- none"]),
-        "",
-    ]
-    return "\n".join(lines)
+    return doc.markdown(verify_blocks(result))
 
 
-def _plot(
+def draw_plot(
     path: str,
     title: str,
     series: Sequence[tuple[str, list[float], list[float]]],
@@ -290,24 +320,11 @@ def preload_plotting() -> None:
     threading.Thread(target=_pyplot, name="mnnvl-preload-plotting", daemon=True).start()
 
 
-def _html(title: str, body_md: str, png: str | None) -> str:
-    img = ""
-    if png:
-        with open(png, "rb") as f:
-            data = base64.b64encode(f.read()).decode("ascii")
-        img = f'<img alt="plot" src="data:image/png;base64,{data}">'
-    return (
-        f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f"</head><body><h1>{html.escape(title)}</h1>{img}<pre>{html.escape(body_md)}</pre>"
-        "</body></html>\n"
-    )
-
-
-def _write(out_dir: str, name: str, content: Any) -> str:
+def write_file(out_dir: str, name: str, content: Any) -> str:
     """Write ``content`` (text, else JSON) to ``out_dir/name``; return the path."""
     path = os.path.join(out_dir, name)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(content if isinstance(content, str) else json.dumps(content, indent=2))
+        f.write(content if isinstance(content, str) else json.dumps(content, indent=2) + "\n")
     return path
 
 
@@ -341,8 +358,8 @@ def write_preflight_report(
     os.makedirs(out_dir, exist_ok=True)
     report = ctrf.preflight_report(rows, start_s, wall_s)
     return {
-        "json": _write(out_dir, "preflight.json", rows),
-        "ctrf": _write(out_dir, "preflight.ctrf.json", report),
+        "json": write_file(out_dir, "preflight.json", rows),
+        "ctrf": write_file(out_dir, "preflight.ctrf.json", report),
     }
 
 
@@ -352,17 +369,16 @@ def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     from mnnvl import ctrf
 
     os.makedirs(out_dir, exist_ok=True)
-    markdown = verify_markdown(result)
-    files = {"json": _write(out_dir, "verify.json", result)}
-    files["markdown"] = _write(out_dir, "verify.md", markdown)
-    files["ctrf"] = _write(out_dir, CTRF_FILE, ctrf.verify_report(result))
+    files = {"json": write_file(out_dir, "verify.json", result)}
+    files["ctrf"] = write_file(out_dir, CTRF_FILE, ctrf.verify_report(result))
     for key, (name, _) in KEY_FIGURES.items():
-        _write(out_dir, name, "" if result.get(key) is None else str(result[key]))
+        # One line each (Argo trims the newline off an output parameter read from a file).
+        write_file(out_dir, name, ("" if result.get(key) is None else str(result[key])) + "\n")
     png = os.path.join(out_dir, "busbw.png")
     series, note = busbw_plot(result)
     swept = [r["bytes"] for r in result.get("sizes", [])]
     ranks = result.get("world_size")
-    if _plot(
+    if draw_plot(
         png,
         f"all_reduce busbw ({ranks} rank{'' if ranks == 1 else 's'}): {result.get('verdict')}",
         series,
@@ -374,61 +390,8 @@ def write_verify_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
         xlim=(min(swept), max(swept)) if swept else None,
     ):
         files["png"] = png
+    blocks = verify_blocks(result, files.get("png"))
+    files["markdown"] = write_file(out_dir, "verify.md", doc.markdown(blocks))
     title = f"NVLink verification: {result.get('verdict')}"
-    files["html"] = _write(out_dir, "verify.html", _html(title, markdown, files.get("png")))
-    return files
-
-
-def train_markdown(result: dict[str, Any]) -> str:
-    keys = (
-        "model",
-        "steps",
-        "start_step",
-        "final_loss",
-        "tokens_per_s",
-        "tokens_per_s_per_gpu",
-        "mfu",
-        "peak_mem_gib",
-        "world_size",
-        "params",
-        "device",
-        "wall_s",
-        "checkpoint",
-    )
-    rows = [[k, _fmt(result.get(k), 4)] for k in keys if k in result]
-    if "compile" in result:
-        rows.append(["compile", f"{result['compile']} (--compile {result.get('compile_input')})"])
-    stall = result.get("checkpoint_stall_s")
-    if stall:
-        rows.append(
-            [
-                "checkpoint_stall_s",
-                f"last {stall['last']:.3f}, max {stall['max']:.3f} ({stall['saves']} saves); "
-                f"the last write waited for {_fmt(result.get('checkpoint_final_wait_s'), 3)} s",
-            ]
-        )
-    mesh = result.get("mesh")
-    if mesh:
-        shape = " x ".join(f"{n} {d}" for n, d in zip(mesh["shape"], mesh["dims"], strict=True))
-        rows.append(["mesh", f"{mesh['sharding']}: {shape}"])
-    return "\n".join(["# Training run", "", _md_table(["metric", "value"], rows), ""])
-
-
-def write_train_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
-    """Write train.json, train.md, loss.png and train.html; return their paths."""
-    os.makedirs(out_dir, exist_ok=True)
-    markdown = train_markdown(result)
-    files = {"json": _write(out_dir, "train.json", result)}
-    files["markdown"] = _write(out_dir, "train.md", markdown)
-    losses = result.get("losses") or []
-    png = os.path.join(out_dir, "loss.png")
-    if losses and _plot(
-        png,
-        f"training loss ({result.get('model', '')})",
-        [("loss", [float(p[0]) for p in losses], [float(p[1]) for p in losses])],
-        xlabel="step",
-        ylabel="loss",
-    ):
-        files["png"] = png
-    files["html"] = _write(out_dir, "train.html", _html("Training run", markdown, files.get("png")))
+    files["html"] = write_file(out_dir, "verify.html", doc.page(title, blocks))
     return files

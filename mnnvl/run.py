@@ -21,6 +21,7 @@ from mnnvl.errors import Interrupted, MnnvlError, NoCluster, SpecError, Teardown
 from mnnvl.inputs import surface
 from mnnvl.manifests import compute_domain, render_run
 from mnnvl.report import num, verdict_numbers
+from mnnvl.report_train import fault_line, goodput_line
 
 logger = logging.getLogger(__name__)
 
@@ -138,30 +139,24 @@ def _teardown_after(
 
 
 def _log_summary(out: dict[str, Any]) -> None:
-    train = out.get("train") or {}
+    """The run in a few lines: each task's outcome, each restart with its cost, where the
+    reports are. The verdict tables, the progress and the teardown's count came with each
+    step."""
     logger.info("run %s summary:", out["run_id"])
-    for key in ("verify_pre", "verify_post"):
-        if key in out:
-            v = out[key]
-            logger.info("  %-12s %s, %s", key, v["verdict"], verdict_numbers(v["raw"] or v))
-    if train:
-        logger.info(
-            "  %-12s loss %s, %s tokens/s, %s steps",
-            "train",
-            num(train["final_loss"], 4),
-            num(train["tokens_per_s"], 0),
-            num(train["steps"]),
-        )
-    logger.info(
-        "  %-12s deleted %d objects",
-        "teardown",
-        len((out.get("teardown") or {}).get("deleted", [])),
-    )
+    for key in ("verify_pre", "train", "verify_post"):
+        task = out.get(key)
+        if not task:
+            continue
+        if key == "train":
+            text = (
+                f"{num(task['steps'])} steps, loss {num(task['final_loss'], 4)}, "
+                f"{num(task['tokens_per_s'], 0)} tokens/s; "
+                f"{goodput_line(task)}"
+            )
+        else:
+            text = f"{task['verdict']}, {verdict_numbers(task['raw'] or task)}"
+        logger.info("  %-12s %s", key.replace("_", "-"), text)
+        for n, fault in enumerate(task.get("faults") or [], 1):
+            logger.info("  %-12s %s", "", fault_line(fault, n))
     if "report_dir" in out:
         logger.info("  %-12s %s/<task>", "reports", out["report_dir"])
-    last_verify = out.get("verify_post") or out.get("verify_pre")
-    if last_verify:
-        from mnnvl.report import verify_table
-
-        for line in verify_table(last_verify["raw"]).splitlines():
-            logger.info("  %s", line)

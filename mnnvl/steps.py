@@ -55,11 +55,12 @@ from mnnvl.report import (
     nccl_line,
     num,
     preload_plotting,
+    verdict_lines,
     verdict_numbers,
     write_preflight_report,
-    write_train_report,
     write_verify_report,
 )
+from mnnvl.report_train import fault_line, goodput, goodput_line, write_train_report
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,16 @@ class TrainResult(Result):
     steps_lost: int = 0  # steps rank 0 had logged past the checkpoints resumed from
     recovery_s: float | None = None  # failure to resumed training, the last restart
     adopted: str = ""  # as LaunchResult.adopted
+    # Each gang restart: what failed and what it cost (keys: mnnvl.report_train)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    # Productive training time / this step's wall time (report_train.goodput); None when
+    # the step adopted a Job (its wall time is not this step's) or the result lacks figures
+    goodput: float | None = None
+
+    def for_report(self) -> dict[str, Any]:
+        """The worker's RESULT with the launcher's ``faults`` and ``goodput``: what the
+        training report shows."""
+        return {**self.raw, "faults": self.faults, "goodput": self.goodput}
 
 
 @dataclass(frozen=True)
@@ -288,28 +299,39 @@ def train(
         step_workload(workload, "train"), TRAIN_MODULE, to_args(config), kubeconfig=kubeconfig
     )
     raw = _require_result(launched, "train")
-    files = write_train_report(raw, report_dir) if report_dir else {}
     if raw.get("start_step"):
         logger.info("train: resumed from step %s (%s)", raw["start_step"], raw.get("resumed_from"))
-    logger.info(
-        "train: final loss %s, %s tokens/s, MFU %s",
-        num(raw.get("final_loss"), 4),
-        num(raw.get("tokens_per_s"), 0),
-        num(raw.get("mfu"), 3),
-    )
-    return TrainResult(
+    faults = [dict(r) for r in launched.restarts]
+    elapsed = _since(start)
+    result = TrainResult(
         job=launched.job,
         **{k: raw.get(k) for k in ("final_loss", "tokens_per_s", "mfu", "steps", "peak_mem_gib")},
         start_step=int(raw.get("start_step") or 0),
         checkpoint=str(raw.get("checkpoint") or ""),
-        report_files=files,
+        report_files={},
         raw=raw,
-        elapsed_s=_since(start),
-        restarts=len(launched.restarts),
-        steps_lost=sum(r["steps_lost"] or 0 for r in launched.restarts),
-        recovery_s=launched.restarts[-1]["recovery_s"] if launched.restarts else None,
+        elapsed_s=elapsed,
+        restarts=len(faults),
+        steps_lost=sum(f.get("steps_lost") or 0 for f in faults),
+        recovery_s=faults[-1].get("recovery_s") if faults else None,
         adopted=launched.adopted,
+        faults=faults,
+        goodput=None if launched.adopted else goodput(raw, elapsed),
     )
+    if report_dir:
+        result = dataclasses.replace(
+            result, report_files=write_train_report(result.for_report(), report_dir)
+        )
+    logger.info(
+        "train: final loss %s, %s tokens/s, MFU %s; %s",
+        num(raw.get("final_loss"), 4),
+        num(raw.get("tokens_per_s"), 0),
+        num(raw.get("mfu"), 3),
+        goodput_line(result.for_report()),
+    )
+    for n, fault in enumerate(faults, 1):
+        logger.info("train: %s", fault_line(fault, n))
+    return result
 
 
 def verify(
@@ -367,6 +389,8 @@ def verify(
     logger.info(
         "verify %s: %s (%s; %s)", launched.job, result.verdict, verdict_numbers(raw), nccl_line(raw)
     )
+    for line in verdict_lines(raw):
+        logger.info("  %s", line)
     if fail_on_fail and not verdict_accepted(result.verdict, config.allow_unjudged):
         raise VerificationFailed(
             f"verification {result.verdict} (Job {launched.job}): {verdict_numbers(raw)}, "

@@ -427,13 +427,25 @@ RESULT_ON_STDERR = frozenset({"render", "logs"})
 
 
 def _emit(payload: dict[str, Any], result_path: str | None) -> None:
-    line = json.dumps(payload, default=str)
+    """The result line: whole in ``--result-path``; on stdout a step's worker RESULT (``raw``,
+    ``sizes``) is left out where its report files hold it (``report_files`` names them)."""
     if result_path:
         with open(result_path, "w", encoding="utf-8") as f:
-            f.write(line + "\n")
+            f.write(json.dumps(payload, default=str) + "\n")
     stream = sys.stderr if payload.get("command") in RESULT_ON_STDERR else sys.stdout
-    stream.write(line + "\n")
+    stream.write(json.dumps(_pointing_at_reports(payload), default=str) + "\n")
     stream.flush()
+
+
+def _pointing_at_reports(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    reported = bool(value.get("report_files"))
+    return {
+        k: _pointing_at_reports(v)
+        for k, v in value.items()
+        if not (reported and k in ("raw", "sizes"))
+    }
 
 
 def _failed(

@@ -95,7 +95,11 @@ def status_lines(found: dict[str, Any], names: RunNames) -> list[str]:
         lines = [f"ComputeDomain {names.domain}: status {state}{deleting}; nodes: {nodes}"]
     present = "present" if found["channel_template"] else "absent"
     lines.append(f"channel template {names.channel_template}: {present}")
-    lines += [f"Job {job['name']}: {job}" for job in found["jobs"]]
+    lines += [
+        f"Job {job['name']}: {job['active']} active, {job['succeeded']} succeeded, "
+        f"{job['failed']} failed; {', '.join(job['conditions']) or 'no condition yet'}"
+        for job in found["jobs"]
+    ]
     lines += [
         f"Pod {pod['name']}: {pod['reason'] or pod['phase']} on {pod['node'] or 'no node'}"
         for pod in found["pods"]

@@ -395,7 +395,10 @@ class JobWatch:
         running = running_indexes(pods)
         if running != self.running_logged:  # once per change, not per event
             self.running_logged = running
-            logger.info("pods %d/%d Running", running, workload.nodes)
+            # None and all are the state changes; counts between under -v (the 15 s
+            # progress line says which pods wait and why).
+            level = logging.INFO if running in (0, workload.nodes) else logging.DEBUG
+            logger.log(level, "pods %d/%d Running", running, workload.nodes)
         if running >= workload.nodes:
             self.job_deadline = Deadline(workload.job_timeout_s)
             if self.follow:
@@ -489,7 +492,7 @@ class JobWatch:
             if self.gang.restarts:
                 line += f"; restarts {len(self.gang.restarts)}"
             if self.follower is not None:
-                line += f"; {self.follower.progress.describe()}"
+                line += f"; {self.follower.describe()}"
             return line
         pods = self._current(view["pods"])
         refused = "; ".join(f"Job {job}: {text}" for job, text in self.refusals.items())

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 import threading
 import time
 from typing import Any
@@ -25,6 +24,7 @@ from mnnvl.driver.ownership import (
     failed_reason,
     owned_by_run,
 )
+from mnnvl.driver.progress_line import ProgressLine
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.errors import MnnvlError, NotAdoptable, WorkloadFailed
 from mnnvl.inputs.defaults import PURPOSES
@@ -76,7 +76,8 @@ def create_workload(
         meta = body["metadata"]
         what = f"{kind.kind} {meta['namespace']}/{meta['name']}"
         if not adopted:
-            logger.info("created %s", what)
+            # The Job is what a person follows; its Service and GPU template only under -v.
+            logger.log(logging.INFO if kind is JOB else logging.DEBUG, "created %s", what)
         elif kind is JOB:
             raise_recorded_failure(found)
             state = job_state(found)
@@ -260,12 +261,14 @@ LOG_DRAIN_S = 10.0  # how long the rank-0 log stream may take to finish after th
 
 
 class LogFollower:
-    """Follows one pod's log in a thread, echoing lines to stderr with a prefix and keeping them."""
+    """Follows one pod's log in a thread, keeping its lines: each is logged at DEBUG with the
+    pod as prefix, its progress as one line at INFO (:class:`ProgressLine`)."""
 
     def __init__(self, api: Api, namespace: str, pod: str) -> None:
         self.api, self.namespace, self.pod = api, namespace, pod
         self.lines: list[str] = []
-        self.progress = Rank0Progress()  # the steps the pod logged, for progress lines
+        self.progress = Rank0Progress()  # the steps the pod logged, for restarts' records
+        self.shown = ProgressLine()
         self._thread = threading.Thread(target=self._run, name=f"log-{pod}", daemon=True)
         self._thread.start()
 
@@ -274,10 +277,17 @@ class LogFollower:
             for line in self.api.follow_log(self.namespace, self.pod):
                 self.lines.append(line)
                 self.progress.line(line)
-                print(f"[{self.pod}] {line}", file=sys.stderr, flush=True)
+                logger.debug("[%s] %s", self.pod, line)
+                first = self.shown.line(line)
+                if first:
+                    logger.info("%s", first)
         except MnnvlError as e:
             # The stream is a convenience; the launcher re-reads the log when it needs it.
             logger.debug("log stream of %s ended: %s", self.pod, e)
+
+    def describe(self) -> str:
+        """Rank 0's progress for the wait's progress line."""
+        return self.shown.text or self.progress.describe()
 
     def drained(self) -> str:
         """The log followed, once the stream ended within ``LOG_DRAIN_S`` (else "")."""

@@ -72,11 +72,12 @@ class SweepProgress:
     looks stalled; rank 0 logs ``SWEEP_DONE`` per size to ``log`` (the driver's progress lines
     show it); ``doing`` names the size in progress for a timed-out collective's message."""
 
-    SWEEP_DONE = "sweep size %d bytes done (%s)"
+    SWEEP_DONE = "sweep size %d bytes done (%s), %d of %d sizes"
 
     def __init__(self, stall_timeout_s: float, rank: int, log: logging.Logger) -> None:
         self.stall_timeout_s, self.rank, self.log = stall_timeout_s, rank, log
         self.label = "the sweep across all ranks"  # the per-clique run names each sweep
+        self.sizes: list[int] = []  # the plan's sizes, for "N of M sizes"
         self.doing = "start-up"
         self.reported = 0.0
 
@@ -92,7 +93,8 @@ class SweepProgress:
         report(f"sweep size {size} bytes {state} ({self.label})", self.stall_timeout_s)
         if event == "done":
             if self.rank == 0:
-                self.log.info(self.SWEEP_DONE, size, self.label)
+                done = self.sizes.index(size) + 1 if size in self.sizes else 0
+                self.log.info(self.SWEEP_DONE, size, self.label, done, len(self.sizes))
             signal_at(size, self.rank, "sweep size")
 
 

@@ -45,6 +45,7 @@ from mnnvl.runtime.data import build_batches
 from mnnvl.runtime.groups import Groups
 from mnnvl.runtime.model import Transformer, flops_per_token, preset
 from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distributed, tuning
+from mnnvl.units import human_duration
 
 logger = logging.getLogger("mnnvl.runtime.train")
 INJECT_NAN_ENV = "MNNVL_TEST_INJECT_NAN_STEP"
@@ -202,7 +203,7 @@ class Trainer:
                 per_gpu = rate / self.info.world_size
                 mfu = metrics.mfu(self.flops, per_gpu, self.peak)
                 logger.info(
-                    "step %d loss %.4f lr %.3g tok/s %.0f (%.0f/%s) mfu %s mem %.2f GiB",
+                    "step %d loss %.4f lr %.3g tok/s %.0f (%.0f/%s) mfu %s mem %.2f GiB; %s",
                     step,
                     mean_loss,
                     self.sched.get_last_lr()[0],
@@ -211,6 +212,7 @@ class Trainer:
                     metrics.worker_unit(self.info.device),
                     "n/a" if mfu is None else f"{mfu:.1%}",
                     metrics.peak_mem_gib(self.info.device),
+                    self.steps_left(step, first, rate),
                 )
             if save and self.ckpt is not None:
                 extra = {"scheduler": self.sched.state_dict(), "loss": mean_loss}
@@ -229,6 +231,15 @@ class Trainer:
                 progress.report(f"checkpoint {done.name} complete", cfg.stall_s)
         self.checkpoint_lost_s = thr.checkpoint_lost_s()
         return thr.overall()
+
+    def steps_left(self, step: int, first: int, rate: float) -> str:
+        """``10 of 20 steps, ETA 3 s`` (the launcher's progress line reads it). The first
+        step's rate includes compiling and warm-up, so it gives no ETA."""
+        done = f"{step} of {self.cfg.steps} steps"
+        if step == first or rate <= 0:
+            return done
+        eta = (self.cfg.steps - step) * self.tokens_per_step / rate
+        return f"{done}, ETA {human_duration(eta)}"
 
     def mesh(self) -> dict[str, Any]:
         """The device mesh: ``shape``, ``dims``, ``groups`` (NVLink cliques) and ``sharding``."""

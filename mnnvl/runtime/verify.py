@@ -89,8 +89,11 @@ def _sweep_plan(
     lo, hi = GPU_SIZES if cuda else CPU_SIZES
     max_bytes = cfg.max_bytes or hi
     min_bytes = min(cfg.min_bytes or lo, max_bytes)
+    sizes = collectives.sweep_sizes(min_bytes, max_bytes)
+    if sweep is not None:
+        sweep.sizes = sizes
     return collectives.SweepPlan(
-        sizes=collectives.sweep_sizes(min_bytes, max_bytes),
+        sizes=sizes,
         warmup_iters=cfg.warmup_iters,
         iters=cfg.iters,
         target_s=0.05 if cuda else 0.01,

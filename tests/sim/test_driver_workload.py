@@ -41,9 +41,10 @@ WORKERS = {"rank_check.py": RANK_CHECK, "quiet.py": 'print("nothing to report")\
 RUN = dict(prefix="w")
 
 
-def test_two_node_job_sees_its_rank_env_and_teardown_leaves_nothing(sim, run, capfd):
+def test_two_node_job_sees_its_rank_env_and_teardown_leaves_nothing(sim, run, caplog):
     domain, workload = run
     names = RunNames.for_run(domain.run_id)
+    caplog.set_level("DEBUG", logger="mnnvl.driver.workload")  # what -v shows
     result = steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
     assert result.job == names.job("job")
     assert len(result.pods) == 2
@@ -57,7 +58,7 @@ def test_two_node_job_sees_its_rank_env_and_teardown_leaves_nothing(sim, run, ca
     }
     assert "rank check index=0 nnodes=2 ok=True" in result.log_tail
     rank0 = next(p for p in result.pods if p.startswith(f"{names.job('job')}-0-"))
-    assert f"[{rank0}] rank check index=0" in capfd.readouterr().err  # streamed to stderr
+    assert f"[{rank0}] rank check index=0" in caplog.text  # streamed, under -v
     assert "rank check index=1" in sim.pod_log("default", result.pods[1])
 
     down = steps.teardown(domain, kubeconfig=sim.kubeconfig_path)

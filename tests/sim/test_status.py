@@ -18,8 +18,15 @@ def test_status_shows_the_domain_and_job_then_nothing_after_teardown(capsys):
         workload = WorkloadSpec(run_id=domain.run_id, purpose="job", nodes=2, gpus_per_node=0)
         steps.launch(workload, "json.tool", ["--help"], kubeconfig=kube)
 
+        capsys.readouterr()
         assert cli.main(["status", "--run-id", domain.run_id, "--kubeconfig", kube]) == 0
-        found = json.loads(capsys.readouterr().out.splitlines()[-1])
+        said = capsys.readouterr()
+        found = json.loads(said.out.splitlines()[-1])
+        # Lines a person reads, not Python reprs.
+        assert (
+            "{'" not in said.err
+            and "0 active, 2 succeeded, 0 failed; SuccessCriteriaMet, Complete" in said.err
+        )
         assert found["ok"] is True and found["domain"]["name"].startswith("mnnvl-status-run")
         assert found["channel_template"] is True
         assert [j["succeeded"] for j in found["jobs"]] == [2]

@@ -95,6 +95,8 @@ LAYER_OF = {
     "mnnvl.inputs": "inputs",
     "mnnvl.ctrf": "report",
     "mnnvl.report": "report",
+    "mnnvl.report_doc": "report",
+    "mnnvl.report_train": "report",
     "mnnvl.manifests": "manifests",
     "mnnvl.runtime": "runtime",
     "mnnvl.sim": "sim",

@@ -6,12 +6,13 @@ import base64
 import json
 import re
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mnnvl import report
+from mnnvl import report, report_train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -96,8 +97,9 @@ def test_transport_and_nccl_version_lead_the_table_and_the_markdown(tmp_path: Pa
     assert first[0] == "verdict: PASS"
     assert first[3] == "transport: NCCL 2.28.9 over NVLink P2P"
     report.write_verify_report(verify_result(), str(tmp_path))
-    head = (tmp_path / "verify.md").read_text().splitlines()[:5]
-    assert head[4] == "- transport: NCCL 2.28.9 over NVLink P2P"
+    head = (tmp_path / "verify.md").read_text().splitlines()[:6]
+    assert head[2] == "**verdict: PASS; failed checks: none**"
+    assert head[5] == "- transport: NCCL 2.28.9 over NVLink P2P"
     gloo = {**verify_result("NOT_JUDGED"), "backend": "gloo", "nccl": None}
     assert "gloo on CPU (no NCCL, no NVLink)" in report.verify_table(gloo).splitlines()[3]
 
@@ -122,7 +124,7 @@ def test_train_report(tmp_path: Path) -> None:
         "checkpoint_final_wait_s": 12.4,
         "losses": [[0, 10.0], [10, 5.0], [20, 2.5]],
     }
-    files = report.write_train_report(result, str(tmp_path))
+    files = report_train.write_train_report(result, str(tmp_path))
     assert set(files) == {"json", "markdown", "png", "html"}
     assert Path(files["png"]).read_bytes().startswith(PNG_MAGIC)
     markdown = Path(files["markdown"]).read_text()
@@ -174,3 +176,90 @@ def test_a_small_user_threshold_prints_as_given_in_the_table_and_the_markdown(tm
     assert "busbw 0.0042 GB/s" in table and "0.0 GB/s" not in table
     files = report.write_verify_report(cpu, str(tmp_path))
     assert "threshold: 0.001 GB/s" in Path(files["markdown"]).read_text()
+
+
+class _Page(HTMLParser):
+    """The tags of a page in order, and its visible text."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.text: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        self.tags.append(tag)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def test_verify_html_is_a_page_with_the_verdict_first_and_real_tables(tmp_path: Path) -> None:
+    result = verify_result("FAIL")
+    result["reasons"] = ["busbw <27 GB/s> is below the threshold"]
+    result["checks"] = [{"name": "bandwidth", "status": "FAIL", "messages": ["too slow"]}]
+    files = report.write_verify_report(result, str(tmp_path))
+    page = _Page(Path(files["html"]).read_text())
+    text = "".join(page.text)
+    # The verdict comes before the plot and the tables; tables are tables, not Markdown.
+    assert page.tags.index("p") < page.tags.index("img") < page.tags.index("table")
+    assert (
+        page.tags.count("table") == 2 and "<th>busbw GB/s</th>" in Path(files["html"]).read_text()
+    )
+    assert "verdict: FAIL; failed checks: bandwidth" in text
+    assert "**" not in text and "| size |" not in text and "null" not in text
+    assert "fabric: not reported" in text
+    assert "busbw <27 GB/s> is below" in text  # escaped in the source, read back as written
+    assert "<pre>" not in Path(files["html"]).read_text()
+
+
+def test_key_figure_files_are_lines(tmp_path: Path) -> None:
+    report.write_verify_report(verify_result(), str(tmp_path))
+    both = (tmp_path / "verdict.txt").read_text() + (tmp_path / "threshold_source.txt").read_text()
+    assert both == "PASS\nderived\n"  # `cat verdict.txt threshold_source.txt`
+
+
+FULL_FAULT = {
+    "n": 1,
+    "at": 1764770000.0,
+    "how": "killed",
+    "pod": "job-1-abcde",
+    "node": "node-3",
+    "rank": 1,
+    "gpu": 2,
+    "exit_code": 137,
+    "reason": "Error",
+    "evidence": {"nvlink_replay": 12},
+    "excluded": True,
+    "detect_s": 1.25,
+    "restart_s": 4.0,
+    "recovery_s": 11.5,
+    "steps_lost": 7,
+}
+
+
+def test_a_restart_shows_every_key_it_has_and_a_dash_for_the_rest(tmp_path: Path) -> None:
+    today = {"pod": "job-1-abcde", "exit_code": 137, "steps_lost": 3, "recovery_s": 9.25}
+    line = report_train.fault_line(today, 1)
+    assert line.startswith("restart 1 at —: pod job-1-abcde on node — (rank —, GPU —) exit code")
+    assert "detected after — s, gang restarted after — s, first resumed step after 9.2 s" in line
+    full = report_train.fault_line(FULL_FAULT, 1)
+    assert "restart 1 at 2025-12-03 13:53:20: killed pod job-1-abcde on node node-3" in full
+    assert (
+        "(rank 1, GPU 2) exit code 137 (Error); evidence: nvlink_replay: 12; its node kept out"
+        in full
+    )
+    assert (
+        "detected after 1.2 s, gang restarted after 4.0 s, first resumed step after 11.5 s" in full
+    )
+    result = {"steps": 10, "faults": [today, FULL_FAULT], "goodput": 0.42, "losses": []}
+    md = Path(report_train.write_train_report(result, str(tmp_path))["markdown"]).read_text()
+    assert "goodput 42% of the train step's wall time; 2 restarts, steps redone: 10" in md
+    assert "| 1 | — | — | job-1-abcde | — | — | — | 137 | — | — | — |" in md
+    assert "| 1 | 2025-12-03 13:53:20 | killed | job-1-abcde | node-3 | 1 | 2 | 137 |" in md
+
+
+def test_goodput_is_productive_time_over_the_steps_wall_time() -> None:
+    raw = {"steps": 100, "batch_size": 4, "seq_len": 256, "world_size": 2, "tokens_per_s": 2048}
+    assert report_train.goodput(raw, 200.0) == 0.5  # 100 steps x 2048 tokens at 2048/s
+    assert report_train.goodput({**raw, "tokens_per_s": None}, 200.0) is None

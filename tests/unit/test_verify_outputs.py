@@ -83,8 +83,79 @@ def test_argo_verify_template_exports_reports_and_key_figures_the_report_writes(
         if name != "result"
     }
     assert all(p.exists() for p in local.values()), local
-    assert local["verdict"].read_text() == "FAIL"
-    assert local["threshold-source"].read_text() == "derived"
-    assert float(local["judged-busbw-gbps"].read_text()) == 339.1
+
+    def argo_reads(name: str) -> str:
+        # Argo's executor trims one trailing newline off a parameter read from a file
+        # (workflow/executor/executor.go, SaveParameters); the files end with one for `cat`.
+        text = local[name].read_text()
+        assert text.endswith("\n"), name
+        return text.removesuffix("\n")
+
+    assert argo_reads("verdict") == "FAIL"
+    assert argo_reads("threshold-source") == "derived"
+    assert float(argo_reads("judged-busbw-gbps")) == 339.1
     jsonschema.validate(json.loads(local["ctrf"].read_text()), SCHEMA)
     assert "<html" in local["report"].read_text().lower()
+
+
+def test_argo_train_template_lists_each_restart_and_the_goodput_from_the_report(
+    tmp_path: Path,
+) -> None:
+    from mnnvl.report_train import write_train_report
+
+    doc = yaml.safe_load((COMPILED / "mnnvl-training.workflowtemplate.yaml").read_text())
+    template = next(t for t in doc["spec"]["templates"] if t["name"] == "train")
+    args = template["container"]["args"]
+    report_dir = args[args.index("--report-dir") + 1]
+    outputs = template["outputs"]
+    paths = {p["name"]: p["valueFrom"]["path"] for p in outputs["parameters"]}
+    paths |= {a["name"]: a["path"] for a in outputs["artifacts"]}
+    assert {"goodput", "restarts", "faults", "report"} <= set(paths)
+    fault = {"pod": "job-1-x", "exit_code": 137, "steps_lost": 3, "recovery_s": 9.5}
+    result = {"steps": 40, "losses": [], "faults": [fault], "goodput": 0.61}
+    write_train_report(result, str(tmp_path))
+    local = {
+        n: tmp_path / Path(p).relative_to(report_dir) for n, p in paths.items() if n != "result"
+    }
+    # Argo trims one trailing newline off a parameter read from a file (SaveParameters).
+    read = {n: local[n].read_text().removesuffix("\n") for n in ("goodput", "restarts", "faults")}
+    assert read == {"goodput": "0.61", "restarts": "1", "faults": json.dumps([fault])}
+    assert "<table>" in local["report"].read_text()
+
+
+def test_kfp_train_logs_restarts_and_goodput_and_its_report_lists_each_restart(
+    tmp_path: Path,
+) -> None:
+    from mnnvl.steps import TrainResult
+
+    fault = {"pod": "job-1-x", "exit_code": 137, "steps_lost": 3, "recovery_s": 9.5}
+    raw = {"kind": "train", "steps": 40, "final_loss": 4.9, "tokens_per_s": 2000.0, "losses": []}
+    outcome = TrainResult(
+        job="run-train",
+        final_loss=4.9,
+        tokens_per_s=2000.0,
+        mfu=None,
+        steps=40,
+        start_step=10,
+        checkpoint="",
+        peak_mem_gib=None,
+        report_files={},
+        raw=raw,
+        elapsed_s=30.0,
+        restarts=1,
+        steps_lost=3,
+        recovery_s=9.5,
+        faults=[fault],
+        goodput=0.61,
+    )
+    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "html", "result")}
+    artifacts.publish_train("run", outcome, out["metrics"], out["html"], out["result"])
+    logged = out["metrics"].metrics
+    assert {k: logged.get(k) for k in ("restarts", "steps_redone", "goodput")} == {
+        "restarts": 1.0,
+        "steps_redone": 3.0,
+        "goodput": 0.61,
+    }
+    page = Path(out["html"].path).read_text()
+    assert "<td>job-1-x</td><td>—</td><td>—</td><td>137</td>" in page and "goodput 61%" in page
+    assert json.loads(Path(out["result"].path).read_text())["faults"] == [fault]
