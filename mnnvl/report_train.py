@@ -102,9 +102,10 @@ def fault_line(fault: dict[str, Any], n: int) -> str:
 
 def goodput(raw: dict[str, Any], wall_s: float) -> float | None:
     """Productive training time over the train step's wall time: every step of the run at the
-    rate measured while training (checkpoint stalls excluded), so start-up, compiling, each
-    fault's detection and restart and every step done again count as lost. None when the
-    result lacks the figures."""
+    rate measured while training (checkpoint stalls excluded), less the time steps lost beside
+    background saves (``checkpoint_lost_s``), so start-up, compiling, checkpoints, each fault's
+    detection and restart and every step done again count as lost. None when the result lacks
+    the figures."""
     rate, tokens = raw.get("tokens_per_s"), 1
     for key in ("steps", "batch_size", "seq_len", "world_size"):
         part = raw.get(key)
@@ -113,7 +114,8 @@ def goodput(raw: dict[str, Any], wall_s: float) -> float | None:
         tokens *= part
     if not rate or wall_s <= 0:
         return None
-    return round(min(1.0, tokens / rate / wall_s), 4)
+    productive_s = tokens / rate - float(raw.get("checkpoint_lost_s") or 0.0)
+    return round(min(1.0, max(0.0, productive_s) / wall_s), 4)
 
 
 def goodput_line(result: dict[str, Any]) -> str:

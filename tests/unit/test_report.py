@@ -263,3 +263,5 @@ def test_goodput_is_productive_time_over_the_steps_wall_time() -> None:
     raw = {"steps": 100, "batch_size": 4, "seq_len": 256, "world_size": 2, "tokens_per_s": 2048}
     assert report_train.goodput(raw, 200.0) == 0.5  # 100 steps x 2048 tokens at 2048/s
     assert report_train.goodput({**raw, "tokens_per_s": None}, 200.0) is None
+    # Steps slowed beside a background save are not productive either.
+    assert report_train.goodput({**raw, "checkpoint_lost_s": 20.0}, 200.0) == 0.4
