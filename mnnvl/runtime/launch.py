@@ -39,11 +39,28 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from mnnvl.contract import env as contract_env
-from mnnvl.contract.exit_codes import INTERRUPTED_BASE, STALLED, shell_code, worst_exit_code
+from mnnvl.contract.exit_codes import (
+    CANNOT_EXECUTE,
+    INTERRUPTED_BASE,
+    MODULE_NOT_FOUND,
+    PROGRAM_NOT_FOUND,
+    STALLED,
+    shell_code,
+    worst_exit_code,
+)
 from mnnvl.contract.nccl import ASYNC_ERROR_HANDLING
+from mnnvl.contract.termination import Evidence
 from mnnvl.errors import SpecError
+from mnnvl.runtime import evidence
 from mnnvl.runtime.local import free_port
-from mnnvl.runtime.progress import PROGRESS_ENV, Stall, Watchdog
+from mnnvl.runtime.progress import (
+    PROGRESS_ENV,
+    Stall,
+    Watchdog,
+    last_progress,
+    read_words,
+    write_words,
+)
 
 logger = logging.getLogger("mnnvl.runtime.launch")
 
@@ -52,6 +69,7 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 WATCHED = STOP_SIGNALS | {signal.SIGCHLD}
 EXEC = "--exec"  # a clique group's custom command (see the module docstring)
 DEFAULT_PORT = 29500  # torchrun's default rendezvous port for several nodes
+WORDS_LINES = 12  # a traceback's last lines kept as a failed worker's words
 Codes = list[tuple[float, int, int]]  # (when reaped, global rank, exit code) per worker
 
 
@@ -80,7 +98,8 @@ def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]
 
 def exec_program(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """``[--] PROGRAM ARGS`` run in place of this process with the group's ``NODE_RANK``;
-    returns only when it cannot start (2: no such program in the image)."""
+    returns only when it cannot start: 127 no such program in the image, 126 not executable
+    (the shell's codes; no restart changes either), with the reason as termination message."""
     args = list(argv[1:] if argv[:1] == ["--"] else argv)
     if not args:
         raise SpecError("command", "--exec needs a program to run")
@@ -93,7 +112,16 @@ def exec_program(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     try:
         os.execvpe(args[0], args, env)
     except OSError as e:
-        raise SpecError("command", f"cannot run {args[0]!r} in this image: {e}") from None
+        missing = isinstance(e, FileNotFoundError)
+        code = PROGRAM_NOT_FOUND if missing else CANNOT_EXECUTE
+        words = (
+            f"cannot run {args[0]!r} in this image: {e}; check the command and that the "
+            "image holds the program (on the PATH, executable)"
+        )
+        logger.error("%s", words)
+        evidence.write(evidence.of_code(code, words))
+        return code
+    raise AssertionError("unreachable: execvpe returned")
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -148,26 +176,68 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
     }
 
 
+def missing_module(module: str) -> str | None:
+    """Why ``module`` cannot be found, None when it can. Only the module and the packages above
+    it count: an import inside them that fails (a dependency, a shared file system that did
+    not answer) is the module's own failure, a crash that a restart may clear."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(module) is not None:
+            return None
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module == e.name or module.startswith(f"{e.name}.")):
+            raise
+        return str(e)
+    return f"No module named {module!r}"
+
+
+class _LastErrors(logging.Handler):
+    """The worker's last ERROR log lines: its own words when it exits non-zero by itself."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines = [*self.lines[-4:], record.getMessage()]
+
+
 def _run_worker(local_rank: int, ns: argparse.Namespace, mask: set[int | signal.Signals]) -> int:
     """In the forked child: run the module as ``__main__`` with the signal mask this process
-    started with; its exit code."""
+    started with; its exit code. A failing worker leaves its last words for the launcher."""
     import runpy
     import traceback
 
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.environ.update(worker_env(local_rank, ns))
     sys.argv = [ns.module, *ns.args]
+    errors = _LastErrors()
+    logging.getLogger().addHandler(errors)
     try:
+        missing = missing_module(ns.module)
+        if missing is not None:
+            words = (
+                f"cannot run module {ns.module!r}: {missing}; check --module and that the "
+                "image (or PYTHONPATH) holds it"
+            )
+            sys.stderr.write(words + "\n")
+            write_words(words)
+            return MODULE_NOT_FOUND
         runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
+            if e.code:
+                write_words("\n".join(errors.lines))
             return e.code or 0
         sys.stderr.write(f"{e.code}\n")
+        write_words(str(e.code))
         return 1
     except KeyboardInterrupt:
         return INTERRUPTED_BASE + signal.SIGINT
     except BaseException:
         traceback.print_exc()
+        write_words("".join(traceback.format_exc().splitlines(keepends=True)[-WORDS_LINES:]))
         return 1
     return 0
 
@@ -264,7 +334,8 @@ def supervise(
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Import torch once, fork ``--nproc-per-node`` workers, return the node's exit code."""
+    """Import torch once, fork ``--nproc-per-node`` workers, return the node's exit code;
+    on a failure of its own, the pod's evidence is its termination message."""
     if ns.nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun; read when torch loads
     # Blocked before torch starts any thread, so that no thread of this process takes a
@@ -284,23 +355,43 @@ def run(ns: argparse.Namespace) -> int:
         except BaseException:
             _stop(children, [], ns.grace_s)
             raise
-        codes, stopped_by, stall = supervise(children, ns.grace_s, Watchdog(files))
+        gpus = evidence.GpuWatch.of_pod()  # after the forks: NVML only in this process
+        codes, stopped_by, stall = supervise(children, ns.grace_s, Watchdog(dict(files)))
+        if stopped_by is not None:  # the pod was stopped: not its own failure
+            return INTERRUPTED_BASE + stopped_by
+        code = STALLED if stall is not None else worst_exit_code((t, c) for t, _, c in codes)
+        if code:
+            found = _evidence(code, codes, stall, files, bool(gpus.devices))
+            gpus.findings(found)
+            evidence.write(found)
     finally:
         while signal.sigtimedwait(WATCHED, 0) is not None:
             pass  # consumed here: the workers are gone, nothing is left to stop
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         shutil.rmtree(ns.progress_dir, ignore_errors=True)
-    if stopped_by is not None:
-        return INTERRUPTED_BASE + stopped_by
     if stall is not None:
         logger.error("worker stalled (%s); exiting with %d", stall, STALLED)
-        return STALLED
-    code = worst_exit_code((t, c) for t, _, c in codes)
-    if code:
+    elif code:
         failed = sorted((r, shell_code(c)) for _, r, c in codes if c)
         ranks = ", ".join(f"rank {r}: exit {c}" for r, c in failed)
         logger.error("workers failed (%s); exiting with %d", ranks, code)
     return code
+
+
+def _evidence(
+    code: int, codes: Codes, stall: Stall | None, files: dict[int, str], gpus: bool
+) -> Evidence:
+    """The node's failure as its termination message: the worker that failed first (or
+    stalled), its exit code, last progress and words, and the pod's verdict."""
+    found = evidence.of_code(code)
+    first = (stall.rank, STALLED) if stall else evidence.first_failure(codes)
+    if first is not None:
+        found.rank, found.exit_code = first
+        found.local_rank = first[0] % len(files)
+        found.gpu = str(found.local_rank) if gpus else None  # a worker uses its local rank's
+        found.step = last_progress(files[first[0]]) or None
+        found.error = str(stall) if stall else read_words(files[first[0]])
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -311,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         full = with_node_rank(argv, os.environ)
     except SpecError as e:
         logger.error("%s", e)
+        evidence.write(evidence.of_code(e.exit_code, str(e)))
         return e.exit_code
     return run(parse(full))
 

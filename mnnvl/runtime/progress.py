@@ -21,6 +21,7 @@ from dataclasses import dataclass
 PROGRESS_ENV = "MNNVL_PROGRESS_FILE"  # set per worker by mnnvl.runtime.launch
 # Test hook of the training and verify workers: ``<step or bytes>:<rank>:<SIGNAME>``.
 SIGNAL_AT_ENV = "MNNVL_TEST_SIGNAL_AT"
+WORDS_CHARS = 3000  # a worker's last words kept: the termination message holds 4096 bytes
 
 _seq = 0
 logger = logging.getLogger(__name__)
@@ -38,6 +39,43 @@ def report(what: str, stall_timeout_s: float) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump({"seq": _seq, "stall_timeout_s": stall_timeout_s, "what": what}, f)
     os.replace(tmp, path)
+
+
+def words_path(progress_file: str) -> str:
+    """Where a worker leaves its last words (its exception's last lines) when it fails: beside
+    its progress file, for the launcher's termination message."""
+    return f"{progress_file}.error"
+
+
+def write_words(text: str) -> None:
+    """A failing worker's last words for its launcher (a no-op outside the launcher); never
+    raises: the exit code is what matters."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path or not text:
+        return
+    try:
+        with open(words_path(path), "w", encoding="utf-8") as f:
+            f.write(text[-WORDS_CHARS:])
+    except OSError as e:
+        logger.warning("could not keep the failure's words for the launcher: %s", e)
+
+
+def last_progress(progress_file: str) -> str:
+    """What a worker last reported done ("" when nothing)."""
+    try:
+        with open(progress_file, encoding="utf-8") as f:
+            return str(json.load(f).get("what", ""))
+    except (OSError, ValueError):
+        return ""
+
+
+def read_words(progress_file: str) -> str:
+    """A worker's last words, "" when it left none."""
+    try:
+        with open(words_path(progress_file), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def signal_at(point: int, rank: int, what: str, marker_dir: str | None = None) -> None:
