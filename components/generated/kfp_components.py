@@ -218,7 +218,9 @@ def train_sharded(
             false; collective_timeout_s: how long a collective waits for a dead or hung peer before
             the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
             86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
-            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+            for this long, s; 0 = derived in training: 10 x the slowest recent step, at least 60, at
+            most 2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint
+            saves and loads, and in verification). Valid: a number from 0 to 604800.
         train: the training run's optimiser, numerics and logging. Valid: a JSON object of some
             of these keys (the rest keep their defaults): seq_len: sequence length; 0 = the
             preset's. Valid: a whole number from 0 to 131072; lr: peak learning rate. Valid: a
@@ -344,7 +346,9 @@ def verify_nvlink(
             100; collective_timeout_s: how long a collective waits for a dead or hung peer before
             the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
             86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
-            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+            for this long, s; 0 = derived in training: 10 x the slowest recent step, at least 60, at
+            most 2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint
+            saves and loads, and in verification). Valid: a number from 0 to 604800.
         verify: the verification sweep and its thresholds. Valid: a JSON object of some of these
             keys (the rest keep their defaults): min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1
             MiB on GPU, 1 KiB on CPU. Valid: a whole number from 0 to 68719476736; max_bytes:
@@ -610,10 +614,12 @@ def provision_training(
             100; collective_timeout_s: how long a collective waits for a dead or hung peer before
             the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
             86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
-            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800;
-            checkpoint_dir: checkpoint directory under a pvc mount; a rerun resumes. Valid: '' or an
-            absolute path under a pvc mount; checkpoint_every: steps between checkpoints; 0 = only
-            at the end. Valid: a whole number from 0 to 10000000; allow_local_checkpoint: accept
+            for this long, s; 0 = derived in training: 10 x the slowest recent step, at least 60, at
+            most 2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint
+            saves and loads, and in verification). Valid: a number from 0 to 604800; checkpoint_dir:
+            checkpoint directory under a pvc mount; a rerun resumes. Valid: '' or an absolute path
+            under a pvc mount; checkpoint_every: steps between checkpoints; 0 = only at the end.
+            Valid: a whole number from 0 to 10000000; allow_local_checkpoint: accept
             checkpoint_dir/data outside a pvc mount (single-node runs only). Valid: true or false.
         train: the training run's optimiser, numerics and logging. Valid: a JSON object of some
             of these keys (the rest keep their defaults): seq_len: sequence length; 0 = the
@@ -753,7 +759,9 @@ def provision_verify_only(
             100; collective_timeout_s: how long a collective waits for a dead or hung peer before
             the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
             86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
-            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+            for this long, s; 0 = derived in training: 10 x the slowest recent step, at least 60, at
+            most 2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint
+            saves and loads, and in verification). Valid: a number from 0 to 604800.
         verify: the verification sweep and its thresholds. Valid: a JSON object of some of these
             keys (the rest keep their defaults): min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1
             MiB on GPU, 1 KiB on CPU. Valid: a whole number from 0 to 68719476736; max_bytes:
@@ -883,7 +891,9 @@ def provision_custom(
             100; collective_timeout_s: how long a collective waits for a dead or hung peer before
             the worker fails (retriable), s; NCCL's own default is 600. Valid: a number from 1 to
             86400; stall_timeout_s: the pod stops its workers (retriable) when one made no progress
-            for this long, s; 0 = 2 x collective_timeout_s + 60. Valid: a number from 0 to 604800.
+            for this long, s; 0 = derived in training: 10 x the slowest recent step, at least 60, at
+            most 2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint
+            saves and loads, and in verification). Valid: a number from 0 to 604800.
         verify: the verification sweep and its thresholds. Valid: a JSON object of some of these
             keys (the rest keep their defaults): min_bytes: smallest all-reduce size, e.g. 1M; 0 = 1
             MiB on GPU, 1 KiB on CPU. Valid: a whole number from 0 to 68719476736; max_bytes:

@@ -1,13 +1,13 @@
-"""The pod's own account of a failed attempt, written by its launcher as the container's
-termination message (:mod:`mnnvl.contract.termination`), so the driver reads it from pod status.
+"""What failed in a worker pod, as its launcher tells it: the pod's termination message
+(:mod:`mnnvl.contract.termination`), read by the driver from pod status.
 
-What the launcher knows: the worker it saw die first (rank, exit code, its last progress and
-its last words, see :func:`mnnvl.runtime.progress.write_words`), the verdict of the exit-code
-table, and on GPUs what NVML says changed since the attempt started: NVLink error counters
-(CRC, replay, recovery) per GPU, a fabric that is no longer healthy, uncorrectable ECC
-errors. NVML is not CUDA: reading it never creates a CUDA context, so the launcher, which
-forks its workers, may. Xid events need an NVML event set registered before they happen and
-are not read.
+What the launcher knows: the worker it saw fail first (rank, exit code, its last progress and
+its last words, see :func:`mnnvl.runtime.progress.write_words`), whether the module to run
+exists at all, a stalled worker's process state, the verdict of the exit-code table, and on
+GPUs what NVML says changed since the attempt started: NVLink error counters (CRC, replay,
+recovery) per GPU, a fabric that is no longer healthy, uncorrectable ECC errors. NVML is not
+CUDA: reading it creates no CUDA context, so the launcher, which forks its workers, may. Xid
+events need an NVML event set registered before they happen and are not read.
 """
 
 from __future__ import annotations
@@ -29,6 +29,49 @@ from mnnvl.contract.termination import (
 from mnnvl.runtime import fabric_health, nvml
 
 logger = logging.getLogger(__name__)
+
+
+def missing_module(module: str) -> str | None:
+    """Why ``module`` cannot be found, None when it can. Only the module and the packages above
+    it count: an import inside them that fails (a dependency, a shared file system that did
+    not answer) is the module's own failure, a crash that a restart may clear."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(module) is not None:
+            return None
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module == e.name or module.startswith(f"{e.name}.")):
+            raise
+        return str(e)
+    return f"No module named {module!r}"
+
+
+class LastErrors(logging.Handler):
+    """The worker's last ERROR log lines: its own words when it exits non-zero by itself."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines = [*self.lines[-4:], record.getMessage()]
+
+
+def process_state(pid: int) -> str:
+    """A stalled worker's process state, in words: a stopped one is the hang itself, a running
+    or sleeping one may be waiting for a peer that hangs."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return {
+        "T": "stopped (SIGSTOP)",
+        "t": "stopped by a debugger",
+        "D": "in uninterruptible I/O",
+        "Z": "exited",
+    }.get(state, "alive (it may be waiting for a peer)")
 
 
 def verdict(code: int) -> str:

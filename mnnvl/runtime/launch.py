@@ -28,6 +28,7 @@ and replaces itself with ``PROGRAM``. Bad options are a usage error (exit 2).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -176,33 +177,6 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def missing_module(module: str) -> str | None:
-    """Why ``module`` cannot be found, None when it can. Only the module and the packages above
-    it count: an import inside them that fails (a dependency, a shared file system that did
-    not answer) is the module's own failure, a crash that a restart may clear."""
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec(module) is not None:
-            return None
-    except ModuleNotFoundError as e:
-        if e.name is None or not (module == e.name or module.startswith(f"{e.name}.")):
-            raise
-        return str(e)
-    return f"No module named {module!r}"
-
-
-class _LastErrors(logging.Handler):
-    """The worker's last ERROR log lines: its own words when it exits non-zero by itself."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines = [*self.lines[-4:], record.getMessage()]
-
-
 def _run_worker(local_rank: int, ns: argparse.Namespace, mask: set[int | signal.Signals]) -> int:
     """In the forked child: run the module as ``__main__`` with the signal mask this process
     started with; its exit code. A failing worker leaves its last words for the launcher."""
@@ -212,10 +186,10 @@ def _run_worker(local_rank: int, ns: argparse.Namespace, mask: set[int | signal.
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.environ.update(worker_env(local_rank, ns))
     sys.argv = [ns.module, *ns.args]
-    errors = _LastErrors()
+    errors = evidence.LastErrors()
     logging.getLogger().addHandler(errors)
     try:
-        missing = missing_module(ns.module)
+        missing = evidence.missing_module(ns.module)
         if missing is not None:
             words = (
                 f"cannot run module {ns.module!r}: {missing}; check --module and that the "
@@ -322,6 +296,8 @@ def supervise(
             break
         stall = watchdog.stalled()
         if stall is not None:
+            pid = next(p for p, rank in children.items() if rank == stall.rank)
+            stall = dataclasses.replace(stall, state=evidence.process_state(pid))
             logger.error("%s; stopping the workers", stall)
             _stop(children, codes, grace_s)
             return codes, None, stall
@@ -356,7 +332,9 @@ def run(ns: argparse.Namespace) -> int:
             _stop(children, [], ns.grace_s)
             raise
         gpus = evidence.GpuWatch.of_pod()  # after the forks: NVML only in this process
-        codes, stopped_by, stall = supervise(children, ns.grace_s, Watchdog(dict(files)))
+        watchdog = Watchdog(dict(files))
+        codes, stopped_by, stall = supervise(children, ns.grace_s, watchdog)
+        logger.info("stall watchdog: %s", watchdog.margin())
         if stopped_by is not None:  # the pod was stopped: not its own failure
             return INTERRUPTED_BASE + stopped_by
         code = STALLED if stall is not None else worst_exit_code((t, c) for t, _, c in codes)

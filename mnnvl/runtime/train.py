@@ -181,7 +181,7 @@ class Trainer:
             loss = self.step(step)
             thr.exclude(self.held_s)
             self.held_s = 0.0
-            progress.report(f"step {step}", cfg.stall_s)
+            progress.report(f"step {step}", cfg.stall_s, step=not cfg.stall_timeout_s)
             progress.signal_at(step, self.info.rank, "step", cfg.checkpoint_dir or ".")
             is_log = step in (first, cfg.steps) or step % cfg.log_every == 0
             save = self.ckpt is not None and (
@@ -214,12 +214,14 @@ class Trainer:
                 extra = {"scheduler": self.sched.state_dict(), "loss": mean_loss}
                 t_save = time.perf_counter()
                 self.phase = f"the checkpoint save of step {step} (barrier)"
+                progress.report(f"checkpoint step {step} saving", cfg.stall_s, hold=True)
                 self.ckpt.save(step, self.model, self.opt, extra)
                 progress.report(f"checkpoint step {step} started", cfg.stall_s)
                 thr.exclude(time.perf_counter() - t_save)
         if self.ckpt is not None:
             # Success needs the final checkpoint complete: wait for its background write.
             self.phase = "the last checkpoint's write"
+            progress.report("waiting for the last checkpoint's write", cfg.stall_s, hold=True)
             done = self.ckpt.finish()
             if done is not None:
                 self.checkpoint = str(done)
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_config(argv)
         tuning()  # bad levers are bad input, found before the process group exists
         info = init_distributed(cfg.collective_timeout_s)
-        progress.report("process group ready", cfg.stall_s)
+        progress.report("process group ready", cfg.stall_s, hold=True)  # then load, compile
         check_memory(cfg, info)
     except MnnvlError as e:  # e.g. GPUs requested but none visible: fail naming the pod
         logger.error("%s", e)

@@ -129,6 +129,7 @@ def test_a_stopped_worker_is_stalled_and_the_node_exits_12_naming_its_last_progr
     code, err = finish(proc, timeout=60)
     assert code == 12, err[-2000:]
     assert "rank 1 made no progress for" in err and "last progress: step 3" in err
+    assert "its process is stopped (SIGSTOP)" in err  # the hang itself, not a waiting peer
     assert not any(alive(p) for p in pids)
 
 
