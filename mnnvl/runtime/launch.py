@@ -90,8 +90,11 @@ def group_node_rank(environ: Mapping[str, str]) -> int | None:
 
 
 def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
-    """``argv`` with ``--node-rank`` of a clique group's pod added (unchanged otherwise)."""
-    if any(a.startswith(("--node-rank", "--node_rank")) for a in argv):
+    """``argv`` with ``--node-rank`` of a clique group's pod added (unchanged otherwise, and
+    when the launcher's own options, those before ``-m``, give one: the module's own
+    arguments after it may hold anything, ``--node-rank-file`` among them)."""
+    own = argv[: argv.index("-m")] if "-m" in argv else argv
+    if {a.split("=", 1)[0] for a in own} & {"--node-rank", "--node_rank"}:
         return list(argv)
     rank = group_node_rank(environ)
     return list(argv) if rank is None else [f"--node-rank={rank}", *argv]

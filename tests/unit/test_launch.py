@@ -200,6 +200,15 @@ def test_a_clique_groups_pod_gets_its_node_rank_from_the_group_base() -> None:
     assert worker_env(0, parse(argv))["RANK"] == "3"
 
 
+def test_a_clique_groups_node_rank_is_kept_when_the_modules_own_arguments_look_alike() -> None:
+    group = {"MNNVL_NODE_RANK_BASE": "2", "JOB_COMPLETION_INDEX": "1"}
+    argv = with_node_rank(["--nnodes=4", "-m", "x", "--node-rank-file", "/tmp/r"], group)
+    ns = parse(argv)
+    assert ns.node_rank == 3 and ns.args == ["--node-rank-file", "/tmp/r"]
+    given = with_node_rank(["--nnodes=4", "--node-rank", "0", "-m", "x"], group)
+    assert parse(given).node_rank == 0  # the launcher's own option wins
+
+
 def test_module_arguments_are_passed_through_untouched() -> None:
     ns = parse(["--nproc-per-node", "2", "-m", "mnnvl.runtime.verify", "--max-bytes", "1G", "-m"])
     assert ns.nproc_per_node == 2 and ns.module == "mnnvl.runtime.verify"
