@@ -129,7 +129,7 @@ class Trainer:
         path = self.ckpt.latest() if self.ckpt else None
         if self.ckpt is None or path is None:
             return
-        extra = self.ckpt.load(path, self.model, self.opt)
+        extra = self.ckpt.load(path, self.model, self.opt, run=f"the {self.cfg.model} preset")
         self.sched.load_state_dict(extra["scheduler"])
         self.start_step, self.last_loss, self.checkpoint = extra["step"], extra["loss"], str(path)
         self.resumed_from = str(path)
@@ -211,7 +211,11 @@ class Trainer:
                     metrics.peak_mem_gib(self.info.device),
                 )
             if save and self.ckpt is not None:
-                extra = {"scheduler": self.sched.state_dict(), "loss": mean_loss}
+                extra = {
+                    "scheduler": self.sched.state_dict(),
+                    "loss": mean_loss,
+                    "model": cfg.model,  # what it was written for, named if another run loads it
+                }
                 t_save = time.perf_counter()
                 self.phase = f"the checkpoint save of step {step} (barrier)"
                 progress.report(f"checkpoint step {step} saving", cfg.stall_s, hold=True)
