@@ -337,7 +337,8 @@ def run(ns: argparse.Namespace) -> int:
         gpus = evidence.GpuWatch.of_pod()  # after the forks: NVML only in this process
         watchdog = Watchdog(dict(files))
         codes, stopped_by, stall = supervise(children, ns.grace_s, watchdog)
-        logger.info("stall watchdog: %s", watchdog.margin())
+        if watchdog.margin():
+            logger.info("stall watchdog: %s", watchdog.margin())
         if stopped_by is not None:  # the pod was stopped: not its own failure
             return INTERRUPTED_BASE + stopped_by
         code = STALLED if stall is not None else worst_exit_code((t, c) for t, _, c in codes)

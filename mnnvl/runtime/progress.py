@@ -309,10 +309,11 @@ class Watchdog:
             self.closest = (gap / timeout, gap, timeout, f"rank {rank} before {seen.what!r}")
 
     def margin(self) -> str:
-        """The longest silence relative to the timeout then in force, as a log line's words."""
+        """The longest silence relative to the timeout then in force, as a log line's words
+        ("" before a worker reported twice)."""
         ratio, gap, timeout, where = self.closest
         if not ratio:
-            return "no silence measured"
+            return ""
         return f"longest silence {gap:.1f} s of a {timeout:g} s stall timeout ({where})"
 
     def forget(self, rank: int) -> None:

@@ -16,10 +16,11 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.cli import main as cli
+from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
 from mnnvl.sim import SimCluster
-from tests.sim.simkit import assert_nothing_left
+from tests.sim.simkit import assert_nothing_left, create_claim
 
 SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 
@@ -42,8 +43,8 @@ def launch(sim: SimCluster, capsys: pytest.CaptureFixture[str], *argv: str) -> d
     return result
 
 
-def pods_created(sim: SimCluster, run_id: str) -> int:
-    job = RunNames.for_run(run_id).job("job")
+def pods_created(sim: SimCluster, run_id: str, purpose: str = "job") -> int:
+    job = RunNames.for_run(run_id).job(purpose)
     created = [e for e in sim.events if e.get("reason") == "SuccessfulCreate"]
     return sum(e["involvedObject"]["name"] == job for e in created)
 
@@ -62,3 +63,52 @@ def test_a_missing_program_ends_the_step_after_one_attempt(sim, capsys, run_id):
     assert "nosuchprogram" in result["error"], result["error"]
     assert "restart" not in result["error"] or "0 restart" in result["error"], result["error"]
     assert pods_created(sim, run_id) == 2
+
+
+CLAIM, MOUNT = "fc-ckpt", "/ckpt"
+
+
+def test_a_checkpoint_of_another_model_ends_the_train_step_after_one_attempt(sim, run_id):
+    # A run of the tiny preset left its checkpoint in a directory that a run of the small
+    # preset is then given: no restart can load it.
+    create_claim(sim, CLAIM)
+    ckpt = f"{MOUNT}/shared"
+    first = f"fc-{uuid.uuid4().hex[:8]}"
+    written = DomainSpec(run_id=first, delete_timeout_s=30)
+    # The writing run needs the nodes to itself: the fixture's domain comes back after it.
+    steps.teardown(DomainSpec(run_id=run_id, delete_timeout_s=30), kubeconfig=sim.kubeconfig_path)
+    steps.provision(written, kubeconfig=sim.kubeconfig_path)
+    done = steps.train(
+        train_workload(first),
+        TrainConfig(model="tiny", steps=2, checkpoint_dir=ckpt),
+        kubeconfig=sim.kubeconfig_path,
+    )
+    assert done.steps == 2
+    steps.teardown(written, kubeconfig=sim.kubeconfig_path)
+    assert_nothing_left(sim, RunNames.for_run(first).selector)
+    steps.provision(DomainSpec(run_id=run_id, delete_timeout_s=30), kubeconfig=sim.kubeconfig_path)
+    with pytest.raises(MnnvlError) as failed:
+        steps.train(
+            train_workload(run_id),
+            TrainConfig(model="small", steps=4, checkpoint_dir=ckpt),
+            kubeconfig=sim.kubeconfig_path,
+        )
+    assert failed.value.exit_code == 4
+    error = str(failed.value)
+    # The simulator's kubelet mounts the claim at a folder of its own, not at /ckpt.
+    assert "cannot resume from " in error
+    assert "/shared/step-2: it was written for the tiny preset" in error
+    assert "give another --checkpoint-dir" in error and "restart(s)" not in error
+    assert pods_created(sim, run_id, "train") == 2  # one attempt
+
+
+def train_workload(run_id: str) -> WorkloadSpec:
+    return WorkloadSpec(
+        run_id=run_id,
+        purpose="train",
+        nodes=2,
+        gpus_per_node=0,
+        pvc=(f"{CLAIM}:{MOUNT}",),
+        pods_running_timeout_s=60,
+        job_timeout_s=180,
+    )
