@@ -5,9 +5,9 @@ What the launcher knows: the worker it saw fail first (rank, exit code, its last
 its last words, see :func:`mnnvl.runtime.progress.write_words`), whether the module to run
 exists at all, a stalled worker's process state, the verdict of the exit-code table, and on
 GPUs what NVML says changed since the attempt started: NVLink error counters (CRC, replay,
-recovery) per GPU, a fabric that is no longer healthy, uncorrectable ECC errors. NVML is not
-CUDA: reading it creates no CUDA context, so the launcher, which forks its workers, may. Xid
-events need an NVML event set registered before they happen and are not read.
+recovery) per GPU, a fabric that is no longer healthy, uncorrectable ECC errors, critical Xid
+events (where NVML's event sets are offered). NVML is not CUDA: reading it creates no CUDA
+context, so the launcher, which forks its workers, may (after the fork: never in a worker).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from mnnvl.contract.termination import (
 from mnnvl.runtime import fabric_health, nvml
 
 logger = logging.getLogger(__name__)
+MAX_XIDS = 20  # Xid events kept: the termination message holds 4096 bytes
 
 
 def missing_module(module: str) -> str | None:
@@ -125,6 +126,7 @@ class GpuWatch:
         self.devices = devices
         self.lib = nvml.load_nvml() if lib is None and devices else lib
         self.start = self.read()
+        self.xid_sets = self._watch_xids()
 
     @classmethod
     def of_pod(cls, environ: Mapping[str, str] = os.environ) -> GpuWatch:
@@ -153,8 +155,39 @@ class GpuWatch:
             self.lib.nvmlShutdown()
         return gpus
 
+    def _watch_xids(self) -> dict[str, Any]:
+        """One NVML event set per GPU for its critical Xid events (NVML reports only events
+        that happen while a set is registered, so NVML stays initialised until the end)."""
+        if not self.start or self.lib is None:
+            return {}
+        lib, sets = self.lib, {}
+        try:
+            lib.nvmlInit()
+            for gpu in self.start:
+                events = lib.nvmlEventSetCreate()
+                handle = lib.nvmlDeviceGetHandleByIndex(int(gpu))
+                lib.nvmlDeviceRegisterEvents(handle, lib.nvmlEventTypeXidCriticalError, events)
+                sets[gpu] = events
+        except (AttributeError, lib.NVMLError) as e:  # not offered here: no Xid evidence
+            logger.info("NVML: Xid events are not readable here (%s)", e)
+        return sets
+
+    def xids(self) -> list[list[Any]]:
+        """``[gpu, xid]`` of each critical Xid event since the start (at most MAX_XIDS)."""
+        found: list[list[Any]] = []
+        lib: Any = self.lib  # set whenever an event set is
+        for gpu, events in self.xid_sets.items():
+            while len(found) < MAX_XIDS:
+                try:
+                    data = lib.nvmlEventSetWait_v2(events, 0)
+                except lib.NVMLError:  # NVML_ERROR_TIMEOUT: no more events
+                    break
+                found.append([gpu, int(data.eventData)])
+        return found
+
     def findings(self, evidence: Evidence) -> None:
         """Add to ``evidence`` what NVML says changed since the start."""
+        evidence.xid = self.xids()
         for gpu, now in self.read().items():
             before = self.start.get(gpu, {})
             links = _link_deltas(before.get("nvlink", {}), now.get("nvlink", {}))

@@ -27,7 +27,7 @@ WORKER = textwrap.dedent(
         while not os.path.exists(reads):  # the launcher has read the counters at its start
             time.sleep(0.05)
         with open(os.environ["NVML_COUNTERS"], "w") as f:
-            f.write('{"2": 5, "0": 3}')  # CRC (flit) and replay errors on GPU 1
+            f.write('{"2": 5, "0": 3, "xid": 74}')  # CRC (flit), replay errors, NVLink Xid
         sys.exit(1)
     time.sleep(300)
     """
@@ -47,9 +47,13 @@ PYNVML = textwrap.dedent(
     def __getattr__(name):
         try:
             with open(os.environ["NVML_COUNTERS"]) as f:
-                _gpus[1].errors = {int(k): v for k, v in json.load(f).items()}
+                found = json.load(f)
         except FileNotFoundError:
-            pass
+            return getattr(_fake, name)
+        xid = found.pop("xid", None)
+        if xid is not None and not _gpus[1].errors:
+            _gpus[1].xids.append(xid)  # once, when the counters first rise
+        _gpus[1].errors = {int(k): v for k, v in found.items()}
         return getattr(_fake, name)
     """
 )
@@ -132,7 +136,7 @@ def test_nvlink_errors_rising_on_one_gpu_are_the_pods_hardware_evidence(tmp_path
     evidence = message(tmp_path)
     assert evidence.rank == 1 and evidence.gpu == "1"
     assert evidence.nvlink == {"1": {"crc": 5 * 18, "replay": 3 * 18}}  # 18 links each
-    assert evidence.hardware
+    assert evidence.xid == [["1", 74]] and evidence.hardware
 
 
 def test_a_termination_message_that_cannot_be_written_changes_no_exit_code(tmp_path):
