@@ -17,12 +17,16 @@ Job could not tell bad input (2) or a failed verification (4) from a crash worth
 The first failed worker, SIGTERM/SIGINT/SIGHUP (then 128 + the signal) or a worker silent
 past its stall timeout (:mod:`mnnvl.runtime.progress`; then ``exit_codes.STALLED``) stops
 every worker: SIGTERM followed by SIGCONT (a stopped worker ends at once), SIGKILL after
-``--grace-s``. No elastic restarts: the driver restarts every rank.
+``--grace-s``. No elastic restarts: the driver restarts every rank. A module that cannot be
+found exits ``exit_codes.MODULE_NOT_FOUND`` (not retried). On a failure of its own (not a
+stop signal) this process writes what failed as the container's termination message
+(:mod:`mnnvl.runtime.evidence`).
 
 A clique group's pod gets no ``--node-rank``: its node rank is ``MNNVL_NODE_RANK_BASE`` plus
 ``JOB_COMPLETION_INDEX``, added here because the kubelet's ``$(VAR)`` expansion cannot add.
 ``--exec -- PROGRAM [ARGS]`` (a clique group's custom command) sets ``NODE_RANK`` to that sum
-and replaces itself with ``PROGRAM``. Bad options are a usage error (exit 2).
+and replaces itself with ``PROGRAM`` (127 when there is no such program, 126 when it cannot
+be executed). Bad options are a usage error (exit 2).
 """
 
 from __future__ import annotations
