@@ -22,6 +22,10 @@ WORKER = textwrap.dedent(
     report("step 7", 0)
     if rank == 1 and mode == "raise":
         raise RuntimeError("boom in rank 1")
+    if rank == 0 and mode == "oom":
+        import logging
+        logging.getLogger("train").error("CUDA out of memory: lower --batch-size")
+        sys.exit(10)
     if rank == 1 and mode == "nvlink":
         reads = os.environ["NVML_READS"]
         while not os.path.exists(reads):  # the launcher has read the counters at its start
@@ -144,3 +148,11 @@ def test_a_termination_message_that_cannot_be_written_changes_no_exit_code(tmp_p
     code, err = launch(tmp_path, "-m", "no.such.module", env={TERMINATION_PATH_ENV: str(blocked)})
     assert code == exit_codes.MODULE_NOT_FOUND
     assert f"could not write the failure's evidence to {blocked}" in err
+
+
+def test_a_worker_that_exits_by_itself_leaves_its_last_error_lines(tmp_path):
+    code, err = launch(tmp_path, "--nproc-per-node=2", "-m", "evidence_worker", "oom")
+    assert code == exit_codes.OUT_OF_MEMORY, err[-2000:]
+    evidence = message(tmp_path)
+    assert (evidence.rank, evidence.verdict, evidence.reason) == (0, STOP, "out-of-memory")
+    assert evidence.error == "CUDA out of memory: lower --batch-size"
