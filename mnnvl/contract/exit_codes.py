@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 OK = 0
 UNEXPECTED = 1
@@ -17,22 +18,64 @@ FAILED = 4
 UNAVAILABLE = 5
 INTERRUPTED_BASE = 128
 
-# Worker pod exit codes beyond the CLI's (``python -m mnnvl.runtime.launch`` exits with them):
-# CUDA out of memory is a configuration error (a retry allocates the same); a collective
-# that timed out on a dead or hung peer and a stalled worker (no progress for
-# --stall-timeout-s) are retried: the driver restarts every rank from the last checkpoint.
+# Worker pod exit codes beyond the CLI's (``python -m mnnvl.runtime.launch`` exits with them).
 OUT_OF_MEMORY = 10
 COLLECTIVE_TIMEOUT = 11
 STALLED = 12
+# Codes of their own rather than 127 and 2: the pod's status alone (``kubectl get pod``, a
+# driver that reads no termination message) then says which failure it was.
+MODULE_NOT_FOUND = 13
+CHECKPOINT_MISMATCH = 14
+CANNOT_EXECUTE = 126  # the program exists but cannot be executed (shell convention)
+PROGRAM_NOT_FOUND = 127  # the shell's "command not found"
+# The container runtime could not start the container's program (containerd/CRI-O report a
+# StartError with exit code 128, as the simulator's kubelet does for a missing program).
+CANNOT_START = 128
 
-# Exit codes of a worker pod whose cause a retry cannot change: 2 bad input (argparse or a
-# SpecError), 4 a failed verification or training (non-finite loss), 126/127 an image that
-# cannot run python3, 10 CUDA out of memory. The Job's podFailurePolicy fails the whole Job
-# on them at once; any other code (1: a crash, a rank lost, a rendezvous error, 11 a
-# collective timed out, 12 a stalled worker) is retried by a gang restart, at most
-# max_restarts times. ``python -m mnnvl.runtime.launch`` exits with
-# ``worst_exit_code`` of its workers, so these codes reach the pod's status intact.
-NON_RETRIABLE_EXIT_CODES = (BAD_INPUT, FAILED, OUT_OF_MEMORY, 126, 127)
+
+@dataclass(frozen=True)
+class ExitClass:
+    """What one worker pod exit code means and whether a gang restart may clear it."""
+
+    code: int
+    reason: str  # the termination message's ``reason`` (``mnnvl.contract.termination``)
+    cause: str
+    retried: bool
+
+
+# The one classification table of worker pod failures. ``retried=False``: a restart runs the
+# same program on the same input and fails the same way, so the Job's podFailurePolicy fails
+# the whole Job at once and the driver restarts nothing. Any code not listed (1: a crash, a
+# rank lost, a rendezvous error; 128 + N: killed by signal N) is retried by a gang restart,
+# at most max_restarts times.
+TABLE = (
+    ExitClass(BAD_INPUT, "bad-input", "bad input (argparse or a SpecError)", False),
+    ExitClass(FAILED, "failed", "failed verification or training (non-finite loss)", False),
+    ExitClass(OUT_OF_MEMORY, "out-of-memory", "CUDA out of memory", False),
+    ExitClass(COLLECTIVE_TIMEOUT, "collective-timeout", "a collective timed out", True),
+    ExitClass(STALLED, "stalled", "a worker made no progress (stall watchdog)", True),
+    ExitClass(MODULE_NOT_FOUND, "module-not-found", "the module to run is not in the image", False),
+    ExitClass(
+        CHECKPOINT_MISMATCH,
+        "checkpoint-mismatch",
+        "the checkpoint directory holds another model or shape",
+        False,
+    ),
+    ExitClass(CANNOT_EXECUTE, "cannot-execute", "the program cannot be executed", False),
+    ExitClass(PROGRAM_NOT_FOUND, "program-not-found", "the program is not in the image", False),
+    ExitClass(CANNOT_START, "cannot-start", "the container runtime could not start it", False),
+)
+NON_RETRIABLE_EXIT_CODES = tuple(c.code for c in TABLE if not c.retried)
+
+
+def reason(code: int) -> str:
+    """A worker's exit code as a short cause: the table's, ``killed`` (a signal), ``crashed``."""
+    for row in TABLE:
+        if row.code == code:
+            return row.reason
+    return "killed" if code > INTERRUPTED_BASE else "crashed"
+
+
 # Exit codes of a launcher step (the ``mnnvl`` CLI) that a retry cannot change: bad input or a
 # conflict, a failed workload or verification. 1, 3, 5 and a killed pod may clear.
 NON_RETRIABLE_STEP_EXIT_CODES = (BAD_INPUT, FAILED)

@@ -14,9 +14,10 @@ Fields (every one optional but ``v``):
 - ``verdict``: ``"retry"`` (a restart may clear it) or ``"stop"`` (no restart can change it:
   the program or module is missing, bad input, CUDA out of memory, a checkpoint that does not
   fit the model, the same error twice at the same step).
-- ``reason``: a short machine-readable cause (``"module-not-found"``, ``"program-not-found"``,
-  ``"checkpoint-mismatch"``, ``"out-of-memory"``, ``"collective-timeout"``, ``"stalled"``,
-  ``"crashed"``, ``"killed"``, ``"nvlink-errors"``, ``"fabric-unhealthy"``, ...).
+- ``reason``: a short machine-readable cause, :func:`mnnvl.contract.exit_codes.reason` of the
+  pod's exit code: the classification table's (``"module-not-found"``, ``"program-not-found"``,
+  ``"checkpoint-mismatch"``, ``"out-of-memory"``, ``"collective-timeout"``, ``"stalled"``, ...),
+  else ``"crashed"`` or ``"killed"`` (a signal); hardware evidence is in the fields below.
 - ``rank``: the global rank that failed first (the launcher saw it die first).
 - ``local_rank``, ``gpu``: its local rank and the GPU it used (index or UUID) when known.
 - ``exit_code``: that worker's exit code as a shell reports it (128 + N for signal N).

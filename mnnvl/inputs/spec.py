@@ -144,7 +144,9 @@ def stall_timeout_opt() -> Any:
     return opt(
         0.0,
         "the pod stops its workers (retriable) when one made no progress for this long, s; "
-        "0 = 2 x collective_timeout_s + 60",
+        "0 = derived in training: 10 x the slowest recent step, at least 60, at most "
+        "2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint "
+        "saves and loads, and in verification)",
         valid=(0, 7 * 86400),
     )
 
@@ -165,9 +167,11 @@ class _WorkerTimeouts:
 
     @property
     def stall_s(self) -> float:
-        """The stall timeout in force. Derived: between two progress reports a worker may block
-        in a collective for up to the collective timeout, twice (a training checkpoint save is
-        barriers around a write), plus a minute for the write itself."""
+        """The stall timeout's bound the workers report. Unset: between two progress reports a
+        worker may block in a collective for up to the collective timeout, twice (a training
+        checkpoint save is barriers around a write), plus a minute for the write itself; the
+        pod's launcher then shortens it from the training steps it sees
+        (:class:`mnnvl.runtime.progress.Watchdog`)."""
         return self.stall_timeout_s or 2 * self.collective_timeout_s + 60
 
 

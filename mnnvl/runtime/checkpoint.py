@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import math
 import os
 import re
 import shutil
@@ -46,6 +47,7 @@ from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from mnnvl.contract import exit_codes
 from mnnvl.errors import MnnvlError
 
 logger = logging.getLogger(__name__)
@@ -184,10 +186,13 @@ class Checkpointer:
         }
 
     def load(
-        self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
+        self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, run: str = ""
     ) -> dict[str, Any]:
-        """Load model + optimizer in place; return this rank's extra state (step, LR, ...)."""
+        """Load model + optimizer in place; return this rank's extra state (step, LR, ...).
+        ``run`` names the model this run trains (``the tiny preset``); a checkpoint of another
+        model or shape raises :class:`CheckpointMismatch` before anything is loaded."""
         model_sd, optim_sd = get_state_dict(model, optimizer)
+        _check_fits(path, model_sd, run)
         # dcp.load fills these dicts in place.
         dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
         set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
@@ -236,6 +241,44 @@ class Checkpointer:
             if old not in kept:
                 shutil.rmtree(old, ignore_errors=True)
                 logger.info("removed old checkpoint %s", old)
+
+
+class CheckpointMismatch(MnnvlError):
+    """The checkpoint directory holds a checkpoint of another model or shape: no restart can
+    load it (exit 14, not retried)."""
+
+    exit_code = exit_codes.CHECKPOINT_MISMATCH
+
+
+def _check_fits(path: Path, model_sd: dict[str, Any], run: str) -> None:
+    """Raise :class:`CheckpointMismatch` when the model's tensors in the checkpoint at ``path``
+    (DCP's metadata: names and global shapes) are not this model's."""
+    meta = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    theirs = {
+        k: tuple(m.size) for k, m in meta.items() if k.startswith("model.") and hasattr(m, "size")
+    }
+    mine = {f"model.{k}": tuple(v.shape) for k, v in model_sd.items() if hasattr(v, "shape")}
+    differ = sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k])
+    if mine.keys() == theirs.keys() and not differ:
+        return
+    if differ:
+        first = f"{differ[0]} is {list(theirs[differ[0]])} there, {list(mine[differ[0]])} here"
+    else:
+        only = sorted(mine.keys() ^ theirs.keys())[0]
+        first = f"{only} is only {'here' if only in mine else 'there'}"
+    try:  # what the run that wrote it trained (checkpoints of earlier versions do not say)
+        model = torch.load(path / "rank-0.pt", weights_only=False).get("model")
+    except (OSError, RuntimeError, AttributeError):
+        model = None
+    written = f"the {model} preset" if model else "another model"
+    params = sum(math.prod(size) for size in theirs.values())
+    here = sum(math.prod(size) for size in mine.values())
+    raise CheckpointMismatch(
+        f"cannot resume from {path}: it was written for {written} ({params:,} parameters), "
+        f"and this run is {run or 'another model'} ({here:,} parameters; {first}); a restart "
+        f"cannot change that: give another --checkpoint-dir (an empty one starts at step 0), "
+        f"or train the model it was written for"
+    )
 
 
 class _ReusedStager(AsyncStager):

@@ -17,17 +17,22 @@ Job could not tell bad input (2) or a failed verification (4) from a crash worth
 The first failed worker, SIGTERM/SIGINT/SIGHUP (then 128 + the signal) or a worker silent
 past its stall timeout (:mod:`mnnvl.runtime.progress`; then ``exit_codes.STALLED``) stops
 every worker: SIGTERM followed by SIGCONT (a stopped worker ends at once), SIGKILL after
-``--grace-s``. No elastic restarts: the driver restarts every rank.
+``--grace-s``. No elastic restarts: the driver restarts every rank. A module that cannot be
+found exits ``exit_codes.MODULE_NOT_FOUND`` (not retried). On a failure of its own (not a
+stop signal) this process writes what failed as the container's termination message
+(:mod:`mnnvl.runtime.evidence`).
 
 A clique group's pod gets no ``--node-rank``: its node rank is ``MNNVL_NODE_RANK_BASE`` plus
 ``JOB_COMPLETION_INDEX``, added here because the kubelet's ``$(VAR)`` expansion cannot add.
 ``--exec -- PROGRAM [ARGS]`` (a clique group's custom command) sets ``NODE_RANK`` to that sum
-and replaces itself with ``PROGRAM``. Bad options are a usage error (exit 2).
+and replaces itself with ``PROGRAM`` (127 when there is no such program, 126 when it cannot
+be executed). Bad options are a usage error (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -39,11 +44,28 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from mnnvl.contract import env as contract_env
-from mnnvl.contract.exit_codes import INTERRUPTED_BASE, STALLED, shell_code, worst_exit_code
+from mnnvl.contract.exit_codes import (
+    CANNOT_EXECUTE,
+    INTERRUPTED_BASE,
+    MODULE_NOT_FOUND,
+    PROGRAM_NOT_FOUND,
+    STALLED,
+    shell_code,
+    worst_exit_code,
+)
 from mnnvl.contract.nccl import ASYNC_ERROR_HANDLING
+from mnnvl.contract.termination import Evidence
 from mnnvl.errors import SpecError
+from mnnvl.runtime import evidence
 from mnnvl.runtime.local import free_port
-from mnnvl.runtime.progress import PROGRESS_ENV, Stall, Watchdog
+from mnnvl.runtime.progress import (
+    PROGRESS_ENV,
+    Stall,
+    Watchdog,
+    last_progress,
+    read_words,
+    write_words,
+)
 
 logger = logging.getLogger("mnnvl.runtime.launch")
 
@@ -52,6 +74,7 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 WATCHED = STOP_SIGNALS | {signal.SIGCHLD}
 EXEC = "--exec"  # a clique group's custom command (see the module docstring)
 DEFAULT_PORT = 29500  # torchrun's default rendezvous port for several nodes
+WORDS_LINES = 12  # a traceback's last lines kept as a failed worker's words
 Codes = list[tuple[float, int, int]]  # (when reaped, global rank, exit code) per worker
 
 
@@ -71,8 +94,11 @@ def group_node_rank(environ: Mapping[str, str]) -> int | None:
 
 
 def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]:
-    """``argv`` with ``--node-rank`` of a clique group's pod added (unchanged otherwise)."""
-    if any(a.startswith(("--node-rank", "--node_rank")) for a in argv):
+    """``argv`` with ``--node-rank`` of a clique group's pod added (unchanged otherwise, and
+    when the launcher's own options, those before ``-m``, give one: the module's own
+    arguments after it may hold anything, ``--node-rank-file`` among them)."""
+    own = argv[: argv.index("-m")] if "-m" in argv else argv
+    if {a.split("=", 1)[0] for a in own} & {"--node-rank", "--node_rank"}:
         return list(argv)
     rank = group_node_rank(environ)
     return list(argv) if rank is None else [f"--node-rank={rank}", *argv]
@@ -80,7 +106,8 @@ def with_node_rank(argv: Sequence[str], environ: Mapping[str, str]) -> list[str]
 
 def exec_program(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """``[--] PROGRAM ARGS`` run in place of this process with the group's ``NODE_RANK``;
-    returns only when it cannot start (2: no such program in the image)."""
+    returns only when it cannot start: 127 no such program in the image, 126 not executable
+    (the shell's codes; no restart changes either), with the reason as termination message."""
     args = list(argv[1:] if argv[:1] == ["--"] else argv)
     if not args:
         raise SpecError("command", "--exec needs a program to run")
@@ -93,7 +120,16 @@ def exec_program(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     try:
         os.execvpe(args[0], args, env)
     except OSError as e:
-        raise SpecError("command", f"cannot run {args[0]!r} in this image: {e}") from None
+        missing = isinstance(e, FileNotFoundError)
+        code = PROGRAM_NOT_FOUND if missing else CANNOT_EXECUTE
+        words = (
+            f"cannot run {args[0]!r} in this image: {e}; check the command and that the "
+            "image holds the program (on the PATH, executable)"
+        )
+        logger.error("%s", words)
+        evidence.write(evidence.of_code(code, words))
+        return code
+    raise AssertionError("unreachable: execvpe returned")
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
@@ -150,24 +186,39 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
 
 def _run_worker(local_rank: int, ns: argparse.Namespace, mask: set[int | signal.Signals]) -> int:
     """In the forked child: run the module as ``__main__`` with the signal mask this process
-    started with; its exit code."""
+    started with; its exit code. A failing worker leaves its last words for the launcher."""
     import runpy
     import traceback
 
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.environ.update(worker_env(local_rank, ns))
     sys.argv = [ns.module, *ns.args]
+    errors = evidence.LastErrors()
+    logging.getLogger().addHandler(errors)
     try:
+        missing = evidence.missing_module(ns.module)
+        if missing is not None:
+            words = (
+                f"cannot run module {ns.module!r}: {missing}; check --module and that the "
+                "image (or PYTHONPATH) holds it"
+            )
+            sys.stderr.write(words + "\n")
+            write_words(words)
+            return MODULE_NOT_FOUND
         runpy.run_module(ns.module, run_name="__main__", alter_sys=True)
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
+            if e.code:
+                write_words("\n".join(errors.lines))
             return e.code or 0
         sys.stderr.write(f"{e.code}\n")
+        write_words(str(e.code))
         return 1
     except KeyboardInterrupt:
         return INTERRUPTED_BASE + signal.SIGINT
     except BaseException:
         traceback.print_exc()
+        write_words("".join(traceback.format_exc().splitlines(keepends=True)[-WORDS_LINES:]))
         return 1
     return 0
 
@@ -252,6 +303,8 @@ def supervise(
             break
         stall = watchdog.stalled()
         if stall is not None:
+            pid = next(p for p, rank in children.items() if rank == stall.rank)
+            stall = dataclasses.replace(stall, state=evidence.process_state(pid))
             logger.error("%s; stopping the workers", stall)
             _stop(children, codes, grace_s)
             return codes, None, stall
@@ -264,7 +317,8 @@ def supervise(
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Import torch once, fork ``--nproc-per-node`` workers, return the node's exit code."""
+    """Import torch once, fork ``--nproc-per-node`` workers, return the node's exit code;
+    on a failure of its own, the pod's evidence is its termination message."""
     if ns.nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun; read when torch loads
     # Blocked before torch starts any thread, so that no thread of this process takes a
@@ -284,23 +338,46 @@ def run(ns: argparse.Namespace) -> int:
         except BaseException:
             _stop(children, [], ns.grace_s)
             raise
-        codes, stopped_by, stall = supervise(children, ns.grace_s, Watchdog(files))
+        gpus = evidence.GpuWatch.of_pod()  # after the forks: NVML only in this process
+        watchdog = Watchdog(dict(files))
+        codes, stopped_by, stall = supervise(children, ns.grace_s, watchdog)
+        if watchdog.margin():
+            logger.info("stall watchdog: %s", watchdog.margin())
+        if stopped_by is not None:  # the pod was stopped: not its own failure
+            return INTERRUPTED_BASE + stopped_by
+        code = STALLED if stall is not None else worst_exit_code((t, c) for t, _, c in codes)
+        if code:
+            found = _evidence(code, codes, stall, files, bool(gpus.devices))
+            gpus.findings(found)
+            evidence.write(found)
     finally:
         while signal.sigtimedwait(WATCHED, 0) is not None:
             pass  # consumed here: the workers are gone, nothing is left to stop
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         shutil.rmtree(ns.progress_dir, ignore_errors=True)
-    if stopped_by is not None:
-        return INTERRUPTED_BASE + stopped_by
     if stall is not None:
         logger.error("worker stalled (%s); exiting with %d", stall, STALLED)
-        return STALLED
-    code = worst_exit_code((t, c) for t, _, c in codes)
-    if code:
+    elif code:
         failed = sorted((r, shell_code(c)) for _, r, c in codes if c)
         ranks = ", ".join(f"rank {r}: exit {c}" for r, c in failed)
         logger.error("workers failed (%s); exiting with %d", ranks, code)
     return code
+
+
+def _evidence(
+    code: int, codes: Codes, stall: Stall | None, files: dict[int, str], gpus: bool
+) -> Evidence:
+    """The node's failure as its termination message: the worker that failed first (or
+    stalled), its exit code, last progress and words, and the pod's verdict."""
+    found = evidence.of_code(code)
+    first = (stall.rank, STALLED) if stall else evidence.first_failure(codes)
+    if first is not None:
+        found.rank, found.exit_code = first
+        found.local_rank = first[0] % len(files)
+        found.gpu = str(found.local_rank) if gpus else None  # a worker uses its local rank's
+        found.step = last_progress(files[first[0]]) or None
+        found.error = str(stall) if stall else read_words(files[first[0]])
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -311,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         full = with_node_rank(argv, os.environ)
     except SpecError as e:
         logger.error("%s", e)
+        evidence.write(evidence.of_code(e.exit_code, str(e)))
         return e.exit_code
     return run(parse(full))
 

@@ -17,27 +17,90 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 PROGRESS_ENV = "MNNVL_PROGRESS_FILE"  # set per worker by mnnvl.runtime.launch
 # Test hook of the training and verify workers: ``<step or bytes>:<rank>:<SIGNAME>``.
 SIGNAL_AT_ENV = "MNNVL_TEST_SIGNAL_AT"
+WORDS_CHARS = 3000  # a worker's last words kept: the termination message holds 4096 bytes
 
 _seq = 0
 logger = logging.getLogger(__name__)
 
 
-def report(what: str, stall_timeout_s: float) -> None:
+class _Steps:
+    """This worker's step cadence, on its own clock: the launcher polls about once a second
+    and would miss most steps of a fast model."""
+
+    last_at: float | None = None  # the last report, when it was a step's
+    seen = 0
+    intervals: list[float] = []
+
+    @classmethod
+    def slowest(cls, step: bool) -> float | None:
+        """Note a report; the slowest of the recent step intervals once enough are known."""
+        now = time.monotonic()
+        if step and cls.last_at is not None and cls.seen >= LEARN_AFTER:
+            cls.intervals = [*cls.intervals[1 - WINDOW :], now - cls.last_at]
+        cls.seen += step
+        cls.last_at = now if step else None  # a step after something else is not learned
+        return max(cls.intervals) if len(cls.intervals) >= MIN_LEARNED else None
+
+
+def report(what: str, stall_timeout_s: float, *, step: bool = False, hold: bool = False) -> None:
     """Tell the launcher this worker is alive and what it just finished; arms its watchdog
-    with ``stall_timeout_s`` (0 disarms it). A no-op outside ``mnnvl.runtime.launch``."""
+    with ``stall_timeout_s`` (0 disarms it), the bound of the derived timeout (:class:`Seen`).
+    ``step``: a training step, whose cadence may shorten the timeout (only when the user gave
+    no stall timeout); ``hold``: something long may follow (start-up, a checkpoint save or
+    load, the last write), so the bound applies until the next report. A no-op outside
+    ``mnnvl.runtime.launch``."""
     global _seq
     path = os.environ.get(PROGRESS_ENV)
     if not path:
         return
     _seq += 1
     tmp = f"{path}.tmp"
+    body = {"seq": _seq, "stall_timeout_s": stall_timeout_s, "what": what, "hold": hold}
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"seq": _seq, "stall_timeout_s": stall_timeout_s, "what": what}, f)
+        json.dump({**body, "slowest_step_s": _Steps.slowest(step)}, f)
     os.replace(tmp, path)
+
+
+def words_path(progress_file: str) -> str:
+    """Where a worker leaves its last words (its exception's last lines) when it fails: beside
+    its progress file, for the launcher's termination message."""
+    return f"{progress_file}.error"
+
+
+def write_words(text: str) -> None:
+    """A failing worker's last words for its launcher (a no-op outside the launcher); never
+    raises: the exit code is what matters."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path or not text:
+        return
+    try:
+        with open(words_path(path), "w", encoding="utf-8") as f:
+            f.write(text[-WORDS_CHARS:])
+    except OSError as e:
+        logger.warning("could not keep the failure's words for the launcher: %s", e)
+
+
+def last_progress(progress_file: str) -> str:
+    """What a worker last reported done ("" when nothing)."""
+    try:
+        with open(progress_file, encoding="utf-8") as f:
+            return str(json.load(f).get("what", ""))
+    except (OSError, ValueError):
+        return ""
+
+
+def read_words(progress_file: str) -> str:
+    """A worker's last words, "" when it left none."""
+    try:
+        with open(words_path(progress_file), encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def signal_at(point: int, rank: int, what: str, marker_dir: str | None = None) -> None:
@@ -150,6 +213,18 @@ class Arrivals:
         return ", ".join(silent or late) or "not known (every rank is alive and in the same step)"
 
 
+# The derived stall timeout (training with no --stall-timeout-s): STEP_FACTOR x the slowest of
+# the last WINDOW step intervals, at least FLOOR_S, at most the bound the worker reports
+# (2 x collective timeout + 60 s). Learned by the worker from consecutive step reports after
+# its first LEARN_AFTER steps (they compile and warm up), and used once MIN_LEARNED are known
+# and the last report does not announce something long (``hold``).
+FLOOR_S = 60.0
+STEP_FACTOR = 10.0
+WINDOW = 20
+LEARN_AFTER = 2
+MIN_LEARNED = 3
+
+
 @dataclass
 class Seen:
     """The last progress the launcher saw of one worker, on the launcher's clock."""
@@ -158,6 +233,26 @@ class Seen:
     what: str = ""
     stall_timeout_s: float = 0.0
     at: float = 0.0
+    hold: bool = False
+    slowest_step_s: float | None = None
+
+    def update(self, data: dict[str, Any], now: float) -> None:
+        self.seq, self.what, self.at = data["seq"], str(data.get("what", "")), now
+        self.stall_timeout_s = float(data.get("stall_timeout_s") or 0)
+        self.hold = bool(data.get("hold"))
+        slowest = data.get("slowest_step_s")
+        self.slowest_step_s = None if slowest is None else float(slowest)
+
+    def timeout(self) -> tuple[float, str]:
+        """The stall timeout in force and how it was set."""
+        slowest = self.slowest_step_s
+        if self.hold or slowest is None or not self.stall_timeout_s:
+            return self.stall_timeout_s, f"--stall-timeout-s {self.stall_timeout_s:g}"
+        derived = min(self.stall_timeout_s, max(FLOOR_S, STEP_FACTOR * slowest))
+        return derived, (
+            f"stall timeout {derived:g} s: {STEP_FACTOR:g} x the slowest recent step "
+            f"({slowest:.2f} s), at least {FLOOR_S:g} s"
+        )
 
 
 @dataclass(frozen=True)
@@ -166,13 +261,14 @@ class Stall:
     what: str
     age_s: float
     stall_timeout_s: float
+    rule: str = ""  # how the timeout was set
+    state: str = ""  # its process's state, when known
 
     def __str__(self) -> str:
         last = f"last progress: {self.what}" if self.what else "no progress reported"
-        return (
-            f"rank {self.rank} made no progress for {self.age_s:.0f} s (--stall-timeout-s "
-            f"{self.stall_timeout_s:g}; {last})"
-        )
+        rule = self.rule or f"--stall-timeout-s {self.stall_timeout_s:g}"
+        state = f"; its process is {self.state}" if self.state else ""
+        return f"rank {self.rank} made no progress for {self.age_s:.0f} s ({rule}; {last}{state})"
 
 
 class Watchdog:
@@ -184,6 +280,7 @@ class Watchdog:
     def __init__(self, files: dict[int, str]) -> None:
         self.files = files  # global rank -> progress file
         self.seen = {rank: Seen() for rank in files}
+        self.closest: tuple[float, float, float, str] = (0.0, 0.0, 0.0, "")
 
     def stalled(self) -> Stall | None:
         """The first watched worker whose last progress is older than its stall timeout."""
@@ -196,13 +293,30 @@ class Watchdog:
                 continue  # not written yet (or a torn read, which os.replace rules out)
             seen = self.seen[rank]
             if data.get("seq") != seen.seq:
-                seen.seq, seen.what, seen.at = data["seq"], str(data.get("what", "")), now
-                seen.stall_timeout_s = float(data.get("stall_timeout_s") or 0)
+                if seen.seq:
+                    self._note_gap(rank, seen, now)
+                seen.update(data, now)
         for rank, seen in sorted(self.seen.items()):
             age = now - seen.at
-            if seen.seq and seen.stall_timeout_s > 0 and age > seen.stall_timeout_s:
-                return Stall(rank, seen.what, age, seen.stall_timeout_s)
+            timeout, rule = seen.timeout()
+            if seen.seq and timeout > 0 and age > timeout:
+                return Stall(rank, seen.what, age, timeout, rule)
         return None
+
+    def _note_gap(self, rank: int, seen: Seen, now: float) -> None:
+        """Keep the silence closest to its timeout: the watchdog's false-alarm margin."""
+        timeout, _ = seen.timeout()
+        gap = now - seen.at
+        if timeout > 0 and gap / timeout > self.closest[0]:
+            self.closest = (gap / timeout, gap, timeout, f"rank {rank} before {seen.what!r}")
+
+    def margin(self) -> str:
+        """The longest silence relative to the timeout then in force, as a log line's words
+        ("" before a worker reported twice)."""
+        ratio, gap, timeout, where = self.closest
+        if not ratio:
+            return ""
+        return f"longest silence {gap:.1f} s of a {timeout:g} s stall timeout ({where})"
 
     def forget(self, rank: int) -> None:
         """A worker that ended is not watched any more."""

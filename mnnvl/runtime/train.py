@@ -131,7 +131,7 @@ class Trainer:
         path = self.ckpt.latest() if self.ckpt else None
         if self.ckpt is None or path is None:
             return
-        extra = self.ckpt.load(path, self.model, self.opt)
+        extra = self.ckpt.load(path, self.model, self.opt, run=f"the {self.cfg.model} preset")
         self.sched.load_state_dict(extra["scheduler"])
         self.start_step, self.last_loss, self.checkpoint = extra["step"], extra["loss"], str(path)
         self.resumed_from = str(path)
@@ -183,7 +183,7 @@ class Trainer:
             loss = self.step(step)
             thr.exclude(self.held_s)
             self.held_s = 0.0
-            progress.report(f"step {step}", cfg.stall_s)
+            progress.report(f"step {step}", cfg.stall_s, step=not cfg.stall_timeout_s)
             progress.signal_at(step, self.info.rank, "step", cfg.checkpoint_dir or ".")
             is_log = step in (first, cfg.steps) or step % cfg.log_every == 0
             save = self.ckpt is not None and (
@@ -215,9 +215,14 @@ class Trainer:
                     self.steps_left(step, first, rate),
                 )
             if save and self.ckpt is not None:
-                extra = {"scheduler": self.sched.state_dict(), "loss": mean_loss}
+                extra = {
+                    "scheduler": self.sched.state_dict(),
+                    "loss": mean_loss,
+                    "model": cfg.model,  # what it was written for, named if another run loads it
+                }
                 t_save = time.perf_counter()
                 self.phase = f"the checkpoint save of step {step} (barrier)"
+                progress.report(f"checkpoint step {step} saving", cfg.stall_s, hold=True)
                 self.ckpt.save(step, self.model, self.opt, extra)
                 thr.save_started()
                 progress.report(f"checkpoint step {step} started", cfg.stall_s)
@@ -225,6 +230,7 @@ class Trainer:
         if self.ckpt is not None:
             # Success needs the final checkpoint complete: wait for its background write.
             self.phase = "the last checkpoint's write"
+            progress.report("waiting for the last checkpoint's write", cfg.stall_s, hold=True)
             done = self.ckpt.finish()
             if done is not None:
                 self.checkpoint = str(done)
@@ -307,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_config(argv)
         tuning()  # bad levers are bad input, found before the process group exists
         info = init_distributed(cfg.collective_timeout_s)
-        progress.report("process group ready", cfg.stall_s)
+        progress.report("process group ready", cfg.stall_s, hold=True)  # then load, compile
         check_memory(cfg, info)
     except MnnvlError as e:  # e.g. GPUs requested but none visible: fail naming the pod
         logger.error("%s", e)

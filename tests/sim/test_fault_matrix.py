@@ -559,11 +559,15 @@ class Fault:
 
 
 def train_with_a_fault(
-    sim: SimCluster, r: Run, sig: signal.Signals | Callable[[str], None], **workload: Any
+    sim: SimCluster,
+    r: Run,
+    sig: signal.Signals | Callable[[str], None],
+    timeouts: dict[str, float] = FAST_TIMEOUTS,
+    **workload: Any,
 ) -> Fault:
     """Train 2 nodes with checkpoints on a claim (``workload``: overrides of the recovery
-    inputs); once the first checkpoint exists, send ``sig`` to every process of index 1's pod
-    (or call ``sig`` with that pod's node)."""
+    inputs, ``timeouts`` the training's); once the first checkpoint exists, send ``sig`` to
+    every process of index 1's pod (or call ``sig`` with that pod's node)."""
     workload = dataclasses_replace(
         r.workload, purpose="train", pvc=(f"{CLAIM}:{MOUNT}",), job_timeout_s=240, **workload
     )
@@ -572,7 +576,7 @@ def train_with_a_fault(
         checkpoint_dir=f"{MOUNT}/{r.id}",
         checkpoint_every=10,
         log_every=5,
-        **FAST_TIMEOUTS,
+        **timeouts,
     )
     outcome: list[Any] = []
     thread, errors = in_background(
@@ -628,6 +632,28 @@ def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_defa
         f"(failure seen after {seen_s:.1f} s, then {result.recovery_s:.1f} s to the first "
         f"step), resumed from step {result.start_step}, steps lost {result.steps_lost}"
     )
+    r.close()
+    assert sim.processes(r.names.selector) == []
+
+
+def test_a_hung_worker_at_the_default_inputs_is_resumed_within_two_minutes(
+    sim: SimCluster, run: Callable[..., Run], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every input at its default: the pods' stall watchdog, derived from the steps seen,
+    # finds the hang long before the collective timeout (300 s) would.
+    r = run()
+    r.provision()
+    caplog.set_level("INFO", logger="mnnvl")
+    fault = train_with_a_fault(sim, r, signal.SIGSTOP, timeouts={})
+    assert fault.error is None, fault.error
+    result = fault.result
+    assert result.steps == 150 and result.restarts == 1
+    restarted = next(rec for rec in caplog.records if "restarting every rank" in rec.getMessage())
+    assert "exit code 12" in restarted.getMessage()  # the stall watchdog, not a collective
+    seen_s = restarted.created - fault.at
+    resumed_s = seen_s + result.recovery_s
+    print(f"SIGSTOP at the defaults: seen after {seen_s:.1f} s, resumed after {resumed_s:.1f} s")
+    assert resumed_s < 120
     r.close()
     assert sim.processes(r.names.selector) == []
 

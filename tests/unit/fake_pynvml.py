@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 NVLINK4_SPEED_MBPS = 26562
@@ -19,6 +20,10 @@ class NVMLError(Exception):
 
 
 class NVMLError_NotSupported(NVMLError):
+    pass
+
+
+class NVMLError_Timeout(NVMLError):
     pass
 
 
@@ -79,6 +84,7 @@ class FakeGpu:
     health_mask: int = 0
     health_summary: int = 0  # NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED
     fabric_versions: tuple[int, ...] = (2, 3)  # nvmlGpuFabricInfo versions the driver knows
+    xids: list[int] = field(default_factory=list)  # critical Xid events still to be reported
 
 
 class _Value:
@@ -106,6 +112,8 @@ class FakeNvml:
     NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
     NVML_NVLINK_ERROR_DL_CRC_DATA = 3
     NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON = 90
+    nvmlEventTypeXidCriticalError = 8
+    NVMLError_Timeout = NVMLError_Timeout
     nvmlGpuFabricInfo_v2 = 0x2000024
     nvmlGpuFabricInfo_v3 = 0x3000028
     c_nvmlGpuFabricInfoV_t = FabricInfoV
@@ -170,6 +178,20 @@ class FakeNvml:
         if device.fabric_state is None:
             raise NVMLError_NotSupported()
         return self._fill_fabric(device, getattr(gpuFabricInfo, "_obj", gpuFabricInfo))
+
+    def nvmlEventSetCreate(self) -> list[FakeGpu]:
+        return []  # the GPUs registered with it
+
+    def nvmlDeviceRegisterEvents(
+        self, handle: FakeGpu, eventTypes: int, eventSet: list[FakeGpu]
+    ) -> None:
+        eventSet.append(handle)
+
+    def nvmlEventSetWait_v2(self, eventSet: list[FakeGpu], timeoutms: int) -> Any:
+        for gpu in eventSet:
+            if gpu.xids:
+                return SimpleNamespace(device=gpu, eventData=gpu.xids.pop(0))
+        raise NVMLError_Timeout()
 
     @staticmethod
     def _fill_fabric(device: FakeGpu, info: Any) -> int:

@@ -129,6 +129,7 @@ def test_a_stopped_worker_is_stalled_and_the_node_exits_12_naming_its_last_progr
     code, err = finish(proc, timeout=60)
     assert code == 12, err[-2000:]
     assert "rank 1 made no progress for" in err and "last progress: step 3" in err
+    assert "its process is stopped (SIGSTOP)" in err  # the hang itself, not a waiting peer
     assert not any(alive(p) for p in pids)
 
 
@@ -197,6 +198,15 @@ def test_a_clique_groups_pod_gets_its_node_rank_from_the_group_base() -> None:
     argv = with_node_rank(["--nnodes=4", "-m", "x"], {"MNNVL_NODE_RANK_BASE": "2",
                                                       "JOB_COMPLETION_INDEX": "1"})  # fmt: skip
     assert worker_env(0, parse(argv))["RANK"] == "3"
+
+
+def test_a_clique_groups_node_rank_is_kept_when_the_modules_own_arguments_look_alike() -> None:
+    group = {"MNNVL_NODE_RANK_BASE": "2", "JOB_COMPLETION_INDEX": "1"}
+    argv = with_node_rank(["--nnodes=4", "-m", "x", "--node-rank-file", "/tmp/r"], group)
+    ns = parse(argv)
+    assert ns.node_rank == 3 and ns.args == ["--node-rank-file", "/tmp/r"]
+    given = with_node_rank(["--nnodes=4", "--node-rank", "0", "-m", "x"], group)
+    assert parse(given).node_rank == 0  # the launcher's own option wins
 
 
 def test_module_arguments_are_passed_through_untouched() -> None:
