@@ -16,9 +16,14 @@ SCHEMA_STAMP := $(SCHEMA_DIR)/nvidia-dra-driver/crds/resource.nvidia.com_compute
 K8S_CLIENT_NEWEST ?= kubernetes>=37,<38
 CLIENT_VENV ?= .venv-client-newest
 # Images: `make images REGISTRY=ghcr.io/you TAG=0.2.0 [PUSH=1]` (TAG defaults to the version).
+# PLATFORMS=linux/amd64,linux/arm64 adds Grace (GB200/GB300, aarch64) nodes; several platforms
+# need buildx and PUSH=1 or OCI_DIR=DIR, else they stay in the build cache (docker's classic
+# image store cannot load a multi-platform image). Empty: the engine's own platform.
 REGISTRY ?= ghcr.io/mnnvl-pipelines
 TAG ?=
 PUSH ?= 0
+PLATFORMS ?=
+OCI_DIR ?=
 # pytest workers for make test (pytest-xdist; 0 = no workers, all in one process).
 TEST_WORKERS ?= auto
 RUN_ID ?= demo-run
@@ -90,8 +95,9 @@ bench: install ## CPU benchmarks (simulator API requests, concurrency, make run,
 test-gpu: ## GPU tests (run on a machine with >= 2 NVIDIA GPUs and torch installed)
 	PYTHONPATH=. $(PYTHON) -m pytest -q -m gpu tests/gpu
 
-images: ## build the launcher and runtime images (REGISTRY=…, TAG=…, PUSH=1; docker buildx when present)
-	REGISTRY="$(REGISTRY)" TAG="$(TAG)" PUSH="$(PUSH)" bash scripts/build-images.sh
+images: ## build the launcher and runtime images (REGISTRY=…, TAG=…, PUSH=1, PLATFORMS=linux/amd64,linux/arm64)
+	REGISTRY="$(REGISTRY)" TAG="$(TAG)" PUSH="$(PUSH)" PLATFORMS="$(PLATFORMS)" OCI_DIR="$(OCI_DIR)" \
+	  bash scripts/build-images.sh
 
 schemas: $(SCHEMA_STAMP) ## fetch the upstream schemas the tests validate against (into ./schemas)
 
