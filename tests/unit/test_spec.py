@@ -20,6 +20,7 @@ from mnnvl.inputs.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
+    from_inputs,
 )
 
 RUN = "run-1"
@@ -165,7 +166,7 @@ def test_bad_input_is_refused_with_a_one_line_message_naming_the_field(
     cls: type, kwargs: dict[str, Any], field: str, phrase: str
 ) -> None:
     with pytest.raises(SpecError) as info:
-        cls(**kwargs)
+        from_inputs(cls, **kwargs)
     err = info.value
     assert err.field == field
     message = str(err)
@@ -251,7 +252,8 @@ def test_the_default_warmup_is_capped_at_a_shorter_run() -> None:
 def test_valid_inputs_are_accepted() -> None:
     domain = DomainSpec(run_id="Run_1.x", namespace="team-a", allocation_mode="All")
     assert domain.allocation_mode == "All" and domain.namespace == "team-a"
-    workload = WorkloadSpec(
+    workload = from_inputs(
+        WorkloadSpec,
         run_id="f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
         image="registry.example.com:5000/team/trainer:1.0@sha256:" + "a" * 64,
         gpus_per_node=0,
@@ -320,7 +322,8 @@ def test_config_flags_round_trip_to_an_equal_dataclass(cls: type, cfg: Any) -> N
 
 def test_workload_flags_round_trip_including_env_and_booleans() -> None:
     owner = OwnerRef(api_version="v1", kind="Pod", name="launcher", uid="u-1")
-    cfg = WorkloadSpec(
+    cfg = from_inputs(
+        WorkloadSpec,
         run_id="Run_7",
         namespace="team-a",
         purpose="verify-post",
@@ -386,9 +389,9 @@ def test_scheduling_flags_parse_into_the_workload() -> None:
             "dedicated=ml:NoSchedule", "--tolerations", "", "--priority-class", "training-high",
             "--queue-name", "team-a"]  # fmt: skip
     workload = from_namespace(WorkloadSpec, parser.parse_args(argv), run_id=RUN)
-    assert workload.node_selector == {"pool": "gb200", "zone": ""}
-    assert workload.tolerations == ("dedicated=ml:NoSchedule",)  # blank items are dropped
-    assert (workload.priority_class, workload.queue_name) == ("training-high", "team-a")
+    assert workload.placement.node_selector == {"pool": "gb200", "zone": ""}
+    assert workload.placement.tolerations == ("dedicated=ml:NoSchedule",)  # blank items dropped
+    assert (workload.placement.priority_class, workload.queue_name) == ("training-high", "team-a")
 
 
 @pytest.mark.parametrize(
