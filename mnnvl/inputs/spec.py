@@ -209,6 +209,7 @@ class _WorkerTimeouts:
                 "stall_timeout_s",
                 f"{self.stall_timeout_s:g} must exceed collective_timeout_s "
                 f"{self.collective_timeout_s:g} (a collective may wait that long on a slow peer)",
+                mentions=("collective_timeout_s",),
             )
 
     @property
@@ -482,14 +483,20 @@ class WorkloadSpec:
                 "nodes",
                 f"{self.nodes} nodes do not fit one NVLink clique of at most {per}; set "
                 "nodes_per_clique to place them as several clique groups",
+                mentions=("nodes_per_clique",),
             )
         if place.nodes_per_clique and self.nodes % place.nodes_per_clique:
             raise SpecError(
                 "nodes",
                 f"{self.nodes} is not a multiple of nodes_per_clique {place.nodes_per_clique}",
+                mentions=("nodes_per_clique",),
             )
         if place.topology_aware and not self.queue_name:
-            raise SpecError("topology_aware", "needs queue_name (Kueue admits the groups)")
+            raise SpecError(
+                "topology_aware",
+                "needs queue_name (Kueue admits the groups)",
+                mentions=("queue_name",),
+            )
         several_groups = place.nodes_per_clique and self.nodes > place.nodes_per_clique
         if self.queue_name and several_groups and not place.topology_aware:
             raise SpecError(
@@ -497,6 +504,7 @@ class WorkloadSpec:
                 "several clique groups under Kueue run as one Job that Kueue admits whole "
                 "and places group by group with topology-aware scheduling: set "
                 f"topology_aware (a Kueue Topology with the level {place.clique_label})",
+                mentions=("topology_aware",),
             )
 
     @property
@@ -606,13 +614,16 @@ class TrainConfig(_WorkerTimeouts):
                     "warmup_steps",
                     f"{self.warmup_steps} is more than steps {self.steps} (the learning rate "
                     f"would never reach its peak); set warmup_steps to {self.steps} or fewer",
+                    mentions=("warmup_steps",),
                 )
             # The default warm-up on a run shorter than it: the whole run warms up.
             object.__setattr__(self, "warmup_steps", self.steps)
         if not self.data:
             raise SpecError("data", "must be 'synthetic' or a path to a token file")
         if self.checkpoint_every and not self.checkpoint_dir:
-            raise SpecError("checkpoint_every", "needs checkpoint_dir to be set")
+            raise SpecError(
+                "checkpoint_every", "needs checkpoint_dir to be set", mentions=("checkpoint_dir",)
+            )
         self._check_stall()
 
     def _apply_preset(self) -> None:
@@ -724,7 +735,9 @@ class VerifyConfig(_WorkerTimeouts):
         check_declared(self)
         if self.min_bytes and self.max_bytes and self.min_bytes > self.max_bytes:
             raise SpecError(
-                "min_bytes", f"{self.min_bytes} is larger than max_bytes {self.max_bytes}"
+                "min_bytes",
+                f"{self.min_bytes} is larger than max_bytes {self.max_bytes}",
+                mentions=("max_bytes",),
             )
         self._check_stall()
 

@@ -114,6 +114,7 @@ def check_shared_storage(workload: _Mounts, config: _Paths) -> None:
                 name,
                 f"{path} is not under a mounted PVC (mounts: {where}); every worker pod must "
                 f"see it: add a pvc CLAIM:/mount/path{single}",
+                mentions=("allow_local_checkpoint",),
             )
         if name == "checkpoint_dir" and mount.read_only:
             raise SpecError(name, f"{path} is under {mount.claim}, which is mounted read-only")

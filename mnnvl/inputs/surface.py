@@ -265,20 +265,17 @@ def flatten(values: dict[str, Any], inputs: list[Input]) -> dict[str, Any]:
     return flat
 
 
-# An input's name in an error's text; a group's key (``verify.min_bytes``) keeps its spelling.
-_INPUT_NAME = re.compile(r"(?<!\.)\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
-
-
 def respelled(error: SpecError, names: Mapping[str, str]) -> SpecError:
-    """``error`` with the inputs it names as a surface spells them (``names``: input -> its
-    name there, e.g. ``--warmup-steps`` on the CLI, ``train_timeout_s`` in a pipeline): the
-    field it is about and every input name of two or more words in its text. Input errors
-    are written in input names (``set warmup_steps to 10 or fewer``) for this."""
+    """``error`` with its field and the inputs its text mentions as a surface spells them
+    (``names``: input -> its name there, e.g. ``--warmup-steps`` on the CLI,
+    ``train_timeout_s`` in a pipeline); the rest of the text, values as typed among it, stays."""
     head, dot, detail = error.field.partition(".")
     name = names.get(head, head)
     field = name + ((" " if name.startswith("--") else ".") + detail if dot else "")
-    message = str(error).removeprefix(f"{error.field}: ")
-    return SpecError(field, _INPUT_NAME.sub(lambda m: names.get(m[0], m[0]), message))
+    text = error.detail
+    for mention in error.mentions:
+        text = re.sub(rf"(?<![\w./-]){re.escape(mention)}\b", names.get(mention, mention), text)
+    return SpecError(field, text, mentions=tuple(names.get(m, m) for m in error.mentions))
 
 
 # ---- steps ---------------------------------------------------------------------------------
@@ -597,6 +594,7 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
                 "admission_timeout_s is 0 (no limit): a Job queued long would be cut by the pod's "
                 f"deadline; set admission_timeout_s to at most {max(0.0, room):g} s ({name} less "
                 f"{took} and {LAUNCHER_MARGIN_S:g} s), or raise {name}",
+                mentions=(timeout, "pods_running_timeout_s", "queue_name", "admission_timeout_s"),
             )
         need = deadline_s - room + limits.admission_timeout_s
         if deadline_s < need:
@@ -606,6 +604,7 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
                 f"step may take: {took} + admission_timeout_s {limits.admission_timeout_s:g} s "
                 f"+ {LAUNCHER_MARGIN_S:g} s = {need:g} s; raise {name} to at least {need:.0f} or "
                 f"lower {timeout}",
+                mentions=(timeout, "pods_running_timeout_s", "admission_timeout_s"),
             )
 
 
