@@ -125,7 +125,9 @@ def from_inputs(cls: type[T], **inputs: Any) -> T:
     for name, kind in nested(cls).items():
         mine = {f.name for f in dataclasses.fields(kind)} & kwargs.keys()
         if mine:
-            kwargs[name] = kind(**{k: kwargs.pop(k) for k in mine})
+            given = {k: kwargs.pop(k) for k in mine}
+            whole = kwargs.get(name)
+            kwargs[name] = dataclasses.replace(whole, **given) if whole else kind(**given)
     return cls(**kwargs)
 
 
@@ -144,7 +146,7 @@ def with_inputs(spec: T, **inputs: Any) -> T:
         mine = {f.name for f in dataclasses.fields(kind)} & inputs.keys()
         if mine:
             changes = {k: inputs.pop(k) for k in mine}
-            inputs[name] = dataclasses.replace(getattr(spec, name), **changes)
+            inputs[name] = dataclasses.replace(inputs.get(name, getattr(spec, name)), **changes)
     return dataclasses.replace(spec, **inputs)  # type: ignore[type-var]
 
 

@@ -10,17 +10,19 @@ from typing import Any
 import pytest
 
 from mnnvl.errors import SpecError
-from mnnvl.inputs import namespace
+from mnnvl.inputs import namespace, surface
 from mnnvl.inputs.checks import parse_bytes, parse_env
 from mnnvl.inputs.flags import add_arguments, from_namespace, to_args
 from mnnvl.inputs.spec import (
     DomainSpec,
     LaunchSpec,
     OwnerRef,
+    Placement,
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
     from_inputs,
+    with_inputs,
 )
 
 RUN = "run-1"
@@ -407,3 +409,21 @@ def test_ranges_print_as_numbers_are_typed_and_include_zero_where_it_is_valid(kw
     with pytest.raises(SpecError) as err:
         TrainConfig(**kwargs)
     assert str(err.value) == message
+
+
+def test_a_workloads_groups_are_the_groups_its_forms_show() -> None:
+    """Each input KFP and Argo carry in a group is read from that group of the workload."""
+    workload = from_inputs(WorkloadSpec, run_id=RUN, max_restarts=7, shm_size="1Gi")
+    assert (workload.recovery.max_restarts, workload.pod.shm_size) == (7, "1Gi")
+    grouped = [i for i in surface.class_inputs(WorkloadSpec) if i.group]
+    assert {i.group for i in grouped} == {"placement", "pod", "deadlines", "recovery"}
+    for item in grouped:
+        assert hasattr(getattr(workload, item.group), item.name), item.name
+
+
+def test_changing_a_grouped_input_checks_the_whole_workload_again() -> None:
+    workload = from_inputs(WorkloadSpec, run_id=RUN, nodes=4, nodes_per_clique=2)
+    with pytest.raises(SpecError, match=r"^nodes: 4 is not a multiple of nodes_per_clique 3"):
+        with_inputs(workload, nodes_per_clique=3)
+    both = with_inputs(workload, placement=Placement(gpu_mode="claim"), nodes_per_clique=4)
+    assert (both.placement.gpu_mode, both.placement.nodes_per_clique) == ("claim", 4)
