@@ -339,7 +339,7 @@ def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
     """A validated ``cls`` from surface values by input name (lists -> dict/tuple, sizes ->
     int), each given to the group that holds it; unset inputs keep the dataclass default."""
     kwargs: dict[str, Any] = {}
-    for owner, f, _ in _fields(cls):
+    for (_, f, _), item in zip(_fields(cls), class_inputs(cls), strict=True):
         value = values.get(f.name)
         if value is None:
             continue
@@ -347,10 +347,10 @@ def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
             value = parse_bytes(f.name, value)
         elif f.default_factory is dict:
             value = parse_env(value, f.name)
-        elif _kind(owner, f) == "list":
+        elif item.kind == "list":
             value = parse_list(value, f.name)
         else:
-            value = Input(f.name, _kind(owner, f), f.default, "", frozenset()).coerce(value)
+            value = item.coerce(value)
         kwargs[f.name] = value
     return from_inputs(cls, **(kwargs | extra))
 
