@@ -17,7 +17,15 @@ import sys
 from pathlib import Path
 
 from mnnvl.contract import rbac
-from mnnvl.inputs.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import (
+    DomainSpec,
+    OwnerRef,
+    Placement,
+    PodTemplate,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+)
 from mnnvl.manifests import render_run
 from mnnvl.yaml_stream import to_yaml
 
@@ -73,15 +81,15 @@ def examples() -> dict[str, str]:
         namespace="ml-team",
         nodes=2,
         gpus_per_node=4,
-        pvc=("ml-team-checkpoints:/ckpt",),
+        pod=PodTemplate(pvc=("ml-team-checkpoints:/ckpt",)),
     )
     claim = WorkloadSpec(
         run_id="nightly-gb200-rack7",
         namespace="ml-team",
         nodes=4,
         gpus_per_node=4,
-        gpu_mode="claim",
-        worker_service_account="mnnvl-worker",
+        placement=Placement(gpu_mode="claim"),
+        pod=PodTemplate(worker_service_account="mnnvl-worker"),
         env={"NCCL_SOCKET_IFNAME": "eth0"},
         owner=owner,
     )

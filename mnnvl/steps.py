@@ -241,7 +241,7 @@ def launch(
     RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown.
     """
     start = time.monotonic()
-    with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
+    with Api.connect(kubeconfig, outage_s=workload.deadlines.api_outage_s) as api:
         outcome = run_job(api, workload, module, args)
     if outcome.adopted.startswith("complete"):
         again = "; `mnnvl verify --measure-again` measures again" if module == VERIFY_MODULE else ""
@@ -354,8 +354,8 @@ def verify(
     start = time.monotonic()
     verify_workload, args = step_workload(workload, "verify"), to_args(config)
     if measure_again:
-        with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
-            deadline = Deadline(workload.pods_running_timeout_s)
+        with Api.connect(kubeconfig, outage_s=workload.deadlines.api_outage_s) as api:
+            deadline = Deadline(workload.deadlines.pods_running_timeout_s)
             removed = delete_step_jobs(api, verify_workload, VERIFY_MODULE, args, deadline)
         logger.info("verify: measuring again (deleted %s)", ", ".join(removed) or "nothing")
     if report_dir:
@@ -500,7 +500,7 @@ def preflight(
     ``fail_on_fail``; the report (``preflight.ctrf.json``) is written first.
     """
     start, started = time.monotonic(), time.time()
-    with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
+    with Api.connect(kubeconfig, outage_s=workload.deadlines.api_outage_s) as api:
         rows = check_cluster(api, workload)
     text = table(rows)
     logger.info("preflight of namespace %s:\n%s", workload.namespace, text)

@@ -227,7 +227,7 @@ def raise_on_stuck_pod(
         found = pod_problem(
             pod,
             prepare.get(pod["metadata"]["name"]),
-            retries=workload.max_restarts > 0,
+            retries=workload.recovery.max_restarts > 0,
             grace=grace,
         )
         if found is None:
@@ -247,7 +247,7 @@ def raise_on_stuck_pod(
         )
         if tail:
             text += f"; last log lines:\n{tail}"
-        if found.kind in UNPLACED and group and workload.clique_affinity:
+        if found.kind in UNPLACED and group and workload.placement.clique_affinity:
             found = replace(found, kind=ProblemKind.NO_CLIQUE_ROOM)
             cliques = clique_shortage(api, workload, group, pods)
             # Every node short of a resource: no clique would do, the scheduler's reason leads.
@@ -270,7 +270,7 @@ def label_shortage(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) 
     said = _unschedulable(pod)
     total, misses = SCHEDULER_TOTAL.search(said), NODE_AFFINITY_MISSES.search(said)
     selected = (pod.get("spec") or {}).get("nodeSelector")
-    if not workload.clique_affinity or selected or total is None or misses is None:
+    if not workload.placement.clique_affinity or selected or total is None or misses is None:
         return None
     carrying = int(total[1]) - int(misses[1])
     if carrying >= workload.group_nodes:
@@ -281,7 +281,7 @@ def label_shortage(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) 
         grace_s=grace_s,
         carrying=carrying,
         total=int(total[1]),
-        label=workload.clique_label,
+        label=workload.placement.clique_label,
         needed=workload.group_nodes,
         detail=said,
     )
@@ -316,8 +316,8 @@ def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects)
     return (
         f"no NVLink clique with {workload.group_nodes} free nodes for group g{group}; "
         f"cliques seen: {seen or 'none (no pod of the run placed)'}; every clique group needs "
-        f"a clique of its own: free nodes in a clique ({workload.clique_label}), or run fewer "
-        "or smaller groups (--nodes, --nodes-per-clique)"
+        f"a clique of its own: free nodes in a clique ({workload.placement.clique_label}), or "
+        "run fewer or smaller groups (--nodes, --nodes-per-clique)"
     )
 
 
@@ -540,7 +540,8 @@ def job_failure(
     head = problem(ProblemKind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
     if restarts:
         head += (
-            f" after {restarts} restart(s) of every rank (--max-restarts {workload.max_restarts})"
+            f" after {restarts} restart(s) of every rank "
+            f"(--max-restarts {workload.recovery.max_restarts})"
         )
     pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
     bad = last_failures(pods, index_set(failed_indexes))

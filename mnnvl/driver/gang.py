@@ -139,7 +139,8 @@ class Gang:
         self.old: set[str] = set()  # pods of generations already restarted
         self.restarts: list[Restart] = []
         self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
-        self.stranded = Grace(workload.unschedulable_grace_s)  # evicted pods left Terminating
+        # evicted pods left Terminating
+        self.stranded = Grace(workload.deadlines.unschedulable_grace_s)
         self.stranded_logged: set[str] = set()  # pod uids already logged
         self.first = True  # no pods seen yet: failures seen now may predate the step
 
@@ -175,7 +176,7 @@ class Gang:
             name,
             code,
             len(self.restarts),
-            self.workload.max_restarts,
+            self.workload.recovery.max_restarts,
             rank0.describe() if rank0 is not None else "rank 0 not followed yet",
         )
         self._delete_others(pods)
@@ -227,13 +228,13 @@ class Gang:
         """Raise when restarting would exceed ``--max-restarts`` or fail an index whose pod
         this restart deletes (the Job controller counts it; the Job would fail meanwhile)."""
         name, code = failed["metadata"]["name"], exit_code(failed)
-        if len(self.restarts) >= self.workload.max_restarts:
+        if len(self.restarts) >= self.workload.recovery.max_restarts:
             found = problem(
                 ProblemKind.RESTARTS_EXHAUSTED,
                 pod=name,
                 exit_code=code,
                 restarts=len(self.restarts),
-                max_restarts=self.workload.max_restarts,
+                max_restarts=self.workload.recovery.max_restarts,
             )
             ns = self.workload.namespace
             tail = log_tail(self.api, ns, name)
@@ -248,7 +249,7 @@ class Gang:
             why = (
                 f"and restarting every rank would fail pod {spent['metadata']['name']}'s index "
                 f"{pod_index(spent)}: it has had {self._failures(spent)} failure(s), "
-                f"--max-restarts {self.workload.max_restarts}"
+                f"--max-restarts {self.workload.recovery.max_restarts}"
             )
             raise WorkloadFailed(
                 f"pod {name} failed with exit code {code} {why}; check "
@@ -281,7 +282,7 @@ class Gang:
 
     def _has_retry(self, pod: dict[str, Any]) -> bool:
         """Whether one more counted failure of this pod leaves its index a retry."""
-        return self._failures(pod) < self.workload.max_restarts
+        return self._failures(pod) < self.workload.recovery.max_restarts
 
     def _failures(self, pod: dict[str, Any]) -> int:
         """Its index's counted failures before this pod: the Job controller's annotation,

@@ -204,8 +204,8 @@ class JobWatch:
         self.jobs = [jobs] if isinstance(jobs, str) else list(jobs)
         self.api, self.workload, self.job = api, workload, self.jobs[0]
         self.follow = follow
-        self.grace = Grace(workload.unschedulable_grace_s)
-        self.refusal_grace = Grace(workload.unschedulable_grace_s)
+        self.grace = Grace(workload.deadlines.unschedulable_grace_s)
+        self.refusal_grace = Grace(workload.deadlines.unschedulable_grace_s)
         self.refusals: dict[str, str] = {}  # Job -> its latest refused create's message
         self.admission = Deadline(0)  # this wait's stopwatch; the limit counts every wait
         self.queued_s = 0.0  # seconds suspended in the waits before this one
@@ -290,7 +290,7 @@ class JobWatch:
                 )
                 logger.info("Job %s/%s %s after %.0f s", ns, self.job, again, waited)
             self.queued_s += self.admission.elapsed()
-            self.pods_deadline = Deadline(self.workload.pods_running_timeout_s)
+            self.pods_deadline = Deadline(self.workload.deadlines.pods_running_timeout_s)
         if self.job_deadline is None:
             self._starting(view)
         elif self.job_deadline.expired:
@@ -336,12 +336,13 @@ class JobWatch:
                 self.job,
                 why or "Kueue's Workload unreadable",
                 self.evictions,
-                self.workload.max_restarts,
+                self.workload.recovery.max_restarts,
             )
-        if self.evictions > self.workload.max_restarts and (why or workloads is None):
+        if self.evictions > self.workload.recovery.max_restarts and (why or workloads is None):
             raise WorkloadFailed(
                 f"Kueue evicted Job {ns}/{self.job} {self.evictions} time(s), more than "
-                f"--max-restarts {self.workload.max_restarts} ({why or 'suspended again'}); a "
+                f"--max-restarts {self.workload.recovery.max_restarts} "
+                f"({why or 'suspended again'}); a "
                 "Job evicted for its PodsReady timeout has pods that do not get Ready within "
                 "Kueue's waitForPodsReady.timeout (30 min by default from Kueue v0.19): check "
                 f"`kubectl get workloads -n {ns} -o yaml` and the pods' events, or raise "
@@ -351,7 +352,8 @@ class JobWatch:
         if left is not None and left <= 0:
             waits = f", over {self.evictions + 1} waits" if self.evictions else ""
             raise WaitTimeout(
-                f"{self._queue_text(job)} for more than {self.workload.admission_timeout_s:g} s "
+                f"{self._queue_text(job)} for more than "
+                f"{self.workload.deadlines.admission_timeout_s:g} s "
                 f"in all{waits}{kueue} (--admission-timeout-s); check `kubectl get workloads -n "
                 f"{ns}` and the queue's ClusterQueue quota"
             )
@@ -359,7 +361,7 @@ class JobWatch:
     def _admission_left(self) -> float | None:
         """Seconds of --admission-timeout-s left: every wait while suspended counts, before the
         first admission and after each eviction; None without a limit."""
-        limit = self.workload.admission_timeout_s
+        limit = self.workload.deadlines.admission_timeout_s
         return limit - self.queued_s - self.admission.elapsed() if limit > 0 else None
 
     def _queue_text(self, job: dict[str, Any]) -> str:

@@ -112,7 +112,7 @@ def _replace_failed_job(api: Api, workload: WorkloadSpec, stale: StaleObject) ->
         failed_reason(stale.existing),
     )
     ns, gone = workload.namespace, Deletions(workload.run_id)
-    deadline = Deadline(workload.pods_running_timeout_s)
+    deadline = Deadline(workload.deadlines.pods_running_timeout_s)
     what = f"the failed Job {ns}/{job}"
     _delete_job_and_wait(api, gone, ns, job, what, deadline, existing=stale.existing)
     if gone.skipped:

@@ -33,7 +33,7 @@ from mnnvl.driver.retry import BACKOFF_MAX_S, RetryPolicy
 from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import assert_nothing_left
 from tests.sim.simkit import wait_for as until
@@ -67,7 +67,8 @@ class Run:
         self.domain = DomainSpec(
             run_id=self.id, rct_timeout_s=60, delete_timeout_s=60, api_outage_s=outage_s
         )
-        self.workload = WorkloadSpec(
+        self.workload = from_inputs(
+            WorkloadSpec,
             run_id=self.id,
             purpose="job",
             nodes=2,

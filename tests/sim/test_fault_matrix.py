@@ -30,7 +30,7 @@ from mnnvl.driver import Api
 from mnnvl.driver.api import COMPUTE_DOMAIN
 from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 from mnnvl.sim.policy.nodelifecycle import OUT_OF_SERVICE
 from tests.sim.simkit import (
@@ -73,7 +73,8 @@ class Run:
         self.sim, self.id = sim, f"fm-{uuid.uuid4().hex[:8]}"
         self.names = RunNames.for_run(self.id)
         self.domain = DomainSpec(run_id=self.id, rct_timeout_s=rct_timeout_s, delete_timeout_s=10)
-        self.workload = WorkloadSpec(
+        self.workload = from_inputs(
+            WorkloadSpec,
             run_id=self.id,
             purpose="job",
             nodes=2,
@@ -616,7 +617,7 @@ def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_defa
     assert fault.error is None, fault.error
     result = fault.result
     assert result.steps == 150
-    assert 1 <= result.restarts <= WorkloadSpec(run_id=r.id).max_restarts
+    assert 1 <= result.restarts <= WorkloadSpec(run_id=r.id).recovery.max_restarts
     # Resumed from a checkpoint (every 10 steps), not from step 0, and the log says which.
     assert result.start_step >= 10 and result.start_step % 10 == 0
     resumed = [m for m in caplog.messages if m.startswith("train: resumed from step")]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mnnvl.driver.gang import Gang
-from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.inputs.spec import WorkloadSpec, from_inputs
 from mnnvl.manifests import JOB_NAME_LABEL
 
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -46,7 +46,7 @@ def pod(name: str, index: int, phase: str, created: int, finished: int | None = 
 def first_sight(*pods: Any, restarts: bool | None = None) -> list[str]:
     """What a step that adopts the Job deletes on its first look at these pods."""
     api = DeletingApi()
-    workload = WorkloadSpec(run_id="r", namespace="ns", nodes=2, max_restarts=4)
+    workload = from_inputs(WorkloadSpec, run_id="r", namespace="ns", nodes=2, max_restarts=4)
     restarted = Gang(api, workload).check({p["metadata"]["name"]: p for p in pods}, None)  # type: ignore[arg-type]
     assert restarted == (bool(api.deleted) if restarts is None else restarts)
     return api.deleted
