@@ -138,6 +138,7 @@ def finished(thread: threading.Thread, out: dict[str, Any], timeout_s: float = 1
     return out["result"]
 
 
+@pytest.mark.client
 def test_outage_while_waiting_for_the_channel_template_is_ridden_out(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -165,6 +166,7 @@ def test_a_deadline_that_passes_during_an_outage_is_judged_on_what_the_api_shows
     assert finished(thread, out).channel_template == r.names.channel_template
 
 
+@pytest.mark.client
 def test_outage_while_pods_start_and_while_the_job_runs_ends_with_the_workloads_result(
     sim: SimCluster, run: Callable[..., Run], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -268,6 +270,7 @@ def test_reaper_rides_out_an_outage_that_ends_with_refusals(
     assert any(REFUSED_LOG in rec.getMessage() for rec in caplog.records)
 
 
+@pytest.mark.client
 def test_refusals_after_an_outage_are_fatal_past_their_bound_naming_verb_and_resource(
     sim: SimCluster,
 ) -> None:
@@ -293,6 +296,7 @@ def test_refusals_after_an_outage_are_fatal_past_their_bound_naming_verb_and_res
     assert failed_after_s >= 1 + 2  # the outage, then the bound (not serving: before its end)
 
 
+@pytest.mark.client
 def test_a_refusal_on_a_healthy_connection_fails_the_step_at_once_with_exit_5(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -321,6 +325,7 @@ def test_a_refusal_once_the_api_answered_again_is_fatal_at_once(sim: SimCluster)
     assert str(info.value).startswith("list pods in default was refused (403 Forbidden")
 
 
+@pytest.mark.client
 def test_watch_bookmarks_advance_the_resume_point_so_a_quiet_watch_needs_no_relist(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
