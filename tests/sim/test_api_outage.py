@@ -35,22 +35,16 @@ from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.sim import SimCluster
-from tests.sim.simkit import assert_nothing_left
+from tests.sim.simkit import GATED, assert_nothing_left
 from tests.sim.simkit import wait_for as until
 
-OUTAGE_S = 6.0
+OUTAGE_S = 4.0
 TOLERANCE_S = 30.0
 STOP_S = 8.0  # a SIGSTOPped API server process: as a 20 s stop, only shorter
 # 403s after an outage, for longer than a retry's longest backoff: every retrying request
 # meets at least one (a real API server's last a few hundred ms, the simulator's default).
 REFUSALS_S = BACKOFF_MAX_S + 1
 REFUSED_LOG = "right after the API was unreachable"
-# Reports once the file named by $GATE exists: a Job the test lets finish at will.
-GATED = (
-    "import json, os, time\n"
-    "while not os.path.exists(os.environ['GATE']):\n    time.sleep(0.1)\n"
-    "print('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
-)
 
 
 # IMEX takes 2 s per node: pods stay ContainerCreating long enough to start an outage.
