@@ -19,8 +19,11 @@ CLIENT_VENV ?= .venv-client-newest
 REGISTRY ?= ghcr.io/mnnvl-pipelines
 TAG ?=
 PUSH ?= 0
-# pytest workers for make test (pytest-xdist; 0 = no workers, all in one process).
-TEST_WORKERS ?= auto
+# pytest workers for make test (pytest-xdist; auto = one per core; 0 = all in one process).
+# Two per core, at most 8: a simulator test waits on its cluster's timers (IMEX start-up,
+# grace periods, outages) about as long as it computes, so one worker per core leaves the
+# cores half idle.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( 2 * n < 8 ? 2 * n : 8 )))
 RUN_ID ?= demo-run
 NAMESPACE ?= default
 NODES ?= 2
