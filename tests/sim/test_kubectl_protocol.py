@@ -53,7 +53,8 @@ def _request(
     ctype: str = "",
     accept: str = "",
 ) -> tuple[int, Any]:
-    """(status, JSON body) of a request as the admin, over the kubeconfig's TLS."""
+    """(status, JSON body) of a request as the admin, over the kubeconfig's TLS (a watch's
+    body: the list of its events)."""
     config = _kubeconfig(sim.admin_kubeconfig_path)
     cluster = config["clusters"][0]["cluster"]
     ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
@@ -66,6 +67,8 @@ def _request(
     context = ssl.create_default_context(cadata=ca)
     try:
         with urllib.request.urlopen(req, context=context, timeout=10) as resp:
+            if "watch=true" in path:
+                return resp.status, [json.loads(line) for line in resp.read().splitlines()]
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -193,3 +196,13 @@ def test_kubectl_get_is_answered_with_tables_of_pod_state_and_job_and_domain_col
     assert domain["rows"][0]["cells"][0] == "table-cd"
     status, plain = _request(sim, "GET", pods, accept="application/json")
     assert (status, plain["kind"]) == (200, "PodList")
+    # kubectl get -w: each event's object a Table of its row, the columns with the first only
+    watched = f"{pods}?watch=true&timeoutSeconds=1&labelSelector=job-name%3Dtable-probe"
+    status, events = _request(sim, "GET", watched, accept=KUBECTL_GET)
+    assert status == 200 and [e["object"]["kind"] for e in events] == ["Table"]
+    assert events[0]["object"]["rows"][0]["cells"][:3] == [name, "0/1", "Completed"]
+    assert events[0]["object"]["columnDefinitions"] == listed["columnDefinitions"]
+    watched = "/api/v1/namespaces?watch=true&timeoutSeconds=1"  # default and team-a at least
+    status, events = _request(sim, "GET", watched, accept=KUBECTL_GET)
+    columns = [len(e["object"]["columnDefinitions"]) for e in events]
+    assert status == 200 and len(columns) >= 2 and columns[0] == 2 and set(columns[1:]) == {0}

@@ -349,6 +349,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         deadline = time.monotonic() + timeout
         bookmarks = _flag(q, "allowWatchBookmarks")
+        as_table = tables.wants_table(self.headers.get("Accept"))  # kubectl get -w
+        sent = 0
         # kube-apiserver's cacher sends a bookmark every interval and one 2 s before a
         # watch's deadline, none after that (cacheWatcher.nextBookmarkTime), so a client
         # resumes from near now.
@@ -374,8 +376,11 @@ class Handler(BaseHTTPRequestHandler):
                 if ev is None:
                     break
                 if match(ev.obj):
-                    line = json.dumps({"type": ev.type, "object": ev.obj}).encode() + b"\n"
-                    self._chunk(line)
+                    obj = ev.obj
+                    if as_table:
+                        obj = tables.table(plural, obj, q.get("includeObject"), not sent)
+                    sent += 1
+                    self._chunk(json.dumps({"type": ev.type, "object": obj}).encode() + b"\n")
             self._end_stream()
         finally:
             store.unsubscribe(sub)

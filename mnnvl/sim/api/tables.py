@@ -6,7 +6,8 @@ columns and cells follow kube-apiserver's printers (``pkg/printers/internalversi
 ``printPod``, ``printJob``) and, for a custom resource without ``additionalPrinterColumns``
 (the ComputeDomain CRD has none), the CRD default of NAME and AGE
 (``apiextensions-apiserver`` ``tableconvertor``). Every other kind gets NAME and AGE as well.
-Columns of priority 1 are the ones ``-o wide`` adds.
+Columns of priority 1 are the ones ``-o wide`` adds. ``kubectl get -w`` asks the same of a
+watch: each event's object is a Table of its one row.
 """
 
 from __future__ import annotations
@@ -144,10 +145,11 @@ PRINTERS: dict[str, tuple[list[Obj], Callable[[Obj], Row]]] = {
 DEFAULT = ([NAME, _column("Age")], _default_row)
 
 
-def table(plural: str, answer: Obj, include: str | None) -> Obj:
+def table(plural: str, answer: Obj, include: str | None, columns_too: bool = True) -> Obj:
     """A list or one object (``answer``) as a Table; each row carries its object as
     ``include`` asks (``Object``, ``None``, else its metadata as ``PartialObjectMetadata``,
-    the server's default)."""
+    the server's default). A watch's events after its first carry no columns
+    (``columns_too``), as kube-apiserver sends them (``NoHeaders``)."""
     columns, row = PRINTERS.get(plural, DEFAULT)
     items = answer.get("items", [answer])
 
@@ -163,6 +165,6 @@ def table(plural: str, answer: Obj, include: str | None) -> Obj:
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": answer["metadata"].get("resourceVersion", "")},
-        "columnDefinitions": columns,
+        "columnDefinitions": columns if columns_too else [],
         "rows": [{"cells": row(obj), "object": carried(obj)} for obj in items],
     }
