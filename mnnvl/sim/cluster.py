@@ -361,6 +361,13 @@ def _usage(sim: SimCluster) -> str:
     # node has no bus to measure at all).
     run_nodes = max(sim.nodes // sim.cliques, 1)
     judge = "--min-busbw-gbps 0.001" if run_nodes > 1 else "--allow-unjudged"
+    # Its pods get the GPUs the nodes advertise only where this machine has one for each of
+    # them (``ProcessEnv.gpus_for``); elsewhere the workers would see none and fail.
+    wanted = sim.nodes * sim.gpus_per_node
+    gpus = sim.gpus_per_node if len(sim.local_gpus) >= wanted else 0
+    why = ""
+    if gpus != sim.gpus_per_node:
+        why = f"  # CPU: this machine has {len(sim.local_gpus)} of the nodes' {wanted} GPUs"
     return (
         f"simulated cluster with {sim.nodes} node(s) serving at {sim.url}\n"
         f"  {kubeconfig}: the mnnvl-runner service account (manifests/base RBAC, enforced)\n"
@@ -369,7 +376,7 @@ def _usage(sim: SimCluster) -> str:
         f"  export KUBECONFIG={kubeconfig}\n"
         "  kubectl get pods  # the runner's Role: its namespace only; nodes need the admin:\n"
         f"  kubectl --kubeconfig {admin} get nodes\n"
-        f"  mnnvl run --run-id demo --nodes {run_nodes} --gpus-per-node 0 {judge}\n"
+        f"  mnnvl run --run-id demo --nodes {run_nodes} --gpus-per-node {gpus} {judge}{why}\n"
         "Ctrl-C (or SIGTERM) stops it and every pod process it started."
     )
 

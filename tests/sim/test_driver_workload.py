@@ -39,6 +39,9 @@ SIM = dict(nodes=2)
 WORKERS = {"rank_check.py": RANK_CHECK, "quiet.py": 'print("nothing to report")\n'}
 RUN = dict(prefix="w")
 
+# The kubernetes client's own code paths: make test-client-newest runs them with its newest.
+pytestmark = pytest.mark.client
+
 
 def test_two_node_job_sees_its_rank_env_and_teardown_leaves_nothing(sim, run, caplog):
     domain, workload = run

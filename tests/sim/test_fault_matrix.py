@@ -35,6 +35,7 @@ from mnnvl.sim import SimCluster
 from mnnvl.sim.policy.nodelifecycle import OUT_OF_SERVICE
 from tests.sim.simkit import (
     CD_PATH,
+    GATED,
     Raw,
     assert_nothing_left,
     create_claim,
@@ -44,15 +45,6 @@ from tests.sim.simkit import (
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 DONE = "import json\nprint('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
-# Works until the file named by $FM_GATE exists, then reports: a training stand-in that a
-# test can interrupt and let finish at will.
-GATED = (
-    "import json, os, time\n"
-    "while not os.path.exists(os.environ['FM_GATE']):\n    time.sleep(0.1)\n"
-    "print('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
-)
-
-
 WORKERS = {"sleeper.py": SLEEPER, "done.py": DONE, "gated.py": GATED}
 SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 
@@ -419,11 +411,11 @@ def test_sigterm_mid_training_then_the_rerun_adopts_its_job_and_the_exit_handler
     sim: SimCluster, run: Callable[..., Run], tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gate = tmp_path / "gate"
-    r = run(env={"FM_GATE": str(gate)})
+    r = run(env={"GATE": str(gate)})
     r.provision()
     job = r.names.job("job")
     argv = ["launch", "--module", "gated", "--nodes", "2", "--gpus-per-node", "0"]
-    argv += [f"--env=PYTHONPATH={r.workload.env['PYTHONPATH']}", f"--env=FM_GATE={gate}"]
+    argv += [f"--env=PYTHONPATH={r.workload.env['PYTHONPATH']}", f"--env=GATE={gate}"]
     argv += ["--pods-running-timeout-s", "60", "--job-timeout-s", "60"]
     proc = launcher(r, *argv)
     wait_running(sim, job)

@@ -239,6 +239,7 @@ def test_a_retried_step_fails_on_its_failed_job_and_other_input_replaces_it(sim,
     assert left_of(sim, run_id) == []
 
 
+@pytest.mark.client  # the delete's uid precondition, as the client sends it
 def test_a_delete_never_removes_an_object_that_replaced_the_one_it_read(sim):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     labels = RunNames.for_run(run_id).labels("job")

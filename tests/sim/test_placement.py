@@ -9,7 +9,9 @@ Most seeds run against the scheduler alone (``placement_harness``); a few run wh
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,13 +27,12 @@ from mnnvl.manifests import indexed_jobs
 from mnnvl.sim import SimCluster
 from mnnvl.sim.api.store import Store
 from tests.sim.placement_harness import CLIQUE, add_pods, cluster, schedule
+from tests.sim.simkit import ALL_RUNNING
 
 TWO_BY_TWO = from_inputs(WorkloadSpec, run_id="race", nodes=4, nodes_per_clique=2, gpus_per_node=0)
-# Every pod stays Running a while (as a rendezvous would hold it), so all of them compete for
-# nodes at once and none frees its node for another before the whole run is placed.
-PRINT_RANK = (
-    "import os, time; print('NODE_RANK', os.environ['NODE_RANK'], flush=True); time.sleep(3)"
-)
+# Every pod stays Running until all of them run (as a rendezvous would hold them), so all of
+# them compete for nodes at once and none frees its node for another before the run is placed.
+PRINT_RANK = "import os; print('NODE_RANK', os.environ['NODE_RANK'], flush=True)\n" + ALL_RUNNING
 
 
 def _cliques(store: Store) -> dict[str, str]:
@@ -154,6 +155,9 @@ def _launch(sim: SimCluster, workload: WorkloadSpec) -> dict[str, str]:
     kube = sim.kubeconfig_path
     domain = DomainSpec(run_id=workload.run_id, delete_timeout_s=30)
     steps.provision(domain, kubeconfig=kube)
+    barrier = tempfile.mkdtemp(prefix="placement-")
+    env = {"BARRIER": barrier, "PODS": str(workload.nodes)}
+    workload = dataclasses.replace(workload, env={**workload.env, **env})
     try:
         steps.launch(workload, "", [sys.executable, "-c", PRINT_RANK], kubeconfig=kube)
         core = client.CoreV1Api(
@@ -164,6 +168,7 @@ def _launch(sim: SimCluster, workload: WorkloadSpec) -> dict[str, str]:
         return {p.metadata.name: sim.pod_log("default", p.metadata.name) for p in pods}
     finally:
         steps.teardown(domain, kubeconfig=kube)
+        shutil.rmtree(barrier)
         assert sim.objects(RunNames.for_run(workload.run_id).selector) == []
 
 

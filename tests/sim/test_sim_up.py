@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import pytest
 
+from mnnvl.sim import SimCluster
+from mnnvl.sim.cluster import _usage
 from mnnvl.sim.core.procs import descendants
 from tests.sim.simkit import wait_for
 
@@ -180,3 +183,17 @@ def test_a_simulated_cluster_larger_than_the_machine_is_refused_at_once_naming_t
     error = json.loads(done.stdout.splitlines()[-1])["error"]
     assert error.startswith("--nodes: 100000 simulated nodes do not fit this machine")
     assert "MiB available now hold at most" in error
+
+
+@pytest.mark.parametrize(
+    ("gpus_per_node", "local_gpus", "suggested"),
+    [(1, ["0", "1"], 1), (2, ["0"], 0), (0, ["0"], 0)],
+)
+def test_sim_up_suggests_a_run_that_fits_the_gpus_it_was_started_with(
+    gpus_per_node: int, local_gpus: list[str], suggested: int
+) -> None:
+    with SimCluster(nodes=2, gpus_per_node=gpus_per_node, local_gpus=local_gpus) as sim:
+        run = next(line for line in _usage(sim).splitlines() if "mnnvl run" in line)
+    assert f"--nodes 2 --gpus-per-node {suggested} " in run
+    if gpus_per_node == 2:  # nodes that advertise GPUs this machine lacks run CPU workers
+        assert "this machine has 1 of the nodes' 4 GPUs" in run

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from mnnvl.sim.api import protobuf
+from mnnvl.sim.api import protobuf, tables
 from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.model import dry_run_requested
 from mnnvl.sim.api.rbac import (
@@ -243,12 +243,16 @@ class Handler(BaseHTTPRequestHandler):
         if verb == "WATCH":
             return self._watch(plural, ns or None, q)
         dry_run = dry_run_requested(verb, q)
-        if verb == "LIST":
-            match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
-            items, rv = store.list(plural, ns or None, match)
-            return self._json(200, _list(plural, items, {"resourceVersion": str(rv)}))
-        if verb == "GET":
-            return self._json(200, store.get(plural, ns, name))
+        if verb in ("LIST", "GET"):
+            if verb == "LIST":
+                match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
+                items, rv = store.list(plural, ns or None, match)
+                answer = _list(plural, items, {"resourceVersion": str(rv)})
+            else:
+                answer = store.get(plural, ns, name)
+            if tables.wants_table(self.headers.get("Accept")):  # kubectl get
+                answer = tables.table(plural, answer, q.get("includeObject"))
+            return self._json(200, answer)
         if verb == "POST":
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "body must be a JSON object")
@@ -345,6 +349,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         deadline = time.monotonic() + timeout
         bookmarks = _flag(q, "allowWatchBookmarks")
+        as_table = tables.wants_table(self.headers.get("Accept"))  # kubectl get -w
+        sent = 0
         # kube-apiserver's cacher sends a bookmark every interval and one 2 s before a
         # watch's deadline, none after that (cacheWatcher.nextBookmarkTime), so a client
         # resumes from near now.
@@ -370,8 +376,11 @@ class Handler(BaseHTTPRequestHandler):
                 if ev is None:
                     break
                 if match(ev.obj):
-                    line = json.dumps({"type": ev.type, "object": ev.obj}).encode() + b"\n"
-                    self._chunk(line)
+                    obj = ev.obj
+                    if as_table:
+                        obj = tables.table(plural, obj, q.get("includeObject"), not sent)
+                    sent += 1
+                    self._chunk(json.dumps({"type": ev.type, "object": obj}).encode() + b"\n")
             self._end_stream()
         finally:
             store.unsubscribe(sub)

@@ -11,9 +11,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from mnnvl.contract.env import IMEX_CHANNEL_DIR, MASTER_ADDR, MASTER_PORT
+from mnnvl.contract.env import IMEX_CHANNEL_DIR, MASTER_ADDR, MASTER_PORT, PINNED
 from mnnvl.ports import free_port
 from mnnvl.sim.api.model import Obj
 from mnnvl.sim.api.store import Store
@@ -25,9 +25,13 @@ log = logging.getLogger(__name__)
 DNS_RE = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.svc(?:\.cluster\.local)?(?![A-Za-z0-9.-])")
 # What the container image itself provides, the image being this Python environment: the
 # search path for executables and what the interpreter needs to import the product and its
-# libraries (torch's CUDA libraries among them). Nothing else of the simulator's environment
-# reaches a pod: it starts with its spec's env and these.
+# libraries (torch's CUDA libraries among them).
 IMAGE_ENV = ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
+# What an image built for this host carries of the host's settings: its NCCL, NVSHMEM and torch
+# symmetric-memory variables (a shared multi-GPU host pins NVLink multicast off through them,
+# contract ``PINNED``). A pod spec's own value wins, except for a pinned one the host sets.
+# Nothing else of the simulator's environment reaches a pod.
+HOST_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_")
 VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -181,7 +185,7 @@ class ProcessEnv:
             cmd[0] = sys.executable
         if not cmd:
             raise OSError("container has no command (the simulator has no images)")
-        return cmd, {**{k: os.environ[k] for k in IMAGE_ENV if k in os.environ}, **pod_env}
+        return cmd, with_image_env(pod_env, os.environ)
 
     def service_of(self, name: str) -> tuple[str, str] | None:
         """(namespace, Service) of a ``….<service>.<namespace>.svc`` name when that Service
@@ -196,6 +200,17 @@ class ProcessEnv:
         """A ``.svc`` name as the pod's resolver answers it: this machine for a Service that
         exists; as written otherwise, so that resolving it fails (no such name) as on a cluster."""
         return "127.0.0.1" if self.service_of(m.group(0)) else m.group(0)
+
+
+def with_image_env(pod_env: dict[str, str], host: Mapping[str, str]) -> dict[str, str]:
+    """A container's environment: the image's (``IMAGE_ENV`` and the host's ``HOST_PREFIXES``
+    variables), then the pod spec's ``pod_env``, then the host's pinned variables again, so
+    that no pod turns NVLink multicast back on where its host keeps it off."""
+    image = {k: v for k, v in host.items() if k in IMAGE_ENV or k.startswith(HOST_PREFIXES)}
+    pinned = {k: host[k] for k in PINNED if k in host}
+    for name in sorted(k for k in pinned if pod_env.get(k, pinned[k]) != pinned[k]):
+        log.warning("pod env %s=%s ignored: this host pins %s", name, pod_env[name], pinned[name])
+    return {**image, **pod_env, **pinned}
 
 
 def claim_mounts(pod: Obj, container: Obj, claim_dir: Callable[[str, str], str]) -> dict[str, str]:
