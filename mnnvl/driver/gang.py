@@ -43,6 +43,7 @@ from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import COMPUTE_DOMAIN, POD, Api
+from mnnvl.driver.attempts import Attempt, attribute
 from mnnvl.driver.diagnose import (
     FAILURE_COUNT,
     Grace,
@@ -55,6 +56,7 @@ from mnnvl.driver.diagnose import (
     pod_phase,
     terminated,
 )
+from mnnvl.driver.exclude import NodeBlame
 from mnnvl.driver.problem import problem
 from mnnvl.driver.wait import Objects
 from mnnvl.errors import NotFound, ProblemKind, WorkloadFailed
@@ -65,6 +67,9 @@ from mnnvl.manifests import JOB_NAME_LABEL
 logger = logging.getLogger(__name__)
 
 STEP_LINE = re.compile(r"\bstep (\d+)\b")  # rank 0's training log line, "step 1450 loss ..."
+# Rank 0's lines about a checkpoint it completed or resumed from (mnnvl.runtime.checkpoint):
+# "saved checkpoint /ckpt/run/step-000150 (...)", "resumed from /ckpt/run/step-000150 (step 150)".
+CHECKPOINT_LINE = re.compile(r"\b(?:saved checkpoint|resumed from) \S*?step-0*(\d+)\b")
 # Kubernetes' non-graceful node shutdown: pod GC force-deletes the Terminating pods of a
 # not-ready node with this taint (kubernetes.io/docs/concepts/cluster-administration/
 # node-shutdown/#non-graceful-node-shutdown).
@@ -81,8 +86,13 @@ class Rank0Progress:
     first: tuple[int, float] | None = None
     last: tuple[int, float] | None = None
     sweep: tuple[int, float] | None = None
+    checkpoint: int | None = None  # the step of the last checkpoint saved or resumed from
 
     def line(self, text: str) -> None:
+        m = CHECKPOINT_LINE.search(text)
+        if m:
+            self.checkpoint = int(m.group(1))
+            return
         m = STEP_LINE.search(text)
         if m:
             seen = (int(m.group(1)), time.monotonic())
@@ -104,24 +114,32 @@ class Rank0Progress:
 
 @dataclass
 class Restart:
-    pod: str
-    exit_code: int | None
-    at: float  # monotonic time the driver saw the failure
+    attempt: Attempt  # what failed
+    seen: float  # monotonic time the driver saw the failure
     last_step: int | None  # rank 0's last logged step before it
     after: Rank0Progress = field(default_factory=Rank0Progress)  # rank 0's log after the restart
+    running: float | None = None  # monotonic: every pod of the next generation Running
+    excluded: str | None = None  # the node kept out of the next attempt
 
     def record(self) -> dict[str, Any]:
-        """``steps_lost``: steps rank 0 had logged past the step the restart resumed from;
-        ``recovery_s``: from the failure to the restarted rank 0's first step."""
-        first = self.after.first
+        """One flat, JSON-able record: what failed (:class:`Attempt`), ``excluded``, and
+        ``detect_s`` (fault → seen), ``restart_s`` (seen → every new pod Running),
+        ``recovery_s`` (fault, or when it was seen, → the restarted rank 0's first step),
+        ``steps_lost`` (steps rank 0 had logged past the step the restart resumed from)."""
+        a, first = self.attempt, self.after.first
         lost = None
         if first is not None and self.last_step is not None:
             lost = max(0, self.last_step - (first[0] - 1))
+        recovery = None if first is None else round(first[1] - self.seen + (a.detect_s or 0), 3)
+        restart = None if self.running is None else round(self.running - self.seen, 3)
+        keys = ("pod", "node", "rank", "gpu", "exit_code", "reason", "evidence", "at", "detect_s")
         return {
-            "pod": self.pod,
-            "exit_code": self.exit_code,
+            "how": "recreated",
+            **{k: getattr(a, k) for k in keys},
+            "excluded": self.excluded,
+            "restart_s": restart,
+            "recovery_s": recovery,
             "steps_lost": lost,
-            "recovery_s": None if first is None else round(first[1] - self.at, 3),
         }
 
 
@@ -133,12 +151,14 @@ def _key(pod: dict[str, Any]) -> tuple[str, str]:
 class Gang:
     """Watches the step's pods for a retriable failure and restarts every rank."""
 
-    def __init__(self, api: Api, workload: WorkloadSpec) -> None:
+    def __init__(self, api: Api, workload: WorkloadSpec, jobs: list[str] | None = None) -> None:
         self.api, self.workload = api, workload
+        self.jobs = jobs or [RunNames.for_run(workload.run_id).job(workload.purpose)]
         self.attempts: dict[tuple[str, str], set[str]] = {}  # (Job, index) -> pod uids
         self.old: set[str] = set()  # pods of generations already restarted
         self.restarts: list[Restart] = []
         self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
+        self.nodes = NodeBlame(api, workload.namespace, self.jobs)  # blamed and excluded nodes
         self.stranded = Grace(workload.unschedulable_grace_s)  # evicted pods left Terminating
         self.stranded_logged: set[str] = set()  # pod uids already logged
         self.first = True  # no pods seen yet: failures seen now may predate the step
@@ -146,12 +166,14 @@ class Gang:
     def check(self, pods: Objects, rank0: Rank0Progress | None) -> bool:
         """Restart the gang when a pod of the current generation failed retriably; True when
         it did. Raises ``WorkloadFailed`` on an OOM kill, when a restart would use up an
-        index's last retry, and past ``--max-restarts``."""
+        index's last retry, past ``--max-restarts`` and when a restart cannot change the
+        failure (the same error at the same step as the attempt before, on another node)."""
         if self.first and pods:
             self.first = False
-            self.old |= _history(pods)
+            self.old |= _history(pods) | _leaving(pods)
         for each in pods.values():
             self.attempts.setdefault(_key(each), set()).add(each["metadata"]["uid"])
+        self._note_running(pods)
         failed = self._new_failures(pods)
         for each in failed:
             if terminated(each).get("reason") == "OOMKilled":
@@ -159,28 +181,77 @@ class Gang:
         pod: dict[str, Any] | None = next((p for p in failed if self._retriable(p)), None)
         if pod is None:
             return False
-        name, code = pod["metadata"]["name"], exit_code(pod)
+        attempt = attribute(failed, self.workload)
         disruption = _disruption(pod)
         node = (pod.get("spec") or {}).get("nodeName")
         if disruption and node:
-            self.lost_nodes[node] = f"pod {name}: {disruption}"
-        self._check_budget(pods, pod)
+            self.lost_nodes[node] = f"pod {pod['metadata']['name']}: {disruption}"
+        self._check_budget(pods, pod, attempt)
         self._check_domain(pod)
+        self._check_repeat(attempt)
         generation = {p["metadata"]["uid"] for p in pods.values()} - self._replacements(pods)
         last = rank0.last[0] if rank0 is not None and rank0.last else None
-        self.restarts.append(Restart(name, code, time.monotonic(), last))
+        restart = Restart(attempt, time.monotonic(), last, excluded=self.nodes.suspect(attempt))
+        self.restarts.append(restart)
         logger.warning(
-            "pod %s failed with exit code %s (retriable); restarting every rank from the last "
-            "checkpoint (restart %d of at most %d; %s)",
-            name,
-            code,
+            "attempt %d failed: %s, first: %s; restarting every rank %s (restart %d of at "
+            "most %d; %s)",
+            len(self.restarts),
+            attempt.names(),
+            attempt.evidence,
+            self._resumes_from(rank0),
             len(self.restarts),
             self.workload.max_restarts,
             rank0.describe() if rank0 is not None else "rank 0 not followed yet",
         )
-        self._delete_others(pods)
+        if restart.excluded:
+            self.nodes.exclude(restart.excluded, attempt)
+            generation = {p["metadata"]["uid"] for p in pods.values()}
+        else:
+            self._delete_others(pods)
         self.old |= generation
         return True
+
+    def _check_repeat(self, attempt: Attempt) -> None:
+        """The same error at the same step as the attempt before, on another node: a restart
+        cannot change it (one that repeats on one node only is that node's: exclusion)."""
+        if not self.restarts:
+            return
+        before = self.restarts[-1].attempt
+        same = attempt.signature() is not None and attempt.signature() == before.signature()
+        if same and attempt.node != before.node:
+            raise WorkloadFailed(
+                f"{attempt.names()} failed with the same error at step {attempt.step} as "
+                f"{before.names()} in the attempt before, so a restart cannot change it "
+                f"({attempt.evidence}); check `kubectl logs -n {self.workload.namespace} "
+                f"{attempt.pod}` and fix the program or its inputs",
+                pod_exit_code=attempt.exit_code,
+            )
+
+    def _resumes_from(self, rank0: Rank0Progress | None) -> str:
+        """Where the next attempt starts, as far as rank 0's log tells."""
+        done = [r.after.checkpoint for r in self.restarts]
+        done.append(rank0.checkpoint if rank0 is not None else None)
+        step = max((s for s in done if s is not None), default=None)
+        if step is not None:
+            return f"from its checkpoint of step {step}"
+        if rank0 is None:
+            return "from its last checkpoint, if it wrote one"
+        return "from the start (rank 0 has logged no checkpoint)"
+
+    def _note_running(self, pods: Objects) -> None:
+        """When every index of the generation after the last restart is Running."""
+        if not self.restarts or self.restarts[-1].running is not None:
+            return
+        running = {
+            _key(p)
+            for p in pods.values()
+            if p["metadata"]["uid"] not in self.old
+            and pod_phase(p) == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        }
+        if len(running) >= self.workload.nodes:
+            self.restarts[-1].running = time.monotonic()
 
     def check_stranded(self, pods: Objects) -> None:
         """Fail the step when a pod the taint manager evicted stays Terminating for longer than
@@ -223,10 +294,11 @@ class Gang:
                 "then rerun: the run resumes from the last checkpoint"
             )
 
-    def _check_budget(self, pods: Objects, failed: dict[str, Any]) -> None:
+    def _check_budget(self, pods: Objects, failed: dict[str, Any], attempt: Attempt) -> None:
         """Raise when restarting would exceed ``--max-restarts`` or fail an index whose pod
         this restart deletes (the Job controller counts it; the Job would fail meanwhile)."""
         name, code = failed["metadata"]["name"], exit_code(failed)
+        first = f"; failed first: {attempt.names()}: {attempt.evidence}"
         if len(self.restarts) >= self.workload.max_restarts:
             found = problem(
                 ProblemKind.RESTARTS_EXHAUSTED,
@@ -240,7 +312,7 @@ class Gang:
             seen = imex_import(failed_problem(failed), tail)
             why = f"; {seen.message}; {hint(seen, ns, '')}" if seen is not None else ""
             raise found.error(
-                f"pod {name} {found.message}{why}; check `kubectl logs -n {ns} {name}`; "
+                f"pod {name} {found.message}{first}{why}; check `kubectl logs -n {ns} {name}`; "
                 f"last log lines:\n{tail}"
             )
         spent = next((p for p in self._to_delete(pods) if not self._has_retry(p)), None)
@@ -251,7 +323,7 @@ class Gang:
                 f"--max-restarts {self.workload.max_restarts}"
             )
             raise WorkloadFailed(
-                f"pod {name} failed with exit code {code} {why}; check "
+                f"pod {name} failed with exit code {code} {why}{first}; check "
                 f"`kubectl logs -n {self.workload.namespace} {name}`",
                 pod_exit_code=code,
             )
@@ -342,7 +414,8 @@ class Gang:
         return "; ".join(f"node {n} was lost ({why})" for n, why in sorted(self.lost_nodes.items()))
 
     def summary(self) -> list[dict[str, Any]]:
-        return [r.record() for r in self.restarts]
+        """One record per restart (:meth:`Restart.record`), numbered from 1 as ``n``."""
+        return [{"n": n, **r.record()} for n, r in enumerate(self.restarts, 1)]
 
 
 def _history(pods: Objects) -> set[str]:
@@ -363,6 +436,20 @@ def _history(pods: Objects) -> set[str]:
     born = min(str(p["metadata"].get("creationTimestamp") or "") for p in live)
     return {
         p["metadata"]["uid"] for p in failed if str(terminated(p).get("finishedAt") or "~") < born
+    }
+
+
+def _leaving(pods: Objects) -> set[str]:
+    """The uids of pods already being deleted when the step first sees them (a gang restart
+    of an earlier attempt of the step, a suspension): they turn Failed (143) on the way out,
+    which is no new fault. A pod evicted from a lost node (``DisruptionTarget``) is not
+    among them: its peers may be blocked on it."""
+    return {
+        p["metadata"]["uid"]
+        for p in pods.values()
+        if p["metadata"].get("deletionTimestamp")
+        and pod_phase(p) not in ("Failed", "Succeeded")
+        and not _disruption(p)
     }
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api
 from mnnvl.driver.diagnose import pod_index, waiting_reason
+from mnnvl.driver.exclude import excluded_nodes
 from mnnvl.errors import NotFound
 from mnnvl.inputs.names import RunNames
 
@@ -36,6 +37,11 @@ def status_lines(found: dict[str, Any], names: RunNames) -> list[str]:
     present = "present" if found["channel_template"] else "absent"
     lines.append(f"channel template {names.channel_template}: {present}")
     lines += [f"Job {job['name']}: {job}" for job in found["jobs"]]
+    lines += [
+        f"Job {job['name']}: node {node} excluded (its pods failed there)"
+        for job in found["jobs"]
+        for node in job["excluded_nodes"]
+    ]
     lines += [
         f"Pod {pod['name']}: {pod['reason'] or pod['phase']} on {pod['node'] or 'no node'}"
         for pod in found["pods"]
@@ -79,7 +85,12 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
     status = job.get("status") or {}
     done = [c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"]
     counts = {k: status.get(k, 0) for k in ("active", "succeeded", "failed")}
-    return {"name": job["metadata"]["name"], **counts, "conditions": done}
+    return {
+        "name": job["metadata"]["name"],
+        **counts,
+        "conditions": done,
+        "excluded_nodes": excluded_nodes(job),  # kept out after failing there
+    }
 
 
 def _pod(pod: dict[str, Any]) -> dict[str, Any]:
