@@ -4,8 +4,13 @@ checkpoint, instead of the survivors waiting in a collective for a peer that is 
 
 The Job controller creates the replacement pods (``backoffLimitPerIndex``, which the Job
 builder sets to ``--max-restarts``); this module only decides, deletes and keeps the record:
-which pod failed with which code, rank 0's last step before the failure (from its log), and
-when the restarted rank 0 logged its first step.
+what failed first (:mod:`mnnvl.driver.attempts`: pod, node, rank, GPU and evidence, from pod
+status), rank 0's last step before the failure (from its log), when every new pod ran and
+when the restarted rank 0 logged its first step. A node blamed for two failed attempts, or
+for one with hardware evidence, is kept out of the next one (:mod:`mnnvl.driver.exclude`:
+the Jobs are suspended and resumed with a ``NotIn`` node-affinity term instead of the other
+pods being deleted). The same error at the same step as the attempt before, on another
+node, ends the step: a restart cannot change it.
 
 A pod failure is retriable when its exit code is not one of
 ``exit_codes.NON_RETRIABLE_EXIT_CODES`` (those fail the Job through its podFailurePolicy),
@@ -25,7 +30,9 @@ earlier attempt of the step did). Any other one restarts the gang: a survivor of
 blocked in a collective with the lost rank (NCCL waits until its timeout), and a replacement
 may have joined the survivors' rendezvous. Timestamps have whole seconds: a failure in the
 second a pod was created counts as not history, so a doubt costs a restart. Once an index has
-succeeded no failure calls for one: the Job controller never runs that index again.
+succeeded no failure calls for one: the Job controller never runs that index again. Pods
+already being deleted when the step first looks (a restart under way) are on their way out:
+their failure (143) is no new fault.
 
 An OOM-killed container (``reason: OOMKilled``: host memory past the container's limit, not
 CUDA) fails the step at once: the same configuration on the same nodes allocates the same, so
@@ -36,7 +43,6 @@ podFailurePolicy, the driver can).
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +64,7 @@ from mnnvl.driver.diagnose import (
 )
 from mnnvl.driver.exclude import NodeBlame
 from mnnvl.driver.problem import problem
+from mnnvl.driver.rank0 import Rank0Progress, resumes_from
 from mnnvl.driver.wait import Objects
 from mnnvl.errors import NotFound, ProblemKind, WorkloadFailed
 from mnnvl.inputs.names import RunNames
@@ -66,50 +73,10 @@ from mnnvl.manifests import JOB_NAME_LABEL
 
 logger = logging.getLogger(__name__)
 
-STEP_LINE = re.compile(r"\bstep (\d+)\b")  # rank 0's training log line, "step 1450 loss ..."
-# Rank 0's lines about a checkpoint it completed or resumed from (mnnvl.runtime.checkpoint):
-# "saved checkpoint /ckpt/run/step-000150 (...)", "resumed from /ckpt/run/step-000150 (step 150)".
-CHECKPOINT_LINE = re.compile(r"\b(?:saved checkpoint|resumed from) \S*?step-0*(\d+)\b")
 # Kubernetes' non-graceful node shutdown: pod GC force-deletes the Terminating pods of a
 # not-ready node with this taint (kubernetes.io/docs/concepts/cluster-administration/
 # node-shutdown/#non-graceful-node-shutdown).
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
-# Rank 0's verification log line, "sweep size 1048576 bytes done (the sweep across all ranks)"
-SWEEP_LINE = re.compile(r"\bsweep size (\d+) bytes done\b")
-
-
-@dataclass
-class Rank0Progress:
-    """The last step rank 0 logged and when (monotonic), and its first one; for a
-    verification, the last sweep size it finished."""
-
-    first: tuple[int, float] | None = None
-    last: tuple[int, float] | None = None
-    sweep: tuple[int, float] | None = None
-    checkpoint: int | None = None  # the step of the last checkpoint saved or resumed from
-
-    def line(self, text: str) -> None:
-        m = CHECKPOINT_LINE.search(text)
-        if m:
-            self.checkpoint = int(m.group(1))
-            return
-        m = STEP_LINE.search(text)
-        if m:
-            seen = (int(m.group(1)), time.monotonic())
-            self.first = self.first or seen
-            self.last = seen
-        m = SWEEP_LINE.search(text)
-        if m:
-            self.sweep = (int(m.group(1)), time.monotonic())
-
-    def describe(self) -> str:
-        now = time.monotonic()
-        if self.sweep is not None:
-            size, at = self.sweep
-            return f"rank 0 done with sweep size {size} bytes, {now - at:.0f} s ago"
-        if self.last is None:
-            return "rank 0 has logged no step or sweep size yet"
-        return f"rank 0 at step {self.last[0]}, {now - self.last[1]:.0f} s ago"
 
 
 @dataclass
@@ -199,7 +166,7 @@ class Gang:
             len(self.restarts),
             attempt.names(),
             attempt.evidence,
-            self._resumes_from(rank0),
+            resumes_from([r.after for r in self.restarts], rank0),
             len(self.restarts),
             self.workload.max_restarts,
             rank0.describe() if rank0 is not None else "rank 0 not followed yet",
@@ -227,17 +194,6 @@ class Gang:
                 f"{attempt.pod}` and fix the program or its inputs",
                 pod_exit_code=attempt.exit_code,
             )
-
-    def _resumes_from(self, rank0: Rank0Progress | None) -> str:
-        """Where the next attempt starts, as far as rank 0's log tells."""
-        done = [r.after.checkpoint for r in self.restarts]
-        done.append(rank0.checkpoint if rank0 is not None else None)
-        step = max((s for s in done if s is not None), default=None)
-        if step is not None:
-            return f"from its checkpoint of step {step}"
-        if rank0 is None:
-            return "from its last checkpoint, if it wrote one"
-        return "from the start (rank 0 has logged no checkpoint)"
 
     def _note_running(self, pods: Objects) -> None:
         """When every index of the generation after the last restart is Running."""

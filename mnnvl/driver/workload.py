@@ -15,7 +15,6 @@ from typing import Any
 from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import container_started, pod_index, pod_phase
-from mnnvl.driver.gang import Rank0Progress
 from mnnvl.driver.ownership import (
     FAILURE_ANNOTATION,
     Deletions,
@@ -24,6 +23,7 @@ from mnnvl.driver.ownership import (
     failed_reason,
     owned_by_run,
 )
+from mnnvl.driver.rank0 import Rank0Progress
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.errors import MnnvlError, NotAdoptable, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.defaults import PURPOSES
