@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from mnnvl import steps
 from mnnvl.contract.termination import Evidence
@@ -260,3 +261,79 @@ def test_the_same_error_at_the_same_step_on_another_node_stops_with_the_workers_
             assert "ValueError: batch 40 has no tokens" in text
         finally:
             run.close()
+
+
+def job_body(name: str, suspend: bool) -> dict[str, Any]:
+    container = {
+        "name": "main",
+        "image": "sim",
+        "command": ["python3", "-c", "import time; time.sleep(60)"],
+    }
+    template = {"spec": {"restartPolicy": "Never", "containers": [container]}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"suspend": suspend, "template": template},
+    }
+
+
+@pytest.mark.parametrize("minor", [36, 34])
+def test_the_api_changes_a_jobs_node_affinity_only_while_the_job_is_suspended(minor: int) -> None:
+    """As kube-apiserver's Job update validation: the pod template of a running Job is
+    immutable; a suspended one may change its scheduling directives before it first started,
+    and from 1.36 also after it ran, once its pods are gone."""
+    affinity = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {
+                                        "matchExpressions": [
+                                            {
+                                                "key": "kubernetes.io/hostname",
+                                                "operator": "NotIn",
+                                                "values": [BAD],
+                                            }
+                                        ]
+                                    }
+                                ]
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    path = "/apis/batch/v1/namespaces/default/jobs/{}"
+    with cluster(2, kubernetes_minor=minor) as sim:
+        raw = Raw(sim)
+        raw.call("POST", "/apis/batch/v1/namespaces/default/jobs", job_body("queued", True))
+        raw.call("PATCH", path.format("queued"), affinity)  # never started: allowed
+        raw.call("POST", "/apis/batch/v1/namespaces/default/jobs", job_body("ran", False))
+        wait_for(lambda: raw.get(path.format("ran")).get("status", {}).get("active"), 30, "a pod")
+        with pytest.raises(ApiException) as running:
+            raw.call("PATCH", path.format("ran"), affinity)
+        assert running.value.status == 422 and "field is immutable" in str(running.value.body)
+        raw.call("PATCH", path.format("ran"), {"spec": {"suspend": True}})
+
+        def suspended() -> bool:
+            status = raw.get(path.format("ran")).get("status", {})
+            done = any(c["type"] == "Suspended" for c in status.get("conditions") or [])
+            return done and not status.get("active")
+
+        wait_for(suspended, 30, "the Job suspended with no active pod")
+        if minor >= 36:
+            changed = raw.call(
+                "PATCH", path.format("ran"), {"spec": {**affinity["spec"], "suspend": False}}
+            )
+            assert BAD in json.dumps(changed["spec"]["template"]["spec"]["affinity"])
+        else:
+            with pytest.raises(ApiException) as ran:
+                raw.call("PATCH", path.format("ran"), affinity)
+            assert ran.value.status == 422
+        for name in ("queued", "ran"):
+            raw.call("DELETE", path.format(name), {"propagationPolicy": "Background"})
