@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mnnvl import steps
 from mnnvl.contract.termination import Evidence
+from mnnvl.driver.exclude import without_node
 from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
@@ -283,31 +284,7 @@ def test_the_api_changes_a_jobs_node_affinity_only_while_the_job_is_suspended(mi
     """As kube-apiserver's Job update validation: the pod template of a running Job is
     immutable; a suspended one may change its scheduling directives before it first started,
     and from 1.36 also after it ran, once its pods are gone."""
-    affinity = {
-        "spec": {
-            "template": {
-                "spec": {
-                    "affinity": {
-                        "nodeAffinity": {
-                            "requiredDuringSchedulingIgnoredDuringExecution": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {
-                                                "key": "kubernetes.io/hostname",
-                                                "operator": "NotIn",
-                                                "values": [BAD],
-                                            }
-                                        ]
-                                    }
-                                ]
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    affinity = {"spec": {"template": {"spec": {"affinity": without_node(None, BAD)}}}}
     path = "/apis/batch/v1/namespaces/default/jobs/{}"
     with cluster(2, kubernetes_minor=minor) as sim:
         raw = Raw(sim)
