@@ -45,6 +45,19 @@ FAILING = (
     "    sys.exit(1)\n"
     "while not os.path.exists(os.environ['GATE']):\n    time.sleep(0.05)\n"
 )
+# Works until the gate opens; a worker whose node has been marked bad (a file named after it)
+# reports NVLink errors on its termination message and fails.
+MARKED = (
+    "import json, os, sys, time\n"
+    "bad = os.path.join(os.path.dirname(os.environ['GATE']), os.environ['MNNVL_NODE_NAME'])\n"
+    "while not os.path.exists(os.environ['GATE']):\n"
+    "    if os.path.exists(bad + '.bad'):\n"
+    "        with open(os.environ['MNNVL_TERMINATION_MESSAGE_PATH'], 'w') as f:\n"
+    "            f.write(open(bad + '.bad').read())\n"
+    "        sys.exit(1)\n"
+    "    time.sleep(0.05)\n"
+    "print('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
+)
 BAD, GOOD, SPARE = "sim-node-0", "sim-node-1", "sim-node-2"
 
 
@@ -58,16 +71,17 @@ class Run:
         self.gate = tmp / f"{self.id}.gate"
         (tmp / "gated.py").write_text(GATED)
         (tmp / "failing.py").write_text(FAILING)
+        (tmp / "marked.py").write_text(MARKED)
         env = {"PYTHONPATH": str(tmp), "GATE": str(self.gate), **workload.pop("env", {})}
+        shape: dict[str, Any] = {"nodes": 2, **workload}
         self.workload = WorkloadSpec(
             run_id=self.id,
             purpose="job",
-            nodes=2,
             gpus_per_node=0,
             env=env,
             pods_running_timeout_s=60,
             job_timeout_s=120,
-            **workload,
+            **shape,
         )
         self.domain = DomainSpec(run_id=self.id, delete_timeout_s=30)
         steps.provision(self.domain, kubeconfig=sim.kubeconfig_path)
@@ -210,6 +224,48 @@ def test_nvlink_evidence_excludes_its_node_at_the_first_failure(
             assert len(warned) == 1  # excluded at its first failure
             assert f"(rank 2, GPU 1) on node {BAD}" in warned[0]
             assert any("hardware evidence" in m for m in caplog.messages)
+        finally:
+            run.close()
+
+
+@pytest.mark.slow
+def test_with_clique_groups_the_excluded_nodes_spare_comes_from_a_clique_of_its_own(
+    tmp_path: Path,
+) -> None:
+    said = Evidence(reason="nvlink-errors", exit_code=1, nvlink={"0": {"replay": 5}})
+    with cluster(6, cliques=2) as sim:  # two cliques of three nodes
+        run = Run(sim, tmp_path, nodes=4, nodes_per_clique=2, max_restarts=3)
+        try:
+            run.launch("marked")
+            jobs = [run.names.job("job", g) for g in (0, 1)]
+
+            def placed() -> dict[str, str]:
+                pods = Raw(sim).call(
+                    "GET", "/api/v1/namespaces/default/pods", labelSelector=run.names.selector
+                )["items"]
+                running = [p for p in pods if p["status"].get("phase") == "Running"]
+                return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in running}
+
+            first = wait_for(lambda: len(placed()) == 4 and placed(), 120, "4 pods Running")
+            bad = sorted(first.items())[0][1]  # a node of group 0's
+            (tmp_path / f"{bad}.bad").write_text(said.to_message())
+
+            def replaced() -> dict[str, str]:
+                now = placed()
+                return now if len(now) == 4 and not set(now) & set(first) else {}
+
+            after = wait_for(replaced, 120, "the next attempt Running")
+            run.gate.touch()
+            run.join()
+            assert run.error is None, run.error
+            assert run.result.excluded_nodes == [bad]
+            assert bad not in after.values()
+            for job in jobs:  # each group still in one clique
+                cliques = {sim.node_cliques[n] for p, n in after.items() if p.startswith(job)}
+                assert len(cliques) == 1, after
+            for job in jobs:
+                spec = Raw(sim).get(f"/apis/batch/v1/namespaces/default/jobs/{job}")["spec"]
+                assert bad in json.dumps(spec["template"]["spec"]["affinity"]["nodeAffinity"])
         finally:
             run.close()
 
