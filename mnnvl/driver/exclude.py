@@ -23,6 +23,7 @@ import copy
 import logging
 from typing import Any
 
+from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT
 from mnnvl.driver.api import JOB, Api
 from mnnvl.driver.attempts import Attempt
 from mnnvl.driver.diagnose import pod_phase, unschedulable
@@ -125,7 +126,8 @@ class NodeBlame:
     """The nodes a step's failed attempts were blamed on, and those kept out of its Jobs.
 
     A node blamed for two failed attempts, or for one with hardware evidence (NVLink,
-    fabric, ECC, Xid), is excluded from the next attempt."""
+    fabric, ECC, Xid), is excluded from the next attempt. The first pod to fail is blamed,
+    unless its collective timed out: then it waited for a silent peer."""
 
     def __init__(self, api: Api, namespace: str, jobs: list[str]) -> None:
         self.api, self.namespace, self.jobs = api, namespace, jobs
@@ -134,9 +136,12 @@ class NodeBlame:
         self.exclusion: Exclusion | None = None  # a node being taken out of the Jobs now
 
     def suspect(self, attempt: Attempt) -> str | None:
-        """Count the attempt against its node; the node when it is to be excluded now."""
+        """Count the attempt against its node; the node when it is to be excluded now. A
+        collective that timed out (exit 11) is not its node's doing: a peer was silent."""
         node = attempt.node
         if not node or node in self.excluded:
+            return None
+        if attempt.exit_code == COLLECTIVE_TIMEOUT and not attempt.hardware:
             return None
         self.blamed[node] = self.blamed.get(node, 0) + 1
         return node if attempt.hardware or self.blamed[node] >= 2 else None

@@ -1,0 +1,68 @@
+"""Which node a failed attempt counts against, and when it is kept out of the next one."""
+
+from __future__ import annotations
+
+from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT
+from mnnvl.driver.attempts import Attempt
+from mnnvl.driver.exclude import NodeBlame, excluded_nodes, without_node
+
+
+def attempt(node: str, code: int = 137, hardware: bool = False) -> Attempt:
+    return Attempt(
+        pod="p",
+        node=node,
+        rank=0,
+        gpu=None,
+        exit_code=code,
+        reason="",
+        evidence="",
+        at="2026-12-01T10:00:00Z",
+        detect_s=None,
+        hardware=hardware,
+    )
+
+
+def blame() -> NodeBlame:
+    return NodeBlame(None, "ns", ["j"])  # type: ignore[arg-type]
+
+
+def test_a_node_is_excluded_at_its_second_failed_attempt_or_at_once_with_hardware_evidence() -> (
+    None
+):
+    nodes = blame()
+    assert nodes.suspect(attempt("a")) is None
+    assert nodes.suspect(attempt("b")) is None
+    assert nodes.suspect(attempt("a")) == "a"
+    assert blame().suspect(attempt("c", code=1, hardware=True)) == "c"
+
+
+def test_a_collective_timeout_does_not_count_against_the_waiting_rank_s_node() -> None:
+    nodes = blame()
+    for _ in range(3):  # rank 0 waited for a hung peer each time
+        assert nodes.suspect(attempt("a", code=COLLECTIVE_TIMEOUT)) is None
+    assert nodes.suspect(attempt("a", code=COLLECTIVE_TIMEOUT, hardware=True)) == "a"
+
+
+def test_the_not_in_term_narrows_every_required_term_and_reads_back() -> None:
+    clique = {"matchExpressions": [{"key": "nvidia.com/gpu.clique", "operator": "Exists"}]}
+    required = {"nodeSelectorTerms": [clique]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    once = without_node(affinity, "a")
+    twice = without_node(once, "b")
+    (term,) = twice["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"][0] == clique["matchExpressions"][0]  # the clique stays
+    assert term["matchExpressions"][1]["values"] == ["a", "b"]
+    job = {"spec": {"template": {"spec": {"affinity": twice}}}}
+    assert excluded_nodes(job) == ["a", "b"]
+    assert affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == required
+    assert without_node(None, "a")["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["a"]}
+            ]
+        }
+    ]
