@@ -33,6 +33,9 @@ from mnnvl.manifests import JOB_NAME_LABEL
 from mnnvl.manifests.workload import HOSTNAME_LABEL
 
 logger = logging.getLogger(__name__)
+# On a Job the step suspended to keep this node out: a rerun of the step that finds the Job
+# still suspended resumes it with the term, instead of taking it for a queued one.
+EXCLUDING = "mnnvl.io/excluding-node"
 # Labels the API server adds to a Job's template from its uid: a new Job must not carry them.
 SERVER_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
 
@@ -71,12 +74,15 @@ def without_node(affinity: dict[str, Any] | None, node: str) -> dict[str, Any]:
 class Exclusion:
     """One node being taken out of every Job of the step (suspend → wait → resume)."""
 
-    def __init__(self, api: Api, namespace: str, jobs: list[str], node: str) -> None:
+    def __init__(
+        self, api: Api, namespace: str, jobs: list[str], node: str, suspend: bool = True
+    ) -> None:
         self.api, self.namespace, self.node = api, namespace, node
         self.waiting = set(jobs)  # suspended, not yet resumed
         self.remade: dict[str, dict[str, Any]] = {}  # Job -> the body to create again
-        for name in jobs:
-            self.api.patch(JOB, namespace, name, {"spec": {"suspend": True}})
+        mark = {"metadata": {"annotations": {EXCLUDING: node}}, "spec": {"suspend": True}}
+        for name in jobs if suspend else ():
+            self.api.patch(JOB, namespace, name, mark)
 
     def advance(self, jobs: Objects, pods: Objects) -> bool:
         """Resume each suspended Job whose pods have all ended; True once every one is."""
@@ -94,7 +100,10 @@ class Exclusion:
         name = job["metadata"]["name"]
         template = (job.get("spec") or {}).get("template") or {}
         affinity = without_node((template.get("spec") or {}).get("affinity"), self.node)
-        patch = {"spec": {"suspend": False, "template": {"spec": {"affinity": affinity}}}}
+        patch = {
+            "metadata": {"annotations": {EXCLUDING: None}},  # merge patch: null removes it
+            "spec": {"suspend": False, "template": {"spec": {"affinity": affinity}}},
+        }
         try:
             self.api.patch(JOB, self.namespace, name, patch)
         except Invalid as e:  # Kubernetes 1.34/1.35: the template of a Job that ran is fixed
@@ -129,8 +138,8 @@ class NodeBlame:
     fabric, ECC, Xid), is excluded from the next attempt. The first pod to fail is blamed,
     unless its collective timed out: then it waited for a silent peer."""
 
-    def __init__(self, api: Api, namespace: str, jobs: list[str]) -> None:
-        self.api, self.namespace, self.jobs = api, namespace, jobs
+    def __init__(self, api: Api, namespace: str, jobs: list[str], enabled: bool = True) -> None:
+        self.api, self.namespace, self.jobs, self.enabled = api, namespace, jobs, enabled
         self.blamed: dict[str, int] = {}  # node -> failed attempts it was blamed for
         self.excluded: dict[str, str] = {}  # node -> the evidence that excluded it
         self.exclusion: Exclusion | None = None  # a node being taken out of the Jobs now
@@ -144,7 +153,19 @@ class NodeBlame:
         if attempt.exit_code == COLLECTIVE_TIMEOUT and not attempt.hardware:
             return None
         self.blamed[node] = self.blamed.get(node, 0) + 1
-        return node if attempt.hardware or self.blamed[node] >= 2 else None
+        if not (attempt.hardware or self.blamed[node] >= 2):
+            return None
+        if self.enabled:
+            return node
+        logger.warning(
+            "node %s failed the gang %d time(s) (%s), but Kueue admits these Jobs (it owns their "
+            "suspension), so it is not kept out: `kubectl cordon %s` keeps it out",
+            node,
+            self.blamed[node],
+            attempt.evidence,
+            node,
+        )
+        return None
 
     def exclude(self, node: str, attempt: Attempt) -> None:
         """Suspend every Job of the step; :meth:`excluding` resumes them with the term."""
@@ -159,6 +180,22 @@ class NodeBlame:
             ", ".join(self.jobs),
         )
         self.exclusion = Exclusion(self.api, self.namespace, self.jobs, node)
+
+    def adopt(self, jobs: Objects) -> None:
+        """Carry on an exclusion an earlier attempt of the step began (a Job it suspended
+        and marked, then lost): resume the Jobs with the term once their pods have ended."""
+        if self.exclusion is not None or not self.enabled:
+            return
+        for name in self.jobs:
+            meta = (jobs.get(name) or {}).get("metadata") or {}
+            node = (meta.get("annotations") or {}).get(EXCLUDING)
+            if node and ((jobs.get(name) or {}).get("spec") or {}).get("suspend"):
+                logger.info(
+                    "Job %s/%s was suspended to keep node %s out", self.namespace, name, node
+                )
+                self.excluded.setdefault(node, "kept out by an earlier attempt of this step")
+                self.exclusion = Exclusion(self.api, self.namespace, self.jobs, node, suspend=False)
+                return
 
     def excluding(self, jobs: Objects, pods: Objects) -> set[str] | None:
         """While a node is being excluded, the uids of the pods going with the suspension
@@ -231,9 +268,8 @@ def _again(job: dict[str, Any], affinity: dict[str, Any]) -> dict[str, Any]:
     template["metadata"]["labels"] = {k: v for k, v in labels.items() if k not in SERVER_LABELS}
     template.setdefault("spec", {})["affinity"] = affinity
     keep = ("name", "namespace", "labels", "annotations", "ownerReferences")
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {k: copy.deepcopy(meta[k]) for k in keep if k in meta},
-        "spec": spec,
+    body = {k: copy.deepcopy(meta[k]) for k in keep if k in meta}
+    body["annotations"] = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k != EXCLUDING
     }
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": body, "spec": spec}

@@ -125,7 +125,8 @@ class Gang:
         self.old: set[str] = set()  # pods of generations already restarted
         self.restarts: list[Restart] = []
         self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
-        self.nodes = NodeBlame(api, workload.namespace, self.jobs)  # blamed and excluded nodes
+        # Blamed and excluded nodes. Under Kueue the Jobs' suspension is Kueue's: no exclusion.
+        self.nodes = NodeBlame(api, workload.namespace, self.jobs, not workload.queue_name)
         self.stranded = Grace(workload.unschedulable_grace_s)  # evicted pods left Terminating
         self.stranded_logged: set[str] = set()  # pod uids already logged
         self.first = True  # no pods seen yet: failures seen now may predate the step

@@ -275,6 +275,7 @@ class JobWatch:
                         f"`kubectl logs -n {ns} -l {JOB_NAME_LABEL}={name}`"
                     )
                 raise why.error(why.message)
+        self.gang.nodes.adopt(view["job"])
         leaving = self.gang.nodes.excluding(view["job"], view["pods"])
         if leaving is not None:
             self.gang.old |= leaving

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT
 from mnnvl.driver.attempts import Attempt
-from mnnvl.driver.exclude import NodeBlame, excluded_nodes, without_node
+from mnnvl.driver.exclude import EXCLUDING, NodeBlame, excluded_nodes, without_node
 
 
 def attempt(node: str, code: int = 137, hardware: bool = False) -> Attempt:
@@ -66,3 +68,32 @@ def test_the_not_in_term_narrows_every_required_term_and_reads_back() -> None:
             ]
         }
     ]
+
+
+class Patches:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def patch(self, kind: Any, namespace: str, name: str, body: dict[str, Any]) -> Any:
+        self.sent.append((name, body))
+        return {}
+
+
+def test_a_rerun_resumes_a_job_an_earlier_attempt_suspended_to_keep_a_node_out() -> None:
+    # The step suspended its Job to keep node a out, and was lost before it resumed it.
+    api = Patches()
+    nodes = NodeBlame(api, "ns", ["j"])  # type: ignore[arg-type]
+    job = {
+        "metadata": {"name": "j", "uid": "u", "annotations": {EXCLUDING: "a"}},
+        "spec": {"suspend": True, "template": {"spec": {}}},
+        "status": {"conditions": [{"type": "Suspended", "status": "True"}], "active": 0},
+    }
+    nodes.adopt({"j": job})
+    assert nodes.excluding({"j": job}, {}) == set()  # resumed; the view still shows it suspended
+    ((name, body),) = api.sent
+    assert name == "j" and body["spec"]["suspend"] is False
+    assert body["metadata"]["annotations"] == {EXCLUDING: None}
+    assert excluded_nodes({"spec": body["spec"]}) == ["a"]
+    assert list(nodes.excluded) == ["a"]
+    resumed = {**job, "spec": {**job["spec"], "suspend": False}}
+    assert nodes.excluding({"j": resumed}, {}) is None
