@@ -26,7 +26,7 @@ from typing import Any
 from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT
 from mnnvl.driver.api import JOB, Api
 from mnnvl.driver.attempts import Attempt
-from mnnvl.driver.diagnose import pod_phase, unschedulable
+from mnnvl.driver.diagnose import CLAIMS_UNALLOCATABLE, pod_phase, unschedulable
 from mnnvl.driver.wait import Objects
 from mnnvl.errors import AlreadyExists, Invalid, ProblemKind, WorkloadFailed
 from mnnvl.manifests import JOB_NAME_LABEL
@@ -216,12 +216,14 @@ class NodeBlame:
 
     def check_placed(self, fresh: Objects) -> None:
         """Fail at once when a pod of an attempt after an exclusion cannot be scheduled: no
-        other node can take the excluded node's place."""
+        other node can take the excluded node's place. Device claims that cannot be allocated
+        yet are left to the unschedulable grace: the last attempt's claims may still be
+        being released."""
         if not self.excluded:
             return
         for name, pod in sorted(fresh.items()):
             why = unschedulable(pod)
-            if not why:
+            if not why or CLAIMS_UNALLOCATABLE in why:
                 continue
             nodes = ", ".join(sorted(self.excluded))
             evidence = "; ".join(f"{n}: {e}" for n, e in sorted(self.excluded.items()))
