@@ -174,6 +174,12 @@ def test_a_node_that_fails_the_gang_twice_is_excluded_and_the_run_ends_on_the_ot
             assert [job["excluded_nodes"] for job in status.jobs] == [[BAD]]
             warned = [m for m in caplog.messages if m.startswith(f"node {BAD} is kept out")]
             assert len(warned) == 1 and "blamed for 2 failed attempts" in warned[0]
+            for r in result.restarts:
+                print(
+                    f"k8s 1.{minor} restart {r['n']} ({r['how']}, excluded {r['excluded']}): "
+                    f"detected after {r['detect_s']} s, every new pod Running {r['restart_s']} s "
+                    "later"
+                )
         finally:
             run.close()
 
