@@ -154,12 +154,13 @@ class Gang:
         node = (pod.get("spec") or {}).get("nodeName")
         if disruption and node:
             self.lost_nodes[node] = f"pod {pod['metadata']['name']}: {disruption}"
-        self._check_budget(pods, pod, attempt)
-        self._check_domain(pod)
         self._check_repeat(attempt)
+        excluded = self.nodes.suspect(attempt)
+        self._check_budget(pods, pod, attempt, everyone=excluded is not None)
+        self._check_domain(pod)
         generation = {p["metadata"]["uid"] for p in pods.values()} - self._replacements(pods)
         last = rank0.last[0] if rank0 is not None and rank0.last else None
-        restart = Restart(attempt, time.monotonic(), last, excluded=self.nodes.suspect(attempt))
+        restart = Restart(attempt, time.monotonic(), last, excluded=excluded)
         self.restarts.append(restart)
         logger.warning(
             "attempt %d failed: %s, first: %s; restarting every rank %s (restart %d of at "
@@ -251,9 +252,12 @@ class Gang:
                 "then rerun: the run resumes from the last checkpoint"
             )
 
-    def _check_budget(self, pods: Objects, failed: dict[str, Any], attempt: Attempt) -> None:
+    def _check_budget(
+        self, pods: Objects, failed: dict[str, Any], attempt: Attempt, everyone: bool = False
+    ) -> None:
         """Raise when restarting would exceed ``--max-restarts`` or fail an index whose pod
-        this restart deletes (the Job controller counts it; the Job would fail meanwhile)."""
+        this restart deletes (the Job controller counts it; the Job would fail meanwhile).
+        ``everyone``: the restart suspends the Jobs, so replacements go too."""
         name, code = failed["metadata"]["name"], exit_code(failed)
         first = f"; failed first: {attempt.names()}: {attempt.evidence}"
         if len(self.restarts) >= self.workload.max_restarts:
@@ -272,7 +276,11 @@ class Gang:
                 f"pod {name} {found.message}{first}{why}; check `kubectl logs -n {ns} {name}`; "
                 f"last log lines:\n{tail}"
             )
-        spent = next((p for p in self._to_delete(pods) if not self._has_retry(p)), None)
+        going = self._to_delete(pods)
+        if everyone:
+            fresh = self._replacements(pods)
+            going += [p for p in pods.values() if p["metadata"]["uid"] in fresh]
+        spent = next((p for p in going if not self._has_retry(p)), None)
         if spent is not None:
             why = (
                 f"and restarting every rank would fail pod {spent['metadata']['name']}'s index "

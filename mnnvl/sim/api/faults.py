@@ -132,6 +132,11 @@ class Faults:
         with self._lock:
             self._nodes[node] = (exit_code, message)
 
+    def heal_node(self, node: str) -> None:
+        """Lift ``fail_node``."""
+        with self._lock:
+            self._nodes.pop(node, None)
+
     def node_fault(self, node: str) -> tuple[int, str] | None:
         with self._lock:
             return self._nodes.get(node)
