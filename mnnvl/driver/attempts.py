@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from mnnvl.contract.termination import Evidence, parse
+from mnnvl.contract.termination import STOP, Evidence, parse
 from mnnvl.driver.diagnose import exit_code, pod_index, terminated
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP
 from mnnvl.inputs.spec import WorkloadSpec
@@ -39,6 +39,7 @@ class Attempt:
     step: str | None = None  # the last step the failing worker reported, when it said
     words: str = ""  # the worker's own last line, when it said
     hardware: bool = False  # NVLink, fabric, ECC or Xid evidence: the node is suspect at once
+    stop: bool = False  # the worker's launcher says no restart can change it
 
     def names(self) -> str:
         """``pod P (rank R, GPU G) on node N``, with what is known."""
@@ -85,6 +86,7 @@ def attribute(failed: list[dict[str, Any]], workload: WorkloadSpec) -> Attempt:
         step=evidence.step,
         words=lines[-1] if lines else "",
         hardware=evidence.hardware,
+        stop=evidence.verdict == STOP,
     )
 
 

@@ -182,8 +182,16 @@ class Gang:
         return True
 
     def _check_repeat(self, attempt: Attempt) -> None:
-        """The same error at the same step as the attempt before, on another node: a restart
-        cannot change it (one that repeats on one node only is that node's: exclusion)."""
+        """The worker's launcher said no restart can change it (``verdict: stop``), or the same
+        error at the same step as the attempt before, on another node (one that repeats on
+        one node only is that node's: exclusion)."""
+        if attempt.stop:
+            raise WorkloadFailed(
+                f"{attempt.names()} failed in a way no restart can change ({attempt.reason}: "
+                f"{attempt.evidence}); check `kubectl logs -n {self.workload.namespace} "
+                f"{attempt.pod}` and fix the program or its inputs",
+                pod_exit_code=attempt.exit_code,
+            )
         if not self.restarts:
             return
         before = self.restarts[-1].attempt

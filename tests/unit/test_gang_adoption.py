@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
+from mnnvl.contract.termination import STOP, Evidence
 from mnnvl.driver import lifecycle
 from mnnvl.driver.diagnose import FAILURE_COUNT
 from mnnvl.driver.gang import Gang
+from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import JOB_NAME_LABEL
 
@@ -160,3 +162,18 @@ def test_right_after_a_restart_the_deleted_generation_does_not_count_as_running(
     new0["spec"] = {"nodeName": "n"}
     assert watch.check(view(old1, new1, new0)) is None
     assert watch.job_deadline is not None and Followed.pods == ["j-0-b"]
+
+
+def test_a_failure_the_workers_launcher_says_no_restart_can_change_ends_the_step() -> None:
+    said = Evidence(verdict=STOP, reason="module-not-found", rank=1, exit_code=1)
+    said.error = "ModuleNotFoundError: No module named 'no.such'"
+    lost = pod("j-1-a", 1, "Failed", created=0, finished=20)
+    lost["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = said.to_message()
+    survivor = pod("j-0-a", 0, "Running", created=0)
+    api = DeletingApi()
+    workload = WorkloadSpec(run_id="r", namespace="ns", nodes=2, max_restarts=3)
+    with pytest.raises(WorkloadFailed) as info:
+        Gang(api, workload).check(by_name(survivor, lost), None)  # type: ignore[arg-type]
+    assert info.value.exit_code == 4 and api.deleted == []
+    assert "no restart can change (module-not-found" in str(info.value)
+    assert "No module named 'no.such'" in str(info.value)
