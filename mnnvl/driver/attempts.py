@@ -40,6 +40,7 @@ class Attempt:
     words: str = ""  # the worker's own last line, when it said
     hardware: bool = False  # NVLink, fabric, ECC or Xid evidence: the node is suspect at once
     stop: bool = False  # the worker's launcher says no restart can change it
+    pod_exit_code: int | None = None  # the container's own, as the other pods' compare
 
     def names(self) -> str:
         """``pod P (rank R, GPU G) on node N``, with what is known."""
@@ -87,6 +88,7 @@ def attribute(failed: list[dict[str, Any]], workload: WorkloadSpec) -> Attempt:
         words=lines[-1] if lines else "",
         hardware=evidence.hardware,
         stop=evidence.verdict == STOP,
+        pod_exit_code=exit_code(pod),
     )
 
 

@@ -142,6 +142,7 @@ class NodeBlame:
         self.api, self.namespace, self.jobs, self.enabled = api, namespace, jobs, enabled
         self.blamed: dict[str, int] = {}  # node -> failed attempts it was blamed for
         self.excluded: dict[str, str] = {}  # node -> the evidence that excluded it
+        self.last: Attempt | None = None  # the failure that excluded the latest node
         self.exclusion: Exclusion | None = None  # a node being taken out of the Jobs now
 
     def suspect(self, attempt: Attempt) -> str | None:
@@ -167,9 +168,14 @@ class NodeBlame:
         )
         return None
 
+    def forgive(self, node: str) -> None:
+        """One failed attempt no longer counts against ``node`` (it was not the node's)."""
+        self.blamed[node] = max(0, self.blamed.get(node, 0) - 1)
+
     def exclude(self, node: str, attempt: Attempt) -> None:
         """Suspend every Job of the step; :meth:`excluding` resumes them with the term."""
         self.excluded[node] = attempt.evidence
+        self.last = attempt
         logger.warning(
             "node %s is kept out of the next attempt (%s); suspending Job(s) %s to add a "
             "NotIn node-affinity term for it",
@@ -228,12 +234,16 @@ class NodeBlame:
             nodes = ", ".join(sorted(self.excluded))
             evidence = "; ".join(f"{n}: {e}" for n, e in sorted(self.excluded.items()))
             cordon = " && ".join(f"kubectl cordon {n}" for n in sorted(self.excluded))
+            code = self.last.pod_exit_code if self.last is not None else None
+            first = f"{self.last.names()} failed with exit code {code}; " if self.last else ""
             raise WorkloadFailed(
-                f"node {nodes} was excluded after failing ({evidence}), and no other node can "
-                f"take pod {name}'s place ({why}); a platform team takes the node out of "
-                f"service (`{cordon}`, or a NoSchedule taint) and frees or adds a node, then "
-                "reruns the step",
+                f"{first}node {nodes} was excluded after failing ({evidence}), and no other "
+                f"node can take pod {name}'s place ({why}); a platform team takes the node out "
+                f"of service (`{cordon}`, or a NoSchedule taint) and frees or adds a node, then "
+                "reruns the step; if the program fails this way on any node, fix it first "
+                f"(`kubectl logs -n {self.namespace} {self.last.pod if self.last else name}`)",
                 problem=ProblemKind.UNSCHEDULABLE,
+                pod_exit_code=code,
             )
 
 

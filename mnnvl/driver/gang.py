@@ -87,6 +87,8 @@ class Restart:
     after: Rank0Progress = field(default_factory=Rank0Progress)  # rank 0's log after the restart
     running: float | None = None  # monotonic: every pod of the next generation Running
     excluded: str | None = None  # the node kept out of the next attempt
+    generation: set[str] = field(default_factory=set)  # uids of the attempt's pods
+    blamed: bool = False  # counted against its node
 
     def record(self) -> dict[str, Any]:
         """One flat, JSON-able record: what failed (:class:`Attempt`), ``excluded``, and
@@ -155,12 +157,15 @@ class Gang:
         if disruption and node:
             self.lost_nodes[node] = f"pod {pod['metadata']['name']}: {disruption}"
         self._check_repeat(attempt)
-        excluded = self.nodes.suspect(attempt)
+        self._forgive(pods)
+        blamed = not _elsewhere(attempt, failed)
+        excluded = self.nodes.suspect(attempt) if blamed else None
         self._check_budget(pods, pod, attempt, everyone=excluded is not None)
         self._check_domain(pod)
         generation = {p["metadata"]["uid"] for p in pods.values()} - self._replacements(pods)
         last = rank0.last[0] if rank0 is not None and rank0.last else None
-        restart = Restart(attempt, time.monotonic(), last, excluded=excluded)
+        restart = Restart(attempt, time.monotonic(), last, excluded=excluded, blamed=blamed)
+        restart.generation = generation
         self.restarts.append(restart)
         logger.warning(
             "attempt %d failed: %s, first: %s; restarting every rank %s (restart %d of at "
@@ -204,6 +209,15 @@ class Gang:
                 f"{attempt.pod}` and fix the program or its inputs",
                 pod_exit_code=attempt.exit_code,
             )
+
+    def _forgive(self, pods: Objects) -> None:
+        """An earlier attempt's failure stops counting against its node once another node's
+        pod of that attempt is seen to have failed on its own the same way: the program's."""
+        for r in self.restarts:
+            mine = [p for p in pods.values() if p["metadata"]["uid"] in r.generation]
+            if r.blamed and r.attempt.node and _elsewhere(r.attempt, mine):
+                r.blamed = False
+                self.nodes.forgive(r.attempt.node)
 
     def _note_running(self, pods: Objects) -> None:
         """When every index of the generation after the last restart is Running."""
@@ -410,6 +424,18 @@ def _history(pods: Objects) -> set[str]:
     return {
         p["metadata"]["uid"] for p in failed if str(terminated(p).get("finishedAt") or "~") < born
     }
+
+
+def _elsewhere(attempt: Attempt, pods: list[dict[str, Any]]) -> bool:
+    """Whether a pod on another node failed with the attempt's exit code (not being deleted:
+    a pod a restart deletes is no failure of its own)."""
+    return any(
+        pod_phase(p) == "Failed"
+        and not p["metadata"].get("deletionTimestamp")
+        and (p.get("spec") or {}).get("nodeName") != attempt.node
+        and exit_code(p) == attempt.pod_exit_code
+        for p in pods
+    )
 
 
 def _leaving(pods: Objects) -> set[str]:

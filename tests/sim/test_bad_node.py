@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -192,8 +193,10 @@ def test_a_node_excluded_with_no_spare_fails_at_once_naming_it_and_the_cordon(
         sim.faults.fail_node(BAD)
         run = Run(sim, tmp_path, max_restarts=3)
         try:
+            started = time.monotonic()
             run.launch("gated")
             run.join()
+            print(f"no spare node: failed {time.monotonic() - started:.1f} s after the launch")
             error = run.error
             assert isinstance(error, MnnvlError) and error.exit_code == 4, error
             text = str(error)

@@ -7,6 +7,9 @@ from typing import Any
 from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT
 from mnnvl.driver.attempts import Attempt
 from mnnvl.driver.exclude import EXCLUDING, NodeBlame, excluded_nodes, without_node
+from mnnvl.driver.gang import Gang
+from mnnvl.inputs.spec import WorkloadSpec
+from tests.unit.test_gang_adoption import DeletingApi, by_name, pod
 
 
 def attempt(node: str, code: int = 137, hardware: bool = False) -> Attempt:
@@ -97,3 +100,20 @@ def test_a_rerun_resumes_a_job_an_earlier_attempt_suspended_to_keep_a_node_out()
     assert list(nodes.excluded) == ["a"]
     resumed = {**job, "spec": {**job["spec"], "suspend": False}}
     assert nodes.excluding({"j": resumed}, {}) is None
+
+
+def test_a_failure_another_node_shares_is_the_programs_not_the_nodes() -> None:
+    def failed(name: str, index: int, node: str, at: int) -> Any:
+        p = pod(name, index, "Failed", created=0, finished=at)
+        p["spec"] = {"nodeName": node}
+        return p
+
+    workload = WorkloadSpec(run_id="r", namespace="ns", nodes=2, max_restarts=4)
+    gang = Gang(DeletingApi(), workload)  # type: ignore[arg-type]
+    # Both ranks of each attempt die the same way (137) on their own, node a first each time.
+    first = [failed("j-0-a", 0, "a", 10), failed("j-1-a", 1, "b", 11)]
+    assert gang.check(by_name(*first), None)
+    second = [failed("j-0-b", 0, "a", 20), failed("j-1-b", 1, "b", 21)]
+    assert gang.check(by_name(*first, *second), None)
+    assert [r.excluded for r in gang.restarts] == [None, None]
+    assert gang.nodes.blamed.get("a", 0) == 0 and gang.nodes.exclusion is None
