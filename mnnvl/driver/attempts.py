@@ -5,6 +5,7 @@ is the one blamed: its node, the rank and GPU that failed first and the evidence
 worker container's termination message (:mod:`mnnvl.contract.termination`, which the
 launcher writes) or, for a program that writes none, the last log lines the kubelet put
 there instead (``terminationMessagePolicy: FallbackToLogsOnError``). No log is read.
+:class:`Restart` is the record of the restart that followed, with what it cost.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import calendar
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.contract.termination import STOP, Evidence, parse
-from mnnvl.driver.diagnose import exit_code, pod_index, terminated
+from mnnvl.driver.diagnose import exit_code, pod_index, pod_phase, terminated
+from mnnvl.driver.rank0 import Rank0Progress
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP
 from mnnvl.inputs.spec import WorkloadSpec
 
@@ -89,6 +91,71 @@ def attribute(failed: list[dict[str, Any]], workload: WorkloadSpec) -> Attempt:
         hardware=evidence.hardware,
         stop=evidence.verdict == STOP,
         pod_exit_code=exit_code(pod),
+    )
+
+
+@dataclass
+class Restart:
+    attempt: Attempt  # what failed
+    seen: float  # monotonic time the driver saw the failure
+    last_step: int | None  # rank 0's last logged step before it
+    after: Rank0Progress = field(default_factory=Rank0Progress)  # rank 0's log after the restart
+    running: float | None = None  # monotonic: every pod of the next generation Running
+    excluded: str | None = None  # the node kept out of the next attempt
+    generation: set[str] = field(default_factory=set)  # uids of the attempt's pods
+    blamed: bool = False  # counted against its node
+
+    def record(self) -> dict[str, Any]:
+        """One flat, JSON-able record: what failed (:class:`Attempt`), ``excluded``, and
+        ``detect_s`` (fault → seen), ``restart_s`` (seen → every new pod Running),
+        ``recovery_s`` (fault, or when it was seen, → the restarted rank 0's first step),
+        ``steps_lost`` (steps rank 0 had logged past the step the restart resumed from)."""
+        a, first = self.attempt, self.after.first
+        lost = None
+        if first is not None and self.last_step is not None:
+            lost = max(0, self.last_step - (first[0] - 1))
+        recovery = None if first is None else round(first[1] - self.seen + (a.detect_s or 0), 3)
+        restart = None if self.running is None else round(self.running - self.seen, 3)
+        keys = ("pod", "node", "rank", "gpu", "exit_code", "reason", "evidence", "at", "detect_s")
+        return {
+            "how": "recreated",
+            **{k: getattr(a, k) for k in keys},
+            "excluded": self.excluded,
+            "restart_s": restart,
+            "recovery_s": recovery,
+            "steps_lost": lost,
+        }
+
+
+def failed_elsewhere(attempt: Attempt, pods: list[dict[str, Any]]) -> bool:
+    """Whether a pod on another node failed with the attempt's exit code (not being deleted:
+    a pod a restart deletes is no failure of its own)."""
+    return any(
+        pod_phase(p) == "Failed"
+        and not p["metadata"].get("deletionTimestamp")
+        and (p.get("spec") or {}).get("nodeName") != attempt.node
+        and exit_code(p) == attempt.pod_exit_code
+        for p in pods
+    )
+
+
+def no_restart_helps(attempt: Attempt, before: Attempt | None) -> str:
+    """Why a restart cannot change this failure ("" when it may): the worker's launcher said
+    so (``verdict: stop``), or the same error at the same step as the attempt ``before``, on
+    another node (one that repeats on one node only is that node's: exclusion)."""
+    if attempt.stop:
+        return (
+            f"{attempt.names()} failed in a way no restart can change ({attempt.reason}: "
+            f"{attempt.evidence})"
+        )
+    if before is None or attempt.node == before.node:
+        return ""
+    if attempt.signature() is None or attempt.signature() != before.signature():
+        return ""
+    return (
+        f"{attempt.names()} failed with the same error at step {attempt.step} as "
+        f"{before.names()} in the attempt before, so a restart cannot change it "
+        f"({attempt.evidence})"
     )
 
 

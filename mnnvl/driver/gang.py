@@ -44,12 +44,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import COMPUTE_DOMAIN, POD, Api
-from mnnvl.driver.attempts import Attempt, attribute
+from mnnvl.driver.attempts import (
+    Attempt,
+    Restart,
+    attribute,
+    failed_elsewhere,
+    no_restart_helps,
+)
 from mnnvl.driver.diagnose import (
     FAILURE_COUNT,
     Grace,
@@ -77,39 +82,6 @@ logger = logging.getLogger(__name__)
 # not-ready node with this taint (kubernetes.io/docs/concepts/cluster-administration/
 # node-shutdown/#non-graceful-node-shutdown).
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
-
-
-@dataclass
-class Restart:
-    attempt: Attempt  # what failed
-    seen: float  # monotonic time the driver saw the failure
-    last_step: int | None  # rank 0's last logged step before it
-    after: Rank0Progress = field(default_factory=Rank0Progress)  # rank 0's log after the restart
-    running: float | None = None  # monotonic: every pod of the next generation Running
-    excluded: str | None = None  # the node kept out of the next attempt
-    generation: set[str] = field(default_factory=set)  # uids of the attempt's pods
-    blamed: bool = False  # counted against its node
-
-    def record(self) -> dict[str, Any]:
-        """One flat, JSON-able record: what failed (:class:`Attempt`), ``excluded``, and
-        ``detect_s`` (fault → seen), ``restart_s`` (seen → every new pod Running),
-        ``recovery_s`` (fault, or when it was seen, → the restarted rank 0's first step),
-        ``steps_lost`` (steps rank 0 had logged past the step the restart resumed from)."""
-        a, first = self.attempt, self.after.first
-        lost = None
-        if first is not None and self.last_step is not None:
-            lost = max(0, self.last_step - (first[0] - 1))
-        recovery = None if first is None else round(first[1] - self.seen + (a.detect_s or 0), 3)
-        restart = None if self.running is None else round(self.running - self.seen, 3)
-        keys = ("pod", "node", "rank", "gpu", "exit_code", "reason", "evidence", "at", "detect_s")
-        return {
-            "how": "recreated",
-            **{k: getattr(a, k) for k in keys},
-            "excluded": self.excluded,
-            "restart_s": restart,
-            "recovery_s": recovery,
-            "steps_lost": lost,
-        }
 
 
 def _key(pod: dict[str, Any]) -> tuple[str, str]:
@@ -156,9 +128,15 @@ class Gang:
         node = (pod.get("spec") or {}).get("nodeName")
         if disruption and node:
             self.lost_nodes[node] = f"pod {pod['metadata']['name']}: {disruption}"
-        self._check_repeat(attempt)
+        why = no_restart_helps(attempt, self.restarts[-1].attempt if self.restarts else None)
+        if why:
+            raise WorkloadFailed(
+                f"{why}; check `kubectl logs -n {self.workload.namespace} {attempt.pod}` and "
+                "fix the program or its inputs",
+                pod_exit_code=attempt.exit_code,
+            )
         self._forgive(pods)
-        blamed = not _elsewhere(attempt, failed)
+        blamed = not failed_elsewhere(attempt, failed)
         excluded = self.nodes.suspect(attempt) if blamed else None
         self._check_budget(pods, pod, attempt, everyone=excluded is not None)
         self._check_domain(pod)
@@ -186,36 +164,12 @@ class Gang:
         self.old |= generation
         return True
 
-    def _check_repeat(self, attempt: Attempt) -> None:
-        """The worker's launcher said no restart can change it (``verdict: stop``), or the same
-        error at the same step as the attempt before, on another node (one that repeats on
-        one node only is that node's: exclusion)."""
-        if attempt.stop:
-            raise WorkloadFailed(
-                f"{attempt.names()} failed in a way no restart can change ({attempt.reason}: "
-                f"{attempt.evidence}); check `kubectl logs -n {self.workload.namespace} "
-                f"{attempt.pod}` and fix the program or its inputs",
-                pod_exit_code=attempt.exit_code,
-            )
-        if not self.restarts:
-            return
-        before = self.restarts[-1].attempt
-        same = attempt.signature() is not None and attempt.signature() == before.signature()
-        if same and attempt.node != before.node:
-            raise WorkloadFailed(
-                f"{attempt.names()} failed with the same error at step {attempt.step} as "
-                f"{before.names()} in the attempt before, so a restart cannot change it "
-                f"({attempt.evidence}); check `kubectl logs -n {self.workload.namespace} "
-                f"{attempt.pod}` and fix the program or its inputs",
-                pod_exit_code=attempt.exit_code,
-            )
-
     def _forgive(self, pods: Objects) -> None:
         """An earlier attempt's failure stops counting against its node once another node's
         pod of that attempt is seen to have failed on its own the same way: the program's."""
         for r in self.restarts:
             mine = [p for p in pods.values() if p["metadata"]["uid"] in r.generation]
-            if r.blamed and r.attempt.node and _elsewhere(r.attempt, mine):
+            if r.blamed and r.attempt.node and failed_elsewhere(r.attempt, mine):
                 r.blamed = False
                 self.nodes.forgive(r.attempt.node)
 
@@ -424,18 +378,6 @@ def _history(pods: Objects) -> set[str]:
     return {
         p["metadata"]["uid"] for p in failed if str(terminated(p).get("finishedAt") or "~") < born
     }
-
-
-def _elsewhere(attempt: Attempt, pods: list[dict[str, Any]]) -> bool:
-    """Whether a pod on another node failed with the attempt's exit code (not being deleted:
-    a pod a restart deletes is no failure of its own)."""
-    return any(
-        pod_phase(p) == "Failed"
-        and not p["metadata"].get("deletionTimestamp")
-        and (p.get("spec") or {}).get("nodeName") != attempt.node
-        and exit_code(p) == attempt.pod_exit_code
-        for p in pods
-    )
 
 
 def _leaving(pods: Objects) -> set[str]:
