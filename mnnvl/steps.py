@@ -96,6 +96,7 @@ class LaunchResult(Result):
     elapsed_s: float
     exit_code: int = 0
     restarts: list[dict[str, Any]] = field(default_factory=list)  # gang restarts, in order
+    excluded_nodes: list[str] = field(default_factory=list)  # kept out after failing there
     # The step's Job as this step found it, "complete since <time> (created <time>)" when it
     # had run before with the same inputs (its result is that run's); "" when created now.
     adopted: str = ""
@@ -118,6 +119,7 @@ class TrainResult(Result):
     steps_lost: int = 0  # steps rank 0 had logged past the checkpoints resumed from
     recovery_s: float | None = None  # failure to resumed training, the last restart
     adopted: str = ""  # as LaunchResult.adopted
+    excluded_nodes: list[str] = field(default_factory=list)  # kept out after failing there
     # Each gang restart: what failed and what it cost (keys: mnnvl.report_train)
     faults: list[dict[str, Any]] = field(default_factory=list)
     # Productive training time / this step's wall time (report_train.goodput); None when
@@ -260,8 +262,14 @@ def launch(
         log_tail=outcome.log_tail,
         elapsed_s=_since(start),
         restarts=outcome.restarts,
+        excluded_nodes=excluded_nodes(outcome.restarts),
         adopted=outcome.adopted,
     )
+
+
+def excluded_nodes(restarts: list[dict[str, Any]]) -> list[str]:
+    """The nodes the step kept out of its Jobs after they failed (``Gang.summary``)."""
+    return sorted({r["excluded"] for r in restarts if r.get("excluded")})
 
 
 def _require_result(launched: LaunchResult, kind: str) -> dict[str, Any]:
@@ -317,6 +325,7 @@ def train(
         adopted=launched.adopted,
         faults=faults,
         goodput=None if launched.adopted else goodput(raw, elapsed),
+        excluded_nodes=excluded_nodes(launched.restarts),
     )
     if report_dir:
         result = dataclasses.replace(

@@ -34,8 +34,9 @@ RUNNER_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     (
         "batch",
         ("jobs",),
-        ("create", "get", "list", "watch", "delete"),
-        "the multi-node workload; get: a retried step adopts its Job, a failed one reads it",
+        ("create", "get", "list", "watch", "patch", "delete"),
+        "the multi-node workload; get: a retried step adopts its Job, a failed one reads it; "
+        "patch: suspend it and resume it with a failing node kept out (node affinity)",
     ),
     (
         "",

@@ -91,7 +91,7 @@ class JobOutcome:
     pods: list[str]
     result: dict[str, Any] | None
     log_tail: str
-    restarts: list[dict[str, Any]]  # one per gang restart (mnnvl.driver.gang.Restart.record)
+    restarts: list[dict[str, Any]]  # one per gang restart (mnnvl.driver.gang.Gang.summary)
     adopted: str = ""  # rank 0's Job as this step found it ("complete since …"); "": created
 
 
@@ -217,7 +217,7 @@ class JobWatch:
         self.evictions = 0  # times Kueue took the admission back
         self.eviction_said = True  # the last eviction logged with Kueue's reason
         self.running_logged = -1
-        self.gang = Gang(api, workload)
+        self.gang = Gang(api, workload, self.jobs)
         self.follower: LogFollower | None = None  # rank 0's log, of its current pod
 
     def run(self) -> Objects:
@@ -254,6 +254,8 @@ class JobWatch:
         ns = self.workload.namespace
         for name in self.jobs:
             found = view["job"].get(name)
+            if found is None and self.gang.nodes.exclusion is not None:
+                continue  # made again with a node kept out (Kubernetes < 1.36)
             if found is None:
                 raise WorkloadFailed(
                     f"Job {ns}/{name} was deleted while the step waited for it (a teardown, "
@@ -273,6 +275,11 @@ class JobWatch:
                         f"`kubectl logs -n {ns} -l {JOB_NAME_LABEL}={name}`"
                     )
                 raise why.error(why.message)
+        self.gang.nodes.adopt(view["job"])
+        leaving = self.gang.nodes.excluding(view["job"], view["pods"])
+        if leaving is not None:
+            self.gang.old |= leaving
+            return None  # suspended by the step itself to keep a node out: no Kueue eviction
         if all(_condition(view["job"][name], "Complete") for name in self.jobs):
             return dict(view["pods"])
         # Suspended first: a Job Kueue evicted loses its pods, which is no gang restart.
@@ -387,12 +394,19 @@ class JobWatch:
                 raise found.error(f"{found.message}; {fix}")
 
     def _current(self, pods: Objects) -> Objects:
-        """The pods of the current admission (an evicted admission's pods are leaving)."""
-        return {k: p for k, p in pods.items() if p["metadata"]["uid"] not in self.evicted}
+        """The pods of the current admission and generation: an evicted admission's pods, a
+        restarted generation's and any pod being deleted are leaving, not starting."""
+        gone = self.evicted | self.gang.old
+        return {
+            k: p
+            for k, p in pods.items()
+            if p["metadata"]["uid"] not in gone and not p["metadata"].get("deletionTimestamp")
+        }
 
     def _starting(self, view: View) -> None:
         pods, workload = self._current(view["pods"]), self.workload
         self._refused(view)
+        self.gang.nodes.check_placed(pods)
         raise_on_stuck_pod(self.api, workload, pods, view["events"], self.grace)
         running = running_indexes(pods)
         if running != self.running_logged:  # once per change, not per event
@@ -450,6 +464,7 @@ class JobWatch:
         """After a restart the replacement pods face the same checks as the first ones (an
         unschedulable pod fails the step after the grace), naming the nodes the run lost."""
         fresh = {k: p for k, p in view["pods"].items() if p["metadata"]["uid"] not in self.gang.old}
+        self.gang.nodes.check_placed(fresh)
         try:
             raise_on_stuck_pod(self.api, self.workload, fresh, view["events"], self.grace)
         except WorkloadFailed as e:

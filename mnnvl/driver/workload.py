@@ -14,7 +14,6 @@ from typing import Any
 from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import container_started, pod_index, pod_phase
-from mnnvl.driver.gang import Rank0Progress
 from mnnvl.driver.gpus import with_gpu_mode
 from mnnvl.driver.ownership import (
     FAILURE_ANNOTATION,
@@ -25,6 +24,7 @@ from mnnvl.driver.ownership import (
     owned_by_run,
 )
 from mnnvl.driver.progress_line import ProgressLine
+from mnnvl.driver.rank0 import Rank0Progress
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.errors import MnnvlError, NotAdoptable, WorkloadFailed
 from mnnvl.inputs.defaults import PURPOSES

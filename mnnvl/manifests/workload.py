@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from mnnvl.contract import env as contract_env
-from mnnvl.contract import nccl
+from mnnvl.contract import nccl, termination
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.inputs.checks import parse_toleration
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
@@ -270,7 +270,16 @@ def container(
         "image": workload.image,
         "imagePullPolicy": workload.pod.image_pull_policy,
         "command": command(module, args, grouped=group is not None),
-        "env": pod_env(workload, group),
+        "env": [
+            *pod_env(workload, group),
+            {"name": termination.TERMINATION_PATH_ENV, "value": termination.TERMINATION_PATH},
+        ],
+        # The worker's evidence of its own failure reaches pod status, so the driver reads it
+        # without logs; a program that writes none hands over its last log lines instead (the
+        # kubelet's fallback: only when the file is empty and the container failed, at most
+        # 2048 bytes / 80 lines).
+        "terminationMessagePath": termination.TERMINATION_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": resources,
         "volumeMounts": [
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},

@@ -100,6 +100,7 @@ class SimCluster:
         cluster_reader: bool = False,
         tls: bool = False,
         clique_label: str = LABEL_CLIQUE,
+        kubernetes_minor: int = 36,
     ) -> None:
         """The settings are those of ``mnnvl/sim/README.md``'s table. ``kubeconfig_path``
         authenticates as the ``mnnvl-runner`` service account of the first namespace (with
@@ -141,6 +142,7 @@ class SimCluster:
         self.store.sticky = self.faults.is_sticky
         self.default_toleration_s = default_toleration_s
         self.pod_gc_quarantine_s = pod_gc_quarantine_s
+        self.kubernetes_minor = kubernetes_minor  # whose Job update rules apply
         self._server: ApiServer | None = None
         self._ca_pem = ""
         self._tls = tls
@@ -160,7 +162,7 @@ class SimCluster:
         self._parts = [
             driver,
             Scheduler(self.store, self.faults, self.scheduler_seed),
-            JobController(self.store, self._admit_pod),
+            JobController(self.store, self._admit_pod, self.kubernetes_minor),
             kubelet,
             NodeLifecycle(self.store, self.pod_gc_quarantine_s),
             *([self.kueue] if self.kueue else []),
@@ -171,6 +173,7 @@ class SimCluster:
             self.store, self.faults, kubelet.log_stream, self.crd_installed, self._tls_context()
         )
         self._server.schemas = self.schemas
+        self._server.minor = self.kubernetes_minor
         self._server.validators.append(self.admission.admit)
         self._server.mutators.append(self._default_tolerations)
         if self.kueue is not None:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from mnnvl import steps
+from mnnvl.contract.termination import Evidence
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec, from_inputs
@@ -95,6 +96,20 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
                 pods_running_timeout_s=60, job_timeout_s=60, max_restarts=1),
             "crash", [], kubeconfig=kube,
         )  # fmt: skip
+    # A node with NVLink errors is kept out of the next attempt (patch: suspend, affinity,
+    # resume); with no spare node the step fails naming it.
+    bad = DomainSpec(run_id="rbac-bad", namespace=NS, delete_timeout_s=60)
+    steps.provision(bad, kubeconfig=kube)
+    said = Evidence(exit_code=1, nvlink={"0": {"crc": 1}}).to_message()
+    sim.faults.fail_node("sim-node-0", 1, said)
+    with pytest.raises(WorkloadFailed, match="was excluded after failing"):
+        steps.launch(
+            WorkloadSpec(run_id="rbac-bad", purpose="job", nodes=2, gpus_per_node=0, env=env,
+                         pods_running_timeout_s=60, job_timeout_s=60, max_restarts=3),
+            "slow_report", [], kubeconfig=kube,
+        )  # fmt: skip
+    sim.faults.heal_node("sim-node-0")
+    steps.teardown(bad, kubeconfig=kube)
     cpu = {"nodes": 2, "gpus_per_node": 0, "pods_running_timeout_s": 120, "job_timeout_s": 300}
     cpu["rdzv_port"] = free_port()
     steps.train(

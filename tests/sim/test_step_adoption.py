@@ -214,7 +214,8 @@ def test_a_killed_step_whose_job_lost_a_worker_meanwhile_restarts_the_gang_when_
     result = retry.result
     assert result["ok"] is True and result["steps"] == 150 and result["restarts"] == 1
     assert result["start_step"] >= 10  # resumed from a checkpoint, not from step 0
-    assert f"pod {victim} failed with exit code 137 (retriable); restarting" in retry.stderr
+    assert f"attempt 1 failed: pod {victim} (rank 1) on node " in retry.stderr
+    assert "first: exit code 137 (signal SIGKILL)" in retry.stderr
     assert r.job_uid() == uid
     assert refused(sim, fixture_requests) == []
     retry.report("killed step, worker lost meanwhile")

@@ -38,10 +38,11 @@ from mnnvl.sim.api.resources import (
     default_on_create,
     discovery,
     ensure_default_service_account,
+    job_update_error,
     openapi_v3,
     validate,
 )
-from mnnvl.sim.api.schemas import SchemaAdmission
+from mnnvl.sim.api.schemas import SchemaAdmission, invalid
 from mnnvl.sim.api.selectors import merge_patch, object_matcher
 from mnnvl.sim.api.serving import ServingServer
 from mnnvl.sim.api.store import RESOURCES, ApiError, Obj, Store
@@ -77,6 +78,7 @@ class ApiServer(ServingServer):
         # Validating admission after schema validation (PodSecurity, webhooks, quota).
         self.validators: list[Callable[[str, Obj], None]] = []
         self.kueue_served = False  # the Kueue CRDs exist only with the Kueue stand-in
+        self.minor = 36  # the Kubernetes minor version whose Job update rules apply
         self.bookmark_interval_s = 1.0
         self.request_count = 0
         self.counters: Counter[tuple[str, str]] = Counter()
@@ -298,6 +300,9 @@ class Handler(BaseHTTPRequestHandler):
                 new["metadata"]["namespace"] = ns
             if not sub:
                 validate(plural, new, old, self.server.schemas)
+                refused = job_update_error(new, old, self.server.minor) if plural == "jobs" else ""
+                if refused:
+                    raise invalid(plural, new, [refused])
             result = store.update(plural, ns, name, new, sub or None, dry_run=dry_run)
         self._json(200, result)
 

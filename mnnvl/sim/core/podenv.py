@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from mnnvl.contract.env import IMEX_CHANNEL_DIR, MASTER_ADDR, MASTER_PORT, PINNED
+from mnnvl.contract.termination import TERMINATION_PATH, TERMINATION_PATH_ENV
 from mnnvl.ports import free_port
 from mnnvl.sim.api.model import Obj
 from mnnvl.sim.api.store import Store
@@ -174,6 +175,9 @@ class ProcessEnv:
             mounts[IMEX_CHANNEL_DIR] = os.path.join(
                 self.devices_dir(workdir), os.path.basename(IMEX_CHANNEL_DIR)
             )
+            # The container's termination message file is the pod's own, named in the env.
+            mounts[message_path(container)] = termination_file(workdir)
+            pod_env[TERMINATION_PATH_ENV] = message_path(container)
         pod_env = {k: at_host(DNS_RE.sub(self._resolve, v), mounts) for k, v in pod_env.items()}
         pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
         pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
@@ -226,6 +230,16 @@ def claim_mounts(pod: Obj, container: Obj, claim_dir: Callable[[str, str], str])
         for m in container.get("volumeMounts") or []
         if m.get("name") in claims
     }
+
+
+def message_path(container: Obj) -> str:
+    """The container's ``terminationMessagePath`` (the API server defaults it)."""
+    return str(container.get("terminationMessagePath") or TERMINATION_PATH)
+
+
+def termination_file(workdir: str) -> str:
+    """Where a pod's termination message file is on this machine."""
+    return os.path.join(workdir, "termination-log")
 
 
 def at_host(value: str, mounts: dict[str, str]) -> str:
