@@ -11,8 +11,10 @@ there instead (``terminationMessagePolicy: FallbackToLogsOnError``). No log is r
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,12 +65,19 @@ class Attempt:
         return (self.exit_code, self.step, self.words)
 
 
-def attribute(failed: list[dict[str, Any]], workload: WorkloadSpec) -> Attempt:
-    """The attempt's first failure among ``failed`` (pods of one generation)."""
+def attribute(
+    failed: list[dict[str, Any]], workload: WorkloadSpec, tail: Callable[[str], str] | None = None
+) -> Attempt:
+    """The attempt's first failure among ``failed`` (pods of one generation). ``tail(pod)``:
+    its log's last lines, read only when its evidence carries no words of the worker (one that
+    printed its error and exited, which its launcher cannot see)."""
     pod = min(failed, key=lambda p: (_finished(p) or "~", int(pod_index(p) or 0)))
     state = terminated(pod)
     message = str(state.get("message") or "")
     said = parse(message)
+    if said is not None and not said.error and tail is not None:
+        said = dataclasses.replace(said, error=tail(pod["metadata"]["name"]))
+        message = said.error
     evidence = said or Evidence(error=message)
     code = evidence.exit_code if evidence.exit_code is not None else exit_code(pod)
     finished = _finished(pod)
@@ -83,7 +92,7 @@ def attribute(failed: list[dict[str, Any]], workload: WorkloadSpec) -> Attempt:
         gpu=evidence.gpu,
         exit_code=code,
         reason=evidence.reason or str(state.get("reason") or ""),
-        evidence=describe(evidence, code, 1 if said else LOG_LINES),
+        evidence=describe(evidence, code, LOG_LINES if message == evidence.error else 1),
         at=at,
         detect_s=detect,
         step=evidence.step,

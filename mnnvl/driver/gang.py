@@ -124,7 +124,8 @@ class Gang:
         pod: dict[str, Any] | None = next((p for p in failed if self._retriable(p)), None)
         if pod is None:
             return False
-        attempt = attribute(failed, self.workload)
+        ns = self.workload.namespace
+        attempt = attribute(failed, self.workload, lambda name: log_tail(self.api, ns, name))
         disruption = _disruption(pod)
         node = (pod.get("spec") or {}).get("nodeName")
         if disruption and node:
