@@ -1,0 +1,183 @@
+"""The Kubeflow Trainer stand-in: a TrainJob from the builder runs as Trainer's torch runtime
+runs it (pods, names, env, claims), restarts as the runtime's JobSet failure policy says, ends
+``Complete`` or ``Failed`` as Trainer reports it; its API is served and validated only where
+Trainer is installed, and the runner may use it through ``manifests/overlays/trainer``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+from kubernetes.client import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.manifests import compute_domain
+from mnnvl.manifests.trainjob import trainjob
+from mnnvl.sim import SimCluster
+from tests.conftest import REPO_ROOT, find_schema_dir
+from tests.sim.simkit import NS, Raw, _NoDiscovery, wait_for
+
+TJ_PATH = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs"
+RUNTIMES = "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
+PRINT_RANK = (
+    "import json, os; print('SEEN', json.dumps({k: os.environ.get(k) for k in "
+    "('PET_NODE_RANK', 'PET_NNODES', 'PET_MASTER_PORT', 'MASTER_ADDR', 'MNNVL_RUN_ID')}))"
+)
+
+
+@pytest.fixture(scope="module")
+def schemas(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The upstream schemas plus Trainer's TrainJob CRD, in MNNVL_SCHEMA_DIR's layout."""
+    out = tmp_path_factory.mktemp("schemas")
+    for entry in find_schema_dir().iterdir():
+        (out / entry.name).symlink_to(entry)
+    (out / "kubeflow-trainer").symlink_to(REPO_ROOT / "tests" / "schemas" / "kubeflow-trainer")
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def sim(schemas: str) -> Iterator[SimCluster]:
+    with SimCluster(nodes=2, trainer=True, schema_dir=schemas) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def raw(sim: SimCluster) -> Raw:
+    return Raw(sim)
+
+
+def domain(raw: Raw, run_id: str) -> None:
+    body = compute_domain(DomainSpec(run_id=run_id))
+    raw.call("POST", f"/apis/resource.nvidia.com/v1beta1/namespaces/{NS}/computedomains", body)
+    template = RunNames.for_run(run_id).channel_template
+    path = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates/{template}"
+    wait_for(lambda: not raw.gone(path), what="channel template")
+
+
+def condition(raw: Raw, name: str) -> dict[str, Any] | None:
+    tj = raw.get(f"{TJ_PATH}/{name}")
+    done = [c for c in (tj.get("status") or {}).get("conditions") or [] if c["status"] == "True"]
+    return done[0] if done else None
+
+
+def pods(raw: Raw, name: str) -> list[dict[str, Any]]:
+    sel = f"jobset.sigs.k8s.io/jobset-name={name}"
+    return raw.call("GET", f"/api/v1/namespaces/{NS}/pods", labelSelector=sel)["items"]
+
+
+def log(raw: Raw, pod: str) -> str:
+    resp = raw.open("GET", f"/api/v1/namespaces/{NS}/pods/{pod}/log")
+    try:
+        return resp.data.decode()
+    finally:
+        resp.release_conn()
+
+
+def make(raw: Raw, run_id: str, code: str, runtime: str = "torch-distributed") -> str:
+    domain(raw, run_id)
+    workload = WorkloadSpec(run_id=run_id, nodes=2, gpus_per_node=0, clique_affinity=False)
+    tj = trainjob(workload, "", ["python3", "-c", code], runtime=runtime)
+    raw.call("POST", TJ_PATH, tj)
+    return tj["metadata"]["name"]
+
+
+def test_a_trainjob_runs_one_pod_per_node_with_trainers_names_env_and_the_channel_claim(raw):
+    name = make(raw, "tj-run", PRINT_RANK)
+    done = wait_for(lambda: condition(raw, name), timeout=60, what="TrainJob finished")
+    assert (done["type"], done["reason"]) == ("Complete", "AllJobsCompleted")
+    found = sorted(pods(raw, name), key=lambda p: p["metadata"]["name"])
+    assert [p["metadata"]["name"].rsplit("-", 1)[0] for p in found] == [
+        f"{name}-node-0-0",
+        f"{name}-node-0-1",
+    ]
+    seen = []
+    for pod in found:
+        assert pod["spec"]["subdomain"] == name and pod["spec"]["hostname"].startswith(name)
+        claims = {c["name"]: c["resourceClaimTemplateName"] for c in pod["spec"]["resourceClaims"]}
+        assert claims == {"imex-channel": RunNames.for_run("tj-run").channel_template}
+        assert {"name": "imex-channel"} in pod["spec"]["containers"][0]["resources"]["claims"]
+        line = next(x for x in log(raw, pod["metadata"]["name"]).splitlines() if "SEEN" in x)
+        seen.append(json.loads(line.split("SEEN ", 1)[1]))
+    assert sorted(s["PET_NODE_RANK"] for s in seen) == ["0", "1"]
+    assert {s["PET_NNODES"] for s in seen} == {"2"} and {s["MNNVL_RUN_ID"] for s in seen} == {
+        "tj-run"
+    }
+    assert raw.get(f"/api/v1/namespaces/{NS}/services/{name}")["spec"]["clusterIP"] == "None"
+
+
+def gang_runtime(raw: Raw, name: str, max_restarts: int) -> None:
+    runtime = raw.get(f"{RUNTIMES}/torch-distributed")
+    runtime["metadata"] = {"name": name}
+    spec = runtime["spec"]["template"]["spec"]
+    spec["failurePolicy"] = {"maxRestarts": max_restarts}
+    spec["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] = 0
+    raw.call("POST", RUNTIMES, runtime)
+
+
+def test_a_failed_pod_recreates_every_pod_up_to_max_restarts_then_completes(raw, tmp_path):
+    gang_runtime(raw, "gang-1", 1)
+    marker = tmp_path / "failed-once"
+    code = (
+        f"import os, sys; p = {str(marker)!r}\n"
+        "if os.environ['PET_NODE_RANK'] == '1' and not os.path.exists(p):\n"
+        "    open(p, 'w').close(); sys.exit(3)\n"
+    )
+    name = make(raw, "tj-restart", code, runtime="gang-1")
+    done = wait_for(lambda: condition(raw, name), timeout=90, what="TrainJob finished")
+    assert done["type"] == "Complete"
+    attempts = {
+        p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] for p in pods(raw, name)
+    }
+    assert attempts == {"1"}  # every pod of the first attempt was replaced
+
+
+def test_without_restarts_left_the_trainjob_fails_as_jobset_words_it(raw):
+    name = make(raw, "tj-fail", "import sys; sys.exit(3)")
+    done = wait_for(lambda: condition(raw, name), timeout=60, what="TrainJob finished")
+    assert (done["type"], done["reason"]) == ("Failed", "FailedJobs")
+
+
+class RunnerRaw(Raw):
+    """Calls as the run's service account (``mnnvl-runner``), not as an admin."""
+
+    def __init__(self, sim: SimCluster) -> None:
+        self.api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path)
+        self.dynamic = DynamicClient(self.api, discoverer=_NoDiscovery)
+
+
+def test_the_runner_may_create_trainjobs_and_read_the_runtime_through_the_overlay(sim):
+    runner = RunnerRaw(sim)
+    assert runner.get(f"{RUNTIMES}/torch-distributed")["metadata"]["name"] == "torch-distributed"
+    assert isinstance(runner.call("GET", TJ_PATH)["items"], list)
+    with pytest.raises(ApiException) as refused:
+        runner.call("DELETE", f"{RUNTIMES}/torch-distributed")
+    assert refused.value.status == 403
+
+
+def test_an_unknown_trainjob_field_is_refused_like_the_real_api_server(raw):
+    body = trainjob(WorkloadSpec(run_id="tj-bad", nodes=2), "", ["true"])
+    body["spec"]["trainer"]["numNode"] = 2
+    with pytest.raises(ApiException) as refused:
+        raw.call("POST", TJ_PATH, body)
+    assert refused.value.status == 422 and "numNode" in str(refused.value.body)
+
+
+def test_a_trainer_before_v2_4_refuses_the_claim_field(schemas):
+    with SimCluster(
+        nodes=1, trainer=True, trainer_claims_per_node=False, schema_dir=schemas
+    ) as old:
+        body = trainjob(WorkloadSpec(run_id="tj-old", nodes=1), "", ["true"])
+        with pytest.raises(ApiException) as refused:
+            Raw(old).call("POST", TJ_PATH, body)
+    assert refused.value.status == 422 and "resourceClaimsPerNode" in str(refused.value.body)
+
+
+def test_without_trainer_the_trainjob_api_is_not_served():
+    with SimCluster(nodes=1) as bare, pytest.raises(ApiException) as missing:
+        Raw(bare).call("GET", TJ_PATH)
+    assert missing.value.status == 404
