@@ -36,6 +36,7 @@ from mnnvl.driver import (
 )
 from mnnvl.driver.inspect import run_status
 from mnnvl.driver.preflight import check_cluster, table
+from mnnvl.driver.preflight_trainer import trainer_rows
 from mnnvl.driver.preflight import failure as preflight_failure
 from mnnvl.errors import (
     ClusterUnavailable,
@@ -493,8 +494,10 @@ def preflight(
     kubeconfig: str | None = None,
     report_dir: str | None = None,
     fail_on_fail: bool = True,
+    trainjob_runtime: str = "",
 ) -> PreflightResult:
-    """Is the cluster ready for a run of ``workload``'s shape? (``mnnvl.driver.preflight``)
+    """Is the cluster ready for a run of ``workload``'s shape? (``mnnvl.driver.preflight``;
+    with ``trainjob_runtime``, the TrainJob workload's rows too: ``preflight_trainer``)
 
     Raises ``VerificationFailed`` (exit 4) naming each failing row and its fix, when
     ``fail_on_fail``; the report (``preflight.ctrf.json``) is written first.
@@ -502,6 +505,8 @@ def preflight(
     start, started = time.monotonic(), time.time()
     with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
         rows = check_cluster(api, workload)
+        if trainjob_runtime:
+            rows += trainer_rows(api, workload.namespace, trainjob_runtime, workload.max_restarts)
     text = table(rows)
     logger.info("preflight of namespace %s:\n%s", workload.namespace, text)
     found = [r.to_dict() for r in rows]

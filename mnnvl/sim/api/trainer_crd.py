@@ -82,14 +82,3 @@ def strict(schema: Any) -> Any:
     if "properties" in out and not open_ended:
         out["additionalProperties"] = False
     return out
-
-
-def has_claims_per_node(crd: dict[str, Any]) -> bool:
-    """Whether a served TrainJob CRD object has ``spec.trainer.resourceClaimsPerNode``."""
-    for version in (crd.get("spec") or {}).get("versions") or []:
-        schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
-        trainer = schema.get("properties", {}).get("spec", {}).get("properties", {})
-        fields = (trainer.get("trainer") or {}).get("properties") or {}
-        if "resourceClaimsPerNode" in fields:
-            return True
-    return False
