@@ -36,8 +36,8 @@ from mnnvl.driver import (
 )
 from mnnvl.driver.inspect import run_status
 from mnnvl.driver.preflight import check_cluster, table
-from mnnvl.driver.preflight_trainer import trainer_rows
 from mnnvl.driver.preflight import failure as preflight_failure
+from mnnvl.driver.preflight_trainer import trainer_rows
 from mnnvl.errors import (
     ClusterUnavailable,
     Refused,

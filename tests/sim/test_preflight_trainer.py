@@ -1,5 +1,5 @@
 """Preflight's TrainJob rows on the simulator: Trainer's API, the runtime and the
-``resourceClaimsPerNode`` field, each PASS where the cluster is ready and the fix named where not."""
+``resourceClaimsPerNode`` field, each PASS where the cluster is ready, else the fix named."""
 
 from __future__ import annotations
 
