@@ -19,7 +19,7 @@ from typing import Any
 from mnnvl import steps
 from mnnvl.errors import Interrupted, MnnvlError, NoCluster, SpecError, TeardownIncomplete
 from mnnvl.inputs import surface
-from mnnvl.manifests import compute_domain, render_run
+from mnnvl.manifests import compute_domain, render_run, render_trainjob
 from mnnvl.report import num, verdict_numbers
 from mnnvl.report_train import fault_line, goodput_line
 
@@ -54,14 +54,16 @@ def plan(values: dict[str, Any], run_id: str, *, skip_verify: bool = False) -> l
     return planned
 
 
-def objects(planned: list[PlannedTask]) -> list[dict[str, Any]]:
+def objects(planned: list[PlannedTask], trainjob_runtime: str = "") -> list[dict[str, Any]]:
     """Everything the planned run creates, in creation order, each object once (what
-    ``mnnvl render`` prints)."""
+    ``mnnvl render`` prints); with ``trainjob_runtime`` the train step as a TrainJob."""
     domain = planned[0].specs[0]
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for item in planned:
         workload, config = item.specs[0], item.specs[-1]
-        if item.task.step == "train":
+        if item.task.step == "train" and trainjob_runtime:
+            made = render_trainjob(domain, workload, config, trainjob_runtime)
+        elif item.task.step == "train":
             made = render_run(domain, workload, config, None)
         elif item.task.step == "verify":
             made = render_run(domain, workload, None, config)

@@ -190,11 +190,17 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
     values = {i.name: getattr(ns, i.name) for i in surface.step_inputs("preflight")}
     (workload,) = surface.step_specs("preflight", "preflight", values | _own_namespace(ns))
-    return steps.preflight(workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir).to_dict()
+    runtime = ns.trainjob_runtime if ns.workload == "trainjob" else ""
+    return steps.preflight(
+        workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir, trainjob_runtime=runtime
+    ).to_dict()
 
 
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
-    objs = objects(_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
+    runtime = ns.trainjob_runtime if ns.workload == "trainjob" else ""
+    if runtime:
+        check_dns_label("trainjob_runtime", runtime)
+    objs = objects(_run_plan(ns), runtime)  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
     return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 

@@ -10,7 +10,9 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
+from mnnvl.cli import main as cli
 from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.errors import SpecError
@@ -121,3 +123,20 @@ def test_what_a_trainjob_cannot_carry_is_refused_naming_the_input(change, field)
     with pytest.raises(SpecError) as err:
         trainjob(WorkloadSpec(run_id=RUN, **change), TRAIN_MODULE, [])
     assert err.value.field == field
+
+
+def test_render_workload_trainjob_emits_the_domain_and_a_valid_trainjob_for_training(
+    validator, capsys
+):
+    argv = ["render", "--run-id", "tj-r", "--nodes", "2", "--gpus-per-node", "4"]
+    assert cli.main([*argv, "--workload", "trainjob"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    kinds = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    train = RunNames.for_run("tj-r").job("train")
+    assert kinds[0][0] == "ComputeDomain"
+    assert ("TrainJob", train) in kinds
+    # the train step is the TrainJob alone: no Job or Service of ours for it
+    assert ("Job", train) not in kinds and ("Service", train) not in kinds
+    (tj,) = [d for d in docs if d["kind"] == "TrainJob"]
+    assert errors(validator, tj) == []
+    assert TRAIN_MODULE in tj["spec"]["trainer"]["command"]
