@@ -15,10 +15,10 @@ from typing import Any
 from mnnvl.contract.result import FAIL, PASS
 from mnnvl.driver.api import Api, Kind
 from mnnvl.driver.preflight import CRD, NOT_READABLE, SKIPPED, WARN, Row
+from mnnvl.driver.trainjob import TRAINJOB
 from mnnvl.errors import NotFound, Refused
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
-TRAINJOB = Kind("TrainJob", GROUP, VERSION, "trainjobs")
 CLUSTER_RUNTIME = Kind("ClusterTrainingRuntime", GROUP, VERSION, "clustertrainingruntimes")
 TRAINJOB_CRD = f"trainjobs.{GROUP}"
 OVERLAY = "manifests/overlays/trainer"

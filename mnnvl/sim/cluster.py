@@ -63,6 +63,7 @@ OUR_KINDS = (
     "pods",
     "services",
     "workloads",  # the Kueue stand-in's, owned by their Jobs
+    "trainjobs",
 )
 
 

@@ -14,6 +14,7 @@ import pytest
 from kubernetes.client import ApiException
 from kubernetes.dynamic import DynamicClient
 
+from mnnvl import steps
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.manifests import compute_domain
@@ -181,3 +182,13 @@ def test_without_trainer_the_trainjob_api_is_not_served():
     with SimCluster(nodes=1) as bare, pytest.raises(ApiException) as missing:
         Raw(bare).call("GET", TJ_PATH)
     assert missing.value.status == 404
+
+
+def test_teardown_removes_the_trainjob_and_its_pods_before_the_domain(sim, raw):
+    name = make(raw, "tj-down", "import time; time.sleep(30)")
+    wait_for(lambda: len(pods(raw, name)) == 2, timeout=60, what="the TrainJob's pods")
+    result = steps.teardown(DomainSpec(run_id="tj-down"), kubeconfig=sim.kubeconfig_path)
+    assert f"TrainJob default/{name}" in result.deleted
+    assert raw.gone(f"{TJ_PATH}/{name}") and pods(raw, name) == []
+    assert [o for o in sim.objects() if name in o[2]] == []
+    assert sim.processes(f"jobset.sigs.k8s.io/jobset-name={name}") == []
