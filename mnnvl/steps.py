@@ -38,6 +38,7 @@ from mnnvl.driver.inspect import run_status
 from mnnvl.driver.preflight import check_cluster, table
 from mnnvl.driver.preflight import failure as preflight_failure
 from mnnvl.driver.preflight_trainer import trainer_rows
+from mnnvl.driver.trainjob_run import run_trainjob
 from mnnvl.errors import (
     ClusterUnavailable,
     Refused,
@@ -233,17 +234,27 @@ def provision(
 
 
 def launch(
-    workload: WorkloadSpec, module: str, args: list[str], *, kubeconfig: str | None = None
+    workload: WorkloadSpec,
+    module: str,
+    args: list[str],
+    *,
+    kubeconfig: str | None = None,
+    trainjob_runtime: str = "",
 ) -> LaunchResult:
     """Run ``module`` on the workload's nodes; return rank 0's RESULT (None if it printed none).
 
     ``module`` empty runs ``args`` as the command itself (it gets the rendezvous env).
     The whole Job lifecycle (domain check, create, queue/pod/Job-aware waits, rank-0 log,
-    RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown.
+    RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown. With
+    ``trainjob_runtime`` the workload is a Kubeflow Trainer TrainJob naming that runtime
+    (:func:`mnnvl.driver.trainjob_run.run_trainjob`).
     """
     start = time.monotonic()
     with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
-        outcome = run_job(api, workload, module, args)
+        if trainjob_runtime:
+            outcome = run_trainjob(api, workload, module, args, trainjob_runtime)
+        else:
+            outcome = run_job(api, workload, module, args)
     if outcome.adopted.startswith("complete"):
         again = "; `mnnvl verify --measure-again` measures again" if module == VERIFY_MODULE else ""
         logger.warning(
@@ -288,8 +299,10 @@ def train(
     *,
     kubeconfig: str | None = None,
     report_dir: str | None = None,
+    trainjob_runtime: str = "",
 ) -> TrainResult:
-    """Sharded training on the domain's nodes; metrics from rank 0's RESULT line."""
+    """Sharded training on the domain's nodes; metrics from rank 0's RESULT line. With
+    ``trainjob_runtime``, as a Kubeflow Trainer TrainJob naming that runtime."""
     start = time.monotonic()
     check_shared_storage(workload, config)
     if not config.checkpoint_dir:
@@ -297,7 +310,11 @@ def train(
     if report_dir:
         preload_plotting()
     launched = launch(
-        step_workload(workload, "train"), TRAIN_MODULE, to_args(config), kubeconfig=kubeconfig
+        step_workload(workload, "train"),
+        TRAIN_MODULE,
+        to_args(config),
+        kubeconfig=kubeconfig,
+        trainjob_runtime=trainjob_runtime,
     )
     raw = _require_result(launched, "train")
     if raw.get("start_step"):

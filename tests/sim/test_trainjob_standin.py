@@ -15,6 +15,7 @@ from kubernetes.client import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from mnnvl import steps
+from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
 from mnnvl.manifests import compute_domain
@@ -192,3 +193,52 @@ def test_teardown_removes_the_trainjob_and_its_pods_before_the_domain(sim, raw):
     assert raw.gone(f"{TJ_PATH}/{name}") and pods(raw, name) == []
     assert [o for o in sim.objects() if name in o[2]] == []
     assert sim.processes(f"jobset.sigs.k8s.io/jobset-name={name}") == []
+
+
+REPORT = (
+    'import os\nprint("RESULT {\\"ok\\": true, \\"rank\\": %s}" % os.environ["RANK"], flush=True)\n'
+)
+
+
+def test_the_step_runs_a_trainjob_restarted_by_its_runtime_and_counts_the_restart(
+    sim, raw, tmp_path
+):
+    """The step's path: create the TrainJob, wait until Trainer says Complete, read rank 0's
+    RESULT; a killed worker is restarted by the runtime's failure policy and counted."""
+    gang_runtime(raw, "gang-step", 2)
+    (tmp_path / "report.py").write_text(REPORT)
+    marker = tmp_path / "killed-once"
+    (tmp_path / "flaky.py").write_text(
+        f"import os, sys\np = {str(marker)!r}\n"
+        "if os.environ['RANK'] == '1' and not os.path.exists(p):\n"
+        "    open(p, 'w').close(); sys.exit(1)\n" + REPORT
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    steps.provision(DomainSpec(run_id="tj-step"), kubeconfig=sim.kubeconfig_path)
+    workload = WorkloadSpec(
+        run_id="tj-step", purpose="job", nodes=2, gpus_per_node=0, clique_affinity=False, env=env
+    )
+    launched = steps.launch(
+        workload, "flaky", [], kubeconfig=sim.kubeconfig_path, trainjob_runtime="gang-step"
+    )
+    assert launched.result == {"ok": True, "rank": 0}
+    assert len(launched.restarts) == 1
+    steps.teardown(DomainSpec(run_id="tj-step"), kubeconfig=sim.kubeconfig_path)
+    assert raw.gone(f"{TJ_PATH}/{launched.job}")
+
+
+def test_a_failed_trainjob_fails_the_step_with_trainers_reason_and_the_next_step(sim, raw):
+    steps.provision(DomainSpec(run_id="tj-crash"), kubeconfig=sim.kubeconfig_path)
+    workload = WorkloadSpec(
+        run_id="tj-crash", purpose="job", nodes=2, gpus_per_node=0, clique_affinity=False
+    )
+    with pytest.raises(WorkloadFailed) as failed:
+        steps.launch(
+            workload,
+            "",
+            ["python3", "-c", "raise SystemExit(3)"],
+            kubeconfig=sim.kubeconfig_path,
+            trainjob_runtime="torch-distributed",
+        )
+    assert "FailedJobs" in str(failed.value) and "failurePolicy" in str(failed.value)
+    steps.teardown(DomainSpec(run_id="tj-crash"), kubeconfig=sim.kubeconfig_path)
