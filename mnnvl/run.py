@@ -75,15 +75,18 @@ def objects(planned: list[PlannedTask], trainjob_runtime: str = "") -> list[dict
 
 
 def _step_call(
-    planned: PlannedTask, kubeconfig: str | None, report_dir: str | None
+    planned: PlannedTask, kubeconfig: str | None, report_dir: str | None, trainjob_runtime: str
 ) -> Callable[[], Any]:
-    """The step function of a task, bound to its specs."""
+    """The step function of a task, bound to its specs (train as a TrainJob naming
+    ``trainjob_runtime`` when one is given)."""
     specs, step = planned.specs, planned.task.step
     reports = f"{report_dir}/{planned.task.name}" if report_dir else None
     calls: dict[str, Callable[[], Any]] = {
         "provision": lambda: steps.provision(specs[0], kubeconfig=kubeconfig),
         "verify": lambda: steps.verify(*specs, kubeconfig=kubeconfig, report_dir=reports),
-        "train": lambda: steps.train(*specs, kubeconfig=kubeconfig, report_dir=reports),
+        "train": lambda: steps.train(
+            *specs, kubeconfig=kubeconfig, report_dir=reports, trainjob_runtime=trainjob_runtime
+        ),
         "launch": lambda: steps.launch(
             specs[0], specs[1].module, list(specs[1].command), kubeconfig=kubeconfig
         ),
@@ -93,7 +96,11 @@ def _step_call(
 
 
 def run_all(
-    planned: list[PlannedTask], *, kubeconfig: str | None, report_dir: str | None
+    planned: list[PlannedTask],
+    *,
+    kubeconfig: str | None,
+    report_dir: str | None,
+    trainjob_runtime: str = "",
 ) -> dict[str, Any]:
     """Run the planned tasks in order; the last one (teardown) runs always, also on signals.
 
@@ -107,7 +114,8 @@ def run_all(
     error: BaseException | None = None
     try:
         for item in work:
-            out[item.key] = _step_call(item, kubeconfig, report_dir)().to_dict()
+            call = _step_call(item, kubeconfig, report_dir, trainjob_runtime)
+            out[item.key] = call().to_dict()
     except BaseException as e:  # a step's error or a signal: teardown below, then re-raised
         error = e
         raise
@@ -126,7 +134,7 @@ def _teardown_after(
 ) -> None:
     """The run's teardown; after a failure (``error``) its own failure is logged, not raised."""
     try:
-        out[last.key] = _step_call(last, kubeconfig, None)().to_dict()
+        out[last.key] = _step_call(last, kubeconfig, None, "")().to_dict()
     except MnnvlError as e:
         if error is None:
             raise  # the run itself went well: the teardown failure is the result

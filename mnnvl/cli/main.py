@@ -36,7 +36,7 @@ from mnnvl.inputs.defaults import MAX_GPUS_PER_NODE
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import resolve_namespace
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
-from mnnvl.manifests import indexed_job, render_run
+from mnnvl.manifests import indexed_job, render_run, render_trainjob
 from mnnvl.run import PlannedTask, objects, plan, run_all
 from mnnvl.yaml_stream import to_yaml
 
@@ -138,11 +138,27 @@ def _validate_objects(
     )
 
 
+def _trainjob_runtime(ns: argparse.Namespace) -> str:
+    """``--trainjob-runtime`` with ``--workload trainjob``, checked; "" for the Indexed Job."""
+    if ns.workload != "trainjob":
+        return ""
+    check_dns_label("trainjob_runtime", ns.trainjob_runtime)
+    return str(ns.trainjob_runtime)
+
+
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(TrainConfig, ns)
     _validate_objects(workload, config, None)
+    runtime = _trainjob_runtime(ns)
+    if runtime:
+        domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
+        render_trainjob(domain, workload, config, runtime)  # what a TrainJob cannot carry
     return steps.train(
-        workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
+        workload,
+        config,
+        kubeconfig=ns.kubeconfig,
+        report_dir=ns.report_dir,
+        trainjob_runtime=runtime,
     ).to_dict()
 
 
@@ -190,17 +206,16 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
     values = {i.name: getattr(ns, i.name) for i in surface.step_inputs("preflight")}
     (workload,) = surface.step_specs("preflight", "preflight", values | _own_namespace(ns))
-    runtime = ns.trainjob_runtime if ns.workload == "trainjob" else ""
+    runtime = _trainjob_runtime(ns)
     return steps.preflight(
         workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir, trainjob_runtime=runtime
     ).to_dict()
 
 
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
-    runtime = ns.trainjob_runtime if ns.workload == "trainjob" else ""
-    if runtime:
-        check_dns_label("trainjob_runtime", runtime)
-    objs = objects(_run_plan(ns), runtime)  # the run's own plan: what `mnnvl run` would create
+    objs = objects(
+        _run_plan(ns), _trainjob_runtime(ns)
+    )  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
     return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 
@@ -245,9 +260,13 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
         _fits_this_machine(shape.nodes, shape.gpus_per_node)
     planned = _run_plan(ns)  # every task's specs and objects build before any call
+    runtime = _trainjob_runtime(ns)
+    objects(planned, runtime)  # what a TrainJob cannot carry is refused before any call
     reports = _run_reports(ns)
     if not ns.sim:
-        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports)
+        return run_all(
+            planned, kubeconfig=ns.kubeconfig, report_dir=reports, trainjob_runtime=runtime
+        )
     from mnnvl.sim import SimCluster
     from mnnvl.sim.core.podenv import local_gpu_ids
 
@@ -267,8 +286,11 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
         local_gpus=gpus,
+        trainer=bool(runtime),  # Kubeflow Trainer's stand-in for --workload trainjob
     ) as sim:
-        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=reports)
+        result = run_all(
+            planned, kubeconfig=sim.kubeconfig_path, report_dir=reports, trainjob_runtime=runtime
+        )
         result["sim"] = {
             "url": sim.url,
             "requests": sim.request_count,

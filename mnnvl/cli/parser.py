@@ -223,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = _subcommand(sub, name)
         _step_flags(p, name)
         p.add_argument("--report-dir", default=None, help=REPORT_DIR_HELP)
+        if name == "train":
+            _workload_flags(p)
         if name == "verify":
             p.add_argument(
                 "--fail-on-fail",
@@ -253,8 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
             run_id_required=name == "render",
             skip=_RENDER_SKIPS if name == "render" else frozenset(),
         )
-        if name == "render":
-            _workload_flags(p)
+        _workload_flags(p)
         if name == "run":
             p.add_argument(
                 "--report-dir",
