@@ -15,6 +15,7 @@ from kubernetes.client import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from mnnvl import steps
+from mnnvl.cli import main as cli
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
@@ -242,3 +243,16 @@ def test_a_failed_trainjob_fails_the_step_with_trainers_reason_and_the_next_step
         )
     assert "FailedJobs" in str(failed.value) and "failurePolicy" in str(failed.value)
     steps.teardown(DomainSpec(run_id="tj-crash"), kubeconfig=sim.kubeconfig_path)
+
+
+def test_mnnvl_run_sim_with_a_trainjob_verifies_before_and_after_and_leaves_nothing(
+    capsys, tmp_path
+):
+    argv = ["run", "--sim", "--run-id", "tj-cli", "--nodes", "2", "--gpus-per-node", "0"]
+    argv += ["--min-busbw-gbps", "0.001", "--workload", "trainjob", "--report-dir", str(tmp_path)]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["verify_pre"]["verdict"] == out["verify_post"]["verdict"] == "PASS"
+    assert out["train"]["job"] == RunNames.for_run("tj-cli").job("train")
+    assert f"TrainJob default/{out['train']['job']}" in out["teardown"]["deleted"]
+    assert out["sim"]["leftover"] == [] and out["sim"]["leftover_processes"] == []
