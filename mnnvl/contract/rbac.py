@@ -74,12 +74,6 @@ TRAINER_RULES = (
         ("create", "get", "list", "watch", "delete"),
         "the TrainJob workload: create or adopt, wait, teardown and reap",
     ),
-    (
-        "trainer.kubeflow.org",
-        ("trainingruntimes",),
-        ("get",),
-        "preflight: a namespaced runtime named by --trainjob-runtime",
-    ),
 )
 TRAINER_CLUSTER_RULES = (
     (
