@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from mnnvl.cli import main as cli
 from mnnvl.contract.result import FAIL, PASS
 from mnnvl.driver.api import Api
 from mnnvl.driver.preflight import SKIPPED, WARN
@@ -61,3 +64,16 @@ def test_without_trainer_the_api_and_runtime_rows_fail_with_the_install_step():
     )
     assert found["trainjob-runtime"].status == FAIL
     assert found["trainjob-claims-field"].status == SKIPPED  # no cluster reader: CRDs unreadable
+
+
+def test_mnnvl_preflight_with_workload_trainjob_adds_the_rows(trainer_cluster, capsys):
+    argv = ["preflight", "--kubeconfig", trainer_cluster.kubeconfig_path, "--nodes", "1"]
+    assert cli.main([*argv, "--gpus-per-node", "0", "--workload", "trainjob"]) == 0
+    found = {
+        r["check"]: r["status"]
+        for r in json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
+    }
+    assert found["trainjob-api"] == found["trainjob-runtime"] == PASS, found
+    assert cli.main([*argv, "--gpus-per-node", "0"]) == 0  # the Indexed Job: no Trainer rows
+    plain = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
+    assert not [r for r in plain if r["check"].startswith("trainjob")]
