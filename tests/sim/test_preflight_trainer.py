@@ -69,11 +69,11 @@ def test_without_trainer_the_api_and_runtime_rows_fail_with_the_install_step():
 def test_mnnvl_preflight_with_workload_trainjob_adds_the_rows(trainer_cluster, capsys):
     argv = ["preflight", "--kubeconfig", trainer_cluster.kubeconfig_path, "--nodes", "1"]
     assert cli.main([*argv, "--gpus-per-node", "0", "--workload", "trainjob"]) == 0
-    found = {
-        r["check"]: r["status"]
-        for r in json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
-    }
-    assert found["trainjob-api"] == found["trainjob-runtime"] == PASS, found
+    rows_seen = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
+    found = {r["check"]: r["status"] for r in rows_seen}
+    assert found["trainjob-api"] == found["trainjob-claims-field"] == PASS, found
+    # --max-restarts defaults to 3, torch-distributed restarts never: a warning, not a failure
+    assert found["trainjob-runtime"] == WARN, found
     assert cli.main([*argv, "--gpus-per-node", "0"]) == 0  # the Indexed Job: no Trainer rows
     plain = json.loads(capsys.readouterr().out.splitlines()[-1])["rows"]
     assert not [r for r in plain if r["check"].startswith("trainjob")]
