@@ -47,6 +47,24 @@ def run_trainjob(
     body = trainjob(workload, module, args, runtime)
     name, ns = body["metadata"]["name"], workload.namespace
     found, adopted = create_or_adopt(api, TRAINJOB, body)
+    pods = wait_for_trainjob(api, workload, name, runtime)
+    attempt = max((restart_attempt(p) for p in pods.values()), default=0)
+    rank0 = [k for k, p in pods.items() if pod_index(p) == "0" and restart_attempt(p) == attempt]
+    text = api.pod_log(ns, rank0[0], NODE) if rank0 else ""  # none: its pods were removed meanwhile
+    return JobOutcome(
+        job=name,
+        pods=sorted(pods),
+        result=parse_result(text),
+        log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
+        restarts=[{"attempt": i + 1} for i in range(attempt)],
+        adopted=("complete" if finished(found) else "running") if adopted else "",
+    )
+
+
+def wait_for_trainjob(api: Api, workload: WorkloadSpec, name: str, runtime: str) -> Objects:
+    """Until the TrainJob is ``Complete``: its pods then; raises on ``Failed``, on a pod that
+    cannot start (after its grace where one applies) and at the deadline."""
+    ns = workload.namespace
     grace = Grace(workload.unschedulable_grace_s)
     deadline = Deadline(workload.pods_running_timeout_s + workload.job_timeout_s)
 
@@ -68,7 +86,7 @@ def run_trainjob(
         raise_on_stuck_pod(api, workload, live, {}, grace)
         return None
 
-    pods = watch_until(
+    return watch_until(
         api,
         ns,
         {
@@ -81,23 +99,13 @@ def run_trainjob(
             f"TrainJob {ns}/{name} to complete",
             deadline,
             describe_pods(api, workload, name, view["pods"], deadline),
-            "",
+            f"check the TrainJob's and its JobSet's conditions (kubectl -n {ns} describe "
+            f"trainjob {name}; kubectl -n {ns} describe jobset {name})",
         ),
         progress=lambda view: (
             f"TrainJob {ns}/{name}: {describe_pods(api, workload, name, view['pods'], deadline)}"
         ),
         recheck_in=lambda view: grace.grace_s / 2 or None,
-    )
-    attempt = max((restart_attempt(p) for p in pods.values()), default=0)
-    rank0 = [k for k, p in pods.items() if pod_index(p) == "0" and restart_attempt(p) == attempt]
-    text = api.pod_log(ns, rank0[0], NODE) if rank0 else ""  # none: its pods were removed meanwhile
-    return JobOutcome(
-        job=name,
-        pods=sorted(pods),
-        result=parse_result(text),
-        log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
-        restarts=[{"attempt": i + 1} for i in range(attempt)],
-        adopted=("complete" if finished(found) else "running") if adopted else "",
     )
 
 
