@@ -334,6 +334,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             imex_delay_s=ns.imex_delay_s,
             cliques=ns.cliques,
             kueue=ns.kueue,
+            trainer=ns.trainer,
             admin_kubeconfig_path=ns.admin_kubeconfig,
             namespaces=namespaces,
             gpu_stack=ns.gpu_stack,

@@ -313,6 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
     )
     p.add_argument(
+        "--trainer",
+        action="store_true",
+        help="Kubeflow Trainer stand-in: TrainJobs run as the torch-distributed runtime runs "
+        "them (--workload trainjob); the runner gets manifests/overlays/trainer",
+    )
+    p.add_argument(
         "--gpu-stack",
         choices=GPU_STACKS,
         default="device-plugin",

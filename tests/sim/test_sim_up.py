@@ -180,3 +180,31 @@ def test_a_simulated_cluster_larger_than_the_machine_is_refused_at_once_naming_t
     error = json.loads(done.stdout.splitlines()[-1])["error"]
     assert error.startswith("--nodes: 100000 simulated nodes do not fit this machine")
     assert "MiB available now hold at most" in error
+
+
+def test_sim_up_with_trainer_serves_trainjobs_and_the_torch_runtime_to_the_runner(tmp_path: Path):
+    kc = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "1", "--trainer",
+         "--kubeconfig", str(kc)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the simulator announces itself there
+            if line.startswith("{"):
+                break
+        api = kubernetes.client.CustomObjectsApi(
+            kubernetes.config.new_client_from_config(config_file=str(kc))  # the runner
+        )
+        runtime = api.get_cluster_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "torch-distributed"
+        )
+        assert runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["name"] == "node"
+        found = api.list_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "default", "trainjobs"
+        )
+        assert found["items"] == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
