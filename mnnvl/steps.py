@@ -240,6 +240,7 @@ def launch(
     *,
     kubeconfig: str | None = None,
     trainjob_runtime: str = "",
+    own_trainjob: dict[str, Any] | None = None,
 ) -> LaunchResult:
     """Run ``module`` on the workload's nodes; return rank 0's RESULT (None if it printed none).
 
@@ -247,12 +248,13 @@ def launch(
     The whole Job lifecycle (domain check, create, queue/pod/Job-aware waits, rank-0 log,
     RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown. With
     ``trainjob_runtime`` the workload is a Kubeflow Trainer TrainJob naming that runtime
-    (:func:`mnnvl.driver.trainjob_run.run_trainjob`).
+    (:func:`mnnvl.driver.trainjob_run.run_trainjob`); with ``own_trainjob``, that TrainJob
+    made the run's (its command and runtime, the run's claims, labels and placement).
     """
     start = time.monotonic()
     with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
-        if trainjob_runtime:
-            outcome = run_trainjob(api, workload, module, args, trainjob_runtime)
+        if trainjob_runtime or own_trainjob:
+            outcome = run_trainjob(api, workload, module, args, trainjob_runtime, own_trainjob)
         else:
             outcome = run_job(api, workload, module, args)
     if outcome.adopted.startswith("complete"):

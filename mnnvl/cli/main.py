@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TypeVar
 
+import yaml
+
 from mnnvl import steps
 from mnnvl.cli.parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
@@ -37,6 +39,7 @@ from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import resolve_namespace
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 from mnnvl.manifests import indexed_job, render_run, render_trainjob
+from mnnvl.manifests.trainjob import take_trainjob
 from mnnvl.run import PlannedTask, objects, plan, run_all
 from mnnvl.yaml_stream import to_yaml
 
@@ -122,11 +125,36 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 
 
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
-    workload, launch = _run_spec(WorkloadSpec, ns), _launch_spec(ns)
+    workload = _run_spec(WorkloadSpec, ns)
     surface.check_launch_purpose(workload.purpose)
+    if ns.trainjob_file:
+        own = _read_trainjob(ns.trainjob_file)
+        take_trainjob(own, workload)  # what is not a TrainJob of this shape stops here
+        return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
+    launch = _launch_spec(ns)
     args = list(launch.command)
     indexed_job(workload, launch.module, args)  # bad module names or env stop here
-    return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
+    return steps.launch(
+        workload,
+        launch.module,
+        args,
+        kubeconfig=ns.kubeconfig,
+        trainjob_runtime=_trainjob_runtime(ns),
+    ).to_dict()
+
+
+def _read_trainjob(path: str) -> dict[str, Any]:
+    """The one TrainJob in ``path`` (YAML), read before anything is created."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecError(
+            "trainjob_file", f"cannot read {path}: {e}; give a YAML file holding one TrainJob"
+        ) from e
+    if not isinstance(found, dict):
+        raise SpecError("trainjob_file", f"{path} holds no object; give one TrainJob")
+    return found
 
 
 def _validate_objects(

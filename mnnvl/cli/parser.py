@@ -102,6 +102,14 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
     )
+    _workload_flags(p)
+    p.add_argument(
+        "--trainjob-file",
+        default=None,
+        metavar="FILE",
+        help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
+        "command, with the run's name, labels, channel claim and placement (no command needed)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
 
 

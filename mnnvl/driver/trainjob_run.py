@@ -23,14 +23,19 @@ from mnnvl.driver.workload import parse_result
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import gpu_claim_template, wants_gpu_claim
-from mnnvl.manifests.trainjob import NODE, trainjob
+from mnnvl.manifests.trainjob import NODE, take_trainjob, trainjob
 
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 TERMINAL = ("Succeeded", "Failed")
 
 
 def run_trainjob(
-    api: Api, workload: WorkloadSpec, module: str, args: list[str], runtime: str
+    api: Api,
+    workload: WorkloadSpec,
+    module: str,
+    args: list[str],
+    runtime: str,
+    own: dict[str, Any] | None = None,
 ) -> JobOutcome:
     """Create (or adopt) the step's TrainJob, wait until Trainer reports it ``Complete``, and
     return rank 0's RESULT, as :func:`mnnvl.driver.run_job` does for the Indexed Job.
@@ -38,13 +43,16 @@ def run_trainjob(
     Restarts are the runtime's (its JobSet ``failurePolicy``), so only pods that cannot start
     fail the wait early, with the Job path's diagnoses; a failed pod is left to the JobSet,
     and a TrainJob that turns ``Failed`` ends the wait with Trainer's reason. Each restart is
-    counted from the pods' ``jobset.sigs.k8s.io/restart-attempt`` label.
+    counted from the pods' ``jobset.sigs.k8s.io/restart-attempt`` label. ``own``: a team's
+    TrainJob, run as given but for the run's name, labels, claims and placement
+    (:func:`mnnvl.manifests.trainjob.take_trainjob`; ``module``, ``args`` and ``runtime`` unused).
     """
     require_domain(api, workload)
     workload = resolve_gpu_mode(api, workload)
     if wants_gpu_claim(workload):
         create_or_adopt(api, RESOURCE_CLAIM_TEMPLATE, gpu_claim_template(workload))
-    body = trainjob(workload, module, args, runtime)
+    body = take_trainjob(own, workload) if own else trainjob(workload, module, args, runtime)
+    runtime = str(body["spec"]["runtimeRef"]["name"])
     name, ns = body["metadata"]["name"], workload.namespace
     found, adopted = create_or_adopt(api, TRAINJOB, body)
     pods = wait_for_trainjob(api, workload, name, runtime)

@@ -236,3 +236,56 @@ def affinity(workload: WorkloadSpec) -> dict[str, Any]:
             ]
         }
     return result
+
+
+def take_trainjob(user: dict[str, Any], workload: WorkloadSpec) -> dict[str, Any]:
+    """A team's own TrainJob made the step's: named and labelled as the run's (so adoption,
+    teardown and the reaper find it), in the run's namespace, with the run's claims in
+    ``resourceClaimsPerNode`` (the GPU claim first where GPUs come from DRA; the team's other
+    claims after), GPU limits where it names none, and the run's placement patch appended.
+    Its runtime, image, command and env stay the team's. Raises ``SpecError`` naming
+    ``trainjob_file`` for anything that is not a TrainJob of ``workload``'s shape.
+    """
+    if user.get("apiVersion") != API_VERSION or user.get("kind") != KIND:
+        raise SpecError(
+            "trainjob_file",
+            f"is a {user.get('apiVersion')}/{user.get('kind')}, not a TrainJob: give a file "
+            f"with apiVersion {API_VERSION} and kind {KIND}",
+        )
+    given = user.get("spec") or {}
+    if not (given.get("runtimeRef") or {}).get("name"):
+        raise SpecError(
+            "trainjob_file", "names no runtime: set spec.runtimeRef.name (e.g. torch-distributed)"
+        )
+    trainer = dict(given.get("trainer") or {})
+    nodes = trainer.setdefault("numNodes", workload.nodes)
+    if nodes != workload.nodes:
+        raise SpecError(
+            "trainjob_file",
+            f"numNodes {nodes} but nodes {workload.nodes}: make them agree (verification "
+            "runs on nodes)",
+        )
+    ours = claims_per_node(workload)
+    theirs = [
+        c
+        for c in trainer.get("resourceClaimsPerNode") or []
+        if c.get("name") not in {c["name"] for c in ours}
+    ]
+    trainer["resourceClaimsPerNode"] = ours + theirs
+    limits = (trainer.get("resourcesPerNode") or {}).get("limits") or {}
+    if workload.gpus_per_node > 0 and not wants_gpu_claim(workload) and GPU_RESOURCE not in limits:
+        resources = dict(trainer.get("resourcesPerNode") or {})
+        resources["limits"] = {**limits, GPU_RESOURCE: str(workload.gpus_per_node)}
+        trainer["resourcesPerNode"] = resources
+    names = RunNames.for_run(workload.run_id)
+    meta = object_meta(names.job(workload.purpose), workload.namespace, {}, workload.owner)
+    meta["labels"] = {**(user.get("metadata", {}).get("labels") or {}), **pod_labels(workload)}
+    patches = [
+        p for p in user["spec"].get("runtimePatches") or [] if p.get("manager") != MANAGED_BY
+    ]
+    spec = {
+        **user["spec"],
+        "trainer": trainer,
+        "runtimePatches": [*patches, runtime_patch(workload)],
+    }
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}

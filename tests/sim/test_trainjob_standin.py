@@ -11,6 +11,7 @@ from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 from kubernetes.client import ApiException
 from kubernetes.dynamic import DynamicClient
 
@@ -256,3 +257,41 @@ def test_mnnvl_run_sim_with_a_trainjob_verifies_before_and_after_and_leaves_noth
     assert out["train"]["job"] == RunNames.for_run("tj-cli").job("train")
     assert f"TrainJob default/{out['train']['job']}" in out["teardown"]["deleted"]
     assert out["sim"]["leftover"] == [] and out["sim"]["leftover_processes"] == []
+
+
+def test_a_teams_own_trainjob_runs_as_the_runs_and_teardown_removes_it(sim, raw, tmp_path, capsys):
+    own = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "team-llm"},
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed"},
+            "trainer": {"command": ["python3", "-c", PRINT_RANK], "numNodes": 2},
+        },
+    }
+    path = tmp_path / "trainjob.yaml"
+    path.write_text(yaml.safe_dump(own))
+    kube = ["--kubeconfig", sim.kubeconfig_path, "--run-id", "tj-own"]
+    assert cli.main(["provision", *kube]) == 0
+    shape = ["--nodes", "2", "--gpus-per-node", "0", "--no-clique-affinity", "--purpose", "job"]
+    assert cli.main(["launch", *kube, *shape, "--trainjob-file", str(path)]) == 0
+    launched = json.loads(capsys.readouterr().out.splitlines()[-1])
+    name = RunNames.for_run("tj-own").job("job")
+    assert launched["job"] == name and launched["result"] is None  # the team's, no RESULT line
+    claims = [p["spec"]["resourceClaims"] for p in pods(raw, name)]
+    assert all(c[0]["name"] == "imex-channel" for c in claims) and len(claims) == 2
+    assert cli.main(["teardown", *kube]) == 0
+    assert raw.gone(f"{TJ_PATH}/{name}") and pods(raw, name) == []
+
+
+def test_a_file_that_is_no_trainjob_is_refused_before_anything_is_created(
+    sim, raw, tmp_path, capsys
+):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "batch/v1", "kind": "Job"}))
+    argv = ["launch", "--kubeconfig", sim.kubeconfig_path, "--run-id", "tj-bad-file"]
+    assert cli.main([*argv, "--trainjob-file", str(path)]) == 2
+    error = json.loads(capsys.readouterr().out.splitlines()[-1])["error"]
+    assert "not a TrainJob" in error and "kind TrainJob" in error
+    made = raw.call("GET", TJ_PATH, labelSelector="mnnvl.io/run-id=tj-bad-file")["items"]
+    assert made == []

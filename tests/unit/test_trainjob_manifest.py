@@ -19,7 +19,7 @@ from mnnvl.errors import SpecError
 from mnnvl.inputs.names import LABEL_RUN_ID, RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import TRAIN_MODULE
-from mnnvl.manifests.trainjob import trainjob, trainjob_master_addr
+from mnnvl.manifests.trainjob import take_trainjob, trainjob, trainjob_master_addr
 from mnnvl.sim.api import trainer_crd
 
 TRAINER_SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
@@ -140,3 +140,51 @@ def test_render_workload_trainjob_emits_the_domain_and_a_valid_trainjob_for_trai
     (tj,) = [d for d in docs if d["kind"] == "TrainJob"]
     assert errors(validator, tj) == []
     assert TRAIN_MODULE in tj["spec"]["trainer"]["command"]
+
+
+TEAMS = {
+    "apiVersion": "trainer.kubeflow.org/v1alpha1",
+    "kind": "TrainJob",
+    "metadata": {"name": "team-llm", "labels": {"team": "a"}},
+    "spec": {
+        "runtimeRef": {"name": "team-runtime"},
+        "trainer": {
+            "image": "team/trainer:1",
+            "command": ["torchrun", "train.py"],
+            "numNodes": 2,
+            "resourceClaimsPerNode": [{"name": "scratch", "resourceClaimTemplateName": "ssd"}],
+        },
+    },
+}
+
+
+def test_a_teams_trainjob_is_made_the_runs_with_its_claims_labels_and_placement(validator):
+    workload = WorkloadSpec(run_id=RUN, nodes=2, gpu_mode="claim", gpus_per_node=4)
+    taken = take_trainjob(TEAMS, workload)
+    assert errors(validator, taken) == []
+    assert taken["metadata"]["name"] == RunNames.for_run(RUN).job("train")
+    assert taken["metadata"]["labels"]["team"] == "a"
+    assert taken["metadata"]["labels"][LABEL_RUN_ID] == RUN
+    trainer = taken["spec"]["trainer"]
+    assert [c["name"] for c in trainer["resourceClaimsPerNode"]] == [
+        "gpus",
+        "imex-channel",
+        "scratch",
+    ]
+    assert trainer["command"] == ["torchrun", "train.py"]  # the team's own
+    assert taken["spec"]["runtimeRef"] == {"name": "team-runtime"}
+    assert pod_patch(taken)["spec"]["affinity"]["podAffinity"]
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"kind": "Job"}, "not a TrainJob"),
+        ({"spec": {"trainer": {"numNodes": 3}, "runtimeRef": {"name": "r"}}}, "numNodes 3"),
+        ({"spec": {"trainer": {}}}, "spec.runtimeRef.name"),
+    ],
+)
+def test_a_file_that_is_not_a_trainjob_of_the_runs_shape_is_refused(change, words):
+    with pytest.raises(SpecError) as err:
+        take_trainjob({**TEAMS, **change}, WorkloadSpec(run_id=RUN, nodes=2))
+    assert err.value.field == "trainjob_file" and words in str(err.value)
