@@ -410,8 +410,8 @@ class Api:
         finally:
             resp.release_conn()
 
-    def _log(self, namespace: str, pod: str, follow: bool) -> Any:
-        query = {"container": CONTAINER, "follow": "true" if follow else None}
+    def _log(self, namespace: str, pod: str, follow: bool, container: str = CONTAINER) -> Any:
+        query = {"container": container, "follow": "true" if follow else None}
         timeout = (CONNECT_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S)
         return self.call(
             lambda: self._raw("GET", POD, namespace, pod, sub="log", query=query, timeout=timeout),
@@ -419,9 +419,10 @@ class Api:
             f"pods/log {namespace}/{pod}",
         )
 
-    def pod_log(self, namespace: str, pod: str) -> str:
-        """The whole log of the pod's worker container (empty when the pod has no log yet)."""
-        resp = self._log(namespace, pod, follow=False)
+    def pod_log(self, namespace: str, pod: str, container: str = CONTAINER) -> str:
+        """The whole log of the pod's worker container (a TrainJob's: ``node``; empty when the
+        pod has no log yet)."""
+        resp = self._log(namespace, pod, follow=False, container=container)
         try:
             return bytes(resp.data or b"").decode("utf-8", errors="replace")
         finally:

@@ -20,7 +20,13 @@ from typing import Any
 from mnnvl.contract import rbac
 from mnnvl.sim.api.apiserver import ApiServer
 from mnnvl.sim.api.faults import Faults
-from mnnvl.sim.api.rbac import ADMIN_USER, grant_cluster_reader, grant_runner, service_account_user
+from mnnvl.sim.api.rbac import (
+    ADMIN_USER,
+    grant_cluster_reader,
+    grant_runner,
+    grant_trainer,
+    service_account_user,
+)
 from mnnvl.sim.api.resources import ensure_default_service_account, scheduling_gated
 from mnnvl.sim.api.schemas import SchemaAdmission, crd_object
 from mnnvl.sim.api.selectors import object_matcher
@@ -42,6 +48,8 @@ from mnnvl.sim.policy.nodelifecycle import (
     default_tolerations,
     node_unreachable,
 )
+from mnnvl.sim.policy.trainer import TrainerStandIn
+from mnnvl.sim.policy.trainer import install as install_trainer
 
 log = logging.getLogger(__name__)
 SEED_ENV = "MNNVL_SIM_SEED"
@@ -55,6 +63,7 @@ OUR_KINDS = (
     "pods",
     "services",
     "workloads",  # the Kueue stand-in's, owned by their Jobs
+    "trainjobs",
 )
 
 
@@ -101,6 +110,8 @@ class SimCluster:
         tls: bool = False,
         clique_label: str = LABEL_CLIQUE,
         kubernetes_minor: int = 36,
+        trainer: bool = False,
+        trainer_claims_per_node: bool = True,
     ) -> None:
         """The settings are those of ``mnnvl/sim/README.md``'s table. ``kubeconfig_path``
         authenticates as the ``mnnvl-runner`` service account of the first namespace (with
@@ -137,6 +148,9 @@ class SimCluster:
         self.kueue = (
             KueueStandIn(self.store, kueue_admission_delay_s, kueue_config) if kueue else None
         )
+        self.schemas.claims_per_node = trainer_claims_per_node
+        self.trainer = TrainerStandIn(self.store) if trainer else None
+        self.trainer_claims_per_node = trainer_claims_per_node
         # Pod admission (PodSecurity, quota; ``admission.deny`` plays a refusing webhook).
         self.admission = PodAdmission(self.store)
         self.store.sticky = self.faults.is_sticky
@@ -166,6 +180,7 @@ class SimCluster:
             kubelet,
             NodeLifecycle(self.store, self.pod_gc_quarantine_s),
             *([self.kueue] if self.kueue else []),
+            *([self.trainer] if self.trainer else []),
         ]
         for part in self._parts:
             part.start()
@@ -179,6 +194,7 @@ class SimCluster:
         if self.kueue is not None:
             self._server.mutators.append(self.kueue.mutate)
             self._server.kueue_served = True
+        self._server.trainer_served = self.trainer is not None
         self.faults.outage_hook = self._server.outage
         self._server.start_serving()
         runner = service_account_user(self.namespaces[0], rbac.RUNNER)
@@ -254,6 +270,9 @@ class SimCluster:
             grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
         if self.cluster_reader:
             grant_cluster_reader(self.store, self.namespaces[0])
+        if self.trainer is not None:
+            install_trainer(self.store, self.trainer_claims_per_node)
+            grant_trainer(self.store, self.namespaces[0])
         resources = node_gpus(self.gpu_stack, self.gpus_per_node)
         resources |= {"cpu": "64", "memory": "512Gi", "pods": "110"}
         for name, clique in self.node_cliques.items():

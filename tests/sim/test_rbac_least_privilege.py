@@ -104,8 +104,9 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
     sim.faults.fail_node("sim-node-0", 1, said)
     with pytest.raises(WorkloadFailed, match="was excluded after failing"):
         steps.launch(
-            from_inputs(WorkloadSpec, run_id="rbac-bad", purpose="job", nodes=2, gpus_per_node=0, env=env,
-                         pods_running_timeout_s=60, job_timeout_s=60, max_restarts=3),
+            from_inputs(WorkloadSpec, run_id="rbac-bad", purpose="job", nodes=2,
+                        gpus_per_node=0, env=env, pods_running_timeout_s=60, job_timeout_s=60,
+                        max_restarts=3),
             "slow_report", [], kubeconfig=kube,
         )  # fmt: skip
     sim.faults.heal_node("sim-node-0")

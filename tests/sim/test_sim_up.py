@@ -197,3 +197,31 @@ def test_sim_up_suggests_a_run_that_fits_the_gpus_it_was_started_with(
     assert f"--nodes 2 --gpus-per-node {suggested} " in run
     if gpus_per_node == 2:  # nodes that advertise GPUs this machine lacks run CPU workers
         assert "this machine has 1 of the nodes' 4 GPUs" in run
+
+
+def test_sim_up_with_trainer_serves_trainjobs_and_the_torch_runtime_to_the_runner(tmp_path: Path):
+    kc = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "1", "--trainer",
+         "--kubeconfig", str(kc)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the simulator announces itself there
+            if line.startswith("{"):
+                break
+        api = kubernetes.client.CustomObjectsApi(
+            kubernetes.config.new_client_from_config(config_file=str(kc))  # the runner
+        )
+        runtime = api.get_cluster_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "torch-distributed"
+        )
+        assert runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["name"] == "node"
+        found = api.list_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "default", "trainjobs"
+        )
+        assert found["items"] == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)

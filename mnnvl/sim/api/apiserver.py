@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mnnvl.sim.api import protobuf, tables
 from mnnvl.sim.api.faults import Faults
-from mnnvl.sim.api.model import dry_run_requested
+from mnnvl.sim.api.model import TRAINER_GROUP, dry_run_requested
 from mnnvl.sim.api.rbac import (
     ANONYMOUS,
     MASTERS,
@@ -79,6 +79,7 @@ class ApiServer(ServingServer):
         self.validators: list[Callable[[str, Obj], None]] = []
         self.kueue_served = False  # the Kueue CRDs exist only with the Kueue stand-in
         self.minor = 36  # the Kubernetes minor version whose Job update rules apply
+        self.trainer_served = False  # the Trainer CRDs only with the Trainer stand-in
         self.bookmark_interval_s = 1.0
         self.request_count = 0
         self.counters: Counter[tuple[str, str]] = Counter()
@@ -219,6 +220,7 @@ class Handler(BaseHTTPRequestHandler):
             or len(rest) > 3
             or (plural == CD and not self.server.crd_installed)
             or (rt.group == KUEUE_GROUP and not self.server.kueue_served)
+            or (rt.group == TRAINER_GROUP and not self.server.trainer_served)
         ):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         label = f"{plural}/{sub}" if sub else plural
