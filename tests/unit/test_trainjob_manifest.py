@@ -123,7 +123,7 @@ def test_an_unknown_field_is_refused_as_the_api_server_refuses_it(validator):
 )
 def test_what_a_trainjob_cannot_carry_is_refused_naming_the_input(change, field):
     with pytest.raises(SpecError) as err:
-        trainjob(WorkloadSpec(run_id=RUN, **change), TRAIN_MODULE, [])
+        trainjob(from_inputs(WorkloadSpec, run_id=RUN, **change), TRAIN_MODULE, [])
     assert err.value.field == field
 
 
