@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import replace as dataclasses_replace
 from typing import Any
 
 import pytest
@@ -30,7 +29,14 @@ from mnnvl.driver import Api
 from mnnvl.driver.api import COMPUTE_DOMAIN
 from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec, from_inputs
+from mnnvl.inputs.spec import (
+    DomainSpec,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+    from_inputs,
+    with_inputs,
+)
 from mnnvl.sim import SimCluster
 from mnnvl.sim.policy.nodelifecycle import OUT_OF_SERVICE
 from tests.sim.simkit import (
@@ -561,7 +567,7 @@ def train_with_a_fault(
     """Train 2 nodes with checkpoints on a claim (``workload``: overrides of the recovery
     inputs, ``timeouts`` the training's); once the first checkpoint exists, send ``sig`` to
     every process of index 1's pod (or call ``sig`` with that pod's node)."""
-    workload = dataclasses_replace(
+    workload = with_inputs(
         r.workload, purpose="train", pvc=(f"{CLAIM}:{MOUNT}",), job_timeout_s=240, **workload
     )
     config = TrainConfig(

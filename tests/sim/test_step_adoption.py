@@ -61,7 +61,7 @@ class Run:
         self.job = self.names.job("train")
         self.domain = DomainSpec(run_id=self.id, delete_timeout_s=30)
         steps.provision(self.domain, kubeconfig=sim.kubeconfig_path)
-        self.argv = [sys.executable, "-m", "mnnvl", "-v", "train", "--run-id", self.id]
+        self.argv = [sys.executable, "-m", "mnnvl", "train", "-v", "--run-id", self.id]
         self.argv += ["--kubeconfig", sim.kubeconfig_path, "--nodes", "2", "--gpus-per-node", "0"]
         self.argv += ["--steps", "150", "--log-every", "5", "--checkpoint-every", "10"]
         self.argv += ["--pvc", f"{CLAIM}:{MOUNT}", "--checkpoint-dir", f"{MOUNT}/{self.id}"]
