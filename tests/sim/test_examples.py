@@ -67,6 +67,8 @@ EXCLUDED = {
     ("docs/real-cluster.md", "mnnvl preflight --namespace team-a --nodes 4"),
     ("docs/real-cluster.md", "kubectl apply -k manifests/overlays/cluster-reader"),
     ("docs/real-cluster.md", "mnnvl run --run-id demo --namespace team-a"),
+    ("docs/trainjob.md", "R=team-a-42; NS=team-a"),
+    ("docs/trainjob.md", "kubectl -n $NS apply -f my-trainjob.yaml"),
     ("docs/usage.md", "kubectl apply -n argo -k manifests/overlays/argo"),
     ("docs/verification.md", "python -m pytest -q -m gpu"),
 }

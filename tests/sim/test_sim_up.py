@@ -157,8 +157,8 @@ def test_sigterm_ends_mnnvl_run_sim_within_seconds_leaving_no_process(tmp_path: 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
-        for line in proc.stderr:  # training is under way
-            if "-train-0-" in line and " step " in line:
+        for line in proc.stderr:  # training is under way (the step's progress line)
+            if "train: step " in line:
                 break
         pods = wait_for(lambda: [p for p in descendants(proc.pid) if _alive(p)], timeout=30)
         start = time.monotonic()
