@@ -46,6 +46,10 @@ IMEX_CHANNELS = "MNNVL_IMEX_CHANNELS"
 # when the GPUs' NVML clique IDs show a group that spans two cliques.
 CLIQUE_LABEL = "MNNVL_CLIQUE_LABEL"
 
+# "0" turns in-place restarts off (``mnnvl.runtime.inplace``): every restart recreates the
+# pods. A user value (``--env``), read by the pod's launcher.
+IN_PLACE_RESTARTS = "MNNVL_IN_PLACE_RESTARTS"
+
 # Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
 JOB_OWNED = (
     MASTER_ADDR,

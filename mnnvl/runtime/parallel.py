@@ -109,13 +109,20 @@ def _rendezvous(rank: int, world: int, timeout_s: float) -> dict[str, Any]:
     rank 0 is rescheduled, waits for its IMEX channel, pulls its image)."""
     if contract_env.MASTER_ADDR not in os.environ:
         return {}  # no rendezvous described: init_process_group says what is missing
-    store = dist.TCPStore(
+    # Under launchers that restart workers in place, node rank 0's launcher hosts the store
+    # and each attempt rendezvouses under a prefix of its own (torchelastic's convention), so
+    # no worker of an old attempt can join a new one (mnnvl.runtime.inplace).
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store: Any = dist.TCPStore(
         os.environ[contract_env.MASTER_ADDR],
         int(os.environ[contract_env.MASTER_PORT]),
-        world,
-        is_master=rank == 0,
+        None if agent else world,
+        is_master=rank == 0 and not agent,
         timeout=datetime.timedelta(seconds=max(JOIN_TIMEOUT_S, timeout_s)),
     )
+    if agent:
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
     return {"store": store, "rank": rank, "world_size": world}
 
 
