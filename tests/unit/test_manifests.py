@@ -360,6 +360,7 @@ def test_container_command_and_env_match_what_the_worker_reads() -> None:
         "--node-rank=$(JOB_COMPLETION_INDEX)",
         "--master-addr=$(MASTER_ADDR)",
         "--master-port=$(MASTER_PORT)",
+        f"--max-restarts={workload.max_restarts}",
         "-m",
         "mnnvl.runtime.verify",
         "--iters",
@@ -494,8 +495,8 @@ def test_render_run_creates_domain_then_gpu_template_then_service_before_each_jo
     ]
     assert env_of(objs[3])[contract_env.NCCL_PROFILE] == "production"
     assert env_of(objs[5])[contract_env.NCCL_PROFILE] == "verify-strict"
-    assert worker(objs[3])["command"][9] == "mnnvl.runtime.train"
-    assert worker(objs[5])["command"][9] == "mnnvl.runtime.verify"
+    assert worker(objs[3])["command"][10] == "mnnvl.runtime.train"
+    assert worker(objs[5])["command"][10] == "mnnvl.runtime.verify"
 
 
 def test_render_run_with_limits_and_one_step_has_no_gpu_template() -> None:
