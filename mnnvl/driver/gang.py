@@ -55,6 +55,7 @@ from mnnvl.driver.diagnose import (
     pod_phase,
     terminated,
 )
+from mnnvl.driver.inplace import InPlaceLog
 from mnnvl.driver.problem import problem
 from mnnvl.driver.wait import Objects
 from mnnvl.errors import NotFound, ProblemKind, WorkloadFailed
@@ -138,6 +139,7 @@ class Gang:
         self.attempts: dict[tuple[str, str], set[str]] = {}  # (Job, index) -> pod uids
         self.old: set[str] = set()  # pods of generations already restarted
         self.restarts: list[Restart] = []
+        self.in_place = InPlaceLog()  # the pods' own restarts: the same budget
         self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
         self.stranded = Grace(workload.unschedulable_grace_s)  # evicted pods left Terminating
         self.stranded_logged: set[str] = set()  # pod uids already logged
@@ -227,18 +229,19 @@ class Gang:
         """Raise when restarting would exceed ``--max-restarts`` or fail an index whose pod
         this restart deletes (the Job controller counts it; the Job would fail meanwhile)."""
         name, code = failed["metadata"]["name"], exit_code(failed)
-        if len(self.restarts) >= self.workload.max_restarts:
+        if len(self.restarts) + len(self.in_place) >= self.workload.max_restarts:
             found = problem(
                 ProblemKind.RESTARTS_EXHAUSTED,
                 pod=name,
                 exit_code=code,
-                restarts=len(self.restarts),
+                restarts=len(self.restarts) + len(self.in_place),
                 max_restarts=self.workload.max_restarts,
             )
             ns = self.workload.namespace
             tail = log_tail(self.api, ns, name)
             seen = imex_import(failed_problem(failed), tail)
             why = f"; {seen.message}; {hint(seen, ns, '')}" if seen is not None else ""
+            why += self.in_place.earlier()
             raise found.error(
                 f"pod {name} {found.message}{why}; check `kubectl logs -n {ns} {name}`; "
                 f"last log lines:\n{tail}"

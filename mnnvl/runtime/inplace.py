@@ -52,8 +52,8 @@ CONNECT_S = 600.0  # as the workers' join timeout: pods start minutes apart on a
 # (mnnvl.driver.inplace), so its words are part of the contract.
 LINE = (
     "in-place restart {n} of at most {max}: pod {pod} rank {rank} exit {exit_code} ({reason}) "
-    "after {step}; workers stopped in {stop_s:.3f} s, all pods ready in {ready_s:.3f} s, "
-    "starting round {n}"
+    "after {step}; every pod ready {ready_s:.3f} s after the failure at {at:.3f}, starting "
+    "round {n}"
 )
 
 
@@ -68,10 +68,12 @@ class Failure:
     step: str
     retried: bool
     hardware: bool
+    at: float  # when its first worker failed (wall clock: the driver reads it across pods)
 
     @classmethod
-    def of(cls, found: Evidence) -> Failure:
+    def of(cls, found: Evidence, at: float) -> Failure:
         return cls(
+            at=at,
             pod=socket.gethostname(),
             rank=found.rank,
             exit_code=found.exit_code if found.exit_code is not None else 1,
@@ -173,8 +175,7 @@ class Rounds:
         when another pod failed): agree on the round's failure, then restart in place
         (returns (None, None)) or exit (returns (None, the pod's exit code): the driver then
         recreates the pods); (the stop signal, None) when one came meanwhile."""
-        t0 = time.monotonic()
-        own = Failure.of(found)
+        own = Failure.of(found, time.time() - stop_s)
         try:
             failure = self.peer_failure() or (self.announce(own) if code else None)
         except RuntimeError as e:
@@ -193,8 +194,8 @@ class Rounds:
                     max=self.max_restarts,
                     **{k: getattr(failure, k) for k in ("pod", "rank", "exit_code", "reason")},
                     step=failure.step,
-                    stop_s=stop_s,
-                    ready_s=time.monotonic() - t0,
+                    at=failure.at,
+                    ready_s=time.time() - failure.at,
                 )
             )
             return None, None
