@@ -14,14 +14,16 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 # mnnvl.runtime.inplace.LINE, as rank 0's launcher logs it.
 LINE = re.compile(
-    r"in-place restart (?P<n>\d+) of at most \d+: pod (?P<pod>\S+) rank (?P<rank>\S+) "
-    r"exit (?P<exit_code>-?\d+) \((?P<reason>[^)]*)\) after (?P<step>.*?); every pod ready "
-    r"(?P<ready_s>[\d.]+) s after the failure at (?P<at>[\d.]+)"
+    r"in-place restart (?P<n>\d+) of at most \d+: pod (?P<pod>\S+) on node (?P<node>\S*) "
+    r"rank (?P<rank>\S+) exit (?P<exit_code>-?\d+) \((?P<reason>[^)]*)\) "
+    r"after (?P<step>.*?); every pod ready (?P<ready_s>[\d.]+) s after the failure "
+    r"at (?P<at>[\d.]+)"
 )
 TRAIN_STEP = re.compile(r"\bstep (\d+) loss\b")  # rank 0's training line, "step 15 loss 2.3"
 RESUMED = re.compile(r"\bresumed from \S+ \(step (\d+)\)")  # its checkpoint load
@@ -34,6 +36,7 @@ class InPlace:
 
     n: int
     pod: str
+    node: str
     rank: str
     exit_code: int
     reason: str
@@ -53,6 +56,7 @@ class InPlace:
             "how": "in-place",
             "at": self.at,
             "pod": self.pod,
+            "node": self.node or None,
             "rank": int(self.rank) if self.rank.isdigit() else None,
             "exit_code": self.exit_code,
             "reason": self.reason,
@@ -78,6 +82,7 @@ class InPlaceLog:
                     InPlace(
                         n=int(m["n"]),
                         pod=m["pod"],
+                        node=m["node"],
                         rank=m["rank"],
                         exit_code=int(m["exit_code"]),
                         reason=m["reason"],
@@ -114,13 +119,14 @@ class InPlaceLog:
         return f"; restarted in place before: {', '.join(done)}" if done else ""
 
 
-def merged(recreated: list[dict[str, Any]], in_place: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every restart of a step, each with ``how`` it restarted ("recreated": every pod made
-    again, "in-place": the workers inside the pods), by time where the records have one."""
-    records = [{**r, "how": r.get("how", "recreated")} for r in recreated] + in_place
-    if all(isinstance(r.get("at"), (int, float)) for r in records):
-        records.sort(key=lambda r: float(r["at"]))
-    return records
+def merged(recreated: Sequence[Any], in_place: InPlaceLog) -> list[dict[str, Any]]:
+    """Every restart of a step in the order the driver saw them, each with ``how`` it
+    restarted: "recreated" (every pod made again; ``recreated``: the gang's restarts, with
+    ``at`` and ``record()``) or "in-place" (the workers inside the pods)."""
+    with in_place._lock:
+        timed = [(r.seen, r.record()) for r in in_place.restarts]
+    timed += [(r.at, {"how": "recreated", **r.record()}) for r in recreated]
+    return [record for _, record in sorted(timed, key=lambda t: t[0])]
 
 
 def restarts_words(recreated: int, in_place: int) -> str:

@@ -150,7 +150,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
         pods=sorted(pods),
         result=result,
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
-        restarts=merged(watch.gang.summary(), watch.in_place.records()),
+        restarts=merged(watch.gang.restarts, watch.in_place),
         adopted=adopted,
     )
 

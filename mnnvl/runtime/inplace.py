@@ -51,7 +51,8 @@ CONNECT_S = 600.0  # as the workers' join timeout: pods start minutes apart on a
 # The line rank 0's launcher logs per in-place restart; the driver parses it
 # (mnnvl.driver.inplace), so its words are part of the contract.
 LINE = (
-    "in-place restart {n} of at most {max}: pod {pod} rank {rank} exit {exit_code} ({reason}) "
+    "in-place restart {n} of at most {max}: pod {pod} on node {node} rank {rank} exit "
+    "{exit_code} ({reason}) "
     "after {step}; every pod ready {ready_s:.3f} s after the failure at {at:.3f}, starting "
     "round {n}"
 )
@@ -62,6 +63,7 @@ class Failure:
     """One attempt's first failure, as every launcher reads it from the store."""
 
     pod: str
+    node: str
     rank: int | None
     exit_code: int
     reason: str
@@ -74,7 +76,9 @@ class Failure:
     def of(cls, found: Evidence, at: float) -> Failure:
         return cls(
             at=at,
-            pod=socket.gethostname(),
+            # A pod's hostname is its name (or spec.hostname, the Job's <job>-<index>).
+            pod=os.environ.get("HOSTNAME") or socket.gethostname(),
+            node=os.environ.get(contract_env.NODE_NAME, ""),
             rank=found.rank,
             exit_code=found.exit_code if found.exit_code is not None else 1,
             reason=found.reason,
@@ -192,7 +196,10 @@ class Rounds:
                 LINE.format(
                     n=self.round,
                     max=self.max_restarts,
-                    **{k: getattr(failure, k) for k in ("pod", "rank", "exit_code", "reason")},
+                    **{
+                        k: getattr(failure, k)
+                        for k in ("pod", "node", "rank", "exit_code", "reason")
+                    },
                     step=failure.step,
                     at=failure.at,
                     ready_s=time.time() - failure.at,
