@@ -35,6 +35,8 @@ NODES_PER_GROUP = "MNNVL_NODES_PER_GROUP"
 NODE_RANK_BASE = "MNNVL_NODE_RANK_BASE"
 # The pod's node (downward API ``spec.nodeName``), named by a worker's failure reasons.
 NODE_NAME = "MNNVL_NODE_NAME"
+# The pod's name (downward API ``metadata.name``), named by an in-place restart's log line.
+POD_NAME = "MNNVL_POD_NAME"
 # Where the container runtime puts the IMEX channel devices of the ComputeDomain's channel
 # claim (the compute-domain kubelet plugin's CDI spec). Every worker pod carries that claim,
 # and the Job names this directory in ``IMEX_CHANNELS``: verify fails a pod that has none
@@ -67,6 +69,7 @@ JOB_OWNED = (
     NODES_PER_GROUP,
     NODE_RANK_BASE,
     NODE_NAME,
+    POD_NAME,
     IMEX_CHANNELS,
     CLIQUE_LABEL,
 )

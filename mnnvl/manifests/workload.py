@@ -165,10 +165,12 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
     # would not expand here: NODE_RANK reads the same annotation directly.
     node_rank = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
     node = {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    pod = {"fieldRef": {"fieldPath": "metadata.name"}}
     return [
         *({"name": k, "value": v} for k, v in env.items() if k not in contract_env.PINNED),
         {"name": contract_env.NODE_RANK, "valueFrom": node_rank},
         {"name": contract_env.NODE_NAME, "valueFrom": node},
+        {"name": contract_env.POD_NAME, "valueFrom": pod},
     ]
 
 

@@ -76,8 +76,7 @@ class Failure:
     def of(cls, found: Evidence, at: float) -> Failure:
         return cls(
             at=at,
-            # A pod's hostname is its name (or spec.hostname, the Job's <job>-<index>).
-            pod=os.environ.get("HOSTNAME") or socket.gethostname(),
+            pod=os.environ.get(contract_env.POD_NAME) or socket.gethostname(),
             node=os.environ.get(contract_env.NODE_NAME, ""),
             rank=found.rank,
             exit_code=found.exit_code if found.exit_code is not None else 1,

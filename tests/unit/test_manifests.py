@@ -385,11 +385,13 @@ def test_container_command_and_env_match_what_the_worker_reads() -> None:
     assert env[contract_env.NCCL_PROFILE] == "verify-strict"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_DEBUG"] == "WARN"  # the user's value beats a profile default
-    # no duplicate names (+ NODE_RANK, MNNVL_NODE_NAME from the downward API)
-    assert len(worker(job)["env"]) == len(env) + 2
+    # no duplicate names (+ NODE_RANK, MNNVL_NODE_NAME, MNNVL_POD_NAME from the downward API)
+    assert len(worker(job)["env"]) == len(env) + 3
     assert env["MNNVL_IMEX_CHANNELS"] == "/dev/nvidia-caps-imex-channels"
     (node,) = [e for e in worker(job)["env"] if e["name"] == "MNNVL_NODE_NAME"]
     assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    (pod,) = [e for e in worker(job)["env"] if e["name"] == "MNNVL_POD_NAME"]
+    assert pod["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 def test_cpu_only_pods_run_one_process_each() -> None:
