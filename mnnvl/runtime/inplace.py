@@ -48,6 +48,7 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 PREFIX = "mnnvl/launch/"
 WORKER_PREFIX = "/worker/attempt_"  # torchelastic's prefix of one attempt's worker store
 CONNECT_S = 600.0  # as the workers' join timeout: pods start minutes apart on a cluster
+TRY_S = 10.0  # one attempt to reach the store, between looks for a stop signal
 # The line rank 0's launcher logs per in-place restart; the driver parses it
 # (mnnvl.driver.inplace), so its words are part of the contract.
 LINE = (
@@ -93,14 +94,42 @@ class Failure:
         return f"pod {self.pod} rank {self.rank} exit {self.exit_code} ({self.reason})"
 
 
-def serve_or_connect(host: str, port: int, node_rank: int, timeout_s: float) -> Any:
-    """The run's store: hosted here on node rank 0 (before any worker starts), else joined."""
+class Stopped(Exception):
+    """A stop signal came while the launcher waited for the launchers' store."""
+
+    def __init__(self, signo: int) -> None:
+        super().__init__(f"stopped by signal {signo}")
+        self.signo = signo
+
+
+def serve_or_connect(host: str, port: int, node_rank: int, nnodes: int) -> Any:
+    """The run's store: hosted here on node rank 0 (before any worker starts), else joined.
+    A store that more than ``nnodes`` launchers joined belongs to the pods of an earlier gang
+    (node rank 0's old pod, not yet deleted, still answers at its address): this launcher
+    waits for the new one. Raises ``Stopped`` on a stop signal."""
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=timeout_s)
     if node_rank == 0:
-        return dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False)
-    return dist.TCPStore(host, port, is_master=False, timeout=timeout)
+        timeout = datetime.timedelta(seconds=CONNECT_S)
+        store = dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False)
+        store.add(f"{PREFIX}launchers", 1)
+        return store
+    stop = _StopWatch()
+    deadline = time.monotonic() + CONNECT_S
+    while True:
+        try:
+            timeout = datetime.timedelta(seconds=TRY_S)
+            store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+            if store.add(f"{PREFIX}launchers", 1) <= nnodes:
+                store.set_timeout(datetime.timedelta(seconds=CONNECT_S))
+                return store
+            logger.warning("the store at %s:%d is an earlier gang's; waiting", host, port)
+        except RuntimeError as e:  # not there yet: pods start minutes apart on a cluster
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no launchers' store at {host}:{port}: {e}") from e
+        stop.wait(1.0)
+        if stop.signo is not None:
+            raise Stopped(stop.signo)
 
 
 class Rounds:
@@ -242,7 +271,7 @@ def open_rounds(ns: argparse.Namespace) -> Rounds | None:
     they are off: no budget (``--max-restarts 0``) or ``MNNVL_IN_PLACE_RESTARTS=0``."""
     if ns.max_restarts < 1 or os.environ.get(contract_env.IN_PLACE_RESTARTS, "1") == "0":
         return None
-    store = serve_or_connect(ns.master_addr, ns.master_port, ns.node_rank, CONNECT_S)
+    store = serve_or_connect(ns.master_addr, ns.master_port, ns.node_rank, ns.nnodes)
     # Every launcher stops its workers within the grace period; one that is not ready some
     # seconds later lost its pod or hangs.
     return Rounds(store, ns.nnodes, ns.max_restarts, barrier_s=ns.grace_s + 10.0)

@@ -342,7 +342,10 @@ def run(ns: argparse.Namespace) -> int:
     import torch  # noqa: F401  (imported once, shared by every forked worker; no CUDA here)
 
     try:
-        rounds = inplace.open_rounds(ns)
+        try:
+            rounds = inplace.open_rounds(ns)
+        except inplace.Stopped as e:
+            return INTERRUPTED_BASE + e.signo
         while True:
             ns.round = rounds.round if rounds is not None else None
             code, found, stopped_by, stop_s = attempt(ns, old_mask, rounds)
