@@ -4,7 +4,7 @@ The launchers of a run (one per pod) share one store: torch's ``TCPStore``, host
 rank 0's launcher on ``MASTER_PORT`` for the life of its pod, as torchelastic's agent hosts
 its own. The workers rendezvous on it too (``TORCHELASTIC_USE_AGENT_STORE``) under a prefix
 of their attempt, ``/worker/attempt_<round>``, so that no worker of an old attempt can join a
-new one (:func:`mnnvl.runtime.parallel._rendezvous`).
+new one (:func:`rendezvous`).
 
 One round per attempt. A launcher whose worker failed (or stalled) writes the failure under
 ``fail/<round>`` (the first writer wins, ``compare_set``); every other launcher polls that key
@@ -47,6 +47,7 @@ STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 PREFIX = "mnnvl/launch/"
 WORKER_PREFIX = "/worker/attempt_"  # torchelastic's prefix of one attempt's worker store
+ROUND_ENV = "TORCHELASTIC_RESTART_COUNT"  # the attempt, in torchelastic's name
 CONNECT_S = 600.0  # as the workers' join timeout: pods start minutes apart on a cluster
 TRY_S = 10.0  # one attempt to reach the store, between looks for a stop signal
 # The line rank 0's launcher logs per in-place restart; the driver parses it
@@ -277,10 +278,33 @@ def open_rounds(ns: argparse.Namespace) -> Rounds | None:
     return Rounds(store, ns.nnodes, ns.max_restarts, barrier_s=ns.grace_s + 10.0)
 
 
+def rendezvous(rank: int, world: int, timeout_s: float, join_s: float) -> dict[str, Any]:
+    """A worker's ``init_process_group`` store, rank and world size, as ``env://`` makes them
+    but with a join timeout of its own, ``join_s`` (a gang's ranks start minutes apart on a
+    cluster: a restarted rank 0 is rescheduled, waits for its IMEX channel, pulls its image);
+    {} when no rendezvous is described. Under launchers that restart workers in place, node
+    rank 0's launcher hosts the store and each attempt rendezvouses under its own prefix."""
+    import torch.distributed as dist
+
+    if contract_env.MASTER_ADDR not in os.environ:
+        return {}  # init_process_group says what is missing
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store: Any = dist.TCPStore(
+        os.environ[contract_env.MASTER_ADDR],
+        int(os.environ[contract_env.MASTER_PORT]),
+        None if agent else world,
+        is_master=rank == 0 and not agent,
+        timeout=datetime.timedelta(seconds=max(join_s, timeout_s)),
+    )
+    if agent:
+        store = dist.PrefixStore(f"{WORKER_PREFIX}{os.environ.get(ROUND_ENV, '0')}", store)
+    return {"store": store, "rank": rank, "world_size": world}
+
+
 def worker_env(round_: int) -> dict[str, str]:
     """The variables that make a worker of round ``round_`` rendezvous on the launchers' store
     under its attempt's prefix (torch's own agent-store convention)."""
     return {
         "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "TORCHELASTIC_RESTART_COUNT": str(round_),
+        ROUND_ENV: str(round_),
     }

@@ -119,9 +119,9 @@ PLANNED = textwrap.dedent(
     """
     import json, os, signal, sys, time
     import torch, torch.distributed as dist
-    from mnnvl.runtime import parallel, progress
+    from mnnvl.runtime import inplace, progress
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", **parallel._rendezvous(rank, world, 30.0))
+    dist.init_process_group("gloo", **inplace.rendezvous(rank, world, 30.0, 30.0))
     plan, count = os.environ["IP_PLAN"].split(","), os.environ["IP_COUNT"]
     n = len(os.listdir(count)) if rank == 1 else 0
     for step in range(1, 9):

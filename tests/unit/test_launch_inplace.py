@@ -21,11 +21,11 @@ WORKER = textwrap.dedent(
     """
     import os, signal, sys, time
     import torch, torch.distributed as dist
-    from mnnvl.runtime import parallel, progress
+    from mnnvl.runtime import inplace, progress
     out, plan = sys.argv[1], sys.argv[2].split(",")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    dist.init_process_group("gloo", **parallel._rendezvous(rank, world, 20.0))
+    dist.init_process_group("gloo", **inplace.rendezvous(rank, world, 20.0, 20.0))
     open(os.path.join(out, f"rank{rank}-attempt{attempt}"), "w").close()
     for step in range(1, 7):
         t = torch.ones(1)
