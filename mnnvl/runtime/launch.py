@@ -407,7 +407,8 @@ def attempt(
     elif code:
         failed = sorted((r, shell_code(c)) for _, r, c in codes if c)
         ranks = ", ".join(f"rank {r}: exit {c}" for r, c in failed)
-        logger.error("workers failed (%s); exit code %d", ranks, code)
+        then = "exit code" if rounds is not None else "exiting with"  # in place: maybe not
+        logger.error("workers failed (%s); %s %d", ranks, then, code)
     return code, found, None, stop_s
 
 
