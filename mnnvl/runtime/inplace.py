@@ -238,8 +238,11 @@ class Rounds:
         if stop.signo is not None:
             return stop.signo, None
         why = why or f"not every pod's launcher was ready within {self.barrier_s:g} s"
-        logger.error("not restarting in place: %s; the pods are recreated", why)
+        if failure.retried:
+            logger.error("not restarting in place: %s; the pods are recreated", why)
         if code and failure == own:
+            if not failure.retried:
+                logger.error("exiting with %d, which a retry cannot change", code)
             evidence.write(found)
             return None, code
         # Another pod failed first: it exits now, and the driver deletes this pod (SIGTERM).
