@@ -50,6 +50,9 @@ WORKER_PREFIX = "/worker/attempt_"  # torchelastic's prefix of one attempt's wor
 ROUND_ENV = "TORCHELASTIC_RESTART_COUNT"  # the attempt, in torchelastic's name
 CONNECT_S = 600.0  # as the workers' join timeout: pods start minutes apart on a cluster
 TRY_S = 10.0  # one attempt to reach the store, between looks for a stop signal
+# A launcher beats at least every half second, also while it stops its workers; one silent
+# this long is stopped (SIGSTOP) or gone: the others stop waiting for it.
+SILENT_S = 5.0
 # The line rank 0's launcher logs per in-place restart; the driver parses it
 # (mnnvl.driver.inplace), so its words are part of the contract.
 LINE = (
@@ -136,12 +139,23 @@ def serve_or_connect(host: str, port: int, node_rank: int, nnodes: int) -> Any:
 class Rounds:
     """The launchers' agreement on each attempt (see the module)."""
 
-    def __init__(self, store: Any, nnodes: int, max_restarts: int, barrier_s: float) -> None:
-        self.store, self.nnodes = store, nnodes
+    def __init__(
+        self, store: Any, nnodes: int, max_restarts: int, barrier_s: float, node_rank: int = 0
+    ) -> None:
+        self.store, self.nnodes, self.node_rank = store, nnodes, node_rank
         self.max_restarts, self.barrier_s = max_restarts, barrier_s
         self.round = 0
         self.failures: list[Failure] = []  # one per finished round
         self.lost = ""  # why the store stopped answering ("" while it answers)
+        self.late = ""  # why the last barrier failed
+
+    def beat(self) -> None:
+        """This launcher is alive (a counter the others watch at the barrier)."""
+        if not self.lost:
+            try:
+                self.store.add(f"{PREFIX}beat/{self.node_rank}", 1)
+            except RuntimeError as e:
+                self.lost = f"the launchers' store stopped answering: {e}"
 
     def _key(self, what: str, n: int | None = None) -> str:
         return f"{PREFIX}{what}/{self.round if n is None else n}"
@@ -152,6 +166,7 @@ class Rounds:
         on their own, and the driver recreates the pods."""
         if self.lost:
             return None
+        self.beat()
         try:
             if not self.store.check([self._key("fail")]):
                 return None
@@ -186,13 +201,21 @@ class Rounds:
 
     def next_round(self, stop_requested: Callable[[], bool]) -> bool:
         """Wait until every launcher has stopped its workers for the next round; False when one
-        does not arrive within ``barrier_s`` or this pod is being stopped."""
-        key = self._key("ready", self.round + 1)
+        does not arrive within ``barrier_s``, one that has not arrived stops beating for
+        ``SILENT_S`` (its pod is stopped or gone), or this pod is being stopped."""
+        keys = [f"{self._key('ready', self.round + 1)}/{n}" for n in range(self.nnodes)]
+        heard: dict[int, tuple[int, float]] = {}  # node rank -> its beats, when they changed
         try:
-            self.store.add(key, 1)
+            self.store.set(keys[self.node_rank], "1")
             deadline = time.monotonic() + self.barrier_s
-            while int(self.store.add(key, 0)) < self.nnodes:
+            while not self.store.check(keys):
+                self.beat()
+                silent = self._silent(keys, heard)
+                if silent is not None:
+                    self.late = f"node rank {silent}'s launcher went silent for {SILENT_S:g} s"
+                    return False
                 if stop_requested() or time.monotonic() > deadline:
+                    self.late = f"not every pod's launcher was ready within {self.barrier_s:g} s"
                     return False
                 time.sleep(0.05)
         except RuntimeError as e:
@@ -200,6 +223,19 @@ class Rounds:
             return False
         self.round += 1
         return True
+
+    def _silent(self, keys: list[str], heard: dict[int, tuple[int, float]]) -> int | None:
+        """A node rank not at the barrier whose launcher has not beaten for ``SILENT_S``."""
+        now = time.monotonic()
+        for n, key in enumerate(keys):
+            if n == self.node_rank or self.store.check([key]):
+                continue
+            beats = int(self.store.add(f"{PREFIX}beat/{n}", 0))
+            if heard.get(n, (None, 0.0))[0] != beats:
+                heard[n] = (beats, now)
+            elif now - heard[n][1] > SILENT_S:
+                return n
+        return None
 
     def after_failure(
         self, code: int, found: Evidence, stop_s: float
@@ -237,7 +273,7 @@ class Rounds:
             return None, None
         if stop.signo is not None:
             return stop.signo, None
-        why = why or f"not every pod's launcher was ready within {self.barrier_s:g} s"
+        why = why or self.late or self.lost
         if failure.retried:
             logger.error("not restarting in place: %s; the pods are recreated", why)
         if code and failure == own:
@@ -278,7 +314,7 @@ def open_rounds(ns: argparse.Namespace) -> Rounds | None:
     store = serve_or_connect(ns.master_addr, ns.master_port, ns.node_rank, ns.nnodes)
     # Every launcher stops its workers within the grace period; one that is not ready some
     # seconds later lost its pod or hangs.
-    return Rounds(store, ns.nnodes, ns.max_restarts, barrier_s=ns.grace_s + 10.0)
+    return Rounds(store, ns.nnodes, ns.max_restarts, ns.grace_s + 10.0, ns.node_rank)
 
 
 def rendezvous(rank: int, world: int, timeout_s: float, join_s: float) -> dict[str, Any]:

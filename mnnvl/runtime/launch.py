@@ -42,7 +42,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 from mnnvl.contract import env as contract_env
@@ -272,8 +272,11 @@ def _reap(children: dict[int, int], codes: Codes) -> None:
             codes.append((time.monotonic(), rank, os.waitstatus_to_exitcode(status)))
 
 
-def _stop(children: dict[int, int], codes: Codes, grace_s: float) -> None:
-    """SIGTERM every remaining worker, SIGKILL those still there after ``grace_s``."""
+def _stop(
+    children: dict[int, int], codes: Codes, grace_s: float, beat: Callable[[], None] | None = None
+) -> None:
+    """SIGTERM every remaining worker, SIGKILL those still there after ``grace_s``; ``beat``
+    tells the other pods' launchers this one is alive meanwhile."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         for pid in children:
             try:
@@ -287,6 +290,8 @@ def _stop(children: dict[int, int], codes: Codes, grace_s: float) -> None:
             # SIGCHLD only: a stop signal meanwhile stays pending for whoever waits next
             signal.sigtimedwait({signal.SIGCHLD}, min(0.5, max(deadline - time.monotonic(), 0.0)))
             _reap(children, codes)
+            if beat is not None:
+                beat()
         if not children:
             return
 
@@ -301,16 +306,17 @@ def supervise(
     a stop signal, a stalled worker or another pod's failure announced in ``rounds`` stops the
     rest. Returns (the codes, the stop signal or None, the stall or None)."""
     codes: Codes = []
+    beat = rounds.beat if rounds is not None else None
     while children:
         if rounds is not None and rounds.peer_failure() is not None:
             logger.error("a worker of another pod failed; stopping the workers")
-            _stop(children, codes, grace_s)
+            _stop(children, codes, grace_s, beat)
             return codes, None, None
         _reap(children, codes)
         for _, rank, _ in codes:
             watchdog.forget(rank)
         if any(code for _, _, code in codes):
-            _stop(children, codes, grace_s)
+            _stop(children, codes, grace_s, beat)
             return codes, None, None
         if not children:
             break
@@ -319,13 +325,13 @@ def supervise(
             pid = next(p for p, rank in children.items() if rank == stall.rank)
             stall = dataclasses.replace(stall, state=evidence.process_state(pid))
             logger.error("%s; stopping the workers", stall)
-            _stop(children, codes, grace_s)
+            _stop(children, codes, grace_s, beat)
             return codes, None, stall
         # A lost SIGCHLD costs a second at most; another pod's failure a quarter of one.
         info = signal.sigtimedwait(WATCHED, 1.0 if rounds is None else 0.25)
         if info is not None and info.si_signo in STOP_SIGNALS:
             logger.error("stopped by %s; stopping the workers", signal.Signals(info.si_signo).name)
-            _stop(children, codes, grace_s)
+            _stop(children, codes, grace_s, beat)
             return codes, info.si_signo, None
     return codes, None, None
 
