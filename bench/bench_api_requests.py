@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from mnnvl import steps
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 
 GOAL = 40
@@ -28,7 +28,8 @@ def one_run(imex_delay_s: float, module_dir: str) -> tuple[int, float]:
     with SimCluster(nodes=NODES, imex_delay_s=imex_delay_s) as sim:
         run_id = f"bench-{int(imex_delay_s * 1000)}"
         domain = DomainSpec(run_id=run_id)
-        workload = WorkloadSpec(
+        workload = from_inputs(
+            WorkloadSpec,
             run_id=run_id,
             purpose="job",
             nodes=NODES,

@@ -25,7 +25,7 @@ from typing import Any
 
 from mnnvl import steps
 from mnnvl.driver import workload as driver_workload
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 
 # Group 0's index 0 is rank 0: it prints the RESULT the launcher reads.
@@ -52,7 +52,8 @@ def _trivial_jobs(builder: Any) -> Any:
 def one_run(nodes: int, cliques: int) -> dict[str, Any]:
     run_id = f"scale-{nodes}x{cliques}"
     domain = DomainSpec(run_id=run_id, rct_timeout_s=300, delete_timeout_s=300)
-    workload = WorkloadSpec(
+    workload = from_inputs(
+        WorkloadSpec,
         run_id=run_id,
         purpose="job",
         nodes=nodes,

@@ -33,7 +33,7 @@ from mnnvl import steps
 from mnnvl.driver.api import JOB, SERVICE, Api
 from mnnvl.driver.lifecycle import wait_for_job
 from mnnvl.driver.ownership import create_or_adopt
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.manifests import headless_service, indexed_job
 
 TRIVIAL = ["python3", "-c", "print('RESULT {\"ok\": true}')"]
@@ -87,7 +87,8 @@ def launch(workload: WorkloadSpec, kubeconfig: str) -> None:
 def one_run(run_id: str, kubeconfig: str, with_launch: bool) -> dict[str, Any]:
     """Step latencies of one run, or the error that stopped it (teardown always runs)."""
     domain = DomainSpec(run_id=run_id, rct_timeout_s=120, delete_timeout_s=120)
-    workload = WorkloadSpec(
+    workload = from_inputs(
+        WorkloadSpec,
         run_id=run_id,
         purpose="job",
         nodes=2,

@@ -47,7 +47,7 @@ from mnnvl import steps
 from mnnvl.contract import env as contract_env
 from mnnvl.driver.diagnose import exit_code, pod_index
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec, from_inputs
 from mnnvl.runtime.progress import SIGNAL_AT_ENV
 from mnnvl.sim import SimCluster
 from mnnvl.sim.core.podenv import local_gpu_ids
@@ -152,7 +152,8 @@ def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) 
     run_id = f"rec-{fault}-{path}-{int(time.time())}"
     rank = args.rank if args.rank >= 0 else args.nodes * max(1, args.gpus_per_node) - 1
     domain = DomainSpec(run_id=run_id, delete_timeout_s=120)
-    workload = WorkloadSpec(
+    workload = from_inputs(
+        WorkloadSpec,
         run_id=run_id,
         purpose="train",
         nodes=args.nodes,
@@ -214,7 +215,9 @@ def main() -> int:
     parser.add_argument("--paths", default="in-place,recreated", help="in-place, recreated or both")
     parser.add_argument("--collective-timeout-s", type=float, default=10)
     parser.add_argument("--stall-timeout-s", type=float, default=20)
-    parser.add_argument("--max-restarts", type=int, default=WorkloadSpec(run_id="x").max_restarts)
+    parser.add_argument(
+        "--max-restarts", type=int, default=WorkloadSpec(run_id="x").recovery.max_restarts
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
     if not args.nodes:

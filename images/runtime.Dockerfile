@@ -25,12 +25,15 @@ LABEL org.opencontainers.image.title="mnnvl-pipelines runtime" \
       org.opencontainers.image.base.name="${BASE_IMAGE}:${BASE_TAG}" \
       org.opencontainers.image.base.digest="${BASE_DIGEST}"
 
+# Ubuntu 24.04 bases (NGC PyTorch 24.x and later) already have uid 1000 (`ubuntu`): use it.
 RUN pip install --no-cache-dir "nvidia-ml-py>=12.560" "matplotlib>=3.8" \
-    && useradd --uid 1000 --create-home --shell /usr/sbin/nologin mnnvl \
-    && mkdir -p /workspace && chown mnnvl:mnnvl /workspace
+    && (getent passwd 1000 >/dev/null \
+        || useradd --uid 1000 --create-home --shell /usr/sbin/nologin mnnvl) \
+    && mkdir -p /workspace && chown 1000:1000 /workspace
 
 # Only what the workers import (tests/unit/test_images.py checks this list imports alone).
-COPY mnnvl/__init__.py mnnvl/errors.py mnnvl/ports.py mnnvl/units.py mnnvl/report.py mnnvl/ctrf.py \
+COPY mnnvl/__init__.py mnnvl/errors.py mnnvl/ports.py mnnvl/units.py mnnvl/report.py \
+     mnnvl/report_doc.py mnnvl/ctrf.py \
      /opt/mnnvl/mnnvl/
 COPY mnnvl/inputs /opt/mnnvl/mnnvl/inputs
 COPY mnnvl/contract /opt/mnnvl/mnnvl/contract

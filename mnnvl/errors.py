@@ -170,6 +170,10 @@ class AlreadyExists(HttpConflict):
     """409 on create: an object with that name exists."""
 
 
+class Invalid(ApiError):
+    """422: the object (or the change to it) breaks one of the API server's validation rules."""
+
+
 class WatchExpired(ApiError):
     """410 Gone: the watch's resourceVersion is too old; re-list and watch again."""
 

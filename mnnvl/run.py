@@ -19,7 +19,7 @@ from typing import Any
 from mnnvl import steps
 from mnnvl.errors import Interrupted, MnnvlError, NoCluster, SpecError, TeardownIncomplete
 from mnnvl.inputs import surface
-from mnnvl.manifests import compute_domain, render_run
+from mnnvl.manifests import compute_domain, render_run, render_trainjob
 from mnnvl.report import num, verdict_numbers
 from mnnvl.report_train import fault_line, goodput_line
 
@@ -54,14 +54,16 @@ def plan(values: dict[str, Any], run_id: str, *, skip_verify: bool = False) -> l
     return planned
 
 
-def objects(planned: list[PlannedTask]) -> list[dict[str, Any]]:
+def objects(planned: list[PlannedTask], trainjob_runtime: str = "") -> list[dict[str, Any]]:
     """Everything the planned run creates, in creation order, each object once (what
-    ``mnnvl render`` prints)."""
+    ``mnnvl render`` prints); with ``trainjob_runtime`` the train step as a TrainJob."""
     domain = planned[0].specs[0]
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for item in planned:
         workload, config = item.specs[0], item.specs[-1]
-        if item.task.step == "train":
+        if item.task.step == "train" and trainjob_runtime:
+            made = render_trainjob(domain, workload, config, trainjob_runtime)
+        elif item.task.step == "train":
             made = render_run(domain, workload, config, None)
         elif item.task.step == "verify":
             made = render_run(domain, workload, None, config)
@@ -73,15 +75,18 @@ def objects(planned: list[PlannedTask]) -> list[dict[str, Any]]:
 
 
 def _step_call(
-    planned: PlannedTask, kubeconfig: str | None, report_dir: str | None
+    planned: PlannedTask, kubeconfig: str | None, report_dir: str | None, trainjob_runtime: str
 ) -> Callable[[], Any]:
-    """The step function of a task, bound to its specs."""
+    """The step function of a task, bound to its specs (train as a TrainJob naming
+    ``trainjob_runtime`` when one is given)."""
     specs, step = planned.specs, planned.task.step
     reports = f"{report_dir}/{planned.task.name}" if report_dir else None
     calls: dict[str, Callable[[], Any]] = {
         "provision": lambda: steps.provision(specs[0], kubeconfig=kubeconfig),
         "verify": lambda: steps.verify(*specs, kubeconfig=kubeconfig, report_dir=reports),
-        "train": lambda: steps.train(*specs, kubeconfig=kubeconfig, report_dir=reports),
+        "train": lambda: steps.train(
+            *specs, kubeconfig=kubeconfig, report_dir=reports, trainjob_runtime=trainjob_runtime
+        ),
         "launch": lambda: steps.launch(
             specs[0], specs[1].module, list(specs[1].command), kubeconfig=kubeconfig
         ),
@@ -91,7 +96,11 @@ def _step_call(
 
 
 def run_all(
-    planned: list[PlannedTask], *, kubeconfig: str | None, report_dir: str | None
+    planned: list[PlannedTask],
+    *,
+    kubeconfig: str | None,
+    report_dir: str | None,
+    trainjob_runtime: str = "",
 ) -> dict[str, Any]:
     """Run the planned tasks in order; the last one (teardown) runs always, also on signals.
 
@@ -105,7 +114,8 @@ def run_all(
     error: BaseException | None = None
     try:
         for item in work:
-            out[item.key] = _step_call(item, kubeconfig, report_dir)().to_dict()
+            call = _step_call(item, kubeconfig, report_dir, trainjob_runtime)
+            out[item.key] = call().to_dict()
     except BaseException as e:  # a step's error or a signal: teardown below, then re-raised
         error = e
         raise
@@ -124,7 +134,7 @@ def _teardown_after(
 ) -> None:
     """The run's teardown; after a failure (``error``) its own failure is logged, not raised."""
     try:
-        out[last.key] = _step_call(last, kubeconfig, None)().to_dict()
+        out[last.key] = _step_call(last, kubeconfig, None, "")().to_dict()
     except MnnvlError as e:
         if error is None:
             raise  # the run itself went well: the teardown failure is the result

@@ -37,6 +37,8 @@ from mnnvl.driver import (
 from mnnvl.driver.inspect import run_status
 from mnnvl.driver.preflight import check_cluster, table
 from mnnvl.driver.preflight import failure as preflight_failure
+from mnnvl.driver.preflight_trainer import trainer_rows
+from mnnvl.driver.trainjob_run import run_trainjob
 from mnnvl.errors import (
     ClusterUnavailable,
     Refused,
@@ -96,6 +98,7 @@ class LaunchResult(Result):
     elapsed_s: float
     exit_code: int = 0
     restarts: list[dict[str, Any]] = field(default_factory=list)  # gang restarts, in order
+    excluded_nodes: list[str] = field(default_factory=list)  # kept out after failing there
     # The step's Job as this step found it, "complete since <time> (created <time>)" when it
     # had run before with the same inputs (its result is that run's); "" when created now.
     adopted: str = ""
@@ -118,6 +121,7 @@ class TrainResult(Result):
     steps_lost: int = 0  # steps rank 0 had logged past the checkpoints resumed from
     recovery_s: float | None = None  # failure to resumed training, the last restart
     adopted: str = ""  # as LaunchResult.adopted
+    excluded_nodes: list[str] = field(default_factory=list)  # kept out after failing there
     # Each gang restart: what failed and what it cost (keys: mnnvl.report_train)
     faults: list[dict[str, Any]] = field(default_factory=list)
     # Productive training time / this step's wall time (report_train.goodput); None when
@@ -232,17 +236,29 @@ def provision(
 
 
 def launch(
-    workload: WorkloadSpec, module: str, args: list[str], *, kubeconfig: str | None = None
+    workload: WorkloadSpec,
+    module: str,
+    args: list[str],
+    *,
+    kubeconfig: str | None = None,
+    trainjob_runtime: str = "",
+    own_trainjob: dict[str, Any] | None = None,
 ) -> LaunchResult:
     """Run ``module`` on the workload's nodes; return rank 0's RESULT (None if it printed none).
 
     ``module`` empty runs ``args`` as the command itself (it gets the rendezvous env).
     The whole Job lifecycle (domain check, create, queue/pod/Job-aware waits, rank-0 log,
-    RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown.
+    RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown. With
+    ``trainjob_runtime`` the workload is a Kubeflow Trainer TrainJob naming that runtime
+    (:func:`mnnvl.driver.trainjob_run.run_trainjob`); with ``own_trainjob``, that TrainJob
+    made the run's (its command and runtime, the run's claims, labels and placement).
     """
     start = time.monotonic()
-    with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
-        outcome = run_job(api, workload, module, args)
+    with Api.connect(kubeconfig, outage_s=workload.deadlines.api_outage_s) as api:
+        if trainjob_runtime or own_trainjob:
+            outcome = run_trainjob(api, workload, module, args, trainjob_runtime, own_trainjob)
+        else:
+            outcome = run_job(api, workload, module, args)
     if outcome.adopted.startswith("complete"):
         again = "; `mnnvl verify --measure-again` measures again" if module == VERIFY_MODULE else ""
         logger.warning(
@@ -260,8 +276,14 @@ def launch(
         log_tail=outcome.log_tail,
         elapsed_s=_since(start),
         restarts=outcome.restarts,
+        excluded_nodes=excluded_nodes(outcome.restarts),
         adopted=outcome.adopted,
     )
+
+
+def excluded_nodes(restarts: list[dict[str, Any]]) -> list[str]:
+    """The nodes the step kept out of its Jobs after they failed (``Gang.summary``)."""
+    return sorted({r["excluded"] for r in restarts if r.get("excluded")})
 
 
 def _require_result(launched: LaunchResult, kind: str) -> dict[str, Any]:
@@ -287,8 +309,10 @@ def train(
     *,
     kubeconfig: str | None = None,
     report_dir: str | None = None,
+    trainjob_runtime: str = "",
 ) -> TrainResult:
-    """Sharded training on the domain's nodes; metrics from rank 0's RESULT line."""
+    """Sharded training on the domain's nodes; metrics from rank 0's RESULT line. With
+    ``trainjob_runtime``, as a Kubeflow Trainer TrainJob naming that runtime."""
     start = time.monotonic()
     check_shared_storage(workload, config)
     if not config.checkpoint_dir:
@@ -296,7 +320,11 @@ def train(
     if report_dir:
         preload_plotting()
     launched = launch(
-        step_workload(workload, "train"), TRAIN_MODULE, to_args(config), kubeconfig=kubeconfig
+        step_workload(workload, "train"),
+        TRAIN_MODULE,
+        to_args(config),
+        kubeconfig=kubeconfig,
+        trainjob_runtime=trainjob_runtime,
     )
     raw = _require_result(launched, "train")
     if raw.get("start_step"):
@@ -317,6 +345,7 @@ def train(
         adopted=launched.adopted,
         faults=faults,
         goodput=None if launched.adopted else goodput(raw, elapsed),
+        excluded_nodes=excluded_nodes(launched.restarts),
     )
     if report_dir:
         result = dataclasses.replace(
@@ -354,8 +383,8 @@ def verify(
     start = time.monotonic()
     verify_workload, args = step_workload(workload, "verify"), to_args(config)
     if measure_again:
-        with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
-            deadline = Deadline(workload.pods_running_timeout_s)
+        with Api.connect(kubeconfig, outage_s=workload.deadlines.api_outage_s) as api:
+            deadline = Deadline(workload.deadlines.pods_running_timeout_s)
             removed = delete_step_jobs(api, verify_workload, VERIFY_MODULE, args, deadline)
         logger.info("verify: measuring again (deleted %s)", ", ".join(removed) or "nothing")
     if report_dir:
@@ -493,15 +522,21 @@ def preflight(
     kubeconfig: str | None = None,
     report_dir: str | None = None,
     fail_on_fail: bool = True,
+    trainjob_runtime: str = "",
 ) -> PreflightResult:
-    """Is the cluster ready for a run of ``workload``'s shape? (``mnnvl.driver.preflight``)
+    """Is the cluster ready for a run of ``workload``'s shape? (``mnnvl.driver.preflight``;
+    with ``trainjob_runtime``, the TrainJob workload's rows too: ``preflight_trainer``)
 
     Raises ``VerificationFailed`` (exit 4) naming each failing row and its fix, when
     ``fail_on_fail``; the report (``preflight.ctrf.json``) is written first.
     """
     start, started = time.monotonic(), time.time()
-    with Api.connect(kubeconfig, outage_s=workload.api_outage_s) as api:
+    with Api.connect(kubeconfig, outage_s=workload.deadlines.api_outage_s) as api:
         rows = check_cluster(api, workload)
+        if trainjob_runtime:
+            rows += trainer_rows(
+                api, workload.namespace, trainjob_runtime, workload.recovery.max_restarts
+            )
     text = table(rows)
     logger.info("preflight of namespace %s:\n%s", workload.namespace, text)
     found = [r.to_dict() for r in rows]

@@ -78,6 +78,35 @@ def pipeline_arguments(
     return surface.grouped_values(arguments)
 
 
+def gpu_shape(nodes: int, asked: int | None, local: int) -> tuple[int, str]:
+    """GPUs per simulated node and the line that says why, from ``--gpus-per-node`` (None:
+    this machine's ``local`` GPUs shared out, whole, among the ``nodes``). Each simulated node
+    gets GPUs of its own or none, so fewer GPUs than nodes means CPU workers.
+
+    Raises ValueError for more GPUs than this machine has."""
+    gpus = local // max(1, nodes) if asked is None else asked
+    if nodes * gpus > local:
+        raise ValueError(
+            f"--gpus-per-node {gpus} on {nodes} simulated nodes needs {nodes * gpus} GPUs, and "
+            f"this machine has {local} (the pods run here): pass --gpus-per-node "
+            f"{local // max(1, nodes)} or fewer nodes"
+        )
+    where = f"{nodes} simulated node(s) x {gpus} GPU(s)"
+    if gpus:
+        idle = local - nodes * gpus
+        return gpus, f"{where}: training on this machine's GPUs" + (
+            f" ({idle} of its {local} idle)" if idle else ""
+        )
+    if asked == 0:
+        return 0, f"{where}: training on the CPU, as asked"
+    if not local:
+        return 0, f"{where}: training on the CPU, as this machine has no GPU"
+    return 0, (
+        f"{where}: training on the CPU, as this machine's {local} GPU(s) cannot give each of "
+        f"the {nodes} nodes one; --nodes {local} (make run NODES={local}) trains on the GPUs"
+    )
+
+
 @dataclass
 class RunOutcome:
     succeeded: bool
@@ -245,11 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     from mnnvl.sim import SimCluster
     from mnnvl.sim.core.podenv import local_gpu_ids
 
-    gpus = args.gpus_per_node
-    if gpus is None:
-        gpus = len(local_gpu_ids()) // max(1, args.nodes)
+    try:
+        gpus, why = gpu_shape(args.nodes, args.gpus_per_node, len(local_gpu_ids()))
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    log.info("starting a simulated cluster: %d nodes x %d GPUs", args.nodes, gpus)
+    log.info("starting a simulated cluster: %s", why)
     cliques = args.nodes // args.nodes_per_clique if args.nodes_per_clique else 1
     sim = SimCluster(nodes=args.nodes, gpus_per_node=gpus, cliques=cliques).start()
     start = time.monotonic()

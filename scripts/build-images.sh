@@ -3,7 +3,11 @@
 #   REGISTRY  image repository prefix          (default ghcr.io/mnnvl-pipelines)
 #   TAG       image tag                         (default: the package version)
 #   PUSH      1 pushes after building           (default 0: load into the local engine)
-#   PLATFORMS e.g. linux/amd64,linux/arm64      (buildx only; default: the engine's own)
+#   PLATFORMS e.g. linux/amd64,linux/arm64      (default: the engine's own). Several platforms
+#             need buildx, and the classic image store cannot load them (`--load` refuses a
+#             manifest list): with PUSH=1 they are pushed, with OCI_DIR written there, else they
+#             stay in the build cache only.
+#   OCI_DIR   without PUSH=1, writes each image as an OCI archive DIR/<name>.oci.tar (buildx)
 #   LAUNCHER_BASE_DIGEST / RUNTIME_BASE_DIGEST  pin the bases; when empty, the current digest
 #             of each base tag is resolved once and passed on (and so lands in the labels).
 # Uses `docker buildx` when present, else `docker build`; CONTAINER_ENGINE=podman works too.
@@ -31,6 +35,19 @@ if ! "$ENGINE" info >/dev/null 2>&1; then
 fi
 BUILDX=0
 if "$ENGINE" buildx version >/dev/null 2>&1; then BUILDX=1; fi
+MULTI=0
+case "${PLATFORMS:-}" in *,*) MULTI=1 ;; esac
+if [ "$BUILDX" = 0 ] && { [ "$MULTI" = 1 ] || [ -n "${OCI_DIR:-}" ]; }; then
+  echo "error: several platforms (PLATFORMS=${PLATFORMS:-}) or OCI_DIR need docker buildx:" \
+    "install the buildx plugin and run 'docker buildx create --use', or build one platform" \
+    "at a time (PLATFORMS=linux/arm64)" >&2
+  exit 2
+fi
+if [ "$MULTI" = 1 ] && [ "$PUSH" != 1 ] && [ -z "${OCI_DIR:-}" ]; then
+  echo "note: PLATFORMS=$PLATFORMS without PUSH=1 or OCI_DIR leaves the images in the buildx" \
+    "build cache only (docker's classic image store cannot load a multi-platform image):" \
+    "add PUSH=1 to push them or OCI_DIR=DIR to write OCI archives" >&2
+fi
 
 # The default base of a Dockerfile: `ARG BASE_IMAGE=…` and `ARG BASE_TAG=…`.
 base_of() {
@@ -40,6 +57,7 @@ base_of() {
   echo "$image:$tag"
 }
 
+# A multi-arch base resolves to its index digest, so the pin holds for every platform built.
 digest_of() {
   if [ "$BUILDX" = 1 ]; then
     "$ENGINE" buildx imagetools inspect "$1" --format '{{json .Manifest.Digest}}' | tr -d '"'
@@ -58,9 +76,16 @@ build() {
   local args=(-f "$dockerfile" -t "$ref"
     --build-arg "BASE_DIGEST=$digest" --build-arg "VERSION=$VERSION"
     --build-arg "REVISION=$REVISION" --build-arg "CREATED=$CREATED")
+  if [ -n "${PLATFORMS:-}" ]; then args+=(--platform "$PLATFORMS"); fi
   if [ "$BUILDX" = 1 ]; then
-    if [ -n "${PLATFORMS:-}" ]; then args+=(--platform "$PLATFORMS"); fi
-    if [ "$PUSH" = 1 ]; then args+=(--push); else args+=(--load); fi
+    if [ "$PUSH" = 1 ]; then
+      args+=(--push)
+    elif [ -n "${OCI_DIR:-}" ]; then
+      mkdir -p "$OCI_DIR"
+      args+=(--output "type=oci,dest=$OCI_DIR/$name.oci.tar")
+    elif [ "$MULTI" = 0 ]; then
+      args+=(--load)
+    fi
     "$ENGINE" buildx build "${args[@]}" .
   else
     "$ENGINE" build "${args[@]}" .

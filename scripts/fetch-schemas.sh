@@ -4,6 +4,8 @@
 #   <dir>/nvidia-dra-driver/v0.4.0/crds/        the same CRDs at v0.4.0 (kubernetes-sigs line)
 #   <dir>/argo-workflows/schema.json            Argo Workflows JSON schema, v4.1.2
 #   <dir>/argo-workflows/schema-v4.0.10.json    Argo Workflows JSON schema, v4.0.10
+#   <dir>/kubeflow-trainer/crds/                the TrainJob CRD, Kubeflow Trainer v2.4.0
+#                                               (spec.trainer.resourceClaimsPerNode)
 # Usage: scripts/fetch-schemas.sh [dir]   then   export MNNVL_SCHEMA_DIR=<dir>
 set -euo pipefail
 dir="${1:-schemas}"
@@ -31,5 +33,7 @@ for crd in computedomains computedomaincliques; do
 done
 fetch "$gh/argoproj/argo-workflows/v4.1.2/api/jsonschema/schema.json" "$dir/argo-workflows/schema.json"
 fetch "$gh/argoproj/argo-workflows/v4.0.10/api/jsonschema/schema.json" "$dir/argo-workflows/schema-v4.0.10.json"
+fetch "$gh/kubeflow/trainer/v2.4.0/manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml" \
+      "$dir/kubeflow-trainer/crds/trainer.kubeflow.org_trainjobs.yaml"
 mkdir -p "$dir" && cp -R "$staging"/. "$dir"/
 echo "done: export MNNVL_SCHEMA_DIR=$(cd "$dir" && pwd)"

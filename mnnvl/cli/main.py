@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TypeVar
 
+import yaml
+
 from mnnvl import steps
 from mnnvl.cli.parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
@@ -36,7 +38,8 @@ from mnnvl.inputs.defaults import MAX_GPUS_PER_NODE
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import resolve_namespace
 from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
-from mnnvl.manifests import indexed_job, render_run
+from mnnvl.manifests import indexed_job, render_run, render_trainjob
+from mnnvl.manifests.trainjob import take_trainjob
 from mnnvl.run import PlannedTask, objects, plan, run_all
 from mnnvl.yaml_stream import to_yaml
 
@@ -122,11 +125,36 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 
 
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
-    workload, launch = _run_spec(WorkloadSpec, ns), _launch_spec(ns)
+    workload = _run_spec(WorkloadSpec, ns)
     surface.check_launch_purpose(workload.purpose)
+    if ns.trainjob_file:
+        own = _read_trainjob(ns.trainjob_file)
+        take_trainjob(own, workload)  # what is not a TrainJob of this shape stops here
+        return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
+    launch = _launch_spec(ns)
     args = list(launch.command)
     indexed_job(workload, launch.module, args)  # bad module names or env stop here
-    return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
+    return steps.launch(
+        workload,
+        launch.module,
+        args,
+        kubeconfig=ns.kubeconfig,
+        trainjob_runtime=_trainjob_runtime(ns),
+    ).to_dict()
+
+
+def _read_trainjob(path: str) -> dict[str, Any]:
+    """The one TrainJob in ``path`` (YAML), read before anything is created."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as e:
+        raise SpecError(
+            "trainjob_file", f"cannot read {path}: {e}; give a YAML file holding one TrainJob"
+        ) from e
+    if not isinstance(found, dict):
+        raise SpecError("trainjob_file", f"{path} holds no object; give one TrainJob")
+    return found
 
 
 def _validate_objects(
@@ -138,11 +166,27 @@ def _validate_objects(
     )
 
 
+def _trainjob_runtime(ns: argparse.Namespace) -> str:
+    """``--trainjob-runtime`` with ``--workload trainjob``, checked; "" for the Indexed Job."""
+    if ns.workload != "trainjob":
+        return ""
+    check_dns_label("trainjob_runtime", ns.trainjob_runtime)
+    return str(ns.trainjob_runtime)
+
+
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(TrainConfig, ns)
     _validate_objects(workload, config, None)
+    runtime = _trainjob_runtime(ns)
+    if runtime:
+        domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
+        render_trainjob(domain, workload, config, runtime)  # what a TrainJob cannot carry
     return steps.train(
-        workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
+        workload,
+        config,
+        kubeconfig=ns.kubeconfig,
+        report_dir=ns.report_dir,
+        trainjob_runtime=runtime,
     ).to_dict()
 
 
@@ -190,11 +234,16 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
     values = {i.name: getattr(ns, i.name) for i in surface.step_inputs("preflight")}
     (workload,) = surface.step_specs("preflight", "preflight", values | _own_namespace(ns))
-    return steps.preflight(workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir).to_dict()
+    runtime = _trainjob_runtime(ns)
+    return steps.preflight(
+        workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir, trainjob_runtime=runtime
+    ).to_dict()
 
 
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
-    objs = objects(_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
+    objs = objects(
+        _run_plan(ns), _trainjob_runtime(ns)
+    )  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
     return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 
@@ -239,9 +288,13 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
         _fits_this_machine(shape.nodes, shape.gpus_per_node)
     planned = _run_plan(ns)  # every task's specs and objects build before any call
+    runtime = _trainjob_runtime(ns)
+    objects(planned, runtime)  # what a TrainJob cannot carry is refused before any call
     reports = _run_reports(ns)
     if not ns.sim:
-        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports)
+        return run_all(
+            planned, kubeconfig=ns.kubeconfig, report_dir=reports, trainjob_runtime=runtime
+        )
     from mnnvl.sim import SimCluster
     from mnnvl.sim.core.podenv import local_gpu_ids
 
@@ -261,8 +314,11 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
         local_gpus=gpus,
+        trainer=bool(runtime),  # Kubeflow Trainer's stand-in for --workload trainjob
     ) as sim:
-        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=reports)
+        result = run_all(
+            planned, kubeconfig=sim.kubeconfig_path, report_dir=reports, trainjob_runtime=runtime
+        )
         result["sim"] = {
             "url": sim.url,
             "requests": sim.request_count,
@@ -306,6 +362,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
             imex_delay_s=ns.imex_delay_s,
             cliques=ns.cliques,
             kueue=ns.kueue,
+            trainer=ns.trainer,
             admin_kubeconfig_path=ns.admin_kubeconfig,
             namespaces=namespaces,
             gpu_stack=ns.gpu_stack,

@@ -102,6 +102,14 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
     )
+    _workload_flags(p)
+    p.add_argument(
+        "--trainjob-file",
+        default=None,
+        metavar="FILE",
+        help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
+        "command, with the run's name, labels, channel claim and placement (no command needed)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
 
 
@@ -192,6 +200,23 @@ class Parser(argparse.ArgumentParser):
         return ns
 
 
+def _workload_flags(p: argparse.ArgumentParser) -> None:
+    """Which workload runs the train step: the Indexed Job, or a Kubeflow Trainer TrainJob."""
+    p.add_argument(
+        "--workload",
+        choices=("job", "trainjob"),
+        default="job",
+        help="train as an Indexed Job (job) or as a Kubeflow Trainer v2 TrainJob (trainjob; "
+        "Trainer >= v2.4.0, docs/trainjob.md; default: %(default)s)",
+    )
+    p.add_argument(
+        "--trainjob-runtime",
+        default="torch-distributed",
+        help="the ClusterTrainingRuntime the TrainJob names (with --workload trainjob; "
+        "default: %(default)s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mnnvl", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -206,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = _subcommand(sub, name)
         _step_flags(p, name)
         p.add_argument("--report-dir", default=None, help=REPORT_DIR_HELP)
+        if name == "train":
+            _workload_flags(p)
         if name == "verify":
             p.add_argument(
                 "--fail-on-fail",
@@ -227,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _subcommand(sub, "preflight")
     _step_flags(p, "preflight")
     p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
+    _workload_flags(p)
     for name in ("run", "render"):
         p = _subcommand(sub, name)
         # `run` names a run itself when no --run-id is given; `render` needs one.
@@ -235,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
             run_id_required=name == "render",
             skip=_RENDER_SKIPS if name == "render" else frozenset(),
         )
+        _workload_flags(p)
         if name == "run":
             p.add_argument(
                 "--report-dir",
@@ -290,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--kueue",
         action="store_true",
         help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
+    )
+    p.add_argument(
+        "--trainer",
+        action="store_true",
+        help="Kubeflow Trainer stand-in: TrainJobs run as the torch-distributed runtime runs "
+        "them (--workload trainjob); the runner gets manifests/overlays/trainer",
     )
     p.add_argument(
         "--gpu-stack",

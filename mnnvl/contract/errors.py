@@ -20,10 +20,12 @@ class MnnvlError(Exception):
 
 
 class SpecError(MnnvlError, ValueError):
-    """Bad input, found before anything was created. The message names the field."""
+    """Bad input, found before anything was created. The message names the field;
+    ``mentions`` are the other inputs its text names, by their declared names, so that each
+    surface says them as it spells them (``--warmup-steps``, ``train.warmup_steps``)."""
 
     exit_code = exit_codes.BAD_INPUT
 
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
+    def __init__(self, field: str, message: str, *, mentions: tuple[str, ...] = ()) -> None:
+        self.field, self.detail, self.mentions = field, message, mentions
         super().__init__(f"{field}: {message}")

@@ -1,7 +1,8 @@
 """The permissions the launcher steps need: every request the driver can send, on every path.
 
-One table, from which ``manifests/base/rbac.yaml``, the Kueue overlay's Role and the optional
-cluster reader (``manifests/overlays/cluster-reader``) are generated
+One table, from which ``manifests/base/rbac.yaml``, the Kueue overlay's Role, the TrainJob
+workload's (``manifests/overlays/trainer``) and the optional cluster reader
+(``manifests/overlays/cluster-reader``) are generated
 (``python manifests/render_examples.py``) and which the simulated cluster applies and enforces,
 so a request the table lacks fails the tests with the 403 a real cluster would answer.
 """
@@ -34,8 +35,9 @@ RUNNER_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...] = (
     (
         "batch",
         ("jobs",),
-        ("create", "get", "list", "watch", "delete"),
-        "the multi-node workload; get: a retried step adopts its Job, a failed one reads it",
+        ("create", "get", "list", "watch", "patch", "delete"),
+        "the multi-node workload; get: a retried step adopts its Job, a failed one reads it; "
+        "patch: suspend it and resume it with a failing node kept out (node affinity)",
     ),
     (
         "",
@@ -60,6 +62,26 @@ KUEUE_RULES = (
         ("workloads",),
         ("get", "list", "watch"),
         "why Kueue holds a Job, and whether it ever will admit it",
+    ),
+)
+# The TrainJob workload (manifests/overlays/trainer): the run's TrainJobs in the namespace, and
+# the runtime they name, read by preflight. ClusterTrainingRuntimes are cluster-scoped, so
+# reading them takes a ClusterRole (a cluster admin applies the overlay).
+TRAINER = "mnnvl-trainer"
+TRAINER_RULES = (
+    (
+        "trainer.kubeflow.org",
+        ("trainjobs",),
+        ("create", "get", "list", "watch", "delete"),
+        "the TrainJob workload: create or adopt, wait, teardown and reap",
+    ),
+)
+TRAINER_CLUSTER_RULES = (
+    (
+        "trainer.kubeflow.org",
+        ("clustertrainingruntimes",),
+        ("get",),
+        "preflight: the ClusterTrainingRuntime the TrainJobs name (default torch-distributed)",
     ),
 )
 # Service accounts the Kueue reader binds: the base's, and the KFP overlay's.
@@ -138,20 +160,32 @@ def kueue_reader_objects() -> list[dict[str, Any]]:
     return [_role(KUEUE_READER, KUEUE_RULES), _binding(KUEUE_READER, KUEUE_READER, KUEUE_SUBJECTS)]
 
 
+def trainer_objects(namespace: str = "default") -> list[dict[str, Any]]:
+    """The Role, RoleBinding, ClusterRole and ClusterRoleBinding of ``manifests/overlays/trainer``:
+    the runner account of ``namespace`` (a ClusterRoleBinding's subject needs one)."""
+    binding = _cluster_binding(TRAINER, namespace)
+    return [
+        _role(TRAINER, TRAINER_RULES),
+        _binding(TRAINER, TRAINER, (RUNNER,)),
+        _role(TRAINER, TRAINER_CLUSTER_RULES, "ClusterRole"),
+        binding,
+    ]
+
+
+def _cluster_binding(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name, "labels": dict(PART_OF)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": RUNNER, "namespace": namespace}],
+    }
+
+
 def cluster_reader_objects(namespace: str = "default") -> list[dict[str, Any]]:
     """The ClusterRole and ClusterRoleBinding of ``manifests/overlays/cluster-reader``: the
     runner account of ``namespace`` (a ClusterRoleBinding's subject needs one)."""
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": CLUSTER_READER, "labels": dict(PART_OF)},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": CLUSTER_READER,
-        },
-        "subjects": [{"kind": "ServiceAccount", "name": RUNNER, "namespace": namespace}],
-    }
+    binding = _cluster_binding(CLUSTER_READER, namespace)
     return [_role(CLUSTER_READER, CLUSTER_READER_RULES, "ClusterRole"), binding]
 
 

@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CONNECT_TIMEOUT_S = 10.0
-_VERBS = {"GET": "get", "POST": "create", "DELETE": "delete"}
+_VERBS = {"GET": "get", "POST": "create", "DELETE": "delete", "PATCH": "patch"}
 # How long a request other than a watch or a followed log waits for an answer: a healthy API
 # answers our small requests in well under a second, a hung one (stopped, a load balancer
 # holding the connection) never does. One report interval, so the first "API unreachable"
@@ -267,6 +267,7 @@ class Api:
         query: dict[str, Any] | None = None,
         body: Any = None,
         timeout: Any = (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
+        content_type: str = "application/json",
     ) -> Any:
         """One HTTP request; returns the urllib3 response (body not yet read).
 
@@ -284,7 +285,7 @@ class Api:
             body=body,
             query_params=params,
             header_params={"Accept": "application/json"},
-            content_type="application/json",
+            content_type=content_type,
             serialize=False,
             _request_timeout=timeout,
         )
@@ -331,6 +332,12 @@ class Api:
         name = str(body.get("metadata", {}).get("name", ""))
         query = {"dryRun": "All" if dry_run else None}
         return self._json("POST", kind, namespace, about=name, body=body, query=query)
+
+    def patch(self, kind: Kind, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch (RFC 7396: objects merge, lists are replaced whole); raises
+        ``Invalid`` when the change breaks a validation rule (422)."""
+        ctype = "application/merge-patch+json"
+        return self._json("PATCH", kind, namespace, name, body=body, content_type=ctype)
 
     def delete(
         self,
@@ -403,8 +410,8 @@ class Api:
         finally:
             resp.release_conn()
 
-    def _log(self, namespace: str, pod: str, follow: bool) -> Any:
-        query = {"container": CONTAINER, "follow": "true" if follow else None}
+    def _log(self, namespace: str, pod: str, follow: bool, container: str = CONTAINER) -> Any:
+        query = {"container": container, "follow": "true" if follow else None}
         timeout = (CONNECT_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S)
         return self.call(
             lambda: self._raw("GET", POD, namespace, pod, sub="log", query=query, timeout=timeout),
@@ -412,9 +419,10 @@ class Api:
             f"pods/log {namespace}/{pod}",
         )
 
-    def pod_log(self, namespace: str, pod: str) -> str:
-        """The whole log of the pod's worker container (empty when the pod has no log yet)."""
-        resp = self._log(namespace, pod, follow=False)
+    def pod_log(self, namespace: str, pod: str, container: str = CONTAINER) -> str:
+        """The whole log of the pod's worker container (a TrainJob's: ``node``; empty when the
+        pod has no log yet)."""
+        resp = self._log(namespace, pod, follow=False, container=container)
         try:
             return bytes(resp.data or b"").decode("utf-8", errors="replace")
         finally:

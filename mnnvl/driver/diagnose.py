@@ -112,7 +112,8 @@ def node_of(pod: dict[str, Any]) -> str:
     return str((pod.get("spec") or {}).get("nodeName") or "no node")
 
 
-def _unschedulable(pod: dict[str, Any]) -> str:
+def unschedulable(pod: dict[str, Any]) -> str:
+    """The scheduler's message for a pod it could not place ("" when it has not said so)."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         scheduled = cond.get("type") == "PodScheduled" and cond.get("status") == "False"
         if scheduled and cond.get("reason") == "Unschedulable":
@@ -137,7 +138,7 @@ def exit_code(pod: dict[str, Any]) -> int | None:
 
 def _pod_state(pod: dict[str, Any]) -> str:
     phase = pod_phase(pod) or "Pending"
-    reason = waiting_reason(pod) or (_unschedulable(pod) and "Unschedulable")
+    reason = waiting_reason(pod) or (unschedulable(pod) and "Unschedulable")
     return f"{pod['metadata']['name']} {phase}{'/' + reason if reason else ''} on {node_of(pod)}"
 
 
@@ -227,7 +228,7 @@ def raise_on_stuck_pod(
         found = pod_problem(
             pod,
             prepare.get(pod["metadata"]["name"]),
-            retries=workload.max_restarts > 0,
+            retries=workload.recovery.max_restarts > 0,
             grace=grace,
         )
         if found is None:
@@ -237,7 +238,7 @@ def raise_on_stuck_pod(
             found = label_shortage(workload, pod, grace.grace_s) or found
         gpus = ""
         if found.kind is ProblemKind.UNSCHEDULABLE:
-            gpus = shortage_hint(api, _unschedulable(pod))
+            gpus = shortage_hint(api, unschedulable(pod))
         ns, name, node = workload.namespace, pod["metadata"]["name"], node_of(pod)
         tail = log_tail(api, ns, name) if pod_phase(pod) == "Failed" else ""
         found = imex_import(found, tail) or found
@@ -247,7 +248,7 @@ def raise_on_stuck_pod(
         )
         if tail:
             text += f"; last log lines:\n{tail}"
-        if found.kind in UNPLACED and group and workload.clique_affinity:
+        if found.kind in UNPLACED and group and workload.placement.clique_affinity:
             found = replace(found, kind=ProblemKind.NO_CLIQUE_ROOM)
             cliques = clique_shortage(api, workload, group, pods)
             # Every node short of a resource: no clique would do, the scheduler's reason leads.
@@ -267,10 +268,10 @@ def label_shortage(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) 
     pod's only node affinity is that the label exists, so the nodes that failed it lack the label
     (the runner may not read nodes). Not judged for a pod with a node selector (the user's, or
     Kueue's topology assignment), whose misses are not the label's alone."""
-    said = _unschedulable(pod)
+    said = unschedulable(pod)
     total, misses = SCHEDULER_TOTAL.search(said), NODE_AFFINITY_MISSES.search(said)
     selected = (pod.get("spec") or {}).get("nodeSelector")
-    if not workload.clique_affinity or selected or total is None or misses is None:
+    if not workload.placement.clique_affinity or selected or total is None or misses is None:
         return None
     carrying = int(total[1]) - int(misses[1])
     if carrying >= workload.group_nodes:
@@ -281,7 +282,7 @@ def label_shortage(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) 
         grace_s=grace_s,
         carrying=carrying,
         total=int(total[1]),
-        label=workload.clique_label,
+        label=workload.placement.clique_label,
         needed=workload.group_nodes,
         detail=said,
     )
@@ -316,8 +317,8 @@ def clique_shortage(api: Api, workload: WorkloadSpec, group: str, pods: Objects)
     return (
         f"no NVLink clique with {workload.group_nodes} free nodes for group g{group}; "
         f"cliques seen: {seen or 'none (no pod of the run placed)'}; every clique group needs "
-        f"a clique of its own: free nodes in a clique ({workload.clique_label}), or run fewer "
-        "or smaller groups (--nodes, --nodes-per-clique)"
+        f"a clique of its own: free nodes in a clique ({workload.placement.clique_label}), or "
+        "run fewer or smaller groups (--nodes, --nodes-per-clique)"
     )
 
 
@@ -351,14 +352,14 @@ def pod_problem(
         return problem(ProblemKind.CRASH_LOOP, pod=name)
     if reason == "CreateContainerConfigError":
         return problem(ProblemKind.CONFIG, pod=name, detail=said or reason)
-    unschedulable = _unschedulable(pod)
-    if MISSING_CLAIM.search(unschedulable):
-        return problem(ProblemKind.MISSING_CLAIM, pod=name, detail=unschedulable)
-    left = grace.left_s(f"unschedulable/{name}", bool(unschedulable))
+    held = unschedulable(pod)
+    if MISSING_CLAIM.search(held):
+        return problem(ProblemKind.MISSING_CLAIM, pod=name, detail=held)
+    left = grace.left_s(f"unschedulable/{name}", bool(held))
     if left is not None and left <= 0:
-        claims = CLAIMS_UNALLOCATABLE in unschedulable
+        claims = CLAIMS_UNALLOCATABLE in held
         kind = ProblemKind.CLAIM_UNALLOCATABLE if claims else ProblemKind.UNSCHEDULABLE
-        return problem(kind, pod=name, grace_s=grace.grace_s, detail=unschedulable)
+        return problem(kind, pod=name, grace_s=grace.grace_s, detail=held)
     message = str((prepare or {}).get("message") or "") if pod_phase(pod) == "Pending" else ""
     if PREPARE_NAMESPACE.search(message):
         return problem(ProblemKind.PREPARE, pod=name, detail=message)
@@ -540,7 +541,8 @@ def job_failure(
     head = problem(ProblemKind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
     if restarts:
         head += (
-            f" after {restarts} restart(s) of every rank (--max-restarts {workload.max_restarts})"
+            f" after {restarts} restart(s) of every rank "
+            f"(--max-restarts {workload.recovery.max_restarts})"
         )
     pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
     bad = last_failures(pods, index_set(failed_indexes))
@@ -612,7 +614,7 @@ def pods_progress(
         line += f"; pod creation refused: {refused}"
     if pod is not None:
         node = (pod.get("spec") or {}).get("nodeName")
-        why = _unschedulable(pod) or waiting_reason(pod) or "waiting to be scheduled"
+        why = unschedulable(pod) or waiting_reason(pod) or "waiting to be scheduled"
         if why == "ContainerCreating" and node:
             why += f" ({imex_wait(node, imex, '')})"
         pending = prepare_pending(pod, prepare_events(events).get(pod["metadata"]["name"]))

@@ -4,8 +4,13 @@ checkpoint, instead of the survivors waiting in a collective for a peer that is 
 
 The Job controller creates the replacement pods (``backoffLimitPerIndex``, which the Job
 builder sets to ``--max-restarts``); this module only decides, deletes and keeps the record:
-which pod failed with which code, rank 0's last step before the failure (from its log), and
-when the restarted rank 0 logged its first step.
+what failed first (:mod:`mnnvl.driver.attempts`: pod, node, rank, GPU and evidence, from pod
+status), rank 0's last step before the failure (from its log), when every new pod ran and
+when the restarted rank 0 logged its first step. A node blamed for two failed attempts, or
+for one with hardware evidence, is kept out of the next one (:mod:`mnnvl.driver.exclude`:
+the Jobs are suspended and resumed with a ``NotIn`` node-affinity term instead of the other
+pods being deleted). The same error at the same step as the attempt before, on another
+node, ends the step: a restart cannot change it.
 
 A pod failure is retriable when its exit code is not one of
 ``exit_codes.NON_RETRIABLE_EXIT_CODES`` (those fail the Job through its podFailurePolicy),
@@ -25,7 +30,9 @@ earlier attempt of the step did). Any other one restarts the gang: a survivor of
 blocked in a collective with the lost rank (NCCL waits until its timeout), and a replacement
 may have joined the survivors' rendezvous. Timestamps have whole seconds: a failure in the
 second a pod was created counts as not history, so a doubt costs a restart. Once an index has
-succeeded no failure calls for one: the Job controller never runs that index again.
+succeeded no failure calls for one: the Job controller never runs that index again. Pods
+already being deleted when the step first looks (a restart under way) are on their way out:
+their failure (143) is no new fault.
 
 An OOM-killed container (``reason: OOMKilled``: host memory past the container's limit, not
 CUDA) fails the step at once: the same configuration on the same nodes allocates the same, so
@@ -36,13 +43,18 @@ podFailurePolicy, the driver can).
 from __future__ import annotations
 
 import logging
-import re
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.driver.api import COMPUTE_DOMAIN, POD, Api
+from mnnvl.driver.attempts import (
+    Attempt,
+    Restart,
+    attribute,
+    failed_elsewhere,
+    no_restart_helps,
+)
 from mnnvl.driver.diagnose import (
     FAILURE_COUNT,
     Grace,
@@ -55,8 +67,10 @@ from mnnvl.driver.diagnose import (
     pod_phase,
     terminated,
 )
+from mnnvl.driver.exclude import NodeBlame
 from mnnvl.driver.inplace import InPlaceLog
 from mnnvl.driver.problem import problem
+from mnnvl.driver.rank0 import Rank0Progress, resumes_from
 from mnnvl.driver.wait import Objects
 from mnnvl.errors import NotFound, ProblemKind, WorkloadFailed
 from mnnvl.inputs.names import RunNames
@@ -65,65 +79,10 @@ from mnnvl.manifests import JOB_NAME_LABEL
 
 logger = logging.getLogger(__name__)
 
-STEP_LINE = re.compile(r"\bstep (\d+)\b")  # rank 0's training log line, "step 1450 loss ..."
 # Kubernetes' non-graceful node shutdown: pod GC force-deletes the Terminating pods of a
 # not-ready node with this taint (kubernetes.io/docs/concepts/cluster-administration/
 # node-shutdown/#non-graceful-node-shutdown).
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
-# Rank 0's verification log line, "sweep size 1048576 bytes done (the sweep across all ranks)"
-SWEEP_LINE = re.compile(r"\bsweep size (\d+) bytes done\b")
-
-
-@dataclass
-class Rank0Progress:
-    """The last step rank 0 logged and when (monotonic), and its first one; for a
-    verification, the last sweep size it finished."""
-
-    first: tuple[int, float] | None = None
-    last: tuple[int, float] | None = None
-    sweep: tuple[int, float] | None = None
-
-    def line(self, text: str) -> None:
-        m = STEP_LINE.search(text)
-        if m:
-            seen = (int(m.group(1)), time.monotonic())
-            self.first = self.first or seen
-            self.last = seen
-        m = SWEEP_LINE.search(text)
-        if m:
-            self.sweep = (int(m.group(1)), time.monotonic())
-
-    def describe(self) -> str:
-        now = time.monotonic()
-        if self.sweep is not None:
-            size, at = self.sweep
-            return f"rank 0 done with sweep size {size} bytes, {now - at:.0f} s ago"
-        if self.last is None:
-            return "rank 0 has logged no step or sweep size yet"
-        return f"rank 0 at step {self.last[0]}, {now - self.last[1]:.0f} s ago"
-
-
-@dataclass
-class Restart:
-    pod: str
-    exit_code: int | None
-    at: float  # monotonic time the driver saw the failure
-    last_step: int | None  # rank 0's last logged step before it
-    after: Rank0Progress = field(default_factory=Rank0Progress)  # rank 0's log after the restart
-
-    def record(self) -> dict[str, Any]:
-        """``steps_lost``: steps rank 0 had logged past the step the restart resumed from;
-        ``recovery_s``: from the failure to the restarted rank 0's first step."""
-        first = self.after.first
-        lost = None
-        if first is not None and self.last_step is not None:
-            lost = max(0, self.last_step - (first[0] - 1))
-        return {
-            "pod": self.pod,
-            "exit_code": self.exit_code,
-            "steps_lost": lost,
-            "recovery_s": None if first is None else round(first[1] - self.at, 3),
-        }
 
 
 def _key(pod: dict[str, Any]) -> tuple[str, str]:
@@ -134,26 +93,32 @@ def _key(pod: dict[str, Any]) -> tuple[str, str]:
 class Gang:
     """Watches the step's pods for a retriable failure and restarts every rank."""
 
-    def __init__(self, api: Api, workload: WorkloadSpec) -> None:
+    def __init__(self, api: Api, workload: WorkloadSpec, jobs: list[str] | None = None) -> None:
         self.api, self.workload = api, workload
+        self.jobs = jobs or [RunNames.for_run(workload.run_id).job(workload.purpose)]
         self.attempts: dict[tuple[str, str], set[str]] = {}  # (Job, index) -> pod uids
         self.old: set[str] = set()  # pods of generations already restarted
         self.restarts: list[Restart] = []
         self.in_place = InPlaceLog()  # the pods' own restarts: the same budget
         self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
-        self.stranded = Grace(workload.unschedulable_grace_s)  # evicted pods left Terminating
+        # Blamed and excluded nodes. Under Kueue the Jobs' suspension is Kueue's: no exclusion.
+        self.nodes = NodeBlame(api, workload.namespace, self.jobs, not workload.queue_name)
+        # evicted pods left Terminating
+        self.stranded = Grace(workload.deadlines.unschedulable_grace_s)
         self.stranded_logged: set[str] = set()  # pod uids already logged
         self.first = True  # no pods seen yet: failures seen now may predate the step
 
     def check(self, pods: Objects, rank0: Rank0Progress | None) -> bool:
         """Restart the gang when a pod of the current generation failed retriably; True when
         it did. Raises ``WorkloadFailed`` on an OOM kill, when a restart would use up an
-        index's last retry, and past ``--max-restarts``."""
+        index's last retry, past ``--max-restarts`` and when a restart cannot change the
+        failure (the same error at the same step as the attempt before, on another node)."""
         if self.first and pods:
             self.first = False
-            self.old |= _history(pods)
+            self.old |= _history(pods) | _leaving(pods)
         for each in pods.values():
             self.attempts.setdefault(_key(each), set()).add(each["metadata"]["uid"])
+        self._note_running(pods)
         failed = self._new_failures(pods)
         for each in failed:
             if terminated(each).get("reason") == "OOMKilled":
@@ -161,28 +126,70 @@ class Gang:
         pod: dict[str, Any] | None = next((p for p in failed if self._retriable(p)), None)
         if pod is None:
             return False
-        name, code = pod["metadata"]["name"], exit_code(pod)
+        ns = self.workload.namespace
+        attempt = attribute(failed, self.workload, lambda name: log_tail(self.api, ns, name))
         disruption = _disruption(pod)
         node = (pod.get("spec") or {}).get("nodeName")
         if disruption and node:
-            self.lost_nodes[node] = f"pod {name}: {disruption}"
-        self._check_budget(pods, pod)
+            self.lost_nodes[node] = f"pod {pod['metadata']['name']}: {disruption}"
+        why = no_restart_helps(attempt, self.restarts[-1].attempt if self.restarts else None)
+        if why:
+            raise WorkloadFailed(
+                f"{why}; check `kubectl logs -n {self.workload.namespace} {attempt.pod}` and "
+                "fix the program or its inputs",
+                pod_exit_code=attempt.exit_code,
+            )
+        self._forgive(pods)
+        blamed = not failed_elsewhere(attempt, failed)
+        excluded = self.nodes.suspect(attempt) if blamed else None
+        self._check_budget(pods, pod, attempt, everyone=excluded is not None)
         self._check_domain(pod)
         generation = {p["metadata"]["uid"] for p in pods.values()} - self._replacements(pods)
         last = rank0.last[0] if rank0 is not None and rank0.last else None
-        self.restarts.append(Restart(name, code, time.monotonic(), last))
+        restart = Restart(attempt, time.monotonic(), last, excluded=excluded, blamed=blamed)
+        restart.generation = generation
+        self.restarts.append(restart)
         logger.warning(
-            "pod %s failed with exit code %s (retriable); restarting every rank from the last "
-            "checkpoint (restart %d of at most %d; %s)",
-            name,
-            code,
+            "attempt %d failed: %s, first: %s; restarting every rank %s (restart %d of at "
+            "most %d; %s)",
             len(self.restarts),
-            self.workload.max_restarts,
+            attempt.names(),
+            attempt.evidence,
+            resumes_from([r.after for r in self.restarts], rank0),
+            len(self.restarts),
+            self.workload.recovery.max_restarts,
             rank0.describe() if rank0 is not None else "rank 0 not followed yet",
         )
-        self._delete_others(pods)
+        if restart.excluded:
+            self.nodes.exclude(restart.excluded, attempt)
+            generation = {p["metadata"]["uid"] for p in pods.values()}
+        else:
+            self._delete_others(pods)
         self.old |= generation
         return True
+
+    def _forgive(self, pods: Objects) -> None:
+        """An earlier attempt's failure stops counting against its node once another node's
+        pod of that attempt is seen to have failed on its own the same way: the program's."""
+        for r in self.restarts:
+            mine = [p for p in pods.values() if p["metadata"]["uid"] in r.generation]
+            if r.blamed and r.attempt.node and failed_elsewhere(r.attempt, mine):
+                r.blamed = False
+                self.nodes.forgive(r.attempt.node)
+
+    def _note_running(self, pods: Objects) -> None:
+        """When every index of the generation after the last restart is Running."""
+        if not self.restarts or self.restarts[-1].running is not None:
+            return
+        running = {
+            _key(p)
+            for p in pods.values()
+            if p["metadata"]["uid"] not in self.old
+            and pod_phase(p) == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        }
+        if len(running) >= self.workload.nodes:
+            self.restarts[-1].running = time.monotonic()
 
     def check_stranded(self, pods: Objects) -> None:
         """Fail the step when a pod the taint manager evicted stays Terminating for longer than
@@ -225,17 +232,21 @@ class Gang:
                 "then rerun: the run resumes from the last checkpoint"
             )
 
-    def _check_budget(self, pods: Objects, failed: dict[str, Any]) -> None:
+    def _check_budget(
+        self, pods: Objects, failed: dict[str, Any], attempt: Attempt, everyone: bool = False
+    ) -> None:
         """Raise when restarting would exceed ``--max-restarts`` or fail an index whose pod
-        this restart deletes (the Job controller counts it; the Job would fail meanwhile)."""
+        this restart deletes (the Job controller counts it; the Job would fail meanwhile).
+        ``everyone``: the restart suspends the Jobs, so replacements go too."""
         name, code = failed["metadata"]["name"], exit_code(failed)
-        if len(self.restarts) + len(self.in_place) >= self.workload.max_restarts:
+        first = f"; failed first: {attempt.names()}: {attempt.evidence}"
+        if len(self.restarts) + len(self.in_place) >= self.workload.recovery.max_restarts:
             found = problem(
                 ProblemKind.RESTARTS_EXHAUSTED,
                 pod=name,
                 exit_code=code,
                 restarts=len(self.restarts) + len(self.in_place),
-                max_restarts=self.workload.max_restarts,
+                max_restarts=self.workload.recovery.max_restarts,
             )
             ns = self.workload.namespace
             tail = log_tail(self.api, ns, name)
@@ -243,18 +254,22 @@ class Gang:
             why = f"; {seen.message}; {hint(seen, ns, '')}" if seen is not None else ""
             why += self.in_place.earlier()
             raise found.error(
-                f"pod {name} {found.message}{why}; check `kubectl logs -n {ns} {name}`; "
+                f"pod {name} {found.message}{first}{why}; check `kubectl logs -n {ns} {name}`; "
                 f"last log lines:\n{tail}"
             )
-        spent = next((p for p in self._to_delete(pods) if not self._has_retry(p)), None)
+        going = self._to_delete(pods)
+        if everyone:
+            fresh = self._replacements(pods)
+            going += [p for p in pods.values() if p["metadata"]["uid"] in fresh]
+        spent = next((p for p in going if not self._has_retry(p)), None)
         if spent is not None:
             why = (
                 f"and restarting every rank would fail pod {spent['metadata']['name']}'s index "
                 f"{pod_index(spent)}: it has had {self._failures(spent)} failure(s), "
-                f"--max-restarts {self.workload.max_restarts}"
+                f"--max-restarts {self.workload.recovery.max_restarts}"
             )
             raise WorkloadFailed(
-                f"pod {name} failed with exit code {code} {why}; check "
+                f"pod {name} failed with exit code {code} {why}{first}; check "
                 f"`kubectl logs -n {self.workload.namespace} {name}`",
                 pod_exit_code=code,
             )
@@ -284,7 +299,7 @@ class Gang:
 
     def _has_retry(self, pod: dict[str, Any]) -> bool:
         """Whether one more counted failure of this pod leaves its index a retry."""
-        return self._failures(pod) < self.workload.max_restarts
+        return self._failures(pod) < self.workload.recovery.max_restarts
 
     def _failures(self, pod: dict[str, Any]) -> int:
         """Its index's counted failures before this pod: the Job controller's annotation,
@@ -345,7 +360,8 @@ class Gang:
         return "; ".join(f"node {n} was lost ({why})" for n, why in sorted(self.lost_nodes.items()))
 
     def summary(self) -> list[dict[str, Any]]:
-        return [r.record() for r in self.restarts]
+        """One record per restart (:meth:`Restart.record`), numbered from 1 as ``n``."""
+        return [{"n": n, **r.record()} for n, r in enumerate(self.restarts, 1)]
 
 
 def _history(pods: Objects) -> set[str]:
@@ -366,6 +382,20 @@ def _history(pods: Objects) -> set[str]:
     born = min(str(p["metadata"].get("creationTimestamp") or "") for p in live)
     return {
         p["metadata"]["uid"] for p in failed if str(terminated(p).get("finishedAt") or "~") < born
+    }
+
+
+def _leaving(pods: Objects) -> set[str]:
+    """The uids of pods already being deleted when the step first sees them (a gang restart
+    of an earlier attempt of the step, a suspension): they turn Failed (143) on the way out,
+    which is no new fault. A pod evicted from a lost node (``DisruptionTarget``) is not
+    among them: its peers may be blocked on it."""
+    return {
+        p["metadata"]["uid"]
+        for p in pods.values()
+        if p["metadata"].get("deletionTimestamp")
+        and pod_phase(p) not in ("Failed", "Succeeded")
+        and not _disruption(p)
     }
 
 

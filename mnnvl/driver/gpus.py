@@ -56,11 +56,12 @@ GPU_MODES = ("limits", "claim")
 def resolve_gpu_mode(api: Api, workload: WorkloadSpec) -> WorkloadSpec:
     """The workload with ``gpu_mode`` ``auto`` decided (logged once, with why): as recorded
     on the step's Job when it exists, else from what the cluster shows now."""
-    if workload.gpu_mode != "auto" or workload.gpus_per_node == 0:
+    place = workload.placement
+    if place.gpu_mode != "auto" or workload.gpus_per_node == 0:
         return workload
-    mode, why = recorded_gpu_mode(api, workload) or choose_gpu_mode(api, workload.gpu_device_class)
+    mode, why = recorded_gpu_mode(api, workload) or choose_gpu_mode(api, place.gpu_device_class)
     logger.info("--gpu-mode auto: %s (%s)", mode, why)
-    return dataclasses.replace(workload, gpu_mode=mode)
+    return dataclasses.replace(workload, placement=dataclasses.replace(place, gpu_mode=mode))
 
 
 def recorded_gpu_mode(api: Api, workload: WorkloadSpec) -> tuple[str, str] | None:
@@ -85,7 +86,8 @@ def with_gpu_mode(job: dict[str, Any], workload: WorkloadSpec) -> dict[str, Any]
     if workload.gpus_per_node == 0:
         return job
     meta = job["metadata"]
-    annotations = {**(meta.get("annotations") or {}), GPU_MODE_ANNOTATION: workload.gpu_mode}
+    mode = workload.placement.gpu_mode
+    annotations = {**(meta.get("annotations") or {}), GPU_MODE_ANNOTATION: mode}
     return {**job, "metadata": {**meta, "annotations": annotations}}
 
 

@@ -10,6 +10,7 @@ from mnnvl.contract.env import NODE_RANK_BASE
 from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api
 from mnnvl.driver.diagnose import pod_index, waiting_reason
 from mnnvl.driver.domain import refused_namespace, require_namespace
+from mnnvl.driver.exclude import excluded_nodes
 from mnnvl.errors import NotFound, Refused, SpecError
 from mnnvl.inputs.names import RunNames
 
@@ -101,6 +102,11 @@ def status_lines(found: dict[str, Any], names: RunNames) -> list[str]:
         for job in found["jobs"]
     ]
     lines += [
+        f"Job {job['name']}: node {node} excluded (its pods failed there)"
+        for job in found["jobs"]
+        for node in job["excluded_nodes"]
+    ]
+    lines += [
         f"Pod {pod['name']}: {pod['reason'] or pod['phase']} on {pod['node'] or 'no node'}"
         for pod in found["pods"]
     ]
@@ -143,7 +149,12 @@ def _job(job: dict[str, Any]) -> dict[str, Any]:
     status = job.get("status") or {}
     done = [c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"]
     counts = {k: status.get(k, 0) for k in ("active", "succeeded", "failed")}
-    return {"name": job["metadata"]["name"], **counts, "conditions": done}
+    return {
+        "name": job["metadata"]["name"],
+        **counts,
+        "conditions": done,
+        "excluded_nodes": excluded_nodes(job),  # kept out after failing there
+    }
 
 
 def _pod(pod: dict[str, Any]) -> dict[str, Any]:

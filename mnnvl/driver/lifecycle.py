@@ -92,7 +92,7 @@ class JobOutcome:
     pods: list[str]
     result: dict[str, Any] | None
     log_tail: str
-    restarts: list[dict[str, Any]]  # one per gang restart (mnnvl.driver.gang.Restart.record)
+    restarts: list[dict[str, Any]]  # one per gang restart (mnnvl.driver.gang.Gang.summary)
     adopted: str = ""  # rank 0's Job as this step found it ("complete since …"); "": created
 
 
@@ -205,8 +205,8 @@ class JobWatch:
         self.jobs = [jobs] if isinstance(jobs, str) else list(jobs)
         self.api, self.workload, self.job = api, workload, self.jobs[0]
         self.follow = follow
-        self.grace = Grace(workload.unschedulable_grace_s)
-        self.refusal_grace = Grace(workload.unschedulable_grace_s)
+        self.grace = Grace(workload.deadlines.unschedulable_grace_s)
+        self.refusal_grace = Grace(workload.deadlines.unschedulable_grace_s)
         self.refusals: dict[str, str] = {}  # Job -> its latest refused create's message
         self.admission = Deadline(0)  # this wait's stopwatch; the limit counts every wait
         self.queued_s = 0.0  # seconds suspended in the waits before this one
@@ -218,7 +218,7 @@ class JobWatch:
         self.evictions = 0  # times Kueue took the admission back
         self.eviction_said = True  # the last eviction logged with Kueue's reason
         self.running_logged = -1
-        self.gang = Gang(api, workload)
+        self.gang = Gang(api, workload, self.jobs)
         self.in_place = self.gang.in_place  # restarts inside the pods, from rank 0's log
         self.follower: LogFollower | None = None  # rank 0's log, of its current pod
 
@@ -256,6 +256,8 @@ class JobWatch:
         ns = self.workload.namespace
         for name in self.jobs:
             found = view["job"].get(name)
+            if found is None and self.gang.nodes.exclusion is not None:
+                continue  # made again with a node kept out (Kubernetes < 1.36)
             if found is None:
                 raise WorkloadFailed(
                     f"Job {ns}/{name} was deleted while the step waited for it (a teardown, "
@@ -275,6 +277,11 @@ class JobWatch:
                         f"`kubectl logs -n {ns} -l {JOB_NAME_LABEL}={name}`"
                     )
                 raise why.error(why.message)
+        self.gang.nodes.adopt(view["job"])
+        leaving = self.gang.nodes.excluding(view["job"], view["pods"])
+        if leaving is not None:
+            self.gang.old |= leaving
+            return None  # suspended by the step itself to keep a node out: no Kueue eviction
         if all(_condition(view["job"][name], "Complete") for name in self.jobs):
             return dict(view["pods"])
         # Suspended first: a Job Kueue evicted loses its pods, which is no gang restart.
@@ -292,7 +299,7 @@ class JobWatch:
                 )
                 logger.info("Job %s/%s %s after %.0f s", ns, self.job, again, waited)
             self.queued_s += self.admission.elapsed()
-            self.pods_deadline = Deadline(self.workload.pods_running_timeout_s)
+            self.pods_deadline = Deadline(self.workload.deadlines.pods_running_timeout_s)
         if self.job_deadline is None:
             self._starting(view)
         elif self.job_deadline.expired:
@@ -338,12 +345,13 @@ class JobWatch:
                 self.job,
                 why or "Kueue's Workload unreadable",
                 self.evictions,
-                self.workload.max_restarts,
+                self.workload.recovery.max_restarts,
             )
-        if self.evictions > self.workload.max_restarts and (why or workloads is None):
+        if self.evictions > self.workload.recovery.max_restarts and (why or workloads is None):
             raise WorkloadFailed(
                 f"Kueue evicted Job {ns}/{self.job} {self.evictions} time(s), more than "
-                f"--max-restarts {self.workload.max_restarts} ({why or 'suspended again'}); a "
+                f"--max-restarts {self.workload.recovery.max_restarts} "
+                f"({why or 'suspended again'}); a "
                 "Job evicted for its PodsReady timeout has pods that do not get Ready within "
                 "Kueue's waitForPodsReady.timeout (30 min by default from Kueue v0.19): check "
                 f"`kubectl get workloads -n {ns} -o yaml` and the pods' events, or raise "
@@ -353,7 +361,8 @@ class JobWatch:
         if left is not None and left <= 0:
             waits = f", over {self.evictions + 1} waits" if self.evictions else ""
             raise WaitTimeout(
-                f"{self._queue_text(job)} for more than {self.workload.admission_timeout_s:g} s "
+                f"{self._queue_text(job)} for more than "
+                f"{self.workload.deadlines.admission_timeout_s:g} s "
                 f"in all{waits}{kueue} (--admission-timeout-s); check `kubectl get workloads -n "
                 f"{ns}` and the queue's ClusterQueue quota"
             )
@@ -361,7 +370,7 @@ class JobWatch:
     def _admission_left(self) -> float | None:
         """Seconds of --admission-timeout-s left: every wait while suspended counts, before the
         first admission and after each eviction; None without a limit."""
-        limit = self.workload.admission_timeout_s
+        limit = self.workload.deadlines.admission_timeout_s
         return limit - self.queued_s - self.admission.elapsed() if limit > 0 else None
 
     def _queue_text(self, job: dict[str, Any]) -> str:
@@ -387,12 +396,19 @@ class JobWatch:
                 raise found.error(f"{found.message}; {fix}")
 
     def _current(self, pods: Objects) -> Objects:
-        """The pods of the current admission (an evicted admission's pods are leaving)."""
-        return {k: p for k, p in pods.items() if p["metadata"]["uid"] not in self.evicted}
+        """The pods of the current admission and generation: an evicted admission's pods, a
+        restarted generation's and any pod being deleted are leaving, not starting."""
+        gone = self.evicted | self.gang.old
+        return {
+            k: p
+            for k, p in pods.items()
+            if p["metadata"]["uid"] not in gone and not p["metadata"].get("deletionTimestamp")
+        }
 
     def _starting(self, view: View) -> None:
         pods, workload = self._current(view["pods"]), self.workload
         self._refused(view)
+        self.gang.nodes.check_placed(pods)
         raise_on_stuck_pod(self.api, workload, pods, view["events"], self.grace)
         running = running_indexes(pods)
         if running != self.running_logged:  # once per change, not per event
@@ -454,6 +470,7 @@ class JobWatch:
         """After a restart the replacement pods face the same checks as the first ones (an
         unschedulable pod fails the step after the grace), naming the nodes the run lost."""
         fresh = {k: p for k, p in view["pods"].items() if p["metadata"]["uid"] not in self.gang.old}
+        self.gang.nodes.check_placed(fresh)
         try:
             raise_on_stuck_pod(self.api, self.workload, fresh, view["events"], self.grace)
         except WorkloadFailed as e:

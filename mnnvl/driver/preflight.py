@@ -67,7 +67,7 @@ def _row(check: str, fn: Callable[[], Row]) -> Row:
 
 def check_cluster(api: Api, workload: WorkloadSpec) -> list[Row]:
     """Every row, in the order a run needs them."""
-    ns = workload.namespace
+    ns, place = workload.namespace, workload.placement
     # Read once: the nodes and ResourceSlices feed several rows.
     nodes = functools.cache(lambda: api.list(NODE, "")["items"])
     slices = functools.cache(lambda: api.list(RESOURCE_SLICE, "")["items"])
@@ -75,7 +75,7 @@ def check_cluster(api: Api, workload: WorkloadSpec) -> list[Row]:
         _row("computedomain-crd", lambda: _crd_row(api, ns)),
         _row("device-classes", lambda: _class_row(api, workload)),
         _row("clique-labels", lambda: clique_row(nodes(), workload)),
-        _row("channel-devices", lambda: channel_row(nodes(), slices(), workload.clique_label)),
+        _row("channel-devices", lambda: channel_row(nodes(), slices(), place.clique_label)),
         _row("gpu-stack", lambda: _gpu_row(api, workload, slices())),
         _row("imex-mode", lambda: imex_row(slices())),
         _kueue_row(api, workload),
@@ -103,7 +103,8 @@ def _crd_row(api: Api, ns: str) -> Row:
 
 def _class_row(api: Api, workload: WorkloadSpec) -> Row:
     seen, missing = [], []
-    wanted = [CHANNEL_CLASS] + ([workload.gpu_device_class] if workload.gpus_per_node else [])
+    gpu_class = [workload.placement.gpu_device_class] if workload.gpus_per_node else []
+    wanted = [CHANNEL_CLASS, *gpu_class]
     for name in wanted:
         try:
             spec = api.get(DEVICE_CLASS, "", name).get("spec") or {}
@@ -115,7 +116,7 @@ def _class_row(api: Api, workload: WorkloadSpec) -> Row:
     text = "; ".join(seen + [f"{m} absent" for m in missing])
     if CHANNEL_CLASS in missing:
         return Row("device-classes", FAIL, text, DRA_INSTALL_HINT)
-    if missing and workload.gpu_mode == "claim":
+    if missing and workload.placement.gpu_mode == "claim":
         fix = "install the DRA driver with GPUs (resources.gpus.enabled) or run --gpu-mode limits"
         return Row("device-classes", FAIL, text, fix)
     return Row("device-classes", PASS, text)
@@ -123,7 +124,7 @@ def _class_row(api: Api, workload: WorkloadSpec) -> Row:
 
 def clique_row(nodes: list[dict[str, Any]], workload: WorkloadSpec) -> Row:
     """Nodes per clique against the groups a run of ``workload``'s shape needs."""
-    key = workload.clique_label
+    key = workload.placement.clique_label
     cliques = Counter(
         (n["metadata"].get("labels") or {})[key]
         for n in nodes
@@ -187,17 +188,17 @@ def _gpu_row(api: Api, workload: WorkloadSpec, slices: list[dict[str, Any]]) -> 
     if not plugin and not dra:
         text = f"device plugin on no node, no DRA GPU device: {NO_GPUS}"
         return Row("gpu-stack", FAIL, text, "for CPU workers pass --gpus-per-node 0")
-    mode, why = choose_gpu_mode(api, workload.gpu_device_class)
+    mode, why = choose_gpu_mode(api, workload.placement.gpu_device_class)
     text = f"device plugin on {plugin} node(s), {dra} DRA GPU device(s); {why}"
-    if workload.gpu_mode == "auto":
+    if workload.placement.gpu_mode == "auto":
         return Row("gpu-stack", PASS, f"{text}; --gpu-mode auto runs as {mode}")
-    if workload.gpu_mode == "claim" and not dra:
+    if workload.placement.gpu_mode == "claim" and not dra:
         return Row(
             "gpu-stack", FAIL, text, "no DRA GPUs here: run with --gpu-mode limits (or auto)"
         )
-    if workload.gpu_mode == "limits" and mode == "claim":
+    if workload.placement.gpu_mode == "limits" and mode == "claim":
         return Row("gpu-stack", FAIL, text, "GPUs come only from DRA: run with --gpu-mode claim")
-    return Row("gpu-stack", PASS, f"{text}; --gpu-mode {workload.gpu_mode} fits")
+    return Row("gpu-stack", PASS, f"{text}; --gpu-mode {workload.placement.gpu_mode} fits")
 
 
 def imex_row(slices: list[dict[str, Any]]) -> Row:

@@ -28,6 +28,7 @@ from mnnvl.errors import (
     ApiError,
     ClusterUnavailable,
     HttpConflict,
+    Invalid,
     MnnvlError,
     NotFound,
     Refused,
@@ -75,6 +76,8 @@ def from_api_exception(e: ApiException, verb: str, what: str) -> MnnvlError:
         return (AlreadyExists if verb == "create" else HttpConflict)(f"{verb} {what}: {message}")
     if status == 410:
         return WatchExpired(f"{verb} {what}: {message}")
+    if status == 422:
+        return Invalid(f"{verb} {what} failed: {status} {reason}: {message}")
     if status in TRANSIENT_STATUS:
         return ClusterUnavailable(
             f"{verb} {what}: the API server kept answering {status} {reason} ({message}); "

@@ -15,7 +15,6 @@ from typing import Any
 from mnnvl.contract.result import parse_result as worker_result
 from mnnvl.driver.api import JOB, POD, RESOURCE_CLAIM_TEMPLATE, SERVICE, Api, Kind
 from mnnvl.driver.diagnose import container_started, pod_index, pod_phase
-from mnnvl.driver.gang import Rank0Progress
 from mnnvl.driver.gpus import with_gpu_mode
 from mnnvl.driver.ownership import (
     FAILURE_ANNOTATION,
@@ -26,6 +25,8 @@ from mnnvl.driver.ownership import (
     owned_by_run,
 )
 from mnnvl.driver.progress_line import ProgressLine
+from mnnvl.driver.rank0 import Rank0Progress
+from mnnvl.driver.trainjob import delete_trainjobs, trainjob_pods_selector
 from mnnvl.driver.wait import Deadline, Objects, wait_for
 from mnnvl.errors import MnnvlError, NotAdoptable, WorkloadFailed
 from mnnvl.inputs.defaults import PURPOSES
@@ -113,7 +114,7 @@ def _replace_failed_job(api: Api, workload: WorkloadSpec, stale: StaleObject) ->
         failed_reason(stale.existing),
     )
     ns, gone = workload.namespace, Deletions(workload.run_id)
-    deadline = Deadline(workload.pods_running_timeout_s)
+    deadline = Deadline(workload.deadlines.pods_running_timeout_s)
     what = f"the failed Job {ns}/{job}"
     _delete_job_and_wait(api, gone, ns, job, what, deadline, existing=stale.existing)
     if gone.skipped:
@@ -359,24 +360,26 @@ def skip_foreign_namesakes(api: Api, namespace: str, gone: Deletions) -> None:
 
 
 def delete_workload(api: Api, namespace: str, gone: Deletions, deadline: Deadline) -> None:
-    """Delete the run's Jobs (with their pods), Services and GPU templates.
+    """Delete the run's TrainJobs, Jobs (with their pods), Services and GPU templates.
 
     Each object is deleted as listed, with a uid precondition; results go to ``gone``.
     Waits until every pod of the run is gone, so the domain can be deleted after without
     pulling IMEX from under a running process.
     """
     selector = RunNames.for_run(gone.run_id).selector
+    trainjobs = delete_trainjobs(api, namespace, gone)
     for kind in (JOB, SERVICE, RESOURCE_CLAIM_TEMPLATE):
         for obj in api.list(kind, namespace, label_selector=selector)["items"]:
             gone.delete(api, kind, obj, propagation="Background" if kind is JOB else None)
 
-    wait_for(
-        api,
-        POD,
-        namespace,
-        label_selector=selector,
-        what=f"pods matching {selector} to be gone",
-        done=lambda objects: not objects,
-        deadline=deadline,
-        hint="check the pods' finalizers and the kubelet on their nodes",
-    )
+    for pods in [selector] + ([trainjob_pods_selector(trainjobs)] if trainjobs else []):
+        wait_for(
+            api,
+            POD,
+            namespace,
+            label_selector=pods,
+            what=f"pods matching {pods} to be gone",
+            done=lambda objects: not objects,
+            deadline=deadline,
+            hint="check the pods' finalizers and the kubelet on their nodes",
+        )

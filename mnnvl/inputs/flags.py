@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from mnnvl.inputs.defaults import SWITCHES
-from mnnvl.inputs.spec import CLI, OwnerRef
+from mnnvl.inputs.spec import CLI, OwnerRef, leaves
 from mnnvl.inputs.surface import Input, build, class_inputs
 
 T = TypeVar("T")
@@ -95,8 +95,7 @@ def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
 def to_args(cfg: Any) -> list[str]:
     """Flags that reproduce the non-default fields of a config dataclass (not ``owner``)."""
     args: list[str] = []
-    for f in dataclasses.fields(cfg):
-        val = getattr(cfg, f.name)
+    for f, val in leaves(cfg):
         default = f.default if f.default is not dataclasses.MISSING else None
         if val == default or isinstance(val, OwnerRef) or val is None or val in ({}, ()):
             continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import MISSING, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from mnnvl.errors import SpecError
 from mnnvl.inputs.checks import (
@@ -57,6 +57,7 @@ RUN_ID_WHY = "pipelines supply it: KFP's job id, Argo's {{workflow.uid}}"
 OWNER_WHY = "found at run time (the launcher pod with --owner-pod), never typed in"
 EVERY_SURFACE = (CLI, KFP, ARGO)
 NAMESPACE_VALID = "'' or a namespace name (lowercase letters, digits and -, at most 63)"
+T = TypeVar("T")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -70,13 +71,15 @@ def opt(
     choices: tuple[str, ...] = (),
     valid: tuple[float, float] | str | None = None,
     example: tuple[str, ...] = (),
+    group: str = "",
 ) -> Any:
     """A field with its one line of help and the surfaces (cli, kfp, argo) that expose it.
 
     A field missing from a surface names the reason in ``why`` (a test checks that).
     ``choices`` lists a closed set of values (Argo shows them as a drop-down); ``valid`` is a
     number's range, checked by ``check_declared`` and shown on every surface, or the valid
-    values in words where a check of their own decides; ``example`` is a list input's value.
+    values in words where a check of their own decides; ``example`` is a list input's value;
+    ``group`` is the group a field of a spec without nested groups is in on KFP and Argo.
     """
     meta = {
         "help": help,
@@ -85,6 +88,7 @@ def opt(
         "choices": choices,
         "valid": valid,
         "example": example,
+        "group": group,
     }
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
@@ -101,6 +105,49 @@ def check_declared(spec: Any) -> None:
             check_range(f.name, value, lo, hi, integer=f.type == "int")
         if f.metadata.get("choices"):
             check_choice(f.name, value, f.metadata["choices"])
+
+
+def group(cls: type) -> Any:
+    """A spec's field holding one group of its inputs (``workload.recovery``); on KFP and Argo
+    the group is one parameter named as the field, on the CLI its inputs are flags."""
+    return field(default_factory=cls, metadata={"nested": cls})
+
+
+def nested(cls: type) -> dict[str, type]:
+    """The groups ``cls`` nests: field name -> the group's dataclass."""
+    return {f.name: f.metadata["nested"] for f in dataclasses.fields(cls) if "nested" in f.metadata}
+
+
+def from_inputs(cls: type[T], **inputs: Any) -> T:
+    """A ``cls`` from its inputs by name, each given to the group that holds it
+    (``from_inputs(WorkloadSpec, run_id="r", max_restarts=1)``); a group may also be given whole."""
+    kwargs = dict(inputs)
+    for name, kind in nested(cls).items():
+        mine = {f.name for f in dataclasses.fields(kind)} & kwargs.keys()
+        if mine:
+            given = {k: kwargs.pop(k) for k in mine}
+            whole = kwargs.get(name)
+            kwargs[name] = dataclasses.replace(whole, **given) if whole else kind(**given)
+    return cls(**kwargs)
+
+
+def leaves(spec: Any) -> list[tuple[dataclasses.Field[Any], Any]]:
+    """Every input field of ``spec`` with its value, a nested group's in place."""
+    out = []
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        out += leaves(value) if "nested" in f.metadata else [(f, value)]
+    return out
+
+
+def with_inputs(spec: T, **inputs: Any) -> T:
+    """``spec`` with inputs changed by name, wherever they are nested (validated again)."""
+    for name, kind in nested(type(spec)).items():
+        mine = {f.name for f in dataclasses.fields(kind)} & inputs.keys()
+        if mine:
+            changes = {k: inputs.pop(k) for k in mine}
+            inputs[name] = dataclasses.replace(inputs.get(name, getattr(spec, name)), **changes)
+    return dataclasses.replace(spec, **inputs)  # type: ignore[type-var]
 
 
 def _check_run_and_namespace(spec: Any) -> None:
@@ -128,6 +175,7 @@ def api_outage_opt() -> Any:
         "how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden "
         "out by every request and wait, s; a longer outage ends the step with exit 5",
         valid=(0, 86400),
+        group="deadlines",
     )
 
 
@@ -137,6 +185,7 @@ def collective_timeout_opt() -> Any:
         "how long a collective waits for a dead or hung peer before the worker fails "
         "(retriable), s; NCCL's own default is 600",
         valid=(1, 86400),
+        group="recovery",
     )
 
 
@@ -148,6 +197,7 @@ def stall_timeout_opt() -> Any:
         "2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint "
         "saves and loads, and in verification)",
         valid=(0, 7 * 86400),
+        group="recovery",
     )
 
 
@@ -163,6 +213,7 @@ class _WorkerTimeouts:
                 "stall_timeout_s",
                 f"{self.stall_timeout_s:g} must exceed collective_timeout_s "
                 f"{self.collective_timeout_s:g} (a collective may wait that long on a slow peer)",
+                mentions=("collective_timeout_s",),
             )
 
     @property
@@ -200,12 +251,19 @@ class DomainSpec:
         "Single",
         "IMEX channels per pod: Single (channel0) or All",
         choices=ALLOCATION_MODES,
+        group="placement",
     )
     rct_timeout_s: float = opt(
-        120.0, "wait for the DRA controller's channel claim template, s", valid=(0.1, 86400)
+        120.0,
+        "wait for the DRA controller's channel claim template, s",
+        valid=(0.1, 86400),
+        group="deadlines",
     )
     delete_timeout_s: float = opt(
-        300.0, "wait until each deleted object is gone (GET 404), s", valid=(0.1, 86400)
+        300.0,
+        "wait until each deleted object is gone (GET 404), s",
+        valid=(0.1, 86400),
+        group="deadlines",
     )
     api_outage_s: float = api_outage_opt()
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
@@ -216,17 +274,9 @@ class DomainSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkloadSpec:
-    """The multi-node Indexed Job: shape, image, placement, NCCL profile and deadlines."""
+class Placement:
+    """Where the worker pods run: NVLink clique groups, GPUs and node selection."""
 
-    run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
-    namespace: str = namespace_opt()
-    purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
-    nodes: int = opt(
-        2,
-        "worker pods, one per node; more than one clique needs nodes_per_clique (multiple of it)",
-        valid="a whole number from 1; over max_nodes_per_clique a multiple of nodes_per_clique",
-    )
     nodes_per_clique: int = opt(
         0,
         "nodes in each NVLink clique group (one Job each; HSDP training, per-clique verify); "
@@ -235,14 +285,6 @@ class WorkloadSpec:
     )
     max_nodes_per_clique: int = opt(
         MAX_NODES, "most nodes one NVLink clique holds (NVL72: 18)", valid=(1, 99)
-    )
-    gpus_per_node: int = opt(
-        4, "GPUs per worker pod; 0 = one CPU process per pod (gloo)", valid=(0, MAX_GPUS_PER_NODE)
-    )
-    image: str = opt(
-        DEFAULT_IMAGE,
-        "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)",
-        valid="an image reference: [registry/]path[:tag][@sha256:digest], path in lowercase",
     )
     gpu_mode: str = opt(
         "auto",
@@ -264,28 +306,6 @@ class WorkloadSpec:
         "driver set nvidia.com/gpu.clique; some providers use a key of their own)",
         valid="a label key: [DNS-subdomain prefix/]name, name at most 63 characters",
     )
-    nccl_profile: str = opt(
-        "production",
-        "production, verify-strict or single-host (docs/verification.md, NCCL profiles)",
-        choices=NCCL_PROFILES,
-    )
-    env: dict[str, str] = opt(
-        factory=dict,
-        help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)",
-        example=("NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"),
-    )
-    rdzv_port: int = opt(29500, "rendezvous port on pod 0 (MASTER_PORT)", valid=(1024, 65535))
-    worker_service_account: str = opt(
-        "",
-        "service account of the worker pods ('' = namespace default)",
-        valid="'' or a ServiceAccount name of the namespace",
-    )
-    pod_security: str = opt(
-        "restricted",
-        "Pod Security Standard the worker pods meet: restricted (non-root uid 1000) or "
-        "baseline (the image's own user, root allowed, for images that need it)",
-        choices=POD_SECURITY_LEVELS,
-    )
     node_selector: dict[str, str] = opt(
         factory=dict,
         help="extra node selector for worker pods, KEY=VALUE (repeatable)",
@@ -301,18 +321,40 @@ class WorkloadSpec:
         "PriorityClass of the worker pods",
         valid="'' or a PriorityClass name",
     )
-    queue_name: str = opt(
-        "",
-        "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name",
-        valid="'' or a LocalQueue name of the namespace",
-    )
     topology_aware: bool = opt(
         False, "with queue_name: Kueue topology-aware scheduling, each group in one clique"
     )
-    admission_timeout_s: float = opt(
-        0.0,
-        "how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 = no limit",
-        valid=(0, 30 * 86400),
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+        check_label_key("clique_label", self.clique_label)
+        check_subdomain("gpu_device_class", self.gpu_device_class, "DeviceClass")
+        per = self.max_nodes_per_clique
+        check_range("nodes_per_clique", self.nodes_per_clique, 0, per, integer=True)
+        for key, value in self.node_selector.items():
+            check_label_key("node_selector", key)
+            check_label_value("node_selector", value)
+        for item in self.tolerations:
+            parse_toleration(item)
+        if self.priority_class:
+            check_subdomain("priority_class", self.priority_class, "PriorityClass")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodTemplate:
+    """The worker pods' template."""
+
+    rdzv_port: int = opt(29500, "rendezvous port on pod 0 (MASTER_PORT)", valid=(1024, 65535))
+    worker_service_account: str = opt(
+        "",
+        "service account of the worker pods ('' = namespace default)",
+        valid="'' or a ServiceAccount name of the namespace",
+    )
+    pod_security: str = opt(
+        "restricted",
+        "Pod Security Standard the worker pods meet: restricted (non-root uid 1000) or "
+        "baseline (the image's own user, root allowed, for images that need it)",
+        choices=POD_SECURITY_LEVELS,
     )
     pvc: tuple[str, ...] = opt(
         (),
@@ -323,6 +365,34 @@ class WorkloadSpec:
         "16Gi",
         "size of the workers' /dev/shm, e.g. 16Gi",
         valid="a size in Mi or Gi, e.g. 512Mi or 16Gi",
+    )
+    ttl_after_finished_s: int = opt(
+        0,
+        "ttlSecondsAfterFinished of the Job, s; 0 = none: a finished Job stays until teardown, "
+        "so the step run again returns its result instead of running it again",
+        valid=(0, 30 * 86400),
+    )
+    image_pull_policy: str = opt(
+        "IfNotPresent", "Always, IfNotPresent or Never", choices=("Always", "IfNotPresent", "Never")
+    )
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+        if self.worker_service_account:
+            check_dns_label("worker_service_account", self.worker_service_account, max_len=253)
+        if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
+            raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
+        parse_pvc(self.pvc)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deadlines:
+    """A workload's deadlines and graces, in seconds."""
+
+    admission_timeout_s: float = opt(
+        0.0,
+        "how long the Job may stay queued (suspended, e.g. by Kueue), s; 0 = no limit",
+        valid=(0, 30 * 86400),
     )
     pods_running_timeout_s: float = opt(
         900.0,
@@ -335,79 +405,113 @@ class WorkloadSpec:
         "its creation refused by a ResourceQuota) before the step fails, s",
         valid=(0, 86400),
     )
-    job_timeout_s: float = opt(
-        7200.0, "deadline for the Job to complete, s (activeDeadline)", valid=(1, 7 * 86400)
-    )
-    ttl_after_finished_s: int = opt(
-        0,
-        "ttlSecondsAfterFinished of the Job, s; 0 = none: a finished Job stays until teardown, "
-        "so the step run again returns its result instead of running it again",
-        valid=(0, 30 * 86400),
-    )
+    api_outage_s: float = api_outage_opt()
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recovery:
+    """Gang restarts of every rank after a retriable failure."""
+
     max_restarts: int = opt(
         3,
         "gang restarts of every rank (from the last checkpoint) before the step fails; the "
         "Job's backoffLimitPerIndex is this, so that each restart has a retry on every index",
         valid=(0, 100),
     )
-    image_pull_policy: str = opt(
-        "IfNotPresent", "Always, IfNotPresent or Never", choices=("Always", "IfNotPresent", "Never")
+
+    def __post_init__(self) -> None:
+        check_declared(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadSpec:
+    """The multi-node Indexed Job: shape, image and NCCL profile, and its groups (``placement``,
+    ``pod``, ``deadlines``, ``recovery``), each a dataclass of its own."""
+
+    run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
+    namespace: str = namespace_opt()
+    purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
+    nodes: int = opt(
+        2,
+        "worker pods, one per node; more than one clique needs nodes_per_clique (multiple of it)",
+        valid="a whole number from 1; over max_nodes_per_clique a multiple of nodes_per_clique",
     )
-    api_outage_s: float = api_outage_opt()
+    gpus_per_node: int = opt(
+        4, "GPUs per worker pod; 0 = one CPU process per pod (gloo)", valid=(0, MAX_GPUS_PER_NODE)
+    )
+    image: str = opt(
+        DEFAULT_IMAGE,
+        "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)",
+        valid="an image reference: [registry/]path[:tag][@sha256:digest], path in lowercase",
+    )
+    nccl_profile: str = opt(
+        "production",
+        "production, verify-strict or single-host (docs/verification.md, NCCL profiles)",
+        choices=NCCL_PROFILES,
+    )
+    env: dict[str, str] = opt(
+        factory=dict,
+        help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)",
+        example=("NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"),
+    )
+    queue_name: str = opt(
+        "",
+        "Kueue LocalQueue: labels the Job kueue.x-k8s.io/queue-name",
+        valid="'' or a LocalQueue name of the namespace",
+    )
+    job_timeout_s: float = opt(
+        7200.0, "deadline for the Job to complete, s (activeDeadline)", valid=(1, 7 * 86400)
+    )
+    placement: Placement = group(Placement)
+    pod: PodTemplate = group(PodTemplate)
+    deadlines: Deadlines = group(Deadlines)
+    recovery: Recovery = group(Recovery)
     owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
         _check_run_and_namespace(self)
         check_declared(self)
         check_choice("purpose", self.purpose, PURPOSES)
-        check_label_key("clique_label", self.clique_label)
         self._check_cliques()
         check_image("image", self.image)
-        check_subdomain("gpu_device_class", self.gpu_device_class, "DeviceClass")
         check_env("env", self.env)
-        if self.worker_service_account:
-            check_dns_label("worker_service_account", self.worker_service_account, max_len=253)
-        self._check_scheduling()
-        if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
-            raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
-        parse_pvc(self.pvc)
+        if self.queue_name:
+            check_dns_label("queue_name", self.queue_name)
 
     def _check_cliques(self) -> None:
-        per = self.max_nodes_per_clique
-        check_range("nodes_per_clique", self.nodes_per_clique, 0, per, integer=True)
+        per, place = self.placement.max_nodes_per_clique, self.placement
         check_range("nodes", self.nodes, 1, MAX_GROUPS * per, integer=True)
-        if not self.nodes_per_clique and self.nodes > per:
+        if not place.nodes_per_clique and self.nodes > per:
             raise SpecError(
                 "nodes",
                 f"{self.nodes} nodes do not fit one NVLink clique of at most {per}; set "
                 "nodes_per_clique to place them as several clique groups",
+                mentions=("nodes_per_clique",),
             )
-        if self.nodes_per_clique and self.nodes % self.nodes_per_clique:
+        if place.nodes_per_clique and self.nodes % place.nodes_per_clique:
             raise SpecError(
                 "nodes",
-                f"{self.nodes} is not a multiple of nodes_per_clique {self.nodes_per_clique}",
+                f"{self.nodes} is not a multiple of nodes_per_clique {place.nodes_per_clique}",
+                mentions=("nodes_per_clique",),
             )
-        if self.topology_aware and not self.queue_name:
-            raise SpecError("topology_aware", "needs queue_name (Kueue admits the groups)")
-        several_groups = self.nodes_per_clique and self.nodes > self.nodes_per_clique
-        if self.queue_name and several_groups and not self.topology_aware:
+        if place.topology_aware and not self.queue_name:
+            raise SpecError(
+                "topology_aware",
+                "needs queue_name (Kueue admits the groups)",
+                mentions=("queue_name",),
+            )
+        several_groups = place.nodes_per_clique and self.nodes > place.nodes_per_clique
+        if self.queue_name and several_groups and not place.topology_aware:
             raise SpecError(
                 "topology_aware",
                 "several clique groups under Kueue run as one Job that Kueue admits whole "
                 "and places group by group with topology-aware scheduling: set "
-                f"topology_aware (a Kueue Topology with the level {self.clique_label})",
+                f"topology_aware (a Kueue Topology with the level {place.clique_label})",
+                mentions=("topology_aware",),
             )
-
-    def _check_scheduling(self) -> None:
-        for key, value in self.node_selector.items():
-            check_label_key("node_selector", key)
-            check_label_value("node_selector", value)
-        for item in self.tolerations:
-            parse_toleration(item)
-        if self.priority_class:
-            check_subdomain("priority_class", self.priority_class, "PriorityClass")
-        if self.queue_name:
-            check_dns_label("queue_name", self.queue_name)
 
     @property
     def procs_per_node(self) -> int:
@@ -421,7 +525,7 @@ class WorkloadSpec:
     @property
     def group_nodes(self) -> int:
         """Nodes in each clique group (all of them with one group)."""
-        return self.nodes_per_clique or self.nodes
+        return self.placement.nodes_per_clique or self.nodes
 
     @property
     def groups(self) -> int:
@@ -441,58 +545,69 @@ class TrainConfig(_WorkerTimeouts):
         "tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b", choices=MODEL_PRESETS
     )
     steps: int = opt(20, "optimizer steps in total, across resumes", valid=(1, 10_000_000))
-    seq_len: int = opt(0, "sequence length; 0 = the preset's", valid=(0, 131072))
+    seq_len: int = opt(0, "sequence length; 0 = the preset's", valid=(0, 131072), group="train")
     batch_size: int = opt(
         0, "sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2)", valid=(0, 4096)
     )
-    lr: float = opt(3e-4, "peak learning rate", valid=(1e-8, 1.0))
+    lr: float = opt(3e-4, "peak learning rate", valid=(1e-8, 1.0), group="train")
     warmup_steps: int = opt(
         DEFAULT_WARMUP_STEPS,
         "linear warm-up steps before the cosine decay (capped at steps)",
         valid=(0, 10_000_000),
+        group="train",
     )
     min_lr_ratio: float = opt(
-        0.1, "final learning rate as a fraction of the peak", valid=(0.0, 1.0)
+        0.1, "final learning rate as a fraction of the peak", valid=(0.0, 1.0), group="train"
     )
-    weight_decay: float = opt(0.1, "AdamW weight decay", valid=(0.0, 10.0))
-    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", valid=(0.0, 1e6))
-    dtype: str = opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES)
+    weight_decay: float = opt(0.1, "AdamW weight decay", valid=(0.0, 10.0), group="train")
+    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", valid=(0.0, 1e6), group="train")
+    dtype: str = opt(
+        "auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES, group="train"
+    )
     compile: str = opt(
         "auto",
         "torch.compile each block: true, false, or auto = on GPUs for the 125m preset and "
         "larger (never on CPU)",
         choices=SWITCHES,
+        group="train",
     )
     activation_checkpointing: str = opt(
         "auto",
         f"recompute blocks' activations in the backward pass: {CHECKPOINTING_HELP}; "
         "auto = the preset's (8b: every-2, else none)",
         valid="auto, none, full or every-N with N from 1 to 9999",
+        group="train",
     )
     reshard_after_forward: str = opt(
         "auto",
         "FSDP frees each block's gathered weights after forward (true) or keeps them for "
         "backward (false: one all-gather less, more memory); auto = the preset's (8b: false)",
         choices=SWITCHES,
+        group="train",
     )
     data: str = opt(
         "synthetic",
         "synthetic, or a token file under a pvc mount (.bin)",
         valid="synthetic, or an absolute path under a pvc mount",
     )
-    seed: int = opt(0, "random seed for weights and synthetic data", valid=(0, 2**31 - 1))
+    seed: int = opt(
+        0, "random seed for weights and synthetic data", valid=(0, 2**31 - 1), group="train"
+    )
     checkpoint_dir: str = opt(
         "",
         "checkpoint directory under a pvc mount; a rerun resumes",
         valid="'' or an absolute path under a pvc mount",
+        group="recovery",
     )
     checkpoint_every: int = opt(
-        0, "steps between checkpoints; 0 = only at the end", valid=(0, 10_000_000)
+        0, "steps between checkpoints; 0 = only at the end", valid=(0, 10_000_000), group="recovery"
     )
     allow_local_checkpoint: bool = opt(
-        False, "accept checkpoint_dir/data outside a pvc mount (single-node runs only)"
+        False,
+        "accept checkpoint_dir/data outside a pvc mount (single-node runs only)",
+        group="recovery",
     )
-    log_every: int = opt(10, "steps between logged metrics", valid=(1, 10_000_000))
+    log_every: int = opt(10, "steps between logged metrics", valid=(1, 10_000_000), group="train")
     collective_timeout_s: float = collective_timeout_opt()
     stall_timeout_s: float = stall_timeout_opt()
 
@@ -505,13 +620,16 @@ class TrainConfig(_WorkerTimeouts):
                     "warmup_steps",
                     f"{self.warmup_steps} is more than steps {self.steps} (the learning rate "
                     f"would never reach its peak); set warmup_steps to {self.steps} or fewer",
+                    mentions=("warmup_steps",),
                 )
             # The default warm-up on a run shorter than it: the whole run warms up.
             object.__setattr__(self, "warmup_steps", self.steps)
         if not self.data:
             raise SpecError("data", "must be 'synthetic' or a path to a token file")
         if self.checkpoint_every and not self.checkpoint_dir:
-            raise SpecError("checkpoint_every", "needs checkpoint_dir to be set")
+            raise SpecError(
+                "checkpoint_every", "needs checkpoint_dir to be set", mentions=("checkpoint_dir",)
+            )
         self._check_stall()
 
     def _apply_preset(self) -> None:
@@ -551,43 +669,63 @@ class VerifyConfig(_WorkerTimeouts):
     the help texts say what 0 picks."""
 
     min_bytes: int = opt(
-        0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU", valid=(0, 1 << 36)
+        0,
+        "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU",
+        valid=(0, 1 << 36),
+        group="verify",
     )
     max_bytes: int = opt(
-        0, "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU", valid=(0, 1 << 36)
+        0,
+        "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU",
+        valid=(0, 1 << 36),
+        group="verify",
     )
     iters: int = opt(
         0,
         "timed all-reduces per size; 0 = adaptive (mean known within 1 percent)",
         valid=(0, 100_000),
+        group="verify",
     )
     warmup_iters: int = opt(
-        0, "untimed all-reduces before each size; 0 = automatic", valid=(0, 100_000)
+        0, "untimed all-reduces before each size; 0 = automatic", valid=(0, 100_000), group="verify"
     )
     min_busbw_gbps: float = opt(
         0.0,
         "pass threshold, GB/s; 0 = a matching baseline, else active links x speed x efficiency",
         valid=(0.0, 100_000.0),
+        group="verify",
     )
     min_inter_clique_busbw_gbps: float = opt(
         0.0,
         "pass threshold for the sweeps across clique groups, GB/s; 0 = not judged",
         valid=(0.0, 100_000.0),
+        group="verify",
     )
     efficiency: float = opt(
-        0.62, "fraction of the NVLink limit a derived threshold asks for", valid=(0.01, 1.0)
+        0.62,
+        "fraction of the NVLink limit a derived threshold asks for",
+        valid=(0.01, 1.0),
+        group="verify",
     )
     judge_min_bytes: int = opt(
-        1 << 30, "sizes from this one up are judged against the threshold", valid=(1, 1 << 36)
+        1 << 30,
+        "sizes from this one up are judged against the threshold",
+        valid=(1, 1 << 36),
+        group="verify",
     )
     fabric_wait_s: float = opt(
         60.0,
         "how long verify waits for a GPU fabric still registering (NOT_STARTED, IN_PROGRESS), s",
         valid=(0.0, 3600.0),
+        group="deadlines",
     )
-    cuda_graphs: bool = opt(True, "also time small sizes as CUDA graphs and direct NCCL calls")
+    cuda_graphs: bool = opt(
+        True, "also time small sizes as CUDA graphs and direct NCCL calls", group="verify"
+    )
     allow_unjudged: bool = opt(
-        False, "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success"
+        False,
+        "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success",
+        group="verify",
     )
     collective_timeout_s: float = collective_timeout_opt()
     stall_timeout_s: float = stall_timeout_opt()
@@ -603,7 +741,9 @@ class VerifyConfig(_WorkerTimeouts):
         check_declared(self)
         if self.min_bytes and self.max_bytes and self.min_bytes > self.max_bytes:
             raise SpecError(
-                "min_bytes", f"{self.min_bytes} is larger than max_bytes {self.max_bytes}"
+                "min_bytes",
+                f"{self.min_bytes} is larger than max_bytes {self.max_bytes}",
+                mentions=("max_bytes",),
             )
         self._check_stall()
 

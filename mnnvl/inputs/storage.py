@@ -2,7 +2,7 @@
 
 Checkpoints and a token file must be visible to every worker pod, so they must lie under a
 PersistentVolumeClaim the Job mounts in each pod. Standard library only; ``mnnvl.inputs.spec``
-validates ``WorkloadSpec.pvc`` with :func:`parse_pvc`.
+validates ``WorkloadSpec.pod.pvc`` with :func:`parse_pvc`.
 """
 
 from __future__ import annotations
@@ -55,11 +55,16 @@ def mount_of(path: str, mounts: list[PvcMount]) -> PvcMount | None:
     return None
 
 
+class _Pod(Protocol):
+    @property
+    def pvc(self) -> tuple[str, ...]: ...
+
+
 class _Mounts(Protocol):
     """What the check reads of a ``WorkloadSpec`` (``mnnvl.inputs.spec`` imports this module)."""
 
     @property
-    def pvc(self) -> tuple[str, ...]: ...
+    def pod(self) -> _Pod: ...
 
     @property
     def nodes(self) -> int: ...
@@ -85,7 +90,7 @@ def check_shared_storage(workload: _Mounts, config: _Paths) -> None:
     could not be resumed and ranks would read different data. ``allow_local_checkpoint``
     accepts local paths for single-node runs (one pod, one filesystem).
     """
-    mounts = parse_pvc(workload.pvc)
+    mounts = parse_pvc(workload.pod.pvc)
     local_ok = config.allow_local_checkpoint
     if local_ok and workload.nodes > 1:
         raise SpecError(
@@ -109,6 +114,7 @@ def check_shared_storage(workload: _Mounts, config: _Paths) -> None:
                 name,
                 f"{path} is not under a mounted PVC (mounts: {where}); every worker pod must "
                 f"see it: add a pvc CLAIM:/mount/path{single}",
+                mentions=("allow_local_checkpoint",),
             )
         if name == "checkpoint_dir" and mount.read_only:
             raise SpecError(name, f"{path} is under {mount.claim}, which is mounted read-only")

@@ -36,6 +36,7 @@ from mnnvl.inputs.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
+    from_inputs,
 )
 from mnnvl.inputs.storage import check_shared_storage
 
@@ -142,8 +143,20 @@ def _surface_default(f: dataclasses.Field[Any]) -> Any:
     return f.default
 
 
+def _fields(cls: type, group: str = "") -> list[tuple[type, dataclasses.Field[Any], str]]:
+    """Every input field of ``cls`` with the class declaring it and its group: the field a
+    nested group sits in (``WorkloadSpec.recovery``), else the group its declaration names."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if "nested" in f.metadata:
+            out += _fields(f.metadata["nested"], f.name)
+        else:
+            out.append((cls, f, group or f.metadata.get("group", "")))
+    return out
+
+
 def class_inputs(cls: type) -> list[Input]:
-    """The inputs a spec dataclass declares, in declaration order."""
+    """The inputs a spec dataclass declares, in declaration order (a nested group's in place)."""
     return list(_class_inputs(cls))
 
 
@@ -152,7 +165,7 @@ def _class_inputs(cls: type) -> tuple[Input, ...]:
     return tuple(
         Input(
             f.name,
-            _kind(cls, f),
+            _kind(owner, f),
             _surface_default(f),
             f.metadata.get("help", ""),
             f.metadata.get("surfaces", frozenset()),
@@ -160,9 +173,9 @@ def _class_inputs(cls: type) -> tuple[Input, ...]:
             tuple(f.metadata.get("choices", ())),
             f.metadata.get("valid"),
             tuple(f.metadata.get("example", ())),
-            GROUP_OF.get(f.name, ""),
+            group,
         )
-        for f in dataclasses.fields(cls)
+        for owner, f, group in _fields(cls)
     )
 
 
@@ -170,41 +183,21 @@ def _class_inputs(cls: type) -> tuple[Input, ...]:
 
 # On KFP and Argo, each group is one parameter (a KFP dict, an Argo JSON object) holding its
 # inputs by name; the rest are parameters of their own. The CLI keeps one flag per input and
-# lists them under these groups in --help.
-_GROUPS = {  # name: (what it holds, its inputs)
-    "placement": (
-        "where the worker pods run: NVLink clique groups, GPUs and node selection",
-        "nodes_per_clique max_nodes_per_clique gpu_mode gpu_device_class clique_affinity "
-        "clique_label allocation_mode node_selector tolerations priority_class topology_aware",
-    ),
-    "pod": (
-        "the worker pods' template",
-        "worker_service_account pod_security pvc shm_size image_pull_policy rdzv_port "
-        "ttl_after_finished_s",
-    ),
-    "deadlines": (
-        "deadlines and graces, in seconds",
-        "rct_timeout_s pods_running_timeout_s unschedulable_grace_s admission_timeout_s "
-        "api_outage_s delete_timeout_s fabric_wait_s",
-    ),
-    "recovery": (
-        "gang restarts, hang detection and checkpoints",
-        "max_restarts collective_timeout_s stall_timeout_s checkpoint_dir checkpoint_every "
-        "allow_local_checkpoint",
-    ),
-    "train": (
-        "the training run's optimiser, numerics and logging",
-        "seq_len lr warmup_steps min_lr_ratio weight_decay grad_clip dtype compile "
-        "activation_checkpointing reshard_after_forward seed log_every",
-    ),
-    "verify": (
-        "the verification sweep and its thresholds",
-        "min_bytes max_bytes iters warmup_iters judge_min_bytes min_busbw_gbps "
-        "min_inter_clique_busbw_gbps efficiency cuda_graphs allow_unjudged",
-    ),
+# lists them under these groups in --help. Which inputs a group holds comes from the specs:
+# a nested group's fields (``WorkloadSpec.placement``) and the fields declared in it.
+GROUP_HELP = {
+    "placement": "where the worker pods run: NVLink clique groups, GPUs and node selection",
+    "pod": "the worker pods' template",
+    "deadlines": "deadlines and graces, in seconds",
+    "recovery": "gang restarts, hang detection and checkpoints",
+    "train": "the training run's optimiser, numerics and logging",
+    "verify": "the verification sweep and its thresholds",
 }
-GROUPS = {name: (about, tuple(inputs.split())) for name, (about, inputs) in _GROUPS.items()}
-GROUP_OF = {name: group for group, (_, names) in GROUPS.items() for name in names}
+GROUP_OF = {i.name: i.group for cls in SPEC_CLASSES for i in class_inputs(cls) if i.group}
+GROUPS = {
+    name: (about, tuple(dict.fromkeys(n for n, g in GROUP_OF.items() if g == name)))
+    for name, about in GROUP_HELP.items()
+}
 # Where a grouped input stands on KFP and Argo: verify.min_bytes.
 GROUP_PATHS = {name: f"{group}.{name}" for name, group in GROUP_OF.items()}
 
@@ -272,20 +265,17 @@ def flatten(values: dict[str, Any], inputs: list[Input]) -> dict[str, Any]:
     return flat
 
 
-# An input's name in an error's text; a group's key (``verify.min_bytes``) keeps its spelling.
-_INPUT_NAME = re.compile(r"(?<!\.)\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
-
-
 def respelled(error: SpecError, names: Mapping[str, str]) -> SpecError:
-    """``error`` with the inputs it names as a surface spells them (``names``: input -> its
-    name there, e.g. ``--warmup-steps`` on the CLI, ``train_timeout_s`` in a pipeline): the
-    field it is about and every input name of two or more words in its text. Input errors
-    are written in input names (``set warmup_steps to 10 or fewer``) for this."""
+    """``error`` with its field and the inputs its text mentions as a surface spells them
+    (``names``: input -> its name there, e.g. ``--warmup-steps`` on the CLI,
+    ``train_timeout_s`` in a pipeline); the rest of the text, values as typed among it, stays."""
     head, dot, detail = error.field.partition(".")
     name = names.get(head, head)
     field = name + ((" " if name.startswith("--") else ".") + detail if dot else "")
-    message = str(error).removeprefix(f"{error.field}: ")
-    return SpecError(field, _INPUT_NAME.sub(lambda m: names.get(m[0], m[0]), message))
+    text = error.detail
+    for mention in error.mentions:
+        text = re.sub(rf"(?<![\w./-]){re.escape(mention)}\b", names.get(mention, mention), text)
+    return SpecError(field, text, mentions=tuple(names.get(m, m) for m in error.mentions))
 
 
 # ---- steps ---------------------------------------------------------------------------------
@@ -346,14 +336,13 @@ def step_inputs(step: str, surface: str | None = None) -> list[Input]:
 
 
 def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
-    """A validated ``cls`` from surface values (lists -> dict/tuple, sizes -> int); unset
-    inputs keep the dataclass default."""
-    by_name = {i.name: i for i in class_inputs(cls)}
+    """A validated ``cls`` from surface values by input name (lists -> dict/tuple, sizes ->
+    int), each given to the group that holds it; unset inputs keep the dataclass default."""
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in values or values[f.name] is None:
+    for (_, f, _), item in zip(_fields(cls), class_inputs(cls), strict=True):
+        value = values.get(f.name)
+        if value is None:
             continue
-        item, value = by_name[f.name], values[f.name]
         if f.name in SIZE_FIELDS and isinstance(value, str):
             value = parse_bytes(f.name, value)
         elif f.default_factory is dict:
@@ -363,7 +352,7 @@ def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
         else:
             value = item.coerce(value)
         kwargs[f.name] = value
-    return cls(**(kwargs | extra))
+    return from_inputs(cls, **(kwargs | extra))
 
 
 def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
@@ -590,28 +579,32 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
         workload = next((s for s in specs if isinstance(s, WorkloadSpec)), None)
         if workload is not None and values.get(name) is not None:
             deadline_s = _whole_seconds(name, values[name])
-            waits = workload.pods_running_timeout_s + workload.job_timeout_s + LAUNCHER_MARGIN_S
+            waits = workload.deadlines.pods_running_timeout_s + workload.job_timeout_s
+            waits += LAUNCHER_MARGIN_S
             rooms.append((deadline_s - waits, task, workload, deadline_s))
     for room, task, workload, deadline_s in sorted(rooms, key=lambda r: r[0]):
         name, timeout = f"{task.step}-deadline-s", task.parameter_name("job_timeout_s")
+        limits = workload.deadlines
         took = f"{timeout} {workload.job_timeout_s:g} s + pods_running_timeout_s "
-        took += f"{workload.pods_running_timeout_s:g} s"
-        if workload.queue_name and not workload.admission_timeout_s:
+        took += f"{limits.pods_running_timeout_s:g} s"
+        if workload.queue_name and not limits.admission_timeout_s:
             raise SpecError(
                 name,
                 f"{deadline_s:g} s bounds the {task.step} launcher pod, but queue_name is set and "
                 "admission_timeout_s is 0 (no limit): a Job queued long would be cut by the pod's "
                 f"deadline; set admission_timeout_s to at most {max(0.0, room):g} s ({name} less "
                 f"{took} and {LAUNCHER_MARGIN_S:g} s), or raise {name}",
+                mentions=(timeout, "pods_running_timeout_s", "queue_name", "admission_timeout_s"),
             )
-        need = deadline_s - room + workload.admission_timeout_s
+        need = deadline_s - room + limits.admission_timeout_s
         if deadline_s < need:
             raise SpecError(
                 name,
                 f"{deadline_s:g} s, the {task.step} launcher pod's deadline, is shorter than the "
-                f"step may take: {took} + admission_timeout_s {workload.admission_timeout_s:g} s "
+                f"step may take: {took} + admission_timeout_s {limits.admission_timeout_s:g} s "
                 f"+ {LAUNCHER_MARGIN_S:g} s = {need:g} s; raise {name} to at least {need:.0f} or "
                 f"lower {timeout}",
+                mentions=(timeout, "pods_running_timeout_s", "admission_timeout_s"),
             )
 
 

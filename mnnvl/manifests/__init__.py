@@ -6,7 +6,7 @@
 from mnnvl.inputs.defaults import CLIQUE_LABEL
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.domain import compute_domain
-from mnnvl.manifests.render import render_run, step_workload
+from mnnvl.manifests.render import render_run, render_trainjob, step_workload
 from mnnvl.manifests.spec_hash import SPEC_HASH_ANNOTATION, hash_of, spec_hash, with_spec_hash
 from mnnvl.manifests.workload import (
     CHANNEL_CLAIM,
@@ -43,6 +43,7 @@ __all__ = [
     "indexed_jobs",
     "rank0_job",
     "render_run",
+    "render_trainjob",
     "spec_hash",
     "step_selector",
     "step_workload",

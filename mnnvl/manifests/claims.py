@@ -27,7 +27,7 @@ GPU_REQUEST = "gpus"
 
 def wants_gpu_claim(workload: WorkloadSpec) -> bool:
     """True when the pods get their GPUs through a DRA claim rather than limits."""
-    return workload.gpu_mode == "claim" and workload.gpus_per_node > 0
+    return workload.placement.gpu_mode == "claim" and workload.gpus_per_node > 0
 
 
 def gpu_claim_template(workload: WorkloadSpec) -> dict[str, Any]:
@@ -36,7 +36,7 @@ def gpu_claim_template(workload: WorkloadSpec) -> dict[str, Any]:
         raise SpecError(
             "gpu_mode",
             f"a GPU claim template needs gpu_mode='claim' and gpus_per_node > 0 "
-            f"(got {workload.gpu_mode!r}, {workload.gpus_per_node})",
+            f"(got {workload.placement.gpu_mode!r}, {workload.gpus_per_node})",
         )
     names = RunNames.for_run(workload.run_id)
     labels = names.labels(COMPONENT)
@@ -53,7 +53,7 @@ def gpu_claim_template(workload: WorkloadSpec) -> dict[str, Any]:
                         {
                             "name": GPU_REQUEST,
                             "exactly": {
-                                "deviceClassName": workload.gpu_device_class,
+                                "deviceClassName": workload.placement.gpu_device_class,
                                 "allocationMode": "ExactCount",
                                 "count": workload.gpus_per_node,
                             },

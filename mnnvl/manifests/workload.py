@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from mnnvl.contract import env as contract_env
-from mnnvl.contract import nccl
+from mnnvl.contract import nccl, termination
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
 from mnnvl.inputs.checks import parse_toleration
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, LABEL_COMPONENT, LABEL_RUN_ID, RunNames
-from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.inputs.spec import PodTemplate, WorkloadSpec
 from mnnvl.inputs.storage import parse_pvc
 from mnnvl.manifests.claims import GPU_REQUEST, wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
@@ -99,8 +99,8 @@ def headless_service(workload: WorkloadSpec) -> dict[str, Any]:
             "ports": [
                 {
                     "name": RDZV_PORT_NAME,
-                    "port": workload.rdzv_port,
-                    "targetPort": workload.rdzv_port,
+                    "port": workload.pod.rdzv_port,
+                    "targetPort": workload.pod.rdzv_port,
                     "protocol": "TCP",
                 }
             ],
@@ -144,7 +144,7 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
     """
     env = {
         contract_env.MASTER_ADDR: master_addr(workload),
-        contract_env.MASTER_PORT: str(workload.rdzv_port),
+        contract_env.MASTER_PORT: str(workload.pod.rdzv_port),
         contract_env.NNODES: str(workload.nodes),
         contract_env.NPROC_PER_NODE: str(workload.procs_per_node),
         contract_env.WORLD_SIZE: str(workload.world_size),
@@ -154,7 +154,7 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
         # The worker fails naming its pod and node when its channel claim brought no device.
         contract_env.IMEX_CHANNELS: contract_env.IMEX_CHANNEL_DIR,
         # The workers name it when they find a group outside one clique.
-        contract_env.CLIQUE_LABEL: workload.clique_label,
+        contract_env.CLIQUE_LABEL: workload.placement.clique_label,
         **group_env(workload, group),
     }
     profile_env = nccl.pod_env(workload.nccl_profile)
@@ -228,16 +228,16 @@ def affinity(workload: WorkloadSpec, job: str, group: int | None = None) -> dict
     """
     same_job = {"matchLabels": {JOB_NAME_LABEL: job}}
     same_step = {"matchLabels": step_selector(workload)}
-    clique = workload.clique_label
+    clique, in_clique = workload.placement.clique_label, workload.placement.clique_affinity
     result: dict[str, Any] = {}
-    if workload.clique_affinity:
+    if in_clique:
         clique_exists = {"key": clique, "operator": "Exists"}
         result["nodeAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [clique_exists]}]
             }
         }
-    if workload.clique_affinity and not kueue_gang(workload):
+    if in_clique and not kueue_gang(workload):
         # Under Kueue's slices Kueue chooses each group's clique: a clique label is enough.
         result["podAffinity"] = {
             "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -245,7 +245,7 @@ def affinity(workload: WorkloadSpec, job: str, group: int | None = None) -> dict
             ]
         }
     anti = [{"labelSelector": same_step, "topologyKey": HOSTNAME_LABEL}]
-    if workload.clique_affinity and group is not None:
+    if in_clique and group is not None:
         other_groups = {
             "matchLabels": step_selector(workload),
             "matchExpressions": [
@@ -275,17 +275,26 @@ def container(
     return {
         "name": CONTAINER,
         "image": workload.image,
-        "imagePullPolicy": workload.image_pull_policy,
+        "imagePullPolicy": workload.pod.image_pull_policy,
         "command": command(
-            module, args, grouped=group is not None, max_restarts=workload.max_restarts
+            module, args, grouped=group is not None, max_restarts=workload.recovery.max_restarts
         ),
-        "env": pod_env(workload, group),
+        "env": [
+            *pod_env(workload, group),
+            {"name": termination.TERMINATION_PATH_ENV, "value": termination.TERMINATION_PATH},
+        ],
+        # The worker's evidence of its own failure reaches pod status, so the driver reads it
+        # without logs; a program that writes none hands over its last log lines instead (the
+        # kubelet's fallback: only when the file is empty and the container failed, at most
+        # 2048 bytes / 80 lines).
+        "terminationMessagePath": termination.TERMINATION_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": resources,
         "volumeMounts": [
             {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
             *(
                 {"name": f"{PVC_VOLUME}-{i}", "mountPath": m.path, "readOnly": m.read_only}
-                for i, m in enumerate(parse_pvc(workload.pvc))
+                for i, m in enumerate(parse_pvc(workload.pod.pvc))
             ),
         ],
         "securityContext": {
@@ -318,8 +327,8 @@ def pod_failure_policy() -> dict[str, Any]:
     }
 
 
-def pod_security_context(workload: WorkloadSpec) -> dict[str, Any]:
-    """The pod's security context for ``workload.pod_security``.
+def pod_security_context(pod: PodTemplate) -> dict[str, Any]:
+    """The pod's security context for ``pod.pod_security``.
 
     ``restricted`` (default) passes the restricted Pod Security Standard: non-root as the
     runtime image's uid, with that gid owning mounted volumes (``fsGroup``; changed only when
@@ -327,7 +336,7 @@ def pod_security_context(workload: WorkloadSpec) -> dict[str, Any]:
     the image's own user (root allowed) for images that need it; capabilities stay dropped.
     """
     context: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
-    if workload.pod_security == "restricted":
+    if pod.pod_security == "restricted":
         context |= {
             "runAsNonRoot": True,
             "runAsUser": RUNTIME_UID,
@@ -346,37 +355,38 @@ def pod_spec(
     claims = [{"name": CHANNEL_CLAIM, "resourceClaimTemplateName": names.channel_template}]
     if wants_gpu_claim(workload):
         claims.append({"name": GPU_CLAIM, "resourceClaimTemplateName": names.gpu_template})
+    pod, place = workload.pod, workload.placement
     spec: dict[str, Any] = {"restartPolicy": "Never", "subdomain": names.service(workload.purpose)}
-    if workload.worker_service_account:
-        spec["serviceAccountName"] = workload.worker_service_account
+    if pod.worker_service_account:
+        spec["serviceAccountName"] = pod.worker_service_account
     spec |= {
         # Workers never call the API; mount a token only for an account the user chose.
-        "automountServiceAccountToken": bool(workload.worker_service_account),
+        "automountServiceAccountToken": bool(pod.worker_service_account),
         # Workers need no per-Service variables; a busy namespace would add hundreds.
         "enableServiceLinks": False,
         "resourceClaims": claims,
         "containers": [container(workload, module, args, group)],
         "volumes": [
-            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}},
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": pod.shm_size}},
             *(
                 {
                     "name": f"{PVC_VOLUME}-{i}",
                     "persistentVolumeClaim": {"claimName": m.claim, "readOnly": m.read_only},
                 }
-                for i, m in enumerate(parse_pvc(workload.pvc))
+                for i, m in enumerate(parse_pvc(pod.pvc))
             ),
         ],
         "affinity": affinity(workload, job, group),
         "tolerations": [
             {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-            *(parse_toleration(item) for item in workload.tolerations),
+            *(parse_toleration(item) for item in place.tolerations),
         ],
-        "securityContext": pod_security_context(workload),
+        "securityContext": pod_security_context(pod),
     }
-    if workload.node_selector:
-        spec["nodeSelector"] = dict(workload.node_selector)
-    if workload.priority_class:
-        spec["priorityClassName"] = workload.priority_class
+    if place.node_selector:
+        spec["nodeSelector"] = dict(place.node_selector)
+    if place.priority_class:
+        spec["priorityClassName"] = place.priority_class
     return spec
 
 
@@ -410,11 +420,11 @@ def indexed_job(
     count = workload.group_nodes if group is not None else workload.nodes
     if kueue_gang(workload):
         template["annotations"] = {
-            KUEUE_SLICE_TOPOLOGY: workload.clique_label,
+            KUEUE_SLICE_TOPOLOGY: workload.placement.clique_label,
             KUEUE_SLICE_SIZE: str(workload.group_nodes),
         }
-    elif workload.topology_aware:
-        template["annotations"] = {KUEUE_REQUIRED_TOPOLOGY: workload.clique_label}
+    elif workload.placement.topology_aware:
+        template["annotations"] = {KUEUE_REQUIRED_TOPOLOGY: workload.placement.clique_label}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -423,7 +433,7 @@ def indexed_job(
             "completionMode": "Indexed",
             "completions": count,
             "parallelism": count,
-            "backoffLimitPerIndex": workload.max_restarts,
+            "backoffLimitPerIndex": workload.recovery.max_restarts,
             "maxFailedIndexes": 0,
             "podReplacementPolicy": "Failed",
             "podFailurePolicy": pod_failure_policy(),
@@ -438,7 +448,7 @@ def indexed_job(
 
 def ttl(workload: WorkloadSpec) -> dict[str, int]:
     """``ttlSecondsAfterFinished`` when one was asked for (0: none)."""
-    seconds = workload.ttl_after_finished_s
+    seconds = workload.pod.ttl_after_finished_s
     return {"ttlSecondsAfterFinished": seconds} if seconds else {}
 
 

@@ -12,6 +12,7 @@ context, so the launcher, which forks its workers, may (after the fork: never in
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from mnnvl.contract.termination import (
     TERMINATION_PATH,
     TERMINATION_PATH_ENV,
     Evidence,
+    parse,
 )
 from mnnvl.runtime import fabric_health, nvml
 
@@ -86,6 +88,21 @@ def of_code(code: int, error: str = "") -> Evidence:
     return Evidence(verdict=verdict(code), reason=reason, exit_code=code, error=error)
 
 
+def merged(own: Evidence | None, seen: Evidence) -> Evidence:
+    """What a worker wrote itself, completed with what the launcher saw."""
+    if own is None:
+        return seen
+    empty = Evidence()
+    return dataclasses.replace(
+        seen,
+        **{
+            k: v
+            for k, v in dataclasses.asdict(own).items()
+            if v != getattr(empty, k) and k != "verdict"
+        },
+    )
+
+
 def write(evidence: Evidence, environ: Mapping[str, str] = os.environ) -> None:
     """Write ``evidence`` where the kubelet reads the termination message (the path the Job
     names, else Kubernetes' default where the kubelet mounted it; outside a pod, nowhere). A
@@ -94,8 +111,13 @@ def write(evidence: Evidence, environ: Mapping[str, str] = os.environ) -> None:
     if path == TERMINATION_PATH and not os.path.exists(path):
         return  # not in a container with a termination message file: nothing reads it
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(evidence.to_message())
+        with open(path, "a+", encoding="utf-8") as f:
+            f.seek(0)
+            # A worker that wrote its own evidence there knows its failure best: its fields win.
+            own = parse(f.read())
+            f.seek(0)
+            f.truncate()
+            f.write(merged(own, evidence).to_message())
     except OSError as e:
         logger.warning(
             "could not write the failure's evidence to %s (%s): the driver sees the exit code "

@@ -20,7 +20,13 @@ from typing import Any
 from mnnvl.contract import rbac
 from mnnvl.sim.api.apiserver import ApiServer
 from mnnvl.sim.api.faults import Faults
-from mnnvl.sim.api.rbac import ADMIN_USER, grant_cluster_reader, grant_runner, service_account_user
+from mnnvl.sim.api.rbac import (
+    ADMIN_USER,
+    grant_cluster_reader,
+    grant_runner,
+    grant_trainer,
+    service_account_user,
+)
 from mnnvl.sim.api.resources import ensure_default_service_account, scheduling_gated
 from mnnvl.sim.api.schemas import SchemaAdmission, crd_object
 from mnnvl.sim.api.selectors import object_matcher
@@ -42,6 +48,8 @@ from mnnvl.sim.policy.nodelifecycle import (
     default_tolerations,
     node_unreachable,
 )
+from mnnvl.sim.policy.trainer import TrainerStandIn
+from mnnvl.sim.policy.trainer import install as install_trainer
 
 log = logging.getLogger(__name__)
 SEED_ENV = "MNNVL_SIM_SEED"
@@ -55,6 +63,7 @@ OUR_KINDS = (
     "pods",
     "services",
     "workloads",  # the Kueue stand-in's, owned by their Jobs
+    "trainjobs",
 )
 
 
@@ -100,6 +109,9 @@ class SimCluster:
         cluster_reader: bool = False,
         tls: bool = False,
         clique_label: str = LABEL_CLIQUE,
+        kubernetes_minor: int = 36,
+        trainer: bool = False,
+        trainer_claims_per_node: bool = True,
     ) -> None:
         """The settings are those of ``mnnvl/sim/README.md``'s table. ``kubeconfig_path``
         authenticates as the ``mnnvl-runner`` service account of the first namespace (with
@@ -136,11 +148,15 @@ class SimCluster:
         self.kueue = (
             KueueStandIn(self.store, kueue_admission_delay_s, kueue_config) if kueue else None
         )
+        self.schemas.claims_per_node = trainer_claims_per_node
+        self.trainer = TrainerStandIn(self.store) if trainer else None
+        self.trainer_claims_per_node = trainer_claims_per_node
         # Pod admission (PodSecurity, quota; ``admission.deny`` plays a refusing webhook).
         self.admission = PodAdmission(self.store)
         self.store.sticky = self.faults.is_sticky
         self.default_toleration_s = default_toleration_s
         self.pod_gc_quarantine_s = pod_gc_quarantine_s
+        self.kubernetes_minor = kubernetes_minor  # whose Job update rules apply
         self._server: ApiServer | None = None
         self._ca_pem = ""
         self._tls = tls
@@ -160,10 +176,11 @@ class SimCluster:
         self._parts = [
             driver,
             Scheduler(self.store, self.faults, self.scheduler_seed),
-            JobController(self.store, self._admit_pod),
+            JobController(self.store, self._admit_pod, self.kubernetes_minor),
             kubelet,
             NodeLifecycle(self.store, self.pod_gc_quarantine_s),
             *([self.kueue] if self.kueue else []),
+            *([self.trainer] if self.trainer else []),
         ]
         for part in self._parts:
             part.start()
@@ -171,11 +188,13 @@ class SimCluster:
             self.store, self.faults, kubelet.log_stream, self.crd_installed, self._tls_context()
         )
         self._server.schemas = self.schemas
+        self._server.minor = self.kubernetes_minor
         self._server.validators.append(self.admission.admit)
         self._server.mutators.append(self._default_tolerations)
         if self.kueue is not None:
             self._server.mutators.append(self.kueue.mutate)
             self._server.kueue_served = True
+        self._server.trainer_served = self.trainer is not None
         self.faults.outage_hook = self._server.outage
         self._server.start_serving()
         runner = service_account_user(self.namespaces[0], rbac.RUNNER)
@@ -251,6 +270,9 @@ class SimCluster:
             grant_runner(self.store, ns, self.namespaces[0], kueue=self.kueue is not None)
         if self.cluster_reader:
             grant_cluster_reader(self.store, self.namespaces[0])
+        if self.trainer is not None:
+            install_trainer(self.store, self.trainer_claims_per_node)
+            grant_trainer(self.store, self.namespaces[0])
         resources = node_gpus(self.gpu_stack, self.gpus_per_node)
         resources |= {"cpu": "64", "memory": "512Gi", "pods": "110"}
         for name, clique in self.node_cliques.items():
@@ -361,6 +383,13 @@ def _usage(sim: SimCluster) -> str:
     # node has no bus to measure at all).
     run_nodes = max(sim.nodes // sim.cliques, 1)
     judge = "--min-busbw-gbps 0.001" if run_nodes > 1 else "--allow-unjudged"
+    # Its pods get the GPUs the nodes advertise only where this machine has one for each of
+    # them (``ProcessEnv.gpus_for``); elsewhere the workers would see none and fail.
+    wanted = sim.nodes * sim.gpus_per_node
+    gpus = sim.gpus_per_node if len(sim.local_gpus) >= wanted else 0
+    why = ""
+    if gpus != sim.gpus_per_node:
+        why = f"  # CPU: this machine has {len(sim.local_gpus)} of the nodes' {wanted} GPUs"
     return (
         f"simulated cluster with {sim.nodes} node(s) serving at {sim.url}\n"
         f"  {kubeconfig}: the mnnvl-runner service account (manifests/base RBAC, enforced)\n"
@@ -369,7 +398,7 @@ def _usage(sim: SimCluster) -> str:
         f"  export KUBECONFIG={kubeconfig}\n"
         "  kubectl get pods  # the runner's Role: its namespace only; nodes need the admin:\n"
         f"  kubectl --kubeconfig {admin} get nodes\n"
-        f"  mnnvl run --run-id demo --nodes {run_nodes} --gpus-per-node 0 {judge}\n"
+        f"  mnnvl run --run-id demo --nodes {run_nodes} --gpus-per-node {gpus} {judge}{why}\n"
         "Ctrl-C (or SIGTERM) stops it and every pod process it started."
     )
 

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,6 +30,17 @@ def sim(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def backoffs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """kfp.local's waits between the attempts of a failed task, recorded instead of slept: the
+    task is still retried as the pipeline declares, without the minute of back-off."""
+    from kfp.local.orchestrator import task_executor
+
+    waited: list[float] = []
+    monkeypatch.setattr(task_executor, "time", SimpleNamespace(sleep=waited.append))
+    return waited
 
 
 def _arguments(min_busbw_gbps: float = 0.0, pipeline: str = "training") -> dict[str, Any]:
@@ -68,7 +80,7 @@ def test_training_pipeline_succeeds_and_teardown_leaves_nothing(sim: Any, tmp_pa
 
 
 def test_impossible_threshold_fails_the_pipeline_and_still_tears_down(
-    sim: Any, tmp_path: Path
+    sim: Any, tmp_path: Path, backoffs: list[float]
 ) -> None:
     # 1e5 GB/s is the largest threshold the spec accepts: a real FAIL verdict, not bad input.
     outcome = local_run.run_pipeline(
@@ -81,6 +93,9 @@ def test_impossible_threshold_fails_the_pipeline_and_still_tears_down(
     assert outcome.run_dir is not None
     assert not (outcome.run_dir / "train-sharded").exists()
     assert sim.objects() == []
+    # retried as declared (each retry fails at once on the failure recorded on its Job)
+    declared = surface.STEP_RETRY_BACKOFF_S, surface.STEP_RETRY_FACTOR
+    assert backoffs == [declared[0] * declared[1] ** n for n in range(surface.STEP_RETRIES)]
 
 
 BAD_PARAMETERS = [

@@ -25,7 +25,7 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import Raw, assert_nothing_left, wait_for
 
@@ -64,7 +64,7 @@ def run(
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
     defaults: dict[str, Any] = dict(purpose="job", nodes=2, gpus_per_node=0)
     defaults.update(env={"PYTHONPATH": workers}, pods_running_timeout_s=60, job_timeout_s=60)
-    workload = WorkloadSpec(run_id=run_id, **{**defaults, **options})
+    workload = from_inputs(WorkloadSpec, run_id=run_id, **{**defaults, **options})
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     yield domain, workload
     steps.teardown(domain, kubeconfig=sim.kubeconfig_path)

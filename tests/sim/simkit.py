@@ -18,6 +18,24 @@ from mnnvl.sim import SimCluster
 
 NS = "default"
 CD_PATH = "/apis/resource.nvidia.com/v1beta1/namespaces/{ns}/computedomains"
+# A worker that works until the file named by $GATE exists, then reports: a training stand-in
+# that a test can interrupt and let finish at will (a pod that stays up waits on this, not on
+# a sleep).
+GATED = (
+    "import json, os, time\n"
+    "while not os.path.exists(os.environ['GATE']):\n    time.sleep(0.1)\n"
+    "print('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
+)
+# A pod that holds until all $PODS pods of its run are running (each marks itself by its
+# hostname in the directory $BARRIER), then reports: as a rendezvous holds them, so none frees
+# its node for another pod early.
+ALL_RUNNING = (
+    "import os, pathlib, time\n"
+    "here = pathlib.Path(os.environ['BARRIER'])\n"
+    "(here / os.environ['HOSTNAME']).touch()\n"
+    "while len(list(here.iterdir())) < int(os.environ['PODS']):\n    time.sleep(0.05)\n"
+    "print('RESULT {}', flush=True)\n"
+)
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:

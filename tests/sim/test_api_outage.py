@@ -33,24 +33,18 @@ from mnnvl.driver.retry import BACKOFF_MAX_S, RetryPolicy
 from mnnvl.driver.wait import Deadline, wait_for
 from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
-from tests.sim.simkit import assert_nothing_left
+from tests.sim.simkit import GATED, assert_nothing_left
 from tests.sim.simkit import wait_for as until
 
-OUTAGE_S = 6.0
+OUTAGE_S = 4.0
 TOLERANCE_S = 30.0
 STOP_S = 8.0  # a SIGSTOPped API server process: as a 20 s stop, only shorter
 # 403s after an outage, for longer than a retry's longest backoff: every retrying request
 # meets at least one (a real API server's last a few hundred ms, the simulator's default).
 REFUSALS_S = BACKOFF_MAX_S + 1
 REFUSED_LOG = "right after the API was unreachable"
-# Reports once the file named by $GATE exists: a Job the test lets finish at will.
-GATED = (
-    "import json, os, time\n"
-    "while not os.path.exists(os.environ['GATE']):\n    time.sleep(0.1)\n"
-    "print('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
-)
 
 
 # IMEX takes 2 s per node: pods stay ContainerCreating long enough to start an outage.
@@ -67,7 +61,8 @@ class Run:
         self.domain = DomainSpec(
             run_id=self.id, rct_timeout_s=60, delete_timeout_s=60, api_outage_s=outage_s
         )
-        self.workload = WorkloadSpec(
+        self.workload = from_inputs(
+            WorkloadSpec,
             run_id=self.id,
             purpose="job",
             nodes=2,
@@ -138,6 +133,7 @@ def finished(thread: threading.Thread, out: dict[str, Any], timeout_s: float = 1
     return out["result"]
 
 
+@pytest.mark.client
 def test_outage_while_waiting_for_the_channel_template_is_ridden_out(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -165,6 +161,7 @@ def test_a_deadline_that_passes_during_an_outage_is_judged_on_what_the_api_shows
     assert finished(thread, out).channel_template == r.names.channel_template
 
 
+@pytest.mark.client
 def test_outage_while_pods_start_and_while_the_job_runs_ends_with_the_workloads_result(
     sim: SimCluster, run: Callable[..., Run], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -268,6 +265,7 @@ def test_reaper_rides_out_an_outage_that_ends_with_refusals(
     assert any(REFUSED_LOG in rec.getMessage() for rec in caplog.records)
 
 
+@pytest.mark.client
 def test_refusals_after_an_outage_are_fatal_past_their_bound_naming_verb_and_resource(
     sim: SimCluster,
 ) -> None:
@@ -293,6 +291,7 @@ def test_refusals_after_an_outage_are_fatal_past_their_bound_naming_verb_and_res
     assert failed_after_s >= 1 + 2  # the outage, then the bound (not serving: before its end)
 
 
+@pytest.mark.client
 def test_a_refusal_on_a_healthy_connection_fails_the_step_at_once_with_exit_5(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -321,6 +320,7 @@ def test_a_refusal_once_the_api_answered_again_is_fatal_at_once(sim: SimCluster)
     assert str(info.value).startswith("list pods in default was refused (403 Forbidden")
 
 
+@pytest.mark.client
 def test_watch_bookmarks_advance_the_resume_point_so_a_quiet_watch_needs_no_relist(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

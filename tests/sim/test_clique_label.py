@@ -18,7 +18,7 @@ import pytest
 from mnnvl import steps
 from mnnvl.errors import ProblemKind, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 from mnnvl.sim.policy.kueue import KueueConfig
 from mnnvl.sim.policy.kueue_tas import HOSTNAME, INDEX_LABEL
@@ -49,7 +49,7 @@ def provisioned(sim: SimCluster, workers: str, **fields: object) -> Iterator[Wor
     base.update(env={"PYTHONPATH": workers}, pods_running_timeout_s=60)
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     try:
-        yield WorkloadSpec(run_id=run_id, **(base | fields))  # type: ignore[arg-type]
+        yield from_inputs(WorkloadSpec, run_id=run_id, **(base | fields))  # type: ignore[arg-type]
     finally:
         steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
         assert sim.objects(RunNames.for_run(run_id).selector) == []

@@ -8,7 +8,7 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 
 RUN = "two-cliques"
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def test_two_clique_groups_train_hsdp_and_verify_per_clique_then_leave_nothing() -> None:
     domain = DomainSpec(run_id=RUN)
-    workload = WorkloadSpec(run_id=RUN, nodes=4, nodes_per_clique=2, gpus_per_node=0)
+    workload = from_inputs(WorkloadSpec, run_id=RUN, nodes=4, nodes_per_clique=2, gpus_per_node=0)
     with SimCluster(nodes=4, cliques=2) as sim:
         kube = sim.kubeconfig_path
         steps.provision(domain, kubeconfig=kube)

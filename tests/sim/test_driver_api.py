@@ -11,6 +11,9 @@ from mnnvl.driver import retry
 from mnnvl.driver.api import MAX_ATTEMPTS, Api, RetryPolicy
 from mnnvl.errors import AlreadyExists, ApiError, ClusterUnavailable, NotFound
 
+# The kubernetes client's own code paths: make test-client-newest runs them with its newest.
+pytestmark = pytest.mark.client
+
 
 def make_api(monkeypatch, outage_s: float) -> Api:
     """An Api whose sleeps only advance a fake clock (recorded in ``api.slept``)."""

@@ -23,6 +23,9 @@ DOMAIN_LABEL = "resource.nvidia.com/computeDomain"
 
 SIM = dict(nodes=2, namespaces=("default", "quiet"))
 
+# The kubernetes client's own code paths: make test-client-newest runs them with its newest.
+pytestmark = pytest.mark.client
+
 
 def new_spec(**kw) -> DomainSpec:
     return DomainSpec(run_id=f"t-{uuid.uuid4().hex[:10]}", **kw)

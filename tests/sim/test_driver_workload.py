@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import textwrap
 import time
@@ -12,7 +11,7 @@ import pytest
 from mnnvl import steps
 from mnnvl.errors import WaitTimeout, WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs, with_inputs
 from mnnvl.sim import SimCluster
 
 RANK_CHECK = textwrap.dedent(
@@ -39,6 +38,9 @@ RANK_CHECK = textwrap.dedent(
 SIM = dict(nodes=2)
 WORKERS = {"rank_check.py": RANK_CHECK, "quiet.py": 'print("nothing to report")\n'}
 RUN = dict(prefix="w")
+
+# The kubernetes client's own code paths: make test-client-newest runs them with its newest.
+pytestmark = pytest.mark.client
 
 
 def test_two_node_job_sees_its_rank_env_and_teardown_leaves_nothing(sim, run, caplog):
@@ -84,7 +86,7 @@ def test_relaunch_adopts_the_completed_job(sim, run):
 
 def test_failed_pod_fails_fast_with_exit_code_and_events(sim, run):
     domain, workload = run
-    workload = dataclasses.replace(workload, max_restarts=0)  # no gang restart
+    workload = with_inputs(workload, max_restarts=0)  # no gang restart
     job = RunNames.for_run(domain.run_id).job("job")
     sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=3)
     start = time.monotonic()
@@ -113,7 +115,7 @@ def test_image_pull_backoff_fails_fast_naming_the_reason(sim, run):
 
 def test_unschedulable_pod_fails_once_its_grace_period_is_over(sim, run):
     domain, workload = run
-    workload = dataclasses.replace(workload, unschedulable_grace_s=2.0)
+    workload = with_inputs(workload, unschedulable_grace_s=2.0)
     job = RunNames.for_run(domain.run_id).job("job")
     sim.faults.fail_pod(job, index=1, mode="Unschedulable")
     start = time.monotonic()
@@ -129,7 +131,7 @@ def test_unschedulable_pod_fails_once_its_grace_period_is_over(sim, run):
 def test_unscheduled_rank0_fails_without_a_log_warning_and_says_no_node(sim, run, caplog):
     # A pod that never started has no log: reading one is no problem worth a warning.
     domain, workload = run
-    workload = dataclasses.replace(workload, unschedulable_grace_s=1.0)
+    workload = with_inputs(workload, unschedulable_grace_s=1.0)
     sim.faults.fail_pod(RunNames.for_run(domain.run_id).job("job"), index=0, mode="Unschedulable")
     caplog.set_level(logging.INFO, logger="mnnvl")
     with pytest.raises(WorkloadFailed, match="Unschedulable") as info:
@@ -153,7 +155,8 @@ def test_pods_stuck_container_creating_time_out_naming_node_and_imex(workers):
     # Its own cluster: IMEX daemons that never become ready are not left to the other tests.
     with SimCluster(nodes=2, imex_delay_s=60) as cluster:
         domain = DomainSpec(run_id="stuck-pods", delete_timeout_s=30)
-        workload = WorkloadSpec(
+        workload = from_inputs(
+            WorkloadSpec,
             run_id="stuck-pods",
             purpose="job",
             nodes=2,

@@ -60,6 +60,7 @@ EXCLUDED = {
     ("docs/placement.md", "mnnvl provision --run-id racks --namespace team-a"),
     ("docs/real-cluster.md", "helm repo add nvidia https://helm.ngc.nvidia.com/nvidia &&"),
     ("docs/real-cluster.md", "make images REGISTRY=registry.example.com/ml TAG=0.1.0 PUSH=1"),
+    ("docs/real-cluster.md", "docker buildx create --name mnnvl --driver"),
     ("docs/real-cluster.md", "kubectl apply -n kubeflow -k manifests/overlays/kfp"),
     ("docs/real-cluster.md", "kubectl apply -n team-a -k manifests/overlays/argo"),
     ("docs/real-cluster.md", "mnnvl render --run-id demo --namespace team-a"),

@@ -19,7 +19,7 @@ from mnnvl import steps
 from mnnvl.driver.ownership import FAILURE_ANNOTATION
 from mnnvl.errors import MnnvlError, WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs, with_inputs
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import Raw, assert_nothing_left
 
@@ -36,7 +36,8 @@ def workload(sim: SimCluster, tmp_path: Path) -> Iterator[WorkloadSpec]:
     (tmp_path / "done.py").write_text("print('RESULT {\"ok\": true}', flush=True)\n")
     run_id = f"fs-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=60)
-    workload = WorkloadSpec(
+    workload = from_inputs(
+        WorkloadSpec,
         run_id=run_id,
         purpose="train",
         nodes=2,
@@ -77,7 +78,7 @@ def pods_created(sim: SimCluster, job: str) -> int:
 def test_a_step_failed_by_an_unschedulable_pod_removes_its_job_and_running_pods_first(
     sim: SimCluster, workload: WorkloadSpec
 ) -> None:
-    workload = dataclasses.replace(workload, unschedulable_grace_s=1.0)
+    workload = with_inputs(workload, unschedulable_grace_s=1.0)
     job = RunNames.for_run(workload.run_id).job("train")
     sim.faults.fail_pod(job, index=1, mode="Unschedulable")  # index 0 runs, index 1 never
     with pytest.raises(MnnvlError) as info:
@@ -145,7 +146,7 @@ def test_a_step_failed_by_a_cause_the_cluster_clears_runs_again_when_rerun(
 ) -> None:
     """An unschedulable pod is no verdict on the inputs: once the node is free, the step run
     again with the same inputs runs (no record of the failure replays it)."""
-    workload = dataclasses.replace(workload, unschedulable_grace_s=1.0)
+    workload = with_inputs(workload, unschedulable_grace_s=1.0)
     job = RunNames.for_run(workload.run_id).job("train")
     sim.faults.fail_pod(job, index=1, mode="Unschedulable")
     with pytest.raises(WorkloadFailed) as info:

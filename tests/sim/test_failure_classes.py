@@ -18,7 +18,7 @@ from mnnvl import steps
 from mnnvl.cli import main as cli
 from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import assert_nothing_left, create_claim
 
@@ -103,7 +103,8 @@ def test_a_checkpoint_of_another_model_ends_the_train_step_after_one_attempt(sim
 
 
 def train_workload(run_id: str) -> WorkloadSpec:
-    return WorkloadSpec(
+    return from_inputs(
+        WorkloadSpec,
         run_id=run_id,
         purpose="train",
         nodes=2,

@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import replace as dataclasses_replace
 from typing import Any
 
 import pytest
@@ -30,11 +29,19 @@ from mnnvl.driver import Api
 from mnnvl.driver.api import COMPUTE_DOMAIN
 from mnnvl.errors import MnnvlError
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import (
+    DomainSpec,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+    from_inputs,
+    with_inputs,
+)
 from mnnvl.sim import SimCluster
 from mnnvl.sim.policy.nodelifecycle import OUT_OF_SERVICE
 from tests.sim.simkit import (
     CD_PATH,
+    GATED,
     Raw,
     assert_nothing_left,
     create_claim,
@@ -44,15 +51,6 @@ from tests.sim.simkit import (
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 DONE = "import json\nprint('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
-# Works until the file named by $FM_GATE exists, then reports: a training stand-in that a
-# test can interrupt and let finish at will.
-GATED = (
-    "import json, os, time\n"
-    "while not os.path.exists(os.environ['FM_GATE']):\n    time.sleep(0.1)\n"
-    "print('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
-)
-
-
 WORKERS = {"sleeper.py": SLEEPER, "done.py": DONE, "gated.py": GATED}
 SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 
@@ -73,7 +71,8 @@ class Run:
         self.sim, self.id = sim, f"fm-{uuid.uuid4().hex[:8]}"
         self.names = RunNames.for_run(self.id)
         self.domain = DomainSpec(run_id=self.id, rct_timeout_s=rct_timeout_s, delete_timeout_s=10)
-        self.workload = WorkloadSpec(
+        self.workload = from_inputs(
+            WorkloadSpec,
             run_id=self.id,
             purpose="job",
             nodes=2,
@@ -418,11 +417,11 @@ def test_sigterm_mid_training_then_the_rerun_adopts_its_job_and_the_exit_handler
     sim: SimCluster, run: Callable[..., Run], tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gate = tmp_path / "gate"
-    r = run(env={"FM_GATE": str(gate)})
+    r = run(env={"GATE": str(gate)})
     r.provision()
     job = r.names.job("job")
     argv = ["launch", "--module", "gated", "--nodes", "2", "--gpus-per-node", "0"]
-    argv += [f"--env=PYTHONPATH={r.workload.env['PYTHONPATH']}", f"--env=FM_GATE={gate}"]
+    argv += [f"--env=PYTHONPATH={r.workload.env['PYTHONPATH']}", f"--env=GATE={gate}"]
     argv += ["--pods-running-timeout-s", "60", "--job-timeout-s", "60"]
     proc = launcher(r, *argv)
     wait_running(sim, job)
@@ -568,7 +567,7 @@ def train_with_a_fault(
     """Train 2 nodes with checkpoints on a claim (``workload``: overrides of the recovery
     inputs, ``timeouts`` the training's); once the first checkpoint exists, send ``sig`` to
     every process of index 1's pod (or call ``sig`` with that pod's node)."""
-    workload = dataclasses_replace(
+    workload = with_inputs(
         r.workload, purpose="train", pvc=(f"{CLAIM}:{MOUNT}",), job_timeout_s=240, **workload
     )
     config = TrainConfig(
@@ -616,7 +615,7 @@ def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_defa
     assert fault.error is None, fault.error
     result = fault.result
     assert result.steps == 150
-    assert 1 <= result.restarts <= WorkloadSpec(run_id=r.id).max_restarts
+    assert 1 <= result.restarts <= WorkloadSpec(run_id=r.id).recovery.max_restarts
     # Resumed from a checkpoint (every 10 steps), not from step 0, and the log says which.
     assert result.start_step >= 10 and result.start_step % 10 == 0
     resumed = [m for m in caplog.messages if m.startswith("train: resumed from step")]

@@ -22,7 +22,7 @@ from mnnvl.contract.rbac import CLUSTER_READER
 from mnnvl.driver.gpus import GPU_MODE_ANNOTATION
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import Raw, assert_nothing_left
 
@@ -34,7 +34,8 @@ DONE = ["python3", "-c", "import time; time.sleep(0.5); print('RESULT {\"ok\": t
 def _run(sim: SimCluster, **workload: Any) -> Iterator[WorkloadSpec]:
     run_id = f"gs-{uuid.uuid4().hex[:10]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-    spec = WorkloadSpec(
+    spec = from_inputs(
+        WorkloadSpec,
         run_id=run_id,
         purpose="job",
         nodes=2,

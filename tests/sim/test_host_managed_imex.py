@@ -17,7 +17,7 @@ import pytest
 from mnnvl import steps
 from mnnvl.errors import SpecError, VerificationFailed, WaitTimeout
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, VerifyConfig, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 from mnnvl.sim.nvidia.dra import LABEL_CD, LABEL_CLIQUE
 from tests.sim.simkit import assert_nothing_left
@@ -38,7 +38,7 @@ def _domain(sim: SimCluster, **spec: object) -> Iterator[DomainSpec]:
 
 def _verify_workload(domain: DomainSpec, **spec: object) -> WorkloadSpec:
     fields: dict[str, object] = dict(purpose="verify", nodes=2, gpus_per_node=0, job_timeout_s=120)
-    return WorkloadSpec(run_id=domain.run_id, **{**fields, **spec})  # type: ignore[arg-type]
+    return from_inputs(WorkloadSpec, run_id=domain.run_id, **{**fields, **spec})  # type: ignore[arg-type]
 
 
 @contextmanager

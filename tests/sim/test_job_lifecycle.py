@@ -20,7 +20,7 @@ from mnnvl.cli import main as cli
 from mnnvl.driver import wait
 from mnnvl.errors import WaitTimeout, WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs, with_inputs
 from mnnvl.sim import SimCluster
 
 EXIT_ON_INDEX_1 = textwrap.dedent(
@@ -77,7 +77,7 @@ def _pods_created(sim, job: str) -> int:
 
 def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, run):
     domain, workload = run  # the default --max-restarts: every index has retries
-    assert workload.max_restarts > 0
+    assert workload.recovery.max_restarts > 0
     job = RunNames.for_run(domain.run_id).job("job")
     start = time.monotonic()
     with pytest.raises(WorkloadFailed) as info:
@@ -93,7 +93,7 @@ def test_worker_exit_4_fails_the_job_on_the_first_attempt_despite_retries(sim, r
 
 def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, run):
     domain, workload = run
-    workload = dataclasses.replace(workload, max_restarts=1)
+    workload = with_inputs(workload, max_restarts=1)
     job = RunNames.for_run(domain.run_id).job("job")
     sim.faults.fail_pod(job, index=1, mode="CrashLoop", exit_code=1)
     start = time.monotonic()
@@ -111,7 +111,7 @@ def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, 
 def test_a_run_out_of_restarts_names_the_last_attempts_failure_not_the_first(sim, run, tmp_path):
     domain, workload = run
     env = {**workload.env, "CRASH_DIR": str(tmp_path)}
-    workload = dataclasses.replace(workload, max_restarts=1, env=env)
+    workload = with_inputs(workload, max_restarts=1, env=env)
     job = RunNames.for_run(domain.run_id).job("job")
     with pytest.raises(WorkloadFailed) as info:
         steps.launch(workload, "crash_on_index_1", [], kubeconfig=sim.kubeconfig_path)
@@ -138,7 +138,7 @@ def test_queued_job_reports_its_queue_and_pods_deadline_starts_at_admission(
     domain, workload = run
     monkeypatch.setattr(wait, "PROGRESS_EVERY_S", 0.5)
     # Queued longer than the pods-running deadline: that deadline must start at admission.
-    workload = dataclasses.replace(workload, queue_name="team-q", pods_running_timeout_s=4)
+    workload = with_inputs(workload, queue_name="team-q", pods_running_timeout_s=4)
     job = RunNames.for_run(domain.run_id).job("job")
     caplog.set_level(logging.INFO, logger="mnnvl")
     start = time.monotonic()
@@ -152,7 +152,7 @@ def test_queued_job_reports_its_queue_and_pods_deadline_starts_at_admission(
 
 def test_queued_job_fails_after_its_admission_timeout(sim, run):  # admission takes 6 s
     _, workload = run
-    workload = dataclasses.replace(workload, queue_name="team-q", admission_timeout_s=1.5)
+    workload = with_inputs(workload, queue_name="team-q", admission_timeout_s=1.5)
     start = time.monotonic()
     with pytest.raises(
         WaitTimeout, match="queued in LocalQueue team-q \\(Kueue\\) for more than"
@@ -167,7 +167,7 @@ def test_pod_turning_unschedulable_during_the_wait_fails_after_the_grace(sim, ru
     # (here: at admission), as with a real scheduler; nothing else happens afterwards, so
     # only the wait's own timer can end it.
     domain, workload = run
-    workload = dataclasses.replace(workload, queue_name="team-q", unschedulable_grace_s=2.0)
+    workload = with_inputs(workload, queue_name="team-q", unschedulable_grace_s=2.0)
     job = RunNames.for_run(domain.run_id).job("job")
     sim.faults.fail_pod(job, index=1, mode="Unschedulable")
     start = time.monotonic()
@@ -203,7 +203,8 @@ def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
     # Its own cluster: IMEX daemons that never become ready are not left to the other tests.
     with SimCluster(nodes=2, imex_delay_s=60) as cluster:
         domain = DomainSpec(run_id="slow-imex", delete_timeout_s=30)
-        workload = WorkloadSpec(
+        workload = from_inputs(
+            WorkloadSpec,
             run_id="slow-imex",
             purpose="job",
             nodes=2,
@@ -224,7 +225,7 @@ def test_wait_logs_progress_naming_pods_the_slowest_reason_and_domain_nodes(
 
 def test_node_still_labelled_for_another_domain_fails_after_the_grace(sim, run):
     _, workload = run
-    workload = dataclasses.replace(workload, unschedulable_grace_s=2.0)
+    workload = with_inputs(workload, unschedulable_grace_s=2.0)
     core = client.CoreV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
     stale = {"metadata": {"labels": {"resource.nvidia.com/computeDomain": "uid-of-another-cd"}}}
     core.patch_node("sim-node-1", stale)
@@ -268,7 +269,7 @@ def test_second_run_competing_for_the_same_nodes_fails_after_the_grace(sim, run,
         start = time.monotonic()
         with pytest.raises(WorkloadFailed) as info:
             steps.launch(
-                dataclasses.replace(workload, unschedulable_grace_s=2.0),
+                with_inputs(workload, unschedulable_grace_s=2.0),
                 "quick",
                 [],
                 kubeconfig=sim.kubeconfig_path,

@@ -1,14 +1,16 @@
 """What kubectl needs from the simulated API server, checked on the wire: HTTPS (kubectl sends a
 kubeconfig's token only over TLS), the protobuf body of ``kubectl create namespace``, the
-OpenAPI v3 documents that tell ``kubectl apply`` the server validates fields, and the short
-names kubectl resolves through discovery. kubectl itself runs these against ``mnnvl sim up`` in
-``tests/sim/test_examples.py`` (the README's kubectl lines).
+OpenAPI v3 documents that tell ``kubectl apply`` the server validates fields, the short
+names kubectl resolves through discovery, and the Tables ``kubectl get`` prints. kubectl itself
+runs these against ``mnnvl sim up`` in ``tests/sim/test_examples.py`` (the README's kubectl
+lines).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 import ssl
 import urllib.error
 import urllib.request
@@ -19,6 +21,7 @@ import pytest
 import yaml
 
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import foreign_domain, wait_for
 
 SIM = {"tls": True, "namespaces": ("default", "team-a")}
 # The body kubectl v1.32.4 sends for `kubectl create namespace foo` (its -v=9 dump).
@@ -29,6 +32,11 @@ CREATE_NAMESPACE_FOO = bytes.fromhex(
     "1a00 2200"  # contentEncoding, contentType
 )
 PROTOBUF = "application/vnd.kubernetes.protobuf"
+# What kubectl v1.32 sends with every `kubectl get` (its -v=8 dump).
+KUBECTL_GET = (
+    "application/json;as=Table;v=v1;g=meta.k8s.io,"
+    "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+)
 
 
 def _kubeconfig(path: str) -> dict[str, Any]:
@@ -38,19 +46,29 @@ def _kubeconfig(path: str) -> dict[str, Any]:
 
 
 def _request(
-    sim: SimCluster, method: str, path: str, body: bytes | None = None, ctype: str = ""
+    sim: SimCluster,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    ctype: str = "",
+    accept: str = "",
 ) -> tuple[int, Any]:
-    """(status, JSON body) of a request as the admin, over the kubeconfig's TLS."""
+    """(status, JSON body) of a request as the admin, over the kubeconfig's TLS (a watch's
+    body: the list of its events)."""
     config = _kubeconfig(sim.admin_kubeconfig_path)
     cluster = config["clusters"][0]["cluster"]
     ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
     headers = {"Authorization": f"Bearer {config['users'][0]['user']['token']}"}
     if ctype:
         headers["Content-Type"] = ctype
+    if accept:
+        headers["Accept"] = accept
     req = urllib.request.Request(cluster["server"] + path, body, headers, method=method)
     context = ssl.create_default_context(cadata=ca)
     try:
         with urllib.request.urlopen(req, context=context, timeout=10) as resp:
+            if "watch=true" in path:
+                return resp.status, [json.loads(line) for line in resp.read().splitlines()]
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -134,3 +152,57 @@ def test_discovery_names_the_short_names_kubectl_resolves(sim: SimCluster) -> No
     assert (short["namespaces"], short["pods"], short["services"]) == (["ns"], ["po"], ["svc"])
     all_category = {r["name"] for r in core["resources"] if "all" in r.get("categories", [])}
     assert all_category == {"pods", "services"}
+
+
+def test_kubectl_get_is_answered_with_tables_of_pod_state_and_job_and_domain_columns(
+    sim: SimCluster,
+) -> None:
+    command = ["python3", "-c", "print('done')"]
+    container = {"name": "main", "image": "sim", "command": command}
+    template = {"restartPolicy": "Never", "containers": [container]}
+    job = {"metadata": {"name": "table-probe"}, "spec": {"template": {"spec": template}}}
+    jobs, pods = "/apis/batch/v1/namespaces/default/jobs", "/api/v1/namespaces/default/pods"
+    assert _request(sim, "POST", jobs, json.dumps(job).encode(), "application/json")[0] == 201
+    cd = json.dumps(foreign_domain("table-cd")).encode()
+    cds = "/apis/resource.nvidia.com/v1beta1/namespaces/default/computedomains"
+    assert _request(sim, "POST", cds, cd, "application/json")[0] == 201
+
+    def table(path: str) -> Any:
+        status, answer = _request(sim, "GET", path, accept=KUBECTL_GET)
+        assert (status, answer["kind"], answer["apiVersion"]) == (200, "Table", "meta.k8s.io/v1")
+        return answer
+
+    done = wait_for(
+        lambda: (t := table(f"{jobs}/table-probe"))["rows"][0]["cells"][1] == "Complete" and t,
+        what="the Job's table to say Complete",
+    )
+    assert [c["name"] for c in done["columnDefinitions"]][:4] == [
+        *("Name", "Status", "Completions", "Duration")
+    ]
+    assert done["rows"][0]["cells"][2] == "1/1"
+    listed = table(f"{pods}?labelSelector=job-name%3Dtable-probe")
+    columns = [(c["name"], c["priority"]) for c in listed["columnDefinitions"]]
+    wide = [("IP", 1), ("Node", 1)]  # what -o wide adds
+    assert columns == [(n, 0) for n in ("Name", "Ready", "Status", "Restarts", "Age")] + wide
+    (row,) = listed["rows"]
+    name, ready, status, restarts, age, ip, node = row["cells"]
+    assert (ready, status, restarts, ip) == ("0/1", "Completed", "0", "127.0.0.1")
+    assert re.fullmatch(r"\d+s", age) and node.startswith("sim-node-"), row["cells"]
+    # kubectl reads the namespace and labels (-A, --show-labels) from the row's metadata
+    assert row["object"]["kind"] == "PartialObjectMetadata"
+    assert row["object"]["metadata"]["name"] == name
+    domain = table(f"{cds}/table-cd")
+    assert [c["name"] for c in domain["columnDefinitions"]] == ["Name", "Age"]
+    assert domain["rows"][0]["cells"][0] == "table-cd"
+    status, plain = _request(sim, "GET", pods, accept="application/json")
+    assert (status, plain["kind"]) == (200, "PodList")
+    # kubectl get -w: each event's object a Table of its row, the columns with the first only
+    watched = f"{pods}?watch=true&timeoutSeconds=1&labelSelector=job-name%3Dtable-probe"
+    status, events = _request(sim, "GET", watched, accept=KUBECTL_GET)
+    assert status == 200 and [e["object"]["kind"] for e in events] == ["Table"]
+    assert events[0]["object"]["rows"][0]["cells"][:3] == [name, "0/1", "Completed"]
+    assert events[0]["object"]["columnDefinitions"] == listed["columnDefinitions"]
+    watched = "/api/v1/namespaces?watch=true&timeoutSeconds=1"  # default and team-a at least
+    status, events = _request(sim, "GET", watched, accept=KUBECTL_GET)
+    columns = [len(e["object"]["columnDefinitions"]) for e in events]
+    assert status == 200 and len(columns) >= 2 and columns[0] == 2 and set(columns[1:]) == {0}

@@ -18,7 +18,7 @@ import pytest
 from mnnvl import steps
 from mnnvl.errors import WaitTimeout, WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 from mnnvl.sim.policy.kueue import KueueConfig
 from mnnvl.sim.policy.kueue_tas import CLIQUE, HOSTNAME, INDEX_LABEL
@@ -54,7 +54,7 @@ class Run:
             "pods_running_timeout_s": 60,
             "job_timeout_s": 120,
         }
-        self.workload = WorkloadSpec(**(fields | workload))  # type: ignore[arg-type]
+        self.workload = from_inputs(WorkloadSpec, **(fields | workload))  # type: ignore[arg-type]
         steps.provision(self.domain, kubeconfig=sim.kubeconfig_path)
 
     def launch(self) -> object:

@@ -19,6 +19,7 @@ from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import wait_for
 
 RUN = ["--gpus-per-node", "0", "--skip-verify", "--steps", "2", "--warmup-steps", "1"]
 
@@ -37,13 +38,11 @@ def pod(name: str, spec: dict[str, Any] | None = None, **container: Any) -> dict
 
 
 def wait_pod(core: client.CoreV1Api, name: str, done: Any, timeout_s: float = 10) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def there() -> Any:
         found = core.read_namespaced_pod(name, "default")
-        if done(found):
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"pod {name} never got there: {found.status}")
+        return found if done(found) else None
+
+    return wait_for(there, timeout=timeout_s, what=f"pod {name} to get there")
 
 
 def run(sim: SimCluster, capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:

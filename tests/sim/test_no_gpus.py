@@ -14,7 +14,7 @@ from mnnvl import steps
 from mnnvl.cli import main as cli
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 
 GRACE_S = 30  # longer than the test may take: an answer within it did not wait the grace
@@ -37,8 +37,9 @@ def test_gpus_asked_of_a_cluster_without_gpus_name_gpus_per_node_0(capsys, reade
             made = sim.objects(RunNames.for_run(run_id).selector)
             assert [o for o in made if o[0] in ("Service", "Job", "Pod")] == [], made
         else:  # nodes unreadable: the scheduler's words cannot tell none from all in use
-            workload = WorkloadSpec(run_id=run_id, purpose="job", nodes=2, gpus_per_node=4,
-                                    unschedulable_grace_s=1)  # fmt: skip
+            workload = from_inputs(
+                WorkloadSpec, run_id=run_id, purpose="job", nodes=2, gpus_per_node=4,
+                unschedulable_grace_s=1)  # fmt: skip
             started = time.monotonic()
             with pytest.raises(WorkloadFailed) as info:
                 steps.launch(workload, "json.tool", ["--help"], kubeconfig=sim.kubeconfig_path)

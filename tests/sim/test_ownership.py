@@ -6,7 +6,6 @@ ends by checking that nothing of the run is left.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import textwrap
 import time
@@ -23,7 +22,7 @@ from mnnvl.driver.lifecycle import wait_for_job
 from mnnvl.driver.workload import create_workload
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs, with_inputs
 from mnnvl.manifests import SPEC_HASH_ANNOTATION
 from mnnvl.runtime.local import free_port
 from mnnvl.sim import SimCluster
@@ -49,7 +48,8 @@ WORKERS = {
 
 
 def job_workload(run_id: str, workers: str) -> WorkloadSpec:
-    return WorkloadSpec(
+    return from_inputs(
+        WorkloadSpec,
         run_id=run_id,
         purpose="job",
         nodes=2,
@@ -185,7 +185,7 @@ def test_launch_of_another_module_with_the_same_run_id_is_a_conflict(sim, worker
     job = RunNames.for_run(run_id).job("job")
     argv = ["launch", "--run-id", run_id, "--purpose", "job", "--nodes", "2"]
     argv += ["--gpus-per-node", "0", "--env", f"PYTHONPATH={workers}"]
-    argv += ["--rdzv-port", str(workload.rdzv_port), "--job-timeout-s", "180"]
+    argv += ["--rdzv-port", str(workload.pod.rdzv_port), "--job-timeout-s", "180"]
     argv += ["--pods-running-timeout-s", "180", "--kubeconfig", sim.kubeconfig_path]
     same_module = [*argv, "--module", "result_one"]
     argv += ["--module", "result_two"]
@@ -208,7 +208,7 @@ def test_a_retried_step_fails_on_its_failed_job_and_other_input_replaces_it(sim,
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
     # No restarts: the one failed pod fails the Job (maxFailedIndexes: 0).
-    workload = dataclasses.replace(job_workload(run_id, workers), max_restarts=0)
+    workload = with_inputs(job_workload(run_id, workers), max_restarts=0)
     job = RunNames.for_run(run_id).job("job")
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     sim.faults.fail_pod(job, index=1, mode="Failed", exit_code=1)
@@ -239,6 +239,7 @@ def test_a_retried_step_fails_on_its_failed_job_and_other_input_replaces_it(sim,
     assert left_of(sim, run_id) == []
 
 
+@pytest.mark.client  # the delete's uid precondition, as the client sends it
 def test_a_delete_never_removes_an_object_that_replaced_the_one_it_read(sim):
     run_id = f"own-{uuid.uuid4().hex[:8]}"
     labels = RunNames.for_run(run_id).labels("job")

@@ -9,7 +9,9 @@ Most seeds run against the scheduler alone (``placement_harness``); a few run wh
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,18 +22,17 @@ from kubernetes import client, config
 from mnnvl import steps
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
-from mnnvl.inputs.spec import DomainSpec, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, WorkloadSpec, from_inputs, with_inputs
 from mnnvl.manifests import indexed_jobs
 from mnnvl.sim import SimCluster
 from mnnvl.sim.api.store import Store
 from tests.sim.placement_harness import CLIQUE, add_pods, cluster, schedule
+from tests.sim.simkit import ALL_RUNNING
 
-TWO_BY_TWO = WorkloadSpec(run_id="race", nodes=4, nodes_per_clique=2, gpus_per_node=0)
-# Every pod stays Running a while (as a rendezvous would hold it), so all of them compete for
-# nodes at once and none frees its node for another before the whole run is placed.
-PRINT_RANK = (
-    "import os, time; print('NODE_RANK', os.environ['NODE_RANK'], flush=True); time.sleep(3)"
-)
+TWO_BY_TWO = from_inputs(WorkloadSpec, run_id="race", nodes=4, nodes_per_clique=2, gpus_per_node=0)
+# Every pod stays Running until all of them run (as a rendezvous would hold them), so all of
+# them compete for nodes at once and none frees its node for another before the run is placed.
+PRINT_RANK = "import os; print('NODE_RANK', os.environ['NODE_RANK'], flush=True)\n" + ALL_RUNNING
 
 
 def _cliques(store: Store) -> dict[str, str]:
@@ -102,7 +103,7 @@ def test_first_pod_of_a_group_lands_in_either_clique_depending_on_the_seed() -> 
     first_cliques: set[str] = set()
     for seed in range(20):
         store, scheduler = cluster([2, 2], seed)
-        add_pods(store, dataclasses.replace(TWO_BY_TWO, nodes=2, nodes_per_clique=0))
+        add_pods(store, with_inputs(TWO_BY_TWO, nodes=2, nodes_per_clique=0))
         placed = schedule(store, scheduler)
         assert len(placed) == 2, f"seed {seed}: {placed}"
         cliques = {_cliques(store)[node] for node in placed.values()}
@@ -130,7 +131,7 @@ def test_taint_without_toleration_keeps_pods_off_the_node_and_a_toleration_lets_
         for node in ("node-0", "node-1"):
             taint = {"key": "dedicated", "value": "mnnvl", "effect": "NoSchedule"}
             store.mutate("nodes", "", node, lambda o, t=taint: o["spec"].update(taints=[t]))
-        add_pods(store, dataclasses.replace(one, tolerations=tolerations))
+        add_pods(store, with_inputs(one, tolerations=tolerations))
         placed = schedule(store, scheduler)
         assert len(placed) == expect_bound, (tolerations, placed)
         if not tolerations:
@@ -154,6 +155,9 @@ def _launch(sim: SimCluster, workload: WorkloadSpec) -> dict[str, str]:
     kube = sim.kubeconfig_path
     domain = DomainSpec(run_id=workload.run_id, delete_timeout_s=30)
     steps.provision(domain, kubeconfig=kube)
+    barrier = tempfile.mkdtemp(prefix="placement-")
+    env = {"BARRIER": barrier, "PODS": str(workload.nodes)}
+    workload = dataclasses.replace(workload, env={**workload.env, **env})
     try:
         steps.launch(workload, "", [sys.executable, "-c", PRINT_RANK], kubeconfig=kube)
         core = client.CoreV1Api(
@@ -164,6 +168,7 @@ def _launch(sim: SimCluster, workload: WorkloadSpec) -> dict[str, str]:
         return {p.metadata.name: sim.pod_log("default", p.metadata.name) for p in pods}
     finally:
         steps.teardown(domain, kubeconfig=kube)
+        shutil.rmtree(barrier)
         assert sim.objects(RunNames.for_run(workload.run_id).selector) == []
 
 
@@ -189,7 +194,8 @@ def test_four_nodes_in_groups_of_two_succeed_on_three_cliques_of_two(run_id: str
 def test_groups_of_three_on_cliques_of_two_fail_within_the_grace_naming_the_missing_clique(
     run_id: str,
 ) -> None:
-    workload = WorkloadSpec(
+    workload = from_inputs(
+        WorkloadSpec,
         run_id=run_id,
         purpose="job",
         nodes=6,
@@ -214,7 +220,7 @@ def test_groups_of_three_on_cliques_of_two_fail_within_the_grace_naming_the_miss
 def test_when_no_node_has_the_gpus_at_all_the_schedulers_reason_leads_not_the_cliques(
     run_id: str,
 ) -> None:
-    workload = WorkloadSpec(
+    workload = from_inputs(WorkloadSpec,
         run_id=run_id, purpose="job", nodes=4, nodes_per_clique=2, gpus_per_node=4,
         unschedulable_grace_s=1.0, pods_running_timeout_s=120,
     )  # fmt: skip

@@ -17,6 +17,7 @@ from mnnvl.cli import main as cli
 from mnnvl.driver import wait
 from mnnvl.inputs.names import RunNames
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import wait_for
 
 RESTRICTED, BASELINE, QUOTA = "strict", "base", "quota"
 ENFORCE = "pod-security.kubernetes.io/enforce"
@@ -150,14 +151,13 @@ def test_quota_refusal_is_a_failed_create_event_and_the_job_controller_retries(
 
 
 def _wait_for_event(core: client.CoreV1Api, ns: str, job: str, reason: str) -> Any:
-    deadline = time.monotonic() + 20
     selector = f"involvedObject.kind=Job,involvedObject.name={job},reason={reason}"
-    while time.monotonic() < deadline:
-        items = core.list_namespaced_event(ns, field_selector=selector).items
-        if items:
-            return items[0]
-        time.sleep(0.1)
-    raise AssertionError(f"no {reason} event on Job {job}")
+    events = wait_for(
+        lambda: core.list_namespaced_event(ns, field_selector=selector).items,
+        timeout=20,
+        what=f"a {reason} event on Job {job}",
+    )
+    return events[0]
 
 
 # ---- the steps report the API's reason ----------------------------------------------------------

@@ -1,5 +1,6 @@
-"""What a pod's process sees of the world: its spec's environment (and the image's), never the
-simulator's, and cluster DNS names only for the Services that exist."""
+"""What a pod's process sees of the world: its spec's environment and the image's (with the
+host's NCCL settings, its pinned ones winning), nothing else of the simulator's, and cluster DNS
+names only for the Services that exist."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import NS, wait_for
 
-# Prints what the pod sees: two variables and how its MASTER_ADDR resolves.
+# Prints what the pod sees: two variables, the NCCL-side ones and how its MASTER_ADDR resolves.
 SEES = (
     "import json, os, socket\n"
     "try:\n"
@@ -22,7 +23,8 @@ SEES = (
     "    resolved = 'gaierror: ' + str(e)\n"
     "print(json.dumps({'probe': os.environ.get('MNNVL_LEAK_PROBE'),\n"
     "    'spec': os.environ.get('FROM_SPEC'), 'master': os.environ['MASTER_ADDR'],\n"
-    "    'resolved': resolved}))\n"
+    "    'resolved': resolved, 'nccl': {k: v for k, v in os.environ.items()\n"
+    "        if k.startswith(('NCCL_', 'NVSHMEM_', 'TORCH_SYMM_MEM_'))}}))\n"
 )
 
 
@@ -32,11 +34,15 @@ def core(sim: SimCluster) -> Any:
     return kubernetes.client.CoreV1Api(api)
 
 
-def run_job(sim: SimCluster, core: Any, name: str) -> dict[str, Any]:
-    """Run a one-pod Job whose MASTER_ADDR names its pod 0 under Service ``name``; what it saw."""
+def run_job(
+    sim: SimCluster, core: Any, name: str, spec_env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run a one-pod Job whose MASTER_ADDR names its pod 0 under Service ``name`` (plus
+    ``spec_env``); what it saw."""
     env = [
         {"name": "FROM_SPEC", "value": "from-the-spec"},
         {"name": "MASTER_ADDR", "value": f"{name}-0.{name}.{NS}.svc"},
+        *({"name": k, "value": v} for k, v in (spec_env or {}).items()),
     ]
     container = {"name": "main", "image": "sim", "command": ["python3", "-c", SEES], "env": env}
     job = {
@@ -66,6 +72,20 @@ def test_a_pod_sees_its_spec_env_and_nothing_of_the_simulators(
     seen = run_job(sim, core, "env-probe")
     assert seen["probe"] is None
     assert seen["spec"] == "from-the-spec"
+
+
+def test_a_gpu_hosts_pinned_nccl_settings_reach_the_pod_and_no_spec_overrides_them(
+    sim: SimCluster, core: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pinned = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    host = {**pinned, "NVSHMEM_DISABLE_NVLS": "1", "NCCL_SOCKET_IFNAME": "lo"}
+    for name, value in host.items():
+        monkeypatch.setenv(name, value)
+    spec = {"NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "0"}
+    spec.update(NCCL_SOCKET_IFNAME="eth0", NCCL_DEBUG="INFO")
+    seen = run_job(sim, core, "nccl-probe", spec)
+    # the host's pinned values win; the spec wins for the others, as over an image's ENV
+    assert seen["nccl"] == {**host, **pinned, "NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "INFO"}
 
 
 def test_the_master_address_resolves_only_once_its_service_exists(

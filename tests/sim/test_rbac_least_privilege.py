@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from mnnvl import steps
+from mnnvl.contract.termination import Evidence
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec, from_inputs
 from mnnvl.runtime.local import free_port
 from mnnvl.sim import SimCluster
 
@@ -70,36 +71,55 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
     # --gpu-mode auto tries the optional cluster reader's reads; refused, it runs with limits.
     auto = DomainSpec(run_id="rbac-auto", namespace=NS, delete_timeout_s=60)
     steps.provision(auto, kubeconfig=kube)
-    gpus = WorkloadSpec(run_id="rbac-auto", purpose="job", nodes=2, gpus_per_node=1, env=env,
-                        pods_running_timeout_s=60, job_timeout_s=60)  # fmt: skip
+    gpus = from_inputs(
+        WorkloadSpec, run_id="rbac-auto", purpose="job", nodes=2, gpus_per_node=1, env=env,
+        pods_running_timeout_s=60, job_timeout_s=60)  # fmt: skip
     assert steps.launch(gpus, "report", [], kubeconfig=kube).result == {"ok": True}
     steps.teardown(auto, kubeconfig=kube)
     steps.provision(domain, kubeconfig=kube, owner_pod=True)
-    job = WorkloadSpec(run_id=run, purpose="job", nodes=2, gpus_per_node=1, gpu_mode="claim",
-                       env=env, pods_running_timeout_s=60, job_timeout_s=60)  # fmt: skip
+    job = from_inputs(
+        WorkloadSpec, run_id=run, purpose="job", nodes=2, gpus_per_node=1, gpu_mode="claim",
+        env=env, pods_running_timeout_s=60, job_timeout_s=60)  # fmt: skip
     assert steps.launch(job, "report", [], kubeconfig=kube).result == {"ok": True}
     # run again (a retried step): adopts the Service, the GPU template and the completed Job
     assert steps.launch(job, "report", [], kubeconfig=kube).result == {"ok": True}
-    gang = WorkloadSpec(run_id=run, purpose="verify", nodes=2, gpus_per_node=0, env=env,
-                        max_restarts=1, job_timeout_s=60)  # fmt: skip
+    gang = from_inputs(
+        WorkloadSpec, run_id=run, purpose="verify", nodes=2, gpus_per_node=0, env=env,
+        max_restarts=1, job_timeout_s=60)  # fmt: skip
     sim.faults.fail_pod(RunNames.for_run(run).job("verify"), index=1, exit_code=1)
     restarted = steps.launch(gang, "slow_report", [], kubeconfig=kube)  # deletes rank 0's pod
     assert restarted.result == {"ok": True} and len(restarted.restarts) == 1
     with pytest.raises(WorkloadFailed):  # a gang restart, then fail-fast reads the pod's events
         steps.launch(
-            WorkloadSpec(run_id=run, purpose="verify-post", nodes=2, gpus_per_node=0, env=env,
-                         pods_running_timeout_s=60, job_timeout_s=60, max_restarts=1),
+            from_inputs(
+                WorkloadSpec, run_id=run, purpose="verify-post", nodes=2, gpus_per_node=0, env=env,
+                pods_running_timeout_s=60, job_timeout_s=60, max_restarts=1),
             "crash", [], kubeconfig=kube,
         )  # fmt: skip
+    # A node with NVLink errors is kept out of the next attempt (patch: suspend, affinity,
+    # resume); with no spare node the step fails naming it.
+    bad = DomainSpec(run_id="rbac-bad", namespace=NS, delete_timeout_s=60)
+    steps.provision(bad, kubeconfig=kube)
+    said = Evidence(exit_code=1, nvlink={"0": {"crc": 1}}).to_message()
+    sim.faults.fail_node("sim-node-0", 1, said)
+    with pytest.raises(WorkloadFailed, match="was excluded after failing"):
+        steps.launch(
+            from_inputs(WorkloadSpec, run_id="rbac-bad", purpose="job", nodes=2,
+                        gpus_per_node=0, env=env, pods_running_timeout_s=60, job_timeout_s=60,
+                        max_restarts=3),
+            "slow_report", [], kubeconfig=kube,
+        )  # fmt: skip
+    sim.faults.heal_node("sim-node-0")
+    steps.teardown(bad, kubeconfig=kube)
     cpu = {"nodes": 2, "gpus_per_node": 0, "pods_running_timeout_s": 120, "job_timeout_s": 300}
     cpu["rdzv_port"] = free_port()
     steps.train(
-        WorkloadSpec(run_id=run, purpose="train", **cpu),
+        from_inputs(WorkloadSpec, run_id=run, purpose="train", **cpu),
         TrainConfig(steps=2, warmup_steps=1, log_every=1),
         kubeconfig=kube,
     )
     steps.verify(
-        WorkloadSpec(run_id=run, purpose="verify-pre", **cpu),
+        from_inputs(WorkloadSpec, run_id=run, purpose="verify-pre", **cpu),
         VerifyConfig(max_bytes=64 << 10, min_busbw_gbps=1e-6),
         kubeconfig=kube,
     )

@@ -15,7 +15,7 @@ from mnnvl import steps
 from mnnvl.cli import main as cli
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec, from_inputs
 from tests.sim.simkit import create_claim, wait_for
 
 CLAIM = "team-ckpt"
@@ -62,7 +62,7 @@ def test_paths_off_a_shared_volume_exit_2_before_anything_exists(sim, capsys, ex
 def test_every_worker_pod_mounts_the_claims():
     from mnnvl.manifests import indexed_job
 
-    workload = WorkloadSpec(run_id="r", pvc=(f"{CLAIM}:{MOUNT}", "data:/data:ro"))
+    workload = from_inputs(WorkloadSpec, run_id="r", pvc=(f"{CLAIM}:{MOUNT}", "data:/data:ro"))
     pod = indexed_job(workload, "m", [])["spec"]["template"]["spec"]
     volumes = {v["name"]: v.get("persistentVolumeClaim") for v in pod["volumes"]}
     assert volumes["pvc-0"] == {"claimName": CLAIM, "readOnly": False}
@@ -85,8 +85,13 @@ def test_killed_training_resumes_from_the_last_checkpoint_on_the_same_claim(sim)
     latest = Path(sim.pvc_dir("default", CLAIM)) / "llama" / "latest"
 
     def workload(run_id: str) -> WorkloadSpec:
-        return WorkloadSpec(
-            run_id=run_id, nodes=2, gpus_per_node=0, pvc=(f"{CLAIM}:{MOUNT}",), job_timeout_s=300
+        return from_inputs(
+            WorkloadSpec,
+            run_id=run_id,
+            nodes=2,
+            gpus_per_node=0,
+            pvc=(f"{CLAIM}:{MOUNT}",),
+            job_timeout_s=300,
         )
 
     killed = threading.Event()

@@ -4,10 +4,11 @@ suspend, ttlSecondsAfterFinished, and the optional Kueue stand-in."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from mnnvl.sim import SimCluster
-from tests.sim.simkit import Raw, wait_for
+from tests.sim.simkit import GATED, Raw, wait_for
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"
 PODS = "/api/v1/namespaces/default/pods"
@@ -190,16 +191,16 @@ def test_ttl_after_finished_deletes_the_job(raw: Raw) -> None:
     wait_for(lambda: raw.gone(f"{JOBS}/shortlived"), timeout=15, what="Job deleted by TTL")
 
 
-def test_kueue_stand_in_admits_queued_jobs_in_turn_as_capacity_frees() -> None:
+def test_kueue_stand_in_admits_queued_jobs_in_turn_as_capacity_frees(tmp_path: Path) -> None:
     with SimCluster(
         nodes=2, local_gpus=[], schedule_delay_s=0.05, kueue=True, kueue_admission_delay_s=0.3
     ) as sim:
         raw = Raw(sim)
         queue = {"labels": {"kueue.x-k8s.io/queue-name": "team"}}
         sleeper = job("first", "0,0", metadata=queue)
-        sleeper["spec"]["template"]["spec"]["containers"][0]["command"][2] = (
-            "import time; time.sleep(1.5)"
-        )
+        container = sleeper["spec"]["template"]["spec"]["containers"][0]
+        container["command"][2] = GATED  # runs until the test opens the gate
+        container["env"] = [{"name": "GATE", "value": str(tmp_path / "gate")}]
         created = raw.call("POST", JOBS, sleeper)
         assert created["spec"]["suspend"] is True  # the webhook suspends on create
         raw.call("POST", JOBS, job("second", "0,0", metadata=queue))
@@ -207,6 +208,7 @@ def test_kueue_stand_in_admits_queued_jobs_in_turn_as_capacity_frees() -> None:
         wait_for(lambda: len(pods_of(raw, "first")) == 2, what="first admitted")
         # both nodes are taken: the second waits until the first has finished
         assert raw.get(f"{JOBS}/second")["spec"]["suspend"] is True
+        (tmp_path / "gate").touch()
         wait_for(lambda: finished(raw, "first"), what="first done")
         wait_for(lambda: finished(raw, "second"), what="second done")
         first_end = conditions(raw, "first")["Complete"]["lastTransitionTime"]

@@ -4,12 +4,14 @@ counts only (how fast it goes is measured by bench/bench_load.py, not asserted h
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import kubernetes
 from kubernetes import watch
 
 from mnnvl.sim import SimCluster
+from tests.sim.simkit import ALL_RUNNING
 
 G, V, CDS, NS = "resource.nvidia.com", "v1beta1", "computedomains", "default"
 
@@ -73,7 +75,7 @@ def test_hundred_concurrent_domain_runs_leave_nothing_and_never_poll() -> None:
         assert sim.request_count == 400  # create, watch, delete, watch per run: nothing polls
 
 
-def test_eighteen_node_run_needs_few_requests_with_watches() -> None:
+def test_eighteen_node_run_needs_few_requests_with_watches(tmp_path: Path) -> None:
     with SimCluster(nodes=18, gpus_per_node=1, imex_delay_s=0.1, local_gpus=[]) as sim:
         api = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
         core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
@@ -98,8 +100,9 @@ def test_eighteen_node_run_needs_few_requests_with_watches() -> None:
         container = {
             "name": "worker",
             "image": "sim",
-            # Long enough that all 18 run at once: a node freed early could take a second pod.
-            "command": ["python3", "-c", "import time; time.sleep(3); print('RESULT {}')"],
+            # All 18 run at once: a node freed early could take a second pod.
+            "command": ["python3", "-c", ALL_RUNNING],
+            "env": [{"name": "BARRIER", "value": str(tmp_path)}, {"name": "PODS", "value": "18"}],
             "resources": {"limits": {"nvidia.com/gpu": "1"}, "claims": [{"name": "ch"}]},
         }
         batch.create_namespaced_job(

@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import pytest
 
+from mnnvl.sim import SimCluster
+from mnnvl.sim.cluster import _usage
 from mnnvl.sim.core.procs import descendants
 from tests.sim.simkit import wait_for
 
@@ -180,3 +183,45 @@ def test_a_simulated_cluster_larger_than_the_machine_is_refused_at_once_naming_t
     error = json.loads(done.stdout.splitlines()[-1])["error"]
     assert error.startswith("--nodes: 100000 simulated nodes do not fit this machine")
     assert "MiB available now hold at most" in error
+
+
+@pytest.mark.parametrize(
+    ("gpus_per_node", "local_gpus", "suggested"),
+    [(1, ["0", "1"], 1), (2, ["0"], 0), (0, ["0"], 0)],
+)
+def test_sim_up_suggests_a_run_that_fits_the_gpus_it_was_started_with(
+    gpus_per_node: int, local_gpus: list[str], suggested: int
+) -> None:
+    with SimCluster(nodes=2, gpus_per_node=gpus_per_node, local_gpus=local_gpus) as sim:
+        run = next(line for line in _usage(sim).splitlines() if "mnnvl run" in line)
+    assert f"--nodes 2 --gpus-per-node {suggested} " in run
+    if gpus_per_node == 2:  # nodes that advertise GPUs this machine lacks run CPU workers
+        assert "this machine has 1 of the nodes' 4 GPUs" in run
+
+
+def test_sim_up_with_trainer_serves_trainjobs_and_the_torch_runtime_to_the_runner(tmp_path: Path):
+    kc = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mnnvl", "sim", "up", "--nodes", "1", "--trainer",
+         "--kubeconfig", str(kc)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the simulator announces itself there
+            if line.startswith("{"):
+                break
+        api = kubernetes.client.CustomObjectsApi(
+            kubernetes.config.new_client_from_config(config_file=str(kc))  # the runner
+        )
+        runtime = api.get_cluster_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "torch-distributed"
+        )
+        assert runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["name"] == "node"
+        found = api.list_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", "default", "trainjobs"
+        )
+        assert found["items"] == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)

@@ -61,7 +61,7 @@ class Run:
         self.job = self.names.job("train")
         self.domain = DomainSpec(run_id=self.id, delete_timeout_s=30)
         steps.provision(self.domain, kubeconfig=sim.kubeconfig_path)
-        self.argv = [sys.executable, "-m", "mnnvl", "train", "--run-id", self.id]
+        self.argv = [sys.executable, "-m", "mnnvl", "train", "-v", "--run-id", self.id]
         self.argv += ["--kubeconfig", sim.kubeconfig_path, "--nodes", "2", "--gpus-per-node", "0"]
         self.argv += ["--steps", "150", "--log-every", "5", "--checkpoint-every", "10"]
         self.argv += ["--pvc", f"{CLAIM}:{MOUNT}", "--checkpoint-dir", f"{MOUNT}/{self.id}"]
@@ -214,7 +214,8 @@ def test_a_killed_step_whose_job_lost_a_worker_meanwhile_restarts_the_gang_when_
     result = retry.result
     assert result["ok"] is True and result["steps"] == 150 and result["restarts"] == 1
     assert result["start_step"] >= 10  # resumed from a checkpoint, not from step 0
-    assert f"pod {victim} failed with exit code 137 (retriable); restarting" in retry.stderr
+    assert f"attempt 1 failed: pod {victim} (rank 1) on node " in retry.stderr
+    assert "first: exit code 137 (signal SIGKILL)" in retry.stderr
     assert r.job_uid() == uid
     assert refused(sim, fixture_requests) == []
     retry.report("killed step, worker lost meanwhile")

@@ -12,7 +12,7 @@ import pytest
 from mnnvl import steps
 from mnnvl.errors import VerificationFailed
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, VerifyConfig, WorkloadSpec, from_inputs
 from mnnvl.sim import SimCluster
 
 SIM = dict(nodes=2)
@@ -63,7 +63,8 @@ def test_pods_that_asked_for_gpus_and_see_none_fail_naming_the_pod():
     with SimCluster(nodes=2, gpus_per_node=1) as cluster:
         run_id = f"g-{uuid.uuid4().hex[:10]}"
         domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
-        workload = WorkloadSpec(
+        workload = from_inputs(
+            WorkloadSpec,
             run_id=run_id,
             purpose="verify-pre",
             nodes=2,

@@ -102,6 +102,15 @@ def test_input_errors_name_the_flags_the_user_typed_in_the_hint_too(capsys):
     assert "warmup_steps" not in error
 
 
+def test_input_errors_repeat_a_typed_value_as_typed(capsys):
+    """Only the inputs an error names are respelled: a path holding an input's name stays."""
+    argv = ["train", "--run-id", "r1", "--nodes", "2", "--checkpoint-dir", "/scratch/run_id/ckpt"]
+    code, lines, _ = run_cli(capsys, argv)
+    assert code == 2
+    error = last_json(lines)["error"]
+    assert error.startswith("--checkpoint-dir: /scratch/run_id/ckpt is not under a mounted PVC")
+
+
 @pytest.mark.parametrize("value", ["00", "0x0", "-0", "+0", "false"])
 @pytest.mark.parametrize("command", ["train", "verify", "render", "launch"])
 def test_cumem_off_in_any_spelling_is_refused_before_anything_is_created(capsys, command, value):

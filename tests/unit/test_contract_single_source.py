@@ -68,7 +68,7 @@ def _int_exit_codes(tree: ast.Module) -> list[int]:
             pairs = [(k, v) for k, v in zip(node.keys, node.values, strict=True) if k]
         for key, value in pairs:
             name = key.id if isinstance(key, ast.Name) else getattr(key, "value", None)
-            if name == "exit_code" and isinstance(value, ast.Constant):
+            if name == "exit_code" and isinstance(value, ast.Constant) and type(value.value) is int:
                 found.append(value.value)
     return found
 

@@ -15,7 +15,7 @@ from mnnvl.driver.problem import TEMPLATES
 from mnnvl.driver.refusal import refusal_problem
 from mnnvl.errors import MnnvlError, ProblemKind
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP
-from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.inputs.spec import WorkloadSpec, from_inputs
 
 DRIVER = Path(problem_module.__file__).parent
 RUN = "run-a"
@@ -93,7 +93,7 @@ REFUSALS = {
 def _pod_outcome(case: str) -> tuple[Any, ...]:
     """What a caller decides for the pod: the error class, exit code and pod exit code, after
     a first check (fail at once?) and a second one past a grace of 0 s (fail after it?)."""
-    workload = WorkloadSpec(run_id=RUN, namespace="ns", max_restarts=0, nodes=2)
+    workload = from_inputs(WorkloadSpec, run_id=RUN, namespace="ns", max_restarts=0, nodes=2)
     pods = {"p-0": POD_CASES[case]}
     seen: list[Any] = []
     for grace in (Grace(60), Grace(0)):
@@ -176,7 +176,7 @@ def test_a_gang_past_its_restarts_fails_with_the_pods_exit_code_however_it_is_wo
 
     # The one restart was for a lost node (DisruptionTarget: no retry used), so the next
     # pod still has a retry on its index; the driver's own count ends the step.
-    workload = WorkloadSpec(run_id=RUN, max_restarts=1)
+    workload = from_inputs(WorkloadSpec, run_id=RUN, max_restarts=1)
     lost = _pod(phase="Failed", code=137)
     lost["status"]["conditions"] = [
         {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}

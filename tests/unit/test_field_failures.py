@@ -12,7 +12,7 @@ import pytest
 from mnnvl.driver.diagnose import Grace, job_failure, pod_problem, pods_progress, raise_on_stuck_pod
 from mnnvl.driver.kueue import describe, evicted
 from mnnvl.errors import MnnvlError, ProblemKind
-from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.inputs.spec import WorkloadSpec, from_inputs
 
 RUN = "field-a"
 # kube-scheduler's FailedScheduling text (the DynamicResources and NodeAffinity filters' words).
@@ -76,7 +76,7 @@ def _stuck(workload: WorkloadSpec, pod: dict[str, Any], grace_s: float) -> Mnnvl
 
 
 def _workload(**fields: Any) -> WorkloadSpec:
-    return WorkloadSpec(run_id=RUN, namespace="default", nodes=2, **fields)
+    return from_inputs(WorkloadSpec, run_id=RUN, namespace="default", nodes=2, **fields)
 
 
 def test_no_node_with_the_clique_label_is_said_by_name_with_the_counts() -> None:

@@ -1,6 +1,7 @@
 """A step that adopts a running Job judges the failures it finds: restart the gang only for a
 failure some live rank predates (a survivor may be blocked on the lost rank), never for one
-every rank was replaced after, nor once an index has succeeded."""
+every rank was replaced after, nor once an index has succeeded, nor for the pods a restart
+already under way is deleting; and those pods never count as the new generation running."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from typing import Any
 
 import pytest
 
+from mnnvl.contract.termination import STOP, Evidence
+from mnnvl.driver import lifecycle
+from mnnvl.driver.diagnose import FAILURE_COUNT
 from mnnvl.driver.gang import Gang
-from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.errors import WorkloadFailed
+from mnnvl.inputs.spec import WorkloadSpec, from_inputs
 from mnnvl.manifests import JOB_NAME_LABEL
 
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -46,7 +51,7 @@ def pod(name: str, index: int, phase: str, created: int, finished: int | None = 
 def first_sight(*pods: Any, restarts: bool | None = None) -> list[str]:
     """What a step that adopts the Job deletes on its first look at these pods."""
     api = DeletingApi()
-    workload = WorkloadSpec(run_id="r", namespace="ns", nodes=2, max_restarts=4)
+    workload = from_inputs(WorkloadSpec, run_id="r", namespace="ns", nodes=2, max_restarts=4)
     restarted = Gang(api, workload).check({p["metadata"]["name"]: p for p in pods}, None)  # type: ignore[arg-type]
     assert restarted == (bool(api.deleted) if restarts is None else restarts)
     return api.deleted
@@ -82,3 +87,93 @@ def test_no_restart_once_an_index_has_succeeded() -> None:
         first_sight(pod("j-0-a", 0, "Failed", 0, finished=20), pod("j-0-b", 0, "Running", 3), done)
         == []
     )
+
+
+def leaving(p: Any, at: int) -> Any:
+    """``p`` deleted at second ``at`` and still Terminating (its container still runs)."""
+    p["metadata"]["deletionTimestamp"] = T.format(at)
+    return p
+
+
+def counted(p: Any, failures: int, exit_code: int | None = None) -> Any:
+    """``p`` with its index's failures so far (the Job controller's annotation)."""
+    p["metadata"]["annotations"][FAILURE_COUNT] = str(failures)
+    if exit_code is not None:
+        p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = exit_code
+    return p
+
+
+def test_a_step_adopting_its_job_in_the_middle_of_a_gang_restart_does_not_restart_it_again() -> (
+    None
+):
+    # An earlier attempt of the step restarted the gang and was lost: rank 1 had failed, rank
+    # 0 was deleted and is still Terminating, the Job controller has replaced rank 1.
+    lost = counted(pod("j-1-a", 1, "Failed", created=0, finished=20), 0)
+    old0 = counted(leaving(pod("j-0-a", 0, "Running", created=0), at=21), 0)
+    new1 = counted(pod("j-1-b", 1, "Running", created=22), 1)
+    api = DeletingApi()
+    workload = from_inputs(WorkloadSpec, run_id="r", namespace="ns", nodes=2, max_restarts=1)
+    gang = Gang(api, workload)  # type: ignore[arg-type]
+    assert gang.check(by_name(lost, old0, new1), None) is False
+    # The deleted rank 0 turns Failed (143, its SIGTERM) on its way out and is replaced: that
+    # is the restart already under way, not a new fault (it used to delete the healthy
+    # replacement of rank 1, or fail the step with --max-restarts 1).
+    gone = counted(pod("j-0-a", 0, "Failed", created=0, finished=23), 0, exit_code=143)
+    new0 = counted(pod("j-0-b", 0, "Pending", created=24), 1)
+    assert gang.check(by_name(lost, gone, new1, new0), None) is False
+    assert api.deleted == [] and gang.restarts == []
+
+
+def by_name(*pods: Any) -> dict[str, Any]:
+    return {p["metadata"]["name"]: p for p in pods}
+
+
+class Followed:
+    """Stands in for the log follower: which pod it was asked to follow."""
+
+    pods: list[str] = []
+
+    def __init__(self, api: Any, namespace: str, pod: str) -> None:
+        Followed.pods.append(pod)
+
+
+def test_right_after_a_restart_the_deleted_generation_does_not_count_as_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lifecycle, "LogFollower", Followed)
+    Followed.pods = []
+    workload = from_inputs(WorkloadSpec, run_id="r", namespace="ns", nodes=2, max_restarts=4)
+    watch = lifecycle.JobWatch(DeletingApi(), workload, "j", follow=True)  # type: ignore[arg-type]
+    job = {"metadata": {"name": "j", "uid": "job-uid"}, "spec": {"parallelism": 2}, "status": {}}
+    old0 = leaving(pod("j-0-a", 0, "Running", created=0), at=21)  # deleted by the restart
+    old1 = pod("j-1-a", 1, "Failed", created=0, finished=20)
+    new1 = pod("j-1-b", 1, "Running", created=22)
+    for p in (old0, old1, new1):
+        p["spec"] = {"nodeName": "n"}
+
+    def view(*pods: Any) -> Any:
+        return {"job": {"j": job}, "pods": by_name(*pods), "events": {}, "created/j": {}}
+
+    assert watch.check(view(old0, old1, new1)) is None
+    # Index 0 has no pod of the new generation yet: the job deadline has not started and the
+    # old rank 0, on its way out, is not followed.
+    assert watch.job_deadline is None and Followed.pods == []
+    new0 = pod("j-0-b", 0, "Running", created=24)
+    new0["spec"] = {"nodeName": "n"}
+    assert watch.check(view(old1, new1, new0)) is None
+    assert watch.job_deadline is not None and Followed.pods == ["j-0-b"]
+
+
+def test_a_failure_the_workers_launcher_says_no_restart_can_change_ends_the_step() -> None:
+    said = Evidence(verdict=STOP, reason="module-not-found", rank=1, exit_code=1)
+    said.error = "ModuleNotFoundError: No module named 'no.such'"
+    lost = pod("j-1-a", 1, "Failed", created=0, finished=20)
+    lost["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = said.to_message()
+    survivor = pod("j-0-a", 0, "Running", created=0)
+    api = DeletingApi()
+    workload = from_inputs(WorkloadSpec, run_id="r", namespace="ns", nodes=2, max_restarts=3)
+    with pytest.raises(WorkloadFailed) as info:
+        Gang(api, workload).check(by_name(survivor, lost), None)  # type: ignore[arg-type]
+    assert info.value.exit_code == 4 and api.deleted == []
+    assert "no restart can change (module-not-found" in str(info.value)
+    assert "No module named 'no.such'" in str(info.value)

@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from mnnvl.driver import Api
 from mnnvl.driver.api import POD, REQUEST_TIMEOUT_S
 from mnnvl.driver.retry import OUTAGE_REPORT_EVERY_S
@@ -21,6 +23,8 @@ users: [{{name: u, user: {{token: t}}}}]
 contexts: [{{name: hung, context: {{cluster: hung, user: u}}}}]
 current-context: hung
 """
+# The kubernetes client's own code paths: make test-client-newest runs them with its newest.
+pytestmark = pytest.mark.client
 
 
 def test_a_hung_api_server_is_reported_within_one_report_interval(tmp_path: Path, caplog):

@@ -90,7 +90,8 @@ def test_runtime_image_files_alone_import_the_worker_entry_points(tmp_path):
         "import json, sys; import mnnvl.runtime.train, mnnvl.runtime.verify, "
         "mnnvl.runtime.launch, mnnvl;"
         "print(json.dumps([mnnvl.__file__, sorted(m for m in ('kubernetes', 'kfp', 'hera', "
-        "'yaml') if m in sys.modules)]))"
+        "'yaml') if m in sys.modules), sorted(n for n, m in sys.modules.items() "
+        "if n.startswith('mnnvl') and getattr(m, '__file__', None))]))"
     )
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.run(
@@ -98,8 +99,16 @@ def test_runtime_image_files_alone_import_the_worker_entry_points(tmp_path):
         capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    where, clients = json.loads(proc.stdout.splitlines()[-1])
+    where, clients, modules = json.loads(proc.stdout.splitlines()[-1])
     assert where.startswith(str(root)) and clients == []
+    # Each module the workers import is in the image, not found through the checkout's install.
+    missing = [
+        m
+        for m in modules
+        if not (root / (m.replace(".", "/") + ".py")).exists()
+        and not (root / m.replace(".", "/") / "__init__.py").exists()
+    ]
+    assert missing == [], f"add to images/runtime.Dockerfile's COPY: {missing}"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from mnnvl.contract import exit_codes
 from mnnvl.contract.env import GPUS_PER_NODE
-from mnnvl.contract.termination import STOP, TERMINATION_PATH_ENV, parse
+from mnnvl.contract.termination import STOP, TERMINATION_PATH_ENV, Evidence, parse
+from mnnvl.runtime import evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,3 +157,17 @@ def test_a_worker_that_exits_by_itself_leaves_its_last_error_lines(tmp_path):
     evidence = message(tmp_path)
     assert (evidence.rank, evidence.verdict, evidence.reason) == (0, STOP, "out-of-memory")
     assert evidence.error == "CUDA out of memory: lower --batch-size"
+
+
+def test_a_workers_own_evidence_is_kept_and_completed_by_the_launcher(tmp_path: Path) -> None:
+    path = tmp_path / "termination-log"
+    own = Evidence(gpu="GPU-7a", error="disk full", nvlink={"0": {"crc": 2}})
+    path.write_text(own.to_message())
+    evidence.write(
+        Evidence(rank=1, exit_code=1, step="40", error="launcher's view"),
+        {TERMINATION_PATH_ENV: str(path)},
+    )
+    said = parse(path.read_text())
+    assert said is not None
+    assert (said.rank, said.exit_code, said.step) == (1, 1, "40")
+    assert (said.gpu, said.error, said.nvlink) == ("GPU-7a", "disk full", {"0": {"crc": 2}})

@@ -21,7 +21,15 @@ from mnnvl import manifests
 from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, OwnerRef, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import (
+    DomainSpec,
+    OwnerRef,
+    TrainConfig,
+    VerifyConfig,
+    WorkloadSpec,
+    from_inputs,
+    with_inputs,
+)
 from mnnvl.manifests import (
     CHANNEL_CLAIM,
     CLIQUE_LABEL,
@@ -49,10 +57,13 @@ RUN = "Run_42.nightly"
 
 WORKLOADS = {
     "limits": WorkloadSpec(run_id=RUN),
-    "claim": WorkloadSpec(run_id=RUN, gpu_mode="claim", gpus_per_node=8, owner=OWNER),
-    "cpu-only": WorkloadSpec(run_id=RUN, gpus_per_node=0, nodes=1, clique_affinity=False),
-    "claim-no-gpus": WorkloadSpec(run_id=RUN, gpu_mode="claim", gpus_per_node=0),
-    "full-rack": WorkloadSpec(
+    "claim": from_inputs(WorkloadSpec, run_id=RUN, gpu_mode="claim", gpus_per_node=8, owner=OWNER),
+    "cpu-only": from_inputs(
+        WorkloadSpec, run_id=RUN, gpus_per_node=0, nodes=1, clique_affinity=False
+    ),
+    "claim-no-gpus": from_inputs(WorkloadSpec, run_id=RUN, gpu_mode="claim", gpus_per_node=0),
+    "full-rack": from_inputs(
+        WorkloadSpec,
         run_id="r" * 63,
         namespace="n" * 63,
         purpose="verify-post",
@@ -261,7 +272,7 @@ def test_pod_references_the_channel_template_and_container_claims_match(name: st
     }
     used = [c["name"] for c in spec["containers"][0]["resources"]["claims"]]
     assert sorted(used) == sorted(claims)
-    if workload.gpu_mode == "claim" and workload.gpus_per_node:
+    if workload.placement.gpu_mode == "claim" and workload.gpus_per_node:
         assert claims[GPU_CLAIM]["resourceClaimTemplateName"] == names.gpu_template
 
 
@@ -274,7 +285,7 @@ def test_gpus_come_from_limits_or_a_claim_never_both(name: str) -> None:
     assert not (has_claim and "nvidia.com/gpu" in limits)
     if workload.gpus_per_node == 0:
         assert not has_claim and "nvidia.com/gpu" not in limits
-    elif workload.gpu_mode in ("limits", "auto"):  # auto renders as limits (no cluster)
+    elif workload.placement.gpu_mode in ("limits", "auto"):  # auto renders as limits (no cluster)
         assert limits == {"nvidia.com/gpu": str(workload.gpus_per_node)}
     else:
         assert has_claim and not limits
@@ -311,14 +322,19 @@ def test_job_is_indexed_one_pod_per_node_and_fails_fast() -> None:
     assert spec["completions"] == spec["parallelism"] == 18
     # Each gang restart costs every index one counted failure: max_restarts restarts need
     # that many retries per index, and the next failure fails the Job.
-    assert spec["backoffLimitPerIndex"] == workload.max_restarts == 5
+    assert spec["backoffLimitPerIndex"] == workload.recovery.max_restarts == 5
     assert train_job(WorkloadSpec(run_id=RUN))["spec"]["backoffLimitPerIndex"] == 3
-    assert train_job(WorkloadSpec(run_id=RUN, max_restarts=0))["spec"]["backoffLimitPerIndex"] == 0
+    assert (
+        train_job(from_inputs(WorkloadSpec, run_id=RUN, max_restarts=0))["spec"][
+            "backoffLimitPerIndex"
+        ]
+        == 0
+    )
     assert spec["maxFailedIndexes"] == 0
     assert spec["activeDeadlineSeconds"] == 90
     # A finished Job stays until teardown unless a TTL is asked for: a rerun finds its result.
     assert "ttlSecondsAfterFinished" not in train_job(WorkloadSpec(run_id=RUN))["spec"]
-    with_ttl = train_job(WorkloadSpec(run_id=RUN, ttl_after_finished_s=600))["spec"]
+    with_ttl = train_job(from_inputs(WorkloadSpec, run_id=RUN, ttl_after_finished_s=600))["spec"]
     assert with_ttl["ttlSecondsAfterFinished"] == 600
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     rules = spec["podFailurePolicy"]["rules"]
@@ -447,7 +463,7 @@ def test_worker_pod_passes_the_restricted_pod_security_standard_by_default(name:
 
 
 def test_baseline_pod_security_runs_the_images_own_user_and_passes_baseline_only() -> None:
-    workload = dataclasses.replace(WORKLOADS["limits"], pod_security="baseline")
+    workload = with_inputs(WORKLOADS["limits"], pod_security="baseline")
     template = train_job(workload)["spec"]["template"]
     assert "runAsUser" not in template["spec"]["securityContext"]
     baseline = {"metadata": {"labels": {ENFORCE_LABEL: "baseline"}}}
@@ -460,7 +476,7 @@ def test_shm_gpu_toleration_and_service_account() -> None:
     workload = WORKLOADS["full-rack"]
     spec = pod_spec(train_job(workload))
     assert spec["volumes"] == [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": workload.shm_size}}
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": workload.pod.shm_size}}
     ]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in spec["containers"][0]["volumeMounts"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
@@ -573,7 +589,8 @@ def test_checked_in_examples_and_rbac_match_what_their_sources_produce() -> None
 
 
 def test_scheduling_options_reach_the_pod_and_job_and_stay_valid() -> None:
-    workload = WorkloadSpec(
+    workload = from_inputs(
+        WorkloadSpec,
         run_id=RUN,
         node_selector={"pool": "gb200"},
         tolerations=("dedicated=ml:NoSchedule", "maintenance:NoExecute"),

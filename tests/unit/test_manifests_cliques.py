@@ -13,13 +13,13 @@ import yaml
 from mnnvl.errors import SpecError
 from mnnvl.inputs.defaults import MAX_GROUPS
 from mnnvl.inputs.names import RunNames
-from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, TrainConfig, VerifyConfig, WorkloadSpec, from_inputs
 from mnnvl.manifests import TRAIN_MODULE, headless_service, indexed_jobs, render_run
 from mnnvl.runtime.launch import with_node_rank
 from tests.unit.test_manifests import crd_errors, crd_validators, k8s_valid  # noqa: F401
 
 RUN = "Run_42.nightly"
-GROUPED = WorkloadSpec(run_id=RUN, nodes=6, nodes_per_clique=2, gpus_per_node=4)
+GROUPED = from_inputs(WorkloadSpec, run_id=RUN, nodes=6, nodes_per_clique=2, gpus_per_node=4)
 
 
 def _env(job: dict[str, Any]) -> dict[str, str]:
@@ -72,7 +72,7 @@ def test_each_group_sits_in_one_clique_of_its_own_and_no_two_groups_share_a_node
 
 def test_one_group_keeps_the_single_job_manifests() -> None:
     one = WorkloadSpec(run_id=RUN, nodes=4, gpus_per_node=4)
-    same = WorkloadSpec(run_id=RUN, nodes=4, nodes_per_clique=4, gpus_per_node=4)
+    same = from_inputs(WorkloadSpec, run_id=RUN, nodes=4, nodes_per_clique=4, gpus_per_node=4)
     assert indexed_jobs(one, TRAIN_MODULE, []) == indexed_jobs(same, TRAIN_MODULE, [])
     (job,) = indexed_jobs(one, TRAIN_MODULE, [])
     assert job["metadata"]["name"] == RunNames.for_run(RUN).job("train")
@@ -82,7 +82,9 @@ def test_one_group_keeps_the_single_job_manifests() -> None:
 def test_render_144_nodes_in_8_cliques_validates_against_kubernetes_and_both_crds(
     crd_validators: dict[str, Any],  # noqa: F811
 ) -> None:
-    workload = WorkloadSpec(run_id=RUN, nodes=144, nodes_per_clique=18, gpus_per_node=4)
+    workload = from_inputs(
+        WorkloadSpec, run_id=RUN, nodes=144, nodes_per_clique=18, gpus_per_node=4
+    )
     objs = render_run(DomainSpec(run_id=RUN), workload, TrainConfig(), VerifyConfig())
     kinds = [o["kind"] for o in objs]
     assert kinds == ["ComputeDomain", "Service", *["Job"] * 8, "Service", *["Job"] * 8]
@@ -130,8 +132,8 @@ def test_names_stay_dns_labels_for_any_group_count(group: int) -> None:
 
 
 def test_clique_groups_under_kueue_are_one_job_sliced_one_group_per_clique() -> None:
-    workload = WorkloadSpec(
-        run_id=RUN, nodes=4, nodes_per_clique=2, queue_name="gpu", topology_aware=True
+    workload = from_inputs(
+        WorkloadSpec, run_id=RUN, nodes=4, nodes_per_clique=2, queue_name="gpu", topology_aware=True
     )
     (job,) = indexed_jobs(workload, TRAIN_MODULE, [])  # one Kueue Workload: all or nothing
     assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
@@ -194,12 +196,12 @@ def test_launcher_exec_gives_a_group_pod_its_node_rank_and_becomes_the_program()
     missing = subprocess.run(
         [*cmd, "/no/such/program"], capture_output=True, text=True, timeout=60, check=False
     )
-    assert missing.returncode == 2 and "cannot run '/no/such/program'" in missing.stderr
+    assert missing.returncode == 127 and "cannot run '/no/such/program'" in missing.stderr
 
 
 def test_a_providers_clique_label_is_what_placement_kueue_and_the_workers_use() -> None:
     key = "cloud.example.com/nvlink-domain"
-    grouped = WorkloadSpec(run_id=RUN, nodes=4, nodes_per_clique=2, clique_label=key)
+    grouped = from_inputs(WorkloadSpec, run_id=RUN, nodes=4, nodes_per_clique=2, clique_label=key)
     for g, job in enumerate(indexed_jobs(grouped, TRAIN_MODULE, [])):
         affinity = job["spec"]["template"]["spec"]["affinity"]
         (term,) = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -212,7 +214,8 @@ def test_a_providers_clique_label_is_what_placement_kueue_and_the_workers_use() 
         assert [t["topologyKey"] for t in apart] == ["kubernetes.io/hostname", key]
         assert _env(job)["MNNVL_CLIQUE_LABEL"] == key
         assert "nvidia.com/gpu.clique" not in str(job), g
-    sliced = WorkloadSpec(
+    sliced = from_inputs(
+        WorkloadSpec,
         run_id=RUN,
         nodes=4,
         nodes_per_clique=2,
@@ -223,7 +226,9 @@ def test_a_providers_clique_label_is_what_placement_kueue_and_the_workers_use() 
     (job,) = indexed_jobs(sliced, TRAIN_MODULE, [])
     notes = job["spec"]["template"]["metadata"]["annotations"]
     assert notes["kueue.x-k8s.io/podset-slice-required-topology"] == key
-    whole = WorkloadSpec(run_id=RUN, nodes=2, queue_name="q", topology_aware=True, clique_label=key)
+    whole = from_inputs(
+        WorkloadSpec, run_id=RUN, nodes=2, queue_name="q", topology_aware=True, clique_label=key
+    )
     (job,) = indexed_jobs(whole, TRAIN_MODULE, [])
     notes = job["spec"]["template"]["metadata"]["annotations"]
     assert notes == {"kueue.x-k8s.io/podset-required-topology": key}
@@ -233,4 +238,4 @@ def test_a_providers_clique_label_is_what_placement_kueue_and_the_workers_use() 
 @pytest.mark.parametrize("bad", ["", "nvidia.com/", "-clique", "a/b/c", "x" * 64])
 def test_a_clique_label_that_is_no_label_key_is_refused_naming_the_field(bad: str) -> None:
     with pytest.raises(SpecError, match="clique_label"):
-        WorkloadSpec(run_id=RUN, clique_label=bad)
+        from_inputs(WorkloadSpec, run_id=RUN, clique_label=bad)

@@ -6,6 +6,7 @@ import pytest
 
 from mnnvl.driver.diagnose import Grace, pod_problem
 from mnnvl.errors import ProblemKind
+from mnnvl.inputs.spec import from_inputs
 
 
 def pod(phase="Pending", waiting="", unschedulable="", name="p-0"):
@@ -146,7 +147,7 @@ def test_a_restart_leaves_the_replacement_the_job_already_made_and_costs_one_fai
     # Index 1 failed and the Job controller replaced it before the driver looked.
     failed, replacement, peer = attempt(1, 0), attempt(1, 1, "Pending"), attempt(0, 0, "Running")
     pods = {p["metadata"]["name"]: p for p in (failed, replacement, peer)}
-    gang = Gang(Api(), WorkloadSpec(run_id="r1", max_restarts=1))  # type: ignore[arg-type]
+    gang = Gang(Api(), from_inputs(WorkloadSpec, run_id="r1", max_restarts=1))  # type: ignore[arg-type]
     assert gang.check(pods, None)
     assert deleted == ["j-0-a0"]  # not the replacement: its index would fail a second time
     assert replacement["metadata"]["uid"] not in gang.old  # it is the next generation

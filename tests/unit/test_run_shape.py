@@ -10,6 +10,7 @@ import yaml
 
 from mnnvl.cli import main as cli
 from mnnvl.inputs import surface
+from mnnvl.inputs.spec import from_inputs
 from mnnvl.run import RUN_PIPELINE
 
 COMPILED = Path(__file__).resolve().parents[2] / "pipelines" / "compiled"
@@ -86,7 +87,7 @@ def test_a_failed_verification_across_clique_groups_names_rank_0s_job(
 
     monkeypatch.setattr(steps, "launch", failed)
     monkeypatch.setattr(steps, "_require_result", lambda launched, kind: launched.result)
-    workload = WorkloadSpec(run_id="r1", nodes=4, nodes_per_clique=2, gpus_per_node=0)
+    workload = from_inputs(WorkloadSpec, run_id="r1", nodes=4, nodes_per_clique=2, gpus_per_node=0)
     job = RunNames.for_run("r1").job("verify", 0)
     with pytest.raises(VerificationFailed, match=f"Job {job}\\)"):
         steps.verify(workload, VerifyConfig())

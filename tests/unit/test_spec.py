@@ -10,16 +10,19 @@ from typing import Any
 import pytest
 
 from mnnvl.errors import SpecError
-from mnnvl.inputs import namespace
+from mnnvl.inputs import namespace, surface
 from mnnvl.inputs.checks import parse_bytes, parse_env
 from mnnvl.inputs.flags import add_arguments, from_namespace, to_args
 from mnnvl.inputs.spec import (
     DomainSpec,
     LaunchSpec,
     OwnerRef,
+    Placement,
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
+    from_inputs,
+    with_inputs,
 )
 
 RUN = "run-1"
@@ -165,7 +168,7 @@ def test_bad_input_is_refused_with_a_one_line_message_naming_the_field(
     cls: type, kwargs: dict[str, Any], field: str, phrase: str
 ) -> None:
     with pytest.raises(SpecError) as info:
-        cls(**kwargs)
+        from_inputs(cls, **kwargs)
     err = info.value
     assert err.field == field
     message = str(err)
@@ -251,7 +254,8 @@ def test_the_default_warmup_is_capped_at_a_shorter_run() -> None:
 def test_valid_inputs_are_accepted() -> None:
     domain = DomainSpec(run_id="Run_1.x", namespace="team-a", allocation_mode="All")
     assert domain.allocation_mode == "All" and domain.namespace == "team-a"
-    workload = WorkloadSpec(
+    workload = from_inputs(
+        WorkloadSpec,
         run_id="f81d4fae-7dec-11d0-a765-00a0c91e6bf6",
         image="registry.example.com:5000/team/trainer:1.0@sha256:" + "a" * 64,
         gpus_per_node=0,
@@ -320,7 +324,8 @@ def test_config_flags_round_trip_to_an_equal_dataclass(cls: type, cfg: Any) -> N
 
 def test_workload_flags_round_trip_including_env_and_booleans() -> None:
     owner = OwnerRef(api_version="v1", kind="Pod", name="launcher", uid="u-1")
-    cfg = WorkloadSpec(
+    cfg = from_inputs(
+        WorkloadSpec,
         run_id="Run_7",
         namespace="team-a",
         purpose="verify-post",
@@ -386,9 +391,9 @@ def test_scheduling_flags_parse_into_the_workload() -> None:
             "dedicated=ml:NoSchedule", "--tolerations", "", "--priority-class", "training-high",
             "--queue-name", "team-a"]  # fmt: skip
     workload = from_namespace(WorkloadSpec, parser.parse_args(argv), run_id=RUN)
-    assert workload.node_selector == {"pool": "gb200", "zone": ""}
-    assert workload.tolerations == ("dedicated=ml:NoSchedule",)  # blank items are dropped
-    assert (workload.priority_class, workload.queue_name) == ("training-high", "team-a")
+    assert workload.placement.node_selector == {"pool": "gb200", "zone": ""}
+    assert workload.placement.tolerations == ("dedicated=ml:NoSchedule",)  # blank items dropped
+    assert (workload.placement.priority_class, workload.queue_name) == ("training-high", "team-a")
 
 
 @pytest.mark.parametrize(
@@ -404,3 +409,21 @@ def test_ranges_print_as_numbers_are_typed_and_include_zero_where_it_is_valid(kw
     with pytest.raises(SpecError) as err:
         TrainConfig(**kwargs)
     assert str(err.value) == message
+
+
+def test_a_workloads_groups_are_the_groups_its_forms_show() -> None:
+    """Each input KFP and Argo carry in a group is read from that group of the workload."""
+    workload = from_inputs(WorkloadSpec, run_id=RUN, max_restarts=7, shm_size="1Gi")
+    assert (workload.recovery.max_restarts, workload.pod.shm_size) == (7, "1Gi")
+    grouped = [i for i in surface.class_inputs(WorkloadSpec) if i.group]
+    assert {i.group for i in grouped} == {"placement", "pod", "deadlines", "recovery"}
+    for item in grouped:
+        assert hasattr(getattr(workload, item.group), item.name), item.name
+
+
+def test_changing_a_grouped_input_checks_the_whole_workload_again() -> None:
+    workload = from_inputs(WorkloadSpec, run_id=RUN, nodes=4, nodes_per_clique=2)
+    with pytest.raises(SpecError, match=r"^nodes: 4 is not a multiple of nodes_per_clique 3"):
+        with_inputs(workload, nodes_per_clique=3)
+    both = with_inputs(workload, placement=Placement(gpu_mode="claim"), nodes_per_clique=4)
+    assert (both.placement.gpu_mode, both.placement.nodes_per_clique) == ("claim", 4)

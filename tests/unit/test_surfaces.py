@@ -3,7 +3,6 @@ same default, unless its declaration says why not; pipelines agree across orches
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import re
@@ -27,6 +26,7 @@ from mnnvl.inputs.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
+    leaves,
 )
 from mnnvl.pipelines import argo_workflow as aw
 from mnnvl.pipelines import kfp_pipeline as kp
@@ -77,7 +77,7 @@ def _cli_values(step: str) -> dict[str, Any]:
         extra: dict[str, Any] = {"command": ("x",)} if cls is LaunchSpec else {}
         extra |= {"run_id": "r1"} if step in NO_RUN_ID else {}
         obj = from_namespace(cls, ns, **extra)
-        values |= {f.name: _as_surface(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        values |= {f.name: _as_surface(value) for f, value in leaves(obj)}
     if "namespace" in values:  # the specs resolve '' to the pod's own: compare what was given
         values["namespace"] = ns.namespace or ""
     return values
@@ -87,7 +87,7 @@ def _resolved_defaults(step: str) -> dict[str, Any]:
     """The specs the surface defaults build (a model preset resolves its auto inputs)."""
     values: dict[str, Any] = {}
     for obj in surface.step_specs(step, "r1", {"command": ["x"]} if step == "launch" else {}):
-        values |= {f.name: _as_surface(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        values |= {f.name: _as_surface(value) for f, value in leaves(obj)}
     if "namespace" in values:
         values["namespace"] = ""  # as given, like _cli_values
     return values
@@ -374,8 +374,9 @@ def test_a_form_of_at_most_20_parameters_still_sets_every_input(name: str) -> No
             if field not in {i.name for i in surface.step_inputs(task.step)}:
                 continue
             for spec in specs:
-                if field in {f.name for f in dataclasses.fields(spec)}:
-                    got = getattr(spec, field)
+                values = {f.name: v for f, v in leaves(spec)}
+                if field in values:
+                    got = values[field]
                     got = [f"{k}={v}" for k, v in got.items()] if isinstance(got, dict) else got
                     assert _as_surface(got) == value, (item.name, task.name)
                     reached = True

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from mnnvl.cli.parser import build_parser
-from mnnvl.driver.gang import Rank0Progress
+from mnnvl.driver.rank0 import Rank0Progress
 from mnnvl.inputs import surface
 from mnnvl.inputs.flags import to_args
 from mnnvl.inputs.spec import VerifyConfig

@@ -20,9 +20,9 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from mnnvl.sim.api import protobuf
+from mnnvl.sim.api import protobuf, tables
 from mnnvl.sim.api.faults import Faults
-from mnnvl.sim.api.model import dry_run_requested
+from mnnvl.sim.api.model import TRAINER_GROUP, dry_run_requested
 from mnnvl.sim.api.rbac import (
     ANONYMOUS,
     MASTERS,
@@ -38,10 +38,11 @@ from mnnvl.sim.api.resources import (
     default_on_create,
     discovery,
     ensure_default_service_account,
+    job_update_error,
     openapi_v3,
     validate,
 )
-from mnnvl.sim.api.schemas import SchemaAdmission
+from mnnvl.sim.api.schemas import SchemaAdmission, invalid
 from mnnvl.sim.api.selectors import merge_patch, object_matcher
 from mnnvl.sim.api.serving import ServingServer
 from mnnvl.sim.api.store import RESOURCES, ApiError, Obj, Store
@@ -77,6 +78,8 @@ class ApiServer(ServingServer):
         # Validating admission after schema validation (PodSecurity, webhooks, quota).
         self.validators: list[Callable[[str, Obj], None]] = []
         self.kueue_served = False  # the Kueue CRDs exist only with the Kueue stand-in
+        self.minor = 36  # the Kubernetes minor version whose Job update rules apply
+        self.trainer_served = False  # the Trainer CRDs only with the Trainer stand-in
         self.bookmark_interval_s = 1.0
         self.request_count = 0
         self.counters: Counter[tuple[str, str]] = Counter()
@@ -217,6 +220,7 @@ class Handler(BaseHTTPRequestHandler):
             or len(rest) > 3
             or (plural == CD and not self.server.crd_installed)
             or (rt.group == KUEUE_GROUP and not self.server.kueue_served)
+            or (rt.group == TRAINER_GROUP and not self.server.trainer_served)
         ):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         label = f"{plural}/{sub}" if sub else plural
@@ -243,12 +247,16 @@ class Handler(BaseHTTPRequestHandler):
         if verb == "WATCH":
             return self._watch(plural, ns or None, q)
         dry_run = dry_run_requested(verb, q)
-        if verb == "LIST":
-            match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
-            items, rv = store.list(plural, ns or None, match)
-            return self._json(200, _list(plural, items, {"resourceVersion": str(rv)}))
-        if verb == "GET":
-            return self._json(200, store.get(plural, ns, name))
+        if verb in ("LIST", "GET"):
+            if verb == "LIST":
+                match = object_matcher(q.get("labelSelector"), q.get("fieldSelector"), plural)
+                items, rv = store.list(plural, ns or None, match)
+                answer = _list(plural, items, {"resourceVersion": str(rv)})
+            else:
+                answer = store.get(plural, ns, name)
+            if tables.wants_table(self.headers.get("Accept")):  # kubectl get
+                answer = tables.table(plural, answer, q.get("includeObject"))
+            return self._json(200, answer)
         if verb == "POST":
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "body must be a JSON object")
@@ -294,6 +302,9 @@ class Handler(BaseHTTPRequestHandler):
                 new["metadata"]["namespace"] = ns
             if not sub:
                 validate(plural, new, old, self.server.schemas)
+                refused = job_update_error(new, old, self.server.minor) if plural == "jobs" else ""
+                if refused:
+                    raise invalid(plural, new, [refused])
             result = store.update(plural, ns, name, new, sub or None, dry_run=dry_run)
         self._json(200, result)
 
@@ -345,6 +356,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         deadline = time.monotonic() + timeout
         bookmarks = _flag(q, "allowWatchBookmarks")
+        as_table = tables.wants_table(self.headers.get("Accept"))  # kubectl get -w
+        sent = 0
         # kube-apiserver's cacher sends a bookmark every interval and one 2 s before a
         # watch's deadline, none after that (cacheWatcher.nextBookmarkTime), so a client
         # resumes from near now.
@@ -370,8 +383,11 @@ class Handler(BaseHTTPRequestHandler):
                 if ev is None:
                     break
                 if match(ev.obj):
-                    line = json.dumps({"type": ev.type, "object": ev.obj}).encode() + b"\n"
-                    self._chunk(line)
+                    obj = ev.obj
+                    if as_table:
+                        obj = tables.table(plural, obj, q.get("includeObject"), not sent)
+                    sent += 1
+                    self._chunk(json.dumps({"type": ev.type, "object": obj}).encode() + b"\n")
             self._end_stream()
         finally:
             store.unsubscribe(sub)

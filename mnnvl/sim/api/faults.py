@@ -3,7 +3,8 @@
 Every fault is explicit and counted: request faults and watch expiries are consumed as they fire
 (``random_errors`` draws them with a seeded generator instead); pod faults ``Failed``,
 ``OOMKilled`` (exit code 137, reason OOMKilled) and ``CrashLoop`` hit the first pod of that Job
-index that starts, while ``ImagePullBackOff`` and ``Unschedulable`` hold every pod of that index.
+index that starts, while ``ImagePullBackOff`` and ``Unschedulable`` hold every pod of that index;
+``fail_node`` ends every container that starts on that node (a bad node).
 ``api_outage`` takes the API server off the network for a while, then lets it refuse requests
 for a moment as a restarted kube-apiserver does (see ``mnnvl.sim.api.serving``).
 """
@@ -41,6 +42,7 @@ class Faults:
         self._pods: list[PodFault] = []
         self._sticky: set[tuple[str, str]] = set()
         self._no_rct: set[str] = set()
+        self._nodes: dict[str, tuple[int, str]] = {}  # bad node -> (exit code, message)
         self.imex_delay_s = imex_delay_s
         # Nodes whose host nvidia-imex service is not ready (host-managed IMEX only).
         self.host_imex_down: set[str] = set()
@@ -128,6 +130,21 @@ class Faults:
                         self._pods.remove(f)
                     return f
         return None
+
+    def fail_node(self, node: str, exit_code: int = 137, message: str = "") -> None:
+        """A bad node: every container that starts there from now on ends at once with
+        ``exit_code`` (137: killed), ``message`` written to its termination message file."""
+        with self._lock:
+            self._nodes[node] = (exit_code, message)
+
+    def heal_node(self, node: str) -> None:
+        """Lift ``fail_node``."""
+        with self._lock:
+            self._nodes.pop(node, None)
+
+    def node_fault(self, node: str) -> tuple[int, str] | None:
+        with self._lock:
+            return self._nodes.get(node)
 
     def stick_finalizer(self, kind: str, name: str) -> None:
         """The object (kind "ComputeDomain" or a plural, and name) never loses its finalizers."""

@@ -28,6 +28,7 @@ class ResourceType:
 RBAC_GROUP = "rbac.authorization.k8s.io"
 DRA_GROUP = "resource.k8s.io"
 CD_GROUP = "resource.nvidia.com"
+TRAINER_GROUP = "trainer.kubeflow.org"
 CRD_GROUP, CRD_KIND = "apiextensions.k8s.io", "CustomResourceDefinition"
 TERMINAL = ("Succeeded", "Failed")  # the pod phases a pod never leaves
 RESOURCES: dict[str, ResourceType] = {
@@ -64,6 +65,17 @@ RESOURCES: dict[str, ResourceType] = {
         # Written by the Kueue stand-in only (kueue.py); v1beta2 is Kueue's storage version.
         ResourceType("workloads", "kueue.x-k8s.io", "v1beta2", "Workload", True, True),
         ResourceType("customresourcedefinitions", CRD_GROUP, "v1", CRD_KIND, False, True),
+        # Served with the Kubeflow Trainer stand-in only (mnnvl.sim.policy.trainer).
+        ResourceType("trainjobs", TRAINER_GROUP, "v1alpha1", "TrainJob", True, True),
+        ResourceType(
+            "clustertrainingruntimes",
+            TRAINER_GROUP,
+            "v1alpha1",
+            "ClusterTrainingRuntime",
+            False,
+            False,
+        ),
+        ResourceType("trainingruntimes", TRAINER_GROUP, "v1alpha1", "TrainingRuntime", True, False),
     )
 }
 KIND_TO_PLURAL = {r.kind.lower(): r.plural for r in RESOURCES.values()}

@@ -178,3 +178,10 @@ def grant_cluster_reader(store: Store, namespace: str) -> None:
     """``kubectl apply -k manifests/overlays/cluster-reader`` for ``namespace``'s runner."""
     for obj in rbac.cluster_reader_objects(namespace):
         store.create(resolve_kind(obj["kind"]), obj)
+
+
+def grant_trainer(store: Store, namespace: str) -> None:
+    """``kubectl apply -n <namespace> -k manifests/overlays/trainer`` for ``namespace``'s runner."""
+    for obj in rbac.trainer_objects(namespace):
+        obj["metadata"]["namespace"] = namespace
+        store.create(resolve_kind(obj["kind"]), obj)

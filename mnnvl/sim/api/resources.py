@@ -154,6 +154,43 @@ def validate(
         schemas.check(resource, new)
 
 
+# What a suspended Job's pod template may change (pkg/apis/batch/validation/validation.go,
+# validatePodTemplateUpdate with AllowMutableSchedulingDirectives): its scheduling directives.
+SCHEDULING = ("nodeSelector", "affinity", "tolerations", "schedulingGates")
+
+
+def job_update_error(new: Obj, old: Obj, minor: int) -> str:
+    """Why the API server refuses this change of a Job's pod template ("" when it allows it).
+
+    The template is immutable but for the scheduling directives of a Job that is suspended
+    and has not started (``status.startTime`` unset); from Kubernetes 1.36 also of one that
+    carries the ``Suspended`` condition and has no active pods
+    (``MutableSchedulingDirectivesForSuspendedJobs``, beta; ``pkg/registry/batch/job/
+    strategy.go`` reads the old Job's state)."""
+    before, after = old["spec"].get("template") or {}, new["spec"].get("template") or {}
+    if before == after:
+        return ""
+    field = 'spec.template: Invalid value: "...": field is immutable'
+    if _without_scheduling(before) != _without_scheduling(after):
+        return field
+    status = old.get("status") or {}
+    suspended = bool(old["spec"].get("suspend"))
+    safely = (
+        minor >= 36
+        and not status.get("active")
+        and any(
+            c.get("type") == "Suspended" and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+    )
+    return "" if suspended and ("startTime" not in status or safely) else field
+
+
+def _without_scheduling(template: Obj) -> Obj:
+    spec = {k: v for k, v in (template.get("spec") or {}).items() if k not in SCHEDULING}
+    return {"spec": spec}
+
+
 def _validate_cd(new: Obj, old: Obj | None, driver_version: str) -> None:
     error = _cd_error(new, old, driver_version)
     if error:

@@ -4,7 +4,9 @@ Built-in kinds (Jobs, Pods, Services, ResourceClaimTemplates) are validated agai
 Kubernetes 1.34 OpenAPI schema in strict mode (unknown fields rejected) with the schemas that
 ship in ``kubernetes_validate``; ComputeDomains against the ``openAPIV3Schema`` of the NVIDIA
 driver's CRD of the chosen driver line, read from ``<schema dir>/nvidia-dra-driver/…/crds``
-where the schema dir is ``SimCluster(schema_dir=…)`` or ``$MNNVL_SCHEMA_DIR``.
+where the schema dir is ``SimCluster(schema_dir=…)`` or ``$MNNVL_SCHEMA_DIR``; TrainJobs against
+Kubeflow Trainer's CRD at ``<schema dir>/kubeflow-trainer/crds`` where it is there
+(:mod:`mnnvl.sim.api.trainer_crd`), strict.
 ``kubernetes_validate``, ``jsonschema`` and ``yaml`` are imported lazily, on the first object
 validated, so importing ``mnnvl.sim`` stays standard-library only. Without a schema dir the
 ComputeDomain keeps the built-in rules of :mod:`mnnvl.sim.policy.admission` (required fields, enum,
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mnnvl.sim.api.model import RESOURCES, ApiError, Obj
+from mnnvl.sim.api.trainer_crd import trainjob_crd_path, trainjob_schema
 
 K8S_VERSION = "1.34.0"
 STRICT = ("jobs", "pods", "services", "resourceclaimtemplates")
@@ -47,6 +50,11 @@ class SchemaAdmission:
                 f"ComputeDomain CRD {self.crd_path} not found: set MNNVL_SCHEMA_DIR to the "
                 "directory `make schemas` fills"
             )
+        trainer_crd = trainjob_crd_path(configured) if configured else None
+        # TrainJobs against Trainer's CRD where the schema dir has it (strict: unknown fields
+        # refused); ``claims_per_node`` False plays a Trainer before v2.4.0, without the field.
+        self.trainer_crd = trainer_crd if trainer_crd and trainer_crd.is_file() else None
+        self.claims_per_node = True
         self._lock = threading.Lock()
         self._validators: dict[str, Any] = {}
         # A plain `pip install` has no validation libraries (they come with the dev extra):
@@ -66,6 +74,18 @@ class SchemaAdmission:
             self._check(resource, obj, self._builtin)
         elif resource == "computedomains" and self.crd_path is not None:
             self._check(resource, obj, self._crd)
+        elif resource == "trainjobs" and self.trainer_crd is not None:
+            self._check(resource, obj, self._trainjob)
+
+    def _trainjob(self, resource: str) -> Any:
+        import jsonschema
+
+        assert self.trainer_crd is not None
+        schema = trainjob_schema(self.trainer_crd)
+        if not self.claims_per_node:
+            trainer = schema["properties"]["spec"]["properties"]["trainer"]["properties"]
+            trainer.pop("resourceClaimsPerNode", None)
+        return jsonschema.Draft7Validator(schema)
 
     def _check(self, resource: str, obj: Obj, build: Any) -> None:
         with self._lock:

@@ -72,9 +72,13 @@ class JobController(Controller):
     name = "sim-job-controller"
     kinds = ("jobs", "pods")
 
-    def __init__(self, store: Store, admit: Callable[[str, Obj], None]) -> None:
+    def __init__(self, store: Store, admit: Callable[[str, Obj], None], minor: int = 36) -> None:
         super().__init__(store)
         self.admit = admit  # the API server's admission of a pod it creates
+        # Kubernetes 1.36 clears status.startTime on suspension
+        # (MutableSchedulingDirectivesForSuspendedJobs, beta); 1.34 and 1.35 keep it until
+        # the Job resumes, when it is set anew.
+        self.clears_start = minor >= 36
         self._create_failures: dict[str, int] = {}  # Job uid -> refused creates in a row
         self._ttl_armed: set[str] = set()
         # Pods already in their Job's status (what the real controller keeps in
@@ -186,7 +190,8 @@ class JobController(Controller):
             st = o.setdefault("status", {})
             conds = st.setdefault("conditions", [])
             add_condition(conds, "Suspended", ("JobSuspended", "Job suspended"), now_iso())
-            st.pop("startTime", None)
+            if self.clears_start:
+                st.pop("startTime", None)
             st.update(active=0, ready=0, terminating=len(progress.terminating))
 
         self.store.mutate("jobs", ns, name, write)

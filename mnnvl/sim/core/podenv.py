@@ -11,9 +11,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from mnnvl.contract.env import IMEX_CHANNEL_DIR, MASTER_ADDR, MASTER_PORT
+from mnnvl.contract.env import IMEX_CHANNEL_DIR, MASTER_ADDR, MASTER_PORT, PINNED
+from mnnvl.contract.termination import TERMINATION_PATH, TERMINATION_PATH_ENV
 from mnnvl.ports import free_port
 from mnnvl.sim.api.model import Obj
 from mnnvl.sim.api.store import Store
@@ -25,9 +26,13 @@ log = logging.getLogger(__name__)
 DNS_RE = re.compile(r"[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.svc(?:\.cluster\.local)?(?![A-Za-z0-9.-])")
 # What the container image itself provides, the image being this Python environment: the
 # search path for executables and what the interpreter needs to import the product and its
-# libraries (torch's CUDA libraries among them). Nothing else of the simulator's environment
-# reaches a pod: it starts with its spec's env and these.
+# libraries (torch's CUDA libraries among them).
 IMAGE_ENV = ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PATH")
+# What an image built for this host carries of the host's settings: its NCCL, NVSHMEM and torch
+# symmetric-memory variables (a shared multi-GPU host pins NVLink multicast off through them,
+# contract ``PINNED``). A pod spec's own value wins, except for a pinned one the host sets.
+# Nothing else of the simulator's environment reaches a pod.
+HOST_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_")
 VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -170,6 +175,9 @@ class ProcessEnv:
             mounts[IMEX_CHANNEL_DIR] = os.path.join(
                 self.devices_dir(workdir), os.path.basename(IMEX_CHANNEL_DIR)
             )
+            # The container's termination message file is the pod's own, named in the env.
+            mounts[message_path(container)] = termination_file(workdir)
+            pod_env[TERMINATION_PATH_ENV] = message_path(container)
         pod_env = {k: at_host(DNS_RE.sub(self._resolve, v), mounts) for k, v in pod_env.items()}
         pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
         pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
@@ -181,7 +189,7 @@ class ProcessEnv:
             cmd[0] = sys.executable
         if not cmd:
             raise OSError("container has no command (the simulator has no images)")
-        return cmd, {**{k: os.environ[k] for k in IMAGE_ENV if k in os.environ}, **pod_env}
+        return cmd, with_image_env(pod_env, os.environ)
 
     def service_of(self, name: str) -> tuple[str, str] | None:
         """(namespace, Service) of a ``….<service>.<namespace>.svc`` name when that Service
@@ -198,6 +206,17 @@ class ProcessEnv:
         return "127.0.0.1" if self.service_of(m.group(0)) else m.group(0)
 
 
+def with_image_env(pod_env: dict[str, str], host: Mapping[str, str]) -> dict[str, str]:
+    """A container's environment: the image's (``IMAGE_ENV`` and the host's ``HOST_PREFIXES``
+    variables), then the pod spec's ``pod_env``, then the host's pinned variables again, so
+    that no pod turns NVLink multicast back on where its host keeps it off."""
+    image = {k: v for k, v in host.items() if k in IMAGE_ENV or k.startswith(HOST_PREFIXES)}
+    pinned = {k: host[k] for k in PINNED if k in host}
+    for name in sorted(k for k in pinned if pod_env.get(k, pinned[k]) != pinned[k]):
+        log.warning("pod env %s=%s ignored: this host pins %s", name, pod_env[name], pinned[name])
+    return {**image, **pod_env, **pinned}
+
+
 def claim_mounts(pod: Obj, container: Obj, claim_dir: Callable[[str, str], str]) -> dict[str, str]:
     """The container's PVC mount paths -> their claims' host directories (``claim_dir``)."""
     ns = pod["metadata"]["namespace"]
@@ -211,6 +230,16 @@ def claim_mounts(pod: Obj, container: Obj, claim_dir: Callable[[str, str], str])
         for m in container.get("volumeMounts") or []
         if m.get("name") in claims
     }
+
+
+def message_path(container: Obj) -> str:
+    """The container's ``terminationMessagePath`` (the API server defaults it)."""
+    return str(container.get("terminationMessagePath") or TERMINATION_PATH)
+
+
+def termination_file(workdir: str) -> str:
+    """Where a pod's termination message file is on this machine."""
+    return os.path.join(workdir, "termination-log")
 
 
 def at_host(value: str, mounts: dict[str, str]) -> str:

@@ -24,13 +24,15 @@ from mnnvl.sim.api.events import record_event
 from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.model import TERMINAL
 from mnnvl.sim.api.store import Obj, Store, now_iso
-from mnnvl.sim.core.podenv import ProcessEnv, image_problem
+from mnnvl.sim.core.podenv import ProcessEnv, image_problem, termination_file
 from mnnvl.sim.core.procs import Container
 from mnnvl.sim.core.scheduler import INDEX_LABEL, JOB_LABEL
 from mnnvl.sim.nvidia.dra import ComputeDomainDriver, PrepareError, prepare_failure
 
 log = logging.getLogger(__name__)
 MAX_GRACE_S = 5.0  # the simulator caps terminationGracePeriodSeconds to keep teardown quick
+# The kubelet's limits on a termination message: the file's, and the log fallback's.
+MAX_MESSAGE_BYTES, MAX_LOG_BYTES, MAX_LOG_LINES = 4096, 2048, 80
 
 
 class Host(Protocol):
@@ -137,7 +139,9 @@ class PodWorker:
             if self.lost is not None:
                 self._imex_lost(code, started)
                 return
-            term = _terminated(code, started, "OOMKilled" if self.oom else "Error")
+            term = _terminated(
+                code, started, "OOMKilled" if self.oom else "Error", **self._message(code)
+            )
             if policy == "Never" or (policy == "OnFailure" and code == 0):
                 self._unprepare()
                 self._status("Succeeded" if code == 0 else "Failed", term, False)
@@ -275,6 +279,15 @@ class PodWorker:
                 f.write(f"simulated {fault.mode} fault: exit code {fault.exit_code}\n".encode())
             self.started.set()
             return fault.exit_code, started
+        bad = self.k.faults.node_fault(self.node)
+        if bad is not None:  # a bad node: the worker dies as it starts, every time
+            if bad[1]:
+                with open(termination_file(self.workdir), "w") as f:
+                    f.write(bad[1])
+            with open(self.log_path, "ab") as f:
+                f.write(f"simulated fault of node {self.node}: exit code {bad[0]}\n".encode())
+            self.started.set()
+            return bad[0], started
         try:
             cmd, env = self.k.env.command_and_env(self.pod, self.container, self.workdir)
             self.proc = Container(cmd, env, self.workdir, self.log_path, self.marker)
@@ -306,8 +319,26 @@ class PodWorker:
         if self.exit_code is None and self.proc is None:
             state: Obj = {"terminated": {"exitCode": code, "reason": "ContainerStatusUnknown"}}
         else:
-            state = _terminated(code, self.started_at, "Error")
+            state = _terminated(code, self.started_at, "Error", **self._message(code))
         self._status("Succeeded" if code == 0 else "Failed", state, False)
+
+    def _message(self, code: int) -> dict[str, str]:
+        """The container's termination message, as the kubelet reads it
+        (``pkg/kubelet/kuberuntime/kuberuntime_container.go``): the file's first
+        ``maxContainerTerminationMessageLength`` (4096) bytes; with ``FallbackToLogsOnError``,
+        when the file is empty and the container failed, its log's last 80 lines, at most
+        2048 bytes."""
+        try:
+            with open(termination_file(self.workdir), "rb") as f:
+                data = f.read(MAX_MESSAGE_BYTES)
+        except OSError:
+            data = b""
+        fallback = self.container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+        if not data and fallback and code != 0:
+            with open(self.log_path, "rb") as f:
+                lines = f.read().splitlines(keepends=True)[-MAX_LOG_LINES:]
+            data = b"".join(lines)[-MAX_LOG_BYTES:]
+        return {"message": data.decode(errors="replace")} if data else {}
 
     def kill(self, grace_s: float | None = None) -> None:
         """SIGTERM the container, SIGKILL it after the grace period (capped at MAX_GRACE_S)."""

@@ -4,7 +4,8 @@
 ``--default-not-ready-toleration-seconds``/``--default-unreachable-toleration-seconds``);
 ``node_unreachable`` what the node lifecycle controller does to a node that stopped reporting;
 ``NodeLifecycle`` the taint-eviction controller (pkg/controller/tainteviction) and the pod
-garbage collector (pkg/controller/podgc). A pod evicted from an unreachable node stays
+garbage collector (pkg/controller/podgc; its ``gcUnscheduledTerminating`` marks a pod deleted
+before it was bound ``Failed`` and force-deletes it). A pod evicted from an unreachable node stays
 Terminating, as no kubelet finishes it, until pod GC marks it ``Failed`` and force-deletes it:
 once its node object has been gone for the quarantine time, or when the not-ready node is
 tainted ``node.kubernetes.io/out-of-service``.
@@ -113,6 +114,11 @@ class NodeLifecycle(Controller):
                     pod, ("DeletionByPodGC", "PodGC: node no longer exists")
                 )
         self._gone_at = {k: v for k, v in self._gone_at.items() if k not in nodes}
+        # podgc gcUnscheduledTerminating: a pod deleted before it was bound has no kubelet
+        # to finish it (the Job controller may hold it with its tracking finalizer).
+        unbound, _ = self.store.list("pods", None, _unbound_terminating)
+        for pod in unbound:
+            self._fail_and_force_delete(pod, None)
 
     def _evict_if_due(self, pod: Obj, node: Obj, now: float) -> None:
         name = node["metadata"]["name"]
@@ -159,6 +165,14 @@ class NodeLifecycle(Controller):
             self.store.delete("pods", ns, name, grace_s=grace_s, precondition_uid=uid)
         except ApiError as e:  # gone or replaced meanwhile
             log.debug("node lifecycle: delete pod %s/%s: %s", ns, name, e)
+
+
+def _unbound_terminating(pod: Obj) -> bool:
+    return bool(
+        pod["metadata"].get("deletionTimestamp")
+        and not pod["spec"].get("nodeName")
+        and (pod.get("status") or {}).get("phase") not in TERMINAL
+    )
 
 
 def _set_condition(pod: Obj, reason: str, message: str) -> None:

@@ -1,0 +1,129 @@
+"""The train step as a Kubeflow Trainer TrainJob (``--workload trainjob``): create or adopt it,
+wait until Trainer reports it ``Complete``, return rank 0's RESULT."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mnnvl.driver.api import POD, RESOURCE_CLAIM_TEMPLATE, Api
+from mnnvl.driver.diagnose import (
+    LOG_TAIL_LINES,
+    Grace,
+    describe_pods,
+    pod_index,
+    pod_phase,
+    raise_on_stuck_pod,
+)
+from mnnvl.driver.gpus import resolve_gpu_mode
+from mnnvl.driver.lifecycle import JobOutcome, require_domain
+from mnnvl.driver.ownership import create_or_adopt
+from mnnvl.driver.trainjob import JOBSET_NAME_LABEL, TRAINJOB
+from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
+from mnnvl.driver.workload import parse_result
+from mnnvl.errors import WorkloadFailed
+from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.manifests import gpu_claim_template, wants_gpu_claim
+from mnnvl.manifests.trainjob import NODE, take_trainjob, trainjob
+
+RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
+TERMINAL = ("Succeeded", "Failed")
+
+
+def run_trainjob(
+    api: Api,
+    workload: WorkloadSpec,
+    module: str,
+    args: list[str],
+    runtime: str,
+    own: dict[str, Any] | None = None,
+) -> JobOutcome:
+    """Create (or adopt) the step's TrainJob, wait until Trainer reports it ``Complete``, and
+    return rank 0's RESULT, as :func:`mnnvl.driver.run_job` does for the Indexed Job.
+
+    Restarts are the runtime's (its JobSet ``failurePolicy``), so only pods that cannot start
+    fail the wait early, with the Job path's diagnoses; a failed pod is left to the JobSet,
+    and a TrainJob that turns ``Failed`` ends the wait with Trainer's reason. Each restart is
+    counted from the pods' ``jobset.sigs.k8s.io/restart-attempt`` label. ``own``: a team's
+    TrainJob, run as given but for the run's name, labels, claims and placement
+    (:func:`mnnvl.manifests.trainjob.take_trainjob`; ``module``, ``args`` and ``runtime`` unused).
+    """
+    require_domain(api, workload)
+    workload = resolve_gpu_mode(api, workload)
+    if wants_gpu_claim(workload):
+        create_or_adopt(api, RESOURCE_CLAIM_TEMPLATE, gpu_claim_template(workload))
+    body = take_trainjob(own, workload) if own else trainjob(workload, module, args, runtime)
+    runtime = str(body["spec"]["runtimeRef"]["name"])
+    name, ns = body["metadata"]["name"], workload.namespace
+    found, adopted = create_or_adopt(api, TRAINJOB, body)
+    pods = wait_for_trainjob(api, workload, name, runtime)
+    attempt = max((restart_attempt(p) for p in pods.values()), default=0)
+    rank0 = [k for k, p in pods.items() if pod_index(p) == "0" and restart_attempt(p) == attempt]
+    text = api.pod_log(ns, rank0[0], NODE) if rank0 else ""  # none: its pods were removed meanwhile
+    return JobOutcome(
+        job=name,
+        pods=sorted(pods),
+        result=parse_result(text),
+        log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
+        restarts=[{"attempt": i + 1} for i in range(attempt)],
+        adopted=("complete" if finished(found) else "running") if adopted else "",
+    )
+
+
+def wait_for_trainjob(api: Api, workload: WorkloadSpec, name: str, runtime: str) -> Objects:
+    """Until the TrainJob is ``Complete``: its pods then; raises on ``Failed``, on a pod that
+    cannot start (after its grace where one applies) and at the deadline."""
+    ns = workload.namespace
+    grace = Grace(workload.deadlines.unschedulable_grace_s)
+    deadline = Deadline(workload.deadlines.pods_running_timeout_s + workload.job_timeout_s)
+
+    def check(view: View) -> Objects | None:
+        tj = view["tj"].get(name)
+        if tj is None:
+            raise WorkloadFailed(f"TrainJob {ns}/{name} was deleted while the step waited")
+        done = finished(tj)
+        if done and done["type"] == "Failed":
+            pods = describe_pods(api, workload, name, view["pods"], deadline)
+            raise WorkloadFailed(
+                f"TrainJob {ns}/{name} failed: {done.get('reason')}: {done.get('message')}; "
+                f"pods: {pods}; the runtime's JobSet failurePolicy decides restarts "
+                f"(kubectl get clustertrainingruntime {runtime} -o yaml)"
+            )
+        if done:
+            return dict(view["pods"])
+        live = {k: p for k, p in view["pods"].items() if pod_phase(p) not in TERMINAL}
+        raise_on_stuck_pod(api, workload, live, {}, grace)
+        return None
+
+    return watch_until(
+        api,
+        ns,
+        {
+            "tj": Source(TRAINJOB, name=name),
+            "pods": Source(POD, label_selector=f"{JOBSET_NAME_LABEL}={name}"),
+        },
+        check,
+        deadline=deadline,
+        on_timeout=lambda view: timeout_error(
+            f"TrainJob {ns}/{name} to complete",
+            deadline,
+            describe_pods(api, workload, name, view["pods"], deadline),
+            f"check the TrainJob's and its JobSet's conditions (kubectl -n {ns} describe "
+            f"trainjob {name}; kubectl -n {ns} describe jobset {name})",
+        ),
+        progress=lambda view: (
+            f"TrainJob {ns}/{name}: {describe_pods(api, workload, name, view['pods'], deadline)}"
+        ),
+        recheck_in=lambda view: grace.grace_s / 2 or None,
+    )
+
+
+def finished(tj: dict[str, Any]) -> dict[str, Any] | None:
+    """Trainer's ``Complete`` or ``Failed`` condition, when one is True."""
+    for cond in (tj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def restart_attempt(pod: dict[str, Any]) -> int:
+    return int((pod["metadata"].get("labels") or {}).get(RESTART_ATTEMPT_LABEL, "0"))
