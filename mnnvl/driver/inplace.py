@@ -122,10 +122,10 @@ class InPlaceLog:
 def merged(recreated: Sequence[Any], in_place: InPlaceLog) -> list[dict[str, Any]]:
     """Every restart of a step in the order the driver saw them, each with ``how`` it
     restarted: "recreated" (every pod made again; ``recreated``: the gang's restarts, with
-    ``at`` and ``record()``) or "in-place" (the workers inside the pods)."""
+    ``seen``, monotonic, and ``record()``) or "in-place" (the workers inside the pods)."""
     with in_place._lock:
         timed = [(r.seen, r.record()) for r in in_place.restarts]
-    timed += [(r.at, {"how": "recreated", **r.record()}) for r in recreated]
+    timed += [(r.seen, r.record()) for r in recreated]
     return [record for _, record in sorted(timed, key=lambda t: t[0])]
 
 

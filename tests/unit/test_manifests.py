@@ -376,7 +376,7 @@ def test_container_command_and_env_match_what_the_worker_reads() -> None:
         "--node-rank=$(JOB_COMPLETION_INDEX)",
         "--master-addr=$(MASTER_ADDR)",
         "--master-port=$(MASTER_PORT)",
-        f"--max-restarts={workload.max_restarts}",
+        f"--max-restarts={workload.recovery.max_restarts}",
         "-m",
         "mnnvl.runtime.verify",
         "--iters",
