@@ -126,7 +126,8 @@ def merged(recreated: Sequence[Any], in_place: InPlaceLog) -> list[dict[str, Any
     with in_place._lock:
         timed = [(r.seen, r.record()) for r in in_place.restarts]
     timed += [(r.seen, r.record()) for r in recreated]
-    return [record for _, record in sorted(timed, key=lambda t: t[0])]
+    ordered = [record for _, record in sorted(timed, key=lambda t: t[0])]
+    return [{**record, "n": n} for n, record in enumerate(ordered, 1)]
 
 
 def restarts_words(recreated: int, in_place: int) -> str:
