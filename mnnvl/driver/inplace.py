@@ -126,8 +126,7 @@ def merged(recreated: Sequence[Any], in_place: InPlaceLog) -> list[dict[str, Any
     with in_place._lock:
         timed = [(r.seen, r.record()) for r in in_place.restarts]
     timed += [(r.seen, r.record()) for r in recreated]
-    ordered = [record for _, record in sorted(timed, key=lambda t: t[0])]
-    return [{**record, "n": n} for n, record in enumerate(ordered, 1)]
+    return [record for _, record in sorted(timed, key=lambda t: t[0])]
 
 
 def restarts_words(recreated: int, in_place: int) -> str:
