@@ -162,7 +162,7 @@ def no_restart_helps(attempt: Attempt, before: Attempt | None) -> str:
     if attempt.signature() is None or attempt.signature() != before.signature():
         return ""
     return (
-        f"{attempt.names()} failed with the same error at step {attempt.step} as "
+        f"{attempt.names()} failed with the same error at {_step(attempt.step)} as "
         f"{before.names()} in the attempt before, so a restart cannot change it "
         f"({attempt.evidence})"
     )
@@ -180,7 +180,7 @@ def describe(evidence: Evidence, code: int | None, lines_kept: int = 1) -> str:
     parts += [f"ECC errors on GPU {gpu}: {n}" for gpu, n in sorted(evidence.ecc.items())]
     parts += [f"Xid {xid} on GPU {gpu}" for gpu, xid in evidence.xid]
     if evidence.step is not None:
-        parts.append(f"at step {evidence.step}")
+        parts.append(f"at {_step(evidence.step)}")
     lines = [line.strip()[:300] for line in evidence.error.splitlines() if line.strip()]
     if lines:
         kept = lines[-lines_kept:]
@@ -217,3 +217,9 @@ def _finished(pod: dict[str, Any]) -> str | None:
 
 def _epoch(rfc3339: str) -> float:
     return float(calendar.timegm(time.strptime(rfc3339[:19], "%Y-%m-%dT%H:%M:%S")))
+
+
+def _step(step: str | None) -> str:
+    """The worker's last progress as words: "40" and "step 40" both read "step 40"."""
+    text = str(step or "")
+    return f"step {text}" if text[:1].isdigit() else text
