@@ -157,9 +157,12 @@ class Retry:
         return "".join(self.lines)
 
     def report(self, what: str) -> None:
+        def s(seconds: float | None) -> str:
+            return "—" if seconds is None else f"{seconds:.2f} s"
+
         print(
-            f"{what}: retry adopted the Job after {self.adopted_s:.2f} s, followed rank 0 after "
-            f"{self.following_s:.2f} s, finished after {self.wall_s:.1f} s"
+            f"{what}: retry adopted the Job after {s(self.adopted_s)}, followed rank 0 after "
+            f"{s(self.following_s)}, finished after {self.wall_s:.1f} s"
         )
 
 
