@@ -23,10 +23,8 @@ from typing import Any
 
 from mnnvl.contract import env as contract_env
 from mnnvl.errors import SpecError
-from mnnvl.inputs.checks import parse_toleration
 from mnnvl.inputs.names import LABEL_COMPONENT, LABEL_RUN_ID, MANAGED_BY, RunNames
 from mnnvl.inputs.spec import WorkloadSpec
-from mnnvl.inputs.storage import parse_pvc
 from mnnvl.manifests.claims import wants_gpu_claim
 from mnnvl.manifests.domain import object_meta
 from mnnvl.manifests.workload import (
@@ -36,11 +34,13 @@ from mnnvl.manifests.workload import (
     HOSTNAME_LABEL,
     KUEUE_QUEUE_LABEL,
     KUEUE_REQUIRED_TOPOLOGY,
-    PVC_VOLUME,
-    SHM_VOLUME,
     command,
+    container_security,
     pod_env,
     pod_security_context,
+    tolerations,
+    volume_mounts,
+    volumes,
 )
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -164,40 +164,14 @@ def runtime_patch(workload: WorkloadSpec) -> dict[str, Any]:
         pod_meta["annotations"] = {KUEUE_REQUIRED_TOPOLOGY: workload.placement.clique_label}
     pod: dict[str, Any] = {
         "affinity": affinity(workload),
-        "tolerations": [
-            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-            *(parse_toleration(item) for item in workload.placement.tolerations),
-        ],
+        "tolerations": tolerations(workload),
         "securityContext": pod_security_context(workload.pod),
-        "volumes": [
-            {
-                "name": SHM_VOLUME,
-                "emptyDir": {"medium": "Memory", "sizeLimit": workload.pod.shm_size},
-            },
-            *(
-                {
-                    "name": f"{PVC_VOLUME}-{i}",
-                    "persistentVolumeClaim": {"claimName": m.claim, "readOnly": m.read_only},
-                }
-                for i, m in enumerate(parse_pvc(workload.pod.pvc))
-            ),
-        ],
+        "volumes": volumes(workload.pod),
         "containers": [
             {
                 "name": NODE,
-                "volumeMounts": [
-                    {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
-                    *(
-                        {"name": f"{PVC_VOLUME}-{i}", "mountPath": m.path, "readOnly": m.read_only}
-                        for i, m in enumerate(parse_pvc(workload.pod.pvc))
-                    ),
-                ],
-                "securityContext": {
-                    "privileged": False,
-                    "allowPrivilegeEscalation": False,
-                    "capabilities": {"drop": ["ALL"]},
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
+                "volumeMounts": volume_mounts(workload.pod),
+                "securityContext": container_security(),
             }
         ],
     }

@@ -281,20 +281,52 @@ def container(
         "terminationMessagePath": termination.TERMINATION_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": resources,
-        "volumeMounts": [
-            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
-            *(
-                {"name": f"{PVC_VOLUME}-{i}", "mountPath": m.path, "readOnly": m.read_only}
-                for i, m in enumerate(parse_pvc(workload.pod.pvc))
-            ),
-        ],
-        "securityContext": {
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "volumeMounts": volume_mounts(workload.pod),
+        "securityContext": container_security(),
     }
+
+
+def container_security() -> dict[str, Any]:
+    """Every worker container: no privileges (PodSecurity "restricted" asks for each)."""
+    return {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def volumes(pod: PodTemplate) -> list[dict[str, Any]]:
+    """A worker pod's volumes: its shared memory and each ``--pvc`` claim."""
+    return [
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": pod.shm_size}},
+        *(
+            {
+                "name": f"{PVC_VOLUME}-{i}",
+                "persistentVolumeClaim": {"claimName": m.claim, "readOnly": m.read_only},
+            }
+            for i, m in enumerate(parse_pvc(pod.pvc))
+        ),
+    ]
+
+
+def volume_mounts(pod: PodTemplate) -> list[dict[str, Any]]:
+    """Where the worker container mounts ``volumes(pod)``."""
+    return [
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        *(
+            {"name": f"{PVC_VOLUME}-{i}", "mountPath": m.path, "readOnly": m.read_only}
+            for i, m in enumerate(parse_pvc(pod.pvc))
+        ),
+    ]
+
+
+def tolerations(workload: WorkloadSpec) -> list[dict[str, Any]]:
+    """GPU nodes' taint and the ``--toleration`` ones."""
+    return [
+        {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+        *(parse_toleration(item) for item in workload.placement.tolerations),
+    ]
 
 
 def pod_failure_policy() -> dict[str, Any]:
@@ -357,21 +389,9 @@ def pod_spec(
         "enableServiceLinks": False,
         "resourceClaims": claims,
         "containers": [container(workload, module, args, group)],
-        "volumes": [
-            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": pod.shm_size}},
-            *(
-                {
-                    "name": f"{PVC_VOLUME}-{i}",
-                    "persistentVolumeClaim": {"claimName": m.claim, "readOnly": m.read_only},
-                }
-                for i, m in enumerate(parse_pvc(pod.pvc))
-            ),
-        ],
+        "volumes": volumes(pod),
         "affinity": affinity(workload, job, group),
-        "tolerations": [
-            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
-            *(parse_toleration(item) for item in place.tolerations),
-        ],
+        "tolerations": tolerations(workload),
         "securityContext": pod_security_context(pod),
     }
     if place.node_selector:
