@@ -1,14 +1,19 @@
 """Recovery cost of a lost and of a hung worker, end to end on the simulated cluster.
 
-One training run per fault through the product's train step (``steps.train`` against
-``mnnvl.sim``: the driver, the Job, gang restarts, checkpoints on a PersistentVolumeClaim every
-``--every`` steps). The worker test hook makes rank ``--rank`` (default: the last) signal
+One training run per fault and recovery path through the product's train step
+(``steps.train`` against ``mnnvl.sim``: the driver, the Job, restarts, checkpoints on a
+PersistentVolumeClaim every ``--every`` steps). ``--paths in-place,recreated`` (the default)
+runs each fault twice, side by side: restarted in place (the workers inside the pods, the
+default) and with the pods recreated (``MNNVL_IN_PLACE_RESTARTS=0``, every pod deleted and
+made again). The worker test hook makes rank ``--rank`` (default: the last) signal
 itself right after step ``--fail-at``, once: SIGKILL is a lost worker, SIGSTOP a hung one
 (its peers' collectives time out after ``--collective-timeout-s``; a worker with no peer is
 stopped by its pod's watchdog after ``--stall-timeout-s``). For each it prints, in seconds
-after the fault: the pod failed (its exit code), the driver detected it and began the gang
-restart, every replacement pod ran, the restarted rank 0 logged its first step; and the
-steps redone (finished after the checkpoint the run resumed from, so done twice).
+after the fault: the pod failed (its exit code; none in place), the restart began (the driver's
+gang restart, or the launchers' in-place line), every pod ran again (in place: every launcher
+ready to start its workers), the restarted rank 0 loaded the checkpoint and logged its first
+step; and the steps redone (finished after the checkpoint the run resumed from, so done
+twice).
 
 Worker times come from the workers' own log lines (wall clock, ms), the driver's from its log
 record, pod phases from polling the simulator's store every 50 ms.
@@ -39,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from mnnvl import steps
+from mnnvl.contract import env as contract_env
 from mnnvl.driver.diagnose import exit_code, pod_index
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec, from_inputs
@@ -53,7 +59,9 @@ LOG_LINE = re.compile(
 )
 STEP = re.compile(r"^step (\d+) loss ")
 RESUMED = re.compile(r"^resumed from \S+ \(step (\d+)\)")
+IN_PLACE = re.compile(r"^in-place restart \d+ ")
 FAULTS = {"kill": "SIGKILL", "stop": "SIGSTOP"}
+PATHS = {"in-place": {}, "recreated": {contract_env.IN_PLACE_RESTARTS: "0"}}
 
 
 def log_lines(text: str) -> list[tuple[float, str]]:
@@ -112,22 +120,27 @@ def timeline(w: Watcher, nodes: int) -> dict[str, Any]:
     failed = sorted(
         (p for p in pods if "Failed" in p.get("phases", {})), key=lambda p: p["phases"]["Failed"]
     )
-    pod_failed = failed[0]["phases"]["Failed"]  # later ones: the gang restart's deletions
     new = [p for p in pods if p["seen"] > fault]  # the replacements (the gang restarted)
     running = sorted(p["phases"].get("Running", float("inf")) for p in new)
-    rank0 = next((p for p in new if p["index"] == "0"), None)
-    lines = log_lines(rank0.get("log", "")) if rank0 else []
+    # In place the same rank-0 pod goes on: its lines after the fault.
+    rank0 = next((p for p in new or pods if p["index"] == "0"), None)
+    lines = [(t, m) for t, m in log_lines(rank0.get("log", "")) if t > fault] if rank0 else []
+    in_place = next((t for t, msg in lines if IN_PLACE.match(msg)), None)
     first = next(((t, int(m.group(1))) for t, msg in lines if (m := STEP.match(msg))), None)
     loaded, resumed = next(
         ((t, int(m.group(1))) for t, msg in lines if (m := RESUMED.match(msg))), (None, None)
     )
     at = lambda t: None if t is None or t == float("inf") else round(t - fault, 2)  # noqa: E731
+    detected = min((t for t in w.detected if t >= fault), default=None)
     return {
         "fault": hook[0][1],
-        "failed_pod": f"index {failed[0]['index']}, exit code {failed[0].get('exit')}",
-        "pod_failed_s": at(pod_failed),
-        "detected_s": at(min((t for t in w.detected if t >= fault), default=None)),
-        "gang_restarted_s": at(running[nodes - 1]) if len(running) >= nodes else None,
+        "how": "in-place" if in_place is not None and not new else "recreated",
+        "failed_pod": f"index {failed[0]['index']}, exit code {failed[0].get('exit')}"
+        if failed
+        else None,
+        "pod_failed_s": at(failed[0]["phases"]["Failed"]) if failed else None,
+        "detected_s": at(in_place if detected is None else detected),
+        "gang_restarted_s": at(running[nodes - 1]) if len(running) >= nodes else at(in_place),
         "checkpoint_loaded_s": at(loaded),
         "first_resumed_step_s": at(first[0]) if first else None,
         "resumed_from_step": resumed,
@@ -135,8 +148,8 @@ def timeline(w: Watcher, nodes: int) -> dict[str, Any]:
     }
 
 
-def one_fault(args: argparse.Namespace, fault: str, sim: SimCluster) -> dict[str, Any]:
-    run_id = f"rec-{fault}-{int(time.time())}"
+def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) -> dict[str, Any]:
+    run_id = f"rec-{fault}-{path}-{int(time.time())}"
     rank = args.rank if args.rank >= 0 else args.nodes * max(1, args.gpus_per_node) - 1
     domain = DomainSpec(run_id=run_id, delete_timeout_s=120)
     workload = from_inputs(
@@ -146,7 +159,7 @@ def one_fault(args: argparse.Namespace, fault: str, sim: SimCluster) -> dict[str
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         pvc=(f"{CLAIM}:{MOUNT}",),
-        env={SIGNAL_AT_ENV: f"{args.fail_at}:{rank}:{FAULTS[fault]}"},
+        env={SIGNAL_AT_ENV: f"{args.fail_at}:{rank}:{FAULTS[fault]}", **PATHS[path]},
         pods_running_timeout_s=600,
         job_timeout_s=3600,
         max_restarts=args.max_restarts,
@@ -199,6 +212,7 @@ def main() -> int:
     parser.add_argument("--fail-at", type=int, default=25, help="the fault follows this step")
     parser.add_argument("--rank", type=int, default=-1, help="the faulted rank (-1: the last)")
     parser.add_argument("--faults", default="kill,stop", help="kill, stop or both")
+    parser.add_argument("--paths", default="in-place,recreated", help="in-place, recreated or both")
     parser.add_argument("--collective-timeout-s", type=float, default=10)
     parser.add_argument("--stall-timeout-s", type=float, default=20)
     parser.add_argument(
@@ -219,17 +233,20 @@ def main() -> int:
     with SimCluster(nodes=args.nodes, gpus_per_node=args.gpus_per_node, local_gpus=gpus) as sim:
         _claim(sim)
         for fault in args.faults.split(","):
-            figures[fault] = one_fault(args, fault, sim)
+            for path in args.paths.split(","):
+                figures[f"{fault} {path}"] = one_fault(args, fault, path, sim)
+    runs = [k for k in figures if " " in k]
     for fault in args.faults.split(","):
-        rank = figures[fault]["rank"]
-        print(f"\n{fault} ({FAULTS[fault]} of rank {rank} after step {args.fail_at})")
-        for key, value in figures[fault].items():
-            print(f"  {key:22} {value}")
+        print(f"\n{fault} ({FAULTS[fault]} of the last rank after step {args.fail_at})")
+        these = [k for k in runs if k.startswith(f"{fault} ")]
+        print(f"  {'':22} " + " ".join(f"{k.split(' ', 1)[1]:>24}" for k in these))
+        for key in figures[these[0]]:
+            print(f"  {key:22} " + " ".join(f"{figures[k][key]!s:>24}" for k in these))
     line = json.dumps({"bench": "recovery", **figures})
     print(line)
     if args.json_out:
         Path(args.json_out).write_text(line + "\n")
-    return 0 if all(figures[f]["ok"] for f in args.faults.split(",")) else 1
+    return 0 if all(figures[k]["ok"] for k in runs) else 1
 
 
 def _claim(sim: SimCluster) -> None:

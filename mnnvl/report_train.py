@@ -124,6 +124,8 @@ def goodput_line(result: dict[str, Any]) -> str:
     value = result.get("goodput")
     faults = result.get("faults") or []
     restarts = f"{len(faults)} restart{'' if len(faults) == 1 else 's'}"
+    in_place = sum(f.get("how") == "in-place" for f in faults)
+    restarts += f" ({in_place} in place)" if in_place else ""
     redone = sum(f.get("steps_lost") or 0 for f in faults)
     share = MISSING if value is None else f"{value:.0%}"
     return f"goodput {share} of the train step's wall time; {restarts}, steps redone: {redone}"

@@ -35,6 +35,8 @@ NODES_PER_GROUP = "MNNVL_NODES_PER_GROUP"
 NODE_RANK_BASE = "MNNVL_NODE_RANK_BASE"
 # The pod's node (downward API ``spec.nodeName``), named by a worker's failure reasons.
 NODE_NAME = "MNNVL_NODE_NAME"
+# The pod's name (downward API ``metadata.name``), named by an in-place restart's log line.
+POD_NAME = "MNNVL_POD_NAME"
 # Where the container runtime puts the IMEX channel devices of the ComputeDomain's channel
 # claim (the compute-domain kubelet plugin's CDI spec). Every worker pod carries that claim,
 # and the Job names this directory in ``IMEX_CHANNELS``: verify fails a pod that has none
@@ -45,6 +47,10 @@ IMEX_CHANNELS = "MNNVL_IMEX_CHANNELS"
 # The node label the placement keeps each group inside (``--clique-label``): the workers name it
 # when the GPUs' NVML clique IDs show a group that spans two cliques.
 CLIQUE_LABEL = "MNNVL_CLIQUE_LABEL"
+
+# "0" turns in-place restarts off (``mnnvl.runtime.inplace``): every restart recreates the
+# pods. A user value (``--env``), read by the pod's launcher.
+IN_PLACE_RESTARTS = "MNNVL_IN_PLACE_RESTARTS"
 
 # Set by the Job itself (rendezvous, rank, profile); a user value would break the run.
 JOB_OWNED = (
@@ -63,6 +69,7 @@ JOB_OWNED = (
     NODES_PER_GROUP,
     NODE_RANK_BASE,
     NODE_NAME,
+    POD_NAME,
     IMEX_CHANNELS,
     CLIQUE_LABEL,
 )

@@ -68,6 +68,7 @@ from mnnvl.driver.diagnose import (
     terminated,
 )
 from mnnvl.driver.exclude import NodeBlame
+from mnnvl.driver.inplace import InPlaceLog
 from mnnvl.driver.problem import problem
 from mnnvl.driver.rank0 import Rank0Progress, resumes_from
 from mnnvl.driver.wait import Objects
@@ -98,6 +99,7 @@ class Gang:
         self.attempts: dict[tuple[str, str], set[str]] = {}  # (Job, index) -> pod uids
         self.old: set[str] = set()  # pods of generations already restarted
         self.restarts: list[Restart] = []
+        self.in_place = InPlaceLog()  # the pods' own restarts: the same budget
         self.lost_nodes: dict[str, str] = {}  # node -> what its lost pod's condition said
         # Blamed and excluded nodes. Under Kueue the Jobs' suspension is Kueue's: no exclusion.
         self.nodes = NodeBlame(api, workload.namespace, self.jobs, not workload.queue_name)
@@ -238,18 +240,19 @@ class Gang:
         ``everyone``: the restart suspends the Jobs, so replacements go too."""
         name, code = failed["metadata"]["name"], exit_code(failed)
         first = f"; failed first: {attempt.names()}: {attempt.evidence}"
-        if len(self.restarts) >= self.workload.recovery.max_restarts:
+        if len(self.restarts) + len(self.in_place) >= self.workload.recovery.max_restarts:
             found = problem(
                 ProblemKind.RESTARTS_EXHAUSTED,
                 pod=name,
                 exit_code=code,
-                restarts=len(self.restarts),
+                restarts=len(self.restarts) + len(self.in_place),
                 max_restarts=self.workload.recovery.max_restarts,
             )
             ns = self.workload.namespace
             tail = log_tail(self.api, ns, name)
             seen = imex_import(failed_problem(failed), tail)
             why = f"; {seen.message}; {hint(seen, ns, '')}" if seen is not None else ""
+            why += self.in_place.earlier()
             raise found.error(
                 f"pod {name} {found.message}{first}{why}; check `kubectl logs -n {ns} {name}`; "
                 f"last log lines:\n{tail}"

@@ -49,6 +49,7 @@ from mnnvl.driver.diagnose import (
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.gang import Gang
 from mnnvl.driver.gpus import resolve_gpu_mode
+from mnnvl.driver.inplace import merged, restarts_words
 from mnnvl.driver.kueue import describe, evicted, raise_if_inadmissible, workload_source
 from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
 from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
@@ -149,7 +150,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
         pods=sorted(pods),
         result=result,
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
-        restarts=watch.gang.summary(),
+        restarts=merged(watch.gang.restarts, watch.in_place),
         adopted=adopted,
     )
 
@@ -218,6 +219,7 @@ class JobWatch:
         self.eviction_said = True  # the last eviction logged with Kueue's reason
         self.running_logged = -1
         self.gang = Gang(api, workload, self.jobs)
+        self.in_place = self.gang.in_place  # restarts inside the pods, from rank 0's log
         self.follower: LogFollower | None = None  # rank 0's log, of its current pod
 
     def run(self) -> Objects:
@@ -418,7 +420,9 @@ class JobWatch:
         if running >= workload.nodes:
             self.job_deadline = Deadline(workload.job_timeout_s)
             if self.follow:
-                self.follower = LogFollower(self.api, workload.namespace, rank0_pod(pods, self.job))
+                self.follower = LogFollower(
+                    self.api, workload.namespace, rank0_pod(pods, self.job), self.in_place.line
+                )
             return
         if self.pods_deadline is not None and self.pods_deadline.expired:
             names = RunNames.for_run(workload.run_id)
@@ -456,7 +460,9 @@ class JobWatch:
                 and not pod["metadata"].get("deletionTimestamp")
             ]
             if rank0:
-                self.follower = LogFollower(self.api, self.workload.namespace, rank0[0])
+                self.follower = LogFollower(
+                    self.api, self.workload.namespace, rank0[0], self.in_place.line
+                )
                 self.gang.restarts[-1].after = self.follower.progress
         return False
 
@@ -506,8 +512,8 @@ class JobWatch:
                 f"Job {self.workload.namespace}/{self.job} running for "
                 f"{self.job_deadline.elapsed():.0f} s of at most {self.job_deadline.timeout_s:g} s"
             )
-            if self.gang.restarts:
-                line += f"; restarts {len(self.gang.restarts)}"
+            if self.gang.restarts or self.in_place:
+                line += f"; {restarts_words(len(self.gang.restarts), len(self.in_place))}"
             if self.follower is not None:
                 line += f"; {self.follower.describe()}"
             return line

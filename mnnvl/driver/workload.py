@@ -9,6 +9,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mnnvl.contract.result import parse_result as worker_result
@@ -265,8 +266,11 @@ class LogFollower:
     """Follows one pod's log in a thread, keeping its lines: each is logged at DEBUG with the
     pod as prefix, its progress as one line at INFO (:class:`ProgressLine`)."""
 
-    def __init__(self, api: Api, namespace: str, pod: str) -> None:
+    def __init__(
+        self, api: Api, namespace: str, pod: str, on_line: Callable[[str], None] | None = None
+    ) -> None:
         self.api, self.namespace, self.pod = api, namespace, pod
+        self.on_line = on_line  # also handed every line (in-place restarts)
         self.lines: list[str] = []
         self.progress = Rank0Progress()  # the steps the pod logged, for restarts' records
         self.shown = ProgressLine()
@@ -278,6 +282,8 @@ class LogFollower:
             for line in self.api.follow_log(self.namespace, self.pod):
                 self.lines.append(line)
                 self.progress.line(line)
+                if self.on_line is not None:
+                    self.on_line(line)
                 logger.debug("[%s] %s", self.pod, line)
                 first = self.shown.line(line)
                 if first:

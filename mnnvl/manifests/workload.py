@@ -165,17 +165,23 @@ def pod_env(workload: WorkloadSpec, group: int | None = None) -> list[dict[str, 
     # would not expand here: NODE_RANK reads the same annotation directly.
     node_rank = {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}
     node = {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    pod = {"fieldRef": {"fieldPath": "metadata.name"}}
     return [
         *({"name": k, "value": v} for k, v in env.items() if k not in contract_env.PINNED),
         {"name": contract_env.NODE_RANK, "valueFrom": node_rank},
         {"name": contract_env.NODE_NAME, "valueFrom": node},
+        {"name": contract_env.POD_NAME, "valueFrom": pod},
     ]
 
 
-def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
+def command(
+    module: str, args: list[str], grouped: bool = False, max_restarts: int = 0
+) -> list[str]:
     """The entry module on every node through ``mnnvl.runtime.launch``; ``$(VAR)`` is expanded
     by the kubelet from the env. A clique group's pods leave the node rank to the launcher
     (the group's first node rank plus the completion index: the kubelet cannot add).
+    ``max_restarts`` (``--max-restarts``): the launchers restart failed workers in place
+    within the step's one restart budget (``mnnvl.runtime.inplace``).
 
     ``module`` empty: ``args`` is the whole command, run as given once per pod, reading the
     rendezvous from the env; with clique groups through the launcher's ``--exec``, which sets
@@ -197,6 +203,7 @@ def command(module: str, args: list[str], grouped: bool = False) -> list[str]:
         *rank,
         "--master-addr=$(MASTER_ADDR)",
         "--master-port=$(MASTER_PORT)",
+        f"--max-restarts={max_restarts}",
         "-m",
         module,
         *(a.replace("$", "$$") for a in args),
@@ -269,7 +276,9 @@ def container(
         "name": CONTAINER,
         "image": workload.image,
         "imagePullPolicy": workload.pod.image_pull_policy,
-        "command": command(module, args, grouped=group is not None),
+        "command": command(
+            module, args, grouped=group is not None, max_restarts=workload.recovery.max_restarts
+        ),
         "env": [
             *pod_env(workload, group),
             {"name": termination.TERMINATION_PATH_ENV, "value": termination.TERMINATION_PATH},

@@ -17,7 +17,9 @@ Job could not tell bad input (2) or a failed verification (4) from a crash worth
 The first failed worker, SIGTERM/SIGINT/SIGHUP (then 128 + the signal) or a worker silent
 past its stall timeout (:mod:`mnnvl.runtime.progress`; then ``exit_codes.STALLED``) stops
 every worker: SIGTERM followed by SIGCONT (a stopped worker ends at once), SIGKILL after
-``--grace-s``. No elastic restarts: the driver restarts every rank. A module that cannot be
+``--grace-s``. With ``--max-restarts N`` (the Job builder passes the step's) a retriable
+failure restarts the workers of every pod in place, at most N times, and the pod fails only
+when the pods must be recreated (:mod:`mnnvl.runtime.inplace`). A module that cannot be
 found exits ``exit_codes.MODULE_NOT_FOUND`` (not retried). On a failure of its own (not a
 stop signal) this process writes what failed as the container's termination message
 (:mod:`mnnvl.runtime.evidence`).
@@ -40,7 +42,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 from mnnvl.contract import env as contract_env
@@ -56,7 +58,8 @@ from mnnvl.contract.exit_codes import (
 from mnnvl.contract.nccl import ASYNC_ERROR_HANDLING
 from mnnvl.contract.termination import Evidence
 from mnnvl.errors import SpecError
-from mnnvl.runtime import evidence
+from mnnvl.runtime import evidence, inplace
+from mnnvl.runtime.inplace import STOP_SIGNALS
 from mnnvl.runtime.local import free_port
 from mnnvl.runtime.progress import (
     PROGRESS_ENV,
@@ -70,7 +73,6 @@ from mnnvl.runtime.progress import (
 logger = logging.getLogger("mnnvl.runtime.launch")
 
 GRACE_S = 15.0  # SIGTERM -> SIGKILL for workers; below a pod's default 30 s grace period
-STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 WATCHED = STOP_SIGNALS | {signal.SIGCHLD}
 EXEC = "--exec"  # a clique group's custom command (see the module docstring)
 DEFAULT_PORT = 29500  # torchrun's default rendezvous port for several nodes
@@ -144,6 +146,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1")
     parser.add_argument("--master-port", "--master_port", type=int, default=None)
     parser.add_argument("--grace-s", type=float, default=GRACE_S)
+    parser.add_argument("--max-restarts", type=int, default=0)
     if "-m" not in argv or argv.index("-m") == len(argv) - 1:
         parser.error("-m MODULE is required")
     at = argv.index("-m")
@@ -163,6 +166,7 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
     rank = ns.node_rank * ns.nproc_per_node + local_rank
     world = ns.nnodes * ns.nproc_per_node
     progress = getattr(ns, "progress_dir", "")
+    rounds = getattr(ns, "round", None)  # None: no launchers' store, rank 0 hosts its own
     return {
         **({PROGRESS_ENV: os.path.join(progress, f"rank-{rank}")} if progress else {}),
         "RANK": str(rank),
@@ -178,8 +182,9 @@ def worker_env(local_rank: int, ns: argparse.Namespace) -> dict[str, str]:
         contract_env.MASTER_PORT: str(ns.master_port),
         "TORCHELASTIC_RUN_ID": "none",
         "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_MAX_RESTARTS": str(ns.max_restarts if rounds is not None else 0),
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        **(inplace.worker_env(rounds) if rounds is not None else {}),
         **{k: os.environ.get(k, v) for k, v in ASYNC_ERROR_HANDLING.items()},
     }
 
@@ -267,8 +272,11 @@ def _reap(children: dict[int, int], codes: Codes) -> None:
             codes.append((time.monotonic(), rank, os.waitstatus_to_exitcode(status)))
 
 
-def _stop(children: dict[int, int], codes: Codes, grace_s: float) -> None:
-    """SIGTERM every remaining worker, SIGKILL those still there after ``grace_s``."""
+def _stop(
+    children: dict[int, int], codes: Codes, grace_s: float, beat: Callable[[], None] | None = None
+) -> None:
+    """SIGTERM every remaining worker, SIGKILL those still there after ``grace_s``; ``beat``
+    tells the other pods' launchers this one is alive meanwhile."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         for pid in children:
             try:
@@ -279,25 +287,36 @@ def _stop(children: dict[int, int], codes: Codes, grace_s: float) -> None:
                 continue
         deadline = time.monotonic() + wait_s
         while children and time.monotonic() < deadline:
-            signal.sigtimedwait(WATCHED, min(0.5, max(deadline - time.monotonic(), 0.0)))
+            # SIGCHLD only: a stop signal meanwhile stays pending for whoever waits next
+            signal.sigtimedwait({signal.SIGCHLD}, min(0.5, max(deadline - time.monotonic(), 0.0)))
             _reap(children, codes)
+            if beat is not None:
+                beat()
         if not children:
             return
 
 
 def supervise(
-    children: dict[int, int], grace_s: float, watchdog: Watchdog
+    children: dict[int, int],
+    grace_s: float,
+    watchdog: Watchdog,
+    rounds: inplace.Rounds | None = None,
 ) -> tuple[Codes, int | None, Stall | None]:
     """Wait for the workers with ``WATCHED`` blocked: each SIGCHLD reaps, the first failure,
-    a stop signal or a stalled worker stops the rest. Returns (the codes, the stop signal or
-    None, the stall or None)."""
+    a stop signal, a stalled worker or another pod's failure announced in ``rounds`` stops the
+    rest. Returns (the codes, the stop signal or None, the stall or None)."""
     codes: Codes = []
+    beat = rounds.beat if rounds is not None else None
     while children:
+        if rounds is not None and rounds.peer_failure() is not None:
+            logger.error("a worker of another pod failed; stopping the workers")
+            _stop(children, codes, grace_s, beat)
+            return codes, None, None
         _reap(children, codes)
         for _, rank, _ in codes:
             watchdog.forget(rank)
         if any(code for _, _, code in codes):
-            _stop(children, codes, grace_s)
+            _stop(children, codes, grace_s, beat)
             return codes, None, None
         if not children:
             break
@@ -306,19 +325,21 @@ def supervise(
             pid = next(p for p, rank in children.items() if rank == stall.rank)
             stall = dataclasses.replace(stall, state=evidence.process_state(pid))
             logger.error("%s; stopping the workers", stall)
-            _stop(children, codes, grace_s)
+            _stop(children, codes, grace_s, beat)
             return codes, None, stall
-        info = signal.sigtimedwait(WATCHED, 1.0)  # a lost SIGCHLD costs a second at most
+        # A lost SIGCHLD costs a second at most; another pod's failure a quarter of one.
+        info = signal.sigtimedwait(WATCHED, 1.0 if rounds is None else 0.25)
         if info is not None and info.si_signo in STOP_SIGNALS:
             logger.error("stopped by %s; stopping the workers", signal.Signals(info.si_signo).name)
-            _stop(children, codes, grace_s)
+            _stop(children, codes, grace_s, beat)
             return codes, info.si_signo, None
     return codes, None, None
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Import torch once, fork ``--nproc-per-node`` workers, return the node's exit code;
-    on a failure of its own, the pod's evidence is its termination message."""
+    """Import torch once, fork ``--nproc-per-node`` workers (again after each in-place
+    restart), return the node's exit code; on a failure of its own, the pod's evidence is its
+    termination message."""
     if ns.nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun; read when torch loads
     # Blocked before torch starts any thread, so that no thread of this process takes a
@@ -326,6 +347,38 @@ def run(ns: argparse.Namespace) -> int:
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     import torch  # noqa: F401  (imported once, shared by every forked worker; no CUDA here)
 
+    try:
+        try:
+            rounds = inplace.open_rounds(ns)
+        except inplace.Stopped as e:
+            return INTERRUPTED_BASE + e.signo
+        while True:
+            ns.round = rounds.round if rounds is not None else None
+            code, found, stopped_by, stop_s = attempt(ns, old_mask, rounds)
+            if stopped_by is not None:  # the pod was stopped: not its own failure
+                return INTERRUPTED_BASE + stopped_by
+            peer = rounds.peer_failure() if rounds is not None else None
+            if not code and peer is None:
+                return 0
+            if rounds is None or rounds.lost:
+                evidence.write(found)
+                return code
+            stopped_by, done = rounds.after_failure(code, found, stop_s)
+            if stopped_by is not None:
+                return INTERRUPTED_BASE + stopped_by
+            if done is not None:
+                return done
+    finally:
+        while signal.sigtimedwait(WATCHED, 0) is not None:
+            pass  # consumed here: the workers are gone, nothing is left to stop
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def attempt(
+    ns: argparse.Namespace, old_mask: set[int | signal.Signals], rounds: inplace.Rounds | None
+) -> tuple[int, Evidence, int | None, float]:
+    """One attempt: fork the workers, supervise them. Returns (the node's exit code, its
+    evidence, the stop signal or None, seconds from the first failure to every worker gone)."""
     children: dict[int, int] = {}
     ns.progress_dir = tempfile.mkdtemp(prefix="mnnvl-progress-")
     files = {}
@@ -340,28 +393,29 @@ def run(ns: argparse.Namespace) -> int:
             raise
         gpus = evidence.GpuWatch.of_pod()  # after the forks: NVML only in this process
         watchdog = Watchdog(dict(files))
-        codes, stopped_by, stall = supervise(children, ns.grace_s, watchdog)
+        codes, stopped_by, stall = supervise(children, ns.grace_s, watchdog, rounds)
+        failed_at = [t for t, _, c in codes if c] or [time.monotonic()]
+        stop_s = time.monotonic() - min(failed_at)
         if watchdog.margin():
             logger.info("stall watchdog: %s", watchdog.margin())
-        if stopped_by is not None:  # the pod was stopped: not its own failure
-            return INTERRUPTED_BASE + stopped_by
         code = STALLED if stall is not None else worst_exit_code((t, c) for t, _, c in codes)
-        if code:
-            found = _evidence(code, codes, stall, files, bool(gpus.devices))
+        found = _evidence(code, codes, stall, files, bool(gpus.devices))
+        if code and stopped_by is None:
             gpus.findings(found)
-            evidence.write(found)
     finally:
-        while signal.sigtimedwait(WATCHED, 0) is not None:
-            pass  # consumed here: the workers are gone, nothing is left to stop
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        while signal.sigtimedwait({signal.SIGCHLD}, 0) is not None:
+            pass  # the workers are gone; a stop signal stays pending for the next wait
         shutil.rmtree(ns.progress_dir, ignore_errors=True)
+    if stopped_by is not None:
+        return code, found, stopped_by, stop_s
     if stall is not None:
         logger.error("worker stalled (%s); exiting with %d", stall, STALLED)
     elif code:
         failed = sorted((r, shell_code(c)) for _, r, c in codes if c)
         ranks = ", ".join(f"rank {r}: exit {c}" for r, c in failed)
-        logger.error("workers failed (%s); exiting with %d", ranks, code)
-    return code
+        then = "exit code" if rounds is not None else "exiting with"  # in place: maybe not
+        logger.error("workers failed (%s); %s %d", ranks, then, code)
+    return code, found, None, stop_s
 
 
 def _evidence(

@@ -24,7 +24,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.errors import SpecError, WorkloadFailed
-from mnnvl.runtime import devices, groups, nvml
+from mnnvl.runtime import devices, groups, inplace, nvml
 from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def init_distributed(timeout_s: float) -> DistInfo:
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     fabric = fabric_identity(device)
     nccl.apply_profile(profile, fabric_present=fabric is not None)
-    joined = _rendezvous(rank, world, timeout_s)
+    joined = inplace.rendezvous(rank, world, timeout_s, join_s=JOIN_TIMEOUT_S)
     if use_cuda:
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device, timeout=timeout, **joined)
@@ -101,22 +101,6 @@ def init_distributed(timeout_s: float) -> DistInfo:
     logger.info("rank %s/%s on %s (NCCL profile %s)", rank, world, device, profile)
     groups.check_fabric(placed, rank, fabric)
     return DistInfo(rank=rank, world_size=world, device=device, groups=placed)
-
-
-def _rendezvous(rank: int, world: int, timeout_s: float) -> dict[str, Any]:
-    """The ``env://`` rendezvous store with a join timeout of its own: ``env://`` waits only
-    the collective timeout, but a gang's ranks start minutes apart on a cluster (a restarted
-    rank 0 is rescheduled, waits for its IMEX channel, pulls its image)."""
-    if contract_env.MASTER_ADDR not in os.environ:
-        return {}  # no rendezvous described: init_process_group says what is missing
-    store = dist.TCPStore(
-        os.environ[contract_env.MASTER_ADDR],
-        int(os.environ[contract_env.MASTER_PORT]),
-        world,
-        is_master=rank == 0,
-        timeout=datetime.timedelta(seconds=max(JOIN_TIMEOUT_S, timeout_s)),
-    )
-    return {"store": store, "rank": rank, "world_size": world}
 
 
 def device_mesh(dist_info: DistInfo) -> DeviceMesh:

@@ -48,6 +48,7 @@ from mnnvl.runtime import (  # noqa: E402
     devices,
     fabric_health,
     groups,
+    inplace,
     nccl_log,
     nvml,
     progress,
@@ -157,7 +158,10 @@ def run(cfg: VerifyConfig, phases: Phases, sweep: progress.SweepProgress) -> dic
         # Peers may still be waiting for their fabric: the rendezvous waits as long more;
         # then every collective is held to the collective timeout.
         rendezvous = datetime.timedelta(seconds=cfg.collective_timeout_s + cfg.fabric_wait_s)
-        dist.init_process_group(backend, device_id=device, timeout=rendezvous)
+        # The store as env:// makes it, and under launchers that restart workers in place
+        # the attempt's own (mnnvl.runtime.inplace).
+        joined = inplace.rendezvous(rank, world, rendezvous.total_seconds(), join_s=0.0)
+        dist.init_process_group(backend, device_id=device, timeout=rendezvous, **joined)
         dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=cfg.collective_timeout_s))
         progress.report("process group ready", cfg.stall_s)
         try:

@@ -30,8 +30,9 @@ def test_a_killed_worker_shows_in_the_summary_and_the_train_report_with_its_cost
     argv = ["run", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0", "--skip-verify"]
     argv += ["--steps", "40", "--log-every", "5", "--checkpoint-every", "10"]
     argv += ["--checkpoint-dir", f"/ckpt/{run_id}", "--pvc", f"{CLAIM}:/ckpt"]
-    # Rank 1 kills itself after step 15, once (the worker's test hook); the gang restarts
-    # from the checkpoint of step 10. A short collective timeout only speeds the survivor up.
+    # Rank 1 kills itself after step 15, once (the worker's test hook); the workers restart
+    # in place from the checkpoint of step 10. A short collective timeout only speeds the
+    # survivor up.
     argv += ["--env", "MNNVL_TEST_SIGNAL_AT=15:1:SIGKILL", "--collective-timeout-s", "10"]
     argv += ["--report-dir", str(tmp_path), "--kubeconfig", sim.kubeconfig_path]
     assert cli.main(argv) == 0
@@ -47,7 +48,8 @@ def test_a_killed_worker_shows_in_the_summary_and_the_train_report_with_its_cost
     assert restart.group(1).startswith(RunNames.for_run(run_id).job("train") + "-1-")
     assert re.search(r"first resumed step after \d+\.\d s; steps redone: \d+", restart.group(0))
     assert re.search(
-        r"goodput \d+% of the train step's wall time; 1 restart, steps redone: \d+", summary
+        r"goodput \d+% of the train step's wall time; 1 restart \(1 in place\), steps redone: \d+",
+        summary,
     )
 
     # The train report: Markdown and a real HTML table, the same row in both.

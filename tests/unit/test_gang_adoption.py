@@ -133,7 +133,7 @@ class Followed:
 
     pods: list[str] = []
 
-    def __init__(self, api: Any, namespace: str, pod: str) -> None:
+    def __init__(self, api: Any, namespace: str, pod: str, on_line: Any = None) -> None:
         Followed.pods.append(pod)
 
 

@@ -376,6 +376,7 @@ def test_container_command_and_env_match_what_the_worker_reads() -> None:
         "--node-rank=$(JOB_COMPLETION_INDEX)",
         "--master-addr=$(MASTER_ADDR)",
         "--master-port=$(MASTER_PORT)",
+        f"--max-restarts={workload.recovery.max_restarts}",
         "-m",
         "mnnvl.runtime.verify",
         "--iters",
@@ -400,11 +401,13 @@ def test_container_command_and_env_match_what_the_worker_reads() -> None:
     assert env[contract_env.NCCL_PROFILE] == "verify-strict"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_DEBUG"] == "WARN"  # the user's value beats a profile default
-    # no duplicate names (+ NODE_RANK, MNNVL_NODE_NAME from the downward API)
-    assert len(worker(job)["env"]) == len(env) + 2
+    # no duplicate names (+ NODE_RANK, MNNVL_NODE_NAME, MNNVL_POD_NAME from the downward API)
+    assert len(worker(job)["env"]) == len(env) + 3
     assert env["MNNVL_IMEX_CHANNELS"] == "/dev/nvidia-caps-imex-channels"
     (node,) = [e for e in worker(job)["env"] if e["name"] == "MNNVL_NODE_NAME"]
     assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    (pod,) = [e for e in worker(job)["env"] if e["name"] == "MNNVL_POD_NAME"]
+    assert pod["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 def test_cpu_only_pods_run_one_process_each() -> None:
@@ -510,8 +513,8 @@ def test_render_run_creates_domain_then_gpu_template_then_service_before_each_jo
     ]
     assert env_of(objs[3])[contract_env.NCCL_PROFILE] == "production"
     assert env_of(objs[5])[contract_env.NCCL_PROFILE] == "verify-strict"
-    assert worker(objs[3])["command"][9] == "mnnvl.runtime.train"
-    assert worker(objs[5])["command"][9] == "mnnvl.runtime.verify"
+    assert worker(objs[3])["command"][10] == "mnnvl.runtime.train"
+    assert worker(objs[5])["command"][10] == "mnnvl.runtime.verify"
 
 
 def test_render_run_with_limits_and_one_step_has_no_gpu_template() -> None:

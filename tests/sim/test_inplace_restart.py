@@ -1,0 +1,196 @@
+"""In-place restarts on the simulated cluster: a failed worker restarts the workers inside the
+pods, which keep running (same uids, no pod created again); the driver counts each restart in
+place from rank 0's log, within the one ``--max-restarts`` budget, and recreates the pods
+when two attempts in a row fail the same way."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mnnvl import steps
+from mnnvl.cli import main as cli
+from mnnvl.inputs.names import RunNames
+from mnnvl.inputs.spec import DomainSpec
+from mnnvl.sim import SimCluster
+from tests.sim.simkit import Raw, assert_nothing_left, create_claim
+
+SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
+CLAIM = "ip-ckpt"
+
+
+@pytest.fixture(scope="module")
+def sim(sim: SimCluster) -> SimCluster:
+    """The module's cluster (conftest) with the claim the training runs mount."""
+    create_claim(sim, CLAIM)
+    return sim
+
+
+class PodUids:
+    """The uids of a Job's pods, polled until ``stop``: which pods the run ever had."""
+
+    def __init__(self, sim: SimCluster, job: str) -> None:
+        self.sim, self.job, self.uids = sim, job, set[str]()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        while not self.done.wait(0.2):
+            pods = Raw(self.sim).call(
+                "GET", "/api/v1/namespaces/default/pods", labelSelector=f"job-name={self.job}"
+            )
+            self.uids |= {p["metadata"]["uid"] for p in pods["items"]}
+
+    def stop(self) -> set[str]:
+        self.done.set()
+        self.thread.join()
+        return self.uids
+
+
+def train(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp: Path, *extra: str
+) -> tuple[int, dict[str, Any], str, set[str]]:
+    """``mnnvl run`` of 30 steps on 2 nodes, checkpoints every 10 on a claim; (exit code, the
+    train result, stderr, the uids of every train pod the run had)."""
+    run_id = f"ip-{uuid.uuid4().hex[:8]}"
+    argv = ["run", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0", "--skip-verify"]
+    argv += ["--steps", "30", "--log-every", "5", "--checkpoint-every", "10"]
+    argv += ["--checkpoint-dir", f"/ckpt/{run_id}", "--pvc", f"{CLAIM}:/ckpt"]
+    out = tmp / f"{run_id}.json"
+    argv += ["--report-dir", str(tmp / run_id), "--result-path", str(out)]
+    argv += ["--kubeconfig", sim.kubeconfig_path, *extra]
+    uids = PodUids(sim, RunNames.for_run(run_id).job("train"))
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    return code, json.loads(out.read_text()).get("train") or {}, err, uids.stop()
+
+
+@pytest.mark.slow
+def test_a_killed_worker_restarts_in_place_and_resumes_loss_for_loss(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Rank 1 kills itself after step 15, once; the run resumes from the checkpoint of step 10.
+    fault = ["--env", "MNNVL_TEST_SIGNAL_AT=15:1:SIGKILL"]
+    code, result, err, uids = train(sim, capsys, tmp_path, *fault)
+    assert code == 0, err[-3000:]
+    assert len(uids) == 2, uids  # the same two pods from start to end
+    assert result["restarts"] == 1
+    (fault,) = result["faults"]
+    assert (fault["how"], fault["rank"], fault["exit_code"]) == ("in-place", 1, 137)
+    assert fault["steps_lost"] == 5 and fault["recovery_s"] > 0
+    assert re.search(r"restart 1 at .*: in-place pod \S+ .*exit code 137", err), err[-3000:]
+    assert "1 restart (1 in place)" in err
+    # Loss for loss from the checkpoint: the same as a run that was never interrupted.
+    code, clean, err, _ = train(sim, capsys, tmp_path)
+    assert code == 0, err[-3000:]
+    resumed = dict(result["raw"]["losses"])  # step -> loss, every 5 steps and the first
+    uninterrupted = dict(clean["raw"]["losses"])
+    assert min(resumed) == 11 and {15, 20, 25, 30} <= resumed.keys()
+    assert {k: v for k, v in resumed.items() if k in uninterrupted} == {
+        k: v for k, v in uninterrupted.items() if k > 10
+    }  # exact bits
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_at_the_default_inputs_restarts_in_place(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Every recovery input at its default: the pod's stall watchdog finds the stopped worker.
+    fault = ["--env", "MNNVL_TEST_SIGNAL_AT=15:1:SIGSTOP"]
+    code, result, err, uids = train(sim, capsys, tmp_path, *fault)
+    assert code == 0, err[-3000:]
+    assert len(uids) == 2, uids
+    (fault,) = result["faults"]
+    assert (fault["how"], fault["exit_code"]) == ("in-place", 12)  # the stall watchdog's code
+
+
+# Joins the attempt's process group, all-reduces for a while and prints a RESULT; rank 1 fails
+# as $IP_PLAN says for the n-th time it runs, counted in $IP_COUNT (the pods share this
+# machine's disk): "kill" (SIGKILL), "exit3", "ok".
+PLANNED = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import torch, torch.distributed as dist
+    from mnnvl.runtime import inplace, progress
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", **inplace.rendezvous(rank, world, 30.0, 30.0))
+    plan, count = os.environ["IP_PLAN"].split(","), os.environ["IP_COUNT"]
+    n = len(os.listdir(count)) if rank == 1 else 0
+    for step in range(1, 9):
+        dist.all_reduce(torch.ones(1))
+        progress.report(f"step {step}", 60.0)
+        what = plan[min(n, len(plan) - 1)]
+        if rank == 1 and step == 3 and what != "ok":
+            open(os.path.join(count, str(n)), "w").close()
+            if what == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            sys.exit(3)
+        time.sleep(0.2)
+    if rank == 0:
+        print("RESULT " + json.dumps({"ok": True}), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def launch_planned(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path, plan: str, *extra: str
+) -> tuple[int, str, set[str], int, dict[str, Any]]:
+    """``mnnvl launch`` of the planned module on a provisioned run; (exit code, stderr, the
+    uids of every pod the step had, how often rank 1 failed, the result line). Nothing of the
+    run is left."""
+    (tmp_path / "planned.py").write_text(PLANNED)
+    count = tmp_path / "count"
+    count.mkdir()
+    run_id = f"ip-{uuid.uuid4().hex[:8]}"
+    domain = DomainSpec(run_id=run_id, delete_timeout_s=30)
+    steps.provision(domain, kubeconfig=sim.kubeconfig_path)
+    env = [f"PYTHONPATH={tmp_path}", f"IP_PLAN={plan}", f"IP_COUNT={count}"]
+    argv = ["launch", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0"]
+    argv += ["--module", "planned", "--kubeconfig", sim.kubeconfig_path]
+    for each in env:
+        argv += ["--env", each]
+    uids = PodUids(sim, RunNames.for_run(run_id).job("job"))
+    try:
+        code = cli.main([*argv, *extra])
+    finally:
+        found = uids.stop()
+        steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
+    assert_nothing_left(sim, RunNames.for_run(run_id).selector)
+    said = capsys.readouterr()
+    result = json.loads(said.out.splitlines()[-1]) if said.out.strip() else {}
+    return code, said.err, found, len(list(count.iterdir())), result
+
+
+@pytest.mark.slow
+def test_two_attempts_failing_the_same_way_recreate_the_pods(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Rank 1 exits 3 twice, then succeeds: in place once, then the same failure again.
+    code, err, uids, failures, result = launch_planned(sim, capsys, tmp_path, "exit3,exit3,ok")
+    assert code == 0, err[-3000:]
+    assert failures == 2
+    assert len(uids) == 4, uids  # both pods made again once
+    assert "restarting every rank" in err
+    restarts = [(r["how"], r["exit_code"]) for r in result["restarts"]]
+    assert restarts == [("in-place", 3), ("recreated", 3)], result
+
+
+@pytest.mark.slow
+def test_a_second_failure_past_max_restarts_1_ends_the_step_naming_both(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, err, _, failures, _ = launch_planned(
+        sim, capsys, tmp_path, "kill,exit3,ok", "--max-restarts", "1"
+    )
+    assert code == 4, err[-3000:]
+    assert failures == 2
+    assert re.search(r"exit code 3.*restarted in place before: pod \S+ rank 1 exit 137", err)
