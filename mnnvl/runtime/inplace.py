@@ -49,9 +49,11 @@ PREFIX = "mnnvl/launch/"
 WORKER_PREFIX = "/worker/attempt_"  # torchelastic's prefix of one attempt's worker store
 ROUND_ENV = "TORCHELASTIC_RESTART_COUNT"  # the attempt, in torchelastic's name
 CONNECT_S = 600.0  # as the workers' join timeout: pods start minutes apart on a cluster
-TRY_S = 10.0  # one attempt to reach the store, between looks for a stop signal
+TRY_S = 1.0  # one attempt to reach the store, between looks for a stop signal
 # A launcher beats at least every half second, also while it stops its workers; one silent
-# this long is stopped (SIGSTOP) or gone: the others stop waiting for it.
+# this long is stopped (SIGSTOP) or gone: the others stop waiting for it. Also the longest a
+# request to the store may take: none waits for a key, and a launcher blocked in one could
+# not see a stop signal (a store whose node vanished never answers).
 SILENT_S = 5.0
 # The line rank 0's launcher logs per in-place restart; the driver parses it
 # (mnnvl.driver.inplace), so its words are part of the contract.
@@ -114,24 +116,26 @@ def serve_or_connect(host: str, port: int, node_rank: int, nnodes: int) -> Any:
     import torch.distributed as dist
 
     if node_rank == 0:
-        timeout = datetime.timedelta(seconds=CONNECT_S)
+        timeout = datetime.timedelta(seconds=SILENT_S)
         store = dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False)
         store.add(f"{PREFIX}launchers", 1)
         return store
+    logger.info("waiting for the launchers' store at %s:%d (node rank 0's pod)", host, port)
     stop = _StopWatch()
     deadline = time.monotonic() + CONNECT_S
     while True:
         try:
-            timeout = datetime.timedelta(seconds=TRY_S)
-            store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+            store = dist.TCPStore(
+                host, port, is_master=False, timeout=datetime.timedelta(seconds=TRY_S)
+            )
             if store.add(f"{PREFIX}launchers", 1) <= nnodes:
-                store.set_timeout(datetime.timedelta(seconds=CONNECT_S))
+                store.set_timeout(datetime.timedelta(seconds=SILENT_S))
                 return store
             logger.warning("the store at %s:%d is an earlier gang's; waiting", host, port)
         except RuntimeError as e:  # not there yet: pods start minutes apart on a cluster
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no launchers' store at {host}:{port}: {e}") from e
-        stop.wait(1.0)
+        stop.wait(0.25)
         if stop.signo is not None:
             raise Stopped(stop.signo)
 

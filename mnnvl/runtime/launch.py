@@ -17,9 +17,10 @@ Job could not tell bad input (2) or a failed verification (4) from a crash worth
 The first failed worker, SIGTERM/SIGINT/SIGHUP (then 128 + the signal) or a worker silent
 past its stall timeout (:mod:`mnnvl.runtime.progress`; then ``exit_codes.STALLED``) stops
 every worker: SIGTERM followed by SIGCONT (a stopped worker ends at once), SIGKILL after
-``--grace-s``. With ``--max-restarts N`` (the Job builder passes the step's) a retriable
-failure restarts the workers of every pod in place, at most N times, and the pod fails only
-when the pods must be recreated (:mod:`mnnvl.runtime.inplace`). A module that cannot be
+``--grace-s`` (after ``STOP_GRACE_S`` once a stop signal came: every wait of this process,
+for the launchers' store, the other pods or its workers, ends at once on one). With
+``--max-restarts N`` (the Job builder passes the step's) a retriable failure restarts the
+workers of every pod in place, at most N times, and the pod fails only when the pods must be recreated (:mod:`mnnvl.runtime.inplace`). A module that cannot be
 found exits ``exit_codes.MODULE_NOT_FOUND`` (not retried). On a failure of its own (not a
 stop signal) this process writes what failed as the container's termination message
 (:mod:`mnnvl.runtime.evidence`).
@@ -73,6 +74,9 @@ from mnnvl.runtime.progress import (
 logger = logging.getLogger("mnnvl.runtime.launch")
 
 GRACE_S = 15.0  # SIGTERM -> SIGKILL for workers; below a pod's default 30 s grace period
+# SIGTERM -> SIGKILL for workers once the launcher itself is told to stop: its pod is being
+# deleted (a gang restart, a suspension that keeps a node out), which waits for it to end.
+STOP_GRACE_S = 2.0
 WATCHED = STOP_SIGNALS | {signal.SIGCHLD}
 EXEC = "--exec"  # a clique group's custom command (see the module docstring)
 DEFAULT_PORT = 29500  # torchrun's default rendezvous port for several nodes
@@ -274,9 +278,11 @@ def _reap(children: dict[int, int], codes: Codes) -> None:
 
 def _stop(
     children: dict[int, int], codes: Codes, grace_s: float, beat: Callable[[], None] | None = None
-) -> None:
-    """SIGTERM every remaining worker, SIGKILL those still there after ``grace_s``; ``beat``
-    tells the other pods' launchers this one is alive meanwhile."""
+) -> int | None:
+    """SIGTERM every remaining worker, SIGKILL those still there after ``grace_s`` (after
+    ``STOP_GRACE_S`` once a stop signal comes: the pod is going); ``beat`` tells the other
+    pods' launchers this one is alive meanwhile. Returns the stop signal that came, or None."""
+    stopped_by: int | None = None
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         for pid in children:
             try:
@@ -287,13 +293,16 @@ def _stop(
                 continue
         deadline = time.monotonic() + wait_s
         while children and time.monotonic() < deadline:
-            # SIGCHLD only: a stop signal meanwhile stays pending for whoever waits next
-            signal.sigtimedwait({signal.SIGCHLD}, min(0.5, max(deadline - time.monotonic(), 0.0)))
+            info = signal.sigtimedwait(WATCHED, min(0.5, max(deadline - time.monotonic(), 0.0)))
+            if info is not None and info.si_signo in STOP_SIGNALS and stopped_by is None:
+                stopped_by = info.si_signo
+                deadline = min(deadline, time.monotonic() + STOP_GRACE_S)
             _reap(children, codes)
             if beat is not None:
                 beat()
         if not children:
-            return
+            break
+    return stopped_by
 
 
 def supervise(
@@ -304,20 +313,19 @@ def supervise(
 ) -> tuple[Codes, int | None, Stall | None]:
     """Wait for the workers with ``WATCHED`` blocked: each SIGCHLD reaps, the first failure,
     a stop signal, a stalled worker or another pod's failure announced in ``rounds`` stops the
-    rest. Returns (the codes, the stop signal or None, the stall or None)."""
+    rest. Returns (the codes, the stop signal, also one that came while the workers were being
+    stopped, or None, the stall or None)."""
     codes: Codes = []
     beat = rounds.beat if rounds is not None else None
     while children:
         if rounds is not None and rounds.peer_failure() is not None:
             logger.error("a worker of another pod failed; stopping the workers")
-            _stop(children, codes, grace_s, beat)
-            return codes, None, None
+            return codes, _stop(children, codes, grace_s, beat), None
         _reap(children, codes)
         for _, rank, _ in codes:
             watchdog.forget(rank)
         if any(code for _, _, code in codes):
-            _stop(children, codes, grace_s, beat)
-            return codes, None, None
+            return codes, _stop(children, codes, grace_s, beat), None
         if not children:
             break
         stall = watchdog.stalled()
@@ -325,13 +333,12 @@ def supervise(
             pid = next(p for p, rank in children.items() if rank == stall.rank)
             stall = dataclasses.replace(stall, state=evidence.process_state(pid))
             logger.error("%s; stopping the workers", stall)
-            _stop(children, codes, grace_s, beat)
-            return codes, None, stall
+            return codes, _stop(children, codes, grace_s, beat), stall
         # A lost SIGCHLD costs a second at most; another pod's failure a quarter of one.
         info = signal.sigtimedwait(WATCHED, 1.0 if rounds is None else 0.25)
         if info is not None and info.si_signo in STOP_SIGNALS:
             logger.error("stopped by %s; stopping the workers", signal.Signals(info.si_signo).name)
-            _stop(children, codes, grace_s, beat)
+            _stop(children, codes, min(grace_s, STOP_GRACE_S), beat)
             return codes, info.si_signo, None
     return codes, None, None
 

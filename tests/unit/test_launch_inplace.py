@@ -10,13 +10,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mnnvl.ports import free_port
 
 # Each worker joins the attempt's process group, all-reduces 6 times, reporting progress, and
-# records its attempt; rank 1 fails after the 3rd all-reduce as ``plan`` says per attempt:
-# "kill" (SIGKILL), "exit3", or "ok".
+# records its attempt and pid; rank 1 fails after the 3rd all-reduce as ``plan`` says per
+# attempt: "kill" (SIGKILL), "exit3", or "ok"; "linger": rank 1 exits 3 and rank 0 ignores
+# SIGTERM and hangs once its peer is gone (a worker slow to stop).
 WORKER = textwrap.dedent(
     """
     import os, signal, sys, time
@@ -25,29 +28,43 @@ WORKER = textwrap.dedent(
     out, plan = sys.argv[1], sys.argv[2].split(",")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if rank == 0 and plan[0] == "linger":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     dist.init_process_group("gloo", **inplace.rendezvous(rank, world, 20.0, 20.0))
-    open(os.path.join(out, f"rank{rank}-attempt{attempt}"), "w").close()
-    for step in range(1, 7):
-        t = torch.ones(1)
-        dist.all_reduce(t)
-        assert t.item() == world
-        progress.report(f"step {step}", 60.0)
-        what = plan[min(attempt, len(plan) - 1)]
-        if rank == 1 and step == 3 and what == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if rank == 1 and step == 3 and what == "exit3":
-            sys.exit(3)
-        time.sleep(0.05)
+    with open(os.path.join(out, f"rank{rank}-attempt{attempt}"), "w") as f:
+        f.write(str(os.getpid()))
+    def steps():
+        for step in range(1, 7):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == world
+            progress.report(f"step {step}", 60.0)
+            what = plan[min(attempt, len(plan) - 1)]
+            if rank == 1 and step == 3 and what == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if rank == 1 and step == 3 and what in ("exit3", "linger"):
+                sys.exit(3)
+            time.sleep(0.05)
+    try:
+        steps()
+    except Exception:
+        if rank == 0 and plan[0] == "linger":
+            time.sleep(600)  # as a worker blocked in a collective with a peer that is gone
+        raise
     dist.destroy_process_group()
     """
 )
 
 
-def launchers(tmp_path: Path, plan: str, *opts: str) -> list[subprocess.Popen[str]]:
+def launchers(
+    tmp_path: Path, plan: str, *opts: str, ranks: tuple[int, ...] = (0, 1), logs: bool = False
+) -> list[subprocess.Popen[str]]:
+    """Node ranks ``ranks`` of a 2-pod run; ``logs``: stderr goes to ``launcher-<rank>.log``."""
     (tmp_path / "allreduce_worker.py").write_text(WORKER)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    common = ["--nnodes=2", "--master-addr=127.0.0.1", f"--master-port={port}", "--grace-s=2"]
+    common = ["--nnodes=2", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    common += [] if any(o.startswith("--grace-s") for o in opts) else ["--grace-s=2"]
     launch = [sys.executable, "-m", "mnnvl.runtime.launch", *common]
     worker = ["-m", "allreduce_worker", str(tmp_path), plan]
     return [
@@ -55,11 +72,39 @@ def launchers(tmp_path: Path, plan: str, *opts: str) -> list[subprocess.Popen[st
             [*launch, f"--node-rank={n}", *opts, *worker],
             env=env,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=open(tmp_path / f"launcher-{n}.log", "w") if logs else subprocess.PIPE,
             text=True,
         )
-        for n in range(2)
+        for n in ranks
     ]
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(0.05)
+
+
+def said(tmp_path: Path, rank: int, words: str) -> bool:
+    return words in (tmp_path / f"launcher-{rank}.log").read_text()
+
+
+def stop(pods: list[subprocess.Popen[str]], tmp_path: Path) -> None:
+    """Whatever a failed test left running: the launchers and the workers they started."""
+    for pid in [p.pid for p in pods] + [int(f.read_text()) for f in tmp_path.glob("rank*-*")]:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    for pod in pods:
+        pod.wait(timeout=30)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def attempts(tmp_path: Path, rank: int) -> int:
@@ -94,3 +139,40 @@ def test_the_budget_counts_in_place_restarts(tmp_path: Path) -> None:
     assert "1 in-place restart(s) spent --max-restarts 1" in failed[1]
     pods[0].send_signal(signal.SIGTERM)
     assert pods[0].wait(timeout=60) == 143
+
+
+def test_deleting_the_pods_mid_restart_ends_every_launcher_and_worker_at_once(
+    tmp_path: Path,
+) -> None:
+    # Rank 1 fails: its launcher waits at the barrier for node rank 0's, which is still stopping
+    # a worker that ignores SIGTERM (--grace-s 60). Then both pods are deleted (SIGTERM).
+    pods = launchers(tmp_path, "linger", "--max-restarts=3", "--grace-s=60", logs=True)
+    try:
+        wait_for(lambda: said(tmp_path, 1, "workers failed (rank 1: exit 3)"), 120, "a failure")
+        wait_for(lambda: said(tmp_path, 0, "another pod failed"), 60, "node rank 0 stopping")
+        workers = [int((tmp_path / f"rank{r}-attempt0").read_text()) for r in (0, 1)]
+        sent = time.monotonic()
+        for pod in pods:
+            pod.send_signal(signal.SIGTERM)
+        codes = [pod.wait(timeout=60) for pod in pods]
+        took = time.monotonic() - sent
+    finally:
+        stop(pods, tmp_path)
+    assert codes == [143, 143], [(tmp_path / f"launcher-{n}.log").read_text() for n in (0, 1)]
+    assert took < 5.0, f"the launchers took {took:.1f} s to end after SIGTERM"
+    assert not [pid for pid in workers if alive(pid)], "a worker outlived its launcher"
+    assert attempts(tmp_path, 0) == 1  # no restart once the pods are being deleted
+
+
+def test_a_launcher_waiting_for_the_store_ends_at_once_on_sigterm(tmp_path: Path) -> None:
+    # Node rank 1's pod started; node rank 0's (which hosts the store) never comes.
+    (pod,) = launchers(tmp_path, "ok", "--max-restarts=1", ranks=(1,), logs=True)
+    try:
+        wait_for(lambda: said(tmp_path, 1, "waiting for the launchers' store"), 120, "waiting")
+        sent = time.monotonic()
+        pod.send_signal(signal.SIGTERM)
+        assert pod.wait(timeout=60) == 143
+        took = time.monotonic() - sent
+    finally:
+        stop([pod], tmp_path)
+    assert took < 3.0, f"the launcher took {took:.1f} s to end after SIGTERM"
