@@ -103,6 +103,22 @@ def merged(own: Evidence | None, seen: Evidence) -> Evidence:
     )
 
 
+def take_own(environ: Mapping[str, str] = os.environ) -> Evidence | None:
+    """What a worker wrote itself where the termination message goes (None: nothing of ours),
+    removed from there: the launcher decides on it (NVLink errors a worker saw recreate the
+    pods, so that the driver can keep the node out), and a restart in place must not leave
+    one attempt's evidence to the next attempt's failure."""
+    path = environ.get(TERMINATION_PATH_ENV) or TERMINATION_PATH
+    try:
+        with open(path, "r+", encoding="utf-8") as f:
+            own = parse(f.read())
+            f.seek(0)
+            f.truncate()
+    except OSError:
+        return None  # no file: outside a pod, or nothing written
+    return own
+
+
 def write(evidence: Evidence, environ: Mapping[str, str] = os.environ) -> None:
     """Write ``evidence`` where the kubelet reads the termination message (the path the Job
     names, else Kubernetes' default where the kubelet mounted it; outside a pod, nowhere). A

@@ -241,6 +241,20 @@ class Rounds:
                 return n
         return None
 
+    def release(self) -> None:
+        """On node rank 0, whose pod ends with the store: first wait until every pod's launcher
+        has joined it (one still starting would wait for a store that is gone), at most
+        ``CONNECT_S``; a stop signal or a store that stops answering ends the wait."""
+        stop = _StopWatch()
+        deadline = time.monotonic() + CONNECT_S
+        try:
+            while self.node_rank == 0 and time.monotonic() < deadline and stop.signo is None:
+                if int(self.store.add(f"{PREFIX}launchers", 0)) >= self.nnodes:
+                    return
+                stop.wait(0.1)
+        except RuntimeError:
+            return
+
     def after_failure(
         self, code: int, found: Evidence, stop_s: float
     ) -> tuple[int | None, int | None]:

@@ -20,9 +20,10 @@ every worker: SIGTERM followed by SIGCONT (a stopped worker ends at once), SIGKI
 ``--grace-s`` (after ``STOP_GRACE_S`` once a stop signal came: every wait of this process,
 for the launchers' store, the other pods or its workers, ends at once on one). With
 ``--max-restarts N`` (the Job builder passes the step's) a retriable failure restarts the
-workers of every pod in place, at most N times, and the pod fails only when the pods must be recreated (:mod:`mnnvl.runtime.inplace`). A module that cannot be
-found exits ``exit_codes.MODULE_NOT_FOUND`` (not retried). On a failure of its own (not a
-stop signal) this process writes what failed as the container's termination message
+workers of every pod in place, at most N times, and the pod fails only when the pods must
+be recreated (:mod:`mnnvl.runtime.inplace`). A module that cannot be found exits
+``exit_codes.MODULE_NOT_FOUND`` (not retried). On a failure of its own (not a stop signal)
+this process writes what failed as the container's termination message
 (:mod:`mnnvl.runtime.evidence`).
 
 A clique group's pod gets no ``--node-rank``: its node rank is ``MNNVL_NODE_RANK_BASE`` plus
@@ -366,6 +367,8 @@ def run(ns: argparse.Namespace) -> int:
                 return INTERRUPTED_BASE + stopped_by
             peer = rounds.peer_failure() if rounds is not None else None
             if not code and peer is None:
+                if rounds is not None:
+                    rounds.release()
                 return 0
             if rounds is None or rounds.lost:
                 evidence.write(found)
@@ -409,6 +412,7 @@ def attempt(
         found = _evidence(code, codes, stall, files, bool(gpus.devices))
         if code and stopped_by is None:
             gpus.findings(found)
+            found = evidence.merged(evidence.take_own(), found)
     finally:
         while signal.sigtimedwait({signal.SIGCHLD}, 0) is not None:
             pass  # the workers are gone; a stop signal stays pending for the next wait
