@@ -68,7 +68,7 @@ from mnnvl.driver.diagnose import (
     terminated,
 )
 from mnnvl.driver.exclude import NodeBlame
-from mnnvl.driver.inplace import InPlaceLog
+from mnnvl.driver.inplace import InPlaceLog, check_budget
 from mnnvl.driver.problem import problem
 from mnnvl.driver.rank0 import Rank0Progress, resumes_from
 from mnnvl.driver.wait import Objects
@@ -111,8 +111,11 @@ class Gang:
     def check(self, pods: Objects, rank0: Rank0Progress | None) -> bool:
         """Restart the gang when a pod of the current generation failed retriably; True when
         it did. Raises ``WorkloadFailed`` on an OOM kill, when a restart would use up an
-        index's last retry, past ``--max-restarts`` and when a restart cannot change the
-        failure (the same error at the same step as the attempt before, on another node)."""
+        index's last retry, past ``--max-restarts`` (restarts in place counted) and when a
+        restart cannot change the failure (the same error at the same step as the attempt
+        before, on another node)."""
+        budget = self.workload.recovery.max_restarts
+        check_budget(self.restarts, self.in_place, budget, self.workload.namespace)
         if self.first and pods:
             self.first = False
             self.old |= _history(pods) | _leaving(pods)

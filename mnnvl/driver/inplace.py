@@ -18,6 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mnnvl.driver.problem import problem
+from mnnvl.errors import ProblemKind
+
 # mnnvl.runtime.inplace.LINE, as rank 0's launcher logs it.
 LINE = re.compile(
     r"in-place restart (?P<n>\d+) of at most \d+: pod (?P<pod>\S+) on node (?P<node>\S*) "
@@ -117,6 +120,36 @@ class InPlaceLog:
                 f"pod {r.pod} rank {r.rank} exit {r.exit_code} ({r.reason})" for r in self.restarts
             ]
         return f"; restarted in place before: {', '.join(done)}" if done else ""
+
+
+def check_budget(
+    recreated: Sequence[Any], in_place: InPlaceLog, max_restarts: int, namespace: str
+) -> None:
+    """Raise (exit 4, ``RESTARTS_EXHAUSTED``) once an in-place restart goes past
+    ``--max-restarts`` counted with the gangs recreated before it, naming every earlier
+    restart. A recreated gang's launchers count only their own restarts in place (a running
+    Job's next pods come from a template the Job API lets no one change, short of a
+    suspension), so the driver, which sees both, holds the one budget. ``recreated``: the
+    gang's restarts (each with ``attempt``)."""
+    with in_place._lock:
+        done = list(in_place.restarts)
+    used = len(recreated) + len(done)
+    if used <= max_restarts or not done:
+        return
+    last = done[-1]
+    named = [f"recreated after {r.attempt.names()}: {r.attempt.evidence}" for r in recreated]
+    named += [f"in place after pod {r.pod} rank {r.rank} exit {r.exit_code}" for r in done[:-1]]
+    found = problem(
+        ProblemKind.RESTARTS_EXHAUSTED,
+        pod=last.pod,
+        exit_code=last.exit_code,
+        restarts=used - 1,
+        max_restarts=max_restarts,
+    )
+    raise found.error(
+        f"pod {last.pod} rank {last.rank} ({last.reason}) {found.message}; restarted before: "
+        f"{'; '.join(named)}; check `kubectl logs -n {namespace} {last.pod}`"
+    )
 
 
 def merged(recreated: Sequence[Any], in_place: InPlaceLog) -> list[dict[str, Any]]:

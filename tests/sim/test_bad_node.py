@@ -287,7 +287,8 @@ def test_each_failed_attempt_is_attributed_from_pod_status(
 ) -> None:
     caplog.set_level("INFO", logger="mnnvl")
     said = Evidence(rank=1, gpu="GPU-7a", exit_code=1, error="only in the message: disk full")
-    env = {"SAY": said.to_message()} if says else {}
+    # Pod failures only: restarts in place off, so that each attempt ends with a failed pod.
+    env = {"MNNVL_IN_PLACE_RESTARTS": "0", **({"SAY": said.to_message()} if says else {})}
     with cluster(2) as sim:
         run = Run(sim, tmp_path, max_restarts=1, env=env)
         try:

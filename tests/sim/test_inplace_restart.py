@@ -114,7 +114,8 @@ def test_a_stopped_worker_at_the_default_inputs_restarts_in_place(
 
 # Joins the attempt's process group, all-reduces for a while and prints a RESULT; rank 1 fails
 # as $IP_PLAN says for the n-th time it runs, counted in $IP_COUNT (the pods share this
-# machine's disk): "kill" (SIGKILL), "exit3", "ok".
+# machine's disk): "kill" (SIGKILL), "exit3", "pod" (SIGKILL to its launcher: the pod fails),
+# "ok".
 PLANNED = textwrap.dedent(
     """
     import json, os, signal, sys, time
@@ -132,6 +133,9 @@ PLANNED = textwrap.dedent(
             open(os.path.join(count, str(n)), "w").close()
             if what == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if what == "pod":
+                os.kill(os.getppid(), signal.SIGKILL)
+                time.sleep(60)
             sys.exit(3)
         time.sleep(0.2)
     if rank == 0:
@@ -194,3 +198,20 @@ def test_a_second_failure_past_max_restarts_1_ends_the_step_naming_both(
     assert code == 4, err[-3000:]
     assert failures == 2
     assert re.search(r"exit code 3.*restarted in place before: pod \S+ rank 1 exit 137", err)
+
+
+@pytest.mark.slow
+def test_recreated_pods_count_the_restarts_before_them_in_the_one_budget(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Rank 1's pod dies (its launcher killed): the pods are recreated, restart 1 of 1. Then its
+    # worker exits 3 in the new pods, whose launchers would restart it in place: past the budget.
+    code, err, uids, failures, _ = launch_planned(
+        sim, capsys, tmp_path, "pod,exit3,ok", "--max-restarts", "1"
+    )
+    assert code == 4, err[-3000:]
+    assert failures == 2 and len(uids) == 4
+    assert re.search(r"rank 1 \(crashed\) failed with exit code 3 after 1 restart", err), err[
+        -3000:
+    ]
+    assert re.search(r"restarted before: recreated after pod \S+ \(rank 1\)", err), err[-3000:]
