@@ -43,14 +43,17 @@ def test_an_in_place_restart_from_rank_0s_log_is_a_record_with_its_cost() -> Non
 
 @dataclass
 class Recreated:
-    at: float  # monotonic, when the driver saw the pod fail
+    """As ``mnnvl.driver.attempts.Restart``: when the driver saw the pod fail, and its record."""
+
+    seen: float  # monotonic
 
     def record(self) -> dict[str, Any]:
-        return {"pod": "train-0-xyz", "exit_code": 3}
+        return {"how": "recreated", "pod": "train-0-xyz", "exit_code": 3}
 
 
 def test_restarts_are_listed_in_the_order_they_happened_with_how() -> None:
     log = InPlaceLog()
     log.line(launcher_line())
-    later = Recreated(at=time.monotonic() + 1)
-    assert [r["how"] for r in merged([later], log)] == ["in-place", "recreated"]
+    later = Recreated(seen=time.monotonic() + 1)
+    both = merged([later], log)
+    assert [(r["n"], r["how"]) for r in both] == [(1, "in-place"), (2, "recreated")]
