@@ -255,7 +255,7 @@ class Gang:
             tail = log_tail(self.api, ns, name)
             seen = imex_import(failed_problem(failed), tail)
             why = f"; {seen.message}; {hint(seen, ns, '')}" if seen is not None else ""
-            why += self.in_place.earlier()
+            why += self.in_place.earlier(self.restarts)
             raise found.error(
                 f"pod {name} {found.message}{first}{why}; check `kubectl logs -n {ns} {name}`; "
                 f"last log lines:\n{tail}"

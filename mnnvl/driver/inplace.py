@@ -113,13 +113,25 @@ class InPlaceLog:
         with self._lock:
             return [r.record() for r in self.restarts]
 
-    def earlier(self) -> str:
-        """The in-place restarts so far, for a message that ends the step ("" when none)."""
+    def earlier(self, recreated: Sequence[Any] = ()) -> str:
+        """The restarts so far, in place and (``recreated``: the gang's, each with
+        ``attempt``) with the pods made again, for a message that ends the step ("" when none)."""
         with self._lock:
-            done = [
-                f"pod {r.pod} rank {r.rank} exit {r.exit_code} ({r.reason})" for r in self.restarts
-            ]
-        return f"; restarted in place before: {', '.join(done)}" if done else ""
+            return before(recreated, self.restarts)
+
+
+def before(recreated: Sequence[Any], in_place: Sequence[InPlace]) -> str:
+    """``; pods recreated before: …; restarted in place before: …`` ("" when neither)."""
+    words = ""
+    if recreated:
+        pods = ", ".join(f"{r.attempt.names()} exit {r.attempt.exit_code}" for r in recreated)
+        words += f"; pods recreated before: {pods}"
+    if in_place:
+        done = ", ".join(
+            f"pod {r.pod} rank {r.rank} exit {r.exit_code} ({r.reason})" for r in in_place
+        )
+        words += f"; restarted in place before: {done}"
+    return words
 
 
 def check_budget(
@@ -137,8 +149,6 @@ def check_budget(
     if used <= max_restarts or not done:
         return
     last = done[-1]
-    named = [f"recreated after {r.attempt.names()}: {r.attempt.evidence}" for r in recreated]
-    named += [f"in place after pod {r.pod} rank {r.rank} exit {r.exit_code}" for r in done[:-1]]
     found = problem(
         ProblemKind.RESTARTS_EXHAUSTED,
         pod=last.pod,
@@ -147,8 +157,8 @@ def check_budget(
         max_restarts=max_restarts,
     )
     raise found.error(
-        f"pod {last.pod} rank {last.rank} ({last.reason}) {found.message}; restarted before: "
-        f"{'; '.join(named)}; check `kubectl logs -n {namespace} {last.pod}`"
+        f"pod {last.pod} rank {last.rank} ({last.reason}) {found.message}"
+        f"{before(recreated, done[:-1])}; check `kubectl logs -n {namespace} {last.pod}`"
     )
 
 
