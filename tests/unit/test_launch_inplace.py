@@ -175,4 +175,4 @@ def test_a_launcher_waiting_for_the_store_ends_at_once_on_sigterm(tmp_path: Path
         took = time.monotonic() - sent
     finally:
         stop([pod], tmp_path)
-    assert took < 3.0, f"the launcher took {took:.1f} s to end after SIGTERM"
+    assert took < 5.0, f"the launcher took {took:.1f} s to end after SIGTERM"
