@@ -92,7 +92,8 @@ def said(tmp_path: Path, rank: int, words: str) -> bool:
 
 def stop(pods: list[subprocess.Popen[str]], tmp_path: Path) -> None:
     """Whatever a failed test left running: the launchers and the workers they started."""
-    for pid in [p.pid for p in pods] + [int(f.read_text()) for f in tmp_path.glob("rank*-*")]:
+    workers = [f.read_text() for f in tmp_path.glob("rank*-attempt*")]
+    for pid in [p.pid for p in pods] + [int(w) for w in workers if w.isdigit()]:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
     for pod in pods:
