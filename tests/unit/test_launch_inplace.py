@@ -14,16 +14,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mnnvl.contract.termination import TERMINATION_PATH_ENV, parse
 from mnnvl.ports import free_port
 
 # Each worker joins the attempt's process group, all-reduces 6 times, reporting progress, and
 # records its attempt and pid; rank 1 fails after the 3rd all-reduce as ``plan`` says per
-# attempt: "kill" (SIGKILL), "exit3", or "ok"; "linger": rank 1 exits 3 and rank 0 ignores
-# SIGTERM and hangs once its peer is gone (a worker slow to stop).
+# attempt: "kill" (SIGKILL), "exit3", "say3" (exit 3 with its own termination message) or "ok";
+# "linger": rank 1 exits 3 and rank 0 ignores SIGTERM and hangs once its peer is gone (a worker
+# slow to stop). Each launcher's termination message goes to ``termination-<node rank>``.
 WORKER = textwrap.dedent(
     """
     import os, signal, sys, time
     import torch, torch.distributed as dist
+    from mnnvl.contract.termination import Evidence
     from mnnvl.runtime import inplace, progress
     out, plan = sys.argv[1], sys.argv[2].split(",")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -42,7 +45,10 @@ WORKER = textwrap.dedent(
             what = plan[min(attempt, len(plan) - 1)]
             if rank == 1 and step == 3 and what == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            if rank == 1 and step == 3 and what in ("exit3", "linger"):
+            if rank == 1 and step == 3 and what == "say3":
+                with open(os.environ["MNNVL_TERMINATION_MESSAGE_PATH"], "w") as f:
+                    f.write(Evidence(exit_code=3, error="first words").to_message())
+            if rank == 1 and step == 3 and what in ("exit3", "linger", "say3"):
                 sys.exit(3)
             time.sleep(0.05)
     try:
@@ -70,7 +76,7 @@ def launchers(
     return [
         subprocess.Popen(
             [*launch, f"--node-rank={n}", *opts, *worker],
-            env=env,
+            env={**env, TERMINATION_PATH_ENV: str(tmp_path / f"termination-{n}")},
             stdout=subprocess.PIPE,
             stderr=open(tmp_path / f"launcher-{n}.log", "w") if logs else subprocess.PIPE,
             text=True,
@@ -177,3 +183,20 @@ def test_a_launcher_waiting_for_the_store_ends_at_once_on_sigterm(tmp_path: Path
     finally:
         stop([pod], tmp_path)
     assert took < 5.0, f"the launcher took {took:.1f} s to end after SIGTERM"
+
+
+def test_an_in_place_restart_leaves_no_evidence_of_its_attempt_to_the_next_failure(
+    tmp_path: Path,
+) -> None:
+    # Rank 1 exits 3 saying why (restarted in place, restart 1 of 1), then is killed: its pod
+    # fails with the kill, not with the first attempt's words.
+    pods = launchers(tmp_path, "say3,kill", "--max-restarts=1", logs=True)
+    try:
+        assert pods[1].wait(timeout=120) == 137, (tmp_path / "launcher-1.log").read_text()
+        pods[0].send_signal(signal.SIGTERM)
+        assert pods[0].wait(timeout=60) == 143
+    finally:
+        stop(pods, tmp_path)
+    found = parse((tmp_path / "termination-1").read_text())
+    assert found is not None and (found.rank, found.exit_code) == (1, 137), found
+    assert "first words" not in found.error
