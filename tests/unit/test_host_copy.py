@@ -1,0 +1,172 @@
+"""The host copy of the newest checkpoint (one gloo rank): written once a save is complete,
+preferred by a resume, and never used when it is missing, older than the disk's, partial, or
+written for another run, world size, model or shape: those resume from disk, loss for loss."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mnnvl.inputs.spec import TrainConfig
+from mnnvl.runtime import hostcopy
+from mnnvl.runtime.checkpoint import Checkpointer
+from mnnvl.runtime.hostcopy import HostCopy
+from mnnvl.runtime.parallel import DistInfo
+from mnnvl.runtime.train import Trainer
+
+torch.set_num_threads(1)
+INFO = DistInfo(rank=0, world_size=1, device=torch.device("cpu"))
+IDENTITY = {"run_id": "r1", "checkpoint_dir": "/ckpt/r1", "rank": 0, "world_size": 1}
+
+
+def trainer() -> Trainer:
+    return Trainer(TrainConfig(model="tiny", steps=8, warmup_steps=1), INFO)
+
+
+def checkpointer(tmp: Path, **identity: Any) -> Checkpointer:
+    copy = HostCopy(tmp / "shm" / "r1" / "pod-a", {**IDENTITY, "model": "tiny", **identity})
+    return Checkpointer(str(tmp / "ckpt"), rank=0, host_copy=copy)
+
+
+def save(t: Trainer, ck: Checkpointer, step: int, *, host_copy: bool = True) -> None:
+    t.step(step)
+    extra = {"loss": 0.0, "scheduler": t.sched.state_dict(), "model": "tiny"}
+    ck.save(step, t.model, t.opt, extra, host_copy=host_copy)
+    ck.wait()
+
+
+def copies(tmp: Path) -> list[str]:
+    return sorted(p.name for p in (tmp / "shm" / "r1" / "pod-a").iterdir())
+
+
+def trained_to_2(tmp: Path) -> float:
+    """Train and save steps 1 and 2; return the loss of step 3 (what a resume must repeat)."""
+    t, ck = trainer(), checkpointer(tmp)
+    save(t, ck, 1)
+    save(t, ck, 2)
+    loss = t.step(3).item()
+    ck.finish()
+    return loss
+
+
+def resumed(tmp: Path, **identity: Any) -> tuple[str | None, float]:
+    """A new run resumed: (source, the loss of the step after the one it resumed from)."""
+    t = trainer()
+    t.ckpt = checkpointer(tmp, **identity)
+    t.resume()
+    assert t.start_step == 2
+    loss = t.step(3).item()
+    t.ckpt.finish()
+    return t.resume_source, loss
+
+
+def test_a_completed_save_leaves_one_host_copy_of_its_own_step(
+    gloo_one_rank: None, tmp_path: Path
+) -> None:
+    t, ck = trainer(), checkpointer(tmp_path)
+    save(t, ck, 1)
+    assert copies(tmp_path) == ["step-1.rank-0.pt"]
+    save(t, ck, 2)
+    assert copies(tmp_path) == ["step-2.rank-0.pt"]  # the newest only, no temporary left
+    save(t, ck, 3, host_copy=False)  # the final save: nothing resumes after it
+    assert copies(tmp_path) == ["step-2.rank-0.pt"]
+    ck.finish()
+    ck.discard_host_copy()  # the run ended normally
+    assert not (tmp_path / "shm" / "r1").exists()
+
+
+def test_resume_prefers_the_host_copy_and_continues_loss_for_loss(
+    gloo_one_rank: None, tmp_path: Path
+) -> None:
+    loss = trained_to_2(tmp_path)
+    source, again = resumed(tmp_path)
+    assert (source, again) == ("host", loss)
+
+
+def _copy_file(tmp: Path) -> Path:
+    return tmp / "shm" / "r1" / "pod-a" / "step-2.rank-0.pt"
+
+
+def _older(tmp: Path) -> None:
+    """The copy says step 1, the disk's newest is step 2."""
+    path = _copy_file(tmp)
+    saved = torch.load(path, weights_only=False)
+    saved["meta"]["step"] = saved["extra"]["step"] = 1
+    torch.save(saved, path.with_name("step-1.rank-0.pt"))
+    path.unlink()
+
+
+def _truncated(tmp: Path) -> None:
+    path = _copy_file(tmp)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _another_shape(tmp: Path) -> None:
+    path = _copy_file(tmp)
+    saved = torch.load(path, weights_only=False)
+    saved["state"]["model"]["tok_embeddings.weight"] = torch.zeros(3, 3)
+    torch.save(saved, path)
+
+
+def _no_copy_on_one_side(tmp: Path) -> None:
+    _copy_file(tmp).unlink()
+    (tmp / "shm" / "r1" / "pod-a" / ".step-2.rank-0.pt.tmp").write_bytes(b"partial")
+
+
+CASES = {
+    "missing": (_no_copy_on_one_side, {}),
+    "older than the disk's": (_older, {}),
+    "partial": (_truncated, {}),
+    "of another shape": (_another_shape, {}),
+    "of another model": (None, {"model": "small"}),
+    "of another world size": (None, {"world_size": 2}),
+    "of another checkpoint directory": (None, {"checkpoint_dir": "/ckpt/other"}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_host_copy_that_does_not_fit_resumes_from_disk_loss_for_loss(
+    gloo_one_rank: None, tmp_path: Path, case: str
+) -> None:
+    loss = trained_to_2(tmp_path)
+    spoil, identity = CASES[case]
+    if spoil is not None:
+        spoil(tmp_path)
+    source, again = resumed(tmp_path, **identity)
+    assert (source, again) == ("disk", loss)
+
+
+def test_a_host_copy_without_its_checkpoint_on_disk_is_not_used(
+    gloo_one_rank: None, tmp_path: Path
+) -> None:
+    trained_to_2(tmp_path)
+    (tmp_path / "ckpt" / "latest").unlink()  # the checkpoint directory was emptied
+    t = trainer()
+    t.ckpt = checkpointer(tmp_path)
+    t.resume()
+    t.ckpt.finish()
+    assert (t.resume_source, t.start_step) == (None, 0)
+
+
+def test_no_room_in_memory_skips_the_copy_with_one_line(
+    gloo_one_rank: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    full = os.statvfs_result((4096, 4096, 1000, 0, 0, 1000, 0, 0, 0, 255))
+    monkeypatch.setattr(hostcopy.os, "statvfs", lambda path: full)
+    t, ck = trainer(), checkpointer(tmp_path)
+    with caplog.at_level(logging.WARNING, logger=hostcopy.__name__):
+        save(t, ck, 1)
+    ck.finish()
+    assert copies(tmp_path) == []
+    (line,) = [r.getMessage() for r in caplog.records if r.name == hostcopy.__name__]
+    assert line.startswith("no host copy of checkpoint step 1: it needs ")
+    assert "raise --shm-size" in line
+    assert (tmp_path / "ckpt" / "step-1" / ".metadata").is_file()  # the disk's is complete
