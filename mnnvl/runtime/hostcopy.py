@@ -105,10 +105,9 @@ class HostCopy:
         """This rank's copy as (step, path, contents) when it was written for this run, rank,
         world size and model and its tensors have ``target``'s shapes, else None (with why).
         The file is mapped, not read: only the load copies its bytes."""
-        files = self._files()
-        if not files:
+        path = self.newest()
+        if path is None:
             return None
-        path = files[-1]
         try:
             found = torch.load(path, mmap=True, weights_only=False)
         except (OSError, RuntimeError, EOFError) as e:
@@ -132,6 +131,11 @@ class HostCopy:
         shutil.rmtree(self.dir.parent, ignore_errors=True)
         with contextlib.suppress(OSError):  # other runs' copies are there
             self.dir.parent.parent.rmdir()
+
+    def newest(self) -> Path | None:
+        """This rank's copy, if there is one."""
+        files = self._files()
+        return files[-1] if files else None
 
     def _files(self) -> list[Path]:
         """This rank's copies, oldest first."""
@@ -198,19 +202,21 @@ def load(
     and ``optimizer`` when every rank has one of the same step, not older than ``disk_step``
     (the newest complete checkpoint on disk); return (its extra state, the file), else None
     and nothing is loaded."""
-    if copy is None:  # the same on every rank: no collective
-        return None
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    target = {"model": model_sd, "optim": optim_sd}
-    found = copy.find(target)
-    # With no checkpoint on disk, or a newer one there, the copy is of another life of the run.
-    usable = found is not None and disk_step is not None and found[0] >= disk_step
-    step = found[0] if found is not None and usable else -1
+    if copy is None or disk_step is None:  # the same on every rank (one shared disk)
+        return None  # and with no checkpoint on disk, a copy is of another life of the run
+    found, target = None, None
+    if copy.newest() is not None:
+        # Fills in the optimizer state (a step of zeros): only where a load follows.
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        target = {"model": model_sd, "optim": optim_sd}
+        found = copy.find(target)
+    # A copy older than the disk's newest checkpoint is of an earlier life of the run.
+    step = found[0] if found is not None and found[0] >= disk_step else -1
     if not agreed(step, group):
         if step >= 0:
             logger.info("not every rank has a host copy of step %d: loading from disk", step)
         return None
-    assert found is not None
+    assert found is not None and target is not None
     _, path, saved = found
     state = fill(target, saved["state"])
     set_state_dict(

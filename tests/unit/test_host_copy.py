@@ -146,11 +146,13 @@ def test_a_host_copy_without_its_checkpoint_on_disk_is_not_used(
 ) -> None:
     trained_to_2(tmp_path)
     (tmp_path / "ckpt" / "latest").unlink()  # the checkpoint directory was emptied
-    t = trainer()
+    t, plain = trainer(), trainer()
     t.ckpt = checkpointer(tmp_path)
     t.resume()
     t.ckpt.finish()
     assert (t.resume_source, t.start_step) == (None, 0)
+    # It starts at step 0 exactly as a run that never had a copy (optimizer state untouched).
+    assert [t.step(s).item() for s in (1, 2, 3)] == [plain.step(s).item() for s in (1, 2, 3)]
 
 
 def test_no_room_in_memory_skips_the_copy_with_one_line(
