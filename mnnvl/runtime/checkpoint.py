@@ -22,7 +22,8 @@ stage, which empties its buffer cache and its copy table (reusing it raised ``Ke
 thread); the last two are benchmark levers. The newest ``KEEP`` complete checkpoints are kept.
 
 In the ``async`` mode each rank also keeps its part of the newest complete checkpoint in the
-pod's memory (:mod:`mnnvl.runtime.hostcopy`), written from the staged buffers after the save;
+pod's memory (:mod:`mnnvl.runtime.hostcopy`), written from the staged buffers beside the
+disk write and named once the save is complete;
 ``resume`` prefers it when every rank has one of the same step, not older than ``latest``.
 
 Test hook: ``MNNVL_TEST_CHECKPOINT_DELAY=<step>:<rank>:<seconds>`` makes that rank's write of
@@ -106,6 +107,7 @@ class Checkpointer:
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
         # Written from the reused staging buffers: the other modes keep none between saves.
         self.host_copy = host_copy if self._reused is not None else None
+        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="host-copy")
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None."""
@@ -160,7 +162,11 @@ class Checkpointer:
             upload: Future[Any] = getattr(response, "upload_completion", response)
             staged = getattr(response, "staging_completion", None)
             self._staging = staged.result if staged is not None else stager.synchronize_staging
-            copy = own if host_copy and self.host_copy is not None else None
+            copy = None
+            if host_copy and self.host_copy is not None and self._reused is not None:
+                # Beside the disk write, from the same buffers once they are filled.
+                keep, staging = self.host_copy, self._reused.staging()
+                copy = self._copier.submit(lambda: keep.write(step, staging.result(), own))
             self._pending = self._committer.submit(
                 self._finish, path, upload, stager, started, copy
             )
@@ -206,6 +212,7 @@ class Checkpointer:
         finally:
             self.final_wait_s = time.perf_counter() - started
             self._committer.shutdown(wait=True)
+            self._copier.shutdown(wait=True)
             if self._reused is not None:
                 self._reused.release()
 
@@ -271,10 +278,11 @@ class Checkpointer:
         upload: Future[Any],
         stager: AsyncStager,
         t0: float,
-        copy: dict[str, Any] | None,
+        copy: Future[Path | None] | None,
     ) -> Path:
-        """The background end of a save: wait for this rank's write, commit, then keep the
-        staged state as the host copy (the next save refills the buffers only after this)."""
+        """The background end of a save: wait for this rank's writes (the disk's and the host
+        copy's: the next save refills the buffers only after both), commit, then give the
+        host copy its name."""
         try:
             upload.result()
         except dcp.CheckpointException as e:  # a BaseException: made an error the step reports
@@ -282,9 +290,10 @@ class Checkpointer:
         finally:
             if stager is not self._reused:
                 stager.close()  # a fresh one's pinned buffers go with it
+            written = copy.result() if copy is not None else None
         done = self._commit(path, t0)
-        if copy is not None and self.host_copy is not None and self._reused is not None:
-            self.host_copy.write(copy["step"], self._reused.staged(), copy)
+        if written is not None and self.host_copy is not None:
+            self.host_copy.publish(written)
         return done
 
     def _commit(self, path: Path, t0: float) -> Path:

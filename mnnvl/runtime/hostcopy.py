@@ -67,11 +67,12 @@ class HostCopy:
         return cls(base / FOLDER / run_id / pod, {"run_id": run_id, **identity})
 
     def write(self, step: int, state: Any, extra: dict[str, Any]) -> Path | None:
-        """Keep ``state`` (the staged host tensors of ``step``) and ``extra`` as this rank's
-        only copy; skipped with one log line when the memory has no room or the write fails
-        (the disk checkpoint remains)."""
-        for old in self._files():
-            old.unlink(missing_ok=True)  # the older copy goes first: never two in memory
+        """Write ``state`` (the staged host tensors of ``step``) and ``extra`` under a temporary
+        name, after removing this rank's older copy (never two in memory); return the file for
+        :meth:`publish` once the checkpoint is complete. Skipped (None) with one log line when
+        the memory has no room or the write fails: the disk checkpoint remains."""
+        for old in [*self._files(), *self.dir.glob(f".*.rank-{self.rank}.pt.tmp")]:
+            old.unlink(missing_ok=True)
         local = _local(state)
         need = sum(t.nbytes for t in _tensors(local))
         try:
@@ -88,17 +89,21 @@ class HostCopy:
                     human_bytes(room),
                 )
                 return None
-            path = self.dir / f"step-{step}.rank-{self.rank}.pt"
-            tmp = self.dir / f".{path.name}.tmp"
+            tmp = self.dir / f".step-{step}.rank-{self.rank}.pt.tmp"
             meta = {**self.identity, "step": step}
             torch.save({"meta": meta, "state": local, "extra": extra}, tmp)
-            os.replace(tmp, path)
-        except OSError as e:
+        except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
             logger.warning(
                 "no host copy of checkpoint step %d: %s (restarts load from disk)", step, e
             )
             return None
-        logger.info("host copy of checkpoint step %d: %s (%s)", step, path, human_bytes(need))
+        return tmp
+
+    def publish(self, tmp: Path) -> Path:
+        """The copy written to ``tmp`` under its own name: its checkpoint is complete."""
+        path = tmp.with_name(tmp.name.removeprefix(".").removesuffix(".tmp"))
+        os.replace(tmp, path)
+        logger.info("host copy of the checkpoint: %s", path)
         return path
 
     def find(self, target: Any) -> tuple[int, Path, dict[str, Any]] | None:
@@ -252,6 +257,11 @@ class ReusedStager(AsyncStager):
         self._staged = self._thread.submit(self._copy, state_dict)
         return self._staged
 
+    def staging(self) -> Future[Any]:
+        """The last save's copy into the host buffers (its result: the staged state)."""
+        assert self._staged is not None
+        return self._staged
+
     def _copy(self, state_dict: Any) -> Any:
         if self._stream is None:
             return self._copier.stage(state_dict)
@@ -260,11 +270,6 @@ class ReusedStager(AsyncStager):
             staged = self._copier.stage(state_dict, non_blocking=True)
         self._stream.synchronize()
         return staged
-
-    def staged(self) -> Any:
-        """The host copy of the last save's state."""
-        assert self._staged is not None
-        return self._staged.result()
 
     def synchronize_staging(self) -> None:
         """Wait for the copy in progress (where torch returns no staging future)."""
