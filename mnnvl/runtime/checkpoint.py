@@ -22,9 +22,9 @@ stage, which empties its buffer cache and its copy table (reusing it raised ``Ke
 thread); the last two are benchmark levers. The newest ``KEEP`` complete checkpoints are kept.
 
 In the ``async`` mode each rank also keeps its part of the newest complete checkpoint in the
-pod's memory (:mod:`mnnvl.runtime.hostcopy`), written from the staged buffers beside the
-disk write and named once the save is complete;
-``resume`` prefers it when every rank has one of the same step, not older than ``latest``.
+pod's memory (:mod:`mnnvl.runtime.hostcopy`), written from the staged buffers beside the disk
+write and named once the save is complete; ``resume`` prefers it when every rank has one of
+the same step, not older than ``latest``.
 
 Test hook: ``MNNVL_TEST_CHECKPOINT_DELAY=<step>:<rank>:<seconds>`` makes that rank's write of
 that step's checkpoint start late, in the background, to hold a save in flight.

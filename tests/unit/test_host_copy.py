@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mnnvl.inputs.spec import TrainConfig
-from mnnvl.runtime import hostcopy
+from mnnvl.runtime import checkpoint, hostcopy
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.hostcopy import HostCopy
 from mnnvl.runtime.parallel import DistInfo
@@ -172,3 +172,26 @@ def test_no_room_in_memory_skips_the_copy_with_one_line(
     assert line.startswith("no host copy of checkpoint step 1: it needs ")
     assert "raise --shm-size" in line
     assert (tmp_path / "ckpt" / "step-1" / ".metadata").is_file()  # the disk's is complete
+
+
+def test_a_failed_disk_write_leaves_no_host_copy_of_its_step(
+    gloo_one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t, ck = trainer(), checkpointer(tmp_path)
+    save(t, ck, 1)
+
+    class BrokenWriter(checkpoint._DelayedWriter):
+        def write_data(self, plan, planner):  # type: ignore[no-untyped-def]
+            raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "_writer", lambda path, step, rank: BrokenWriter(str(path)))
+    t.step(2)
+    ck.save(2, t.model, t.opt, {"loss": 0.0, "scheduler": t.sched.state_dict(), "model": "tiny"})
+    with pytest.raises(RuntimeError, match=r"the write of checkpoint .*step-2 failed"):
+        ck.finish()
+    assert "step-2.rank-0.pt" not in copies(tmp_path)
+    again = trainer()
+    again.ckpt = checkpointer(tmp_path)
+    again.resume()
+    again.ckpt.finish()
+    assert again.start_step == 1  # the newest complete checkpoint
