@@ -1,6 +1,6 @@
 """The host side of a checkpoint: the host buffers a background save stages the state into
-(:class:`ReusedStager`, kept from save to save) and, written from them once the save is
-complete, a copy of each rank's newest checkpoint in the pod's memory, so that workers
+(:class:`ReusedStager`, kept from save to save) and, written from them beside the disk write,
+a copy of each rank's newest complete checkpoint in the pod's memory, so that workers
 restarted in place resume from memory instead of the shared disk
 (docs/recovery.md#the-host-copy).
 
@@ -12,7 +12,8 @@ processes, not the pod)::
 One file per rank, the newest only: its local shards of model and optimizer state as the
 background save staged them, this rank's extra state (step, LR schedule, RNG) and what it was
 written for (run id, checkpoint directory, rank, world size, model). It is written under a
-temporary name and renamed, so a file with the final name is complete. The pod name keys it
+temporary name and renamed once its checkpoint is complete (on disk), so a file with the
+final name is a complete checkpoint's. The pod name keys it
 to one pod: a recreated pod has another name (and, on a cluster, an empty ``/dev/shm``); on
 the simulator, whose pods share this machine's ``/dev/shm``, that keeps pods apart as on a
 cluster. The run's directory is removed when training ends normally.
@@ -115,10 +116,10 @@ class HostCopy:
             return None
         try:
             found = torch.load(path, mmap=True, weights_only=False)
-        except (OSError, RuntimeError, EOFError) as e:
-            logger.warning("host copy %s unreadable (%s): loading from disk", path, e)
+            meta, _ = found["meta"], found["state"]
+        except (OSError, RuntimeError, EOFError, TypeError, KeyError) as e:
+            logger.warning("host copy %s unreadable (%r): loading from disk", path, e)
             return None
-        meta = found.get("meta") or {}
         differ = sorted(k for k, v in self.identity.items() if meta.get(k) != v)
         if differ:
             theirs = ", ".join(f"{k} {meta.get(k)!r}" for k in differ)
