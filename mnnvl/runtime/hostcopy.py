@@ -76,6 +76,7 @@ class HostCopy:
             old.unlink(missing_ok=True)
         local = _local(state)
         need = sum(t.nbytes for t in _tensors(local))
+        tmp = self.dir / f".step-{step}.rank-{self.rank}.pt.tmp"
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             fs = os.statvfs(self.dir)
@@ -90,10 +91,12 @@ class HostCopy:
                     human_bytes(room),
                 )
                 return None
-            tmp = self.dir / f".step-{step}.rank-{self.rank}.pt.tmp"
             meta = {**self.identity, "step": step}
             torch.save({"meta": meta, "state": local, "extra": extra}, tmp)
         except (OSError, RuntimeError) as e:  # torch.save reports a full disk as RuntimeError
+            # Ranks of one pod share its /dev/shm: each saw room, together they may not fit.
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             logger.warning(
                 "no host copy of checkpoint step %d: %s (restarts load from disk)", step, e
             )
@@ -242,7 +245,7 @@ def agreed(step: int, group: Any) -> bool:
 class ReusedStager(AsyncStager):
     """Stages into host buffers kept across saves (found by the device storage they copy),
     in a thread of its own: pinned memory and non-blocking copies on a stream of its own
-    where CUDA is. No shared memory: the write runs in a thread (a pod's /dev/shm is small).
+    where CUDA is. Not in shared memory: DCP's write runs in a thread, not a process.
     A save refills the buffers only after the one before it was written."""
 
     _synchronize_after_execute = False  # the caller waits for the copy (``wait_staged``)

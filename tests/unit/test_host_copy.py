@@ -195,3 +195,27 @@ def test_a_failed_disk_write_leaves_no_host_copy_of_its_step(
     again.resume()
     again.ckpt.finish()
     assert again.start_step == 1  # the newest complete checkpoint
+
+
+def test_a_host_copy_that_does_not_fit_while_written_leaves_no_partial_file(
+    gloo_one_rank: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    real_save = torch.save
+
+    def full(obj: Any, path: Any, *args: Any, **kwargs: Any) -> None:
+        if not str(path).endswith(".tmp"):
+            return real_save(obj, path, *args, **kwargs)
+        Path(path).write_bytes(b"half a copy")  # other ranks of the pod filled /dev/shm
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(hostcopy.torch, "save", full)
+    t, ck = trainer(), checkpointer(tmp_path)
+    with caplog.at_level(logging.WARNING, logger=hostcopy.__name__):
+        save(t, ck, 1)
+    ck.finish()
+    assert copies(tmp_path) == []
+    (line,) = [r.getMessage() for r in caplog.records if r.name == hostcopy.__name__]
+    assert line.startswith("no host copy of checkpoint step 1: PytorchStreamWriter failed")
