@@ -7,7 +7,7 @@ restarted in place resume from memory instead of the shared disk
 Layout, in the pod's memory-backed ``/dev/shm`` (an emptyDir: it outlives the worker
 processes, not the pod)::
 
-    mnnvl-hostcopy/<run id>/<pod name>/step-<N>.rank-<r>.pt
+    mnnvl-hostcopy/<run id>/<pod name>/step-<N>.rank-<r>.pt   (contract.env.HOST_COPY_DIR)
 
 One file per rank, the newest only: its local shards of model and optimizer state as the
 background save staged them, this rank's extra state (step, LR schedule, RNG) and what it was
@@ -43,8 +43,7 @@ from mnnvl.units import human_bytes
 
 logger = logging.getLogger(__name__)
 
-BASE = Path("/dev/shm")
-FOLDER = "mnnvl-hostcopy"
+ROOT = Path(contract_env.HOST_COPY_DIR)
 _FILE = re.compile(r"^step-(\d+)\.rank-(\d+)\.pt$")
 
 
@@ -58,14 +57,14 @@ class HostCopy:
         self.rank = int(identity["rank"])
 
     @classmethod
-    def for_pod(cls, identity: dict[str, Any], base: Path = BASE) -> HostCopy | None:
+    def for_pod(cls, identity: dict[str, Any], root: Path = ROOT) -> HostCopy | None:
         """The copy of this pod's rank, or None outside a pod of a run (no run id: no pod
-        whose memory outlives the workers)."""
+        whose memory outlives the workers) or without ``/dev/shm``."""
         run_id = os.environ.get(contract_env.RUN_ID, "")
-        if not run_id or not base.is_dir():
+        if not run_id or not root.parent.is_dir():
             return None
         pod = os.environ.get(contract_env.POD_NAME) or devices.pod_name()
-        return cls(base / FOLDER / run_id / pod, {"run_id": run_id, **identity})
+        return cls(root / run_id / pod, {"run_id": run_id, **identity})
 
     def write(self, step: int, state: Any, extra: dict[str, Any]) -> Path | None:
         """Write ``state`` (the staged host tensors of ``step``) and ``extra`` under a temporary

@@ -119,7 +119,21 @@ def test_recreated_pods_resume_from_disk(
     assert (raw["resume_source"], raw["start_step"]) == ("disk", 10), raw["resumed_from"]
     assert raw["resumed_from"].endswith("/step-10")
     run_id = Path(raw["checkpoint"]).parent.name  # the checkpoints' folder is /ckpt/<run id>
-    assert not (hostcopy.BASE / hostcopy.FOLDER / run_id).exists()  # the first pods' copies too
+    assert not (hostcopy.ROOT / run_id).exists()  # the first pods' copies too
+
+
+@pytest.mark.slow
+def test_a_failed_run_leaves_no_host_copy_once_its_pods_are_deleted(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # No restart allowed: the run fails after its first checkpoint, and teardown deletes the pods.
+    fault = ["--env", "MNNVL_TEST_SIGNAL_AT=15:1:SIGKILL", "--max-restarts", "0"]
+    before = set(hostcopy.ROOT.iterdir()) if hostcopy.ROOT.is_dir() else set()
+    code, _, err, _ = train(sim, capsys, tmp_path, *fault)
+    assert code == 4, err[-3000:]
+    assert "host copy of the checkpoint" in err  # there was one
+    after = set(hostcopy.ROOT.iterdir()) if hostcopy.ROOT.is_dir() else set()
+    assert after <= before  # gone with the pods, as a memory emptyDir on a cluster
 
 
 @pytest.mark.slow
