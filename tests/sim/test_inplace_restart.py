@@ -17,14 +17,15 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.cli import main as cli
+from mnnvl.contract.env import HOST_COPY_DIR
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec
-from mnnvl.runtime import hostcopy
 from mnnvl.sim import SimCluster
 from tests.sim.simkit import Raw, assert_nothing_left, create_claim
 
 SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 CLAIM = "ip-ckpt"
+HOST_COPIES = Path(HOST_COPY_DIR)  # the pods' host copies of their checkpoints, by run
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_recreated_pods_resume_from_disk(
     assert (raw["resume_source"], raw["start_step"]) == ("disk", 10), raw["resumed_from"]
     assert raw["resumed_from"].endswith("/step-10")
     run_id = Path(raw["checkpoint"]).parent.name  # the checkpoints' folder is /ckpt/<run id>
-    assert not (hostcopy.ROOT / run_id).exists()  # the first pods' copies too
+    assert not (HOST_COPIES / run_id).exists()  # the first pods' copies too
 
 
 @pytest.mark.slow
@@ -128,11 +129,11 @@ def test_a_failed_run_leaves_no_host_copy_once_its_pods_are_deleted(
 ) -> None:
     # No restart allowed: the run fails after its first checkpoint, and teardown deletes the pods.
     fault = ["--env", "MNNVL_TEST_SIGNAL_AT=15:1:SIGKILL", "--max-restarts", "0"]
-    before = set(hostcopy.ROOT.iterdir()) if hostcopy.ROOT.is_dir() else set()
+    before = set(HOST_COPIES.iterdir()) if HOST_COPIES.is_dir() else set()
     code, _, err, _ = train(sim, capsys, tmp_path, *fault)
     assert code == 4, err[-3000:]
     assert "host copy of the checkpoint" in err  # there was one
-    after = set(hostcopy.ROOT.iterdir()) if hostcopy.ROOT.is_dir() else set()
+    after = set(HOST_COPIES.iterdir()) if HOST_COPIES.is_dir() else set()
     assert after <= before  # gone with the pods, as a memory emptyDir on a cluster
 
 
