@@ -4,6 +4,7 @@ written for another run, world size, model or shape: those resume from disk, los
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -11,8 +12,11 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from mnnvl.inputs.spec import TrainConfig
+from mnnvl.ports import free_port
 from mnnvl.runtime import checkpoint, hostcopy
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.hostcopy import HostCopy
@@ -219,3 +223,45 @@ def test_a_host_copy_that_does_not_fit_while_written_leaves_no_partial_file(
     assert copies(tmp_path) == []
     (line,) = [r.getMessage() for r in caplog.records if r.name == hostcopy.__name__]
     assert line.startswith("no host copy of checkpoint step 1: PytorchStreamWriter failed")
+
+
+def _two_ranks(rank: int, port: int, tmp: str, drop: int) -> None:
+    """One of two gloo ranks (pods of their own): train and save steps 1 and 2, drop rank
+    ``drop``'s copy (-1: none), then resume in a new trainer; writes (source, whether its step
+    3 repeats the loss) to ``rank-<r>.json``."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    info = DistInfo(rank=rank, world_size=2, device=torch.device("cpu"))
+    cfg = TrainConfig(model="tiny", steps=8, warmup_steps=1)
+    pod = Path(tmp) / "shm" / "r1" / f"pod-{rank}"
+    identity = {**IDENTITY, "rank": rank, "world_size": 2, "model": "tiny"}
+
+    def ckpt() -> Checkpointer:
+        return Checkpointer(str(Path(tmp) / "ckpt"), rank=rank, host_copy=HostCopy(pod, identity))
+
+    first = Trainer(cfg, info)
+    first.ckpt = ckpt()
+    for step in (1, 2):
+        save(first, first.ckpt, step)
+    first.ckpt.finish()
+    loss = first.step(3).item()
+    if rank == drop:
+        (pod / f"step-2.rank-{rank}.pt").unlink()
+    dist.barrier()
+    again = Trainer(cfg, info)
+    again.ckpt = ckpt()
+    again.resume()
+    same = again.step(3).item() == loss
+    again.ckpt.finish()
+    Path(tmp, f"rank-{rank}.json").write_text(json.dumps([again.resume_source, same]))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("drop", "source"), [(-1, "host"), (1, "disk")])
+def test_two_ranks_resume_from_their_copies_only_when_both_have_one(
+    tmp_path: Path, drop: int, source: str
+) -> None:
+    mp.spawn(_two_ranks, args=(free_port(), str(tmp_path), drop), nprocs=2)
+    said = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert said == [[source, True], [source, True]]  # both ranks, loss for loss
