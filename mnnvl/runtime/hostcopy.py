@@ -9,14 +9,15 @@ processes, not the pod)::
 
     mnnvl-hostcopy/<run id>/<pod name>/step-<N>.rank-<r>.pt   (contract.env.HOST_COPY_DIR)
 
-One file per rank, the newest only: its local shards of model and optimizer state as the
-background save staged them, this rank's extra state (step, LR schedule, RNG) and what it was
-written for (run id, checkpoint directory, rank, world size, model). It is written under a
-temporary name and renamed once its checkpoint is complete (on disk), so a file with the
-final name is a complete checkpoint's. The pod name keys it
-to one pod: a recreated pod has another name (and, on a cluster, an empty ``/dev/shm``); on
-the simulator, whose pods share this machine's ``/dev/shm``, that keeps pods apart as on a
-cluster. The run's directory is removed when training ends normally.
+One file per rank, the newest complete one (and the next while it is written, where both
+fit): its local shards of model and optimizer state as the background save staged them, this
+rank's extra state (step, LR schedule, RNG) and what it was written for (run id, checkpoint
+directory, rank, world size, model). It is written under a temporary name and renamed once
+its checkpoint is complete (on disk), so a file with the final name is a complete
+checkpoint's. The pod name keys it to one pod: a recreated pod has another name (and, on a
+cluster, an empty ``/dev/shm``); on the simulator, whose pods share this machine's
+``/dev/shm``, that keeps pods apart as on a cluster. The run's directory is removed when
+training ends normally.
 """
 
 from __future__ import annotations
@@ -68,24 +69,29 @@ class HostCopy:
 
     def write(self, step: int, state: Any, extra: dict[str, Any]) -> Path | None:
         """Write ``state`` (the staged host tensors of ``step``) and ``extra`` under a temporary
-        name, after removing this rank's older copy (never two in memory); return the file for
-        :meth:`publish` once the checkpoint is complete. Skipped (None) with one log line when
-        the memory has no room or the write fails: the disk checkpoint remains."""
-        for old in [*self._files(), *self.dir.glob(f".*.rank-{self.rank}.pt.tmp")]:
-            old.unlink(missing_ok=True)
+        name; return the file for :meth:`publish` once the checkpoint is complete. This rank's
+        older copy stays until then where the memory has room for both (a failure during the
+        save still resumes from memory), else it goes first. Skipped (None) with one log line
+        when the memory has no room or the write fails: the disk checkpoint remains."""
+        for stale in self.dir.glob(f".*.rank-{self.rank}.pt.tmp"):
+            stale.unlink(missing_ok=True)
         local = _local(state)
-        need = sum(t.nbytes for t in _tensors(local))
+        need = sum(t.nbytes for t in _tensors(local)) * 1.05  # and the pickle's records
         tmp = self.dir / f".step-{step}.rank-{self.rank}.pt.tmp"
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             fs = os.statvfs(self.dir)
             room = fs.f_bavail * fs.f_frsize
-            if room < need * 1.05:  # the pickle and zip records beside the tensors' bytes
+            if room < need:
+                for old in self._files():
+                    room += old.stat().st_size
+                    old.unlink()
+            if room < need:
                 logger.warning(
                     "no host copy of checkpoint step %d: it needs %s, %s has %s free; raise "
                     "--shm-size to resume from memory (restarts load from disk)",
                     step,
-                    human_bytes(need),
+                    human_bytes(int(need)),
                     self.dir,
                     human_bytes(room),
                 )
@@ -103,9 +109,13 @@ class HostCopy:
         return tmp
 
     def publish(self, tmp: Path) -> Path:
-        """The copy written to ``tmp`` under its own name: its checkpoint is complete."""
+        """The copy written to ``tmp`` under its own name (its checkpoint is complete), and
+        the only one of this rank."""
         path = tmp.with_name(tmp.name.removeprefix(".").removesuffix(".tmp"))
         os.replace(tmp, path)
+        for old in self._files():
+            if old != path:
+                old.unlink(missing_ok=True)
         logger.info("host copy of the checkpoint: %s", path)
         return path
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +266,53 @@ def test_two_ranks_resume_from_their_copies_only_when_both_have_one(
     mp.spawn(_two_ranks, args=(free_port(), str(tmp_path), drop), nprocs=2)
     said = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert said == [[source, True], [source, True]]  # both ranks, loss for loss
+
+
+def _in_flight(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Checkpointer, list[str]]:
+    """Save step 1, then start a save of step 2 whose disk write starts 2 s late; return the
+    checkpointer and the copies once step 2's host copy is written, its save still in flight."""
+    t, ck = trainer(), checkpointer(tmp)
+    save(t, ck, 1)
+
+    def late(path: Path, step: int, rank: int) -> checkpoint._DelayedWriter:
+        writer = checkpoint._DelayedWriter(str(path))
+        writer.delay_s = 2.0
+        return writer
+
+    monkeypatch.setattr(checkpoint, "_writer", late)
+    t.step(2)
+    ck.save(2, t.model, t.opt, {"loss": 0.0, "scheduler": t.sched.state_dict(), "model": "tiny"})
+    written = tmp / "shm" / "r1" / "pod-a" / ".step-2.rank-0.pt.tmp"
+    deadline = time.monotonic() + 60
+    while not written.exists() and ck.busy() and time.monotonic() < deadline:
+        time.sleep(0.01)  # waits for the copy's write, not for a fixed time
+    assert ck.busy(), "the save ended before its host copy was seen"
+    return ck, copies(tmp)
+
+
+def test_the_older_copy_stays_while_a_save_is_in_flight_where_two_fit(
+    gloo_one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ck, during = _in_flight(tmp_path, monkeypatch)
+    # A worker lost now resumes from memory: the copy of the complete step 1 is still there.
+    assert "step-1.rank-0.pt" in during
+    ck.finish()
+    assert copies(tmp_path) == ["step-2.rank-0.pt"]
+
+
+def test_the_older_copy_goes_first_where_only_one_fits(
+    gloo_one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.statvfs
+
+    def room_for_one(path: Any) -> os.statvfs_result:
+        """Free room: half a copy where one is kept (the older one's room would make two)."""
+        kept = sorted((tmp_path / "shm" / "r1" / "pod-a").glob("step-*"))
+        free = kept[0].stat().st_size // 2 if kept else 1 << 40
+        return os.statvfs_result((1, 1, 1 << 41, free, free, *real(path)[5:]))
+
+    monkeypatch.setattr(hostcopy.os, "statvfs", room_for_one)
+    ck, during = _in_flight(tmp_path, monkeypatch)
+    assert "step-1.rank-0.pt" not in during and ".step-2.rank-0.pt.tmp" in during
+    ck.finish()
+    assert copies(tmp_path) == ["step-2.rank-0.pt"]
