@@ -12,7 +12,8 @@
 #             from disk (hostcopy=off) and with the pods recreated, then a stopped one in place;
 #             fault -> detection -> gang restarted -> checkpoint loaded (from where, how long)
 #             -> first resumed step, steps redone (needs the kubernetes client, see below)
-#   tests     tests/gpu/test_checkpoint_gpu.py (6 background saves, a kill mid-save, the resume)
+#   tests     tests/gpu/test_checkpoint_gpu.py (6 background saves, a kill mid-save, the resume,
+#             from the pod's host copy in the same pod)
 #             and tests/gpu/test_verify_gpu.py (one GPU: NOT_JUDGED, "n/a: one rank")
 # Usage: bash bench/gpu_goodput.sh OUT_DIR [PART...]   (parts: mfu stall recovery tests; all)
 # A run starts only while BUDGET_S (default 480) seconds are left, and is cut at what is left;
