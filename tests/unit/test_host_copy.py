@@ -128,6 +128,7 @@ CASES = {
     "older than the disk's": (_older, {}),
     "partial": (_truncated, {}),
     "of another shape": (_another_shape, {}),
+    "of another run": (None, {"run_id": "r2"}),
     "of another model": (None, {"model": "small"}),
     "of another world size": (None, {"world_size": 2}),
     "of another checkpoint directory": (None, {"checkpoint_dir": "/ckpt/other"}),
