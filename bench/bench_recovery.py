@@ -2,18 +2,22 @@
 
 One training run per fault and recovery path through the product's train step
 (``steps.train`` against ``mnnvl.sim``: the driver, the Job, restarts, checkpoints on a
-PersistentVolumeClaim every ``--every`` steps). ``--paths in-place,recreated`` (the default)
-runs each fault twice, side by side: restarted in place (the workers inside the pods, the
-default) and with the pods recreated (``MNNVL_IN_PLACE_RESTARTS=0``, every pod deleted and
-made again). The worker test hook makes rank ``--rank`` (default: the last) signal
-itself right after step ``--fail-at``, once: SIGKILL is a lost worker, SIGSTOP a hung one
-(its peers' collectives time out after ``--collective-timeout-s``; a worker with no peer is
-stopped by its pod's watchdog after ``--stall-timeout-s``). For each it prints, in seconds
-after the fault: the pod failed (its exit code; none in place), the restart began (the driver's
-gang restart, or the launchers' in-place line), every pod ran again (in place: every launcher
-ready to start its workers), the restarted rank 0 loaded the checkpoint and logged its first
-step; and the steps redone (finished after the checkpoint the run resumed from, so done
-twice).
+PersistentVolumeClaim every ``--every`` steps). ``--paths in-place,in-place-disk,recreated``
+(the default) runs each fault three times, side by side: restarted in place (the workers inside
+the pods, the default), resuming from the host copy of the checkpoint in the pods' memory;
+restarted in place with no host copy (``MNNVL_TRAIN_TUNING=hostcopy=off``), resuming from the
+checkpoint on the claim; and with the pods recreated (``MNNVL_IN_PLACE_RESTARTS=0``, every pod
+deleted and made again, resuming from the claim). The worker test hook makes rank ``--rank``
+(default: the last) signal itself right after step ``--fail-at``, once: SIGKILL is a lost
+worker, SIGSTOP a hung one (its peers' collectives time out after ``--collective-timeout-s``;
+a worker with no peer is stopped by its pod's watchdog after ``--stall-timeout-s``). For
+each it prints, in seconds after the fault: the pod failed (its exit code; none in place), the
+restart began (the driver's gang restart, or the launchers' in-place line), every pod ran again
+(in place: every launcher ready to start its workers), the restarted rank 0 loaded the
+checkpoint and logged its first step; and the steps redone (finished after the checkpoint the
+run resumed from, so done twice). ``resume_source`` and ``resume_load_s`` are the restarted
+workers' own: where they loaded the checkpoint from (``host`` or ``disk``) and how long that
+took.
 
 Worker times come from the workers' own log lines (wall clock, ms), the driver's from its log
 record, pod phases from polling the simulator's store every 50 ms.
@@ -24,9 +28,11 @@ record, pod phases from polling the simulator's store every 50 ms.
 
 On GPUs the stall timeout must cover the longest gap between two reports of progress: the
 start-up with the checkpoint load and the compile warm-up of the first step.
+The simulated pods share this machine's ``/dev/shm``: the in-place run's host copy needs room
+there (about 14.5 GB at 1b on one GPU), else it loads from disk and the run is not ``ok``.
 
 Prints a table per fault and one JSON line; exit code 0 when every run resumed from a
-checkpoint and finished.
+checkpoint, from where its path should (``host`` in place, else ``disk``), and finished.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from mnnvl.contract import env as contract_env
 from mnnvl.driver.diagnose import exit_code, pod_index
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec, from_inputs
+from mnnvl.runtime.parallel import TUNING_ENV
 from mnnvl.runtime.progress import SIGNAL_AT_ENV
 from mnnvl.sim import SimCluster
 from mnnvl.sim.core.podenv import local_gpu_ids
@@ -61,7 +68,12 @@ STEP = re.compile(r"^step (\d+) loss ")
 RESUMED = re.compile(r"^resumed from \S+ \(step (\d+)\)")
 IN_PLACE = re.compile(r"^in-place restart \d+ ")
 FAULTS = {"kill": "SIGKILL", "stop": "SIGSTOP"}
-PATHS = {"in-place": {}, "recreated": {contract_env.IN_PLACE_RESTARTS: "0"}}
+PATHS = {
+    "in-place": {},
+    "in-place-disk": {TUNING_ENV: "hostcopy=off"},
+    "recreated": {contract_env.IN_PLACE_RESTARTS: "0"},
+}
+SOURCE = {"in-place": "host", "in-place-disk": "disk", "recreated": "disk"}  # resumed from
 
 
 def log_lines(text: str) -> list[tuple[float, str]]:
@@ -186,7 +198,10 @@ def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) 
         shutil.rmtree(Path(sim.pvc_dir(NS, CLAIM), run_id), ignore_errors=True)  # 14 GB at 1b
     figures = timeline(watcher, args.nodes)
     resumed = int(result.start_step)
+    source = result.raw.get("resume_source")
     figures.update(
+        resume_source=source,
+        resume_load_s=result.raw.get("resume_load_s"),
         rank=rank,
         failed_after_step=args.fail_at,
         steps_redone=args.fail_at - resumed,
@@ -195,7 +210,10 @@ def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) 
         driver_steps_lost=result.steps_lost,
         final_loss=result.final_loss,
         wall_s=round(time.time() - started, 1),
-        ok=result.restarts == 1 and resumed > 0 and result.steps == args.steps,
+        ok=result.restarts == 1
+        and resumed > 0
+        and source == SOURCE[path]
+        and result.steps == args.steps,
     )
     return figures
 
@@ -212,7 +230,7 @@ def main() -> int:
     parser.add_argument("--fail-at", type=int, default=25, help="the fault follows this step")
     parser.add_argument("--rank", type=int, default=-1, help="the faulted rank (-1: the last)")
     parser.add_argument("--faults", default="kill,stop", help="kill, stop or both")
-    parser.add_argument("--paths", default="in-place,recreated", help="in-place, recreated or both")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"some of {', '.join(PATHS)}")
     parser.add_argument("--collective-timeout-s", type=float, default=10)
     parser.add_argument("--stall-timeout-s", type=float, default=20)
     parser.add_argument(

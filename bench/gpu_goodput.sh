@@ -8,9 +8,12 @@
 #             (MNNVL_TRAIN_TUNING=ckpt=sync, the "before"), then a new DefaultStager per save
 #             (ckpt=async-fresh)
 #   recovery  bench/bench_recovery.py on the simulator with the 1b preset on this GPU: a killed
-#             and a stopped worker after step 60, fault -> detection -> gang restarted -> first
-#             resumed step, steps redone (needs the kubernetes client, see below)
-#   tests     tests/gpu/test_checkpoint_gpu.py (6 background saves, a kill mid-save, the resume)
+#             worker after step 60 restarted in place from the host copy in /dev/shm, in place
+#             from disk (hostcopy=off) and with the pods recreated, then a stopped one in place;
+#             fault -> detection -> gang restarted -> checkpoint loaded (from where, how long)
+#             -> first resumed step, steps redone (needs the kubernetes client, see below)
+#   tests     tests/gpu/test_checkpoint_gpu.py (6 background saves, a kill mid-save, the resume,
+#             from the pod's host copy in the same pod)
 #             and tests/gpu/test_verify_gpu.py (one GPU: NOT_JUDGED, "n/a: one rank")
 # Usage: bash bench/gpu_goodput.sh OUT_DIR [PART...]   (parts: mfu stall recovery tests; all)
 # A run starts only while BUDGET_S (default 480) seconds are left, and is cut at what is left;
@@ -76,11 +79,11 @@ if res.get("kind") == "train":
         words += (f"  stall last {stall['last']} s max {stall['max']} s ({stall['saves']} saves,"
                   f" {res['tuning']['ckpt']})  final write wait {res['checkpoint_final_wait_s']} s")
 elif res.get("bench") == "recovery":
-    for fault in ("kill", "stop"):
-        r = res.get(fault)
-        if r:
-            words += (f"  {fault}: failed {r['pod_failed_s']} detected {r['detected_s']} restarted "
-                      f"{r['gang_restarted_s']} loaded {r['checkpoint_loaded_s']} first step "
+    for run, r in res.items():
+        if " " in run:  # "<fault> <path>"
+            words += (f"\n    {run}: failed {r['pod_failed_s']} detected {r['detected_s']} "
+                      f"restarted {r['gang_restarted_s']} loaded {r['checkpoint_loaded_s']} "
+                      f"({r.get('resume_source')}, {r.get('resume_load_s')} s) first step "
                       f"{r['first_resumed_step_s']} s, redone {r['steps_redone']} steps")
 else:
     tail = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
@@ -96,6 +99,7 @@ summarize() { run "$@" | tee -a "$out/summary.txt"; }
   python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else None)"
   echo "NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE-unset} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST-unset} NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS-unset}"
   echo "checkpoint disk ($ckpt): $(df -h "$ckpt" | tail -1)"
+  echo "/dev/shm (the host copy's room): $(df -h /dev/shm | tail -1)"
   dd if=/dev/zero of="$ckpt/dd.bin" bs=1M count="${PROBE_MB:-2048}" oflag=direct conv=fsync 2>&1 | tail -1
   rm -f "$ckpt/dd.bin"
 } > "$out/env.txt" 2>&1
@@ -124,9 +128,12 @@ for part in $parts; do
         continue
       fi
       # The stall timeout covers a restart's checkpoint load and compile warm-up.
-      summarize recovery 300 560 "" python3 bench/bench_recovery.py --model "$model" --gpus-per-node 1 \
-        --steps 100 --every 40 --fail-at 60 --collective-timeout-s 60 --stall-timeout-s 150 \
-        --json-out "$out/logs/recovery.json"
+      recovery=(python3 bench/bench_recovery.py --model "$model" --gpus-per-node 1 --steps 100
+        --every 40 --fail-at 60 --collective-timeout-s 60 --stall-timeout-s 150)
+      summarize recovery-kill 300 560 "" "${recovery[@]}" --faults kill \
+        --json-out "$out/logs/recovery-kill.json"
+      summarize recovery-stop 150 300 "" "${recovery[@]}" --faults stop --paths in-place \
+        --json-out "$out/logs/recovery-stop.json"
       ;;
     tests)
       summarize gpu-tests 120 300 "" python3 -m pytest -q -p no:cacheprovider \

@@ -135,6 +135,8 @@ _METRICS = (
     "model",
     "steps",
     "start_step",
+    "resume_source",
+    "resume_load_s",
     "final_loss",
     "tokens_per_s",
     "tokens_per_s_per_gpu",

@@ -48,6 +48,12 @@ IMEX_CHANNELS = "MNNVL_IMEX_CHANNELS"
 # when the GPUs' NVML clique IDs show a group that spans two cliques.
 CLIQUE_LABEL = "MNNVL_CLIQUE_LABEL"
 
+# Where each rank keeps a host copy of its part of the newest checkpoint: a folder per run and
+# pod, ``<run id>/<pod name>``, in the pod's memory-backed /dev/shm (``mnnvl.runtime.hostcopy``).
+# Not a variable: the simulated kubelet removes a pod's folder with the pod, as a cluster's
+# memory emptyDir goes with its pod (its pods share this machine's /dev/shm).
+HOST_COPY_DIR = "/dev/shm/mnnvl-hostcopy"
+
 # "0" turns in-place restarts off (``mnnvl.runtime.inplace``): every restart recreates the
 # pods. A user value (``--env``), read by the pod's launcher.
 IN_PLACE_RESTARTS = "MNNVL_IN_PLACE_RESTARTS"

@@ -21,6 +21,11 @@ stage, which empties its buffer cache and its copy table (reusing it raised ``Ke
 ``async-fresh`` (a new ``DefaultStager`` per save) or ``sync`` (``dcp.save`` in the training
 thread); the last two are benchmark levers. The newest ``KEEP`` complete checkpoints are kept.
 
+In the ``async`` mode each rank also keeps its part of the newest complete checkpoint in the
+pod's memory (:mod:`mnnvl.runtime.hostcopy`), written from the staged buffers beside the disk
+write and named once the save is complete; ``resume`` prefers it when every rank has one of
+the same step, not older than ``latest``.
+
 Test hook: ``MNNVL_TEST_CHECKPOINT_DELAY=<step>:<rank>:<seconds>`` makes that rank's write of
 that step's checkpoint start late, in the background, to hold a save in flight.
 """
@@ -37,18 +42,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint._state_dict_stager import StateDictStager
-from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from mnnvl.contract import exit_codes
 from mnnvl.errors import MnnvlError
+from mnnvl.runtime import hostcopy
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +73,25 @@ class _DelayedWriter(dcp.FileSystemWriter):
         return super().write_data(plan, planner)
 
 
+class Resumed(NamedTuple):
+    """What a run resumed from: this rank's extra state (step, LR, ...), ``source`` (``host``
+    or ``disk``), the seconds the load took and the file or checkpoint loaded."""
+
+    extra: dict[str, Any]
+    source: str
+    load_s: float
+    path: Path
+
+
 class Checkpointer:
     def __init__(
-        self, root: str, *, rank: int, mode: str = "async", timeout_s: float | None = None
+        self,
+        root: str,
+        *,
+        rank: int,
+        mode: str = "async",
+        timeout_s: float | None = None,
+        host_copy: hostcopy.HostCopy | None = None,
     ) -> None:
         self.root = Path(root)
         self.rank = rank
@@ -78,12 +99,15 @@ class Checkpointer:
         timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
         # Collective: every rank builds its Checkpointer in the same order.
         self.group = dist.new_group(backend="gloo", timeout=timeout) if self.asynchronous else None
-        self._reused = _ReusedStager() if mode == "async" else None
+        self._reused = hostcopy.ReusedStager() if mode == "async" else None
         self.stalls: list[float] = []  # seconds each save held training up
         self.final_wait_s = 0.0  # waiting at the end for the last save's write
         self._staging: Callable[[], Any] | None = None  # returns once the copy is done
         self._pending: Future[Path] | None = None
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        # Written from the reused staging buffers: the other modes keep none between saves.
+        self.host_copy = host_copy if self._reused is not None else None
+        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="host-copy")
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None."""
@@ -98,9 +122,17 @@ class Checkpointer:
         return path
 
     def save(
-        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any]
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: dict[str, Any],
+        *,
+        host_copy: bool = True,
     ) -> Path:
-        """Start a collective save (every rank calls it); returns once the state is being staged."""
+        """Start a collective save (every rank calls it); returns once the state is being staged.
+        Once it is complete, this rank's part is also kept as its host copy unless
+        ``host_copy`` is False (the final save: nothing resumes after it)."""
         started = time.perf_counter()
         self.wait()  # the previous save: at most one in flight
         path = self.root / f"step-{step}"
@@ -110,7 +142,8 @@ class Checkpointer:
             path.mkdir(parents=True, exist_ok=True)
         dist.barrier()
         path.mkdir(parents=True, exist_ok=True)
-        torch.save({**extra, "step": step, "rng": _rng_state()}, path / f"rank-{self.rank}.pt")
+        own = {**extra, "step": step, "rng": _rng_state()}
+        torch.save(own, path / f"rank-{self.rank}.pt")
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         writer = _writer(path, step, self.rank)
@@ -121,7 +154,7 @@ class Checkpointer:
         else:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()  # the state of step N is final before it is copied
-            stager = self._reused or _fresh_stager()
+            stager = self._reused or hostcopy.fresh_stager()
             response: Any = dcp.async_save(
                 state, storage_writer=writer, process_group=self.group, async_stager=stager
             )
@@ -129,7 +162,14 @@ class Checkpointer:
             upload: Future[Any] = getattr(response, "upload_completion", response)
             staged = getattr(response, "staging_completion", None)
             self._staging = staged.result if staged is not None else stager.synchronize_staging
-            self._pending = self._committer.submit(self._finish, path, upload, stager, started)
+            copy = None
+            if host_copy and self.host_copy is not None and self._reused is not None:
+                # Beside the disk write, from the same buffers once they are filled.
+                keep, staging = self.host_copy, self._reused.staging()
+                copy = self._copier.submit(lambda: keep.write(step, staging.result(), own))
+            self._pending = self._committer.submit(
+                self._finish, path, upload, stager, started, copy
+            )
         self.stalls.append(time.perf_counter() - started)
         logger.info(
             "checkpoint %s: training held %.3f s; %s",
@@ -172,6 +212,7 @@ class Checkpointer:
         finally:
             self.final_wait_s = time.perf_counter() - started
             self._committer.shutdown(wait=True)
+            self._copier.shutdown(wait=True)
             if self._reused is not None:
                 self._reused.release()
 
@@ -184,6 +225,34 @@ class Checkpointer:
             "max": round(max(self.stalls), 3),
             "saves": len(self.stalls),
         }
+
+    def resume(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, run: str = ""
+    ) -> Resumed | None:
+        """Load the newest state to resume from (collective): the host copies when every rank
+        has one of the same step, not older than the newest complete checkpoint on disk; else
+        that checkpoint; None when there is neither."""
+        started = time.perf_counter()
+        disk = self.latest()
+        newest = None if disk is None else _step(disk)
+        host = hostcopy.load(self.host_copy, newest, model, optimizer, self.group)
+        if host is not None:
+            (extra, path), source = host, "host"
+            _set_rng_state(extra.pop("rng"))
+        elif disk is not None:
+            extra, path, source = self.load(disk, model, optimizer, run), disk, "disk"
+        else:
+            return None
+        took = time.perf_counter() - started
+        where = "the host copy" if source == "host" else "the checkpoint directory"
+        step = extra["step"]
+        logger.info("resumed from %s (step %s): %s, loaded in %.2f s", path, step, where, took)
+        return Resumed(extra, source, took, path)
+
+    def discard_host_copy(self) -> None:
+        """Training ended: the run's host copies are no longer needed."""
+        if self.host_copy is not None:
+            self.host_copy.remove_run()
 
     def load(
         self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, run: str = ""
@@ -201,11 +270,19 @@ class Checkpointer:
         extra_path = own if own.exists() else path / "rank-0.pt"
         extra: dict[str, Any] = torch.load(extra_path, weights_only=False)
         _set_rng_state(extra.pop("rng"))
-        logger.info("resumed from %s (step %s)", path, extra["step"])
         return extra
 
-    def _finish(self, path: Path, upload: Future[Any], stager: AsyncStager, t0: float) -> Path:
-        """The background end of a save: wait for this rank's write, then commit."""
+    def _finish(
+        self,
+        path: Path,
+        upload: Future[Any],
+        stager: AsyncStager,
+        t0: float,
+        copy: Future[Path | None] | None,
+    ) -> Path:
+        """The background end of a save: wait for this rank's writes (the disk's and the host
+        copy's: the next save refills the buffers only after both), commit, then give the
+        host copy its name."""
         try:
             upload.result()
         except dcp.CheckpointException as e:  # a BaseException: made an error the step reports
@@ -213,7 +290,11 @@ class Checkpointer:
         finally:
             if stager is not self._reused:
                 stager.close()  # a fresh one's pinned buffers go with it
-        return self._commit(path, t0)
+            written = copy.result() if copy is not None else None
+        done = self._commit(path, t0)
+        if written is not None and self.host_copy is not None:
+            self.host_copy.publish(written)
+        return done
 
     def _commit(self, path: Path, t0: float) -> Path:
         """Rank 0: point ``latest`` at ``path`` (every rank's part is written) and prune."""
@@ -221,7 +302,7 @@ class Checkpointer:
             tmp = self.root / f".{LATEST}.tmp"
             tmp.write_text(path.name + "\n")
             os.replace(tmp, self.root / LATEST)
-            self._prune(int(path.name.split("-")[1]))
+            self._prune(_step(path))
             logger.info(
                 "saved checkpoint %s (%.2f s after it began)", path, time.perf_counter() - t0
             )
@@ -281,60 +362,6 @@ def _check_fits(path: Path, model_sd: dict[str, Any], run: str) -> None:
     )
 
 
-class _ReusedStager(AsyncStager):
-    """Stages into host buffers kept across saves (found by the device storage they copy),
-    in a thread of its own: pinned memory and non-blocking copies on a stream of its own
-    where CUDA is. No shared memory: the write runs in a thread (a pod's /dev/shm is small).
-    A save refills the buffers only after the one before it was written."""
-
-    _synchronize_after_execute = False  # the caller waits for the copy (``wait_staged``)
-
-    def __init__(self) -> None:
-        cuda = torch.cuda.is_available()
-        self._copier = StateDictStager(pin_memory=cuda, share_memory=False)
-        self._stream = torch.cuda.Stream() if cuda else None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-staging")
-        self._staged: Future[Any] | None = None
-
-    def stage(self, state_dict: Any) -> Future[Any]:
-        self._staged = self._thread.submit(self._copy, state_dict)
-        return self._staged
-
-    def _copy(self, state_dict: Any) -> Any:
-        if self._stream is None:
-            return self._copier.stage(state_dict)
-        torch.cuda.set_device(self._stream.device)
-        with torch.cuda.stream(self._stream):
-            staged = self._copier.stage(state_dict, non_blocking=True)
-        self._stream.synchronize()
-        return staged
-
-    def synchronize_staging(self) -> None:
-        """Wait for the copy in progress (where torch returns no staging future)."""
-        if self._staged is not None:
-            self._staged.result()
-
-    def close(self) -> None:
-        """Kept open between saves (``async_save`` may close a stager it was given)."""
-
-    def release(self) -> None:
-        self._thread.shutdown(wait=True)
-        self._copier.close()
-
-
-def _fresh_stager() -> DefaultStager:
-    """A single-use ``DefaultStager`` staged like ``_ReusedStager``."""
-    cuda = torch.cuda.is_available()
-    return DefaultStager(
-        StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=True,
-            use_non_blocking_copy=cuda,
-        )
-    )
-
-
 # Files each rank writes at once: one thread writes a 1b checkpoint at a third of what the
 # disk takes (measured on one H200: 44 s for 14.5 GB against 1.5 GB/s); more overlap the
 # serialisation of one file with the write of another.
@@ -351,6 +378,10 @@ def _writer(path: Path, step: int, rank: int) -> dcp.FileSystemWriter:
             logger.warning("test hook: rank %d writes %s %s s late", rank, path, seconds)
             return writer
     return dcp.FileSystemWriter(str(path), thread_count=WRITER_THREADS)
+
+
+def _step(path: Path) -> int:
+    return int(path.name.split("-")[1])
 
 
 def _why(error: dcp.CheckpointException) -> str:

@@ -4,7 +4,8 @@ Order follows torchtitan: activation checkpointing, then ``torch.compile`` per b
 ``fully_shard`` per block, then the root. ``MNNVL_TRAIN_TUNING`` (comma-separated
 ``key=value``) holds benchmark-only levers measured in ``bench/bench_train.py`` and not worth
 an input: ``prefetch=N`` (explicit all-gather prefetch of N blocks), ``optim=foreach`` and
-``ckpt=sync`` / ``ckpt=async-fresh`` (:mod:`mnnvl.runtime.checkpoint`).
+``ckpt=sync`` / ``ckpt=async-fresh`` (:mod:`mnnvl.runtime.checkpoint`) and ``hostcopy=off``
+(no host copy of the checkpoint to resume from: :mod:`mnnvl.runtime.hostcopy`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,12 @@ from mnnvl.runtime.model import ModelConfig, Transformer, build_model
 logger = logging.getLogger(__name__)
 JOIN_TIMEOUT_S = 600.0  # how long ranks wait for each other at start (torchrun's join_timeout)
 TUNING_ENV = "MNNVL_TRAIN_TUNING"
-TUNING_DEFAULTS = {"prefetch": "0", "optim": "fused", "ckpt": "async"}
-TUNING_CHOICES = {"optim": ("fused", "foreach"), "ckpt": ("async", "async-fresh", "sync")}
+TUNING_DEFAULTS = {"prefetch": "0", "optim": "fused", "ckpt": "async", "hostcopy": "on"}
+TUNING_CHOICES = {
+    "optim": ("fused", "foreach"),
+    "ckpt": ("async", "async-fresh", "sync"),
+    "hostcopy": ("on", "off"),
+}
 # Former keys of MNNVL_TRAIN_TUNING, now training inputs.
 TUNING_MOVED = {"ac": "--activation-checkpointing", "reshard": "--reshard-after-forward"}
 

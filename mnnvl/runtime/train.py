@@ -43,6 +43,7 @@ from mnnvl.runtime import memory, metrics, progress
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.data import build_batches
 from mnnvl.runtime.groups import Groups
+from mnnvl.runtime.hostcopy import HostCopy
 from mnnvl.runtime.model import Transformer, flops_per_token, preset
 from mnnvl.runtime.parallel import DistInfo, build_sharded_model, init_distributed, tuning
 from mnnvl.units import human_duration
@@ -106,15 +107,21 @@ class Trainer:
         )
         self.ckpt = None
         if cfg.checkpoint_dir:
-            mode, timeout = tuning()["ckpt"], cfg.collective_timeout_s
+            levers = tuning()
             self.ckpt = Checkpointer(
-                cfg.checkpoint_dir, rank=info.rank, mode=mode, timeout_s=timeout
+                cfg.checkpoint_dir,
+                rank=info.rank,
+                mode=levers["ckpt"],
+                timeout_s=cfg.collective_timeout_s,
+                host_copy=self.host_copy() if levers["hostcopy"] == "on" else None,
             )
         self.held_s = 0.0  # training held for a save's staging copy since the last step
         self.finite = torch.ones((), dtype=torch.bool, device=info.device)
         self.losses: list[list[float]] = []
         self.last_loss, self.checkpoint, self.start_step = float("nan"), "", 0
         self.resumed_from = ""  # the checkpoint this run continued from
+        self.resume_source: str | None = None  # "host" (the pod's memory) or "disk"
+        self.resume_load_s: float | None = None
         self.checkpoint_lost_s = 0.0  # steps slowed beside background saves (metrics.Throughput)
         self.first_step_s: float | None = None  # incl. compiling the blocks and warm-up
         self.inject_nan = int(os.environ.get(INJECT_NAN_ENV, "0"))
@@ -127,14 +134,27 @@ class Trainer:
         # allocator: left out of the split.
         self.split = metrics.StepSplit(info.device, skip_first=2)
 
+    def host_copy(self) -> HostCopy | None:
+        """Where this rank keeps its host copy, written for this run, rank and model."""
+        identity = {
+            "checkpoint_dir": self.cfg.checkpoint_dir,
+            "rank": self.info.rank,
+            "world_size": self.info.world_size,
+            "model": self.cfg.model,
+            "seq_len": self.mcfg.seq_len,
+        }
+        return HostCopy.for_pod(identity)
+
     def resume(self) -> None:
-        path = self.ckpt.latest() if self.ckpt else None
-        if self.ckpt is None or path is None:
+        run = f"the {self.cfg.model} preset"
+        resumed = self.ckpt.resume(self.model, self.opt, run=run) if self.ckpt else None
+        if resumed is None:
             return
-        extra = self.ckpt.load(path, self.model, self.opt, run=f"the {self.cfg.model} preset")
+        extra, path = resumed.extra, str(resumed.path)
         self.sched.load_state_dict(extra["scheduler"])
-        self.start_step, self.last_loss, self.checkpoint = extra["step"], extra["loss"], str(path)
-        self.resumed_from = str(path)
+        self.start_step, self.last_loss, self.checkpoint = extra["step"], extra["loss"], path
+        self.resumed_from = path
+        self.resume_source, self.resume_load_s = resumed.source, round(resumed.load_s, 3)
 
     def step(self, step: int) -> torch.Tensor:
         split = self.split
@@ -223,7 +243,7 @@ class Trainer:
                 t_save = time.perf_counter()
                 self.phase = f"the checkpoint save of step {step} (barrier)"
                 progress.report(f"checkpoint step {step} saving", cfg.stall_s, hold=True)
-                self.ckpt.save(step, self.model, self.opt, extra)
+                self.ckpt.save(step, self.model, self.opt, extra, host_copy=step < cfg.steps)
                 thr.save_started()
                 progress.report(f"checkpoint step {step} started", cfg.stall_s)
                 thr.exclude(time.perf_counter() - t_save)
@@ -268,6 +288,8 @@ class Trainer:
             "steps": self.cfg.steps,
             "start_step": self.start_step,
             "resumed_from": self.resumed_from,
+            "resume_source": self.resume_source,
+            "resume_load_s": self.resume_load_s,
             "checkpoint": self.checkpoint,
             "checkpoint_stall_s": self.ckpt.stall_summary() if self.ckpt else None,
             "checkpoint_final_wait_s": round(self.ckpt.final_wait_s, 3) if self.ckpt else None,
@@ -328,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         tokens_per_s = trainer.run()
         if info.rank == 0:
             emit_result(trainer.result(tokens_per_s, time.perf_counter() - t0))
+        if trainer.ckpt is not None:
+            trainer.ckpt.discard_host_copy()  # ended normally: nothing resumes from it
         return 0
     except MnnvlError as e:
         logger.error("training failed: %s", e)

@@ -17,6 +17,7 @@ import pytest
 
 from mnnvl import steps
 from mnnvl.cli import main as cli
+from mnnvl.contract.env import HOST_COPY_DIR
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim import SimCluster
@@ -24,6 +25,7 @@ from tests.sim.simkit import Raw, assert_nothing_left, create_claim
 
 SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 CLAIM = "ip-ckpt"
+HOST_COPIES = Path(HOST_COPY_DIR)  # the pods' host copies of their checkpoints, by run
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +90,12 @@ def test_a_killed_worker_restarts_in_place_and_resumes_loss_for_loss(
     assert fault["steps_lost"] == 5 and fault["recovery_s"] > 0
     assert re.search(r"restart 1 at .*: in-place pod \S+ .*exit code 137", err), err[-3000:]
     assert "1 restart (1 in place)" in err
+    # The restarted workers loaded the checkpoint of step 10 from their pods' memory, and the
+    # run's copies are gone once it ended.
+    raw = result["raw"]
+    assert (raw["resume_source"], raw["start_step"]) == ("host", 10), raw["resumed_from"]
+    assert raw["resume_load_s"] > 0
+    assert not Path(raw["resumed_from"]).parent.parent.exists()
     # Loss for loss from the checkpoint: the same as a run that was never interrupted.
     code, clean, err, _ = train(sim, capsys, tmp_path)
     assert code == 0, err[-3000:]
@@ -97,6 +105,36 @@ def test_a_killed_worker_restarts_in_place_and_resumes_loss_for_loss(
     assert {k: v for k, v in resumed.items() if k in uninterrupted} == {
         k: v for k, v in uninterrupted.items() if k > 10
     }  # exact bits
+
+
+@pytest.mark.slow
+def test_recreated_pods_resume_from_disk(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # In-place restarts off: the pods are made again, with memory of their own.
+    fault = ["--env", "MNNVL_TEST_SIGNAL_AT=15:1:SIGKILL", "--env", "MNNVL_IN_PLACE_RESTARTS=0"]
+    code, result, err, uids = train(sim, capsys, tmp_path, *fault)
+    assert code == 0, err[-3000:]
+    assert len(uids) == 4, uids
+    raw = result["raw"]
+    assert (raw["resume_source"], raw["start_step"]) == ("disk", 10), raw["resumed_from"]
+    assert raw["resumed_from"].endswith("/step-10")
+    run_id = Path(raw["checkpoint"]).parent.name  # the checkpoints' folder is /ckpt/<run id>
+    assert not (HOST_COPIES / run_id).exists()  # the first pods' copies too
+
+
+@pytest.mark.slow
+def test_a_failed_run_leaves_no_host_copy_once_its_pods_are_deleted(
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # No restart allowed: the run fails after its first checkpoint, and teardown deletes the pods.
+    fault = ["--env", "MNNVL_TEST_SIGNAL_AT=15:1:SIGKILL", "--max-restarts", "0"]
+    before = set(HOST_COPIES.iterdir()) if HOST_COPIES.is_dir() else set()
+    code, _, err, _ = train(sim, capsys, tmp_path, *fault)
+    assert code == 4, err[-3000:]
+    assert "host copy of the checkpoint" in err  # there was one
+    after = set(HOST_COPIES.iterdir()) if HOST_COPIES.is_dir() else set()
+    assert after <= before  # gone with the pods, as a memory emptyDir on a cluster
 
 
 @pytest.mark.slow

@@ -122,6 +122,9 @@ def test_train_report(tmp_path: Path) -> None:
         "compile_input": "auto",
         "checkpoint_stall_s": {"last": 0.021, "max": 0.43, "saves": 3},
         "checkpoint_final_wait_s": 12.4,
+        "start_step": 10,
+        "resume_source": "host",
+        "resume_load_s": 1.5,
         "losses": [[0, 10.0], [10, 5.0], [20, 2.5]],
     }
     files = report_train.write_train_report(result, str(tmp_path))
@@ -130,6 +133,8 @@ def test_train_report(tmp_path: Path) -> None:
     markdown = Path(files["markdown"]).read_text()
     assert "| final_loss | 2.5000 |" in markdown
     assert "| compile | True (--compile auto) |" in markdown
+    # Where a restart loaded its checkpoint from (the pods' memory or the disk), and how long.
+    assert "| resume_source | host |\n| resume_load_s | 1.5000 |" in markdown
     assert (
         "| checkpoint_stall_s | last 0.021, max 0.430 (3 saves); the last write waited for "
         "12.400 s |" in markdown

@@ -99,7 +99,12 @@ def test_selective_checkpointing_and_explicit_prefetch_keep_the_same_losses() ->
     tuned = _result(_torchrun(["--steps", "4", *levers], bench_only))
     assert (base["activation_checkpointing"], base["reshard_after_forward"]) == ("full", True)
     assert (tuned["activation_checkpointing"], tuned["reshard_after_forward"]) == ("every-2", False)
-    assert tuned["tuning"] == {"prefetch": "1", "optim": "foreach", "ckpt": "async"}
+    assert tuned["tuning"] == {
+        "prefetch": "1",
+        "optim": "foreach",
+        "ckpt": "async",
+        "hostcopy": "on",
+    }
     # Same seed, same math: recomputation, prefetch order and the optimizer kernel do not
     # change the loss curve beyond float noise.
     for (s1, l1), (s2, l2) in zip(base["losses"], tuned["losses"], strict=True):
