@@ -8,7 +8,7 @@
 #             (MNNVL_TRAIN_TUNING=ckpt=sync, the "before"), then a new DefaultStager per save
 #             (ckpt=async-fresh)
 #   recovery  bench/bench_recovery.py on the simulator with the 1b preset on this GPU: a killed
-#             worker after step 60 restarted in place from the host copy in /dev/shm, in place
+#             worker after step 120 restarted in place from the host copy in /dev/shm, in place
 #             from disk (hostcopy=off) and with the pods recreated, then a stopped one in place;
 #             fault -> detection -> gang restarted -> checkpoint loaded (from where, how long)
 #             -> first resumed step, steps redone (needs the kubernetes client, see below)
@@ -128,8 +128,8 @@ for part in $parts; do
         continue
       fi
       # The stall timeout covers a restart's checkpoint load and compile warm-up.
-      recovery=(python3 bench/bench_recovery.py --model "$model" --gpus-per-node 1 --steps 100
-        --every 40 --fail-at 60 --collective-timeout-s 60 --stall-timeout-s 150)
+      recovery=(python3 bench/bench_recovery.py --model "$model" --gpus-per-node 1 --steps 150
+        --every 50 --fail-at 120 --collective-timeout-s 60 --stall-timeout-s 150)
       summarize recovery-kill 300 560 "" "${recovery[@]}" --faults kill \
         --json-out "$out/logs/recovery-kill.json"
       summarize recovery-stop 150 300 "" "${recovery[@]}" --faults stop --paths in-place \
