@@ -476,9 +476,13 @@ class JobWatch:
         except WorkloadFailed as e:
             if not self.gang.lost_nodes:
                 raise
+            # The diagnosis stands: a replacement that could not be placed may fit once a node
+            # is back (not permanent: no record replays it), an image that cannot run never.
             raise WorkloadFailed(
                 f"{self.gang.lost()}, and its replacement has nowhere to go: {e}",
                 pod_exit_code=e.pod_exit_code,
+                problem=e.problem,
+                permanent=e.permanent,
             ) from e
 
     # ---- timers and progress -----------------------------------------------------------
