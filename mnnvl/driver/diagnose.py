@@ -532,10 +532,12 @@ def job_failure(
 ) -> Problem:
     """The Job's Failed condition plus its last failures: kind ``DEADLINE`` when the Job ran
     past its ``activeDeadlineSeconds``, else the diagnosis of the last failed pod of a failed
-    index with its exit code, events and log tail (``CRASHED`` when no failed pod is left to
-    inspect), and the last failed pods of the other indexes with their exit codes. After gang
-    restarts an index has a failed pod per attempt: the last one is why the Job failed, and
-    the indexes of ``status.failedIndexes`` come first (a pod that a restart deleted is not)."""
+    index, attributed as each failed attempt is (:func:`mnnvl.driver.attempts.attribute`: pod,
+    rank, GPU, node and the evidence of its termination message), with events and log tail
+    (``CRASHED`` when no failed pod is left to inspect), and the last failed pods of the other
+    indexes with their exit codes. After gang restarts an index has a failed pod per attempt:
+    the last one is why the Job failed, and the indexes of ``status.failedIndexes`` come first
+    (a pod that a restart deleted is not)."""
     ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
     condition = f"{failed.get('reason')}: {failed.get('message')}"
     head = problem(ProblemKind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
@@ -554,7 +556,10 @@ def job_failure(
     if not bad:
         evidence = f"no failed pod left to inspect; {domain_state(api, domain, ns)}"
         return replace(found, message=f"{head}; {evidence}")
-    name = found.pod
+    # attempts reads pod status through this module, so it is imported here, when used.
+    from mnnvl.driver.attempts import attribute
+
+    name, ended = found.pod, attribute(bad[:1], workload, lambda _pod: tail)
     others = "".join(
         f"; also pod {p['metadata']['name']} (index {pod_index(p)}) failed with exit code "
         f"{exit_code(p)}"
@@ -562,8 +567,9 @@ def job_failure(
     )
     return replace(
         found,
-        message=f"{head}; pod {name} (index {pod_index(bad[0])}): {found.message}; "
-        f"events: {pod_events(api, ns, name)}; {hint(found, ns, node_of(bad[0]))}{others}; "
+        message=f"{head}; {ended.names()} (index {pod_index(bad[0])}): {found.message}; "
+        f"{ended.evidence}; events: {pod_events(api, ns, name)}; "
+        f"{hint(found, ns, node_of(bad[0]))}{others}; "
         f"last log lines of {name}:\n{tail}",
     )
 
