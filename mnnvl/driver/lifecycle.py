@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, JOB, POD, Api
+from mnnvl.driver.attempts import job_failure
 from mnnvl.driver.diagnose import (
     LOG_TAIL_LINES,
     PREPARE_FAILED,
@@ -40,7 +41,6 @@ from mnnvl.driver.diagnose import (
     describe_pods,
     hint,
     imex_not_ready,
-    job_failure,
     pod_index,
     pod_phase,
     pods_progress,

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from mnnvl.contract.termination import Evidence
-from mnnvl.driver.diagnose import Grace, job_failure, pod_problem, pods_progress, raise_on_stuck_pod
+from mnnvl.driver.attempts import job_failure
+from mnnvl.driver.diagnose import Grace, pod_problem, pods_progress, raise_on_stuck_pod
 from mnnvl.driver.kueue import describe, evicted
 from mnnvl.errors import MnnvlError, ProblemKind
 from mnnvl.inputs.spec import WorkloadSpec, from_inputs
