@@ -1,4 +1,5 @@
-"""Recovery cost of a lost and of a hung worker, end to end on the simulated cluster.
+"""Recovery cost of a lost worker, a hung one and a bad node, end to end on the simulated
+cluster.
 
 One training run per fault and recovery path through the product's train step
 (``steps.train`` against ``mnnvl.sim``: the driver, the Job, restarts, checkpoints on a
@@ -51,6 +52,7 @@ from typing import Any
 
 from mnnvl import steps
 from mnnvl.contract import env as contract_env
+from mnnvl.contract.termination import Evidence
 from mnnvl.driver.diagnose import exit_code, pod_index
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec, TrainConfig, WorkloadSpec, from_inputs
@@ -67,7 +69,11 @@ LOG_LINE = re.compile(
 STEP = re.compile(r"^step (\d+) loss ")
 RESUMED = re.compile(r"^resumed from \S+ \(step (\d+)\)")
 IN_PLACE = re.compile(r"^in-place restart \d+ ")
-FAULTS = {"kill": "SIGKILL", "stop": "SIGSTOP"}
+FAULTS = {"kill": "SIGKILL", "stop": "SIGSTOP", "bad-node": "SIGKILL"}
+# What a worker on the bad node says as it dies: its GPU's NVLink errors rising.
+BAD_NODE_SAYS = Evidence(
+    reason="killed", exit_code=137, gpu="0", nvlink={"0": {"crc": 12, "replay": 3}}
+).to_message()
 PATHS = {
     "in-place": {},
     "in-place-disk": {TUNING_ENV: "hostcopy=off"},
@@ -85,20 +91,28 @@ def log_lines(text: str) -> list[tuple[float, str]]:
 
 
 class Watcher(threading.Thread):
-    """Polls the simulator: each pod's first sight, its phases, its log, and the driver's
-    gang-restart log record."""
+    """Polls the simulator: each pod's first sight, its node, phases and log, and the driver's
+    gang-restart and exclusion log records. With ``bad_node`` it turns the node of the pod
+    whose worker the test hook kills bad, and uncordons ``spare`` once the driver keeps a
+    node out."""
 
-    def __init__(self, sim: SimCluster, job_prefix: str) -> None:
+    def __init__(
+        self, sim: SimCluster, job_prefix: str, bad_node: bool = False, spare: str = ""
+    ) -> None:
         super().__init__(daemon=True)
         self.sim, self.prefix, self.stop = sim, job_prefix, threading.Event()
-        self.pods: dict[str, dict[str, Any]] = {}  # uid -> name, index, seen, phases, log
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> name, index, node, seen, phases, log
         self.detected: list[float] = []
+        self.excluded: list[float] = []
+        self.bad_node, self.spare, self.bad = bad_node, spare, ""
         watcher = self
 
         class Records(logging.Handler):
             def emit(self, record: logging.LogRecord) -> None:
                 if "restarting every rank" in record.getMessage():
                     watcher.detected.append(record.created)
+                if "is kept out of the next attempt" in record.getMessage():
+                    watcher.excluded.append(record.created)
 
         self.handler = Records()
         logging.getLogger("mnnvl.driver").addHandler(self.handler)
@@ -117,6 +131,13 @@ class Watcher(threading.Thread):
                 seen.setdefault("phases", {}).setdefault(phase, time.time())
                 seen["exit"] = exit_code(pod) if phase == "Failed" else seen.get("exit")
                 seen["log"] = self.sim.pod_log(NS, meta["name"]) or seen.get("log", "")
+                seen["node"] = pod["spec"].get("nodeName") or seen.get("node")
+                if self.bad_node and not self.bad and "test hook:" in seen["log"]:
+                    self.bad = str(seen["node"])
+                    self.sim.faults.fail_node(self.bad, 137, BAD_NODE_SAYS)
+            if self.excluded and self.spare:
+                _cordon(self.sim, self.spare, False)
+                self.spare = ""
 
     def close(self) -> None:
         self.stop.set()
@@ -134,8 +155,8 @@ def timeline(w: Watcher, nodes: int) -> dict[str, Any]:
     )
     new = [p for p in pods if p["seen"] > fault]  # the replacements (the gang restarted)
     running = sorted(p["phases"].get("Running", float("inf")) for p in new)
-    # In place the same rank-0 pod goes on: its lines after the fault.
-    rank0 = next((p for p in new or pods if p["index"] == "0"), None)
+    # In place the same rank-0 pod goes on: its lines after the fault; else the last one made.
+    rank0 = ([p for p in new or pods if p["index"] == "0"] or [None])[-1]
     lines = [(t, m) for t, m in log_lines(rank0.get("log", "")) if t > fault] if rank0 else []
     in_place = next((t for t, msg in lines if IN_PLACE.match(msg)), None)
     first = next(((t, int(m.group(1))) for t, msg in lines if (m := STEP.match(msg))), None)
@@ -157,6 +178,24 @@ def timeline(w: Watcher, nodes: int) -> dict[str, Any]:
         "first_resumed_step_s": at(first[0]) if first else None,
         "resumed_from_step": resumed,
         "first_resumed_step": first[1] if first else None,
+        **(_bad_node(w, new, nodes, at) if w.bad_node else {}),
+    }
+
+
+def _bad_node(w: Watcher, new: list[dict[str, Any]], nodes: int, at: Any) -> dict[str, Any]:
+    """The bad-node rows: its second failure, the node kept out, every pod Running elsewhere."""
+    again = [
+        p["phases"]["Failed"] for p in new if p.get("node") == w.bad and "Failed" in p["phases"]
+    ]
+    excluded = min(w.excluded, default=None)
+    after = [p for p in new if excluded is not None and p["seen"] >= excluded]
+    running = sorted(p["phases"].get("Running", float("inf")) for p in after)
+    return {
+        "bad_node": w.bad,
+        "failed_again_on_it_s": at(min(again, default=None)),
+        "node_kept_out_s": at(excluded),
+        "running_elsewhere_s": at(running[nodes - 1]) if len(running) >= nodes else None,
+        "nodes_of_the_last_pods": sorted({str(p.get("node")) for p in after}),
     }
 
 
@@ -164,6 +203,10 @@ def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) 
     run_id = f"rec-{fault}-{path}-{int(time.time())}"
     rank = args.rank if args.rank >= 0 else args.nodes * max(1, args.gpus_per_node) - 1
     domain = DomainSpec(run_id=run_id, delete_timeout_s=120)
+    bad_node = fault == "bad-node"
+    spare = f"sim-node-{args.nodes}" if bad_node else ""  # the simulator's node names
+    if spare:
+        _cordon(sim, spare, True)
     workload = from_inputs(
         WorkloadSpec,
         run_id=run_id,
@@ -187,13 +230,17 @@ def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) 
     )
     kube = sim.kubeconfig_path
     steps.provision(domain, kubeconfig=kube)
-    watcher = Watcher(sim, RunNames.for_run(run_id).job("train"))
+    watcher = Watcher(sim, RunNames.for_run(run_id).job("train"), bad_node, spare)
     watcher.start()
     started = time.time()
     try:
         result = steps.train(workload, config, kubeconfig=kube)
     finally:
         watcher.close()
+        if watcher.bad:
+            sim.faults.heal_node(watcher.bad)
+        if watcher.spare:
+            _cordon(sim, watcher.spare, False)
         steps.teardown(domain, kubeconfig=kube)
         shutil.rmtree(Path(sim.pvc_dir(NS, CLAIM), run_id), ignore_errors=True)  # 14 GB at 1b
     figures = timeline(watcher, args.nodes)
@@ -215,6 +262,15 @@ def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) 
         and source == SOURCE[path]
         and result.steps == args.steps,
     )
+    if bad_node:  # the kill, then the bad node's worker dying as it starts: two restarts
+        figures.update(
+            excluded_nodes=result.excluded_nodes,
+            ok=result.restarts == 2
+            and result.excluded_nodes == [watcher.bad]
+            and watcher.bad not in figures["nodes_of_the_last_pods"]
+            and resumed > 0
+            and result.steps == args.steps,
+        )
     return figures
 
 
@@ -229,7 +285,7 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=10, help="steps between checkpoints")
     parser.add_argument("--fail-at", type=int, default=25, help="the fault follows this step")
     parser.add_argument("--rank", type=int, default=-1, help="the faulted rank (-1: the last)")
-    parser.add_argument("--faults", default="kill,stop", help="kill, stop or both")
+    parser.add_argument("--faults", default="kill,stop,bad-node", help="kill, stop, bad-node")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"some of {', '.join(PATHS)}")
     parser.add_argument("--collective-timeout-s", type=float, default=10)
     parser.add_argument("--stall-timeout-s", type=float, default=20)
@@ -248,15 +304,22 @@ def main() -> int:
         "nodes": args.nodes,
         "gpus_per_node": args.gpus_per_node,
     }
-    with SimCluster(nodes=args.nodes, gpus_per_node=args.gpus_per_node, local_gpus=gpus) as sim:
+    spare = int("bad-node" in args.faults.split(","))  # a node for the run to move to
+    with SimCluster(
+        nodes=args.nodes + spare, gpus_per_node=args.gpus_per_node, local_gpus=gpus
+    ) as sim:
         _claim(sim)
         for fault in args.faults.split(","):
             for path in args.paths.split(","):
+                if fault == "bad-node" and path != "recreated":
+                    continue  # in place the pods stay on their nodes
                 figures[f"{fault} {path}"] = one_fault(args, fault, path, sim)
     runs = [k for k in figures if " " in k]
     for fault in args.faults.split(","):
-        print(f"\n{fault} ({FAULTS[fault]} of the last rank after step {args.fail_at})")
         these = [k for k in runs if k.startswith(f"{fault} ")]
+        if not these:
+            continue
+        print(f"\n{fault} ({FAULTS[fault]} of the last rank after step {args.fail_at})")
         print(f"  {'':22} " + " ".join(f"{k.split(' ', 1)[1]:>24}" for k in these))
         for key in figures[these[0]]:
             print(f"  {key:22} " + " ".join(f"{figures[k][key]!s:>24}" for k in these))
@@ -267,10 +330,18 @@ def main() -> int:
     return 0 if all(figures[k]["ok"] for k in runs) else 1
 
 
-def _claim(sim: SimCluster) -> None:
+def _admin(sim: SimCluster) -> Any:
     from kubernetes import client, config
 
-    core = client.CoreV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
+    return client.CoreV1Api(config.new_client_from_config(config_file=sim.admin_kubeconfig_path))
+
+
+def _cordon(sim: SimCluster, node: str, on: bool) -> None:
+    _admin(sim).patch_node(node, {"spec": {"unschedulable": on}})
+
+
+def _claim(sim: SimCluster) -> None:
+    core = _admin(sim)
     spec = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}
     core.create_namespaced_persistent_volume_claim(NS, {"metadata": {"name": CLAIM}, "spec": spec})
 

@@ -1,10 +1,12 @@
-"""What failed in one failed attempt of a gang, read from pod status only.
+"""What failed in one failed attempt of a gang, read from pod status only, and the failure
+that ended a Job for good (:func:`job_failure`), attributed the same way.
 
 The first pod of the attempt to fail (the earliest ``finishedAt``; the lowest index on a tie)
 is the one blamed: its node, the rank and GPU that failed first and the evidence, from the
 worker container's termination message (:mod:`mnnvl.contract.termination`, which the
 launcher writes) or, for a program that writes none, the last log lines the kubelet put
-there instead (``terminationMessagePolicy: FallbackToLogsOnError``). No log is read.
+there instead (``terminationMessagePolicy: FallbackToLogsOnError``); no log is read to
+attribute an attempt.
 :class:`Restart` is the record of the restart that followed, with what it cost.
 """
 
@@ -15,14 +17,32 @@ import dataclasses
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mnnvl.contract.termination import STOP, Evidence, parse
-from mnnvl.driver.diagnose import exit_code, pod_index, pod_phase, terminated
+from mnnvl.driver.api import POD, Api
+from mnnvl.driver.diagnose import (
+    exit_code,
+    failed_problem,
+    hint,
+    imex_import,
+    index_set,
+    last_failures,
+    log_tail,
+    node_of,
+    pod_events,
+    pod_index,
+    pod_phase,
+    terminated,
+)
+from mnnvl.driver.domain import domain_state
+from mnnvl.driver.problem import Problem, problem
 from mnnvl.driver.rank0 import Rank0Progress
-from mnnvl.inputs.names import LABEL_CLIQUE_GROUP
+from mnnvl.errors import ProblemKind
+from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.manifests import JOB_NAME_LABEL
 
 LOG_LINES = 3  # of a log tail the kubelet handed over instead of a message: the last lines
 
@@ -100,6 +120,55 @@ def attribute(
         hardware=evidence.hardware,
         stop=evidence.verdict == STOP,
         pod_exit_code=exit_code(pod),
+    )
+
+
+def job_failure(
+    api: Api,
+    workload: WorkloadSpec,
+    job: str,
+    failed: dict[str, Any],
+    failed_indexes: str,
+    restarts: int = 0,
+) -> Problem:
+    """The Job's Failed condition plus its last failures: kind ``DEADLINE`` when the Job ran
+    past its ``activeDeadlineSeconds``, else the diagnosis of the last failed pod of a failed
+    index, attributed as each failed attempt is (:func:`attribute`: pod,
+    rank, GPU, node and the evidence of its termination message), with events and log tail
+    (``CRASHED`` when no failed pod is left to inspect), and the last failed pods of the other
+    indexes with their exit codes. After gang restarts an index has a failed pod per attempt:
+    the last one is why the Job failed, and the indexes of ``status.failedIndexes`` come first
+    (a pod that a restart deleted is not)."""
+    ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
+    condition = f"{failed.get('reason')}: {failed.get('message')}"
+    head = problem(ProblemKind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
+    if restarts:
+        head += (
+            f" after {restarts} restart(s) of every rank "
+            f"(--max-restarts {workload.recovery.max_restarts})"
+        )
+    pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
+    bad = last_failures(pods, index_set(failed_indexes))
+    found = failed_problem(bad[0]) if bad else problem(ProblemKind.CRASHED, permanent=True)
+    tail = log_tail(api, ns, bad[0]["metadata"]["name"]) if bad else ""
+    found = imex_import(found, tail) or found
+    if failed.get("reason") == "DeadlineExceeded":  # the Job condition's reason: API data
+        found = replace(found, kind=ProblemKind.DEADLINE)
+    if not bad:
+        evidence = f"no failed pod left to inspect; {domain_state(api, domain, ns)}"
+        return replace(found, message=f"{head}; {evidence}")
+    name, ended = found.pod, attribute(bad[:1], workload, lambda _pod: tail)
+    others = "".join(
+        f"; also pod {p['metadata']['name']} (index {pod_index(p)}) failed with exit code "
+        f"{exit_code(p)}"
+        for p in bad[1:]
+    )
+    return replace(
+        found,
+        message=f"{head}; {ended.names()} (index {pod_index(bad[0])}): {found.message}; "
+        f"{ended.evidence}; events: {pod_events(api, ns, name)}; "
+        f"{hint(found, ns, node_of(bad[0]))}{others}; "
+        f"last log lines of {name}:\n{tail}",
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from mnnvl.contract.exit_codes import NON_RETRIABLE_EXIT_CODES
-from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, POD, Api
+from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, Api
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS, domain_nodes, domain_state
 from mnnvl.driver.gpus import shortage_hint
 from mnnvl.driver.problem import Problem, exited_kind, problem
@@ -22,7 +22,6 @@ from mnnvl.driver.wait import Deadline, Objects
 from mnnvl.errors import MnnvlError, ProblemKind
 from mnnvl.inputs.names import LABEL_CLIQUE_GROUP, RunNames
 from mnnvl.inputs.spec import WorkloadSpec
-from mnnvl.manifests import JOB_NAME_LABEL
 
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"  # set by the Job controller
@@ -520,52 +519,6 @@ def describe_pods(
 
 
 # ---- a failed Job ------------------------------------------------------------------------------
-
-
-def job_failure(
-    api: Api,
-    workload: WorkloadSpec,
-    job: str,
-    failed: dict[str, Any],
-    failed_indexes: str,
-    restarts: int = 0,
-) -> Problem:
-    """The Job's Failed condition plus its last failures: kind ``DEADLINE`` when the Job ran
-    past its ``activeDeadlineSeconds``, else the diagnosis of the last failed pod of a failed
-    index with its exit code, events and log tail (``CRASHED`` when no failed pod is left to
-    inspect), and the last failed pods of the other indexes with their exit codes. After gang
-    restarts an index has a failed pod per attempt: the last one is why the Job failed, and
-    the indexes of ``status.failedIndexes`` come first (a pod that a restart deleted is not)."""
-    ns, domain = workload.namespace, RunNames.for_run(workload.run_id).domain
-    condition = f"{failed.get('reason')}: {failed.get('message')}"
-    head = problem(ProblemKind.DEADLINE, job=f"{ns}/{job}", detail=condition).message
-    if restarts:
-        head += (
-            f" after {restarts} restart(s) of every rank "
-            f"(--max-restarts {workload.recovery.max_restarts})"
-        )
-    pods = api.list(POD, ns, label_selector=f"{JOB_NAME_LABEL}={job}")["items"]
-    bad = last_failures(pods, index_set(failed_indexes))
-    found = failed_problem(bad[0]) if bad else problem(ProblemKind.CRASHED, permanent=True)
-    tail = log_tail(api, ns, bad[0]["metadata"]["name"]) if bad else ""
-    found = imex_import(found, tail) or found
-    if failed.get("reason") == "DeadlineExceeded":  # the Job condition's reason: API data
-        found = replace(found, kind=ProblemKind.DEADLINE)
-    if not bad:
-        evidence = f"no failed pod left to inspect; {domain_state(api, domain, ns)}"
-        return replace(found, message=f"{head}; {evidence}")
-    name = found.pod
-    others = "".join(
-        f"; also pod {p['metadata']['name']} (index {pod_index(p)}) failed with exit code "
-        f"{exit_code(p)}"
-        for p in bad[1:]
-    )
-    return replace(
-        found,
-        message=f"{head}; pod {name} (index {pod_index(bad[0])}): {found.message}; "
-        f"events: {pod_events(api, ns, name)}; {hint(found, ns, node_of(bad[0]))}{others}; "
-        f"last log lines of {name}:\n{tail}",
-    )
 
 
 def last_failures(pods: Iterable[dict[str, Any]], culprits: set[int]) -> list[dict[str, Any]]:

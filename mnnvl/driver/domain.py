@@ -14,7 +14,7 @@ from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, POD, RESOURCE_CLAIM_TEMPLATE, Api
 from mnnvl.driver.ownership import Deletions, create_or_adopt
-from mnnvl.driver.wait import Deadline, Objects, wait_for
+from mnnvl.driver.wait import Deadline, Objects, wait_for, wait_gone
 from mnnvl.errors import CrdMissing, MnnvlError, NotAdoptable, NotFound, Refused, SpecError
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import pod_namespace
@@ -166,13 +166,12 @@ def delete_domain(api: Api, namespace: str, name: str, deadline: Deadline, gone:
     """
     if not gone.delete_named(api, COMPUTE_DOMAIN, namespace, name):
         return False
-    wait_for(
+    wait_gone(
         api,
         COMPUTE_DOMAIN,
         namespace,
         name=name,
-        what=f"ComputeDomain {namespace}/{name} to be deleted",
-        done=lambda objects: not objects,
+        what=f"ComputeDomain {namespace}/{name}",
         deadline=deadline,
         hint=f"finalizer {FINALIZER} still present; "
         f"check the DRA controller logs: {CONTROLLER_LOGS}",

@@ -142,11 +142,13 @@ class Gang:
                 "fix the program or its inputs",
                 pod_exit_code=attempt.exit_code,
             )
+        # Before blame and budget: with its domain gone the pods failed for want of IMEX, which
+        # is no node's doing, and no number of restarts left changes it.
+        self._check_domain(attempt, rank0)
         self._forgive(pods)
         blamed = not failed_elsewhere(attempt, failed)
         excluded = self.nodes.suspect(attempt) if blamed else None
         self._check_budget(pods, pod, attempt, everyone=excluded is not None)
-        self._check_domain(pod)
         generation = {p["metadata"]["uid"] for p in pods.values()} - self._replacements(pods)
         last = rank0.last[0] if rank0 is not None and rank0.last else None
         restart = Restart(attempt, time.monotonic(), last, excluded=excluded, blamed=blamed)
@@ -277,20 +279,26 @@ class Gang:
                 pod_exit_code=code,
             )
 
-    def _check_domain(self, failed: dict[str, Any]) -> None:
+    def _check_domain(self, attempt: Attempt, rank0: Rank0Progress | None) -> None:
         """Raise when the run's ComputeDomain is gone or going: restarted pods could never get
-        their IMEX channel (deleting a domain stops IMEX under its pods, which then fail)."""
+        their IMEX channel (deleting a domain stops IMEX under its pods, which then fail). The
+        failure is attributed as any attempt's, and not permanent: a provision clears it, so
+        the step leaves no record that would fail the rerun its advice asks for."""
         ns, name = self.workload.namespace, RunNames.for_run(self.workload.run_id).domain
         try:
             gone = bool(self.api.get(COMPUTE_DOMAIN, ns, name)["metadata"].get("deletionTimestamp"))
         except NotFound:
             gone = True
         if gone:
-            found = failed_problem(failed)
-            raise found.error(
-                f"pod {found.pod} {found.message}, and ComputeDomain {ns}/{name} was deleted "
-                "under the running workload, so a restart cannot run; provision again and rerun "
-                f"(it resumes from the last checkpoint); check `kubectl get events -n {ns}`"
+            resumes = resumes_from([r.after for r in self.restarts], rank0)
+            raise WorkloadFailed(
+                f"{attempt.names()} failed ({attempt.evidence}), and ComputeDomain {ns}/{name} "
+                "was deleted under the running workload, so a restart cannot run; provision "
+                f"again and rerun the step: it resumes {resumes}; check `kubectl get events -n "
+                f"{ns}` for who deleted it",
+                pod_exit_code=attempt.pod_exit_code,
+                problem=ProblemKind.MISSING_OBJECT,
+                permanent=False,
             )
 
     def _retriable(self, pod: dict[str, Any]) -> bool:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mnnvl.driver.api import COMPUTE_DOMAIN, EVENT, JOB, POD, Api
+from mnnvl.driver.attempts import job_failure
 from mnnvl.driver.diagnose import (
     LOG_TAIL_LINES,
     PREPARE_FAILED,
@@ -40,7 +41,6 @@ from mnnvl.driver.diagnose import (
     describe_pods,
     hint,
     imex_not_ready,
-    job_failure,
     pod_index,
     pod_phase,
     pods_progress,
@@ -476,9 +476,13 @@ class JobWatch:
         except WorkloadFailed as e:
             if not self.gang.lost_nodes:
                 raise
+            # The diagnosis stands: a replacement that could not be placed may fit once a node
+            # is back (not permanent: no record replays it), an image that cannot run never.
             raise WorkloadFailed(
                 f"{self.gang.lost()}, and its replacement has nowhere to go: {e}",
                 pod_exit_code=e.pod_exit_code,
+                problem=e.problem,
+                permanent=e.permanent,
             ) from e
 
     # ---- timers and progress -----------------------------------------------------------

@@ -268,6 +268,33 @@ def wait_for(
     )
 
 
+def wait_gone(
+    api: Api,
+    kind: Kind,
+    namespace: str,
+    *,
+    what: str,
+    deadline: Deadline,
+    hint: str,
+    name: str | None = None,
+    label_selector: str | None = None,
+) -> None:
+    """Block until nothing is left of a delete: the object ``name`` (its GET answers 404) or
+    every object matching ``label_selector``. ``what`` names what goes ("Job ns/x and its
+    pods"); on the deadline ``WaitTimeout`` names what is still there and ``hint``."""
+    wait_for(
+        api,
+        kind,
+        namespace,
+        name=name,
+        label_selector=label_selector,
+        what=f"{what} to be gone",
+        done=lambda objects: not objects,
+        deadline=deadline,
+        hint=hint,
+    )
+
+
 def timeout_error(what: str, deadline: Deadline, state: str, hint: str) -> WaitTimeout:
     message = f"timed out after {deadline.timeout_s:g} s waiting for {what}; last observed: {state}"
     return WaitTimeout(f"{message}; {hint}" if hint else message)

@@ -27,7 +27,7 @@ from mnnvl.driver.ownership import (
 from mnnvl.driver.progress_line import ProgressLine
 from mnnvl.driver.rank0 import Rank0Progress
 from mnnvl.driver.trainjob import delete_trainjobs, trainjob_pods_selector
-from mnnvl.driver.wait import Deadline, Objects, wait_for
+from mnnvl.driver.wait import Deadline, Objects, wait_gone
 from mnnvl.errors import MnnvlError, NotAdoptable, WorkloadFailed
 from mnnvl.inputs.defaults import PURPOSES
 from mnnvl.inputs.names import RunNames
@@ -217,13 +217,12 @@ def _delete_job_and_wait(
     else:
         deleted = gone.delete_named(api, JOB, ns, job, propagation="Foreground")
     if deleted:
-        wait_for(
+        wait_gone(
             api,
             JOB,
             ns,
             name=job,
-            what=f"{what} and its pods to be gone",
-            done=lambda objects: not objects,
+            what=f"{what} and its pods",
             deadline=deadline,
             hint="check the pods' finalizers and the kubelet on their nodes",
         )
@@ -373,13 +372,12 @@ def delete_workload(api: Api, namespace: str, gone: Deletions, deadline: Deadlin
             gone.delete(api, kind, obj, propagation="Background" if kind is JOB else None)
 
     for pods in [selector] + ([trainjob_pods_selector(trainjobs)] if trainjobs else []):
-        wait_for(
+        wait_gone(
             api,
             POD,
             namespace,
             label_selector=pods,
-            what=f"pods matching {pods} to be gone",
-            done=lambda objects: not objects,
+            what=f"pods matching {pods}",
             deadline=deadline,
             hint="check the pods' finalizers and the kubelet on their nodes",
         )

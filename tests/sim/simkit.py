@@ -70,8 +70,10 @@ class Raw:
     raises an ``ApiException`` with the status and the ``Status`` body.
     """
 
-    def __init__(self, sim: SimCluster) -> None:
-        self.api = kubernetes.config.new_client_from_config(config_file=sim.admin_kubeconfig_path)
+    def __init__(self, sim: SimCluster, kubeconfig: str = "") -> None:
+        """As the cluster's admin, or as the user of ``kubeconfig``."""
+        config = kubeconfig or sim.admin_kubeconfig_path
+        self.api = kubernetes.config.new_client_from_config(config_file=config)
         self.dynamic = DynamicClient(self.api, discoverer=_NoDiscovery)
 
     def open(self, method: str, path: str, body: Any = None, **query: Any) -> Any:

@@ -27,7 +27,7 @@ from mnnvl import steps
 from mnnvl.cli import main as cli
 from mnnvl.driver import Api
 from mnnvl.driver.api import COMPUTE_DOMAIN
-from mnnvl.errors import MnnvlError
+from mnnvl.errors import MnnvlError, ProblemKind, WorkloadFailed
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import (
     DomainSpec,
@@ -51,7 +51,12 @@ from tests.sim.simkit import (
 
 SLEEPER = "import time\nprint('working', flush=True)\ntime.sleep(300)\n"
 DONE = "import json\nprint('RESULT ' + json.dumps({'ok': True}), flush=True)\n"
-WORKERS = {"sleeper.py": SLEEPER, "done.py": DONE, "gated.py": GATED}
+# Marks itself in $BARRIER, then works until the file $GATE exists and reports.
+MARKED_GATED = (
+    "import os, pathlib\n"
+    "(pathlib.Path(os.environ['BARRIER']) / os.environ['HOSTNAME']).touch()\n" + GATED
+)
+WORKERS = {"sleeper.py": SLEEPER, "done.py": DONE, "gated.py": GATED, "marked.py": MARKED_GATED}
 SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 
 
@@ -247,21 +252,40 @@ def test_pod_oom_killed_with_retries_left_is_not_retried_and_exits_4_naming_the_
     r.close()
 
 
-def test_domain_deleted_under_a_running_workload_exits_4_naming_the_imex_domain(
-    sim: SimCluster, run: Callable[..., Run]
+def test_domain_deleted_under_a_running_workload_exits_4_and_its_advice_to_rerun_holds(
+    sim: SimCluster, run: Callable[..., Run], tmp_path: Any
 ) -> None:
-    r = run()
+    gate, barrier = tmp_path / "gate", tmp_path / "barrier"
+    barrier.mkdir()
+    r = run(env={"GATE": str(gate), "BARRIER": str(barrier)})
     r.provision()
-    thread, errors = in_background(lambda: r.launch("sleeper"))
+    thread, errors = in_background(lambda: r.launch("marked"))
     wait_running(sim, r.names.job("job"))
     Raw(sim).call("DELETE", CD_PATH.format(ns="default") + "/" + r.names.domain)
     thread.join(timeout=60)
-    assert errors and isinstance(errors[0], MnnvlError)
+    assert errors and isinstance(errors[0], WorkloadFailed)
     err = errors[0]
-    assert err.exit_code == 4
+    assert err.exit_code == 4 and err.problem is ProblemKind.MISSING_OBJECT
     # The pods lost IMEX; restarting them could not help (their channels come from the domain).
-    assert f"ComputeDomain default/{r.names.domain} was deleted under the running" in str(err)
-    assert "a restart cannot run" in str(err)
+    message = str(err)
+    assert f"ComputeDomain default/{r.names.domain} was deleted under the running" in message
+    assert "a restart cannot run" in message
+    # Attributed as every failed attempt is, and no checkpoint promised where none was logged.
+    assert f"pod {r.names.job('job')}-" in message and ") on node sim-node-" in message
+    assert "rerun the step: it resumes from the start (rank 0 has logged no checkpoint)" in message
+    # What the error advises works: provision again and rerun the same step (the gate opens
+    # once both workers run: a node rank whose peer's launcher has finished waits for it).
+    for marker in barrier.iterdir():
+        marker.unlink()
+    r.provision()
+    thread, errors = in_background(lambda: r.launch("marked"))
+    started = lambda: errors or len(list(barrier.iterdir())) == 2  # noqa: E731
+    wait_for(started, 60, "both workers of the rerun")
+    assert not errors, errors  # not the failure replayed from a record of the step
+    gate.write_text("go")
+    thread.join(timeout=60)
+    assert not errors, errors
+    r.close()
 
 
 def test_transient_429_500_503_bursts_are_retried_and_the_step_succeeds(
@@ -321,7 +345,8 @@ def test_finalizer_stuck_exits_3_naming_the_finalizer_and_the_controller(
     finally:
         sim.faults.unstick_finalizer("ComputeDomain", r.names.domain)
     assert err.exit_code == 3
-    assert r.names.domain in str(err)
+    # Worded as every wait for a delete is (the Jobs' and the pods' too): what is to be gone.
+    assert f"waiting for ComputeDomain default/{r.names.domain} to be gone" in str(err)
     assert "finalizer resource.nvidia.com/computeDomain" in str(err)
     assert "controller" in str(err)
 
@@ -762,7 +787,9 @@ def test_node_lost_mid_run_without_a_spare_node_exits_4_naming_the_lost_node(
     # grace (3 s) for the replacement, plus the restart's start-up.
     started = time.monotonic()
     result, error, _ = train_losing_a_node(2, workers)
-    assert result is None and isinstance(error, MnnvlError)
+    assert result is None and isinstance(error, WorkloadFailed)
     assert error.exit_code == 4
-    assert "Unschedulable" in str(error)
+    assert "Unschedulable" in str(error) and "nowhere to go" in str(error)
+    # A node coming back clears it: the step's record must not replay it on a rerun.
+    assert error.problem is ProblemKind.UNSCHEDULABLE and not error.permanent
     print(f"no spare node: failed after {time.monotonic() - started:.1f} s")

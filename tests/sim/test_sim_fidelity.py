@@ -31,6 +31,56 @@ SIM = dict(
 )
 
 
+# ---- API server ------------------------------------------------------------------------------
+
+
+def test_a_caller_without_permission_is_forbidden_even_where_no_api_serves_the_resource(
+    sim: SimCluster, raw: Raw
+) -> None:
+    # kube-apiserver authorizes before it routes (DefaultBuildHandlerChain wraps the API in
+    # WithAuthorization): the runner's Role grants nothing in this group, so 403, not 404.
+    path = "/apis/widgets.example.com/v1/namespaces/default/widgets"
+    with pytest.raises(ApiException) as refused:
+        Raw(sim, sim.kubeconfig_path).call("GET", path)
+    assert refused.value.status == 403
+    said = json.loads(refused.value.body)["message"]
+    assert 'cannot list resource "widgets" in API group "widgets.example.com"' in said
+    with pytest.raises(ApiException) as missing:  # a caller allowed everything: not served
+        raw.call("GET", path)
+    assert missing.value.status == 404
+
+
+def test_a_job_created_without_completions_or_parallelism_gets_upstreams_defaults(
+    raw: Raw,
+) -> None:
+    template = {
+        "metadata": {"labels": {"app": "once"}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]},
+    }
+    created = raw.call(
+        "POST",
+        "/apis/batch/v1/namespaces/default/jobs",
+        {"metadata": {"name": "defaults"}, "spec": {"template": template}},
+    )
+    spec = created["spec"]
+    assert (spec["completions"], spec["parallelism"], spec["backoffLimit"]) == (1, 1, 6)
+    assert (spec["completionMode"], spec["suspend"]) == ("NonIndexed", False)
+    assert spec["podReplacementPolicy"] == "TerminatingOrFailed"
+    assert created["metadata"]["labels"] == {"app": "once"}
+    queue = raw.call(
+        "POST",
+        "/apis/batch/v1/namespaces/default/jobs",
+        {"metadata": {"name": "queue"}, "spec": {"completions": 3, "template": template}},
+    )
+    assert (queue["spec"]["completions"], queue["spec"]["parallelism"]) == (3, 1)
+    for name in ("defaults", "queue"):
+        raw.call(
+            "DELETE",
+            f"/apis/batch/v1/namespaces/default/jobs/{name}",
+            {"propagationPolicy": "Background"},
+        )
+
+
 # ---- scheduler ------------------------------------------------------------------------------
 
 

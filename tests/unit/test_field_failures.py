@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from mnnvl.driver.diagnose import Grace, job_failure, pod_problem, pods_progress, raise_on_stuck_pod
+from mnnvl.contract.termination import Evidence
+from mnnvl.driver.attempts import job_failure
+from mnnvl.driver.diagnose import Grace, pod_problem, pods_progress, raise_on_stuck_pod
 from mnnvl.driver.kueue import describe, evicted
 from mnnvl.errors import MnnvlError, ProblemKind
 from mnnvl.inputs.spec import WorkloadSpec, from_inputs
@@ -169,6 +171,40 @@ def test_an_imex_import_refused_in_the_workers_log_names_the_daemon_fix(said: st
     assert said.strip() in found.message
     assert "although the domain's IMEX daemons look healthy" in found.message
     assert "#1417" in found.message and "nvidia-imex-ctl -N" in found.message
+
+
+def test_the_job_failing_for_good_names_the_rank_node_gpu_and_evidence_that_ended_it() -> None:
+    said = Evidence(
+        reason="crashed",
+        rank=3,
+        gpu="1",
+        exit_code=1,
+        step="40",
+        error="RuntimeError: NCCL error: unhandled system error",
+        nvlink={"1": {"crc": 7}},
+    )
+    failed = {
+        "metadata": {
+            "name": "w-1",
+            "uid": "u1",
+            "annotations": {"batch.kubernetes.io/job-completion-index": "1"},
+        },
+        "spec": {"nodeName": "gb-node-7"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"state": {"terminated": {"exitCode": 1, "message": said.to_message()}}}
+            ],
+        },
+    }
+    condition = {"reason": "BackoffLimitExceeded", "message": "Job has reached the limit"}
+    found = job_failure(Api([failed]), _workload(max_restarts=0), "w", condition, "1")  # type: ignore[arg-type]
+    assert found.exit_code == 1 and found.pod == "w-1"
+    # Worded as each failed attempt's warning is (attempts.Attempt.names and the evidence).
+    assert "pod w-1 (rank 3, GPU 1) on node gb-node-7 (index 1)" in found.message
+    assert "NVLink errors on GPU 1: crc +7" in found.message
+    assert "at step 40" in found.message
+    assert "last line: RuntimeError: NCCL error: unhandled system error" in found.message
 
 
 def test_kueues_eviction_words_name_the_reason_and_the_requeue_count() -> None:

@@ -210,31 +210,38 @@ class Handler(BaseHTTPRequestHandler):
             ("", parts[1], parts[2:]) if parts[0] == "api" else (parts[1], parts[2], parts[3:])
         )
         ns = ""
-        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in RESOURCES:
+        # Parsed from the path alone, as kube-apiserver's RequestInfoFactory does
+        # (k8s.io/apiserver pkg/endpoints/request/requestinfo.go): a namespace's own
+        # subresources are status and finalize, anything else after its name is a resource.
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
             ns, rest = rest[1], rest[2:]
         plural, name, sub = rest[0], (rest[1:2] or [""])[0], (rest[2:3] or [""])[0]
+        if method == "GET" and not name:
+            verb = "WATCH" if _flag(q, "watch") else "LIST"
+        else:
+            verb = "GET" if method == "GET" else method
+        rbac_verb = RBAC_VERBS[verb] if name or verb != "DELETE" else "deletecollection"
+        request = Request(rbac_verb, group, plural, sub, ns, name)
         rt = RESOURCES.get(plural)
-        if (
+        served = not (
             rt is None
             or (rt.group, rt.version) != (group, version)
             or len(rest) > 3
             or (plural == CD and not self.server.crd_installed)
             or (rt.group == KUEUE_GROUP and not self.server.kueue_served)
             or (rt.group == TRAINER_GROUP and not self.server.trainer_served)
-        ):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        label = f"{plural}/{sub}" if sub else plural
-        if method == "GET" and not name:
-            verb = "WATCH" if _flag(q, "watch") else "LIST"
-        else:
-            verb = "GET" if method == "GET" else method
-        rbac_verb = RBAC_VERBS[verb] if name or verb != "DELETE" else "deletecollection"
-        self.server.count(verb, label, group, rbac_verb)
-        request = Request(rbac_verb, group, plural, sub, ns, name)
-        # Just restarted, the authorizer's caches have not synced: it allows nothing yet.
+        )
+        if served:
+            self.server.count(verb, f"{plural}/{sub}" if sub else plural, group, rbac_verb)
+        # Authorization comes before routing: DefaultBuildHandlerChain (k8s.io/apiserver
+        # pkg/server/config.go) wraps the API handler in WithAuthorization, so a caller without
+        # the permission gets 403 even for a resource no API serves. Just restarted, the
+        # authorizer's caches have not synced: it allows nothing yet.
         synced = self.server.caches_synced() or MASTERS in self.user.groups
         if not (synced and allowed(self.server.store, self.user, request)):
             raise forbidden(self.user, request)
+        if not served:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if sub == "log" and plural == "pods" and method == "GET":
             return self._logs(ns, name, q)
         if sub and sub != "status":

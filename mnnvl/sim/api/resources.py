@@ -243,6 +243,40 @@ def default_on_create(resource: str, obj: Obj) -> None:
         spec = obj.setdefault("spec", {})
         spec.setdefault("clusterIP", "10.96.0.10")
         spec.setdefault("type", "ClusterIP")
+    elif resource == "jobs":
+        default_job(obj)
+
+
+def default_job(job: Obj) -> None:
+    """A batch/v1 Job's defaults, as kube-apiserver sets them on create (``SetDefaults_Job``,
+    pkg/apis/batch/v1/defaults.go): neither completions nor parallelism means one pod that must
+    succeed once (both 1); parallelism alone defaults to 1, completions alone stays unset (a
+    work queue); backoffLimit 6 (the largest int32 with a per-index limit); NonIndexed, not
+    suspended; pods replaced once Failed under a podFailurePolicy, else once terminating; a
+    podFailurePolicy condition pattern's status True; the template's labels when the Job has
+    none."""
+    spec = job.setdefault("spec", {})
+    if spec.get("completions") is None and spec.get("parallelism") is None:
+        spec["completions"] = spec["parallelism"] = 1
+    if spec.get("parallelism") is None:
+        spec["parallelism"] = 1
+    if spec.get("backoffLimit") is None:
+        spec["backoffLimit"] = 2**31 - 1 if spec.get("backoffLimitPerIndex") is not None else 6
+    if spec.get("completionMode") is None:
+        spec["completionMode"] = "NonIndexed"
+    if spec.get("suspend") is None:
+        spec["suspend"] = False
+    policy = spec.get("podFailurePolicy")
+    for rule in (policy or {}).get("rules") or []:
+        for pattern in rule.get("onPodConditions") or []:
+            if not pattern.get("status"):
+                pattern["status"] = "True"
+    if spec.get("podReplacementPolicy") is None:
+        spec["podReplacementPolicy"] = "Failed" if policy else "TerminatingOrFailed"
+    labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels")
+    meta = job.setdefault("metadata", {})
+    if labels and not meta.get("labels"):
+        meta["labels"] = dict(labels)
 
 
 def scheduling_gated(pod: Obj) -> None:
