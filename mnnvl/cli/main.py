@@ -134,13 +134,7 @@ def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
     launch = _launch_spec(ns)
     args = list(launch.command)
     indexed_job(workload, launch.module, args)  # bad module names or env stop here
-    return steps.launch(
-        workload,
-        launch.module,
-        args,
-        kubeconfig=ns.kubeconfig,
-        trainjob_runtime=_trainjob_runtime(ns),
-    ).to_dict()
+    return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
 
 
 def _read_trainjob(path: str) -> dict[str, Any]:
@@ -166,27 +160,14 @@ def _validate_objects(
     )
 
 
-def _trainjob_runtime(ns: argparse.Namespace) -> str:
-    """``--trainjob-runtime`` with ``--workload trainjob``, checked; "" for the Indexed Job."""
-    if ns.workload != "trainjob":
-        return ""
-    check_dns_label("trainjob_runtime", ns.trainjob_runtime)
-    return str(ns.trainjob_runtime)
-
-
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(TrainConfig, ns)
     _validate_objects(workload, config, None)
-    runtime = _trainjob_runtime(ns)
-    if runtime:
+    if workload.trainer_runtime:
         domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
-        render_trainjob(domain, workload, config, runtime)  # what a TrainJob cannot carry
+        render_trainjob(domain, workload, config, workload.trainer_runtime)  # what it cannot carry
     return steps.train(
-        workload,
-        config,
-        kubeconfig=ns.kubeconfig,
-        report_dir=ns.report_dir,
-        trainjob_runtime=runtime,
+        workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
     ).to_dict()
 
 
@@ -234,16 +215,11 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
     values = {i.name: getattr(ns, i.name) for i in surface.step_inputs("preflight")}
     (workload,) = surface.step_specs("preflight", "preflight", values | _own_namespace(ns))
-    runtime = _trainjob_runtime(ns)
-    return steps.preflight(
-        workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir, trainjob_runtime=runtime
-    ).to_dict()
+    return steps.preflight(workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir).to_dict()
 
 
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
-    objs = objects(
-        _run_plan(ns), _trainjob_runtime(ns)
-    )  # the run's own plan: what `mnnvl run` would create
+    objs = objects(_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
     return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 
@@ -288,13 +264,9 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
         _fits_this_machine(shape.nodes, shape.gpus_per_node)
     planned = _run_plan(ns)  # every task's specs and objects build before any call
-    runtime = _trainjob_runtime(ns)
-    objects(planned, runtime)  # what a TrainJob cannot carry is refused before any call
     reports = _run_reports(ns)
     if not ns.sim:
-        return run_all(
-            planned, kubeconfig=ns.kubeconfig, report_dir=reports, trainjob_runtime=runtime
-        )
+        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports)
     from mnnvl.sim import SimCluster
     from mnnvl.sim.core.podenv import local_gpu_ids
 
@@ -314,11 +286,9 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
         local_gpus=gpus,
-        trainer=bool(runtime),  # Kubeflow Trainer's stand-in for --workload trainjob
+        trainer=bool(workload.trainer_runtime),  # Kubeflow Trainer's stand-in for a TrainJob
     ) as sim:
-        result = run_all(
-            planned, kubeconfig=sim.kubeconfig_path, report_dir=reports, trainjob_runtime=runtime
-        )
+        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=reports)
         result["sim"] = {
             "url": sim.url,
             "requests": sim.request_count,

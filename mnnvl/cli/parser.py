@@ -102,7 +102,6 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
     )
-    _workload_flags(p)
     p.add_argument(
         "--trainjob-file",
         default=None,
@@ -200,23 +199,6 @@ class Parser(argparse.ArgumentParser):
         return ns
 
 
-def _workload_flags(p: argparse.ArgumentParser) -> None:
-    """Which workload runs the train step: the Indexed Job, or a Kubeflow Trainer TrainJob."""
-    p.add_argument(
-        "--workload",
-        choices=("job", "trainjob"),
-        default="job",
-        help="train as an Indexed Job (job) or as a Kubeflow Trainer v2 TrainJob (trainjob; "
-        "Trainer >= v2.4.0, docs/trainjob.md; default: %(default)s)",
-    )
-    p.add_argument(
-        "--trainjob-runtime",
-        default="torch-distributed",
-        help="the ClusterTrainingRuntime the TrainJob names (with --workload trainjob; "
-        "default: %(default)s)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mnnvl", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -231,8 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
         p = _subcommand(sub, name)
         _step_flags(p, name)
         p.add_argument("--report-dir", default=None, help=REPORT_DIR_HELP)
-        if name == "train":
-            _workload_flags(p)
         if name == "verify":
             p.add_argument(
                 "--fail-on-fail",
@@ -254,7 +234,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = _subcommand(sub, "preflight")
     _step_flags(p, "preflight")
     p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
-    _workload_flags(p)
     for name in ("run", "render"):
         p = _subcommand(sub, name)
         # `run` names a run itself when no --run-id is given; `render` needs one.
@@ -263,7 +242,6 @@ def build_parser() -> argparse.ArgumentParser:
             run_id_required=name == "render",
             skip=_RENDER_SKIPS if name == "render" else frozenset(),
         )
-        _workload_flags(p)
         if name == "run":
             p.add_argument(
                 "--report-dir",

@@ -375,6 +375,11 @@ class PodTemplate:
     image_pull_policy: str = opt(
         "IfNotPresent", "Always, IfNotPresent or Never", choices=("Always", "IfNotPresent", "Never")
     )
+    trainjob_runtime: str = opt(
+        "torch-distributed",
+        "the ClusterTrainingRuntime whose pod template a TrainJob takes (with workload trainjob)",
+        valid="a ClusterTrainingRuntime name (lowercase letters, digits and -, at most 63)",
+    )
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -383,6 +388,7 @@ class PodTemplate:
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
         parse_pvc(self.pvc)
+        check_dns_label("trainjob_runtime", self.trainjob_runtime)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -465,6 +471,12 @@ class WorkloadSpec:
     job_timeout_s: float = opt(
         7200.0, "deadline for the Job to complete, s (activeDeadline)", valid=(1, 7 * 86400)
     )
+    workload: str = opt(
+        "job",
+        "train as an Indexed Job (job) or as a Kubeflow Trainer v2 TrainJob (trainjob; Trainer "
+        ">= v2.4.0, docs/trainjob.md)",
+        choices=("job", "trainjob"),
+    )
     placement: Placement = group(Placement)
     pod: PodTemplate = group(PodTemplate)
     deadlines: Deadlines = group(Deadlines)
@@ -512,6 +524,11 @@ class WorkloadSpec:
                 f"topology_aware (a Kueue Topology with the level {place.clique_label})",
                 mentions=("topology_aware",),
             )
+
+    @property
+    def trainer_runtime(self) -> str:
+        """The ClusterTrainingRuntime a TrainJob workload names; "" for the Indexed Job."""
+        return self.pod.trainjob_runtime if self.workload == "trainjob" else ""
 
     @property
     def procs_per_node(self) -> int:

@@ -29,6 +29,7 @@ def test_the_trainer_overlay_grants_exactly_what_the_trainjob_path_sends(tmp_pat
         gpus_per_node=0,
         clique_affinity=False,
         env={"PYTHONPATH": str(tmp_path)},
+        workload="trainjob",
     )
     with SimCluster(nodes=2, trainer=True, cluster_reader=True) as sim:
         kube = sim.kubeconfig_path
@@ -36,12 +37,8 @@ def test_the_trainer_overlay_grants_exactly_what_the_trainjob_path_sends(tmp_pat
             rows = trainer_rows(api, "default", "torch-distributed", 0)
         assert {r.status for r in rows} == {"PASS"}, rows
         steps.provision(domain, kubeconfig=kube)
-        run = steps.launch(
-            workload, "report", [], kubeconfig=kube, trainjob_runtime="torch-distributed"
-        )
-        again = steps.launch(
-            workload, "report", [], kubeconfig=kube, trainjob_runtime="torch-distributed"
-        )
+        run = steps.launch(workload, "report", [], kubeconfig=kube)
+        again = steps.launch(workload, "report", [], kubeconfig=kube)
         assert run.result == again.result == {"ok": True} and again.adopted
         steps.teardown(domain, kubeconfig=kube)
         sent = {r for r in sim.rbac_requests if r[1] == "trainer.kubeflow.org"}
