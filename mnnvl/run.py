@@ -75,15 +75,23 @@ def objects(planned: list[PlannedTask]) -> list[dict[str, Any]]:
 
 
 def _step_call(
-    planned: PlannedTask, kubeconfig: str | None, report_dir: str | None
+    planned: PlannedTask,
+    kubeconfig: str | None,
+    report_dir: str | None,
+    own_trainjob: dict[str, Any] | None = None,
 ) -> Callable[[], Any]:
-    """The step function of a task, bound to its specs."""
+    """The step function of a task, bound to its specs; with ``own_trainjob``, a team's
+    TrainJob is the train step (``steps.launch``: its own program, its RESULT if any)."""
     specs, step = planned.specs, planned.task.step
     reports = f"{report_dir}/{planned.task.name}" if report_dir else None
     calls: dict[str, Callable[[], Any]] = {
         "provision": lambda: steps.provision(specs[0], kubeconfig=kubeconfig),
         "verify": lambda: steps.verify(*specs, kubeconfig=kubeconfig, report_dir=reports),
-        "train": lambda: steps.train(*specs, kubeconfig=kubeconfig, report_dir=reports),
+        "train": lambda: (
+            steps.launch(specs[0], "", [], kubeconfig=kubeconfig, own_trainjob=own_trainjob)
+            if own_trainjob
+            else steps.train(*specs, kubeconfig=kubeconfig, report_dir=reports)
+        ),
         "launch": lambda: steps.launch(
             specs[0], specs[1].module, list(specs[1].command), kubeconfig=kubeconfig
         ),
@@ -97,8 +105,10 @@ def run_all(
     *,
     kubeconfig: str | None,
     report_dir: str | None,
+    own_trainjob: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the planned tasks in order; the last one (teardown) runs always, also on signals.
+    With ``own_trainjob`` (``mnnvl run --trainjob-file``), that TrainJob is the train step.
 
     Returns the run id and each task's result dict by task key. Reports of a task go to
     ``<report_dir>/<task name>`` when ``report_dir`` is set (``report_dir`` in the result).
@@ -110,7 +120,7 @@ def run_all(
     error: BaseException | None = None
     try:
         for item in work:
-            call = _step_call(item, kubeconfig, report_dir)
+            call = _step_call(item, kubeconfig, report_dir, own_trainjob)
             out[item.key] = call().to_dict()
     except BaseException as e:  # a step's error or a signal: teardown below, then re-raised
         error = e
@@ -153,7 +163,9 @@ def _log_summary(out: dict[str, Any]) -> None:
         task = out.get(key)
         if not task:
             continue
-        if key == "train":
+        if key == "train" and "steps" not in task:  # a team's own TrainJob, its own program
+            text = f"TrainJob {task['job']} in {num(task['elapsed_s'], 0)} s"
+        elif key == "train":
             text = (
                 f"{num(task['steps'])} steps, loss {num(task['final_loss'], 4)}, "
                 f"{num(task['tokens_per_s'], 0)} tokens/s; "

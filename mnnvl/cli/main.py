@@ -127,14 +127,23 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
     workload = _run_spec(WorkloadSpec, ns)
     surface.check_launch_purpose(workload.purpose)
-    if ns.trainjob_file:
-        own = _read_trainjob(ns.trainjob_file)
-        take_trainjob(own, workload)  # what is not a TrainJob of this shape stops here
+    own = _own_trainjob(ns.trainjob_file, workload)
+    if own:
         return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
     launch = _launch_spec(ns)
     args = list(launch.command)
     indexed_job(workload, launch.module, args)  # bad module names or env stop here
     return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
+
+
+def _own_trainjob(path: str | None, workload: WorkloadSpec) -> dict[str, Any] | None:
+    """``--trainjob-file``'s TrainJob, refused before anything is created when it is not a
+    TrainJob of ``workload``'s shape; None without the flag."""
+    if not path:
+        return None
+    own = _read_trainjob(path)
+    take_trainjob(own, workload)
+    return own
 
 
 def _read_trainjob(path: str) -> dict[str, Any]:
@@ -163,6 +172,9 @@ def _validate_objects(
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(TrainConfig, ns)
     _validate_objects(workload, config, None)
+    own = _own_trainjob(ns.trainjob_file, workload)
+    if own:  # the team's program: its RESULT line, if it prints one, is the step's
+        return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
     if workload.trainer_runtime:
         domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
         render_trainjob(domain, workload, config, workload.trainer_runtime)  # what it cannot carry
@@ -264,14 +276,15 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
         _fits_this_machine(shape.nodes, shape.gpus_per_node)
     planned = _run_plan(ns)  # every task's specs and objects build before any call
+    workload = next(p.specs[0] for p in planned if p.task.step == "train")
+    own = _own_trainjob(ns.trainjob_file, workload)
     reports = _run_reports(ns)
     if not ns.sim:
-        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports)
+        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports, own_trainjob=own)
     from mnnvl.sim import SimCluster
     from mnnvl.sim.core.podenv import local_gpu_ids
 
     domain = planned[0].specs[0]
-    workload = next(p.specs[0] for p in planned if p.task.step == "train")
     gpus, wanted = local_gpu_ids(), workload.nodes * workload.gpus_per_node
     if wanted > len(gpus):  # the simulated nodes' GPUs are this machine's
         raise SpecError(
@@ -286,9 +299,11 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
         local_gpus=gpus,
-        trainer=bool(workload.trainer_runtime),  # Kubeflow Trainer's stand-in for a TrainJob
+        trainer=bool(workload.trainer_runtime or own),  # Kubeflow Trainer's stand-in
     ) as sim:
-        result = run_all(planned, kubeconfig=sim.kubeconfig_path, report_dir=reports)
+        result = run_all(
+            planned, kubeconfig=sim.kubeconfig_path, report_dir=reports, own_trainjob=own
+        )
         result["sim"] = {
             "url": sim.url,
             "requests": sim.request_count,

@@ -90,6 +90,7 @@ def _run_flags(
 
 def _launch_flags(p: argparse.ArgumentParser) -> None:
     _step_flags(p, "launch")
+    _trainjob_file_flag(p)
     p.add_argument(
         "--command",
         dest="as_command",
@@ -102,6 +103,10 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
     )
+    p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
+
+
+def _trainjob_file_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trainjob-file",
         default=None,
@@ -109,7 +114,6 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
         help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
         "command, with the run's name, labels, channel claim and placement (no command needed)",
     )
-    p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
 
 
 def _reap_flags(p: argparse.ArgumentParser) -> None:
@@ -213,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = _subcommand(sub, name)
         _step_flags(p, name)
         p.add_argument("--report-dir", default=None, help=REPORT_DIR_HELP)
+        if name == "train":
+            _trainjob_file_flag(p)
         if name == "verify":
             p.add_argument(
                 "--fail-on-fail",
@@ -254,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--sim", action="store_true", help="run against an embedded simulated cluster"
             )
             p.add_argument("--skip-verify", action="store_true", help="train only")
+            _trainjob_file_flag(p)
     p = _subcommand(sub, "reap")
     _reap_flags(p)
     p = _subcommand(sub, "baselines")

@@ -234,7 +234,12 @@ def take_trainjob(user: dict[str, Any], workload: WorkloadSpec) -> dict[str, Any
         raise SpecError(
             "trainjob_file", "names no runtime: set spec.runtimeRef.name (e.g. torch-distributed)"
         )
-    trainer = dict(given.get("trainer") or {})
+    if not isinstance(given.get("trainer"), dict):
+        raise SpecError(
+            "trainjob_file",
+            "names no trainer: set spec.trainer with the image and command every node runs",
+        )
+    trainer = dict(given["trainer"])
     nodes = trainer.setdefault("numNodes", workload.nodes)
     if nodes != workload.nodes:
         raise SpecError(

@@ -184,6 +184,8 @@ def test_a_teams_trainjob_is_made_the_runs_with_its_claims_labels_and_placement(
         ({"kind": "Job"}, "not a TrainJob"),
         ({"spec": {"trainer": {"numNodes": 3}, "runtimeRef": {"name": "r"}}}, "numNodes 3"),
         ({"spec": {"trainer": {}}}, "spec.runtimeRef.name"),
+        ({"spec": {"runtimeRef": {"name": "r"}}}, "names no trainer: set spec.trainer"),
+        ({"apiVersion": "trainer.kubeflow.org/v1"}, "apiVersion trainer.kubeflow.org/v1alpha1"),
     ],
 )
 def test_a_file_that_is_not_a_trainjob_of_the_runs_shape_is_refused(change, words):
