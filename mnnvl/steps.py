@@ -165,6 +165,7 @@ class StatusResult(Result):
     domain: dict[str, Any] | None
     channel_template: bool
     jobs: list[dict[str, Any]]
+    trainjobs: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     services: list[str]
 

@@ -213,13 +213,13 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
     check_dns_label("namespace", namespace)
     check_range("rank", ns.rank, 0, 1 << 20, integer=True)
     with Api.connect(ns.kubeconfig) as api:
-        pod = rank_pod(api, namespace, names, ns.rank)
+        pod, container = rank_pod(api, namespace, names, ns.rank)
         logger.info("logs of pod %s/%s (node rank %d)", namespace, pod, ns.rank)
         if ns.follow:
-            for line in api.follow_log(namespace, pod):
+            for line in api.follow_log(namespace, pod, container):
                 print(line, flush=True)
         else:
-            sys.stdout.write(api.pod_log(namespace, pod))
+            sys.stdout.write(api.pod_log(namespace, pod, container))
             sys.stdout.flush()
     return {"run_id": ns.run_id, "namespace": namespace, "rank": ns.rank, "pod": pod}
 
