@@ -488,6 +488,8 @@ class WorkloadSpec:
         check_declared(self)
         check_choice("purpose", self.purpose, PURPOSES)
         self._check_cliques()
+        if self.workload == "trainjob":
+            self._check_trainjob()
         check_image("image", self.image)
         check_env("env", self.env)
         if self.queue_name:
@@ -523,6 +525,22 @@ class WorkloadSpec:
                 "and places group by group with topology-aware scheduling: set "
                 f"topology_aware (a Kueue Topology with the level {place.clique_label})",
                 mentions=("topology_aware",),
+            )
+
+    def _check_trainjob(self) -> None:
+        """A TrainJob has one replicated job, and its runtime patches carry no priority class."""
+        if self.groups > 1:
+            raise SpecError(
+                "nodes_per_clique",
+                "clique groups need one Job per group; a TrainJob has one: set nodes_per_clique "
+                "to 0 or workload to job",
+                mentions=("workload",),
+            )
+        if self.placement.priority_class:
+            raise SpecError(
+                "priority_class",
+                "a TrainJob cannot carry a priority class: set it in the runtime's pod template, "
+                "or leave priority_class empty",
             )
 
     @property
