@@ -177,7 +177,7 @@ def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
         return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
     if workload.trainer_runtime:
         domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
-        render_trainjob(domain, workload, config, workload.trainer_runtime)  # what it cannot carry
+        render_trainjob(domain, workload, config, workload.trainer_runtime)  # before any call
     return steps.train(
         workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
     ).to_dict()
