@@ -35,6 +35,7 @@ NODES ?= 2
 NODES_PER_CLIQUE ?= 0
 GPUS_PER_NODE ?= 4
 PIPELINE ?= training
+WORKLOAD ?= job
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test test-client-newest images lint typecheck compile check-compiled render bench test-gpu schemas clean
@@ -51,11 +52,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed ## create .venv and install the package with all extras
 
-run: install ## the whole KFP pipeline on the embedded simulated cluster (PIPELINE=training|custom)
+run: install ## the whole KFP pipeline on the embedded simulated cluster (PIPELINE=training|custom, WORKLOAD=job|trainjob)
 	@# The simulator checks ComputeDomains against the driver's CRD when the schemas are here;
 	@# without them (a fresh machine) it keeps its built-in ComputeDomain rules.
 	MNNVL_SCHEMA_DIR="$(if $(wildcard $(SCHEMA_STAMP)),$(MNNVL_SCHEMA_DIR),)" \
-	$(PY) -m mnnvl.pipelines.local_run --pipeline $(PIPELINE) --nodes $(NODES) --nodes-per-clique $(NODES_PER_CLIQUE)
+	$(PY) -m mnnvl.pipelines.local_run --pipeline $(PIPELINE) --workload $(WORKLOAD) --nodes $(NODES) --nodes-per-clique $(NODES_PER_CLIQUE)
 
 test: install lint typecheck $(SCHEMA_STAMP) ## ruff, mypy and pytest (CPU; GPU tests skip without GPUs)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder

@@ -54,15 +54,15 @@ def plan(values: dict[str, Any], run_id: str, *, skip_verify: bool = False) -> l
     return planned
 
 
-def objects(planned: list[PlannedTask], trainjob_runtime: str = "") -> list[dict[str, Any]]:
+def objects(planned: list[PlannedTask]) -> list[dict[str, Any]]:
     """Everything the planned run creates, in creation order, each object once (what
-    ``mnnvl render`` prints); with ``trainjob_runtime`` the train step as a TrainJob."""
+    ``mnnvl render`` prints); the train step as a TrainJob where its workload is one."""
     domain = planned[0].specs[0]
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for item in planned:
         workload, config = item.specs[0], item.specs[-1]
-        if item.task.step == "train" and trainjob_runtime:
-            made = render_trainjob(domain, workload, config, trainjob_runtime)
+        if item.task.step == "train" and workload.trainer_runtime:
+            made = render_trainjob(domain, workload, config, workload.trainer_runtime)
         elif item.task.step == "train":
             made = render_run(domain, workload, config, None)
         elif item.task.step == "verify":
@@ -75,17 +75,22 @@ def objects(planned: list[PlannedTask], trainjob_runtime: str = "") -> list[dict
 
 
 def _step_call(
-    planned: PlannedTask, kubeconfig: str | None, report_dir: str | None, trainjob_runtime: str
+    planned: PlannedTask,
+    kubeconfig: str | None,
+    report_dir: str | None,
+    own_trainjob: dict[str, Any] | None = None,
 ) -> Callable[[], Any]:
-    """The step function of a task, bound to its specs (train as a TrainJob naming
-    ``trainjob_runtime`` when one is given)."""
+    """The step function of a task, bound to its specs; with ``own_trainjob``, a team's
+    TrainJob is the train step (``steps.launch``: its own program, its RESULT if any)."""
     specs, step = planned.specs, planned.task.step
     reports = f"{report_dir}/{planned.task.name}" if report_dir else None
     calls: dict[str, Callable[[], Any]] = {
         "provision": lambda: steps.provision(specs[0], kubeconfig=kubeconfig),
         "verify": lambda: steps.verify(*specs, kubeconfig=kubeconfig, report_dir=reports),
-        "train": lambda: steps.train(
-            *specs, kubeconfig=kubeconfig, report_dir=reports, trainjob_runtime=trainjob_runtime
+        "train": lambda: (
+            steps.launch(specs[0], "", [], kubeconfig=kubeconfig, own_trainjob=own_trainjob)
+            if own_trainjob
+            else steps.train(*specs, kubeconfig=kubeconfig, report_dir=reports)
         ),
         "launch": lambda: steps.launch(
             specs[0], specs[1].module, list(specs[1].command), kubeconfig=kubeconfig
@@ -100,9 +105,10 @@ def run_all(
     *,
     kubeconfig: str | None,
     report_dir: str | None,
-    trainjob_runtime: str = "",
+    own_trainjob: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the planned tasks in order; the last one (teardown) runs always, also on signals.
+    With ``own_trainjob`` (``mnnvl run --trainjob-file``), that TrainJob is the train step.
 
     Returns the run id and each task's result dict by task key. Reports of a task go to
     ``<report_dir>/<task name>`` when ``report_dir`` is set (``report_dir`` in the result).
@@ -114,7 +120,7 @@ def run_all(
     error: BaseException | None = None
     try:
         for item in work:
-            call = _step_call(item, kubeconfig, report_dir, trainjob_runtime)
+            call = _step_call(item, kubeconfig, report_dir, own_trainjob)
             out[item.key] = call().to_dict()
     except BaseException as e:  # a step's error or a signal: teardown below, then re-raised
         error = e
@@ -134,7 +140,7 @@ def _teardown_after(
 ) -> None:
     """The run's teardown; after a failure (``error``) its own failure is logged, not raised."""
     try:
-        out[last.key] = _step_call(last, kubeconfig, None, "")().to_dict()
+        out[last.key] = _step_call(last, kubeconfig, None)().to_dict()
     except MnnvlError as e:
         if error is None:
             raise  # the run itself went well: the teardown failure is the result
@@ -157,7 +163,9 @@ def _log_summary(out: dict[str, Any]) -> None:
         task = out.get(key)
         if not task:
             continue
-        if key == "train":
+        if key == "train" and "steps" not in task:  # a team's own TrainJob, its own program
+            text = f"TrainJob {task['job']} in {num(task['elapsed_s'], 0)} s"
+        elif key == "train":
             text = (
                 f"{num(task['steps'])} steps, loss {num(task['final_loss'], 4)}, "
                 f"{num(task['tokens_per_s'], 0)} tokens/s; "

@@ -165,6 +165,7 @@ class StatusResult(Result):
     domain: dict[str, Any] | None
     channel_template: bool
     jobs: list[dict[str, Any]]
+    trainjobs: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     services: list[str]
 
@@ -241,7 +242,6 @@ def launch(
     args: list[str],
     *,
     kubeconfig: str | None = None,
-    trainjob_runtime: str = "",
     own_trainjob: dict[str, Any] | None = None,
 ) -> LaunchResult:
     """Run ``module`` on the workload's nodes; return rank 0's RESULT (None if it printed none).
@@ -249,14 +249,16 @@ def launch(
     ``module`` empty runs ``args`` as the command itself (it gets the rendezvous env).
     The whole Job lifecycle (domain check, create, queue/pod/Job-aware waits, rank-0 log,
     RESULT) is :func:`mnnvl.driver.run_job`. Completed Jobs stay until teardown. With
-    ``trainjob_runtime`` the workload is a Kubeflow Trainer TrainJob naming that runtime
-    (:func:`mnnvl.driver.trainjob_run.run_trainjob`); with ``own_trainjob``, that TrainJob
-    made the run's (its command and runtime, the run's claims, labels and placement).
+    ``workload.workload`` trainjob the workload is a Kubeflow Trainer TrainJob naming
+    ``workload.trainjob_runtime`` (:func:`mnnvl.driver.trainjob_run.run_trainjob`); with
+    ``own_trainjob``, that TrainJob made the run's (its command and runtime, the run's
+    claims, labels and placement).
     """
     start = time.monotonic()
+    runtime = workload.trainer_runtime
     with Api.connect(kubeconfig, outage_s=workload.deadlines.api_outage_s) as api:
-        if trainjob_runtime or own_trainjob:
-            outcome = run_trainjob(api, workload, module, args, trainjob_runtime, own_trainjob)
+        if runtime or own_trainjob:
+            outcome = run_trainjob(api, workload, module, args, runtime, own_trainjob)
         else:
             outcome = run_job(api, workload, module, args)
     if outcome.adopted.startswith("complete"):
@@ -309,10 +311,9 @@ def train(
     *,
     kubeconfig: str | None = None,
     report_dir: str | None = None,
-    trainjob_runtime: str = "",
 ) -> TrainResult:
     """Sharded training on the domain's nodes; metrics from rank 0's RESULT line. With
-    ``trainjob_runtime``, as a Kubeflow Trainer TrainJob naming that runtime."""
+    ``workload.workload`` trainjob, as a Kubeflow Trainer TrainJob (``launch``)."""
     start = time.monotonic()
     check_shared_storage(workload, config)
     if not config.checkpoint_dir:
@@ -324,7 +325,6 @@ def train(
         TRAIN_MODULE,
         to_args(config),
         kubeconfig=kubeconfig,
-        trainjob_runtime=trainjob_runtime,
     )
     raw = _require_result(launched, "train")
     if raw.get("start_step"):
@@ -522,10 +522,9 @@ def preflight(
     kubeconfig: str | None = None,
     report_dir: str | None = None,
     fail_on_fail: bool = True,
-    trainjob_runtime: str = "",
 ) -> PreflightResult:
     """Is the cluster ready for a run of ``workload``'s shape? (``mnnvl.driver.preflight``;
-    with ``trainjob_runtime``, the TrainJob workload's rows too: ``preflight_trainer``)
+    for a TrainJob workload, its rows too: ``preflight_trainer``)
 
     Raises ``VerificationFailed`` (exit 4) naming each failing row and its fix, when
     ``fail_on_fail``; the report (``preflight.ctrf.json``) is written first.
@@ -533,9 +532,9 @@ def preflight(
     start, started = time.monotonic(), time.time()
     with Api.connect(kubeconfig, outage_s=workload.deadlines.api_outage_s) as api:
         rows = check_cluster(api, workload)
-        if trainjob_runtime:
+        if workload.trainer_runtime:
             rows += trainer_rows(
-                api, workload.namespace, trainjob_runtime, workload.recovery.max_restarts
+                api, workload.namespace, workload.trainer_runtime, workload.recovery.max_restarts
             )
     text = table(rows)
     logger.info("preflight of namespace %s:\n%s", workload.namespace, text)

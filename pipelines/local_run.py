@@ -66,6 +66,7 @@ def pipeline_arguments(
         arguments["launch_timeout_s"] = 600.0
     else:
         arguments |= {
+            "workload": getattr(args, "workload", "job"),
             "model": "tiny",
             "steps": args.steps,
             "batch_size": 2,
@@ -265,6 +266,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="training",
         help="training (default) or custom (examples/custom_trainer.py via the launch step)",
     )
+    parser.add_argument(
+        "--workload",
+        choices=("job", "trainjob"),
+        default="job",
+        help="train as an Indexed Job (default) or as a Kubeflow Trainer TrainJob (the "
+        "simulator runs Trainer's stand-in)",
+    )
     return parser.parse_args(argv)
 
 
@@ -282,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log.info("starting a simulated cluster: %s", why)
     cliques = args.nodes // args.nodes_per_clique if args.nodes_per_clique else 1
-    sim = SimCluster(nodes=args.nodes, gpus_per_node=gpus, cliques=cliques).start()
+    trainer = args.workload == "trainjob"
+    sim = SimCluster(nodes=args.nodes, gpus_per_node=gpus, cliques=cliques, trainer=trainer).start()
     start = time.monotonic()
     try:
         with (

@@ -127,20 +127,23 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
     workload = _run_spec(WorkloadSpec, ns)
     surface.check_launch_purpose(workload.purpose)
-    if ns.trainjob_file:
-        own = _read_trainjob(ns.trainjob_file)
-        take_trainjob(own, workload)  # what is not a TrainJob of this shape stops here
+    own = _own_trainjob(ns.trainjob_file, workload)
+    if own:
         return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
     launch = _launch_spec(ns)
     args = list(launch.command)
     indexed_job(workload, launch.module, args)  # bad module names or env stop here
-    return steps.launch(
-        workload,
-        launch.module,
-        args,
-        kubeconfig=ns.kubeconfig,
-        trainjob_runtime=_trainjob_runtime(ns),
-    ).to_dict()
+    return steps.launch(workload, launch.module, args, kubeconfig=ns.kubeconfig).to_dict()
+
+
+def _own_trainjob(path: str | None, workload: WorkloadSpec) -> dict[str, Any] | None:
+    """``--trainjob-file``'s TrainJob, refused before anything is created when it is not a
+    TrainJob of ``workload``'s shape; None without the flag."""
+    if not path:
+        return None
+    own = _read_trainjob(path)
+    take_trainjob(own, workload)
+    return own
 
 
 def _read_trainjob(path: str) -> dict[str, Any]:
@@ -166,27 +169,17 @@ def _validate_objects(
     )
 
 
-def _trainjob_runtime(ns: argparse.Namespace) -> str:
-    """``--trainjob-runtime`` with ``--workload trainjob``, checked; "" for the Indexed Job."""
-    if ns.workload != "trainjob":
-        return ""
-    check_dns_label("trainjob_runtime", ns.trainjob_runtime)
-    return str(ns.trainjob_runtime)
-
-
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(TrainConfig, ns)
     _validate_objects(workload, config, None)
-    runtime = _trainjob_runtime(ns)
-    if runtime:
+    own = _own_trainjob(ns.trainjob_file, workload)
+    if own:  # the team's program: its RESULT line, if it prints one, is the step's
+        return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
+    if workload.trainer_runtime:
         domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
-        render_trainjob(domain, workload, config, runtime)  # what a TrainJob cannot carry
+        render_trainjob(domain, workload, config, workload.trainer_runtime)  # before any call
     return steps.train(
-        workload,
-        config,
-        kubeconfig=ns.kubeconfig,
-        report_dir=ns.report_dir,
-        trainjob_runtime=runtime,
+        workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
     ).to_dict()
 
 
@@ -220,13 +213,13 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
     check_dns_label("namespace", namespace)
     check_range("rank", ns.rank, 0, 1 << 20, integer=True)
     with Api.connect(ns.kubeconfig) as api:
-        pod = rank_pod(api, namespace, names, ns.rank)
+        pod, container = rank_pod(api, namespace, names, ns.rank)
         logger.info("logs of pod %s/%s (node rank %d)", namespace, pod, ns.rank)
         if ns.follow:
-            for line in api.follow_log(namespace, pod):
+            for line in api.follow_log(namespace, pod, container):
                 print(line, flush=True)
         else:
-            sys.stdout.write(api.pod_log(namespace, pod))
+            sys.stdout.write(api.pod_log(namespace, pod, container))
             sys.stdout.flush()
     return {"run_id": ns.run_id, "namespace": namespace, "rank": ns.rank, "pod": pod}
 
@@ -234,16 +227,11 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
 def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
     values = {i.name: getattr(ns, i.name) for i in surface.step_inputs("preflight")}
     (workload,) = surface.step_specs("preflight", "preflight", values | _own_namespace(ns))
-    runtime = _trainjob_runtime(ns)
-    return steps.preflight(
-        workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir, trainjob_runtime=runtime
-    ).to_dict()
+    return steps.preflight(workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir).to_dict()
 
 
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
-    objs = objects(
-        _run_plan(ns), _trainjob_runtime(ns)
-    )  # the run's own plan: what `mnnvl run` would create
+    objs = objects(_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
     return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 
@@ -288,18 +276,15 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
         _fits_this_machine(shape.nodes, shape.gpus_per_node)
     planned = _run_plan(ns)  # every task's specs and objects build before any call
-    runtime = _trainjob_runtime(ns)
-    objects(planned, runtime)  # what a TrainJob cannot carry is refused before any call
+    workload = next(p.specs[0] for p in planned if p.task.step == "train")
+    own = _own_trainjob(ns.trainjob_file, workload)
     reports = _run_reports(ns)
     if not ns.sim:
-        return run_all(
-            planned, kubeconfig=ns.kubeconfig, report_dir=reports, trainjob_runtime=runtime
-        )
+        return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports, own_trainjob=own)
     from mnnvl.sim import SimCluster
     from mnnvl.sim.core.podenv import local_gpu_ids
 
     domain = planned[0].specs[0]
-    workload = next(p.specs[0] for p in planned if p.task.step == "train")
     gpus, wanted = local_gpu_ids(), workload.nodes * workload.gpus_per_node
     if wanted > len(gpus):  # the simulated nodes' GPUs are this machine's
         raise SpecError(
@@ -314,10 +299,10 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
         namespaces=(domain.namespace,),
         local_gpus=gpus,
-        trainer=bool(runtime),  # Kubeflow Trainer's stand-in for --workload trainjob
+        trainer=bool(workload.trainer_runtime or own),  # Kubeflow Trainer's stand-in
     ) as sim:
         result = run_all(
-            planned, kubeconfig=sim.kubeconfig_path, report_dir=reports, trainjob_runtime=runtime
+            planned, kubeconfig=sim.kubeconfig_path, report_dir=reports, own_trainjob=own
         )
         result["sim"] = {
             "url": sim.url,

@@ -90,6 +90,7 @@ def _run_flags(
 
 def _launch_flags(p: argparse.ArgumentParser) -> None:
     _step_flags(p, "launch")
+    _trainjob_file_flag(p)
     p.add_argument(
         "--command",
         dest="as_command",
@@ -102,7 +103,10 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
     )
-    _workload_flags(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
+
+
+def _trainjob_file_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trainjob-file",
         default=None,
@@ -110,7 +114,6 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
         help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
         "command, with the run's name, labels, channel claim and placement (no command needed)",
     )
-    p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
 
 
 def _reap_flags(p: argparse.ArgumentParser) -> None:
@@ -200,23 +203,6 @@ class Parser(argparse.ArgumentParser):
         return ns
 
 
-def _workload_flags(p: argparse.ArgumentParser) -> None:
-    """Which workload runs the train step: the Indexed Job, or a Kubeflow Trainer TrainJob."""
-    p.add_argument(
-        "--workload",
-        choices=("job", "trainjob"),
-        default="job",
-        help="train as an Indexed Job (job) or as a Kubeflow Trainer v2 TrainJob (trainjob; "
-        "Trainer >= v2.4.0, docs/trainjob.md; default: %(default)s)",
-    )
-    p.add_argument(
-        "--trainjob-runtime",
-        default="torch-distributed",
-        help="the ClusterTrainingRuntime the TrainJob names (with --workload trainjob; "
-        "default: %(default)s)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mnnvl", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -232,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         _step_flags(p, name)
         p.add_argument("--report-dir", default=None, help=REPORT_DIR_HELP)
         if name == "train":
-            _workload_flags(p)
+            _trainjob_file_flag(p)
         if name == "verify":
             p.add_argument(
                 "--fail-on-fail",
@@ -254,7 +240,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = _subcommand(sub, "preflight")
     _step_flags(p, "preflight")
     p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
-    _workload_flags(p)
     for name in ("run", "render"):
         p = _subcommand(sub, name)
         # `run` names a run itself when no --run-id is given; `render` needs one.
@@ -263,7 +248,6 @@ def build_parser() -> argparse.ArgumentParser:
             run_id_required=name == "render",
             skip=_RENDER_SKIPS if name == "render" else frozenset(),
         )
-        _workload_flags(p)
         if name == "run":
             p.add_argument(
                 "--report-dir",
@@ -276,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--sim", action="store_true", help="run against an embedded simulated cluster"
             )
             p.add_argument("--skip-verify", action="store_true", help="train only")
+            _trainjob_file_flag(p)
     p = _subcommand(sub, "reap")
     _reap_flags(p)
     p = _subcommand(sub, "baselines")

@@ -428,13 +428,13 @@ class Api:
         finally:
             resp.release_conn()
 
-    def follow_log(self, namespace: str, pod: str) -> Iterator[str]:
+    def follow_log(self, namespace: str, pod: str, container: str = CONTAINER) -> Iterator[str]:
         """Lines of the worker container's log as they are written, until the container ends.
 
         A stream cut by the API server (a restart) just ends: the caller reads the stored log
         when it needs the whole of it.
         """
-        resp = self._log(namespace, pod, follow=True)
+        resp = self._log(namespace, pod, follow=True, container=container)
         try:
             yield from iter_resp_lines(resp)
         except (urllib3.exceptions.HTTPError, ConnectionError) as e:

@@ -11,8 +11,11 @@ from mnnvl.driver.api import COMPUTE_DOMAIN, JOB, POD, RESOURCE_CLAIM_TEMPLATE, 
 from mnnvl.driver.diagnose import pod_index, waiting_reason
 from mnnvl.driver.domain import refused_namespace, require_namespace
 from mnnvl.driver.exclude import excluded_nodes
+from mnnvl.driver.trainjob import run_trainjobs
 from mnnvl.errors import NotFound, Refused, SpecError
 from mnnvl.inputs.names import RunNames
+from mnnvl.manifests import CONTAINER
+from mnnvl.manifests.trainjob import NODE
 
 
 @contextmanager
@@ -26,7 +29,8 @@ def _namespace_named(namespace: str) -> Iterator[None]:
 
 
 def run_status(api: Api, namespace: str, names: RunNames) -> dict[str, Any]:
-    """The run's ComputeDomain (status and nodes), channel template, Jobs, pods and Services."""
+    """The run's ComputeDomain (status and nodes), channel template, Jobs, TrainJobs, pods and
+    Services."""
     with _namespace_named(namespace):
         found = _run_status(api, namespace, names)
     if not found["domain"] and not found["pods"]:  # a typo in the namespace, or nothing yet?
@@ -44,8 +48,9 @@ def node_rank(pod: dict[str, Any]) -> int | None:
     return int(index) + int(base)
 
 
-def rank_pod(api: Api, namespace: str, names: RunNames, rank: int) -> str:
-    """The name of the run's newest worker pod of node rank ``rank`` (its latest step's).
+def rank_pod(api: Api, namespace: str, names: RunNames, rank: int) -> tuple[str, str]:
+    """The name of the run's newest worker pod of node rank ``rank`` (its latest step's), and
+    its worker container's (a TrainJob's pods run the workers in Trainer's ``node``).
 
     Raises ``SpecError`` (exit 2) for a namespace that does not exist, a run with no pods
     there, and a rank none of its pods has; each says what to check next.
@@ -69,7 +74,8 @@ def rank_pod(api: Api, namespace: str, names: RunNames, rank: int) -> str:
             f"{', '.join(map(str, ranks)) or 'none'}: pass one of them",
         )
     newest = max(ranked, key=lambda p: str(p["metadata"].get("creationTimestamp")))
-    return str(newest["metadata"]["name"])
+    containers = {c.get("name") for c in (newest.get("spec") or {}).get("containers") or []}
+    return str(newest["metadata"]["name"]), NODE if NODE in containers else CONTAINER
 
 
 def _run_status(api: Api, namespace: str, names: RunNames) -> dict[str, Any]:
@@ -77,6 +83,10 @@ def _run_status(api: Api, namespace: str, names: RunNames) -> dict[str, Any]:
         "domain": _domain(api, namespace, names.domain),
         "channel_template": _exists(api, namespace, names.channel_template),
         "jobs": [_job(j) for j in _items(api, JOB, namespace, names.selector)],
+        "trainjobs": [
+            {"name": t["metadata"]["name"], "conditions": _true_conditions(t)}
+            for t in run_trainjobs(api, namespace, names.run_id)
+        ],
         "pods": [_pod(p) for p in _items(api, POD, namespace, names.selector)],
         "services": [
             s["metadata"]["name"] for s in _items(api, SERVICE, namespace, names.selector)
@@ -105,6 +115,10 @@ def status_lines(found: dict[str, Any], names: RunNames) -> list[str]:
         f"Job {job['name']}: node {node} excluded (its pods failed there)"
         for job in found["jobs"]
         for node in job["excluded_nodes"]
+    ]
+    lines += [
+        f"TrainJob {tj['name']}: {', '.join(tj['conditions']) or 'no condition yet'}"
+        for tj in found["trainjobs"]
     ]
     lines += [
         f"Pod {pod['name']}: {pod['reason'] or pod['phase']} on {pod['node'] or 'no node'}"
@@ -145,14 +159,18 @@ def _exists(api: Api, namespace: str, name: str) -> bool:
     return True
 
 
+def _true_conditions(obj: dict[str, Any]) -> list[str]:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return [c["type"] for c in conditions if c.get("status") == "True"]
+
+
 def _job(job: dict[str, Any]) -> dict[str, Any]:
     status = job.get("status") or {}
-    done = [c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"]
     counts = {k: status.get(k, 0) for k in ("active", "succeeded", "failed")}
     return {
         "name": job["metadata"]["name"],
         **counts,
-        "conditions": done,
+        "conditions": _true_conditions(job),
         "excluded_nodes": excluded_nodes(job),  # kept out after failing there
     }
 

@@ -8,6 +8,7 @@ those pods are gone (they hold its IMEX channel).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from mnnvl.driver.api import Api, Kind
 from mnnvl.driver.ownership import Deletions
@@ -20,15 +21,15 @@ TRAINJOB = Kind("TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs")
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 
-def delete_trainjobs(api: Api, namespace: str, gone: Deletions) -> list[str]:
-    """Delete the run's TrainJobs; the names of those deleted now.
+def run_trainjobs(api: Api, namespace: str, run_id: str) -> list[dict[str, Any]]:
+    """The run's TrainJobs, by name.
 
     A cluster without Trainer (404) has none. A runner without ``manifests/overlays/trainer``
     (403; also where Trainer is not installed, as RBAC answers before routing) cannot see
-    them: logged at debug level, as every Job-only teardown meets it; the pods' wait still
-    covers the TrainJobs this project renders, whose pods carry the run's labels.
+    them: logged at debug level, as every Job-only run meets it; the pods' wait still covers
+    the TrainJobs this project renders, whose pods carry the run's labels.
     """
-    selector = RunNames.for_run(gone.run_id).selector
+    selector = RunNames.for_run(run_id).selector
     try:
         found = api.list(TRAINJOB, namespace, label_selector=selector)["items"]
     except NotFound:
@@ -36,14 +37,19 @@ def delete_trainjobs(api: Api, namespace: str, gone: Deletions) -> list[str]:
     except Refused:
         logger.debug(
             "cannot list TrainJobs in %s (manifests/overlays/trainer grants it): a TrainJob of "
-            "run %s would be left",
+            "run %s is not seen",
             namespace,
-            gone.run_id,
+            run_id,
         )
         return []
+    return sorted(found, key=lambda o: str(o["metadata"]["name"]))
+
+
+def delete_trainjobs(api: Api, namespace: str, gone: Deletions) -> list[str]:
+    """Delete the run's TrainJobs (``run_trainjobs``); the names of those deleted now."""
     return [
         obj["metadata"]["name"]
-        for obj in found
+        for obj in run_trainjobs(api, namespace, gone.run_id)
         if gone.delete(api, TRAINJOB, obj, propagation="Background")
     ]
 

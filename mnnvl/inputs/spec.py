@@ -375,6 +375,11 @@ class PodTemplate:
     image_pull_policy: str = opt(
         "IfNotPresent", "Always, IfNotPresent or Never", choices=("Always", "IfNotPresent", "Never")
     )
+    trainjob_runtime: str = opt(
+        "torch-distributed",
+        "the ClusterTrainingRuntime whose pod template a TrainJob takes (with workload trainjob)",
+        valid="a ClusterTrainingRuntime name (lowercase letters, digits and -, at most 63)",
+    )
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -383,6 +388,7 @@ class PodTemplate:
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
         parse_pvc(self.pvc)
+        check_dns_label("trainjob_runtime", self.trainjob_runtime)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -465,6 +471,12 @@ class WorkloadSpec:
     job_timeout_s: float = opt(
         7200.0, "deadline for the Job to complete, s (activeDeadline)", valid=(1, 7 * 86400)
     )
+    workload: str = opt(
+        "job",
+        "train as an Indexed Job (job) or as a Kubeflow Trainer v2 TrainJob (trainjob; Trainer "
+        ">= v2.4.0, docs/trainjob.md)",
+        choices=("job", "trainjob"),
+    )
     placement: Placement = group(Placement)
     pod: PodTemplate = group(PodTemplate)
     deadlines: Deadlines = group(Deadlines)
@@ -476,6 +488,8 @@ class WorkloadSpec:
         check_declared(self)
         check_choice("purpose", self.purpose, PURPOSES)
         self._check_cliques()
+        if self.workload == "trainjob":
+            self._check_trainjob()
         check_image("image", self.image)
         check_env("env", self.env)
         if self.queue_name:
@@ -512,6 +526,27 @@ class WorkloadSpec:
                 f"topology_aware (a Kueue Topology with the level {place.clique_label})",
                 mentions=("topology_aware",),
             )
+
+    def _check_trainjob(self) -> None:
+        """A TrainJob has one replicated job, and its runtime patches carry no priority class."""
+        if self.groups > 1:
+            raise SpecError(
+                "nodes_per_clique",
+                "clique groups need one Job per group; a TrainJob has one: set nodes_per_clique "
+                "to 0 or workload to job",
+                mentions=("workload",),
+            )
+        if self.placement.priority_class:
+            raise SpecError(
+                "priority_class",
+                "a TrainJob cannot carry a priority class: set it in the runtime's pod template, "
+                "or leave priority_class empty",
+            )
+
+    @property
+    def trainer_runtime(self) -> str:
+        """The ClusterTrainingRuntime a TrainJob workload names; "" for the Indexed Job."""
+        return self.pod.trainjob_runtime if self.workload == "trainjob" else ""
 
     @property
     def procs_per_node(self) -> int:

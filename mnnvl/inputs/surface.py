@@ -292,11 +292,13 @@ STEP_CLASSES: dict[str, tuple[type, ...]] = {
 PREFLIGHT_INPUTS = frozenset(
     {"namespace", "nodes", "nodes_per_clique", "max_nodes_per_clique", "gpus_per_node"}
     | {"gpu_mode", "gpu_device_class", "clique_label", "queue_name", "api_outage_s"}
+    | {"workload", "trainjob_runtime"}
 )
 # Inputs of a class that a step does not use.
 STEP_SKIPS: dict[str, frozenset[str]] = {
     "provision": frozenset({"delete_timeout_s"}),
     "train": frozenset({"purpose"}),
+    "verify": frozenset({"workload", "trainjob_runtime"}),  # always an Indexed Job
     "teardown": frozenset({"allocation_mode", "rct_timeout_s"}),
     "preflight": frozenset(i.name for i in class_inputs(WorkloadSpec)) - PREFLIGHT_INPUTS,
 }

@@ -34,7 +34,7 @@ def step_workload(workload: WorkloadSpec, step: str) -> WorkloadSpec:
 
     ``train`` runs with purpose ``train`` and the workload's NCCL profile. ``verify`` keeps a
     ``verify-*`` purpose (else ``verify``) and uses the ``verify-strict`` profile, except on
-    ``single-host``, where MNNVL must stay off.
+    ``single-host``, where MNNVL must stay off; verification always runs as the Indexed Job.
     """
     if step == "train":
         return dataclasses.replace(workload, purpose="train")
@@ -43,7 +43,7 @@ def step_workload(workload: WorkloadSpec, step: str) -> WorkloadSpec:
         profile = (
             workload.nccl_profile if workload.nccl_profile == "single-host" else VERIFY_PROFILE
         )
-        return dataclasses.replace(workload, purpose=purpose, nccl_profile=profile)
+        return dataclasses.replace(workload, purpose=purpose, nccl_profile=profile, workload="job")
     raise SpecError("step", f"{step!r} is not one of train, verify")
 
 

@@ -77,22 +77,9 @@ def trainjob(
     """The step's TrainJob on ``workload.nodes`` nodes, running ``module`` through the pods' entry.
 
     Restarts are the runtime's: its JobSet ``failurePolicy.maxRestarts`` (a runtime patch
-    cannot set it), so ``max_restarts`` is not written here. Clique groups
-    (``nodes_per_clique``) and a priority class are refused: a TrainJob has one replicated
-    job and its patches carry no priority class.
+    cannot set it), so ``max_restarts`` is not written here. What a TrainJob cannot carry
+    (clique groups, a priority class) its workload spec refused already.
     """
-    if workload.groups > 1:
-        raise SpecError(
-            "nodes_per_clique",
-            "clique groups need one Job per group; a TrainJob has one: set nodes_per_clique "
-            "to 0 or use the Indexed Job workload",
-        )
-    if workload.placement.priority_class:
-        raise SpecError(
-            "priority_class",
-            "a TrainJob cannot carry a priority class: set it in the runtime's pod template, "
-            "or leave priority_class empty",
-        )
     names = RunNames.for_run(workload.run_id)
     labels = names.labels(workload.purpose)
     if workload.queue_name:
@@ -234,7 +221,12 @@ def take_trainjob(user: dict[str, Any], workload: WorkloadSpec) -> dict[str, Any
         raise SpecError(
             "trainjob_file", "names no runtime: set spec.runtimeRef.name (e.g. torch-distributed)"
         )
-    trainer = dict(given.get("trainer") or {})
+    if not isinstance(given.get("trainer"), dict):
+        raise SpecError(
+            "trainjob_file",
+            "names no trainer: set spec.trainer with the image and command every node runs",
+        )
+    trainer = dict(given["trainer"])
     nodes = trainer.setdefault("numNodes", workload.nodes)
     if nodes != workload.nodes:
         raise SpecError(

@@ -15,6 +15,7 @@ import pytest
 
 from mnnvl.components import kfp_components as kc
 from mnnvl.inputs import surface
+from mnnvl.inputs.names import RunNames
 from mnnvl.pipelines import kfp_pipeline as kp
 from mnnvl.pipelines import local_run
 from mnnvl.sim import SimCluster
@@ -77,6 +78,30 @@ def test_training_pipeline_succeeds_and_teardown_leaves_nothing(sim: Any, tmp_pa
     (run_id,) = _run_ids(outcome)
     assert sim.objects(label_selector=f"mnnvl.io/run-id={run_id}") == []
     assert sim.objects() == []
+
+
+def test_training_pipeline_with_workload_trainjob_trains_as_a_trainjob_and_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The shipped mnnvl-training pipeline, workload=trainjob, on a cluster with Kubeflow
+    Trainer's stand-in: verified before and after, trained as a TrainJob, nothing left."""
+    args = argparse.Namespace(nodes=2, steps=10, min_busbw_gbps=0.001, workload="trainjob")
+    arguments = local_run.pipeline_arguments(args, gpus_per_node=0)
+    with SimCluster(nodes=2, gpus_per_node=0, local_gpus=[], trainer=True) as sim:
+        monkeypatch.setenv("KUBECONFIG", str(sim.kubeconfig_path))
+        outcome = local_run.run_pipeline(arguments, tmp_path, start=time.monotonic(), verbose=False)
+        trainer_requests = {r for r in sim.rbac_requests if r[1] == "trainer.kubeflow.org"}
+        left = (sim.objects(), sim.processes())
+
+    assert outcome.succeeded, outcome.error
+    results = outcome.results
+    assert results["verify-pre"]["verdict"] == results["verify-post"]["verdict"] == "PASS"
+    (run_id,) = _run_ids(outcome)
+    assert results["train"]["job"] == RunNames.for_run(run_id).job("train")
+    assert results["train"]["steps"] == 10 and results["train"]["final_loss"] is not None
+    assert ("create", "trainer.kubeflow.org", "trainjobs") in trainer_requests
+    assert ("delete", "trainer.kubeflow.org", "trainjobs") in trainer_requests
+    assert left == ([], [])
 
 
 def test_impossible_threshold_fails_the_pipeline_and_still_tears_down(

@@ -1,6 +1,7 @@
 """``manifests/overlays/trainer`` is exactly what the TrainJob path sends: every request of the
-train step with a TrainJob (created, adopted by a rerun), its preflight rows and its teardown,
-recorded by the simulated API server, against the overlay's Role and ClusterRole."""
+train step with a TrainJob (created, adopted by a rerun), its preflight rows, the run's status
+and its teardown, recorded by the simulated API server, against the overlay's Role and
+ClusterRole."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_the_trainer_overlay_grants_exactly_what_the_trainjob_path_sends(tmp_pat
         gpus_per_node=0,
         clique_affinity=False,
         env={"PYTHONPATH": str(tmp_path)},
+        workload="trainjob",
     )
     with SimCluster(nodes=2, trainer=True, cluster_reader=True) as sim:
         kube = sim.kubeconfig_path
@@ -36,13 +38,10 @@ def test_the_trainer_overlay_grants_exactly_what_the_trainjob_path_sends(tmp_pat
             rows = trainer_rows(api, "default", "torch-distributed", 0)
         assert {r.status for r in rows} == {"PASS"}, rows
         steps.provision(domain, kubeconfig=kube)
-        run = steps.launch(
-            workload, "report", [], kubeconfig=kube, trainjob_runtime="torch-distributed"
-        )
-        again = steps.launch(
-            workload, "report", [], kubeconfig=kube, trainjob_runtime="torch-distributed"
-        )
+        run = steps.launch(workload, "report", [], kubeconfig=kube)
+        again = steps.launch(workload, "report", [], kubeconfig=kube)
         assert run.result == again.result == {"ok": True} and again.adopted
+        assert [t["name"] for t in steps.status(domain, kubeconfig=kube).trainjobs] == [run.job]
         steps.teardown(domain, kubeconfig=kube)
         sent = {r for r in sim.rbac_requests if r[1] == "trainer.kubeflow.org"}
     granted = role_rules(OVERLAY) | role_rules(OVERLAY, "ClusterRole")

@@ -227,10 +227,10 @@ def test_the_step_runs_a_trainjob_restarted_by_its_runtime_and_counts_the_restar
         gpus_per_node=0,
         clique_affinity=False,
         env=env,
+        workload="trainjob",
+        trainjob_runtime="gang-step",
     )
-    launched = steps.launch(
-        workload, "flaky", [], kubeconfig=sim.kubeconfig_path, trainjob_runtime="gang-step"
-    )
+    launched = steps.launch(workload, "flaky", [], kubeconfig=sim.kubeconfig_path)
     assert launched.result == {"ok": True, "rank": 0}
     assert len(launched.restarts) == 1
     steps.teardown(DomainSpec(run_id="tj-step"), kubeconfig=sim.kubeconfig_path)
@@ -246,15 +246,11 @@ def test_a_failed_trainjob_fails_the_step_with_trainers_reason_and_the_next_step
         nodes=2,
         gpus_per_node=0,
         clique_affinity=False,
+        workload="trainjob",
     )
     with pytest.raises(WorkloadFailed) as failed:
-        steps.launch(
-            workload,
-            "",
-            ["python3", "-c", "raise SystemExit(3)"],
-            kubeconfig=sim.kubeconfig_path,
-            trainjob_runtime="torch-distributed",
-        )
+        command = ["python3", "-c", "raise SystemExit(3)"]
+        steps.launch(workload, "", command, kubeconfig=sim.kubeconfig_path)
     assert "FailedJobs" in str(failed.value) and "failurePolicy" in str(failed.value)
     steps.teardown(DomainSpec(run_id="tj-crash"), kubeconfig=sim.kubeconfig_path)
 

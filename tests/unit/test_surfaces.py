@@ -317,6 +317,7 @@ OTHER = {
     "queue_name": "team-queue",
     "worker_service_account": "trainer",
     "priority_class": "high",
+    "trainjob_runtime": "gang-step",
     "min_bytes": 1 << 20,
     "judge_min_bytes": 1 << 22,
     "activation_checkpointing": "every-2",

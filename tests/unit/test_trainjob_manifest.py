@@ -16,6 +16,7 @@ from mnnvl.cli import main as cli
 from mnnvl.contract import env as contract_env
 from mnnvl.contract import nccl
 from mnnvl.errors import SpecError
+from mnnvl.inputs import surface
 from mnnvl.inputs.names import LABEL_RUN_ID, RunNames
 from mnnvl.inputs.spec import WorkloadSpec, from_inputs
 from mnnvl.manifests import TRAIN_MODULE
@@ -123,8 +124,19 @@ def test_an_unknown_field_is_refused_as_the_api_server_refuses_it(validator):
 )
 def test_what_a_trainjob_cannot_carry_is_refused_naming_the_input(change, field):
     with pytest.raises(SpecError) as err:
-        trainjob(from_inputs(WorkloadSpec, run_id=RUN, **change), TRAIN_MODULE, [])
+        from_inputs(WorkloadSpec, run_id=RUN, workload="trainjob", **change)
     assert err.value.field == field
+    from_inputs(WorkloadSpec, run_id=RUN, **change)  # the Indexed Job carries it
+
+
+@pytest.mark.parametrize("change", [{"nodes": 4, "nodes_per_clique": 2}, {"priority_class": "hi"}])
+def test_the_pipelines_first_task_refuses_what_a_trainjob_cannot_carry(change):
+    """The pipeline's first task, before any object exists, not its train task after the
+    domain and the first verification."""
+    values = surface.grouped_values({"workload": "trainjob", **change})
+    with pytest.raises(SpecError, match="TrainJob"):
+        surface.check_pipeline("mnnvl-training", values)
+    surface.check_pipeline("mnnvl-training", surface.grouped_values(change))
 
 
 def test_render_workload_trainjob_emits_the_domain_and_a_valid_trainjob_for_training(
@@ -184,6 +196,8 @@ def test_a_teams_trainjob_is_made_the_runs_with_its_claims_labels_and_placement(
         ({"kind": "Job"}, "not a TrainJob"),
         ({"spec": {"trainer": {"numNodes": 3}, "runtimeRef": {"name": "r"}}}, "numNodes 3"),
         ({"spec": {"trainer": {}}}, "spec.runtimeRef.name"),
+        ({"spec": {"runtimeRef": {"name": "r"}}}, "names no trainer: set spec.trainer"),
+        ({"apiVersion": "trainer.kubeflow.org/v1"}, "apiVersion trainer.kubeflow.org/v1alpha1"),
     ],
 )
 def test_a_file_that_is_not_a_trainjob_of_the_runs_shape_is_refused(change, words):
