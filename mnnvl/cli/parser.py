@@ -113,37 +113,113 @@ def _launch_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
 
 
-def _reap_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--namespace", default=None, help="where to look (default: the pod's own, else default)"
-    )
-    p.add_argument(
-        "--live-run-ids",
-        default=None,
-        help="comma-separated run ids still running; every other run is dead "
-        "(an empty list needs --all-dead or --older-than-s)",
-    )
-    p.add_argument(
-        "--older-than-s",
-        type=float,
-        default=0.0,
-        help="only runs idle this long: no new object or pod transition, no pod Running",
-    )
-    p.add_argument("--all-dead", action="store_true", help="treat every run as dead")
-    p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
+_NAMESPACE_HELP = "(default: the pod's own, else default)"
+# The flags of the commands whose inputs no spec declares, in --help order.
+OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
+    "logs": {
+        "--run-id": dict(required=True, help="the run whose worker pod to read"),
+        "--namespace": dict(default=None, help=f"the run's namespace {_NAMESPACE_HELP}"),
+        "--rank": dict(
+            type=int, default=0, help="node rank of the pod to read (default: %(default)s)"
+        ),
+        "--follow": dict(action="store_true", help="stream the log until the container ends"),
+    },
+    "reap": {
+        "--namespace": dict(default=None, help=f"where to look {_NAMESPACE_HELP}"),
+        "--live-run-ids": dict(
+            default=None,
+            help="comma-separated run ids still running; every other run is dead "
+            "(an empty list needs --all-dead or --older-than-s)",
+        ),
+        "--older-than-s": dict(
+            type=float,
+            default=0.0,
+            help="only runs idle this long: no new object or pod transition, no pod Running",
+        ),
+        "--all-dead": dict(action="store_true", help="treat every run as dead"),
+        "--dry-run": dict(action="store_true", help="list what would go; delete nothing"),
+    },
+    "baselines": {
+        "--system": dict(default="", help="GPU model (gb200, gb300, h200, h100): show its row"),
+        "--nodes": dict(type=int, default=1, help="nodes of the shape (with --system)"),
+        "--gpus-per-node": dict(
+            type=int, default=4, help="GPUs per node of the shape (with --system)"
+        ),
+        "--platform": dict(default="", help="a provider's rows, e.g. eks ('' = any cluster)"),
+    },
+    "sim": {
+        "action": dict(choices=("up",), help="up: serve until Ctrl-C or SIGTERM"),
+        "--nodes": dict(
+            type=int,
+            default=2,
+            help="simulated nodes; each runs its pods as local processes, so at most what "
+            "this machine's memory holds (default: %(default)s)",
+        ),
+        "--gpus-per-node": dict(
+            type=int,
+            default=0,
+            help="simulated GPUs per node (0 = CPU workers; default: %(default)s)",
+        ),
+        "--cliques": dict(
+            type=int,
+            default=1,
+            help="NVLink cliques (nvidia.com/gpu.clique values; default: %(default)s)",
+        ),
+        "--imex-delay-s": dict(
+            type=float,
+            default=0.2,
+            help="how long each node's simulated IMEX daemon takes to get ready, s "
+            "(default: %(default)s)",
+        ),
+        "--kueue": dict(
+            action="store_true",
+            help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
+        ),
+        "--trainer": dict(
+            action="store_true",
+            help="Kubeflow Trainer stand-in: TrainJobs run as the torch-distributed runtime "
+            "runs them (--workload trainjob); the runner gets manifests/overlays/trainer",
+        ),
+        "--gpu-stack": dict(
+            choices=GPU_STACKS,
+            default="device-plugin",
+            help="where GPUs come from: device-plugin (nvidia.com/gpu allocatable) or dra "
+            "(only gpu.nvidia.com ResourceSlices, as GPU Operator's GPUCluster; default: "
+            "%(default)s)",
+        ),
+        "--imex-mode": dict(
+            choices=IMEX_MODES,
+            default="daemons",
+            help="who runs IMEX: daemons (the driver's, per domain) or hostManaged (the "
+            "host's nvidia-imex service: no daemons, node labels or status.nodes; channel "
+            "Single; default: %(default)s)",
+        ),
+        "--cluster-reader": dict(
+            action="store_true",
+            help="bind manifests/overlays/cluster-reader to the runner (nodes, DeviceClasses, ...)",
+        ),
+        "--namespaces": dict(
+            default="default,team-a",
+            metavar="NS,NS",
+            help="namespaces to serve, each with manifests/base applied for the runner "
+            "(default: default,team-a, the namespaces the examples use)",
+        ),
+        "--admin-kubeconfig": dict(
+            default=None,
+            metavar="PATH",
+            help="where to write a cluster-admin kubeconfig for setting up fixtures "
+            "(namespaces, PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the "
+            "mnnvl-runner service account with manifests/base applied, as a run gets on a "
+            "real cluster",
+        ),
+    },
+}
 
 
-def _logs_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-id", required=True, help="the run whose worker pod to read")
-    p.add_argument(
-        "--namespace",
-        default=None,
-        help="the run's namespace (default: the pod's own, else default)",
-    )
-    p.add_argument(
-        "--rank", type=int, default=0, help="node rank of the pod to read (default: %(default)s)"
-    )
-    p.add_argument("--follow", action="store_true", help="stream the log until the container ends")
+def _own_flags(sub: Any, name: str) -> None:
+    p = _subcommand(sub, name)
+    for flag, kwargs in OWN_FLAGS[name].items():
+        p.add_argument(flag, **kwargs)
 
 
 def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
@@ -250,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     _step_flags(p, "teardown")
     p = _subcommand(sub, "status")
     _grouped_flags(p, [i for i in surface.class_inputs(DomainSpec) if i.name not in _STATUS_SKIPS])
-    _logs_flags(_subcommand(sub, "logs"))
+    _own_flags(sub, "logs")
     p = _subcommand(sub, "preflight")
     _step_flags(p, "preflight")
     p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
@@ -276,91 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "--sim", action="store_true", help="run against an embedded simulated cluster"
             )
             p.add_argument("--skip-verify", action="store_true", help="train only")
-    p = _subcommand(sub, "reap")
-    _reap_flags(p)
-    p = _subcommand(sub, "baselines")
-    p.add_argument(
-        "--system", default="", help="GPU model (gb200, gb300, h200, h100): show its row"
-    )
-    p.add_argument("--nodes", type=int, default=1, help="nodes of the shape (with --system)")
-    p.add_argument(
-        "--gpus-per-node", type=int, default=4, help="GPUs per node of the shape (with --system)"
-    )
-    p.add_argument("--platform", default="", help="a provider's rows, e.g. eks ('' = any cluster)")
-    p = _subcommand(sub, "sim")
-    p.add_argument("action", choices=("up",), help="up: serve until Ctrl-C or SIGTERM")
-    p.add_argument(
-        "--nodes",
-        type=int,
-        default=2,
-        help="simulated nodes; each runs its pods as local processes, so at most what this "
-        "machine's memory holds (default: %(default)s)",
-    )
-    p.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=0,
-        help="simulated GPUs per node (0 = CPU workers; default: %(default)s)",
-    )
-    p.add_argument(
-        "--cliques",
-        type=int,
-        default=1,
-        help="NVLink cliques (nvidia.com/gpu.clique values; default: %(default)s)",
-    )
-    p.add_argument(
-        "--imex-delay-s",
-        type=float,
-        default=0.2,
-        help="how long each node's simulated IMEX daemon takes to get ready, s "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--kueue",
-        action="store_true",
-        help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
-    )
-    p.add_argument(
-        "--trainer",
-        action="store_true",
-        help="Kubeflow Trainer stand-in: TrainJobs run as the torch-distributed runtime runs "
-        "them (--workload trainjob); the runner gets manifests/overlays/trainer",
-    )
-    p.add_argument(
-        "--gpu-stack",
-        choices=GPU_STACKS,
-        default="device-plugin",
-        help="where GPUs come from: device-plugin (nvidia.com/gpu allocatable) or dra (only "
-        "gpu.nvidia.com ResourceSlices, as GPU Operator's GPUCluster; default: %(default)s)",
-    )
-    p.add_argument(
-        "--imex-mode",
-        choices=IMEX_MODES,
-        default="daemons",
-        help="who runs IMEX: daemons (the driver's, per domain) or hostManaged (the host's "
-        "nvidia-imex service: no daemons, node labels or status.nodes; channel Single; "
-        "default: %(default)s)",
-    )
-    p.add_argument(
-        "--cluster-reader",
-        action="store_true",
-        help="bind manifests/overlays/cluster-reader to the runner (nodes, DeviceClasses, ...)",
-    )
-    p.add_argument(
-        "--namespaces",
-        default="default,team-a",
-        metavar="NS,NS",
-        help="namespaces to serve, each with manifests/base applied for the runner "
-        "(default: default,team-a, the namespaces the examples use)",
-    )
-    p.add_argument(
-        "--admin-kubeconfig",
-        default=None,
-        metavar="PATH",
-        help="where to write a cluster-admin kubeconfig for setting up fixtures (namespaces, "
-        "PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the mnnvl-runner "
-        "service account with manifests/base applied, as a run gets on a real cluster",
-    )
+    for name in ("reap", "baselines", "sim"):
+        _own_flags(sub, name)
     parser.commands = sub.choices  # type: ignore[attr-defined]
     for name, p in sub.choices.items():
         _common(p, name)
