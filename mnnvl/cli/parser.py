@@ -72,50 +72,88 @@ def _grouped_flags(
         )
 
 
-def _step_flags(p: argparse.ArgumentParser, step: str) -> None:
-    """Every CLI input of ``step``, at the step's defaults."""
-    presets = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step, {}).items()}
-    _grouped_flags(p, surface.step_inputs(step), defaults=presets)
-
-
-def _run_flags(
-    p: argparse.ArgumentParser, *, run_id_required: bool, skip: frozenset[str] = frozenset()
-) -> None:
-    """The flags of ``run`` and ``render``: the training pipeline's parameters, named as the
-    KFP and Argo pipelines name them (``--train-timeout-s``)."""
-    run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
-    inputs = [run_id, *(i for i in surface.run_parameters() if i.name not in skip)]
-    _grouped_flags(p, inputs, required=run_id_required)
-
-
-def _launch_flags(p: argparse.ArgumentParser) -> None:
-    _step_flags(p, "launch")
-    p.add_argument(
-        "--command",
-        dest="as_command",
-        action="store_true",
-        help="the words after -- are a program and its arguments, not a module's arguments",
-    )
-    p.add_argument(
-        "--command-json",
-        default=None,
-        metavar="JSON",
-        help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
-    )
-    _workload_flags(p)
-    p.add_argument(
-        "--trainjob-file",
-        default=None,
-        metavar="FILE",
-        help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
-        "command, with the run's name, labels, channel claim and placement (no command needed)",
-    )
-    p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
-
-
 _NAMESPACE_HELP = "(default: the pod's own, else default)"
-# The flags of the commands whose inputs no spec declares, in --help order.
+# Which workload runs the train step: the Indexed Job, or a Kubeflow Trainer TrainJob.
+_WORKLOAD: dict[str, dict[str, Any]] = {
+    "--workload": dict(
+        choices=("job", "trainjob"),
+        default="job",
+        help="train as an Indexed Job (job) or as a Kubeflow Trainer v2 TrainJob (trainjob; "
+        "Trainer >= v2.4.0, docs/trainjob.md; default: %(default)s)",
+    ),
+    "--trainjob-runtime": dict(
+        default="torch-distributed",
+        help="the ClusterTrainingRuntime the TrainJob names (with --workload trainjob; "
+        "default: %(default)s)",
+    ),
+}
+_REPORT_DIR = {"--report-dir": dict(default=None, help=REPORT_DIR_HELP)}
+# The flags of each command besides its spec inputs (``_spec_flags``), in --help order.
 OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
+    "provision": {
+        "--owner-pod": dict(action="store_true", help="make this launcher pod the owner"),
+        "--pipeline": dict(
+            default=None,
+            choices=sorted(surface.PIPELINES),
+            help="validate this pipeline's parameters first (what its first task does)",
+        ),
+        "--pipeline-parameters": dict(
+            default="{}",
+            metavar="JSON",
+            help="the pipeline's parameters: a JSON object or Argo's {{workflow.parameters.json}}",
+        ),
+    },
+    "launch": {
+        "--command": dict(
+            dest="as_command",
+            action="store_true",
+            help="the words after -- are a program and its arguments, not a module's arguments",
+        ),
+        "--command-json": dict(
+            default=None,
+            metavar="JSON",
+            help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
+        ),
+        **_WORKLOAD,
+        "--trainjob-file": dict(
+            default=None,
+            metavar="FILE",
+            help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
+            "command, with the run's name, labels, channel claim and placement (no command "
+            "needed)",
+        ),
+        "command": dict(nargs=argparse.REMAINDER, help="after --: the command or arguments"),
+    },
+    "train": {**_REPORT_DIR, **_WORKLOAD},
+    "verify": {
+        **_REPORT_DIR,
+        "--fail-on-fail": dict(
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
+        ),
+        "--measure-again": dict(
+            action="store_true",
+            help="run again, the same run id: delete this step's earlier verification Job "
+            "(whose verdict a rerun would return) and measure anew; the domain stays",
+        ),
+    },
+    "preflight": {
+        "--report-dir": dict(default=None, help="write preflight.ctrf.json here"),
+        **_WORKLOAD,
+    },
+    "run": {
+        **_WORKLOAD,
+        "--report-dir": dict(
+            default=None,
+            help="write each task's reports to DIR/<task> (verify-pre, train, verify-post) on "
+            "the machine this command runs on (default: out/reports/<run id>, printed; "
+            "--output-dir is a directory inside the worker pods)",
+        ),
+        "--sim": dict(action="store_true", help="run against an embedded simulated cluster"),
+        "--skip-verify": dict(action="store_true", help="train only"),
+    },
+    "render": _WORKLOAD,
     "logs": {
         "--run-id": dict(required=True, help="the run whose worker pod to read"),
         "--namespace": dict(default=None, help=f"the run's namespace {_NAMESPACE_HELP}"),
@@ -216,12 +254,6 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def _own_flags(sub: Any, name: str) -> None:
-    p = _subcommand(sub, name)
-    for flag, kwargs in OWN_FLAGS[name].items():
-        p.add_argument(flag, **kwargs)
-
-
 def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
     help_text, what, example = COMMANDS[name]
     return sub.add_parser(
@@ -230,21 +262,6 @@ def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
         description=what,
         epilog=f"example:\n  {example}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
-def _pipeline_check_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--pipeline",
-        default=None,
-        choices=sorted(surface.PIPELINES),
-        help="validate this pipeline's parameters first (what its first task does)",
-    )
-    p.add_argument(
-        "--pipeline-parameters",
-        default="{}",
-        metavar="JSON",
-        help="the pipeline's parameters: a JSON object or Argo's {{workflow.parameters.json}}",
     )
 
 
@@ -276,87 +293,36 @@ class Parser(argparse.ArgumentParser):
         return ns
 
 
-def _workload_flags(p: argparse.ArgumentParser) -> None:
-    """Which workload runs the train step: the Indexed Job, or a Kubeflow Trainer TrainJob."""
-    p.add_argument(
-        "--workload",
-        choices=("job", "trainjob"),
-        default="job",
-        help="train as an Indexed Job (job) or as a Kubeflow Trainer v2 TrainJob (trainjob; "
-        "Trainer >= v2.4.0, docs/trainjob.md; default: %(default)s)",
-    )
-    p.add_argument(
-        "--trainjob-runtime",
-        default="torch-distributed",
-        help="the ClusterTrainingRuntime the TrainJob names (with --workload trainjob; "
-        "default: %(default)s)",
-    )
+def _spec_flags(p: argparse.ArgumentParser, name: str) -> None:
+    """The flags a command's inputs declared on the specs: a step's, at the step's defaults;
+    ``run`` and ``render``: the training pipeline's parameters, named as the KFP and Argo
+    pipelines name them (``--train-timeout-s``); ``status``: the run's domain."""
+    if name in surface.STEP_CLASSES:
+        presets = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(name, {}).items()}
+        _grouped_flags(p, surface.step_inputs(name), defaults=presets)
+    elif name == "status":
+        domain = surface.class_inputs(DomainSpec)
+        _grouped_flags(p, [i for i in domain if i.name not in _STATUS_SKIPS])
+    elif name in ("run", "render"):
+        # `run` names a run itself when no --run-id is given; `render` needs one.
+        run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
+        skip = _RENDER_SKIPS if name == "render" else frozenset()
+        inputs = [run_id, *(i for i in surface.run_parameters() if i.name not in skip)]
+        _grouped_flags(p, inputs, required=name == "render")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mnnvl", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command_name", metavar="<command>", title="commands")
-    p = _subcommand(sub, "provision")
-    _step_flags(p, "provision")
-    p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
-    _pipeline_check_flags(p)
-    p = _subcommand(sub, "launch")
-    _launch_flags(p)
-    for name in ("train", "verify"):
+    for name in COMMANDS:
         p = _subcommand(sub, name)
-        _step_flags(p, name)
-        p.add_argument("--report-dir", default=None, help=REPORT_DIR_HELP)
-        if name == "train":
-            _workload_flags(p)
-        if name == "verify":
-            p.add_argument(
-                "--fail-on-fail",
-                action=argparse.BooleanOptionalAction,
-                default=True,
-                help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
-            )
-            p.add_argument(
-                "--measure-again",
-                action="store_true",
-                help="run again, the same run id: delete this step's earlier verification Job "
-                "(whose verdict a rerun would return) and measure anew; the domain stays",
-            )
-    p = _subcommand(sub, "teardown")
-    _step_flags(p, "teardown")
-    p = _subcommand(sub, "status")
-    _grouped_flags(p, [i for i in surface.class_inputs(DomainSpec) if i.name not in _STATUS_SKIPS])
-    _own_flags(sub, "logs")
-    p = _subcommand(sub, "preflight")
-    _step_flags(p, "preflight")
-    p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
-    _workload_flags(p)
-    for name in ("run", "render"):
-        p = _subcommand(sub, name)
-        # `run` names a run itself when no --run-id is given; `render` needs one.
-        _run_flags(
-            p,
-            run_id_required=name == "render",
-            skip=_RENDER_SKIPS if name == "render" else frozenset(),
-        )
-        _workload_flags(p)
-        if name == "run":
-            p.add_argument(
-                "--report-dir",
-                default=None,
-                help="write each task's reports to DIR/<task> (verify-pre, train, verify-post) "
-                "on the machine this command runs on (default: out/reports/<run id>, printed; "
-                "--output-dir is a directory inside the worker pods)",
-            )
-            p.add_argument(
-                "--sim", action="store_true", help="run against an embedded simulated cluster"
-            )
-            p.add_argument("--skip-verify", action="store_true", help="train only")
-    for name in ("reap", "baselines", "sim"):
-        _own_flags(sub, name)
-    parser.commands = sub.choices  # type: ignore[attr-defined]
-    for name, p in sub.choices.items():
+        _spec_flags(p, name)
+        for flag, kwargs in OWN_FLAGS.get(name, {}).items():
+            p.add_argument(flag, **kwargs)
         _common(p, name)
+    parser.commands = sub.choices  # type: ignore[attr-defined]
+    for p in sub.choices.values():
         p.set_defaults(flag_names=flag_names(p))
     return parser
 
