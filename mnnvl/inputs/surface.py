@@ -410,15 +410,12 @@ class Pipeline:
         A parameter renamed for one step's tasks says whose it is (``verify_timeout_s``: the
         verify steps' Job deadline); one with a default of this pipeline's names the step's."""
         params: dict[str, Input] = {}
-        steps: dict[str, set[str]] = {}
         for task in self.tasks:
             for item in step_inputs(task.step, surface):
                 if item.name in task.fixed:
                     continue
                 name = task.parameter_name(item.name)
                 renamed = dataclasses.replace(item, name=name)
-                if name != item.name:
-                    steps.setdefault(name, set()).add(task.step)
                 if own_defaults and name in self.defaults:
                     default, why = self.defaults[name]
                     renamed = dataclasses.replace(
@@ -427,12 +424,11 @@ class Pipeline:
                         help=f"{item.help} (here {default}; the step's own is {item.default}: "
                         f"{why})",
                     )
+                if name != item.name:  # a rename names one step's input (``Task.renames``)
+                    renamed = dataclasses.replace(renamed, help=f"{task.step} step: {renamed.help}")
                 known = params.setdefault(name, renamed)
                 if (known.default, known.kind) != (renamed.default, renamed.kind):
                     raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
-        for name, (step,) in ((n, s) for n, s in steps.items() if len(s) == 1):
-            item = params[name]
-            params[name] = dataclasses.replace(item, help=f"{step} step: {item.help}")
         return list(params.values())
 
     def grouped_parameters(self, surface: str = KFP) -> list[Input]:
