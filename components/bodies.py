@@ -26,7 +26,6 @@ from mnnvl.contract.result import verdict_accepted
 from mnnvl.errors import MnnvlError, SpecError, VerificationFailed, WorkloadFailed
 from mnnvl.inputs import surface
 from mnnvl.inputs.namespace import resolve_namespace
-from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +45,16 @@ def one_line(step: str) -> Iterator[None]:
         raise SystemExit(e.exit_code) from None
 
 
-def _with_step_defaults(step: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Groups as their inputs, the step's defaults for inputs left out of a group; an empty
-    namespace is the launcher pod's own (else default), resolved here."""
-    inputs = surface.step_inputs(step)
-    params = {i.name: i.default for i in inputs if not i.required} | surface.flatten(params, inputs)
-    return {**params, "namespace": resolve_namespace(params.get("namespace"))}
+def _specs(step: str, params: dict[str, Any]) -> list[Any]:
+    """The step's specs from the component's arguments (the step's defaults for inputs left
+    out of a group); an empty namespace is the launcher pod's own (else default), resolved here."""
+    values = params | {"namespace": resolve_namespace(params.get("namespace"))}
+    return surface.step_specs(step, values.pop("run_id"), values)
 
 
 @one_line("provision")
 def provision_domain(params: dict[str, Any]) -> str:
-    domain = surface.build(DomainSpec, _with_step_defaults("provision", params))
+    (domain,) = _specs("provision", params)
     return steps.provision(domain, kubeconfig=kubeconfig()).domain
 
 
@@ -72,9 +70,7 @@ def provision_for_pipeline(pipeline: str, params: dict[str, Any]) -> str:
 
 @one_line("train")
 def train_sharded(params: dict[str, Any]) -> None:
-    params = _with_step_defaults("train", params)
-    workload = surface.build(WorkloadSpec, params, purpose="train")
-    config = surface.build(TrainConfig, params)
+    workload, config = _specs("train", params)
     report.preload_plotting()  # the report follows the Job; its import need not
     outcome = steps.train(workload, config, kubeconfig=kubeconfig())
     publish_train(workload.run_id, outcome, params["metrics"], params["report"], params["result"])
@@ -82,9 +78,7 @@ def train_sharded(params: dict[str, Any]) -> None:
 
 @one_line("verify")
 def verify_nvlink(params: dict[str, Any]) -> None:
-    params = _with_step_defaults("verify", params)
-    workload = surface.build(WorkloadSpec, params)
-    config = surface.build(VerifyConfig, params)
+    workload, config = _specs("verify", params)
     report.preload_plotting()  # the report follows the Job; its import need not
     outcome = steps.verify(workload, config, kubeconfig=kubeconfig(), fail_on_fail=False)
     purpose = workload.purpose
@@ -107,10 +101,7 @@ def verify_nvlink(params: dict[str, Any]) -> None:
 @one_line("launch")
 def launch_workload(params: dict[str, Any]) -> None:
     """Run the user's workload; the result artifact is written even when it fails."""
-    params = _with_step_defaults("launch", params)
-    workload = surface.build(WorkloadSpec, params)
-    surface.check_launch_purpose(workload.purpose)
-    launch = surface.build(LaunchSpec, params)
+    workload, launch = _specs("launch", params)
     try:
         outcome = steps.launch(
             workload, launch.module, list(launch.command), kubeconfig=kubeconfig()
@@ -130,8 +121,7 @@ def preflight_cluster(params: dict[str, Any]) -> None:
     import shutil
     import tempfile
 
-    params = _with_step_defaults("preflight", params)
-    (workload,) = surface.step_specs("preflight", params.pop("run_id"), params)
+    (workload,) = _specs("preflight", params)
     with tempfile.TemporaryDirectory(prefix="mnnvl-preflight-") as tmp:
         outcome = steps.preflight(
             workload, kubeconfig=kubeconfig(), report_dir=tmp, fail_on_fail=False
@@ -149,7 +139,7 @@ def teardown_domain(params: dict[str, Any]) -> None:
     it created anything: inputs it refuses (a namespace that is no name, or that does not
     exist) mean this run created nothing, so it returns at once with nothing deleted."""
     try:
-        spec = surface.build(DomainSpec, _with_step_defaults("teardown", params))
+        (spec,) = _specs("teardown", params)
         steps.teardown(spec, kubeconfig=kubeconfig())
     except SpecError as e:
         log.warning("teardown: nothing to delete: %s", e)

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import yaml
 
 from mnnvl import steps
+from mnnvl.cli.help import COMMANDS
 from mnnvl.cli.parser import UsageError, build_parser
 from mnnvl.contract import exit_codes
 from mnnvl.driver.api import Api
@@ -374,20 +375,9 @@ def cmd_baselines(ns: argparse.Namespace) -> dict[str, Any]:
     return out | shape | {"platform": ns.platform, "row": baselines.as_dict(row) if row else None}
 
 
+# Each command of ``COMMANDS`` is run by its ``cmd_<command>`` (a missing one fails the import).
 HANDLERS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
-    "provision": cmd_provision,
-    "launch": cmd_launch,
-    "train": cmd_train,
-    "verify": cmd_verify,
-    "teardown": cmd_teardown,
-    "status": cmd_status,
-    "logs": cmd_logs,
-    "preflight": cmd_preflight,
-    "run": cmd_run,
-    "render": cmd_render,
-    "reap": cmd_reap,
-    "baselines": cmd_baselines,
-    "sim": cmd_sim,
+    name: globals()[f"cmd_{name}"] for name in COMMANDS
 }
 
 

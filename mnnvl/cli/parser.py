@@ -72,81 +72,172 @@ def _grouped_flags(
         )
 
 
-def _step_flags(p: argparse.ArgumentParser, step: str) -> None:
-    """Every CLI input of ``step``, at the step's defaults."""
-    presets = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(step, {}).items()}
-    _grouped_flags(p, surface.step_inputs(step), defaults=presets)
-
-
-def _run_flags(
-    p: argparse.ArgumentParser, *, run_id_required: bool, skip: frozenset[str] = frozenset()
-) -> None:
-    """The flags of ``run`` and ``render``: the training pipeline's parameters, named as the
-    KFP and Argo pipelines name them (``--train-timeout-s``)."""
-    run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
-    inputs = [run_id, *(i for i in surface.run_parameters() if i.name not in skip)]
-    _grouped_flags(p, inputs, required=run_id_required)
-
-
-def _launch_flags(p: argparse.ArgumentParser) -> None:
-    _step_flags(p, "launch")
-    _trainjob_file_flag(p)
-    p.add_argument(
-        "--command",
-        dest="as_command",
-        action="store_true",
-        help="the words after -- are a program and its arguments, not a module's arguments",
-    )
-    p.add_argument(
-        "--command-json",
-        default=None,
-        metavar="JSON",
-        help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
-    )
-    p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command or arguments")
-
-
-def _trainjob_file_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--trainjob-file",
+_NAMESPACE_HELP = "(default: the pod's own, else default)"
+_REPORT_DIR = {"--report-dir": dict(default=None, help=REPORT_DIR_HELP)}
+_TRAINJOB_FILE = {
+    "--trainjob-file": dict(
         default=None,
         metavar="FILE",
         help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
-        "command, with the run's name, labels, channel claim and placement (no command needed)",
-    )
-
-
-def _reap_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--namespace", default=None, help="where to look (default: the pod's own, else default)"
-    )
-    p.add_argument(
-        "--live-run-ids",
-        default=None,
-        help="comma-separated run ids still running; every other run is dead "
-        "(an empty list needs --all-dead or --older-than-s)",
-    )
-    p.add_argument(
-        "--older-than-s",
-        type=float,
-        default=0.0,
-        help="only runs idle this long: no new object or pod transition, no pod Running",
-    )
-    p.add_argument("--all-dead", action="store_true", help="treat every run as dead")
-    p.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
-
-
-def _logs_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-id", required=True, help="the run whose worker pod to read")
-    p.add_argument(
-        "--namespace",
-        default=None,
-        help="the run's namespace (default: the pod's own, else default)",
-    )
-    p.add_argument(
-        "--rank", type=int, default=0, help="node rank of the pod to read (default: %(default)s)"
-    )
-    p.add_argument("--follow", action="store_true", help="stream the log until the container ends")
+        "command, with the run's name, labels, channel claim and placement (no command "
+        "needed)",
+    ),
+}
+# The flags of each command besides its spec inputs (``_spec_flags``), in --help order.
+OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
+    "provision": {
+        "--owner-pod": dict(action="store_true", help="make this launcher pod the owner"),
+        "--pipeline": dict(
+            default=None,
+            choices=sorted(surface.PIPELINES),
+            help="validate this pipeline's parameters first (what its first task does)",
+        ),
+        "--pipeline-parameters": dict(
+            default="{}",
+            metavar="JSON",
+            help="the pipeline's parameters: a JSON object or Argo's {{workflow.parameters.json}}",
+        ),
+    },
+    "launch": {
+        "--command": dict(
+            dest="as_command",
+            action="store_true",
+            help="the words after -- are a program and its arguments, not a module's arguments",
+        ),
+        "--command-json": dict(
+            default=None,
+            metavar="JSON",
+            help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
+        ),
+        **_TRAINJOB_FILE,
+        "command": dict(nargs=argparse.REMAINDER, help="after --: the command or arguments"),
+    },
+    "train": {**_REPORT_DIR, **_TRAINJOB_FILE},
+    "verify": {
+        **_REPORT_DIR,
+        "--fail-on-fail": dict(
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
+        ),
+        "--measure-again": dict(
+            action="store_true",
+            help="run again, the same run id: delete this step's earlier verification Job "
+            "(whose verdict a rerun would return) and measure anew; the domain stays",
+        ),
+    },
+    "preflight": {
+        "--report-dir": dict(default=None, help="write preflight.ctrf.json here"),
+    },
+    "run": {
+        "--report-dir": dict(
+            default=None,
+            help="write each task's reports to DIR/<task> (verify-pre, train, verify-post) on "
+            "the machine this command runs on (default: out/reports/<run id>, printed; "
+            "--output-dir is a directory inside the worker pods)",
+        ),
+        "--sim": dict(action="store_true", help="run against an embedded simulated cluster"),
+        "--skip-verify": dict(action="store_true", help="train only"),
+        **_TRAINJOB_FILE,
+    },
+    "logs": {
+        "--run-id": dict(required=True, help="the run whose worker pod to read"),
+        "--namespace": dict(default=None, help=f"the run's namespace {_NAMESPACE_HELP}"),
+        "--rank": dict(
+            type=int, default=0, help="node rank of the pod to read (default: %(default)s)"
+        ),
+        "--follow": dict(action="store_true", help="stream the log until the container ends"),
+    },
+    "reap": {
+        "--namespace": dict(default=None, help=f"where to look {_NAMESPACE_HELP}"),
+        "--live-run-ids": dict(
+            default=None,
+            help="comma-separated run ids still running; every other run is dead "
+            "(an empty list needs --all-dead or --older-than-s)",
+        ),
+        "--older-than-s": dict(
+            type=float,
+            default=0.0,
+            help="only runs idle this long: no new object or pod transition, no pod Running",
+        ),
+        "--all-dead": dict(action="store_true", help="treat every run as dead"),
+        "--dry-run": dict(action="store_true", help="list what would go; delete nothing"),
+    },
+    "baselines": {
+        "--system": dict(default="", help="GPU model (gb200, gb300, h200, h100): show its row"),
+        "--nodes": dict(type=int, default=1, help="nodes of the shape (with --system)"),
+        "--gpus-per-node": dict(
+            type=int, default=4, help="GPUs per node of the shape (with --system)"
+        ),
+        "--platform": dict(default="", help="a provider's rows, e.g. eks ('' = any cluster)"),
+    },
+    "sim": {
+        "action": dict(choices=("up",), help="up: serve until Ctrl-C or SIGTERM"),
+        "--nodes": dict(
+            type=int,
+            default=2,
+            help="simulated nodes; each runs its pods as local processes, so at most what "
+            "this machine's memory holds (default: %(default)s)",
+        ),
+        "--gpus-per-node": dict(
+            type=int,
+            default=0,
+            help="simulated GPUs per node (0 = CPU workers; default: %(default)s)",
+        ),
+        "--cliques": dict(
+            type=int,
+            default=1,
+            help="NVLink cliques (nvidia.com/gpu.clique values; default: %(default)s)",
+        ),
+        "--imex-delay-s": dict(
+            type=float,
+            default=0.2,
+            help="how long each node's simulated IMEX daemon takes to get ready, s "
+            "(default: %(default)s)",
+        ),
+        "--kueue": dict(
+            action="store_true",
+            help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
+        ),
+        "--trainer": dict(
+            action="store_true",
+            help="Kubeflow Trainer stand-in: TrainJobs run as the torch-distributed runtime "
+            "runs them (--workload trainjob); the runner gets manifests/overlays/trainer",
+        ),
+        "--gpu-stack": dict(
+            choices=GPU_STACKS,
+            default="device-plugin",
+            help="where GPUs come from: device-plugin (nvidia.com/gpu allocatable) or dra "
+            "(only gpu.nvidia.com ResourceSlices, as GPU Operator's GPUCluster; default: "
+            "%(default)s)",
+        ),
+        "--imex-mode": dict(
+            choices=IMEX_MODES,
+            default="daemons",
+            help="who runs IMEX: daemons (the driver's, per domain) or hostManaged (the "
+            "host's nvidia-imex service: no daemons, node labels or status.nodes; channel "
+            "Single; default: %(default)s)",
+        ),
+        "--cluster-reader": dict(
+            action="store_true",
+            help="bind manifests/overlays/cluster-reader to the runner (nodes, DeviceClasses, ...)",
+        ),
+        "--namespaces": dict(
+            default="default,team-a",
+            metavar="NS,NS",
+            help="namespaces to serve, each with manifests/base applied for the runner "
+            "(default: default,team-a, the namespaces the examples use)",
+        ),
+        "--admin-kubeconfig": dict(
+            default=None,
+            metavar="PATH",
+            help="where to write a cluster-admin kubeconfig for setting up fixtures "
+            "(namespaces, PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the "
+            "mnnvl-runner service account with manifests/base applied, as a run gets on a "
+            "real cluster",
+        ),
+    },
+}
 
 
 def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
@@ -157,21 +248,6 @@ def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
         description=what,
         epilog=f"example:\n  {example}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
-def _pipeline_check_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--pipeline",
-        default=None,
-        choices=sorted(surface.PIPELINES),
-        help="validate this pipeline's parameters first (what its first task does)",
-    )
-    p.add_argument(
-        "--pipeline-parameters",
-        default="{}",
-        metavar="JSON",
-        help="the pipeline's parameters: a JSON object or Argo's {{workflow.parameters.json}}",
     )
 
 
@@ -203,152 +279,36 @@ class Parser(argparse.ArgumentParser):
         return ns
 
 
+def _spec_flags(p: argparse.ArgumentParser, name: str) -> None:
+    """The flags a command's inputs declared on the specs: a step's, at the step's defaults;
+    ``run`` and ``render``: the training pipeline's parameters, named as the KFP and Argo
+    pipelines name them (``--train-timeout-s``); ``status``: the run's domain."""
+    if name in surface.STEP_CLASSES:
+        presets = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(name, {}).items()}
+        _grouped_flags(p, surface.step_inputs(name), defaults=presets)
+    elif name == "status":
+        domain = surface.class_inputs(DomainSpec)
+        _grouped_flags(p, [i for i in domain if i.name not in _STATUS_SKIPS])
+    elif name in ("run", "render"):
+        # `run` names a run itself when no --run-id is given; `render` needs one.
+        run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
+        skip = _RENDER_SKIPS if name == "render" else frozenset()
+        inputs = [run_id, *(i for i in surface.run_parameters() if i.name not in skip)]
+        _grouped_flags(p, inputs, required=name == "render")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mnnvl", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command_name", metavar="<command>", title="commands")
-    p = _subcommand(sub, "provision")
-    _step_flags(p, "provision")
-    p.add_argument("--owner-pod", action="store_true", help="make this launcher pod the owner")
-    _pipeline_check_flags(p)
-    p = _subcommand(sub, "launch")
-    _launch_flags(p)
-    for name in ("train", "verify"):
+    for name in COMMANDS:
         p = _subcommand(sub, name)
-        _step_flags(p, name)
-        p.add_argument("--report-dir", default=None, help=REPORT_DIR_HELP)
-        if name == "train":
-            _trainjob_file_flag(p)
-        if name == "verify":
-            p.add_argument(
-                "--fail-on-fail",
-                action=argparse.BooleanOptionalAction,
-                default=True,
-                help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
-            )
-            p.add_argument(
-                "--measure-again",
-                action="store_true",
-                help="run again, the same run id: delete this step's earlier verification Job "
-                "(whose verdict a rerun would return) and measure anew; the domain stays",
-            )
-    p = _subcommand(sub, "teardown")
-    _step_flags(p, "teardown")
-    p = _subcommand(sub, "status")
-    _grouped_flags(p, [i for i in surface.class_inputs(DomainSpec) if i.name not in _STATUS_SKIPS])
-    _logs_flags(_subcommand(sub, "logs"))
-    p = _subcommand(sub, "preflight")
-    _step_flags(p, "preflight")
-    p.add_argument("--report-dir", default=None, help="write preflight.ctrf.json here")
-    for name in ("run", "render"):
-        p = _subcommand(sub, name)
-        # `run` names a run itself when no --run-id is given; `render` needs one.
-        _run_flags(
-            p,
-            run_id_required=name == "render",
-            skip=_RENDER_SKIPS if name == "render" else frozenset(),
-        )
-        if name == "run":
-            p.add_argument(
-                "--report-dir",
-                default=None,
-                help="write each task's reports to DIR/<task> (verify-pre, train, verify-post) "
-                "on the machine this command runs on (default: out/reports/<run id>, printed; "
-                "--output-dir is a directory inside the worker pods)",
-            )
-            p.add_argument(
-                "--sim", action="store_true", help="run against an embedded simulated cluster"
-            )
-            p.add_argument("--skip-verify", action="store_true", help="train only")
-            _trainjob_file_flag(p)
-    p = _subcommand(sub, "reap")
-    _reap_flags(p)
-    p = _subcommand(sub, "baselines")
-    p.add_argument(
-        "--system", default="", help="GPU model (gb200, gb300, h200, h100): show its row"
-    )
-    p.add_argument("--nodes", type=int, default=1, help="nodes of the shape (with --system)")
-    p.add_argument(
-        "--gpus-per-node", type=int, default=4, help="GPUs per node of the shape (with --system)"
-    )
-    p.add_argument("--platform", default="", help="a provider's rows, e.g. eks ('' = any cluster)")
-    p = _subcommand(sub, "sim")
-    p.add_argument("action", choices=("up",), help="up: serve until Ctrl-C or SIGTERM")
-    p.add_argument(
-        "--nodes",
-        type=int,
-        default=2,
-        help="simulated nodes; each runs its pods as local processes, so at most what this "
-        "machine's memory holds (default: %(default)s)",
-    )
-    p.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=0,
-        help="simulated GPUs per node (0 = CPU workers; default: %(default)s)",
-    )
-    p.add_argument(
-        "--cliques",
-        type=int,
-        default=1,
-        help="NVLink cliques (nvidia.com/gpu.clique values; default: %(default)s)",
-    )
-    p.add_argument(
-        "--imex-delay-s",
-        type=float,
-        default=0.2,
-        help="how long each node's simulated IMEX daemon takes to get ready, s "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--kueue",
-        action="store_true",
-        help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
-    )
-    p.add_argument(
-        "--trainer",
-        action="store_true",
-        help="Kubeflow Trainer stand-in: TrainJobs run as the torch-distributed runtime runs "
-        "them (--workload trainjob); the runner gets manifests/overlays/trainer",
-    )
-    p.add_argument(
-        "--gpu-stack",
-        choices=GPU_STACKS,
-        default="device-plugin",
-        help="where GPUs come from: device-plugin (nvidia.com/gpu allocatable) or dra (only "
-        "gpu.nvidia.com ResourceSlices, as GPU Operator's GPUCluster; default: %(default)s)",
-    )
-    p.add_argument(
-        "--imex-mode",
-        choices=IMEX_MODES,
-        default="daemons",
-        help="who runs IMEX: daemons (the driver's, per domain) or hostManaged (the host's "
-        "nvidia-imex service: no daemons, node labels or status.nodes; channel Single; "
-        "default: %(default)s)",
-    )
-    p.add_argument(
-        "--cluster-reader",
-        action="store_true",
-        help="bind manifests/overlays/cluster-reader to the runner (nodes, DeviceClasses, ...)",
-    )
-    p.add_argument(
-        "--namespaces",
-        default="default,team-a",
-        metavar="NS,NS",
-        help="namespaces to serve, each with manifests/base applied for the runner "
-        "(default: default,team-a, the namespaces the examples use)",
-    )
-    p.add_argument(
-        "--admin-kubeconfig",
-        default=None,
-        metavar="PATH",
-        help="where to write a cluster-admin kubeconfig for setting up fixtures (namespaces, "
-        "PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the mnnvl-runner "
-        "service account with manifests/base applied, as a run gets on a real cluster",
-    )
-    parser.commands = sub.choices  # type: ignore[attr-defined]
-    for name, p in sub.choices.items():
+        _spec_flags(p, name)
+        for flag, kwargs in OWN_FLAGS.get(name, {}).items():
+            p.add_argument(flag, **kwargs)
         _common(p, name)
+    parser.commands = sub.choices  # type: ignore[attr-defined]
+    for p in sub.choices.values():
         p.set_defaults(flag_names=flag_names(p))
     return parser
 

@@ -10,6 +10,7 @@ all produced from these declarations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import MISSING, dataclass, field
 from typing import Any, TypeVar
@@ -118,17 +119,23 @@ def nested(cls: type) -> dict[str, type]:
     return {f.name: f.metadata["nested"] for f in dataclasses.fields(cls) if "nested" in f.metadata}
 
 
-def from_inputs(cls: type[T], **inputs: Any) -> T:
-    """A ``cls`` from its inputs by name, each given to the group that holds it
-    (``from_inputs(WorkloadSpec, run_id="r", max_restarts=1)``); a group may also be given whole."""
+def _given_to_groups(cls: type, inputs: dict[str, Any], current: Any = None) -> dict[str, Any]:
+    """``inputs`` with each one a nested group holds given to that group: the group given
+    whole, else ``current``'s, changed; else a new one."""
     kwargs = dict(inputs)
     for name, kind in nested(cls).items():
         mine = {f.name for f in dataclasses.fields(kind)} & kwargs.keys()
         if mine:
             given = {k: kwargs.pop(k) for k in mine}
-            whole = kwargs.get(name)
+            whole = kwargs.get(name, getattr(current, name, None))
             kwargs[name] = dataclasses.replace(whole, **given) if whole else kind(**given)
-    return cls(**kwargs)
+    return kwargs
+
+
+def from_inputs(cls: type[T], **inputs: Any) -> T:
+    """A ``cls`` from its inputs by name, each given to the group that holds it
+    (``from_inputs(WorkloadSpec, run_id="r", max_restarts=1)``); a group may also be given whole."""
+    return cls(**_given_to_groups(cls, inputs))
 
 
 def leaves(spec: Any) -> list[tuple[dataclasses.Field[Any], Any]]:
@@ -142,12 +149,7 @@ def leaves(spec: Any) -> list[tuple[dataclasses.Field[Any], Any]]:
 
 def with_inputs(spec: T, **inputs: Any) -> T:
     """``spec`` with inputs changed by name, wherever they are nested (validated again)."""
-    for name, kind in nested(type(spec)).items():
-        mine = {f.name for f in dataclasses.fields(kind)} & inputs.keys()
-        if mine:
-            changes = {k: inputs.pop(k) for k in mine}
-            inputs[name] = dataclasses.replace(inputs.get(name, getattr(spec, name)), **changes)
-    return dataclasses.replace(spec, **inputs)  # type: ignore[type-var]
+    return dataclasses.replace(spec, **_given_to_groups(type(spec), inputs, spec))  # type: ignore[type-var]
 
 
 def _check_run_and_namespace(spec: Any) -> None:
@@ -161,44 +163,38 @@ def _check_run_and_namespace(spec: Any) -> None:
 
 # Inputs several specs share, declared once (a pipeline that runs both workers, or every
 # step, has one parameter for each).
-def namespace_opt() -> Any:
-    return opt(
-        "",
-        "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
-        valid=NAMESPACE_VALID,
-    )
-
-
-def api_outage_opt() -> Any:
-    return opt(
-        300.0,
-        "how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden "
-        "out by every request and wait, s; a longer outage ends the step with exit 5",
-        valid=(0, 86400),
-        group="deadlines",
-    )
-
-
-def collective_timeout_opt() -> Any:
-    return opt(
-        300.0,
-        "how long a collective waits for a dead or hung peer before the worker fails "
-        "(retriable), s; NCCL's own default is 600",
-        valid=(1, 86400),
-        group="recovery",
-    )
-
-
-def stall_timeout_opt() -> Any:
-    return opt(
-        0.0,
-        "the pod stops its workers (retriable) when one made no progress for this long, s; "
-        "0 = derived in training: 10 x the slowest recent step, at least 60, at most "
-        "2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint "
-        "saves and loads, and in verification)",
-        valid=(0, 7 * 86400),
-        group="recovery",
-    )
+namespace_opt = functools.partial(
+    opt,
+    "",
+    "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
+    valid=NAMESPACE_VALID,
+)
+api_outage_opt = functools.partial(
+    opt,
+    300.0,
+    "how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden "
+    "out by every request and wait, s; a longer outage ends the step with exit 5",
+    valid=(0, 86400),
+    group="deadlines",
+)
+collective_timeout_opt = functools.partial(
+    opt,
+    300.0,
+    "how long a collective waits for a dead or hung peer before the worker fails "
+    "(retriable), s; NCCL's own default is 600",
+    valid=(1, 86400),
+    group="recovery",
+)
+stall_timeout_opt = functools.partial(
+    opt,
+    0.0,
+    "the pod stops its workers (retriable) when one made no progress for this long, s; "
+    "0 = derived in training: 10 x the slowest recent step, at least 60, at most "
+    "2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint "
+    "saves and loads, and in verification)",
+    valid=(0, 7 * 86400),
+    group="recovery",
+)
 
 
 class _WorkerTimeouts:

@@ -338,16 +338,15 @@ def step_inputs(step: str, surface: str | None = None) -> list[Input]:
 
 
 def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
-    """A validated ``cls`` from surface values by input name (lists -> dict/tuple, sizes ->
-    int), each given to the group that holds it; unset inputs keep the dataclass default."""
+    """A validated ``cls`` from surface values by input name (lists -> dict/tuple, the rest
+    as ``Input.coerce`` takes them), each given to the group that holds it; unset inputs keep
+    the dataclass default."""
     kwargs: dict[str, Any] = {}
     for (_, f, _), item in zip(_fields(cls), class_inputs(cls), strict=True):
         value = values.get(f.name)
         if value is None:
             continue
-        if f.name in SIZE_FIELDS and isinstance(value, str):
-            value = parse_bytes(f.name, value)
-        elif f.default_factory is dict:
+        if f.default_factory is dict:
             value = parse_env(value, f.name)
         elif item.kind == "list":
             value = parse_list(value, f.name)
@@ -413,15 +412,12 @@ class Pipeline:
         A parameter renamed for one step's tasks says whose it is (``verify_timeout_s``: the
         verify steps' Job deadline); one with a default of this pipeline's names the step's."""
         params: dict[str, Input] = {}
-        steps: dict[str, set[str]] = {}
         for task in self.tasks:
             for item in step_inputs(task.step, surface):
                 if item.name in task.fixed:
                     continue
                 name = task.parameter_name(item.name)
                 renamed = dataclasses.replace(item, name=name)
-                if name != item.name:
-                    steps.setdefault(name, set()).add(task.step)
                 if own_defaults and name in self.defaults:
                     default, why = self.defaults[name]
                     renamed = dataclasses.replace(
@@ -430,12 +426,11 @@ class Pipeline:
                         help=f"{item.help} (here {default}; the step's own is {item.default}: "
                         f"{why})",
                     )
+                if name != item.name:  # a rename names one step's input (``Task.renames``)
+                    renamed = dataclasses.replace(renamed, help=f"{task.step} step: {renamed.help}")
                 known = params.setdefault(name, renamed)
                 if (known.default, known.kind) != (renamed.default, renamed.kind):
                     raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
-        for name, (step,) in ((n, s) for n, s in steps.items() if len(s) == 1):
-            item = params[name]
-            params[name] = dataclasses.replace(item, help=f"{step} step: {item.help}")
         return list(params.values())
 
     def grouped_parameters(self, surface: str = KFP) -> list[Input]:
@@ -445,20 +440,18 @@ class Pipeline:
     def component_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
         """The task's component (or template) inputs from the grouped pipeline parameters:
         a group goes whole to every task with inputs in it."""
+        return self.task_arguments(task, values, grouped(step_inputs(task.step, KFP)))
+
+    def task_arguments(
+        self, task: Task, values: dict[str, Any], inputs: list[Input] | None = None
+    ) -> dict[str, Any]:
+        """The task's step inputs (or ``inputs``) from the pipeline's parameter values; the
+        task's fixed inputs win."""
         return {
             item.name: task.fixed.get(item.name, values.get(task.parameter_name(item.name)))
-            for item in grouped(step_inputs(task.step, KFP))
+            for item in (step_inputs(task.step) if inputs is None else inputs)
             if item.name in task.fixed or task.parameter_name(item.name) in values
         }
-
-    def task_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
-        """The task's step inputs from the pipeline's parameter values."""
-        args = {
-            item.name: values[task.parameter_name(item.name)]
-            for item in step_inputs(task.step)
-            if item.name not in task.fixed and task.parameter_name(item.name) in values
-        }
-        return {**args, **task.fixed}
 
     def plan(self, values: dict[str, Any], run_id: str) -> list[tuple[Task, list[Any]]]:
         """Every task with the specs its step builds from pipeline parameter values (strings

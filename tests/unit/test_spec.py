@@ -243,7 +243,7 @@ def test_the_cli_and_the_components_resolve_the_pods_namespace_at_the_edge(
     assert cli._run_spec(DomainSpec, ns).namespace == "team-b"
     ns = cli.build_parser().parse_args(["provision", "--run-id", RUN, "--namespace", "team-a"])
     assert cli._run_spec(DomainSpec, ns).namespace == "team-a"
-    assert bodies._with_step_defaults("verify", {"run_id": RUN})["namespace"] == "team-b"
+    assert bodies._specs("verify", {"run_id": RUN})[0].namespace == "team-b"
 
 
 def test_the_default_warmup_is_capped_at_a_shorter_run() -> None:
