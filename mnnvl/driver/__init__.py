@@ -1,6 +1,6 @@
 """The domain driver: the only code that talks to the Kubernetes API.
 
-Plain dict bodies, the official client, one retry helper (:meth:`Api.call`) and one wait
+Plain dict bodies, the official client, one retry wrapper (:meth:`Api.call`) and one wait
 helper (:func:`wait_for`). Steps compose these; nothing here knows about pipelines.
 """
 

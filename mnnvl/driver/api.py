@@ -1,4 +1,4 @@
-"""Client construction, the one retry helper, and generic dict-in/dict-out calls.
+"""Client construction, the one retry wrapper, and generic dict-in/dict-out calls.
 
 Every request, and every watch (re)opened, goes through :meth:`Api.call`: it retries only what
 a retry can fix (429, 500, 502, 503, 504, connection refused/reset and read timeouts;
@@ -186,7 +186,7 @@ class Api:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- the retry helper -----------------------------------------------------------
+    # ---- the retry wrapper -----------------------------------------------------------
 
     def call(self, fn: Callable[[], T], verb: str, what: str) -> T:
         """Call ``fn`` (``verb`` on ``what``, for messages) retrying transient failures (see the

@@ -1,4 +1,4 @@
-"""The one wait helper: list, check, then watch from that resourceVersion, under a deadline.
+"""The one wait loop: list, check, then watch from that resourceVersion, under a deadline.
 
 A wait tracks one or more *sources*: the set of objects a selector matches (one object for a
 ``metadata.name`` field selector, or e.g. a Job's pods for a label selector). Each source is
