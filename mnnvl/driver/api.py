@@ -306,6 +306,29 @@ class Api:
         verb = "list" if (method, name) == ("GET", "") else _VERBS.get(method, method.lower())
         return self.call(once, verb, what)
 
+    def served(self, group: str, version: str) -> bool:
+        """Whether the server serves ``group/version``, from discovery, which every account may
+        read (the bootstrap ``system:discovery`` ClusterRole): it tells an API that is not
+        installed from one this account may not use, since a real API server answers 403 before
+        it looks for the resource."""
+        path = f"/apis/{group}/{version}"
+
+        def once() -> bool:
+            resp = self._dynamic.request(
+                "GET",
+                path,
+                header_params={"Accept": "application/json"},
+                serialize=False,
+                _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
+            )
+            resp.release_conn()
+            return True
+
+        try:
+            return self.call(once, "get", path)
+        except NotFound:
+            return False
+
     def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         """The object; raises ``NotFound`` when there is none."""
         return self._json("GET", kind, namespace, name)

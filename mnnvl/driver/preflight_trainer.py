@@ -1,7 +1,8 @@
 """Preflight rows of the TrainJob workload: Trainer's API, the runtime, the claim field.
 
 ``trainjob-api`` lists TrainJobs in the namespace (what ``manifests/overlays/trainer`` grants),
-so it tells a missing Trainer (404) from a missing grant (403). ``trainjob-runtime`` reads the
+so it tells a missing Trainer (404, or 403 and no ``trainer.kubeflow.org`` in discovery)
+from a missing grant (403). ``trainjob-runtime`` reads the
 ClusterTrainingRuntime the TrainJobs name: its ``node`` replicated job, the torch policy and
 how often its JobSet ``failurePolicy`` restarts. ``trainjob-claims-field`` reads the TrainJob
 CRD (the cluster reader grants that) for ``spec.trainer.resourceClaimsPerNode`` (Trainer
@@ -46,7 +47,9 @@ def api_row(api: Api, namespace: str) -> Row:
         api.list(TRAINJOB, namespace)
     except NotFound:
         return Row("trainjob-api", FAIL, f"{TRAINJOB_CRD}/{VERSION} not served", INSTALL)
-    except Refused:
+    except Refused:  # a 403 comes before the lookup: discovery tells which it is
+        if not api.served(GROUP, VERSION):
+            return Row("trainjob-api", FAIL, f"{TRAINJOB_CRD}/{VERSION} not served", INSTALL)
         text = f"the runner may not list TrainJobs in {namespace}"
         return Row("trainjob-api", FAIL, text, f"kubectl apply -n {namespace} -k {OVERLAY}")
     return Row("trainjob-api", PASS, f"{TRAINJOB_CRD}/{VERSION} served; the runner may use it")
@@ -63,6 +66,9 @@ def runtime_row(api: Api, runtime: str, max_restarts: int) -> Row:
         )
         return Row(check, FAIL, f"ClusterTrainingRuntime {runtime} not found", fix)
     except Refused:
+        if not api.served(GROUP, VERSION):
+            text = f"ClusterTrainingRuntime {runtime}: Trainer not served"
+            return Row(check, FAIL, text, INSTALL)
         text = f"ClusterTrainingRuntime {runtime} not readable by this account; {OVERLAY} grants it"
         return Row(check, SKIPPED, text)
     return runtime_verdict(found, max_restarts)

@@ -110,7 +110,9 @@ def test_job_that_runs_out_of_retries_before_running_ends_the_wait_at_once(sim, 
 
 def test_a_run_out_of_restarts_names_the_last_attempts_failure_not_the_first(sim, run, tmp_path):
     domain, workload = run
-    env = {**workload.env, "CRASH_DIR": str(tmp_path)}
+    # Pods recreated per restart (the Job's own failure path): in place, one pod per index
+    # lives throughout (tests/sim/test_inplace_restart.py names both failures there).
+    env = {**workload.env, "CRASH_DIR": str(tmp_path), "MNNVL_IN_PLACE_RESTARTS": "0"}
     workload = with_inputs(workload, max_restarts=1, env=env)
     job = RunNames.for_run(domain.run_id).job("job")
     with pytest.raises(WorkloadFailed) as info:
@@ -126,7 +128,8 @@ def test_a_run_out_of_restarts_names_the_last_attempts_failure_not_the_first(sim
     assert f"Job default/{job} failed (MaxFailedIndexesExceeded" in message
     assert "after 1 restart(s) of every rank (--max-restarts 1)" in message
     # The pod of the last attempt, its exit code and its log; not the first attempt's pod.
-    assert f"pod {last} (index 1): Failed with exit code 1" in message
+    assert f"pod {last} (rank 1) on node " in message
+    assert "(index 1): Failed with exit code 1" in message
     assert f"last log lines of {last}:" in message and "crashing on attempt 2" in message
     assert first not in message and "attempt 1" not in message
 

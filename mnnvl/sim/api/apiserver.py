@@ -88,6 +88,15 @@ class ApiServer(ServingServer):
         self._count_lock = threading.Lock()
         self.authenticator = Authenticator()
 
+    def unserved(self) -> frozenset[str]:
+        """The API groups not installed, which discovery and OpenAPI leave out."""
+        installed = {
+            "resource.nvidia.com": self.crd_installed,
+            KUEUE_GROUP: self.kueue_served,
+            TRAINER_GROUP: self.trainer_served,
+        }
+        return frozenset(group for group, on in installed.items() if not on)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that drops its keep-alive connection (or fails the TLS handshake) is
         normal, not a server error."""
@@ -189,10 +198,10 @@ class Handler(BaseHTTPRequestHandler):
             and (len(parts) == 2) == (parts[0] == "api")
         ):
             self.server.count("GET", "discovery")
-            return self._json(200, discovery(parts, self.server.crd_installed))
+            return self._json(200, discovery(parts, self.server.unserved()))
         if parts[:2] == ["openapi", "v3"] and method == "GET":
             self.server.count("GET", "openapi")
-            return self._json(200, openapi_v3(parts[2:], self.server.crd_installed))
+            return self._json(200, openapi_v3(parts[2:], self.server.unserved()))
         if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectrulesreviews"]:
             review = Request(
                 "create", "authorization.k8s.io", "selfsubjectrulesreviews", "", "", ""

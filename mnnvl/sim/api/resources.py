@@ -56,7 +56,7 @@ def _discovery_groups() -> dict[tuple[str, str], list[Obj]]:
 DISCOVERY = _discovery_groups()
 
 
-def discovery(parts: list[str], crd_installed: bool) -> Obj:
+def discovery(parts: list[str], unserved: frozenset[str]) -> Obj:
     """The discovery documents (/version, /api, /apis, /api/v1, /apis/<group>/<version>)."""
     if parts == ["version"]:
         # Every field a real kube-apiserver's /version has (clients' models require them).
@@ -73,7 +73,7 @@ def discovery(parts: list[str], crd_installed: bool) -> Obj:
         }
     if parts == ["api"]:
         return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
-    gvs = {gv for gv in _served(crd_installed) if gv[0]}
+    gvs = {gv for gv in _served(unserved) if gv[0]}
     if parts == ["apis"]:
         groups = [
             {
@@ -95,11 +95,12 @@ def discovery(parts: list[str], crd_installed: bool) -> Obj:
     }
 
 
-def _served(crd_installed: bool) -> list[tuple[str, str]]:
-    return [gv for gv in DISCOVERY if gv[0] != "resource.nvidia.com" or crd_installed]
+def _served(unserved: frozenset[str]) -> list[tuple[str, str]]:
+    """The group-versions served: every one but the API groups not installed (``unserved``)."""
+    return [gv for gv in DISCOVERY if gv[0] not in unserved]
 
 
-def openapi_v3(parts: list[str], crd_installed: bool) -> Obj:
+def openapi_v3(parts: list[str], unserved: frozenset[str]) -> Obj:
     """``/openapi/v3`` and its group-version documents, as much as kubectl reads: each kind's
     PATCH operation (``x-kubernetes-group-version-kind``) with the ``fieldValidation`` query
     parameter, which is how kubectl decides that the server validates fields, so it sends
@@ -108,7 +109,7 @@ def openapi_v3(parts: list[str], crd_installed: bool) -> Obj:
     ``pkg/validation/schema.go`` ``paramVerifyingSchema``, v0.32.4). Without it kubectl falls
     back to ``/openapi/v2`` and, on a 404 there, refuses to apply. No schemas are served
     (``kubectl explain`` has nothing to show)."""
-    paths = {("api/" if not g else f"apis/{g}/") + v: (g, v) for g, v in _served(crd_installed)}
+    paths = {("api/" if not g else f"apis/{g}/") + v: (g, v) for g, v in _served(unserved)}
     if not parts:
         return {"paths": {p: {"serverRelativeURL": f"/openapi/v3/{p}?hash=sim"} for p in paths}}
     gv = paths.get("/".join(parts))
