@@ -301,6 +301,7 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         namespaces=(domain.namespace,),
         local_gpus=gpus,
         trainer=bool(workload.trainer_runtime or own),  # Kubeflow Trainer's stand-in
+        kueue=bool(workload.queue_name),  # Kueue's stand-in admits what a queue holds
     ) as sim:
         result = run_all(
             planned, kubeconfig=sim.kubeconfig_path, report_dir=reports, own_trainjob=own

@@ -1,4 +1,4 @@
-"""Why Kueue holds a queued Job: its ``Workload``'s conditions, read beside the Job's waits.
+"""Why Kueue holds a queued Job or TrainJob: its ``Workload``'s conditions, read beside the waits.
 
 Kueue (v0.15+ serves ``kueue.x-k8s.io/v1beta2``) keeps one Workload per Job it manages, labelled
 ``kueue.x-k8s.io/job-uid``. While the Workload is not admitted its ``QuotaReserved=False``
@@ -24,6 +24,9 @@ preemption evicts for a higher-priority Workload. Kueue then sets ``Evicted=True
 requeue in ``status.requeueState.count`` (with ``requeueAt``) and suspends the Job
 (``pkg/controller/core/workload_controller.go``, ``pkg/controller/jobframework/reconciler.go``).
 ``describe`` and ``evicted`` say so in Kueue's words.
+A TrainJob is queued the same way (Kueue's ``pkg/controller/jobs/trainjob``: the webhook
+suspends one labelled with a queue, ``RunWithPodSetsInfo`` unsuspends it on admission, its
+Workload carries the TrainJob's uid); :class:`QueuedWait` is its queued phase.
 Reading Workloads needs ``get/list/watch workloads.kueue.x-k8s.io`` (manifests/overlays/kueue);
 without it the wait falls back to the Job's suspension alone and says so once.
 """
@@ -33,9 +36,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mnnvl.driver.api import JOB, Api, Kind
-from mnnvl.driver.wait import Objects, Source
-from mnnvl.errors import MnnvlError, WorkloadFailed
+from mnnvl.driver.api import Api, Kind
+from mnnvl.driver.wait import Deadline, Objects, Source
+from mnnvl.errors import MnnvlError, WaitTimeout, WorkloadFailed
+from mnnvl.inputs.spec import WorkloadSpec
+from mnnvl.manifests import KUEUE_QUEUE_LABEL
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +51,11 @@ KUEUE_RBAC = "manifests/overlays/kueue"
 
 
 def workload_source(api: Api, namespace: str, jobs: Source) -> Source | None:
-    """The watch source for the Workloads of the Jobs ``jobs`` selects, or None (logged once)
-    when they cannot be read: no permission, or no Kueue v1beta2 API in the cluster."""
+    """The watch source for the Workloads of the Jobs (or TrainJobs) ``jobs`` selects, or None
+    (logged once) when they cannot be read: no permission, or no Kueue v1beta2 API."""
     try:
         found = api.list(
-            JOB, namespace, label_selector=jobs.label_selector, field_selector=jobs.fields
+            jobs.kind, namespace, label_selector=jobs.label_selector, field_selector=jobs.fields
         )["items"]
         uids = sorted(j["metadata"]["uid"] for j in found)
         selector = f"{JOB_UID_LABEL} in ({','.join(uids)})"
@@ -148,3 +153,55 @@ def _hint(message: str, queue: str, namespace: str) -> str:
             "--queue-name"
         )
     return "check `kubectl get clusterqueue` and its status conditions"
+
+
+def queue_text(what: str, obj: dict[str, Any]) -> str:
+    """``<what> queued in LocalQueue <q> (Kueue)``, or suspended without a queue label."""
+    queue = ((obj.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    where = f"in LocalQueue {queue} (Kueue)" if queue else "(spec.suspend is true)"
+    return f"{what} queued {where}"
+
+
+class QueuedWait:
+    """The queued phase of a wait on ``what`` (``TrainJob ns/name``): logs that it is queued and
+    each change of Kueue's verdict, fails at once on a Workload Kueue will never admit and at
+    ``admission_timeout_s``; ``admitted`` logs how long it waited."""
+
+    def __init__(self, workload: WorkloadSpec, what: str) -> None:
+        self.workload, self.what = workload, what
+        self.since = Deadline(0)
+        self.logged = False
+        self.said = ""  # Kueue's last logged verdict
+
+    def check(self, obj: dict[str, Any], workloads: Objects | None) -> None:
+        ns, text = self.workload.namespace, queue_text(self.what, obj)
+        if not self.logged:
+            self.logged = True
+            logger.info("%s", text)
+        if workloads is not None:
+            raise_if_inadmissible(workloads, ns, self.workload.queue_name)
+            said = describe(workloads)
+            if said != self.said:
+                self.said = said
+                logger.info("Kueue: %s", said)
+        left = self.left_s()
+        if left is not None and left <= 0:
+            kueue = f" (Kueue: {self.said})" if self.said else ""
+            raise WaitTimeout(
+                f"{text} for more than {self.workload.deadlines.admission_timeout_s:g} s"
+                f"{kueue} (--admission-timeout-s); check `kubectl get workloads -n {ns}` and the "
+                "queue's ClusterQueue quota"
+            )
+
+    def admitted(self) -> None:
+        if self.logged:
+            logger.info("%s admitted after %.0f s", self.what, self.since.elapsed())
+
+    def left_s(self) -> float | None:
+        """Seconds of ``admission_timeout_s`` left; None without a limit."""
+        limit = self.workload.deadlines.admission_timeout_s
+        return limit - self.since.elapsed() if limit > 0 else None
+
+    def progress(self, obj: dict[str, Any], workloads: Objects | None) -> str:
+        line = f"{queue_text(self.what, obj)} for {self.since.elapsed():.0f} s"
+        return line + (f"; Kueue: {describe(workloads)}" if workloads is not None else "")

@@ -50,7 +50,13 @@ from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.gang import Gang
 from mnnvl.driver.gpus import resolve_gpu_mode
 from mnnvl.driver.inplace import merged, restarts_words
-from mnnvl.driver.kueue import describe, evicted, raise_if_inadmissible, workload_source
+from mnnvl.driver.kueue import (
+    describe,
+    evicted,
+    queue_text,
+    raise_if_inadmissible,
+    workload_source,
+)
 from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
 from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
 from mnnvl.driver.workload import (
@@ -71,12 +77,7 @@ from mnnvl.errors import (
 )
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import WorkloadSpec
-from mnnvl.manifests import (
-    JOB_NAME_LABEL,
-    KUEUE_QUEUE_LABEL,
-    indexed_jobs,
-    step_selector,
-)
+from mnnvl.manifests import JOB_NAME_LABEL, indexed_jobs, step_selector
 
 logger = logging.getLogger(__name__)
 
@@ -374,9 +375,7 @@ class JobWatch:
         return limit - self.queued_s - self.admission.elapsed() if limit > 0 else None
 
     def _queue_text(self, job: dict[str, Any]) -> str:
-        queue = ((job.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
-        where = f"in LocalQueue {queue} (Kueue)" if queue else "(spec.suspend is true)"
-        return f"Job {self.workload.namespace}/{self.job} queued {where}"
+        return queue_text(f"Job {self.workload.namespace}/{self.job}", job)
 
     def _refused(self, view: View) -> None:
         """Log each Job's refused pod creates once as they appear; fail on one that cannot

@@ -3,6 +3,7 @@ wait until Trainer reports it ``Complete``, return rank 0's RESULT."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from mnnvl.driver.api import POD, RESOURCE_CLAIM_TEMPLATE, Api
@@ -15,7 +16,8 @@ from mnnvl.driver.diagnose import (
     raise_on_stuck_pod,
 )
 from mnnvl.driver.gpus import resolve_gpu_mode
-from mnnvl.driver.lifecycle import JobOutcome, require_domain
+from mnnvl.driver.kueue import QueuedWait, workload_source
+from mnnvl.driver.lifecycle import JobOutcome, require_domain, running_indexes
 from mnnvl.driver.ownership import create_or_adopt
 from mnnvl.driver.trainjob import JOBSET_NAME_LABEL, TRAINJOB
 from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
@@ -25,6 +27,7 @@ from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.trainjob import NODE, take_trainjob, trainjob
 
+logger = logging.getLogger(__name__)
 RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 TERMINAL = ("Succeeded", "Failed")
 
@@ -70,51 +73,110 @@ def run_trainjob(
 
 
 def wait_for_trainjob(api: Api, workload: WorkloadSpec, name: str, runtime: str) -> Objects:
-    """Until the TrainJob is ``Complete``: its pods then; raises on ``Failed``, on a pod that
-    cannot start (after its grace where one applies) and at the deadline."""
-    ns = workload.namespace
-    grace = Grace(workload.deadlines.unschedulable_grace_s)
-    deadline = Deadline(workload.deadlines.pods_running_timeout_s + workload.job_timeout_s)
+    """Until the TrainJob is ``Complete``: its pods then. While it is suspended (queued by
+    Kueue) the Job path's queued phase applies (:class:`mnnvl.driver.kueue.QueuedWait`); from
+    admission, ``pods_running_timeout_s + job_timeout_s``. Raises on ``Failed``, on a pod
+    that cannot start (after its grace where one applies) and at either deadline."""
+    return TrainJobWait(api, workload, name, runtime).run()
 
-    def check(view: View) -> Objects | None:
+
+class TrainJobWait:
+    """The check, timers and progress of :func:`wait_for_trainjob`."""
+
+    def __init__(self, api: Api, workload: WorkloadSpec, name: str, runtime: str) -> None:
+        self.api, self.workload, self.name, self.runtime = api, workload, name, runtime
+        self.grace = Grace(workload.deadlines.unschedulable_grace_s)
+        self.queue = QueuedWait(workload, f"TrainJob {workload.namespace}/{name}")
+        self.deadline: Deadline | None = None  # from admission
+        self.running_logged = -1
+
+    def run(self) -> Objects:
+        ns, name = self.workload.namespace, self.name
+        sources = {
+            "tj": Source(TRAINJOB, name=name),
+            "pods": Source(POD, label_selector=f"{JOBSET_NAME_LABEL}={name}"),
+        }
+        kueue = workload_source(self.api, ns, sources["tj"]) if self.workload.queue_name else None
+        if kueue is not None:
+            sources["workloads"] = kueue
+        pods: Objects = watch_until(
+            self.api,
+            ns,
+            sources,
+            self.check,
+            deadline=Deadline(0),  # none overall: queued, then from admission
+            on_timeout=lambda view: AssertionError(),
+            progress=self.progress,
+            recheck_in=self.recheck_in,
+        )
+        return pods
+
+    def check(self, view: View) -> Objects | None:
+        ns, name, workload = self.workload.namespace, self.name, self.workload
         tj = view["tj"].get(name)
         if tj is None:
             raise WorkloadFailed(f"TrainJob {ns}/{name} was deleted while the step waited")
         done = finished(tj)
         if done and done["type"] == "Failed":
-            pods = describe_pods(api, workload, name, view["pods"], deadline)
+            pods = describe_pods(self.api, workload, name, view["pods"], self.since)
             raise WorkloadFailed(
                 f"TrainJob {ns}/{name} failed: {done.get('reason')}: {done.get('message')}; "
                 f"pods: {pods}; the runtime's JobSet failurePolicy decides restarts "
-                f"(kubectl get clustertrainingruntime {runtime} -o yaml)"
+                f"(kubectl get clustertrainingruntime {self.runtime} -o yaml)"
             )
         if done:
             return dict(view["pods"])
+        if suspended(tj):
+            self.queue.check(tj, view.get("workloads"))
+            return None
+        if self.deadline is None:
+            self.queue.admitted()
+            self.deadline = Deadline(
+                workload.deadlines.pods_running_timeout_s + workload.job_timeout_s
+            )
+        if self.deadline.expired:
+            raise timeout_error(
+                f"TrainJob {ns}/{name} to complete",
+                self.deadline,
+                describe_pods(self.api, workload, name, view["pods"], self.deadline),
+                f"check the TrainJob's and its JobSet's conditions (kubectl -n {ns} describe "
+                f"trainjob {name}; kubectl -n {ns} describe jobset {name})",
+            )
         live = {k: p for k, p in view["pods"].items() if pod_phase(p) not in TERMINAL}
-        raise_on_stuck_pod(api, workload, live, {}, grace)
+        raise_on_stuck_pod(self.api, workload, live, {}, self.grace)
+        running = running_indexes(live)
+        if running != self.running_logged:  # as the Job path: none and all at info level
+            self.running_logged = running
+            level = logging.INFO if running in (0, workload.nodes) else logging.DEBUG
+            logger.log(level, "pods %d/%d Running", running, workload.nodes)
         return None
 
-    return watch_until(
-        api,
-        ns,
-        {
-            "tj": Source(TRAINJOB, name=name),
-            "pods": Source(POD, label_selector=f"{JOBSET_NAME_LABEL}={name}"),
-        },
-        check,
-        deadline=deadline,
-        on_timeout=lambda view: timeout_error(
-            f"TrainJob {ns}/{name} to complete",
-            deadline,
-            describe_pods(api, workload, name, view["pods"], deadline),
-            f"check the TrainJob's and its JobSet's conditions (kubectl -n {ns} describe "
-            f"trainjob {name}; kubectl -n {ns} describe jobset {name})",
-        ),
-        progress=lambda view: (
-            f"TrainJob {ns}/{name}: {describe_pods(api, workload, name, view['pods'], deadline)}"
-        ),
-        recheck_in=lambda view: grace.grace_s / 2 or None,
-    )
+    def recheck_in(self, view: View) -> float | None:
+        tj = view["tj"].get(self.name) or {}
+        if suspended(tj):
+            left = self.queue.left_s()
+            return None if left is None else max(0.0, left)
+        times = [self.grace.grace_s / 2 or None]
+        times += [max(0.0, self.deadline.remaining())] if self.deadline is not None else []
+        return min((t for t in times if t is not None), default=None)
+
+    def progress(self, view: View) -> str:
+        tj = view["tj"].get(self.name) or {}
+        if suspended(tj):
+            return self.queue.progress(tj, view.get("workloads"))
+        ns, name = self.workload.namespace, self.name
+        pods = describe_pods(self.api, self.workload, name, view["pods"], self.since)
+        return f"TrainJob {ns}/{name}: {pods}"
+
+    @property
+    def since(self) -> Deadline:
+        """The running phase's deadline, or the queued phase's stopwatch before admission."""
+        return self.deadline or self.queue.since
+
+
+def suspended(tj: dict[str, Any]) -> bool:
+    """Suspended: queued by Kueue until it admits the TrainJob (``spec.suspend``)."""
+    return bool((tj.get("spec") or {}).get("suspend"))
 
 
 def finished(tj: dict[str, Any]) -> dict[str, Any] | None:

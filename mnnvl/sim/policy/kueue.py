@@ -12,7 +12,15 @@ of the default ``UnadmittedWorkloadsObservability``).
 Ready (or Succeeded) within the timeout is evicted as Kueue's workload controller does it
 (``Evicted=True``, ``PodsReadyTimeout``; ``status.requeueState`` count + 1; the Job suspended
 and its template restored), requeued after a back-off of base x 2^(count-1) (at most the
-maximum) and then admitted like a new one. Not modelled: the recovery timeout (a pod failing
+maximum) and then admitted like a new one.
+
+TrainJobs (``trainer.kubeflow.org/trainjob``, Kueue's ``pkg/controller/jobs/trainjob``) are
+queued the same way: the webhook stores one labelled with a queue suspended
+(``trainjob_webhook.go`` calls jobframework's ``ApplyDefaultForSuspend``), its Workload
+``trainjob-<name>-<hash>`` holds one pod set of ``numNodes`` pods with the ``node`` container's
+``resourcesPerNode`` and ``resourceClaimsPerNode``, and admission sets ``spec.suspend`` to false
+(``RunWithPodSetsInfo``; an eviction sets it true again, ``Stop``); no topology assignment.
+Not modelled: the recovery timeout (a pod failing
 after PodsReady), ``backoffLimitCount``, flavors beyond one, cohorts, preemption, admission
 checks, priorities.
 """
@@ -37,6 +45,8 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 FLAVOR = "default-flavor"
 TOPOLOGY = "default"
 GPU = "nvidia.com/gpu"
+QUEUED = ("jobs", "trainjobs")  # Kueue's integrations modelled: batch/job and TrainJob
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 
 @dataclass(frozen=True)
@@ -76,15 +86,17 @@ def queued(obj: Obj) -> bool:
 
 
 def workload_name(job: Obj) -> str:
-    """``job-<name>-<5 hex>``, as Kueue names a Job's Workload (unique per Job uid)."""
+    """``job-<name>-<5 hex>`` (``trainjob-…`` for a TrainJob), as Kueue names a Job's Workload
+    (unique per Job uid)."""
     meta = job["metadata"]
     digest = hashlib.sha1(f"{meta['name']}/{meta['uid']}".encode()).hexdigest()[:5]
-    return f"job-{meta['name']}"[:57] + f"-{digest}"
+    return f"{job['kind'].lower()}-{meta['name']}"[:57] + f"-{digest}"
 
 
 class KueueStandIn(Controller):
     name = "sim-kueue"
-    kinds = ("jobs", "nodes", "workloads", "pods")  # pods: the TAS ungater acts on new ones
+    # pods: the TAS ungater acts on new ones
+    kinds = ("jobs", "trainjobs", "nodes", "workloads", "pods")
 
     def __init__(
         self, store: Store, admission_delay_s: float = 0.5, config: KueueConfig | None = None
@@ -98,14 +110,14 @@ class KueueStandIn(Controller):
         self._requeue_at: dict[str, float] = {}  # workload uid -> monotonic end of its back-off
 
     def mutate(self, resource: str, obj: Obj) -> None:
-        """Admission webhook: queued Jobs are created suspended."""
-        if resource == "jobs" and queued(obj):
+        """Admission webhook: queued Jobs and TrainJobs are created suspended."""
+        if resource in QUEUED and queued(obj):
             obj.setdefault("spec", {})["suspend"] = True
 
     def on_events(self, events: list[WatchEvent]) -> None:
         """Every pass looks at every queued Job, whatever the events."""
         jobs = sorted(
-            (j for j in self.store.list("jobs")[0] if queued(j)),
+            (j for resource in QUEUED for j in self.store.list(resource)[0] if queued(j)),
             key=lambda j: str(j["metadata"]["creationTimestamp"]),
         )
         workloads = {
@@ -153,13 +165,13 @@ class KueueStandIn(Controller):
 
     def _create_workload(self, job: Obj) -> Obj | None:
         meta = job["metadata"]
-        pod_set = {"name": "main", "count": _count(job), "template": job["spec"]["template"]}
+        pod_set = {"name": "main", "count": _count(job), "template": _template(job)}
         body = {
             "metadata": {
                 "name": workload_name(job),
                 "namespace": meta["namespace"],
                 "labels": {JOB_UID_LABEL: meta["uid"]},
-                "ownerReferences": [controller_ref(job, "batch/v1", "Job")],
+                "ownerReferences": [controller_ref(job, job["apiVersion"], job["kind"])],
             },
             "spec": {"queueName": meta["labels"][QUEUE_LABEL], "podSets": [pod_set]},
         }
@@ -199,7 +211,7 @@ class KueueStandIn(Controller):
                     f"couldn't assign flavors to pod set main: insufficient unused quota for "
                     f"{res} in flavor {FLAVOR}, {want + have - nominal} more needed",
                 )
-        request = tas.topology_request(job)
+        request = tas.topology_request(job) if job["kind"] == "Job" else None
         placed = tas.place(nodes, request, _count(job), taken) if request else []
         if request and not placed:
             return _Verdict(
@@ -212,7 +224,7 @@ class KueueStandIn(Controller):
     def _requests(self, job: Obj) -> tuple[dict[str, int], str]:
         """The pod set's quota usage, or Kueue's message for an unmapped DeviceClass."""
         count = _count(job)
-        spec = job["spec"]["template"].get("spec") or {}
+        spec = _template(job).get("spec") or {}
         per_pod = Counter({"pods": 1})
         for c in spec.get("containers") or []:
             limits = (c.get("resources") or {}).get("limits") or {}
@@ -275,9 +287,10 @@ class KueueStandIn(Controller):
 
         def stop(o: Obj) -> None:  # the Job reconciler: suspend, restore the pod set info
             o["spec"]["suspend"] = True
-            o["spec"]["template"] = template
+            if "template" in o["spec"]:  # a TrainJob's lives in its runtime
+                o["spec"]["template"] = template
 
-        self._mutate("jobs", job, stop)
+        self._mutate(_resource(job), job, stop)
         log.info("kueue stand-in: evicted %s: %s", meta["name"], message)
 
     def _backoff_finished(self, wl: Obj) -> None:
@@ -339,13 +352,16 @@ class KueueStandIn(Controller):
             if verdict.placed:
                 tas.gate_template(o["spec"]["template"], meta["name"])
 
-        self._mutate("jobs", job, start)
+        self._mutate(_resource(job), job, start)
 
     def _mutate(self, resource: str, obj: Obj, fn: Callable[[Obj], object]) -> None:
         self.store.mutate(resource, obj["metadata"]["namespace"], obj["metadata"]["name"], fn)
 
 
 def _owned(pod: Obj, job: Obj) -> bool:
+    if job["kind"] == "TrainJob":  # its pods are its JobSet's, labelled with the name
+        labels = pod["metadata"].get("labels") or {}
+        return labels.get(JOBSET_NAME_LABEL) == job["metadata"]["name"]
     refs = pod["metadata"].get("ownerReferences") or []
     return any(r.get("uid") == job["metadata"]["uid"] for r in refs)
 
@@ -372,7 +388,24 @@ def _set_conditions(status: Obj, new: list[Obj]) -> None:
 
 
 def _count(job: Obj) -> int:
+    if job["kind"] == "TrainJob":
+        return int((job["spec"].get("trainer") or {}).get("numNodes") or 1)
     return int(job["spec"].get("parallelism", 1))
+
+
+def _template(job: Obj) -> Obj:
+    """The pod template Kueue's quota reads: a TrainJob's ``node`` container with its per-node
+    resources and claims (Kueue derives it from the TrainJob's JobSet)."""
+    if job["kind"] != "TrainJob":
+        return dict(job["spec"]["template"])
+    trainer = job["spec"].get("trainer") or {}
+    node = {"name": "node", "resources": trainer.get("resourcesPerNode") or {}}
+    claims = trainer.get("resourceClaimsPerNode") or []
+    return {"spec": {"containers": [node], "resourceClaims": claims}}
+
+
+def _resource(job: Obj) -> str:
+    return "trainjobs" if job["kind"] == "TrainJob" else "jobs"
 
 
 def _usage(admission: Obj) -> dict[str, int]:

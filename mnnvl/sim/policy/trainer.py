@@ -21,8 +21,11 @@ From kubeflow/trainer (main after v2.3.0, plus v2.4.0's ``resourceClaimsPerNode`
   again with label ``jobset.sigs.k8s.io/restart-attempt`` one higher; else the TrainJob is
   ``Failed``. A completed Job makes it ``Complete``. Trainer copies the JobSet's conditions
   with the type renamed (``jobset.go``, ``TrainJobStatus``); reasons and messages are JobSet's.
+- ``spec.suspend`` (set by Kueue until it admits the TrainJob): Trainer keeps the JobSet
+  suspended (``jobset.go`` copies ``Suspend``), so no Job and no pod is made; suspended again
+  after it ran, the Job is suspended and its pods go.
 
-Not modelled: initializers, other runtimes' policies (MPI, ...), ``suspend``, ``managedBy``,
+Not modelled: initializers, other runtimes' policies (MPI, ...), ``managedBy``,
 Trainer's webhooks (a TrainJob naming a missing runtime gets ``Failed`` with reason
 ``TrainingRuntimeNotSupported`` instead of a refused create), JobSet's other failure-policy rules
 and success policies.
@@ -85,9 +88,16 @@ class TrainerStandIn(Controller):
             why = f"{ref.get('kind', 'ClusterTrainingRuntime')} {ref['name']} not found"
             return self.condition(tj, "Failed", ("TrainingRuntimeNotSupported", why))
         job = self.store.find("jobs", ns, f"{name}-{NODE}-0")
+        suspend = bool(tj["spec"].get("suspend"))
+        if job is None and suspend:
+            return  # the JobSet stays suspended: no Job, no pod
         if job is None:
             self.ensure_service(tj)
             self.create_job(tj, runtime, self.restarts.get(tj["metadata"]["uid"], 0))
+            return
+        if bool(job["spec"].get("suspend")) != suspend:
+            name = job["metadata"]["name"]
+            self.store.mutate("jobs", ns, name, lambda o: suspend_job(o, suspend))
             return
         status = job.get("status") or {}
         if any_condition(status, "Complete"):
@@ -172,6 +182,10 @@ class TrainerStandIn(Controller):
             ] + [cond]
 
         self.store.mutate("trainjobs", tj["metadata"]["namespace"], tj["metadata"]["name"], put)
+
+
+def suspend_job(job: Obj, suspend: bool) -> None:
+    job["spec"]["suspend"] = suspend
 
 
 def owner(tj: Obj) -> Obj:
