@@ -197,7 +197,8 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
         ),
         "--kueue": dict(
             action="store_true",
-            help="Kueue stand-in: Jobs labelled kueue.x-k8s.io/queue-name start suspended",
+            help="Kueue stand-in: Jobs and TrainJobs labelled kueue.x-k8s.io/queue-name start "
+            "suspended",
         ),
         "--trainer": dict(
             action="store_true",
