@@ -161,6 +161,18 @@ def test_a_host_copy_without_its_checkpoint_on_disk_is_not_used(
     assert [t.step(s).item() for s in (1, 2, 3)] == [plain.step(s).item() for s in (1, 2, 3)]
 
 
+def _saved_without_a_copy(tmp: Path, caplog: pytest.LogCaptureFixture) -> str:
+    """Save step 1 where the host copy cannot be written; no copy is left, and the one line
+    the host copy logged about it is returned."""
+    t, ck = trainer(), checkpointer(tmp)
+    with caplog.at_level(logging.WARNING, logger=hostcopy.__name__):
+        save(t, ck, 1)
+    ck.finish()
+    assert copies(tmp) == []
+    (line,) = [r.getMessage() for r in caplog.records if r.name == hostcopy.__name__]
+    return line
+
+
 def test_no_room_in_memory_skips_the_copy_with_one_line(
     gloo_one_rank: None,
     tmp_path: Path,
@@ -169,12 +181,7 @@ def test_no_room_in_memory_skips_the_copy_with_one_line(
 ) -> None:
     full = os.statvfs_result((4096, 4096, 1000, 0, 0, 1000, 0, 0, 0, 255))
     monkeypatch.setattr(hostcopy.os, "statvfs", lambda path: full)
-    t, ck = trainer(), checkpointer(tmp_path)
-    with caplog.at_level(logging.WARNING, logger=hostcopy.__name__):
-        save(t, ck, 1)
-    ck.finish()
-    assert copies(tmp_path) == []
-    (line,) = [r.getMessage() for r in caplog.records if r.name == hostcopy.__name__]
+    line = _saved_without_a_copy(tmp_path, caplog)
     assert line.startswith("no host copy of checkpoint step 1: it needs ")
     assert "raise --shm-size" in line
     assert (tmp_path / "ckpt" / "step-1" / ".metadata").is_file()  # the disk's is complete
@@ -218,12 +225,7 @@ def test_a_host_copy_that_does_not_fit_while_written_leaves_no_partial_file(
         raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
 
     monkeypatch.setattr(hostcopy.torch, "save", full)
-    t, ck = trainer(), checkpointer(tmp_path)
-    with caplog.at_level(logging.WARNING, logger=hostcopy.__name__):
-        save(t, ck, 1)
-    ck.finish()
-    assert copies(tmp_path) == []
-    (line,) = [r.getMessage() for r in caplog.records if r.name == hostcopy.__name__]
+    line = _saved_without_a_copy(tmp_path, caplog)
     assert line.startswith("no host copy of checkpoint step 1: PytorchStreamWriter failed")
 
 
