@@ -244,6 +244,11 @@ def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) 
         steps.teardown(domain, kubeconfig=kube)
         shutil.rmtree(Path(sim.pvc_dir(NS, CLAIM), run_id), ignore_errors=True)  # 14 GB at 1b
     figures = timeline(watcher, args.nodes)
+    if args.logs_dir:  # every pod's log, to read a timeline line by line
+        out = Path(args.logs_dir, f"{fault}-{path}")
+        out.mkdir(parents=True, exist_ok=True)
+        for pod in watcher.pods.values():
+            (out / f"{pod['name']}.log").write_text(pod.get("log", ""), encoding="utf-8")
     resumed = int(result.start_step)
     source = result.raw.get("resume_source")
     figures.update(
@@ -293,6 +298,7 @@ def main() -> int:
         "--max-restarts", type=int, default=WorkloadSpec(run_id="x").recovery.max_restarts
     )
     parser.add_argument("--json-out", default="")
+    parser.add_argument("--logs-dir", default="", help="write every pod's log here")
     args = parser.parse_args()
     if not args.nodes:
         local = len(local_gpu_ids()) // args.gpus_per_node if args.gpus_per_node else 2

@@ -38,6 +38,8 @@ import math
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,7 +65,49 @@ DELAY_ENV = "MNNVL_TEST_CHECKPOINT_DELAY"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-class _DelayedWriter(dcp.FileSystemWriter):
+class _Writer(dcp.FileSystemWriter):
+    """DCP's file writer with its files made durable by a short-lived process of their own.
+
+    A worker cannot end while one of its threads waits in ``fsync``: the kernel finishes the
+    flush first, seconds for a checkpoint's gigabytes, so a killed or stopped worker whose save
+    was being synced was reaped that much later and every restart waited for it. The files are
+    still synced before the write counts as done (before ``latest`` names the checkpoint)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, thread_count=WRITER_THREADS, sync_files=False)
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        written = super().write_data(plan, planner)  # done when it returns
+        _durable(sorted({Path(self.path, r.storage_data.relative_path) for r in written.wait()}))
+        return written
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        super().finish(metadata, results)
+        _durable([Path(self.path, ".metadata"), Path(self.path)])
+
+
+_FSYNC = """
+import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+"""
+
+
+def _durable(paths: list[Path]) -> None:
+    """``fsync`` each of ``paths`` in a process of its own (``_Writer``)."""
+    if not paths:
+        return
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", _FSYNC, *map(str, paths)], capture_output=True, text=True
+    )
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise OSError(f"could not sync {paths[0].parent} to its storage: {last}")
+
+
+class _DelayedWriter(_Writer):
     """The test hook's writer: starts this rank's write ``delay_s`` late."""
 
     delay_s = 0.0
@@ -377,7 +421,7 @@ def _writer(path: Path, step: int, rank: int) -> dcp.FileSystemWriter:
             writer.delay_s = float(seconds)
             logger.warning("test hook: rank %d writes %s %s s late", rank, path, seconds)
             return writer
-    return dcp.FileSystemWriter(str(path), thread_count=WRITER_THREADS)
+    return _Writer(str(path))
 
 
 def _step(path: Path) -> int:

@@ -106,3 +106,39 @@ def test_a_failed_background_write_never_becomes_latest(
     assert latest_name(tmp_path) == "step-1"
     assert ckpt.latest() == tmp_path / "step-1"
     assert not (tmp_path / "step-2" / ".metadata").exists()
+
+
+def test_a_save_is_synced_to_storage_by_a_process_of_its_own(
+    gloo_one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread of the worker waits in fsync (a killed worker would be reaped only once the
+    flush ended); a sync that fails leaves the checkpoint incomplete, as a failed write does."""
+    synced: list[str] = []
+
+    def no_fsync_here(fd: int) -> None:
+        raise AssertionError("fsync in the training process")
+
+    monkeypatch.setattr("os.fsync", no_fsync_here)
+    info = DistInfo(rank=0, world_size=1, device=torch.device("cpu"))
+    trainer = Trainer(TrainConfig(model="tiny", steps=4, warmup_steps=1), info)
+    ckpt = Checkpointer(str(tmp_path), rank=0)
+    trainer.step(1)
+    original = checkpoint._durable
+    monkeypatch.setattr(
+        checkpoint, "_durable", lambda paths: synced.extend(map(str, paths)) or original(paths)
+    )
+    ckpt.save(1, trainer.model, trainer.opt, {"loss": 0.0, "scheduler": {}})
+    assert ckpt.wait() == tmp_path / "step-1"
+    step_dir = tmp_path / "step-1"
+    data = sorted(str(p) for p in step_dir.glob("*.distcp"))
+    assert data and set(data) <= set(synced)
+    assert {str(step_dir / ".metadata"), str(step_dir)} <= set(synced)
+
+    monkeypatch.setattr(checkpoint, "_FSYNC", "raise SystemExit('EIO: the volume is gone')")
+    trainer.step(2)
+    ckpt.save(2, trainer.model, trainer.opt, {"loss": 0.0, "scheduler": {}})
+    with pytest.raises(
+        RuntimeError, match=r"step-2 failed: .*could not sync .*EIO: the volume is gone"
+    ):
+        ckpt.finish()
+    assert latest_name(tmp_path) == "step-1"
