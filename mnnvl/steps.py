@@ -102,6 +102,7 @@ class LaunchResult(Result):
     # The step's Job as this step found it, "complete since <time> (created <time>)" when it
     # had run before with the same inputs (its result is that run's); "" when created now.
     adopted: str = ""
+    evictions: int = 0  # admissions Kueue took back (counted against --max-restarts)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class TrainResult(Result):
     raw: dict[str, Any]
     elapsed_s: float
     restarts: int = 0  # gang restarts from the last checkpoint (mnnvl.driver.gang)
+    evictions: int = 0  # as LaunchResult.evictions
     steps_lost: int = 0  # steps rank 0 had logged past the checkpoints resumed from
     recovery_s: float | None = None  # failure to resumed training, the last restart
     adopted: str = ""  # as LaunchResult.adopted
@@ -280,6 +282,7 @@ def launch(
         restarts=outcome.restarts,
         excluded_nodes=excluded_nodes(outcome.restarts),
         adopted=outcome.adopted,
+        evictions=outcome.evictions,
     )
 
 
@@ -340,6 +343,7 @@ def train(
         raw=raw,
         elapsed_s=elapsed,
         restarts=len(faults),
+        evictions=launched.evictions,
         steps_lost=sum(f.get("steps_lost") or 0 for f in faults),
         recovery_s=faults[-1].get("recovery_s") if faults else None,
         adopted=launched.adopted,

@@ -24,9 +24,12 @@ preemption evicts for a higher-priority Workload. Kueue then sets ``Evicted=True
 requeue in ``status.requeueState.count`` (with ``requeueAt``) and suspends the Job
 (``pkg/controller/core/workload_controller.go``, ``pkg/controller/jobframework/reconciler.go``).
 ``describe`` and ``evicted`` say so in Kueue's words.
-A TrainJob is queued the same way (Kueue's ``pkg/controller/jobs/trainjob``: the webhook
-suspends one labelled with a queue, ``RunWithPodSetsInfo`` unsuspends it on admission, its
-Workload carries the TrainJob's uid); :class:`QueuedWait` is its queued phase.
+A TrainJob is queued and evicted the same way (Kueue's ``pkg/controller/jobs/trainjob``,
+``trainjob_controller.go``: the webhook suspends one labelled with a queue,
+``RunWithPodSetsInfo`` unsuspends it on admission, ``Stop`` suspends it again on eviction and
+clears Kueue's runtime patch once its Jobs are inactive; its Workload carries the TrainJob's
+uid). Trainer then suspends the TrainJob's JobSet and the Job controller deletes the pods.
+:class:`QueuedWait` is the one queued phase of both paths.
 Reading Workloads needs ``get/list/watch workloads.kueue.x-k8s.io`` (manifests/overlays/kueue);
 without it the wait falls back to the Job's suspension alone and says so once.
 """
@@ -163,17 +166,35 @@ def queue_text(what: str, obj: dict[str, Any]) -> str:
 
 
 class QueuedWait:
-    """The queued phase of a wait on ``what`` (``TrainJob ns/name``): logs that it is queued and
-    each change of Kueue's verdict, fails at once on a Workload Kueue will never admit and at
-    ``admission_timeout_s``; ``admitted`` logs how long it waited."""
+    """The queued phases of a wait on ``what`` (``Job ns/name``, ``TrainJob ns/name``), for the
+    Job and the TrainJob path alike.
+
+    While the workload is suspended, ``check`` logs that it is queued and each change of
+    Kueue's verdict, fails at once on a Workload Kueue will never admit, and at
+    ``admission_timeout_s`` counted over every wait in the queue (before the first admission
+    and after each eviction). ``admitted`` marks the end of a wait. A workload suspended again
+    after admission was evicted by Kueue (its ``waitForPodsReady`` timeout, preemption, a node
+    failure under TAS): the eviction is logged in Kueue's words and counted in ``evictions``,
+    and more than ``--max-restarts`` of them fail the step (exit 4).
+    """
 
     def __init__(self, workload: WorkloadSpec, what: str) -> None:
         self.workload, self.what = workload, what
-        self.since = Deadline(0)
+        self.since = Deadline(0)  # this wait's stopwatch
+        self.queued_s = 0.0  # seconds queued in the waits before this one
+        self.evictions = 0  # times Kueue took the admission back
+        self.running = False  # admitted, and not suspended since
         self.logged = False
         self.said = ""  # Kueue's last logged verdict
+        self.eviction_said = True  # the last eviction logged with Kueue's reason
 
-    def check(self, obj: dict[str, Any], workloads: Objects | None) -> None:
+    def check(self, obj: dict[str, Any], workloads: Objects | None) -> bool:
+        """The check of the suspended workload ``obj``; True on the first check after an
+        eviction, when the caller forgets its admitted phase (deadlines, pods, rank 0's log)."""
+        evicted_now = self.running
+        if evicted_now:
+            self.running, self.since = False, Deadline(0)
+            self.evictions, self.eviction_said = self.evictions + 1, False
         ns, text = self.workload.namespace, queue_text(self.what, obj)
         if not self.logged:
             self.logged = True
@@ -181,27 +202,65 @@ class QueuedWait:
         if workloads is not None:
             raise_if_inadmissible(workloads, ns, self.workload.queue_name)
             said = describe(workloads)
-            if said != self.said:
+            if said != self.said:  # each change of Kueue's verdict, not every event
                 self.said = said
                 logger.info("Kueue: %s", said)
+        self._evicted(workloads)
         left = self.left_s()
         if left is not None and left <= 0:
+            waits = f", over {self.evictions + 1} waits" if self.evictions else ""
             kueue = f" (Kueue: {self.said})" if self.said else ""
             raise WaitTimeout(
-                f"{text} for more than {self.workload.deadlines.admission_timeout_s:g} s"
-                f"{kueue} (--admission-timeout-s); check `kubectl get workloads -n {ns}` and the "
-                "queue's ClusterQueue quota"
+                f"{text} for more than {self.workload.deadlines.admission_timeout_s:g} s in "
+                f"all{waits}{kueue} (--admission-timeout-s); check `kubectl get workloads -n "
+                f"{ns}` and the queue's ClusterQueue quota"
+            )
+        return evicted_now
+
+    def _evicted(self, workloads: Objects | None) -> None:
+        """Name an eviction once Kueue's words arrived (the workload's own watch may have told
+        of it first); fail past ``--max-restarts`` evictions."""
+        why = evicted(workloads or {})
+        if not self.evictions or not (why or workloads is None):
+            return
+        ns, limit = self.workload.namespace, self.workload.recovery.max_restarts
+        if not self.eviction_said:
+            self.eviction_said = True
+            logger.warning(
+                "%s was suspended again (%s); waiting for re-admission (eviction %d, at most %d: "
+                "--max-restarts)",
+                self.what,
+                why or "Kueue's Workload unreadable",
+                self.evictions,
+                limit,
+            )
+        if self.evictions > limit:
+            raise WorkloadFailed(
+                f"Kueue evicted {self.what} {self.evictions} time(s), more than --max-restarts "
+                f"{limit} ({why or 'suspended again'}); a workload evicted for its PodsReady "
+                "timeout has pods that do not get Ready within Kueue's "
+                "waitForPodsReady.timeout (30 min by default from Kueue v0.19): check "
+                f"`kubectl get workloads -n {ns} -o yaml` and the pods' events, or raise "
+                "--max-restarts"
             )
 
     def admitted(self) -> None:
+        """The workload is admitted (not suspended): logs how long it waited, once per wait."""
+        if self.running:
+            return
         if self.logged:
-            logger.info("%s admitted after %.0f s", self.what, self.since.elapsed())
+            again = f"re-admitted after eviction {self.evictions}" if self.evictions else "admitted"
+            logger.info("%s %s after %.0f s", self.what, again, self.since.elapsed())
+        self.queued_s += self.since.elapsed()
+        self.running = True
 
     def left_s(self) -> float | None:
-        """Seconds of ``admission_timeout_s`` left; None without a limit."""
+        """Seconds of ``admission_timeout_s`` left over every wait; None without a limit."""
         limit = self.workload.deadlines.admission_timeout_s
-        return limit - self.since.elapsed() if limit > 0 else None
+        return limit - self.queued_s - self.since.elapsed() if limit > 0 else None
 
     def progress(self, obj: dict[str, Any], workloads: Objects | None) -> str:
         line = f"{queue_text(self.what, obj)} for {self.since.elapsed():.0f} s"
+        if self.evictions:
+            line += f" since eviction {self.evictions} ({self.queued_s:.0f} s before)"
         return line + (f"; Kueue: {describe(workloads)}" if workloads is not None else "")

@@ -50,13 +50,7 @@ from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.gang import Gang
 from mnnvl.driver.gpus import resolve_gpu_mode
 from mnnvl.driver.inplace import merged, restarts_words
-from mnnvl.driver.kueue import (
-    describe,
-    evicted,
-    queue_text,
-    raise_if_inadmissible,
-    workload_source,
-)
+from mnnvl.driver.kueue import QueuedWait, workload_source
 from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
 from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
 from mnnvl.driver.workload import (
@@ -95,6 +89,7 @@ class JobOutcome:
     log_tail: str
     restarts: list[dict[str, Any]]  # one per gang restart (mnnvl.driver.gang.Gang.summary)
     adopted: str = ""  # rank 0's Job as this step found it ("complete since …"); "": created
+    evictions: int = 0  # admissions Kueue took back (mnnvl.driver.kueue.QueuedWait)
 
 
 def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> JobOutcome:
@@ -153,6 +148,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
         restarts=merged(watch.gang.restarts, watch.in_place),
         adopted=adopted,
+        evictions=watch.queue.evictions,
     )
 
 
@@ -209,15 +205,10 @@ class JobWatch:
         self.grace = Grace(workload.deadlines.unschedulable_grace_s)
         self.refusal_grace = Grace(workload.deadlines.unschedulable_grace_s)
         self.refusals: dict[str, str] = {}  # Job -> its latest refused create's message
-        self.admission = Deadline(0)  # this wait's stopwatch; the limit counts every wait
-        self.queued_s = 0.0  # seconds suspended in the waits before this one
+        self.queue = QueuedWait(workload, f"Job {workload.namespace}/{self.job}")
         self.evicted: set[str] = set()  # uids of the pods of admissions Kueue took back
         self.pods_deadline: Deadline | None = None  # from admission
         self.job_deadline: Deadline | None = None  # from all pods Running
-        self.queued_logged = False
-        self.kueue_said = ""  # the Workloads' last logged state
-        self.evictions = 0  # times Kueue took the admission back
-        self.eviction_said = True  # the last eviction logged with Kueue's reason
         self.running_logged = -1
         self.gang = Gang(api, workload, self.jobs)
         self.in_place = self.gang.in_place  # restarts inside the pods, from rank 0's log
@@ -293,13 +284,7 @@ class JobWatch:
         if self.pods_deadline is not None and self._restarted(view):
             return None
         if self.pods_deadline is None:
-            if self.queued_logged:
-                waited = self.admission.elapsed()
-                again = (
-                    f"re-admitted after eviction {self.evictions}" if self.evictions else "admitted"
-                )
-                logger.info("Job %s/%s %s after %.0f s", ns, self.job, again, waited)
-            self.queued_s += self.admission.elapsed()
+            self.queue.admitted()
             self.pods_deadline = Deadline(self.workload.deadlines.pods_running_timeout_s)
         if self.job_deadline is None:
             self._starting(view)
@@ -314,68 +299,12 @@ class JobWatch:
         return None
 
     def _queued(self, job: dict[str, Any], view: View) -> None:
-        workloads = view.get("workloads")
-        if self.pods_deadline is not None:
-            # Suspended again after admission: Kueue evicted the Workload (its PodsReady timeout,
-            # preemption, ...). Its pods go; the admitted ones will be new.
-            self.evictions += 1
+        if self.queue.check(job, view.get("workloads")):
+            # Kueue evicted the Workload (its PodsReady timeout, preemption, ...): its pods go,
+            # which is no gang restart; the admitted ones will be new.
             self.evicted |= {p["metadata"]["uid"] for p in view["pods"].values()}
             self.gang.old |= self.evicted
             self.pods_deadline = self.job_deadline = self.follower = None
-            self.admission = Deadline(0)
-            self.eviction_said = False
-        if not self.queued_logged:
-            self.queued_logged = True
-            logger.info("%s", self._queue_text(job))
-        if workloads is not None:
-            raise_if_inadmissible(workloads, self.workload.namespace, self.workload.queue_name)
-            said = describe(workloads)
-            if said != self.kueue_said:  # each change of Kueue's verdict, not every event
-                self.kueue_said = said
-                logger.info("Kueue: %s", said)
-        ns = self.workload.namespace
-        kueue = f" (Kueue: {self.kueue_said})" if self.kueue_said else ""
-        why = evicted(workloads or {})
-        if self.evictions and not self.eviction_said and (why or workloads is None):
-            # Once Kueue's words arrived (the Job's watch may have told of it first).
-            self.eviction_said = True
-            logger.warning(
-                "Job %s/%s was suspended again (%s); waiting for re-admission (eviction %d, at "
-                "most %d: --max-restarts)",
-                ns,
-                self.job,
-                why or "Kueue's Workload unreadable",
-                self.evictions,
-                self.workload.recovery.max_restarts,
-            )
-        if self.evictions > self.workload.recovery.max_restarts and (why or workloads is None):
-            raise WorkloadFailed(
-                f"Kueue evicted Job {ns}/{self.job} {self.evictions} time(s), more than "
-                f"--max-restarts {self.workload.recovery.max_restarts} "
-                f"({why or 'suspended again'}); a "
-                "Job evicted for its PodsReady timeout has pods that do not get Ready within "
-                "Kueue's waitForPodsReady.timeout (30 min by default from Kueue v0.19): check "
-                f"`kubectl get workloads -n {ns} -o yaml` and the pods' events, or raise "
-                "--max-restarts"
-            )
-        left = self._admission_left()
-        if left is not None and left <= 0:
-            waits = f", over {self.evictions + 1} waits" if self.evictions else ""
-            raise WaitTimeout(
-                f"{self._queue_text(job)} for more than "
-                f"{self.workload.deadlines.admission_timeout_s:g} s "
-                f"in all{waits}{kueue} (--admission-timeout-s); check `kubectl get workloads -n "
-                f"{ns}` and the queue's ClusterQueue quota"
-            )
-
-    def _admission_left(self) -> float | None:
-        """Seconds of --admission-timeout-s left: every wait while suspended counts, before the
-        first admission and after each eviction; None without a limit."""
-        limit = self.workload.deadlines.admission_timeout_s
-        return limit - self.queued_s - self.admission.elapsed() if limit > 0 else None
-
-    def _queue_text(self, job: dict[str, Any]) -> str:
-        return queue_text(f"Job {self.workload.namespace}/{self.job}", job)
 
     def _refused(self, view: View) -> None:
         """Log each Job's refused pod creates once as they appear; fail on one that cannot
@@ -492,7 +421,7 @@ class JobWatch:
 
     def recheck_in(self, view: View) -> float | None:
         if self._suspended(view) is not None:
-            left = self._admission_left()
+            left = self.queue.left_s()
             return None if left is None else max(0.0, left)
         deadline = self.job_deadline or self.pods_deadline
         times = [
@@ -506,10 +435,7 @@ class JobWatch:
     def progress(self, view: View) -> str:
         job = self._suspended(view)
         if job is not None:
-            line = f"{self._queue_text(job)} for {self.admission.elapsed():.0f} s"
-            if self.evictions:
-                line += f" since eviction {self.evictions} ({self.queued_s:.0f} s before)"
-            return line + (f"; Kueue: {describe(view['workloads'])}" if "workloads" in view else "")
+            return self.queue.progress(job, view.get("workloads"))
         if self.job_deadline is not None:
             line = (
                 f"Job {self.workload.namespace}/{self.job} running for "

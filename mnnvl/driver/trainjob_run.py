@@ -58,7 +58,8 @@ def run_trainjob(
     runtime = str(body["spec"]["runtimeRef"]["name"])
     name, ns = body["metadata"]["name"], workload.namespace
     found, adopted = create_or_adopt(api, TRAINJOB, body)
-    pods = wait_for_trainjob(api, workload, name, runtime)
+    wait = TrainJobWait(api, workload, name, runtime)
+    pods = wait.run()
     attempt = max((restart_attempt(p) for p in pods.values()), default=0)
     rank0 = [k for k, p in pods.items() if pod_index(p) == "0" and restart_attempt(p) == attempt]
     text = api.pod_log(ns, rank0[0], NODE) if rank0 else ""  # none: its pods were removed meanwhile
@@ -69,25 +70,23 @@ def run_trainjob(
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
         restarts=[{"attempt": i + 1} for i in range(attempt)],
         adopted=("complete" if finished(found) else "running") if adopted else "",
+        evictions=wait.queue.evictions,
     )
 
 
-def wait_for_trainjob(api: Api, workload: WorkloadSpec, name: str, runtime: str) -> Objects:
-    """Until the TrainJob is ``Complete``: its pods then. While it is suspended (queued by
-    Kueue) the Job path's queued phase applies (:class:`mnnvl.driver.kueue.QueuedWait`); from
-    admission, ``pods_running_timeout_s + job_timeout_s``. Raises on ``Failed``, on a pod
-    that cannot start (after its grace where one applies) and at either deadline."""
-    return TrainJobWait(api, workload, name, runtime).run()
-
-
 class TrainJobWait:
-    """The check, timers and progress of :func:`wait_for_trainjob`."""
+    """Until the TrainJob is ``Complete`` (``run`` returns its pods then). While it is suspended
+    (queued by Kueue, or evicted and queued again) the Job path's queued phase applies
+    (:class:`mnnvl.driver.kueue.QueuedWait`); from each admission, ``pods_running_timeout_s +
+    job_timeout_s``. Raises on ``Failed``, on a pod that cannot start (after its grace where
+    one applies) and at either deadline."""
 
     def __init__(self, api: Api, workload: WorkloadSpec, name: str, runtime: str) -> None:
         self.api, self.workload, self.name, self.runtime = api, workload, name, runtime
         self.grace = Grace(workload.deadlines.unschedulable_grace_s)
         self.queue = QueuedWait(workload, f"TrainJob {workload.namespace}/{name}")
         self.deadline: Deadline | None = None  # from admission
+        self.evicted: set[str] = set()  # uids of the pods of admissions Kueue took back
         self.running_logged = -1
 
     def run(self) -> Objects:
@@ -125,9 +124,13 @@ class TrainJobWait:
                 f"(kubectl get clustertrainingruntime {self.runtime} -o yaml)"
             )
         if done:
-            return dict(view["pods"])
+            return self._current(view["pods"])
         if suspended(tj):
-            self.queue.check(tj, view.get("workloads"))
+            if self.queue.check(tj, view.get("workloads")):
+                # Kueue evicted it: Trainer suspends its JobSet and the pods go; new ones follow
+                # the next admission, with a new deadline.
+                self.evicted |= {p["metadata"]["uid"] for p in view["pods"].values()}
+                self.deadline, self.running_logged = None, -1
             return None
         if self.deadline is None:
             self.queue.admitted()
@@ -142,7 +145,8 @@ class TrainJobWait:
                 f"check the TrainJob's and its JobSet's conditions (kubectl -n {ns} describe "
                 f"trainjob {name}; kubectl -n {ns} describe jobset {name})",
             )
-        live = {k: p for k, p in view["pods"].items() if pod_phase(p) not in TERMINAL}
+        current = self._current(view["pods"])
+        live = {k: p for k, p in current.items() if pod_phase(p) not in TERMINAL}
         raise_on_stuck_pod(self.api, workload, live, {}, self.grace)
         running = running_indexes(live)
         if running != self.running_logged:  # as the Job path: none and all at info level
@@ -150,6 +154,16 @@ class TrainJobWait:
             level = logging.INFO if running in (0, workload.nodes) else logging.DEBUG
             logger.log(level, "pods %d/%d Running", running, workload.nodes)
         return None
+
+    def _current(self, pods: Objects) -> Objects:
+        """The pods of the current admission: an evicted admission's and any pod being deleted
+        are leaving."""
+        return {
+            k: p
+            for k, p in pods.items()
+            if p["metadata"]["uid"] not in self.evicted
+            and not p["metadata"].get("deletionTimestamp")
+        }
 
     def recheck_in(self, view: View) -> float | None:
         tj = view["tj"].get(self.name) or {}

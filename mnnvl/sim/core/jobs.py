@@ -97,7 +97,9 @@ class JobController(Controller):
     @staticmethod
     def _job_key(ev: WatchEvent) -> tuple[str, str] | None:
         if ev.resource == "jobs":
-            return None if ev.type == "DELETED" else (ev.namespace, ev.obj["metadata"]["name"])
+            # A deleted Job is synced too: its pods' tracking finalizers are released, as the
+            # real controller's deleteJob does (cleanupPodFinalizers, pkg/controller/job).
+            return ev.namespace, ev.obj["metadata"]["name"]
         for ref in ev.obj["metadata"].get("ownerReferences") or []:
             if ref.get("kind") == "Job" and ref.get("controller"):
                 return ev.namespace, ref["name"]
