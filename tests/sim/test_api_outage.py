@@ -466,7 +466,7 @@ def test_mnnvl_run_rides_out_an_api_outage_while_it_waits_on_its_training_job(
         assert cluster.objects() == []
 
 
-@pytest.mark.slow
+@pytest.mark.slow(60)
 @pytest.mark.parametrize("outage_s", [20, 75])
 def test_mnnvl_run_rides_out_an_api_server_restart_during_training(
     outage_s: float, capsys: pytest.CaptureFixture[str]

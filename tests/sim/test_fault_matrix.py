@@ -624,7 +624,7 @@ def train_with_a_fault(
     return Fault(outcome[0] if outcome else None, errors[0] if errors else None, victim, at)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(55)
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["hung", "killed"])
 def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_default(
     sim: SimCluster,
@@ -660,6 +660,7 @@ def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_defa
     assert sim.processes(r.names.selector) == []
 
 
+@pytest.mark.slow(120)
 def test_a_hung_worker_at_the_default_inputs_is_resumed_within_two_minutes(
     sim: SimCluster, run: Callable[..., Run], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -682,7 +683,7 @@ def test_a_hung_worker_at_the_default_inputs_is_resumed_within_two_minutes(
     assert sim.processes(r.names.selector) == []
 
 
-@pytest.mark.slow
+@pytest.mark.slow(40)
 def test_a_hung_worker_without_restarts_exits_4_naming_the_stalled_pod(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -771,7 +772,7 @@ def test_node_lost_and_never_deleted_exits_4_naming_the_node_and_the_fix(workers
     print(f"lost node never deleted: failed after {time.monotonic() - started:.1f} s")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(45)
 def test_node_lost_mid_run_restarts_every_rank_on_a_spare_node_and_finishes(workers: str) -> None:
     result, error, _ = train_losing_a_node(3, workers)
     assert error is None, error
