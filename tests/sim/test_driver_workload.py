@@ -125,7 +125,10 @@ def test_unschedulable_pod_fails_once_its_grace_period_is_over(sim, run):
     # No event arrives after the pod turned Unschedulable: the wait re-checks on its own
     # when the grace period ends, well before the 60 s deadline.
     assert 2.0 <= elapsed < 45
-    assert "FailedScheduling" in str(info.value)
+    message = str(info.value)
+    assert info.value.exit_code == 4 and f"{job}-1-" in message
+    assert "Unschedulable for more than 2 s" in message and "FailedScheduling" in message
+    assert "check free GPUs and channel devices per node" in message
 
 
 def test_unscheduled_rank0_fails_without_a_log_warning_and_says_no_node(sim, run, caplog):

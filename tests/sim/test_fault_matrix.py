@@ -1,10 +1,12 @@
 """Fault matrix: one test per fault, on the strict simulator.
 
 Each row asserts the step's exit code, that the message names the object and what to check
-next, and that nothing of the run remains after teardown. Deeper variants of some rows live
-next to the code they exercise: Unschedulable after the wait's first list, a node held by
-another domain and a missing domain in ``test_job_lifecycle.py``; foreign objects and reap
-in ``test_ownership.py``; verify reports in ``test_steps_verify.py``.
+next, and that nothing of the run remains after teardown. Some rows live next to the code
+they exercise, with deeper checks: Unschedulable after the wait's first list, a second run
+competing for the same nodes, a node held by another domain and a missing domain in
+``test_job_lifecycle.py``; a pod Unschedulable beyond the grace in
+``test_driver_workload.py``; foreign objects and reap in ``test_ownership.py``; verify
+reports in ``test_steps_verify.py``.
 """
 
 from __future__ import annotations
@@ -509,37 +511,6 @@ def test_training_nan_exits_4_naming_the_step_and_the_pod(
     assert "non-finite loss or gradient norm by step 2" in str(err)
     assert f"Job default/{r.names.job('train')} failed" in str(err)
     assert "lower --lr, check --data or try --dtype fp32" in str(err)
-
-
-def test_second_run_competing_for_the_same_nodes_exits_4_after_the_grace(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    holder, second = run(), run(unschedulable_grace_s=1)
-    holder.provision()
-    thread, errors = in_background(lambda: holder.launch("sleeper"))
-    wait_running(sim, holder.names.job("job"))
-    second.provision()
-    err = failure(lambda: second.launch("done"))
-    holder.teardown()
-    thread.join(timeout=60)
-    assert err.exit_code == 4
-    assert f"{second.names.job('job')}-" in str(err)
-    assert "Unschedulable for more than 1 s" in str(err)
-    assert "0/2 nodes are available" in str(err)
-    assert "check free GPUs and channel devices per node" in str(err)
-    assert [type(e).__name__ for e in errors] == ["WorkloadFailed"]  # its Job was deleted
-
-
-def test_unschedulable_beyond_the_grace_exits_4_naming_the_pod_and_the_scheduler_message(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    r = run(unschedulable_grace_s=1)
-    sim.faults.fail_pod(r.names.job("job"), index=1, mode="Unschedulable")
-    r.provision()
-    err = failure(lambda: r.launch("done"))
-    assert err.exit_code == 4
-    assert f"{r.names.job('job')}-1-" in str(err) and "Unschedulable for more than 1 s" in str(err)
-    assert "check free GPUs and channel devices per node" in str(err)
 
 
 def test_invalid_image_name_exits_2_before_creating_anything_or_4_once_in_a_pod(
