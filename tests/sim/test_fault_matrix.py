@@ -4,9 +4,9 @@ Each row asserts the step's exit code, that the message names the object and wha
 next, and that nothing of the run remains after teardown. Some rows live next to the code
 they exercise, with deeper checks: Unschedulable after the wait's first list, a second run
 competing for the same nodes, a node held by another domain and a missing domain in
-``test_job_lifecycle.py``; a pod Unschedulable beyond the grace in
-``test_driver_workload.py``; foreign objects and reap in ``test_ownership.py``; verify
-reports in ``test_steps_verify.py``.
+``test_job_lifecycle.py``; a pod Unschedulable beyond the grace, a failed pod, an image that
+cannot be pulled and IMEX daemons never ready in ``test_driver_workload.py``; foreign
+objects and reap in ``test_ownership.py``; verify reports in ``test_steps_verify.py``.
 """
 
 from __future__ import annotations
@@ -185,46 +185,6 @@ def test_channel_template_never_generated_exits_3_naming_it_and_the_controller(
     err = failure(r.provision)
     assert err.exit_code == 3
     assert r.names.channel_template in str(err) and "controller" in str(err)
-
-
-def test_imex_never_ready_exits_3_naming_the_pod_node_and_imex(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    sim.faults.imex_delay_s = 600
-    try:
-        r = run(pods_running_timeout_s=2)
-        r.provision()
-        err = failure(lambda: r.launch("done"))
-    finally:
-        sim.faults.imex_delay_s = 0.1
-    assert err.exit_code == 3
-    message = str(err)
-    assert "stuck ContainerCreating" in message and r.names.job("job") in message
-    assert "IMEX daemon on node sim-node-" in message and "kubectl get computedomain" in message
-
-
-def test_image_pull_failure_exits_4_naming_the_pod_and_the_image(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    r = run()
-    sim.faults.fail_pod(r.names.job("job"), index=1, mode="ImagePullBackOff")
-    r.provision()
-    err = failure(lambda: r.launch("done"))
-    assert err.exit_code == 4
-    assert "ImagePullBackOff" in str(err) and f"{r.names.job('job')}-1-" in str(err)
-    assert "check the image name" in str(err)
-
-
-def test_pod_failed_without_retries_exits_4_with_its_exit_code(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    r = run(max_restarts=0)
-    sim.faults.fail_pod(r.names.job("job"), index=0, mode="Failed", exit_code=9)
-    r.provision()
-    err = failure(lambda: r.launch("done"))
-    assert err.exit_code == 4
-    assert "exit code 9" in str(err) and f"{r.names.job('job')}-0-" in str(err)
-    assert "kubectl logs" in str(err)
 
 
 def test_pod_oom_killed_without_retries_exits_4_naming_the_pod(
