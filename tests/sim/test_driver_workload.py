@@ -94,9 +94,10 @@ def test_failed_pod_fails_fast_with_exit_code_and_events(sim, run):
         steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
     assert time.monotonic() - start < 45  # the deadlines are 60 s each
     message = str(info.value)
-    assert f"{job}-1" in message
+    assert f"{job}-1" in message and info.value.exit_code == 4
     assert "code 3" in message and info.value.pod_exit_code == 3
     assert "events:" in message and "no events" not in message
+    assert "kubectl logs" in message  # what to check next
 
 
 def test_image_pull_backoff_fails_fast_naming_the_reason(sim, run):
@@ -108,6 +109,7 @@ def test_image_pull_backoff_fails_fast_naming_the_reason(sim, run):
         steps.launch(workload, "rank_check", [], kubeconfig=sim.kubeconfig_path)
     assert time.monotonic() - start < 45  # not the 60 s pods-running deadline
     message = str(info.value)
+    assert info.value.exit_code == 4 and f"{job}-0-" in message
     assert "ImagePullBackOff" in message or "ErrImagePull" in message
     assert "Failed to pull image" in message  # the pod's event
     assert "check the image name" in message
@@ -125,7 +127,10 @@ def test_unschedulable_pod_fails_once_its_grace_period_is_over(sim, run):
     # No event arrives after the pod turned Unschedulable: the wait re-checks on its own
     # when the grace period ends, well before the 60 s deadline.
     assert 2.0 <= elapsed < 45
-    assert "FailedScheduling" in str(info.value)
+    message = str(info.value)
+    assert info.value.exit_code == 4 and f"{job}-1-" in message
+    assert "Unschedulable for more than 2 s" in message and "FailedScheduling" in message
+    assert "check free GPUs and channel devices per node" in message
 
 
 def test_unscheduled_rank0_fails_without_a_log_warning_and_says_no_node(sim, run, caplog):
@@ -169,7 +174,9 @@ def test_pods_stuck_container_creating_time_out_naming_node_and_imex(workers):
             steps.launch(workload, "rank_check", [], kubeconfig=cluster.kubeconfig_path)
         steps.teardown(domain, kubeconfig=cluster.kubeconfig_path)
     message = str(info.value)
-    assert "stuck ContainerCreating" in message
+    assert info.value.exit_code == 3
+    job = RunNames.for_run("stuck-pods").job("job")
+    assert "stuck ContainerCreating" in message and job in message
     assert "IMEX daemon on node sim-node-" in message and "not ready" in message
     assert "status.nodes" in message
     assert "kubectl get computedomain" in message and "kubelet-plugin" in message

@@ -203,7 +203,7 @@ def _left_in_cluster(admin_kubeconfig: str) -> list[str]:
     return left
 
 
-@pytest.mark.slow
+@pytest.mark.slow(140)
 def test_the_documented_examples_run_in_order_as_one_script(tmp_path: Path) -> None:
     kubectl = shutil.which("kubectl")
     not_run = tmp_path / "kubectl-not-run.txt"

@@ -1,10 +1,12 @@
 """Fault matrix: one test per fault, on the strict simulator.
 
 Each row asserts the step's exit code, that the message names the object and what to check
-next, and that nothing of the run remains after teardown. Deeper variants of some rows live
-next to the code they exercise: Unschedulable after the wait's first list, a node held by
-another domain and a missing domain in ``test_job_lifecycle.py``; foreign objects and reap
-in ``test_ownership.py``; verify reports in ``test_steps_verify.py``.
+next, and that nothing of the run remains after teardown. Some rows live next to the code
+they exercise, with deeper checks: Unschedulable after the wait's first list, a second run
+competing for the same nodes, a node held by another domain and a missing domain in
+``test_job_lifecycle.py``; a pod Unschedulable beyond the grace, a failed pod, an image that
+cannot be pulled and IMEX daemons never ready in ``test_driver_workload.py``; foreign
+objects and reap in ``test_ownership.py``; verify reports in ``test_steps_verify.py``.
 """
 
 from __future__ import annotations
@@ -183,46 +185,6 @@ def test_channel_template_never_generated_exits_3_naming_it_and_the_controller(
     err = failure(r.provision)
     assert err.exit_code == 3
     assert r.names.channel_template in str(err) and "controller" in str(err)
-
-
-def test_imex_never_ready_exits_3_naming_the_pod_node_and_imex(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    sim.faults.imex_delay_s = 600
-    try:
-        r = run(pods_running_timeout_s=2)
-        r.provision()
-        err = failure(lambda: r.launch("done"))
-    finally:
-        sim.faults.imex_delay_s = 0.1
-    assert err.exit_code == 3
-    message = str(err)
-    assert "stuck ContainerCreating" in message and r.names.job("job") in message
-    assert "IMEX daemon on node sim-node-" in message and "kubectl get computedomain" in message
-
-
-def test_image_pull_failure_exits_4_naming_the_pod_and_the_image(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    r = run()
-    sim.faults.fail_pod(r.names.job("job"), index=1, mode="ImagePullBackOff")
-    r.provision()
-    err = failure(lambda: r.launch("done"))
-    assert err.exit_code == 4
-    assert "ImagePullBackOff" in str(err) and f"{r.names.job('job')}-1-" in str(err)
-    assert "check the image name" in str(err)
-
-
-def test_pod_failed_without_retries_exits_4_with_its_exit_code(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    r = run(max_restarts=0)
-    sim.faults.fail_pod(r.names.job("job"), index=0, mode="Failed", exit_code=9)
-    r.provision()
-    err = failure(lambda: r.launch("done"))
-    assert err.exit_code == 4
-    assert "exit code 9" in str(err) and f"{r.names.job('job')}-0-" in str(err)
-    assert "kubectl logs" in str(err)
 
 
 def test_pod_oom_killed_without_retries_exits_4_naming_the_pod(
@@ -511,37 +473,6 @@ def test_training_nan_exits_4_naming_the_step_and_the_pod(
     assert "lower --lr, check --data or try --dtype fp32" in str(err)
 
 
-def test_second_run_competing_for_the_same_nodes_exits_4_after_the_grace(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    holder, second = run(), run(unschedulable_grace_s=1)
-    holder.provision()
-    thread, errors = in_background(lambda: holder.launch("sleeper"))
-    wait_running(sim, holder.names.job("job"))
-    second.provision()
-    err = failure(lambda: second.launch("done"))
-    holder.teardown()
-    thread.join(timeout=60)
-    assert err.exit_code == 4
-    assert f"{second.names.job('job')}-" in str(err)
-    assert "Unschedulable for more than 1 s" in str(err)
-    assert "0/2 nodes are available" in str(err)
-    assert "check free GPUs and channel devices per node" in str(err)
-    assert [type(e).__name__ for e in errors] == ["WorkloadFailed"]  # its Job was deleted
-
-
-def test_unschedulable_beyond_the_grace_exits_4_naming_the_pod_and_the_scheduler_message(
-    sim: SimCluster, run: Callable[..., Run]
-) -> None:
-    r = run(unschedulable_grace_s=1)
-    sim.faults.fail_pod(r.names.job("job"), index=1, mode="Unschedulable")
-    r.provision()
-    err = failure(lambda: r.launch("done"))
-    assert err.exit_code == 4
-    assert f"{r.names.job('job')}-1-" in str(err) and "Unschedulable for more than 1 s" in str(err)
-    assert "check free GPUs and channel devices per node" in str(err)
-
-
 def test_invalid_image_name_exits_2_before_creating_anything_or_4_once_in_a_pod(
     sim: SimCluster, run: Callable[..., Run], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -624,7 +555,7 @@ def train_with_a_fault(
     return Fault(outcome[0] if outcome else None, errors[0] if errors else None, victim, at)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(55)
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL], ids=["hung", "killed"])
 def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_default(
     sim: SimCluster,
@@ -660,6 +591,7 @@ def test_a_hung_or_killed_worker_restarts_every_rank_from_the_checkpoint_by_defa
     assert sim.processes(r.names.selector) == []
 
 
+@pytest.mark.slow(120)
 def test_a_hung_worker_at_the_default_inputs_is_resumed_within_two_minutes(
     sim: SimCluster, run: Callable[..., Run], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -682,7 +614,7 @@ def test_a_hung_worker_at_the_default_inputs_is_resumed_within_two_minutes(
     assert sim.processes(r.names.selector) == []
 
 
-@pytest.mark.slow
+@pytest.mark.slow(40)
 def test_a_hung_worker_without_restarts_exits_4_naming_the_stalled_pod(
     sim: SimCluster, run: Callable[..., Run]
 ) -> None:
@@ -771,7 +703,7 @@ def test_node_lost_and_never_deleted_exits_4_naming_the_node_and_the_fix(workers
     print(f"lost node never deleted: failed after {time.monotonic() - started:.1f} s")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(45)
 def test_node_lost_mid_run_restarts_every_rank_on_a_spare_node_and_finishes(workers: str) -> None:
     result, error, _ = train_losing_a_node(3, workers)
     assert error is None, error

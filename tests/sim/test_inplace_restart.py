@@ -58,11 +58,12 @@ class PodUids:
 
 
 def train(
-    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp: Path, *extra: str
+    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp: Path, *extra: str, run_id: str = ""
 ) -> tuple[int, dict[str, Any], str, set[str]]:
-    """``mnnvl run`` of 30 steps on 2 nodes, checkpoints every 10 on a claim; (exit code, the
-    train result, stderr, the uids of every train pod the run had)."""
-    run_id = f"ip-{uuid.uuid4().hex[:8]}"
+    """``mnnvl run`` of 30 steps on 2 nodes, checkpoints every 10 on a claim, as ``run_id``
+    (default: a new one); (exit code, the train result, stderr, the uids of every train pod
+    the run had)."""
+    run_id = run_id or f"ip-{uuid.uuid4().hex[:8]}"
     argv = ["run", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0", "--skip-verify"]
     argv += ["--steps", "30", "--log-every", "5", "--checkpoint-every", "10"]
     argv += ["--checkpoint-dir", f"/ckpt/{run_id}", "--pvc", f"{CLAIM}:/ckpt"]
@@ -75,7 +76,7 @@ def train(
     return code, json.loads(out.read_text()).get("train") or {}, err, uids.stop()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(45)
 def test_a_killed_worker_restarts_in_place_and_resumes_loss_for_loss(
     sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -129,17 +130,15 @@ def test_a_failed_run_leaves_no_host_copy_once_its_pods_are_deleted(
 ) -> None:
     # No restart allowed: the run fails after its first checkpoint, and teardown deletes the pods.
     fault = ["--env", "MNNVL_TEST_SIGNAL_AT=15:1:SIGKILL", "--max-restarts", "0"]
-    before = set(HOST_COPIES.iterdir()) if HOST_COPIES.is_dir() else set()
-    code, _, err, _ = train(sim, capsys, tmp_path, *fault)
+    run_id = f"ip-{uuid.uuid4().hex[:8]}"
+    code, _, err, _ = train(sim, capsys, tmp_path, *fault, run_id=run_id)
     assert code == 4, err[-3000:]
     assert "host copy of the checkpoint" in err  # there was one
-    after = set(HOST_COPIES.iterdir()) if HOST_COPIES.is_dir() else set()
-    # This file's runs are named ip-*; other tests may hold copies of their own runs meanwhile.
-    left = {p for p in after - before if p.name.startswith("ip-")}
-    assert not left  # gone with the pods, as a memory emptyDir on a cluster
+    # Only this run's copies: other tests' runs may hold copies of their own meanwhile.
+    assert not (HOST_COPIES / run_id).exists()  # gone with the pods, as a memory emptyDir
 
 
-@pytest.mark.slow
+@pytest.mark.slow(80)
 def test_a_stopped_worker_at_the_default_inputs_restarts_in_place(
     sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -280,6 +280,8 @@ def test_second_run_competing_for_the_same_nodes_fails_after_the_grace(sim, run,
         assert 2.0 <= time.monotonic() - start < 45  # not the 60 s pods-running deadline
         assert "Unschedulable for more than 2 s" in str(info.value)
         assert "0/2 nodes are available" in str(info.value)
+        assert f"{RunNames.for_run(workload.run_id).job('job')}-" in str(info.value)
+        assert "check free GPUs and channel devices per node" in str(info.value)
         assert info.value.exit_code == 4
     finally:
         steps.teardown(holder_domain, kubeconfig=sim.kubeconfig_path)

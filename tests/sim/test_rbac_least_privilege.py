@@ -131,7 +131,7 @@ def _everything(sim: SimCluster, workers: Path, monkeypatch: pytest.MonkeyPatch)
     assert "rbac-orphan" in reaped.runs
 
 
-@pytest.mark.slow
+@pytest.mark.slow(55)
 def test_role_grants_exactly_the_requests_every_step_sends(tmp_path, monkeypatch):
     (tmp_path / "report.py").write_text('print("RESULT {\\"ok\\": true}", flush=True)\n')
     (tmp_path / "crash.py").write_text("raise SystemExit(3)\n")

@@ -171,7 +171,7 @@ def refused(sim: SimCluster, fixture_requests: set[tuple[str, str, str]]) -> lis
     return sorted(sim.rbac_requests - fixture_requests - ROLE)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(50)
 def test_a_train_step_killed_mid_training_and_run_again_adopts_its_job_and_finishes(
     sim: SimCluster, run: Any, fixture_requests: set[tuple[str, str, str]]
 ) -> None:
@@ -190,7 +190,7 @@ def test_a_train_step_killed_mid_training_and_run_again_adopts_its_job_and_finis
     retry.report("killed step")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(65)
 def test_a_killed_step_whose_job_lost_a_worker_meanwhile_restarts_the_gang_when_run_again(
     sim: SimCluster, run: Any, fixture_requests: set[tuple[str, str, str]]
 ) -> None:

@@ -165,9 +165,10 @@ class Guard:
     def __init__(self, prefix: str) -> None:
         read, self._write = os.pipe()  # not inherited by any child (PEP 446)
         env = {k: v for k, v in os.environ.items() if k != MARKER_ENV}
-        code = "import sys, mnnvl.sim.core.procs as p; p.guard(sys.argv[1])"
+        # This file alone, on the standard library only (-I -S): about 10 ms of start-up
+        # instead of 150 ms for importing the simulator, once per cluster.
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code, prefix],
+            [sys.executable, "-I", "-S", __file__, prefix],
             stdin=read,
             env=env,
             start_new_session=True,  # a Ctrl-C of the terminal's process group misses it
@@ -201,3 +202,7 @@ def guard(prefix: str) -> None:
     """The ``Guard``'s process: wait for the end of its stdin, then kill the containers."""
     sys.stdin.buffer.read()  # returns at EOF: the simulator closed its end, or is gone
     kill_all(prefix, {})
+
+
+if __name__ == "__main__":  # the Guard's process
+    guard(sys.argv[1])
