@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from mnnvl.contract import env as contract_env
 from mnnvl.runtime.local import free_port
 
 pytestmark = pytest.mark.slow  # a torch process (several seconds)
@@ -43,7 +44,12 @@ def test_a_worker_that_saved_checkpoints_exits_0_with_nothing_left_running(
         "MASTER_PORT": str(free_port()),
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",
+        # A pod of a run: the saves also keep a host copy, in this pod's /dev/shm.
+        contract_env.RUN_ID: "exit-run",
+        contract_env.POD_NAME: "pod-a",
+        contract_env.SHM_DIR: str(tmp_path / "shm"),
     }
+    (tmp_path / "shm").mkdir()
     args = ["--model", "tiny", "--steps", "4", "--warmup-steps", "1", "--log-every", "2"]
     args += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2"]
     proc = subprocess.run(
@@ -56,5 +62,7 @@ def test_a_worker_that_saved_checkpoints_exits_0_with_nothing_left_running(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "step-4"
+    assert "host copy of the checkpoint: " in proc.stderr  # of step 2 (the final save has none)
+    assert not (tmp_path / "shm" / "mnnvl-hostcopy" / "exit-run").exists()  # ended normally
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("THREADS AT EXIT ")]
     assert json.loads(line.removeprefix("THREADS AT EXIT ")) == []
