@@ -170,6 +170,7 @@ class Arrivals:
     KEY = "mnnvl/rank/{}"
     READ_TIMEOUT_S = 5.0  # rank 0's store may be on the hung node
     SILENT_S = 5.0  # a heartbeat older than this (clocks of nodes agree far better)
+    BEAT_S = 1.0
 
     def __init__(self, rank: int, world_size: int) -> None:
         import threading
@@ -194,7 +195,7 @@ class Arrivals:
                 self.store.set(self.KEY.format(self.rank), f"{time.time()} {self.step} {self.host}")
             except RuntimeError:
                 return  # the store is gone: the process group is being torn down
-            self._stopped.wait(1.0)
+            self._stopped.wait(self.BEAT_S)
 
     def stop(self) -> None:
         """End the heartbeat; call it before the process group is destroyed. A heartbeat still
