@@ -29,8 +29,9 @@ record, pod phases from polling the simulator's store every 50 ms.
 
 On GPUs the stall timeout must cover the longest gap between two reports of progress: the
 start-up with the checkpoint load and the compile warm-up of the first step.
-The simulated pods share this machine's ``/dev/shm``: the in-place run's host copy needs room
-there (about 14.5 GB at 1b on one GPU), else it loads from disk and the run is not ``ok``.
+The simulated pods' ``/dev/shm`` lie in this machine's: the in-place run's host copy needs room
+there (about 14.5 GB at 1b on one GPU) and within ``--shm-size``, else it loads from disk and
+the run is not ``ok``.
 
 Prints a table per fault and one JSON line; exit code 0 when every run resumed from a
 checkpoint, from where its path should (``host`` in place, else ``disk``), and finished.

@@ -50,9 +50,13 @@ CLIQUE_LABEL = "MNNVL_CLIQUE_LABEL"
 
 # Where each rank keeps a host copy of its part of the newest checkpoint: a folder per run and
 # pod, ``<run id>/<pod name>``, in the pod's memory-backed /dev/shm (``mnnvl.runtime.hostcopy``).
-# Not a variable: the simulated kubelet removes a pod's folder with the pod, as a cluster's
-# memory emptyDir goes with its pod (its pods share this machine's /dev/shm).
 HOST_COPY_DIR = "/dev/shm/mnnvl-hostcopy"
+# A pod's /dev/shm where it is not the container's own: the simulated kubelet, whose containers
+# share one machine's /dev/shm, names a directory of the pod's own and the size of the memory
+# emptyDir mounted there (bytes; its sizeLimit), which the host copy's room check honours as
+# the tmpfs of that size on a cluster node would.
+SHM_DIR = "MNNVL_SHM_DIR"
+SHM_SIZE = "MNNVL_SHM_SIZE"
 
 # "0" turns in-place restarts off (``mnnvl.runtime.inplace``): every restart recreates the
 # pods. A user value (``--env``), read by the pod's launcher.

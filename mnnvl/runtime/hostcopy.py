@@ -9,15 +9,16 @@ processes, not the pod)::
 
     mnnvl-hostcopy/<run id>/<pod name>/step-<N>.rank-<r>.pt   (contract.env.HOST_COPY_DIR)
 
+On the simulator, whose pods are processes of one machine, the pod's ``/dev/shm`` is a directory
+of its own and its size the emptyDir's sizeLimit (``contract.env.SHM_DIR``, ``SHM_SIZE``).
+
 One file per rank, the newest complete one (and the next while it is written, where both fit):
 its local shards of model and optimizer state as the background save staged them, this rank's
 extra state (step, LR schedule, RNG) and what it was written for (run id, checkpoint directory,
 rank, world size, model), in the format of ``write_file``. It is written under a temporary name
 and renamed once its checkpoint is complete (on disk), so a file with the final name is a
-complete checkpoint's. The pod name keys it to one pod: a recreated pod has another name (and,
-on a cluster, an empty ``/dev/shm``); on the simulator, whose pods share this machine's
-``/dev/shm``, that keeps pods apart as on a cluster. The run's directory is removed when
-training ends normally.
+complete checkpoint's. The pod name keys it to one pod: a recreated pod has another name and an
+empty ``/dev/shm``. The run's directory is removed when training ends normally.
 """
 
 from __future__ import annotations
@@ -64,9 +65,11 @@ class HostCopy:
         self.rank = int(identity["rank"])
 
     @classmethod
-    def for_pod(cls, identity: dict[str, Any], root: Path = ROOT) -> HostCopy | None:
+    def for_pod(cls, identity: dict[str, Any]) -> HostCopy | None:
         """The copy of this pod's rank, or None outside a pod of a run (no run id: no pod
         whose memory outlives the workers) or without ``/dev/shm``."""
+        shm = os.environ.get(contract_env.SHM_DIR)
+        root = Path(shm) / ROOT.name if shm else ROOT
         run_id = os.environ.get(contract_env.RUN_ID, "")
         if not run_id or not root.parent.is_dir():
             return None
@@ -86,8 +89,7 @@ class HostCopy:
         tmp = self.dir / f".step-{step}.rank-{self.rank}.pt.tmp"
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            fs = os.statvfs(self.dir)
-            room = fs.f_bavail * fs.f_frsize
+            room = free_bytes(self.dir)
             if room < need:
                 for old in self._files():
                     room += old.stat().st_size
@@ -326,6 +328,23 @@ def _mapped(tree: Any, leaf: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(_mapped(v, leaf) for v in tree)
     return leaf(tree) if isinstance(tree, torch.Tensor) else tree
+
+
+def free_bytes(path: Path) -> int:
+    """The room left in the pod's ``/dev/shm`` at ``path``. On a cluster node a memory emptyDir
+    is a tmpfs of its sizeLimit (kubernetes pkg/volume/emptydir/empty_dir.go, setupTmpfs), so
+    the filesystem's free room says it; where the pod's ``/dev/shm`` is a plain directory with
+    a size (``SHM_DIR``, ``SHM_SIZE``: the simulator), that size less what is in it counts."""
+    fs = os.statvfs(path)
+    free = fs.f_bavail * fs.f_frsize
+    shm, size = os.environ.get(contract_env.SHM_DIR), os.environ.get(contract_env.SHM_SIZE)
+    if not shm or not size:
+        return free
+    used = 0
+    for f in Path(shm).rglob("*"):
+        with contextlib.suppress(OSError):  # another rank's file, replaced meanwhile
+            used += f.lstat().st_size if f.is_file() else 0
+    return max(0, min(free, int(size) - used))
 
 
 def _local(tree: Any) -> Any:

@@ -11,6 +11,7 @@ arrived (torch's own message names none for gloo).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -169,6 +170,7 @@ class Arrivals:
     KEY = "mnnvl/rank/{}"
     READ_TIMEOUT_S = 5.0  # rank 0's store may be on the hung node
     SILENT_S = 5.0  # a heartbeat older than this (clocks of nodes agree far better)
+    BEAT_S = 1.0
 
     def __init__(self, rank: int, world_size: int) -> None:
         import threading
@@ -180,15 +182,29 @@ class Arrivals:
         self.rank, self.world_size = rank, world_size
         self.step = 0  # the step this rank is in now, set by the trainer
         self.host = os.environ.get("HOSTNAME", "") or "?"
-        threading.Thread(target=self._beat, name="mnnvl-heartbeat", daemon=True).start()
+        self._stopped = threading.Event()
+        # A daemon, so that a heartbeat stuck on a lost store cannot hold the exit; stopped at
+        # exit too where stop() was not called (a crash), before the interpreter tears down.
+        self._beating = threading.Thread(target=self._beat, name="mnnvl-heartbeat", daemon=True)
+        self._beating.start()
+        atexit.register(self.stop)
 
     def _beat(self) -> None:
-        while True:
+        while not self._stopped.is_set():
             try:
                 self.store.set(self.KEY.format(self.rank), f"{time.time()} {self.step} {self.host}")
             except RuntimeError:
                 return  # the store is gone: the process group is being torn down
-            time.sleep(1.0)
+            self._stopped.wait(self.BEAT_S)
+
+    def stop(self) -> None:
+        """End the heartbeat; call it before the process group is destroyed. A heartbeat still
+        inside a store call when the interpreter exits aborts the process (``terminate called
+        without an active exception``, exit 134): torch's binding takes the interpreter lock
+        back in a destructor, and an exiting interpreter ends such a thread by unwinding it."""
+        atexit.unregister(self.stop)
+        self._stopped.set()
+        self._beating.join(self.READ_TIMEOUT_S)  # a store on a lost node: give up waiting
 
     def behind(self) -> str:
         """The ranks that fell silent, else those in an earlier step than the furthest, with

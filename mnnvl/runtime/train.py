@@ -156,6 +156,11 @@ class Trainer:
         self.resumed_from = path
         self.resume_source, self.resume_load_s = resumed.source, round(resumed.load_s, 3)
 
+    def close(self) -> None:
+        """Stop the heartbeat the trainer runs beside training; call it before the process
+        group is destroyed (the heartbeat writes to its store)."""
+        self.arrivals.stop()
+
     def step(self, step: int) -> torch.Tensor:
         split = self.split
         split.begin()
@@ -359,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:  # torch.OutOfMemoryError is one
         return failure_code(e, cfg, info, trainer)
     finally:
+        if trainer is not None:
+            trainer.close()  # no thread of ours may still be inside torch when the process exits
         dist.destroy_process_group()
 
 

@@ -4,9 +4,7 @@ lists the processes of its pods' containers and plays a node dropping off the ne
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shutil
 import signal
 import threading
@@ -15,8 +13,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mnnvl.contract.env import HOST_COPY_DIR
-from mnnvl.inputs.names import LABEL_RUN_ID
 from mnnvl.sim.api.controller import Controller
 from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.model import TERMINAL
@@ -164,13 +160,7 @@ class Kubelet(Controller):
             if self.workers.get(key) is worker:
                 del self.workers[key]
         shutil.rmtree(worker.workdir, ignore_errors=True)
-        # Its memory emptyDir goes with it: the host copies its workers kept in /dev/shm.
-        run_id = (worker.pod["metadata"].get("labels") or {}).get(LABEL_RUN_ID)
-        if run_id:
-            shutil.rmtree(os.path.join(HOST_COPY_DIR, run_id, key[1]), ignore_errors=True)
-            with contextlib.suppress(OSError):  # the last pod of the run, of every run
-                os.rmdir(os.path.join(HOST_COPY_DIR, run_id))
-                os.rmdir(HOST_COPY_DIR)
+        shutil.rmtree(self.env.shm_dir(worker.workdir), ignore_errors=True)  # its memory emptyDir
 
     def log_stream(
         self,

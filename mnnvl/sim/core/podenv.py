@@ -1,5 +1,6 @@
 """Container environment rules of the simulated kubelet: $(VAR) expansion, fieldRefs, GPUs,
-PersistentVolumeClaim mount paths, the IMEX channel directory (the pod's own ``/dev``)."""
+PersistentVolumeClaim mount paths, the IMEX channel directory and ``/dev/shm`` (the pod's own
+``/dev``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import tempfile
 import threading
 from collections.abc import Callable, Mapping
 
-from mnnvl.contract.env import IMEX_CHANNEL_DIR, MASTER_ADDR, MASTER_PORT, PINNED
+from mnnvl.contract.env import (
+    IMEX_CHANNEL_DIR,
+    MASTER_ADDR,
+    MASTER_PORT,
+    PINNED,
+    SHM_DIR,
+    SHM_SIZE,
+)
 from mnnvl.contract.termination import TERMINATION_PATH, TERMINATION_PATH_ENV
 from mnnvl.ports import free_port
 from mnnvl.sim.api.model import Obj
@@ -33,6 +41,9 @@ IMAGE_ENV = ("PATH", "HOME", "LANG", "PYTHONPATH", "VIRTUAL_ENV", "LD_LIBRARY_PA
 # contract ``PINNED``). A pod spec's own value wins, except for a pinned one the host sets.
 # Nothing else of the simulator's environment reaches a pod.
 HOST_PREFIXES = ("NCCL_", "NVSHMEM_", "TORCH_SYMM_MEM_")
+SHM = "/dev/shm"
+# The container runtime's /dev/shm where a pod mounts nothing there (containerd and Docker).
+RUNTIME_SHM_BYTES = 64 * 1024**2
 VAR_RE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -97,9 +108,12 @@ class ProcessEnv:
         self._ports: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self.volumes_root = tempfile.mkdtemp(prefix="sim-volumes-")
+        # The pods' memory emptyDirs at /dev/shm, in this machine's memory where it has one.
+        self.shm_root = tempfile.mkdtemp(prefix="sim-shm-", dir=SHM if os.path.isdir(SHM) else None)
 
     def close(self) -> None:
         shutil.rmtree(self.volumes_root, ignore_errors=True)
+        shutil.rmtree(self.shm_root, ignore_errors=True)
 
     def claim_dir(self, ns: str, claim: str) -> str:
         """The host directory standing in for a PersistentVolumeClaim (one per claim; it
@@ -156,6 +170,12 @@ class ProcessEnv:
         """The host directory standing in for a pod's ``/dev`` (its injected devices)."""
         return os.path.join(workdir, "dev")
 
+    def shm_dir(self, workdir: str) -> str:
+        """The host directory standing in for the ``/dev/shm`` of the pod whose directory is
+        ``workdir``: it lives through restarts of the pod's container, and the kubelet removes
+        it with the pod, as a memory emptyDir."""
+        return os.path.join(self.shm_root, os.path.basename(workdir))
+
     def command_and_env(
         self, pod: Obj, container: Obj, workdir: str = ""
     ) -> tuple[list[str], dict[str, str]]:
@@ -178,7 +198,11 @@ class ProcessEnv:
             # The container's termination message file is the pod's own, named in the env.
             mounts[message_path(container)] = termination_file(workdir)
             pod_env[TERMINATION_PATH_ENV] = message_path(container)
+            mounts[SHM] = self.shm_dir(workdir)
+            os.makedirs(mounts[SHM], exist_ok=True)
         pod_env = {k: at_host(DNS_RE.sub(self._resolve, v), mounts) for k, v in pod_env.items()}
+        if workdir:  # after the rewrite: these name this machine's paths already
+            pod_env.update(shm_env(pod, container, mounts[SHM]))
         pod_env["CUDA_VISIBLE_DEVICES"] = self.gpus_for(pod)
         pod_env.setdefault("HOSTNAME", pod["spec"].get("hostname") or pod["metadata"]["name"])
         cmd = [
@@ -230,6 +254,23 @@ def claim_mounts(pod: Obj, container: Obj, claim_dir: Callable[[str, str], str])
         for m in container.get("volumeMounts") or []
         if m.get("name") in claims
     }
+
+
+def shm_env(pod: Obj, container: Obj, host_dir: str) -> dict[str, str]:
+    """What tells the pod's processes that their ``/dev/shm`` is ``host_dir`` and its size: the
+    sizeLimit of the memory emptyDir the container mounts there (none: no limit here, half the
+    node's memory on a node), else the container runtime's own ``/dev/shm`` of 64 MiB."""
+    mounts = container.get("volumeMounts") or []
+    names = {m.get("name") for m in mounts if str(m.get("mountPath")).rstrip("/") == SHM}
+    found = [v for v in pod["spec"].get("volumes") or [] if v.get("name") in names]
+    if not found:
+        return {SHM_DIR: host_dir, SHM_SIZE: str(RUNTIME_SHM_BYTES)}
+    limit = (found[0].get("emptyDir") or {}).get("sizeLimit")
+    if limit is None:
+        return {SHM_DIR: host_dir}
+    from kubernetes.utils import parse_quantity
+
+    return {SHM_DIR: host_dir, SHM_SIZE: str(int(parse_quantity(limit)))}
 
 
 def message_path(container: Obj) -> str:
