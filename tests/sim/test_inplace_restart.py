@@ -25,7 +25,12 @@ from tests.sim.simkit import Raw, assert_nothing_left, create_claim
 
 SIM = dict(nodes=2, local_gpus=[], imex_delay_s=0.1)
 CLAIM = "ip-ckpt"
-HOST_COPIES = Path(HOST_COPY_DIR)  # the pods' host copies of their checkpoints, by run
+HOST_COPIES = Path(HOST_COPY_DIR).name  # the pods' host copies of their checkpoints, by run
+
+
+def host_copies(sim: SimCluster, run_id: str) -> list[Path]:
+    """The run's host copies in any simulated pod's ``/dev/shm``."""
+    return list(Path(sim._kubelet.env.shm_root).glob(f"*/{HOST_COPIES}/{run_id}"))
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +126,7 @@ def test_recreated_pods_resume_from_disk(
     assert (raw["resume_source"], raw["start_step"]) == ("disk", 10), raw["resumed_from"]
     assert raw["resumed_from"].endswith("/step-10")
     run_id = Path(raw["checkpoint"]).parent.name  # the checkpoints' folder is /ckpt/<run id>
-    assert not (HOST_COPIES / run_id).exists()  # the first pods' copies too
+    assert not host_copies(sim, run_id)  # the first pods' copies too
 
 
 @pytest.mark.slow
@@ -135,7 +140,7 @@ def test_a_failed_run_leaves_no_host_copy_once_its_pods_are_deleted(
     assert code == 4, err[-3000:]
     assert "host copy of the checkpoint" in err  # there was one
     # Only this run's copies: other tests' runs may hold copies of their own meanwhile.
-    assert not (HOST_COPIES / run_id).exists()  # gone with the pods, as a memory emptyDir
+    assert not host_copies(sim, run_id)  # gone with the pods, as a memory emptyDir
 
 
 @pytest.mark.slow(80)
