@@ -1,23 +1,11 @@
-"""Argo Workflows (hera) container templates for the steps, inputs from ``mnnvl.inputs.surface``.
+"""Argo Workflows (hera) container templates: ``mnnvl <step> --run-id {{workflow.uid}} ...`` in
+the launcher image, its JSON result (``--result-path``) as the output parameter ``result``.
 
-Each template runs ``mnnvl <step> --run-id {{workflow.uid}} ...`` in the launcher image and
-exposes the step's JSON result (``--result-path /tmp/result.json``) as the output parameter
-``result``. Template inputs are the step's inputs, named after the CLI flags they feed
-(``gpus-per-node`` -> ``--gpus-per-node``), with the same defaults as the CLI and KFP; list
-inputs (``env``, ``node-selector``, ``tolerations``, ``command``) are JSON lists, and the
-inputs past the essential ones come in groups (``placement``, ``pod``, ``deadlines``,
-``recovery``, ``train``, ``verify``), each a JSON object of some of its inputs by name
-(``--placement-json``). Every template also takes ``launcher-image`` (its own image).
-
-Every template is a launcher pod with the settings of ``mnnvl.components.launcher_pod``
-(non-root, read-only root file system with ``/tmp`` an ``emptyDir``, no privilege escalation,
-no capabilities, small requests). Provision and teardown retry for exit codes a retry can fix
-(never 2, bad input or a conflict, nor 4, a failed workload or verdict); train, verify and
-launch retry only when their pod was lost (a drain, an eviction, an OOM-killed launcher):
-the retry adopts the step's Job and carries on.
-
-Call ``step_template()`` inside a hera ``WorkflowTemplate``/``Workflow`` context (see
-``mnnvl.pipelines.argo_workflow``); each template registers itself there.
+Template inputs are the step's inputs in kebab case (``gpus-per-node`` -> ``--gpus-per-node``),
+with the defaults of the CLI and KFP; lists are JSON lists, groups JSON objects
+(``--placement-json``). Provision and teardown retry on exit codes a retry can fix; train,
+verify and launch only when their pod was lost (the retry adopts the step's Job). Call
+``step_template()`` inside a hera ``WorkflowTemplate``/``Workflow`` context.
 """
 
 from __future__ import annotations

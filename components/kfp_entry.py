@@ -1,14 +1,9 @@
 """What a KFP component's pod runs; ``__getattr__`` below is the one function KFP embeds.
 
-A lightweight component's pod writes the embedded source to a module and runs the function its
-``--function_to_execute`` names (``train_sharded``, …). That module defines no such name, so
-Python asks its ``__getattr__`` (PEP 562), which returns the component's function from the
-``mnnvl`` installed in the launcher image (``executable``): its signature, defaults and
-docstring come from the step's input declarations (``mnnvl.inputs.surface``), and its body
-hands the arguments to ``mnnvl.components.bodies``. So every component embeds the same few
-lines and nothing is generated. The pod imports kfp in its runtime mode (``_KFP_RUNTIME``),
-where only the artifact types exist: this module needs no more (the components themselves are
-``mnnvl.components.kfp_components``).
+The pod runs the embedded source as a module and calls the function ``--function_to_execute``
+names; the module defines none, so Python asks its ``__getattr__`` (PEP 562), which returns the
+component's function from the launcher image's ``mnnvl``: signature, defaults and docstring
+from the step's inputs, the body in ``mnnvl.components.bodies``.
 """
 
 from __future__ import annotations

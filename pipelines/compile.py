@@ -1,15 +1,9 @@
 """Regenerate the compiled YAML that GitOps applies: ``python -m mnnvl.pipelines.compile``.
 
-Writes ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates and a Workflow),
-the GitOps kustomize directories ``pipelines/gitops/kfp`` (``Pipeline`` + ``PipelineVersion``
-CRs of every pipeline) and ``pipelines/gitops/argo`` (WorkflowTemplates and CronWorkflows), and
-the component YAMLs in ``components/``. No namespace is written: kustomize places the objects.
-The output is byte-for-byte deterministic: same sources, same bytes. ``--check`` compiles into
-a scratch directory and exits 1 listing every file that differs from the checked-in one.
-
-KFP fixes images at compile time, so ``--launcher-image REG/launcher:TAG --runtime-image
-REG/runtime:TAG --out DIR`` writes the whole set with your images instead of the defaults
-(Argo users can also set the ``launcher-image`` and ``image`` workflow parameters).
+Writes ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates, a Workflow), the kustomize
+directories ``pipelines/gitops/kfp`` and ``pipelines/gitops/argo`` and the component YAMLs in
+``components/``, byte for byte reproducibly. ``--check`` exits 1 listing every stale file.
+``--launcher-image IMG --runtime-image IMG --out DIR`` writes the set with your images.
 """
 
 from __future__ import annotations

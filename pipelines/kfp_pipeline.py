@@ -1,23 +1,11 @@
-"""KFP pipelines ``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom``.
+"""KFP pipelines ``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom``
+(``surface.PIPELINES``), their parameters built from the field declarations.
 
-Shapes (``mnnvl.inputs.surface.PIPELINES``)::
-
-    mnnvl-training:    ExitHandler(teardown): provision -> verify-pre (gate) -> train -> verify-post
-    mnnvl-verify-only: ExitHandler(teardown): provision -> verify
-    mnnvl-custom:      ExitHandler(teardown): provision -> verify-pre (gate) -> launch
-
-The parameters are those of the tasks' steps (renamed where two steps share an input name,
-e.g. ``train_timeout_s``/``verify_timeout_s``), built from the field declarations, so the
-pipeline, its components and the Argo workflow parameters cannot drift apart. The first task
-validates every parameter before it creates anything. Every task gets the run id from
-``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` (the exit task may not consume other tasks' outputs);
-caching is off everywhere. Teardown and the workload tasks (train, verify, launch) retry;
-the first task does not (it validates, and a bad parameter must fail in one attempt). KFP's
-retry policy cannot condition on an exit code, so a workload task is retried after its
-workload failed too: after a permanent failure that retry meets the record of the failure and
-fails again at once with the same message (``mnnvl.driver.workload.record_failure``); after one
-the cluster may clear (an unschedulable pod, a quota, a passed deadline) it runs the step
-again; a retry after its pod was lost adopts the step's Job and carries on (docs/recovery.md).
+Every task gets the run id from ``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` (the exit task may not read
+other tasks' outputs); caching is off. The first task validates every parameter and is not
+retried; teardown and the workload tasks are. KFP cannot retry on an exit code, so a workload
+task's retry after a permanent failure meets the record of that failure and fails again at once
+(``mnnvl.driver.workload.record_failure``); after a lost pod it adopts the step's Job.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """``mnnvl <command>``: the steps from a shell (Argo templates and people use this).
 
-Every command validates its input before any API call (bad input exits 2), logs progress to
-stderr, and ends with exactly one JSON line on stdout: ``{"ok": true, "command": ...,
-...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` and ``logs``
-write that line to stderr instead, so their stdout is pure YAML (``mnnvl render … |
-kubectl apply -f -``) or the pod's log.
-Exit codes come from the error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification
-failed, 5 cluster or CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
+Input is validated before any API call; progress goes to stderr; the last stdout line is one
+JSON object (``render`` and ``logs`` write it to stderr: their stdout is YAML or a log). Exit
+codes: 0 ok, 2 bad input, 3 timeout, 4 workload or verification failed, 5 cluster or CRD
+unavailable, 1 unexpected, 130/143 on SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -226,8 +223,8 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
-    values = {i.name: getattr(ns, i.name) for i in surface.step_inputs("preflight")}
-    (workload,) = surface.step_specs("preflight", "preflight", values | _own_namespace(ns))
+    values = flags.ns_values(ns) | _own_namespace(ns)
+    (workload,) = surface.step_specs("preflight", "preflight", values)
     return steps.preflight(workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir).to_dict()
 
 
@@ -255,7 +252,9 @@ def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
 
 def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
     """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default)."""
-    values = {p.name: getattr(ns, p.name, None) for p in surface.run_parameters()}
+    given = flags.ns_values(ns)
+    names = [*(p.name for p in surface.run_parameters()), *surface.GROUP_HELP]
+    values = {name: given.get(name) for name in names}
     skip_verify = getattr(ns, "skip_verify", False)
     return plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
 
@@ -498,19 +497,6 @@ def _leftovers(e: MnnvlError | Interrupted) -> dict[str, Any]:
     return {"leftovers": list(e.leftovers), "cleanup": e.cleanup}
 
 
-def groups_as_flags(ns: argparse.Namespace) -> None:
-    """``--<group>-json`` values as the flags of their inputs (errors name them group.input)."""
-    for group in surface.GROUPS:
-        text = getattr(ns, f"{group}_json", None)
-        if text is None:
-            continue
-        for key, value in surface.ungroup(group, text, vars(ns)).items():
-            if getattr(ns, key) is not None:
-                raise SpecError(key, f"is given twice: on its own and in --{group}-json")
-            setattr(ns, key, value)
-            ns.flag_names = {**ns.flag_names, key: f"{group}.{key}"}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -529,12 +515,14 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s failed: %s", command, bad_path)
         return _failed(command, bad_path, exit_codes.BAD_INPUT)
     try:
-        groups_as_flags(ns)
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
     except (MnnvlError, Interrupted) as e:
-        if isinstance(e, SpecError):  # named as typed: --rct-timeout-s, not rct_timeout_s
-            e = surface.respelled(e, ns.flag_names)
+        if isinstance(e, SpecError):  # recovery.max_restarts (--max-restarts)
+            actions = parser.commands[ns.command_name]._actions  # type: ignore[attr-defined]
+            e = surface.named(
+                e, {a.dest: a.option_strings[0] for a in actions[::-1] if a.option_strings}
+            )
         logger.error("%s %s", command, e if isinstance(e, Interrupted) else f"failed: {e}")
         return _failed(command, str(e), e.exit_code, ns.result_path, **_leftovers(e))
     except Exception as e:

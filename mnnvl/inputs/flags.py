@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from mnnvl.inputs.defaults import SWITCHES
 from mnnvl.inputs.spec import CLI, OwnerRef, leaves
-from mnnvl.inputs.surface import Input, build, class_inputs
+from mnnvl.inputs.surface import GROUP_HELP, Input, build, class_inputs, pick
 
 T = TypeVar("T")
 REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)
@@ -85,11 +85,15 @@ def add_inputs(
             target.add_argument(item.flag, required=need, metavar=_metavar(item), **shared)
 
 
+def ns_values(ns: argparse.Namespace) -> dict[str, Any]:
+    """Parsed flags by input name, each ``--<group>-json`` as its group."""
+    values = dict(vars(ns))
+    return values | {g: values.pop(f"{g}_json", None) for g in GROUP_HELP}
+
+
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """Build ``cls`` from parsed flags; unset flags keep the dataclass default."""
-    names = {i.name for i in class_inputs(cls)}
-    values = {n: getattr(ns, n) for n in names if getattr(ns, n, None) is not None}
-    return build(cls, values, **extra)
+    return build(cls, pick(ns_values(ns), class_inputs(cls)), **extra)
 
 
 def to_args(cfg: Any) -> list[str]:

@@ -207,9 +207,8 @@ class _WorkerTimeouts:
         if self.stall_timeout_s and self.stall_timeout_s <= self.collective_timeout_s:
             raise SpecError(
                 "stall_timeout_s",
-                f"{self.stall_timeout_s:g} must exceed collective_timeout_s "
+                f"{self.stall_timeout_s:g} must exceed recovery.collective_timeout_s "
                 f"{self.collective_timeout_s:g} (a collective may wait that long on a slow peer)",
-                mentions=("collective_timeout_s",),
             )
 
     @property
@@ -498,29 +497,23 @@ class WorkloadSpec:
             raise SpecError(
                 "nodes",
                 f"{self.nodes} nodes do not fit one NVLink clique of at most {per}; set "
-                "nodes_per_clique to place them as several clique groups",
-                mentions=("nodes_per_clique",),
+                "placement.nodes_per_clique to place them as several clique groups",
             )
         if place.nodes_per_clique and self.nodes % place.nodes_per_clique:
             raise SpecError(
                 "nodes",
-                f"{self.nodes} is not a multiple of nodes_per_clique {place.nodes_per_clique}",
-                mentions=("nodes_per_clique",),
+                f"{self.nodes} is not a multiple of placement.nodes_per_clique "
+                f"{place.nodes_per_clique}",
             )
         if place.topology_aware and not self.queue_name:
-            raise SpecError(
-                "topology_aware",
-                "needs queue_name (Kueue admits the groups)",
-                mentions=("queue_name",),
-            )
+            raise SpecError("topology_aware", "needs queue_name (Kueue admits the groups)")
         several_groups = place.nodes_per_clique and self.nodes > place.nodes_per_clique
         if self.queue_name and several_groups and not place.topology_aware:
             raise SpecError(
                 "topology_aware",
                 "several clique groups under Kueue run as one Job that Kueue admits whole "
                 "and places group by group with topology-aware scheduling: set "
-                f"topology_aware (a Kueue Topology with the level {place.clique_label})",
-                mentions=("topology_aware",),
+                f"placement.topology_aware (a Kueue Topology with the level {place.clique_label})",
             )
 
     def _check_trainjob(self) -> None:
@@ -528,15 +521,14 @@ class WorkloadSpec:
         if self.groups > 1:
             raise SpecError(
                 "nodes_per_clique",
-                "clique groups need one Job per group; a TrainJob has one: set nodes_per_clique "
-                "to 0 or workload to job",
-                mentions=("workload",),
+                "clique groups need one Job per group; a TrainJob has one: set "
+                "placement.nodes_per_clique to 0 or workload to job",
             )
         if self.placement.priority_class:
             raise SpecError(
                 "priority_class",
                 "a TrainJob cannot carry a priority class: set it in the runtime's pod template, "
-                "or leave priority_class empty",
+                "or leave placement.priority_class empty",
             )
 
     @property
@@ -650,17 +642,14 @@ class TrainConfig(_WorkerTimeouts):
                 raise SpecError(
                     "warmup_steps",
                     f"{self.warmup_steps} is more than steps {self.steps} (the learning rate "
-                    f"would never reach its peak); set warmup_steps to {self.steps} or fewer",
-                    mentions=("warmup_steps",),
+                    f"would never reach its peak); set train.warmup_steps to {self.steps} or fewer",
                 )
             # The default warm-up on a run shorter than it: the whole run warms up.
             object.__setattr__(self, "warmup_steps", self.steps)
         if not self.data:
             raise SpecError("data", "must be 'synthetic' or a path to a token file")
         if self.checkpoint_every and not self.checkpoint_dir:
-            raise SpecError(
-                "checkpoint_every", "needs checkpoint_dir to be set", mentions=("checkpoint_dir",)
-            )
+            raise SpecError("checkpoint_every", "needs recovery.checkpoint_dir to be set")
         self._check_stall()
 
     def _apply_preset(self) -> None:
@@ -772,9 +761,7 @@ class VerifyConfig(_WorkerTimeouts):
         check_declared(self)
         if self.min_bytes and self.max_bytes and self.min_bytes > self.max_bytes:
             raise SpecError(
-                "min_bytes",
-                f"{self.min_bytes} is larger than max_bytes {self.max_bytes}",
-                mentions=("max_bytes",),
+                "min_bytes", f"{self.min_bytes} is larger than verify.max_bytes {self.max_bytes}"
             )
         self._check_stall()
 

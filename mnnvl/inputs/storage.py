@@ -109,12 +109,15 @@ def check_shared_storage(workload: _Mounts, config: _Paths) -> None:
         mount = mount_of(path, mounts)
         if mount is None:
             where = ", ".join(m.path for m in mounts) or "none"
-            single = ", or set allow_local_checkpoint (single node)" if workload.nodes == 1 else ""
+            single = (
+                ", or set recovery.allow_local_checkpoint (single node)"
+                if workload.nodes == 1
+                else ""
+            )
             raise SpecError(
                 name,
                 f"{path} is not under a mounted PVC (mounts: {where}); every worker pod must "
                 f"see it: add a pvc CLAIM:/mount/path{single}",
-                mentions=("allow_local_checkpoint",),
             )
         if name == "checkpoint_dir" and mount.read_only:
             raise SpecError(name, f"{path} is under {mount.claim}, which is mounted read-only")
