@@ -43,12 +43,8 @@ LOST_POD_RETRY_EXPRESSION = exit_codes.argo_lost_pod_retry_expression()
 
 
 def launcher_pod(step: str) -> dict[str, Any]:
-    """hera ``Container`` keyword arguments that make it a launcher pod (``launcher_pod``).
-
-    The template carries its own ``/tmp`` volume and pod security context (Argo >= 3.x
-    template-level fields): a caller's workflow that reaches it by ``templateRef`` does not
-    bring this WorkflowTemplate's ``spec.volumes`` or ``spec.securityContext`` along.
-    """
+    """hera ``Container`` keyword arguments that make it a launcher pod, with its own ``/tmp``
+    volume and pod security context: a ``templateRef`` does not bring the WorkflowTemplate's."""
     return {
         "resources": m.ResourceRequirements.model_validate(lp.resources()),
         "security_context": m.SecurityContext.model_validate(lp.container_security_context()),
@@ -171,14 +167,9 @@ def step_template(step: str, *, check: bool = False) -> Container:
 
 
 def _report_outputs(step: str) -> list[Parameter | Artifact]:
-    """verify: the verdict's key figures as parameters, the HTML and CTRF reports as
-    artifacts; train: goodput, restarts and each restart's cost (``faults``, JSON) as
-    parameters, the HTML report as an artifact; preflight: the checks as a CTRF report.
-
-    Argo saves outputs of a failed step too, so a FAIL verdict or a failing row still
-    publishes them; a Job that ended without a verdict leaves the defaults (``""``) and no
-    artifacts (optional).
-    """
+    """verify and train: key figures as parameters, the HTML (and verify's CTRF) report as
+    artifacts; preflight: the CTRF report. Argo saves a failed step's outputs too; a Job that
+    ended without a verdict leaves the defaults (``""``) and no artifacts (optional)."""
     from mnnvl.report import CTRF_FILE, KEY_FIGURES
     from mnnvl.report_train import TRAIN_FIGURES
 

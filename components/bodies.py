@@ -57,7 +57,7 @@ def provision_for_pipeline(pipeline: str, params: dict[str, Any]) -> str:
     run_id = params.pop("run_id")
     plan = surface.PIPELINES[pipeline]
     with one_line("provision"):
-        plan.check(params, run_id)
+        plan.plan(params, run_id)
     (task,) = [t for t in plan.tasks if t.step == "provision"]
     return provision_domain({**plan.component_arguments(task, params), "run_id": run_id})
 

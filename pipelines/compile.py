@@ -47,11 +47,8 @@ def pipeline_spec(func: Any) -> list[dict[str, Any]]:
 
 
 def version_name(pipeline_name: str, spec: list[dict[str, Any]]) -> str:
-    """PipelineVersion name: pipeline, package version and a short hash of the spec.
-
-    KFP treats a version's spec as immutable, so a name that changes with the content lets a
-    GitOps sync add a new version instead of failing on the old one.
-    """
+    """PipelineVersion name: pipeline, package version and a short hash of the spec (KFP's
+    versions are immutable: a new spec is a new version)."""
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
     return f"{pipeline_name}-v{mnnvl.__version__.replace('.', '-')}-{digest}"
 
@@ -193,10 +190,8 @@ def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], 
 
 
 def compile_all(root: Path | None = None, images: dict[str, str] | None = None) -> dict[str, Path]:
-    """Compile everything; under ``root`` (mirroring the repo layout) or in place.
-
-    ``images`` maps default image -> user image in every YAML written (needs ``root``).
-    """
+    """Compile everything under ``root`` (the repository's layout) or in place; ``images``:
+    default image -> user image in every YAML written (needs ``root``)."""
     if images and root is None:
         raise ValueError("custom images are written under --out, never over the shipped set")
     written: dict[str, Path] = {}

@@ -10,6 +10,7 @@ task's retry after a permanent failure meets the record of that failure and fail
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -100,18 +101,13 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
 def build_pipeline(name: str) -> Callable[..., None]:
     """The ``@dsl.pipeline`` function of ``name``, its signature from the field declarations."""
     plan = surface.PIPELINES[name]
-    parameters = plan.grouped_parameters()
-    signature = kfp_entry.signature(parameters)
 
     def pipeline(*args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(*args, **kwargs)
+        bound = inspect.signature(pipeline).bind(*args, **kwargs)
         bound.apply_defaults()
         _wire(plan, dict(bound.arguments))
 
-    # KFP reads each parameter's description from the docstring's Args (the form shows it).
-    args = [(p.name, p.description) for p in parameters]
-    doc = kfp_entry.docstring(plan.description, args)
-    kfp_entry.named(pipeline, name.replace("-", "_"), signature, doc)
+    kfp_entry.declare(pipeline, name.replace("-", "_"), plan.description, plan.grouped_parameters())
     # Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
     # as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the
     # exit handler's teardown; each step has its own deadline (job_timeout_s).

@@ -74,11 +74,8 @@ def pipeline_arguments(
 
 
 def gpu_shape(nodes: int, asked: int | None, local: int) -> tuple[int, str]:
-    """GPUs per simulated node and the line that says why, from ``--gpus-per-node`` (None:
-    this machine's ``local`` GPUs shared out, whole, among the ``nodes``). Each simulated node
-    gets GPUs of its own or none, so fewer GPUs than nodes means CPU workers.
-
-    Raises ValueError for more GPUs than this machine has."""
+    """GPUs per simulated node and why, from ``--gpus-per-node`` (None: the ``local`` GPUs
+    shared out whole; fewer GPUs than nodes: CPU workers). ValueError for more than there are."""
     gpus = local // max(1, nodes) if asked is None else asked
     if nodes * gpus > local:
         raise ValueError(
@@ -116,11 +113,8 @@ class RunOutcome:
 def collect_outputs(
     run_dir: Path | None, reports_dir: Path
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Step results (by purpose) from a kfp.local run directory; HTML reports copied out.
-
-    kfp.local names an artifact file after its output (``report``); the copies get a
-    ``.html`` suffix so a browser opens them.
-    """
+    """Step results (by purpose) from a kfp.local run directory; the HTML reports copied out
+    with an ``.html`` suffix (kfp.local names the file ``report``)."""
     results: dict[str, dict[str, Any]] = {}
     reports: dict[str, str] = {}
     if run_dir is None:

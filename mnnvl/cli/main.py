@@ -135,27 +135,21 @@ def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def _own_trainjob(path: str | None, workload: WorkloadSpec) -> dict[str, Any] | None:
-    """``--trainjob-file``'s TrainJob, refused before anything is created when it is not a
-    TrainJob of ``workload``'s shape; None without the flag."""
+    """``--trainjob-file``'s TrainJob (YAML), refused before anything is created when it is not
+    a TrainJob of ``workload``'s shape; None without the flag."""
     if not path:
         return None
-    own = _read_trainjob(path)
-    take_trainjob(own, workload)
-    return own
-
-
-def _read_trainjob(path: str) -> dict[str, Any]:
-    """The one TrainJob in ``path`` (YAML), read before anything is created."""
     try:
         with open(path, encoding="utf-8") as f:
-            found = yaml.safe_load(f)
+            own = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as e:
         raise SpecError(
             "trainjob_file", f"cannot read {path}: {e}; give a YAML file holding one TrainJob"
         ) from e
-    if not isinstance(found, dict):
+    if not isinstance(own, dict):
         raise SpecError("trainjob_file", f"{path} holds no object; give one TrainJob")
-    return found
+    take_trainjob(own, workload)
+    return own
 
 
 def _validate_objects(
@@ -326,6 +320,11 @@ def _run_reports(ns: argparse.Namespace) -> str | None:
     return folder
 
 
+# The flags of `mnnvl sim up` that are the simulated cluster's options as they are.
+SIM_OPTIONS = ["nodes", "gpus_per_node", "imex_delay_s", "cliques", "kueue", "trainer"]
+SIM_OPTIONS += ["gpu_stack", "imex_mode", "cluster_reader"]
+
+
 def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     check_range("nodes", ns.nodes, 1, 1024, integer=True)
     check_range("gpus_per_node", ns.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
@@ -342,18 +341,10 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     # The simulator announces itself on stdout; stdout is reserved for our one result line.
     with contextlib.redirect_stdout(sys.stderr):
         served = serve(
-            nodes=ns.nodes,
-            gpus_per_node=ns.gpus_per_node,
+            **{key: getattr(ns, key) for key in SIM_OPTIONS},
             kubeconfig_path=ns.kubeconfig,
-            imex_delay_s=ns.imex_delay_s,
-            cliques=ns.cliques,
-            kueue=ns.kueue,
-            trainer=ns.trainer,
             admin_kubeconfig_path=ns.admin_kubeconfig,
             namespaces=namespaces,
-            gpu_stack=ns.gpu_stack,
-            imex_mode=ns.imex_mode,
-            cluster_reader=ns.cluster_reader,
         )
     shown = ("nodes", "gpus_per_node", "cliques", "gpu_stack", "imex_mode")
     return {"kubeconfig": served} | {key: getattr(ns, key) for key in shown}

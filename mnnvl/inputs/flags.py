@@ -52,11 +52,8 @@ def add_inputs(
     group: Callable[[Input], Any] | None = None,
     required: bool = False,
 ) -> None:
-    """Add one ``--flag`` per CLI input of ``inputs``; ``defaults`` override the dataclass's.
-
-    ``group`` picks the argument group each flag is listed under in ``--help``; a field with
-    no default is a required flag when ``required`` is True (else the caller supplies it).
-    """
+    """Add one ``--flag`` per CLI input of ``inputs`` (``defaults`` override the dataclass's)
+    under the ``--help`` heading ``group`` picks; one without a default is required if asked."""
     defaults = defaults or {}
     for item in inputs:
         if CLI not in item.surfaces or item.name in REMAINDER_FIELDS:

@@ -74,14 +74,10 @@ def opt(
     example: tuple[str, ...] = (),
     group: str = "",
 ) -> Any:
-    """A field with its one line of help and the surfaces (cli, kfp, argo) that expose it.
-
-    A field missing from a surface names the reason in ``why`` (a test checks that).
-    ``choices`` lists a closed set of values (Argo shows them as a drop-down); ``valid`` is a
-    number's range, checked by ``check_declared`` and shown on every surface, or the valid
-    values in words where a check of their own decides; ``example`` is a list input's value;
-    ``group`` is the group a field of a spec without nested groups is in on KFP and Argo.
-    """
+    """A field with its help and the surfaces (cli, kfp, argo) that expose it; ``why`` says why
+    a surface lacks it. ``choices``: a closed set (an Argo drop-down); ``valid``: a number's
+    range (``check_declared``) or the valid values in words; ``example``: a list input's value;
+    ``group``: its group on KFP and Argo where the spec nests none."""
     meta = {
         "help": help,
         "surfaces": frozenset(surfaces),
@@ -213,11 +209,9 @@ class _WorkerTimeouts:
 
     @property
     def stall_s(self) -> float:
-        """The stall timeout's bound the workers report. Unset: between two progress reports a
-        worker may block in a collective for up to the collective timeout, twice (a training
-        checkpoint save is barriers around a write), plus a minute for the write itself; the
-        pod's launcher then shortens it from the training steps it sees
-        (:class:`mnnvl.runtime.progress.Watchdog`)."""
+        """The stall bound the workers report. Unset: a worker may block in two collectives
+        between progress reports (a checkpoint save is barriers around a write) plus a minute
+        for the write; the launcher shortens it from the steps it sees (``Watchdog``)."""
         return self.stall_timeout_s or 2 * self.collective_timeout_s + 60
 
 

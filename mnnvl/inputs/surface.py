@@ -12,7 +12,7 @@ import difflib
 import functools
 import json
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,14 +127,6 @@ def _kind(cls: type, f: dataclasses.Field[Any]) -> str:
     return getattr(hint, "__name__", "object")
 
 
-def _surface_default(f: dataclasses.Field[Any]) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return []
-    if isinstance(f.default, tuple):
-        return list(f.default)
-    return f.default
-
-
 def _fields(cls: type, group: str = "") -> list[tuple[type, dataclasses.Field[Any], str]]:
     """Every input field of ``cls`` with the class declaring it and its group: the field a
     nested group sits in (``WorkloadSpec.recovery``), else the group its declaration names."""
@@ -143,30 +135,26 @@ def _fields(cls: type, group: str = "") -> list[tuple[type, dataclasses.Field[An
         if "nested" in f.metadata:
             out += _fields(f.metadata["nested"], f.name)
         else:
-            out.append((cls, f, group or f.metadata.get("group", "")))
+            out.append((cls, f, group or f.metadata["group"]))
     return out
 
 
-def class_inputs(cls: type) -> list[Input]:
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return []
+    return list(f.default) if isinstance(f.default, tuple) else f.default
+
+
+def class_inputs(cls: type) -> tuple[Input, ...]:
     """The inputs a spec dataclass declares, in declaration order (a nested group's in place)."""
-    return list(_class_inputs(cls))
+    return _class_inputs(cls)
 
 
 @functools.cache
 def _class_inputs(cls: type) -> tuple[Input, ...]:
+    meta = ("help", "surfaces", "why", "choices", "valid", "example")
     return tuple(
-        Input(
-            f.name,
-            _kind(owner, f),
-            _surface_default(f),
-            f.metadata.get("help", ""),
-            f.metadata.get("surfaces", frozenset()),
-            f.metadata.get("why", ""),
-            tuple(f.metadata.get("choices", ())),
-            f.metadata.get("valid"),
-            tuple(f.metadata.get("example", ())),
-            group,
-        )
+        Input(f.name, _kind(owner, f), _default(f), group=group, **{k: f.metadata[k] for k in meta})
         for owner, f, group in _fields(cls)
     )
 
@@ -233,7 +221,7 @@ def group_values(group: str, value: Any) -> dict[str, Any]:
     return value
 
 
-def pick(values: dict[str, Any], inputs: list[Input]) -> dict[str, Any]:
+def pick(values: dict[str, Any], inputs: Iterable[Input]) -> dict[str, Any]:
     """The set values of ``inputs``, each given on its own or inside its group."""
     groups = {g: group_values(g, values[g]) for g in GROUP_HELP if values.get(g) is not None}
     out = {}
@@ -384,11 +372,8 @@ class Pipeline:
     defaults: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
     def parameters(self, surface: str = KFP, *, own_defaults: bool = True) -> list[Input]:
-        """The pipeline parameters (KFP and Argo alike; ``mnnvl run`` with ``CLI``): every task
-        input, renamed, once; ``own_defaults`` False keeps the steps' defaults.
-
-        A parameter renamed for one step's tasks says whose it is (``verify_timeout_s``: the
-        verify steps' Job deadline); one with a default of this pipeline's names the step's."""
+        """The pipeline parameters (KFP and Argo; ``mnnvl run`` with ``CLI``): every task input,
+        renamed (its help says whose), once; ``own_defaults`` False keeps the steps' defaults."""
         params: dict[str, Input] = {}
         for task in self.tasks:
             for item in step_inputs(task.step, surface):
@@ -450,10 +435,6 @@ class Pipeline:
             except SpecError as e:  # named as the pipeline's parameter, not the step's input
                 raise SpecError(task.parameter_name(e.field), e.detail) from None
         return planned
-
-    def check(self, values: dict[str, Any], run_id: str = "check") -> None:
-        """Validate every task's inputs from pipeline parameter values (strings are fine)."""
-        self.plan(values, run_id)
 
 
 # How the pipelines retry a task (KFP ``set_retry``, Argo ``retryStrategy``): 2 retries, 15 s
