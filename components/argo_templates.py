@@ -84,6 +84,10 @@ def retry(*, backoff: bool = True, lost_pod: bool = False) -> RetryStrategy:
     )
 
 
+def _ref(name: str) -> str:
+    return f"{{{{inputs.parameters.{name}}}}}"
+
+
 def input_args(item: Input) -> list[str]:
     """The CLI words one template input becomes."""
     ref = f"inputs.parameters['{item.kebab}']"
@@ -91,7 +95,7 @@ def input_args(item: Input) -> list[str]:
         # The CLI takes --x/--no-x; an Argo expression picks one from "true"/"false".
         return [f"{{{{={ref} == 'true' ? '{item.flag}' : '--no-{item.kebab}'}}}}"]
     flag = item.flag + "-json" if item.kind == "dict" else JSON_FLAGS.get(item.name, item.flag)
-    return [flag, f"{{{{inputs.parameters.{item.kebab}}}}}"]
+    return [flag, _ref(item.kebab)]
 
 
 def parameter(item: Input) -> Parameter:
@@ -109,12 +113,8 @@ def step_template(step: str, *, check: bool = False) -> Container:
         args += input_args(item)
     parameters = [parameter(item) for item in items]
     if check:
-        args += [
-            "--pipeline",
-            f"{{{{inputs.parameters.{PIPELINE_INPUT}}}}}",
-            "--pipeline-parameters",
-            f"{{{{inputs.parameters.{PIPELINE_PARAMETERS_INPUT}}}}}",
-        ]
+        args += ["--pipeline", _ref(PIPELINE_INPUT)]
+        args += ["--pipeline-parameters", _ref(PIPELINE_PARAMETERS_INPUT)]
         parameters += [
             Parameter(name=PIPELINE_INPUT, description="Pipeline whose parameters to validate"),
             Parameter(
@@ -144,7 +144,7 @@ def step_template(step: str, *, check: bool = False) -> Container:
         )
     return Container(
         name=step,
-        image=f"{{{{inputs.parameters.{LAUNCHER_IMAGE_INPUT}}}}}",
+        image=_ref(LAUNCHER_IMAGE_INPUT),
         command=["mnnvl"],
         args=args,
         inputs=parameters,
@@ -159,9 +159,7 @@ def step_template(step: str, *, check: bool = False) -> Container:
         # Preflight only reads; provision and teardown are idempotent; a workload step retries
         # only when its pod was lost.
         retry_strategy=None if step == "preflight" else retry(lost_pod=deadline is not None),
-        active_deadline_seconds=(
-            f"{{{{inputs.parameters.{DEADLINE_INPUT}}}}}" if deadline is not None else None
-        ),
+        active_deadline_seconds=_ref(DEADLINE_INPUT) if deadline is not None else None,
         **launcher_pod(step),
     )
 

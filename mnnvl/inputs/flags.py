@@ -1,9 +1,6 @@
-"""Command-line flags <-> input dataclasses: one ``--flag`` per field a spec exposes on the CLI.
-
-The CLI, the worker entry points (``mnnvl.runtime.train``/``verify``) and the Job builder
-use these, so a field added to a spec becomes a flag everywhere, with the help text its
-declaration carries (``mnnvl.inputs.spec.opt``). Repeatable flags also take one JSON list
-(``--env '["A=1,2", "B=x=y"]'``), which is how Argo passes them.
+"""Command-line flags <-> input dataclasses: one ``--flag`` per field a spec exposes on the CLI,
+for the CLI, the worker entry points and the Job builder. Repeatable flags also take one JSON
+list (``--env '["A=1,2", "B=x=y"]'``), as Argo passes them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Validated inputs. Every bad value stops here with a one-line message naming the field.
-
-The dataclasses are frozen and validate in ``__post_init__``; nothing talks to a cluster
-or imports a heavy library. Each field is declared once with its help text and the
-surfaces that expose it (``opt``); the CLI flags (``mnnvl.inputs.flags``), the KFP component
-signatures and the Argo template inputs and workflow parameters (``mnnvl.inputs.surface``) are
-all produced from these declarations.
+"""Validated inputs: frozen dataclasses that refuse a bad value in ``__post_init__`` with a
+one-line message naming the field. Each field is declared once (``opt``: default, help, the
+surfaces that expose it); the CLI flags, KFP signatures and Argo inputs come from these.
 """
 
 from __future__ import annotations
@@ -110,16 +106,14 @@ def group(cls: type) -> Any:
     return field(default_factory=cls, metadata={"nested": cls})
 
 
-def nested(cls: type) -> dict[str, type]:
-    """The groups ``cls`` nests: field name -> the group's dataclass."""
-    return {f.name: f.metadata["nested"] for f in dataclasses.fields(cls) if "nested" in f.metadata}
-
-
 def _given_to_groups(cls: type, inputs: dict[str, Any], current: Any = None) -> dict[str, Any]:
     """``inputs`` with each one a nested group holds given to that group: the group given
     whole, else ``current``'s, changed; else a new one."""
     kwargs = dict(inputs)
-    for name, kind in nested(cls).items():
+    groups = [
+        (f.name, f.metadata["nested"]) for f in dataclasses.fields(cls) if "nested" in f.metadata
+    ]
+    for name, kind in groups:
         mine = {f.name for f in dataclasses.fields(kind)} & kwargs.keys()
         if mine:
             given = {k: kwargs.pop(k) for k in mine}

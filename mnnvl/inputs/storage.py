@@ -1,8 +1,5 @@
-"""Shared storage for the workers: ``--pvc CLAIM:/mount/path[:ro]`` and where paths may lie.
-
-Checkpoints and a token file must be visible to every worker pod, so they must lie under a
-PersistentVolumeClaim the Job mounts in each pod. Standard library only; ``mnnvl.inputs.spec``
-validates ``WorkloadSpec.pod.pvc`` with :func:`parse_pvc`.
+"""Shared storage for the workers: ``--pvc CLAIM:/mount/path[:ro]``, and checkpoints and token
+files under a PersistentVolumeClaim every worker pod mounts. Standard library only.
 """
 
 from __future__ import annotations
