@@ -1,23 +1,11 @@
-"""Argo Workflows (hera) container templates for the steps, inputs from ``mnnvl.inputs.surface``.
+"""Argo Workflows (hera) container templates: ``mnnvl <step> --run-id {{workflow.uid}} ...`` in
+the launcher image, its JSON result (``--result-path``) as the output parameter ``result``.
 
-Each template runs ``mnnvl <step> --run-id {{workflow.uid}} ...`` in the launcher image and
-exposes the step's JSON result (``--result-path /tmp/result.json``) as the output parameter
-``result``. Template inputs are the step's inputs, named after the CLI flags they feed
-(``gpus-per-node`` -> ``--gpus-per-node``), with the same defaults as the CLI and KFP; list
-inputs (``env``, ``node-selector``, ``tolerations``, ``command``) are JSON lists, and the
-inputs past the essential ones come in groups (``placement``, ``pod``, ``deadlines``,
-``recovery``, ``train``, ``verify``), each a JSON object of some of its inputs by name
-(``--placement-json``). Every template also takes ``launcher-image`` (its own image).
-
-Every template is a launcher pod with the settings of ``mnnvl.components.launcher_pod``
-(non-root, read-only root file system with ``/tmp`` an ``emptyDir``, no privilege escalation,
-no capabilities, small requests). Provision and teardown retry for exit codes a retry can fix
-(never 2, bad input or a conflict, nor 4, a failed workload or verdict); train, verify and
-launch retry only when their pod was lost (a drain, an eviction, an OOM-killed launcher):
-the retry adopts the step's Job and carries on.
-
-Call ``step_template()`` inside a hera ``WorkflowTemplate``/``Workflow`` context (see
-``mnnvl.pipelines.argo_workflow``); each template registers itself there.
+Template inputs are the step's inputs in kebab case (``gpus-per-node`` -> ``--gpus-per-node``),
+with the defaults of the CLI and KFP; lists are JSON lists, groups JSON objects
+(``--placement-json``). Provision and teardown retry on exit codes a retry can fix; train,
+verify and launch only when their pod was lost (the retry adopts the step's Job). Call
+``step_template()`` inside a hera ``WorkflowTemplate``/``Workflow`` context.
 """
 
 from __future__ import annotations
@@ -55,12 +43,8 @@ LOST_POD_RETRY_EXPRESSION = exit_codes.argo_lost_pod_retry_expression()
 
 
 def launcher_pod(step: str) -> dict[str, Any]:
-    """hera ``Container`` keyword arguments that make it a launcher pod (``launcher_pod``).
-
-    The template carries its own ``/tmp`` volume and pod security context (Argo >= 3.x
-    template-level fields): a caller's workflow that reaches it by ``templateRef`` does not
-    bring this WorkflowTemplate's ``spec.volumes`` or ``spec.securityContext`` along.
-    """
+    """hera ``Container`` keyword arguments that make it a launcher pod, with its own ``/tmp``
+    volume and pod security context: a ``templateRef`` does not bring the WorkflowTemplate's."""
     return {
         "resources": m.ResourceRequirements.model_validate(lp.resources()),
         "security_context": m.SecurityContext.model_validate(lp.container_security_context()),
@@ -100,6 +84,10 @@ def retry(*, backoff: bool = True, lost_pod: bool = False) -> RetryStrategy:
     )
 
 
+def _ref(name: str) -> str:
+    return f"{{{{inputs.parameters.{name}}}}}"
+
+
 def input_args(item: Input) -> list[str]:
     """The CLI words one template input becomes."""
     ref = f"inputs.parameters['{item.kebab}']"
@@ -107,7 +95,7 @@ def input_args(item: Input) -> list[str]:
         # The CLI takes --x/--no-x; an Argo expression picks one from "true"/"false".
         return [f"{{{{={ref} == 'true' ? '{item.flag}' : '--no-{item.kebab}'}}}}"]
     flag = item.flag + "-json" if item.kind == "dict" else JSON_FLAGS.get(item.name, item.flag)
-    return [flag, f"{{{{inputs.parameters.{item.kebab}}}}}"]
+    return [flag, _ref(item.kebab)]
 
 
 def parameter(item: Input) -> Parameter:
@@ -125,12 +113,8 @@ def step_template(step: str, *, check: bool = False) -> Container:
         args += input_args(item)
     parameters = [parameter(item) for item in items]
     if check:
-        args += [
-            "--pipeline",
-            f"{{{{inputs.parameters.{PIPELINE_INPUT}}}}}",
-            "--pipeline-parameters",
-            f"{{{{inputs.parameters.{PIPELINE_PARAMETERS_INPUT}}}}}",
-        ]
+        args += ["--pipeline", _ref(PIPELINE_INPUT)]
+        args += ["--pipeline-parameters", _ref(PIPELINE_PARAMETERS_INPUT)]
         parameters += [
             Parameter(name=PIPELINE_INPUT, description="Pipeline whose parameters to validate"),
             Parameter(
@@ -160,7 +144,7 @@ def step_template(step: str, *, check: bool = False) -> Container:
         )
     return Container(
         name=step,
-        image=f"{{{{inputs.parameters.{LAUNCHER_IMAGE_INPUT}}}}}",
+        image=_ref(LAUNCHER_IMAGE_INPUT),
         command=["mnnvl"],
         args=args,
         inputs=parameters,
@@ -175,22 +159,15 @@ def step_template(step: str, *, check: bool = False) -> Container:
         # Preflight only reads; provision and teardown are idempotent; a workload step retries
         # only when its pod was lost.
         retry_strategy=None if step == "preflight" else retry(lost_pod=deadline is not None),
-        active_deadline_seconds=(
-            f"{{{{inputs.parameters.{DEADLINE_INPUT}}}}}" if deadline is not None else None
-        ),
+        active_deadline_seconds=_ref(DEADLINE_INPUT) if deadline is not None else None,
         **launcher_pod(step),
     )
 
 
 def _report_outputs(step: str) -> list[Parameter | Artifact]:
-    """verify: the verdict's key figures as parameters, the HTML and CTRF reports as
-    artifacts; train: goodput, restarts and each restart's cost (``faults``, JSON) as
-    parameters, the HTML report as an artifact; preflight: the checks as a CTRF report.
-
-    Argo saves outputs of a failed step too, so a FAIL verdict or a failing row still
-    publishes them; a Job that ended without a verdict leaves the defaults (``""``) and no
-    artifacts (optional).
-    """
+    """verify and train: key figures as parameters, the HTML (and verify's CTRF) report as
+    artifacts; preflight: the CTRF report. Argo saves a failed step's outputs too; a Job that
+    ended without a verdict leaves the defaults (``""``) and no artifacts (optional)."""
     from mnnvl.report import CTRF_FILE, KEY_FIGURES
     from mnnvl.report_train import TRAIN_FIGURES
 

@@ -1,10 +1,7 @@
 """What the KFP components do: inputs -> specs -> ``mnnvl.steps`` -> artifacts.
 
-Each function takes the component's arguments as one dict (``kfp_entry.executable`` hands them
-over) and runs inside the launcher image; it imports no kfp (artifacts are duck-typed). A step
-that fails on purpose (bad input, a failed workload, an unreachable cluster) logs one line,
-``<step> failed: <field>: <why>`` with the parameter as KFP names it, and exits with the CLI's
-exit code, without a traceback (``one_line``).
+Each body takes the component's arguments as one dict and imports no kfp. A deliberate failure
+logs ``<step> failed: <input>: <why>`` and exits with the CLI's exit code (``one_line``).
 """
 
 from __future__ import annotations
@@ -37,11 +34,8 @@ def one_line(step: str) -> Iterator[None]:
     a body too."""
     try:
         yield
-    except SpecError as e:  # named as KFP has it: verify.min_bytes
-        log.error("%s failed: %s", step, surface.respelled(e, surface.GROUP_PATHS))
-        raise SystemExit(e.exit_code) from None
-    except MnnvlError as e:
-        log.error("%s failed: %s", step, e)
+    except MnnvlError as e:  # an input by its group path: verify.min_bytes
+        log.error("%s failed: %s", step, surface.named(e) if isinstance(e, SpecError) else e)
         raise SystemExit(e.exit_code) from None
 
 
@@ -63,7 +57,7 @@ def provision_for_pipeline(pipeline: str, params: dict[str, Any]) -> str:
     run_id = params.pop("run_id")
     plan = surface.PIPELINES[pipeline]
     with one_line("provision"):
-        plan.check(params, run_id)
+        plan.plan(params, run_id)
     (task,) = [t for t in plan.tasks if t.step == "provision"]
     return provision_domain({**plan.component_arguments(task, params), "run_id": run_id})
 

@@ -1,17 +1,8 @@
 """KFP lightweight components: one per step, plus the first task of each pipeline.
 
-Built at import from the input declarations (``mnnvl.components.kfp_entry``): each
-component's signature, defaults and docstring (the KFP form's descriptions) come from its
-step's inputs, so nothing is generated and nothing can drift. Each component embeds the same
-few lines (``kfp_entry.__getattr__``), which find the component's function in the launcher
-image (which carries ``mnnvl-pipelines[kfp]``; nothing is pip-installed at run time).
-
-Object names come from ``run_id`` (pass ``dsl.PIPELINE_JOB_ID_PLACEHOLDER``), which lets the
-teardown exit task find everything without reading other tasks' outputs. Repeatable inputs
-(``env``, ``node_selector``, ``tolerations``, ``command``) are lists of strings; the inputs
-past the essential ones come in groups (``placement``, ``pod``, ``deadlines``, ``recovery``,
-``train``, ``verify``), each a dict of some of its inputs by name. A float input takes an int
-(``job_timeout_s=3600``), which KFP's own type check refuses.
+Built at import from the input declarations (``kfp_entry``); each embeds the same few lines,
+which find the component's function in the launcher image. Pass ``run_id`` as
+``dsl.PIPELINE_JOB_ID_PLACEHOLDER``. A float input takes an int (``job_timeout_s=3600``).
 """
 
 from __future__ import annotations

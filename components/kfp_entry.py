@@ -1,14 +1,9 @@
 """What a KFP component's pod runs; ``__getattr__`` below is the one function KFP embeds.
 
-A lightweight component's pod writes the embedded source to a module and runs the function its
-``--function_to_execute`` names (``train_sharded``, …). That module defines no such name, so
-Python asks its ``__getattr__`` (PEP 562), which returns the component's function from the
-``mnnvl`` installed in the launcher image (``executable``): its signature, defaults and
-docstring come from the step's input declarations (``mnnvl.inputs.surface``), and its body
-hands the arguments to ``mnnvl.components.bodies``. So every component embeds the same few
-lines and nothing is generated. The pod imports kfp in its runtime mode (``_KFP_RUNTIME``),
-where only the artifact types exist: this module needs no more (the components themselves are
-``mnnvl.components.kfp_components``).
+The pod runs the embedded source as a module and calls the function ``--function_to_execute``
+names; the module defines none, so Python asks its ``__getattr__`` (PEP 562), which returns the
+component's function from the launcher image's ``mnnvl``: signature, defaults and docstring
+from the step's inputs, the body in ``mnnvl.components.bodies``.
 """
 
 from __future__ import annotations
@@ -55,45 +50,43 @@ class Spec:
     pipeline: str = ""  # a pipeline's first task: validate all its parameters, then provision
 
 
-def docstring(summary: str, args: list[tuple[str, str]], returns: str = "") -> str:
-    """A Google-style docstring: KFP reads each input's description from its ``Args``."""
-    lines = [summary, "", "Args:", *(f"    {name}: {text}." for name, text in args)]
-    return "\n".join([*lines, *(["", "Returns:", f"    {returns}"] if returns else [])]) + "\n"
-
-
-def signature(
-    inputs: list[Input], first: list[inspect.Parameter] | None = None
-) -> inspect.Signature:
-    """``inputs`` as a Python signature (their defaults and KFP types), after ``first``."""
+def declare(
+    func: Any, name: str, summary: str, inputs: list[Input], first: Any = (), returns: str = ""
+) -> Any:
+    """``func`` as KFP reads a function: ``name``, a signature of ``first`` (parameter and its
+    description) then ``inputs`` (defaults, KFP types), and a Google-style docstring, whose
+    ``Args`` KFP shows as each input's description."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [
-        inspect.Parameter(i.name, kind, default=i.default, annotation=_TYPE[i.kind]) for i in inputs
-    ]
-    return inspect.Signature([*(first or []), *params])
-
-
-def named(func: Any, name: str, sig: inspect.Signature, doc: str) -> Any:
-    """``func`` under ``name``, with ``sig`` and ``doc``: what KFP reads of a function."""
+    params = [*first]
+    for i in inputs:
+        annotation = _TYPE[i.kind]
+        params.append(
+            (
+                inspect.Parameter(i.name, kind, default=i.default, annotation=annotation),
+                i.description,
+            )
+        )
+    back = {"return": str} if returns else {}
     func.__name__ = func.__qualname__ = name
-    func.__signature__ = sig
-    func.__annotations__ = {p.name: p.annotation for p in sig.parameters.values()}
-    if sig.return_annotation is not inspect.Signature.empty:
-        func.__annotations__["return"] = sig.return_annotation
-    func.__doc__ = doc
+    func.__signature__ = inspect.Signature(
+        [p for p, _ in params], return_annotation=back.get("return", inspect.Signature.empty)
+    )
+    func.__annotations__ = {p.name: p.annotation for p, _ in params} | back
+    doc = [summary, "", "Args:", *(f"    {p.name}: {text}." for p, text in params)]
+    doc += ["", "Returns:", f"    {returns}"] if returns else []
+    func.__doc__ = "\n".join(doc) + "\n"
     return func
 
 
 def signed(func: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
     """``func`` as component ``spec``: its name, signature, annotations and docstring."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    first = [inspect.Parameter("run_id", kind, annotation=str)]
-    first += [inspect.Parameter(o, kind, annotation=_OUTPUTS[o][0]) for o in spec.outputs]
-    sig = signature(spec.inputs, first)
-    args = [("run_id", _RUN_ID), *((o, _OUTPUTS[o][1]) for o in spec.outputs)]
-    args += [(i.name, i.description) for i in spec.inputs]
-    returns = str if spec.returns else inspect.Signature.empty
-    doc = docstring(spec.summary, args, spec.returns)
-    return named(func, spec.name, sig.replace(return_annotation=returns), doc)
+    first = [(inspect.Parameter("run_id", kind, annotation=str), _RUN_ID)]
+    first += [
+        (inspect.Parameter(o, kind, annotation=_OUTPUTS[o][0]), _OUTPUTS[o][1])
+        for o in spec.outputs
+    ]
+    return declare(func, spec.name, spec.summary, spec.inputs, first, spec.returns)
 
 
 def executable(name: str) -> Callable[..., Any]:

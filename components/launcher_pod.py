@@ -1,17 +1,8 @@
-"""The launcher pod: the settings every step's pod carries, on KFP and on Argo alike.
+"""The launcher pod: the settings every step's pod carries, on KFP and on Argo alike (small,
+non-root, unprivileged: it only talks to the API server). Imports neither kfp nor hera.
 
-A launcher pod (one per step) runs ``mnnvl <step>`` in the launcher image and only talks to the
-API server, so it is small, non-root and unprivileged. The KFP pipelines
-(``mnnvl.pipelines.kfp_pipeline``) and the Argo templates (``mnnvl.components.argo_templates``,
-``mnnvl.pipelines.argo_workflow``) read these values from here and nowhere else. This module
-imports neither kfp nor hera: each side turns the values into its own objects.
-
-What each side can carry: kfp-kubernetes 2.17 sets only ``runAsUser``, ``runAsGroup`` and
-``runAsNonRoot`` of a task's security context, so the container hardening (read-only root file
-system, no privilege escalation, no capabilities, the seccomp profile) and with it the ``/tmp``
-volume apply to the Argo pods only. A KFP run's service account is chosen when the run is
-created (the profile's ``pipeline-runner``/``default-editor``, bound by
-``manifests/overlays/kfp``); Argo pods default to :data:`SERVICE_ACCOUNT`.
+kfp-kubernetes 2.17 sets only ``runAsUser``, ``runAsGroup`` and ``runAsNonRoot``, so the
+container hardening and the ``/tmp`` volume apply to the Argo pods only.
 """
 
 from __future__ import annotations

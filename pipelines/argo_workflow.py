@@ -1,31 +1,11 @@
-"""Argo Workflows: one WorkflowTemplate per pipeline, ``mnnvl-launch``, and a Workflow.
+"""Argo Workflows: one WorkflowTemplate per pipeline of ``surface.PIPELINES``, ``mnnvl-launch``
+(the step templates only, for ``templateRef``), a Workflow and two CronWorkflows.
 
-``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom`` run the DAGs of
-``mnnvl.inputs.surface.PIPELINES`` (the same tasks and parameters as the KFP pipelines); ``onExit``
-runs teardown. ``mnnvl-launch`` holds the step templates only (entrypoint ``launch``), for
-``templateRef`` from your own workflows. The run id is ``{{workflow.uid}}``, so the exit
-handler derives the same object names as the steps. The first task validates every workflow
-parameter (``{{workflow.parameters.json}}``) before it creates anything. The idempotent steps
-(provision, teardown) retry on exit codes a retry can fix; the workload steps (train, verify,
-launch) only when their pod was lost, and their retry adopts the step's Job; the long steps
-carry an ``activeDeadlineSeconds``.
-
-Workflow parameters that exist only on Argo (``ARGO_ONLY``): the launcher pods' service
-account (``launcher-service-account``; the workers' is ``worker-service-account``) and image,
-and the launcher pods' deadlines.
-
-Every WorkflowTemplate carries the launcher pods' pod-level settings (``workflow_settings``:
-non-root uid, seccomp, the ``/tmp`` volume), deletes succeeded pods at once (``podGC``; failed
-ones stay for ``kubectl logs``) and finished workflows after a while (``ttlStrategy``). All of
-it is set on hera's objects; nothing edits hera's output.
-
-``argo submit --from workflowtemplate/mnnvl-training -p nodes=4`` runs one, as does applying
-``workflow_manifest()`` (a Workflow with ``workflowTemplateRef``).
-
-Two CronWorkflows ship for GitOps: a nightly fabric check (``mnnvl-verify-only`` with its
-defaults) and an hourly ``mnnvl reap``. They reference WorkflowTemplates by name and name no
-namespace: kustomize (or ``kubectl apply -n``) places them, and ``{{workflow.namespace}}`` is
-where they run.
+The run id is ``{{workflow.uid}}``, so the exit handler (teardown) derives the steps' names; the
+first task validates ``{{workflow.parameters.json}}`` before it creates anything. ``ARGO_ONLY``
+holds the parameters KFP has no twin of (launcher account, image and pod deadlines). The
+CronWorkflows (a nightly fabric check, an hourly ``mnnvl reap``) name no namespace: kustomize
+places them. Everything is set on hera's objects; nothing edits hera's output.
 """
 
 from __future__ import annotations

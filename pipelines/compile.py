@@ -1,15 +1,9 @@
 """Regenerate the compiled YAML that GitOps applies: ``python -m mnnvl.pipelines.compile``.
 
-Writes ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates and a Workflow),
-the GitOps kustomize directories ``pipelines/gitops/kfp`` (``Pipeline`` + ``PipelineVersion``
-CRs of every pipeline) and ``pipelines/gitops/argo`` (WorkflowTemplates and CronWorkflows), and
-the component YAMLs in ``components/``. No namespace is written: kustomize places the objects.
-The output is byte-for-byte deterministic: same sources, same bytes. ``--check`` compiles into
-a scratch directory and exits 1 listing every file that differs from the checked-in one.
-
-KFP fixes images at compile time, so ``--launcher-image REG/launcher:TAG --runtime-image
-REG/runtime:TAG --out DIR`` writes the whole set with your images instead of the defaults
-(Argo users can also set the ``launcher-image`` and ``image`` workflow parameters).
+Writes ``pipelines/compiled/`` (KFP IR, Argo WorkflowTemplates, a Workflow), the kustomize
+directories ``pipelines/gitops/kfp`` and ``pipelines/gitops/argo`` and the component YAMLs in
+``components/``, byte for byte reproducibly. ``--check`` exits 1 listing every stale file.
+``--launcher-image IMG --runtime-image IMG --out DIR`` writes the set with your images.
 """
 
 from __future__ import annotations
@@ -53,11 +47,8 @@ def pipeline_spec(func: Any) -> list[dict[str, Any]]:
 
 
 def version_name(pipeline_name: str, spec: list[dict[str, Any]]) -> str:
-    """PipelineVersion name: pipeline, package version and a short hash of the spec.
-
-    KFP treats a version's spec as immutable, so a name that changes with the content lets a
-    GitOps sync add a new version instead of failing on the old one.
-    """
+    """PipelineVersion name: pipeline, package version and a short hash of the spec (KFP's
+    versions are immutable: a new spec is a new version)."""
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
     return f"{pipeline_name}-v{mnnvl.__version__.replace('.', '-')}-{digest}"
 
@@ -199,10 +190,8 @@ def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], 
 
 
 def compile_all(root: Path | None = None, images: dict[str, str] | None = None) -> dict[str, Path]:
-    """Compile everything; under ``root`` (mirroring the repo layout) or in place.
-
-    ``images`` maps default image -> user image in every YAML written (needs ``root``).
-    """
+    """Compile everything under ``root`` (the repository's layout) or in place; ``images``:
+    default image -> user image in every YAML written (needs ``root``)."""
     if images and root is None:
         raise ValueError("custom images are written under --out, never over the shipped set")
     written: dict[str, Path] = {}

@@ -1,27 +1,16 @@
-"""KFP pipelines ``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom``.
+"""KFP pipelines ``mnnvl-training``, ``mnnvl-verify-only`` and ``mnnvl-custom``
+(``surface.PIPELINES``), their parameters built from the field declarations.
 
-Shapes (``mnnvl.inputs.surface.PIPELINES``)::
-
-    mnnvl-training:    ExitHandler(teardown): provision -> verify-pre (gate) -> train -> verify-post
-    mnnvl-verify-only: ExitHandler(teardown): provision -> verify
-    mnnvl-custom:      ExitHandler(teardown): provision -> verify-pre (gate) -> launch
-
-The parameters are those of the tasks' steps (renamed where two steps share an input name,
-e.g. ``train_timeout_s``/``verify_timeout_s``), built from the field declarations, so the
-pipeline, its components and the Argo workflow parameters cannot drift apart. The first task
-validates every parameter before it creates anything. Every task gets the run id from
-``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` (the exit task may not consume other tasks' outputs);
-caching is off everywhere. Teardown and the workload tasks (train, verify, launch) retry;
-the first task does not (it validates, and a bad parameter must fail in one attempt). KFP's
-retry policy cannot condition on an exit code, so a workload task is retried after its
-workload failed too: after a permanent failure that retry meets the record of the failure and
-fails again at once with the same message (``mnnvl.driver.workload.record_failure``); after one
-the cluster may clear (an unschedulable pod, a quota, a passed deadline) it runs the step
-again; a retry after its pod was lost adopts the step's Job and carries on (docs/recovery.md).
+Every task gets the run id from ``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` (the exit task may not read
+other tasks' outputs); caching is off. The first task validates every parameter and is not
+retried; teardown and the workload tasks are. KFP cannot retry on an exit code, so a workload
+task's retry after a permanent failure meets the record of that failure and fails again at once
+(``mnnvl.driver.workload.record_failure``); after a lost pod it adopts the step's Job.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -112,18 +101,13 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
 def build_pipeline(name: str) -> Callable[..., None]:
     """The ``@dsl.pipeline`` function of ``name``, its signature from the field declarations."""
     plan = surface.PIPELINES[name]
-    parameters = plan.grouped_parameters()
-    signature = kfp_entry.signature(parameters)
 
     def pipeline(*args: Any, **kwargs: Any) -> None:
-        bound = signature.bind(*args, **kwargs)
+        bound = inspect.signature(pipeline).bind(*args, **kwargs)
         bound.apply_defaults()
         _wire(plan, dict(bound.arguments))
 
-    # KFP reads each parameter's description from the docstring's Args (the form shows it).
-    args = [(p.name, p.description) for p in parameters]
-    doc = kfp_entry.docstring(plan.description, args)
-    kfp_entry.named(pipeline, name.replace("-", "_"), signature, doc)
+    kfp_entry.declare(pipeline, name.replace("-", "_"), plan.description, plan.grouped_parameters())
     # Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
     # as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the
     # exit handler's teardown; each step has its own deadline (job_timeout_s).

@@ -1,16 +1,9 @@
-"""``make run``: the ``mnnvl-training`` KFP pipeline end to end on this machine.
+"""``make run``: the ``mnnvl-training`` KFP pipeline end to end on this machine (``make run
+PIPELINE=custom``: ``mnnvl-custom`` with ``examples/custom_trainer.py``).
 
-``make run PIPELINE=custom`` runs ``mnnvl-custom`` instead: a user program that is not part
-of the package (``examples/custom_trainer.py``) goes through the launch step, and its RESULT
-line is printed.
-
-A simulated cluster (``mnnvl.sim.SimCluster``) serves the Kubernetes API and runs worker
-pods as local processes; ``kfp.local`` runs the pipeline's components in this Python
-environment against it. Stage lines go to stderr while it runs; a summary (objects the run
-created, training metrics, the verification table and verdict, report files, and proof
-that teardown left nothing: no object, and no process of the run's pods) goes to stdout.
-Exit status: 0 when the pipeline succeeded and teardown left nothing, 1 otherwise (a failed
-verification still tears down).
+``kfp.local`` runs the components here against a simulated cluster (``mnnvl.sim.SimCluster``).
+Stage lines go to stderr, a summary to stdout. Exit 0 when the pipeline succeeded and teardown
+left no object and no process, else 1.
 """
 
 from __future__ import annotations
@@ -29,7 +22,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from mnnvl.inputs import surface
 from mnnvl.pipelines.local_progress import ANSI, KfpLogTap, ObjectWatcher
 
 log = logging.getLogger(__name__)
@@ -48,43 +40,42 @@ def pipeline_arguments(
     arguments: dict[str, Any] = {
         "namespace": "default",
         "nodes": args.nodes,
-        "nodes_per_clique": per_clique,
         "gpus_per_node": gpus_per_node,
         "image": LOCAL_IMAGE,
-        "min_busbw_gbps": args.min_busbw_gbps,
-        # CPU/gloo (and single-GPU) runs have no NVLink to judge: NOT_JUDGED is expected here.
-        "allow_unjudged": True,
-        "rct_timeout_s": 60.0,
-        "delete_timeout_s": 60.0,
-        "pods_running_timeout_s": 120.0,
         "verify_timeout_s": 300.0,
-        "shm_size": "1Gi",
+        # Clique groups keep their affinity: the simulator labels one clique per group.
+        "placement": {
+            "nodes_per_clique": per_clique,
+            "clique_affinity": bool(gpus_per_node or per_clique),
+        },
+        "pod": {"shm_size": "1Gi"},
+        "deadlines": {
+            "rct_timeout_s": 60.0,
+            "delete_timeout_s": 60.0,
+            "pods_running_timeout_s": 120.0,
+        },
+        # CPU/gloo (and single-GPU) runs have no NVLink to judge: NOT_JUDGED is expected here.
+        "verify": {"min_busbw_gbps": args.min_busbw_gbps, "allow_unjudged": True},
     }
     if pipeline == "custom":
         # The example runs one process per node and reads the rendezvous from its env.
-        arguments["command"] = ["python3", str(EXAMPLE), "--steps", "400"]
-        arguments["launch_timeout_s"] = 600.0
-    else:
-        arguments |= {
-            "workload": getattr(args, "workload", "job"),
-            "model": "tiny",
-            "steps": args.steps,
-            "batch_size": 2,
-            "log_every": max(1, args.steps // 4),
-            "train_timeout_s": 600.0,
+        return arguments | {
+            "command": ["python3", str(EXAMPLE), "--steps", "400"],
+            "launch_timeout_s": 600.0,
         }
-    if gpus_per_node == 0 and not per_clique:
-        # Clique groups keep their affinity: the simulator labels one clique per group.
-        arguments["clique_affinity"] = False
-    return surface.grouped_values(arguments)
+    return arguments | {
+        "workload": getattr(args, "workload", "job"),
+        "model": "tiny",
+        "steps": args.steps,
+        "batch_size": 2,
+        "train_timeout_s": 600.0,
+        "train": {"log_every": max(1, args.steps // 4)},
+    }
 
 
 def gpu_shape(nodes: int, asked: int | None, local: int) -> tuple[int, str]:
-    """GPUs per simulated node and the line that says why, from ``--gpus-per-node`` (None:
-    this machine's ``local`` GPUs shared out, whole, among the ``nodes``). Each simulated node
-    gets GPUs of its own or none, so fewer GPUs than nodes means CPU workers.
-
-    Raises ValueError for more GPUs than this machine has."""
+    """GPUs per simulated node and why, from ``--gpus-per-node`` (None: the ``local`` GPUs
+    shared out whole; fewer GPUs than nodes: CPU workers). ValueError for more than there are."""
     gpus = local // max(1, nodes) if asked is None else asked
     if nodes * gpus > local:
         raise ValueError(
@@ -122,11 +113,8 @@ class RunOutcome:
 def collect_outputs(
     run_dir: Path | None, reports_dir: Path
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Step results (by purpose) from a kfp.local run directory; HTML reports copied out.
-
-    kfp.local names an artifact file after its output (``report``); the copies get a
-    ``.html`` suffix so a browser opens them.
-    """
+    """Step results (by purpose) from a kfp.local run directory; the HTML reports copied out
+    with an ``.html`` suffix (kfp.local names the file ``report``)."""
     results: dict[str, dict[str, Any]] = {}
     reports: dict[str, str] = {}
     if run_dir is None:

@@ -1,12 +1,9 @@
 """``mnnvl <command>``: the steps from a shell (Argo templates and people use this).
 
-Every command validates its input before any API call (bad input exits 2), logs progress to
-stderr, and ends with exactly one JSON line on stdout: ``{"ok": true, "command": ...,
-...result}`` or ``{"ok": false, "error": ..., "exit_code": n}``. ``render`` and ``logs``
-write that line to stderr instead, so their stdout is pure YAML (``mnnvl render … |
-kubectl apply -f -``) or the pod's log.
-Exit codes come from the error family: 0 ok, 2 bad input, 3 timeout, 4 workload/verification
-failed, 5 cluster or CRD unavailable, 1 unexpected; 130/143 when interrupted by SIGINT/SIGTERM.
+Input is validated before any API call; progress goes to stderr; the last stdout line is one
+JSON object (``render`` and ``logs`` write it to stderr: their stdout is YAML or a log). Exit
+codes: 0 ok, 2 bad input, 3 timeout, 4 workload or verification failed, 5 cluster or CRD
+unavailable, 1 unexpected, 130/143 on SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -138,27 +135,21 @@ def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def _own_trainjob(path: str | None, workload: WorkloadSpec) -> dict[str, Any] | None:
-    """``--trainjob-file``'s TrainJob, refused before anything is created when it is not a
-    TrainJob of ``workload``'s shape; None without the flag."""
+    """``--trainjob-file``'s TrainJob (YAML), refused before anything is created when it is not
+    a TrainJob of ``workload``'s shape; None without the flag."""
     if not path:
         return None
-    own = _read_trainjob(path)
-    take_trainjob(own, workload)
-    return own
-
-
-def _read_trainjob(path: str) -> dict[str, Any]:
-    """The one TrainJob in ``path`` (YAML), read before anything is created."""
     try:
         with open(path, encoding="utf-8") as f:
-            found = yaml.safe_load(f)
+            own = yaml.safe_load(f)
     except (OSError, yaml.YAMLError) as e:
         raise SpecError(
             "trainjob_file", f"cannot read {path}: {e}; give a YAML file holding one TrainJob"
         ) from e
-    if not isinstance(found, dict):
+    if not isinstance(own, dict):
         raise SpecError("trainjob_file", f"{path} holds no object; give one TrainJob")
-    return found
+    take_trainjob(own, workload)
+    return own
 
 
 def _validate_objects(
@@ -226,8 +217,8 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
-    values = {i.name: getattr(ns, i.name) for i in surface.step_inputs("preflight")}
-    (workload,) = surface.step_specs("preflight", "preflight", values | _own_namespace(ns))
+    values = flags.ns_values(ns) | _own_namespace(ns)
+    (workload,) = surface.step_specs("preflight", "preflight", values)
     return steps.preflight(workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir).to_dict()
 
 
@@ -255,7 +246,9 @@ def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
 
 def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
     """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default)."""
-    values = {p.name: getattr(ns, p.name, None) for p in surface.run_parameters()}
+    given = flags.ns_values(ns)
+    names = [*(p.name for p in surface.run_parameters()), *surface.GROUP_HELP]
+    values = {name: given.get(name) for name in names}
     skip_verify = getattr(ns, "skip_verify", False)
     return plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
 
@@ -327,6 +320,11 @@ def _run_reports(ns: argparse.Namespace) -> str | None:
     return folder
 
 
+# The flags of `mnnvl sim up` that are the simulated cluster's options as they are.
+SIM_OPTIONS = ["nodes", "gpus_per_node", "imex_delay_s", "cliques", "kueue", "trainer"]
+SIM_OPTIONS += ["gpu_stack", "imex_mode", "cluster_reader"]
+
+
 def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     check_range("nodes", ns.nodes, 1, 1024, integer=True)
     check_range("gpus_per_node", ns.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
@@ -343,18 +341,10 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     # The simulator announces itself on stdout; stdout is reserved for our one result line.
     with contextlib.redirect_stdout(sys.stderr):
         served = serve(
-            nodes=ns.nodes,
-            gpus_per_node=ns.gpus_per_node,
+            **{key: getattr(ns, key) for key in SIM_OPTIONS},
             kubeconfig_path=ns.kubeconfig,
-            imex_delay_s=ns.imex_delay_s,
-            cliques=ns.cliques,
-            kueue=ns.kueue,
-            trainer=ns.trainer,
             admin_kubeconfig_path=ns.admin_kubeconfig,
             namespaces=namespaces,
-            gpu_stack=ns.gpu_stack,
-            imex_mode=ns.imex_mode,
-            cluster_reader=ns.cluster_reader,
         )
     shown = ("nodes", "gpus_per_node", "cliques", "gpu_stack", "imex_mode")
     return {"kubeconfig": served} | {key: getattr(ns, key) for key in shown}
@@ -498,19 +488,6 @@ def _leftovers(e: MnnvlError | Interrupted) -> dict[str, Any]:
     return {"leftovers": list(e.leftovers), "cleanup": e.cleanup}
 
 
-def groups_as_flags(ns: argparse.Namespace) -> None:
-    """``--<group>-json`` values as the flags of their inputs (errors name them group.input)."""
-    for group in surface.GROUPS:
-        text = getattr(ns, f"{group}_json", None)
-        if text is None:
-            continue
-        for key, value in surface.ungroup(group, text, vars(ns)).items():
-            if getattr(ns, key) is not None:
-                raise SpecError(key, f"is given twice: on its own and in --{group}-json")
-            setattr(ns, key, value)
-            ns.flag_names = {**ns.flag_names, key: f"{group}.{key}"}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -529,12 +506,14 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("%s failed: %s", command, bad_path)
         return _failed(command, bad_path, exit_codes.BAD_INPUT)
     try:
-        groups_as_flags(ns)
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
     except (MnnvlError, Interrupted) as e:
-        if isinstance(e, SpecError):  # named as typed: --rct-timeout-s, not rct_timeout_s
-            e = surface.respelled(e, ns.flag_names)
+        if isinstance(e, SpecError):  # recovery.max_restarts (--max-restarts)
+            actions = parser.commands[ns.command_name]._actions  # type: ignore[attr-defined]
+            e = surface.named(
+                e, {a.dest: a.option_strings[0] for a in actions[::-1] if a.option_strings}
+            )
         logger.error("%s %s", command, e if isinstance(e, Interrupted) else f"failed: {e}")
         return _failed(command, str(e), e.exit_code, ns.result_path, **_leftovers(e))
     except Exception as e:

@@ -41,10 +41,10 @@ def _common(p: argparse.ArgumentParser, name: str) -> None:
 
 
 # Help groups, in the order --help lists them: the inputs of their own, then KFP's and
-# Argo's groups (``surface.GROUPS``).
+# Argo's groups (``surface.GROUP_HELP``).
 HELP_GROUPS = {
     "": "inputs",
-    **{name: f"{name}: {about}" for name, (about, _) in surface.GROUPS.items()},
+    **{name: f"{name}: {about}" for name, about in surface.GROUP_HELP.items()},
 }
 # Inputs a command does not use (the rest of its specs' CLI inputs are its flags).
 _STATUS_SKIPS = frozenset({"allocation_mode", "rct_timeout_s", "delete_timeout_s"})
@@ -309,16 +309,4 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag, **kwargs)
         _common(p, name)
     parser.commands = sub.choices  # type: ignore[attr-defined]
-    for p in sub.choices.values():
-        p.set_defaults(flag_names=flag_names(p))
     return parser
-
-
-def flag_names(p: argparse.ArgumentParser) -> dict[str, str]:
-    """Input name -> the flag that sets it on this command (errors name the flag)."""
-    names: dict[str, str] = {}
-    for action in p._actions:
-        long = [o for o in action.option_strings if o.startswith("--") and o[2:5] != "no-"]
-        if long and action.dest != "help":
-            names.setdefault(action.dest, long[0])
-    return names

@@ -1,24 +1,13 @@
-"""What a healthy system of a given kind measures: all-reduce bus bandwidth baselines.
+"""What a healthy system of a given kind measures: all-reduce bus bandwidth baselines, each row
+with its source (a published figure and its citation, or our measurement with date and method).
 
-A threshold derived from link count x link speed x efficiency says what the links could
-carry, not what a healthy system of that kind reaches. This table holds what such systems
-were measured at, each row with its source: a published figure with its citation, or our
-own measurement with its date and method. The verification judges against a matching row
-x (1 - tolerance) when the user gave no ``--min-busbw-gbps`` (docs/verification.md).
-
-A row matches on the GPU model (NVML's name contains it), the GPUs per node, the number of
-nodes (a range: ``nodes``), the transport NCCL used (``transport_key``), the NCCL version range
-and the platform (rows of one provider's clusters are used only when asked for).
-
-A partial rack is judged against the rack's row: a multi-node NVLink row (MNNVL NVLS) covers
-every whole-node slice of one NVLink domain, 2 to 18 nodes of an NVL72. NVLS all-reduce runs
-through the domain's NVSwitch trays, so a GPU's bus bandwidth is bounded by its own links, not
-by how many GPUs take part: AICR measured 841.17 GB/s on 2 GB300 nodes (8 GPUs) against the
-validated 895.08 of the generic baseline, and whole GB200 racks reach 835-847 GB/s, above the
-~770 their floor comes from; AICR's own NCCL checks apply these floors to 2-node runs. A slice
-of partial nodes (fewer GPUs per node than the row's) matches no row, and one node is judged by
-the single-node rows (NVLS inside one node is another transport). ``mnnvl baselines --system
-gb200 --nodes 4 --gpus-per-node 4`` shows the row a shape gets. Standard library only.
+Verification judges against a matching row x (1 - tolerance) when no ``--min-busbw-gbps`` is
+given (docs/verification.md). A row matches on the GPU model (a word of NVML's name), GPUs per
+node, the node count (a range), the transport (``transport_key``), the NCCL version range and
+the platform (a provider's rows only when asked for). A multi-node NVLS row covers every
+whole-node slice of one NVLink domain (2 to 18 nodes of an NVL72): NVLS bounds a GPU's busbw by
+its own links (AICR: 841.17 GB/s on 2 GB300 nodes against 895.08 for the rack). Standard
+library only.
 """
 
 from __future__ import annotations

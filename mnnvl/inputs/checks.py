@@ -124,12 +124,8 @@ def check_env(field_name: str, env: dict[str, str]) -> None:
 
 
 def list_items(items: list[str] | tuple[str, ...] | str, field: str) -> list[str]:
-    """The items of a list input, however it travelled.
-
-    The CLI repeats a flag; KFP passes a list; Argo passes one JSON list (``["A=1", "B=2"]``).
-    An item that starts with ``[`` is such a JSON list and is expanded. Nothing is split on
-    commas, so values may hold commas and ``=`` (``NCCL_IB_HCA=mlx5_0,mlx5_1``).
-    """
+    """The items of a list input: a repeated flag, KFP's list, or Argo's one JSON list (an item
+    starting with ``[`` is expanded). Nothing is split on commas (``NCCL_IB_HCA=mlx5_0,mlx5_1``)."""
     if isinstance(items, str):
         items = [items]
     out: list[str] = []

@@ -1,8 +1,5 @@
-"""What the inputs start from and the values they may take.
-
-The default images, the model presets and the training defaults each picks, the closed sets
-of choices and the limits of the spec fields (``mnnvl.inputs.spec``). Data only: the checks that
-apply them are ``mnnvl.inputs.checks``. Standard library only.
+"""What the inputs start from and the values they may take: default images, model presets and
+their training defaults, choice sets and limits. Data only. Standard library only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Command-line flags <-> input dataclasses: one ``--flag`` per field a spec exposes on the CLI.
-
-The CLI, the worker entry points (``mnnvl.runtime.train``/``verify``) and the Job builder
-use these, so a field added to a spec becomes a flag everywhere, with the help text its
-declaration carries (``mnnvl.inputs.spec.opt``). Repeatable flags also take one JSON list
-(``--env '["A=1,2", "B=x=y"]'``), which is how Argo passes them.
+"""Command-line flags <-> input dataclasses: one ``--flag`` per field a spec exposes on the CLI,
+for the CLI, the worker entry points and the Job builder. Repeatable flags also take one JSON
+list (``--env '["A=1,2", "B=x=y"]'``), as Argo passes them.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from typing import Any, TypeVar
 
 from mnnvl.inputs.defaults import SWITCHES
 from mnnvl.inputs.spec import CLI, OwnerRef, leaves
-from mnnvl.inputs.surface import Input, build, class_inputs
+from mnnvl.inputs.surface import GROUP_HELP, Input, build, class_inputs, pick
 
 T = TypeVar("T")
 REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)
@@ -52,11 +49,8 @@ def add_inputs(
     group: Callable[[Input], Any] | None = None,
     required: bool = False,
 ) -> None:
-    """Add one ``--flag`` per CLI input of ``inputs``; ``defaults`` override the dataclass's.
-
-    ``group`` picks the argument group each flag is listed under in ``--help``; a field with
-    no default is a required flag when ``required`` is True (else the caller supplies it).
-    """
+    """Add one ``--flag`` per CLI input of ``inputs`` (``defaults`` override the dataclass's)
+    under the ``--help`` heading ``group`` picks; one without a default is required if asked."""
     defaults = defaults or {}
     for item in inputs:
         if CLI not in item.surfaces or item.name in REMAINDER_FIELDS:
@@ -85,11 +79,15 @@ def add_inputs(
             target.add_argument(item.flag, required=need, metavar=_metavar(item), **shared)
 
 
+def ns_values(ns: argparse.Namespace) -> dict[str, Any]:
+    """Parsed flags by input name, each ``--<group>-json`` as its group."""
+    values = dict(vars(ns))
+    return values | {g: values.pop(f"{g}_json", None) for g in GROUP_HELP}
+
+
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """Build ``cls`` from parsed flags; unset flags keep the dataclass default."""
-    names = {i.name for i in class_inputs(cls)}
-    values = {n: getattr(ns, n) for n in names if getattr(ns, n, None) is not None}
-    return build(cls, values, **extra)
+    return build(cls, pick(ns_values(ns), class_inputs(cls)), **extra)
 
 
 def to_args(cfg: Any) -> list[str]:

@@ -1,9 +1,6 @@
-"""Run id -> object names and labels. The one place names are made.
-
-Names are deterministic (every step, including an exit handler that cannot read other
-steps' outputs, derives the same names from the run id), DNS-1123 labels of at most
-63 characters, and distinct for distinct run ids (a hash of the exact run id is part of
-every name, so ids differing only in case or punctuation do not collide).
+"""Run id -> object names and labels; the one place names are made. Names are deterministic
+(an exit handler derives the steps' names), DNS-1123 labels of at most 63 characters, and hold a
+hash of the exact run id, so ids differing only in case or punctuation do not collide.
 """
 
 from __future__ import annotations

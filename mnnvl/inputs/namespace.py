@@ -1,7 +1,5 @@
-"""The namespace a step works in when none is given: the pod's own, else ``default``.
-
-Resolved at the edges (the ``mnnvl`` command line and the KFP component bodies), never while a
-spec is built: a spec is a value and reads no environment and no file.
+"""The namespace a step works in when none is given: the pod's own, else ``default``; resolved
+at the edges (CLI, KFP bodies), never while a spec is built.
 """
 
 from __future__ import annotations
@@ -14,12 +12,8 @@ POD_NAMESPACE_ENV = "POD_NAMESPACE"
 
 
 def pod_namespace() -> str:
-    """The namespace of the pod this process runs in, or "" outside a pod.
-
-    ``POD_NAMESPACE`` (downward API) wins; else the service account's namespace file, which
-    every pod with a mounted token has. Read locally: a namespace-scoped account may not GET
-    namespaces.
-    """
+    """This pod's namespace ("" outside a pod): ``POD_NAMESPACE`` (downward API), else the
+    service account's namespace file, read locally (an account may not GET namespaces)."""
     if os.environ.get(POD_NAMESPACE_ENV):
         return os.environ[POD_NAMESPACE_ENV].strip()
     try:

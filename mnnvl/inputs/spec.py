@@ -1,10 +1,6 @@
-"""Validated inputs. Every bad value stops here with a one-line message naming the field.
-
-The dataclasses are frozen and validate in ``__post_init__``; nothing talks to a cluster
-or imports a heavy library. Each field is declared once with its help text and the
-surfaces that expose it (``opt``); the CLI flags (``mnnvl.inputs.flags``), the KFP component
-signatures and the Argo template inputs and workflow parameters (``mnnvl.inputs.surface``) are
-all produced from these declarations.
+"""Validated inputs: frozen dataclasses that refuse a bad value in ``__post_init__`` with a
+one-line message naming the field. Each field is declared once (``opt``: default, help, the
+surfaces that expose it); the CLI flags, KFP signatures and Argo inputs come from these.
 """
 
 from __future__ import annotations
@@ -74,14 +70,10 @@ def opt(
     example: tuple[str, ...] = (),
     group: str = "",
 ) -> Any:
-    """A field with its one line of help and the surfaces (cli, kfp, argo) that expose it.
-
-    A field missing from a surface names the reason in ``why`` (a test checks that).
-    ``choices`` lists a closed set of values (Argo shows them as a drop-down); ``valid`` is a
-    number's range, checked by ``check_declared`` and shown on every surface, or the valid
-    values in words where a check of their own decides; ``example`` is a list input's value;
-    ``group`` is the group a field of a spec without nested groups is in on KFP and Argo.
-    """
+    """A field with its help and the surfaces (cli, kfp, argo) that expose it; ``why`` says why
+    a surface lacks it. ``choices``: a closed set (an Argo drop-down); ``valid``: a number's
+    range (``check_declared``) or the valid values in words; ``example``: a list input's value;
+    ``group``: its group on KFP and Argo where the spec nests none."""
     meta = {
         "help": help,
         "surfaces": frozenset(surfaces),
@@ -114,16 +106,14 @@ def group(cls: type) -> Any:
     return field(default_factory=cls, metadata={"nested": cls})
 
 
-def nested(cls: type) -> dict[str, type]:
-    """The groups ``cls`` nests: field name -> the group's dataclass."""
-    return {f.name: f.metadata["nested"] for f in dataclasses.fields(cls) if "nested" in f.metadata}
-
-
 def _given_to_groups(cls: type, inputs: dict[str, Any], current: Any = None) -> dict[str, Any]:
     """``inputs`` with each one a nested group holds given to that group: the group given
     whole, else ``current``'s, changed; else a new one."""
     kwargs = dict(inputs)
-    for name, kind in nested(cls).items():
+    groups = [
+        (f.name, f.metadata["nested"]) for f in dataclasses.fields(cls) if "nested" in f.metadata
+    ]
+    for name, kind in groups:
         mine = {f.name for f in dataclasses.fields(kind)} & kwargs.keys()
         if mine:
             given = {k: kwargs.pop(k) for k in mine}
@@ -207,18 +197,15 @@ class _WorkerTimeouts:
         if self.stall_timeout_s and self.stall_timeout_s <= self.collective_timeout_s:
             raise SpecError(
                 "stall_timeout_s",
-                f"{self.stall_timeout_s:g} must exceed collective_timeout_s "
+                f"{self.stall_timeout_s:g} must exceed recovery.collective_timeout_s "
                 f"{self.collective_timeout_s:g} (a collective may wait that long on a slow peer)",
-                mentions=("collective_timeout_s",),
             )
 
     @property
     def stall_s(self) -> float:
-        """The stall timeout's bound the workers report. Unset: between two progress reports a
-        worker may block in a collective for up to the collective timeout, twice (a training
-        checkpoint save is barriers around a write), plus a minute for the write itself; the
-        pod's launcher then shortens it from the training steps it sees
-        (:class:`mnnvl.runtime.progress.Watchdog`)."""
+        """The stall bound the workers report. Unset: a worker may block in two collectives
+        between progress reports (a checkpoint save is barriers around a write) plus a minute
+        for the write; the launcher shortens it from the steps it sees (``Watchdog``)."""
         return self.stall_timeout_s or 2 * self.collective_timeout_s + 60
 
 
@@ -498,29 +485,23 @@ class WorkloadSpec:
             raise SpecError(
                 "nodes",
                 f"{self.nodes} nodes do not fit one NVLink clique of at most {per}; set "
-                "nodes_per_clique to place them as several clique groups",
-                mentions=("nodes_per_clique",),
+                "placement.nodes_per_clique to place them as several clique groups",
             )
         if place.nodes_per_clique and self.nodes % place.nodes_per_clique:
             raise SpecError(
                 "nodes",
-                f"{self.nodes} is not a multiple of nodes_per_clique {place.nodes_per_clique}",
-                mentions=("nodes_per_clique",),
+                f"{self.nodes} is not a multiple of placement.nodes_per_clique "
+                f"{place.nodes_per_clique}",
             )
         if place.topology_aware and not self.queue_name:
-            raise SpecError(
-                "topology_aware",
-                "needs queue_name (Kueue admits the groups)",
-                mentions=("queue_name",),
-            )
+            raise SpecError("topology_aware", "needs queue_name (Kueue admits the groups)")
         several_groups = place.nodes_per_clique and self.nodes > place.nodes_per_clique
         if self.queue_name and several_groups and not place.topology_aware:
             raise SpecError(
                 "topology_aware",
                 "several clique groups under Kueue run as one Job that Kueue admits whole "
                 "and places group by group with topology-aware scheduling: set "
-                f"topology_aware (a Kueue Topology with the level {place.clique_label})",
-                mentions=("topology_aware",),
+                f"placement.topology_aware (a Kueue Topology with the level {place.clique_label})",
             )
 
     def _check_trainjob(self) -> None:
@@ -528,15 +509,14 @@ class WorkloadSpec:
         if self.groups > 1:
             raise SpecError(
                 "nodes_per_clique",
-                "clique groups need one Job per group; a TrainJob has one: set nodes_per_clique "
-                "to 0 or workload to job",
-                mentions=("workload",),
+                "clique groups need one Job per group; a TrainJob has one: set "
+                "placement.nodes_per_clique to 0 or workload to job",
             )
         if self.placement.priority_class:
             raise SpecError(
                 "priority_class",
                 "a TrainJob cannot carry a priority class: set it in the runtime's pod template, "
-                "or leave priority_class empty",
+                "or leave placement.priority_class empty",
             )
 
     @property
@@ -650,17 +630,14 @@ class TrainConfig(_WorkerTimeouts):
                 raise SpecError(
                     "warmup_steps",
                     f"{self.warmup_steps} is more than steps {self.steps} (the learning rate "
-                    f"would never reach its peak); set warmup_steps to {self.steps} or fewer",
-                    mentions=("warmup_steps",),
+                    f"would never reach its peak); set train.warmup_steps to {self.steps} or fewer",
                 )
             # The default warm-up on a run shorter than it: the whole run warms up.
             object.__setattr__(self, "warmup_steps", self.steps)
         if not self.data:
             raise SpecError("data", "must be 'synthetic' or a path to a token file")
         if self.checkpoint_every and not self.checkpoint_dir:
-            raise SpecError(
-                "checkpoint_every", "needs checkpoint_dir to be set", mentions=("checkpoint_dir",)
-            )
+            raise SpecError("checkpoint_every", "needs recovery.checkpoint_dir to be set")
         self._check_stall()
 
     def _apply_preset(self) -> None:
@@ -772,9 +749,7 @@ class VerifyConfig(_WorkerTimeouts):
         check_declared(self)
         if self.min_bytes and self.max_bytes and self.min_bytes > self.max_bytes:
             raise SpecError(
-                "min_bytes",
-                f"{self.min_bytes} is larger than max_bytes {self.max_bytes}",
-                mentions=("max_bytes",),
+                "min_bytes", f"{self.min_bytes} is larger than verify.max_bytes {self.max_bytes}"
             )
         self._check_stall()
 

@@ -1,15 +1,12 @@
-"""Shared storage for the workers: ``--pvc CLAIM:/mount/path[:ro]`` and where paths may lie.
-
-Checkpoints and a token file must be visible to every worker pod, so they must lie under a
-PersistentVolumeClaim the Job mounts in each pod. Standard library only; ``mnnvl.inputs.spec``
-validates ``WorkloadSpec.pod.pvc`` with :func:`parse_pvc`.
+"""Shared storage for the workers: ``--pvc CLAIM:/mount/path[:ro]``, and checkpoints and token
+files under a PersistentVolumeClaim every worker pod mounts. Standard library only.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any
 
 from mnnvl.errors import SpecError
 from mnnvl.inputs.checks import check_subdomain
@@ -55,41 +52,10 @@ def mount_of(path: str, mounts: list[PvcMount]) -> PvcMount | None:
     return None
 
 
-class _Pod(Protocol):
-    @property
-    def pvc(self) -> tuple[str, ...]: ...
-
-
-class _Mounts(Protocol):
-    """What the check reads of a ``WorkloadSpec`` (``mnnvl.inputs.spec`` imports this module)."""
-
-    @property
-    def pod(self) -> _Pod: ...
-
-    @property
-    def nodes(self) -> int: ...
-
-
-class _Paths(Protocol):
-    """What the check reads of a ``TrainConfig``."""
-
-    @property
-    def checkpoint_dir(self) -> str: ...
-
-    @property
-    def data(self) -> str: ...
-
-    @property
-    def allow_local_checkpoint(self) -> bool: ...
-
-
-def check_shared_storage(workload: _Mounts, config: _Paths) -> None:
-    """``checkpoint_dir`` and a file ``data`` must lie under a PVC mounted in every worker.
-
-    A path outside every mount would be a different directory in each pod: checkpoints
-    could not be resumed and ranks would read different data. ``allow_local_checkpoint``
-    accepts local paths for single-node runs (one pod, one filesystem).
-    """
+def check_shared_storage(workload: Any, config: Any) -> None:
+    """A ``TrainConfig``'s ``checkpoint_dir`` and file ``data`` must lie under a PVC the
+    ``WorkloadSpec`` mounts in every worker (``spec`` imports this module, hence ``Any``): else
+    each pod sees another directory. ``allow_local_checkpoint``: single-node runs only."""
     mounts = parse_pvc(workload.pod.pvc)
     local_ok = config.allow_local_checkpoint
     if local_ok and workload.nodes > 1:
@@ -109,12 +75,15 @@ def check_shared_storage(workload: _Mounts, config: _Paths) -> None:
         mount = mount_of(path, mounts)
         if mount is None:
             where = ", ".join(m.path for m in mounts) or "none"
-            single = ", or set allow_local_checkpoint (single node)" if workload.nodes == 1 else ""
+            single = (
+                ", or set recovery.allow_local_checkpoint (single node)"
+                if workload.nodes == 1
+                else ""
+            )
             raise SpecError(
                 name,
                 f"{path} is not under a mounted PVC (mounts: {where}); every worker pod must "
                 f"see it: add a pvc CLAIM:/mount/path{single}",
-                mentions=("allow_local_checkpoint",),
             )
         if name == "checkpoint_dir" and mount.read_only:
             raise SpecError(name, f"{path} is under {mount.claim}, which is mounted read-only")

@@ -1,14 +1,7 @@
-"""Every input of every step and pipeline, derived from the spec dataclasses' field metadata.
-
-One declaration per input (``mnnvl.inputs.spec.opt``: default, help, surfaces) feeds three surfaces:
-the CLI flags (``mnnvl.inputs.flags``), the KFP component signatures and pipeline parameters
-(``mnnvl.components.kfp_components``, ``mnnvl.pipelines.kfp_pipeline``, built at import) and the
-Argo template inputs and workflow parameters (``mnnvl.components.argo_templates``,
-``mnnvl.pipelines.argo_workflow``). Where a step or a pipeline uses another default than the
-dataclass, the override and its reason are written here, once.
-
-On KFP and Argo every repeatable input (``env``, ``node_selector``, ``tolerations``,
-``command``) is a list of strings: a KFP ``List[str]``, an Argo JSON list (``["A=1,2"]``).
+"""Every input of every step and pipeline, from the spec fields' declarations (``spec.opt``):
+the CLI flags (``flags``), the KFP components and pipelines and the Argo templates and
+workflows. A step's or pipeline's default that differs from the field's is written here once,
+with its reason. On KFP and Argo a list input is a list of strings (an Argo JSON list).
 Standard library only.
 """
 
@@ -18,9 +11,8 @@ import dataclasses
 import difflib
 import functools
 import json
-import re
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,14 +127,6 @@ def _kind(cls: type, f: dataclasses.Field[Any]) -> str:
     return getattr(hint, "__name__", "object")
 
 
-def _surface_default(f: dataclasses.Field[Any]) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return []
-    if isinstance(f.default, tuple):
-        return list(f.default)
-    return f.default
-
-
 def _fields(cls: type, group: str = "") -> list[tuple[type, dataclasses.Field[Any], str]]:
     """Every input field of ``cls`` with the class declaring it and its group: the field a
     nested group sits in (``WorkloadSpec.recovery``), else the group its declaration names."""
@@ -151,30 +135,26 @@ def _fields(cls: type, group: str = "") -> list[tuple[type, dataclasses.Field[An
         if "nested" in f.metadata:
             out += _fields(f.metadata["nested"], f.name)
         else:
-            out.append((cls, f, group or f.metadata.get("group", "")))
+            out.append((cls, f, group or f.metadata["group"]))
     return out
 
 
-def class_inputs(cls: type) -> list[Input]:
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return []
+    return list(f.default) if isinstance(f.default, tuple) else f.default
+
+
+def class_inputs(cls: type) -> tuple[Input, ...]:
     """The inputs a spec dataclass declares, in declaration order (a nested group's in place)."""
-    return list(_class_inputs(cls))
+    return _class_inputs(cls)
 
 
 @functools.cache
 def _class_inputs(cls: type) -> tuple[Input, ...]:
+    meta = ("help", "surfaces", "why", "choices", "valid", "example")
     return tuple(
-        Input(
-            f.name,
-            _kind(owner, f),
-            _surface_default(f),
-            f.metadata.get("help", ""),
-            f.metadata.get("surfaces", frozenset()),
-            f.metadata.get("why", ""),
-            tuple(f.metadata.get("choices", ())),
-            f.metadata.get("valid"),
-            tuple(f.metadata.get("example", ())),
-            group,
-        )
+        Input(f.name, _kind(owner, f), _default(f), group=group, **{k: f.metadata[k] for k in meta})
         for owner, f, group in _fields(cls)
     )
 
@@ -193,13 +173,11 @@ GROUP_HELP = {
     "train": "the training run's optimiser, numerics and logging",
     "verify": "the verification sweep and its thresholds",
 }
-GROUP_OF = {i.name: i.group for cls in SPEC_CLASSES for i in class_inputs(cls) if i.group}
-GROUPS = {
-    name: (about, tuple(dict.fromkeys(n for n, g in GROUP_OF.items() if g == name)))
-    for name, about in GROUP_HELP.items()
+# Where a grouped input stands on KFP and Argo, and how every surface names it in errors:
+# max_restarts -> recovery.max_restarts.
+PATHS = {
+    i.name: f"{i.group}.{i.name}" for cls in SPEC_CLASSES for i in class_inputs(cls) if i.group
 }
-# Where a grouped input stands on KFP and Argo: verify.min_bytes.
-GROUP_PATHS = {name: f"{group}.{name}" for name, group in GROUP_OF.items()}
 
 
 def grouped(inputs: list[Input]) -> list[Input]:
@@ -216,26 +194,15 @@ def grouped(inputs: list[Input]) -> list[Input]:
             frozenset().union(*(m.surfaces for m in members[group])),
             members=tuple(members[group]),
         )
-        for group, (help, _) in GROUPS.items()
+        for group, help in GROUP_HELP.items()
         if group in members
     ]
     return [*members.get("", []), *groups]
 
 
-def grouped_values(values: dict[str, Any]) -> dict[str, Any]:
-    """Flat input values as KFP and Argo take them: each grouped one inside its group."""
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        if name in GROUP_OF:
-            out.setdefault(GROUP_OF[name], {})[name] = value
-        else:
-            out[name] = value
-    return out
-
-
-def ungroup(group: str, value: Any, used: Collection[str]) -> dict[str, Any]:
-    """A group's value (a dict, or its JSON from Argo) as the values of its inputs in
-    ``used``; keys of the group that are not (another step's) are dropped."""
+def group_values(group: str, value: Any) -> dict[str, Any]:
+    """A group's value (a dict, or its JSON from Argo and ``--<group>-json``) by input name;
+    a key that is no input of the group is refused with a guess."""
     if isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else {}
@@ -243,39 +210,38 @@ def ungroup(group: str, value: Any, used: Collection[str]) -> dict[str, Any]:
             raise SpecError(group, f"is not JSON ({e})") from None
     if not isinstance(value, dict):
         raise SpecError(group, f"must be a JSON object of input: value, not {value!r}")
-    known = GROUPS[group][1]
+    known = [path for path in PATHS.values() if path.startswith(f"{group}.")]
     for key in value:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            guess = f"did you mean {group}.{close[0]}? " if close else ""
-            keys = ", ".join(f"{group}.{k}" for k in known)
-            raise SpecError(f"{group}.{key}", f"is not a key of {group}; {guess}its keys: {keys}")
-    return {k: v for k, v in value.items() if k in used and v is not None}
+        if f"{group}.{key}" not in known:
+            close = difflib.get_close_matches(f"{group}.{key}", known, n=1)
+            guess = f"did you mean {close[0]}? " if close else ""
+            raise SpecError(
+                f"{group}.{key}", f"is not a key of {group}; {guess}its keys: {', '.join(known)}"
+            )
+    return value
 
 
-def flatten(values: dict[str, Any], inputs: list[Input]) -> dict[str, Any]:
-    """``values`` with each group (a dict, or its JSON) replaced by its inputs' values."""
-    used = {i.name for i in inputs}
-    flat = {k: v for k, v in values.items() if k not in GROUPS}
-    for name in GROUPS.keys() & values.keys():
-        for key, value in ungroup(name, values[name], used).items():
-            if flat.get(key) is not None and flat[key] != value:
-                raise SpecError(key, f"is given twice: on its own and in {name}")
-            flat[key] = value
-    return flat
+def pick(values: dict[str, Any], inputs: Iterable[Input]) -> dict[str, Any]:
+    """The set values of ``inputs``, each given on its own or inside its group."""
+    groups = {g: group_values(g, values[g]) for g in GROUP_HELP if values.get(g) is not None}
+    out = {}
+    for item in inputs:
+        own, inner = values.get(item.name), groups.get(item.group, {}).get(item.name)
+        if own is not None and inner is not None and own != inner:
+            raise SpecError(item.name, f"is given twice: on its own and in {item.group}")
+        if own is not None or inner is not None:
+            out[item.name] = inner if own is None else own
+    return out
 
 
-def respelled(error: SpecError, names: Mapping[str, str]) -> SpecError:
-    """``error`` with its field and the inputs its text mentions as a surface spells them
-    (``names``: input -> its name there, e.g. ``--warmup-steps`` on the CLI,
-    ``train_timeout_s`` in a pipeline); the rest of the text, values as typed among it, stays."""
-    head, dot, detail = error.field.partition(".")
-    name = names.get(head, head)
-    field = name + ((" " if name.startswith("--") else ".") + detail if dot else "")
-    text = error.detail
-    for mention in error.mentions:
-        text = re.sub(rf"(?<![\w./-]){re.escape(mention)}\b", names.get(mention, mention), text)
-    return SpecError(field, text, mentions=tuple(names.get(m, m) for m in error.mentions))
+def named(error: SpecError, flags: Mapping[str, str] | None = None) -> SpecError:
+    """``error`` naming its input as every surface does: its group path where it has one
+    (``recovery.max_restarts``), then, on the CLI, the flag that sets it (``flags``: input
+    name -> flag)."""
+    head, dot, rest = error.field.partition(".")
+    flag = (flags or {}).get(head)
+    field = PATHS.get(head, head) + dot + rest + (f" ({flag})" if flag else "")
+    return SpecError(field, error.detail)
 
 
 # ---- steps ---------------------------------------------------------------------------------
@@ -357,10 +323,10 @@ def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
 
 
 def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
-    """Every spec a step builds from its inputs (raises ``SpecError`` on the first bad one)."""
+    """Every spec a step builds from its inputs, each given on its own or inside its group
+    (raises ``SpecError`` on the first bad one)."""
     inputs = step_inputs(step)
-    full = {i.name: i.default for i in inputs if not i.required}
-    full |= {k: v for k, v in flatten(values, inputs).items() if v is not None}
+    full = {i.name: i.default for i in inputs if not i.required} | pick(values, inputs)
     out = []
     for cls in STEP_CLASSES[step]:
         if cls in (DomainSpec, WorkloadSpec):
@@ -406,11 +372,8 @@ class Pipeline:
     defaults: dict[str, tuple[Any, str]] = field(default_factory=dict)
 
     def parameters(self, surface: str = KFP, *, own_defaults: bool = True) -> list[Input]:
-        """The pipeline parameters (KFP and Argo alike; ``mnnvl run`` with ``CLI``): every task
-        input, renamed, once; ``own_defaults`` False keeps the steps' defaults.
-
-        A parameter renamed for one step's tasks says whose it is (``verify_timeout_s``: the
-        verify steps' Job deadline); one with a default of this pipeline's names the step's."""
+        """The pipeline parameters (KFP and Argo; ``mnnvl run`` with ``CLI``): every task input,
+        renamed (its help says whose), once; ``own_defaults`` False keeps the steps' defaults."""
         params: dict[str, Input] = {}
         for task in self.tasks:
             for item in step_inputs(task.step, surface):
@@ -461,8 +424,8 @@ class Pipeline:
         unknown = sorted(set(values) - set(params))
         if unknown:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
-        flat = flatten(values, self.parameters())
-        typed = {k: params[k].coerce(v) for k, v in flat.items() if v is not None}
+        flat = pick(values, [p for p in params.values() if p.kind != "dict"])
+        typed = {k: params[k].coerce(v) for k, v in flat.items()}
         planned = []
         for task in self.tasks:
             try:
@@ -470,12 +433,8 @@ class Pipeline:
                     (task, step_specs(task.step, run_id, self.task_arguments(task, typed)))
                 )
             except SpecError as e:  # named as the pipeline's parameter, not the step's input
-                raise respelled(e, task.renames) from None
+                raise SpecError(task.parameter_name(e.field), e.detail) from None
         return planned
-
-    def check(self, values: dict[str, Any], run_id: str = "check") -> None:
-        """Validate every task's inputs from pipeline parameter values (strings are fine)."""
-        self.plan(values, run_id)
 
 
 # How the pipelines retry a task (KFP ``set_retry``, Argo ``retryStrategy``): 2 retries, 15 s
@@ -555,15 +514,6 @@ LAUNCHER_DEADLINE_HELP = (
 )
 
 
-def _whole_seconds(name: str, value: Any) -> float:
-    try:
-        seconds = int(str(value))
-    except ValueError:
-        raise SpecError(name, f"must be a whole number of seconds, got {value!r}") from None
-    check_range(name, seconds, 1, 30 * 86400, integer=True)
-    return float(seconds)
-
-
 def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict[str, Any]) -> None:
     """Refuse a launcher pod deadline (Argo's ``<step>-deadline-s``) shorter than what its
     workload step may take by its own timeouts: Argo would stop the step while its Job still
@@ -572,42 +522,45 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
     for task, specs in planned:
         name = f"{task.step}-deadline-s"
         workload = next((s for s in specs if isinstance(s, WorkloadSpec)), None)
-        if workload is not None and values.get(name) is not None:
-            deadline_s = _whole_seconds(name, values[name])
-            waits = workload.deadlines.pods_running_timeout_s + workload.job_timeout_s
-            waits += LAUNCHER_MARGIN_S
-            rooms.append((deadline_s - waits, task, workload, deadline_s))
+        if workload is None or values.get(name) is None:
+            continue
+        try:
+            deadline_s = int(str(values[name]))
+        except ValueError:
+            text = f"must be a whole number of seconds, got {values[name]!r}"
+            raise SpecError(name, text) from None
+        check_range(name, deadline_s, 1, 30 * 86400, integer=True)
+        limits = workload.deadlines
+        waits = limits.pods_running_timeout_s + workload.job_timeout_s + LAUNCHER_MARGIN_S
+        rooms.append((deadline_s - waits, task, workload, deadline_s))
     for room, task, workload, deadline_s in sorted(rooms, key=lambda r: r[0]):
         name, timeout = f"{task.step}-deadline-s", task.parameter_name("job_timeout_s")
         limits = workload.deadlines
-        took = f"{timeout} {workload.job_timeout_s:g} s + pods_running_timeout_s "
+        took = f"{timeout} {workload.job_timeout_s:g} s + deadlines.pods_running_timeout_s "
         took += f"{limits.pods_running_timeout_s:g} s"
         if workload.queue_name and not limits.admission_timeout_s:
             raise SpecError(
                 name,
                 f"{deadline_s:g} s bounds the {task.step} launcher pod, but queue_name is set and "
-                "admission_timeout_s is 0 (no limit): a Job queued long would be cut by the pod's "
-                f"deadline; set admission_timeout_s to at most {max(0.0, room):g} s ({name} less "
-                f"{took} and {LAUNCHER_MARGIN_S:g} s), or raise {name}",
-                mentions=(timeout, "pods_running_timeout_s", "queue_name", "admission_timeout_s"),
+                "deadlines.admission_timeout_s is 0 (no limit): a Job queued long would be cut by "
+                f"the pod's deadline; set deadlines.admission_timeout_s to at most "
+                f"{max(0.0, room):g} s ({name} less {took} and {LAUNCHER_MARGIN_S:g} s), or "
+                f"raise {name}",
             )
         need = deadline_s - room + limits.admission_timeout_s
         if deadline_s < need:
             raise SpecError(
                 name,
                 f"{deadline_s:g} s, the {task.step} launcher pod's deadline, is shorter than the "
-                f"step may take: {took} + admission_timeout_s {limits.admission_timeout_s:g} s "
-                f"+ {LAUNCHER_MARGIN_S:g} s = {need:g} s; raise {name} to at least {need:.0f} or "
-                f"lower {timeout}",
-                mentions=(timeout, "pods_running_timeout_s", "admission_timeout_s"),
+                f"step may take: {took} + deadlines.admission_timeout_s "
+                f"{limits.admission_timeout_s:g} s + {LAUNCHER_MARGIN_S:g} s = {need:g} s; raise "
+                f"{name} to at least {need:.0f} or lower {timeout}",
             )
 
 
 def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | str) -> None:
-    """Validate a pipeline's parameters: a dict, Argo's ``[{name, value}]`` list, or its JSON.
-
-    Argo names parameters in kebab case; both spellings are accepted.
-    """
+    """Validate a pipeline's parameters: a dict, Argo's ``[{name, value}]`` list (kebab case
+    names), or its JSON."""
     if name not in PIPELINES:
         raise SpecError("pipeline", f"{name!r} is not one of {', '.join(PIPELINES)}")
     if isinstance(values, str):
@@ -615,27 +568,23 @@ def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | st
             values = json.loads(values) if values.strip() else {}
         except ValueError as e:
             raise SpecError("pipeline_parameters", f"is not JSON ({e})") from None
-    extra: frozenset[str] = frozenset()
-    if isinstance(values, list) and all(isinstance(p, dict) and "name" in p for p in values):
-        values = {str(p["name"]): p.get("value") for p in values}
-        extra = ARGO_ONLY_PARAMETERS
+    argo = isinstance(values, list) and all(isinstance(p, dict) and "name" in p for p in values)
+    if argo:
+        values = {str(p["name"]): p.get("value") for p in values}  # type: ignore
     if not isinstance(values, dict):
         raise SpecError(
             "pipeline_parameters",
             f"must be a JSON object of name: value or Argo's [{{name, value}}] list, "
             f"not {json.dumps(values)[:60]}",
         )
+    extra = ARGO_ONLY_PARAMETERS if argo else frozenset()
     snake = {k.replace("-", "_"): v for k, v in values.items() if k not in extra}
     try:
         planned = PIPELINES[name].plan(snake, "check")
-        if extra:
-            check_launcher_deadlines(planned, values)
     except SpecError as e:
-        if not extra:
-            raise
-        # Argo's parameters are kebab case: name them so.
-        kebab = {p.name: p.kebab for p in PIPELINES[name].parameters()}
-        raise respelled(e, kebab | GROUP_PATHS) from None
+        raise named(e) from None
+    if argo:
+        check_launcher_deadlines(planned, values)
 
 
 __all__ = ["ARGO", "CLI", "KFP", "PIPELINES", "Input", "Pipeline", "Task", "check_pipeline"]

@@ -109,7 +109,7 @@ def test_step_in_a_missing_namespace_exits_2_without_reading_namespaces(sim, cap
         assert "provision first (`mnnvl provision" in result["error"]
         assert seen[("POST", "services")] == seen[("POST", "jobs")] == 0
     else:  # provision learns it from its create's 404
-        assert result["error"].startswith("--namespace: 'no-such-ns' does not exist")
+        assert result["error"].startswith("namespace (--namespace): 'no-such-ns' does not exist")
         assert "kubectl create namespace no-such-ns" in result["error"]
         assert seen[("POST", "computedomains")] == 1
     assert not any(resource == "namespaces" for _, resource in seen)
@@ -128,7 +128,7 @@ def test_teardown_and_reap_in_a_missing_namespace_exit_2_naming_it(sim, capsys, 
     before = sim.request_counts
     code, result = run_cli(capsys, [command, *which, *argv])
     assert code == 2 and result["exit_code"] == 2, result
-    assert result["error"].startswith("--namespace: 'no-such-ns' does not exist")
+    assert result["error"].startswith("namespace (--namespace): 'no-such-ns' does not exist")
     assert "\n" not in result["error"] and "leftovers" not in result
     seen = sim.request_counts - before
     assert not any(resource == "namespaces" for _, resource in seen)  # never read
@@ -151,7 +151,9 @@ def test_warmup_longer_than_the_run_exits_2_before_any_request(sim, capsys):
     argv = ["train", "--run-id", run_id, "--steps", "10", "--warmup-steps", "20"]
     code, result = run_cli(capsys, [*argv, "--kubeconfig", sim.kubeconfig_path])
     assert code == 2
-    assert result["error"].startswith("--warmup-steps: 20 is more than steps 10")
+    assert result["error"].startswith(
+        "train.warmup_steps (--warmup-steps): 20 is more than steps 10"
+    )
     assert sim.request_count == before
     assert left_of(sim, run_id) == []
 
@@ -182,9 +184,10 @@ def test_steps_without_namespace_use_the_pods_own_namespace(
         (["launch", "--command-json", "{}"],
          "command: --command-json '{}' is not a JSON list of strings"),
         (["launch", "--command-json", "[]"], "command: is empty: give the program to run"),
-        (["launch", "--module", "m", "--env", "A=1", "--env", "A=2"], "--env: A is given twice"),
+        (["launch", "--module", "m", "--env", "A=1", "--env", "A=2"],
+         "env (--env): A is given twice"),
         (["provision", "--pipeline", "mnnvl-training", "--pipeline-parameters", "[1,2]"],
-         "--pipeline-parameters: must be a JSON object of name: value or Argo's"),
+         "pipeline_parameters (--pipeline-parameters): must be a JSON object of name: value"),
         (["provision", "--pipeline", "mnnvl-training",
           "--pipeline-parameters", '{"no_such_param": 1}'],
          "no_such_param: is not a parameter of pipeline mnnvl-training"),

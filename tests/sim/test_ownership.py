@@ -272,10 +272,12 @@ def test_reap_with_an_empty_live_list_is_refused_then_dry_run_lists_without_dele
 
     before = sim.request_counts
     code, result = run_cli(capsys, [*base, "--live-run-ids", ""])
-    assert code == 2 and result["error"].startswith("--live-run-ids: is empty")
-    assert "--all-dead" in result["error"]
+    assert code == 2 and result["error"].startswith("live_run_ids (--live-run-ids): is empty")
+    assert "all_dead" in result["error"]
     code, result = run_cli(capsys, base)
-    assert code == 2 and result["error"].startswith("--live-run-ids: reap needs to know")
+    assert code == 2 and result["error"].startswith(
+        "live_run_ids (--live-run-ids): reap needs to know"
+    )
     seen = sim.request_counts - before  # refused before it listed or deleted anything
     assert not [k for k in seen if k[0] in ("LIST", "DELETE") and k[1] == "computedomains"]
 

@@ -36,12 +36,21 @@ def _left(sim, run_id: str) -> list:
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        (["--checkpoint-dir", "/ckpt"], "--checkpoint-dir"),
-        (["--pvc", f"{CLAIM}:/data", "--checkpoint-dir", "/ckpt/run"], "--checkpoint-dir"),
-        (["--pvc", f"{CLAIM}:{MOUNT}:ro", "--checkpoint-dir", f"{MOUNT}/c"], "--checkpoint-dir"),
-        (["--data", "/local/tokens.bin"], "--data"),
-        (["--allow-local-checkpoint", "--checkpoint-dir", "/ckpt"], "--allow-local-checkpoint"),
-        (["--pvc", "Bad_Claim:/x"], "--pvc"),
+        (["--checkpoint-dir", "/ckpt"], "recovery.checkpoint_dir (--checkpoint-dir)"),
+        (
+            ["--pvc", f"{CLAIM}:/data", "--checkpoint-dir", "/ckpt/run"],
+            "recovery.checkpoint_dir (--checkpoint-dir)",
+        ),
+        (
+            ["--pvc", f"{CLAIM}:{MOUNT}:ro", "--checkpoint-dir", f"{MOUNT}/c"],
+            "recovery.checkpoint_dir (--checkpoint-dir)",
+        ),
+        (["--data", "/local/tokens.bin"], "data (--data)"),
+        (
+            ["--allow-local-checkpoint", "--checkpoint-dir", "/ckpt"],
+            "recovery.allow_local_checkpoint (--allow-local-checkpoint)",
+        ),
+        (["--pvc", "Bad_Claim:/x"], "pod.pvc (--pvc)"),
     ],
 )
 def test_paths_off_a_shared_volume_exit_2_before_anything_exists(sim, capsys, extra, field):
@@ -127,5 +136,8 @@ def test_run_with_a_local_checkpoint_dir_stops_before_provisioning(sim, capsys):
     argv = ["run", "--run-id", run_id, "--nodes", "2", "--gpus-per-node", "0"]
     argv += ["--checkpoint-dir", "/tmp/ckpt", "--kubeconfig", sim.kubeconfig_path]
     assert cli.main(argv) == 2
-    assert "--checkpoint-dir: /tmp/ckpt is not under a mounted PVC" in capsys.readouterr().out
+    assert (
+        "recovery.checkpoint_dir (--checkpoint-dir): /tmp/ckpt is not under a mounted PVC"
+        in capsys.readouterr().out
+    )
     assert _left(sim, run_id) == []

@@ -181,7 +181,7 @@ def test_a_simulated_cluster_larger_than_the_machine_is_refused_at_once_naming_t
     )  # fmt: skip
     assert done.returncode == 2 and time.monotonic() - start < 15
     error = json.loads(done.stdout.splitlines()[-1])["error"]
-    assert error.startswith("--nodes: 100000 simulated nodes do not fit this machine")
+    assert error.startswith("nodes (--nodes): 100000 simulated nodes do not fit this machine")
     assert "MiB available now hold at most" in error
 
 

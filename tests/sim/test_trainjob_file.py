@@ -76,7 +76,11 @@ def test_train_refuses_a_bad_trainjob_file_in_one_line_before_anything_is_create
     argv = ["train", "--kubeconfig", sim.kubeconfig_path, "--run-id", "tj-file-bad", *SHAPE]
     assert cli.main([*argv, "--trainjob-file", _file(tmp_path, doc)]) == 2
     error = _last(capsys)["error"]
-    assert error.startswith("--trainjob-file") and words in error and "\n" not in error
+    assert (
+        error.startswith("trainjob_file (--trainjob-file): ")
+        and words in error
+        and "\n" not in error
+    )
     assert sim.request_count == before  # refused before any request
 
 
@@ -88,7 +92,11 @@ def test_run_refuses_a_bad_trainjob_file_in_one_line_before_anything_is_created(
     argv = ["run", "--run-id", "tj-run-bad", "--kubeconfig", str(tmp_path / "no-cluster"), *SHAPE]
     assert cli.main([*argv, "--trainjob-file", _file(tmp_path, doc)]) == 2
     error = _last(capsys)["error"]
-    assert error.startswith("--trainjob-file") and words in error and "\n" not in error
+    assert (
+        error.startswith("trainjob_file (--trainjob-file): ")
+        and words in error
+        and "\n" not in error
+    )
 
 
 def test_run_sim_with_a_teams_trainjob_verifies_before_and_after_and_leaves_nothing(

@@ -72,13 +72,22 @@ def test_render_with_gpu_claims_adds_the_gpu_template(capsys):
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["render", "--run-id", "r1", "--nodes", "40"], "--nodes"),
-        (["render", "--run-id", "r1", "--namespace", "Bad_NS"], "--namespace"),
-        (["render", "--run-id", "bad id!"], "--run-id"),
+        (["render", "--run-id", "r1", "--nodes", "40"], "nodes (--nodes)"),
+        (["render", "--run-id", "r1", "--namespace", "Bad_NS"], "namespace (--namespace)"),
+        (["render", "--run-id", "bad id!"], "run_id (--run-id)"),
         (["provision", "--namespace", "default"], "the following arguments are required"),
-        (["train", "--run-id", "r1", "--env", "NCCL_CUMEM_ENABLE=0"], "--env NCCL_CUMEM_ENABLE"),
-        (["verify", "--run-id", "r1", "--min-bytes", "4G", "--max-bytes", "1M"], "--min-bytes"),
-        (["provision", "--run-id", "r1", "--rct-timeout-s", "0"], "--rct-timeout-s"),
+        (
+            ["train", "--run-id", "r1", "--env", "NCCL_CUMEM_ENABLE=0"],
+            "env.NCCL_CUMEM_ENABLE (--env)",
+        ),
+        (
+            ["verify", "--run-id", "r1", "--min-bytes", "4G", "--max-bytes", "1M"],
+            "verify.min_bytes (--min-bytes)",
+        ),
+        (
+            ["provision", "--run-id", "r1", "--rct-timeout-s", "0"],
+            "deadlines.rct_timeout_s (--rct-timeout-s)",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_a_one_line_message(capsys, argv, field):
@@ -91,24 +100,25 @@ def test_bad_input_exits_2_with_a_one_line_message(capsys, argv, field):
     assert "Traceback" not in err
 
 
-def test_input_errors_name_the_flags_the_user_typed_in_the_hint_too(capsys):
+def test_input_errors_name_the_input_by_its_group_path_and_the_flag_typed(capsys):
     code, lines, _ = run_cli(
         capsys, ["train", "--run-id", "r1", "--steps", "4", "--warmup-steps", "9"]
     )
     assert code == 2
     error = last_json(lines)["error"]
-    assert error.startswith("--warmup-steps: 9 is more than steps 4")
-    assert error.endswith("set --warmup-steps to 4 or fewer")
-    assert "warmup_steps" not in error
+    assert error.startswith("train.warmup_steps (--warmup-steps): 9 is more than steps 4")
+    assert error.endswith("set train.warmup_steps to 4 or fewer")
 
 
 def test_input_errors_repeat_a_typed_value_as_typed(capsys):
-    """Only the inputs an error names are respelled: a path holding an input's name stays."""
+    """A typed path holding an input's name stays as typed."""
     argv = ["train", "--run-id", "r1", "--nodes", "2", "--checkpoint-dir", "/scratch/run_id/ckpt"]
     code, lines, _ = run_cli(capsys, argv)
     assert code == 2
     error = last_json(lines)["error"]
-    assert error.startswith("--checkpoint-dir: /scratch/run_id/ckpt is not under a mounted PVC")
+    assert error.startswith(
+        "recovery.checkpoint_dir (--checkpoint-dir): /scratch/run_id/ckpt is not under a"
+    )
 
 
 @pytest.mark.parametrize("value", ["00", "0x0", "-0", "+0", "false"])
@@ -166,7 +176,7 @@ def test_an_explicit_kubeconfig_that_fails_is_the_only_thing_tried(capsys, tmp_p
     code, lines, _ = run_cli(capsys, ["status", "--run-id", "r1", "--kubeconfig", str(missing)])
     assert code == 2
     error = last_json(lines)["error"]
-    assert f"--kubeconfig: '{missing}'" in error and "in-cluster" not in error
+    assert f"kubeconfig (--kubeconfig): '{missing}'" in error and "in-cluster" not in error
 
 
 @pytest.mark.parametrize(
@@ -351,7 +361,7 @@ def test_launch_refuses_a_step_s_job_name(capsys, purpose):
     argv = ["launch", "--run-id", "r1", "--purpose", purpose, "--module", "pkg.entry"]
     code, lines, _ = run_cli(capsys, argv)
     assert code == 2
-    assert last_json(lines)["error"].startswith(f"--purpose: {purpose!r} names the ")
+    assert last_json(lines)["error"].startswith(f"purpose (--purpose): {purpose!r} names the ")
 
 
 def test_mnnvl_alone_lists_the_commands_and_exits_2(capsys):

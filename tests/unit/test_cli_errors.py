@@ -42,7 +42,7 @@ def test_a_pipelines_unknown_group_key_is_named_the_same_way(values):
 def test_a_mistyped_kubeconfig_path_is_bad_input_naming_the_path(capsys, tmp_path):
     missing = str(tmp_path / "sim.kubecfg")
     error, err = _failed(capsys, ["status", "--run-id", "demo", "--kubeconfig", missing])
-    assert error == f"--kubeconfig: {missing!r} does not exist; check the path"
+    assert error == f"kubeconfig (--kubeconfig): {missing!r} does not exist; check the path"
     assert error in err
 
 
@@ -62,6 +62,6 @@ def test_an_unknown_flag_is_named_on_stderr_too_by_its_command(capsys):
 
 def test_a_kfp_components_unknown_group_key_keeps_one_prefix_on_every_key():
     with pytest.raises(SpecError) as e:
-        surface.ungroup("verify", {"min_busbw": 5}, [])
-    said = str(surface.respelled(e.value, surface.GROUP_PATHS))  # how a component names it
+        surface.group_values("verify", {"min_busbw": 5})
+    said = str(surface.named(e.value))  # how a component names it
     assert "verify.verify." not in said and ", verify.iters," in said, said

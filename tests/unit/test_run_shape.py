@@ -42,7 +42,7 @@ def test_mnnvl_run_and_the_compiled_pipeline_use_the_same_step_defaults() -> Non
     params = {p.name: p for p in pipeline.parameters()}
     flat: dict[str, Any] = {}
     for name, value in compiled_defaults(RUN_PIPELINE).items():
-        flat |= value if name in surface.GROUPS else {name: value}
+        flat |= value if name in surface.GROUP_HELP else {name: value}
     compiled = {  # KFP writes every number as a float (18.0)
         name: int(value) if params[name].kind == "int" else params[name].coerce(value)
         for name, value in flat.items()

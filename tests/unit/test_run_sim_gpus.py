@@ -23,6 +23,8 @@ def test_more_gpus_than_the_machine_has_exits_2_before_the_simulator_starts(
     out, err = capsys.readouterr()
     assert code == 2 and started == []
     result = json.loads(out.splitlines()[-1])
-    assert result["error"].startswith("--gpus-per-node: 4 on 4 simulated nodes needs 16 GPUs")
+    assert result["error"].startswith(
+        "gpus_per_node (--gpus-per-node): 4 on 4 simulated nodes needs 16 GPUs"
+    )
     assert "which has 2" in result["error"] and "--gpus-per-node 0" in result["error"]
     assert "Traceback" not in err

@@ -108,7 +108,12 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
     (WorkloadSpec, {"run_id": RUN, "max_restarts": 101}, "max_restarts", "out of range"),
     (WorkloadSpec, {"run_id": RUN, "image_pull_policy": "always"}, "image_pull_policy", "one of"),
     (TrainConfig, {"steps": 3, "warmup_steps": 4}, "warmup_steps", "4 is more than steps 3"),
-    (TrainConfig, {"steps": 10, "warmup_steps": 11}, "warmup_steps", "set warmup_steps to 10"),
+    (
+        TrainConfig,
+        {"steps": 10, "warmup_steps": 11},
+        "warmup_steps",
+        "set train.warmup_steps to 10",
+    ),
     (TrainConfig, {"model": "70b"}, "model", "not one of"),
     (TrainConfig, {"steps": 0}, "steps", "out of range"),
     (TrainConfig, {"batch_size": -1}, "batch_size", "out of range"),
@@ -120,9 +125,14 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
     (TrainConfig, {"dtype": "fp16"}, "dtype", "not one of"),
     (TrainConfig, {"data": ""}, "data", "synthetic"),
     (TrainConfig, {"seq_len": 200000}, "seq_len", "out of range"),
-    (TrainConfig, {"checkpoint_every": 10}, "checkpoint_every", "needs checkpoint_dir"),
+    (TrainConfig, {"checkpoint_every": 10}, "checkpoint_every", "needs recovery.checkpoint_dir"),
     (TrainConfig, {"log_every": 0}, "log_every", "out of range"),
-    (VerifyConfig, {"min_bytes": 1 << 20, "max_bytes": 1024}, "min_bytes", "larger than max_bytes"),
+    (
+        VerifyConfig,
+        {"min_bytes": 1 << 20, "max_bytes": 1024},
+        "min_bytes",
+        "larger than verify.max_bytes",
+    ),
     (VerifyConfig, {"max_bytes": 1 << 37}, "max_bytes", "out of range"),
     (VerifyConfig, {"min_busbw_gbps": -1.0}, "min_busbw_gbps", "out of range"),
     (VerifyConfig, {"efficiency": 0.0}, "efficiency", "out of range"),
@@ -423,7 +433,9 @@ def test_a_workloads_groups_are_the_groups_its_forms_show() -> None:
 
 def test_changing_a_grouped_input_checks_the_whole_workload_again() -> None:
     workload = from_inputs(WorkloadSpec, run_id=RUN, nodes=4, nodes_per_clique=2)
-    with pytest.raises(SpecError, match=r"^nodes: 4 is not a multiple of nodes_per_clique 3"):
+    with pytest.raises(
+        SpecError, match=r"^nodes: 4 is not a multiple of placement.nodes_per_clique 3"
+    ):
         with_inputs(workload, nodes_per_clique=3)
     both = with_inputs(workload, placement=Placement(gpu_mode="claim"), nodes_per_clique=4)
     assert (both.placement.gpu_mode, both.placement.nodes_per_clique) == ("claim", 4)

@@ -48,7 +48,7 @@ def _ungrouped(values: dict[str, Any], *, kebab: bool = False) -> dict[str, Any]
     """A surface's inputs with each group's (a dict, or Argo's JSON) in their own right."""
     out: dict[str, Any] = {}
     for name, value in values.items():
-        if name not in surface.GROUPS:
+        if name not in surface.GROUP_HELP:
             out[name] = value
             continue
         for key, member in (json.loads(value) if kebab else value).items():
@@ -206,7 +206,7 @@ def test_env_with_commas_and_equals_travels_through_argo_to_the_workload() -> No
         ([{"name": "nodes", "value": "0"}], "nodes"),  # Argo's {{workflow.parameters.json}}
         ({"train-timeout-s": "soon"}, "train_timeout_s"),
         ({"env": '["NOEQUALS"]'}, "env"),
-        ({"verify": {"max_bytes": "lots"}}, "max_bytes"),
+        ({"verify": {"max_bytes": "lots"}}, "verify.max_bytes"),
         ([{"name": "verify", "value": '{"max_bytes": "lots"}'}], "verify.max_bytes"),
         ({"verify": {"max_byte": 1}}, "verify.max_byte"),
         ([{"name": "train", "value": "[1]"}], "train"),
@@ -338,7 +338,10 @@ COMPANIONS: dict[str, dict[str, Any]] = {
 
 def _given(plan: surface.Pipeline, values: dict[str, Any]) -> dict[str, Any]:
     """``values`` as the form takes them, with a command where the custom pipeline needs one."""
-    given = surface.grouped_values(values)
+    given: dict[str, Any] = {}
+    for name, value in values.items():  # each grouped input inside its group, as KFP has it
+        group, _, key = surface.PATHS.get(name, name).rpartition(".")
+        given.update({key: value} if not group else {group: given.get(group, {}) | {key: value}})
     if plan.name == "mnnvl-custom" and not {"module", "command"} & set(values):
         given["command"] = ["python3", "x.py"]
     return given
@@ -365,7 +368,7 @@ def test_a_form_of_at_most_20_parameters_still_sets_every_input(name: str) -> No
     form = plan.grouped_parameters()
     assert len(form) <= 20, [p.name for p in form]
     declared = {i.name for cls in surface.SPEC_CLASSES for i in surface.class_inputs(cls)}
-    assert set(surface.GROUP_OF) <= declared  # every grouped name is an input
+    assert set(surface.PATHS) <= declared  # every grouped name is an input
     for item in plan.parameters():
         value = _other(item)
         given = _given(plan, {**COMPANIONS.get(item.name, {}), item.name: value})
@@ -404,8 +407,8 @@ def test_a_training_longer_than_its_launcher_pods_deadline_is_refused_naming_bot
         )
     message = str(err.value)
     assert err.value.field == "train-deadline-s" and "\n" not in message
-    assert "train-timeout-s 604800 s" in message and "deadlines.pods_running_timeout_s" in message
-    assert "raise train-deadline-s to at least 606000 or lower train-timeout-s" in message
+    assert "train_timeout_s 604800 s" in message and "deadlines.pods_running_timeout_s" in message
+    assert "raise train-deadline-s to at least 606000 or lower train_timeout_s" in message
     surface.check_pipeline(
         "mnnvl-training",
         _argo_parameters(

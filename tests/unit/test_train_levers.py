@@ -14,7 +14,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torch.distributed.tensor import DTensor
 
 from mnnvl.cli import main as cli
-from mnnvl.cli.main import build_parser, groups_as_flags
+from mnnvl.cli.main import build_parser
 from mnnvl.components import kfp_components as kc
 from mnnvl.errors import SpecError
 from mnnvl.inputs import surface
@@ -106,7 +106,8 @@ def test_cli_refuses_a_bad_lever_with_exit_2_before_rendering_anything(
     assert cli.main(["render", "--run-id", "r1", *argv]) == 2
     out, err = capsys.readouterr()
     assert "kind:" not in out  # no object was rendered
-    assert f"render failed: {argv[0]}: {argv[1]!r} is not one of" in err  # the flag typed
+    name = "train." + argv[0][2:].replace("-", "_")
+    assert f"render failed: {name} ({argv[0]}): {argv[1]!r} is not one of" in err  # and the flag
 
 
 def test_cli_defaults_reach_the_workers_as_the_presets_levers(
@@ -177,7 +178,6 @@ def test_argo_parameters_reach_the_workers(values: dict[str, str], expected: tup
     args = _argo_train_args(values)
     assert args[0] == "train"
     ns = build_parser().parse_args(args)
-    groups_as_flags(ns)
     cfg = from_namespace(TrainConfig, ns)
     assert levers(worker_config(cfg)) == expected
 

@@ -133,10 +133,10 @@ def test_what_a_trainjob_cannot_carry_is_refused_naming_the_input(change, field)
 def test_the_pipelines_first_task_refuses_what_a_trainjob_cannot_carry(change):
     """The pipeline's first task, before any object exists, not its train task after the
     domain and the first verification."""
-    values = surface.grouped_values({"workload": "trainjob", **change})
+    values = {"workload": "trainjob", **change}
     with pytest.raises(SpecError, match="TrainJob"):
         surface.check_pipeline("mnnvl-training", values)
-    surface.check_pipeline("mnnvl-training", surface.grouped_values(change))
+    surface.check_pipeline("mnnvl-training", change)
 
 
 def test_render_workload_trainjob_emits_the_domain_and_a_valid_trainjob_for_training(

@@ -91,5 +91,7 @@ def test_the_stall_inputs_are_inputs_of_the_verify_step_on_every_surface() -> No
 
 
 def test_a_stall_timeout_not_above_the_collective_timeout_is_refused_for_verify() -> None:
-    with pytest.raises(ValueError, match=r"stall_timeout_s.*must exceed collective_timeout_s"):
+    with pytest.raises(
+        ValueError, match=r"stall_timeout_s.*must exceed recovery.collective_timeout_s"
+    ):
         VerifyConfig(collective_timeout_s=60, stall_timeout_s=30)
