@@ -20,12 +20,10 @@ class MnnvlError(Exception):
 
 
 class SpecError(MnnvlError, ValueError):
-    """Bad input, found before anything was created. The message names the field;
-    ``mentions`` are the other inputs its text names, by their declared names, so that each
-    surface says them as it spells them (``--warmup-steps``, ``train.warmup_steps``)."""
+    """Bad input, found before anything was created. The message names the field."""
 
     exit_code = exit_codes.BAD_INPUT
 
-    def __init__(self, field: str, message: str, *, mentions: tuple[str, ...] = ()) -> None:
-        self.field, self.detail, self.mentions = field, message, mentions
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.detail = field, message
         super().__init__(f"{field}: {message}")

@@ -74,14 +74,12 @@ class Verdict:
                 "live_run_ids",
                 "reap needs to know which runs are dead: set live_run_ids ID,... (runs "
                 "still going), an age bound older_than_s, or all_dead",
-                mentions=("older_than_s", "all_dead"),
             )
         if not self.live_run_ids:
             raise SpecError(
                 "live_run_ids",
                 "is empty, which would reap every run in the namespace; set all_dead to "
                 "mean that, or an age bound (older_than_s)",
-                mentions=("all_dead", "older_than_s"),
             )
 
     def is_dead(self, run: RunObjects, now: datetime) -> bool:
