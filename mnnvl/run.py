@@ -54,15 +54,19 @@ def plan(values: dict[str, Any], run_id: str, *, skip_verify: bool = False) -> l
     return planned
 
 
-def objects(planned: list[PlannedTask]) -> list[dict[str, Any]]:
+def objects(
+    planned: list[PlannedTask], own_trainjob: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Everything the planned run creates, in creation order, each object once (what
-    ``mnnvl render`` prints); the train step as a TrainJob where its workload is one."""
+    ``mnnvl render`` prints); the train step as a TrainJob where its workload is one, or as
+    ``own_trainjob`` taken (``--trainjob-file``)."""
     domain = planned[0].specs[0]
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for item in planned:
         workload, config = item.specs[0], item.specs[-1]
-        if item.task.step == "train" and workload.trainer_runtime:
-            made = render_trainjob(domain, workload, config, workload.trainer_runtime)
+        if item.task.step == "train" and (workload.trainer_runtime or own_trainjob):
+            runtime = workload.trainer_runtime
+            made = render_trainjob(domain, workload, config, runtime, own_trainjob)
         elif item.task.step == "train":
             made = render_run(domain, workload, config, None)
         elif item.task.step == "verify":

@@ -223,7 +223,9 @@ def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
-    objs = objects(_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
+    planned = _run_plan(ns)  # the run's own plan: what `mnnvl run` would create
+    workload = next(p.specs[0] for p in planned if p.task.step == "train")
+    objs = objects(planned, _own_trainjob(ns.trainjob_file, workload))
     sys.stdout.write(to_yaml(objs))
     return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 

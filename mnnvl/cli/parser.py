@@ -140,6 +140,7 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
         "--skip-verify": dict(action="store_true", help="train only"),
         **_TRAINJOB_FILE,
     },
+    "render": {**_TRAINJOB_FILE},
     "logs": {
         "--run-id": dict(required=True, help="the run whose worker pod to read"),
         "--namespace": dict(default=None, help=f"the run's namespace {_NAMESPACE_HELP}"),

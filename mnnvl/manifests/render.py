@@ -22,7 +22,7 @@ from mnnvl.inputs.spec import (
 from mnnvl.inputs.storage import check_shared_storage
 from mnnvl.manifests.claims import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.domain import compute_domain
-from mnnvl.manifests.trainjob import trainjob
+from mnnvl.manifests.trainjob import take_trainjob, trainjob
 from mnnvl.manifests.workload import TRAIN_MODULE, VERIFY_MODULE, headless_service, indexed_jobs
 
 VERIFY_PURPOSES = ("verify", "verify-pre", "verify-post")
@@ -80,14 +80,22 @@ def render_run(
 
 
 def render_trainjob(
-    domain: DomainSpec, workload: WorkloadSpec, train: TrainConfig, runtime: str
+    domain: DomainSpec,
+    workload: WorkloadSpec,
+    train: TrainConfig,
+    runtime: str,
+    own: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The train step as a Kubeflow Trainer TrainJob (``--workload trainjob``): the
     ComputeDomain, the GPU claim template when GPUs come from a claim, then the TrainJob, whose
-    runtime makes the pods and their headless Service (no Job or Service of ours)."""
+    runtime makes the pods and their headless Service (no Job or Service of ours); with
+    ``own`` (``--trainjob-file``), that TrainJob as the step takes it."""
     objs = render_run(domain, workload, None, None)
     check_shared_storage(workload, train)
     step = step_workload(workload, "train")
     if wants_gpu_claim(workload):
         objs.append(gpu_claim_template(workload))
-    return [*objs, trainjob(step, TRAIN_MODULE, to_args(train), runtime)]
+    body = (
+        take_trainjob(own, step) if own else trainjob(step, TRAIN_MODULE, to_args(train), runtime)
+    )
+    return [*objs, body]

@@ -204,3 +204,23 @@ def test_a_file_that_is_not_a_trainjob_of_the_runs_shape_is_refused(change, word
     with pytest.raises(SpecError) as err:
         take_trainjob({**TEAMS, **change}, WorkloadSpec(run_id=RUN, nodes=2))
     assert err.value.field == "trainjob_file" and words in str(err.value)
+
+
+def test_render_with_a_teams_trainjob_file_prints_it_as_the_run_takes_it(
+    validator, capsys, tmp_path
+):
+    path = tmp_path / "trainjob.yaml"
+    path.write_text(yaml.safe_dump(TEAMS))
+    argv = ["render", "--run-id", "tj-own-r", "--nodes", "2", "--gpus-per-node", "4"]
+    assert cli.main([*argv, "--trainjob-file", str(path)]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    train = RunNames.for_run("tj-own-r").job("train")
+    (tj,) = [d for d in docs if d["kind"] == "TrainJob"]
+    assert tj["metadata"]["name"] == train and ("Job", train) not in [
+        (d["kind"], d["metadata"]["name"]) for d in docs
+    ]
+    assert errors(validator, tj) == []
+    assert tj["spec"]["trainer"]["command"] == ["torchrun", "train.py"]  # the team's program
+    assert tj["metadata"]["labels"]["team"] == "a" and tj["metadata"]["labels"][LABEL_RUN_ID]
+    claims = [c["name"] for c in tj["spec"]["trainer"]["resourceClaimsPerNode"]]
+    assert "scratch" in claims and len(claims) >= 2  # the run's channel claim beside the team's
