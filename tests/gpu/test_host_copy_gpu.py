@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mnnvl.runtime import hostcopy
+from mnnvl.runtime import copyfile, hostcopy
 
 torch = pytest.importorskip("torch")
 
@@ -18,11 +18,11 @@ pytestmark = [
 
 
 def test_a_host_copy_reads_back_onto_the_gpu_byte_for_byte(tmp_path: Path) -> None:
-    big = torch.randn(3 * hostcopy._CHUNK // 2 + 7, dtype=torch.bfloat16)  # three buffers' worth
+    big = torch.randn(3 * copyfile._CHUNK // 2 + 7, dtype=torch.bfloat16)  # three buffers' worth
     state = {"big": big, "f32": torch.randn(33, 17), "step": torch.tensor(12.0), "lr": 0.5}
     path = tmp_path / "copy"
-    hostcopy.write_file(path, {"meta": {"step": 12}}, state)
-    header = hostcopy.read_header(path)
+    copyfile.write_file(path, {"meta": {"step": 12}}, state)
+    header = copyfile.read_header(path)
     assert header["meta"] == {"step": 12} and header["state"]["lr"] == 0.5
     into = {
         "big": torch.empty_like(big, device="cuda"),

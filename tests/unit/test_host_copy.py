@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from mnnvl.inputs.spec import TrainConfig
 from mnnvl.ports import free_port
-from mnnvl.runtime import checkpoint, hostcopy
+from mnnvl.runtime import checkpoint, copyfile, hostcopy
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.hostcopy import HostCopy
 from mnnvl.runtime.parallel import DistInfo
@@ -99,14 +99,14 @@ def _copy_file(tmp: Path) -> Path:
 
 def _rewritten(path: Path, change: Any, to: Path | None = None) -> None:
     """The copy at ``path`` with ``change`` applied to its header and tensors, at ``to``."""
-    header = hostcopy.read_header(path)
-    spans = hostcopy._tensors(header["state"], hostcopy.Span)
+    header = copyfile.read_header(path)
+    spans = copyfile.leaves(header["state"], copyfile.Span)
     tensors = [torch.empty(s.shape, dtype=s.dtype) for s in spans]
-    hostcopy.read_tensors(path, list(zip(tensors, spans, strict=True)))
+    copyfile.read_tensors(path, list(zip(tensors, spans, strict=True)))
     it = iter(tensors)
-    state = hostcopy._mapped(header.pop("state"), lambda _: next(it))
+    state = copyfile.mapped(header.pop("state"), lambda _: next(it))
     change(header, state)
-    hostcopy.write_file(to or path, header, state)
+    copyfile.write_file(to or path, header, state)
     if to is not None:
         path.unlink()
 
