@@ -120,7 +120,8 @@ def test_an_evicted_trainjob_is_requeued_runs_to_the_end_and_counts_the_eviction
     assert "(eviction 1, at most 2: --max-restarts)" in suspended[0]
     readmitted = f"TrainJob default/{name} re-admitted after eviction 1 after"
     assert any(m.startswith(readmitted) for m in said)
-    assert said.count("pods 2/2 Running") >= 1
+    # The pods ran to the end after the re-admission: rank 0's RESULT above. (Their "pods 2/2
+    # Running" line is not asserted: quick pods may start and end between two looks.)
 
 
 def test_an_evicted_trainjob_never_readmitted_ends_queued_at_the_admission_timeout(
