@@ -82,6 +82,14 @@ def test_repeated_background_saves_one_in_flight_each_the_state_of_its_step(
         reader.finish()
 
 
+def save_2_fails(trainer: Trainer, ckpt: Checkpointer, error: str) -> None:
+    """Train step 2 and save it; the save's end raises ``error`` (a pattern)."""
+    trainer.step(2)
+    ckpt.save(2, trainer.model, trainer.opt, {"loss": 0.0, "scheduler": {}})
+    with pytest.raises(RuntimeError, match=error):
+        ckpt.finish()
+
+
 def test_a_failed_background_write_never_becomes_latest(
     gloo_one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,12 +105,9 @@ def test_a_failed_background_write_never_becomes_latest(
             raise OSError("disk full")
 
     monkeypatch.setattr(checkpoint, "_writer", lambda path, step, rank: BrokenWriter(str(path)))
-    trainer.step(2)
-    ckpt.save(2, trainer.model, trainer.opt, {"loss": 0.0, "scheduler": {}})
-    with pytest.raises(
-        RuntimeError, match=r"^the write of checkpoint .*step-2 failed: rank 0: OSError: disk full$"
-    ):
-        ckpt.finish()
+    save_2_fails(
+        trainer, ckpt, r"^the write of checkpoint .*step-2 failed: rank 0: OSError: disk full$"
+    )
     assert latest_name(tmp_path) == "step-1"
     assert ckpt.latest() == tmp_path / "step-1"
     assert not (tmp_path / "step-2" / ".metadata").exists()
@@ -135,10 +140,5 @@ def test_a_save_is_synced_to_storage_by_a_process_of_its_own(
     assert {str(step_dir / ".metadata"), str(step_dir)} <= set(synced)
 
     monkeypatch.setattr(checkpoint, "_FSYNC", "raise SystemExit('EIO: the volume is gone')")
-    trainer.step(2)
-    ckpt.save(2, trainer.model, trainer.opt, {"loss": 0.0, "scheduler": {}})
-    with pytest.raises(
-        RuntimeError, match=r"step-2 failed: .*could not sync .*EIO: the volume is gone"
-    ):
-        ckpt.finish()
+    save_2_fails(trainer, ckpt, r"step-2 failed: .*could not sync .*EIO: the volume is gone")
     assert latest_name(tmp_path) == "step-1"
