@@ -133,8 +133,9 @@ def test_recreated_pods_resume_from_disk(
 def test_a_failed_run_leaves_no_host_copy_once_its_pods_are_deleted(
     sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    # No restart allowed: the run fails after its first checkpoint, and teardown deletes the pods.
-    fault = ["--env", "MNNVL_TEST_SIGNAL_AT=15:1:SIGKILL", "--max-restarts", "0"]
+    # No restart allowed: the run fails after step 25, and teardown deletes the pods. The save of
+    # step 20 waited for step 10's to complete, host copy included, however slow the machine.
+    fault = ["--env", "MNNVL_TEST_SIGNAL_AT=25:1:SIGKILL", "--max-restarts", "0"]
     run_id = f"ip-{uuid.uuid4().hex[:8]}"
     code, _, err, _ = train(sim, capsys, tmp_path, *fault, run_id=run_id)
     assert code == 4, err[-3000:]
