@@ -21,7 +21,7 @@ from mnnvl.driver.lifecycle import JobOutcome, require_domain, running_indexes
 from mnnvl.driver.ownership import create_or_adopt
 from mnnvl.driver.trainjob import JOBSET_NAME_LABEL, TRAINJOB
 from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
-from mnnvl.driver.workload import parse_result
+from mnnvl.driver.workload import LogFollower, parse_result
 from mnnvl.errors import WorkloadFailed
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import gpu_claim_template, wants_gpu_claim
@@ -62,7 +62,10 @@ def run_trainjob(
     pods = wait.run()
     attempt = max((restart_attempt(p) for p in pods.values()), default=0)
     rank0 = [k for k, p in pods.items() if pod_index(p) == "0" and restart_attempt(p) == attempt]
-    text = api.pod_log(ns, rank0[0], NODE) if rank0 else ""  # none: its pods were removed meanwhile
+    follower = wait.follower if wait.follower is not None and wait.follower.pod in rank0 else None
+    text = follower.drained() if follower is not None else ""
+    if rank0 and parse_result(text) is None:  # the stream cut or not followed: the stored log
+        text = api.pod_log(ns, rank0[0], NODE)
     return JobOutcome(
         job=name,
         pods=sorted(pods),
@@ -88,6 +91,7 @@ class TrainJobWait:
         self.deadline: Deadline | None = None  # from admission
         self.evicted: set[str] = set()  # uids of the pods of admissions Kueue took back
         self.running_logged = -1
+        self.follower: LogFollower | None = None  # rank 0's log, of its current pod
 
     def run(self) -> Objects:
         ns, name = self.workload.namespace, self.name
@@ -130,7 +134,7 @@ class TrainJobWait:
                 # Kueue evicted it: Trainer suspends its JobSet and the pods go; new ones follow
                 # the next admission, with a new deadline.
                 self.evicted |= {p["metadata"]["uid"] for p in view["pods"].values()}
-                self.deadline, self.running_logged = None, -1
+                self.deadline, self.running_logged, self.follower = None, -1, None
             return None
         if self.deadline is None:
             self.queue.admitted()
@@ -148,12 +152,25 @@ class TrainJobWait:
         current = self._current(view["pods"])
         live = {k: p for k, p in current.items() if pod_phase(p) not in TERMINAL}
         raise_on_stuck_pod(self.api, workload, live, {}, self.grace)
+        self._follow(live)
         running = running_indexes(live)
         if running != self.running_logged:  # as the Job path: none and all at info level
             self.running_logged = running
             level = logging.INFO if running in (0, workload.nodes) else logging.DEBUG
             logger.log(level, "pods %d/%d Running", running, workload.nodes)
         return None
+
+    def _follow(self, live: Objects) -> None:
+        """Follow rank 0's log once its pod runs, and its new pod after a restart: its
+        progress line, as the Job path shows it."""
+        running0 = sorted(
+            (restart_attempt(p), k)
+            for k, p in live.items()
+            if pod_index(p) == "0" and pod_phase(p) == "Running"
+        )
+        if running0 and (self.follower is None or self.follower.pod != running0[-1][1]):
+            ns = self.workload.namespace
+            self.follower = LogFollower(self.api, ns, running0[-1][1], container=NODE)
 
     def _current(self, pods: Objects) -> Objects:
         """The pods of the current admission: an evicted admission's and any pod being deleted
@@ -180,7 +197,8 @@ class TrainJobWait:
             return self.queue.progress(tj, view.get("workloads"))
         ns, name = self.workload.namespace, self.name
         pods = describe_pods(self.api, self.workload, name, view["pods"], self.since)
-        return f"TrainJob {ns}/{name}: {pods}"
+        follower = f"; {self.follower.describe()}" if self.follower is not None else ""
+        return f"TrainJob {ns}/{name}: {pods}{follower}"
 
     @property
     def since(self) -> Deadline:

@@ -266,9 +266,14 @@ class LogFollower:
     pod as prefix, its progress as one line at INFO (:class:`ProgressLine`)."""
 
     def __init__(
-        self, api: Api, namespace: str, pod: str, on_line: Callable[[str], None] | None = None
+        self,
+        api: Api,
+        namespace: str,
+        pod: str,
+        on_line: Callable[[str], None] | None = None,
+        container: str | None = None,  # None: the worker container of the step's Job
     ) -> None:
-        self.api, self.namespace, self.pod = api, namespace, pod
+        self.api, self.namespace, self.pod, self.container = api, namespace, pod, container
         self.on_line = on_line  # also handed every line (in-place restarts)
         self.lines: list[str] = []
         self.progress = Rank0Progress()  # the steps the pod logged, for restarts' records
@@ -278,7 +283,8 @@ class LogFollower:
 
     def _run(self) -> None:
         try:
-            for line in self.api.follow_log(self.namespace, self.pod):
+            args = (self.container,) if self.container else ()
+            for line in self.api.follow_log(self.namespace, self.pod, *args):
                 self.lines.append(line)
                 self.progress.line(line)
                 if self.on_line is not None:

@@ -6,6 +6,7 @@ Trainer is installed, and the runner may use it through ``manifests/overlays/tra
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -261,7 +262,10 @@ def test_mnnvl_run_sim_with_a_trainjob_verifies_before_and_after_and_leaves_noth
     argv = ["run", "--sim", "--run-id", "tj-cli", "--nodes", "2", "--gpus-per-node", "0"]
     argv += ["--min-busbw-gbps", "0.001", "--workload", "trainjob", "--report-dir", str(tmp_path)]
     assert cli.main(argv) == 0
-    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    printed = capsys.readouterr()
+    out = json.loads(printed.out.splitlines()[-1])
+    # Rank 0's progress, as the Job path shows it: the step, the pace and the time left.
+    assert re.search(r"train: step \d+/20, .*tokens/s, ETA \d+", printed.err), printed.err
     assert out["verify_pre"]["verdict"] == out["verify_post"]["verdict"] == "PASS"
     assert out["train"]["job"] == RunNames.for_run("tj-cli").job("train")
     assert f"TrainJob default/{out['train']['job']}" in out["teardown"]["deleted"]
