@@ -1,0 +1,73 @@
+"""A TrainJob step that fails: ``--max-restarts`` caps the runtime's restarts, the failed
+TrainJob and its pods are removed at once (the nodes' IMEX channels and GPUs are free for the
+run's next step), and a retry with the same inputs repeats the failure without running again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mnnvl.cli import main as cli
+from mnnvl.inputs.names import RunNames
+from tests.sim.simkit import Raw
+from tests.sim.test_trainjob_standin import TJ_PATH, gang_runtime, pods, raw, schemas, sim
+
+__all__ = ["raw", "schemas", "sim"]  # the stand-in's module fixtures, used here too
+
+
+def launch_argv(sim, run_id: str, runtime: str, *more: str) -> list[str]:
+    """``mnnvl launch`` of a TrainJob whose workers all exit 3 every time."""
+    argv = ["launch", "--kubeconfig", sim.kubeconfig_path, "--run-id", run_id, "--nodes", "2"]
+    argv += ["--gpus-per-node", "0", "--no-clique-affinity", "--purpose", "job"]
+    argv += ["--workload", "trainjob", "--trainjob-runtime", runtime, *more]
+    return [*argv, "--command", "--", "python3", "-c", "raise SystemExit(3)"]
+
+
+def error_of(capsys: pytest.CaptureFixture[str]) -> str:
+    return str(json.loads(capsys.readouterr().out.splitlines()[-1])["error"])
+
+
+def test_restarts_beyond_max_restarts_fail_the_step_below_the_runtimes_limit(
+    sim, raw: Raw, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gang_runtime(raw, "gang-cap", 3)
+    kube = ["--kubeconfig", sim.kubeconfig_path, "--run-id", "tj-cap"]
+    assert cli.main(["provision", *kube]) == 0
+    name = RunNames.for_run("tj-cap").job("job")
+    capsys.readouterr()
+
+    assert cli.main(launch_argv(sim, "tj-cap", "gang-cap", "--max-restarts", "1")) == 4
+    error = error_of(capsys)
+    assert error.startswith(
+        f"TrainJob default/{name} restarted 2 times, more than --max-restarts 1 "
+        "(the runtime allows 3); pods: "
+    )
+    assert "raise --max-restarts" in error and "\n" not in error
+    assert cli.main(["teardown", *kube]) == 0
+
+
+def test_a_failed_trainjob_is_removed_at_once_and_a_retry_repeats_its_failure(
+    sim, raw: Raw, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kube = ["--kubeconfig", sim.kubeconfig_path, "--run-id", "tj-gone"]
+    assert cli.main(["provision", *kube]) == 0
+    name = RunNames.for_run("tj-gone").job("job")
+    argv = launch_argv(sim, "tj-gone", "torch-distributed")  # no restarts: Trainer's Failed
+    capsys.readouterr()
+
+    assert cli.main(argv) == 4
+    error = error_of(capsys)
+    assert "FailedJobs" in error and f"removed TrainJob default/{name} and its pods" in error
+    assert pods(raw, name) == []  # the nodes are free before the run's teardown
+    record = raw.get(f"{TJ_PATH}/{name}")
+    assert record["spec"]["suspend"] is True  # the failure's record, which runs no pod
+
+    assert cli.main(argv) == 4  # the orchestrator's retry, same inputs
+    again = error_of(capsys)
+    assert "FailedJobs" in again and "a retry with the same inputs fails the same way" in again
+    assert pods(raw, name) == []  # nothing ran again
+    assert raw.get(f"{TJ_PATH}/{name}")["metadata"]["uid"] == record["metadata"]["uid"]
+
+    assert cli.main(["teardown", *kube]) == 0
+    assert raw.gone(f"{TJ_PATH}/{name}")
