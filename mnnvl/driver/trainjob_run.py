@@ -18,7 +18,7 @@ from mnnvl.driver.diagnose import (
 from mnnvl.driver.gpus import resolve_gpu_mode
 from mnnvl.driver.kueue import QueuedWait, workload_source
 from mnnvl.driver.lifecycle import JobOutcome, require_domain, running_indexes
-from mnnvl.driver.ownership import Deletions, create_or_adopt
+from mnnvl.driver.ownership import Deletions, StaleObject, create_or_adopt, failed_reason
 from mnnvl.driver.preflight_trainer import CLUSTER_RUNTIME
 from mnnvl.driver.trainjob import JOBSET_NAME_LABEL, TRAINJOB
 from mnnvl.driver.wait import (
@@ -36,7 +36,7 @@ from mnnvl.driver.workload import (
     raise_recorded_failure,
     record_failure,
 )
-from mnnvl.errors import MnnvlError, ProblemKind, WaitTimeout, WorkloadFailed
+from mnnvl.errors import MnnvlError, NotAdoptable, ProblemKind, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.trainjob import NODE, take_trainjob, trainjob
@@ -76,7 +76,11 @@ def run_trainjob(
     body = take_trainjob(own, workload) if own else trainjob(workload, module, args, runtime)
     runtime = str(body["spec"]["runtimeRef"]["name"])
     name, ns = body["metadata"]["name"], workload.namespace
-    found, adopted = create_or_adopt(api, TRAINJOB, body)
+    try:
+        found, adopted = create_or_adopt(api, TRAINJOB, body)
+    except StaleObject as stale:  # failed earlier with other input: made again
+        replace_failed_trainjob(api, workload, stale)
+        found, adopted = create_or_adopt(api, TRAINJOB, body)
     if adopted:
         raise_recorded_failure(found)
     wait = TrainJobWait(api, workload, name, runtime)
@@ -267,20 +271,30 @@ def runtime_max_restarts(api: Api, runtime: str) -> str:
     return f"the runtime allows {int((policy or {}).get('maxRestarts', 0))}"
 
 
+def replace_failed_trainjob(api: Api, workload: WorkloadSpec, stale: StaleObject) -> None:
+    """Delete a TrainJob of this step that failed (or the record of its failure) made from
+    other input, and wait until it and its pods are gone, so that it can be made anew."""
+    ns, name = workload.namespace, str(stale.existing["metadata"]["name"])
+    logger.info(
+        "TrainJob %s/%s of this step failed earlier (%s); deleting it and creating it again",
+        ns,
+        name,
+        failed_reason(stale.existing),
+    )
+    gone, deadline = Deletions(workload.run_id), Deadline(workload.deadlines.pods_running_timeout_s)
+    delete_trainjob_and_wait(api, gone, ns, name, deadline, existing=stale.existing)
+    if gone.skipped:
+        raise NotAdoptable(f"cannot replace the failed TrainJob: {gone.skipped[0]}") from stale
+
+
 def remove_failed_trainjob(api: Api, workload: WorkloadSpec, name: str) -> tuple[str, bool]:
-    """Delete a failed step's TrainJob (foreground) and wait until it and its pods are gone;
-    returns what was removed, or why not, for the step's error message, and whether this
-    deleted it (False: someone else had, e.g. a teardown)."""
+    """Delete a failed step's TrainJob and wait until it and its pods are gone; returns what
+    was removed, or why not, for the step's error message, and whether this deleted it
+    (False: someone else had, e.g. a teardown)."""
     ns, gone = workload.namespace, Deletions(workload.run_id)
-    what, deadline = f"TrainJob {ns}/{name}", Deadline(FAILED_JOB_DELETE_S)
-    hint = "check the pods' finalizers and the kubelet on their nodes"
+    what = f"TrainJob {ns}/{name}"
     try:
-        if gone.delete_named(api, TRAINJOB, ns, name, propagation="Foreground"):
-            wait_gone(api, TRAINJOB, ns, name=name, what=what, deadline=deadline, hint=hint)
-        pods = f"{JOBSET_NAME_LABEL}={name}"
-        wait_gone(
-            api, POD, ns, label_selector=pods, what=f"pods of {what}", deadline=deadline, hint=hint
-        )
+        delete_trainjob_and_wait(api, gone, ns, name, Deadline(FAILED_JOB_DELETE_S))
     except MnnvlError as e:
         logger.warning("could not remove the failed step's TrainJob: %s", e)
         teardown = f"mnnvl teardown --run-id {workload.run_id} --namespace {ns}"
@@ -289,6 +303,33 @@ def remove_failed_trainjob(api: Api, workload: WorkloadSpec, name: str) -> tuple
         return f"{what} was already gone", False
     logger.info("failed step: removed %s and its pods", what)
     return f"removed {what} and its pods, so the run's next step finds the nodes free", True
+
+
+def delete_trainjob_and_wait(
+    api: Api,
+    gone: Deletions,
+    ns: str,
+    name: str,
+    deadline: Deadline,
+    existing: dict[str, Any] | None = None,
+) -> None:
+    """Delete the run's TrainJob ``name`` in the foreground and wait until it and its pods are
+    gone (they hold their nodes' IMEX channel); ``existing``: the TrainJob as already read,
+    deleted only while it is still that object (uid precondition)."""
+    if existing is not None:
+        deleted = gone.delete(api, TRAINJOB, existing, propagation="Foreground")
+    else:
+        deleted = gone.delete_named(api, TRAINJOB, ns, name, propagation="Foreground")
+    what, hint = (
+        f"TrainJob {ns}/{name}",
+        "check the pods' finalizers and the kubelet on their nodes",
+    )
+    if deleted:
+        wait_gone(api, TRAINJOB, ns, name=name, what=what, deadline=deadline, hint=hint)
+    pods = f"{JOBSET_NAME_LABEL}={name}"
+    wait_gone(
+        api, POD, ns, label_selector=pods, what=f"pods of {what}", deadline=deadline, hint=hint
+    )
 
 
 def restart_attempt(pod: dict[str, Any]) -> int:

@@ -1,6 +1,7 @@
 """A TrainJob step that fails: ``--max-restarts`` caps the runtime's restarts, the failed
 TrainJob and its pods are removed at once (the nodes' IMEX channels and GPUs are free for the
-run's next step), and a retry with the same inputs repeats the failure without running again."""
+run's next step), a retry with the same inputs repeats the failure without running again, and
+one with other input runs."""
 
 from __future__ import annotations
 
@@ -69,5 +70,8 @@ def test_a_failed_trainjob_is_removed_at_once_and_a_retry_repeats_its_failure(
     assert pods(raw, name) == []  # nothing ran again
     assert raw.get(f"{TJ_PATH}/{name}")["metadata"]["uid"] == record["metadata"]["uid"]
 
+    fixed = [*argv[: argv.index("--command")], "--command", "--", "python3", "-c", "pass"]
+    assert cli.main(fixed) == 0  # other input: the record is replaced and the step runs
+    assert raw.get(f"{TJ_PATH}/{name}")["metadata"]["uid"] != record["metadata"]["uid"]
     assert cli.main(["teardown", *kube]) == 0
     assert raw.gone(f"{TJ_PATH}/{name}")
