@@ -6,6 +6,7 @@ one with other input runs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -17,12 +18,14 @@ from tests.sim.test_trainjob_standin import TJ_PATH, gang_runtime, pods, raw, sc
 __all__ = ["raw", "schemas", "sim"]  # the stand-in's module fixtures, used here too
 
 
-def launch_argv(sim, run_id: str, runtime: str, *more: str) -> list[str]:
-    """``mnnvl launch`` of a TrainJob whose workers all exit 3 every time."""
+def launch_argv(
+    sim, run_id: str, runtime: str, *more: str, code: str = "raise SystemExit(3)"
+) -> list[str]:
+    """``mnnvl launch`` of a TrainJob whose workers run ``code`` (by default: exit 3)."""
     argv = ["launch", "--kubeconfig", sim.kubeconfig_path, "--run-id", run_id, "--nodes", "2"]
     argv += ["--gpus-per-node", "0", "--no-clique-affinity", "--purpose", "job"]
     argv += ["--workload", "trainjob", "--trainjob-runtime", runtime, *more]
-    return [*argv, "--command", "--", "python3", "-c", "raise SystemExit(3)"]
+    return [*argv, "--command", "--", "python3", "-c", code]
 
 
 def error_of(capsys: pytest.CaptureFixture[str]) -> str:
@@ -30,14 +33,21 @@ def error_of(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_restarts_beyond_max_restarts_fail_the_step_below_the_runtimes_limit(
-    sim, raw: Raw, capsys: pytest.CaptureFixture[str]
+    sim, raw: Raw, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     gang_runtime(raw, "gang-cap", 3)
-    kube = ["--kubeconfig", sim.kubeconfig_path, "--run-id", "tj-cap"]
-    assert cli.main(["provision", *kube]) == 0
-    name = RunNames.for_run("tj-cap").job("job")
+    for run in ("tj-cap-ok", "tj-cap"):
+        assert cli.main(["provision", "--kubeconfig", sim.kubeconfig_path, "--run-id", run]) == 0
+    marker = tmp_path / "failed-once"
+    once = f"import os, sys; p = {str(marker)!r}\n"
+    once += "if not os.path.exists(p): open(p, 'w').close(); sys.exit(3)\n"
     capsys.readouterr()
+    # Restarted as often as --max-restarts allows: the step goes on and counts it.
+    within = launch_argv(sim, "tj-cap-ok", "gang-cap", "--max-restarts", "1", code=once)
+    assert cli.main(within) == 0
+    assert len(json.loads(capsys.readouterr().out.splitlines()[-1])["restarts"]) == 1
 
+    name = RunNames.for_run("tj-cap").job("job")
     assert cli.main(launch_argv(sim, "tj-cap", "gang-cap", "--max-restarts", "1")) == 4
     error = error_of(capsys)
     assert error.startswith(
@@ -45,7 +55,8 @@ def test_restarts_beyond_max_restarts_fail_the_step_below_the_runtimes_limit(
         "(the runtime allows 3); pods: "
     )
     assert "raise --max-restarts" in error and "\n" not in error
-    assert cli.main(["teardown", *kube]) == 0
+    for run in ("tj-cap-ok", "tj-cap"):
+        assert cli.main(["teardown", "--kubeconfig", sim.kubeconfig_path, "--run-id", run]) == 0
 
 
 def test_a_failed_trainjob_is_removed_at_once_and_a_retry_repeats_its_failure(
