@@ -1,18 +1,21 @@
 """A TrainJob step that fails: ``--max-restarts`` caps the runtime's restarts, the failed
 TrainJob and its pods are removed at once (the nodes' IMEX channels and GPUs are free for the
 run's next step), a retry with the same inputs repeats the failure without running again, and
-one with other input runs."""
+one with other input runs; a step stopped by SIGTERM leaves its TrainJob running."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from mnnvl.cli import main as cli
 from mnnvl.inputs.names import RunNames
-from tests.sim.simkit import Raw
+from tests.sim.simkit import Raw, wait_for
 from tests.sim.test_trainjob_standin import TJ_PATH, gang_runtime, pods, raw, schemas, sim
 
 __all__ = ["raw", "schemas", "sim"]  # the stand-in's module fixtures, used here too
@@ -86,3 +89,29 @@ def test_a_failed_trainjob_is_removed_at_once_and_a_retry_repeats_its_failure(
     assert raw.get(f"{TJ_PATH}/{name}")["metadata"]["uid"] != record["metadata"]["uid"]
     assert cli.main(["teardown", *kube]) == 0
     assert raw.gone(f"{TJ_PATH}/{name}")
+
+
+def test_a_sigtermed_trainjob_step_leaves_its_trainjob_running_for_the_retry(sim, raw: Raw) -> None:
+    kube = ["--kubeconfig", sim.kubeconfig_path, "--run-id", "tj-term"]
+    assert cli.main(["provision", *kube]) == 0
+    name = RunNames.for_run("tj-term").job("job")
+    argv = launch_argv(sim, "tj-term", "torch-distributed", code="import time; time.sleep(120)")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mnnvl", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def running() -> bool:
+        phases = [(p.get("status") or {}).get("phase") for p in pods(raw, name)]
+        return phases == ["Running", "Running"] or proc.poll() is not None
+
+    wait_for(running, timeout=60, what="the TrainJob's pods Running")
+    proc.send_signal(signal.SIGTERM)  # a node drain: the step's pod is deleted gracefully
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-3000:]
+    assert f"TrainJob default/{name} is left as it is; the step run again" in err
+    assert "deletionTimestamp" not in raw.get(f"{TJ_PATH}/{name}")["metadata"]
+    assert [(p.get("status") or {}).get("phase") for p in pods(raw, name)] == ["Running"] * 2
+    assert cli.main(["teardown", *kube]) == 0
