@@ -64,8 +64,8 @@ def publish_train(
     html: PathArtifact,
     result_artifact: PathArtifact,
 ) -> None:
-    """Log training metrics (each restart's cost summed, goodput), write the training report
-    (loss curve, each restart) and the raw result."""
+    """Log training metrics (each restart's cost summed, Kueue's evictions, goodput), write the
+    training report (loss curve, each restart) and the raw result."""
     from mnnvl import report_train
 
     raw = dict(result.raw or {})
@@ -86,6 +86,7 @@ def publish_train(
             "world_size": raw.get("world_size"),
             "wall_s": raw.get("wall_s"),
             "restarts": result.restarts,
+            "evictions": result.evictions,
             "steps_redone": result.steps_lost,
             "goodput": result.goodput,
         },

@@ -24,6 +24,7 @@ TRAIN_FIGURES = {
     "goodput": ("goodput.txt", "productive training time / the train step's wall time"),
     "restarts": ("restarts.txt", "gang restarts of the train step"),
     "faults": ("faults.json", "each restart: what failed, when, what it cost (JSON list)"),
+    "evictions": ("evictions.txt", "admissions Kueue took back from the train step"),
 }
 # Record key -> column title; the first columns name the fault, the last four its cost.
 FAULT_COLUMNS = {
@@ -119,16 +120,24 @@ def goodput(raw: dict[str, Any], wall_s: float) -> float | None:
 
 
 def goodput_line(result: dict[str, Any]) -> str:
-    """The goodput, the restarts and the steps redone, from a result's ``goodput`` and
-    ``faults``."""
+    """The goodput, the restarts, Kueue's evictions (when there were any) and the steps
+    redone, from a result's ``goodput``, ``faults`` and ``evictions``."""
     value = result.get("goodput")
     faults = result.get("faults") or []
     restarts = f"{len(faults)} restart{'' if len(faults) == 1 else 's'}"
     in_place = sum(f.get("how") == "in-place" for f in faults)
     restarts += f" ({in_place} in place)" if in_place else ""
+    restarts += f", {evictions_words(result)}" if result.get("evictions") else ""
     redone = sum(f.get("steps_lost") or 0 for f in faults)
     share = MISSING if value is None else f"{value:.0%}"
     return f"goodput {share} of the train step's wall time; {restarts}, steps redone: {redone}"
+
+
+def evictions_words(result: dict[str, Any]) -> str:
+    """``N eviction(s) by Kueue``: admissions taken back (the pods deleted, the step queued
+    again); an eviction is no restart."""
+    n = int(result.get("evictions") or 0)
+    return f"{n} eviction{'' if n == 1 else 's'} by Kueue"
 
 
 _METRICS = (
@@ -174,6 +183,10 @@ def _metric_rows(result: dict[str, Any]) -> list[list[str]]:
 def train_blocks(result: dict[str, Any], png: str | None = None) -> list[doc.Block]:
     """The training report: outcome and goodput first, the loss plot, each restart, metrics."""
     faults = result.get("faults") or []
+    restarts: list[doc.Block] = [fault_table(faults)] if faults else []
+    if result.get("evictions"):
+        words = f"{evictions_words(result)}: its pods were deleted and it queued again"
+        restarts.append(doc.Items([words]))
     return [
         doc.Heading("Training run"),
         doc.Items(
@@ -187,7 +200,7 @@ def train_blocks(result: dict[str, Any], png: str | None = None) -> list[doc.Blo
         ),
         doc.Plot(png, "training loss by step"),
         doc.Heading("Restarts", 2),
-        fault_table(faults) if faults else doc.Items(["none: every rank ran start to end"]),
+        *(restarts or [doc.Items(["none: every rank ran start to end"])]),
         doc.Heading("Metrics", 2),
         doc.Table(["metric", "value"], _metric_rows(result)),
     ]
@@ -214,7 +227,12 @@ def write_train_report(result: dict[str, Any], out_dir: str) -> dict[str, str]:
     ):
         files["png"] = png
     faults = result.get("faults") or []
-    figures = {"goodput": result.get("goodput"), "restarts": len(faults), "faults": faults}
+    figures = {
+        "goodput": result.get("goodput"),
+        "restarts": len(faults),
+        "faults": faults,
+        "evictions": int(result.get("evictions") or 0),
+    }
     for key, (name, _) in TRAIN_FIGURES.items():
         value = figures[key]
         text = json.dumps(value) if key == "faults" else "" if value is None else str(value)

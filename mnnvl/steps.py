@@ -131,9 +131,14 @@ class TrainResult(Result):
     goodput: float | None = None
 
     def for_report(self) -> dict[str, Any]:
-        """The worker's RESULT with the launcher's ``faults`` and ``goodput``: what the
-        training report shows."""
-        return {**self.raw, "faults": self.faults, "goodput": self.goodput}
+        """The worker's RESULT with the launcher's ``faults``, ``evictions`` and ``goodput``:
+        what the training report shows."""
+        return {
+            **self.raw,
+            "faults": self.faults,
+            "evictions": self.evictions,
+            "goodput": self.goodput,
+        }
 
 
 @dataclass(frozen=True)

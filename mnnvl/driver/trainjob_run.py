@@ -18,11 +18,26 @@ from mnnvl.driver.diagnose import (
 from mnnvl.driver.gpus import resolve_gpu_mode
 from mnnvl.driver.kueue import QueuedWait, workload_source
 from mnnvl.driver.lifecycle import JobOutcome, require_domain, running_indexes
-from mnnvl.driver.ownership import create_or_adopt
+from mnnvl.driver.ownership import Deletions, StaleObject, create_or_adopt, failed_reason
+from mnnvl.driver.preflight_trainer import CLUSTER_RUNTIME
 from mnnvl.driver.trainjob import JOBSET_NAME_LABEL, TRAINJOB
-from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
-from mnnvl.driver.workload import LogFollower, parse_result
-from mnnvl.errors import WorkloadFailed
+from mnnvl.driver.wait import (
+    Deadline,
+    Objects,
+    Source,
+    View,
+    timeout_error,
+    wait_gone,
+    watch_until,
+)
+from mnnvl.driver.workload import (
+    FAILED_JOB_DELETE_S,
+    LogFollower,
+    parse_result,
+    raise_recorded_failure,
+    record_failure,
+)
+from mnnvl.errors import MnnvlError, NotAdoptable, ProblemKind, WaitTimeout, WorkloadFailed
 from mnnvl.inputs.spec import WorkloadSpec
 from mnnvl.manifests import gpu_claim_template, wants_gpu_claim
 from mnnvl.manifests.trainjob import NODE, take_trainjob, trainjob
@@ -46,7 +61,12 @@ def run_trainjob(
     Restarts are the runtime's (its JobSet ``failurePolicy``), so only pods that cannot start
     fail the wait early, with the Job path's diagnoses; a failed pod is left to the JobSet,
     and a TrainJob that turns ``Failed`` ends the wait with Trainer's reason. Each restart is
-    counted from the pods' ``jobset.sigs.k8s.io/restart-attempt`` label. ``own``: a team's
+    counted from the pods' ``jobset.sigs.k8s.io/restart-attempt`` label; one more than
+    ``--max-restarts`` fails the step (the runtime's ``maxRestarts`` is only the ceiling). A
+    failed step deletes its TrainJob and waits until its pods are gone, and leaves the record
+    of a permanent failure, which a retry with the same inputs raises again at once
+    (:func:`mnnvl.driver.workload.record_failure`); a SIGTERM or SIGINT leaves the TrainJob
+    as it is. ``own``: a team's
     TrainJob, run as given but for the run's name, labels, claims and placement
     (:func:`mnnvl.manifests.trainjob.take_trainjob`; ``module``, ``args`` and ``runtime`` unused).
     """
@@ -57,9 +77,32 @@ def run_trainjob(
     body = take_trainjob(own, workload) if own else trainjob(workload, module, args, runtime)
     runtime = str(body["spec"]["runtimeRef"]["name"])
     name, ns = body["metadata"]["name"], workload.namespace
-    found, adopted = create_or_adopt(api, TRAINJOB, body)
+    try:
+        found, adopted = create_or_adopt(api, TRAINJOB, body)
+    except StaleObject as stale:  # failed earlier with other input: made again
+        replace_failed_trainjob(api, workload, stale)
+        found, adopted = create_or_adopt(api, TRAINJOB, body)
+    if adopted:
+        raise_recorded_failure(found)
     wait = TrainJobWait(api, workload, name, runtime)
-    pods = wait.run()
+    try:
+        pods = wait.run()
+    except (WorkloadFailed, WaitTimeout) as err:
+        # Its pods would hold their nodes' IMEX channel (and GPUs) until the teardown, so the
+        # run's next step would wait on them: remove them now, as the Job path does.
+        removed, deleted = remove_failed_trainjob(api, workload, name)
+        err.args = (f"{err}; {removed}",)
+        if deleted:  # not when a teardown took it: the run is ending
+            record_failure(api, workload, body, err, TRAINJOB)
+        raise
+    except KeyboardInterrupt:  # SIGTERM or SIGINT: the step's pod is going, not the workload
+        logger.warning(
+            "stopped while waiting: TrainJob %s/%s is left as it is; the step run again with "
+            "the same inputs adopts it, the run's teardown removes it",
+            ns,
+            name,
+        )
+        raise
     attempt = max((restart_attempt(p) for p in pods.values()), default=0)
     rank0 = [k for k, p in pods.items() if pod_index(p) == "0" and restart_attempt(p) == attempt]
     follower = wait.follower if wait.follower is not None and wait.follower.pod in rank0 else None
@@ -129,6 +172,9 @@ class TrainJobWait:
             )
         if done:
             return self._current(view["pods"])
+        attempt = max((restart_attempt(p) for p in view["pods"].values()), default=0)
+        if attempt > workload.recovery.max_restarts:
+            raise self._over_cap(attempt, view["pods"])
         if suspended(tj):
             if self.queue.check(tj, view.get("workloads")):
                 # Kueue evicted it: Trainer suspends its JobSet and the pods go; new ones follow
@@ -171,6 +217,21 @@ class TrainJobWait:
         if running0 and (self.follower is None or self.follower.pod != running0[-1][1]):
             ns = self.workload.namespace
             self.follower = LogFollower(self.api, ns, running0[-1][1], container=NODE)
+
+    def _over_cap(self, attempt: int, pods: Objects) -> WorkloadFailed:
+        """The runtime restarted the TrainJob more often than ``--max-restarts`` allows: a
+        runtime patch cannot lower its JobSet's ``failurePolicy.maxRestarts``
+        (``JobSetSpecPatch`` holds only ``replicatedJobs``: kubeflow/trainer
+        ``pkg/apis/trainer/v1alpha1/trainjob_types.go``), so the step enforces the cap."""
+        ns, name, cap = self.workload.namespace, self.name, self.workload.recovery.max_restarts
+        allows = runtime_max_restarts(self.api, self.runtime)
+        return WorkloadFailed(
+            f"TrainJob {ns}/{name} restarted {attempt} times, more than --max-restarts {cap} "
+            f"({allows}); pods: {describe_pods(self.api, self.workload, name, pods, self.since)}; "
+            f"check why its pods fail (kubectl -n {ns} logs -l {JOBSET_NAME_LABEL}={name} "
+            f"-c {NODE}) or raise --max-restarts",
+            problem=ProblemKind.RESTARTS_EXHAUSTED,
+        )
 
     def _current(self, pods: Objects) -> Objects:
         """The pods of the current admission: an evicted admission's and any pod being deleted
@@ -217,6 +278,77 @@ def finished(tj: dict[str, Any]) -> dict[str, Any] | None:
         if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
             return dict(cond)
     return None
+
+
+def runtime_max_restarts(api: Api, runtime: str) -> str:
+    """How often the ClusterTrainingRuntime's JobSet restarts, in words for an error."""
+    try:
+        found = api.get(CLUSTER_RUNTIME, "", runtime)
+    except MnnvlError as e:
+        return f"ClusterTrainingRuntime {runtime} unreadable: {e}"
+    policy = (found.get("spec") or {}).get("template", {}).get("spec", {}).get("failurePolicy")
+    return f"the runtime allows {int((policy or {}).get('maxRestarts', 0))}"
+
+
+def replace_failed_trainjob(api: Api, workload: WorkloadSpec, stale: StaleObject) -> None:
+    """Delete a TrainJob of this step that failed (or the record of its failure) made from
+    other input, and wait until it and its pods are gone, so that it can be made anew."""
+    ns, name = workload.namespace, str(stale.existing["metadata"]["name"])
+    logger.info(
+        "TrainJob %s/%s of this step failed earlier (%s); deleting it and creating it again",
+        ns,
+        name,
+        failed_reason(stale.existing),
+    )
+    gone, deadline = Deletions(workload.run_id), Deadline(workload.deadlines.pods_running_timeout_s)
+    delete_trainjob_and_wait(api, gone, ns, name, deadline, existing=stale.existing)
+    if gone.skipped:
+        raise NotAdoptable(f"cannot replace the failed TrainJob: {gone.skipped[0]}") from stale
+
+
+def remove_failed_trainjob(api: Api, workload: WorkloadSpec, name: str) -> tuple[str, bool]:
+    """Delete a failed step's TrainJob and wait until it and its pods are gone; returns what
+    was removed, or why not, for the step's error message, and whether this deleted it
+    (False: someone else had, e.g. a teardown)."""
+    ns, gone = workload.namespace, Deletions(workload.run_id)
+    what = f"TrainJob {ns}/{name}"
+    try:
+        delete_trainjob_and_wait(api, gone, ns, name, Deadline(FAILED_JOB_DELETE_S))
+    except MnnvlError as e:
+        logger.warning("could not remove the failed step's TrainJob: %s", e)
+        teardown = f"mnnvl teardown --run-id {workload.run_id} --namespace {ns}"
+        return f"removing {what} failed ({e}); `{teardown}` removes it", False
+    if not gone.deleted:
+        return f"{what} was already gone", False
+    logger.info("failed step: removed %s and its pods", what)
+    return f"removed {what} and its pods, so the run's next step finds the nodes free", True
+
+
+def delete_trainjob_and_wait(
+    api: Api,
+    gone: Deletions,
+    ns: str,
+    name: str,
+    deadline: Deadline,
+    existing: dict[str, Any] | None = None,
+) -> None:
+    """Delete the run's TrainJob ``name`` in the foreground and wait until it and its pods are
+    gone (they hold their nodes' IMEX channel); ``existing``: the TrainJob as already read,
+    deleted only while it is still that object (uid precondition)."""
+    if existing is not None:
+        deleted = gone.delete(api, TRAINJOB, existing, propagation="Foreground")
+    else:
+        deleted = gone.delete_named(api, TRAINJOB, ns, name, propagation="Foreground")
+    what, hint = (
+        f"TrainJob {ns}/{name}",
+        "check the pods' finalizers and the kubelet on their nodes",
+    )
+    if deleted:
+        wait_gone(api, TRAINJOB, ns, name=name, what=what, deadline=deadline, hint=hint)
+    pods = f"{JOBSET_NAME_LABEL}={name}"
+    wait_gone(
+        api, POD, ns, label_selector=pods, what=f"pods of {what}", deadline=deadline, hint=hint
+    )
 
 
 def restart_attempt(pod: dict[str, Any]) -> int:

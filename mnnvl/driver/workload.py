@@ -124,13 +124,17 @@ def _replace_failed_job(api: Api, workload: WorkloadSpec, stale: StaleObject) ->
 RECORD_MAX_BYTES = 64 * 1024  # an object's annotations may hold 256 KiB in all
 
 
-def record_failure(api: Api, workload: WorkloadSpec, job: dict[str, Any], err: MnnvlError) -> None:
+def record_failure(
+    api: Api, workload: WorkloadSpec, job: dict[str, Any], err: MnnvlError, kind: Kind = JOB
+) -> None:
     """Leave the record of a step that failed for good where its Job was (the step deleted it:
     a Job that a teardown or a person deleted leaves none): a Job of the same name and spec
     hash that never runs a pod (suspended, parallelism 0, outside any Kueue queue),
-    annotated with the failure. A retry of the step with the same inputs meets it on create
-    and fails again at once with this failure (:func:`raise_recorded_failure`) instead of
-    running the workload again; other input replaces it; teardown deletes it with the run.
+    annotated with the failure (``kind`` TrainJob: the step's TrainJob, suspended, so that
+    Trainer keeps its JobSet suspended and makes no pod). A retry of the step with the same
+    inputs meets it on create and fails again at once with this failure
+    (:func:`raise_recorded_failure`) instead of running the workload again; other input
+    replaces it; teardown deletes it with the run.
 
     Only a permanent failure is recorded (``WorkloadFailed.permanent``: a worker's exit that
     ended the step, with a code a restart cannot change or its restarts spent; a refusal no
@@ -156,14 +160,15 @@ def record_failure(api: Api, workload: WorkloadSpec, job: dict[str, Any], err: M
     if len(text) > RECORD_MAX_BYTES:  # a long training RESULT: only verify's is used again
         text = json.dumps({**failure, "result": None})
     annotations = {**meta["annotations"], FAILURE_ANNOTATION: text}
+    idle = {"suspend": True} | ({"parallelism": 0} if kind is JOB else {})
     record = {
         **body,
         "metadata": {**meta, "labels": labels, "annotations": annotations},
-        "spec": {**body["spec"], "suspend": True, "parallelism": 0},
+        "spec": {**body["spec"], **idle},
     }
-    what = f"Job {workload.namespace}/{meta['name']}"
+    what = f"{kind.kind} {workload.namespace}/{meta['name']}"
     try:
-        api.create(JOB, workload.namespace, record)
+        api.create(kind, workload.namespace, record)
     except MnnvlError as e:
         logger.warning("could not record the failure on %s (a retry runs it again): %s", what, e)
         return

@@ -270,3 +270,21 @@ def test_goodput_is_productive_time_over_the_steps_wall_time() -> None:
     assert report_train.goodput({**raw, "tokens_per_s": None}, 200.0) is None
     # Steps slowed beside a background save are not productive either.
     assert report_train.goodput({**raw, "checkpoint_lost_s": 20.0}, 200.0) == 0.4
+
+
+def test_kueues_evictions_show_beside_the_restarts_in_the_report_and_the_run_summary(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mnnvl import run
+
+    result = {"steps": 10, "faults": [], "evictions": 1, "goodput": 0.5, "losses": []}
+    md = Path(report_train.write_train_report(result, str(tmp_path))["markdown"]).read_text()
+    assert "goodput 50% of the train step's wall time; 0 restarts, 1 eviction by Kueue" in md
+    assert "1 eviction by Kueue: its pods were deleted and it queued again" in md
+    assert "none: every rank ran start to end" not in md
+    assert "eviction" not in report_train.goodput_line({**result, "evictions": 0})
+
+    train = {**result, "final_loss": 4.2, "tokens_per_s": 900.0, "evictions": 3}
+    with caplog.at_level("INFO", logger="mnnvl.run"):
+        run._log_summary({"run_id": "r", "train": train})
+    assert "0 restarts, 3 evictions by Kueue, steps redone: 0" in caplog.text

@@ -159,3 +159,36 @@ def test_kfp_train_logs_restarts_and_goodput_and_its_report_lists_each_restart(
     page = Path(out["html"].path).read_text()
     assert "<td>job-1-x</td><td>—</td><td>—</td><td>137</td>" in page and "goodput 61%" in page
     assert json.loads(Path(out["result"].path).read_text())["faults"] == [fault]
+
+
+def test_kueues_evictions_of_the_train_step_are_a_kfp_metric_and_an_argo_output(
+    tmp_path: Path,
+) -> None:
+    from mnnvl.report_train import write_train_report
+    from mnnvl.steps import TrainResult
+
+    raw = {"kind": "train", "steps": 40, "final_loss": 4.9, "tokens_per_s": 2000.0, "losses": []}
+    figures = dict(final_loss=4.9, tokens_per_s=2000.0, mfu=None, steps=40, peak_mem_gib=None)
+    outcome = TrainResult(
+        job="run-train",
+        **figures,
+        start_step=0,
+        checkpoint="",
+        report_files={},
+        raw=raw,
+        elapsed_s=30.0,
+        evictions=2,
+    )
+    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "html", "result")}
+    artifacts.publish_train("run", outcome, out["metrics"], out["html"], out["result"])
+    assert out["metrics"].metrics["evictions"] == 2.0
+    assert "2 evictions by Kueue" in Path(out["html"].path).read_text()
+
+    doc = yaml.safe_load((COMPILED / "mnnvl-training.workflowtemplate.yaml").read_text())
+    template = next(t for t in doc["spec"]["templates"] if t["name"] == "train")
+    args = template["container"]["args"]
+    report_dir = args[args.index("--report-dir") + 1]
+    path = {p["name"]: p["valueFrom"]["path"] for p in template["outputs"]["parameters"]}
+    write_train_report(outcome.for_report(), str(tmp_path / "report"))
+    written = tmp_path / "report" / Path(path["evictions"]).relative_to(report_dir)
+    assert written.read_text().removesuffix("\n") == "2"
