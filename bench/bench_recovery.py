@@ -8,7 +8,10 @@ PersistentVolumeClaim every ``--every`` steps). ``--paths in-place,in-place-disk
 the pods, the default), resuming from the host copy of the checkpoint in the pods' memory;
 restarted in place with no host copy (``MNNVL_TRAIN_TUNING=hostcopy=off``), resuming from the
 checkpoint on the claim; and with the pods recreated (``MNNVL_IN_PLACE_RESTARTS=0``, every pod
-deleted and made again, resuming from the claim). The worker test hook makes rank ``--rank``
+deleted and made again, resuming from the claim). ``--paths trainjob`` runs the step as a
+Kubeflow Trainer TrainJob (``--workload trainjob``, the simulator's Trainer stand-in): the
+runtime restarts the failed workers (Trainer's ``torch-distributed``: the kubelet restarts
+their containers), which resume from the claim. The worker test hook makes rank ``--rank``
 (default: the last) signal itself right after step ``--fail-at``, once: SIGKILL is a lost
 worker, SIGSTOP a hung one (its peers' collectives time out after ``--collective-timeout-s``;
 a worker with no peer is stopped by its pod's watchdog after ``--stall-timeout-s``). For
@@ -79,8 +82,9 @@ PATHS = {
     "in-place": {},
     "in-place-disk": {TUNING_ENV: "hostcopy=off"},
     "recreated": {contract_env.IN_PLACE_RESTARTS: "0"},
+    "trainjob": {},  # the runtime's JobSet restarts every pod
 }
-SOURCE = {"in-place": "host", "in-place-disk": "disk", "recreated": "disk"}  # resumed from
+SOURCE = {"in-place": "host", "in-place-disk": "disk", "recreated": "disk", "trainjob": "disk"}
 
 
 def log_lines(text: str) -> list[tuple[float, str]]:
@@ -219,6 +223,7 @@ def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) 
         pods_running_timeout_s=600,
         job_timeout_s=3600,
         max_restarts=args.max_restarts,
+        workload="trainjob" if path == "trainjob" else "job",
     )
     config = TrainConfig(
         model=args.model,
@@ -313,7 +318,10 @@ def main() -> int:
     }
     spare = int("bad-node" in args.faults.split(","))  # a node for the run to move to
     with SimCluster(
-        nodes=args.nodes + spare, gpus_per_node=args.gpus_per_node, local_gpus=gpus
+        nodes=args.nodes + spare,
+        gpus_per_node=args.gpus_per_node,
+        local_gpus=gpus,
+        trainer="trainjob" in args.paths.split(","),  # Kubeflow Trainer's stand-in
     ) as sim:
         _claim(sim)
         for fault in args.faults.split(","):

@@ -14,6 +14,7 @@ from mnnvl.driver.diagnose import (
     pod_index,
     pod_phase,
     raise_on_stuck_pod,
+    waiting_state,
 )
 from mnnvl.driver.gpus import resolve_gpu_mode
 from mnnvl.driver.kueue import QueuedWait, workload_source
@@ -103,18 +104,28 @@ def run_trainjob(
             name,
         )
         raise
-    attempt = max((restart_attempt(p) for p in pods.values()), default=0)
-    rank0 = [k for k, p in pods.items() if pod_index(p) == "0" and restart_attempt(p) == attempt]
-    follower = wait.follower if wait.follower is not None and wait.follower.pod in rank0 else None
+    # Rank 0's last pod: the one that succeeded, not one the Job made again after it failed.
+    rank0 = sorted(
+        (
+            pod_phase(p) == "Succeeded",
+            restart_attempt(p),
+            p["metadata"].get("creationTimestamp", ""),
+            k,
+        )
+        for k, p in pods.items()
+        if pod_index(p) == "0"
+    )
+    last = rank0[-1][-1] if rank0 else ""  # none: its pods were removed meanwhile
+    follower = wait.follower if wait.follower is not None and wait.follower.pod == last else None
     text = follower.drained() if follower is not None else ""
-    if rank0 and parse_result(text) is None:  # the stream cut or not followed: the stored log
-        text = api.pod_log(ns, rank0[0], NODE)
+    if last and parse_result(text) is None:  # the stream cut or not followed: the stored log
+        text = api.pod_log(ns, last, NODE)
     return JobOutcome(
         job=name,
         pods=sorted(pods),
         result=parse_result(text),
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
-        restarts=[{"attempt": i + 1} for i in range(attempt)],
+        restarts=[{"attempt": i + 1} for i in range(wait.restarts)],
         adopted=("complete" if finished(found) else "running") if adopted else "",
         evictions=wait.queue.evictions,
     )
@@ -135,6 +146,8 @@ class TrainJobWait:
         self.evicted: set[str] = set()  # uids of the pods of admissions Kueue took back
         self.running_logged = -1
         self.follower: LogFollower | None = None  # rank 0's log, of its current pod
+        self.followed: tuple[int, str] | None = None  # (restarts in place, pod) it follows
+        self.rank0: dict[str, tuple[int, int]] = {}  # uid -> (JobSet attempt, restarts in pod)
 
     def run(self) -> Objects:
         ns, name = self.workload.namespace, self.name
@@ -172,15 +185,20 @@ class TrainJobWait:
             )
         if done:
             return self._current(view["pods"])
-        attempt = max((restart_attempt(p) for p in view["pods"].values()), default=0)
-        if attempt > workload.recovery.max_restarts:
-            raise self._over_cap(attempt, view["pods"])
+        for pod in view["pods"].values():
+            if pod_index(pod) == "0":
+                uid = pod["metadata"]["uid"]
+                before = self.rank0.get(uid, (0, 0))[1]
+                self.rank0[uid] = (restart_attempt(pod), max(before, container_restarts(pod)))
+        if self.restarts > workload.recovery.max_restarts:
+            raise self._over_cap(self.restarts, view["pods"])
         if suspended(tj):
             if self.queue.check(tj, view.get("workloads")):
                 # Kueue evicted it: Trainer suspends its JobSet and the pods go; new ones follow
                 # the next admission, with a new deadline.
                 self.evicted |= {p["metadata"]["uid"] for p in view["pods"].values()}
                 self.deadline, self.running_logged, self.follower = None, -1, None
+                self.followed = None
             return None
         if self.deadline is None:
             self.queue.admitted()
@@ -197,7 +215,10 @@ class TrainJobWait:
             )
         current = self._current(view["pods"])
         live = {k: p for k, p in current.items() if pod_phase(p) not in TERMINAL}
-        raise_on_stuck_pod(self.api, workload, live, {}, self.grace)
+        # A container the kubelet restarts waits in CrashLoopBackOff: the runtime's restart,
+        # counted above, not a pod that cannot start.
+        starting = {k: p for k, p in live.items() if waiting_state(p)[0] != "CrashLoopBackOff"}
+        raise_on_stuck_pod(self.api, workload, starting, {}, self.grace)
         self._follow(live)
         running = running_indexes(live)
         if running != self.running_logged:  # as the Job path: none and all at info level
@@ -207,16 +228,33 @@ class TrainJobWait:
         return None
 
     def _follow(self, live: Objects) -> None:
-        """Follow rank 0's log once its pod runs, and its new pod after a restart: its
-        progress line, as the Job path shows it."""
+        """Follow rank 0's log once its pod runs, and again after each restart (a new pod, or
+        its container restarted in place): its progress line, as the Job path shows it."""
         running0 = sorted(
-            (restart_attempt(p), k)
+            (restart_attempt(p), container_restarts(p), k)
             for k, p in live.items()
-            if pod_index(p) == "0" and pod_phase(p) == "Running"
+            if pod_index(p) == "0" and pod_phase(p) == "Running" and not waiting_state(p)[0]
         )
-        if running0 and (self.follower is None or self.follower.pod != running0[-1][1]):
+        if running0 and self.followed != running0[-1][1:]:
+            self.followed = running0[-1][1:]
             ns = self.workload.namespace
-            self.follower = LogFollower(self.api, ns, running0[-1][1], container=NODE)
+            self.follower = LogFollower(self.api, ns, running0[-1][-1], container=NODE)
+
+    @property
+    def restarts(self) -> int:
+        """The training's restarts: every restart starts rank 0 again, in a new pod when the
+        runtime's JobSet recreated every pod (``failurePolicy``, the pods'
+        ``jobset.sigs.k8s.io/restart-attempt``) or the child Job made a failed pod again, in its
+        pod when the kubelet restarted the container (JobSet's default ``restartPolicy:
+        OnFailure``: Trainer's ``torch-distributed`` sets neither a failure policy nor a
+        restart policy, so the child Job's default ``backoffLimit`` of 6 bounds those; rank 0
+        fails once its peer is gone). Restarts inside an attempt the JobSet then replaced are
+        not counted again (with ``backoffLimit: 0`` a container's restart fails its Job at
+        once), nor are pods of an admission Kueue took back."""
+        kept = [v for uid, v in self.rank0.items() if uid not in self.evicted]
+        last = max((attempt for attempt, _ in kept), default=0)
+        now = [n for attempt, n in kept if attempt == last]
+        return last + max(0, len(now) - 1) + sum(now)
 
     def _over_cap(self, attempt: int, pods: Objects) -> WorkloadFailed:
         """The runtime restarted the TrainJob more often than ``--max-restarts`` allows: a
@@ -349,6 +387,12 @@ def delete_trainjob_and_wait(
     wait_gone(
         api, POD, ns, label_selector=pods, what=f"pods of {what}", deadline=deadline, hint=hint
     )
+
+
+def container_restarts(pod: dict[str, Any]) -> int:
+    """How often the kubelet restarted the pod's containers in place."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(c.get("restartCount") or 0) for c in statuses)
 
 
 def restart_attempt(pod: dict[str, Any]) -> int:

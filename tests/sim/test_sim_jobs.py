@@ -97,6 +97,17 @@ def test_backoff_limit_per_index_fails_only_that_index_then_failed_indexes(raw: 
     assert (st["completedIndexes"], st["failedIndexes"], st["failed"]) == ("0", "1", 2)
 
 
+def test_on_failure_restarts_in_the_pod_count_against_the_backoff_limit(raw: Raw) -> None:
+    # restartPolicy OnFailure: the kubelet restarts index 1's container in its pod; at the
+    # limit of those restarts the Job fails, with no pod made again.
+    body = job("onfailure", "0,1", backoffLimit=2)
+    body["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    raw.call("POST", JOBS, body)
+    conds = wait_for(lambda: finished(raw, "onfailure"), what="Job failed")
+    assert conds["Failed"]["reason"] == "BackoffLimitExceeded"
+    assert sorted(p["metadata"]["labels"][INDEX] for p in pods_of(raw, "onfailure")) <= ["0", "1"]
+
+
 def test_max_failed_indexes_fails_the_job_early(raw: Raw) -> None:
     body = job("maxfailed", "1,1,1,1", completions=4, backoffLimitPerIndex=0, maxFailedIndexes=1)
     raw.call("POST", JOBS, body)

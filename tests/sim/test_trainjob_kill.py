@@ -1,12 +1,15 @@
-"""The train step as a TrainJob: a worker killed mid-training is restarted by the runtime's
-JobSet failure policy (every pod recreated), training completes, and the restart is counted in
-the step's result."""
+"""The train step as a TrainJob: a worker killed mid-training is restarted, by the runtime's
+JobSet failure policy (every pod recreated) or, where the runtime has none (Trainer's
+``torch-distributed``), by the child Job's retries (the failed pods made again); training
+completes, and the restart is counted in the step's result either way."""
 
 from __future__ import annotations
 
 import signal
 import threading
 from typing import Any
+
+import pytest
 
 from mnnvl import steps
 from mnnvl.driver.rank0 import STEP_LINE
@@ -35,10 +38,15 @@ def _training(raw: Raw, name: str) -> dict[str, Any] | None:
     return None
 
 
+@pytest.mark.parametrize(
+    ("runtime", "attempts"),
+    [("gang-kill", {"1"}), ("torch-distributed", {"0"})],  # JobSet recreated all, or Job retried
+)
 def test_a_killed_worker_is_restarted_by_the_runtimes_failure_policy_and_counted(
-    sim: SimCluster, raw: Raw
+    sim: SimCluster, raw: Raw, runtime: str, attempts: set[str]
 ) -> None:
-    gang_runtime(raw, "gang-kill", 2)
+    if runtime == "gang-kill":
+        gang_runtime(raw, runtime, 2)
     domain = DomainSpec(run_id=RUN, delete_timeout_s=30)
     steps.provision(domain, kubeconfig=sim.kubeconfig_path)
     workload = from_inputs(
@@ -48,7 +56,7 @@ def test_a_killed_worker_is_restarted_by_the_runtimes_failure_policy_and_counted
         gpus_per_node=0,
         clique_affinity=False,
         workload="trainjob",
-        trainjob_runtime="gang-kill",
+        trainjob_runtime=runtime,
     )
     config = TrainConfig(model="tiny", steps=STEPS, batch_size=2, log_every=1)
     name = RunNames.for_run(RUN).job("train")
@@ -66,9 +74,7 @@ def test_a_killed_worker_is_restarted_by_the_runtimes_failure_policy_and_counted
 
     assert killed, "rank 1 was never killed"
     assert result.job == name and result.steps == STEPS and result.restarts == 1
-    attempts = {
-        p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] for p in pods(raw, name)
-    }
-    assert attempts == {"1"}  # the runtime recreated every pod once
+    seen = {p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] for p in pods(raw, name)}
+    assert seen == attempts
     steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
     assert pods(raw, name) == [] and sim.objects(label_selector=f"mnnvl.io/run-id={RUN}") == []

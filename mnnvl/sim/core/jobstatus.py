@@ -171,13 +171,28 @@ def limit_failure(job: Obj, progress: Progress) -> tuple[str, str] | None:
     for _, action, why in progress.counted:
         if action == "FailJob":
             return ("PodFailurePolicy", why)
-    if progress.failed > limit:
+    if progress.failed > limit or past_limit_on_failure(job, progress.active, limit):
         return ("BackoffLimitExceeded", "Job has reached the specified backoff limit")
     max_failed = job["spec"].get("maxFailedIndexes")  # only valid with backoffLimitPerIndex
     if max_failed is not None and len(progress.failed_idx) > int(max_failed):
         why = "Job has exceeded the specified maximal number of failed indexes"
         return ("MaxFailedIndexesExceeded", why)
     return None
+
+
+def past_limit_on_failure(job: Obj, active: list[Obj], limit: int) -> bool:
+    """With ``restartPolicy: OnFailure`` the kubelet restarts a failed container in its pod,
+    and the restarts of the running and pending pods' containers count against
+    ``backoffLimit`` (``pkg/controller/job/job_controller.go``, ``pastBackoffLimitOnFailure``)."""
+    if job["spec"]["template"]["spec"].get("restartPolicy") != "OnFailure":
+        return False
+    restarts = sum(
+        int(c.get("restartCount") or 0)
+        for p in active
+        if phase(p) in ("Running", "Pending")
+        for c in (p.get("status") or {}).get("containerStatuses") or []
+    )
+    return restarts > 0 if limit == 0 else restarts >= limit
 
 
 def failed_indexes_failure(progress: Progress) -> tuple[str, str] | None:

@@ -206,7 +206,9 @@ def pod_template(tj: Obj, base: Obj, labels: dict[str, str]) -> Obj:
     meta = template.setdefault("metadata", {})
     spec = template.setdefault("spec", {})
     spec["subdomain"] = name  # JobSet's enableDNSHostnames (default on)
-    spec.setdefault("restartPolicy", "Never")
+    # JobSet's defaulting webhook: a failed container restarts in its pod, and its restarts
+    # count against the child Job's backoffLimit (``pkg/webhooks/jobset_webhook.go``, Default).
+    spec.setdefault("restartPolicy", "OnFailure")
     for patch in tj["spec"].get("runtimePatches") or []:
         apply_patch(meta, spec, patch)
     meta["labels"] = {**(meta.get("labels") or {}), **labels}
