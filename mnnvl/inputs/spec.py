@@ -49,11 +49,7 @@ from mnnvl.inputs.storage import parse_pvc
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
 DEFAULT_WARMUP_STEPS = 5
-RUN_ID_HELP = "run id every name and label derives from (KFP job id, Argo workflow uid)"
-RUN_ID_WHY = "pipelines supply it: KFP's job id, Argo's {{workflow.uid}}"
-OWNER_WHY = "found at run time (the launcher pod with --owner-pod), never typed in"
 EVERY_SURFACE = (CLI, KFP, ARGO)
-NAMESPACE_VALID = "'' or a namespace name (lowercase letters, digits and -, at most 63)"
 T = TypeVar("T")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -142,23 +138,8 @@ def with_inputs(spec: T, **inputs: Any) -> T:
     return dataclasses.replace(spec, **_given_to_groups(type(spec), inputs, spec))  # type: ignore[type-var]
 
 
-def _check_run_and_namespace(spec: Any) -> None:
-    """The run id, and the namespace: the edges resolve "" to the pod's own; here "" means
-    default."""
-    check_run_id(spec.run_id)
-    if not spec.namespace:
-        object.__setattr__(spec, "namespace", FALLBACK_NAMESPACE)
-    check_dns_label("namespace", spec.namespace)
-
-
 # Inputs several specs share, declared once (a pipeline that runs both workers, or every
 # step, has one parameter for each).
-namespace_opt = functools.partial(
-    opt,
-    "",
-    "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
-    valid=NAMESPACE_VALID,
-)
 api_outage_opt = functools.partial(
     opt,
     300.0,
@@ -225,11 +206,37 @@ class OwnerRef:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DomainSpec:
+class _Run:
+    """Which run, in which namespace, owned by whom: what the domain and the workload share."""
+
+    run_id: str = opt(
+        help="run id every name and label derives from (KFP job id, Argo workflow uid)",
+        surfaces=(CLI,),
+        why="pipelines supply it: KFP's job id, Argo's {{workflow.uid}}",
+    )
+    namespace: str = opt(
+        "",
+        "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
+        valid="'' or a namespace name (lowercase letters, digits and -, at most 63)",
+    )
+    owner: OwnerRef | None = opt(
+        None,
+        surfaces=(),
+        why="found at run time (the launcher pod with --owner-pod), never typed in",
+    )
+
+    def __post_init__(self) -> None:
+        check_run_id(self.run_id)
+        if not self.namespace:  # the edges resolve "" to the pod's own; here it means default
+            object.__setattr__(self, "namespace", FALLBACK_NAMESPACE)
+        check_dns_label("namespace", self.namespace)
+        check_declared(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DomainSpec(_Run):
     """What provision and teardown need: which run, where, and how the channel is allocated."""
 
-    run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
-    namespace: str = namespace_opt()
     allocation_mode: str = opt(
         "Single",
         "IMEX channels per pod: Single (channel0) or All",
@@ -249,11 +256,6 @@ class DomainSpec:
         group="deadlines",
     )
     api_outage_s: float = api_outage_opt()
-    owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
-
-    def __post_init__(self) -> None:
-        _check_run_and_namespace(self)
-        check_declared(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -416,12 +418,10 @@ class Recovery:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkloadSpec:
+class WorkloadSpec(_Run):
     """The multi-node Indexed Job: shape, image and NCCL profile, and its groups (``placement``,
     ``pod``, ``deadlines``, ``recovery``), each a dataclass of its own."""
 
-    run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
-    namespace: str = namespace_opt()
     purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
     nodes: int = opt(
         2,
@@ -464,11 +464,9 @@ class WorkloadSpec:
     pod: PodTemplate = group(PodTemplate)
     deadlines: Deadlines = group(Deadlines)
     recovery: Recovery = group(Recovery)
-    owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
-        _check_run_and_namespace(self)
-        check_declared(self)
+        super().__post_init__()
         check_choice("purpose", self.purpose, PURPOSES)
         self._check_cliques()
         if self.workload == "trainjob":
