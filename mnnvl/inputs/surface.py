@@ -21,7 +21,6 @@ from mnnvl.inputs.checks import check_range, parse_bytes, parse_env, parse_list,
 from mnnvl.inputs.spec import (
     ARGO,
     CLI,
-    EVERY_SURFACE,
     KFP,
     DomainSpec,
     LaunchSpec,
@@ -32,7 +31,6 @@ from mnnvl.inputs.spec import (
 )
 from mnnvl.inputs.storage import check_shared_storage
 
-EVERY = EVERY_SURFACE
 SIZE_FIELDS = frozenset({"min_bytes", "max_bytes", "judge_min_bytes"})
 SPEC_CLASSES: tuple[type, ...] = (DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig, LaunchSpec)
 
@@ -145,13 +143,9 @@ def _default(f: dataclasses.Field[Any]) -> Any:
     return list(f.default) if isinstance(f.default, tuple) else f.default
 
 
+@functools.cache
 def class_inputs(cls: type) -> tuple[Input, ...]:
     """The inputs a spec dataclass declares, in declaration order (a nested group's in place)."""
-    return _class_inputs(cls)
-
-
-@functools.cache
-def _class_inputs(cls: type) -> tuple[Input, ...]:
     meta = ("help", "surfaces", "why", "choices", "valid", "example")
     return tuple(
         Input(f.name, _kind(owner, f), _default(f), group=group, **{k: f.metadata[k] for k in meta})
@@ -351,15 +345,12 @@ class Task:
     step: str
     fixed: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def renames(self) -> dict[str, str]:
-        """Step input -> pipeline parameter: the one input steps share with other values,
-        each Job's deadline (``train_timeout_s``, ``verify_timeout_s``, ``launch_timeout_s``)."""
-        workload = self.step in ("train", "verify", "launch")
-        return {"job_timeout_s": f"{self.step}_timeout_s"} if workload else {}
-
     def parameter_name(self, input_name: str) -> str:
-        return self.renames.get(input_name, input_name)
+        """The pipeline parameter of a step input: its own name, but for the one input steps
+        share with other values, each Job's deadline (``train_timeout_s``, ``verify_timeout_s``)."""
+        if input_name == "job_timeout_s" and self.step in ("train", "verify", "launch"):
+            return f"{self.step}_timeout_s"
+        return input_name
 
 
 @dataclass(frozen=True)
@@ -389,7 +380,7 @@ class Pipeline:
                         help=f"{item.help} (here {default}; the step's own is {item.default}: "
                         f"{why})",
                     )
-                if name != item.name:  # a rename names one step's input (``Task.renames``)
+                if name != item.name:  # a rename names one step's input
                     renamed = dataclasses.replace(renamed, help=f"{task.step} step: {renamed.help}")
                 known = params.setdefault(name, renamed)
                 if (known.default, known.kind) != (renamed.default, renamed.kind):
@@ -518,9 +509,9 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
     """Refuse a launcher pod deadline (Argo's ``<step>-deadline-s``) shorter than what its
     workload step may take by its own timeouts: Argo would stop the step while its Job still
     runs, and the exit handler would tear the training down. The tightest step is named."""
-    rooms = []
+    problems = []
     for task, specs in planned:
-        name = f"{task.step}-deadline-s"
+        name, timeout = f"{task.step}-deadline-s", task.parameter_name("job_timeout_s")
         workload = next((s for s in specs if isinstance(s, WorkloadSpec)), None)
         if workload is None or values.get(name) is None:
             continue
@@ -531,31 +522,31 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
             raise SpecError(name, text) from None
         check_range(name, deadline_s, 1, 30 * 86400, integer=True)
         limits = workload.deadlines
-        waits = limits.pods_running_timeout_s + workload.job_timeout_s + LAUNCHER_MARGIN_S
-        rooms.append((deadline_s - waits, task, workload, deadline_s))
-    for room, task, workload, deadline_s in sorted(rooms, key=lambda r: r[0]):
-        name, timeout = f"{task.step}-deadline-s", task.parameter_name("job_timeout_s")
-        limits = workload.deadlines
+        room = deadline_s - limits.pods_running_timeout_s - workload.job_timeout_s
+        room -= LAUNCHER_MARGIN_S
         took = f"{timeout} {workload.job_timeout_s:g} s + deadlines.pods_running_timeout_s "
         took += f"{limits.pods_running_timeout_s:g} s"
+        need = deadline_s - room + limits.admission_timeout_s
         if workload.queue_name and not limits.admission_timeout_s:
-            raise SpecError(
-                name,
+            text = (
                 f"{deadline_s:g} s bounds the {task.step} launcher pod, but queue_name is set and "
                 "deadlines.admission_timeout_s is 0 (no limit): a Job queued long would be cut by "
                 f"the pod's deadline; set deadlines.admission_timeout_s to at most "
                 f"{max(0.0, room):g} s ({name} less {took} and {LAUNCHER_MARGIN_S:g} s), or "
-                f"raise {name}",
+                f"raise {name}"
             )
-        need = deadline_s - room + limits.admission_timeout_s
-        if deadline_s < need:
-            raise SpecError(
-                name,
+        elif deadline_s < need:
+            text = (
                 f"{deadline_s:g} s, the {task.step} launcher pod's deadline, is shorter than the "
                 f"step may take: {took} + deadlines.admission_timeout_s "
                 f"{limits.admission_timeout_s:g} s + {LAUNCHER_MARGIN_S:g} s = {need:g} s; raise "
-                f"{name} to at least {need:.0f} or lower {timeout}",
+                f"{name} to at least {need:.0f} or lower {timeout}"
             )
+        else:
+            continue
+        problems.append((room, SpecError(name, text)))
+    if problems:
+        raise min(problems, key=lambda p: p[0])[1]
 
 
 def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | str) -> None:
