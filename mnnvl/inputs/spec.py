@@ -138,33 +138,35 @@ def with_inputs(spec: T, **inputs: Any) -> T:
     return dataclasses.replace(spec, **_given_to_groups(type(spec), inputs, spec))  # type: ignore[type-var]
 
 
+# The inputs of a group on KFP and Argo that a spec does not nest (``opt(group=...)``).
+train_opt = functools.partial(opt, group="train")
+verify_opt = functools.partial(opt, group="verify")
+recovery_opt = functools.partial(opt, group="recovery")
+deadlines_opt = functools.partial(opt, group="deadlines")
 # Inputs several specs share, declared once (a pipeline that runs both workers, or every
 # step, has one parameter for each).
 api_outage_opt = functools.partial(
-    opt,
+    deadlines_opt,
     300.0,
     "how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden "
     "out by every request and wait, s; a longer outage ends the step with exit 5",
     valid=(0, 86400),
-    group="deadlines",
 )
 collective_timeout_opt = functools.partial(
-    opt,
+    recovery_opt,
     300.0,
     "how long a collective waits for a dead or hung peer before the worker fails "
     "(retriable), s; NCCL's own default is 600",
     valid=(1, 86400),
-    group="recovery",
 )
 stall_timeout_opt = functools.partial(
-    opt,
+    recovery_opt,
     0.0,
     "the pod stops its workers (retriable) when one made no progress for this long, s; "
     "0 = derived in training: 10 x the slowest recent step, at least 60, at most "
     "2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint "
     "saves and loads, and in verification)",
     valid=(0, 7 * 86400),
-    group="recovery",
 )
 
 
@@ -243,17 +245,11 @@ class DomainSpec(_Run):
         choices=ALLOCATION_MODES,
         group="placement",
     )
-    rct_timeout_s: float = opt(
-        120.0,
-        "wait for the DRA controller's channel claim template, s",
-        valid=(0.1, 86400),
-        group="deadlines",
+    rct_timeout_s: float = deadlines_opt(
+        120.0, "wait for the DRA controller's channel claim template, s", valid=(0.1, 86400)
     )
-    delete_timeout_s: float = opt(
-        300.0,
-        "wait until each deleted object is gone (GET 404), s",
-        valid=(0.1, 86400),
-        group="deadlines",
+    delete_timeout_s: float = deadlines_opt(
+        300.0, "wait until each deleted object is gone (GET 404), s", valid=(0.1, 86400)
     )
     api_outage_s: float = api_outage_opt()
 
@@ -554,69 +550,58 @@ class TrainConfig(_WorkerTimeouts):
         "tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b", choices=MODEL_PRESETS
     )
     steps: int = opt(20, "optimizer steps in total, across resumes", valid=(1, 10_000_000))
-    seq_len: int = opt(0, "sequence length; 0 = the preset's", valid=(0, 131072), group="train")
+    seq_len: int = train_opt(0, "sequence length; 0 = the preset's", valid=(0, 131072))
     batch_size: int = opt(
         0, "sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2)", valid=(0, 4096)
     )
-    lr: float = opt(3e-4, "peak learning rate", valid=(1e-8, 1.0), group="train")
-    warmup_steps: int = opt(
+    lr: float = train_opt(3e-4, "peak learning rate", valid=(1e-8, 1.0))
+    warmup_steps: int = train_opt(
         DEFAULT_WARMUP_STEPS,
         "linear warm-up steps before the cosine decay (capped at steps)",
         valid=(0, 10_000_000),
-        group="train",
     )
-    min_lr_ratio: float = opt(
-        0.1, "final learning rate as a fraction of the peak", valid=(0.0, 1.0), group="train"
+    min_lr_ratio: float = train_opt(
+        0.1, "final learning rate as a fraction of the peak", valid=(0.0, 1.0)
     )
-    weight_decay: float = opt(0.1, "AdamW weight decay", valid=(0.0, 10.0), group="train")
-    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", valid=(0.0, 1e6), group="train")
-    dtype: str = opt(
-        "auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES, group="train"
-    )
-    compile: str = opt(
+    weight_decay: float = train_opt(0.1, "AdamW weight decay", valid=(0.0, 10.0))
+    grad_clip: float = train_opt(1.0, "gradient norm clip; 0 = off", valid=(0.0, 1e6))
+    dtype: str = train_opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES)
+    compile: str = train_opt(
         "auto",
         "torch.compile each block: true, false, or auto = on GPUs for the 125m preset and "
         "larger (never on CPU)",
         choices=SWITCHES,
-        group="train",
     )
-    activation_checkpointing: str = opt(
+    activation_checkpointing: str = train_opt(
         "auto",
         f"recompute blocks' activations in the backward pass: {CHECKPOINTING_HELP}; "
         "auto = the preset's (8b: every-2, else none)",
         valid="auto, none, full or every-N with N from 1 to 9999",
-        group="train",
     )
-    reshard_after_forward: str = opt(
+    reshard_after_forward: str = train_opt(
         "auto",
         "FSDP frees each block's gathered weights after forward (true) or keeps them for "
         "backward (false: one all-gather less, more memory); auto = the preset's (8b: false)",
         choices=SWITCHES,
-        group="train",
     )
     data: str = opt(
         "synthetic",
         "synthetic, or a token file under a pvc mount (.bin)",
         valid="synthetic, or an absolute path under a pvc mount",
     )
-    seed: int = opt(
-        0, "random seed for weights and synthetic data", valid=(0, 2**31 - 1), group="train"
-    )
-    checkpoint_dir: str = opt(
+    seed: int = train_opt(0, "random seed for weights and synthetic data", valid=(0, 2**31 - 1))
+    checkpoint_dir: str = recovery_opt(
         "",
         "checkpoint directory under a pvc mount; a rerun resumes",
         valid="'' or an absolute path under a pvc mount",
-        group="recovery",
     )
-    checkpoint_every: int = opt(
-        0, "steps between checkpoints; 0 = only at the end", valid=(0, 10_000_000), group="recovery"
+    checkpoint_every: int = recovery_opt(
+        0, "steps between checkpoints; 0 = only at the end", valid=(0, 10_000_000)
     )
-    allow_local_checkpoint: bool = opt(
-        False,
-        "accept checkpoint_dir/data outside a pvc mount (single-node runs only)",
-        group="recovery",
+    allow_local_checkpoint: bool = recovery_opt(
+        False, "accept checkpoint_dir/data outside a pvc mount (single-node runs only)"
     )
-    log_every: int = opt(10, "steps between logged metrics", valid=(1, 10_000_000), group="train")
+    log_every: int = train_opt(10, "steps between logged metrics", valid=(1, 10_000_000))
     collective_timeout_s: float = collective_timeout_opt()
     stall_timeout_s: float = stall_timeout_opt()
 
@@ -674,64 +659,46 @@ class VerifyConfig(_WorkerTimeouts):
     """NVLink/NCCL verification (runs in worker pods as ``python -m mnnvl.runtime.verify``);
     the help texts say what 0 picks."""
 
-    min_bytes: int = opt(
-        0,
-        "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU",
-        valid=(0, 1 << 36),
-        group="verify",
+    min_bytes: int = verify_opt(
+        0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU", valid=(0, 1 << 36)
     )
-    max_bytes: int = opt(
-        0,
-        "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU",
-        valid=(0, 1 << 36),
-        group="verify",
+    max_bytes: int = verify_opt(
+        0, "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU", valid=(0, 1 << 36)
     )
-    iters: int = opt(
+    iters: int = verify_opt(
         0,
         "timed all-reduces per size; 0 = adaptive (mean known within 1 percent)",
         valid=(0, 100_000),
-        group="verify",
     )
-    warmup_iters: int = opt(
-        0, "untimed all-reduces before each size; 0 = automatic", valid=(0, 100_000), group="verify"
+    warmup_iters: int = verify_opt(
+        0, "untimed all-reduces before each size; 0 = automatic", valid=(0, 100_000)
     )
-    min_busbw_gbps: float = opt(
+    min_busbw_gbps: float = verify_opt(
         0.0,
         "pass threshold, GB/s; 0 = a matching baseline, else active links x speed x efficiency",
         valid=(0.0, 100_000.0),
-        group="verify",
     )
-    min_inter_clique_busbw_gbps: float = opt(
+    min_inter_clique_busbw_gbps: float = verify_opt(
         0.0,
         "pass threshold for the sweeps across clique groups, GB/s; 0 = not judged",
         valid=(0.0, 100_000.0),
-        group="verify",
     )
-    efficiency: float = opt(
-        0.62,
-        "fraction of the NVLink limit a derived threshold asks for",
-        valid=(0.01, 1.0),
-        group="verify",
+    efficiency: float = verify_opt(
+        0.62, "fraction of the NVLink limit a derived threshold asks for", valid=(0.01, 1.0)
     )
-    judge_min_bytes: int = opt(
-        1 << 30,
-        "sizes from this one up are judged against the threshold",
-        valid=(1, 1 << 36),
-        group="verify",
+    judge_min_bytes: int = verify_opt(
+        1 << 30, "sizes from this one up are judged against the threshold", valid=(1, 1 << 36)
     )
-    fabric_wait_s: float = opt(
+    fabric_wait_s: float = deadlines_opt(
         60.0,
         "how long verify waits for a GPU fabric still registering (NOT_STARTED, IN_PROGRESS), s",
         valid=(0.0, 3600.0),
-        group="deadlines",
     )
-    cuda_graphs: bool = opt(
-        True, "also time small sizes as CUDA graphs and direct NCCL calls", group="verify"
+    cuda_graphs: bool = verify_opt(
+        True, "also time small sizes as CUDA graphs and direct NCCL calls"
     )
-    allow_unjudged: bool = opt(
-        False,
-        "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success",
-        group="verify",
+    allow_unjudged: bool = verify_opt(
+        False, "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success"
     )
     collective_timeout_s: float = collective_timeout_opt()
     stall_timeout_s: float = stall_timeout_opt()
