@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from mnnvl.inputs.defaults import SWITCHES
 from mnnvl.inputs.spec import CLI, OwnerRef, leaves
-from mnnvl.inputs.surface import GROUP_HELP, Input, build, class_inputs, pick
+from mnnvl.inputs.surface import GROUP_HELP, Input, build, class_inputs
 
 T = TypeVar("T")
 REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)
@@ -87,7 +87,7 @@ def ns_values(ns: argparse.Namespace) -> dict[str, Any]:
 
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """Build ``cls`` from parsed flags; unset flags keep the dataclass default."""
-    return build(cls, pick(ns_values(ns), class_inputs(cls)), **extra)
+    return build(cls, ns_values(ns), **extra)
 
 
 def to_args(cfg: Any) -> list[str]:

@@ -118,13 +118,6 @@ class Input:
         return list(parse_list(text, self.name)) if text else []
 
 
-def _kind(cls: type, f: dataclasses.Field[Any]) -> str:
-    hint = typing.get_type_hints(cls)[f.name]
-    if typing.get_origin(hint) in (dict, tuple):
-        return "list"
-    return getattr(hint, "__name__", "object")
-
-
 def _fields(cls: type, group: str = "") -> list[tuple[type, dataclasses.Field[Any], str]]:
     """Every input field of ``cls`` with the class declaring it and its group: the field a
     nested group sits in (``WorkloadSpec.recovery``), else the group its declaration names."""
@@ -137,20 +130,21 @@ def _fields(cls: type, group: str = "") -> list[tuple[type, dataclasses.Field[An
     return out
 
 
-def _default(f: dataclasses.Field[Any]) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return []
-    return list(f.default) if isinstance(f.default, tuple) else f.default
-
-
 @functools.cache
 def class_inputs(cls: type) -> tuple[Input, ...]:
-    """The inputs a spec dataclass declares, in declaration order (a nested group's in place)."""
-    meta = ("help", "surfaces", "why", "choices", "valid", "example")
-    return tuple(
-        Input(f.name, _kind(owner, f), _default(f), group=group, **{k: f.metadata[k] for k in meta})
-        for owner, f, group in _fields(cls)
-    )
+    """The inputs a spec dataclass declares, in declaration order (a nested group's in place);
+    a dict or tuple field is a list of strings on every surface."""
+    out = []
+    for owner, f, group in _fields(cls):
+        hint = typing.get_type_hints(owner)[f.name]
+        listed = typing.get_origin(hint) in (dict, tuple)
+        kind = "list" if listed else getattr(hint, "__name__", "object")
+        default: Any = [] if f.default_factory is not dataclasses.MISSING else f.default
+        meta = {
+            k: f.metadata[k] for k in ("help", "surfaces", "why", "choices", "valid", "example")
+        }
+        out.append(Input(f.name, kind, list(default) if listed else default, group=group, **meta))
+    return tuple(out)
 
 
 # ---- groups: how KFP and Argo carry the inputs past the essential ones -----------------------
@@ -298,10 +292,11 @@ def step_inputs(step: str, surface: str | None = None) -> list[Input]:
 
 
 def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
-    """A validated ``cls`` from surface values by input name (lists -> dict/tuple, the rest
-    as ``Input.coerce`` takes them), each given to the group that holds it; unset inputs keep
+    """A validated ``cls`` from surface values by input name, each given on its own or inside
+    its group (lists -> dict/tuple, the rest as ``Input.coerce`` takes them); unset inputs keep
     the dataclass default."""
     kwargs: dict[str, Any] = {}
+    values = pick(values, class_inputs(cls))
     for (_, f, _), item in zip(_fields(cls), class_inputs(cls), strict=True):
         value = values.get(f.name)
         if value is None:
@@ -321,12 +316,10 @@ def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
     (raises ``SpecError`` on the first bad one)."""
     inputs = step_inputs(step)
     full = {i.name: i.default for i in inputs if not i.required} | pick(values, inputs)
-    out = []
-    for cls in STEP_CLASSES[step]:
-        if cls in (DomainSpec, WorkloadSpec):
-            out.append(build(cls, full, run_id=run_id))
-        else:
-            out.append(build(cls, full))
+    out = [
+        build(cls, full, run_id=run_id) if cls in (DomainSpec, WorkloadSpec) else build(cls, full)
+        for cls in STEP_CLASSES[step]
+    ]
     if step == "train":
         check_shared_storage(*out)
     if step == "launch":
