@@ -627,15 +627,10 @@ class TrainConfig(_WorkerTimeouts):
         """Inputs left at auto (batch_size 0) take the preset's value; a given value wins."""
         if self.activation_checkpointing != "auto":
             parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
-        preset = PRESET_TRAIN_DEFAULTS.get(self.model, PLAIN_TRAIN_DEFAULTS)
-        unset = {
-            "batch_size": 0,
-            "activation_checkpointing": "auto",
-            "reshard_after_forward": "auto",
-        }
-        for name, auto in unset.items():
-            if getattr(self, name) == auto:
-                object.__setattr__(self, name, preset.get(name, PLAIN_TRAIN_DEFAULTS[name]))
+        preset = PLAIN_TRAIN_DEFAULTS | PRESET_TRAIN_DEFAULTS.get(self.model, {})
+        for f in dataclasses.fields(self):
+            if f.name in preset and getattr(self, f.name) == f.default:  # auto, batch_size 0
+                object.__setattr__(self, f.name, preset[f.name])
 
     @property
     def ac_every(self) -> int:
