@@ -34,11 +34,9 @@ def _metavar(item: Input) -> str:
     return {"int": "N", "float": "X", "list": "ITEM"}.get(item.kind, "TEXT")
 
 
-def add_arguments(
-    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
-) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add one ``--flag`` per CLI field of ``cls``."""
-    add_inputs(parser, [i for i in class_inputs(cls) if i.name not in skip])
+    add_inputs(parser, list(class_inputs(cls)))
 
 
 def add_inputs(

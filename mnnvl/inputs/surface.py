@@ -409,12 +409,11 @@ class Pipeline:
         if unknown:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
         flat = pick(values, [p for p in params.values() if p.kind != "dict"])
-        typed = {k: params[k].coerce(v) for k, v in flat.items()}
         planned = []
         for task in self.tasks:
             try:
                 planned.append(
-                    (task, step_specs(task.step, run_id, self.task_arguments(task, typed)))
+                    (task, step_specs(task.step, run_id, self.task_arguments(task, flat)))
                 )
             except SpecError as e:  # named as the pipeline's parameter, not the step's input
                 raise SpecError(task.parameter_name(e.field), e.detail) from None

@@ -279,7 +279,7 @@ def test_valid_inputs_are_accepted() -> None:
 
 def _round_trip(cls: type, cfg: Any, **extra: Any) -> Any:
     parser = argparse.ArgumentParser()
-    add_arguments(parser, cls, skip=tuple(extra))
+    add_arguments(parser, cls)
     first: Any = from_namespace(cls, parser.parse_args(to_args(cfg)), **extra)
     argv = to_args(first)
     return first, from_namespace(cls, parser.parse_args(argv), **extra)
