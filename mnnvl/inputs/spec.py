@@ -124,13 +124,21 @@ def from_inputs(cls: type[T], **inputs: Any) -> T:
     return cls(**_given_to_groups(cls, inputs))
 
 
+def fields_of(cls: type) -> list[tuple[type, dataclasses.Field[Any], str]]:
+    """Every input field of ``cls`` with the class declaring it and the field its nested group
+    sits in (``recovery``; "" for a field of ``cls`` itself)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        nested = f.metadata.get("nested")
+        out += [(c, g, f.name) for c, g, _ in fields_of(nested)] if nested else [(cls, f, "")]
+    return out
+
+
 def leaves(spec: Any) -> list[tuple[dataclasses.Field[Any], Any]]:
     """Every input field of ``spec`` with its value, a nested group's in place."""
-    out = []
-    for f in dataclasses.fields(spec):
-        value = getattr(spec, f.name)
-        out += leaves(value) if "nested" in f.metadata else [(f, value)]
-    return out
+    return [
+        (f, getattr(getattr(spec, n) if n else spec, f.name)) for _, f, n in fields_of(type(spec))
+    ]
 
 
 def with_inputs(spec: T, **inputs: Any) -> T:

@@ -27,6 +27,7 @@ from mnnvl.inputs.spec import (
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
+    fields_of,
     from_inputs,
 )
 from mnnvl.inputs.storage import check_shared_storage
@@ -96,11 +97,12 @@ class Input:
         return str(value)
 
     def coerce(self, value: Any) -> Any:
-        """A surface value (typed from KFP, a string from Argo) as the surface's type."""
+        """A single value (typed from KFP, text from Argo and the CLI) as this input's kind;
+        lists are ``build``'s."""
         if self.kind == "int" and isinstance(value, float) and value.is_integer():
             return int(value)  # a JSON number inside a group: KFP writes 3 as 3.0
-        if not isinstance(value, str) or self.kind == "str":
-            return list(value) if self.kind == "list" else value
+        if not isinstance(value, str) or self.kind not in ("bool", "int", "float"):
+            return value
         text = value.strip()
         try:
             if self.kind == "bool":
@@ -109,25 +111,11 @@ class Input:
                 return text.lower() == "true"
             if self.kind == "int":
                 return parse_bytes(self.name, text) if self.name in SIZE_FIELDS else int(text)
-            if self.kind == "float":
-                return float(text)
+            return float(text)
         except SpecError:
             raise  # a size's own check already names the input and the forms it takes
         except ValueError as e:
             raise SpecError(self.name, f"{value!r} is not a valid {self.kind} ({e})") from None
-        return list(parse_list(text, self.name)) if text else []
-
-
-def _fields(cls: type, group: str = "") -> list[tuple[type, dataclasses.Field[Any], str]]:
-    """Every input field of ``cls`` with the class declaring it and its group: the field a
-    nested group sits in (``WorkloadSpec.recovery``), else the group its declaration names."""
-    out = []
-    for f in dataclasses.fields(cls):
-        if "nested" in f.metadata:
-            out += _fields(f.metadata["nested"], f.name)
-        else:
-            out.append((cls, f, group or f.metadata["group"]))
-    return out
 
 
 @functools.cache
@@ -135,7 +123,7 @@ def class_inputs(cls: type) -> tuple[Input, ...]:
     """The inputs a spec dataclass declares, in declaration order (a nested group's in place);
     a dict or tuple field is a list of strings on every surface."""
     out = []
-    for owner, f, group in _fields(cls):
+    for owner, f, nest in fields_of(cls):  # a group: where it nests, else as declared
         hint = typing.get_type_hints(owner)[f.name]
         listed = typing.get_origin(hint) in (dict, tuple)
         kind = "list" if listed else getattr(hint, "__name__", "object")
@@ -143,6 +131,7 @@ def class_inputs(cls: type) -> tuple[Input, ...]:
         meta = {
             k: f.metadata[k] for k in ("help", "surfaces", "why", "choices", "valid", "example")
         }
+        group = nest or f.metadata["group"]
         out.append(Input(f.name, kind, list(default) if listed else default, group=group, **meta))
     return tuple(out)
 
@@ -297,7 +286,7 @@ def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
     the dataclass default."""
     kwargs: dict[str, Any] = {}
     values = pick(values, class_inputs(cls))
-    for (_, f, _), item in zip(_fields(cls), class_inputs(cls), strict=True):
+    for (_, f, _), item in zip(fields_of(cls), class_inputs(cls), strict=True):
         value = values.get(f.name)
         if value is None:
             continue
@@ -363,18 +352,13 @@ class Pipeline:
             for item in step_inputs(task.step, surface):
                 if item.name in task.fixed:
                     continue
-                name = task.parameter_name(item.name)
-                renamed = dataclasses.replace(item, name=name)
+                name, default, help = task.parameter_name(item.name), item.default, item.help
                 if own_defaults and name in self.defaults:
                     default, why = self.defaults[name]
-                    renamed = dataclasses.replace(
-                        renamed,
-                        default=default,
-                        help=f"{item.help} (here {default}; the step's own is {item.default}: "
-                        f"{why})",
-                    )
+                    help += f" (here {default}; the step's own is {item.default}: {why})"
                 if name != item.name:  # a rename names one step's input
-                    renamed = dataclasses.replace(renamed, help=f"{task.step} step: {renamed.help}")
+                    help = f"{task.step} step: {help}"
+                renamed = dataclasses.replace(item, name=name, default=default, help=help)
                 known = params.setdefault(name, renamed)
                 if (known.default, known.kind) != (renamed.default, renamed.kind):
                     raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
