@@ -18,13 +18,6 @@ T = TypeVar("T")
 REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)
 
 
-def _help(item: Input, default: Any) -> str:
-    if item.required:
-        return f"{item.help} (required)"
-    shown = item.text(default) if default not in ("", [], None) else ""
-    return f"{item.help} (default: {shown})" if shown else item.help
-
-
 def _metavar(item: Input) -> str:
     """What the value looks like, as kubectl's help shows it: a choice, a number or text."""
     if item.choices:
@@ -54,7 +47,9 @@ def add_inputs(
         if CLI not in item.surfaces or item.name in REMAINDER_FIELDS:
             continue
         default = defaults.get(item.name, item.default)
-        text = _help(item, default) if required or not item.required else item.help
+        text = f"{item.help} (required)" if item.required and required else item.help
+        if not item.required and default not in ("", [], None):
+            text += f" (default: {item.text(default)})"
         target = group(item) if group else parser
         shared: dict[str, Any] = {
             "dest": item.name,
