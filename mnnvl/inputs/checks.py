@@ -134,7 +134,7 @@ def list_items(items: list[str] | tuple[str, ...] | str, field: str) -> list[str
                 raise SpecError(field, f"{item!r} is not a JSON list of strings ({e})") from e
             if not isinstance(decoded, list):
                 raise SpecError(field, f"{item!r} is not a JSON list of strings")
-            out += list_items([str(d) if not isinstance(d, str) else d for d in decoded], field)
+            out += list_items([str(d) for d in decoded], field)
         elif item.strip():
             out.append(item)
     return out

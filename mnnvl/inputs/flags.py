@@ -6,7 +6,6 @@ list (``--env '["A=1,2", "B=x=y"]'``), as Argo passes them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -87,8 +86,7 @@ def to_args(cfg: Any) -> list[str]:
     """Flags that reproduce the non-default fields of a config dataclass (not ``owner``)."""
     args: list[str] = []
     for f, val in leaves(cfg):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if val == default or isinstance(val, OwnerRef) or val is None or val in ({}, ()):
+        if val == f.default or isinstance(val, OwnerRef) or val is None or val in ({}, ()):
             continue
         flag = "--" + f.name.replace("_", "-")
         if isinstance(val, dict):

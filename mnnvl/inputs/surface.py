@@ -90,10 +90,8 @@ class Input:
         value = self.default if value is None else value
         if self.kind == "bool":
             return "true" if value else "false"
-        if self.kind == "list":
-            return json.dumps(list(value))
-        if self.kind == "dict":
-            return json.dumps(value)
+        if self.kind in ("list", "dict"):
+            return json.dumps(value)  # a tuple too, as a JSON list
         return str(value)
 
     def coerce(self, value: Any) -> Any:
