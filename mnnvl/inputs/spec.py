@@ -106,15 +106,13 @@ def _given_to_groups(cls: type, inputs: dict[str, Any], current: Any = None) -> 
     """``inputs`` with each one a nested group holds given to that group: the group given
     whole, else ``current``'s, changed; else a new one."""
     kwargs = dict(inputs)
-    groups = [
-        (f.name, f.metadata["nested"]) for f in dataclasses.fields(cls) if "nested" in f.metadata
-    ]
-    for name, kind in groups:
-        mine = {f.name for f in dataclasses.fields(kind)} & kwargs.keys()
+    for f in dataclasses.fields(cls):
+        kind: Any = f.metadata.get("nested")
+        mine = kind and {g.name for g in dataclasses.fields(kind)} & kwargs.keys()
         if mine:
             given = {k: kwargs.pop(k) for k in mine}
-            whole = kwargs.get(name, getattr(current, name, None))
-            kwargs[name] = dataclasses.replace(whole, **given) if whole else kind(**given)
+            whole = kwargs.get(f.name, getattr(current, f.name, None))
+            kwargs[f.name] = dataclasses.replace(whole, **given) if whole else kind(**given)
     return kwargs
 
 
