@@ -150,7 +150,7 @@ BAD_INPUTS: list[tuple[type, dict[str, Any], str, str]] = [
         WorkloadSpec,
         {"run_id": RUN, "node_selector": {"pool": "-x"}},
         "node_selector",
-        "label value",
+        "label value: at most 63 characters of letters, digits, '-', '_' or '.', starting and",
     ),
     (WorkloadSpec, {"run_id": RUN, "tolerations": ("gpu",)}, "tolerations", "key[=value]:Effect"),
     (WorkloadSpec, {"run_id": RUN, "tolerations": ("gpu:Never",)}, "tolerations", "not one of"),
