@@ -57,18 +57,17 @@ def add_inputs(
         }
         if item.kind == "bool":
             target.add_argument(item.flag, action=argparse.BooleanOptionalAction, **shared)
-        elif item.choices == SWITCHES:
+            continue
+        shared["metavar"] = _metavar(item)
+        if item.choices == SWITCHES:
             # auto/true/false: a bare --flag is true and --no-flag false, as for a boolean.
-            target.add_argument(
-                item.flag, nargs="?", const="true", metavar=_metavar(item), **shared
-            )
+            target.add_argument(item.flag, nargs="?", const="true", **shared)
             no = shared | {"help": f"the same as {item.flag} false"}
             target.add_argument("--no-" + item.kebab, action="store_const", const="false", **no)
         elif item.kind == "list":
-            target.add_argument(item.flag, action="append", metavar=_metavar(item), **shared)
+            target.add_argument(item.flag, action="append", **shared)
         else:
-            need = required and item.required
-            target.add_argument(item.flag, required=need, metavar=_metavar(item), **shared)
+            target.add_argument(item.flag, required=required and item.required, **shared)
 
 
 def ns_values(ns: argparse.Namespace) -> dict[str, Any]:

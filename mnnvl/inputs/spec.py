@@ -58,7 +58,6 @@ def opt(
     default: Any = MISSING,
     help: str = "",
     *,
-    factory: Any = MISSING,
     surfaces: tuple[str, ...] = EVERY_SURFACE,
     why: str = "",
     choices: tuple[str, ...] = (),
@@ -79,8 +78,8 @@ def opt(
         "example": example,
         "group": group,
     }
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata=meta)
+    if isinstance(default, dict):  # mutable: each spec gets a dict of its own
+        return field(default_factory=dict, metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -294,8 +293,8 @@ class Placement:
         valid="a label key: [DNS-subdomain prefix/]name, name at most 63 characters",
     )
     node_selector: dict[str, str] = opt(
-        factory=dict,
-        help="extra node selector for worker pods, KEY=VALUE (repeatable)",
+        {},
+        "extra node selector for worker pods, KEY=VALUE (repeatable)",
         example=("nvidia.com/gpu.product=NVIDIA-GB200",),
     )
     tolerations: tuple[str, ...] = opt(
@@ -444,8 +443,8 @@ class WorkloadSpec(_Run):
         choices=NCCL_PROFILES,
     )
     env: dict[str, str] = opt(
-        factory=dict,
-        help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)",
+        {},
+        "extra worker environment, NAME=VALUE (repeatable; values may hold , =)",
         example=("NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"),
     )
     queue_name: str = opt(
