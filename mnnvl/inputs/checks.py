@@ -52,12 +52,7 @@ def check_run_id(value: str) -> None:
         raise SpecError(
             "run_id", "must be a non-empty string (e.g. the KFP job id or Argo workflow uid)"
         )
-    if len(value) > 63 or not LABEL_VALUE.match(value):
-        raise SpecError(
-            "run_id",
-            f"{value!r} must be a valid label value: at most 63 characters of letters, digits, "
-            "'-', '_' or '.', starting and ending with a letter or digit",
-        )
+    check_label_value("run_id", value)
 
 
 def plain(number: float) -> str:
@@ -139,7 +134,7 @@ def list_items(items: list[str] | tuple[str, ...] | str, field: str) -> list[str
                 raise SpecError(field, f"{item!r} is not a JSON list of strings ({e})") from e
             if not isinstance(decoded, list):
                 raise SpecError(field, f"{item!r} is not a JSON list of strings")
-            out += list_items([str(d) if not isinstance(d, str) else d for d in decoded], field)
+            out += list_items([str(d) for d in decoded], field)
         elif item.strip():
             out.append(item)
     return out
@@ -175,7 +170,9 @@ def check_label_key(field_name: str, key: str) -> None:
 def check_label_value(field_name: str, value: str) -> None:
     if value and (len(value) > 63 or not LABEL_VALUE.match(value)):
         raise SpecError(
-            field_name, f"{value!r} is not a label value (<= 63 chars, alphanumeric ends)"
+            field_name,
+            f"{value!r} is not a valid label value: at most 63 characters of letters, digits, "
+            "'-', '_' or '.', starting and ending with a letter or digit",
         )
 
 
@@ -195,11 +192,9 @@ def parse_toleration(item: str) -> dict[str, str]:
     return {"key": m["key"], "operator": "Equal", "value": m["value"], "effect": m["effect"]}
 
 
-def parse_bytes(field_name: str, value: str | int) -> int:
-    """Parse a byte count like ``1M``, ``64MiB``, ``4G`` or ``1048576`` (binary units)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(value), re.IGNORECASE)
+def parse_bytes(field_name: str, value: str) -> int:
+    """A byte count like ``1M``, ``64MiB``, ``4G`` or ``1048576`` (binary units)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", value, re.IGNORECASE)
     if not m:
         raise SpecError(field_name, f"{value!r} is not a size like 1M, 64MiB or 4G")
     return int(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")

@@ -6,23 +6,15 @@ list (``--env '["A=1,2", "B=x=y"]'``), as Argo passes them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from mnnvl.inputs.defaults import SWITCHES
 from mnnvl.inputs.spec import CLI, OwnerRef, leaves
-from mnnvl.inputs.surface import GROUP_HELP, Input, build, class_inputs, pick
+from mnnvl.inputs.surface import GROUP_HELP, Input, build, class_inputs
 
 T = TypeVar("T")
 REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)
-
-
-def _help(item: Input, default: Any) -> str:
-    if item.required:
-        return f"{item.help} (required)"
-    shown = item.text(default) if default not in ("", [], None) else ""
-    return f"{item.help} (default: {shown})" if shown else item.help
 
 
 def _metavar(item: Input) -> str:
@@ -34,11 +26,9 @@ def _metavar(item: Input) -> str:
     return {"int": "N", "float": "X", "list": "ITEM"}.get(item.kind, "TEXT")
 
 
-def add_arguments(
-    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
-) -> None:
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     """Add one ``--flag`` per CLI field of ``cls``."""
-    add_inputs(parser, [i for i in class_inputs(cls) if i.name not in skip])
+    add_inputs(parser, list(class_inputs(cls)))
 
 
 def add_inputs(
@@ -56,7 +46,9 @@ def add_inputs(
         if CLI not in item.surfaces or item.name in REMAINDER_FIELDS:
             continue
         default = defaults.get(item.name, item.default)
-        text = _help(item, default) if required or not item.required else item.help
+        text = f"{item.help} (required)" if item.required and required else item.help
+        if not item.required and default not in ("", [], None):
+            text += f" (default: {item.text(default)})"
         target = group(item) if group else parser
         shared: dict[str, Any] = {
             "dest": item.name,
@@ -65,18 +57,17 @@ def add_inputs(
         }
         if item.kind == "bool":
             target.add_argument(item.flag, action=argparse.BooleanOptionalAction, **shared)
-        elif item.choices == SWITCHES:
+            continue
+        shared["metavar"] = _metavar(item)
+        if item.choices == SWITCHES:
             # auto/true/false: a bare --flag is true and --no-flag false, as for a boolean.
-            target.add_argument(
-                item.flag, nargs="?", const="true", metavar=_metavar(item), **shared
-            )
+            target.add_argument(item.flag, nargs="?", const="true", **shared)
             no = shared | {"help": f"the same as {item.flag} false"}
             target.add_argument("--no-" + item.kebab, action="store_const", const="false", **no)
         elif item.kind == "list":
-            target.add_argument(item.flag, action="append", metavar=_metavar(item), **shared)
+            target.add_argument(item.flag, action="append", **shared)
         else:
-            need = required and item.required
-            target.add_argument(item.flag, required=need, metavar=_metavar(item), **shared)
+            target.add_argument(item.flag, required=required and item.required, **shared)
 
 
 def ns_values(ns: argparse.Namespace) -> dict[str, Any]:
@@ -87,15 +78,14 @@ def ns_values(ns: argparse.Namespace) -> dict[str, Any]:
 
 def from_namespace(cls: type[T], ns: argparse.Namespace, **extra: Any) -> T:
     """Build ``cls`` from parsed flags; unset flags keep the dataclass default."""
-    return build(cls, pick(ns_values(ns), class_inputs(cls)), **extra)
+    return build(cls, ns_values(ns), **extra)
 
 
 def to_args(cfg: Any) -> list[str]:
     """Flags that reproduce the non-default fields of a config dataclass (not ``owner``)."""
     args: list[str] = []
     for f, val in leaves(cfg):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if val == default or isinstance(val, OwnerRef) or val is None or val in ({}, ()):
+        if val == f.default or isinstance(val, OwnerRef) or val is None or val in ({}, ()):
             continue
         flag = "--" + f.name.replace("_", "-")
         if isinstance(val, dict):

@@ -24,11 +24,6 @@ PREFIX = "mnnvl"
 _BASE_MAX = 40  # leaves room for "-verify-post" and the pod index in hostnames
 
 
-def _slug(text: str, max_len: int) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return slug[:max_len].rstrip("-")
-
-
 @dataclass(frozen=True)
 class RunNames:
     """Every name a run uses, derived from its run id."""
@@ -41,7 +36,7 @@ class RunNames:
         check_run_id(run_id)
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
         room = _BASE_MAX - len(PREFIX) - len(digest) - 2
-        slug = _slug(run_id, room)
+        slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")[:room].rstrip("-")
         base = f"{PREFIX}-{slug}-{digest}" if slug else f"{PREFIX}-{digest}"
         return cls(run_id=run_id, base=base)
 

@@ -49,11 +49,7 @@ from mnnvl.inputs.storage import parse_pvc
 
 CLI, KFP, ARGO = "cli", "kfp", "argo"
 DEFAULT_WARMUP_STEPS = 5
-RUN_ID_HELP = "run id every name and label derives from (KFP job id, Argo workflow uid)"
-RUN_ID_WHY = "pipelines supply it: KFP's job id, Argo's {{workflow.uid}}"
-OWNER_WHY = "found at run time (the launcher pod with --owner-pod), never typed in"
 EVERY_SURFACE = (CLI, KFP, ARGO)
-NAMESPACE_VALID = "'' or a namespace name (lowercase letters, digits and -, at most 63)"
 T = TypeVar("T")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -62,7 +58,6 @@ def opt(
     default: Any = MISSING,
     help: str = "",
     *,
-    factory: Any = MISSING,
     surfaces: tuple[str, ...] = EVERY_SURFACE,
     why: str = "",
     choices: tuple[str, ...] = (),
@@ -83,8 +78,8 @@ def opt(
         "example": example,
         "group": group,
     }
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata=meta)
+    if isinstance(default, dict):  # mutable: each spec gets a dict of its own
+        return field(default_factory=dict, metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -110,15 +105,13 @@ def _given_to_groups(cls: type, inputs: dict[str, Any], current: Any = None) -> 
     """``inputs`` with each one a nested group holds given to that group: the group given
     whole, else ``current``'s, changed; else a new one."""
     kwargs = dict(inputs)
-    groups = [
-        (f.name, f.metadata["nested"]) for f in dataclasses.fields(cls) if "nested" in f.metadata
-    ]
-    for name, kind in groups:
-        mine = {f.name for f in dataclasses.fields(kind)} & kwargs.keys()
+    for f in dataclasses.fields(cls):
+        kind: Any = f.metadata.get("nested")
+        mine = kind and {g.name for g in dataclasses.fields(kind)} & kwargs.keys()
         if mine:
             given = {k: kwargs.pop(k) for k in mine}
-            whole = kwargs.get(name, getattr(current, name, None))
-            kwargs[name] = dataclasses.replace(whole, **given) if whole else kind(**given)
+            whole = kwargs.get(f.name, getattr(current, f.name, None))
+            kwargs[f.name] = dataclasses.replace(whole, **given) if whole else kind(**given)
     return kwargs
 
 
@@ -128,13 +121,21 @@ def from_inputs(cls: type[T], **inputs: Any) -> T:
     return cls(**_given_to_groups(cls, inputs))
 
 
+def fields_of(cls: type) -> list[tuple[type, dataclasses.Field[Any], str]]:
+    """Every input field of ``cls`` with the class declaring it and the field its nested group
+    sits in (``recovery``; "" for a field of ``cls`` itself)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        nested = f.metadata.get("nested")
+        out += [(c, g, f.name) for c, g, _ in fields_of(nested)] if nested else [(cls, f, "")]
+    return out
+
+
 def leaves(spec: Any) -> list[tuple[dataclasses.Field[Any], Any]]:
     """Every input field of ``spec`` with its value, a nested group's in place."""
-    out = []
-    for f in dataclasses.fields(spec):
-        value = getattr(spec, f.name)
-        out += leaves(value) if "nested" in f.metadata else [(f, value)]
-    return out
+    return [
+        (f, getattr(getattr(spec, n) if n else spec, f.name)) for _, f, n in fields_of(type(spec))
+    ]
 
 
 def with_inputs(spec: T, **inputs: Any) -> T:
@@ -142,48 +143,35 @@ def with_inputs(spec: T, **inputs: Any) -> T:
     return dataclasses.replace(spec, **_given_to_groups(type(spec), inputs, spec))  # type: ignore[type-var]
 
 
-def _check_run_and_namespace(spec: Any) -> None:
-    """The run id, and the namespace: the edges resolve "" to the pod's own; here "" means
-    default."""
-    check_run_id(spec.run_id)
-    if not spec.namespace:
-        object.__setattr__(spec, "namespace", FALLBACK_NAMESPACE)
-    check_dns_label("namespace", spec.namespace)
-
-
+# The inputs of a group on KFP and Argo that a spec does not nest (``opt(group=...)``).
+train_opt = functools.partial(opt, group="train")
+verify_opt = functools.partial(opt, group="verify")
+recovery_opt = functools.partial(opt, group="recovery")
+deadlines_opt = functools.partial(opt, group="deadlines")
 # Inputs several specs share, declared once (a pipeline that runs both workers, or every
 # step, has one parameter for each).
-namespace_opt = functools.partial(
-    opt,
-    "",
-    "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
-    valid=NAMESPACE_VALID,
-)
 api_outage_opt = functools.partial(
-    opt,
+    deadlines_opt,
     300.0,
     "how long an unreachable or overloaded Kubernetes API (restart, fail-over) is ridden "
     "out by every request and wait, s; a longer outage ends the step with exit 5",
     valid=(0, 86400),
-    group="deadlines",
 )
 collective_timeout_opt = functools.partial(
-    opt,
+    recovery_opt,
     300.0,
     "how long a collective waits for a dead or hung peer before the worker fails "
     "(retriable), s; NCCL's own default is 600",
     valid=(1, 86400),
-    group="recovery",
 )
 stall_timeout_opt = functools.partial(
-    opt,
+    recovery_opt,
     0.0,
     "the pod stops its workers (retriable) when one made no progress for this long, s; "
     "0 = derived in training: 10 x the slowest recent step, at least 60, at most "
     "2 x collective_timeout_s + 60 (the bound before the first steps, during checkpoint "
     "saves and loads, and in verification)",
     valid=(0, 7 * 86400),
-    group="recovery",
 )
 
 
@@ -225,35 +213,50 @@ class OwnerRef:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DomainSpec:
+class _Run:
+    """Which run, in which namespace, owned by whom: what the domain and the workload share."""
+
+    run_id: str = opt(
+        help="run id every name and label derives from (KFP job id, Argo workflow uid)",
+        surfaces=(CLI,),
+        why="pipelines supply it: KFP's job id, Argo's {{workflow.uid}}",
+    )
+    namespace: str = opt(
+        "",
+        "namespace of the ComputeDomain and Jobs ('' = the pod's own, else default)",
+        valid="'' or a namespace name (lowercase letters, digits and -, at most 63)",
+    )
+    owner: OwnerRef | None = opt(
+        None,
+        surfaces=(),
+        why="found at run time (the launcher pod with --owner-pod), never typed in",
+    )
+
+    def __post_init__(self) -> None:
+        check_run_id(self.run_id)
+        if not self.namespace:  # the edges resolve "" to the pod's own; here it means default
+            object.__setattr__(self, "namespace", FALLBACK_NAMESPACE)
+        check_dns_label("namespace", self.namespace)
+        check_declared(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DomainSpec(_Run):
     """What provision and teardown need: which run, where, and how the channel is allocated."""
 
-    run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
-    namespace: str = namespace_opt()
     allocation_mode: str = opt(
         "Single",
         "IMEX channels per pod: Single (channel0) or All",
         choices=ALLOCATION_MODES,
         group="placement",
     )
-    rct_timeout_s: float = opt(
-        120.0,
-        "wait for the DRA controller's channel claim template, s",
-        valid=(0.1, 86400),
-        group="deadlines",
+    rct_timeout_s: float = deadlines_opt(
+        120.0, "wait for the DRA controller's channel claim template, s", valid=(0.1, 86400)
     )
-    delete_timeout_s: float = opt(
-        300.0,
-        "wait until each deleted object is gone (GET 404), s",
-        valid=(0.1, 86400),
-        group="deadlines",
+    delete_timeout_s: float = deadlines_opt(
+        300.0, "wait until each deleted object is gone (GET 404), s", valid=(0.1, 86400)
     )
     api_outage_s: float = api_outage_opt()
-    owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
-
-    def __post_init__(self) -> None:
-        _check_run_and_namespace(self)
-        check_declared(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,8 +293,8 @@ class Placement:
         valid="a label key: [DNS-subdomain prefix/]name, name at most 63 characters",
     )
     node_selector: dict[str, str] = opt(
-        factory=dict,
-        help="extra node selector for worker pods, KEY=VALUE (repeatable)",
+        {},
+        "extra node selector for worker pods, KEY=VALUE (repeatable)",
         example=("nvidia.com/gpu.product=NVIDIA-GB200",),
     )
     tolerations: tuple[str, ...] = opt(
@@ -416,12 +419,10 @@ class Recovery:
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkloadSpec:
+class WorkloadSpec(_Run):
     """The multi-node Indexed Job: shape, image and NCCL profile, and its groups (``placement``,
     ``pod``, ``deadlines``, ``recovery``), each a dataclass of its own."""
 
-    run_id: str = opt(help=RUN_ID_HELP, surfaces=(CLI,), why=RUN_ID_WHY)
-    namespace: str = namespace_opt()
     purpose: str = opt("train", "Job name suffix: train, verify-pre, verify-post, verify or job")
     nodes: int = opt(
         2,
@@ -442,8 +443,8 @@ class WorkloadSpec:
         choices=NCCL_PROFILES,
     )
     env: dict[str, str] = opt(
-        factory=dict,
-        help="extra worker environment, NAME=VALUE (repeatable; values may hold , =)",
+        {},
+        "extra worker environment, NAME=VALUE (repeatable; values may hold , =)",
         example=("NCCL_DEBUG=INFO", "NCCL_IB_HCA=mlx5_0,mlx5_1"),
     )
     queue_name: str = opt(
@@ -464,11 +465,9 @@ class WorkloadSpec:
     pod: PodTemplate = group(PodTemplate)
     deadlines: Deadlines = group(Deadlines)
     recovery: Recovery = group(Recovery)
-    owner: OwnerRef | None = opt(None, surfaces=(), why=OWNER_WHY)
 
     def __post_init__(self) -> None:
-        _check_run_and_namespace(self)
-        check_declared(self)
+        super().__post_init__()
         check_choice("purpose", self.purpose, PURPOSES)
         self._check_cliques()
         if self.workload == "trainjob":
@@ -556,69 +555,58 @@ class TrainConfig(_WorkerTimeouts):
         "tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b", choices=MODEL_PRESETS
     )
     steps: int = opt(20, "optimizer steps in total, across resumes", valid=(1, 10_000_000))
-    seq_len: int = opt(0, "sequence length; 0 = the preset's", valid=(0, 131072), group="train")
+    seq_len: int = train_opt(0, "sequence length; 0 = the preset's", valid=(0, 131072))
     batch_size: int = opt(
         0, "sequences per rank per step; 0 = the preset's (8b: 4, 1b: 8, else 2)", valid=(0, 4096)
     )
-    lr: float = opt(3e-4, "peak learning rate", valid=(1e-8, 1.0), group="train")
-    warmup_steps: int = opt(
+    lr: float = train_opt(3e-4, "peak learning rate", valid=(1e-8, 1.0))
+    warmup_steps: int = train_opt(
         DEFAULT_WARMUP_STEPS,
         "linear warm-up steps before the cosine decay (capped at steps)",
         valid=(0, 10_000_000),
-        group="train",
     )
-    min_lr_ratio: float = opt(
-        0.1, "final learning rate as a fraction of the peak", valid=(0.0, 1.0), group="train"
+    min_lr_ratio: float = train_opt(
+        0.1, "final learning rate as a fraction of the peak", valid=(0.0, 1.0)
     )
-    weight_decay: float = opt(0.1, "AdamW weight decay", valid=(0.0, 10.0), group="train")
-    grad_clip: float = opt(1.0, "gradient norm clip; 0 = off", valid=(0.0, 1e6), group="train")
-    dtype: str = opt(
-        "auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES, group="train"
-    )
-    compile: str = opt(
+    weight_decay: float = train_opt(0.1, "AdamW weight decay", valid=(0.0, 10.0))
+    grad_clip: float = train_opt(1.0, "gradient norm clip; 0 = off", valid=(0.0, 1e6))
+    dtype: str = train_opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES)
+    compile: str = train_opt(
         "auto",
         "torch.compile each block: true, false, or auto = on GPUs for the 125m preset and "
         "larger (never on CPU)",
         choices=SWITCHES,
-        group="train",
     )
-    activation_checkpointing: str = opt(
+    activation_checkpointing: str = train_opt(
         "auto",
         f"recompute blocks' activations in the backward pass: {CHECKPOINTING_HELP}; "
         "auto = the preset's (8b: every-2, else none)",
         valid="auto, none, full or every-N with N from 1 to 9999",
-        group="train",
     )
-    reshard_after_forward: str = opt(
+    reshard_after_forward: str = train_opt(
         "auto",
         "FSDP frees each block's gathered weights after forward (true) or keeps them for "
         "backward (false: one all-gather less, more memory); auto = the preset's (8b: false)",
         choices=SWITCHES,
-        group="train",
     )
     data: str = opt(
         "synthetic",
         "synthetic, or a token file under a pvc mount (.bin)",
         valid="synthetic, or an absolute path under a pvc mount",
     )
-    seed: int = opt(
-        0, "random seed for weights and synthetic data", valid=(0, 2**31 - 1), group="train"
-    )
-    checkpoint_dir: str = opt(
+    seed: int = train_opt(0, "random seed for weights and synthetic data", valid=(0, 2**31 - 1))
+    checkpoint_dir: str = recovery_opt(
         "",
         "checkpoint directory under a pvc mount; a rerun resumes",
         valid="'' or an absolute path under a pvc mount",
-        group="recovery",
     )
-    checkpoint_every: int = opt(
-        0, "steps between checkpoints; 0 = only at the end", valid=(0, 10_000_000), group="recovery"
+    checkpoint_every: int = recovery_opt(
+        0, "steps between checkpoints; 0 = only at the end", valid=(0, 10_000_000)
     )
-    allow_local_checkpoint: bool = opt(
-        False,
-        "accept checkpoint_dir/data outside a pvc mount (single-node runs only)",
-        group="recovery",
+    allow_local_checkpoint: bool = recovery_opt(
+        False, "accept checkpoint_dir/data outside a pvc mount (single-node runs only)"
     )
-    log_every: int = opt(10, "steps between logged metrics", valid=(1, 10_000_000), group="train")
+    log_every: int = train_opt(10, "steps between logged metrics", valid=(1, 10_000_000))
     collective_timeout_s: float = collective_timeout_opt()
     stall_timeout_s: float = stall_timeout_opt()
 
@@ -644,15 +632,10 @@ class TrainConfig(_WorkerTimeouts):
         """Inputs left at auto (batch_size 0) take the preset's value; a given value wins."""
         if self.activation_checkpointing != "auto":
             parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
-        preset = PRESET_TRAIN_DEFAULTS.get(self.model, PLAIN_TRAIN_DEFAULTS)
-        unset = {
-            "batch_size": 0,
-            "activation_checkpointing": "auto",
-            "reshard_after_forward": "auto",
-        }
-        for name, auto in unset.items():
-            if getattr(self, name) == auto:
-                object.__setattr__(self, name, preset.get(name, PLAIN_TRAIN_DEFAULTS[name]))
+        preset = PLAIN_TRAIN_DEFAULTS | PRESET_TRAIN_DEFAULTS.get(self.model, {})
+        for f in dataclasses.fields(self):
+            if f.name in preset and getattr(self, f.name) == f.default:  # auto, batch_size 0
+                object.__setattr__(self, f.name, preset[f.name])
 
     @property
     def ac_every(self) -> int:
@@ -676,64 +659,46 @@ class VerifyConfig(_WorkerTimeouts):
     """NVLink/NCCL verification (runs in worker pods as ``python -m mnnvl.runtime.verify``);
     the help texts say what 0 picks."""
 
-    min_bytes: int = opt(
-        0,
-        "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU",
-        valid=(0, 1 << 36),
-        group="verify",
+    min_bytes: int = verify_opt(
+        0, "smallest all-reduce size, e.g. 1M; 0 = 1 MiB on GPU, 1 KiB on CPU", valid=(0, 1 << 36)
     )
-    max_bytes: int = opt(
-        0,
-        "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU",
-        valid=(0, 1 << 36),
-        group="verify",
+    max_bytes: int = verify_opt(
+        0, "largest all-reduce size, e.g. 4G; 0 = 4 GiB on GPU, 1 MiB on CPU", valid=(0, 1 << 36)
     )
-    iters: int = opt(
+    iters: int = verify_opt(
         0,
         "timed all-reduces per size; 0 = adaptive (mean known within 1 percent)",
         valid=(0, 100_000),
-        group="verify",
     )
-    warmup_iters: int = opt(
-        0, "untimed all-reduces before each size; 0 = automatic", valid=(0, 100_000), group="verify"
+    warmup_iters: int = verify_opt(
+        0, "untimed all-reduces before each size; 0 = automatic", valid=(0, 100_000)
     )
-    min_busbw_gbps: float = opt(
+    min_busbw_gbps: float = verify_opt(
         0.0,
         "pass threshold, GB/s; 0 = a matching baseline, else active links x speed x efficiency",
         valid=(0.0, 100_000.0),
-        group="verify",
     )
-    min_inter_clique_busbw_gbps: float = opt(
+    min_inter_clique_busbw_gbps: float = verify_opt(
         0.0,
         "pass threshold for the sweeps across clique groups, GB/s; 0 = not judged",
         valid=(0.0, 100_000.0),
-        group="verify",
     )
-    efficiency: float = opt(
-        0.62,
-        "fraction of the NVLink limit a derived threshold asks for",
-        valid=(0.01, 1.0),
-        group="verify",
+    efficiency: float = verify_opt(
+        0.62, "fraction of the NVLink limit a derived threshold asks for", valid=(0.01, 1.0)
     )
-    judge_min_bytes: int = opt(
-        1 << 30,
-        "sizes from this one up are judged against the threshold",
-        valid=(1, 1 << 36),
-        group="verify",
+    judge_min_bytes: int = verify_opt(
+        1 << 30, "sizes from this one up are judged against the threshold", valid=(1, 1 << 36)
     )
-    fabric_wait_s: float = opt(
+    fabric_wait_s: float = deadlines_opt(
         60.0,
         "how long verify waits for a GPU fabric still registering (NOT_STARTED, IN_PROGRESS), s",
         valid=(0.0, 3600.0),
-        group="deadlines",
     )
-    cuda_graphs: bool = opt(
-        True, "also time small sizes as CUDA graphs and direct NCCL calls", group="verify"
+    cuda_graphs: bool = verify_opt(
+        True, "also time small sizes as CUDA graphs and direct NCCL calls"
     )
-    allow_unjudged: bool = opt(
-        False,
-        "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success",
-        group="verify",
+    allow_unjudged: bool = verify_opt(
+        False, "accept NOT_JUDGED (no bandwidth threshold applied, e.g. CPU/gloo) as success"
     )
     collective_timeout_s: float = collective_timeout_opt()
     stall_timeout_s: float = stall_timeout_opt()

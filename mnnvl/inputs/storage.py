@@ -43,15 +43,6 @@ def parse_pvc(items: tuple[str, ...]) -> list[PvcMount]:
     return mounts
 
 
-def mount_of(path: str, mounts: list[PvcMount]) -> PvcMount | None:
-    """The mount ``path`` lies under, or None."""
-    norm = path.rstrip("/")
-    for mount in mounts:
-        if norm == mount.path or norm.startswith(mount.path + "/"):
-            return mount
-    return None
-
-
 def check_shared_storage(workload: Any, config: Any) -> None:
     """A ``TrainConfig``'s ``checkpoint_dir`` and file ``data`` must lie under a PVC the
     ``WorkloadSpec`` mounts in every worker (``spec`` imports this module, hence ``Any``): else
@@ -72,8 +63,8 @@ def check_shared_storage(workload: Any, config: Any) -> None:
             continue
         if not path.startswith("/"):
             raise SpecError(name, f"{path!r} must be an absolute path under a pvc mount")
-        mount = mount_of(path, mounts)
-        if mount is None:
+        under = [m for m in mounts if f"{path.rstrip('/')}/".startswith(f"{m.path}/")]
+        if not under:
             where = ", ".join(m.path for m in mounts) or "none"
             single = (
                 ", or set recovery.allow_local_checkpoint (single node)"
@@ -85,5 +76,5 @@ def check_shared_storage(workload: Any, config: Any) -> None:
                 f"{path} is not under a mounted PVC (mounts: {where}); every worker pod must "
                 f"see it: add a pvc CLAIM:/mount/path{single}",
             )
-        if name == "checkpoint_dir" and mount.read_only:
-            raise SpecError(name, f"{path} is under {mount.claim}, which is mounted read-only")
+        if name == "checkpoint_dir" and under[0].read_only:
+            raise SpecError(name, f"{path} is under {under[0].claim}, which is mounted read-only")

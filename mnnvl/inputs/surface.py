@@ -21,18 +21,17 @@ from mnnvl.inputs.checks import check_range, parse_bytes, parse_env, parse_list,
 from mnnvl.inputs.spec import (
     ARGO,
     CLI,
-    EVERY_SURFACE,
     KFP,
     DomainSpec,
     LaunchSpec,
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
+    fields_of,
     from_inputs,
 )
 from mnnvl.inputs.storage import check_shared_storage
 
-EVERY = EVERY_SURFACE
 SIZE_FIELDS = frozenset({"min_bytes", "max_bytes", "judge_min_bytes"})
 SPEC_CLASSES: tuple[type, ...] = (DomainSpec, WorkloadSpec, TrainConfig, VerifyConfig, LaunchSpec)
 
@@ -91,18 +90,17 @@ class Input:
         value = self.default if value is None else value
         if self.kind == "bool":
             return "true" if value else "false"
-        if self.kind == "list":
-            return json.dumps(list(value))
-        if self.kind == "dict":
-            return json.dumps(value)
+        if self.kind in ("list", "dict"):
+            return json.dumps(value)  # a tuple too, as a JSON list
         return str(value)
 
     def coerce(self, value: Any) -> Any:
-        """A surface value (typed from KFP, a string from Argo) as the surface's type."""
+        """A single value (typed from KFP, text from Argo and the CLI) as this input's kind;
+        lists are ``build``'s."""
         if self.kind == "int" and isinstance(value, float) and value.is_integer():
             return int(value)  # a JSON number inside a group: KFP writes 3 as 3.0
-        if not isinstance(value, str) or self.kind == "str":
-            return list(value) if self.kind == "list" else value
+        if not isinstance(value, str) or self.kind not in ("bool", "int", "float"):
+            return value
         text = value.strip()
         try:
             if self.kind == "bool":
@@ -111,52 +109,29 @@ class Input:
                 return text.lower() == "true"
             if self.kind == "int":
                 return parse_bytes(self.name, text) if self.name in SIZE_FIELDS else int(text)
-            if self.kind == "float":
-                return float(text)
+            return float(text)
         except SpecError:
             raise  # a size's own check already names the input and the forms it takes
         except ValueError as e:
             raise SpecError(self.name, f"{value!r} is not a valid {self.kind} ({e})") from None
-        return list(parse_list(text, self.name)) if text else []
-
-
-def _kind(cls: type, f: dataclasses.Field[Any]) -> str:
-    hint = typing.get_type_hints(cls)[f.name]
-    if typing.get_origin(hint) in (dict, tuple):
-        return "list"
-    return getattr(hint, "__name__", "object")
-
-
-def _fields(cls: type, group: str = "") -> list[tuple[type, dataclasses.Field[Any], str]]:
-    """Every input field of ``cls`` with the class declaring it and its group: the field a
-    nested group sits in (``WorkloadSpec.recovery``), else the group its declaration names."""
-    out = []
-    for f in dataclasses.fields(cls):
-        if "nested" in f.metadata:
-            out += _fields(f.metadata["nested"], f.name)
-        else:
-            out.append((cls, f, group or f.metadata["group"]))
-    return out
-
-
-def _default(f: dataclasses.Field[Any]) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return []
-    return list(f.default) if isinstance(f.default, tuple) else f.default
-
-
-def class_inputs(cls: type) -> tuple[Input, ...]:
-    """The inputs a spec dataclass declares, in declaration order (a nested group's in place)."""
-    return _class_inputs(cls)
 
 
 @functools.cache
-def _class_inputs(cls: type) -> tuple[Input, ...]:
-    meta = ("help", "surfaces", "why", "choices", "valid", "example")
-    return tuple(
-        Input(f.name, _kind(owner, f), _default(f), group=group, **{k: f.metadata[k] for k in meta})
-        for owner, f, group in _fields(cls)
-    )
+def class_inputs(cls: type) -> tuple[Input, ...]:
+    """The inputs a spec dataclass declares, in declaration order (a nested group's in place);
+    a dict or tuple field is a list of strings on every surface."""
+    out = []
+    for owner, f, nest in fields_of(cls):  # a group: where it nests, else as declared
+        hint = typing.get_type_hints(owner)[f.name]
+        listed = typing.get_origin(hint) in (dict, tuple)
+        kind = "list" if listed else getattr(hint, "__name__", "object")
+        default: Any = [] if f.default_factory is not dataclasses.MISSING else f.default
+        meta = {
+            k: f.metadata[k] for k in ("help", "surfaces", "why", "choices", "valid", "example")
+        }
+        group = nest or f.metadata["group"]
+        out.append(Input(f.name, kind, list(default) if listed else default, group=group, **meta))
+    return tuple(out)
 
 
 # ---- groups: how KFP and Argo carry the inputs past the essential ones -----------------------
@@ -304,11 +279,12 @@ def step_inputs(step: str, surface: str | None = None) -> list[Input]:
 
 
 def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
-    """A validated ``cls`` from surface values by input name (lists -> dict/tuple, the rest
-    as ``Input.coerce`` takes them), each given to the group that holds it; unset inputs keep
+    """A validated ``cls`` from surface values by input name, each given on its own or inside
+    its group (lists -> dict/tuple, the rest as ``Input.coerce`` takes them); unset inputs keep
     the dataclass default."""
     kwargs: dict[str, Any] = {}
-    for (_, f, _), item in zip(_fields(cls), class_inputs(cls), strict=True):
+    values = pick(values, class_inputs(cls))
+    for (_, f, _), item in zip(fields_of(cls), class_inputs(cls), strict=True):
         value = values.get(f.name)
         if value is None:
             continue
@@ -327,12 +303,10 @@ def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
     (raises ``SpecError`` on the first bad one)."""
     inputs = step_inputs(step)
     full = {i.name: i.default for i in inputs if not i.required} | pick(values, inputs)
-    out = []
-    for cls in STEP_CLASSES[step]:
-        if cls in (DomainSpec, WorkloadSpec):
-            out.append(build(cls, full, run_id=run_id))
-        else:
-            out.append(build(cls, full))
+    out = [
+        build(cls, full, run_id=run_id) if cls in (DomainSpec, WorkloadSpec) else build(cls, full)
+        for cls in STEP_CLASSES[step]
+    ]
     if step == "train":
         check_shared_storage(*out)
     if step == "launch":
@@ -351,15 +325,12 @@ class Task:
     step: str
     fixed: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def renames(self) -> dict[str, str]:
-        """Step input -> pipeline parameter: the one input steps share with other values,
-        each Job's deadline (``train_timeout_s``, ``verify_timeout_s``, ``launch_timeout_s``)."""
-        workload = self.step in ("train", "verify", "launch")
-        return {"job_timeout_s": f"{self.step}_timeout_s"} if workload else {}
-
     def parameter_name(self, input_name: str) -> str:
-        return self.renames.get(input_name, input_name)
+        """The pipeline parameter of a step input: its own name, but for the one input steps
+        share with other values, each Job's deadline (``train_timeout_s``, ``verify_timeout_s``)."""
+        if input_name == "job_timeout_s" and self.step in ("train", "verify", "launch"):
+            return f"{self.step}_timeout_s"
+        return input_name
 
 
 @dataclass(frozen=True)
@@ -379,18 +350,13 @@ class Pipeline:
             for item in step_inputs(task.step, surface):
                 if item.name in task.fixed:
                     continue
-                name = task.parameter_name(item.name)
-                renamed = dataclasses.replace(item, name=name)
+                name, default, help = task.parameter_name(item.name), item.default, item.help
                 if own_defaults and name in self.defaults:
                     default, why = self.defaults[name]
-                    renamed = dataclasses.replace(
-                        renamed,
-                        default=default,
-                        help=f"{item.help} (here {default}; the step's own is {item.default}: "
-                        f"{why})",
-                    )
-                if name != item.name:  # a rename names one step's input (``Task.renames``)
-                    renamed = dataclasses.replace(renamed, help=f"{task.step} step: {renamed.help}")
+                    help += f" (here {default}; the step's own is {item.default}: {why})"
+                if name != item.name:  # a rename names one step's input
+                    help = f"{task.step} step: {help}"
+                renamed = dataclasses.replace(item, name=name, default=default, help=help)
                 known = params.setdefault(name, renamed)
                 if (known.default, known.kind) != (renamed.default, renamed.kind):
                     raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
@@ -425,12 +391,11 @@ class Pipeline:
         if unknown:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
         flat = pick(values, [p for p in params.values() if p.kind != "dict"])
-        typed = {k: params[k].coerce(v) for k, v in flat.items()}
         planned = []
         for task in self.tasks:
             try:
                 planned.append(
-                    (task, step_specs(task.step, run_id, self.task_arguments(task, typed)))
+                    (task, step_specs(task.step, run_id, self.task_arguments(task, flat)))
                 )
             except SpecError as e:  # named as the pipeline's parameter, not the step's input
                 raise SpecError(task.parameter_name(e.field), e.detail) from None
@@ -518,9 +483,9 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
     """Refuse a launcher pod deadline (Argo's ``<step>-deadline-s``) shorter than what its
     workload step may take by its own timeouts: Argo would stop the step while its Job still
     runs, and the exit handler would tear the training down. The tightest step is named."""
-    rooms = []
+    problems = []
     for task, specs in planned:
-        name = f"{task.step}-deadline-s"
+        name, timeout = f"{task.step}-deadline-s", task.parameter_name("job_timeout_s")
         workload = next((s for s in specs if isinstance(s, WorkloadSpec)), None)
         if workload is None or values.get(name) is None:
             continue
@@ -531,31 +496,31 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
             raise SpecError(name, text) from None
         check_range(name, deadline_s, 1, 30 * 86400, integer=True)
         limits = workload.deadlines
-        waits = limits.pods_running_timeout_s + workload.job_timeout_s + LAUNCHER_MARGIN_S
-        rooms.append((deadline_s - waits, task, workload, deadline_s))
-    for room, task, workload, deadline_s in sorted(rooms, key=lambda r: r[0]):
-        name, timeout = f"{task.step}-deadline-s", task.parameter_name("job_timeout_s")
-        limits = workload.deadlines
+        room = deadline_s - limits.pods_running_timeout_s - workload.job_timeout_s
+        room -= LAUNCHER_MARGIN_S
         took = f"{timeout} {workload.job_timeout_s:g} s + deadlines.pods_running_timeout_s "
         took += f"{limits.pods_running_timeout_s:g} s"
+        need = deadline_s - room + limits.admission_timeout_s
         if workload.queue_name and not limits.admission_timeout_s:
-            raise SpecError(
-                name,
+            text = (
                 f"{deadline_s:g} s bounds the {task.step} launcher pod, but queue_name is set and "
                 "deadlines.admission_timeout_s is 0 (no limit): a Job queued long would be cut by "
                 f"the pod's deadline; set deadlines.admission_timeout_s to at most "
                 f"{max(0.0, room):g} s ({name} less {took} and {LAUNCHER_MARGIN_S:g} s), or "
-                f"raise {name}",
+                f"raise {name}"
             )
-        need = deadline_s - room + limits.admission_timeout_s
-        if deadline_s < need:
-            raise SpecError(
-                name,
+        elif deadline_s < need:
+            text = (
                 f"{deadline_s:g} s, the {task.step} launcher pod's deadline, is shorter than the "
                 f"step may take: {took} + deadlines.admission_timeout_s "
                 f"{limits.admission_timeout_s:g} s + {LAUNCHER_MARGIN_S:g} s = {need:g} s; raise "
-                f"{name} to at least {need:.0f} or lower {timeout}",
+                f"{name} to at least {need:.0f} or lower {timeout}"
             )
+        else:
+            continue
+        problems.append((room, SpecError(name, text)))
+    if problems:
+        raise min(problems, key=lambda p: p[0])[1]
 
 
 def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | str) -> None:

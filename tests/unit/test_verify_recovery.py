@@ -18,7 +18,7 @@ from mnnvl.cli.parser import build_parser
 from mnnvl.driver.rank0 import Rank0Progress
 from mnnvl.inputs import surface
 from mnnvl.inputs.flags import to_args
-from mnnvl.inputs.spec import VerifyConfig
+from mnnvl.inputs.spec import EVERY_SURFACE, VerifyConfig
 from mnnvl.runtime.local import free_port
 from mnnvl.runtime.verify import SIGNAL_AT_ENV, parse_config
 
@@ -72,7 +72,7 @@ def test_a_stopped_verify_worker_ends_its_pod_with_12_and_its_peer_times_out_nam
 def test_the_stall_inputs_are_inputs_of_the_verify_step_on_every_surface() -> None:
     inputs = {i.name: i for i in surface.step_inputs("verify")}
     for name in STALL:
-        assert inputs[name].surfaces == frozenset(surface.EVERY), name
+        assert inputs[name].surfaces == frozenset(EVERY_SURFACE), name
     # CLI: `mnnvl verify` takes the flags; the worker gets them back as its own flags.
     sub = next(a for a in build_parser()._actions if a.dest == "command_name")
     flags = {s for a in sub.choices["verify"]._actions for s in a.option_strings}  # type: ignore[attr-defined]
