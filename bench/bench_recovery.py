@@ -11,7 +11,7 @@ checkpoint on the claim; and with the pods recreated (``MNNVL_IN_PLACE_RESTARTS=
 deleted and made again, resuming from the claim). ``--paths trainjob`` runs the step as a
 Kubeflow Trainer TrainJob (``--workload trainjob``, the simulator's Trainer stand-in): the
 runtime restarts the failed workers (Trainer's ``torch-distributed``: the kubelet restarts
-their containers), which resume from the claim. The worker test hook makes rank ``--rank``
+their containers in their pods), which resume from the host copy the pod kept. The worker test hook makes rank ``--rank``
 (default: the last) signal itself right after step ``--fail-at``, once: SIGKILL is a lost
 worker, SIGSTOP a hung one (its peers' collectives time out after ``--collective-timeout-s``;
 a worker with no peer is stopped by its pod's watchdog after ``--stall-timeout-s``). For
@@ -84,7 +84,8 @@ PATHS = {
     "recreated": {contract_env.IN_PLACE_RESTARTS: "0"},
     "trainjob": {},  # the runtime's JobSet restarts every pod
 }
-SOURCE = {"in-place": "host", "in-place-disk": "disk", "recreated": "disk", "trainjob": "disk"}
+# A TrainJob's container restarts in its pod (JobSet's restartPolicy OnFailure): /dev/shm stays.
+SOURCE = {"in-place": "host", "in-place-disk": "disk", "recreated": "disk", "trainjob": "host"}
 
 
 def log_lines(text: str) -> list[tuple[float, str]]:
@@ -172,7 +173,7 @@ def timeline(w: Watcher, nodes: int) -> dict[str, Any]:
     detected = min((t for t in w.detected if t >= fault), default=None)
     return {
         "fault": hook[0][1],
-        "how": "in-place" if in_place is not None and not new else "recreated",
+        "how": "in-place" if in_place is not None else "recreated" if new else "container",
         "failed_pod": f"index {failed[0]['index']}, exit code {failed[0].get('exit')}"
         if failed
         else None,
