@@ -12,8 +12,8 @@ deleted and made again, resuming from the claim). ``--paths trainjob`` runs the 
 Kubeflow Trainer TrainJob (``--workload trainjob``, the simulator's Trainer stand-in): the
 runtime restarts the failed workers (Trainer's ``torch-distributed``: the kubelet restarts
 their containers in their pods), which resume from the host copy the pod kept. The worker
-test hook makes rank ``--rank`` (default: the last) signal itself right after step ``--fail-at``, once: SIGKILL is a lost
-worker, SIGSTOP a hung one (its peers' collectives time out after ``--collective-timeout-s``;
+test hook makes rank ``--rank`` (default: the last) signal itself right after step
+``--fail-at``, once: SIGKILL is a lost worker, SIGSTOP a hung one (its peers' collectives time out after ``--collective-timeout-s``;
 a worker with no peer is stopped by its pod's watchdog after ``--stall-timeout-s``). For
 each it prints, in seconds after the fault: the pod failed (its exit code; none in place), the
 restart began (the driver's gang restart, or the launchers' in-place line), every pod ran again
