@@ -1,27 +1,26 @@
 """Recovery cost of a lost worker, a hung one and a bad node, end to end on the simulated
 cluster.
 
-One training run per fault and recovery path through the product's train step
-(``steps.train`` against ``mnnvl.sim``: the driver, the Job, restarts, checkpoints on a
-PersistentVolumeClaim every ``--every`` steps). ``--paths in-place,in-place-disk,recreated``
-(the default) runs each fault three times, side by side: restarted in place (the workers inside
-the pods, the default), resuming from the host copy of the checkpoint in the pods' memory;
-restarted in place with no host copy (``MNNVL_TRAIN_TUNING=hostcopy=off``), resuming from the
-checkpoint on the claim; and with the pods recreated (``MNNVL_IN_PLACE_RESTARTS=0``, every pod
-deleted and made again, resuming from the claim). ``--paths trainjob`` runs the step as a
-Kubeflow Trainer TrainJob (``--workload trainjob``, the simulator's Trainer stand-in): the
-runtime restarts the failed workers (Trainer's ``torch-distributed``: the kubelet restarts
-their containers in their pods), which resume from the host copy the pod kept. The worker
-test hook makes rank ``--rank`` (default: the last) signal itself right after step
-``--fail-at``, once: SIGKILL is a lost worker, SIGSTOP a hung one (its peers' collectives time out after ``--collective-timeout-s``;
-a worker with no peer is stopped by its pod's watchdog after ``--stall-timeout-s``). For
-each it prints, in seconds after the fault: the pod failed (its exit code; none in place), the
-restart began (the driver's gang restart, or the launchers' in-place line), every pod ran again
-(in place: every launcher ready to start its workers), the restarted rank 0 loaded the
-checkpoint and logged its first step; and the steps redone (finished after the checkpoint the
-run resumed from, so done twice). ``resume_source`` and ``resume_load_s`` are the restarted
-workers' own: where they loaded the checkpoint from (``host`` or ``disk``) and how long that
-took.
+One training run per fault and recovery path through the product's train step (``steps.train``
+against ``mnnvl.sim``: the driver, the Job, restarts, checkpoints on a PersistentVolumeClaim
+every ``--every`` steps). ``--paths in-place,in-place-disk,recreated`` (the default) runs each
+fault three times, side by side: restarted in place (the workers inside the pods, the default),
+resuming from the host copy of the checkpoint in the pods' memory; restarted in place with no
+host copy (``MNNVL_TRAIN_TUNING=hostcopy=off``), resuming from the checkpoint on the claim; and
+with the pods recreated (``MNNVL_IN_PLACE_RESTARTS=0``, every pod deleted and made again,
+resuming from the claim). ``--paths trainjob`` runs the step as a Kubeflow Trainer TrainJob
+(``--workload trainjob``, the simulator's Trainer stand-in): the runtime restarts the failed
+workers (Trainer's ``torch-distributed``: the kubelet restarts their containers in their pods),
+which resume from the host copy the pod kept. The worker test hook makes rank ``--rank``
+(default: the last) signal itself right after step ``--fail-at``, once: SIGKILL is a lost
+worker, SIGSTOP a hung one (its peers' collectives time out after ``--collective-timeout-s``; a
+worker with no peer is stopped by its pod's watchdog after ``--stall-timeout-s``). For each it
+prints, in seconds after the fault: the pod failed (its exit code; none in place), the restart
+began (the driver's gang restart, or the launchers' in-place line), every pod ran again (in
+place: every launcher ready to start its workers), the restarted rank 0 loaded the checkpoint
+and logged its first step; and the steps redone (finished after the checkpoint the run resumed
+from, so done twice). ``resume_source`` and ``resume_load_s`` are the restarted workers' own:
+where they loaded the checkpoint from (``host`` or ``disk``) and how long that took.
 
 Worker times come from the workers' own log lines (wall clock, ms), the driver's from its log
 record, pod phases from polling the simulator's store every 50 ms.
