@@ -32,8 +32,8 @@ record, pod phases from polling the simulator's store every 50 ms.
 On GPUs the stall timeout must cover the longest gap between two reports of progress: the
 start-up with the checkpoint load and the compile warm-up of the first step.
 The simulated pods' ``/dev/shm`` lie in this machine's: the in-place run's host copy needs room
-there (about 14.5 GB at 1b on one GPU) and within ``--shm-size``, else it loads from disk and
-the run is not ``ok``.
+there (about 14.5 GB at 1b on one GPU) and within ``--shm-size`` (default 32Gi), else it loads
+from disk and the run is not ``ok``.
 
 Prints a table per fault and one JSON line; exit code 0 when every run resumed from a
 checkpoint, from where its path should (``host`` in place, else ``disk``), and finished.
@@ -223,6 +223,7 @@ def one_fault(args: argparse.Namespace, fault: str, path: str, sim: SimCluster) 
         pods_running_timeout_s=600,
         job_timeout_s=3600,
         max_restarts=args.max_restarts,
+        shm_size=args.shm_size,  # the pods' /dev/shm holds the host copy
         workload="trainjob" if path == "trainjob" else "job",
     )
     config = TrainConfig(
@@ -302,6 +303,9 @@ def main() -> int:
     parser.add_argument("--stall-timeout-s", type=float, default=20)
     parser.add_argument(
         "--max-restarts", type=int, default=WorkloadSpec(run_id="x").recovery.max_restarts
+    )
+    parser.add_argument(
+        "--shm-size", default="32Gi", help="the pods' /dev/shm (the host copy: ~14.5 GB at 1b)"
     )
     parser.add_argument("--json-out", default="")
     parser.add_argument("--logs-dir", default="", help="write every pod's log here")
