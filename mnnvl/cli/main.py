@@ -255,22 +255,27 @@ def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
     return plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
 
 
-def _fits_this_machine(nodes: int, gpus_per_node: int) -> None:
-    """A simulated cluster runs its pods as local processes: refuse one this machine cannot
-    hold before anything is built (``mnnvl.sim.core.procs.machine_problem``)."""
+def _fits_this_machine(nodes: int, gpus_per_node: int, local_gpus: list[str] | None) -> None:
+    """A simulated cluster runs its pods as local processes, on this machine's GPUs (checked
+    when ``local_gpus`` is given): refuse one this machine cannot hold before anything is built."""
+    from mnnvl.sim.core.podenv import gpus_problem
     from mnnvl.sim.core.procs import machine_problem
 
-    problem = machine_problem(nodes, max(1, gpus_per_node))
-    if problem:
+    if problem := machine_problem(nodes, max(1, gpus_per_node)):
         raise SpecError("nodes", problem)
+    if local_gpus is not None and (problem := gpus_problem(nodes, gpus_per_node, len(local_gpus))):
+        raise SpecError("gpus_per_node", problem)
 
 
 def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.run_id:
         ns.run_id = f"run-{uuid.uuid4().hex[:12]}"
     if ns.sim:
+        from mnnvl.sim.core.podenv import local_gpu_ids
+
         shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
-        _fits_this_machine(shape.nodes, shape.gpus_per_node)
+        gpus = local_gpu_ids()  # the simulated nodes' GPUs are this machine's
+        _fits_this_machine(shape.nodes, shape.gpus_per_node, gpus)
     planned = _run_plan(ns)  # every task's specs and objects build before any call
     workload = next(p.specs[0] for p in planned if p.task.step == "train")
     own = _own_trainjob(ns.trainjob_file, workload)
@@ -278,22 +283,12 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.sim:
         return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports, own_trainjob=own)
     from mnnvl.sim import SimCluster
-    from mnnvl.sim.core.podenv import local_gpu_ids
 
-    domain = planned[0].specs[0]
-    gpus, wanted = local_gpu_ids(), workload.nodes * workload.gpus_per_node
-    if wanted > len(gpus):  # the simulated nodes' GPUs are this machine's
-        raise SpecError(
-            "gpus_per_node",
-            f"{workload.gpus_per_node} on {workload.nodes} simulated nodes needs {wanted} GPUs "
-            f"on this machine, which has {len(gpus)} (the simulator's pods run here); pass "
-            "--gpus-per-node 0 for CPU workers, with --min-busbw-gbps or --allow-unjudged",
-        )
     with SimCluster(
         nodes=workload.nodes,
         gpus_per_node=workload.gpus_per_node,
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
-        namespaces=(domain.namespace,),
+        namespaces=(planned[0].specs[0].namespace,),
         local_gpus=gpus,
         trainer=bool(workload.trainer_runtime or own),  # Kubeflow Trainer's stand-in
         kueue=bool(workload.queue_name),  # Kueue's stand-in admits what a queue holds
@@ -332,7 +327,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     check_range("gpus_per_node", ns.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
     check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
     check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
-    _fits_this_machine(ns.nodes, ns.gpus_per_node)
+    _fits_this_machine(ns.nodes, ns.gpus_per_node, None)  # its nodes may lack GPUs (CPU workers)
     namespaces = tuple(_comma_list(ns.namespaces))
     if not namespaces:
         raise SpecError("namespaces", "needs at least one namespace, e.g. default")
