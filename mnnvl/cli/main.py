@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -309,7 +308,7 @@ def _run_reports(ns: argparse.Namespace) -> str | None:
     """Where ``mnnvl run`` writes its reports: --report-dir (checked up front), else
     ``out/reports/<run id>`` (none, with a warning, where that cannot be written); logged."""
     folder = ns.report_dir or os.path.join(DEFAULT_REPORTS, ns.run_id)
-    problem = _folder_problem("--report-dir", folder)
+    problem = _path_problem("--report-dir", folder, folder=True)
     if problem:  # only the default can be unwritable here
         logger.warning("run: no reports (%s); pass --report-dir DIR to have them", problem)
         return None
@@ -388,58 +387,35 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _writable_problem(field: str, path: str | None) -> str:
-    """Why ``path`` cannot be written ("" when it can), found before anything is created:
-    the file is really opened for appending (permissions, read-only mounts, /proc)."""
+def _path_problem(flag: str, path: str | None, *, folder: bool = False) -> str:
+    """Why ``path`` (with ``folder``: a directory, made later where missing) cannot be written
+    ("" when it can), found before anything is created: the file (for a folder, one in the
+    nearest folder that exists) is really opened for appending, so /proc, /sys, read-only
+    mounts and missing permissions all show; a file the check made is removed again."""
     if not path:
         return ""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return f"{field}: {path!r} is a directory; name a file in it"
-    if not os.path.isdir(folder):
-        return f"{field}: directory {folder!r} does not exist; create it or pick another path"
-    existed = os.path.exists(path)
+    if os.path.exists(path) and os.path.isdir(path) != folder:
+        return f"{flag}: {path!r} is a " + (
+            "file; name a directory" if folder else "directory; name a file in it"
+        )
+    where = os.path.abspath(path if folder else os.path.dirname(os.path.abspath(path)))
+    while folder and not os.path.exists(where):
+        where = os.path.dirname(where)
+    if folder and not os.path.isdir(where):
+        return f"{flag}: {where!r} is a file, so {path!r} cannot be a directory"
+    if not os.path.isdir(where):
+        return f"{flag}: directory {where!r} does not exist; create it or pick another path"
+    probe = os.path.join(where, f".mnnvl-check-{os.getpid()}") if folder else path
+    existed = os.path.exists(probe)
     try:
-        with open(path, "a", encoding="utf-8"):
+        with open(probe, "a", encoding="utf-8"):
             pass
     except OSError as e:
-        return f"{field}: {path!r} is not writable ({e.strerror}); pick another path"
+        bad, other = (where, "directory") if folder else (path, "path")
+        return f"{flag}: {bad!r} is not writable ({e.strerror}); pick another {other}"
     if not existed:
-        os.remove(path)  # the check leaves nothing behind
+        os.remove(probe)
     return ""
-
-
-def _folder_problem(field: str, path: str | None) -> str:
-    """Why reports cannot be written under ``path`` ("" when they can), found before anything
-    is created: a file is really created (and removed) in the nearest folder that exists, so
-    /proc, /sys, read-only mounts and missing permissions all show; nothing is left behind."""
-    if not path:
-        return ""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"{field}: {path!r} is a file; name a directory"
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return f"{field}: {existing!r} is a file, so {path!r} cannot be a directory"
-    try:
-        fd, probe = tempfile.mkstemp(dir=existing, prefix=".mnnvl-check-")
-    except OSError as e:
-        return f"{field}: {existing!r} is not writable ({e.strerror}); pick another directory"
-    os.close(fd)
-    os.remove(probe)
-    return ""
-
-
-def _path_problems(ns: argparse.Namespace) -> str:
-    """The first path argument that cannot be written: --result-path, --report-dir, and the
-    kubeconfig that ``sim up`` writes."""
-    problems = [
-        _writable_problem("--kubeconfig", ns.kubeconfig) if ns.command_name == "sim" else "",
-        _writable_problem("--result-path", ns.result_path),
-        _folder_problem("--report-dir", getattr(ns, "report_dir", None)),
-    ]
-    return next((p for p in problems if p), "")
 
 
 # Commands whose stdout is data for another program: their result line goes to stderr.
@@ -498,10 +474,13 @@ def main(argv: list[str] | None = None) -> int:
         return _failed(None, "no command given: mnnvl <command> --help", exit_codes.BAD_INPUT)
     setup_logging(ns.verbose)
     command = ns.command_name if ns.command_name != "sim" else f"sim {ns.action}"
-    bad_path = _path_problems(ns)
-    if bad_path:
-        logger.error("%s failed: %s", command, bad_path)
-        return _failed(command, bad_path, exit_codes.BAD_INPUT)
+    paths = {"--result-path": ns.result_path, "--report-dir": getattr(ns, "report_dir", None)}
+    if ns.command_name == "sim":  # `sim up` writes the kubeconfig it serves
+        paths = {"--kubeconfig": ns.kubeconfig} | paths
+    for flag, path in paths.items():
+        if problem := _path_problem(flag, path, folder=flag == "--report-dir"):
+            logger.error("%s failed: %s", command, problem)
+            return _failed(command, problem, exit_codes.BAD_INPUT)
     try:
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)
