@@ -107,42 +107,27 @@ def _arguments(plan: surface.Pipeline, task: surface.Task) -> dict[str, str]:
     return args
 
 
-def _register_templates(*, check: bool, service_account: str = "") -> dict[str, Container]:
-    """The step templates; with a fixed ``service_account`` each names it itself, so a
-    caller's workflow that reaches one by ``templateRef`` runs it under that account."""
-    templates = {
-        step: t.step_template(step, check=check and step == "provision") for step in t.STEPS
-    }
-    for template in templates.values():
-        template.service_account_name = service_account or None
-    return templates
-
-
 def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
-    """The hera WorkflowTemplate ``name``."""
-    if name == LAUNCH_TEMPLATE_NAME:
-        with WorkflowTemplate(
-            name=name,
-            labels=labels(name),
-            annotations={"workflows.argoproj.io/description": t.LAUNCH_DESCRIPTION},
-            entrypoint="launch",
-            service_account_name=DEFAULT_SERVICE_ACCOUNT,
-            **workflow_settings(),
-        ) as wt:
-            _register_templates(check=False, service_account=DEFAULT_SERVICE_ACCOUNT)
-        return wt
-    plan = surface.PIPELINES[name]
+    """The hera WorkflowTemplate ``name``: a pipeline's, or ``mnnvl-launch``'s step templates,
+    each naming the launcher's account itself, so that a caller's workflow that reaches one by
+    ``templateRef`` runs it under that account."""
+    plan = surface.PIPELINES.get(name)
+    description = plan.description if plan else t.LAUNCH_DESCRIPTION
     with WorkflowTemplate(
         name=name,
         labels=labels(name),
-        annotations={"workflows.argoproj.io/description": plan.description},
-        entrypoint=ENTRYPOINT,
-        on_exit=EXIT_HANDLER,
-        service_account_name=_wf(LAUNCHER_SERVICE_ACCOUNT),
-        arguments=workflow_parameters(plan),
+        annotations={"workflows.argoproj.io/description": description},
+        entrypoint=ENTRYPOINT if plan else "launch",
+        on_exit=EXIT_HANDLER if plan else None,
+        service_account_name=_wf(LAUNCHER_SERVICE_ACCOUNT) if plan else DEFAULT_SERVICE_ACCOUNT,
+        arguments=workflow_parameters(plan) if plan else None,
         **workflow_settings(),
     ) as wt:
-        templates = _register_templates(check=True)
+        templates = {s: t.step_template(s, check=bool(plan) and s == "provision") for s in t.STEPS}
+        if not plan:
+            for template in templates.values():
+                template.service_account_name = DEFAULT_SERVICE_ACCOUNT
+            return wt
         *main, teardown = plan.tasks
         with DAG(name=ENTRYPOINT):
             tasks = [

@@ -113,25 +113,17 @@ def _add_sync_waves(path: Path) -> None:
     path.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
 
 
-def _kustomization(files: list[str], about: str) -> Callable[[Path], None]:
-    def write(path: Path) -> None:
-        doc = {
-            "apiVersion": "kustomize.config.k8s.io/v1beta1",
-            "kind": "Kustomization",
-            "resources": sorted(files),
-        }
-        text = yaml.safe_dump(doc, sort_keys=False)
-        path.write_text(f"{HEADER}# {about}\n{text}", encoding="utf-8")
-
-    return write
-
-
-def _yaml_doc(make: Callable[[], dict[str, Any]]) -> Callable[[Path], None]:
+def _yaml_doc(make: Callable[[], dict[str, Any]], about: str = "") -> Callable[[Path], None]:
     def write(path: Path) -> None:
         text = yaml.safe_dump(make(), sort_keys=False, width=100, allow_unicode=True)
-        path.write_text(HEADER + text, encoding="utf-8")
+        path.write_text(HEADER + (f"# {about}\n" if about else "") + text, encoding="utf-8")
 
     return write
+
+
+def _kustomization(files: list[str], about: str) -> Callable[[Path], None]:
+    kind = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    return _yaml_doc(lambda: kind | {"resources": sorted(files)}, about)
 
 
 def _retag(node: Any, images: dict[str, str]) -> Any:

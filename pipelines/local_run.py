@@ -102,28 +102,6 @@ class RunOutcome:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def collect_outputs(
-    run_dir: Path | None, reports_dir: Path
-) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Step results (by purpose) from a kfp.local run directory; the HTML reports copied out
-    with an ``.html`` suffix (kfp.local names the file ``report``)."""
-    results: dict[str, dict[str, Any]] = {}
-    reports: dict[str, str] = {}
-    if run_dir is None:
-        return results, reports
-    for path in sorted(run_dir.glob("*/result")):
-        doc = json.loads(path.read_text())
-        purpose = str(doc.get("purpose", path.parent.name))
-        results[purpose] = doc
-        html = path.parent / "report"
-        if html.is_file():
-            reports_dir.mkdir(parents=True, exist_ok=True)
-            copy = reports_dir / f"{purpose}.html"
-            shutil.copyfile(html, copy)
-            reports[purpose] = str(copy)
-    return results, reports
-
-
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STARTED = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
@@ -216,11 +194,19 @@ def run_pipeline(
     wall_s = time.monotonic() - start
     new_dirs = sorted(set(pipeline_root.glob(f"{name}-*")) - before)
     run_dir = new_dirs[-1] if new_dirs else None
+    outcome = RunOutcome(not error, error, wall_s, run_dir, errors=dict(tap.task_errors))
     # Each pipeline's reports apart, and only this run's: no earlier run's beside them.
     reports_dir = out / "reports" / name
     shutil.rmtree(reports_dir, ignore_errors=True)
-    results, reports = collect_outputs(run_dir, reports_dir)
-    return RunOutcome(not error, error, wall_s, run_dir, results, reports, dict(tap.task_errors))
+    for path in sorted(run_dir.glob("*/result")) if run_dir else []:  # each step's result
+        doc = json.loads(path.read_text())
+        purpose = str(doc.get("purpose", path.parent.name))
+        outcome.results[purpose] = doc
+        if (path.parent / "report").is_file():  # its HTML report, as kfp.local names it
+            reports_dir.mkdir(parents=True, exist_ok=True)
+            copy = shutil.copyfile(path.parent / "report", reports_dir / f"{purpose}.html")
+            outcome.reports[purpose] = str(copy)
+    return outcome
 
 
 def _summary(
@@ -314,14 +300,9 @@ def main(argv: list[str] | None = None) -> int:
             for e in iter(watch.queue.get, None)
             if e.type == "ADDED"
         )
-        run_ids = {str(r["run_id"]) for r in outcome.results.values() if r.get("run_id")}
-        leftover = [f"{k} {ns}/{n}" for k, ns, n in sim.objects()]
+        leftover = [f"{k} {ns}/{n}" for k, ns, n in sim.objects()]  # every object, any run's
         leftover += [f"process {pid} of pod {ns}/{pod}" for ns, pod, pid in sim.processes()]
-        for run_id in sorted(run_ids):
-            selector = f"mnnvl.io/run-id={run_id}"
-            leftover += [f"{k} {ns}/{n}" for k, ns, n in sim.objects(label_selector=selector)]
-        log_path = args.out / "kfp-local.log"
-        _summary(outcome, list(created), sorted(set(leftover)), log_path, name)
+        _summary(outcome, list(created), leftover, args.out / "kfp-local.log", name)
     finally:
         sim.stop()
     return 0 if outcome.succeeded and not leftover else 1
