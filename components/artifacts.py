@@ -93,9 +93,6 @@ def publish_train(
     with tempfile.TemporaryDirectory(prefix="mnnvl-train-report-") as tmp:
         _copy(report_train.write_train_report(result.for_report(), tmp)["html"], html)
     write_result(result_artifact, run_id, "train", result.to_dict())
-    log.info(
-        "train: loss %s, %s tokens/s, MFU %s", result.final_loss, result.tokens_per_s, result.mfu
-    )
 
 
 def publish_verify(

@@ -122,7 +122,6 @@ def preflight_cluster(params: dict[str, Any]) -> None:
         )
         shutil.copyfile(outcome.report_files["ctrf"], params["ctrf"].path)
     write_result(params["result"], workload.run_id, "preflight", outcome.to_dict())
-    log.info("preflight:\n%s", outcome.table)
     if not outcome.passed:
         raise VerificationFailed(f"preflight: {steps.preflight_failure(outcome.rows)}")
 

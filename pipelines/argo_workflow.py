@@ -63,7 +63,7 @@ def workflow_settings() -> dict[str, Any]:
     return {
         "ttl_strategy": m.TTLStrategy(seconds_after_success=86400, seconds_after_failure=7 * 86400),
         "pod_gc": m.PodGC(strategy="OnPodSuccess"),
-        "security_context": m.PodSecurityContext.model_validate(lp.pod_security_context()),
+        "security_context": m.PodSecurityContext.model_validate(lp.POD_SECURITY_CONTEXT),
     }
 
 
