@@ -147,13 +147,6 @@ def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
     return wt
 
 
-def workflow_template_manifest(name: str = TEMPLATE_NAME) -> dict[str, Any]:
-    """The WorkflowTemplate as a plain dict, ready for YAML."""
-    # Int-or-string fields (retry limit, backoff factor, deadlines) are given to hera as strings,
-    # the type Argo's schema declares, and hera emits them as given.
-    return build_workflow_template(name).to_dict()
-
-
 def workflow_manifest() -> dict[str, Any]:
     """A Workflow that runs the training template (what ``argo submit --from`` creates), as a
     plain dict."""

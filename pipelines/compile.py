@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import functools
 import hashlib
 import json
 import logging
@@ -155,7 +154,7 @@ def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], 
     for name, func in kp.PIPELINES.items():
         out[f"pipelines/compiled/{name}.kfp.yaml"] = _kfp_pipeline(func)
     templates: dict[str, Callable[[], dict[str, Any]]] = {
-        f"{name}.workflowtemplate.yaml": functools.partial(aw.workflow_template_manifest, name)
+        f"{name}.workflowtemplate.yaml": aw.build_workflow_template(name).to_dict
         for name in aw.WORKFLOW_TEMPLATES
     }
     for name, make in templates.items():

@@ -124,8 +124,7 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
     workload = _run_spec(WorkloadSpec, ns)
     surface.check_launch_purpose(workload.purpose)
-    own = _own_trainjob(ns.trainjob_file, workload)
-    if own:
+    if own := _own_trainjob(ns.trainjob_file, workload):
         return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
     launch = _launch_spec(ns)
     args = list(launch.command)
@@ -151,24 +150,17 @@ def _own_trainjob(path: str | None, workload: WorkloadSpec) -> dict[str, Any] | 
     return own
 
 
-def _validate_objects(
-    workload: WorkloadSpec, train: TrainConfig | None, verify: VerifyConfig | None
-) -> None:
-    """Build every object the step will create, so bad input fails before any API call."""
-    render_run(
-        DomainSpec(run_id=workload.run_id, namespace=workload.namespace), workload, train, verify
-    )
+def _domain(workload: WorkloadSpec) -> DomainSpec:
+    return DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
 
 
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(TrainConfig, ns)
-    _validate_objects(workload, config, None)
-    own = _own_trainjob(ns.trainjob_file, workload)
-    if own:  # the team's program: its RESULT line, if it prints one, is the step's
+    render_run(_domain(workload), workload, config, None)  # every object, before any API call
+    if own := _own_trainjob(ns.trainjob_file, workload):  # its RESULT line is the step's
         return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
     if workload.trainer_runtime:
-        domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
-        render_trainjob(domain, workload, config, workload.trainer_runtime)  # before any call
+        render_trainjob(_domain(workload), workload, config, workload.trainer_runtime)
     return steps.train(
         workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
     ).to_dict()
@@ -176,7 +168,7 @@ def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(VerifyConfig, ns)
-    _validate_objects(workload, None, config)
+    render_run(_domain(workload), workload, None, config)  # every object, before any API call
     return steps.verify(
         workload,
         config,
@@ -222,9 +214,7 @@ def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
-    planned = _run_plan(ns)  # the run's own plan: what `mnnvl run` would create
-    workload = next(p.specs[0] for p in planned if p.task.step == "train")
-    objs = objects(planned, _own_trainjob(ns.trainjob_file, workload))
+    objs = objects(*_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
     return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 
@@ -245,13 +235,16 @@ def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
     ).to_dict()
 
 
-def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
-    """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default)."""
+def _run_plan(ns: argparse.Namespace) -> tuple[list[PlannedTask], dict[str, Any] | None]:
+    """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default),
+    and the team's TrainJob of ``--trainjob-file`` (None without it)."""
     given = flags.ns_values(ns)
     names = [*(p.name for p in surface.run_parameters()), *surface.GROUP_HELP]
     values = {name: given.get(name) for name in names}
     skip_verify = getattr(ns, "skip_verify", False)
-    return plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
+    planned = plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
+    workload = next(p.specs[0] for p in planned if p.task.step == "train")
+    return planned, _own_trainjob(ns.trainjob_file, workload)
 
 
 def _fits_this_machine(nodes: int, gpus_per_node: int, local_gpus: list[str] | None) -> None:
@@ -275,9 +268,8 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
         shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
         gpus = local_gpu_ids()  # the simulated nodes' GPUs are this machine's
         _fits_this_machine(shape.nodes, shape.gpus_per_node, gpus)
-    planned = _run_plan(ns)  # every task's specs and objects build before any call
+    planned, own = _run_plan(ns)  # every task's specs and objects build before any call
     workload = next(p.specs[0] for p in planned if p.task.step == "train")
-    own = _own_trainjob(ns.trainjob_file, workload)
     reports = _run_reports(ns)
     if not ns.sim:
         return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports, own_trainjob=own)
