@@ -26,16 +26,12 @@ class PathArtifact(Protocol):
     path: str
 
 
-class MetricsArtifact(PathArtifact, Protocol):
-    def log_metric(self, metric: str, value: float) -> None: ...
-
-
 def kubeconfig() -> str | None:
     """The kubeconfig to use: ``KUBECONFIG`` when set (local runs), else in-cluster config."""
     return os.environ.get("KUBECONFIG") or None
 
 
-def _log_numbers(metrics: MetricsArtifact, values: dict[str, Any]) -> None:
+def _log_numbers(metrics: Any, values: dict[str, Any]) -> None:
     # KFP Metrics values must be numbers; a null (e.g. MFU on CPU) is left out, not faked as 0.
     for name, value in values.items():
         if isinstance(value, bool):
@@ -57,22 +53,17 @@ def _copy(path: str, artifact: PathArtifact) -> None:
     shutil.copyfile(path, artifact.path)
 
 
-def publish_train(
-    run_id: str,
-    result: Any,
-    metrics: MetricsArtifact,
-    html: PathArtifact,
-    result_artifact: PathArtifact,
-) -> None:
+def publish_train(run_id: str, result: Any, outputs: dict[str, Any]) -> None:
     """Log training metrics (each restart's cost summed, goodput), write the training report
-    (loss curve, each restart) and the raw result."""
+    (loss curve, each restart) and the raw result: ``outputs`` are the component's arguments
+    (its ``metrics``, ``report`` and ``result`` artifacts)."""
     from mnnvl import report_train
 
     raw = dict(result.raw or {})
     mesh = raw.get("mesh") or {}
     shape = mesh.get("shape") or [raw.get("world_size")]
     _log_numbers(
-        metrics,
+        outputs["metrics"],
         {
             # Mesh shape as numbers: groups (NVLink cliques, replicated) x ranks sharded in each.
             "mesh_groups": mesh.get("groups", 1),
@@ -91,21 +82,13 @@ def publish_train(
         },
     )
     with tempfile.TemporaryDirectory(prefix="mnnvl-train-report-") as tmp:
-        _copy(report_train.write_train_report(result.for_report(), tmp)["html"], html)
-    write_result(result_artifact, run_id, "train", result.to_dict())
+        _copy(report_train.write_train_report(result.for_report(), tmp)["html"], outputs["report"])
+    write_result(outputs["result"], run_id, "train", result.to_dict())
 
 
-def publish_verify(
-    run_id: str,
-    result: Any,
-    purpose: str,
-    metrics: MetricsArtifact,
-    html: PathArtifact,
-    result_artifact: PathArtifact,
-    ctrf: PathArtifact | None = None,
-) -> None:
+def publish_verify(run_id: str, result: Any, purpose: str, outputs: dict[str, Any]) -> None:
     """Log busbw metrics (peak, judged, per size, verdict 1/0) and write the verify report
-    (HTML) and the verdict as a CTRF test report."""
+    (HTML), the verdict as a CTRF test report (where ``outputs`` has ``ctrf``) and the result."""
     from mnnvl import report
 
     raw = dict(result.raw or {})
@@ -120,22 +103,21 @@ def publish_verify(
     for row in result.sizes or []:  # busbw_gbps_1MiB: short names, sorted by unit
         size = human_bytes(int(row["bytes"])).replace(" ", "")
         values[f"busbw_gbps_{size}"] = row.get("busbw_gbps")
-    _log_numbers(metrics, values)
+    _log_numbers(outputs["metrics"], values)
     with tempfile.TemporaryDirectory(prefix="mnnvl-verify-report-") as tmp:
         files = report.write_verify_report(raw, tmp)
-        _copy(files["html"], html)
-        if ctrf is not None:
-            _copy(files["ctrf"], ctrf)
-    write_result(result_artifact, run_id, purpose, result.to_dict())
+        _copy(files["html"], outputs["report"])
+        if outputs.get("ctrf") is not None:
+            _copy(files["ctrf"], outputs["ctrf"])
+    write_result(outputs["result"], run_id, purpose, result.to_dict())
     # The table goes to the task log, where a failed verdict is read first.
     log.info("%s: verdict %s\n%s", purpose, result.verdict, report.verify_table(raw))
 
 
-def publish_launch(
-    run_id: str, result: Any, metrics: MetricsArtifact, result_artifact: PathArtifact
-) -> None:
+def publish_launch(run_id: str, result: Any, outputs: dict[str, Any]) -> None:
     """Log the workload's exit code, wall time and every number of its RESULT line."""
     raw = dict(result.result or {})
-    _log_numbers(metrics, {"exit_code": result.exit_code, "wall_s": result.elapsed_s, **raw})
-    write_result(result_artifact, run_id, "job", result.to_dict())
+    numbers = {"exit_code": result.exit_code, "wall_s": result.elapsed_s, **raw}
+    _log_numbers(outputs["metrics"], numbers)
+    write_result(outputs["result"], run_id, "job", result.to_dict())
     log.info("launch %s: exit code %d, RESULT %s", result.job, result.exit_code, raw or "none")

@@ -67,7 +67,7 @@ def train_sharded(params: dict[str, Any]) -> None:
     workload, config = _specs("train", params)
     report.preload_plotting()  # the report follows the Job; its import need not
     outcome = steps.train(workload, config, kubeconfig=kubeconfig())
-    publish_train(workload.run_id, outcome, params["metrics"], params["report"], params["result"])
+    publish_train(workload.run_id, outcome, params)
 
 
 @one_line("verify")
@@ -76,15 +76,7 @@ def verify_nvlink(params: dict[str, Any]) -> None:
     report.preload_plotting()  # the report follows the Job; its import need not
     outcome = steps.verify(workload, config, kubeconfig=kubeconfig(), fail_on_fail=False)
     purpose = workload.purpose
-    publish_verify(
-        workload.run_id,
-        outcome,
-        purpose,
-        params["metrics"],
-        params["report"],
-        params["result"],
-        params.get("ctrf"),
-    )
+    publish_verify(workload.run_id, outcome, purpose, params)
     if not verdict_accepted(outcome.verdict, config.allow_unjudged):
         raise VerificationFailed(
             f"{purpose}: verdict {outcome.verdict}: {report.verdict_numbers(outcome.raw)}; "
@@ -106,7 +98,7 @@ def launch_workload(params: dict[str, Any]) -> None:
         failed = {"exit_code": code, "error": str(err), "result": err.result}
         write_result(params["result"], workload.run_id, workload.purpose, failed)
         raise
-    publish_launch(workload.run_id, outcome, params["metrics"], params["result"])
+    publish_launch(workload.run_id, outcome, params)
 
 
 def preflight_cluster(params: dict[str, Any]) -> None:

@@ -47,10 +47,8 @@ def test_kfp_verify_publishes_the_verdict_as_a_ctrf_artifact(tmp_path: Path) -> 
         raw=raw,
         elapsed_s=1.0,
     )
-    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "html", "result", "ctrf")}
-    artifacts.publish_verify(
-        "run", outcome, "verify", out["metrics"], out["html"], out["result"], out["ctrf"]
-    )
+    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "report", "result", "ctrf")}
+    artifacts.publish_verify("run", outcome, "verify", out)
     doc = json.loads(Path(out["ctrf"].path).read_text())
     jsonschema.validate(doc, SCHEMA)
     (bandwidth,) = [t for t in doc["results"]["tests"] if t["name"] == "bandwidth"]
@@ -148,14 +146,14 @@ def test_kfp_train_logs_restarts_and_goodput_and_its_report_lists_each_restart(
         faults=[fault],
         goodput=0.61,
     )
-    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "html", "result")}
-    artifacts.publish_train("run", outcome, out["metrics"], out["html"], out["result"])
+    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "report", "result")}
+    artifacts.publish_train("run", outcome, out)
     logged = out["metrics"].metrics
     assert {k: logged.get(k) for k in ("restarts", "steps_redone", "goodput")} == {
         "restarts": 1.0,
         "steps_redone": 3.0,
         "goodput": 0.61,
     }
-    page = Path(out["html"].path).read_text()
+    page = Path(out["report"].path).read_text()
     assert "<td>job-1-x</td><td>—</td><td>—</td><td>137</td>" in page and "goodput 61%" in page
     assert json.loads(Path(out["result"].path).read_text())["faults"] == [fault]
