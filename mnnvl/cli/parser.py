@@ -12,9 +12,6 @@ from mnnvl.inputs import flags, surface
 from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim.nvidia.stacks import GPU_STACKS, IMEX_MODES
 
-DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
-
-
 # Commands that talk to no cluster: no --kubeconfig.
 NO_CLUSTER = frozenset({"render", "baselines"})
 # What only a step talking to a cluster uses (its waits): no rendered object carries it.
@@ -22,10 +19,8 @@ _RENDER_SKIPS = frozenset(
     {"rct_timeout_s", "delete_timeout_s", "api_outage_s", "admission_timeout_s"}
     | {"pods_running_timeout_s", "unschedulable_grace_s"}
 )
-REPORT_DIR_HELP = (
-    "write the step's reports (JSON, Markdown, HTML, busbw PNG) here, on the machine this "
-    "command runs on (--output-dir is a directory inside the worker pod)"
-)
+# Where reports go, and where they do not: --output-dir is in the worker pods.
+_ON_THIS_MACHINE = "on the machine this command runs on (not --output-dir, inside the worker pods)"
 
 
 def _common(p: argparse.ArgumentParser, name: str) -> None:
@@ -73,7 +68,11 @@ def _grouped_flags(
 
 
 _NAMESPACE_HELP = "(default: the pod's own, else default)"
-_REPORT_DIR = {"--report-dir": dict(default=None, help=REPORT_DIR_HELP)}
+_REPORT_DIR = {
+    "--report-dir": dict(
+        help=f"write the step's reports (JSON, Markdown, HTML, busbw PNG) here, {_ON_THIS_MACHINE}"
+    )
+}
 _TRAINJOB_FILE = {
     "--trainjob-file": dict(
         default=None,
@@ -131,10 +130,8 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "run": {
         "--report-dir": dict(
-            default=None,
-            help="write each task's reports to DIR/<task> (verify-pre, train, verify-post) on "
-            "the machine this command runs on (default: out/reports/<run id>, printed; "
-            "--output-dir is a directory inside the worker pods)",
+            help="write each task's reports to DIR/<task> (default: out/reports/<run id>), "
+            f"{_ON_THIS_MACHINE}"
         ),
         "--sim": dict(action="store_true", help="run against an embedded simulated cluster"),
         "--skip-verify": dict(action="store_true", help="train only"),
@@ -242,17 +239,6 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
-    help_text, what, example = COMMANDS[name]
-    return sub.add_parser(
-        name,
-        help=help_text,
-        description=what,
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
 class UsageError(Exception):
     """A command line argparse rejects: which command, and argparse's one-line reason."""
 
@@ -300,11 +286,17 @@ def _spec_flags(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="mnnvl", description=DESCRIPTION)
+    parser = Parser(prog="mnnvl", description="the steps of a multi-node NVLink run from a shell")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command_name", metavar="<command>", title="commands")
-    for name in COMMANDS:
-        p = _subcommand(sub, name)
+    for name, (help_text, what, example) in COMMANDS.items():
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=what,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         _spec_flags(p, name)
         for flag, kwargs in OWN_FLAGS.get(name, {}).items():
             p.add_argument(flag, **kwargs)
