@@ -224,7 +224,8 @@ def _summary(
         if "verdict" in result:
             print(f"\nVerification ({purpose}): {result['verdict']}")
             print(verify_table(result.get("raw") or {}))
-    print("\nSummary:", *summary_lines(outcome.results), sep="\n  ")
+    in_order = {k: outcome.results.get(k) for k in ("verify-pre", "train", "job", "verify-post")}
+    print("\nSummary:", *summary_lines(in_order), sep="\n  ")
     if job := outcome.results.get("job"):
         print(f"  {'':<12} RESULT {json.dumps(job.get('result'))}")
     print("\nReports:", *(f"{p}: {path}" for p, path in outcome.reports.items()), sep="\n  ")
