@@ -222,9 +222,9 @@ def stale_files() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mnnvl.pipelines.compile", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if compiled files are stale")
-    parser.add_argument("--out", type=Path, default=None, help="write under this root instead")
-    parser.add_argument("--launcher-image", default=None, help="image of the step (task) pods")
-    parser.add_argument("--runtime-image", default=None, help="default worker image")
+    parser.add_argument("--out", type=Path, help="write under this root instead")
+    parser.add_argument("--launcher-image", help="image of the step (task) pods")
+    parser.add_argument("--runtime-image", help="default worker image")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:

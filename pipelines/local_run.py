@@ -105,7 +105,6 @@ class RunOutcome:
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STARTED = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
-_PIPELINE = re.compile(r"Pipeline '([^']+)' finished with status (\w+)")
 # A step's own one-line failure (``mnnvl.components.bodies.one_line``), as KFP's executor logs it.
 _FAILED = re.compile(r"ERROR\]: \w+ failed: (.+)$")
 # The last line of a task's traceback, e.g. "ValueError: ...".
@@ -158,8 +157,6 @@ class KfpLogTap(io.TextIOBase):
             self.task_errors[self._task] = m.group(1)
         elif self._task and (m := _ERROR.match(line)):
             self.task_errors[self._task] = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"
-        elif m := _PIPELINE.search(line):
-            self._stage(f"pipeline {m.group(1)}: {m.group(2)}")
 
 
 def run_pipeline(
@@ -284,14 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     log.info("starting a simulated cluster: %s", why)
     cliques = args.nodes // args.nodes_per_clique if args.nodes_per_clique else 1
     trainer = args.workload == "trainjob"
-    sim = SimCluster(
-        nodes=args.nodes, gpus_per_node=gpus, cliques=cliques, local_gpus=local, trainer=trainer
-    ).start()
-    try:
+    name = PIPELINE_NAMES[args.pipeline]
+    with SimCluster(args.nodes, gpus, cliques, local_gpus=local, trainer=trainer) as sim:
         watch = sim.store.subscribe(OUR_KINDS)  # every object the run creates, in order
         with mock.patch.dict(os.environ, {"KUBECONFIG": str(sim.kubeconfig_path)}):
             arguments = pipeline_arguments(args, gpus, args.pipeline)
-            name = PIPELINE_NAMES[args.pipeline]
             outcome = run_pipeline(
                 arguments, args.out, start=time.monotonic(), verbose=args.verbose, name=name
             )
@@ -304,8 +298,6 @@ def main(argv: list[str] | None = None) -> int:
         leftover = [f"{k} {ns}/{n}" for k, ns, n in sim.objects()]  # every object, any run's
         leftover += [f"process {pid} of pod {ns}/{pod}" for ns, pod, pid in sim.processes()]
         _summary(outcome, list(created), leftover, args.out / "kfp-local.log", name)
-    finally:
-        sim.stop()
     return 0 if outcome.succeeded and not leftover else 1
 
 

@@ -12,8 +12,8 @@ from mnnvl.inputs import flags, surface
 from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim.nvidia.stacks import GPU_STACKS, IMEX_MODES
 
-# Commands that talk to no cluster: no --kubeconfig.
-NO_CLUSTER = frozenset({"render", "baselines"})
+# Commands that talk to no cluster: no --kubeconfig (`sim up` has its own: where it writes one).
+NO_CLUSTER = frozenset({"render", "baselines", "sim"})
 # What only a step talking to a cluster uses (its waits): no rendered object carries it.
 _RENDER_SKIPS = frozenset(
     {"rct_timeout_s", "delete_timeout_s", "api_outage_s", "admission_timeout_s"}
@@ -25,13 +25,8 @@ _ON_THIS_MACHINE = "on the machine this command runs on (not --output-dir, insid
 
 def _common(p: argparse.ArgumentParser, name: str) -> None:
     if name not in NO_CLUSTER:
-        help_text = (
-            "where to write the simulator's kubeconfig (default: a temporary file)"
-            if name == "sim"
-            else "kubeconfig path (default: in-cluster, $KUBECONFIG)"
-        )
-        p.add_argument("--kubeconfig", default=None, help=help_text)
-    p.add_argument("--result-path", default=None, help="also write the result JSON to this file")
+        p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG)")
+    p.add_argument("--result-path", help="also write the result JSON to this file")
     p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
 
 
@@ -61,7 +56,6 @@ def _grouped_flags(
     for name in dict.fromkeys(i.group for i in inputs if i.group):
         groups[name].add_argument(
             f"--{name}-json",
-            default=None,
             metavar="JSON",
             help=f"some of the {name} inputs as one JSON object, e.g. as Argo passes them",
         )
@@ -75,7 +69,6 @@ _REPORT_DIR = {
 }
 _TRAINJOB_FILE = {
     "--trainjob-file": dict(
-        default=None,
         metavar="FILE",
         help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
         "command, with the run's name, labels, channel claim and placement (no command "
@@ -87,7 +80,6 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
     "provision": {
         "--owner-pod": dict(action="store_true", help="make this launcher pod the owner"),
         "--pipeline": dict(
-            default=None,
             choices=sorted(surface.PIPELINES),
             help="validate this pipeline's parameters first (what its first task does)",
         ),
@@ -104,7 +96,6 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
             help="the words after -- are a program and its arguments, not a module's arguments",
         ),
         "--command-json": dict(
-            default=None,
             metavar="JSON",
             help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
         ),
@@ -126,7 +117,7 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
         ),
     },
     "preflight": {
-        "--report-dir": dict(default=None, help="write preflight.ctrf.json here"),
+        "--report-dir": dict(help="write preflight.ctrf.json here"),
     },
     "run": {
         "--report-dir": dict(
@@ -140,16 +131,15 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
     "render": {**_TRAINJOB_FILE},
     "logs": {
         "--run-id": dict(required=True, help="the run whose worker pod to read"),
-        "--namespace": dict(default=None, help=f"the run's namespace {_NAMESPACE_HELP}"),
+        "--namespace": dict(help=f"the run's namespace {_NAMESPACE_HELP}"),
         "--rank": dict(
             type=int, default=0, help="node rank of the pod to read (default: %(default)s)"
         ),
         "--follow": dict(action="store_true", help="stream the log until the container ends"),
     },
     "reap": {
-        "--namespace": dict(default=None, help=f"where to look {_NAMESPACE_HELP}"),
+        "--namespace": dict(help=f"where to look {_NAMESPACE_HELP}"),
         "--live-run-ids": dict(
-            default=None,
             help="comma-separated run ids still running; every other run is dead "
             "(an empty list needs --all-dead or --older-than-s)",
         ),
@@ -228,12 +218,14 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
             "(default: default,team-a, the namespaces the examples use)",
         ),
         "--admin-kubeconfig": dict(
-            default=None,
             metavar="PATH",
             help="where to write a cluster-admin kubeconfig for setting up fixtures "
             "(namespaces, PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the "
             "mnnvl-runner service account with manifests/base applied, as a run gets on a "
             "real cluster",
+        ),
+        "--kubeconfig": dict(
+            help="where to write the simulator's kubeconfig (default: a temporary file)"
         ),
     },
 }
