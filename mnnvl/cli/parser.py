@@ -23,13 +23,6 @@ _RENDER_SKIPS = frozenset(
 _ON_THIS_MACHINE = "on the machine this command runs on (not --output-dir, inside the worker pods)"
 
 
-def _common(p: argparse.ArgumentParser, name: str) -> None:
-    if name not in NO_CLUSTER:
-        p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG)")
-    p.add_argument("--result-path", help="also write the result JSON to this file")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
-
-
 # Help groups, in the order --help lists them: the inputs of their own, then KFP's and
 # Argo's groups (``surface.GROUP_HELP``).
 HELP_GROUPS = {
@@ -292,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
         _spec_flags(p, name)
         for flag, kwargs in OWN_FLAGS.get(name, {}).items():
             p.add_argument(flag, **kwargs)
-        _common(p, name)
+        if name not in NO_CLUSTER:
+            p.add_argument(
+                "--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG)"
+            )
+        p.add_argument("--result-path", help="also write the result JSON to this file")
+        p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
     parser.commands = sub.choices  # type: ignore[attr-defined]
     return parser

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from mnnvl.components import artifacts
+from mnnvl.components import bodies
 from mnnvl.pipelines import argo_workflow as aw
 from mnnvl.steps import VerifyResult
 from tests.unit.ctrf_schema import SCHEMA
@@ -48,7 +48,7 @@ def test_kfp_verify_publishes_the_verdict_as_a_ctrf_artifact(tmp_path: Path) -> 
         elapsed_s=1.0,
     )
     out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "report", "result", "ctrf")}
-    artifacts.publish_verify("run", outcome, "verify", out)
+    bodies.publish_verify("run", outcome, "verify", out)
     doc = json.loads(Path(out["ctrf"].path).read_text())
     jsonschema.validate(doc, SCHEMA)
     (bandwidth,) = [t for t in doc["results"]["tests"] if t["name"] == "bandwidth"]
@@ -147,7 +147,7 @@ def test_kfp_train_logs_restarts_and_goodput_and_its_report_lists_each_restart(
         goodput=0.61,
     )
     out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "report", "result")}
-    artifacts.publish_train("run", outcome, out)
+    bodies.publish_train("run", outcome, out)
     logged = out["metrics"].metrics
     assert {k: logged.get(k) for k in ("restarts", "steps_redone", "goodput")} == {
         "restarts": 1.0,
