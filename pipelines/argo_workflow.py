@@ -158,7 +158,6 @@ def workflow_manifest() -> dict[str, Any]:
     ).to_dict()
 
 
-VERIFY_ONLY_NAME = "mnnvl-verify-only"
 FABRIC_CHECK_NAME = "mnnvl-nightly-fabric-check"
 REAP_NAME = "mnnvl-reap"
 
@@ -185,7 +184,7 @@ def fabric_check_cron_manifest() -> dict[str, Any]:
         FABRIC_CHECK_NAME,
         "0 2 * * *",
         "Nightly NVLink fabric check (mnnvl-verify-only).",
-        workflow_template_ref=m.WorkflowTemplateRef(name=VERIFY_ONLY_NAME),
+        workflow_template_ref=m.WorkflowTemplateRef(name="mnnvl-verify-only"),
         # The pods are the referenced template's (hardened there); the Workflow's own lifetime
         # is set here.
         ttl_strategy=settings["ttl_strategy"],

@@ -41,7 +41,6 @@ from mnnvl.run import PlannedTask, objects, plan, run_all
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
-DEFAULT_REPORTS = os.path.join("out", "reports")  # mnnvl run's, under the working directory
 T = TypeVar("T")
 
 
@@ -295,7 +294,7 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
 def _run_reports(ns: argparse.Namespace) -> str | None:
     """Where ``mnnvl run`` writes its reports: --report-dir (checked up front), else
     ``out/reports/<run id>`` (none, with a warning, where that cannot be written); logged."""
-    folder = ns.report_dir or os.path.join(DEFAULT_REPORTS, ns.run_id)
+    folder = ns.report_dir or os.path.join("out", "reports", ns.run_id)  # in the working dir
     problem = _path_problem("--report-dir", folder, folder=True)
     if problem:  # only the default can be unwritable here
         logger.warning("run: no reports (%s); pass --report-dir DIR to have them", problem)
