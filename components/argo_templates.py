@@ -46,9 +46,9 @@ def launcher_pod(step: str) -> dict[str, Any]:
     """hera ``Container`` keyword arguments that make it a launcher pod, with its own ``/tmp``
     volume and pod security context: a ``templateRef`` does not bring the WorkflowTemplate's."""
     return {
-        "resources": m.ResourceRequirements.model_validate(lp.resources()),
-        "security_context": m.SecurityContext.model_validate(lp.container_security_context()),
-        "pod_security_context": m.PodSecurityContext.model_validate(lp.pod_security_context()),
+        "resources": m.ResourceRequirements.model_validate(lp.RESOURCES),
+        "security_context": m.SecurityContext.model_validate(lp.CONTAINER_SECURITY_CONTEXT),
+        "pod_security_context": m.PodSecurityContext.model_validate(lp.POD_SECURITY_CONTEXT),
         "volumes": [
             m.Volume(
                 name=lp.TMP_VOLUME,

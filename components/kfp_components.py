@@ -18,8 +18,6 @@ from mnnvl.components import kfp_entry
 from mnnvl.components.kfp_entry import SPECS, Spec
 from mnnvl.inputs.defaults import DEFAULT_LAUNCHER_IMAGE
 
-LAUNCHER_IMAGE = DEFAULT_LAUNCHER_IMAGE
-
 
 class FloatsTakeInts(BaseComponent):
     """A component or pipeline whose float inputs take ints too: KFP's type check refuses
@@ -44,7 +42,7 @@ def _component(spec: Spec) -> Component:
     # component's name and signature.
     entry = types.FunctionType(kfp_entry.__getattr__.__code__, {}, spec.name)
     built = dsl.component(
-        kfp_entry.signed(entry, spec), base_image=LAUNCHER_IMAGE, install_kfp_package=False
+        kfp_entry.signed(entry, spec), base_image=DEFAULT_LAUNCHER_IMAGE, install_kfp_package=False
     )
     return Component(
         component_spec=built.component_spec, python_func=kfp_entry.executable(spec.name)

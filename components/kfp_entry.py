@@ -57,15 +57,13 @@ def declare(
     description) then ``inputs`` (defaults, KFP types), and a Google-style docstring, whose
     ``Args`` KFP shows as each input's description."""
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [*first]
-    for i in inputs:
-        annotation = _TYPE[i.kind]
-        params.append(
-            (
-                inspect.Parameter(i.name, kind, default=i.default, annotation=annotation),
-                i.description,
-            )
+    params = [*first] + [
+        (
+            inspect.Parameter(i.name, kind, default=i.default, annotation=_TYPE[i.kind]),
+            i.description,
         )
+        for i in inputs
+    ]
     back = {"return": str} if returns else {}
     func.__name__ = func.__qualname__ = name
     func.__signature__ = inspect.Signature(
@@ -113,11 +111,6 @@ def _step(
     return Spec(name, step, summary, inputs, outputs, returns)
 
 
-def first_task_name(pipeline: str) -> str:
-    """``mnnvl-verify-only`` -> ``provision_verify_only``."""
-    return "provision_" + pipeline.removeprefix("mnnvl-").replace("-", "_")
-
-
 _STEPS = [
     _step(
         "preflight_cluster",
@@ -161,7 +154,7 @@ _STEPS = [
 ]
 _FIRSTS = [
     Spec(
-        first_task_name(name),
+        "provision_" + name.removeprefix("mnnvl-").replace("-", "_"),  # provision_verify_only
         "provision",
         f"First task of {name}: validate every pipeline parameter, then provision\n"
         "the ComputeDomain, so bad input fails before any object exists.",

@@ -7,8 +7,6 @@ container hardening and the ``/tmp`` volume apply to the Argo pods only.
 
 from __future__ import annotations
 
-from typing import Any
-
 from mnnvl.inputs.names import LABEL_PART_OF, PART_OF
 
 UID = 65532  # the launcher image's USER (images/launcher.Dockerfile)
@@ -24,7 +22,6 @@ STEP_LABEL = "mnnvl.io/step"
 TMP_VOLUME = "tmp"
 TMP_PATH = "/tmp"
 TMP_SIZE_LIMIT = "256Mi"
-SECCOMP_PROFILE = "RuntimeDefault"
 
 
 def labels(step: str) -> dict[str, str]:
@@ -32,28 +29,19 @@ def labels(step: str) -> dict[str, str]:
     return {LABEL_PART_OF: PART_OF, STEP_LABEL: step}
 
 
-def pod_security_context() -> dict[str, Any]:
-    """The pod-level securityContext (Kubernetes field names)."""
-    return {
-        "runAsNonRoot": RUN_AS_NON_ROOT,
-        "runAsUser": UID,
-        "runAsGroup": GID,
-        "seccompProfile": {"type": SECCOMP_PROFILE},
-    }
-
-
-def container_security_context() -> dict[str, Any]:
-    """The container-level securityContext (Kubernetes field names)."""
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
-    }
-
-
-def resources() -> dict[str, Any]:
-    """The container's requests and limits (Kubernetes field names)."""
-    return {
-        "requests": {"cpu": CPU_REQUEST, "memory": MEMORY_REQUEST},
-        "limits": {"memory": MEMORY_LIMIT},
-    }
+# The pod's and the container's securityContext, the container's resources (Kubernetes names).
+POD_SECURITY_CONTEXT = {
+    "runAsNonRoot": RUN_AS_NON_ROOT,
+    "runAsUser": UID,
+    "runAsGroup": GID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+RESOURCES = {
+    "requests": {"cpu": CPU_REQUEST, "memory": MEMORY_REQUEST},
+    "limits": {"memory": MEMORY_LIMIT},
+}

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from mnnvl import report_doc as doc
-from mnnvl.report import draw_plot, num, write_file
+from mnnvl.report import draw_plot, num, verdict_numbers, write_file
 
 MISSING = "—"
 # Figure -> (file, description): one value per file, for Argo output parameters.
@@ -138,6 +139,27 @@ def evictions_words(result: dict[str, Any]) -> str:
     again); an eviction is no restart."""
     n = int(result.get("evictions") or 0)
     return f"{n} eviction{'' if n == 1 else 's'} by Kueue"
+
+
+def summary_lines(tasks: Mapping[str, dict[str, Any] | None]) -> list[str]:
+    """The run in a few lines, one per task's result (by task name) and one per restart with
+    its cost; the same on ``mnnvl run`` and ``make run``."""
+    lines = []
+    for name, task in tasks.items():
+        if not task:
+            continue
+        if "verdict" in task:
+            text = f"{task['verdict']}, {verdict_numbers(task.get('raw') or task)}"
+        elif "steps" in task:
+            text = (
+                f"{num(task['steps'])} steps, loss {num(task['final_loss'], 4)}, "
+                f"{num(task['tokens_per_s'], 0)} tokens/s; {goodput_line(task)}"
+            )
+        else:  # a team's own program (its TrainJob, the launch step's Job)
+            text = f"{task['job']}: exit code {task.get('exit_code')}, {num(task['elapsed_s'])} s"
+        lines.append(f"{name:<12} {text}")
+        lines += [f"{'':<12} {fault_line(f, n)}" for n, f in enumerate(task.get("faults") or [], 1)]
+    return lines
 
 
 _METRICS = (

@@ -20,8 +20,7 @@ from mnnvl import steps
 from mnnvl.errors import Interrupted, MnnvlError, NoCluster, SpecError, TeardownIncomplete
 from mnnvl.inputs import surface
 from mnnvl.manifests import compute_domain, render_run, render_trainjob
-from mnnvl.report import num, verdict_numbers
-from mnnvl.report_train import fault_line, goodput_line
+from mnnvl.report_train import summary_lines
 
 logger = logging.getLogger(__name__)
 
@@ -159,26 +158,11 @@ def _teardown_after(
 
 
 def _log_summary(out: dict[str, Any]) -> None:
-    """The run in a few lines: each task's outcome, each restart with its cost, where the
-    reports are. The verdict tables, the progress and the teardown's count came with each
-    step."""
+    """The run in a few lines (``report_train.summary_lines``) and where the reports are. The
+    verdict tables, the progress and the teardown's count came with each step."""
     logger.info("run %s summary:", out["run_id"])
-    for key in ("verify_pre", "train", "verify_post"):
-        task = out.get(key)
-        if not task:
-            continue
-        if key == "train" and "steps" not in task:  # a team's own TrainJob, its own program
-            text = f"TrainJob {task['job']} in {num(task['elapsed_s'], 0)} s"
-        elif key == "train":
-            text = (
-                f"{num(task['steps'])} steps, loss {num(task['final_loss'], 4)}, "
-                f"{num(task['tokens_per_s'], 0)} tokens/s; "
-                f"{goodput_line(task)}"
-            )
-        else:
-            text = f"{task['verdict']}, {verdict_numbers(task['raw'] or task)}"
-        logger.info("  %-12s %s", key.replace("_", "-"), text)
-        for n, fault in enumerate(task.get("faults") or [], 1):
-            logger.info("  %-12s %s", "", fault_line(fault, n))
+    tasks = {key.replace("_", "-"): out.get(key) for key in ("verify_pre", "train", "verify_post")}
+    for line in summary_lines(tasks):
+        logger.info("  %s", line)
     if "report_dir" in out:
         logger.info("  %-12s %s/<task>", "reports", out["report_dir"])

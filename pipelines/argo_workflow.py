@@ -63,7 +63,7 @@ def workflow_settings() -> dict[str, Any]:
     return {
         "ttl_strategy": m.TTLStrategy(seconds_after_success=86400, seconds_after_failure=7 * 86400),
         "pod_gc": m.PodGC(strategy="OnPodSuccess"),
-        "security_context": m.PodSecurityContext.model_validate(lp.pod_security_context()),
+        "security_context": m.PodSecurityContext.model_validate(lp.POD_SECURITY_CONTEXT),
     }
 
 
@@ -107,42 +107,27 @@ def _arguments(plan: surface.Pipeline, task: surface.Task) -> dict[str, str]:
     return args
 
 
-def _register_templates(*, check: bool, service_account: str = "") -> dict[str, Container]:
-    """The step templates; with a fixed ``service_account`` each names it itself, so a
-    caller's workflow that reaches one by ``templateRef`` runs it under that account."""
-    templates = {
-        step: t.step_template(step, check=check and step == "provision") for step in t.STEPS
-    }
-    for template in templates.values():
-        template.service_account_name = service_account or None
-    return templates
-
-
 def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
-    """The hera WorkflowTemplate ``name``."""
-    if name == LAUNCH_TEMPLATE_NAME:
-        with WorkflowTemplate(
-            name=name,
-            labels=labels(name),
-            annotations={"workflows.argoproj.io/description": t.LAUNCH_DESCRIPTION},
-            entrypoint="launch",
-            service_account_name=DEFAULT_SERVICE_ACCOUNT,
-            **workflow_settings(),
-        ) as wt:
-            _register_templates(check=False, service_account=DEFAULT_SERVICE_ACCOUNT)
-        return wt
-    plan = surface.PIPELINES[name]
+    """The hera WorkflowTemplate ``name``: a pipeline's, or ``mnnvl-launch``'s step templates,
+    each naming the launcher's account itself, so that a caller's workflow that reaches one by
+    ``templateRef`` runs it under that account."""
+    plan = surface.PIPELINES.get(name)
+    description = plan.description if plan else t.LAUNCH_DESCRIPTION
     with WorkflowTemplate(
         name=name,
         labels=labels(name),
-        annotations={"workflows.argoproj.io/description": plan.description},
-        entrypoint=ENTRYPOINT,
-        on_exit=EXIT_HANDLER,
-        service_account_name=_wf(LAUNCHER_SERVICE_ACCOUNT),
-        arguments=workflow_parameters(plan),
+        annotations={"workflows.argoproj.io/description": description},
+        entrypoint=ENTRYPOINT if plan else "launch",
+        on_exit=EXIT_HANDLER if plan else None,
+        service_account_name=_wf(LAUNCHER_SERVICE_ACCOUNT) if plan else DEFAULT_SERVICE_ACCOUNT,
+        arguments=workflow_parameters(plan) if plan else None,
         **workflow_settings(),
     ) as wt:
-        templates = _register_templates(check=True)
+        templates = {s: t.step_template(s, check=bool(plan) and s == "provision") for s in t.STEPS}
+        if not plan:
+            for template in templates.values():
+                template.service_account_name = DEFAULT_SERVICE_ACCOUNT
+            return wt
         *main, teardown = plan.tasks
         with DAG(name=ENTRYPOINT):
             tasks = [
@@ -162,13 +147,6 @@ def build_workflow_template(name: str = TEMPLATE_NAME) -> WorkflowTemplate:
     return wt
 
 
-def workflow_template_manifest(name: str = TEMPLATE_NAME) -> dict[str, Any]:
-    """The WorkflowTemplate as a plain dict, ready for YAML."""
-    # Int-or-string fields (retry limit, backoff factor, deadlines) are given to hera as strings,
-    # the type Argo's schema declares, and hera emits them as given.
-    return build_workflow_template(name).to_dict()
-
-
 def workflow_manifest() -> dict[str, Any]:
     """A Workflow that runs the training template (what ``argo submit --from`` creates), as a
     plain dict."""
@@ -180,7 +158,6 @@ def workflow_manifest() -> dict[str, Any]:
     ).to_dict()
 
 
-VERIFY_ONLY_NAME = "mnnvl-verify-only"
 FABRIC_CHECK_NAME = "mnnvl-nightly-fabric-check"
 REAP_NAME = "mnnvl-reap"
 
@@ -207,7 +184,7 @@ def fabric_check_cron_manifest() -> dict[str, Any]:
         FABRIC_CHECK_NAME,
         "0 2 * * *",
         "Nightly NVLink fabric check (mnnvl-verify-only).",
-        workflow_template_ref=m.WorkflowTemplateRef(name=VERIFY_ONLY_NAME),
+        workflow_template_ref=m.WorkflowTemplateRef(name="mnnvl-verify-only"),
         # The pods are the referenced template's (hardened there); the Workflow's own lifetime
         # is set here.
         ttl_strategy=settings["ttl_strategy"],

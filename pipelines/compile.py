@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import functools
 import hashlib
 import json
 import logging
@@ -113,25 +112,17 @@ def _add_sync_waves(path: Path) -> None:
     path.write_text(yaml.safe_dump_all(docs, sort_keys=False), encoding="utf-8")
 
 
-def _kustomization(files: list[str], about: str) -> Callable[[Path], None]:
-    def write(path: Path) -> None:
-        doc = {
-            "apiVersion": "kustomize.config.k8s.io/v1beta1",
-            "kind": "Kustomization",
-            "resources": sorted(files),
-        }
-        text = yaml.safe_dump(doc, sort_keys=False)
-        path.write_text(f"{HEADER}# {about}\n{text}", encoding="utf-8")
-
-    return write
-
-
-def _yaml_doc(make: Callable[[], dict[str, Any]]) -> Callable[[Path], None]:
+def _yaml_doc(make: Callable[[], dict[str, Any]], about: str = "") -> Callable[[Path], None]:
     def write(path: Path) -> None:
         text = yaml.safe_dump(make(), sort_keys=False, width=100, allow_unicode=True)
-        path.write_text(HEADER + text, encoding="utf-8")
+        path.write_text(HEADER + (f"# {about}\n" if about else "") + text, encoding="utf-8")
 
     return write
+
+
+def _kustomization(files: list[str], about: str) -> Callable[[Path], None]:
+    kind = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+    return _yaml_doc(lambda: kind | {"resources": sorted(files)}, about)
 
 
 def _retag(node: Any, images: dict[str, str]) -> Any:
@@ -163,7 +154,7 @@ def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], 
     for name, func in kp.PIPELINES.items():
         out[f"pipelines/compiled/{name}.kfp.yaml"] = _kfp_pipeline(func)
     templates: dict[str, Callable[[], dict[str, Any]]] = {
-        f"{name}.workflowtemplate.yaml": functools.partial(aw.workflow_template_manifest, name)
+        f"{name}.workflowtemplate.yaml": aw.build_workflow_template(name).to_dict
         for name in aw.WORKFLOW_TEMPLATES
     }
     for name, make in templates.items():
@@ -231,9 +222,9 @@ def stale_files() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mnnvl.pipelines.compile", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if compiled files are stale")
-    parser.add_argument("--out", type=Path, default=None, help="write under this root instead")
-    parser.add_argument("--launcher-image", default=None, help="image of the step (task) pods")
-    parser.add_argument("--runtime-image", default=None, help="default worker image")
+    parser.add_argument("--out", type=Path, help="write under this root instead")
+    parser.add_argument("--launcher-image", help="image of the step (task) pods")
+    parser.add_argument("--runtime-image", help="default worker image")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:

@@ -124,4 +124,3 @@ PIPELINES = {name: build_pipeline(name) for name in surface.PIPELINES}
 """Every pipeline by name, built at import (a fraction of a second in all)."""
 training_pipeline = PIPELINES["mnnvl-training"]
 verify_only_pipeline = PIPELINES["mnnvl-verify-only"]
-custom_pipeline = PIPELINES["mnnvl-custom"]

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from unittest import mock
 
-from mnnvl.pipelines.local_progress import ANSI, KfpLogTap, ObjectWatcher
+from mnnvl.pipelines.kfp_pipeline import task_names
 
 log = logging.getLogger(__name__)
 
@@ -74,28 +76,18 @@ def pipeline_arguments(
 
 
 def gpu_shape(nodes: int, asked: int | None, local: int) -> tuple[int, str]:
-    """GPUs per simulated node and why, from ``--gpus-per-node`` (None: the ``local`` GPUs
-    shared out whole; fewer GPUs than nodes: CPU workers). ValueError for more than there are."""
+    """GPUs per simulated node and why: ``--gpus-per-node``, else the ``local`` GPUs shared
+    out whole (none each where there are fewer GPUs than nodes: CPU workers)."""
     gpus = local // max(1, nodes) if asked is None else asked
-    if nodes * gpus > local:
-        raise ValueError(
-            f"--gpus-per-node {gpus} on {nodes} simulated nodes needs {nodes * gpus} GPUs, and "
-            f"this machine has {local} (the pods run here): pass --gpus-per-node "
-            f"{local // max(1, nodes)} or fewer nodes"
-        )
-    where = f"{nodes} simulated node(s) x {gpus} GPU(s)"
+    where = f"{nodes} simulated node(s) x {gpus} GPU(s): training on"
     if gpus:
         idle = local - nodes * gpus
-        return gpus, f"{where}: training on this machine's GPUs" + (
-            f" ({idle} of its {local} idle)" if idle else ""
-        )
-    if asked == 0:
-        return 0, f"{where}: training on the CPU, as asked"
-    if not local:
-        return 0, f"{where}: training on the CPU, as this machine has no GPU"
+        return gpus, f"{where} this machine's GPUs" + (f" ({idle} of {local} idle)" if idle else "")
+    if asked == 0 or not local:
+        return 0, f"{where} the CPU, as {'asked' if asked == 0 else 'this machine has no GPU'}"
     return 0, (
-        f"{where}: training on the CPU, as this machine's {local} GPU(s) cannot give each of "
-        f"the {nodes} nodes one; --nodes {local} (make run NODES={local}) trains on the GPUs"
+        f"{where} the CPU, as this machine's {local} GPU(s) cannot give each of the {nodes} "
+        f"nodes one; --nodes {local} (make run NODES={local}) trains on the GPUs"
     )
 
 
@@ -110,26 +102,61 @@ class RunOutcome:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def collect_outputs(
-    run_dir: Path | None, reports_dir: Path
-) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Step results (by purpose) from a kfp.local run directory; the HTML reports copied out
-    with an ``.html`` suffix (kfp.local names the file ``report``)."""
-    results: dict[str, dict[str, Any]] = {}
-    reports: dict[str, str] = {}
-    if run_dir is None:
-        return results, reports
-    for path in sorted(run_dir.glob("*/result")):
-        doc = json.loads(path.read_text())
-        purpose = str(doc.get("purpose", path.parent.name))
-        results[purpose] = doc
-        html = path.parent / "report"
-        if html.is_file():
-            reports_dir.mkdir(parents=True, exist_ok=True)
-            copy = reports_dir / f"{purpose}.html"
-            shutil.copyfile(html, copy)
-            reports[purpose] = str(copy)
-    return results, reports
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_STARTED = re.compile(r"Executing task '([^']+)'")
+_FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
+# A step's own one-line failure (``mnnvl.components.bodies.one_line``), as KFP's executor logs it.
+_FAILED = re.compile(r"ERROR\]: \w+ failed: (.+)$")
+# The last line of a task's traceback, e.g. "ValueError: ...".
+_ERROR = re.compile(
+    r"^\s*((?:[\w]+\.)*\w*(?:Error|Exception|Failed|Timeout|Missing|Unavailable)): (.+)$"
+)
+
+
+class KfpLogTap(io.TextIOBase):
+    """A stdout replacement: keeps kfp.local's output in a file and reports task stages on the
+    process's real stderr (kfp.local takes over the root logger and stdout while it runs)."""
+
+    def __init__(self, sink: TextIO, *, echo: TextIO | None, start: float, pipeline: str) -> None:
+        super().__init__()
+        self._stages = task_names(pipeline)  # kfp.local's task names -> the pipeline's
+        self._streams, self._start = [sink] + ([echo] if echo else []), start
+        self._partial = self._task = ""
+        self.task_errors: dict[str, str] = {}
+        """Stage -> the last error line its task logged."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            self._scan(ANSI.sub("", line))
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
+
+    def _stage(self, message: str) -> None:
+        elapsed = time.monotonic() - self._start
+        print(f"[{elapsed:6.1f}s] {message}", file=sys.__stderr__, flush=True)
+
+    def _scan(self, line: str) -> None:
+        if m := _STARTED.search(line):
+            self._task = self._stages.get(m.group(1), m.group(1))
+            self._stage(f"{self._task}: started")
+        elif m := _FINISHED.search(line):
+            stage = self._stages.get(m.group(1), m.group(1))
+            self._stage(f"{stage}: {m.group(2)}")
+            if m.group(2) != "SUCCESS" and stage in self.task_errors:
+                self._stage(f"{stage}: {self.task_errors[stage]}")
+        elif self._task and (m := _FAILED.search(line)):
+            self.task_errors[self._task] = m.group(1)
+        elif self._task and (m := _ERROR.match(line)):
+            self.task_errors[self._task] = f"{m.group(1).rsplit('.', 1)[-1]}: {m.group(2)}"
 
 
 def run_pipeline(
@@ -164,57 +191,41 @@ def run_pipeline(
     wall_s = time.monotonic() - start
     new_dirs = sorted(set(pipeline_root.glob(f"{name}-*")) - before)
     run_dir = new_dirs[-1] if new_dirs else None
+    outcome = RunOutcome(not error, error, wall_s, run_dir, errors=dict(tap.task_errors))
     # Each pipeline's reports apart, and only this run's: no earlier run's beside them.
     reports_dir = out / "reports" / name
     shutil.rmtree(reports_dir, ignore_errors=True)
-    results, reports = collect_outputs(run_dir, reports_dir)
-    return RunOutcome(not error, error, wall_s, run_dir, results, reports, dict(tap.task_errors))
-
-
-def _num(value: Any, digits: int) -> str:
-    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "n/a"
+    for path in sorted(run_dir.glob("*/result")) if run_dir else []:  # each step's result
+        doc = json.loads(path.read_text())
+        purpose = str(doc.get("purpose", path.parent.name))
+        outcome.results[purpose] = doc
+        if (path.parent / "report").is_file():  # its HTML report, as kfp.local names it
+            reports_dir.mkdir(parents=True, exist_ok=True)
+            copy = shutil.copyfile(path.parent / "report", reports_dir / f"{purpose}.html")
+            outcome.reports[purpose] = str(copy)
+    return outcome
 
 
 def _summary(
     outcome: RunOutcome, created: list[str], leftover: list[str], log_path: Path, name: str
 ) -> None:
     from mnnvl.report import verify_table
+    from mnnvl.report_train import summary_lines
 
     state = "SUCCEEDED" if outcome.succeeded else f"FAILED ({outcome.error})"
     print(f"\n{name}: {state} in {outcome.wall_s:.1f} s")
     for stage, message in outcome.errors.items():
         print(f"  {stage} failed: {message}")
-    print(f"\nObjects the run created ({len(created)}):")
-    for line in created:
-        print(f"  {line}")
-    train = outcome.results.get("train")
-    if train:
-        raw = train.get("raw") or {}
-        print("\nTraining:")
-        print(
-            f"  model {raw.get('model')} on {raw.get('world_size')} ranks ({raw.get('device')}): "
-            f"{train.get('steps')} steps, final loss {_num(train.get('final_loss'), 4)}, "
-            f"{_num(train.get('tokens_per_s'), 0)} tokens/s, MFU {_num(train.get('mfu'), 3)}, "
-            f"{_num(raw.get('wall_s'), 1)} s"
-        )
-        mesh = raw.get("mesh") or {}
-        if mesh.get("groups", 1) > 1:
-            dims = " x ".join(f"{n} {d}" for n, d in zip(mesh["shape"], mesh["dims"], strict=True))
-            print(f"  mesh: {mesh['sharding']} over {mesh['groups']} clique groups ({dims})")
-    job = outcome.results.get("job")
-    if job:
-        print("\nYour workload (launch step):")
-        wall = _num(job.get("elapsed_s"), 1)
-        print(f"  Job {job.get('job')}: exit code {job.get('exit_code')}, {wall} s")
-        print(f"  RESULT {json.dumps(job.get('result'))}")
-    for purpose in ("verify-pre", "verify-post", "verify"):
-        result = outcome.results.get(purpose)
-        if result:
-            print(f"\nVerification ({purpose}): {result.get('verdict')}")
+    print(f"\nObjects the run created ({len(created)}):", *created, sep="\n  ")
+    for purpose, result in outcome.results.items():
+        if "verdict" in result:
+            print(f"\nVerification ({purpose}): {result['verdict']}")
             print(verify_table(result.get("raw") or {}))
-    print("\nReports:")
-    for purpose, path in outcome.reports.items():
-        print(f"  {purpose}: {path}")
+    in_order = {k: outcome.results.get(k) for k in ("verify-pre", "train", "job", "verify-post")}
+    print("\nSummary:", *summary_lines(in_order), sep="\n  ")
+    if job := outcome.results.get("job"):
+        print(f"  {'':<12} RESULT {json.dumps(job.get('result'))}")
+    print("\nReports:", *(f"{p}: {path}" for p, path in outcome.reports.items()), sep="\n  ")
     if outcome.run_dir is not None:
         print(f"  KFP artifacts: {outcome.run_dir}")
     print(f"  kfp.local log: {log_path}")
@@ -224,43 +235,33 @@ def _summary(
         print("\nTeardown: nothing of the run is left: no object, no process of its pods.")
 
 
+# Flag -> (type, or its choices; default; what it sets).
+FLAGS: dict[str, tuple[Any, Any, str]] = {
+    "--nodes": (int, 2, "simulated nodes"),
+    "--nodes-per-clique": (int, 0, "nodes per NVLink clique, one clique each (0: one in all)"),
+    "--gpus-per-node": (int, None, "GPUs per node; None: this machine's GPUs / nodes, else 0"),
+    "--out": (Path, DEFAULT_OUT, "output directory"),
+    "--min-busbw-gbps": (float, 0.0, "verification threshold in GB/s (0: derived; 1e5: a FAIL)"),
+    "--steps": (int, 20, "training steps"),
+    "--pipeline": (sorted(PIPELINE_NAMES), "training", "custom: examples/custom_trainer.py"),
+    "--workload": (["job", "trainjob"], "job", "trainjob: train as a Kubeflow Trainer TrainJob"),
+}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m mnnvl.pipelines.local_run", description=__doc__
     )
-    parser.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
-    parser.add_argument(
-        "--nodes-per-clique",
-        type=int,
-        default=0,
-        help="nodes per NVLink clique group; the simulator gets one clique per group "
-        "(default 0: all nodes in one clique)",
-    )
-    parser.add_argument(
-        "--gpus-per-node", type=int, default=None, help="default: local GPUs / nodes, else 0"
-    )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory")
-    parser.add_argument(
-        "--min-busbw-gbps",
-        type=float,
-        default=0.0,
-        help="verification threshold in GB/s (0 = derived; 1e5 forces a FAIL verdict)",
-    )
-    parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    for flag, (kind, default, about) in FLAGS.items():
+        choices = kind if isinstance(kind, list) else None
+        parser.add_argument(
+            flag,
+            type=str if choices else kind,
+            choices=choices,
+            default=default,
+            help=f"{about} (default: %(default)s)",
+        )
     parser.add_argument("--verbose", action="store_true", help="show kfp.local's task logs")
-    parser.add_argument(
-        "--pipeline",
-        choices=sorted(PIPELINE_NAMES),
-        default="training",
-        help="training (default) or custom (examples/custom_trainer.py via the launch step)",
-    )
-    parser.add_argument(
-        "--workload",
-        choices=("job", "trainjob"),
-        default="job",
-        help="train as an Indexed Job (default) or as a Kubeflow Trainer TrainJob (the "
-        "simulator runs Trainer's stand-in)",
-    )
     return parser.parse_args(argv)
 
 
@@ -268,39 +269,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     from mnnvl.sim import SimCluster
-    from mnnvl.sim.core.podenv import local_gpu_ids
+    from mnnvl.sim.cluster import OUR_KINDS
+    from mnnvl.sim.core import podenv
 
-    try:
-        gpus, why = gpu_shape(args.nodes, args.gpus_per_node, len(local_gpu_ids()))
-    except ValueError as e:
-        log.error("%s", e)
+    local = podenv.local_gpu_ids()
+    gpus, why = gpu_shape(args.nodes, args.gpus_per_node, len(local))
+    if problem := podenv.gpus_problem(args.nodes, gpus, len(local)):
+        log.error("%s", problem)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     log.info("starting a simulated cluster: %s", why)
     cliques = args.nodes // args.nodes_per_clique if args.nodes_per_clique else 1
     trainer = args.workload == "trainjob"
-    sim = SimCluster(nodes=args.nodes, gpus_per_node=gpus, cliques=cliques, trainer=trainer).start()
-    start = time.monotonic()
-    try:
-        with (
-            mock.patch.dict(os.environ, {"KUBECONFIG": str(sim.kubeconfig_path)}),
-            ObjectWatcher(sim, start=start) as watcher,
-        ):
+    name = PIPELINE_NAMES[args.pipeline]
+    with SimCluster(args.nodes, gpus, cliques, local_gpus=local, trainer=trainer) as sim:
+        watch = sim.store.subscribe(OUR_KINDS)  # every object the run creates, in order
+        with mock.patch.dict(os.environ, {"KUBECONFIG": str(sim.kubeconfig_path)}):
             arguments = pipeline_arguments(args, gpus, args.pipeline)
-            name = PIPELINE_NAMES[args.pipeline]
             outcome = run_pipeline(
-                arguments, args.out, start=start, verbose=args.verbose, name=name
+                arguments, args.out, start=time.monotonic(), verbose=args.verbose, name=name
             )
-        run_ids = {str(r["run_id"]) for r in outcome.results.values() if r.get("run_id")}
-        leftover = [f"{k} {ns}/{n}" for k, ns, n in sim.objects()]
+        sim.store.unsubscribe(watch)  # ends its queue with None
+        created = dict.fromkeys(
+            f"{e.obj['kind']} {e.namespace}/{e.obj['metadata']['name']}"
+            for e in iter(watch.queue.get, None)
+            if e.type == "ADDED"
+        )
+        leftover = [f"{k} {ns}/{n}" for k, ns, n in sim.objects()]  # every object, any run's
         leftover += [f"process {pid} of pod {ns}/{pod}" for ns, pod, pid in sim.processes()]
-        for run_id in sorted(run_ids):
-            selector = f"mnnvl.io/run-id={run_id}"
-            leftover += [f"{k} {ns}/{n}" for k, ns, n in sim.objects(label_selector=selector)]
-        log_path = args.out / "kfp-local.log"
-        _summary(outcome, watcher.created(), sorted(set(leftover)), log_path, name)
-    finally:
-        sim.stop()
+        _summary(outcome, list(created), leftover, args.out / "kfp-local.log", name)
     return 0 if outcome.succeeded and not leftover else 1
 
 

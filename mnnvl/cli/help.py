@@ -50,9 +50,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "logs": (
         "print the log of one of the run's worker pods",
-        "Print the log of the run's worker pod of node rank --rank (default 0) on stdout: the "
-        "pod of the run's latest step (the result line goes to stderr). --follow streams it "
-        "until the container ends.",
+        "Print the log of the run's worker pod of node rank --rank on stdout: the pod of the "
+        "run's latest step (the result line goes to stderr).",
         "mnnvl logs --run-id demo --namespace team-a --rank 1",
     ),
     "preflight": (
@@ -78,17 +77,15 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "reap": (
         "delete objects of runs that are gone",
         "Delete the objects of runs that are not live any more, a backstop for exit handlers "
-        "that KFP Terminate or argo terminate skipped. Dead: not in --live-run-ids (or every "
-        "run with --all-dead), and idle for --older-than-s when given; --dry-run only lists.",
+        "that KFP Terminate or argo terminate skipped.",
         "mnnvl reap --namespace team-a --older-than-s 86400 --dry-run",
     ),
     "baselines": (
         "print the bus-bandwidth baseline table",
         "Print the all-reduce busbw baselines verify judges against when no --min-busbw-gbps "
-        "is given (GPU model, GPUs per node, nodes, platform, transport, NCCL versions, busbw, "
-        "tolerance), each with its source and date, on stderr; with --system, the row a run "
-        "of --nodes x --gpus-per-node GPUs gets (a partial NVL72 rack gets the rack's row). The "
-        "JSON line on stdout holds the table. Needs no cluster.",
+        "is given, each with its source and date, on stderr; with --system, the row a run of "
+        "--nodes x --gpus-per-node GPUs gets (a partial NVL72 rack gets the rack's row). Needs "
+        "no cluster.",
         "mnnvl baselines --system gb200 --nodes 4 --gpus-per-node 4",
     ),
     "sim": (

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -42,7 +41,6 @@ from mnnvl.run import PlannedTask, objects, plan, run_all
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
-DEFAULT_REPORTS = os.path.join("out", "reports")  # mnnvl run's, under the working directory
 T = TypeVar("T")
 
 
@@ -95,15 +93,11 @@ def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def _json_words(text: str) -> list[str]:
-    """``--command-json``: a JSON list of strings, nothing else (a typo must not become a
-    one-word command that a Job then fails to run)."""
-    try:
-        words = json.loads(text) if text.strip() else []
-    except ValueError as e:
-        raise SpecError("command", f"--command-json {text!r} is not JSON ({e})") from None
-    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+    """``--command-json``: a JSON list of strings (read as every list input is), nothing else:
+    a typo must not become a one-word command that a Job then fails to run."""
+    if text.strip() and not text.lstrip().startswith("["):
         raise SpecError("command", f"--command-json {text!r} is not a JSON list of strings")
-    return list(parse_list(words, "command"))
+    return list(parse_list(text, "command"))
 
 
 def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
@@ -125,8 +119,7 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
     workload = _run_spec(WorkloadSpec, ns)
     surface.check_launch_purpose(workload.purpose)
-    own = _own_trainjob(ns.trainjob_file, workload)
-    if own:
+    if own := _own_trainjob(ns.trainjob_file, workload):
         return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
     launch = _launch_spec(ns)
     args = list(launch.command)
@@ -152,24 +145,17 @@ def _own_trainjob(path: str | None, workload: WorkloadSpec) -> dict[str, Any] | 
     return own
 
 
-def _validate_objects(
-    workload: WorkloadSpec, train: TrainConfig | None, verify: VerifyConfig | None
-) -> None:
-    """Build every object the step will create, so bad input fails before any API call."""
-    render_run(
-        DomainSpec(run_id=workload.run_id, namespace=workload.namespace), workload, train, verify
-    )
+def _domain(workload: WorkloadSpec) -> DomainSpec:
+    return DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
 
 
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(TrainConfig, ns)
-    _validate_objects(workload, config, None)
-    own = _own_trainjob(ns.trainjob_file, workload)
-    if own:  # the team's program: its RESULT line, if it prints one, is the step's
+    render_run(_domain(workload), workload, config, None)  # every object, before any API call
+    if own := _own_trainjob(ns.trainjob_file, workload):  # its RESULT line is the step's
         return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
     if workload.trainer_runtime:
-        domain = DomainSpec(run_id=workload.run_id, namespace=workload.namespace)
-        render_trainjob(domain, workload, config, workload.trainer_runtime)  # before any call
+        render_trainjob(_domain(workload), workload, config, workload.trainer_runtime)
     return steps.train(
         workload, config, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir
     ).to_dict()
@@ -177,7 +163,7 @@ def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
     workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(VerifyConfig, ns)
-    _validate_objects(workload, None, config)
+    render_run(_domain(workload), workload, None, config)  # every object, before any API call
     return steps.verify(
         workload,
         config,
@@ -223,9 +209,7 @@ def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_render(ns: argparse.Namespace) -> dict[str, Any]:
-    planned = _run_plan(ns)  # the run's own plan: what `mnnvl run` would create
-    workload = next(p.specs[0] for p in planned if p.task.step == "train")
-    objs = objects(planned, _own_trainjob(ns.trainjob_file, workload))
+    objs = objects(*_run_plan(ns))  # the run's own plan: what `mnnvl run` would create
     sys.stdout.write(to_yaml(objs))
     return {"run_id": ns.run_id, "objects": [f"{o['kind']} {o['metadata']['name']}" for o in objs]}
 
@@ -246,54 +230,51 @@ def cmd_reap(ns: argparse.Namespace) -> dict[str, Any]:
     ).to_dict()
 
 
-def _run_plan(ns: argparse.Namespace) -> list[PlannedTask]:
-    """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default)."""
+def _run_plan(ns: argparse.Namespace) -> tuple[list[PlannedTask], dict[str, Any] | None]:
+    """Every task's specs of ``mnnvl run`` from its flags (unset flags: the step's default),
+    and the team's TrainJob of ``--trainjob-file`` (None without it)."""
     given = flags.ns_values(ns)
     names = [*(p.name for p in surface.run_parameters()), *surface.GROUP_HELP]
     values = {name: given.get(name) for name in names}
     skip_verify = getattr(ns, "skip_verify", False)
-    return plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
+    planned = plan(values | _own_namespace(ns), ns.run_id, skip_verify=skip_verify)
+    workload = next(p.specs[0] for p in planned if p.task.step == "train")
+    return planned, _own_trainjob(ns.trainjob_file, workload)
 
 
-def _fits_this_machine(nodes: int, gpus_per_node: int) -> None:
-    """A simulated cluster runs its pods as local processes: refuse one this machine cannot
-    hold before anything is built (``mnnvl.sim.core.procs.machine_problem``)."""
+def _fits_this_machine(nodes: int, gpus_per_node: int, local_gpus: list[str] | None) -> None:
+    """A simulated cluster runs its pods as local processes, on this machine's GPUs (checked
+    when ``local_gpus`` is given): refuse one this machine cannot hold before anything is built."""
+    from mnnvl.sim.core.podenv import gpus_problem
     from mnnvl.sim.core.procs import machine_problem
 
-    problem = machine_problem(nodes, max(1, gpus_per_node))
-    if problem:
+    if problem := machine_problem(nodes, max(1, gpus_per_node)):
         raise SpecError("nodes", problem)
+    if local_gpus is not None and (problem := gpus_problem(nodes, gpus_per_node, len(local_gpus))):
+        raise SpecError("gpus_per_node", problem)
 
 
 def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
     if not ns.run_id:
         ns.run_id = f"run-{uuid.uuid4().hex[:12]}"
     if ns.sim:
+        from mnnvl.sim.core.podenv import local_gpu_ids
+
         shape = flags.from_namespace(WorkloadSpec, ns, run_id=ns.run_id, **_own_namespace(ns))
-        _fits_this_machine(shape.nodes, shape.gpus_per_node)
-    planned = _run_plan(ns)  # every task's specs and objects build before any call
+        gpus = local_gpu_ids()  # the simulated nodes' GPUs are this machine's
+        _fits_this_machine(shape.nodes, shape.gpus_per_node, gpus)
+    planned, own = _run_plan(ns)  # every task's specs and objects build before any call
     workload = next(p.specs[0] for p in planned if p.task.step == "train")
-    own = _own_trainjob(ns.trainjob_file, workload)
     reports = _run_reports(ns)
     if not ns.sim:
         return run_all(planned, kubeconfig=ns.kubeconfig, report_dir=reports, own_trainjob=own)
     from mnnvl.sim import SimCluster
-    from mnnvl.sim.core.podenv import local_gpu_ids
 
-    domain = planned[0].specs[0]
-    gpus, wanted = local_gpu_ids(), workload.nodes * workload.gpus_per_node
-    if wanted > len(gpus):  # the simulated nodes' GPUs are this machine's
-        raise SpecError(
-            "gpus_per_node",
-            f"{workload.gpus_per_node} on {workload.nodes} simulated nodes needs {wanted} GPUs "
-            f"on this machine, which has {len(gpus)} (the simulator's pods run here); pass "
-            "--gpus-per-node 0 for CPU workers, with --min-busbw-gbps or --allow-unjudged",
-        )
     with SimCluster(
         nodes=workload.nodes,
         gpus_per_node=workload.gpus_per_node,
         cliques=workload.groups,  # one NVLink clique per group, as the placement asks
-        namespaces=(domain.namespace,),
+        namespaces=(planned[0].specs[0].namespace,),
         local_gpus=gpus,
         trainer=bool(workload.trainer_runtime or own),  # Kubeflow Trainer's stand-in
         kueue=bool(workload.queue_name),  # Kueue's stand-in admits what a queue holds
@@ -313,8 +294,8 @@ def cmd_run(ns: argparse.Namespace) -> dict[str, Any]:
 def _run_reports(ns: argparse.Namespace) -> str | None:
     """Where ``mnnvl run`` writes its reports: --report-dir (checked up front), else
     ``out/reports/<run id>`` (none, with a warning, where that cannot be written); logged."""
-    folder = ns.report_dir or os.path.join(DEFAULT_REPORTS, ns.run_id)
-    problem = _folder_problem("--report-dir", folder)
+    folder = ns.report_dir or os.path.join("out", "reports", ns.run_id)  # in the working dir
+    problem = _path_problem("--report-dir", folder, folder=True)
     if problem:  # only the default can be unwritable here
         logger.warning("run: no reports (%s); pass --report-dir DIR to have them", problem)
         return None
@@ -332,7 +313,7 @@ def cmd_sim(ns: argparse.Namespace) -> dict[str, Any]:
     check_range("gpus_per_node", ns.gpus_per_node, 0, MAX_GPUS_PER_NODE, integer=True)
     check_range("imex_delay_s", ns.imex_delay_s, 0, 3600)
     check_range("cliques", ns.cliques, 1, ns.nodes, integer=True)
-    _fits_this_machine(ns.nodes, ns.gpus_per_node)
+    _fits_this_machine(ns.nodes, ns.gpus_per_node, None)  # its nodes may lack GPUs (CPU workers)
     namespaces = tuple(_comma_list(ns.namespaces))
     if not namespaces:
         raise SpecError("namespaces", "needs at least one namespace, e.g. default")
@@ -393,58 +374,35 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _writable_problem(field: str, path: str | None) -> str:
-    """Why ``path`` cannot be written ("" when it can), found before anything is created:
-    the file is really opened for appending (permissions, read-only mounts, /proc)."""
+def _path_problem(flag: str, path: str | None, *, folder: bool = False) -> str:
+    """Why ``path`` (with ``folder``: a directory, made later where missing) cannot be written
+    ("" when it can), found before anything is created: the file (for a folder, one in the
+    nearest folder that exists) is really opened for appending, so /proc, /sys, read-only
+    mounts and missing permissions all show; a file the check made is removed again."""
     if not path:
         return ""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return f"{field}: {path!r} is a directory; name a file in it"
-    if not os.path.isdir(folder):
-        return f"{field}: directory {folder!r} does not exist; create it or pick another path"
-    existed = os.path.exists(path)
+    if os.path.exists(path) and os.path.isdir(path) != folder:
+        return f"{flag}: {path!r} is a " + (
+            "file; name a directory" if folder else "directory; name a file in it"
+        )
+    where = os.path.abspath(path if folder else os.path.dirname(os.path.abspath(path)))
+    while folder and not os.path.exists(where):
+        where = os.path.dirname(where)
+    if folder and not os.path.isdir(where):
+        return f"{flag}: {where!r} is a file, so {path!r} cannot be a directory"
+    if not os.path.isdir(where):
+        return f"{flag}: directory {where!r} does not exist; create it or pick another path"
+    probe = os.path.join(where, f".mnnvl-check-{os.getpid()}") if folder else path
+    existed = os.path.exists(probe)
     try:
-        with open(path, "a", encoding="utf-8"):
+        with open(probe, "a", encoding="utf-8"):
             pass
     except OSError as e:
-        return f"{field}: {path!r} is not writable ({e.strerror}); pick another path"
+        bad, other = (where, "directory") if folder else (path, "path")
+        return f"{flag}: {bad!r} is not writable ({e.strerror}); pick another {other}"
     if not existed:
-        os.remove(path)  # the check leaves nothing behind
+        os.remove(probe)
     return ""
-
-
-def _folder_problem(field: str, path: str | None) -> str:
-    """Why reports cannot be written under ``path`` ("" when they can), found before anything
-    is created: a file is really created (and removed) in the nearest folder that exists, so
-    /proc, /sys, read-only mounts and missing permissions all show; nothing is left behind."""
-    if not path:
-        return ""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"{field}: {path!r} is a file; name a directory"
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return f"{field}: {existing!r} is a file, so {path!r} cannot be a directory"
-    try:
-        fd, probe = tempfile.mkstemp(dir=existing, prefix=".mnnvl-check-")
-    except OSError as e:
-        return f"{field}: {existing!r} is not writable ({e.strerror}); pick another directory"
-    os.close(fd)
-    os.remove(probe)
-    return ""
-
-
-def _path_problems(ns: argparse.Namespace) -> str:
-    """The first path argument that cannot be written: --result-path, --report-dir, and the
-    kubeconfig that ``sim up`` writes."""
-    problems = [
-        _writable_problem("--kubeconfig", ns.kubeconfig) if ns.command_name == "sim" else "",
-        _writable_problem("--result-path", ns.result_path),
-        _folder_problem("--report-dir", getattr(ns, "report_dir", None)),
-    ]
-    return next((p for p in problems if p), "")
 
 
 # Commands whose stdout is data for another program: their result line goes to stderr.
@@ -503,10 +461,13 @@ def main(argv: list[str] | None = None) -> int:
         return _failed(None, "no command given: mnnvl <command> --help", exit_codes.BAD_INPUT)
     setup_logging(ns.verbose)
     command = ns.command_name if ns.command_name != "sim" else f"sim {ns.action}"
-    bad_path = _path_problems(ns)
-    if bad_path:
-        logger.error("%s failed: %s", command, bad_path)
-        return _failed(command, bad_path, exit_codes.BAD_INPUT)
+    paths = {"--result-path": ns.result_path, "--report-dir": getattr(ns, "report_dir", None)}
+    if ns.command_name == "sim":  # `sim up` writes the kubeconfig it serves
+        paths = {"--kubeconfig": ns.kubeconfig} | paths
+    for flag, path in paths.items():
+        if problem := _path_problem(flag, path, folder=flag == "--report-dir"):
+            logger.error("%s failed: %s", command, problem)
+            return _failed(command, problem, exit_codes.BAD_INPUT)
     try:
         with _signals_raise():
             result = HANDLERS[ns.command_name](ns)

@@ -12,32 +12,15 @@ from mnnvl.inputs import flags, surface
 from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim.nvidia.stacks import GPU_STACKS, IMEX_MODES
 
-DESCRIPTION = "mnnvl <command>: the steps of a multi-node NVLink run from a shell."
-
-
-# Commands that talk to no cluster: no --kubeconfig.
-NO_CLUSTER = frozenset({"render", "baselines"})
+# Commands that talk to no cluster: no --kubeconfig (`sim up` has its own: where it writes one).
+NO_CLUSTER = frozenset({"render", "baselines", "sim"})
 # What only a step talking to a cluster uses (its waits): no rendered object carries it.
 _RENDER_SKIPS = frozenset(
     {"rct_timeout_s", "delete_timeout_s", "api_outage_s", "admission_timeout_s"}
     | {"pods_running_timeout_s", "unschedulable_grace_s"}
 )
-REPORT_DIR_HELP = (
-    "write the step's reports (JSON, Markdown, HTML, busbw PNG) here, on the machine this "
-    "command runs on (--output-dir is a directory inside the worker pod)"
-)
-
-
-def _common(p: argparse.ArgumentParser, name: str) -> None:
-    if name not in NO_CLUSTER:
-        help_text = (
-            "where to write the simulator's kubeconfig (default: a temporary file)"
-            if name == "sim"
-            else "kubeconfig path (default: in-cluster, $KUBECONFIG)"
-        )
-        p.add_argument("--kubeconfig", default=None, help=help_text)
-    p.add_argument("--result-path", default=None, help="also write the result JSON to this file")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
+# Where reports go, and where they do not: --output-dir is in the worker pods.
+_ON_THIS_MACHINE = "on the machine this command runs on (not --output-dir, inside the worker pods)"
 
 
 # Help groups, in the order --help lists them: the inputs of their own, then KFP's and
@@ -66,17 +49,19 @@ def _grouped_flags(
     for name in dict.fromkeys(i.group for i in inputs if i.group):
         groups[name].add_argument(
             f"--{name}-json",
-            default=None,
             metavar="JSON",
             help=f"some of the {name} inputs as one JSON object, e.g. as Argo passes them",
         )
 
 
 _NAMESPACE_HELP = "(default: the pod's own, else default)"
-_REPORT_DIR = {"--report-dir": dict(default=None, help=REPORT_DIR_HELP)}
+_REPORT_DIR = {
+    "--report-dir": dict(
+        help=f"write the step's reports (JSON, Markdown, HTML, busbw PNG) here, {_ON_THIS_MACHINE}"
+    )
+}
 _TRAINJOB_FILE = {
     "--trainjob-file": dict(
-        default=None,
         metavar="FILE",
         help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
         "command, with the run's name, labels, channel claim and placement (no command "
@@ -88,7 +73,6 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
     "provision": {
         "--owner-pod": dict(action="store_true", help="make this launcher pod the owner"),
         "--pipeline": dict(
-            default=None,
             choices=sorted(surface.PIPELINES),
             help="validate this pipeline's parameters first (what its first task does)",
         ),
@@ -105,7 +89,6 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
             help="the words after -- are a program and its arguments, not a module's arguments",
         ),
         "--command-json": dict(
-            default=None,
             metavar="JSON",
             help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
         ),
@@ -127,14 +110,12 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
         ),
     },
     "preflight": {
-        "--report-dir": dict(default=None, help="write preflight.ctrf.json here"),
+        "--report-dir": dict(help="write preflight.ctrf.json here"),
     },
     "run": {
         "--report-dir": dict(
-            default=None,
-            help="write each task's reports to DIR/<task> (verify-pre, train, verify-post) on "
-            "the machine this command runs on (default: out/reports/<run id>, printed; "
-            "--output-dir is a directory inside the worker pods)",
+            help="write each task's reports to DIR/<task> (default: out/reports/<run id>), "
+            f"{_ON_THIS_MACHINE}"
         ),
         "--sim": dict(action="store_true", help="run against an embedded simulated cluster"),
         "--skip-verify": dict(action="store_true", help="train only"),
@@ -143,16 +124,15 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
     "render": {**_TRAINJOB_FILE},
     "logs": {
         "--run-id": dict(required=True, help="the run whose worker pod to read"),
-        "--namespace": dict(default=None, help=f"the run's namespace {_NAMESPACE_HELP}"),
+        "--namespace": dict(help=f"the run's namespace {_NAMESPACE_HELP}"),
         "--rank": dict(
             type=int, default=0, help="node rank of the pod to read (default: %(default)s)"
         ),
         "--follow": dict(action="store_true", help="stream the log until the container ends"),
     },
     "reap": {
-        "--namespace": dict(default=None, help=f"where to look {_NAMESPACE_HELP}"),
+        "--namespace": dict(help=f"where to look {_NAMESPACE_HELP}"),
         "--live-run-ids": dict(
-            default=None,
             help="comma-separated run ids still running; every other run is dead "
             "(an empty list needs --all-dead or --older-than-s)",
         ),
@@ -231,26 +211,17 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
             "(default: default,team-a, the namespaces the examples use)",
         ),
         "--admin-kubeconfig": dict(
-            default=None,
             metavar="PATH",
             help="where to write a cluster-admin kubeconfig for setting up fixtures "
             "(namespaces, PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the "
             "mnnvl-runner service account with manifests/base applied, as a run gets on a "
             "real cluster",
         ),
+        "--kubeconfig": dict(
+            help="where to write the simulator's kubeconfig (default: a temporary file)"
+        ),
     },
 }
-
-
-def _subcommand(sub: Any, name: str) -> argparse.ArgumentParser:
-    help_text, what, example = COMMANDS[name]
-    return sub.add_parser(
-        name,
-        help=help_text,
-        description=what,
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
 
 
 class UsageError(Exception):
@@ -300,14 +271,25 @@ def _spec_flags(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="mnnvl", description=DESCRIPTION)
+    parser = Parser(prog="mnnvl", description="the steps of a multi-node NVLink run from a shell")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command_name", metavar="<command>", title="commands")
-    for name in COMMANDS:
-        p = _subcommand(sub, name)
+    for name, (help_text, what, example) in COMMANDS.items():
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=what,
+            epilog=f"example:\n  {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         _spec_flags(p, name)
         for flag, kwargs in OWN_FLAGS.get(name, {}).items():
             p.add_argument(flag, **kwargs)
-        _common(p, name)
+        if name not in NO_CLUSTER:
+            p.add_argument(
+                "--kubeconfig", help="kubeconfig path (default: in-cluster, $KUBECONFIG)"
+            )
+        p.add_argument("--result-path", help="also write the result JSON to this file")
+        p.add_argument("-v", "--verbose", action="count", default=0, help="debug logging")
     parser.commands = sub.choices  # type: ignore[attr-defined]
     return parser

@@ -180,7 +180,7 @@ def test_steps_without_namespace_use_the_pods_own_namespace(
     ("extra", "message"),
     [
         (["launch", "--command-json", "not json"],
-         "command: --command-json 'not json' is not JSON ("),
+         "command: --command-json 'not json' is not a JSON list of strings"),
         (["launch", "--command-json", "{}"],
          "command: --command-json '{}' is not a JSON list of strings"),
         (["launch", "--command-json", "[]"], "command: is empty: give the program to run"),

@@ -45,7 +45,7 @@ def _errors(validator: Any, doc: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("name", aw.WORKFLOW_TEMPLATES)
 def test_workflow_templates_validate_strictly(strict_validator: Any, name: str) -> None:
-    assert _errors(strict_validator, aw.workflow_template_manifest(name)) == []
+    assert _errors(strict_validator, aw.build_workflow_template(name).to_dict()) == []
 
 
 def test_workflow_validates_strictly(strict_validator: Any) -> None:
@@ -60,21 +60,21 @@ def test_compiled_argo_files_validate_strictly(strict_validator: Any) -> None:
 
 
 def test_strict_schema_rejects_unknown_template_field(strict_validator: Any) -> None:
-    doc = aw.workflow_template_manifest()
+    doc = aw.build_workflow_template().to_dict()
     doc["spec"]["templates"][0]["retryStrategyy"] = {"limit": "2"}
     errors = _errors(strict_validator, doc)
     assert errors, "a misspelled template field must be rejected"
 
 
 def test_strict_schema_rejects_unknown_container_field(strict_validator: Any) -> None:
-    doc = aw.workflow_template_manifest()
+    doc = aw.build_workflow_template().to_dict()
     train = next(t for t in doc["spec"]["templates"] if t["name"] == "train")
     train["container"]["imagePullPolcy"] = "Always"
     assert _errors(strict_validator, doc)
 
 
 def test_strict_schema_still_accepts_maps(strict_validator: Any) -> None:
-    doc = aw.workflow_template_manifest()
+    doc = aw.build_workflow_template().to_dict()
     doc["metadata"]["labels"]["example.com/any-key"] = "any-value"
     assert _errors(strict_validator, doc) == []
 
@@ -82,13 +82,13 @@ def test_strict_schema_still_accepts_maps(strict_validator: Any) -> None:
 def test_plain_schema_misses_unknown_fields(schema_dir: Path) -> None:
     # Why the strict copy exists: the published schema accepts typos.
     schema = json.loads((schema_dir / "argo-workflows" / "schema.json").read_text())
-    doc = aw.workflow_template_manifest()
+    doc = aw.build_workflow_template().to_dict()
     doc["spec"]["templates"][0]["retryStrategyy"] = {"limit": "2"}
     assert _errors(jsonschema.Draft202012Validator(schema), doc) == []
 
 
 def test_retry_limits_are_strings_and_workload_steps_retry_without_a_window() -> None:
-    templates = {t["name"]: t for t in aw.workflow_template_manifest()["spec"]["templates"]}
+    templates = {t["name"]: t for t in aw.build_workflow_template().to_dict()["spec"]["templates"]}
     retried = {name for name, t in templates.items() if "retryStrategy" in t}
     assert retried == {"provision", "teardown", "verify", "train", "launch"}
     for name in retried:
@@ -101,14 +101,14 @@ def test_retry_limits_are_strings_and_workload_steps_retry_without_a_window() ->
 
 
 def test_exit_handler_tears_down() -> None:
-    spec = aw.workflow_template_manifest()["spec"]
+    spec = aw.build_workflow_template().to_dict()["spec"]
     assert spec["onExit"] == aw.EXIT_HANDLER
     exit_dag = next(t for t in spec["templates"] if t["name"] == spec["onExit"])
     assert [task["template"] for task in exit_dag["dag"]["tasks"]] == ["teardown"]
 
 
 def test_dag_runs_provision_verify_train_verify_in_order() -> None:
-    spec = aw.workflow_template_manifest()["spec"]
+    spec = aw.build_workflow_template().to_dict()["spec"]
     main = next(t for t in spec["templates"] if t["name"] == spec["entrypoint"])
     tasks = {task["name"]: task for task in main["dag"]["tasks"]}
     assert "depends" not in tasks["provision"]
@@ -123,7 +123,7 @@ def test_dag_runs_provision_verify_train_verify_in_order() -> None:
 
 
 def test_every_step_uses_workflow_uid_as_run_id_and_writes_result() -> None:
-    templates = aw.workflow_template_manifest()["spec"]["templates"]
+    templates = aw.build_workflow_template().to_dict()["spec"]["templates"]
     containers = [t for t in templates if "container" in t]
     steps = {"provision", "train", "verify", "launch", "teardown"}
     assert {t["name"] for t in containers} == steps | {"preflight"}
@@ -140,7 +140,7 @@ def test_every_step_uses_workflow_uid_as_run_id_and_writes_result() -> None:
 
 
 def test_long_steps_have_deadlines_and_service_account_is_a_parameter() -> None:
-    spec = aw.workflow_template_manifest()["spec"]
+    spec = aw.build_workflow_template().to_dict()["spec"]
     templates = {t["name"]: t for t in spec["templates"]}
     for name in ("train", "verify", "launch"):
         assert templates[name]["activeDeadlineSeconds"] == "{{inputs.parameters.deadline-s}}"
@@ -151,7 +151,7 @@ def test_long_steps_have_deadlines_and_service_account_is_a_parameter() -> None:
 
 
 def test_every_task_argument_names_a_template_input_or_workflow_parameter() -> None:
-    spec = aw.workflow_template_manifest()["spec"]
+    spec = aw.build_workflow_template().to_dict()["spec"]
     templates = {t["name"]: t for t in spec["templates"]}
     params = {p["name"] for p in spec["arguments"]["parameters"]}
     for dag in (t for t in spec["templates"] if "dag" in t):
@@ -186,7 +186,7 @@ def test_template_commands_parse_with_the_cli() -> None:
     from mnnvl.cli.main import build_parser
 
     parser = build_parser()
-    for template in aw.workflow_template_manifest()["spec"]["templates"]:
+    for template in aw.build_workflow_template().to_dict()["spec"]["templates"]:
         if "container" not in template:
             continue
         defaults = {p["name"]: p.get("default", "") for p in template["inputs"]["parameters"]}

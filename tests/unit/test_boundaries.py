@@ -28,7 +28,7 @@ CASES = {
     "mnnvl.report": ("torch", "kfp", "hera", "kubernetes"),
     "mnnvl.driver mnnvl.steps mnnvl.run mnnvl.cli.main": ("torch", "kfp", "hera", "pynvml"),
     "mnnvl.runtime.train mnnvl.runtime.verify": ("kfp", "hera", "kubernetes"),
-    "mnnvl.components.artifacts mnnvl.components": ("torch", "kubernetes"),
+    "mnnvl.components": ("torch", "kubernetes"),
     "mnnvl.components.bodies": ("torch", "kfp", "hera"),
     # Building the KFP components reads declarations only; the bodies load when a pod runs one.
     "mnnvl.components.kfp_components": ("torch", "hera", "matplotlib"),

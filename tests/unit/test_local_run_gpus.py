@@ -61,4 +61,4 @@ def test_more_gpus_than_the_machine_has_is_refused_before_the_simulator_starts(
     argv = ["--gpus-per-node", "1", "--out", str(tmp_path)]
     started, said = said_before_start(argv, 1, monkeypatch, caplog)
     assert not started
-    assert "needs 2 GPUs, and this machine has 1" in said and "--gpus-per-node 0" in said
+    assert "needs 2 GPUs on this machine, which has 1" in said and "--gpus-per-node 0" in said

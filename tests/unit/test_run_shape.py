@@ -26,7 +26,7 @@ def compiled_defaults(name: str) -> dict[str, Any]:
 
 def run_plan(*argv: str) -> list[Any]:
     ns = cli.build_parser().parse_args(["run", "--run-id", "r1", *argv])
-    return cli._run_plan(ns)
+    return cli._run_plan(ns)[0]  # the tasks (the team's TrainJob is None here)
 
 
 def test_mnnvl_run_has_the_compiled_pipelines_tasks_in_order() -> None:

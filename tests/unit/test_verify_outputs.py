@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from mnnvl.components import artifacts
+from mnnvl.components import bodies
 from mnnvl.pipelines import argo_workflow as aw
 from mnnvl.steps import VerifyResult
 from tests.unit.ctrf_schema import SCHEMA
@@ -47,10 +47,8 @@ def test_kfp_verify_publishes_the_verdict_as_a_ctrf_artifact(tmp_path: Path) -> 
         raw=raw,
         elapsed_s=1.0,
     )
-    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "html", "result", "ctrf")}
-    artifacts.publish_verify(
-        "run", outcome, "verify", out["metrics"], out["html"], out["result"], out["ctrf"]
-    )
+    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "report", "result", "ctrf")}
+    bodies.publish_verify("run", outcome, "verify", out)
     doc = json.loads(Path(out["ctrf"].path).read_text())
     jsonschema.validate(doc, SCHEMA)
     (bandwidth,) = [t for t in doc["results"]["tests"] if t["name"] == "bandwidth"]
@@ -148,15 +146,15 @@ def test_kfp_train_logs_restarts_and_goodput_and_its_report_lists_each_restart(
         faults=[fault],
         goodput=0.61,
     )
-    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "html", "result")}
-    artifacts.publish_train("run", outcome, out["metrics"], out["html"], out["result"])
+    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "report", "result")}
+    bodies.publish_train("run", outcome, out)
     logged = out["metrics"].metrics
     assert {k: logged.get(k) for k in ("restarts", "steps_redone", "goodput")} == {
         "restarts": 1.0,
         "steps_redone": 3.0,
         "goodput": 0.61,
     }
-    page = Path(out["html"].path).read_text()
+    page = Path(out["report"].path).read_text()
     assert "<td>job-1-x</td><td>—</td><td>—</td><td>137</td>" in page and "goodput 61%" in page
     assert json.loads(Path(out["result"].path).read_text())["faults"] == [fault]
 
@@ -179,10 +177,10 @@ def test_kueues_evictions_of_the_train_step_are_a_kfp_metric_and_an_argo_output(
         elapsed_s=30.0,
         evictions=2,
     )
-    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "html", "result")}
-    artifacts.publish_train("run", outcome, out["metrics"], out["html"], out["result"])
+    out = {n: PathArtifact(tmp_path / n / "data") for n in ("metrics", "report", "result")}
+    bodies.publish_train("run", outcome, out)
     assert out["metrics"].metrics["evictions"] == 2.0
-    assert "2 evictions by Kueue" in Path(out["html"].path).read_text()
+    assert "2 evictions by Kueue" in Path(out["report"].path).read_text()
 
     doc = yaml.safe_load((COMPILED / "mnnvl-training.workflowtemplate.yaml").read_text())
     template = next(t for t in doc["spec"]["templates"] if t["name"] == "train")

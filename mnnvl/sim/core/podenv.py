@@ -100,6 +100,20 @@ def local_gpu_ids() -> list[str]:
     return [m.group(1) for m in re.finditer(r"^GPU (\d+):", out, re.M)]
 
 
+def gpus_problem(nodes: int, gpus_per_node: int, local: int) -> str:
+    """Why this machine, with ``local`` GPUs, cannot give ``nodes`` simulated nodes
+    ``gpus_per_node`` GPUs each ("" when it can): their pods run here, on its GPUs."""
+    wanted = nodes * gpus_per_node
+    if wanted <= local:
+        return ""
+    return (
+        f"{gpus_per_node} on {nodes} simulated nodes needs {wanted} GPUs on this machine, which "
+        f"has {local} (the simulator's pods run here); pass --gpus-per-node "
+        f"{local // max(1, nodes)} or fewer nodes (0: CPU workers, judged only against "
+        "--min-busbw-gbps or with --allow-unjudged)"
+    )
+
+
 class ProcessEnv:
     """Command line and environment of a pod's container process on this machine."""
 
