@@ -79,6 +79,9 @@ def fault_table(faults: list[dict[str, Any]]) -> doc.Table:
 
 def fault_line(fault: dict[str, Any], n: int) -> str:
     """A restart in one line for the run summary: what failed, where, what it cost."""
+    if fault.get("runtime"):  # a TrainJob's runtime restarted it: the step sees the count alone
+        where = f"by the {fault['runtime']}'s runtime"
+        return f"restart {fault.get('n', n)}: {where} (its cost is in the goodput)"
 
     def get(key: str) -> str:
         return cell(key, fault.get(key))

@@ -125,7 +125,7 @@ def run_trainjob(
         pods=sorted(pods),
         result=parse_result(text),
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
-        restarts=[{"attempt": i + 1} for i in range(wait.restarts)],
+        restarts=[{"runtime": "TrainJob"} for _ in range(wait.restarts)],
         adopted=("complete" if finished(found) else "running") if adopted else "",
         evictions=wait.queue.evictions,
     )

@@ -248,6 +248,9 @@ def test_a_restart_shows_every_key_it_has_and_a_dash_for_the_rest(tmp_path: Path
     line = report_train.fault_line(today, 1)
     assert line.startswith("restart 1 at —: pod job-1-abcde on node — (rank —, GPU —) exit code")
     assert "detected after — s, gang restarted after — s, first resumed step after 9.2 s" in line
+    # A TrainJob's runtime restarted it: the count alone, no row of dashes.
+    by_runtime = report_train.fault_line({"runtime": "TrainJob"}, 2)
+    assert by_runtime == "restart 2: by the TrainJob's runtime (its cost is in the goodput)"
     full = report_train.fault_line(FULL_FAULT, 1)
     assert "restart 1 at 2025-12-03 13:53:20: killed pod job-1-abcde on node node-3" in full
     assert (
