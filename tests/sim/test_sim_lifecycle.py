@@ -18,7 +18,7 @@ from tests.sim.simkit import wait_for
 NS = "default"
 
 
-def _job(name: str, code: str, restart: str = "Never") -> dict[str, Any]:
+def _job(name: str, code: str, restart: str = "Never", backoff: int = 0) -> dict[str, Any]:
     container = {"name": "worker", "image": "sim", "command": ["python3", "-c", code]}
     return {
         "metadata": {"name": name},
@@ -26,7 +26,7 @@ def _job(name: str, code: str, restart: str = "Never") -> dict[str, Any]:
             "completionMode": "Indexed",
             "completions": 1,
             "parallelism": 1,
-            "backoffLimit": 0,
+            "backoffLimit": backoff,
             "template": {"spec": {"restartPolicy": restart, "containers": [container]}},
         },
     }
@@ -65,7 +65,8 @@ def test_image_pull_backoff_never_runs(env: Any) -> None:
 def test_crash_loop_restarts_with_exit_code(env: Any) -> None:
     sim, core, batch = env
     sim.faults.fail_pod("crash", 0, mode="CrashLoop", exit_code=9)
-    batch.create_namespaced_job(NS, _job("crash", "print('ran')", restart="OnFailure"))
+    # The restarts of an OnFailure pod count against backoffLimit: 6 leaves room for two.
+    batch.create_namespaced_job(NS, _job("crash", "print('ran')", restart="OnFailure", backoff=6))
     cs = wait_for(lambda: (s := _state(core, "crash")) and s.restart_count >= 2 and s)
     assert cs.last_state.terminated.exit_code == 9
     batch.delete_namespaced_job("crash", NS, propagation_policy="Background")
