@@ -78,7 +78,8 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock, self._lock = ours, threading.Lock()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(theirs.fileno())],
+            # this file alone, not the simulator's package (its import is the simulator's)
+            [sys.executable, __file__, str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             env={**env, MARKER_ENV: " " * SLOT},
             stdin=subprocess.DEVNULL,
@@ -174,6 +175,7 @@ def serve(fd: int) -> None:
     """The server's process: import ``PRELOAD``, then fork a container per request."""
     import importlib
 
+    sys.path[0] = os.getcwd()  # not this file's folder: the pods' modules resolve as in a pod
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     sock = socket.socket(fileno=fd)
     try:
