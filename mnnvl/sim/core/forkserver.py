@@ -149,8 +149,8 @@ def release() -> None:
 
 def server_for(cmd: list[str], env: dict[str, str]) -> tuple[ForkServer, str] | None:
     """The running server (started now if need be) and the module, when ``cmd`` may be forked
-    from it (see the module's docstring); None: exec it."""
-    global _server
+    from it (see the module's docstring), the caller counted as a user; None: exec it."""
+    global _server, _users
     if os.environ.get(SWITCH_ENV, "1") == "0" or len(cmd) < 3 or cmd[1] != "-m":
         return None
     if cmd[2].rpartition(".")[0] not in PACKAGES or len(env.get(MARKER_ENV, "").encode()) > SLOT:
@@ -161,13 +161,14 @@ def server_for(cmd: list[str], env: dict[str, str]) -> tuple[ForkServer, str] | 
     if exe is None or not os.path.samefile(exe, sys.executable):
         return None
     with _lock:
-        if _server is None:
+        if _server is None or (_server.ready and _server.proc.poll() is not None):
             base = {k: v for k, v in env.items() if k in ("PATH", "HOME")}
-            _server = ForkServer({**base, **load_env(env)})
-            if not _server.ready:
+            _server = ForkServer({**base, **load_env(env)})  # none yet, or it was killed
+            if not _server.ready:  # kept as it is: every pod is exec'd from now on
                 log.warning("fork server off: it could not import %s", ", ".join(PRELOAD))
         if not _server.ready or load_env(env) != load_env(_server.env):
             return None
+        _users += 1  # the caller's, until it calls release()
         return _server, cmd[2]
 
 

@@ -53,11 +53,10 @@ class Container:
         env = {**env, MARKER_ENV: marker}
         self.proc: subprocess.Popen[bytes] | None = None
         self.server: forkserver.ForkServer | None = None
-        forkable = forkserver.server_for(cmd, env)
         with open(log_path, "ab") as logf:
+            forkable = forkserver.server_for(cmd, env)
             if forkable is not None:
                 self.server, module = forkable
-                forkserver.acquire()
                 try:
                     self.pid = self.server.start(module, cmd[3:], env, cwd, logf.fileno())
                 except BaseException:
