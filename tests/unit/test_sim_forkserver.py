@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from mnnvl.ports import free_port
 from mnnvl.sim.core import forkserver
 from mnnvl.sim.core.procs import Container, members
 
@@ -59,9 +60,11 @@ def probe_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def start(root: Path, tmp: Path, *args: str, **env: str) -> tuple[Container, Path]:
+    """The probe's pod running ``python -m simprobe.pod args`` (or ``args`` when they start
+    with ``-m``)."""
     log = tmp / "pod.log"
     pod_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(root), "POD_ONLY": "yes", **env}
-    cmd = [sys.executable, "-m", "simprobe.pod", *args]
+    cmd = [sys.executable, *(args if args[0] == "-m" else ("-m", "simprobe.pod", *args))]
     return Container(cmd, pod_env, str(tmp), str(log), f"test/{tmp.name}"), log
 
 
@@ -124,6 +127,18 @@ def test_a_forked_pod_runs_as_many_threads_as_its_omp_num_threads(
     pod, log = start(probe_path, tmp_path, "done", OMP_NUM_THREADS=threads)
     assert pod.wait() == 0
     assert seen(log)["forked"] and seen(log)["threads"] == int(threads)
+
+
+def test_a_forked_launchers_workers_run_one_thread_each_as_torchrun_sets_it(
+    probe_path: Path, tmp_path: Path
+) -> None:
+    launch = ["-m", "mnnvl.runtime.launch", "--nnodes=1", "--nproc-per-node=2", "--node-rank=0"]
+    where = ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    pod, log = start(probe_path, tmp_path, *launch, *where, "-m", "simprobe.pod", "done")
+    assert pod.wait() == 0, log.read_text()
+    workers = [json.loads(x[5:]) for x in log.read_text().splitlines() if x.startswith("SEEN ")]
+    assert [w["threads"] for w in workers] == [1, 1]
+    assert [w["env"]["OMP_NUM_THREADS"] for w in workers] == ["1", "1"]
 
 
 def test_the_switch_off_starts_the_pod_by_exec(

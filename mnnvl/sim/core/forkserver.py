@@ -59,8 +59,13 @@ SLOT = 128  # bytes of the marker's slot in the server's environment block
 PACKAGES: tuple[str, ...] = ("mnnvl.runtime",)  # whose modules are forked: the product's pods
 PRELOAD = ("torch", "torch.distributed.tensor")  # by name: the simulator itself never loads them
 # Read when the interpreter starts or a library loads (the dynamic loader, the locale, libgomp,
-# MKL, torch's C++ logging): a pod must have the server's values to be forked.
-LOAD_PREFIXES = ("PYTHON", "LD_", "LANG", "LC_", "OMP_", "GOMP_", "KMP_", "MKL_", "TORCH_CPP_")
+# MKL, torch's C++ logging, torch's Python logging: `_logging._init_logs()` at the end of
+# torch/__init__.py): a pod must have the server's values to be forked. Compiler settings
+# (TORCHINDUCTOR_*, TORCHDYNAMO_*) are read when torch.compile's modules load, in the pod.
+LOAD_PREFIXES = (
+    *("PYTHON", "LD_", "LANG", "LC_", "OMP_", "GOMP_", "KMP_", "MKL_"),
+    *("TORCH_CPP_", "TORCH_LOGS", "TORCH_TRACE"),
+)
 THREADS_ENV = "OMP_NUM_THREADS"  # applied in the child instead
 
 
