@@ -112,7 +112,10 @@ class ForkServer:
         finally:
             os.close(cwd_fd)
         if "pid" not in reply:
-            raise OSError(f"the simulator's fork server failed: {reply.get('error', 'it exited')}")
+            why = reply.get("error", "it exited")
+            raise OSError(
+                f"the simulator's fork server failed ({why}); {SWITCH_ENV}=0 starts pods by exec"
+            )
         return int(reply["pid"])
 
     def reap(self, pid: int) -> int:
@@ -127,7 +130,11 @@ class ForkServer:
 
     def close(self) -> None:
         self._sock.close()  # the server reads its end and exits
-        self.proc.wait()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:  # stuck: it holds nothing a pod needs
+            self.proc.kill()
+            self.proc.wait()
 
 
 _lock = threading.Lock()
