@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -15,7 +16,8 @@ import pytest
 
 from mnnvl.ports import free_port
 from mnnvl.sim.core import forkserver
-from mnnvl.sim.core.procs import Container, members
+from mnnvl.sim.core.procs import MARKER_ENV, Container, members
+from tests.sim.simkit import wait_for
 
 pytestmark = pytest.mark.slow  # the server imports torch (seconds)
 
@@ -80,7 +82,7 @@ def test_a_forked_pod_sees_exactly_its_env_cwd_argv_and_writes_its_log(
     assert pod.wait() == 0
     got = seen(log)
     assert got["forked"]
-    marker = {forkserver.MARKER_ENV: f"test/{tmp_path.name}"}
+    marker = {MARKER_ENV: f"test/{tmp_path.name}"}
     want = {"PATH": os.environ["PATH"], "PYTHONPATH": str(probe_path), "POD_ONLY": "yes", **marker}
     assert got["env"] == want
     assert got["cwd"] == str(tmp_path)
@@ -156,3 +158,45 @@ def test_a_pod_whose_interpreter_settings_differ_from_the_servers_is_execd(
     pod, log = start(probe_path, tmp_path, "done", PYTHONDONTWRITEBYTECODE="1")
     assert pod.wait() == 0
     assert not seen(log)["forked"] and seen(log)["env"]["PYTHONDONTWRITEBYTECODE"] == "1"
+
+
+# A simulator of one forked pod, with the Guard a kubelet starts: it prints the pod's pid and
+# the fork server's, then waits for the pod.
+SIMULATOR = """
+import os, sys
+from mnnvl.sim.core import forkserver
+from mnnvl.sim.core.procs import Container, Guard
+forkserver.PACKAGES = ("simprobe",)
+guard = Guard("killed/")
+env = {"PATH": os.environ["PATH"], "PYTHONPATH": sys.argv[1]}
+cmd = [sys.executable, "-m", "simprobe.pod", "hang"]
+pod = Container(cmd, env, sys.argv[2], sys.argv[2] + "/pod.log", "killed/pod")
+print(pod.pid, pod.server.proc.pid, flush=True)
+pod.wait()
+"""
+
+
+def test_a_killed_simulator_leaves_neither_its_forked_pods_nor_the_server(
+    probe_path: Path, tmp_path: Path
+) -> None:
+    cmd = [sys.executable, "-c", SIMULATOR, str(probe_path), str(tmp_path)]
+    sim = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert sim.stdout is not None
+        pod, server = map(int, sim.stdout.readline().split())
+        wait_for(lambda: "HANGING" in (tmp_path / "pod.log").read_text(), 30, "the pod")
+        sim.kill()  # runs no handler of the simulator's
+        sim.wait(10)
+        wait_for(lambda: not any(map(_alive, (pod, server))), 10, "the pod and server gone")
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie holds nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -54,7 +54,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 SWITCH_ENV = "MNNVL_SIM_FORK_SERVER"  # "0": every container by exec
-MARKER_ENV = "MNNVL_SIM_CONTAINER"  # procs.MARKER_ENV (procs imports this module)
 SLOT = 128  # bytes of the marker's slot in the server's environment block
 PACKAGES: tuple[str, ...] = ("mnnvl.runtime",)  # whose modules are forked: the product's pods
 PRELOAD = ("torch", "torch.distributed.tensor")  # by name: the simulator itself never loads them
@@ -77,16 +76,16 @@ def load_env(env: dict[str, str]) -> dict[str, str]:
 class ForkServer:
     """One server process; its methods may be called from any thread."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], marker_env: str) -> None:
         self.env = env
         # one message per request and per reply, each with the descriptors it carries
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock, self._lock = ours, threading.Lock()
         self.proc = subprocess.Popen(
             # this file alone, not the simulator's package (its import is the simulator's)
-            [sys.executable, __file__, str(theirs.fileno())],
+            [sys.executable, __file__, str(theirs.fileno()), marker_env],
             pass_fds=[theirs.fileno()],
-            env={**env, MARKER_ENV: " " * SLOT},
+            env={**env, marker_env: " " * SLOT},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # a file as a pod's stdout is: block-buffered
             cwd="/",
@@ -128,6 +127,10 @@ class ForkServer:
                 reply = {}
         return int(reply.get("code", -signal.SIGKILL))
 
+    def release(self) -> None:
+        """The end of a use that ``server_for`` counted."""
+        release()
+
     def close(self) -> None:
         self._sock.close()  # the server reads its end and exits
         try:
@@ -159,13 +162,16 @@ def release() -> None:
             _server = None
 
 
-def server_for(cmd: list[str], env: dict[str, str]) -> tuple[ForkServer, str] | None:
+def server_for(
+    cmd: list[str], env: dict[str, str], marker_env: str
+) -> tuple[ForkServer, str] | None:
     """The running server (started now if need be) and the module, when ``cmd`` may be forked
-    from it (see the module's docstring), the caller counted as a user; None: exec it."""
+    from it (see the module's docstring), the caller counted as a user; None: exec it.
+    ``marker_env`` names the variable of ``env`` that marks the container's processes."""
     global _server, _users
     if os.environ.get(SWITCH_ENV, "1") == "0" or len(cmd) < 3 or cmd[1] != "-m":
         return None
-    if cmd[2].rpartition(".")[0] not in PACKAGES or len(env.get(MARKER_ENV, "").encode()) > SLOT:
+    if cmd[2].rpartition(".")[0] not in PACKAGES or len(env[marker_env].encode()) > SLOT:
         return None
     if not env.get(THREADS_ENV, "1").isdigit() or int(env.get(THREADS_ENV, "1")) < 1:
         return None  # a value torch would refuse: as exec, with its own warning
@@ -175,7 +181,7 @@ def server_for(cmd: list[str], env: dict[str, str]) -> tuple[ForkServer, str] | 
     with _lock:
         if _server is None or (_server.ready and _server.proc.poll() is not None):
             base = {k: v for k, v in env.items() if k in ("PATH", "HOME")}
-            _server = ForkServer({**base, **load_env(env)})  # none yet, or it was killed
+            _server = ForkServer({**base, **load_env(env)}, marker_env)  # none yet, or killed
             if not _server.ready:  # kept as it is: every pod is exec'd from now on
                 log.warning("fork server off: it could not import %s", ", ".join(PRELOAD))
         if not _server.ready or load_env(env) != load_env(_server.env):
@@ -184,7 +190,7 @@ def server_for(cmd: list[str], env: dict[str, str]) -> tuple[ForkServer, str] | 
         return _server, cmd[2]
 
 
-def serve(fd: int) -> None:
+def serve(fd: int, marker_env: str) -> None:
     """The server's process: import ``PRELOAD``, then fork a container per request."""
     import importlib
 
@@ -215,14 +221,14 @@ def serve(fd: int) -> None:
             pid = os.fork()
             if pid == 0:
                 sock.close()
-                _child(request, fds, threads)
+                _child(request, fds, threads, marker_env)
             reply = {"pid": pid}
             for f in fds:
                 os.close(f)
         sock.sendall(json.dumps(reply).encode())
 
 
-def _child(request: dict[str, Any], fds: list[int], threads: int) -> None:
+def _child(request: dict[str, Any], fds: list[int], threads: int, marker_env: str) -> None:
     """Become the container (see the module's docstring); never returns."""
     code = 1
     try:
@@ -235,7 +241,7 @@ def _child(request: dict[str, Any], fds: list[int], threads: int) -> None:
         for fd in (null, *fds):
             os.close(fd)
         env = request["env"]
-        _write_marker(env[MARKER_ENV])
+        _write_marker(marker_env, env[marker_env])
         os.environ.clear()
         os.environ.update(env)
         _fresh_signals()
@@ -251,7 +257,7 @@ def _child(request: dict[str, Any], fds: list[int], threads: int) -> None:
         _exit(code)
 
 
-def _write_marker(marker: str) -> None:
+def _write_marker(name: str, marker: str) -> None:
     """Write the marker into this process's environment block, which ``/proc/<pid>/environ``
     shows (``setenv`` leaves that block as it is)."""
     import ctypes
@@ -260,7 +266,7 @@ def _write_marker(marker: str) -> None:
         env_start = int(f.read().rsplit(b")", 1)[1].split()[47])  # field 50: env_start
     with open("/proc/self/environ", "rb") as f:
         block = b"\0" + f.read()  # every entry after a NUL, the first too
-    at = block.index(f"\0{MARKER_ENV}=".encode()) + len(MARKER_ENV) + 1
+    at = block.index(f"\0{name}=".encode()) + len(name) + 1
     ctypes.memmove(env_start + at, marker.encode().ljust(SLOT, b"\0"), SLOT)
 
 
@@ -318,5 +324,5 @@ def _exit(code: int) -> None:
 
 
 if __name__ == "__main__":  # the server's process
-    serve(int(sys.argv[1]))
+    serve(int(sys.argv[1]), sys.argv[2])
     os._exit(0)  # nothing to flush; tearing down torch would hold up the simulator's stop

@@ -31,11 +31,13 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mnnvl.sim.core import forkserver
-from mnnvl.sim.core.forkserver import MARKER_ENV
+if TYPE_CHECKING:
+    from mnnvl.sim.core.forkserver import ForkServer
 
 log = logging.getLogger(__name__)
+MARKER_ENV = "MNNVL_SIM_CONTAINER"
 KILL_WAIT_S = 5.0  # how long to wait for a container's processes to exit after SIGKILL
 # Memory of one process of a simulated pod with torch imported (the pod's launcher and each
 # of its workers): RSS measured 225..290 MiB on CPU (a 2-node CPU run, Python 3.11, torch 2.13).
@@ -52,15 +54,18 @@ class Container:
         self.exited = threading.Event()  # the main process has exited and the rest is gone
         env = {**env, MARKER_ENV: marker}
         self.proc: subprocess.Popen[bytes] | None = None
-        self.server: forkserver.ForkServer | None = None
+        self.server: ForkServer | None = None
+        # imported here: the Guard runs this file alone, on the standard library only
+        from mnnvl.sim.core import forkserver
+
         with open(log_path, "ab") as logf:
-            forkable = forkserver.server_for(cmd, env)
+            forkable = forkserver.server_for(cmd, env, MARKER_ENV)
             if forkable is not None:
                 self.server, module = forkable
                 try:
                     self.pid = self.server.start(module, cmd[3:], env, cwd, logf.fileno())
                 except BaseException:
-                    forkserver.release()
+                    self.server.release()
                     raise
                 return
             self.proc = subprocess.Popen(
@@ -83,7 +88,7 @@ class Container:
         kill_all(self.marker, {self.pid: self.marker})
         if self.server is not None:
             code = self.server.reap(self.pid)
-            forkserver.release()
+            self.server.release()
         else:
             assert self.proc is not None
             code = self.proc.wait()
