@@ -78,11 +78,11 @@ def test_a_forked_pod_sees_exactly_its_env_cwd_argv_and_writes_its_log(
     probe_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SIMULATOR_ONLY", "leak")
-    pod, log = start(probe_path, tmp_path, "done", "x y")
+    pod, log = start(probe_path, tmp_path, "done", "x y", NCCL_NVLS_ENABLE="0")  # a pinned one
     assert pod.wait() == 0
     got = seen(log)
     assert got["forked"]
-    marker = {MARKER_ENV: f"test/{tmp_path.name}"}
+    marker = {MARKER_ENV: f"test/{tmp_path.name}", "NCCL_NVLS_ENABLE": "0"}
     want = {"PATH": os.environ["PATH"], "PYTHONPATH": str(probe_path), "POD_ONLY": "yes", **marker}
     assert got["env"] == want
     assert got["cwd"] == str(tmp_path)
