@@ -15,12 +15,13 @@ them, a session of its own (``os.killpg(pid, …)`` and ``procs.members`` work),
 dispositions of a new interpreter and an empty signal mask, fresh ``random`` seeds, the exit
 code (``SystemExit``'s, 1 with the traceback for an uncaught exception, the signal's) and the
 end of a normal interpreter exit (threads joined, atexit functions run, output flushed).
-``/proc/<pid>/environ`` holds the pod's marker (``procs.MARKER_ENV``), written into a slot of
-the server's environment block, since that block is what the kernel shows there and what
-``procs.members`` reads.
+``/proc/<pid>/environ`` (the environment a process was exec'd with) is the server's, with the
+pod's marker (``procs.MARKER_ENV``) written into a slot of it, since ``procs.members`` finds a
+container's processes there.
 
 What differs, and why it may: ``OMP_NUM_THREADS`` is read when libgomp loads, so the child
-applies it with ``torch.set_num_threads`` (or the count a new process would take). The other
+applies it with ``torch.set_num_threads`` (or the count a new process would take), and the
+launcher applies its workers' ``OMP_NUM_THREADS=1`` the same way. The other
 variables the product's pods set are read later, in the pod: ``NCCL_*`` and
 ``TORCH_NCCL_*`` when a communicator is created, ``TORCH_SYMM_MEM_*`` and ``NVSHMEM_*`` when
 symmetric memory is, ``CUDA_VISIBLE_DEVICES`` when CUDA initialises, which the server never
