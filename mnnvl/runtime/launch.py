@@ -350,6 +350,8 @@ def run(ns: argparse.Namespace) -> int:
     termination message."""
     if ns.nproc_per_node > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun; read when torch loads
+        if "torch" in sys.modules:  # loaded before this module ran (a process forked from one)
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     # Blocked before torch starts any thread, so that no thread of this process takes a
     # stop signal's default action; the workers unblock them after the fork.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)

@@ -18,6 +18,7 @@ from mnnvl.sim.api.faults import Faults
 from mnnvl.sim.api.model import TERMINAL
 from mnnvl.sim.api.selectors import label_matcher
 from mnnvl.sim.api.store import ApiError, Obj, Store, WatchEvent
+from mnnvl.sim.core import forkserver
 from mnnvl.sim.core.podenv import ProcessEnv
 from mnnvl.sim.core.podworker import MAX_GRACE_S, PodWorker
 from mnnvl.sim.core.procs import Guard, kill_all, members
@@ -41,6 +42,7 @@ class Kubelet(Controller):
         self.ran: dict[str, Obj] = {}  # container marker -> its pod's metadata
         self._lock = threading.Lock()
         self._guard = Guard(self.token + "/")
+        forkserver.acquire()  # held while the kubelet runs: restarts reuse the server
 
     def stop(self) -> None:
         super().stop()
@@ -52,6 +54,7 @@ class Kubelet(Controller):
         for t in removers:
             t.join(timeout=2 * (MAX_GRACE_S + 6))
         kill_all(self.token + "/", {})  # whatever no worker knew of any more
+        forkserver.release()
         self._guard.close()
         self.env.close()
 

@@ -14,7 +14,8 @@ privileges (cgroups do) and it names the container (a child subreaper would only
 simulator the parent of every orphan of every pod). The session catches a process that drops
 the marker from its environment but stays in the container's session. The main process's
 exit is awaited without reaping it, so its pid, and with it the session id, cannot be reused
-before the rest has been killed.
+before the rest has been killed. A container that runs one of the product's runtime modules is
+forked from a server that has imported torch already (``forkserver``), the same to the pod.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mnnvl.sim.core.forkserver import ForkServer
 
 log = logging.getLogger(__name__)
 MARKER_ENV = "MNNVL_SIM_CONTAINER"
@@ -47,24 +52,46 @@ class Container:
     ) -> None:
         self.marker = marker
         self.exited = threading.Event()  # the main process has exited and the rest is gone
+        env = {**env, MARKER_ENV: marker}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.server: ForkServer | None = None
+        # imported here: the Guard runs this file alone, on the standard library only
+        from mnnvl.sim.core import forkserver
+
         with open(log_path, "ab") as logf:
+            forkable = forkserver.server_for(cmd, env, MARKER_ENV)
+            if forkable is not None:
+                self.server, module = forkable
+                try:
+                    self.pid = self.server.start(module, cmd[3:], env, cwd, logf.fileno())
+                except BaseException:
+                    self.server.release()
+                    raise
+                return
             self.proc = subprocess.Popen(
-                cmd,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                env={**env, MARKER_ENV: marker},
-                cwd=cwd,
-                start_new_session=True,
+                cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
             )
         self.pid = self.proc.pid
 
     def wait(self) -> int:
         """Wait for the main process to exit, kill every other process of the container, then
         return the exit code (128 + the signal's number when a signal ended it)."""
-        with contextlib.suppress(ChildProcessError):
-            os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+        if self.server is not None:  # the server's child: exited once its pidfd is readable
+            fd = os.pidfd_open(self.pid)
+            try:
+                select.select([fd], [], [])
+            finally:
+                os.close(fd)
+        else:
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
         kill_all(self.marker, {self.pid: self.marker})
-        code = self.proc.wait()
+        if self.server is not None:
+            code = self.server.reap(self.pid)
+            self.server.release()
+        else:
+            assert self.proc is not None
+            code = self.proc.wait()
         self.exited.set()
         return 128 - code if code < 0 else code
 
