@@ -136,7 +136,11 @@ def test_a_forked_launchers_workers_run_one_thread_each_as_torchrun_sets_it(
 ) -> None:
     launch = ["-m", "mnnvl.runtime.launch", "--nnodes=1", "--nproc-per-node=2", "--node-rank=0"]
     where = ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
-    pod, log = start(probe_path, tmp_path, *launch, *where, "-m", "simprobe.pod", "done")
+    # The launcher's own package too, where it is not installed (a checkout on PYTHONPATH).
+    path = os.pathsep.join([str(probe_path), str(Path(__file__).resolve().parents[2])])
+    pod, log = start(
+        probe_path, tmp_path, *launch, *where, "-m", "simprobe.pod", "done", PYTHONPATH=path
+    )
     assert pod.wait() == 0, log.read_text()
     workers = [json.loads(x[5:]) for x in log.read_text().splitlines() if x.startswith("SEEN ")]
     assert [w["threads"] for w in workers] == [1, 1]
