@@ -45,6 +45,12 @@ print("atexit and buffered output reach the log")
 """
 
 
+@pytest.fixture(autouse=True)
+def fork_server_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server is off by default (``MNNVL_SIM_FORK_SERVER``): these tests turn it on."""
+    monkeypatch.setenv(forkserver.SWITCH_ENV, "1")
+
+
 @pytest.fixture(scope="module")
 def probe_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A package of one probe module on PYTHONPATH, forked as the runtime's modules are; the
