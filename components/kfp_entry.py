@@ -158,7 +158,7 @@ _FIRSTS = [
         "provision",
         f"First task of {name}: validate every pipeline parameter, then provision\n"
         "the ComputeDomain, so bad input fails before any object exists.",
-        pipeline.grouped_parameters(),
+        surface.grouped(pipeline.parameters()),
         returns=_DOMAIN,
         pipeline=name,
     )

@@ -80,7 +80,7 @@ def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
     """The pipeline's parameters (kebab-case), then the Argo-only ones its steps use."""
     params = [
         Parameter(name=p.kebab, value=p.text(), description=p.description, enum=t.parameter(p).enum)
-        for p in plan.grouped_parameters(ARGO)
+        for p in surface.grouped(plan.parameters(ARGO))
     ]
     steps = {task.step for task in plan.tasks}
     for name, (default, description) in ARGO_ONLY.items():

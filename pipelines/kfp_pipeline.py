@@ -107,7 +107,9 @@ def build_pipeline(name: str) -> Callable[..., None]:
         bound.apply_defaults()
         _wire(plan, dict(bound.arguments))
 
-    kfp_entry.declare(pipeline, name.replace("-", "_"), plan.description, plan.grouped_parameters())
+    kfp_entry.declare(
+        pipeline, name.replace("-", "_"), plan.description, surface.grouped(plan.parameters())
+    )
     # Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
     # as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the
     # exit handler's teardown; each step has its own deadline (job_timeout_s).

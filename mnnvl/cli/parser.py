@@ -37,15 +37,12 @@ def _grouped_flags(
     p: argparse.ArgumentParser,
     inputs: list[surface.Input],
     *,
-    defaults: dict[str, Any] | None = None,
     required: bool = True,
 ) -> None:
     """One flag per input under its group's heading in --help, and ``--<group>-json``: the
     group's inputs as one JSON object, as the Argo templates pass them."""
     groups = {key: p.add_argument_group(title) for key, title in HELP_GROUPS.items()}
-    flags.add_inputs(
-        p, inputs, defaults=defaults, group=lambda i: groups[i.group], required=required
-    )
+    flags.add_inputs(p, inputs, group=lambda i: groups[i.group], required=required)
     for name in dict.fromkeys(i.group for i in inputs if i.group):
         groups[name].add_argument(
             f"--{name}-json",
@@ -257,8 +254,7 @@ def _spec_flags(p: argparse.ArgumentParser, name: str) -> None:
     ``run`` and ``render``: the training pipeline's parameters, named as the KFP and Argo
     pipelines name them (``--train-timeout-s``); ``status``: the run's domain."""
     if name in surface.STEP_CLASSES:
-        presets = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(name, {}).items()}
-        _grouped_flags(p, surface.step_inputs(name), defaults=presets)
+        _grouped_flags(p, surface.step_inputs(name))
     elif name == "status":
         domain = surface.class_inputs(DomainSpec)
         _grouped_flags(p, [i for i in domain if i.name not in _STATUS_SKIPS])

@@ -298,14 +298,14 @@ def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
     return from_inputs(cls, **(kwargs | extra))
 
 
-def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
-    """Every spec a step builds from its inputs, each given on its own or inside its group
-    (raises ``SpecError`` on the first bad one)."""
+def step_specs(step: str, run_id: str, values: dict[str, Any], *classes: type) -> list[Any]:
+    """Every spec a step builds from its inputs (or only ``classes``), each given on its own
+    or inside its group (raises ``SpecError`` on the first bad one)."""
     inputs = step_inputs(step)
     full = {i.name: i.default for i in inputs if not i.required} | pick(values, inputs)
     out = [
         build(cls, full, run_id=run_id) if cls in (DomainSpec, WorkloadSpec) else build(cls, full)
-        for cls in STEP_CLASSES[step]
+        for cls in classes or STEP_CLASSES[step]
     ]
     if step == "train":
         check_shared_storage(*out)
@@ -362,10 +362,6 @@ class Pipeline:
                     raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
         return list(params.values())
 
-    def grouped_parameters(self, surface: str = KFP) -> list[Input]:
-        """The parameters as KFP and Argo have them (``grouped``)."""
-        return grouped(self.parameters(surface))
-
     def component_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
         """The task's component (or template) inputs from the grouped pipeline parameters:
         a group goes whole to every task with inputs in it."""
@@ -386,7 +382,7 @@ class Pipeline:
         """Every task with the specs its step builds from pipeline parameter values (strings
         are fine; unset parameters take the step's default). The one walk over a pipeline's
         tasks: ``mnnvl run``, ``mnnvl render`` and the pipelines' first-task check use it."""
-        params = {p.name: p for p in self.parameters(CLI) + self.grouped_parameters()}
+        params = {p.name: p for p in self.parameters(CLI) + grouped(self.parameters())}
         unknown = sorted(set(values) - set(params))
         if unknown:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
@@ -526,8 +522,6 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
 def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | str) -> None:
     """Validate a pipeline's parameters: a dict, Argo's ``[{name, value}]`` list (kebab case
     names), or its JSON."""
-    if name not in PIPELINES:
-        raise SpecError("pipeline", f"{name!r} is not one of {', '.join(PIPELINES)}")
     if isinstance(values, str):
         try:
             values = json.loads(values) if values.strip() else {}

@@ -250,9 +250,9 @@ def test_the_cli_and_the_components_resolve_the_pods_namespace_at_the_edge(
 
     monkeypatch.setenv("POD_NAMESPACE", "team-b")
     ns = cli.build_parser().parse_args(["provision", "--run-id", RUN])
-    assert cli._run_spec(DomainSpec, ns).namespace == "team-b"
+    assert cli._specs("provision", ns)[0].namespace == "team-b"
     ns = cli.build_parser().parse_args(["provision", "--run-id", RUN, "--namespace", "team-a"])
-    assert cli._run_spec(DomainSpec, ns).namespace == "team-a"
+    assert cli._specs("provision", ns)[0].namespace == "team-a"
     assert bodies._specs("verify", {"run_id": RUN})[0].namespace == "team-b"
 
 
