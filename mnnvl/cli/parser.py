@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
             help=help_text,
-            description=what,
+            description=f"{help_text[:1].upper()}{help_text[1:]}. {what}",
             epilog=f"example:\n  {example}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
