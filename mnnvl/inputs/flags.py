@@ -6,12 +6,12 @@ list (``--env '["A=1,2", "B=x=y"]'``), as Argo passes them.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from mnnvl.inputs.defaults import SWITCHES
 from mnnvl.inputs.spec import CLI, OwnerRef, leaves
-from mnnvl.inputs.surface import GROUP_HELP, Input, build, class_inputs
+from mnnvl.inputs.surface import GROUP_HELP, Input, build
 
 T = TypeVar("T")
 REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)
@@ -26,14 +26,9 @@ def _metavar(item: Input) -> str:
     return {"int": "N", "float": "X", "list": "ITEM"}.get(item.kind, "TEXT")
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one ``--flag`` per CLI field of ``cls``."""
-    add_inputs(parser, list(class_inputs(cls)))
-
-
 def add_inputs(
     parser: argparse.ArgumentParser,
-    inputs: list[Input],
+    inputs: Iterable[Input],
     *,
     group: Callable[[Input], Any] | None = None,
     required: bool = False,
