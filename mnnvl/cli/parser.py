@@ -23,16 +23,6 @@ _RENDER_SKIPS = frozenset(
 _ON_THIS_MACHINE = "on the machine this command runs on (not --output-dir, inside the worker pods)"
 
 
-# Help groups, in the order --help lists them: the inputs of their own, then KFP's and
-# Argo's groups (``surface.GROUP_HELP``).
-HELP_GROUPS = {
-    "": "inputs",
-    **{name: f"{name}: {about}" for name, about in surface.GROUP_HELP.items()},
-}
-# Inputs a command does not use (the rest of its specs' CLI inputs are its flags).
-_STATUS_SKIPS = frozenset({"allocation_mode", "rct_timeout_s", "delete_timeout_s"})
-
-
 def _grouped_flags(
     p: argparse.ArgumentParser,
     inputs: list[surface.Input],
@@ -41,7 +31,10 @@ def _grouped_flags(
 ) -> None:
     """One flag per input under its group's heading in --help, and ``--<group>-json``: the
     group's inputs as one JSON object, as the Argo templates pass them."""
-    groups = {key: p.add_argument_group(title) for key, title in HELP_GROUPS.items()}
+    # In --help: the inputs of their own, then KFP's and Argo's groups.
+    groups = {"": p.add_argument_group("inputs")} | {
+        name: p.add_argument_group(f"{name}: {about}") for name, about in surface.GROUP_HELP.items()
+    }
     flags.add_inputs(p, inputs, group=lambda i: groups[i.group], required=required)
     for name in dict.fromkeys(i.group for i in inputs if i.group):
         groups[name].add_argument(
@@ -247,8 +240,8 @@ def _spec_flags(p: argparse.ArgumentParser, name: str) -> None:
     if name in surface.STEP_CLASSES:
         _grouped_flags(p, surface.step_inputs(name))
     elif name == "status":
-        domain = surface.class_inputs(DomainSpec)
-        _grouped_flags(p, [i for i in domain if i.name not in _STATUS_SKIPS])
+        teardown = surface.step_inputs("teardown")  # the run's domain, without its waits
+        _grouped_flags(p, [i for i in teardown if i.name != "delete_timeout_s"])
     elif name in ("run", "render"):
         # `run` names a run itself when no --run-id is given; `render` needs one.
         run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")

@@ -253,17 +253,6 @@ STEP_DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
 }
 
 
-def check_launch_purpose(purpose: str) -> None:
-    """A launched workload's Job is never named as a step's own: ``train`` and ``verify*``
-    are the train and verify steps' Jobs (the same name would adopt or conflict with one)."""
-    if purpose != "job":
-        raise SpecError(
-            "purpose",
-            f"{purpose!r} names the {purpose.split('-')[0]} step's Job; a launched workload's "
-            "Job is job (leave purpose unset)",
-        )
-
-
 def step_inputs(step: str, surface: str | None = None) -> list[Input]:
     """The inputs of one step (optionally only those ``surface`` exposes), step defaults applied."""
     seen: dict[str, Input] = {}
@@ -309,8 +298,13 @@ def step_specs(step: str, run_id: str, values: dict[str, Any], *classes: type) -
     ]
     if step == "train":
         check_shared_storage(*out)
-    if step == "launch":
-        check_launch_purpose(out[0].purpose)
+    if step == "launch" and out[0].purpose != "job":
+        # train and verify* name those steps' Jobs: the same name would adopt or conflict.
+        raise SpecError(
+            "purpose",
+            f"{out[0].purpose!r} names the {out[0].purpose.split('-')[0]} step's Job; a "
+            "launched workload's Job is job (leave purpose unset)",
+        )
     return out
 
 
