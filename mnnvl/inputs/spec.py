@@ -524,9 +524,7 @@ class TrainConfig(_WorkerTimeouts):
     (``defaults.PRESET_TRAIN_DEFAULTS``) here, so every surface and the worker see concrete values.
     """
 
-    model: str = opt(
-        "tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b", choices=defaults.MODEL_PRESETS
-    )
+    model: str = opt("tiny", "model preset", choices=defaults.MODEL_PRESETS)
     steps: int = opt(20, "optimizer steps in total, across resumes", valid=(1, 10_000_000))
     seq_len: int = train_opt(0, "sequence length; 0 = the preset's", valid=(0, 131072))
     batch_size: int = opt(
@@ -543,9 +541,7 @@ class TrainConfig(_WorkerTimeouts):
     )
     weight_decay: float = train_opt(0.1, "AdamW weight decay", valid=(0.0, 10.0))
     grad_clip: float = train_opt(1.0, "gradient norm clip; 0 = off", valid=(0.0, 1e6))
-    dtype: str = train_opt(
-        "auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=defaults.DTYPES
-    )
+    dtype: str = train_opt("auto", "auto = bf16 on GPU, fp32 on CPU", choices=defaults.DTYPES)
     compile: str = train_opt(
         "auto",
         "torch.compile each block: true, false, or auto = on GPUs for the 125m preset and "
