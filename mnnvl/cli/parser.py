@@ -9,7 +9,6 @@ from typing import Any, NoReturn
 from mnnvl import __version__
 from mnnvl.cli.help import COMMANDS
 from mnnvl.inputs import flags, surface
-from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim.nvidia.stacks import GPU_STACKS, IMEX_MODES
 
 # Commands that talk to no cluster: no --kubeconfig (`sim up` has its own: where it writes one).
@@ -244,9 +243,8 @@ def _spec_flags(p: argparse.ArgumentParser, name: str) -> None:
         _grouped_flags(p, [i for i in teardown if i.name != "delete_timeout_s"])
     elif name in ("run", "render"):
         # `run` names a run itself when no --run-id is given; `render` needs one.
-        run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
         skip = _RENDER_SKIPS if name == "render" else frozenset()
-        inputs = [run_id, *(i for i in surface.run_parameters() if i.name not in skip)]
+        inputs = [i for i in surface.run_parameters() if i.name not in skip]
         _grouped_flags(p, inputs, required=name == "render")
 
 

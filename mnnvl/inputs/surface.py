@@ -446,8 +446,7 @@ def run_parameters() -> list[Input]:
     has them (renamed as in KFP and Argo, e.g. ``train_timeout_s``), with the steps' defaults."""
     pipeline = PIPELINES[RUN_PIPELINE]
     # The run's reports go to --report-dir on this side; the workers' own output dir is not used.
-    skip = {"run_id", "output_dir"}
-    return [p for p in pipeline.parameters(CLI, own_defaults=False) if p.name not in skip]
+    return [p for p in pipeline.parameters(CLI, own_defaults=False) if p.name != "output_dir"]
 
 
 # Workflow parameters only the Argo workflows have (the launcher pods' account, image and
