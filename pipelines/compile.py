@@ -151,19 +151,16 @@ def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], 
     from mnnvl.pipelines import kfp_pipeline as kp
 
     out = {f"components/{name}.yaml": _kfp_pipeline(c) for name, c in COMPONENTS.items()}
-    for name, func in kp.PIPELINES.items():
-        out[f"pipelines/compiled/{name}.kfp.yaml"] = _kfp_pipeline(func)
+    out |= {f"pipelines/compiled/{n}.kfp.yaml": _kfp_pipeline(f) for n, f in kp.PIPELINES.items()}
     templates: dict[str, Callable[[], dict[str, Any]]] = {
         f"{name}.workflowtemplate.yaml": aw.build_workflow_template(name).to_dict
         for name in aw.WORKFLOW_TEMPLATES
     }
-    for name, make in templates.items():
-        out[f"pipelines/compiled/{name}"] = _yaml_doc(make)
+    out |= {f"pipelines/compiled/{name}": _yaml_doc(make) for name, make in templates.items()}
     out[f"pipelines/compiled/{aw.TEMPLATE_NAME}.workflow.yaml"] = _yaml_doc(aw.workflow_manifest)
 
     kfp = {f"{name}.k8s.yaml": _kfp_k8s(func, name, images) for name, func in kp.PIPELINES.items()}
-    for name, write in kfp.items():
-        out[f"pipelines/gitops/kfp/{name}"] = write
+    out |= {f"pipelines/gitops/kfp/{name}": write for name, write in kfp.items()}
     out["pipelines/gitops/kfp/kustomization.yaml"] = _kustomization(
         list(kfp), "KFP Pipeline + PipelineVersion CRs (Kubernetes-native API server mode)"
     )
@@ -171,8 +168,7 @@ def targets(images: dict[str, str] | None = None) -> dict[str, Callable[[Path], 
         f"{aw.FABRIC_CHECK_NAME}.cronworkflow.yaml": aw.fabric_check_cron_manifest,
         f"{aw.REAP_NAME}.cronworkflow.yaml": aw.reap_cron_manifest,
     }
-    for name, make in argo.items():
-        out[f"pipelines/gitops/argo/{name}"] = _yaml_doc(make)
+    out |= {f"pipelines/gitops/argo/{name}": _yaml_doc(make) for name, make in argo.items()}
     out["pipelines/gitops/argo/kustomization.yaml"] = _kustomization(
         list(argo),
         "Argo WorkflowTemplates and CronWorkflows; bind RBAC with manifests/overlays/argo",

@@ -485,11 +485,10 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
             raise SpecError(name, text) from None
         check_range(name, deadline_s, 1, 30 * 86400, integer=True)
         limits = workload.deadlines
-        room = deadline_s - limits.pods_running_timeout_s - workload.job_timeout_s
-        room -= LAUNCHER_MARGIN_S
+        waits = limits.pods_running_timeout_s + workload.job_timeout_s + LAUNCHER_MARGIN_S
+        room, need = deadline_s - waits, waits + limits.admission_timeout_s
         took = f"{timeout} {workload.job_timeout_s:g} s + deadlines.pods_running_timeout_s "
         took += f"{limits.pods_running_timeout_s:g} s"
-        need = deadline_s - room + limits.admission_timeout_s
         if workload.queue_name and not limits.admission_timeout_s:
             text = (
                 f"{deadline_s:g} s bounds the {task.step} launcher pod, but queue_name is set and "
