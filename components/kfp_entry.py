@@ -19,14 +19,8 @@ from mnnvl.inputs import surface
 from mnnvl.inputs.spec import KFP
 from mnnvl.inputs.surface import Input
 
-_TYPE: dict[str, Any] = {  # an input's kind -> its KFP type
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "list": list[str],
-    "dict": dict,
-}
+# An input's kind -> its KFP type: the builtin of that name; a list is a list of strings.
+_TYPE: dict[str, Any] = {t.__name__: t for t in (int, float, str, bool, dict)} | {"list": list[str]}
 _OUTPUTS = {
     "metrics": (Output[Metrics], "numbers from the step's result"),
     "report": (Output[HTML], "HTML report"),
