@@ -44,8 +44,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "logs": (
         "print the log of one of the run's worker pods",
-        "The pod of node rank --rank of the run's latest step, on stdout (the result line goes "
-        "to stderr).",
+        "The pod of the run's latest step, on stdout (the result line goes to stderr).",
         "mnnvl logs --run-id demo --namespace team-a --rank 1",
     ),
     "preflight": (
@@ -73,9 +72,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "baselines": (
         "print the bus-bandwidth baseline table",
-        "The busbw verify judges against without --min-busbw-gbps, each with its source and "
-        "date, on stderr; --system: the row of --nodes x --gpus-per-node (a partial NVL72 rack "
-        "gets the rack's). Needs no cluster.",
+        "What verify judges against without --min-busbw-gbps, with sources, on stderr (a "
+        "partial NVL72 rack gets the rack's row). Needs no cluster.",
         "mnnvl baselines --system gb200 --nodes 4 --gpus-per-node 4",
     ),
     "sim": (

@@ -400,7 +400,7 @@ class Pipeline:
 STEP_RETRIES = 2
 STEP_RETRY_BACKOFF_S = 15
 STEP_RETRY_FACTOR = 2
-STEP_RETRY_WINDOW_S = 3600
+STEP_RETRY_WINDOW = "3600s"  # as KFP and Argo write a duration
 
 _PROVISION = Task("provision", "provision")
 _TEARDOWN = Task("teardown", "teardown")
