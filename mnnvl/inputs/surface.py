@@ -19,7 +19,6 @@ from typing import Any
 from mnnvl.errors import SpecError
 from mnnvl.inputs.checks import check_range, parse_bytes, parse_env, parse_list, plain
 from mnnvl.inputs.spec import (
-    ARGO,
     CLI,
     KFP,
     DomainSpec,
@@ -536,6 +535,3 @@ def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | st
         raise named(e) from None
     if argo:
         check_launcher_deadlines(planned, values)
-
-
-__all__ = ["ARGO", "CLI", "KFP", "PIPELINES", "Input", "Pipeline", "Task", "check_pipeline"]
