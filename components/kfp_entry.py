@@ -38,10 +38,15 @@ class Spec:
     name: str
     step: str
     summary: str
-    inputs: list[Input]
     outputs: tuple[str, ...] = ()
     returns: str = ""
     pipeline: str = ""  # a pipeline's first task: validate all its parameters, then provision
+
+    @property
+    def inputs(self) -> list[Input]:
+        """The step's inputs, or a first task's: all of its pipeline's parameters (grouped)."""
+        plan = surface.PIPELINES.get(self.pipeline)
+        return surface.grouped(plan.parameters() if plan else surface.step_inputs(self.step, KFP))
 
 
 def declare(
@@ -98,15 +103,8 @@ def executable(name: str) -> Callable[..., Any]:
     return signed(run, spec)
 
 
-def _step(
-    name: str, step: str, summary: str, outputs: tuple[str, ...] = (), returns: str = ""
-) -> Spec:
-    inputs = surface.grouped(surface.step_inputs(step, KFP))
-    return Spec(name, step, summary, inputs, outputs, returns)
-
-
 _STEPS = [
-    _step(
+    Spec(
         "preflight_cluster",
         "preflight",
         "Check, read-only, that the cluster is ready for a run (CRD, DeviceClasses, cliques,\n"
@@ -114,33 +112,33 @@ _STEPS = [
         "CTRF report are written before a failing row fails the task.",
         ("result", "ctrf"),
     ),
-    _step(
+    Spec(
         "provision_domain",
         "provision",
         "Create (or adopt) the run's ComputeDomain and wait for its channel claim template.",
         returns=_DOMAIN,
     ),
-    _step(
+    Spec(
         "train_sharded",
         "train",
         "Run FSDP2 training as a multi-node Indexed Job inside the run's ComputeDomain.",
         ("metrics", "report", "result"),
     ),
-    _step(
+    Spec(
         "verify_nvlink",
         "verify",
         "Check NVLink/IMEX health and all-reduce bus bandwidth across the run's nodes; the\n"
         "metrics and report are written before a FAIL verdict fails the task.",
         ("metrics", "report", "result", "ctrf"),
     ),
-    _step(
+    Spec(
         "launch_workload",
         "launch",
         "Run your image and command (or a Python module, once per GPU) on every node of the\n"
         "run's ComputeDomain; numbers of its ``RESULT {json}`` line become metrics.",
         ("metrics", "result"),
     ),
-    _step(
+    Spec(
         "teardown_domain",
         "teardown",
         "Delete every object of the run (workload first, then the ComputeDomain); idempotent.",
@@ -152,11 +150,10 @@ _FIRSTS = [
         "provision",
         f"First task of {name}: validate every pipeline parameter, then provision\n"
         "the ComputeDomain, so bad input fails before any object exists.",
-        surface.grouped(pipeline.parameters()),
         returns=_DOMAIN,
         pipeline=name,
     )
-    for name, pipeline in surface.PIPELINES.items()
+    for name in surface.PIPELINES
 ]
 SPECS = {spec.name: spec for spec in [*_STEPS, *_FIRSTS]}
 
