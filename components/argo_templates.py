@@ -30,8 +30,6 @@ LAUNCHER_IMAGE_INPUT = "launcher-image"
 DEADLINE_INPUT = "deadline-s"
 PIPELINE_INPUT = "pipeline"
 PIPELINE_PARAMETERS_INPUT = "pipeline-parameters"
-# Transport flags: Argo hands a list over as one JSON string.
-JSON_FLAGS = {"command": "--command-json"}
 DEADLINES = {"train": "28800", "verify": "3600", "launch": "28800"}
 # In the order the WorkflowTemplates list them.
 STEPS = ("provision", "preflight", "train", "verify", "launch", "teardown")
@@ -60,9 +58,6 @@ def launcher_pod(step: str) -> dict[str, Any]:
     }
 
 
-RETRY_MAX_DURATION = f"{surface.STEP_RETRY_WINDOW_S}s"  # when new attempts may start
-
-
 def retry(*, backoff: bool = True, lost_pod: bool = False) -> RetryStrategy:
     """Up to ``RETRY_LIMIT`` retries, only for exit codes a retry can fix; ``lost_pod``: only
     when the step's pod was lost. A workload step may be lost hours into its Job, so its
@@ -75,7 +70,7 @@ def retry(*, backoff: bool = True, lost_pod: bool = False) -> RetryStrategy:
             m.Backoff(
                 duration=f"{surface.STEP_RETRY_BACKOFF_S}s",
                 factor=m.IntOrString(str(surface.STEP_RETRY_FACTOR)),
-                max_duration=None if lost_pod else RETRY_MAX_DURATION,
+                max_duration=None if lost_pod else surface.STEP_RETRY_WINDOW,
             )
             if backoff
             else None
@@ -94,7 +89,8 @@ def input_args(item: Input) -> list[str]:
     if item.kind == "bool":
         # The CLI takes --x/--no-x; an Argo expression picks one from "true"/"false".
         return [f"{{{{={ref} == 'true' ? '{item.flag}' : '--no-{item.kebab}'}}}}"]
-    flag = item.flag + "-json" if item.kind == "dict" else JSON_FLAGS.get(item.name, item.flag)
+    # A group, and the command (a JSON list), come as one JSON text: --<name>-json.
+    flag = item.flag + "-json" if item.kind == "dict" or item.name == "command" else item.flag
     return [flag, _ref(item.kebab)]
 
 

@@ -19,14 +19,8 @@ from mnnvl.inputs import surface
 from mnnvl.inputs.spec import KFP
 from mnnvl.inputs.surface import Input
 
-_TYPE: dict[str, Any] = {  # an input's kind -> its KFP type
-    "int": int,
-    "float": float,
-    "str": str,
-    "bool": bool,
-    "list": list[str],
-    "dict": dict,
-}
+# An input's kind -> its KFP type: the builtin of that name; a list is a list of strings.
+_TYPE: dict[str, Any] = {t.__name__: t for t in (int, float, str, bool, dict)} | {"list": list[str]}
 _OUTPUTS = {
     "metrics": (Output[Metrics], "numbers from the step's result"),
     "report": (Output[HTML], "HTML report"),
@@ -44,10 +38,15 @@ class Spec:
     name: str
     step: str
     summary: str
-    inputs: list[Input]
     outputs: tuple[str, ...] = ()
     returns: str = ""
     pipeline: str = ""  # a pipeline's first task: validate all its parameters, then provision
+
+    @property
+    def inputs(self) -> list[Input]:
+        """The step's inputs, or a first task's: all of its pipeline's parameters (grouped)."""
+        plan = surface.PIPELINES.get(self.pipeline)
+        return surface.grouped(plan.parameters() if plan else surface.step_inputs(self.step, KFP))
 
 
 def declare(
@@ -104,15 +103,8 @@ def executable(name: str) -> Callable[..., Any]:
     return signed(run, spec)
 
 
-def _step(
-    name: str, step: str, summary: str, outputs: tuple[str, ...] = (), returns: str = ""
-) -> Spec:
-    inputs = surface.grouped(surface.step_inputs(step, KFP))
-    return Spec(name, step, summary, inputs, outputs, returns)
-
-
 _STEPS = [
-    _step(
+    Spec(
         "preflight_cluster",
         "preflight",
         "Check, read-only, that the cluster is ready for a run (CRD, DeviceClasses, cliques,\n"
@@ -120,33 +112,33 @@ _STEPS = [
         "CTRF report are written before a failing row fails the task.",
         ("result", "ctrf"),
     ),
-    _step(
+    Spec(
         "provision_domain",
         "provision",
         "Create (or adopt) the run's ComputeDomain and wait for its channel claim template.",
         returns=_DOMAIN,
     ),
-    _step(
+    Spec(
         "train_sharded",
         "train",
         "Run FSDP2 training as a multi-node Indexed Job inside the run's ComputeDomain.",
         ("metrics", "report", "result"),
     ),
-    _step(
+    Spec(
         "verify_nvlink",
         "verify",
         "Check NVLink/IMEX health and all-reduce bus bandwidth across the run's nodes; the\n"
         "metrics and report are written before a FAIL verdict fails the task.",
         ("metrics", "report", "result", "ctrf"),
     ),
-    _step(
+    Spec(
         "launch_workload",
         "launch",
         "Run your image and command (or a Python module, once per GPU) on every node of the\n"
         "run's ComputeDomain; numbers of its ``RESULT {json}`` line become metrics.",
         ("metrics", "result"),
     ),
-    _step(
+    Spec(
         "teardown_domain",
         "teardown",
         "Delete every object of the run (workload first, then the ComputeDomain); idempotent.",
@@ -158,11 +150,10 @@ _FIRSTS = [
         "provision",
         f"First task of {name}: validate every pipeline parameter, then provision\n"
         "the ComputeDomain, so bad input fails before any object exists.",
-        pipeline.grouped_parameters(),
         returns=_DOMAIN,
         pipeline=name,
     )
-    for name, pipeline in surface.PIPELINES.items()
+    for name in surface.PIPELINES
 ]
 SPECS = {spec.name: spec for spec in [*_STEPS, *_FIRSTS]}
 

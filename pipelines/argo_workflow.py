@@ -80,7 +80,7 @@ def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
     """The pipeline's parameters (kebab-case), then the Argo-only ones its steps use."""
     params = [
         Parameter(name=p.kebab, value=p.text(), description=p.description, enum=t.parameter(p).enum)
-        for p in plan.grouped_parameters(ARGO)
+        for p in surface.grouped(plan.parameters(ARGO))
     ]
     steps = {task.step for task in plan.tasks}
     for name, (default, description) in ARGO_ONLY.items():
@@ -92,12 +92,9 @@ def workflow_parameters(plan: surface.Pipeline) -> list[Parameter]:
 def _arguments(plan: surface.Pipeline, task: surface.Task) -> dict[str, str]:
     """Each input of the task's template (``step_template``): from its workflow parameter,
     or the task's fixed value."""
-    args: dict[str, str] = {}
-    for item in surface.grouped(surface.step_inputs(task.step, ARGO)):
-        if item.name in task.fixed:
-            args[item.kebab] = item.text(task.fixed[item.name])
-        else:
-            args[item.kebab] = _wf(task.parameter_name(item.name).replace("_", "-"))
+    refs = {p.name: _wf(p.kebab) for p in surface.grouped(plan.parameters(ARGO))}
+    given = plan.component_arguments(task, refs)  # a fixed input is text already (purpose)
+    args = {name.replace("_", "-"): str(value) for name, value in given.items()}
     if task.step == "provision":  # the first task: it validates every workflow parameter
         args[t.PIPELINE_INPUT] = plan.name
         args[t.PIPELINE_PARAMETERS_INPUT] = "{{workflow.parameters.json}}"

@@ -25,7 +25,6 @@ from mnnvl.components import launcher_pod as lp
 from mnnvl.inputs import surface
 
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-RETRY_MAX_DURATION = f"{surface.STEP_RETRY_WINDOW_S}s"
 # Argo, which runs KFP's tasks, counts the window from the first attempt's start, and a
 # workload task may be lost late in its Job: the longest job_timeout_s (7 days).
 WORKLOAD_RETRY_MAX_DURATION = f"{7 * 86400}s"
@@ -79,7 +78,7 @@ def _wire(plan: surface.Pipeline, values: dict[str, Any]) -> None:
         kc.teardown_domain(run_id=RUN_ID, **plan.component_arguments(teardown_task, values)),
         teardown_task.step,
         teardown_task.name,
-        RETRY_MAX_DURATION,
+        surface.STEP_RETRY_WINDOW,
     )
     with dsl.ExitHandler(teardown, name="mnnvl-run"):
         first = kc.FIRST_TASKS[plan.name]
@@ -107,7 +106,9 @@ def build_pipeline(name: str) -> Callable[..., None]:
         bound.apply_defaults()
         _wire(plan, dict(bound.arguments))
 
-    kfp_entry.declare(pipeline, name.replace("-", "_"), plan.description, plan.grouped_parameters())
+    kfp_entry.declare(
+        pipeline, name.replace("-", "_"), plan.description, surface.grouped(plan.parameters())
+    )
     # Finished runs' pods go after a day (success) or a week (failure, kept for `kubectl logs`),
     # as the Argo templates' ttlStrategy. No run-wide active deadline: it would also cut the
     # exit handler's teardown; each step has its own deadline (job_timeout_s).

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from unittest import mock
 
-from mnnvl.pipelines.kfp_pipeline import task_names
+from mnnvl.pipelines.kfp_pipeline import PIPELINES, task_names
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +169,6 @@ def run_pipeline(
 ) -> RunOutcome:
     """Run pipeline ``name`` under kfp.local; KUBECONFIG must point at the cluster."""
     from kfp import local
-
-    from mnnvl.pipelines.kfp_pipeline import PIPELINES
 
     pipeline_root = out / "kfp"
     pipeline_root.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
@@ -34,14 +34,13 @@ from mnnvl.inputs.checks import check_dns_label, check_range, parse_list
 from mnnvl.inputs.defaults import MAX_GPUS_PER_NODE
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.namespace import resolve_namespace
-from mnnvl.inputs.spec import DomainSpec, LaunchSpec, TrainConfig, VerifyConfig, WorkloadSpec
+from mnnvl.inputs.spec import DomainSpec, LaunchSpec, WorkloadSpec
 from mnnvl.manifests import indexed_job, render_run, render_trainjob
 from mnnvl.manifests.trainjob import take_trainjob
 from mnnvl.run import PlannedTask, objects, plan, run_all
 from mnnvl.yaml_stream import to_yaml
 
 logger = logging.getLogger("mnnvl.cli")
-T = TypeVar("T")
 
 
 class _StderrHandler(logging.StreamHandler[Any]):
@@ -76,17 +75,15 @@ def _own_namespace(ns: argparse.Namespace) -> dict[str, str]:
     return {"namespace": resolve_namespace(getattr(ns, "namespace", None))}
 
 
-def _run_spec(cls: type[T], ns: argparse.Namespace) -> T:
-    """The run's ``DomainSpec`` or ``WorkloadSpec`` from the command's flags."""
-    if not ns.run_id:
-        raise SpecError(
-            "run_id", "is required (--run-id, e.g. the KFP job id or Argo workflow uid)"
-        )
-    return flags.from_namespace(cls, ns, **_own_namespace(ns))
+def _specs(step: str, ns: argparse.Namespace, *classes: type) -> list[Any]:
+    """The step's specs (or only ``classes``) from the command's flags; an unset flag takes
+    the step's default."""
+    values = flags.ns_values(ns) | _own_namespace(ns)
+    return surface.step_specs(step, ns.run_id, values, *classes)
 
 
 def cmd_provision(ns: argparse.Namespace) -> dict[str, Any]:
-    domain = _run_spec(DomainSpec, ns)
+    (domain,) = _specs("provision", ns)
     if ns.pipeline:  # the pipeline's first task: all of its parameters, before any object
         surface.check_pipeline(ns.pipeline, ns.pipeline_parameters)
     return steps.provision(domain, kubeconfig=ns.kubeconfig, owner_pod=ns.owner_pod).to_dict()
@@ -117,8 +114,7 @@ def _launch_spec(ns: argparse.Namespace) -> LaunchSpec:
 
 
 def cmd_launch(ns: argparse.Namespace) -> dict[str, Any]:
-    workload = _run_spec(WorkloadSpec, ns)
-    surface.check_launch_purpose(workload.purpose)
+    (workload,) = _specs("launch", ns, WorkloadSpec)  # the command is read below
     if own := _own_trainjob(ns.trainjob_file, workload):
         return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
     launch = _launch_spec(ns)
@@ -150,7 +146,7 @@ def _domain(workload: WorkloadSpec) -> DomainSpec:
 
 
 def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
-    workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(TrainConfig, ns)
+    workload, config = _specs("train", ns)
     render_run(_domain(workload), workload, config, None)  # every object, before any API call
     if own := _own_trainjob(ns.trainjob_file, workload):  # its RESULT line is the step's
         return steps.launch(workload, "", [], kubeconfig=ns.kubeconfig, own_trainjob=own).to_dict()
@@ -162,7 +158,7 @@ def cmd_train(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
-    workload, config = _run_spec(WorkloadSpec, ns), flags.from_namespace(VerifyConfig, ns)
+    workload, config = _specs("verify", ns)
     render_run(_domain(workload), workload, None, config)  # every object, before any API call
     return steps.verify(
         workload,
@@ -175,11 +171,11 @@ def cmd_verify(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_teardown(ns: argparse.Namespace) -> dict[str, Any]:
-    return steps.teardown(_run_spec(DomainSpec, ns), kubeconfig=ns.kubeconfig).to_dict()
+    return steps.teardown(*_specs("teardown", ns), kubeconfig=ns.kubeconfig).to_dict()
 
 
 def cmd_status(ns: argparse.Namespace) -> dict[str, Any]:
-    found = steps.status(_run_spec(DomainSpec, ns), kubeconfig=ns.kubeconfig).to_dict()
+    found = steps.status(*_specs("teardown", ns), kubeconfig=ns.kubeconfig).to_dict()
     for line in status_lines(found, RunNames.for_run(found["run_id"])):
         logger.info("%s", line)
     return found
@@ -203,8 +199,8 @@ def cmd_logs(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_preflight(ns: argparse.Namespace) -> dict[str, Any]:
-    values = flags.ns_values(ns) | _own_namespace(ns)
-    (workload,) = surface.step_specs("preflight", "preflight", values)
+    ns.run_id = "preflight"
+    (workload,) = _specs("preflight", ns)
     return steps.preflight(workload, kubeconfig=ns.kubeconfig, report_dir=ns.report_dir).to_dict()
 
 

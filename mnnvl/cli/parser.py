@@ -9,7 +9,6 @@ from typing import Any, NoReturn
 from mnnvl import __version__
 from mnnvl.cli.help import COMMANDS
 from mnnvl.inputs import flags, surface
-from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim.nvidia.stacks import GPU_STACKS, IMEX_MODES
 
 # Commands that talk to no cluster: no --kubeconfig (`sim up` has its own: where it writes one).
@@ -23,29 +22,19 @@ _RENDER_SKIPS = frozenset(
 _ON_THIS_MACHINE = "on the machine this command runs on (not --output-dir, inside the worker pods)"
 
 
-# Help groups, in the order --help lists them: the inputs of their own, then KFP's and
-# Argo's groups (``surface.GROUP_HELP``).
-HELP_GROUPS = {
-    "": "inputs",
-    **{name: f"{name}: {about}" for name, about in surface.GROUP_HELP.items()},
-}
-# Inputs a command does not use (the rest of its specs' CLI inputs are its flags).
-_STATUS_SKIPS = frozenset({"allocation_mode", "rct_timeout_s", "delete_timeout_s"})
-
-
 def _grouped_flags(
     p: argparse.ArgumentParser,
     inputs: list[surface.Input],
     *,
-    defaults: dict[str, Any] | None = None,
     required: bool = True,
 ) -> None:
     """One flag per input under its group's heading in --help, and ``--<group>-json``: the
     group's inputs as one JSON object, as the Argo templates pass them."""
-    groups = {key: p.add_argument_group(title) for key, title in HELP_GROUPS.items()}
-    flags.add_inputs(
-        p, inputs, defaults=defaults, group=lambda i: groups[i.group], required=required
-    )
+    # In --help: the inputs of their own, then KFP's and Argo's groups.
+    groups = {"": p.add_argument_group("inputs")} | {
+        name: p.add_argument_group(f"{name}: {about}") for name, about in surface.GROUP_HELP.items()
+    }
+    flags.add_inputs(p, inputs, group=lambda i: groups[i.group], required=required)
     for name in dict.fromkeys(i.group for i in inputs if i.group):
         groups[name].add_argument(
             f"--{name}-json",
@@ -54,43 +43,55 @@ def _grouped_flags(
         )
 
 
+def _opt(default: Any, help: str, **kwargs: Any) -> dict[str, Any]:
+    """A flag's argparse arguments, its type from its default (False: a switch); ``--help``
+    shows a default that is set."""
+    if default is False:
+        return {"action": "store_true", "help": help, **kwargs}
+    shown = "" if default in (None, "") else " (default: %(default)s)"
+    kind = str if default is None else type(default)
+    return {"type": kind, "default": default, "help": help + shown, **kwargs}
+
+
 _NAMESPACE_HELP = "(default: the pod's own, else default)"
 _REPORT_DIR = {
-    "--report-dir": dict(
-        help=f"write the step's reports (JSON, Markdown, HTML, busbw PNG) here, {_ON_THIS_MACHINE}"
+    "--report-dir": _opt(
+        None, f"write the step's reports (JSON, Markdown, HTML, busbw PNG) here, {_ON_THIS_MACHINE}"
     )
 }
 _TRAINJOB_FILE = {
-    "--trainjob-file": dict(
+    "--trainjob-file": _opt(
+        None,
+        "run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and command, "
+        "with the run's name, labels, channel claim and placement (no command needed)",
         metavar="FILE",
-        help="run your own Kubeflow Trainer TrainJob (YAML) as the run's: its runtime and "
-        "command, with the run's name, labels, channel claim and placement (no command "
-        "needed)",
     ),
 }
 # The flags of each command besides its spec inputs (``_spec_flags``), in --help order.
 OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
     "provision": {
-        "--owner-pod": dict(action="store_true", help="make this launcher pod the owner"),
-        "--pipeline": dict(
+        "--owner-pod": _opt(False, "make this launcher pod the owner"),
+        "--pipeline": _opt(
+            None,
+            "validate this pipeline's parameters first (what its first task does)",
             choices=sorted(surface.PIPELINES),
-            help="validate this pipeline's parameters first (what its first task does)",
         ),
-        "--pipeline-parameters": dict(
-            default="{}",
+        "--pipeline-parameters": _opt(
+            "{}",
+            "the pipeline's parameters: a JSON object or Argo's {{workflow.parameters.json}}",
             metavar="JSON",
-            help="the pipeline's parameters: a JSON object or Argo's {{workflow.parameters.json}}",
         ),
     },
     "launch": {
-        "--command": dict(
+        "--command": _opt(
+            False,
+            "the words after -- are a program and its arguments, not a module's arguments",
             dest="as_command",
-            action="store_true",
-            help="the words after -- are a program and its arguments, not a module's arguments",
         ),
-        "--command-json": dict(
+        "--command-json": _opt(
+            None,
+            "the command (or the module's arguments) as one JSON list (how Argo passes it)",
             metavar="JSON",
-            help="the command (or the module's arguments) as one JSON list (how Argo passes it)",
         ),
         **_TRAINJOB_FILE,
         "command": dict(nargs=argparse.REMAINDER, help="after --: the command or arguments"),
@@ -103,122 +104,101 @@ OWN_FLAGS: dict[str, dict[str, dict[str, Any]]] = {
             default=True,
             help="exit 4 on a FAIL verdict (--no-fail-on-fail: report it and exit 0)",
         ),
-        "--measure-again": dict(
-            action="store_true",
-            help="run again, the same run id: delete this step's earlier verification Job "
-            "(whose verdict a rerun would return) and measure anew; the domain stays",
+        "--measure-again": _opt(
+            False,
+            "run again, the same run id: delete this step's earlier verification Job (whose "
+            "verdict a rerun would return) and measure anew; the domain stays",
         ),
     },
-    "preflight": {
-        "--report-dir": dict(help="write preflight.ctrf.json here"),
-    },
+    "preflight": {"--report-dir": _opt(None, "write preflight.ctrf.json here")},
     "run": {
-        "--report-dir": dict(
-            help="write each task's reports to DIR/<task> (default: out/reports/<run id>), "
-            f"{_ON_THIS_MACHINE}"
+        "--report-dir": _opt(
+            None,
+            "write each task's reports to DIR/<task> (default: out/reports/<run id>), "
+            f"{_ON_THIS_MACHINE}",
         ),
-        "--sim": dict(action="store_true", help="run against an embedded simulated cluster"),
-        "--skip-verify": dict(action="store_true", help="train only"),
+        "--sim": _opt(False, "run against an embedded simulated cluster"),
+        "--skip-verify": _opt(False, "train only"),
         **_TRAINJOB_FILE,
     },
     "render": {**_TRAINJOB_FILE},
     "logs": {
-        "--run-id": dict(required=True, help="the run whose worker pod to read"),
-        "--namespace": dict(help=f"the run's namespace {_NAMESPACE_HELP}"),
-        "--rank": dict(
-            type=int, default=0, help="node rank of the pod to read (default: %(default)s)"
-        ),
-        "--follow": dict(action="store_true", help="stream the log until the container ends"),
+        "--run-id": _opt(None, "the run whose worker pod to read", required=True),
+        "--namespace": _opt(None, f"the run's namespace {_NAMESPACE_HELP}"),
+        "--rank": _opt(0, "node rank of the pod to read"),
+        "--follow": _opt(False, "stream the log until the container ends"),
     },
     "reap": {
-        "--namespace": dict(help=f"where to look {_NAMESPACE_HELP}"),
-        "--live-run-ids": dict(
-            help="comma-separated run ids still running; every other run is dead "
-            "(an empty list needs --all-dead or --older-than-s)",
+        "--namespace": _opt(None, f"where to look {_NAMESPACE_HELP}"),
+        "--live-run-ids": _opt(
+            None,
+            "comma-separated run ids still running; every other run is dead (an empty list "
+            "needs --all-dead or --older-than-s)",
         ),
-        "--older-than-s": dict(
-            type=float,
-            default=0.0,
-            help="only runs idle this long: no new object or pod transition, no pod Running",
+        "--older-than-s": _opt(
+            0.0, "only runs idle this long: no new object or pod transition, no pod Running"
         ),
-        "--all-dead": dict(action="store_true", help="treat every run as dead"),
-        "--dry-run": dict(action="store_true", help="list what would go; delete nothing"),
+        "--all-dead": _opt(False, "treat every run as dead"),
+        "--dry-run": _opt(False, "list what would go; delete nothing"),
     },
     "baselines": {
-        "--system": dict(default="", help="GPU model (gb200, gb300, h200, h100): show its row"),
-        "--nodes": dict(type=int, default=1, help="nodes of the shape (with --system)"),
-        "--gpus-per-node": dict(
-            type=int, default=4, help="GPUs per node of the shape (with --system)"
-        ),
-        "--platform": dict(default="", help="a provider's rows, e.g. eks ('' = any cluster)"),
+        "--system": _opt("", "GPU model (gb200, gb300, h200, h100): show its row"),
+        "--nodes": _opt(1, "nodes of the shape (with --system)"),
+        "--gpus-per-node": _opt(4, "GPUs per node of the shape (with --system)"),
+        "--platform": _opt("", "a provider's rows, e.g. eks ('' = any cluster)"),
     },
     "sim": {
         "action": dict(choices=("up",), help="up: serve until Ctrl-C or SIGTERM"),
-        "--nodes": dict(
-            type=int,
-            default=2,
-            help="simulated nodes; each runs its pods as local processes, so at most what "
-            "this machine's memory holds (default: %(default)s)",
+        "--nodes": _opt(
+            2,
+            "simulated nodes; each runs its pods as local processes, so at most what this "
+            "machine's memory holds",
         ),
-        "--gpus-per-node": dict(
-            type=int,
-            default=0,
-            help="simulated GPUs per node (0 = CPU workers; default: %(default)s)",
+        "--gpus-per-node": _opt(0, "simulated GPUs per node (0 = CPU workers)"),
+        "--cliques": _opt(1, "NVLink cliques (nvidia.com/gpu.clique values)"),
+        "--imex-delay-s": _opt(
+            0.2, "how long each node's simulated IMEX daemon takes to get ready, s"
         ),
-        "--cliques": dict(
-            type=int,
-            default=1,
-            help="NVLink cliques (nvidia.com/gpu.clique values; default: %(default)s)",
+        "--kueue": _opt(
+            False,
+            "Kueue stand-in: Jobs and TrainJobs labelled kueue.x-k8s.io/queue-name start suspended",
         ),
-        "--imex-delay-s": dict(
-            type=float,
-            default=0.2,
-            help="how long each node's simulated IMEX daemon takes to get ready, s "
-            "(default: %(default)s)",
+        "--trainer": _opt(
+            False,
+            "Kubeflow Trainer stand-in: TrainJobs run as the torch-distributed runtime runs them "
+            "(--workload trainjob); the runner gets manifests/overlays/trainer",
         ),
-        "--kueue": dict(
-            action="store_true",
-            help="Kueue stand-in: Jobs and TrainJobs labelled kueue.x-k8s.io/queue-name start "
-            "suspended",
-        ),
-        "--trainer": dict(
-            action="store_true",
-            help="Kubeflow Trainer stand-in: TrainJobs run as the torch-distributed runtime "
-            "runs them (--workload trainjob); the runner gets manifests/overlays/trainer",
-        ),
-        "--gpu-stack": dict(
+        "--gpu-stack": _opt(
+            "device-plugin",
+            "where GPUs come from: device-plugin (nvidia.com/gpu allocatable) or dra (only "
+            "gpu.nvidia.com ResourceSlices, as GPU Operator's GPUCluster)",
             choices=GPU_STACKS,
-            default="device-plugin",
-            help="where GPUs come from: device-plugin (nvidia.com/gpu allocatable) or dra "
-            "(only gpu.nvidia.com ResourceSlices, as GPU Operator's GPUCluster; default: "
-            "%(default)s)",
         ),
-        "--imex-mode": dict(
+        "--imex-mode": _opt(
+            "daemons",
+            "who runs IMEX: daemons (the driver's, per domain) or hostManaged (the host's "
+            "nvidia-imex service: no daemons, node labels or status.nodes; channel Single)",
             choices=IMEX_MODES,
-            default="daemons",
-            help="who runs IMEX: daemons (the driver's, per domain) or hostManaged (the "
-            "host's nvidia-imex service: no daemons, node labels or status.nodes; channel "
-            "Single; default: %(default)s)",
         ),
-        "--cluster-reader": dict(
-            action="store_true",
-            help="bind manifests/overlays/cluster-reader to the runner (nodes, DeviceClasses, ...)",
+        "--cluster-reader": _opt(
+            False,
+            "bind manifests/overlays/cluster-reader to the runner (nodes, DeviceClasses, ...)",
         ),
-        "--namespaces": dict(
-            default="default,team-a",
+        "--namespaces": _opt(
+            "default,team-a",
+            "namespaces to serve, each with manifests/base applied for the runner (the "
+            "examples use these)",
             metavar="NS,NS",
-            help="namespaces to serve, each with manifests/base applied for the runner "
-            "(default: default,team-a, the namespaces the examples use)",
         ),
-        "--admin-kubeconfig": dict(
+        "--admin-kubeconfig": _opt(
+            None,
+            "where to write a cluster-admin kubeconfig for setting up fixtures (namespaces, "
+            "PVCs, quotas; default: <kubeconfig>.admin); --kubeconfig is the mnnvl-runner "
+            "service account with manifests/base applied, as a run gets on a real cluster",
             metavar="PATH",
-            help="where to write a cluster-admin kubeconfig for setting up fixtures "
-            "(namespaces, PVCs, quotas); default: <kubeconfig>.admin. --kubeconfig is the "
-            "mnnvl-runner service account with manifests/base applied, as a run gets on a "
-            "real cluster",
         ),
-        "--kubeconfig": dict(
-            help="where to write the simulator's kubeconfig (default: a temporary file)"
+        "--kubeconfig": _opt(
+            None, "where to write the simulator's kubeconfig (default: a temporary file)"
         ),
     },
 }
@@ -257,16 +237,14 @@ def _spec_flags(p: argparse.ArgumentParser, name: str) -> None:
     ``run`` and ``render``: the training pipeline's parameters, named as the KFP and Argo
     pipelines name them (``--train-timeout-s``); ``status``: the run's domain."""
     if name in surface.STEP_CLASSES:
-        presets = {k: v for k, (v, _) in surface.STEP_DEFAULTS.get(name, {}).items()}
-        _grouped_flags(p, surface.step_inputs(name), defaults=presets)
+        _grouped_flags(p, surface.step_inputs(name))
     elif name == "status":
-        domain = surface.class_inputs(DomainSpec)
-        _grouped_flags(p, [i for i in domain if i.name not in _STATUS_SKIPS])
+        teardown = surface.step_inputs("teardown")  # the run's domain, without its waits
+        _grouped_flags(p, [i for i in teardown if i.name != "delete_timeout_s"])
     elif name in ("run", "render"):
         # `run` names a run itself when no --run-id is given; `render` needs one.
-        run_id = next(i for i in surface.class_inputs(DomainSpec) if i.name == "run_id")
         skip = _RENDER_SKIPS if name == "render" else frozenset()
-        inputs = [run_id, *(i for i in surface.run_parameters() if i.name not in skip)]
+        inputs = [i for i in surface.run_parameters() if i.name not in skip]
         _grouped_flags(p, inputs, required=name == "render")
 
 
@@ -278,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
             help=help_text,
-            description=what,
+            description=f"{help_text[:1].upper()}{help_text[1:]}. {what}",
             epilog=f"example:\n  {example}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )

@@ -6,12 +6,12 @@ list (``--env '["A=1,2", "B=x=y"]'``), as Argo passes them.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from mnnvl.inputs.defaults import SWITCHES
 from mnnvl.inputs.spec import CLI, OwnerRef, leaves
-from mnnvl.inputs.surface import GROUP_HELP, Input, build, class_inputs
+from mnnvl.inputs.surface import GROUP_HELP, Input, build
 
 T = TypeVar("T")
 REMAINDER_FIELDS = frozenset({"command"})  # the words after `--` (mnnvl launch)
@@ -26,35 +26,24 @@ def _metavar(item: Input) -> str:
     return {"int": "N", "float": "X", "list": "ITEM"}.get(item.kind, "TEXT")
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one ``--flag`` per CLI field of ``cls``."""
-    add_inputs(parser, list(class_inputs(cls)))
-
-
 def add_inputs(
     parser: argparse.ArgumentParser,
-    inputs: list[Input],
+    inputs: Iterable[Input],
     *,
-    defaults: dict[str, Any] | None = None,
     group: Callable[[Input], Any] | None = None,
     required: bool = False,
 ) -> None:
-    """Add one ``--flag`` per CLI input of ``inputs`` (``defaults`` override the dataclass's)
-    under the ``--help`` heading ``group`` picks; one without a default is required if asked."""
-    defaults = defaults or {}
+    """Add one ``--flag`` per CLI input of ``inputs`` under the ``--help`` heading ``group``
+    picks; one without a default is required if asked. An unset flag is None: the spec's
+    builder gives it the input's default."""
     for item in inputs:
         if CLI not in item.surfaces or item.name in REMAINDER_FIELDS:
             continue
-        default = defaults.get(item.name, item.default)
         text = f"{item.help} (required)" if item.required and required else item.help
-        if not item.required and default not in ("", [], None):
-            text += f" (default: {item.text(default)})"
+        if not item.required and item.default not in ("", [], None):
+            text += f" (default: {item.text()})"
         target = group(item) if group else parser
-        shared: dict[str, Any] = {
-            "dest": item.name,
-            "default": defaults.get(item.name),
-            "help": text,
-        }
+        shared: dict[str, Any] = {"dest": item.name, "default": None, "help": text}
         if item.kind == "bool":
             target.add_argument(item.flag, action=argparse.BooleanOptionalAction, **shared)
             continue

@@ -12,38 +12,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, TypeVar
 
 from mnnvl.errors import SpecError
-from mnnvl.inputs.checks import (
-    CHECKPOINTING_HELP,
-    check_choice,
-    check_dns_label,
-    check_env,
-    check_image,
-    check_label_key,
-    check_label_value,
-    check_range,
-    check_run_id,
-    check_subdomain,
-    parse_checkpointing,
-    parse_toleration,
-)
-from mnnvl.inputs.defaults import (
-    ALLOCATION_MODES,
-    CLIQUE_LABEL,
-    COMPILED_PRESETS,
-    DEFAULT_IMAGE,
-    DTYPES,
-    GPU_MODES,
-    MAX_GPUS_PER_NODE,
-    MAX_GROUPS,
-    MAX_NODES,
-    MODEL_PRESETS,
-    NCCL_PROFILES,
-    PLAIN_TRAIN_DEFAULTS,
-    POD_SECURITY_LEVELS,
-    PRESET_TRAIN_DEFAULTS,
-    PURPOSES,
-    SWITCHES,
-)
+from mnnvl.inputs import checks, defaults
 from mnnvl.inputs.namespace import FALLBACK_NAMESPACE
 from mnnvl.inputs.storage import parse_pvc
 
@@ -90,9 +59,9 @@ def check_declared(spec: Any) -> None:
         value = getattr(spec, f.name)
         if isinstance(f.metadata.get("valid"), tuple):
             lo, hi = f.metadata["valid"]
-            check_range(f.name, value, lo, hi, integer=f.type == "int")
+            checks.check_range(f.name, value, lo, hi, integer=f.type == "int")
         if f.metadata.get("choices"):
-            check_choice(f.name, value, f.metadata["choices"])
+            checks.check_choice(f.name, value, f.metadata["choices"])
 
 
 def group(cls: type) -> Any:
@@ -233,10 +202,10 @@ class _Run:
     )
 
     def __post_init__(self) -> None:
-        check_run_id(self.run_id)
+        checks.check_run_id(self.run_id)
         if not self.namespace:  # the edges resolve "" to the pod's own; here it means default
             object.__setattr__(self, "namespace", FALLBACK_NAMESPACE)
-        check_dns_label("namespace", self.namespace)
+        checks.check_dns_label("namespace", self.namespace)
         check_declared(self)
 
 
@@ -247,7 +216,7 @@ class DomainSpec(_Run):
     allocation_mode: str = opt(
         "Single",
         "IMEX channels per pod: Single (channel0) or All",
-        choices=ALLOCATION_MODES,
+        choices=defaults.ALLOCATION_MODES,
         group="placement",
     )
     rct_timeout_s: float = deadlines_opt(
@@ -270,13 +239,13 @@ class Placement:
         valid="a whole number from 0 to max_nodes_per_clique that divides nodes",
     )
     max_nodes_per_clique: int = opt(
-        MAX_NODES, "most nodes one NVLink clique holds (NVL72: 18)", valid=(1, 99)
+        defaults.MAX_NODES, "most nodes one NVLink clique holds (NVL72: 18)", valid=(1, 99)
     )
     gpu_mode: str = opt(
         "auto",
         "auto (at run time: claim where GPUs come only from the DRA driver, else limits; "
         "rendered as limits), limits (device plugin nvidia.com/gpu) or claim (DRA claim)",
-        choices=GPU_MODES,
+        choices=defaults.GPU_MODES,
     )
     gpu_device_class: str = opt(
         "gpu.nvidia.com",
@@ -287,7 +256,7 @@ class Placement:
         True, "keep every pod (of each clique group) inside one NVLink clique (clique_label)"
     )
     clique_label: str = opt(
-        CLIQUE_LABEL,
+        defaults.CLIQUE_LABEL,
         "node label whose value names a node's NVLink clique (GPU Feature Discovery or the DRA "
         "driver set nvidia.com/gpu.clique; some providers use a key of their own)",
         valid="a label key: [DNS-subdomain prefix/]name, name at most 63 characters",
@@ -313,17 +282,17 @@ class Placement:
 
     def __post_init__(self) -> None:
         check_declared(self)
-        check_label_key("clique_label", self.clique_label)
-        check_subdomain("gpu_device_class", self.gpu_device_class, "DeviceClass")
+        checks.check_label_key("clique_label", self.clique_label)
+        checks.check_subdomain("gpu_device_class", self.gpu_device_class, "DeviceClass")
         per = self.max_nodes_per_clique
-        check_range("nodes_per_clique", self.nodes_per_clique, 0, per, integer=True)
+        checks.check_range("nodes_per_clique", self.nodes_per_clique, 0, per, integer=True)
         for key, value in self.node_selector.items():
-            check_label_key("node_selector", key)
-            check_label_value("node_selector", value)
+            checks.check_label_key("node_selector", key)
+            checks.check_label_value("node_selector", value)
         for item in self.tolerations:
-            parse_toleration(item)
+            checks.parse_toleration(item)
         if self.priority_class:
-            check_subdomain("priority_class", self.priority_class, "PriorityClass")
+            checks.check_subdomain("priority_class", self.priority_class, "PriorityClass")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,7 +309,7 @@ class PodTemplate:
         "restricted",
         "Pod Security Standard the worker pods meet: restricted (non-root uid 1000) or "
         "baseline (the image's own user, root allowed, for images that need it)",
-        choices=POD_SECURITY_LEVELS,
+        choices=defaults.POD_SECURITY_LEVELS,
     )
     pvc: tuple[str, ...] = opt(
         (),
@@ -370,11 +339,13 @@ class PodTemplate:
     def __post_init__(self) -> None:
         check_declared(self)
         if self.worker_service_account:
-            check_dns_label("worker_service_account", self.worker_service_account, max_len=253)
+            checks.check_dns_label(
+                "worker_service_account", self.worker_service_account, max_len=253
+            )
         if not re.fullmatch(r"\d+(Mi|Gi)", self.shm_size):
             raise SpecError("shm_size", f"{self.shm_size!r} must look like 512Mi or 16Gi")
         parse_pvc(self.pvc)
-        check_dns_label("trainjob_runtime", self.trainjob_runtime)
+        checks.check_dns_label("trainjob_runtime", self.trainjob_runtime)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -430,17 +401,19 @@ class WorkloadSpec(_Run):
         valid="a whole number from 1; over max_nodes_per_clique a multiple of nodes_per_clique",
     )
     gpus_per_node: int = opt(
-        4, "GPUs per worker pod; 0 = one CPU process per pod (gloo)", valid=(0, MAX_GPUS_PER_NODE)
+        4,
+        "GPUs per worker pod; 0 = one CPU process per pod (gloo)",
+        valid=(0, defaults.MAX_GPUS_PER_NODE),
     )
     image: str = opt(
-        DEFAULT_IMAGE,
+        defaults.DEFAULT_IMAGE,
         "worker image (torch, NCCL >= 2.25.2; mnnvl-pipelines to train)",
         valid="an image reference: [registry/]path[:tag][@sha256:digest], path in lowercase",
     )
     nccl_profile: str = opt(
         "production",
         "production, verify-strict or single-host (docs/verification.md, NCCL profiles)",
-        choices=NCCL_PROFILES,
+        choices=defaults.NCCL_PROFILES,
     )
     env: dict[str, str] = opt(
         {},
@@ -468,18 +441,18 @@ class WorkloadSpec(_Run):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice("purpose", self.purpose, PURPOSES)
+        checks.check_choice("purpose", self.purpose, defaults.PURPOSES)
         self._check_cliques()
         if self.workload == "trainjob":
             self._check_trainjob()
-        check_image("image", self.image)
-        check_env("env", self.env)
+        checks.check_image("image", self.image)
+        checks.check_env("env", self.env)
         if self.queue_name:
-            check_dns_label("queue_name", self.queue_name)
+            checks.check_dns_label("queue_name", self.queue_name)
 
     def _check_cliques(self) -> None:
         per, place = self.placement.max_nodes_per_clique, self.placement
-        check_range("nodes", self.nodes, 1, MAX_GROUPS * per, integer=True)
+        checks.check_range("nodes", self.nodes, 1, defaults.MAX_GROUPS * per, integer=True)
         if not place.nodes_per_clique and self.nodes > per:
             raise SpecError(
                 "nodes",
@@ -548,12 +521,10 @@ class TrainConfig(_WorkerTimeouts):
     """The sharded training step (runs in worker pods as ``python -m mnnvl.runtime.train``).
 
     ``batch_size`` 0 and the levers left at ``auto`` take the model preset's values
-    (``PRESET_TRAIN_DEFAULTS``) here, so every surface and the worker see concrete values.
+    (``defaults.PRESET_TRAIN_DEFAULTS``) here, so every surface and the worker see concrete values.
     """
 
-    model: str = opt(
-        "tiny", "model preset: tiny, small, 125m, 350m, 1b, 3b, 8b", choices=MODEL_PRESETS
-    )
+    model: str = opt("tiny", "model preset", choices=defaults.MODEL_PRESETS)
     steps: int = opt(20, "optimizer steps in total, across resumes", valid=(1, 10_000_000))
     seq_len: int = train_opt(0, "sequence length; 0 = the preset's", valid=(0, 131072))
     batch_size: int = opt(
@@ -570,16 +541,16 @@ class TrainConfig(_WorkerTimeouts):
     )
     weight_decay: float = train_opt(0.1, "AdamW weight decay", valid=(0.0, 10.0))
     grad_clip: float = train_opt(1.0, "gradient norm clip; 0 = off", valid=(0.0, 1e6))
-    dtype: str = train_opt("auto", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32", choices=DTYPES)
+    dtype: str = train_opt("auto", "auto = bf16 on GPU, fp32 on CPU", choices=defaults.DTYPES)
     compile: str = train_opt(
         "auto",
         "torch.compile each block: true, false, or auto = on GPUs for the 125m preset and "
         "larger (never on CPU)",
-        choices=SWITCHES,
+        choices=defaults.SWITCHES,
     )
     activation_checkpointing: str = train_opt(
         "auto",
-        f"recompute blocks' activations in the backward pass: {CHECKPOINTING_HELP}; "
+        f"recompute blocks' activations in the backward pass: {checks.CHECKPOINTING_HELP}; "
         "auto = the preset's (8b: every-2, else none)",
         valid="auto, none, full or every-N with N from 1 to 9999",
     )
@@ -587,7 +558,7 @@ class TrainConfig(_WorkerTimeouts):
         "auto",
         "FSDP frees each block's gathered weights after forward (true) or keeps them for "
         "backward (false: one all-gather less, more memory); auto = the preset's (8b: false)",
-        choices=SWITCHES,
+        choices=defaults.SWITCHES,
     )
     data: str = opt(
         "synthetic",
@@ -631,8 +602,8 @@ class TrainConfig(_WorkerTimeouts):
     def _apply_preset(self) -> None:
         """Inputs left at auto (batch_size 0) take the preset's value; a given value wins."""
         if self.activation_checkpointing != "auto":
-            parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
-        preset = PLAIN_TRAIN_DEFAULTS | PRESET_TRAIN_DEFAULTS.get(self.model, {})
+            checks.parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
+        preset = defaults.PLAIN_TRAIN_DEFAULTS | defaults.PRESET_TRAIN_DEFAULTS.get(self.model, {})
         for f in dataclasses.fields(self):
             if f.name in preset and getattr(self, f.name) == f.default:  # auto, batch_size 0
                 object.__setattr__(self, f.name, preset[f.name])
@@ -640,7 +611,7 @@ class TrainConfig(_WorkerTimeouts):
     @property
     def ac_every(self) -> int:
         """Checkpoint every N-th block (1 = all of them); 0 = no activation checkpointing."""
-        return parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
+        return checks.parse_checkpointing("activation_checkpointing", self.activation_checkpointing)
 
     @property
     def reshard(self) -> bool:
@@ -648,10 +619,10 @@ class TrainConfig(_WorkerTimeouts):
 
     def compiles(self, on_gpu: bool) -> bool:
         """Whether the blocks are compiled: ``compile`` when given; for auto, GPU runs of
-        ``COMPILED_PRESETS`` (the one place this is decided)."""
+        ``defaults.COMPILED_PRESETS`` (the one place this is decided)."""
         if self.compile != "auto":
             return self.compile == "true"
-        return on_gpu and self.model in COMPILED_PRESETS
+        return on_gpu and self.model in defaults.COMPILED_PRESETS
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,6 @@ from typing import Any
 from mnnvl.errors import SpecError
 from mnnvl.inputs.checks import check_range, parse_bytes, parse_env, parse_list, plain
 from mnnvl.inputs.spec import (
-    ARGO,
     CLI,
     KFP,
     DomainSpec,
@@ -253,17 +252,6 @@ STEP_DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
 }
 
 
-def check_launch_purpose(purpose: str) -> None:
-    """A launched workload's Job is never named as a step's own: ``train`` and ``verify*``
-    are the train and verify steps' Jobs (the same name would adopt or conflict with one)."""
-    if purpose != "job":
-        raise SpecError(
-            "purpose",
-            f"{purpose!r} names the {purpose.split('-')[0]} step's Job; a launched workload's "
-            "Job is job (leave purpose unset)",
-        )
-
-
 def step_inputs(step: str, surface: str | None = None) -> list[Input]:
     """The inputs of one step (optionally only those ``surface`` exposes), step defaults applied."""
     seen: dict[str, Input] = {}
@@ -298,19 +286,24 @@ def build(cls: type, values: dict[str, Any], **extra: Any) -> Any:
     return from_inputs(cls, **(kwargs | extra))
 
 
-def step_specs(step: str, run_id: str, values: dict[str, Any]) -> list[Any]:
-    """Every spec a step builds from its inputs, each given on its own or inside its group
-    (raises ``SpecError`` on the first bad one)."""
+def step_specs(step: str, run_id: str, values: dict[str, Any], *classes: type) -> list[Any]:
+    """Every spec a step builds from its inputs (or only ``classes``), each given on its own
+    or inside its group (raises ``SpecError`` on the first bad one)."""
     inputs = step_inputs(step)
     full = {i.name: i.default for i in inputs if not i.required} | pick(values, inputs)
     out = [
         build(cls, full, run_id=run_id) if cls in (DomainSpec, WorkloadSpec) else build(cls, full)
-        for cls in STEP_CLASSES[step]
+        for cls in classes or STEP_CLASSES[step]
     ]
     if step == "train":
         check_shared_storage(*out)
-    if step == "launch":
-        check_launch_purpose(out[0].purpose)
+    if step == "launch" and out[0].purpose != "job":
+        # train and verify* name those steps' Jobs: the same name would adopt or conflict.
+        raise SpecError(
+            "purpose",
+            f"{out[0].purpose!r} names the {out[0].purpose.split('-')[0]} step's Job; a "
+            "launched workload's Job is job (leave purpose unset)",
+        )
     return out
 
 
@@ -362,10 +355,6 @@ class Pipeline:
                     raise ValueError(f"{self.name}: parameter {name} has two defaults; rename one")
         return list(params.values())
 
-    def grouped_parameters(self, surface: str = KFP) -> list[Input]:
-        """The parameters as KFP and Argo have them (``grouped``)."""
-        return grouped(self.parameters(surface))
-
     def component_arguments(self, task: Task, values: dict[str, Any]) -> dict[str, Any]:
         """The task's component (or template) inputs from the grouped pipeline parameters:
         a group goes whole to every task with inputs in it."""
@@ -386,7 +375,7 @@ class Pipeline:
         """Every task with the specs its step builds from pipeline parameter values (strings
         are fine; unset parameters take the step's default). The one walk over a pipeline's
         tasks: ``mnnvl run``, ``mnnvl render`` and the pipelines' first-task check use it."""
-        params = {p.name: p for p in self.parameters(CLI) + self.grouped_parameters()}
+        params = {p.name: p for p in self.parameters(CLI) + grouped(self.parameters())}
         unknown = sorted(set(values) - set(params))
         if unknown:
             raise SpecError(unknown[0], f"is not a parameter of pipeline {self.name}")
@@ -410,7 +399,7 @@ class Pipeline:
 STEP_RETRIES = 2
 STEP_RETRY_BACKOFF_S = 15
 STEP_RETRY_FACTOR = 2
-STEP_RETRY_WINDOW_S = 3600
+STEP_RETRY_WINDOW = "3600s"  # as KFP and Argo write a duration
 
 _PROVISION = Task("provision", "provision")
 _TEARDOWN = Task("teardown", "teardown")
@@ -456,8 +445,7 @@ def run_parameters() -> list[Input]:
     has them (renamed as in KFP and Argo, e.g. ``train_timeout_s``), with the steps' defaults."""
     pipeline = PIPELINES[RUN_PIPELINE]
     # The run's reports go to --report-dir on this side; the workers' own output dir is not used.
-    skip = {"run_id", "output_dir"}
-    return [p for p in pipeline.parameters(CLI, own_defaults=False) if p.name not in skip]
+    return [p for p in pipeline.parameters(CLI, own_defaults=False) if p.name != "output_dir"]
 
 
 # Workflow parameters only the Argo workflows have (the launcher pods' account, image and
@@ -496,11 +484,10 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
             raise SpecError(name, text) from None
         check_range(name, deadline_s, 1, 30 * 86400, integer=True)
         limits = workload.deadlines
-        room = deadline_s - limits.pods_running_timeout_s - workload.job_timeout_s
-        room -= LAUNCHER_MARGIN_S
+        waits = limits.pods_running_timeout_s + workload.job_timeout_s + LAUNCHER_MARGIN_S
+        room, need = deadline_s - waits, waits + limits.admission_timeout_s
         took = f"{timeout} {workload.job_timeout_s:g} s + deadlines.pods_running_timeout_s "
         took += f"{limits.pods_running_timeout_s:g} s"
-        need = deadline_s - room + limits.admission_timeout_s
         if workload.queue_name and not limits.admission_timeout_s:
             text = (
                 f"{deadline_s:g} s bounds the {task.step} launcher pod, but queue_name is set and "
@@ -526,8 +513,6 @@ def check_launcher_deadlines(planned: list[tuple[Task, list[Any]]], values: dict
 def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | str) -> None:
     """Validate a pipeline's parameters: a dict, Argo's ``[{name, value}]`` list (kebab case
     names), or its JSON."""
-    if name not in PIPELINES:
-        raise SpecError("pipeline", f"{name!r} is not one of {', '.join(PIPELINES)}")
     if isinstance(values, str):
         try:
             values = json.loads(values) if values.strip() else {}
@@ -550,6 +535,3 @@ def check_pipeline(name: str, values: dict[str, Any] | list[dict[str, Any]] | st
         raise named(e) from None
     if argo:
         check_launcher_deadlines(planned, values)
-
-
-__all__ = ["ARGO", "CLI", "KFP", "PIPELINES", "Input", "Pipeline", "Task", "check_pipeline"]

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT, OUT_OF_MEMORY
 from mnnvl.contract.result import emit_result
 from mnnvl.errors import MnnvlError, WorkloadFailed
-from mnnvl.inputs import flags, spec
+from mnnvl.inputs import flags, spec, surface
 from mnnvl.runtime import memory, metrics, progress
 from mnnvl.runtime.checkpoint import Checkpointer
 from mnnvl.runtime.data import build_batches
@@ -324,7 +324,7 @@ class Trainer:
 
 def parse_config(argv: list[str] | None) -> spec.TrainConfig:
     parser = argparse.ArgumentParser(prog="python -m mnnvl.runtime.train", description=__doc__)
-    flags.add_arguments(parser, spec.TrainConfig)
+    flags.add_inputs(parser, surface.class_inputs(spec.TrainConfig))
     return flags.from_namespace(spec.TrainConfig, parser.parse_args(argv))
 
 

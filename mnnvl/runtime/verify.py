@@ -40,7 +40,7 @@ from mnnvl.contract import nccl  # noqa: E402
 from mnnvl.contract.exit_codes import COLLECTIVE_TIMEOUT  # noqa: E402
 from mnnvl.contract.result import FAIL, emit_result  # noqa: E402
 from mnnvl.errors import SpecError, VerificationFailed, WorkloadFailed  # noqa: E402
-from mnnvl.inputs import flags  # noqa: E402
+from mnnvl.inputs import flags, surface  # noqa: E402
 from mnnvl.inputs.spec import VerifyConfig  # noqa: E402
 from mnnvl.runtime import (  # noqa: E402
     cliques,
@@ -66,7 +66,7 @@ SIGNAL_AT_ENV = progress.SIGNAL_AT_ENV
 
 def parse_config(argv: Sequence[str] | None) -> VerifyConfig:
     parser = argparse.ArgumentParser(prog="python -m mnnvl.runtime.verify", description=__doc__)
-    flags.add_arguments(parser, VerifyConfig)
+    flags.add_inputs(parser, surface.class_inputs(VerifyConfig))
     return flags.from_namespace(VerifyConfig, parser.parse_args(argv))
 
 

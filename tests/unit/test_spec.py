@@ -12,7 +12,7 @@ import pytest
 from mnnvl.errors import SpecError
 from mnnvl.inputs import namespace, surface
 from mnnvl.inputs.checks import parse_bytes, parse_env
-from mnnvl.inputs.flags import add_arguments, from_namespace, to_args
+from mnnvl.inputs.flags import add_inputs, from_namespace, to_args
 from mnnvl.inputs.spec import (
     DomainSpec,
     LaunchSpec,
@@ -24,6 +24,7 @@ from mnnvl.inputs.spec import (
     from_inputs,
     with_inputs,
 )
+from mnnvl.inputs.surface import class_inputs
 
 RUN = "run-1"
 
@@ -250,9 +251,9 @@ def test_the_cli_and_the_components_resolve_the_pods_namespace_at_the_edge(
 
     monkeypatch.setenv("POD_NAMESPACE", "team-b")
     ns = cli.build_parser().parse_args(["provision", "--run-id", RUN])
-    assert cli._run_spec(DomainSpec, ns).namespace == "team-b"
+    assert cli._specs("provision", ns)[0].namespace == "team-b"
     ns = cli.build_parser().parse_args(["provision", "--run-id", RUN, "--namespace", "team-a"])
-    assert cli._run_spec(DomainSpec, ns).namespace == "team-a"
+    assert cli._specs("provision", ns)[0].namespace == "team-a"
     assert bodies._specs("verify", {"run_id": RUN})[0].namespace == "team-b"
 
 
@@ -279,7 +280,7 @@ def test_valid_inputs_are_accepted() -> None:
 
 def _round_trip(cls: type, cfg: Any, **extra: Any) -> Any:
     parser = argparse.ArgumentParser()
-    add_arguments(parser, cls)
+    add_inputs(parser, class_inputs(cls))
     first: Any = from_namespace(cls, parser.parse_args(to_args(cfg)), **extra)
     argv = to_args(first)
     return first, from_namespace(cls, parser.parse_args(argv), **extra)
@@ -363,7 +364,7 @@ def test_workload_flags_round_trip_including_env_and_booleans() -> None:
 
 def test_unset_flags_keep_the_dataclass_defaults() -> None:
     parser = argparse.ArgumentParser()
-    add_arguments(parser, WorkloadSpec)
+    add_inputs(parser, class_inputs(WorkloadSpec))
     assert from_namespace(WorkloadSpec, parser.parse_args([]), run_id=RUN) == WorkloadSpec(
         run_id=RUN
     )
@@ -371,7 +372,7 @@ def test_unset_flags_keep_the_dataclass_defaults() -> None:
 
 def test_size_flags_accept_units() -> None:
     parser = argparse.ArgumentParser()
-    add_arguments(parser, VerifyConfig)
+    add_inputs(parser, class_inputs(VerifyConfig))
     cfg = from_namespace(
         VerifyConfig, parser.parse_args(["--min-bytes", "1K", "--max-bytes", "4G"])
     )
@@ -380,7 +381,7 @@ def test_size_flags_accept_units() -> None:
 
 def test_bad_flag_value_fails_in_validation_not_later() -> None:
     parser = argparse.ArgumentParser()
-    add_arguments(parser, TrainConfig)
+    add_inputs(parser, class_inputs(TrainConfig))
     with pytest.raises(SpecError, match=r"^checkpoint_every: "):
         from_namespace(TrainConfig, parser.parse_args(["--checkpoint-every", "5"]))
 
@@ -396,7 +397,7 @@ def test_every_input_field_has_help_text_for_the_cli() -> None:
 
 def test_scheduling_flags_parse_into_the_workload() -> None:
     parser = argparse.ArgumentParser()
-    add_arguments(parser, WorkloadSpec)
+    add_inputs(parser, class_inputs(WorkloadSpec))
     argv = ["--node-selector", "pool=gb200", "--node-selector", "zone=", "--tolerations",
             "dedicated=ml:NoSchedule", "--tolerations", "", "--priority-class", "training-high",
             "--queue-name", "team-a"]  # fmt: skip

@@ -16,14 +16,13 @@ from mnnvl.components import argo_templates as at
 from mnnvl.components import kfp_components as kc
 from mnnvl.errors import SpecError
 from mnnvl.inputs import surface
-from mnnvl.inputs.flags import from_namespace
+from mnnvl.inputs.flags import from_namespace, ns_values
 from mnnvl.inputs.spec import (
     ARGO,
     CLI,
     EVERY_SURFACE,
     KFP,
     DomainSpec,
-    LaunchSpec,
     TrainConfig,
     VerifyConfig,
     WorkloadSpec,
@@ -74,10 +73,8 @@ def _cli_values(step: str) -> dict[str, Any]:
     run_id = [] if step in NO_RUN_ID else ["--run-id", "r1"]
     ns = build_parser().parse_args([step, *run_id, *CLI_ARGS.get(step, [])])
     values: dict[str, Any] = {}
-    for cls in surface.STEP_CLASSES[step]:
-        extra: dict[str, Any] = {"command": ("x",)} if cls is LaunchSpec else {}
-        extra |= {"run_id": "r1"} if step in NO_RUN_ID else {}
-        obj = from_namespace(cls, ns, **extra)
+    given = ns_values(ns) | ({"command": ["x"]} if step == "launch" else {})
+    for obj in surface.step_specs(step, "r1", given):  # as the CLI builds them
         values |= {f.name: _as_surface(value) for f, value in leaves(obj)}
     if "namespace" in values:  # the specs resolve '' to the pod's own: compare what was given
         values["namespace"] = ns.namespace or ""
@@ -158,7 +155,7 @@ def test_kfp_and_argo_pipelines_take_the_same_parameters_and_defaults(name: str)
 def test_argo_offers_every_closed_set_of_values_as_a_drop_down_holding_its_default() -> None:
     doc = yaml.safe_load((COMPILED_DIR / "mnnvl-training.workflowtemplate.yaml").read_text())
     enums = {p["name"]: p.get("enum") for p in doc["spec"]["arguments"]["parameters"]}
-    training = surface.PIPELINES["mnnvl-training"].grouped_parameters()
+    training = surface.grouped(surface.PIPELINES["mnnvl-training"].parameters())
     closed = {p.kebab: p for p in training if p.choices}
     assert {"model", "nccl-profile"} <= set(closed)
     for name, item in closed.items():
@@ -174,7 +171,9 @@ def test_argo_offers_every_closed_set_of_values_as_a_drop_down_holding_its_defau
 def test_pipeline_functions_take_the_declared_parameters() -> None:
     for name, func in kp.PIPELINES.items():
         params = inspect.signature(func.pipeline_func).parameters  # type: ignore[attr-defined]
-        assert list(params) == [p.name for p in surface.PIPELINES[name].grouped_parameters()]
+        assert list(params) == [
+            p.name for p in surface.grouped(surface.PIPELINES[name].parameters())
+        ]
 
 
 def test_env_with_commas_and_equals_travels_through_argo_to_the_workload() -> None:
@@ -257,7 +256,7 @@ def test_the_argo_preflight_template_reads_no_run_id_and_saves_its_ctrf_report()
 def test_every_kfp_form_parameter_explains_itself_with_its_valid_values(name: str) -> None:
     kfp = next(yaml.safe_load_all((COMPILED_DIR / f"{name}.kfp.yaml").read_text()))
     params = kfp["root"]["inputDefinitions"]["parameters"]
-    assert set(params) == {p.name for p in surface.PIPELINES[name].grouped_parameters()}
+    assert set(params) == {p.name for p in surface.grouped(surface.PIPELINES[name].parameters())}
     for key, param in params.items():
         description = param.get("description", "")
         assert ". Valid: " in description, key
@@ -366,7 +365,7 @@ def test_a_form_of_at_most_20_parameters_still_sets_every_input(name: str) -> No
     """The KFP form holds the essential inputs and one parameter per group; every input is
     still settable, through its group where it has one, and reaches the step's specs."""
     plan = surface.PIPELINES[name]
-    form = plan.grouped_parameters()
+    form = surface.grouped(plan.parameters())
     assert len(form) <= 20, [p.name for p in form]
     declared = {i.name for cls in surface.SPEC_CLASSES for i in surface.class_inputs(cls)}
     assert set(surface.PATHS) <= declared  # every grouped name is an input
