@@ -110,15 +110,18 @@ class Stopped(Exception):
 
 def serve_or_connect(host: str, port: int, node_rank: int, nnodes: int) -> Any:
     """The run's store: hosted here on node rank 0 (before any worker starts), else joined.
-    A store that more than ``nnodes`` launchers joined belongs to the pods of an earlier gang
-    (node rank 0's old pod, not yet deleted, still answers at its address): this launcher
-    waits for the new one. Raises ``Stopped`` on a stop signal."""
+    Each launcher signs in under its node rank with its pod's name, once: a sign-in retried
+    after its answer came too late finds its own name. A store where another pod holds this
+    node rank belongs to an earlier gang (node rank 0's old pod, not yet deleted, still
+    answers at its address): this launcher waits for the new one. Raises ``Stopped`` on a
+    stop signal."""
     import torch.distributed as dist
 
+    me = os.environ.get(contract_env.POD_NAME) or f"{socket.gethostname()}/{os.getpid()}"
     if node_rank == 0:
         timeout = datetime.timedelta(seconds=SILENT_S)
         store = dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False)
-        store.add(f"{PREFIX}launchers", 1)
+        store.set(f"{PREFIX}launcher/0", me)
         return store
     logger.info("waiting for the launchers' store at %s:%d (node rank 0's pod)", host, port)
     stop = _StopWatch()
@@ -128,13 +131,16 @@ def serve_or_connect(host: str, port: int, node_rank: int, nnodes: int) -> Any:
             store = dist.TCPStore(
                 host, port, is_master=False, timeout=datetime.timedelta(seconds=TRY_S)
             )
-            if store.add(f"{PREFIX}launchers", 1) <= nnodes:
+            holder = store.compare_set(f"{PREFIX}launcher/{node_rank}", "", me).decode()
+            if holder == me:
                 store.set_timeout(datetime.timedelta(seconds=SILENT_S))
                 return store
-            logger.warning("the store at %s:%d is an earlier gang's; waiting", host, port)
+            why = f"the store there is an earlier gang's (pod {holder} has node rank {node_rank})"
+            logger.warning("%s; waiting", why)
         except RuntimeError as e:  # not there yet: pods start minutes apart on a cluster
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no launchers' store at {host}:{port}: {e}") from e
+            why = str(e)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no launchers' store at {host}:{port}: {why}")
         stop.wait(0.25)
         if stop.signo is not None:
             raise Stopped(stop.signo)
@@ -249,7 +255,7 @@ class Rounds:
         deadline = time.monotonic() + CONNECT_S
         try:
             while self.node_rank == 0 and time.monotonic() < deadline and stop.signo is None:
-                if int(self.store.add(f"{PREFIX}launchers", 0)) >= self.nnodes:
+                if self.store.check([f"{PREFIX}launcher/{n}" for n in range(self.nnodes)]):
                     return
                 stop.wait(0.1)
         except RuntimeError:

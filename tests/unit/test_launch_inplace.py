@@ -14,8 +14,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from mnnvl.contract.env import POD_NAME
 from mnnvl.contract.termination import TERMINATION_PATH_ENV, parse
 from mnnvl.ports import free_port
+from mnnvl.runtime import inplace
 
 # Each worker joins the attempt's process group, all-reduces 6 times, reporting progress, and
 # records its attempt and pid; rank 1 fails after the 3rd all-reduce as ``plan`` says per
@@ -200,3 +204,23 @@ def test_an_in_place_restart_leaves_no_evidence_of_its_attempt_to_the_next_failu
     found = parse((tmp_path / "termination-1").read_text())
     assert found is not None and (found.rank, found.exit_code) == (1, 137), found
     assert "first words" not in found.error
+
+
+def test_a_launcher_signs_in_once_and_waits_out_an_earlier_gangs_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    monkeypatch.setenv(POD_NAME, "job-0-a")
+    store = inplace.serve_or_connect("127.0.0.1", port, 0, 2)
+    monkeypatch.setenv(POD_NAME, "job-1-a")
+    inplace.serve_or_connect("127.0.0.1", port, 1, 2)
+    # The same launcher signing in again (its first answer came too late) is no other gang's.
+    inplace.serve_or_connect("127.0.0.1", port, 1, 2)
+    inplace.Rounds(store, 2, 1, 1.0).release()  # both signed in: returns at once
+    # The next gang's rank 1 finds this store (node rank 0's old pod still answers): it waits
+    # for its own gang's, here at most a second.
+    monkeypatch.setenv(POD_NAME, "job-1-b")
+    monkeypatch.setattr(inplace, "CONNECT_S", 1.0)
+    with pytest.raises(RuntimeError, match=r"earlier gang's \(pod job-1-a has node rank 1\)"):
+        inplace.serve_or_connect("127.0.0.1", port, 1, 2)
+
