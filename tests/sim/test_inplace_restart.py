@@ -163,11 +163,12 @@ def test_a_stopped_worker_at_the_default_inputs_restarts_in_place(
 # "ok".
 PLANNED = textwrap.dedent(
     """
-    import json, os, signal, sys, time
+    import datetime, json, os, signal, sys, time
     import torch, torch.distributed as dist
     from mnnvl.runtime import inplace, progress
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", **inplace.rendezvous(rank, world, 30.0, 30.0))
+    timeout = datetime.timedelta(seconds=30)
+    dist.init_process_group("gloo", timeout=timeout, **inplace.rendezvous(rank, world, 30.0, 30.0))
     plan, count = os.environ["IP_PLAN"].split(","), os.environ["IP_COUNT"]
     n = len(os.listdir(count)) if rank == 1 else 0
     for step in range(1, 9):
