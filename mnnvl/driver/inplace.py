@@ -79,6 +79,9 @@ class InPlaceLog:
     def line(self, text: str) -> None:
         m = LINE.search(text)
         with self._lock:
+            seen = {(r.n, r.pod, r.at) for r in self.restarts}
+            if m and (int(m["n"]), m["pod"], float(m["at"])) in seen:
+                return  # read again from the stored log
             if m:
                 step = STEP_OF.search(m["step"])
                 self.restarts.append(

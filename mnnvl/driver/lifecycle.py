@@ -49,7 +49,7 @@ from mnnvl.driver.diagnose import (
 from mnnvl.driver.domain import KUBELET_PLUGIN_LOGS
 from mnnvl.driver.gang import Gang
 from mnnvl.driver.gpus import resolve_gpu_mode
-from mnnvl.driver.inplace import merged, restarts_words
+from mnnvl.driver.inplace import check_budget, merged, restarts_words
 from mnnvl.driver.kueue import QueuedWait, workload_source
 from mnnvl.driver.refusal import create_refusal, refusal_fix, refusal_problem
 from mnnvl.driver.wait import Deadline, Objects, Source, View, timeout_error, watch_until
@@ -113,6 +113,8 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     watch = JobWatch(api, workload, jobs, follow=True)
     try:
         pods = watch.run()
+        rank0 = rank0_pod(pods, job)
+        text = completed_log(api, workload, watch, rank0)
     except (WorkloadFailed, WaitTimeout) as err:
         if isinstance(err, WorkloadFailed):
             err.result = err.result or result_of_failed_job(api, workload, job, watch.follower)
@@ -133,23 +135,31 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
             job,
         )
         raise
-    rank0 = rank0_pod(pods, job)
-    text = watch.follower.drained() if watch.follower is not None else ""
-    result = parse_result(text)
-    if result is None:
-        # The stream was cut or not finished (or the Job completed before it started):
-        # the stored log is the record.
-        text = api.pod_log(workload.namespace, rank0)
-        result = parse_result(text)
     return JobOutcome(
         job=job,
         pods=sorted(pods),
-        result=result,
+        result=parse_result(text),
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
         restarts=merged(watch.gang.restarts, watch.in_place),
         adopted=adopted,
         evictions=watch.queue.evictions,
     )
+
+
+def completed_log(api: Api, workload: WorkloadSpec, watch: JobWatch, pod: str) -> str:
+    """Rank 0's log once its Job completed: the followed stream, else (cut, unfinished, or
+    never followed: a recreated gang that completed before the driver saw its rank 0 run)
+    the stored log, whose in-place restarts count too. Raises past ``--max-restarts``, as
+    the wait does when it reads the restart in time."""
+    follower = watch.follower
+    text = follower.drained() if follower is not None and follower.pod == pod else ""
+    if parse_result(text) is None:
+        text = api.pod_log(workload.namespace, pod)
+        for line in text.splitlines():
+            watch.in_place.line(line)
+    budget = workload.recovery.max_restarts
+    check_budget(watch.gang.restarts, watch.in_place, budget, workload.namespace)
+    return text
 
 
 def wait_for_job(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:

@@ -18,6 +18,7 @@ import pytest
 from mnnvl import steps
 from mnnvl.cli import main as cli
 from mnnvl.contract.env import HOST_COPY_DIR
+from mnnvl.driver import lifecycle
 from mnnvl.inputs.names import RunNames
 from mnnvl.inputs.spec import DomainSpec
 from mnnvl.sim import SimCluster
@@ -247,11 +248,29 @@ def test_a_second_failure_past_max_restarts_1_ends_the_step_naming_both(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("stream", ["followed", "cut"])
 def test_recreated_pods_count_the_restarts_before_them_in_the_one_budget(
-    sim: SimCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    sim: SimCluster,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: str,
 ) -> None:
     # Rank 1's pod dies (its launcher killed): the pods are recreated, restart 1 of 1. Then its
     # worker exits 3 in the new pods, whose launchers would restart it in place: past the budget.
+    # "cut": the driver's stream of the new rank 0's log ends at once (as when the new gang
+    # completes before the driver sees its rank 0 run): the stored log still counts.
+    if stream == "cut":
+
+        class FirstPodOnly(lifecycle.LogFollower):
+            followed: list[str] = []
+
+            def _run(self) -> None:
+                self.followed.append(self.pod)
+                if len(self.followed) == 1:
+                    super()._run()
+
+        monkeypatch.setattr(lifecycle, "LogFollower", FirstPodOnly)
     code, err, uids, failures, _ = launch_planned(
         sim, capsys, tmp_path, "pod,exit3,ok", "--max-restarts", "1"
     )

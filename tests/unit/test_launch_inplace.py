@@ -223,4 +223,3 @@ def test_a_launcher_signs_in_once_and_waits_out_an_earlier_gangs_store(
     monkeypatch.setattr(inplace, "CONNECT_S", 1.0)
     with pytest.raises(RuntimeError, match=r"earlier gang's \(pod job-1-a has node rank 1\)"):
         inplace.serve_or_connect("127.0.0.1", port, 1, 2)
-
