@@ -1,6 +1,6 @@
 """CPU seconds a simulated pod costs to start: forked from the kubelet's fork server vs exec'd.
 
-The anchor is exec, how every pod starts unless ``MNNVL_SIM_FORK_SERVER=1``.
+The anchor is exec, how every pod starts with ``MNNVL_SIM_FORK_SERVER=0``.
 Starts ``--pods`` containers one after the other each way, through the simulated kubelet's
 ``Container`` (the same path a pod takes), each running ``python -m mnnvl.runtime.train
 --help``: the imports of a training worker (torch, ``torch.distributed.tensor``, the model)

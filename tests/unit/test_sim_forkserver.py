@@ -47,7 +47,7 @@ print("atexit and buffered output reach the log")
 
 @pytest.fixture(autouse=True)
 def fork_server_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The server is off by default (``MNNVL_SIM_FORK_SERVER``): these tests turn it on."""
+    """The server is on unless ``MNNVL_SIM_FORK_SERVER=0``: these tests make sure of it."""
     monkeypatch.setenv(forkserver.SWITCH_ENV, "1")
 
 
@@ -126,6 +126,24 @@ def test_a_forked_pod_stopped_by_a_signal_exits_128_plus_it(
     waiter.join(10)
     assert codes == [code] and seen(log)["forked"]
     assert members(f"test/{tmp_path.name}", {}) == []
+
+
+def test_a_forked_pod_can_be_found_and_stopped_as_soon_as_it_has_a_pid(
+    probe_path: Path, tmp_path: Path
+) -> None:
+    # A pod deleted right after its container started: its marker and session are there
+    # already, so the stop finds it (it used to run on, left after its pod).
+    pod, _ = start(probe_path, tmp_path, "hang")
+    codes: list[int] = []
+    waiter = threading.Thread(target=lambda: codes.append(pod.wait()))
+    try:
+        assert [pid for pid, _ in members(f"test/{tmp_path.name}", {})] == [pod.pid]
+        assert os.getsid(pod.pid) == pod.pid
+    finally:
+        waiter.start()
+        pod.stop(None)
+        waiter.join(10)
+    assert codes == [137] and members(f"test/{tmp_path.name}", {}) == []
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])

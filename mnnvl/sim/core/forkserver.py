@@ -34,9 +34,9 @@ imported are imported already. The server holds no state between pods.
 
 A real container runtime execs the image's entrypoint in namespaces of its own; each pod pays
 torch's import once, and the launcher forks its workers from it (``mnnvl/runtime/launch.py``).
-Off by default: ``MNNVL_SIM_FORK_SERVER=1`` turns it on. With it on, simulator tests run
-two processes at a time (``pytest -n 2``) failed where exec passed (a forked pod's processes
-left after teardown, gated workers that never finished), and the cause is not found yet.
+On by default; ``MNNVL_SIM_FORK_SERVER=0`` starts every pod by exec. The server answers a
+start with the child's pid only once the child is in a session of its own with its marker
+written, so a pod deleted at once is still found and stopped.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import traceback
 from typing import Any
 
 log = logging.getLogger(__name__)
-SWITCH_ENV = "MNNVL_SIM_FORK_SERVER"  # "1": forked where it can be; else every one by exec
+SWITCH_ENV = "MNNVL_SIM_FORK_SERVER"  # "0": every pod by exec; else forked where it can be
 SLOT = 128  # bytes of the marker's slot in the server's environment block
 PACKAGES: tuple[str, ...] = ("mnnvl.runtime",)  # whose modules are forked: the product's pods
 PRELOAD = ("torch", "torch.distributed.tensor")  # by name: the simulator itself never loads them
@@ -173,7 +173,7 @@ def server_for(
     from it (see the module's docstring), the caller counted as a user; None: exec it.
     ``marker_env`` names the variable of ``env`` that marks the container's processes."""
     global _server, _users
-    if os.environ.get(SWITCH_ENV, "0") != "1" or len(cmd) < 3 or cmd[1] != "-m":
+    if os.environ.get(SWITCH_ENV, "1") == "0" or len(cmd) < 3 or cmd[1] != "-m":
         return None
     if cmd[2].rpartition(".")[0] not in PACKAGES or len(env[marker_env].encode()) > SLOT:
         return None
@@ -222,21 +222,35 @@ def serve(fd: int, marker_env: str) -> None:
             except ChildProcessError as e:
                 reply = {"error": str(e)}
         else:
+            # The pid goes back once the child is in a session of its own with its marker
+            # written: a container stopped sooner would otherwise miss it (``procs.members``).
+            ready, done = os.pipe()
             pid = os.fork()
             if pid == 0:
                 sock.close()
-                _child(request, fds, threads, marker_env)
+                os.close(ready)
+                _child(request, fds, threads, marker_env, done)
+            os.close(done)
+            os.read(ready, 1)  # b"" when it ended first
+            os.close(ready)
             reply = {"pid": pid}
             for f in fds:
                 os.close(f)
         sock.sendall(json.dumps(reply).encode())
 
 
-def _child(request: dict[str, Any], fds: list[int], threads: int, marker_env: str) -> None:
-    """Become the container (see the module's docstring); never returns."""
+def _child(
+    request: dict[str, Any], fds: list[int], threads: int, marker_env: str, done: int
+) -> None:
+    """Become the container (see the module's docstring), telling the server on ``done`` once
+    it can be found as one; never returns."""
     code = 1
     try:
         os.setsid()
+        env = request["env"]
+        _write_marker(marker_env, env[marker_env])
+        os.write(done, b"1")
+        os.close(done)
         cwd_fd, log_fd = fds
         os.fchdir(cwd_fd)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -244,8 +258,6 @@ def _child(request: dict[str, Any], fds: list[int], threads: int, marker_env: st
             os.dup2(fd, to)
         for fd in (null, *fds):
             os.close(fd)
-        env = request["env"]
-        _write_marker(marker_env, env[marker_env])
         os.environ.clear()
         os.environ.update(env)
         _fresh_signals()
