@@ -101,6 +101,7 @@ def launch_workload(params: dict[str, Any]) -> None:
     publish_launch(workload.run_id, outcome, params)
 
 
+@one_line("preflight")
 def preflight_cluster(params: dict[str, Any]) -> None:
     """Check the cluster (read-only); the result and CTRF report are written before a failing
     row fails the task."""

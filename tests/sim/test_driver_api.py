@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -24,8 +26,10 @@ def make_api(monkeypatch, outage_s: float) -> Api:
         slept.append(seconds)
         now[0] += seconds
 
-    monkeypatch.setattr(api_module.time, "sleep", sleep)
-    monkeypatch.setattr(api_module.time, "monotonic", lambda: now[0])
+    # The driver's modules only: another thread of this process keeps the real clock.
+    fake = types.SimpleNamespace(sleep=sleep, monotonic=lambda: now[0])
+    monkeypatch.setattr(api_module, "time", fake)
+    monkeypatch.setattr(retry, "time", fake)
     cfg = client.Configuration()
     cfg.host = "http://127.0.0.1:9"
     instance = Api(client.ApiClient(configuration=cfg), RetryPolicy(outage_s=outage_s))

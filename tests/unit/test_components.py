@@ -266,3 +266,26 @@ def test_a_local_pipeline_run_takes_an_int_for_a_float_parameter(
         kp.verify_only_pipeline(verify_timeout_s=3600, namespace="Not_A_Name")
     out = capfd.readouterr()
     assert "provision failed: namespace" in out.out + out.err
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["provision_domain", "train_sharded", "verify_nvlink", "launch_workload", "preflight_cluster"],
+)
+def test_every_step_body_fails_a_broken_kubeconfig_in_one_line(
+    body: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mnnvl.components import bodies
+
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("apiVersion: v1\nclusters: [\n  - bad: : :\n")
+    monkeypatch.setenv("KUBECONFIG", str(broken))
+    with pytest.raises(SystemExit) as exited:
+        params = {"run_id": "one-line", "namespace": "default"}
+        if body == "launch_workload":
+            params["module"] = "mnnvl.examples.custom_train"
+        getattr(bodies, body)(params)
+    assert exited.value.code == 5
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= 40]
+    step = body.split("_")[0]
+    assert line.startswith(f"{step} failed: kubeconfig {broken} is not valid YAML"), line

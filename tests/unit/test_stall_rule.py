@@ -3,6 +3,9 @@ regular, the bound before them and while something long is announced (on a fake 
 
 from __future__ import annotations
 
+import time
+import types
+
 import pytest
 
 from mnnvl.inputs.spec import TrainConfig
@@ -19,7 +22,9 @@ class Worker:
         path = str(tmp_path / "rank-0")
         monkeypatch.setenv(PROGRESS_ENV, path)
         self.now = 1000.0
-        monkeypatch.setattr(progress.time, "monotonic", lambda: self.now)
+        # progress's clock only: another thread of this process keeps the real one.
+        clock = types.SimpleNamespace(monotonic=lambda: self.now, time=time.time)
+        monkeypatch.setattr(progress, "time", clock)
         for name, fresh in (("last_at", None), ("seen", 0), ("intervals", [])):
             monkeypatch.setattr(progress._Steps, name, fresh)  # a new worker process
         self.dog = Watchdog({0: path})
