@@ -151,7 +151,9 @@ class KfpLogTap(io.TextIOBase):
         elif m := _FINISHED.search(line):
             stage = self._stages.get(m.group(1), m.group(1))
             self._stage(f"{stage}: {m.group(2)}")
-            if m.group(2) != "SUCCESS" and stage in self.task_errors:
+            if m.group(2) == "SUCCESS":
+                self.task_errors.pop(stage, None)  # an attempt before, retried: not the outcome
+            elif stage in self.task_errors:
                 self._stage(f"{stage}: {self.task_errors[stage]}")
         elif self._task and (m := _FAILED.search(line)):
             self.task_errors[self._task] = m.group(1)

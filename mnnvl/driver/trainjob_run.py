@@ -4,6 +4,7 @@ wait until Trainer reports it ``Complete``, return rank 0's RESULT."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from mnnvl.driver.api import POD, RESOURCE_CLAIM_TEMPLATE, Api
@@ -76,7 +77,8 @@ def run_trainjob(
     if wants_gpu_claim(workload):
         create_or_adopt(api, RESOURCE_CLAIM_TEMPLATE, gpu_claim_template(workload))
     body = take_trainjob(own, workload) if own else trainjob(workload, module, args, runtime)
-    runtime = str(body["spec"]["runtimeRef"]["name"])
+    ref = body["spec"]["runtimeRef"]  # Trainer's default kind: ClusterTrainingRuntime
+    named = Runtime(str(ref.get("kind") or CLUSTER_RUNTIME.kind), str(ref["name"]), workload)
     name, ns = body["metadata"]["name"], workload.namespace
     try:
         found, adopted = create_or_adopt(api, TRAINJOB, body)
@@ -85,7 +87,7 @@ def run_trainjob(
         found, adopted = create_or_adopt(api, TRAINJOB, body)
     if adopted:
         raise_recorded_failure(found)
-    wait = TrainJobWait(api, workload, name, runtime)
+    wait = TrainJobWait(api, workload, name, named)
     try:
         pods = wait.run()
     except (WorkloadFailed, WaitTimeout) as err:
@@ -138,7 +140,7 @@ class TrainJobWait:
     job_timeout_s``. Raises on ``Failed``, on a pod that cannot start (after its grace where
     one applies) and at either deadline."""
 
-    def __init__(self, api: Api, workload: WorkloadSpec, name: str, runtime: str) -> None:
+    def __init__(self, api: Api, workload: WorkloadSpec, name: str, runtime: Runtime) -> None:
         self.api, self.workload, self.name, self.runtime = api, workload, name, runtime
         self.grace = Grace(workload.deadlines.unschedulable_grace_s)
         self.queue = QueuedWait(workload, f"TrainJob {workload.namespace}/{name}")
@@ -181,7 +183,7 @@ class TrainJobWait:
             raise WorkloadFailed(
                 f"TrainJob {ns}/{name} failed: {done.get('reason')}: {done.get('message')}; "
                 f"pods: {pods}; the runtime's JobSet failurePolicy decides restarts "
-                f"(kubectl get clustertrainingruntime {self.runtime} -o yaml)"
+                f"({self.runtime.kubectl})"
             )
         if done:
             return self._current(view["pods"])
@@ -262,7 +264,7 @@ class TrainJobWait:
         (``JobSetSpecPatch`` holds only ``replicatedJobs``: kubeflow/trainer
         ``pkg/apis/trainer/v1alpha1/trainjob_types.go``), so the step enforces the cap."""
         ns, name, cap = self.workload.namespace, self.name, self.workload.recovery.max_restarts
-        allows = runtime_max_restarts(self.api, self.runtime)
+        allows = self.runtime.max_restarts(self.api)
         return WorkloadFailed(
             f"TrainJob {ns}/{name} restarted {attempt} times, more than --max-restarts {cap} "
             f"({allows}); pods: {describe_pods(self.api, self.workload, name, pods, self.since)}; "
@@ -318,14 +320,30 @@ def finished(tj: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def runtime_max_restarts(api: Api, runtime: str) -> str:
-    """How often the ClusterTrainingRuntime's JobSet restarts, in words for an error."""
-    try:
-        found = api.get(CLUSTER_RUNTIME, "", runtime)
-    except MnnvlError as e:
-        return f"ClusterTrainingRuntime {runtime} unreadable: {e}"
-    policy = (found.get("spec") or {}).get("template", {}).get("spec", {}).get("failurePolicy")
-    return f"the runtime allows {int((policy or {}).get('maxRestarts', 0))}"
+@dataclass(frozen=True)
+class Runtime:
+    """The runtime a TrainJob names (``spec.runtimeRef``), in words for an error."""
+
+    kind: str  # ClusterTrainingRuntime, or a namespaced TrainingRuntime (a team's TrainJob)
+    name: str
+    workload: WorkloadSpec
+
+    @property
+    def kubectl(self) -> str:
+        where = "" if self.kind == CLUSTER_RUNTIME.kind else f" -n {self.workload.namespace}"
+        return f"kubectl get {self.kind.lower()} {self.name}{where} -o yaml"
+
+    def max_restarts(self, api: Api) -> str:
+        """How often the runtime's JobSet restarts; a namespaced TrainingRuntime is not read
+        (the shipped RBAC grants only ClusterTrainingRuntimes)."""
+        if self.kind != CLUSTER_RUNTIME.kind:
+            return f"its JobSet failurePolicy.maxRestarts is in `{self.kubectl}`"
+        try:
+            found = api.get(CLUSTER_RUNTIME, "", self.name)
+        except MnnvlError as e:
+            return f"ClusterTrainingRuntime {self.name} unreadable: {e}"
+        policy = (found.get("spec") or {}).get("template", {}).get("spec", {}).get("failurePolicy")
+        return f"the runtime allows {int((policy or {}).get('maxRestarts', 0))}"
 
 
 def replace_failed_trainjob(api: Api, workload: WorkloadSpec, stale: StaleObject) -> None:

@@ -33,6 +33,7 @@ import os
 import signal
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -346,22 +347,47 @@ def rendezvous(rank: int, world: int, timeout_s: float, join_s: float) -> dict[s
     but with a join timeout of its own, ``join_s`` (a gang's ranks start minutes apart on a
     cluster: a restarted rank 0 is rescheduled, waits for its IMEX channel, pulls its image);
     {} when no rendezvous is described. Under launchers that restart workers in place, node
-    rank 0's launcher hosts the store and each attempt rendezvouses under its own prefix."""
+    rank 0's launcher hosts the store and each attempt rendezvouses under its own prefix.
+    Else rank 0 hosts it, and every other rank signs in there under its rank once: a store
+    where another process holds its rank is an earlier attempt's (a restarted container
+    whose rank 0 has not exited yet), which it waits out rather than join a dying group."""
     import torch.distributed as dist
 
     if contract_env.MASTER_ADDR not in os.environ:
         return {}  # init_process_group says what is missing
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store: Any = dist.TCPStore(
-        os.environ[contract_env.MASTER_ADDR],
-        int(os.environ[contract_env.MASTER_PORT]),
-        None if agent else world,
-        is_master=rank == 0 and not agent,
-        timeout=datetime.timedelta(seconds=max(join_s, timeout_s)),
-    )
-    if agent:
+    host, port = os.environ[contract_env.MASTER_ADDR], int(os.environ[contract_env.MASTER_PORT])
+    timeout = datetime.timedelta(seconds=max(join_s, timeout_s))
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store: Any = dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
         store = dist.PrefixStore(f"{WORKER_PREFIX}{os.environ.get(ROUND_ENV, '0')}", store)
+    elif rank == 0:
+        store = dist.TCPStore(host, port, world, is_master=True, timeout=timeout)
+    else:
+        store = _join(host, port, rank, world, timeout)
     return {"store": store, "rank": rank, "world_size": world}
+
+
+def _join(host: str, port: int, rank: int, world: int, timeout: datetime.timedelta) -> Any:
+    """Rank 0's store, once it is this attempt's (see :func:`rendezvous`)."""
+    import torch.distributed as dist
+
+    me, deadline, said = uuid.uuid4().hex, time.monotonic() + timeout.total_seconds(), ""
+    while True:
+        try:
+            try_s = datetime.timedelta(seconds=SILENT_S)
+            store = dist.TCPStore(host, port, world, is_master=False, timeout=try_s)
+            if store.compare_set(f"{PREFIX}worker/{rank}", "", me).decode() == me:
+                store.set_timeout(timeout)
+                return store
+            why = f"the store at {host}:{port} is an earlier attempt's (rank {rank} is in it)"
+            if why != said:
+                logger.warning("%s; waiting for rank 0's new one", why)
+                said = why
+        except RuntimeError as e:  # rank 0 not there yet
+            why = str(e)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no rendezvous at {host}:{port} within {timeout}: {why}")
+        time.sleep(0.25)
 
 
 def worker_env(round_: int) -> dict[str, str]:

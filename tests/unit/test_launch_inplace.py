@@ -223,3 +223,27 @@ def test_a_launcher_signs_in_once_and_waits_out_an_earlier_gangs_store(
     monkeypatch.setattr(inplace, "CONNECT_S", 1.0)
     with pytest.raises(RuntimeError, match=r"earlier gang's \(pod job-1-a has node rank 1\)"):
         inplace.serve_or_connect("127.0.0.1", port, 1, 2)
+
+
+def test_a_restarted_worker_waits_out_its_earlier_attempts_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Without launchers' in-place restarts rank 0's worker hosts the store. A restarted rank 1
+    # that reaches the store of the attempt before (its rank 0 not exited yet) waits for the new
+    # one instead of joining a group that is going away; here at most a second.
+    import datetime
+
+    import torch.distributed as dist
+
+    port = free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    timeout = datetime.timedelta(seconds=5)
+    earlier = dist.TCPStore(  # the attempt before: its rank 0 still answers
+        "127.0.0.1", port, 2, is_master=True, timeout=timeout, wait_for_workers=False
+    )
+    assert inplace.rendezvous(1, 2, 1.0, 1.0)["rank"] == 1  # the attempt's own rank 1 joins
+    with pytest.raises(RuntimeError, match=r"earlier attempt's \(rank 1 is in it\)"):
+        inplace.rendezvous(1, 2, 1.0, 1.0)  # the next attempt's rank 1
+    del earlier  # its rank 0 exits

@@ -40,3 +40,23 @@ def test_make_runs_summary_names_each_restart_its_cost_and_the_goodput_in_run_or
     assert "restart 1 at step 15: in-place pod train-1-x" in summary[2]
     assert "exit code 137" in summary[2] and "steps redone: 5" in summary[2]
     assert out.rstrip().endswith("nothing of the run is left: no object, no process of its pods.")
+
+
+def test_a_task_that_failed_once_and_succeeded_on_its_retry_is_no_error_of_the_run(
+    tmp_path: Path,
+) -> None:
+    tap = local_run.KfpLogTap(
+        (tmp_path / "log").open("w"), echo=None, start=0.0, pipeline="mnnvl-training"
+    )
+    for line in (
+        "Executing task 'provision-training'",
+        "[ERROR]: provision failed: the API server is restarting",
+        "Task 'provision-training' finished with status FAILURE",
+        "Executing task 'provision-training'",
+        "Task 'provision-training' finished with status SUCCESS",
+        "Executing task 'train-sharded'",
+        "[ERROR]: train failed: pod x exit 3",
+        "Task 'train-sharded' finished with status FAILURE",
+    ):
+        tap.write(line + "\n")
+    assert tap.task_errors == {"train": "pod x exit 3"}

@@ -224,3 +224,27 @@ def test_render_with_a_teams_trainjob_file_prints_it_as_the_run_takes_it(
     assert tj["metadata"]["labels"]["team"] == "a" and tj["metadata"]["labels"][LABEL_RUN_ID]
     claims = [c["name"] for c in tj["spec"]["trainer"]["resourceClaimsPerNode"]]
     assert "scratch" in claims and len(claims) >= 2  # the run's channel claim beside the team's
+
+
+@pytest.mark.parametrize(
+    ("kind", "kubectl"),
+    [
+        ("ClusterTrainingRuntime", "kubectl get clustertrainingruntime rt -o yaml"),
+        ("TrainingRuntime", "kubectl get trainingruntime rt -n team -o yaml"),
+    ],
+)
+def test_a_failed_trainjobs_message_points_at_the_runtime_it_names(kind: str, kubectl: str) -> None:
+    from mnnvl.driver.trainjob_run import Runtime
+
+    class NoApi:  # any runtime read has maxRestarts 3; a namespaced one is not read (no grant)
+        def get(self, *_: Any) -> dict[str, Any]:
+            return {"spec": {"template": {"spec": {"failurePolicy": {"maxRestarts": 3}}}}}
+
+    runtime = Runtime(kind, "rt", WorkloadSpec(run_id="r", namespace="team"))
+    assert runtime.kubectl == kubectl
+    allows = runtime.max_restarts(NoApi())  # type: ignore[arg-type]
+    assert allows == (
+        "the runtime allows 3"
+        if kind == "ClusterTrainingRuntime"
+        else f"its JobSet failurePolicy.maxRestarts is in `{kubectl}`"
+    )
