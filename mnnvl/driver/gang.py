@@ -126,6 +126,8 @@ class Gang:
         for each in failed:
             if terminated(each).get("reason") == "OOMKilled":
                 raise WorkloadFailed(self._oom_message(each), pod_exit_code=exit_code(each))
+        if any(exit_code(p) in NON_RETRIABLE_EXIT_CODES for p in failed):
+            return False  # the Job's podFailurePolicy fails the Job; its condition says why
         pod: dict[str, Any] | None = next((p for p in failed if self._retriable(p)), None)
         if pod is None:
             return False

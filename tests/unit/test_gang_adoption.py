@@ -177,3 +177,14 @@ def test_a_failure_the_workers_launcher_says_no_restart_can_change_ends_the_step
     assert info.value.exit_code == 4 and api.deleted == []
     assert "no restart can change (module-not-found" in str(info.value)
     assert "No module named 'no.such'" in str(info.value)
+
+
+def test_a_failure_the_jobs_pod_failure_policy_ends_it_is_never_restarted() -> None:
+    # Rank 1 could not start its program (exit 128: FailJob in the Job's podFailurePolicy), and
+    # the Job controller took rank 0, which never started, with it. Seen before the Job's
+    # FailureTarget condition, rank 0's failure has a retry left; still nothing is restarted:
+    # the Job's condition says why it failed.
+    cannot_start = pod("j-1-a", 1, "Failed", created=0, finished=20)
+    cannot_start["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 128
+    taken = pod("j-0-a", 0, "Failed", created=0)  # no container ever ran
+    assert first_sight(taken, cannot_start, restarts=False) == []
