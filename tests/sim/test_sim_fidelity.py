@@ -447,7 +447,9 @@ def test_teardown_of_a_running_workload_deletes_it_before_the_domain(tmp_path: P
         try:
             (job,), _ = create_workload(api, workload, "sleeper", [])
             running = f"batch.kubernetes.io/job-name={job}"
-            wait_for(lambda: len(sim.processes(running)) == 2, timeout=60, what="2 pods running")
+            # a pod's processes: its launcher and the worker it forks
+            pods = lambda: {pod for _, pod, _ in sim.processes(running)}  # noqa: E731
+            wait_for(lambda: len(pods()) == 2, timeout=60, what="2 pods running")
         finally:
             api.close()
         result = steps.teardown(domain, kubeconfig=sim.kubeconfig_path)
