@@ -304,10 +304,9 @@ class Gang:
             )
 
     def _retriable(self, pod: dict[str, Any]) -> bool:
-        if exit_code(pod) in NON_RETRIABLE_EXIT_CODES:
-            return False
-        # A DisruptionTarget pod (node lost, evicted, preempted): the Job's podFailurePolicy
-        # ignores it, so its failure uses up no retry.
+        """Whether one more attempt is allowed for this failed pod, whose exit code is
+        retriable (``check``). A DisruptionTarget pod (node lost, evicted, preempted): the
+        Job's podFailurePolicy ignores it, so its failure uses up no retry."""
         return bool(_disruption(pod)) or self._has_retry(pod)
 
     def _has_retry(self, pod: dict[str, Any]) -> bool:

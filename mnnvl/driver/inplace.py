@@ -79,10 +79,10 @@ class InPlaceLog:
     def line(self, text: str) -> None:
         m = LINE.search(text)
         with self._lock:
-            seen = {(r.n, r.pod, r.at) for r in self.restarts}
-            if m and (int(m["n"]), m["pod"], float(m["at"])) in seen:
-                return  # read again from the stored log
             if m:
+                key = (int(m["n"]), m["pod"], float(m["at"]))
+                if any((r.n, r.pod, r.at) == key for r in self.restarts):
+                    return  # read again from the stored log
                 step = STEP_OF.search(m["step"])
                 self.restarts.append(
                     InPlace(

@@ -114,7 +114,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     try:
         pods = watch.run()
         rank0 = rank0_pod(pods, job)
-        text = completed_log(api, workload, watch, rank0)
+        text, result = completed_log(api, workload, watch, rank0)
     except (WorkloadFailed, WaitTimeout) as err:
         if isinstance(err, WorkloadFailed):
             err.result = err.result or result_of_failed_job(api, workload, job, watch.follower)
@@ -138,7 +138,7 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     return JobOutcome(
         job=job,
         pods=sorted(pods),
-        result=parse_result(text),
+        result=result,
         log_tail="\n".join(text.splitlines()[-LOG_TAIL_LINES:]),
         restarts=merged(watch.gang.restarts, watch.in_place),
         adopted=adopted,
@@ -146,20 +146,24 @@ def run_job(api: Api, workload: WorkloadSpec, module: str, args: list[str]) -> J
     )
 
 
-def completed_log(api: Api, workload: WorkloadSpec, watch: JobWatch, pod: str) -> str:
-    """Rank 0's log once its Job completed: the followed stream, else (cut, unfinished, or
-    never followed: a recreated gang that completed before the driver saw its rank 0 run)
-    the stored log, whose in-place restarts count too. Raises past ``--max-restarts``, as
-    the wait does when it reads the restart in time."""
+def completed_log(
+    api: Api, workload: WorkloadSpec, watch: JobWatch, pod: str
+) -> tuple[str, dict[str, Any] | None]:
+    """Rank 0's log once its Job completed, and its RESULT: the followed stream, else (cut,
+    unfinished, or never followed: a recreated gang that completed before the driver saw its
+    rank 0 run) the stored log, whose in-place restarts count too. Raises past
+    ``--max-restarts``, as the wait does when it reads the restart in time."""
     follower = watch.follower
     text = follower.drained() if follower is not None and follower.pod == pod else ""
-    if parse_result(text) is None:
+    result = parse_result(text)
+    if result is None:
         text = api.pod_log(workload.namespace, pod)
+        result = parse_result(text)
         for line in text.splitlines():
             watch.in_place.line(line)
     budget = workload.recovery.max_restarts
     check_budget(watch.gang.restarts, watch.in_place, budget, workload.namespace)
-    return text
+    return text, result
 
 
 def wait_for_job(api: Api, workload: WorkloadSpec, job: str | list[str]) -> Objects:

@@ -77,9 +77,9 @@ def run_trainjob(
     if wants_gpu_claim(workload):
         create_or_adopt(api, RESOURCE_CLAIM_TEMPLATE, gpu_claim_template(workload))
     body = take_trainjob(own, workload) if own else trainjob(workload, module, args, runtime)
-    ref = body["spec"]["runtimeRef"]  # Trainer's default kind: ClusterTrainingRuntime
-    named = Runtime(str(ref.get("kind") or CLUSTER_RUNTIME.kind), str(ref["name"]), workload)
     name, ns = body["metadata"]["name"], workload.namespace
+    ref = body["spec"]["runtimeRef"]  # Trainer's default kind: ClusterTrainingRuntime
+    named = Runtime(str(ref.get("kind") or CLUSTER_RUNTIME.kind), str(ref["name"]), ns)
     try:
         found, adopted = create_or_adopt(api, TRAINJOB, body)
     except StaleObject as stale:  # failed earlier with other input: made again
@@ -326,11 +326,11 @@ class Runtime:
 
     kind: str  # ClusterTrainingRuntime, or a namespaced TrainingRuntime (a team's TrainJob)
     name: str
-    workload: WorkloadSpec
+    namespace: str  # the TrainJob's, where a TrainingRuntime it names lives
 
     @property
     def kubectl(self) -> str:
-        where = "" if self.kind == CLUSTER_RUNTIME.kind else f" -n {self.workload.namespace}"
+        where = "" if self.kind == CLUSTER_RUNTIME.kind else f" -n {self.namespace}"
         return f"kubectl get {self.kind.lower()} {self.name}{where} -o yaml"
 
     def max_restarts(self, api: Api) -> str:

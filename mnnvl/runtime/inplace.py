@@ -110,12 +110,10 @@ class Stopped(Exception):
 
 
 def serve_or_connect(host: str, port: int, node_rank: int, nnodes: int) -> Any:
-    """The run's store: hosted here on node rank 0 (before any worker starts), else joined.
-    Each launcher signs in under its node rank with its pod's name, once: a sign-in retried
-    after its answer came too late finds its own name. A store where another pod holds this
-    node rank belongs to an earlier gang (node rank 0's old pod, not yet deleted, still
-    answers at its address): this launcher waits for the new one. Raises ``Stopped`` on a
-    stop signal."""
+    """The run's store: hosted here on node rank 0 (before any worker starts), else joined,
+    signed in under this node rank with the pod's name (:func:`_sign_in`): a store where
+    another pod has it is an earlier gang's (node rank 0's old pod, not yet deleted, still
+    answers at its address). Raises ``Stopped`` on a stop signal."""
     import torch.distributed as dist
 
     me = os.environ.get(contract_env.POD_NAME) or f"{socket.gethostname()}/{os.getpid()}"
@@ -126,25 +124,65 @@ def serve_or_connect(host: str, port: int, node_rank: int, nnodes: int) -> Any:
         return store
     logger.info("waiting for the launchers' store at %s:%d (node rank 0's pod)", host, port)
     stop = _StopWatch()
-    deadline = time.monotonic() + CONNECT_S
-    while True:
-        try:
-            store = dist.TCPStore(
-                host, port, is_master=False, timeout=datetime.timedelta(seconds=TRY_S)
-            )
-            holder = store.compare_set(f"{PREFIX}launcher/{node_rank}", "", me).decode()
-            if holder == me:
-                store.set_timeout(datetime.timedelta(seconds=SILENT_S))
-                return store
-            why = f"the store there is an earlier gang's (pod {holder} has node rank {node_rank})"
-            logger.warning("%s; waiting", why)
-        except RuntimeError as e:  # not there yet: pods start minutes apart on a cluster
-            why = str(e)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no launchers' store at {host}:{port}: {why}")
-        stop.wait(0.25)
+
+    def pause(seconds: float) -> None:
+        stop.wait(seconds)
         if stop.signo is not None:
             raise Stopped(stop.signo)
+
+    store = _sign_in(
+        host,
+        port,
+        world=None,
+        key=f"{PREFIX}launcher/{node_rank}",
+        me=me,
+        try_s=TRY_S,
+        deadline=time.monotonic() + CONNECT_S,
+        earlier=f"the store there is an earlier gang's (pod {{holder}} has node rank {node_rank})",
+        missing=f"no launchers' store at {host}:{port}",
+        pause=pause,
+    )
+    store.set_timeout(datetime.timedelta(seconds=SILENT_S))
+    return store
+
+
+def _sign_in(
+    host: str,
+    port: int,
+    *,
+    world: int | None,
+    key: str,
+    me: str,
+    try_s: float,
+    deadline: float,
+    earlier: str,
+    missing: str,
+    pause: Callable[[float], None],
+) -> Any:
+    """A client of the store at ``host:port`` where this process signs in once, setting
+    ``key`` to ``me``: a sign-in retried after its answer came too late finds ``me`` there.
+    A store where another value holds ``key`` is an earlier gang's or attempt's, still
+    answering (``earlier``, with ``{holder}``, says so once); it is waited out, as is a store
+    not there yet (pods start minutes apart on a cluster), until ``deadline`` (monotonic),
+    then raises ``missing: why``. ``pause(s)`` waits between tries (and may raise)."""
+    import torch.distributed as dist
+
+    timeout, said = datetime.timedelta(seconds=try_s), ""
+    while True:
+        try:
+            store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+            holder = store.compare_set(key, "", me).decode()
+            if holder == me:
+                return store
+            why = earlier.format(holder=holder)
+            if why != said:
+                logger.warning("%s; waiting", why)
+                said = why
+        except RuntimeError as e:  # not there yet
+            why = str(e)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{missing}: {why}")
+        pause(0.25)
 
 
 class Rounds:
@@ -363,31 +401,20 @@ def rendezvous(rank: int, world: int, timeout_s: float, join_s: float) -> dict[s
     elif rank == 0:
         store = dist.TCPStore(host, port, world, is_master=True, timeout=timeout)
     else:
-        store = _join(host, port, rank, world, timeout)
+        store = _sign_in(
+            host,
+            port,
+            world=world,
+            key=f"{PREFIX}worker/{rank}",
+            me=uuid.uuid4().hex,
+            try_s=SILENT_S,
+            deadline=time.monotonic() + timeout.total_seconds(),
+            earlier=f"the store at {host}:{port} is an earlier attempt's (rank {rank} is in it)",
+            missing=f"no rendezvous at {host}:{port} within {timeout}",
+            pause=time.sleep,
+        )
+        store.set_timeout(timeout)
     return {"store": store, "rank": rank, "world_size": world}
-
-
-def _join(host: str, port: int, rank: int, world: int, timeout: datetime.timedelta) -> Any:
-    """Rank 0's store, once it is this attempt's (see :func:`rendezvous`)."""
-    import torch.distributed as dist
-
-    me, deadline, said = uuid.uuid4().hex, time.monotonic() + timeout.total_seconds(), ""
-    while True:
-        try:
-            try_s = datetime.timedelta(seconds=SILENT_S)
-            store = dist.TCPStore(host, port, world, is_master=False, timeout=try_s)
-            if store.compare_set(f"{PREFIX}worker/{rank}", "", me).decode() == me:
-                store.set_timeout(timeout)
-                return store
-            why = f"the store at {host}:{port} is an earlier attempt's (rank {rank} is in it)"
-            if why != said:
-                logger.warning("%s; waiting for rank 0's new one", why)
-                said = why
-        except RuntimeError as e:  # rank 0 not there yet
-            why = str(e)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no rendezvous at {host}:{port} within {timeout}: {why}")
-        time.sleep(0.25)
 
 
 def worker_env(round_: int) -> dict[str, str]:

@@ -240,7 +240,7 @@ def test_a_failed_trainjobs_message_points_at_the_runtime_it_names(kind: str, ku
         def get(self, *_: Any) -> dict[str, Any]:
             return {"spec": {"template": {"spec": {"failurePolicy": {"maxRestarts": 3}}}}}
 
-    runtime = Runtime(kind, "rt", WorkloadSpec(run_id="r", namespace="team"))
+    runtime = Runtime(kind, "rt", "team")
     assert runtime.kubectl == kubectl
     allows = runtime.max_restarts(NoApi())  # type: ignore[arg-type]
     assert allows == (
